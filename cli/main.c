@@ -1,0 +1,478 @@
+/* The cdiffusers command-line tool: generate, run-model, tokenize, info. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cdiffusers/cdiffusers.h"
+#include "models/component.h"
+
+/* Exit codes */
+enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2, EXIT_INTERRUPTED = 130 };
+
+static volatile sig_atomic_t g_interrupted;
+static void on_sigint(int sig) {
+    (void)sig;
+    g_interrupted = 1;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "cdiffusers %s — diffusers text-to-image pipelines in C\n"
+            "\n"
+            "usage:\n"
+            "  cdiffusers generate --model DIR --prompt TEXT [options]\n"
+            "      --negative-prompt TEXT   negative prompt (SD3 CFG; Flux true CFG with --true-cfg-scale)\n"
+            "      --height H --width W     image size (multiples of 16; default: the model's)\n"
+            "      --steps N                denoising steps (default 28)\n"
+            "      --guidance G             guidance scale (Flux-dev embedded guidance, SD3 CFG; default 3.5 / 7.0)\n"
+            "      --true-cfg-scale G       Flux true classifier-free guidance (needs --negative-prompt)\n"
+            "      --seed S                 seed of torch.Generator('cpu').manual_seed(S) (default 0)\n"
+            "      --output FILE.png        where to write the image (default out.png)\n"
+            "      --force                  overwrite an existing output file\n"
+            "      --threads N              compute threads (default: all cores)\n"
+            "      --dtype f32|bf16         weight precision on the device (default f32)\n"
+            "      --max-sequence-length N  T5 tokens (default Flux 512, SD3 256)\n"
+            "      --latents-out FILE       also write latents_initial / latents_final (safetensors)\n"
+            "      --device-memory SIZE     device memory budget, e.g. 8G\n"
+            "      --quiet                  no progress bar\n"
+            "  cdiffusers run-model --model COMPONENT_DIR --inputs IN.safetensors --output OUT.safetensors\n"
+            "                       [--method forward|encode|decode] [--dtype f32|bf16] [--repeat N] [--force]\n"
+            "      one forward of one component, chosen by its config.json; inputs by diffusers' argument\n"
+            "      names, outputs as out.<name>. With --repeat N prints forward_ms=<ms> per forward to stderr.\n"
+            "  cdiffusers tokenize --model DIR --prompt TEXT [--max-length N]\n"
+            "      DIR is a tokenizer folder or a pipeline folder (then every tokenizer_* is used)\n"
+            "  cdiffusers info --model DIR\n"
+            "  cdiffusers --help | --version\n"
+            "\n"
+            "environment: CDIFFUSERS_CPU_MEMORY_LIMIT=8G, CDIFFUSERS_NUM_THREADS=N,\n"
+            "             CDIFFUSERS_BACKEND_AUTOLOAD=0 (load backends explicitly)\n"
+            "exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted\n",
+            CDIFFUSERS_VERSION);
+}
+
+static int fail(const char *what) {
+    fprintf(stderr, "cdiffusers: %s%s%s\n", what ? what : "", what && *what ? ": " : "", cdf_last_error());
+    return cdf_last_status() == CDF_ERR_INTERRUPTED ? EXIT_INTERRUPTED : EXIT_FAIL;
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "cdiffusers: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see cdiffusers --help)\n");
+    return EXIT_USAGE;
+}
+
+static bool parse_int(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_float(const char *s, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || v != v) return false;
+    *out = (float)v;
+    return true;
+}
+
+static bool file_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* ---- progress ---------------------------------------------------------------------------- */
+typedef struct progress {
+    bool tty;
+    double total_s;
+} progress;
+
+static bool on_step(int step, int n, double step_s, void *user) {
+    progress *pr = user;
+    pr->total_s += step_s;
+    if (pr->tty) {
+        int width = 30, done = step * width / n;
+        double eta = pr->total_s / step * (n - step);
+        fprintf(stderr, "\r[");
+        for (int i = 0; i < width; i++) fputc(i < done ? '#' : '.', stderr);
+        fprintf(stderr, "] %d/%d  %.2f s/step  ETA %.1f s ", step, n, step_s, eta);
+        if (step == n) fputc('\n', stderr);
+        fflush(stderr);
+    }
+    return !g_interrupted;
+}
+
+/* ---- generate ---------------------------------------------------------------------------- */
+static int cmd_generate(int argc, char **argv) {
+    const char *model = NULL, *output = "out.png", *latents_out = NULL, *dtype = "f32", *mem = NULL;
+    bool force = false, quiet = false;
+    long threads = 0;
+    cdf_generate_params gp = cdf_generate_default_params();
+    gp.prompt = NULL;
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},        {"prompt", required_argument, 0, 'p'},
+        {"negative-prompt", required_argument, 0, 'n'}, {"height", required_argument, 0, 'H'},
+        {"width", required_argument, 0, 'W'},        {"steps", required_argument, 0, 's'},
+        {"guidance", required_argument, 0, 'g'},     {"true-cfg-scale", required_argument, 0, 'T'},
+        {"seed", required_argument, 0, 'S'},         {"output", required_argument, 0, 'o'},
+        {"force", no_argument, 0, 'f'},              {"threads", required_argument, 0, 't'},
+        {"dtype", required_argument, 0, 'd'},        {"max-sequence-length", required_argument, 0, 'L'},
+        {"latents-out", required_argument, 0, 'l'},  {"device-memory", required_argument, 0, 'M'},
+        {"quiet", no_argument, 0, 'q'},              {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    int c;
+    long v;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'p': gp.prompt = optarg; break;
+        case 'n': gp.negative_prompt = optarg; break;
+        case 'H':
+            if (!parse_int(optarg, 1, 1 << 20, &v)) return usage_error("--height needs a positive integer, got '%s'", optarg);
+            gp.height = (int)v;
+            break;
+        case 'W':
+            if (!parse_int(optarg, 1, 1 << 20, &v)) return usage_error("--width needs a positive integer, got '%s'", optarg);
+            gp.width = (int)v;
+            break;
+        case 's':
+            if (!parse_int(optarg, 1, 1000, &v)) return usage_error("--steps needs an integer between 1 and 1000, got '%s'", optarg);
+            gp.num_inference_steps = (int)v;
+            break;
+        case 'g':
+            if (!parse_float(optarg, &gp.guidance_scale)) return usage_error("--guidance needs a number, got '%s'", optarg);
+            break;
+        case 'T':
+            if (!parse_float(optarg, &gp.true_cfg_scale)) return usage_error("--true-cfg-scale needs a number, got '%s'", optarg);
+            break;
+        case 'S': {
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(optarg, &end, 10);
+            if (errno || end == optarg || *end || optarg[0] == '-') return usage_error("--seed needs a non-negative integer, got '%s'", optarg);
+            gp.seed = s;
+            break;
+        }
+        case 'o': output = optarg; break;
+        case 'f': force = true; break;
+        case 't':
+            if (!parse_int(optarg, 1, 4096, &threads)) return usage_error("--threads needs a positive integer, got '%s'", optarg);
+            break;
+        case 'd': dtype = optarg; break;
+        case 'L':
+            if (!parse_int(optarg, 1, 512, &v)) return usage_error("--max-sequence-length needs an integer between 1 and 512, got '%s'", optarg);
+            gp.max_sequence_length = (int)v;
+            break;
+        case 'l': latents_out = optarg; break;
+        case 'M': mem = optarg; break;
+        case 'q': quiet = true; break;
+        case 'h': usage(stdout); return EXIT_OK;
+        default: return EXIT_USAGE;
+        }
+    }
+    if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
+    if (!model) return usage_error("%s", "generate needs --model DIR");
+    if (!gp.prompt) return usage_error("%s", "generate needs --prompt TEXT");
+    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    if (strcmp(dtype, "f32") == 0) lp.weight_dtype = CDF_F32;
+    else if (strcmp(dtype, "bf16") == 0) lp.weight_dtype = CDF_BF16;
+    else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
+    /* refuse early, before any work: nothing is lost, nothing is overwritten */
+    if (!force && file_exists(output)) {
+        fprintf(stderr, "cdiffusers: %s already exists (use --force to overwrite)\n", output);
+        return EXIT_FAIL;
+    }
+    if (latents_out && !force && file_exists(latents_out)) {
+        fprintf(stderr, "cdiffusers: %s already exists (use --force to overwrite)\n", latents_out);
+        return EXIT_FAIL;
+    }
+    cdf_device *dev = cdf_device_get("cpu");
+    if (!dev) return fail("device");
+    if (threads) cdf_device_set_threads(dev, (int)threads);
+    if (mem) {
+        int64_t b = cdf_parse_bytes(mem);
+        if (b < 0) return usage_error("--device-memory needs a size like 8G or 512M, got '%s'", mem);
+        cdf_device_set_memory_limit(dev, (uint64_t)b);
+    }
+    signal(SIGINT, on_sigint);
+    cdf_pipeline *pipe = NULL;
+    if (cdf_pipeline_load(model, &lp, &pipe) != CDF_OK) return fail("loading the pipeline");
+    progress pr = {.tty = !quiet && isatty(2)};
+    gp.callback = on_step;
+    gp.callback_user = &pr;
+    cdf_tensor_map cap;
+    cdf_tensor_map_init(&cap);
+    if (latents_out) gp.capture = &cap;
+    cdf_image img;
+    cdf_status s = cdf_pipeline_generate(pipe, &gp, &img);
+    if (s != CDF_OK) {
+        int rc = g_interrupted ? EXIT_INTERRUPTED : fail("generate");
+        if (g_interrupted) fprintf(stderr, "\ncdiffusers: interrupted; no output written\n");
+        cdf_tensor_map_clear(&cap);
+        cdf_pipeline_free(pipe);
+        return rc;
+    }
+    cdf_generate_params eff = gp;
+    cdf_pipeline_resolve_defaults(pipe, &eff);
+    char params[8192];
+    snprintf(params, sizeof params,
+             "%s\nNegative prompt: %s\nSteps: %d, Sampler: FlowMatchEulerDiscrete, CFG scale: %g, True CFG scale: %g, "
+             "Seed: %llu, Size: %dx%d, Max sequence length: %d, Dtype: %s, Model: %s, Pipeline: %s, Generator: cdiffusers %s",
+             eff.prompt, eff.negative_prompt ? eff.negative_prompt : "", eff.num_inference_steps, eff.guidance_scale,
+             eff.true_cfg_scale, (unsigned long long)eff.seed, eff.width, eff.height, eff.max_sequence_length, dtype, model,
+             cdf_pipeline_class_name(pipe), CDIFFUSERS_VERSION);
+    const char *keys[2] = {"parameters", "Software"};
+    char sw[64];
+    snprintf(sw, sizeof sw, "cdiffusers %s", CDIFFUSERS_VERSION);
+    const char *vals[2] = {params, sw};
+    int rc = EXIT_OK;
+    if (latents_out) {
+        cdf_tensor_map lm;
+        cdf_tensor_map_init(&lm);
+        cdf_tensor_map_set(&lm, "latents_initial", cdf_tensor_map_get(&cap, "latents_initial"));
+        cdf_tensor_map_set(&lm, "latents_final", cdf_tensor_map_get(&cap, "latents_final"));
+        if (cdf_tensor_map_save(&lm, latents_out, false) != CDF_OK) rc = fail("writing latents");
+        cdf_tensor_map_clear(&lm);
+    }
+    if (rc == EXIT_OK && cdf_png_write(output, img.width, img.height, 3, img.pixels, keys, vals, 2, force) != CDF_OK)
+        rc = fail("writing the image");
+    if (rc == EXIT_OK && !quiet) fprintf(stderr, "cdiffusers: wrote %s (%dx%d)\n", output, img.width, img.height);
+    cdf_image_free(&img);
+    cdf_tensor_map_clear(&cap);
+    cdf_pipeline_free(pipe);
+    return rc;
+}
+
+/* ---- run-model --------------------------------------------------------------------------- */
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static int cmd_run_model(int argc, char **argv) {
+    const char *model = NULL, *inputs = NULL, *output = NULL, *method = "forward", *dtype = "f32";
+    long repeat = 1, threads = 0;
+    bool force = false;
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},  {"inputs", required_argument, 0, 'i'},
+        {"output", required_argument, 0, 'o'}, {"method", required_argument, 0, 'x'},
+        {"dtype", required_argument, 0, 'd'},  {"repeat", required_argument, 0, 'r'},
+        {"threads", required_argument, 0, 't'}, {"force", no_argument, 0, 'f'},
+        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
+    };
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'i': inputs = optarg; break;
+        case 'o': output = optarg; break;
+        case 'x': method = optarg; break;
+        case 'd': dtype = optarg; break;
+        case 'r':
+            if (!parse_int(optarg, 1, 100000, &repeat)) return usage_error("--repeat needs a positive integer, got '%s'", optarg);
+            break;
+        case 't':
+            if (!parse_int(optarg, 1, 4096, &threads)) return usage_error("--threads needs a positive integer, got '%s'", optarg);
+            break;
+        case 'f': force = true; break;
+        case 'h': usage(stdout); return EXIT_OK;
+        default: return EXIT_USAGE;
+        }
+    }
+    if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
+    if (!model || !inputs || !output) return usage_error("%s", "run-model needs --model, --inputs and --output");
+    if (strcmp(method, "forward") && strcmp(method, "encode") && strcmp(method, "decode"))
+        return usage_error("--method must be forward, encode or decode, got '%s'", method);
+    cdf_load_options opt = cdf_load_options_default();
+    if (strcmp(dtype, "f32") == 0) opt.weight_dtype = CDF_F32;
+    else if (strcmp(dtype, "bf16") == 0) opt.weight_dtype = CDF_BF16;
+    else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
+    if (!force && file_exists(output)) {
+        fprintf(stderr, "cdiffusers: %s already exists (use --force to overwrite)\n", output);
+        return EXIT_FAIL;
+    }
+    opt.device = cdf_device_get("cpu");
+    if (!opt.device) return fail("device");
+    if (threads) cdf_device_set_threads(opt.device, (int)threads);
+    cdf_component *comp = NULL;
+    if (cdf_component_load(model, &opt, &comp) != CDF_OK) return fail("loading the model");
+    cdf_tensor_map in, out;
+    cdf_tensor_map_init(&in);
+    cdf_tensor_map_init(&out);
+    int rc = EXIT_OK;
+    if (cdf_tensor_map_load(&in, inputs, opt.device) != CDF_OK) rc = fail("reading inputs");
+    for (long r = 0; r < repeat && rc == EXIT_OK; r++) {
+        cdf_tensor_map_clear(&out);
+        double t0 = now_ms();
+        if (cdf_component_run(comp, method, &in, &out) != CDF_OK || cdf_device_synchronize(opt.device) != CDF_OK) {
+            rc = fail("running the model");
+            break;
+        }
+        if (repeat > 1) fprintf(stderr, "forward_ms=%.3f\n", now_ms() - t0);
+    }
+    if (rc == EXIT_OK && cdf_tensor_map_save(&out, output, false) != CDF_OK) rc = fail("writing outputs");
+    cdf_tensor_map_clear(&in);
+    cdf_tensor_map_clear(&out);
+    cdf_component_free(comp);
+    return rc;
+}
+
+/* ---- tokenize ------------------------------------------------------------------------------ */
+static int tokenize_one(const char *dir, const char *label, const char *prompt, long max_len) {
+    cdf_tokenizer *tok = cdf_tokenizer_load(dir);
+    if (!tok) return fail(dir);
+    int ml = max_len > 0 ? (int)max_len : cdf_tokenizer_model_max_length(tok);
+    if (ml <= 0 || ml > 4096) ml = 512;
+    int64_t *ids = calloc((size_t)ml, sizeof *ids);
+    int n = 0, nu = 0;
+    int rc = EXIT_OK;
+    if (!ids || cdf_tokenizer_encode(tok, prompt, strlen(prompt), ml, false, ids, NULL, &n, &nu) != CDF_OK) {
+        rc = fail("tokenize");
+    } else {
+        printf("%s: %d tokens%s:", label, n, nu > n ? " (truncated)" : "");
+        for (int i = 0; i < n; i++) printf(" %lld", (long long)ids[i]);
+        printf("\n");
+    }
+    free(ids);
+    cdf_tokenizer_free(tok);
+    return rc;
+}
+
+static int cmd_tokenize(int argc, char **argv) {
+    const char *model = NULL, *prompt = NULL;
+    long max_len = 0;
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
+        {"max-length", required_argument, 0, 'L'}, {0, 0, 0, 0},
+    };
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'p': prompt = optarg; break;
+        case 'L':
+            if (!parse_int(optarg, 1, 4096, &max_len)) return usage_error("--max-length needs a positive integer, got '%s'", optarg);
+            break;
+        default: return EXIT_USAGE;
+        }
+    }
+    if (!model || !prompt) return usage_error("%s", "tokenize needs --model DIR and --prompt TEXT");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model_index.json", model);
+    if (!file_exists(path)) return tokenize_one(model, "tokens", prompt, max_len);
+    static const char *const subs[] = {"tokenizer", "tokenizer_2", "tokenizer_3"};
+    int rc = EXIT_OK;
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", model, subs[i]);
+        if (file_exists(path) && tokenize_one(path, subs[i], prompt, max_len) != EXIT_OK) rc = EXIT_FAIL;
+    }
+    return rc;
+}
+
+/* ---- info ---------------------------------------------------------------------------------- */
+static void info_component(const char *dir, const char *name) {
+    char sub[4096];
+    snprintf(sub, sizeof sub, "%s/%s", dir, name);
+    cdf_checkpoint *ck;
+    if (cdf_checkpoint_open(sub, &ck) != CDF_OK) {
+        printf("  %-16s (no weights: %s)\n", name, cdf_last_error());
+        return;
+    }
+    uint64_t bytes = 0, params = 0;
+    int n = cdf_checkpoint_count(ck);
+    cdf_dtype dt = CDF_F32;
+    for (int i = 0; i < n; i++) {
+        const cdf_st_file *f;
+        const cdf_st_tensor *t;
+        if (cdf_checkpoint_tensor_at(ck, i, &f, &t) != CDF_OK) continue;
+        bytes += t->nbytes;
+        params += (uint64_t)cdf_st_numel(t);
+        dt = t->dtype;
+    }
+    cJSON *cfg = NULL;
+    const char *cls = "?";
+    if (cdf_config_load(sub, &cfg) == CDF_OK && cdf_config_class_name(cfg)) cls = cdf_config_class_name(cfg);
+    printf("  %-16s %-32s %6d tensors %12llu params %9.2f MB (%s)\n", name, cls, n, (unsigned long long)params, bytes / 1e6,
+           cdf_dtype_st_name(dt));
+    cJSON_Delete(cfg);
+    cdf_checkpoint_close(ck);
+}
+
+static int cmd_info(int argc, char **argv) {
+    const char *model = NULL;
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'}, {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (c == 'm') model = optarg;
+        else return EXIT_USAGE;
+    }
+    if (!model) return usage_error("%s", "info needs --model DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model_index.json", model);
+    cJSON *idx = NULL;
+    if (file_exists(path)) {
+        if (cdf_json_load_file(path, &idx) != CDF_OK) return fail("reading model_index.json");
+        const char *cls = NULL;
+        cdf_json_get_string(idx, "_class_name", "?", &cls);
+        printf("%s: %s\n", model, cls);
+        const cJSON *e;
+        cJSON_ArrayForEach(e, idx) {
+            if (e->string[0] == '_' || !cJSON_IsArray(e) || !cJSON_IsString(cJSON_GetArrayItem(e, 1))) continue;
+            const char *ccls = cJSON_GetArrayItem(e, 1)->valuestring;
+            if (strstr(ccls, "Tokenizer")) printf("  %-16s %s\n", e->string, ccls);
+            else if (strstr(ccls, "Scheduler")) printf("  %-16s %s\n", e->string, ccls);
+            else info_component(model, e->string);
+        }
+        cJSON_Delete(idx);
+        return EXIT_OK;
+    }
+    snprintf(path, sizeof path, "%s/config.json", model);
+    if (!file_exists(path)) {
+        fprintf(stderr, "cdiffusers: %s has neither model_index.json nor config.json\n", model);
+        return EXIT_FAIL;
+    }
+    printf("%s:\n", model);
+    info_component(model, ".");
+    return EXIT_OK;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return EXIT_OK;
+    }
+    if (strcmp(cmd, "--version") == 0) {
+        printf("cdiffusers %s\n", CDIFFUSERS_VERSION);
+        return EXIT_OK;
+    }
+    if (cdf_backend_count() == 0 && cdf_backend_load("cpu") != CDF_OK) return fail("loading the cpu backend");
+    argv[1] = argv[0];
+    if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 1, argv + 1);
+    if (strcmp(cmd, "run-model") == 0) return cmd_run_model(argc - 1, argv + 1);
+    if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 1, argv + 1);
+    if (strcmp(cmd, "info") == 0) return cmd_info(argc - 1, argv + 1);
+    fprintf(stderr, "cdiffusers: unknown command '%s' (see cdiffusers --help)\n", cmd);
+    return EXIT_USAGE;
+}

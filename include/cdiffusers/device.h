@@ -1,0 +1,72 @@
+/* cdiffusers — backends and devices.
+ *
+ * Backends register device types when the library loads (autoload). Set
+ * CDIFFUSERS_BACKEND_AUTOLOAD=0 to turn that off and load one explicitly with cdf_backend_load().
+ * A device executes ops on an in-order asynchronous queue: an op call returns at once with a
+ * tensor whose data is pending; reading it on the host (or cdf_device_synchronize) waits, and an
+ * error raised by a queued kernel surfaces at that sync with its message.
+ *
+ * Device memory is accounted (current and peak bytes) and can be capped with
+ * CDIFFUSERS_<TYPE>_MEMORY_LIMIT (e.g. CDIFFUSERS_CPU_MEMORY_LIMIT=8G) or
+ * cdf_device_set_memory_limit(). Exceeding the cap fails the allocation with
+ * CDF_ERR_OUT_OF_MEMORY and a message naming the request and the budget; the device stays usable. */
+#ifndef CDIFFUSERS_DEVICE_H
+#define CDIFFUSERS_DEVICE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cdiffusers/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cdf_device cdf_device;
+
+/* Load (register) a built-in backend by name ("cpu"). Loading an already loaded backend is a
+ * no-op returning CDF_OK; an unknown name gives CDF_ERR_NOT_FOUND listing the known ones. */
+cdf_status cdf_backend_load(const char *name);
+/* Number of registered backends and their names. */
+int cdf_backend_count(void);
+const char *cdf_backend_name(int i);
+
+/* The device "type" or "type:index" (e.g. "cpu", "cpu:0"); NULL if its backend is not loaded.
+ * Devices live for the whole process. */
+cdf_device *cdf_device_get(const char *name);
+/* The default device: the first device of the first registered backend, or NULL. */
+cdf_device *cdf_device_default(void);
+const char *cdf_device_name(const cdf_device *dev);
+
+/* Wait for every queued op; returns (and clears) the first error a queued kernel raised. */
+cdf_status cdf_device_synchronize(cdf_device *dev);
+
+typedef struct cdf_memory_stats {
+    uint64_t current_bytes; /* allocated now (including buffers whose release is still queued) */
+    uint64_t peak_bytes;    /* highest current_bytes since the last reset */
+    uint64_t limit_bytes;   /* 0 = unlimited */
+    uint64_t n_allocs;      /* allocations served since the process started */
+} cdf_memory_stats;
+
+void cdf_device_memory_stats(const cdf_device *dev, cdf_memory_stats *out);
+void cdf_device_reset_peak(cdf_device *dev);
+/* 0 removes the cap. Lowering it below current usage is allowed (later allocations fail). */
+cdf_status cdf_device_set_memory_limit(cdf_device *dev, uint64_t bytes);
+/* Parse "8G", "512M", "1.5GiB", "123456" into bytes; -1 if malformed. */
+int64_t cdf_parse_bytes(const char *s);
+
+/* Kernel threads the device may use (0 = all cores). */
+void cdf_device_set_threads(cdf_device *dev, int n);
+
+/* Queue counters, for tests and observability. */
+typedef struct cdf_queue_stats {
+    uint64_t enqueued;  /* ops submitted */
+    uint64_t completed; /* ops finished (successfully or not) */
+    uint64_t syncs;     /* host waits */
+} cdf_queue_stats;
+void cdf_device_queue_stats(const cdf_device *dev, cdf_queue_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of cdiffusers from Debian 12 packages.
+# Idempotent: re-running it installs nothing new. Needs root (or sudo).
+set -euo pipefail
+PKGS=(
+  build-essential cmake pkg-config
+  libcjson-dev        # config.json / model_index.json / tokenizer JSON
+  libpng-dev          # PNG output
+  libpcre2-dev        # tokenizer pre-tokenisation regexes
+  libutf8proc-dev     # unicode normalisation for tokenizers
+  libcmocka-dev       # unit tests
+  libomp-dev          # (clang's OpenMP runtime, for sanitizer/fuzz builds)
+  libdnnl-dev         # oneDNN: matmul/conv on AVX-512 / AMX
+  libopenmpi-dev openmpi-bin  # tensor parallelism
+  python3             # test helpers that generate data
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,235 @@
+/* The device registry and generic memory accounting. */
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend_impl.h"
+#include "core/error_internal.h"
+
+#define MAX_BACKENDS 8
+#define MAX_DEVICES 16
+
+static const cdf_backend_iface *const k_builtin[] = {&cdf_cpu_backend_iface};
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static const cdf_backend_iface *g_backends[MAX_BACKENDS];
+static int g_n_backends;
+static cdf_device g_devices[MAX_DEVICES];
+static int g_n_devices;
+
+int64_t cdf_parse_bytes(const char *s) {
+    if (!s) return -1;
+    while (isspace((unsigned char)*s)) s++;
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || !(v >= 0) || !isfinite(v)) return -1;
+    while (isspace((unsigned char)*end)) end++;
+    double mul = 1;
+    switch (toupper((unsigned char)*end)) {
+    case 0: break;
+    case 'K': mul = 1024.0; end++; break;
+    case 'M': mul = 1024.0 * 1024; end++; break;
+    case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    case 'B': break;
+    default: return -1;
+    }
+    if (*end == 'i' || *end == 'I') end++;
+    if (*end == 'b' || *end == 'B') end++;
+    while (isspace((unsigned char)*end)) end++;
+    if (*end) return -1;
+    double bytes = v * mul;
+    if (bytes > 9.0e18) return -1;
+    return (int64_t)bytes;
+}
+
+cdf_device *cdf_backend_add_device(const cdf_backend_iface *iface, int index, void *impl) {
+    if (g_n_devices >= MAX_DEVICES) return NULL;
+    cdf_device *d = &g_devices[g_n_devices++];
+    memset(d, 0, sizeof *d);
+    d->iface = iface;
+    d->index = index;
+    d->impl = impl;
+    snprintf(d->name, sizeof d->name, "%s:%d", iface->name, index);
+    /* budget from the environment: CDIFFUSERS_<TYPE>_MEMORY_LIMIT */
+    char var[64];
+    snprintf(var, sizeof var, "CDIFFUSERS_%s_MEMORY_LIMIT", iface->name);
+    for (char *p = var; *p; p++) *p = (char)toupper((unsigned char)*p);
+    const char *lim = getenv(var);
+    if (lim && *lim) {
+        int64_t b = cdf_parse_bytes(lim);
+        if (b >= 0) atomic_store(&d->limit_bytes, (unsigned long long)b);
+        else fprintf(stderr, "cdiffusers: ignoring malformed %s=%s (expected e.g. 8G, 512M)\n", var, lim);
+    }
+    return d;
+}
+
+static cdf_status load_locked(const cdf_backend_iface *iface) {
+    for (int i = 0; i < g_n_backends; i++)
+        if (g_backends[i] == iface) return CDF_OK;
+    if (g_n_backends >= MAX_BACKENDS) return cdf_error(CDF_ERR_LIMIT, "too many backends");
+    int n = 0;
+    cdf_status s = iface->init(&n);
+    if (s != CDF_OK) return cdf_error_prefix("loading backend '%s': ", iface->name);
+    g_backends[g_n_backends++] = iface;
+    return CDF_OK;
+}
+
+cdf_status cdf_backend_load(const char *name) {
+    if (!name) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_backend_load: name is NULL");
+    for (size_t i = 0; i < sizeof k_builtin / sizeof *k_builtin; i++) {
+        if (strcmp(k_builtin[i]->name, name) == 0) {
+            pthread_mutex_lock(&g_lock);
+            cdf_status s = load_locked(k_builtin[i]);
+            pthread_mutex_unlock(&g_lock);
+            return s;
+        }
+    }
+    char known[256] = "";
+    for (size_t i = 0; i < sizeof k_builtin / sizeof *k_builtin; i++) {
+        strncat(known, i ? ", " : "", sizeof known - strlen(known) - 1);
+        strncat(known, k_builtin[i]->name, sizeof known - strlen(known) - 1);
+    }
+    return cdf_error(CDF_ERR_NOT_FOUND, "unknown backend '%s' (built-in backends: %s)", name, known);
+}
+
+/* Autoload: register every built-in backend when the library loads, unless
+ * CDIFFUSERS_BACKEND_AUTOLOAD=0. This object is always linked (cdf_device_get lives here), so
+ * the constructor runs for the static library too. */
+__attribute__((constructor)) static void cdf_backend_autoload(void) {
+    const char *v = getenv("CDIFFUSERS_BACKEND_AUTOLOAD");
+    if (v && (strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0 || strcasecmp(v, "off") == 0)) return;
+    pthread_mutex_lock(&g_lock);
+    for (size_t i = 0; i < sizeof k_builtin / sizeof *k_builtin; i++) (void)load_locked(k_builtin[i]);
+    pthread_mutex_unlock(&g_lock);
+}
+
+int cdf_backend_count(void) { return g_n_backends; }
+const char *cdf_backend_name(int i) { return (i >= 0 && i < g_n_backends) ? g_backends[i]->name : NULL; }
+
+cdf_device *cdf_device_get(const char *name) {
+    if (!name) {
+        cdf_error(CDF_ERR_INVALID_ARG, "cdf_device_get: name is NULL");
+        return NULL;
+    }
+    char type[32];
+    int index = 0;
+    const char *colon = strchr(name, ':');
+    size_t tl = colon ? (size_t)(colon - name) : strlen(name);
+    if (tl == 0 || tl >= sizeof type) {
+        cdf_error(CDF_ERR_INVALID_ARG, "malformed device name '%s' (expected e.g. cpu or cpu:0)", name);
+        return NULL;
+    }
+    memcpy(type, name, tl);
+    type[tl] = 0;
+    if (colon) {
+        char *end;
+        long v = strtol(colon + 1, &end, 10);
+        if (*end || end == colon + 1 || v < 0) {
+            cdf_error(CDF_ERR_INVALID_ARG, "malformed device index in '%s'", name);
+            return NULL;
+        }
+        index = (int)v;
+    }
+    for (int i = 0; i < g_n_devices; i++)
+        if (strcmp(g_devices[i].iface->name, type) == 0 && g_devices[i].index == index) return &g_devices[i];
+    bool loaded = false;
+    for (int i = 0; i < g_n_backends; i++) loaded |= strcmp(g_backends[i]->name, type) == 0;
+    if (loaded) cdf_error(CDF_ERR_NOT_FOUND, "device '%s' does not exist", name);
+    else cdf_error(CDF_ERR_NOT_FOUND, "no backend '%s' is loaded (autoload off? call cdf_backend_load(\"%s\"))", type, type);
+    return NULL;
+}
+
+cdf_device *cdf_device_default(void) {
+    if (g_n_devices == 0) {
+        cdf_error(CDF_ERR_NOT_FOUND, "no backend is loaded (CDIFFUSERS_BACKEND_AUTOLOAD=0? call cdf_backend_load(\"cpu\"))");
+        return NULL;
+    }
+    return &g_devices[0];
+}
+
+const char *cdf_device_name(const cdf_device *dev) { return dev ? dev->name : "(null)"; }
+
+cdf_status cdf_device_synchronize(cdf_device *dev) {
+    if (!dev) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_device_synchronize: device is NULL");
+    return dev->iface->synchronize(dev);
+}
+
+void cdf_device_memory_stats(const cdf_device *dev, cdf_memory_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!dev) return;
+    out->current_bytes = atomic_load(&((cdf_device *)dev)->current_bytes);
+    out->peak_bytes = atomic_load(&((cdf_device *)dev)->peak_bytes);
+    out->limit_bytes = atomic_load(&((cdf_device *)dev)->limit_bytes);
+    out->n_allocs = atomic_load(&((cdf_device *)dev)->n_allocs);
+}
+
+void cdf_device_reset_peak(cdf_device *dev) {
+    if (dev) atomic_store(&dev->peak_bytes, atomic_load(&dev->current_bytes));
+}
+
+cdf_status cdf_device_set_memory_limit(cdf_device *dev, uint64_t bytes) {
+    if (!dev) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_device_set_memory_limit: device is NULL");
+    atomic_store(&dev->limit_bytes, bytes);
+    return CDF_OK;
+}
+
+void cdf_device_set_threads(cdf_device *dev, int n) {
+    if (dev && dev->iface->set_threads) dev->iface->set_threads(dev, n);
+}
+
+void cdf_device_queue_stats(const cdf_device *dev, cdf_queue_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (dev && dev->iface->queue_stats) dev->iface->queue_stats(dev, out);
+}
+
+static void fmt_bytes(char *buf, size_t n, uint64_t b) {
+    if (b >= (1ull << 30)) snprintf(buf, n, "%.2f GiB", b / 1073741824.0);
+    else if (b >= (1ull << 20)) snprintf(buf, n, "%.2f MiB", b / 1048576.0);
+    else if (b >= 1024) snprintf(buf, n, "%.1f KiB", b / 1024.0);
+    else snprintf(buf, n, "%llu B", (unsigned long long)b);
+}
+
+cdf_status cdf_device_alloc(cdf_device *dev, size_t nbytes, void **out) {
+    *out = NULL;
+    uint64_t limit = atomic_load(&dev->limit_bytes);
+    uint64_t cur = atomic_load(&dev->current_bytes);
+    for (;;) {
+        if (limit && (nbytes > limit || cur > limit - nbytes)) {
+            char req[32], used[32], lim[32], type[32];
+            snprintf(type, sizeof type, "%s", dev->iface->name);
+            for (char *p = type; *p; p++) *p = (char)toupper((unsigned char)*p);
+            fmt_bytes(req, sizeof req, nbytes);
+            fmt_bytes(used, sizeof used, cur);
+            fmt_bytes(lim, sizeof lim, limit);
+            return cdf_error(CDF_ERR_OUT_OF_MEMORY,
+                             "out of memory on %s: cannot allocate %s (%zu bytes); %s of the %s budget is in use "
+                             "(raise CDIFFUSERS_%s_MEMORY_LIMIT / --device-memory, or use --offload model)",
+                             dev->name, req, nbytes, used, lim, type);
+        }
+        if (atomic_compare_exchange_weak(&dev->current_bytes, &cur, cur + nbytes)) break;
+    }
+    void *p = dev->iface->alloc(dev, nbytes);
+    if (!p && nbytes) {
+        atomic_fetch_sub(&dev->current_bytes, nbytes);
+        char req[32];
+        fmt_bytes(req, sizeof req, nbytes);
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of memory on %s: the system refused %s (%zu bytes)", dev->name, req,
+                         nbytes);
+    }
+    uint64_t now = cur + nbytes, peak = atomic_load(&dev->peak_bytes);
+    while (now > peak && !atomic_compare_exchange_weak(&dev->peak_bytes, &peak, now)) {}
+    atomic_fetch_add(&dev->n_allocs, 1);
+    *out = p;
+    return CDF_OK;
+}
+
+void cdf_device_free(cdf_device *dev, void *ptr, size_t nbytes) {
+    if (!ptr && !nbytes) return;
+    dev->iface->free(dev, ptr, nbytes);
+    atomic_fetch_sub(&dev->current_bytes, nbytes);
+}
+
+cdf_status cdf_device_enqueue(cdf_device *dev, cdf_node *node) { return dev->iface->enqueue(dev, node); }

@@ -1,0 +1,57 @@
+/* Private backend interface: registry -> backend -> device -> queue -> buffer.
+ *
+ * A backend is a vtable plus a list of devices. A CUDA or PJRT backend implements the same
+ * vtable; nothing above exec/ knows which backend runs an op. Memory accounting and the
+ * budget are done here, generically, around the backend's raw alloc/free. */
+#ifndef CDF_BACKEND_IMPL_H
+#define CDF_BACKEND_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "cdiffusers/device.h"
+#include "graph/node.h"
+
+typedef struct cdf_backend_iface {
+    const char *name; /* device type, e.g. "cpu" */
+    /* Create the backend's devices; called once by cdf_backend_load. */
+    cdf_status (*init)(int *n_devices);
+    /* Raw device memory (no accounting). NULL if the device is out of memory. */
+    void *(*alloc)(cdf_device *dev, size_t nbytes);
+    void (*free)(cdf_device *dev, void *ptr, size_t nbytes);
+    /* Take ownership of node and run it asynchronously in submission order. */
+    cdf_status (*enqueue)(cdf_device *dev, cdf_node *node);
+    /* Wait until every node enqueued so far has run; return the first queued error. */
+    cdf_status (*synchronize)(cdf_device *dev);
+    /* Whether this device can execute the node (shapes/dtypes). */
+    bool (*supports)(cdf_device *dev, const cdf_node *node);
+    /* Host <-> device copies of contiguous bytes (synchronous w.r.t. the queue). */
+    cdf_status (*copy_to_host)(cdf_device *dev, void *dst, const void *src, size_t nbytes);
+    cdf_status (*copy_from_host)(cdf_device *dev, void *dst, const void *src, size_t nbytes);
+    void (*set_threads)(cdf_device *dev, int n);
+    void (*queue_stats)(const cdf_device *dev, cdf_queue_stats *out);
+} cdf_backend_iface;
+
+struct cdf_device {
+    const cdf_backend_iface *iface;
+    char name[32];
+    int index;
+    atomic_ullong current_bytes, peak_bytes, limit_bytes, n_allocs;
+    void *impl; /* backend private state (the queue) */
+};
+
+/* Register a device of a backend (called from a backend's init). */
+cdf_device *cdf_backend_add_device(const cdf_backend_iface *iface, int index, void *impl);
+
+/* Accounted allocation: fails with CDF_ERR_OUT_OF_MEMORY (message names request and budget). */
+cdf_status cdf_device_alloc(cdf_device *dev, size_t nbytes, void **out);
+void cdf_device_free(cdf_device *dev, void *ptr, size_t nbytes);
+cdf_status cdf_device_enqueue(cdf_device *dev, cdf_node *node);
+
+/* Built-in backends. */
+extern const cdf_backend_iface cdf_cpu_backend_iface;
+
+/* Run one node with the reference/fast kernels on the host (the cpu backend's executor). */
+cdf_status cdf_cpu_execute_node(const cdf_node *node);
+
+#endif

@@ -1,0 +1,125 @@
+/* The cpu backend's executor: one node -> one kernel call. Source operands arrive with their
+ * own strides; the tensor API guarantees the layouts each kernel documents (contiguous where
+ * required), so this file only resolves pointers and forwards parameters. */
+#include "backend/backend_impl.h"
+#include "core/error_internal.h"
+
+static const char *k_op_names[CDF_OP_COUNT] = {
+    [CDF_OP_COPY] = "copy",           [CDF_OP_FILL] = "fill",         [CDF_OP_EMBEDDING] = "embedding",
+    [CDF_OP_UNARY] = "unary",         [CDF_OP_BINARY] = "binary",     [CDF_OP_MATMUL] = "matmul",
+    [CDF_OP_SOFTMAX] = "softmax",     [CDF_OP_LAYER_NORM] = "layer_norm", [CDF_OP_RMS_NORM] = "rms_norm",
+    [CDF_OP_GROUP_NORM] = "group_norm", [CDF_OP_REDUCE] = "reduce",   [CDF_OP_CONV2D] = "conv2d",
+    [CDF_OP_UPSAMPLE] = "upsample_nearest", [CDF_OP_ATTENTION] = "attention", [CDF_OP_ROPE] = "rope",
+    [CDF_OP_TIMESTEP_EMB] = "timestep_embedding",
+};
+
+const char *cdf_op_name(cdf_op_kind k) { return (unsigned)k < CDF_OP_COUNT ? k_op_names[k] : "?"; }
+
+#define SRC(i) (n->src[i])
+#define PTR(t) ((t) ? cdf_tensor_data_ptr(t) : NULL)
+
+cdf_status cdf_cpu_execute_node(const cdf_node *n) {
+    cdf_tensor *d = n->dst;
+    void *dp = cdf_tensor_data_ptr(d);
+    switch (n->kind) {
+    case CDF_OP_COPY:
+        return cdf_k_copy_strided(dp, d->dtype, d->strides, PTR(SRC(0)), SRC(0)->dtype, SRC(0)->strides, d->ndim,
+                                  d->shape);
+    case CDF_OP_FILL: {
+        /* fill writes through dst's strides: it may be a view (e.g. the border of a pad) */
+        int64_t numel = cdf_shape_numel(d->ndim, d->shape);
+        if (cdf_tensor_is_contiguous(d)) return cdf_k_fill(dp, d->dtype, numel, n->p.fill.value);
+        double v = n->p.fill.value;
+        int64_t zero[CDF_MAX_DIMS] = {0};
+        return cdf_k_copy_strided(dp, d->dtype, d->strides, &v, CDF_F64, zero, d->ndim, d->shape);
+    }
+    case CDF_OP_EMBEDDING: {
+        cdf_tensor *tab = SRC(0), *ids = SRC(1);
+        return cdf_k_embedding(dp, d->dtype, PTR(tab), tab->dtype, tab->shape[0], tab->shape[1], PTR(ids), ids->dtype,
+                               cdf_shape_numel(ids->ndim, ids->shape));
+    }
+    case CDF_OP_UNARY:
+        return cdf_k_unary(n->p.unary.op, n->p.unary.p0, n->p.unary.p1, dp, d->dtype, PTR(SRC(0)), SRC(0)->dtype,
+                           cdf_shape_numel(d->ndim, d->shape));
+    case CDF_OP_BINARY:
+        return cdf_k_binary(n->p.binary.op, dp, d->dtype, PTR(SRC(0)), SRC(0)->dtype, SRC(0)->strides, PTR(SRC(1)),
+                            SRC(1)->dtype, SRC(1)->strides, d->ndim, d->shape);
+    case CDF_OP_MATMUL: {
+        cdf_k_matmul_args a = {
+            .batch = n->p.matmul.batch, .M = n->p.matmul.M, .N = n->p.matmul.N, .K = n->p.matmul.K,
+            .a = PTR(SRC(0)), .a_dt = SRC(0)->dtype, .lda = n->p.matmul.lda, .sa = n->p.matmul.sa,
+            .trans_a = n->p.matmul.trans_a,
+            .b = PTR(SRC(1)), .b_dt = SRC(1)->dtype, .ldb = n->p.matmul.ldb, .sb = n->p.matmul.sb,
+            .trans_b = n->p.matmul.trans_b,
+            .bias = PTR(SRC(2)), .bias_dt = SRC(2) ? SRC(2)->dtype : CDF_F32,
+            .c = dp, .c_dt = d->dtype, .ldc = n->p.matmul.ldc, .sc = n->p.matmul.sc,
+            .alpha = n->p.matmul.alpha, .beta = 0.0f,
+        };
+        return cdf_k_matmul(&a);
+    }
+    case CDF_OP_SOFTMAX:
+        return cdf_k_softmax(dp, d->dtype, PTR(SRC(0)), SRC(0)->dtype, n->p.softmax.rows, n->p.softmax.cols,
+                             n->p.softmax.scale);
+    case CDF_OP_LAYER_NORM: {
+        cdf_dtype wdt = SRC(1) ? SRC(1)->dtype : (SRC(2) ? SRC(2)->dtype : CDF_F32);
+        return cdf_k_layer_norm(dp, d->dtype, PTR(SRC(0)), SRC(0)->dtype, n->p.norm.rows, n->p.norm.cols,
+                                n->p.norm.eps, PTR(SRC(1)), PTR(SRC(2)), wdt);
+    }
+    case CDF_OP_RMS_NORM:
+        return cdf_k_rms_norm(dp, d->dtype, PTR(SRC(0)), SRC(0)->dtype, n->p.norm.rows, n->p.norm.cols, n->p.norm.eps,
+                              PTR(SRC(1)), SRC(1) ? SRC(1)->dtype : CDF_F32);
+    case CDF_OP_GROUP_NORM: {
+        cdf_dtype wdt = SRC(1) ? SRC(1)->dtype : (SRC(2) ? SRC(2)->dtype : CDF_F32);
+        return cdf_k_group_norm(dp, d->dtype, PTR(SRC(0)), SRC(0)->dtype, n->p.group_norm.n, n->p.group_norm.c,
+                                n->p.group_norm.s, n->p.group_norm.groups, n->p.group_norm.eps, PTR(SRC(1)),
+                                PTR(SRC(2)), wdt);
+    }
+    case CDF_OP_REDUCE:
+        return cdf_k_reduce(n->p.reduce.op, dp, d->dtype, PTR(SRC(0)), SRC(0)->dtype, n->p.reduce.outer,
+                            n->p.reduce.red, n->p.reduce.inner);
+    case CDF_OP_CONV2D: {
+        cdf_tensor *x = SRC(0), *w = SRC(1), *b = SRC(2);
+        const cdf_conv2d_params *p = &n->p.conv.p;
+        cdf_k_conv2d_args a = {
+            .n = x->shape[0], .cin = x->shape[1], .h = x->shape[2], .w = x->shape[3],
+            .cout = w->shape[0], .kh = w->shape[2], .kw = w->shape[3],
+            .stride_h = p->stride_h, .stride_w = p->stride_w, .pad_h = p->pad_h, .pad_w = p->pad_w,
+            .dil_h = p->dil_h, .dil_w = p->dil_w, .groups = p->groups,
+            .x = PTR(x), .x_dt = x->dtype, .weight = PTR(w), .w_dt = w->dtype,
+            .bias = PTR(b), .b_dt = b ? b->dtype : CDF_F32, .out = dp, .out_dt = d->dtype,
+        };
+        return cdf_k_conv2d(&a);
+    }
+    case CDF_OP_UPSAMPLE: {
+        cdf_tensor *x = SRC(0);
+        int64_t h = x->shape[x->ndim - 2], w = x->shape[x->ndim - 1];
+        int64_t nc = cdf_shape_numel(x->ndim, x->shape) / (h * w > 0 ? h * w : 1);
+        return cdf_k_upsample_nearest(dp, d->dtype, PTR(x), x->dtype, nc, h, w, n->p.upsample.fh, n->p.upsample.fw);
+    }
+    case CDF_OP_ATTENTION: {
+        cdf_tensor *q = SRC(0), *k = SRC(1), *v = SRC(2), *m = SRC(3);
+        cdf_k_attention_args a = {
+            .b = q->shape[0], .h = q->shape[1], .lq = q->shape[2], .lk = k->shape[2], .d = q->shape[3],
+            .dv = v->shape[3],
+            .q = PTR(q), .q_dt = q->dtype, .q_sb = q->strides[0], .q_sh = q->strides[1], .q_sl = q->strides[2],
+            .k = PTR(k), .k_dt = k->dtype, .k_sb = k->strides[0], .k_sh = k->strides[1], .k_sl = k->strides[2],
+            .v = PTR(v), .v_dt = v->dtype, .v_sb = v->strides[0], .v_sh = v->strides[1], .v_sl = v->strides[2],
+            .mask = PTR(m), .mask_dt = m ? m->dtype : CDF_F32,
+            .m_sb = m ? m->strides[0] : 0, .m_sh = m ? m->strides[1] : 0,
+            .m_sq = m ? m->strides[2] : 0, .m_sk = m ? m->strides[3] : 0,
+            .out = dp, .out_dt = d->dtype, .scale = n->p.attention.scale,
+        };
+        return cdf_k_attention(&a);
+    }
+    case CDF_OP_ROPE: {
+        cdf_tensor *x = SRC(0);
+        return cdf_k_rope(dp, d->dtype, PTR(x), x->dtype, PTR(SRC(1)), PTR(SRC(2)), x->shape[0], x->shape[1],
+                          x->shape[2], x->shape[3]);
+    }
+    case CDF_OP_TIMESTEP_EMB:
+        return cdf_k_timestep_embedding(dp, PTR(SRC(0)), SRC(0)->shape[0], n->p.temb.dim, n->p.temb.flip,
+                                        n->p.temb.shift, n->p.temb.scale, n->p.temb.max_period);
+    case CDF_OP_COUNT: break;
+    }
+    return cdf_error(CDF_ERR_INTERNAL, "cpu backend: unknown op kind %d", (int)n->kind);
+}

@@ -1,0 +1,144 @@
+#include "cdiffusers/dtype.h"
+
+#include <math.h>
+#include <string.h>
+
+static const struct {
+    const char *name, *st;
+    size_t size;
+} k_dtypes[CDF_DTYPE_COUNT] = {
+    [CDF_F32] = {"f32", "F32", 4},   [CDF_BF16] = {"bf16", "BF16", 2}, [CDF_F16] = {"f16", "F16", 2},
+    [CDF_I64] = {"i64", "I64", 8},   [CDF_I32] = {"i32", "I32", 4},    [CDF_F64] = {"f64", "F64", 8},
+    [CDF_U8] = {"u8", "U8", 1},      [CDF_I8] = {"i8", "I8", 1},       [CDF_I16] = {"i16", "I16", 2},
+    [CDF_BOOL] = {"bool", "BOOL", 1},
+};
+
+size_t cdf_dtype_size(cdf_dtype dt) { return (unsigned)dt < CDF_DTYPE_COUNT ? k_dtypes[dt].size : 0; }
+const char *cdf_dtype_name(cdf_dtype dt) { return (unsigned)dt < CDF_DTYPE_COUNT ? k_dtypes[dt].name : "?"; }
+const char *cdf_dtype_st_name(cdf_dtype dt) { return (unsigned)dt < CDF_DTYPE_COUNT ? k_dtypes[dt].st : "?"; }
+
+int cdf_dtype_parse(const char *name, cdf_dtype *out) {
+    if (!name) return -1;
+    for (int i = 0; i < CDF_DTYPE_COUNT; i++) {
+        if (strcmp(name, k_dtypes[i].name) == 0 || strcmp(name, k_dtypes[i].st) == 0) {
+            *out = (cdf_dtype)i;
+            return 0;
+        }
+    }
+    if (strcmp(name, "float32") == 0 || strcmp(name, "fp32") == 0) { *out = CDF_F32; return 0; }
+    if (strcmp(name, "bfloat16") == 0) { *out = CDF_BF16; return 0; }
+    if (strcmp(name, "float16") == 0 || strcmp(name, "fp16") == 0) { *out = CDF_F16; return 0; }
+    return -1;
+}
+
+float cdf_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, u;
+    if (exp == 0) {
+        if (mant == 0) {
+            u = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            do { mant <<= 1; e++; } while (!(mant & 0x400u));
+            mant &= 0x3ffu;
+            u = sign | ((uint32_t)(127 - 15 - e) << 23) | (mant << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (mant << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t cdf_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t absu = u & 0x7fffffffu;
+    if (absu > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);       /* NaN */
+    if (absu >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);      /* overflow -> inf */
+    if (absu < 0x38800000u) {                                         /* subnormal or zero */
+        /* value = absf * 2^24 rounded to nearest even, as an integer mantissa */
+        float af;
+        memcpy(&af, &absu, 4);
+        float scaled = af * 16777216.0f; /* exact: power of two */
+        uint32_t m = (uint32_t)nearbyintf(scaled);
+        return (uint16_t)(sign | m);
+    }
+    uint32_t exp = ((absu >> 23) - 127 + 15);
+    uint32_t mant = absu & 0x7fffffu;
+    uint32_t h = (exp << 10) | (mant >> 13);
+    uint32_t rest = mant & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static double load_d(const void *p, cdf_dtype dt, size_t i) {
+    switch (dt) {
+    case CDF_F32: return ((const float *)p)[i];
+    case CDF_BF16: return cdf_bf16_to_f32(((const uint16_t *)p)[i]);
+    case CDF_F16: return cdf_f16_to_f32(((const uint16_t *)p)[i]);
+    case CDF_F64: return ((const double *)p)[i];
+    case CDF_I64: return (double)((const int64_t *)p)[i];
+    case CDF_I32: return ((const int32_t *)p)[i];
+    case CDF_I16: return ((const int16_t *)p)[i];
+    case CDF_I8: return ((const int8_t *)p)[i];
+    case CDF_U8: return ((const uint8_t *)p)[i];
+    case CDF_BOOL: return ((const uint8_t *)p)[i] != 0;
+    default: return 0;
+    }
+}
+
+void cdf_convert(void *dst, cdf_dtype ddt, const void *src, cdf_dtype sdt, size_t n) {
+    if (ddt == sdt) {
+        memmove(dst, src, n * cdf_dtype_size(ddt));
+        return;
+    }
+    /* fast, exact paths for the float conversions the models use */
+    if (sdt == CDF_F32 && ddt == CDF_BF16) {
+        for (size_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = cdf_f32_to_bf16(((const float *)src)[i]);
+        return;
+    }
+    if (sdt == CDF_BF16 && ddt == CDF_F32) {
+        for (size_t i = 0; i < n; i++) ((float *)dst)[i] = cdf_bf16_to_f32(((const uint16_t *)src)[i]);
+        return;
+    }
+    if (sdt == CDF_F32 && ddt == CDF_F16) {
+        for (size_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = cdf_f32_to_f16(((const float *)src)[i]);
+        return;
+    }
+    if (sdt == CDF_F16 && ddt == CDF_F32) {
+        for (size_t i = 0; i < n; i++) ((float *)dst)[i] = cdf_f16_to_f32(((const uint16_t *)src)[i]);
+        return;
+    }
+    if (sdt == CDF_I64 && ddt == CDF_I32) {
+        for (size_t i = 0; i < n; i++) ((int32_t *)dst)[i] = (int32_t)((const int64_t *)src)[i];
+        return;
+    }
+    if (sdt == CDF_I32 && ddt == CDF_I64) {
+        for (size_t i = 0; i < n; i++) ((int64_t *)dst)[i] = ((const int32_t *)src)[i];
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        double v = load_d(src, sdt, i);
+        switch (ddt) {
+        case CDF_F32: ((float *)dst)[i] = (float)v; break;
+        case CDF_F64: ((double *)dst)[i] = v; break;
+        /* double -> bf16/f16 goes through f32 like torch's .to() from float64 does for f32
+         * intermediates only when the source is f32; for f64 sources this double rounding is
+         * a documented approximation */
+        case CDF_BF16: ((uint16_t *)dst)[i] = cdf_f32_to_bf16((float)v); break;
+        case CDF_F16: ((uint16_t *)dst)[i] = cdf_f32_to_f16((float)v); break;
+        case CDF_I64: ((int64_t *)dst)[i] = (int64_t)v; break;
+        case CDF_I32: ((int32_t *)dst)[i] = (int32_t)v; break;
+        case CDF_I16: ((int16_t *)dst)[i] = (int16_t)v; break;
+        case CDF_I8: ((int8_t *)dst)[i] = (int8_t)v; break;
+        case CDF_U8: ((uint8_t *)dst)[i] = (uint8_t)v; break;
+        case CDF_BOOL: ((uint8_t *)dst)[i] = v != 0; break;
+        default: break;
+        }
+    }
+}

@@ -1,0 +1,62 @@
+/* graph/ — the op node. Every tensor op becomes one node: the op kind, its parameters, its
+ * source tensors and its destination. Eager mode enqueues the node on the device queue at
+ * once; defer-and-fuse and compile record nodes into a graph instead (exec/). Kernels never see
+ * nodes: a backend translates a node into a kernel call. */
+#ifndef CDF_GRAPH_NODE_H
+#define CDF_GRAPH_NODE_H
+
+#include "kernels/kernels.h"
+#include "tensor/tensor_impl.h"
+
+typedef enum cdf_op_kind {
+    CDF_OP_COPY,          /* dst = cast(src0) with any strides (contiguous, cast, cat, pad) */
+    CDF_OP_FILL,          /* dst = value */
+    CDF_OP_EMBEDDING,     /* dst = src0[src1] */
+    CDF_OP_UNARY,
+    CDF_OP_BINARY,
+    CDF_OP_MATMUL,        /* dst = src0 @ src1 (+ src2 bias) */
+    CDF_OP_SOFTMAX,
+    CDF_OP_LAYER_NORM,    /* src1 weight, src2 bias (optional) */
+    CDF_OP_RMS_NORM,
+    CDF_OP_GROUP_NORM,
+    CDF_OP_REDUCE,
+    CDF_OP_CONV2D,
+    CDF_OP_UPSAMPLE,
+    CDF_OP_ATTENTION,     /* src0 q, src1 k, src2 v, src3 mask (optional) */
+    CDF_OP_ROPE,          /* src0 x, src1 cos, src2 sin */
+    CDF_OP_TIMESTEP_EMB,
+    CDF_OP_COUNT
+} cdf_op_kind;
+
+const char *cdf_op_name(cdf_op_kind k);
+
+#define CDF_NODE_MAX_SRC 4
+
+typedef struct cdf_node {
+    cdf_op_kind kind;
+    int n_src;
+    cdf_tensor *src[CDF_NODE_MAX_SRC]; /* references held by the node (NULL = absent) */
+    cdf_tensor *dst;                   /* reference held by the node */
+    union {
+        struct { double value; } fill;
+        struct { cdf_unary_op op; float p0, p1; } unary;
+        struct { cdf_binary_op op; } binary;
+        struct { int64_t batch, M, N, K, lda, ldb, ldc, sa, sb, sc; bool trans_a, trans_b; float alpha; } matmul;
+        struct { int64_t rows, cols; float scale; } softmax;
+        struct { int64_t rows, cols; float eps; } norm;
+        struct { int64_t n, c, s, groups; float eps; } group_norm;
+        struct { cdf_reduce_op op; int64_t outer, red, inner; } reduce;
+        struct { cdf_conv2d_params p; } conv;
+        struct { int fh, fw; } upsample;
+        struct { float scale; } attention;
+        struct { bool flip; float shift, scale, max_period; int dim; } temb;
+    } p;
+} cdf_node;
+
+/* A new node with no sources (kind set, params zeroed). */
+cdf_node *cdf_node_new(cdf_op_kind kind);
+/* Adds a source reference (NULL allowed = absent optional operand). */
+void cdf_node_add_src(cdf_node *n, cdf_tensor *t);
+void cdf_node_free(cdf_node *n); /* drops the references */
+
+#endif

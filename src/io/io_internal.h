@@ -1,0 +1,22 @@
+/* Helpers shared by the io/ sources (not part of the public API). */
+#ifndef CDF_IO_INTERNAL_H
+#define CDF_IO_INTERNAL_H
+
+#include <stdint.h>
+
+#include "cdiffusers/error.h"
+
+/* malloc'd folder part of a path ("." if none); NULL if out of memory. */
+char *cdf_io_dirname(const char *path);
+/* A CDF_ERR_IO message for a failed file creation that explains errno in terms of the folder. */
+cdf_status cdf_io_create_error(const char *what, const char *path, int err);
+struct cJSON;
+/* JSON parsing with a caller-worded description for messages ("header of safetensors file 'x'")
+ * and an optional tag stored in the root's `string` (see cdf_json_load_file). */
+cdf_status cdf_json_parse_desc(const char *text, size_t len, const char *desc, const char *tag,
+                              struct cJSON **out);
+cdf_status cdf_json_check_depth_desc(const char *text, size_t len, int max_depth, const char *desc);
+/* Adds to the process-wide counter behind cdf_io_bytes_read(). */
+void cdf_io_count_bytes(uint64_t n);
+
+#endif

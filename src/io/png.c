@@ -1,0 +1,237 @@
+/* PNG output (atomic, with tEXt/iTXt generation parameters) and a small reader for tests and
+ * tools. libpng reports errors by longjmp; every libpng call sits behind a setjmp whose error
+ * path frees what was allocated and removes the temporary file. */
+#include "cdiffusers/io.h"
+#include "core/error_internal.h"
+#include "io/io_internal.h"
+
+#include <errno.h>
+#include <png.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct png_err_ctx {
+    jmp_buf jmp;
+    char msg[512];
+} png_err_ctx;
+
+static void on_png_error(png_structp png, png_const_charp msg) {
+    png_err_ctx *ctx = png_get_error_ptr(png);
+    snprintf(ctx->msg, sizeof ctx->msg, "%s", msg ? msg : "libpng error");
+    longjmp(ctx->jmp, 1);
+}
+
+static void on_png_warning(png_structp png, png_const_charp msg) { (void)png; (void)msg; }
+
+/* PNG keyword rules (PNG spec 11.3.4.2): 1-79 Latin-1 printable characters, no leading,
+ * trailing or consecutive spaces. */
+static bool valid_keyword(const char *k) {
+    size_t n = strlen(k);
+    if (n < 1 || n > 79 || k[0] == ' ' || k[n - 1] == ' ') return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)k[i];
+        if (!((c >= 32 && c <= 126) || c >= 161)) return false;
+        if (c == ' ' && k[i + 1] == ' ') return false;
+    }
+    return true;
+}
+
+static bool is_ascii(const char *s) {
+    for (; *s; s++)
+        if ((unsigned char)*s >= 0x80) return false;
+    return true;
+}
+
+cdf_status cdf_png_write(const char *path, int width, int height, int channels, const uint8_t *pixels,
+                         const char *const *text_keys, const char *const *text_values, int n_text,
+                         bool overwrite) {
+    if (!path || !path[0]) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_write: empty path");
+    if (width < 1 || height < 1 || width > CDF_PNG_MAX_SIDE || height > CDF_PNG_MAX_SIDE)
+        return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_write('%s'): size %dx%d outside 1..%d", path, width,
+                         height, CDF_PNG_MAX_SIDE);
+    if (channels != 1 && channels != 3 && channels != 4)
+        return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_write('%s'): %d channels (1, 3 or 4 supported)",
+                         path, channels);
+    if (!pixels) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_write('%s'): pixels is NULL", path);
+    if (n_text < 0 || (n_text > 0 && (!text_keys || !text_values)))
+        return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_write('%s'): bad text arrays", path);
+    for (int i = 0; i < n_text; i++) {
+        if (!text_keys[i] || !text_values[i])
+            return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_write('%s'): text entry %d is NULL", path, i);
+        if (!valid_keyword(text_keys[i]))
+            return cdf_error(CDF_ERR_INVALID_ARG,
+                             "cdf_png_write('%s'): text key '%s' is not a valid PNG keyword (1-79 "
+                             "printable Latin-1 characters, no leading/trailing/double spaces)",
+                             path, text_keys[i]);
+    }
+
+    cdf_atomic_file *af = NULL;
+    CDF_TRY(cdf_atomic_file_open(path, overwrite, &af));
+    FILE *fp = cdf_atomic_file_stream(af);
+
+    png_err_ctx ctx = {0};
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &ctx, on_png_error, on_png_warning);
+    png_infop info = png ? png_create_info_struct(png) : NULL;
+    png_text *volatile texts = NULL;
+    if (!png || !info) {
+        png_destroy_write_struct(png ? &png : NULL, NULL);
+        cdf_atomic_file_abort(af);
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "cdf_png_write('%s'): cannot create libpng writer", path);
+    }
+    if (setjmp(ctx.jmp)) {
+        png_destroy_write_struct(&png, &info);
+        free(texts);
+        cdf_atomic_file_abort(af);
+        return cdf_error(CDF_ERR_IO, "writing PNG '%s' failed: %s", path, ctx.msg);
+    }
+    png_init_io(png, fp);
+    int color = channels == 1 ? PNG_COLOR_TYPE_GRAY : channels == 3 ? PNG_COLOR_TYPE_RGB : PNG_COLOR_TYPE_RGBA;
+    png_set_IHDR(png, info, (png_uint_32)width, (png_uint_32)height, 8, color, PNG_INTERLACE_NONE,
+                 PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    if (n_text > 0) {
+        texts = calloc((size_t)n_text, sizeof(png_text));
+        if (!texts) png_error(png, "out of memory for text chunks");
+        for (int i = 0; i < n_text; i++) {
+            png_text *t = &texts[i];
+            t->key = (png_charp)text_keys[i];
+            t->text = (png_charp)text_values[i];
+            if (is_ascii(text_values[i])) {
+                t->compression = PNG_TEXT_COMPRESSION_NONE; /* tEXt */
+                t->text_length = strlen(text_values[i]);
+            } else {
+                t->compression = PNG_ITXT_COMPRESSION_NONE; /* iTXt: UTF-8 */
+                t->itxt_length = strlen(text_values[i]);
+                t->lang = NULL;
+                t->lang_key = NULL;
+            }
+        }
+        png_set_text(png, info, texts, n_text);
+    }
+    png_write_info(png, info);
+    size_t stride = (size_t)width * (size_t)channels;
+    for (int y = 0; y < height; y++) png_write_row(png, (png_const_bytep)(pixels + (size_t)y * stride));
+    png_write_end(png, info);
+    png_destroy_write_struct(&png, &info);
+    free(texts);
+    return cdf_atomic_file_commit(af);
+}
+
+/* ---- reader ---- */
+
+void cdf_png_image_free(cdf_png_image *img) {
+    if (!img) return;
+    free(img->pixels);
+    for (int i = 0; i < img->n_text; i++) {
+        free(img->text_keys[i]);
+        free(img->text_values[i]);
+    }
+    free(img->text_keys);
+    free(img->text_values);
+    memset(img, 0, sizeof *img);
+}
+
+const char *cdf_png_image_text(const cdf_png_image *img, const char *key) {
+    if (!img || !key) return NULL;
+    for (int i = 0; i < img->n_text; i++)
+        if (strcmp(img->text_keys[i], key) == 0) return img->text_values[i];
+    return NULL;
+}
+
+/* Appends libpng's current text chunks (those not yet taken) to img. */
+static bool take_text(png_structp png, png_infop info, cdf_png_image *img) {
+    png_textp text = NULL;
+    int n = 0;
+    png_get_text(png, info, &text, &n);
+    if (n <= img->n_text) return true;
+    char **k = realloc(img->text_keys, (size_t)n * sizeof *k);
+    if (!k) return false;
+    img->text_keys = k;
+    char **v = realloc(img->text_values, (size_t)n * sizeof *v);
+    if (!v) return false;
+    img->text_values = v;
+    for (int i = img->n_text; i < n; i++) {
+        size_t len = text[i].compression >= PNG_ITXT_COMPRESSION_NONE ? text[i].itxt_length : text[i].text_length;
+        img->text_keys[i] = strdup(text[i].key ? text[i].key : "");
+        img->text_values[i] = malloc(len + 1);
+        if (!img->text_keys[i] || !img->text_values[i]) {
+            free(img->text_keys[i]);
+            free(img->text_values[i]);
+            return false;
+        }
+        if (len) memcpy(img->text_values[i], text[i].text, len);
+        img->text_values[i][len] = 0;
+        img->n_text = i + 1;
+    }
+    return true;
+}
+
+cdf_status cdf_png_read(const char *path, cdf_png_image *out) {
+    if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_read: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!path) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_read: path is NULL");
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        int err = errno;
+        if (err == ENOENT) return cdf_error(CDF_ERR_NOT_FOUND, "PNG file '%s' does not exist", path);
+        return cdf_error(CDF_ERR_IO, "cannot open PNG file '%s': %s", path, strerror(err));
+    }
+    uint8_t sig[8];
+    if (fread(sig, 1, 8, fp) != 8 || png_sig_cmp(sig, 0, 8) != 0) {
+        fclose(fp);
+        return cdf_error(CDF_ERR_FORMAT, "'%s' is not a PNG file (bad signature)", path);
+    }
+    png_err_ctx ctx = {0};
+    png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &ctx, on_png_error, on_png_warning);
+    png_infop info = png ? png_create_info_struct(png) : NULL;
+    png_bytep *volatile rows = NULL;
+    if (!png || !info) {
+        png_destroy_read_struct(png ? &png : NULL, NULL, NULL);
+        fclose(fp);
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "cdf_png_read('%s'): cannot create libpng reader", path);
+    }
+    if (setjmp(ctx.jmp)) {
+        png_destroy_read_struct(&png, &info, NULL);
+        fclose(fp);
+        free(rows);
+        cdf_png_image_free(out);
+        return cdf_error(CDF_ERR_FORMAT, "PNG file '%s' is corrupt or unsupported: %s", path, ctx.msg);
+    }
+    png_init_io(png, fp);
+    png_set_sig_bytes(png, 8);
+    png_read_info(png, info);
+    png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
+    if (w > CDF_PNG_MAX_SIDE || h > CDF_PNG_MAX_SIDE) {
+        png_destroy_read_struct(&png, &info, NULL);
+        fclose(fp);
+        cdf_png_image_free(out);
+        return cdf_error(CDF_ERR_LIMIT, "PNG file '%s' is %ux%u, over the limit of %d per side", path,
+                         (unsigned)w, (unsigned)h, CDF_PNG_MAX_SIDE);
+    }
+    int color = png_get_color_type(png, info), depth = png_get_bit_depth(png, info);
+    if (depth == 16) png_set_strip_16(png);
+    if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+    if (color == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
+    if (png_get_valid(png, info, PNG_INFO_tRNS)) png_set_tRNS_to_alpha(png);
+    png_set_interlace_handling(png);
+    png_read_update_info(png, info);
+    int ch = png_get_channels(png, info);
+    size_t rowbytes = png_get_rowbytes(png, info);
+    if (ch < 1 || ch > 4 || rowbytes != (size_t)w * (size_t)ch) png_error(png, "unexpected pixel layout");
+    if (!take_text(png, info, out)) png_error(png, "out of memory for text chunks");
+    out->pixels = malloc(rowbytes * h);
+    rows = malloc(sizeof(png_bytep) * h);
+    if (!out->pixels || !rows) png_error(png, "out of memory for pixels");
+    for (png_uint_32 y = 0; y < h; y++) rows[y] = out->pixels + (size_t)y * rowbytes;
+    png_read_image(png, rows);
+    png_read_end(png, info); /* text chunks after the image data */
+    if (!take_text(png, info, out)) png_error(png, "out of memory for text chunks");
+    out->width = (int)w;
+    out->height = (int)h;
+    out->channels = ch;
+    png_destroy_read_struct(&png, &info, NULL);
+    free(rows);
+    fclose(fp);
+    return CDF_OK;
+}

@@ -1,0 +1,193 @@
+/* kernels/ — the compute layer. Kernels see raw buffers, dtypes, shapes and strides, nothing
+ * above them (no tensors, no devices, no queues). The tensor API has already checked every
+ * argument, so kernels only assert internal invariants and report impossible states with a
+ * cdf_status (never abort).
+ *
+ * Conventions
+ *  - Element counts and strides are in elements (not bytes), int64_t.
+ *  - "dt" arguments: CDF_F32, CDF_BF16 or CDF_F16 for float operands (others only where said).
+ *    Storage may be bf16/f16; arithmetic is always f32 with f32 accumulation (matmul, reductions,
+ *    softmax, norms), rounding once on store (round-to-nearest-even).
+ *  - Unless a parameter list has explicit strides, operands are C-contiguous.
+ *  - Kernels may use OpenMP internally (they run on the device queue's worker thread).
+ *  - These are the *reference* kernels: plain, obviously correct C. Fast paths (AVX-512, AMX,
+ *    oneDNN) live beside them and are tested against them (tests/test_kernels*.c). */
+#ifndef CDF_KERNELS_H
+#define CDF_KERNELS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cdiffusers/dtype.h"
+#include "cdiffusers/error.h"
+
+#define CDF_MAX_DIMS 8
+
+/* Load/store one element as f32. */
+static inline float cdf_k_ld(const void *p, cdf_dtype dt, int64_t i) {
+    switch (dt) {
+    case CDF_F32: return ((const float *)p)[i];
+    case CDF_BF16: return cdf_bf16_to_f32(((const uint16_t *)p)[i]);
+    case CDF_F16: return cdf_f16_to_f32(((const uint16_t *)p)[i]);
+    case CDF_F64: return (float)((const double *)p)[i];
+    case CDF_I64: return (float)((const int64_t *)p)[i];
+    case CDF_I32: return (float)((const int32_t *)p)[i];
+    default: return 0.0f;
+    }
+}
+static inline void cdf_k_st(void *p, cdf_dtype dt, int64_t i, float v) {
+    switch (dt) {
+    case CDF_F32: ((float *)p)[i] = v; break;
+    case CDF_BF16: ((uint16_t *)p)[i] = cdf_f32_to_bf16(v); break;
+    case CDF_F16: ((uint16_t *)p)[i] = cdf_f32_to_f16(v); break;
+    case CDF_F64: ((double *)p)[i] = v; break;
+    case CDF_I64: ((int64_t *)p)[i] = (int64_t)v; break;
+    case CDF_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+    default: break;
+    }
+}
+
+/* ---- data movement -------------------------------------------------------------------- */
+
+/* dst[idx] = cast(src[idx]) for every multi-index idx of `shape` (ndim <= CDF_MAX_DIMS), with
+ * arbitrary element strides on both sides (0 = broadcast on src). Any dtype pair; integer <->
+ * integer copies are exact, float -> int truncates toward zero. ndim 0 = one element. */
+cdf_status cdf_k_copy_strided(void *dst, cdf_dtype dst_dt, const int64_t *dst_strides, const void *src,
+                              cdf_dtype src_dt, const int64_t *src_strides, int ndim, const int64_t *shape);
+
+/* dst[0..n) = value (cast to dt). */
+cdf_status cdf_k_fill(void *dst, cdf_dtype dt, int64_t n, double value);
+
+/* out[i, :] = table[ids[i], :] for i < n; ids are CDF_I64 or CDF_I32; an id outside
+ * [0, rows) is an error (CDF_ERR_INVALID_ARG naming the id), not a read out of bounds. */
+cdf_status cdf_k_embedding(void *out, cdf_dtype out_dt, const void *table, cdf_dtype table_dt, int64_t rows,
+                           int64_t dim, const void *ids, cdf_dtype ids_dt, int64_t n);
+
+/* ---- elementwise ------------------------------------------------------------------------ */
+
+typedef enum cdf_unary_op {
+    CDF_UN_NEG, CDF_UN_EXP, CDF_UN_LOG, CDF_UN_SQRT, CDF_UN_RSQRT, CDF_UN_SQUARE, CDF_UN_ABS,
+    CDF_UN_SIGMOID, CDF_UN_TANH, CDF_UN_SILU,
+    CDF_UN_GELU_ERF,   /* 0.5 x (1 + erf(x / sqrt 2))                                 */
+    CDF_UN_GELU_TANH,  /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ("gelu_new") */
+    CDF_UN_QUICK_GELU, /* x * sigmoid(1.702 x)                                          */
+    CDF_UN_RELU, CDF_UN_SIN, CDF_UN_COS,
+    CDF_UN_SCALE,      /* x * p0                                                        */
+    CDF_UN_ADD_SCALAR, /* x + p0                                                        */
+    CDF_UN_AFFINE,     /* x * p0 + p1                                                   */
+    CDF_UN_CLAMP,      /* min(max(x, p0), p1)                                           */
+    CDF_UN_POW,        /* x ^ p0                                                        */
+    CDF_UN_COUNT
+} cdf_unary_op;
+
+/* out[i] = op(in[i]) for n contiguous elements; p0/p1 are the op's scalar parameters. */
+cdf_status cdf_k_unary(cdf_unary_op op, float p0, float p1, void *out, cdf_dtype out_dt, const void *in,
+                       cdf_dtype in_dt, int64_t n);
+
+typedef enum cdf_binary_op {
+    CDF_BIN_ADD, CDF_BIN_SUB, CDF_BIN_MUL, CDF_BIN_DIV, CDF_BIN_MAX, CDF_BIN_MIN, CDF_BIN_COUNT
+} cdf_binary_op;
+
+/* out[idx] = a[idx] op b[idx] over `shape`; out is contiguous; a/b have element strides
+ * (stride 0 on a dim = broadcast). */
+cdf_status cdf_k_binary(cdf_binary_op op, void *out, cdf_dtype out_dt, const void *a, cdf_dtype a_dt,
+                        const int64_t *a_strides, const void *b, cdf_dtype b_dt, const int64_t *b_strides,
+                        int ndim, const int64_t *shape);
+
+/* ---- matmul ---------------------------------------------------------------------------- */
+
+/* For each batch index i < batch:
+ *   C_i[M,N] = alpha * op(A_i)[M,K] @ op(B_i)[K,N] (+ bias[N]) (+ beta * C_i)
+ * op(X) = X or X^T per trans flag. Row-major with leading dimensions lda/ldb/ldc (elements);
+ * batch strides sa/sb/sc (0 = the same matrix for every batch, e.g. weights).
+ * A: trans_a ? [K,M] : [M,K]; B: trans_b ? [N,K] : [K,N]. Linear layers use trans_b=true
+ * with B = weight [out, in]. bias may be NULL. beta is 0 or 1 (accumulate into C). */
+typedef struct cdf_k_matmul_args {
+    int64_t batch, M, N, K;
+    const void *a; cdf_dtype a_dt; int64_t lda, sa; bool trans_a;
+    const void *b; cdf_dtype b_dt; int64_t ldb, sb; bool trans_b;
+    const void *bias; cdf_dtype bias_dt;
+    void *c; cdf_dtype c_dt; int64_t ldc, sc;
+    float alpha, beta;
+} cdf_k_matmul_args;
+cdf_status cdf_k_matmul(const cdf_k_matmul_args *args);
+
+/* ---- normalisation / softmax / reductions -------------------------------------------- */
+
+/* Row-wise over [rows, cols] contiguous: out = softmax(in * scale) along cols (max-subtracted). */
+cdf_status cdf_k_softmax(void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt, int64_t rows, int64_t cols,
+                         float scale);
+
+/* Row-wise LayerNorm: y = (x - mean) / sqrt(var + eps) [* w + b], biased variance (as torch).
+ * weight/bias may be NULL (elementwise_affine=False). */
+cdf_status cdf_k_layer_norm(void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt, int64_t rows,
+                            int64_t cols, float eps, const void *weight, const void *bias, cdf_dtype wdt);
+
+/* Row-wise RMSNorm: y = x * rsqrt(mean(x^2) + eps) [* w]. weight may be NULL. */
+cdf_status cdf_k_rms_norm(void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt, int64_t rows,
+                          int64_t cols, float eps, const void *weight, cdf_dtype wdt);
+
+/* GroupNorm over x [N, C, S] (S = H*W): per (n, group) mean/var over C/groups * S elements,
+ * y = (x - mean)/sqrt(var + eps) * w[c] + b[c]; weight/bias may be NULL. */
+cdf_status cdf_k_group_norm(void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt, int64_t n, int64_t c,
+                            int64_t s, int64_t groups, float eps, const void *weight, const void *bias,
+                            cdf_dtype wdt);
+
+typedef enum cdf_reduce_op { CDF_RED_SUM, CDF_RED_MEAN, CDF_RED_VAR /* biased */, CDF_RED_MAX, CDF_RED_MIN } cdf_reduce_op;
+/* out[o, i] = reduce_{r < red} in[o, r, i] over a contiguous [outer, red, inner] view (f32 accum). */
+cdf_status cdf_k_reduce(cdf_reduce_op op, void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt,
+                        int64_t outer, int64_t red, int64_t inner);
+
+/* ---- convolution / resampling --------------------------------------------------------- */
+
+/* conv2d NCHW: x [N, Cin, H, W], w [Cout, Cin/groups, KH, KW], bias [Cout] or NULL,
+ * out [N, Cout, OH, OW] with OH = (H + 2*pad_h - dil_h*(KH-1) - 1)/stride_h + 1 (likewise OW). */
+typedef struct cdf_k_conv2d_args {
+    int64_t n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups;
+    const void *x; cdf_dtype x_dt;
+    const void *weight; cdf_dtype w_dt;
+    const void *bias; cdf_dtype b_dt;
+    void *out; cdf_dtype out_dt;
+} cdf_k_conv2d_args;
+cdf_status cdf_k_conv2d(const cdf_k_conv2d_args *args);
+
+/* Nearest-neighbour upsample by integer factors: in [N*C, H, W] -> out [N*C, H*fh, W*fw]. */
+cdf_status cdf_k_upsample_nearest(void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt, int64_t nc,
+                                  int64_t h, int64_t w, int64_t fh, int64_t fw);
+
+/* ---- attention / positional ----------------------------------------------------------- */
+
+/* Scaled dot-product attention, q [B, H, Lq, D], k [B, H, Lk, D], v [B, H, Lk, Dv] with element
+ * strides for (b, h, l) given per tensor (last dim contiguous), out [B, H, Lq, Dv] contiguous.
+ *   out = softmax(q k^T * scale + mask) v
+ * mask: optional additive f32/bf16 mask with strides (mb, mh, mq, mk) (0 = broadcast);
+ * -INFINITY entries are allowed; a fully masked row yields zeros. Tiled over Lk with an online
+ * softmax so at most one tile of scores per thread exists at any time. */
+typedef struct cdf_k_attention_args {
+    int64_t b, h, lq, lk, d, dv;
+    const void *q; cdf_dtype q_dt; int64_t q_sb, q_sh, q_sl;
+    const void *k; cdf_dtype k_dt; int64_t k_sb, k_sh, k_sl;
+    const void *v; cdf_dtype v_dt; int64_t v_sb, v_sh, v_sl;
+    const void *mask; cdf_dtype mask_dt; int64_t m_sb, m_sh, m_sq, m_sk;
+    void *out; cdf_dtype out_dt;
+    float scale;
+} cdf_k_attention_args;
+cdf_status cdf_k_attention(const cdf_k_attention_args *args);
+
+/* Rotary embedding, diffusers' Flux layout (use_real, repeat_interleave_real=True):
+ * x [B, H, L, D] contiguous, cos/sin [L, D] f32 (each frequency repeated twice).
+ * For each pair (x[2i], x[2i+1]): out[2i] = x[2i]*cos[2i] - x[2i+1]*sin[2i],
+ *                                 out[2i+1] = x[2i+1]*cos[2i+1] + x[2i]*sin[2i+1].
+ * Computed in f32 as diffusers does (x.float()). */
+cdf_status cdf_k_rope(void *out, cdf_dtype out_dt, const void *x, cdf_dtype x_dt, const float *cos_t,
+                      const float *sin_t, int64_t b, int64_t h, int64_t l, int64_t d);
+
+/* diffusers get_timestep_embedding(t, dim, flip_sin_to_cos, downscale_freq_shift, scale,
+ * max_period) for n timesteps (t f32), out [n, dim] f32:
+ *   half = dim/2; exponent[k] = -ln(max_period) * k / (half - downscale_freq_shift) (f32)
+ *   freqs = exp(exponent) (f32); arg = t * freqs (f32); emb = scale * arg;
+ *   out = [sin(emb) | cos(emb)], swapped to [cos | sin] when flip_sin_to_cos; zero pad if dim odd. */
+cdf_status cdf_k_timestep_embedding(float *out, const float *t, int64_t n, int64_t dim, bool flip_sin_to_cos,
+                                    float downscale_freq_shift, float scale, float max_period);
+
+#endif

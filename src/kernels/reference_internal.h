@@ -1,0 +1,99 @@
+/* Helpers shared by the reference kernels (src/kernels/reference_*.c). Not a public header. */
+#ifndef CDF_KERNELS_REFERENCE_INTERNAL_H
+#define CDF_KERNELS_REFERENCE_INTERNAL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "core/error_internal.h"
+#include "kernels/kernels.h"
+
+/* OpenMP is worth its fork/join cost only above this many (rough) flops. */
+#define CDF_K_PAR_MIN_WORK 32768
+
+/* The float storage dtypes a float operand may have. */
+static inline int cdf_k_is_float_storage(cdf_dtype dt) { return dt == CDF_F32 || dt == CDF_BF16 || dt == CDF_F16; }
+
+/* Report a bad float operand dtype for kernel `fn`, operand `what`. */
+#define CDF_K_CHECK_FLOAT_DT(fn, what, dt)                                                                      \
+    do {                                                                                                       \
+        if (!cdf_k_is_float_storage(dt))                                                                       \
+            return cdf_error(CDF_ERR_DTYPE, "%s: %s dtype %s is not f32/bf16/f16", fn, what, cdf_dtype_name(dt)); \
+    } while (0)
+
+#define CDF_K_CHECK_PTR(fn, what, p)                                                                           \
+    do {                                                                                                       \
+        if (!(p)) return cdf_error(CDF_ERR_INVALID_ARG, "%s: %s is NULL", fn, what);                           \
+    } while (0)
+
+#define CDF_K_CHECK_NONNEG(fn, what, v)                                                                        \
+    do {                                                                                                       \
+        if ((v) < 0) return cdf_error(CDF_ERR_INVALID_ARG, "%s: %s = %lld is negative", fn, what, (long long)(v)); \
+    } while (0)
+
+/* Convert n elements of a float-storage operand to f32 (contiguous). */
+static inline void cdf_k_load_row(float *dst, const void *src, cdf_dtype dt, int64_t offset, int64_t n) {
+    switch (dt) {
+    case CDF_F32: {
+        const float *s = (const float *)src + offset;
+        for (int64_t i = 0; i < n; i++) dst[i] = s[i];
+        break;
+    }
+    case CDF_BF16: {
+        const uint16_t *s = (const uint16_t *)src + offset;
+        for (int64_t i = 0; i < n; i++) dst[i] = cdf_bf16_to_f32(s[i]);
+        break;
+    }
+    default:
+        for (int64_t i = 0; i < n; i++) dst[i] = cdf_k_ld(src, dt, offset + i);
+        break;
+    }
+}
+
+/* Store n f32 values to a float-storage operand (round to nearest even). */
+static inline void cdf_k_store_row(void *dst, cdf_dtype dt, int64_t offset, const float *src, int64_t n) {
+    switch (dt) {
+    case CDF_F32: {
+        float *d = (float *)dst + offset;
+        for (int64_t i = 0; i < n; i++) d[i] = src[i];
+        break;
+    }
+    case CDF_BF16: {
+        uint16_t *d = (uint16_t *)dst + offset;
+        for (int64_t i = 0; i < n; i++) d[i] = cdf_f32_to_bf16(src[i]);
+        break;
+    }
+    default:
+        for (int64_t i = 0; i < n; i++) cdf_k_st(dst, dt, offset + i, src[i]);
+        break;
+    }
+}
+
+/* Sum of n f32 values with f32 accumulation, summed in blocks (cascade) so the rounding error grows
+ * like log(n) rather than n — torch's CPU reductions also use a cascade. */
+static inline float cdf_k_sum_f32(const float *x, int64_t n) {
+    if (n <= 64) {
+        float s = 0.0f;
+        for (int64_t i = 0; i < n; i++) s += x[i];
+        return s;
+    }
+    int64_t half = n / 2;
+    return cdf_k_sum_f32(x, half) + cdf_k_sum_f32(x + half, n - half);
+}
+
+/* Sum of (x[i] - mean)^2, same cascade. */
+static inline float cdf_k_sumsq_dev_f32(const float *x, int64_t n, float mean) {
+    if (n <= 64) {
+        float s = 0.0f;
+        for (int64_t i = 0; i < n; i++) {
+            float d = x[i] - mean;
+            s += d * d;
+        }
+        return s;
+    }
+    int64_t half = n / 2;
+    return cdf_k_sumsq_dev_f32(x, half, mean) + cdf_k_sumsq_dev_f32(x + half, n - half, mean);
+}
+
+#endif

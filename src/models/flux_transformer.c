@@ -1,0 +1,507 @@
+/* FLUX.1 transformer: diffusers FluxTransformer2DModel (transformer_flux.py at 58eb52c).
+ *
+ *   x    = x_embedder(hidden_states)                         [B, Li, D]   D = heads * head_dim
+ *   temb = timestep_embedder(time_proj(1000 t))
+ *          (+ guidance_embedder(time_proj(1000 g)))  + text_embedder(pooled)   [B, D]
+ *   ctx  = context_embedder(encoder_hidden_states)           [B, Lt, D]
+ *   cos, sin = FluxPosEmbed(cat(txt_ids, img_ids))           [Lt + Li, head_dim]
+ *   num_layers double-stream blocks (separate weights for text and image, joint attention)
+ *   num_single_layers single-stream blocks over [ctx; x]
+ *   out  = proj_out(norm_out(x, temb))                        [B, Li, p*p*out_channels]
+ *
+ * Activations are f32; weights are f32 or bf16 (cdf_load_options.weight_dtype). */
+#include "models/flux_transformer.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error_internal.h"
+
+#define MODEL "FluxTransformer2DModel"
+
+static const float NORM_EPS = 1e-6f; /* every LayerNorm and q/k RMSNorm of the model */
+static const double ROPE_THETA = 10000.0;
+static const int TIME_PROJ_DIM = 256; /* Timesteps(num_channels=256, flip_sin_to_cos=True, shift=0) */
+
+typedef struct flux_double_block {
+    cdf_linear_layer norm1, norm1_context; /* AdaLayerNormZero .linear [6D, D] */
+    cdf_linear_layer to_q, to_k, to_v, to_out;
+    cdf_linear_layer add_q_proj, add_k_proj, add_v_proj, to_add_out;
+    cdf_norm_layer norm_q, norm_k, norm_added_q, norm_added_k; /* RMSNorm over head_dim */
+    cdf_linear_layer ff_in, ff_out;                             /* ff.net.0.proj [4D, D], ff.net.2 [D, 4D] */
+    cdf_linear_layer ff_context_in, ff_context_out;
+} flux_double_block;
+
+typedef struct flux_single_block {
+    cdf_linear_layer norm; /* AdaLayerNormZeroSingle .linear [3D, D] */
+    cdf_linear_layer to_q, to_k, to_v;
+    cdf_norm_layer norm_q, norm_k;
+    cdf_linear_layer proj_mlp; /* [M, D] */
+    cdf_linear_layer proj_out; /* [D, D + M] over cat(attention, mlp) */
+} flux_single_block;
+
+typedef struct flux_model {
+    cdf_flux_config cfg;
+    cdf_device *dev;
+    cdf_linear_layer x_embedder, context_embedder;
+    cdf_flux_mlp timestep_embedder, guidance_embedder, text_embedder; /* time_text_embed.* */
+    flux_double_block *blocks;
+    flux_single_block *single_blocks;
+    cdf_linear_layer norm_out; /* AdaLayerNormContinuous .linear [2D, D] -> (scale, shift) */
+    cdf_linear_layer proj_out;
+} flux_model;
+
+/* ---- config ------------------------------------------------------------------------------ */
+static cdf_status parse_config(const cJSON *json, const char *dir, cdf_flux_config *c) {
+    memset(c, 0, sizeof *c);
+    bool ok = cdf_json_get_int(json, "patch_size", 1, &c->patch_size) == CDF_OK &&
+              cdf_json_get_int(json, "in_channels", 64, &c->in_channels) == CDF_OK &&
+              cdf_json_get_int(json, "out_channels", 0, &c->out_channels) == CDF_OK &&
+              cdf_json_get_int(json, "num_layers", 19, &c->num_layers) == CDF_OK &&
+              cdf_json_get_int(json, "num_single_layers", 38, &c->num_single_layers) == CDF_OK &&
+              cdf_json_get_int(json, "attention_head_dim", 128, &c->attention_head_dim) == CDF_OK &&
+              cdf_json_get_int(json, "num_attention_heads", 24, &c->num_attention_heads) == CDF_OK &&
+              cdf_json_get_int(json, "joint_attention_dim", 4096, &c->joint_attention_dim) == CDF_OK &&
+              cdf_json_get_int(json, "pooled_projection_dim", 768, &c->pooled_projection_dim) == CDF_OK &&
+              cdf_json_get_bool(json, "guidance_embeds", false, &c->guidance_embeds) == CDF_OK &&
+              cdf_json_get_int_array(json, "axes_dims_rope", c->axes_dims_rope, CDF_FLUX_MAX_ROPE_AXES, &c->n_axes) == CDF_OK;
+    if (!ok) return cdf_last_status();
+    if (!cdf_json_has(json, "axes_dims_rope")) {
+        c->n_axes = 3;
+        c->axes_dims_rope[0] = 16, c->axes_dims_rope[1] = 56, c->axes_dims_rope[2] = 56;
+    }
+    if (c->out_channels == 0) c->out_channels = c->in_channels; /* `out_channels or in_channels` */
+
+    /* Sizes: positive and small enough that products below cannot overflow. */
+    const struct {
+        const char *key;
+        int64_t v, lo, hi;
+    } ranges[] = {
+        {"patch_size", c->patch_size, 1, 64},
+        {"in_channels", c->in_channels, 1, 1 << 20},
+        {"out_channels", c->out_channels, 1, 1 << 20},
+        {"num_layers", c->num_layers, 0, 4096},
+        {"num_single_layers", c->num_single_layers, 0, 4096},
+        {"attention_head_dim", c->attention_head_dim, 2, 1 << 16},
+        {"num_attention_heads", c->num_attention_heads, 1, 1 << 16},
+        {"joint_attention_dim", c->joint_attention_dim, 1, 1 << 20},
+        {"pooled_projection_dim", c->pooled_projection_dim, 1, 1 << 20},
+    };
+    for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++)
+        if (ranges[i].v < ranges[i].lo || ranges[i].v > ranges[i].hi)
+            return cdf_error(CDF_ERR_FORMAT, "%s/config.json: %s = %lld is outside %lld..%lld", dir, ranges[i].key,
+                             (long long)ranges[i].v, (long long)ranges[i].lo, (long long)ranges[i].hi);
+    c->inner_dim = c->num_attention_heads * c->attention_head_dim;
+    if (c->inner_dim > (1 << 20))
+        return cdf_error(CDF_ERR_FORMAT, "%s/config.json: num_attention_heads %lld x attention_head_dim %lld = %lld exceeds %d",
+                         dir, (long long)c->num_attention_heads, (long long)c->attention_head_dim, (long long)c->inner_dim,
+                         1 << 20);
+    c->mlp_hidden_dim = c->inner_dim * 4; /* FluxSingleTransformerBlock mlp_ratio 4.0 */
+
+    /* The rotary table is the concatenation of one block per axis and multiplies q/k per head,
+     * so the axes must exactly tile attention_head_dim (diffusers would fail at the first
+     * attention with a broadcast error). */
+    if (c->n_axes <= 0) return cdf_error(CDF_ERR_FORMAT, "%s/config.json: axes_dims_rope is empty", dir);
+    int64_t sum = 0;
+    char list[160] = "";
+    for (int a = 0; a < c->n_axes; a++) {
+        if (c->axes_dims_rope[a] <= 0 || c->axes_dims_rope[a] % 2)
+            return cdf_error(CDF_ERR_FORMAT, "%s/config.json: axes_dims_rope[%d] = %lld must be a positive even number", dir, a,
+                             (long long)c->axes_dims_rope[a]);
+        sum += c->axes_dims_rope[a];
+        size_t o = strlen(list);
+        snprintf(list + o, sizeof list - o, "%s%lld", a ? " + " : "", (long long)c->axes_dims_rope[a]);
+    }
+    if (sum != c->attention_head_dim)
+        return cdf_error(CDF_ERR_FORMAT,
+                         "%s/config.json: axes_dims_rope sums to %s = %lld but attention_head_dim is %lld (the rotary "
+                         "embedding must cover exactly one attention head)",
+                         dir, list, (long long)sum, (long long)c->attention_head_dim);
+    return CDF_OK;
+}
+
+/* ---- loading ------------------------------------------------------------------------------ */
+static void free_model(flux_model *m) {
+    if (!m) return;
+    cdf_linear_free(&m->x_embedder);
+    cdf_linear_free(&m->context_embedder);
+    cdf_flux_mlp_free(&m->timestep_embedder);
+    cdf_flux_mlp_free(&m->guidance_embedder);
+    cdf_flux_mlp_free(&m->text_embedder);
+    for (int64_t i = 0; m->blocks && i < m->cfg.num_layers; i++) {
+        flux_double_block *b = &m->blocks[i];
+        cdf_linear_layer *lin[] = {&b->norm1, &b->norm1_context, &b->to_q, &b->to_k, &b->to_v, &b->to_out,
+                                   &b->add_q_proj, &b->add_k_proj, &b->add_v_proj, &b->to_add_out, &b->ff_in,
+                                   &b->ff_out, &b->ff_context_in, &b->ff_context_out};
+        for (size_t j = 0; j < sizeof lin / sizeof *lin; j++) cdf_linear_free(lin[j]);
+        cdf_norm_free(&b->norm_q);
+        cdf_norm_free(&b->norm_k);
+        cdf_norm_free(&b->norm_added_q);
+        cdf_norm_free(&b->norm_added_k);
+    }
+    for (int64_t i = 0; m->single_blocks && i < m->cfg.num_single_layers; i++) {
+        flux_single_block *b = &m->single_blocks[i];
+        cdf_linear_layer *lin[] = {&b->norm, &b->to_q, &b->to_k, &b->to_v, &b->proj_mlp, &b->proj_out};
+        for (size_t j = 0; j < sizeof lin / sizeof *lin; j++) cdf_linear_free(lin[j]);
+        cdf_norm_free(&b->norm_q);
+        cdf_norm_free(&b->norm_k);
+    }
+    free(m->blocks);
+    free(m->single_blocks);
+    cdf_linear_free(&m->norm_out);
+    cdf_linear_free(&m->proj_out);
+    free(m);
+}
+
+static cdf_status load_double_block(cdf_weights *w, const cdf_flux_config *c, flux_double_block *b, int64_t i) {
+    const int64_t D = c->inner_dim, hd = c->attention_head_dim, F = 4 * D; /* FeedForward mult 4 */
+    const char *p = "transformer_blocks";
+    CDF_TRY(cdf_linear_load(w, &b->norm1, D, 6 * D, 1, "%s.%lld.norm1.linear", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->norm1_context, D, 6 * D, 1, "%s.%lld.norm1_context.linear", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->to_q, D, D, 1, "%s.%lld.attn.to_q", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->to_k, D, D, 1, "%s.%lld.attn.to_k", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->to_v, D, D, 1, "%s.%lld.attn.to_v", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->to_out, D, D, 1, "%s.%lld.attn.to_out.0", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->add_q_proj, D, D, 1, "%s.%lld.attn.add_q_proj", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->add_k_proj, D, D, 1, "%s.%lld.attn.add_k_proj", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->add_v_proj, D, D, 1, "%s.%lld.attn.add_v_proj", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->to_add_out, D, D, 1, "%s.%lld.attn.to_add_out", p, (long long)i));
+    CDF_TRY(cdf_norm_load(w, &b->norm_q, hd, 1, 0, NORM_EPS, "%s.%lld.attn.norm_q", p, (long long)i));
+    CDF_TRY(cdf_norm_load(w, &b->norm_k, hd, 1, 0, NORM_EPS, "%s.%lld.attn.norm_k", p, (long long)i));
+    CDF_TRY(cdf_norm_load(w, &b->norm_added_q, hd, 1, 0, NORM_EPS, "%s.%lld.attn.norm_added_q", p, (long long)i));
+    CDF_TRY(cdf_norm_load(w, &b->norm_added_k, hd, 1, 0, NORM_EPS, "%s.%lld.attn.norm_added_k", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->ff_in, D, F, 1, "%s.%lld.ff.net.0.proj", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->ff_out, F, D, 1, "%s.%lld.ff.net.2", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->ff_context_in, D, F, 1, "%s.%lld.ff_context.net.0.proj", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->ff_context_out, F, D, 1, "%s.%lld.ff_context.net.2", p, (long long)i));
+    return CDF_OK;
+}
+
+static cdf_status load_single_block(cdf_weights *w, const cdf_flux_config *c, flux_single_block *b, int64_t i) {
+    const int64_t D = c->inner_dim, hd = c->attention_head_dim, M = c->mlp_hidden_dim;
+    const char *p = "single_transformer_blocks";
+    CDF_TRY(cdf_linear_load(w, &b->norm, D, 3 * D, 1, "%s.%lld.norm.linear", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->to_q, D, D, 1, "%s.%lld.attn.to_q", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->to_k, D, D, 1, "%s.%lld.attn.to_k", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->to_v, D, D, 1, "%s.%lld.attn.to_v", p, (long long)i));
+    CDF_TRY(cdf_norm_load(w, &b->norm_q, hd, 1, 0, NORM_EPS, "%s.%lld.attn.norm_q", p, (long long)i));
+    CDF_TRY(cdf_norm_load(w, &b->norm_k, hd, 1, 0, NORM_EPS, "%s.%lld.attn.norm_k", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->proj_mlp, D, M, 1, "%s.%lld.proj_mlp", p, (long long)i));
+    CDF_TRY(cdf_linear_load(w, &b->proj_out, D + M, D, 1, "%s.%lld.proj_out", p, (long long)i));
+    return CDF_OK;
+}
+
+static cdf_status load_weights(cdf_weights *w, flux_model *m) {
+    const cdf_flux_config *c = &m->cfg;
+    const int64_t D = c->inner_dim;
+    CDF_TRY(cdf_linear_load(w, &m->x_embedder, c->in_channels, D, 1, "x_embedder"));
+    CDF_TRY(cdf_linear_load(w, &m->context_embedder, c->joint_attention_dim, D, 1, "context_embedder"));
+    CDF_TRY(cdf_flux_mlp_load(w, &m->timestep_embedder, TIME_PROJ_DIM, D, D, 1, "time_text_embed.timestep_embedder"));
+    if (c->guidance_embeds)
+        CDF_TRY(cdf_flux_mlp_load(w, &m->guidance_embedder, TIME_PROJ_DIM, D, D, 1, "time_text_embed.guidance_embedder"));
+    CDF_TRY(cdf_flux_mlp_load(w, &m->text_embedder, c->pooled_projection_dim, D, D, 1, "time_text_embed.text_embedder"));
+    for (int64_t i = 0; i < c->num_layers; i++) CDF_TRY(load_double_block(w, c, &m->blocks[i], i));
+    for (int64_t i = 0; i < c->num_single_layers; i++) CDF_TRY(load_single_block(w, c, &m->single_blocks[i], i));
+    CDF_TRY(cdf_linear_load(w, &m->norm_out, D, 2 * D, 1, "norm_out.linear"));
+    CDF_TRY(cdf_linear_load(w, &m->proj_out, D, c->patch_size * c->patch_size * c->out_channels, 1, "proj_out"));
+    return CDF_OK;
+}
+
+static cdf_status flux_load(const char *dir, const cJSON *cfg, const cdf_load_options *opt, void **impl) {
+    *impl = NULL;
+    flux_model *m = calloc(1, sizeof *m);
+    if (!m) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    cdf_status s = parse_config(cfg, dir, &m->cfg);
+    if (s == CDF_OK) {
+        m->blocks = calloc((size_t)m->cfg.num_layers + 1, sizeof *m->blocks);
+        m->single_blocks = calloc((size_t)m->cfg.num_single_layers + 1, sizeof *m->single_blocks);
+        if (!m->blocks || !m->single_blocks) s = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (block tables)");
+    }
+    cdf_weights *w = NULL;
+    if (s == CDF_OK) s = cdf_weights_open(dir, opt, &w);
+    if (s == CDF_OK) {
+        m->dev = cdf_weights_options(w)->device;
+        s = load_weights(w, m);
+    }
+    cdf_weights_free(w); /* loaded tensors are device copies; the mapping is no longer needed */
+    if (s != CDF_OK) {
+        free_model(m);
+        return s;
+    }
+    *impl = m;
+    return CDF_OK;
+}
+
+static void flux_free(void *impl) { free_model(impl); }
+
+const cdf_flux_config *cdf_flux_transformer_config(const void *impl) { return impl ? &((const flux_model *)impl)->cfg : NULL; }
+
+/* ---- forward ------------------------------------------------------------------------------ */
+
+/* Run a block's body inside its own scope: the new state tensors get an owned reference (kept
+ * outside every scope), the block's intermediates are released, and the previous state is
+ * dropped, so memory holds one block's worth of activations at a time. */
+static cdf_status replace_state(cdf_tensor **state, cdf_tensor *next) {
+    if (!next) return cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL;
+    cdf_tensor_release(*state);
+    *state = cdf_tensor_retain(next);
+    return CDF_OK;
+}
+
+/* q/k/v of one stream: linear -> [B, L, H, hd], RMSNorm over hd for q and k. */
+static void project_qkv(const cdf_linear_layer *lq, const cdf_linear_layer *lk, const cdf_linear_layer *lv,
+                        const cdf_norm_layer *nq, const cdf_norm_layer *nk, int64_t hd, cdf_tensor *x, cdf_tensor **q,
+                        cdf_tensor **k, cdf_tensor **v) {
+    *q = cdf_rms_norm(cdf_flux_split_heads(cdf_linear_fwd(lq, x), hd), nq->w, nq->eps);
+    *k = cdf_rms_norm(cdf_flux_split_heads(cdf_linear_fwd(lk, x), hd), nk->w, nk->eps);
+    *v = cdf_flux_split_heads(cdf_linear_fwd(lv, x), hd);
+}
+
+/* FluxTransformerBlock: x [B, Li, D], ctx [B, Lt, D] updated in place (owned references). */
+static cdf_status double_block(const flux_model *m, const flux_double_block *b, cdf_tensor **x_io, cdf_tensor **ctx_io,
+                               cdf_tensor *temb, cdf_tensor *cos_t, cdf_tensor *sin_t) {
+    const int64_t hd = m->cfg.attention_head_dim;
+    cdf_tensor *x = *x_io, *ctx = *ctx_io;
+    const int64_t Lt = cdf_tensor_dim(ctx, 1), Li = cdf_tensor_dim(x, 1);
+    cdf_scope_push();
+
+    /* AdaLayerNormZero: silu(temb) -> linear -> shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp */
+    cdf_tensor *mod[6] = {0}, *cmod[6] = {0};
+    cdf_tensor *silu_temb = cdf_silu(temb);
+    cdf_chunk(cdf_linear_fwd(&b->norm1, silu_temb), 6, 1, mod);
+    cdf_chunk(cdf_linear_fwd(&b->norm1_context, silu_temb), 6, 1, cmod);
+    cdf_tensor *nx = cdf_flux_modulate(cdf_layer_norm(x, NULL, NULL, NORM_EPS), mod[0], mod[1]);
+    cdf_tensor *nctx = cdf_flux_modulate(cdf_layer_norm(ctx, NULL, NULL, NORM_EPS), cmod[0], cmod[1]);
+
+    /* joint attention over [text; image], RoPE on the whole joint sequence */
+    cdf_tensor *q, *k, *v, *cq, *ck, *cv;
+    project_qkv(&b->to_q, &b->to_k, &b->to_v, &b->norm_q, &b->norm_k, hd, nx, &q, &k, &v);
+    project_qkv(&b->add_q_proj, &b->add_k_proj, &b->add_v_proj, &b->norm_added_q, &b->norm_added_k, hd, nctx, &cq, &ck, &cv);
+    cdf_tensor *attn = cdf_flux_rope_attention(cdf_cat((cdf_tensor *[]){cq, q}, 2, 1), cdf_cat((cdf_tensor *[]){ck, k}, 2, 1),
+                                               cdf_cat((cdf_tensor *[]){cv, v}, 2, 1), cos_t, sin_t); /* [B, Lt+Li, D] */
+    cdf_tensor *ctx_attn = cdf_linear_fwd(&b->to_add_out, cdf_narrow(attn, 1, 0, Lt));
+    cdf_tensor *x_attn = cdf_linear_fwd(&b->to_out, cdf_narrow(attn, 1, Lt, Li));
+
+    /* image stream: gated attention residual, then modulated LayerNorm -> GELU(tanh) MLP */
+    x = cdf_flux_gated_add(x, mod[2], x_attn);
+    cdf_tensor *ff_in = cdf_flux_modulate(cdf_layer_norm(x, NULL, NULL, NORM_EPS), mod[3], mod[4]);
+    x = cdf_flux_gated_add(x, mod[5], cdf_linear_fwd(&b->ff_out, cdf_gelu(cdf_linear_fwd(&b->ff_in, ff_in), CDF_GELU_TANH)));
+
+    /* text stream, same with its own weights */
+    ctx = cdf_flux_gated_add(ctx, cmod[2], ctx_attn);
+    cdf_tensor *cff_in = cdf_flux_modulate(cdf_layer_norm(ctx, NULL, NULL, NORM_EPS), cmod[3], cmod[4]);
+    ctx = cdf_flux_gated_add(
+        ctx, cmod[5], cdf_linear_fwd(&b->ff_context_out, cdf_gelu(cdf_linear_fwd(&b->ff_context_in, cff_in), CDF_GELU_TANH)));
+
+    cdf_status s = (x && ctx) ? CDF_OK : (cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL);
+    if (s == CDF_OK) {
+        replace_state(x_io, x);
+        replace_state(ctx_io, ctx);
+    }
+    cdf_scope_pop(NULL, 0);
+    return s;
+}
+
+/* FluxSingleTransformerBlock on the joint sequence h = [ctx; x] [B, Lt+Li, D]. diffusers splits h
+ * into (ctx, x) after every block and concatenates them again at the next one; keeping h whole
+ * computes exactly the same values without the copies. */
+static cdf_status single_block(const flux_model *m, const flux_single_block *b, cdf_tensor **h_io, cdf_tensor *temb,
+                               cdf_tensor *cos_t, cdf_tensor *sin_t) {
+    const int64_t hd = m->cfg.attention_head_dim;
+    cdf_tensor *h = *h_io;
+    cdf_scope_push();
+
+    /* AdaLayerNormZeroSingle: shift, scale, gate */
+    cdf_tensor *mod[3] = {0};
+    cdf_chunk(cdf_linear_fwd(&b->norm, cdf_silu(temb)), 3, 1, mod);
+    cdf_tensor *nh = cdf_flux_modulate(cdf_layer_norm(h, NULL, NULL, NORM_EPS), mod[0], mod[1]);
+
+    /* parallel MLP and attention branches, fused by one output projection */
+    cdf_tensor *mlp = cdf_gelu(cdf_linear_fwd(&b->proj_mlp, nh), CDF_GELU_TANH); /* [B, L, M] */
+    cdf_tensor *q, *k, *v;
+    project_qkv(&b->to_q, &b->to_k, &b->to_v, &b->norm_q, &b->norm_k, hd, nh, &q, &k, &v);
+    cdf_tensor *attn = cdf_flux_rope_attention(q, k, v, cos_t, sin_t); /* [B, L, D] */
+    cdf_tensor *both = cdf_cat((cdf_tensor *[]){attn, mlp}, 2, 2);       /* [B, L, D + M] */
+    h = cdf_flux_gated_add(h, mod[2], cdf_linear_fwd(&b->proj_out, both));
+
+    cdf_status s = h ? CDF_OK : (cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL);
+    if (s == CDF_OK) replace_state(h_io, h);
+    cdf_scope_pop(NULL, 0);
+    return s;
+}
+
+/* ---- input checks ---------------------------------------------------------------------------- */
+static cdf_status shape_error(const char *name, const cdf_tensor *t, const char *want) {
+    char buf[128];
+    return cdf_error(CDF_ERR_SHAPE, "%s: input '%s' is %s but must be %s", MODEL, name, cdf_tensor_describe(t, buf, sizeof buf),
+                     want);
+}
+
+/* timestep / guidance: 1-D with one value per batch entry (or one value for all). */
+static cdf_status check_per_batch(const char *name, const cdf_tensor *t, int64_t B) {
+    if (cdf_tensor_ndim(t) != 1 || (cdf_tensor_dim(t, 0) != B && cdf_tensor_dim(t, 0) != 1)) {
+        char want[64];
+        snprintf(want, sizeof want, "[%lld] or [1]", (long long)B);
+        return shape_error(name, t, want);
+    }
+    return CDF_OK;
+}
+
+/* ids [L, n_axes] or the deprecated [N, L, n_axes] (entry 0 is used) -> f32 rows into pos. */
+static cdf_status read_ids(const char *name, cdf_tensor *ids, int64_t L, int n_axes, float *pos) {
+    char want[96];
+    snprintf(want, sizeof want, "[%lld, %d] (or [1, %lld, %d])", (long long)L, n_axes, (long long)L, n_axes);
+    const int nd = cdf_tensor_ndim(ids);
+    if ((nd != 2 && nd != 3) || (nd == 3 && cdf_tensor_dim(ids, 0) < 1) || cdf_tensor_dim(ids, -2) != L ||
+        cdf_tensor_dim(ids, -1) != n_axes)
+        return shape_error(name, ids, want);
+    cdf_scope_push();
+    cdf_tensor *rows = nd == 3 ? cdf_squeeze(cdf_narrow(ids, 0, 0, 1), 0) : ids;
+    cdf_status s = rows ? cdf_tensor_read(rows, CDF_F32, pos, (size_t)(L * n_axes) * sizeof *pos) : cdf_last_status();
+    cdf_scope_pop(NULL, 0);
+    return s;
+}
+
+cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample) {
+    if (sample) *sample = NULL;
+    if (!impl || !in || !sample) return cdf_error(CDF_ERR_INVALID_ARG, "%s: forward needs the model, inputs and an output", MODEL);
+    const flux_model *m = impl;
+    const cdf_flux_config *c = &m->cfg;
+    const struct {
+        const char *name;
+        cdf_tensor *t;
+    } required[] = {{"hidden_states", in->hidden_states}, {"encoder_hidden_states", in->encoder_hidden_states},
+                    {"pooled_projections", in->pooled_projections}, {"timestep", in->timestep},
+                    {"img_ids", in->img_ids}, {"txt_ids", in->txt_ids}};
+    for (size_t i = 0; i < sizeof required / sizeof *required; i++)
+        if (!required[i].t) return cdf_error(CDF_ERR_NOT_FOUND, "%s: required input '%s' is missing", MODEL, required[i].name);
+    if (c->guidance_embeds && !in->guidance)
+        return cdf_error(CDF_ERR_NOT_FOUND, "%s: input 'guidance' is required (config guidance_embeds = true)", MODEL);
+    if (!c->guidance_embeds && in->guidance)
+        return cdf_error(CDF_ERR_INVALID_ARG, "%s: input 'guidance' was given but the model has no guidance embedding "
+                         "(config guidance_embeds = false)", MODEL);
+
+    /* shapes */
+    char want[128];
+    const cdf_tensor *hs = in->hidden_states, *ehs = in->encoder_hidden_states, *pp = in->pooled_projections;
+    if (cdf_tensor_ndim(hs) != 3 || cdf_tensor_dim(hs, 2) != c->in_channels || cdf_tensor_dim(hs, 0) < 1 ||
+        cdf_tensor_dim(hs, 1) < 1) {
+        snprintf(want, sizeof want, "[B, L_img, %lld] (in_channels)", (long long)c->in_channels);
+        return shape_error("hidden_states", hs, want);
+    }
+    const int64_t B = cdf_tensor_dim(hs, 0), Li = cdf_tensor_dim(hs, 1);
+    if (cdf_tensor_ndim(ehs) != 3 || cdf_tensor_dim(ehs, 0) != B || cdf_tensor_dim(ehs, 2) != c->joint_attention_dim) {
+        snprintf(want, sizeof want, "[%lld, L_txt, %lld] (batch of hidden_states, joint_attention_dim)", (long long)B,
+                 (long long)c->joint_attention_dim);
+        return shape_error("encoder_hidden_states", ehs, want);
+    }
+    const int64_t Lt = cdf_tensor_dim(ehs, 1);
+    if (cdf_tensor_ndim(pp) != 2 || cdf_tensor_dim(pp, 0) != B || cdf_tensor_dim(pp, 1) != c->pooled_projection_dim) {
+        snprintf(want, sizeof want, "[%lld, %lld] (batch, pooled_projection_dim)", (long long)B, (long long)c->pooled_projection_dim);
+        return shape_error("pooled_projections", pp, want);
+    }
+    CDF_TRY(check_per_batch("timestep", in->timestep, B));
+    if (in->guidance) CDF_TRY(check_per_batch("guidance", in->guidance, B));
+
+    /* positions: rows = cat(txt_ids, img_ids), read as float32 like ids.float() */
+    const int64_t L = Lt + Li;
+    float *pos = malloc((size_t)(L * c->n_axes) * sizeof *pos + 1);
+    if (!pos) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld position ids", MODEL, (long long)L);
+    cdf_status s = read_ids("txt_ids", in->txt_ids, Lt, c->n_axes, pos);
+    if (s == CDF_OK) s = read_ids("img_ids", in->img_ids, Li, c->n_axes, pos + Lt * c->n_axes);
+    if (s != CDF_OK) {
+        free(pos);
+        return s;
+    }
+
+    cdf_scope_push(); /* the forward's scope: only the result leaves it */
+    cdf_tensor *x = NULL, *ctx = NULL, *temb = NULL, *cos_t = NULL, *sin_t = NULL; /* owned references */
+
+    /* ---- embeddings ---- */
+    cdf_scope_push();
+    s = cdf_flux_rope_tables(m->dev, pos, L, c->n_axes, c->axes_dims_rope, ROPE_THETA, &cos_t, &sin_t);
+    free(pos);
+    if (s == CDF_OK) {
+        cdf_tensor_retain(cos_t);
+        cdf_tensor_retain(sin_t);
+        /* timestep.to(f32) * 1000 -> sinusoidal projection (float32 frequency table, like torch) */
+        cdf_tensor *t1000 = cdf_scale(cdf_cast(in->timestep, CDF_F32), 1000.0f);
+        cdf_tensor *e = cdf_flux_mlp_fwd(&m->timestep_embedder, cdf_timestep_embedding(t1000, TIME_PROJ_DIM, true, 0.0f, 1.0f, 10000.0f));
+        if (in->guidance) {
+            cdf_tensor *g1000 = cdf_scale(cdf_cast(in->guidance, CDF_F32), 1000.0f);
+            e = cdf_add(e, cdf_flux_mlp_fwd(&m->guidance_embedder,
+                                            cdf_timestep_embedding(g1000, TIME_PROJ_DIM, true, 0.0f, 1.0f, 10000.0f)));
+        }
+        e = cdf_add(e, cdf_flux_mlp_fwd(&m->text_embedder, cdf_cast(in->pooled_projections, CDF_F32))); /* [B, D] */
+        cdf_tensor *xe = cdf_linear_fwd(&m->x_embedder, cdf_cast(in->hidden_states, CDF_F32));                /* [B, Li, D] */
+        cdf_tensor *ce = cdf_linear_fwd(&m->context_embedder, cdf_cast(in->encoder_hidden_states, CDF_F32)); /* [B, Lt, D] */
+        if (e && xe && ce) {
+            /* a single timestep for a batch broadcasts here: temb is [B, D] because pooled is */
+            temb = cdf_tensor_retain(e);
+            x = cdf_tensor_retain(xe);
+            ctx = cdf_tensor_retain(ce);
+        } else {
+            s = cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL;
+        }
+    }
+    cdf_scope_pop(NULL, 0);
+
+    /* ---- transformer blocks ---- */
+    for (int64_t i = 0; s == CDF_OK && i < c->num_layers; i++) {
+        s = double_block(m, &m->blocks[i], &x, &ctx, temb, cos_t, sin_t);
+        if (s != CDF_OK) cdf_error_prefix("%s transformer_blocks.%lld: ", MODEL, (long long)i);
+    }
+    cdf_tensor *h = NULL; /* owned: the joint sequence [ctx; x] of the single-stream blocks */
+    if (s == CDF_OK) {
+        cdf_scope_push();
+        s = replace_state(&h, cdf_cat((cdf_tensor *[]){ctx, x}, 2, 1));
+        cdf_scope_pop(NULL, 0);
+    }
+    for (int64_t i = 0; s == CDF_OK && i < c->num_single_layers; i++) {
+        s = single_block(m, &m->single_blocks[i], &h, temb, cos_t, sin_t);
+        if (s != CDF_OK) cdf_error_prefix("%s single_transformer_blocks.%lld: ", MODEL, (long long)i);
+    }
+
+    /* ---- output: AdaLayerNormContinuous (scale first, then shift) and the projection ---- */
+    cdf_tensor *out = NULL;
+    if (s == CDF_OK) {
+        cdf_tensor *mod[2] = {0};
+        cdf_chunk(cdf_linear_fwd(&m->norm_out, cdf_silu(temb)), 2, 1, mod); /* scale, shift */
+        cdf_tensor *xi = cdf_narrow(h, 1, Lt, Li);
+        out = cdf_linear_fwd(&m->proj_out, cdf_flux_modulate(cdf_layer_norm(xi, NULL, NULL, NORM_EPS), mod[1], mod[0]));
+        if (!out) s = cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL;
+    }
+    cdf_tensor *owned[] = {x, ctx, h, temb, cos_t, sin_t};
+    for (size_t i = 0; i < sizeof owned / sizeof *owned; i++) cdf_tensor_release(owned[i]);
+    cdf_scope_pop(out ? &out : NULL, out ? 1 : 0); /* out moves to the caller's scope */
+    if (s != CDF_OK) return s;
+    *sample = out;
+    return CDF_OK;
+}
+
+/* ---- component interface ---------------------------------------------------------------------- */
+static cdf_status flux_run(void *impl, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out) {
+    if (method && strcmp(method, "forward") != 0)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "%s: method '%s' is not supported (only 'forward')", MODEL, method);
+    cdf_flux_inputs fi = {
+        .hidden_states = cdf_tensor_map_get(in, "hidden_states"),
+        .encoder_hidden_states = cdf_tensor_map_get(in, "encoder_hidden_states"),
+        .pooled_projections = cdf_tensor_map_get(in, "pooled_projections"),
+        .timestep = cdf_tensor_map_get(in, "timestep"),
+        .img_ids = cdf_tensor_map_get(in, "img_ids"),
+        .txt_ids = cdf_tensor_map_get(in, "txt_ids"),
+        .guidance = cdf_tensor_map_get(in, "guidance"),
+    };
+    cdf_tensor *sample = NULL;
+    CDF_TRY(cdf_flux_transformer_forward(impl, &fi, &sample));
+    return cdf_tensor_map_set(out, "out.sample", sample);
+}
+
+const cdf_component_class cdf_flux_transformer_class = {
+    .names = (const char *const[]){MODEL, NULL},
+    .load = flux_load,
+    .free = flux_free,
+    .run = flux_run,
+};

@@ -1,0 +1,113 @@
+/* The list of model classes and the generic component loader. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error_internal.h"
+#include "models/component.h"
+
+/* Weak: a class whose file is not built is simply not offered. */
+extern const cdf_component_class cdf_clip_text_class __attribute__((weak));
+extern const cdf_component_class cdf_t5_encoder_class __attribute__((weak));
+extern const cdf_component_class cdf_flux_transformer_class __attribute__((weak));
+extern const cdf_component_class cdf_sd3_transformer_class __attribute__((weak));
+extern const cdf_component_class cdf_autoencoder_kl_class __attribute__((weak));
+extern const cdf_component_class cdf_flux2_transformer_class __attribute__((weak));
+extern const cdf_component_class cdf_autoencoder_kl_flux2_class __attribute__((weak));
+extern const cdf_component_class cdf_mistral3_text_class __attribute__((weak));
+
+static const cdf_component_class *const *classes(int *n) {
+    static const cdf_component_class *list[16];
+    static int count = -1;
+    if (count < 0) {
+        int k = 0;
+        const cdf_component_class *all[] = {
+            &cdf_clip_text_class, &cdf_t5_encoder_class, &cdf_flux_transformer_class, &cdf_sd3_transformer_class,
+            &cdf_autoencoder_kl_class, &cdf_flux2_transformer_class, &cdf_autoencoder_kl_flux2_class,
+            &cdf_mistral3_text_class,
+        };
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+            if (all[i]) list[k++] = all[i];
+        count = k;
+    }
+    *n = count;
+    return list;
+}
+
+struct cdf_component {
+    const cdf_component_class *cls;
+    void *impl;
+    cJSON *cfg;
+    char class_name[128];
+};
+
+cdf_status cdf_component_load(const char *dir, const cdf_load_options *opt, cdf_component **out) {
+    *out = NULL;
+    cJSON *cfg = NULL;
+    cdf_status s = cdf_config_load(dir, &cfg);
+    if (s != CDF_OK) return s;
+    const char *name = cdf_config_class_name(cfg);
+    if (!name) {
+        cJSON_Delete(cfg);
+        return cdf_error(CDF_ERR_FORMAT, "%s/config.json names no model class (_class_name or architectures)", dir);
+    }
+    int n;
+    const cdf_component_class *const *list = classes(&n);
+    const cdf_component_class *cls = NULL;
+    char known[1024] = "";
+    for (int i = 0; i < n && !cls; i++) {
+        for (const char *const *nm = list[i]->names; *nm; nm++) {
+            if (strcmp(*nm, name) == 0) cls = list[i];
+            strncat(known, known[0] ? ", " : "", sizeof known - strlen(known) - 1);
+            strncat(known, *nm, sizeof known - strlen(known) - 1);
+        }
+    }
+    if (!cls) {
+        cdf_status e = cdf_error(CDF_ERR_UNSUPPORTED, "%s: model class '%s' is not supported (supported: %s)", dir, name,
+                                 known[0] ? known : "none in this build");
+        cJSON_Delete(cfg);
+        return e;
+    }
+    cdf_component *c = calloc(1, sizeof *c);
+    if (!c) {
+        cJSON_Delete(cfg);
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    snprintf(c->class_name, sizeof c->class_name, "%s", name);
+    c->cls = cls;
+    c->cfg = cfg;
+    s = cls->load(dir, cfg, opt, &c->impl);
+    if (s != CDF_OK) {
+        cdf_error_prefix("loading %s from %s: ", name, dir);
+        cJSON_Delete(cfg);
+        free(c);
+        return s;
+    }
+    *out = c;
+    return CDF_OK;
+}
+
+cdf_status cdf_component_run(cdf_component *c, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out) {
+    if (!c) return cdf_error(CDF_ERR_INVALID_ARG, "component is NULL");
+    cdf_scope_push();
+    cdf_status s = c->cls->run(c->impl, method ? method : "forward", in, out);
+    cdf_scope_pop(NULL, 0); /* outputs live on through the references `out` holds */
+    return s;
+}
+
+void cdf_component_free(cdf_component *c) {
+    if (!c) return;
+    c->cls->free(c->impl);
+    cJSON_Delete(c->cfg);
+    free(c);
+}
+
+const char *cdf_component_class_name(const cdf_component *c) { return c ? c->class_name : NULL; }
+const struct cJSON *cdf_component_config(const cdf_component *c) { return c ? c->cfg : NULL; }
+
+cdf_tensor *cdf_input(const cdf_tensor_map *in, const char *name, const char *model) {
+    cdf_tensor *t = cdf_tensor_map_get(in, name);
+    if (!t) cdf_error(CDF_ERR_NOT_FOUND, "%s: required input '%s' is missing", model, name);
+    return t;
+}

@@ -1,0 +1,223 @@
+/* Named weights from a checkpoint folder, materialised on a device with shape checks. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error_internal.h"
+#include "nn/nn.h"
+#include "tensor/tensor_impl.h"
+
+struct cdf_weights {
+    cdf_checkpoint *ck;
+    cdf_load_options opt;
+    char *path;
+    uint64_t loaded_bytes;
+};
+
+cdf_load_options cdf_load_options_default(void) {
+    return (cdf_load_options){.device = NULL, .weight_dtype = CDF_F32, .compute_dtype = CDF_F32};
+}
+
+cdf_status cdf_weights_open(const char *dir, const cdf_load_options *opt, cdf_weights **out) {
+    *out = NULL;
+    cdf_weights *w = calloc(1, sizeof *w);
+    if (!w) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    w->opt = opt ? *opt : cdf_load_options_default();
+    if (!w->opt.device) w->opt.device = cdf_device_default();
+    if (!w->opt.device) {
+        free(w);
+        return cdf_last_status();
+    }
+    w->path = strdup(dir);
+    cdf_status s = cdf_checkpoint_open(dir, &w->ck);
+    if (s != CDF_OK) {
+        free(w->path);
+        free(w);
+        return s;
+    }
+    *out = w;
+    return CDF_OK;
+}
+
+void cdf_weights_free(cdf_weights *w) {
+    if (!w) return;
+    cdf_checkpoint_close(w->ck);
+    free(w->path);
+    free(w);
+}
+
+const char *cdf_weights_path(const cdf_weights *w) { return w->path; }
+const cdf_load_options *cdf_weights_options(const cdf_weights *w) { return &w->opt; }
+cdf_checkpoint *cdf_weights_checkpoint(cdf_weights *w) { return w->ck; }
+uint64_t cdf_weights_loaded_bytes(const cdf_weights *w) { return w->loaded_bytes; }
+
+static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t o = snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && o < n; i++) o += snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+}
+
+static cdf_tensor *get_v(cdf_weights *w, bool optional, int force_dt, int ndim, const int64_t *shape, const char *fmt,
+                         va_list ap) {
+    char name[512];
+    vsnprintf(name, sizeof name, fmt, ap);
+    const cdf_st_file *f;
+    const cdf_st_tensor *t;
+    if (!cdf_checkpoint_has(w->ck, name)) {
+        if (optional) return NULL;
+        cdf_error(CDF_ERR_NOT_FOUND, "weight '%s' is missing from %s (the config requires it)", name, w->path);
+        return NULL;
+    }
+    if (cdf_checkpoint_find(w->ck, name, &f, &t) != CDF_OK) return NULL;
+    bool ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = shape[i] < 0 || shape[i] == t->shape[i];
+    if (!ok) {
+        char want[160], have[160];
+        fmt_shape(want, sizeof want, ndim, shape);
+        fmt_shape(have, sizeof have, t->ndim, t->shape);
+        cdf_error(CDF_ERR_SHAPE, "weight '%s' in %s has shape %s but the config implies %s", name, w->path, have, want);
+        return NULL;
+    }
+    cdf_dtype dt = t->dtype;
+    if (cdf_dtype_is_float(dt)) {
+        if (force_dt >= 0) dt = (cdf_dtype)force_dt;
+        else dt = (t->ndim >= 2) ? w->opt.weight_dtype : CDF_F32;
+    }
+    const void *src = cdf_st_touch(f, t);
+    cdf_tensor *r = cdf_tensor_from_host(w->opt.device, dt, t->ndim, t->shape, src, t->dtype);
+    if (!r) {
+        cdf_error_prefix("loading weight '%s' from %s: ", name, w->path);
+        return NULL;
+    }
+    w->loaded_bytes += (uint64_t)cdf_tensor_numel(r) * cdf_dtype_size(dt);
+    return r;
+}
+
+/* Loaded weights belong to the model, not to whatever scope the loader runs in. */
+#define GET_BODY(optional, force)                                                                                  \
+    cdf_scope_suppress(1);                                                                                         \
+    va_list ap;                                                                                                    \
+    va_start(ap, fmt);                                                                                             \
+    cdf_tensor *r = get_v(w, optional, force, ndim, shape, fmt, ap);                                               \
+    va_end(ap);                                                                                                    \
+    cdf_scope_suppress(-1);                                                                                        \
+    return r;
+
+cdf_tensor *cdf_weights_get(cdf_weights *w, int ndim, const int64_t *shape, const char *fmt, ...) { GET_BODY(false, -1) }
+cdf_tensor *cdf_weights_get_opt(cdf_weights *w, int ndim, const int64_t *shape, const char *fmt, ...) { GET_BODY(true, -1) }
+cdf_tensor *cdf_weights_get_f32(cdf_weights *w, int ndim, const int64_t *shape, const char *fmt, ...) { GET_BODY(false, CDF_F32) }
+
+bool cdf_weights_has(cdf_weights *w, const char *fmt, ...) {
+    char name[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return cdf_checkpoint_has(w->ck, name);
+}
+
+/* ---- config ------------------------------------------------------------------------------ */
+cdf_status cdf_config_load(const char *dir, cJSON **out) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    return cdf_json_load_file(path, out);
+}
+
+const char *cdf_config_class_name(const cJSON *cfg) {
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(cfg, "_class_name");
+    if (cJSON_IsString(c)) return c->valuestring;
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(cfg, "architectures");
+    if (cJSON_IsArray(a) && cJSON_IsString(cJSON_GetArrayItem(a, 0))) return cJSON_GetArrayItem(a, 0)->valuestring;
+    return NULL;
+}
+
+/* ---- building blocks ------------------------------------------------------------------------ */
+cdf_status cdf_linear_load(cdf_weights *w, cdf_linear_layer *l, int64_t in, int64_t out, int bias, const char *fmt, ...) {
+    char prefix[480];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memset(l, 0, sizeof *l);
+    l->in = in;
+    l->out = out;
+    int64_t ws[2] = {out, in}, bs[1] = {out};
+    l->w = cdf_weights_get(w, 2, ws, "%s.weight", prefix);
+    if (!l->w) return cdf_last_status();
+    if (bias == 1) l->b = cdf_weights_get(w, 1, bs, "%s.bias", prefix);
+    else if (bias == -1) l->b = cdf_weights_get_opt(w, 1, bs, "%s.bias", prefix);
+    if (bias == 1 && !l->b) {
+        cdf_linear_free(l);
+        return cdf_last_status();
+    }
+    if (bias == -1 && !l->b && cdf_last_status() != CDF_OK && cdf_weights_has(w, "%s.bias", prefix)) {
+        cdf_linear_free(l);
+        return cdf_last_status();
+    }
+    return CDF_OK;
+}
+
+void cdf_linear_free(cdf_linear_layer *l) {
+    cdf_tensor_release(l->w);
+    cdf_tensor_release(l->b);
+    l->w = l->b = NULL;
+}
+
+cdf_status cdf_norm_load(cdf_weights *w, cdf_norm_layer *n, int64_t dim, int weight, int bias, float eps, const char *fmt, ...) {
+    char prefix[480];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memset(n, 0, sizeof *n);
+    n->eps = eps;
+    int64_t s[1] = {dim};
+    cdf_clear_error();
+    if (weight == 1) n->w = cdf_weights_get(w, 1, s, "%s.weight", prefix);
+    else if (weight == -1) n->w = cdf_weights_get_opt(w, 1, s, "%s.weight", prefix);
+    if (bias == 1) n->b = cdf_weights_get(w, 1, s, "%s.bias", prefix);
+    else if (bias == -1) n->b = cdf_weights_get_opt(w, 1, s, "%s.bias", prefix);
+    if ((weight == 1 && !n->w) || (bias == 1 && !n->b) || cdf_last_status() != CDF_OK) {
+        cdf_status st = cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL;
+        cdf_norm_free(n);
+        return st;
+    }
+    return CDF_OK;
+}
+
+void cdf_norm_free(cdf_norm_layer *n) {
+    cdf_tensor_release(n->w);
+    cdf_tensor_release(n->b);
+    n->w = n->b = NULL;
+}
+
+cdf_status cdf_conv_load(cdf_weights *w, cdf_conv_layer *c, int64_t cin, int64_t cout, int k, int stride, int pad, int bias,
+                         const char *fmt, ...) {
+    char prefix[480];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memset(c, 0, sizeof *c);
+    c->p = cdf_conv2d_default_params();
+    c->p.stride_h = c->p.stride_w = stride;
+    c->p.pad_h = c->p.pad_w = pad;
+    int64_t ws[4] = {cout, cin, k, k}, bs[1] = {cout};
+    c->w = cdf_weights_get(w, 4, ws, "%s.weight", prefix);
+    if (!c->w) return cdf_last_status();
+    if (bias) {
+        c->b = cdf_weights_get(w, 1, bs, "%s.bias", prefix);
+        if (!c->b) {
+            cdf_conv_free(c);
+            return cdf_last_status();
+        }
+    }
+    return CDF_OK;
+}
+
+void cdf_conv_free(cdf_conv_layer *c) {
+    cdf_tensor_release(c->w);
+    cdf_tensor_release(c->b);
+    c->w = c->b = NULL;
+}

@@ -1,0 +1,306 @@
+/* Pipeline loading (model_index.json) and the steps FluxPipeline and SD3 share. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/error_internal.h"
+#include "pipelines/pipeline_impl.h"
+#include "tensor/tensor_impl.h"
+
+cdf_pipeline_load_params cdf_pipeline_load_default_params(void) {
+    return (cdf_pipeline_load_params){.device = "cpu", .weight_dtype = CDF_F32};
+}
+
+cdf_generate_params cdf_generate_default_params(void) {
+    return (cdf_generate_params){.prompt = "", .guidance_scale = -1.0f, .true_cfg_scale = 1.0f, .seed = 0};
+}
+
+void cdf_image_free(cdf_image *img) {
+    if (!img) return;
+    free(img->pixels);
+    img->pixels = NULL;
+}
+
+const char *cdf_pipeline_class_name(const cdf_pipeline *p) { return p ? p->class_name : NULL; }
+
+static bool is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* model_index.json entry: ["library", "Class"] or [null, null] (absent). Returns the class or NULL. */
+static const char *index_class(const cJSON *idx, const char *key) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(idx, key);
+    if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2) return NULL;
+    const cJSON *cls = cJSON_GetArrayItem(e, 1);
+    return cJSON_IsString(cls) ? cls->valuestring : NULL;
+}
+
+static cdf_status load_component(cdf_pipeline *p, const cJSON *idx, const char *key, bool required, cdf_component **out) {
+    *out = NULL;
+    const char *cls = index_class(idx, key);
+    char sub[4096];
+    snprintf(sub, sizeof sub, "%s/%s", p->dir, key);
+    if (!cls) {
+        if (required) return cdf_error(CDF_ERR_FORMAT, "%s/model_index.json: component '%s' is required by %s but absent", p->dir, key, p->class_name);
+        return CDF_OK;
+    }
+    if (!is_dir(sub)) return cdf_error(CDF_ERR_NOT_FOUND, "%s: sub-folder '%s' (%s) is missing", p->dir, key, cls);
+    return cdf_component_load(sub, &p->opt, out);
+}
+
+static cdf_status load_tokenizer(cdf_pipeline *p, const cJSON *idx, const char *key, bool required, cdf_tokenizer **out) {
+    *out = NULL;
+    const char *cls = index_class(idx, key);
+    char sub[4096];
+    snprintf(sub, sizeof sub, "%s/%s", p->dir, key);
+    if (!cls) {
+        if (required) return cdf_error(CDF_ERR_FORMAT, "%s/model_index.json: tokenizer '%s' is required but absent", p->dir, key);
+        return CDF_OK;
+    }
+    if (!is_dir(sub)) return cdf_error(CDF_ERR_NOT_FOUND, "%s: sub-folder '%s' (%s) is missing", p->dir, key, cls);
+    *out = cdf_tokenizer_load(sub);
+    return *out ? CDF_OK : cdf_last_status();
+}
+
+void cdf_pipeline_free(cdf_pipeline *p) {
+    if (!p) return;
+    for (int i = 0; i < CDF_PIPE_MAX_TEXT; i++) {
+        cdf_tokenizer_free(p->tokenizer[i]);
+        cdf_component_free(p->text_encoder[i]);
+    }
+    cdf_component_free(p->transformer);
+    cdf_component_free(p->vae);
+    free(p->dir);
+    free(p);
+}
+
+static cdf_status read_derived_config(cdf_pipeline *p) {
+    const cJSON *vcfg = cdf_component_config(p->vae);
+    const cJSON *tcfg = cdf_component_config(p->transformer);
+    const cJSON *boc = cJSON_GetObjectItemCaseSensitive(vcfg, "block_out_channels");
+    int nb = cJSON_IsArray(boc) ? cJSON_GetArraySize(boc) : 0;
+    if (nb < 1 || nb > 8) return cdf_error(CDF_ERR_FORMAT, "%s/vae/config.json: block_out_channels must list 1..8 stages", p->dir);
+    p->vae_scale_factor = 1 << (nb - 1);
+    CDF_TRY(cdf_json_get_double(vcfg, "scaling_factor", 0.18215, &p->vae_scaling_factor));
+    CDF_TRY(cdf_json_get_double(vcfg, "shift_factor", 0.0, &p->vae_shift_factor));
+    if (!(p->vae_scaling_factor != 0)) return cdf_error(CDF_ERR_FORMAT, "%s/vae/config.json: scaling_factor is 0", p->dir);
+    int64_t in_ch, sample;
+    CDF_TRY(cdf_json_get_int(tcfg, "in_channels", 64, &in_ch));
+    CDF_TRY(cdf_json_get_int(tcfg, "joint_attention_dim", 4096, &p->joint_attention_dim));
+    if (p->kind == CDF_PIPE_FLUX) {
+        if (in_ch % 4) return cdf_error(CDF_ERR_FORMAT, "%s/transformer/config.json: in_channels %lld is not a multiple of 4", p->dir, (long long)in_ch);
+        p->latent_channels = in_ch / 4;
+        p->default_sample_size = 128; /* FluxPipeline.default_sample_size */
+        CDF_TRY(cdf_json_get_bool(tcfg, "guidance_embeds", false, &p->guidance_embeds));
+    } else {
+        p->latent_channels = in_ch;
+        CDF_TRY(cdf_json_get_int(tcfg, "sample_size", 128, &sample));
+        p->default_sample_size = sample;
+    }
+    return CDF_OK;
+}
+
+cdf_status cdf_pipeline_load(const char *dir, const cdf_pipeline_load_params *params, cdf_pipeline **out) {
+    *out = NULL;
+    cdf_pipeline_load_params lp = params ? *params : cdf_pipeline_load_default_params();
+    if (!dir) return cdf_error(CDF_ERR_INVALID_ARG, "pipeline folder is NULL");
+    if (!is_dir(dir)) return cdf_error(CDF_ERR_NOT_FOUND, "model folder '%s' does not exist or is not a folder", dir);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model_index.json", dir);
+    cJSON *idx = NULL;
+    cdf_status s = cdf_json_load_file(path, &idx);
+    if (s != CDF_OK) return s;
+    cdf_pipeline *p = calloc(1, sizeof *p);
+    if (!p) {
+        cJSON_Delete(idx);
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    p->dir = strdup(dir);
+    const char *cls = NULL;
+    s = cdf_json_get_string(idx, "_class_name", NULL, &cls);
+    if (s == CDF_OK && !cls) s = cdf_error(CDF_ERR_FORMAT, "%s: no _class_name", path);
+    if (s == CDF_OK) {
+        snprintf(p->class_name, sizeof p->class_name, "%s", cls);
+        if (strcmp(cls, "FluxPipeline") == 0) p->kind = CDF_PIPE_FLUX;
+        else if (strcmp(cls, "StableDiffusion3Pipeline") == 0) p->kind = CDF_PIPE_SD3;
+        else s = cdf_error(CDF_ERR_UNSUPPORTED, "%s: pipeline class '%s' is not supported (supported: FluxPipeline, StableDiffusion3Pipeline)", path, cls);
+    }
+    if (s == CDF_OK) {
+        p->device = cdf_device_get(lp.device ? lp.device : "cpu");
+        if (!p->device) s = cdf_last_status();
+    }
+    p->opt = cdf_load_options_default();
+    p->opt.device = p->device;
+    p->opt.weight_dtype = lp.weight_dtype;
+    if (s == CDF_OK) {
+        snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", dir);
+        s = cdf_scheduler_config_from_json(path, &p->sched_cfg);
+    }
+    bool sd3 = p->kind == CDF_PIPE_SD3;
+    if (s == CDF_OK) s = load_tokenizer(p, idx, "tokenizer", true, &p->tokenizer[0]);
+    if (s == CDF_OK) s = load_tokenizer(p, idx, "tokenizer_2", true, &p->tokenizer[1]);
+    if (s == CDF_OK && sd3) s = load_tokenizer(p, idx, "tokenizer_3", false, &p->tokenizer[2]);
+    if (s == CDF_OK) s = load_component(p, idx, "text_encoder", true, &p->text_encoder[0]);
+    if (s == CDF_OK) s = load_component(p, idx, "text_encoder_2", true, &p->text_encoder[1]);
+    if (s == CDF_OK && sd3) s = load_component(p, idx, "text_encoder_3", false, &p->text_encoder[2]);
+    if (s == CDF_OK) s = load_component(p, idx, "transformer", true, &p->transformer);
+    if (s == CDF_OK) s = load_component(p, idx, "vae", true, &p->vae);
+    if (s == CDF_OK) s = read_derived_config(p);
+    cJSON_Delete(idx);
+    if (s != CDF_OK) {
+        cdf_pipeline_free(p);
+        return s;
+    }
+    *out = p;
+    return CDF_OK;
+}
+
+void cdf_pipeline_resolve_defaults(const cdf_pipeline *p, cdf_generate_params *gp) {
+    int64_t def = p->default_sample_size * p->vae_scale_factor;
+    if (gp->height <= 0) gp->height = (int)def;
+    if (gp->width <= 0) gp->width = (int)def;
+    if (gp->num_inference_steps <= 0) gp->num_inference_steps = 28;
+    if (gp->guidance_scale < 0) gp->guidance_scale = p->kind == CDF_PIPE_FLUX ? 3.5f : 7.0f;
+    if (gp->max_sequence_length <= 0) gp->max_sequence_length = p->kind == CDF_PIPE_FLUX ? 512 : 256;
+    if (gp->true_cfg_scale <= 0) gp->true_cfg_scale = 1.0f;
+}
+
+/* Largest size we accept: 4096² (FLUX.1 supports up to ~2 MP; anything far beyond is a typo
+ * that would otherwise allocate tens of GB). */
+#define CDF_PIPE_MAX_SIDE 4096
+
+static cdf_status validate(const cdf_pipeline *p, const cdf_generate_params *gp) {
+    int mult = p->vae_scale_factor * 2; /* Flux packs 2x2; SD3 patch_size 2 */
+    if (gp->height <= 0 || gp->width <= 0 || gp->height % mult || gp->width % mult)
+        return cdf_error(CDF_ERR_INVALID_ARG, "height and width must be positive multiples of %d (got %dx%d)", mult, gp->height,
+                         gp->width);
+    if (gp->height > CDF_PIPE_MAX_SIDE || gp->width > CDF_PIPE_MAX_SIDE) {
+        double tokens = (double)(gp->height / mult) * (gp->width / mult);
+        /* the VAE decoder's largest activation: 128+ channels at full resolution, f32 */
+        double gb = 4.0 * 128 * gp->height * (double)gp->width * 3 / 1e9;
+        return cdf_error(CDF_ERR_LIMIT, "%dx%d is larger than the %d-pixel limit per side (%.0f image tokens; the VAE decode "
+                         "alone would need about %.0f GB)", gp->width, gp->height, CDF_PIPE_MAX_SIDE, tokens, gb);
+    }
+    if (gp->num_inference_steps <= 0 || gp->num_inference_steps > 1000)
+        return cdf_error(CDF_ERR_INVALID_ARG, "steps must be between 1 and 1000 (got %d)", gp->num_inference_steps);
+    if (gp->max_sequence_length <= 0 || gp->max_sequence_length > 512)
+        return cdf_error(CDF_ERR_INVALID_ARG, "max_sequence_length must be between 1 and 512 (got %d)", gp->max_sequence_length);
+    if (!isfinite(gp->guidance_scale) || !isfinite(gp->true_cfg_scale))
+        return cdf_error(CDF_ERR_INVALID_ARG, "guidance scales must be finite numbers");
+    return CDF_OK;
+}
+
+cdf_status cdf_pipeline_generate(cdf_pipeline *p, const cdf_generate_params *params, cdf_image *out) {
+    if (!p || !params || !out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_generate: NULL argument");
+    memset(out, 0, sizeof *out);
+    cdf_generate_params gp = *params;
+    if (!gp.prompt) gp.prompt = "";
+    cdf_pipeline_resolve_defaults(p, &gp);
+    CDF_TRY(validate(p, &gp));
+    cdf_scope_push();
+    cdf_status s = p->kind == CDF_PIPE_FLUX ? cdf_flux_generate(p, &gp, out) : cdf_sd3_generate(p, &gp, out);
+    cdf_scope_pop(NULL, 0);
+    if (s == CDF_OK) s = cdf_device_synchronize(p->device);
+    else (void)cdf_device_synchronize(p->device); /* drain the queue; keep the first error */
+    if (s != CDF_OK) cdf_image_free(out);
+    return s;
+}
+
+/* ---- shared steps ------------------------------------------------------------------------ */
+
+cdf_status cdf_pipe_tokenize(cdf_pipeline *p, int which, const char *text, int max_length, cdf_tensor **ids) {
+    *ids = NULL;
+    int64_t *buf = calloc((size_t)max_length, sizeof *buf);
+    if (!buf) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    int n = 0, nu = 0;
+    cdf_status s = cdf_tokenizer_encode(p->tokenizer[which], text, strlen(text), max_length, true, buf, NULL, &n, &nu);
+    if (s == CDF_OK) {
+        int64_t shape[2] = {1, n};
+        *ids = cdf_tensor_from_host(p->device, CDF_I64, 2, shape, buf, CDF_I64);
+        if (!*ids) s = cdf_last_status();
+    }
+    free(buf);
+    return s;
+}
+
+cdf_tensor *cdf_pipe_noise(cdf_pipeline *p, uint64_t seed, int ndim, const int64_t *shape) {
+    int64_t n = cdf_shape_numel(ndim, shape);
+    float *buf = malloc((size_t)n * sizeof *buf);
+    cdf_generator *g = cdf_generator_new(seed);
+    cdf_tensor *t = NULL;
+    if (buf && g && cdf_randn_f32(g, buf, n) == CDF_OK) t = cdf_tensor_from_host(p->device, CDF_F32, ndim, shape, buf, CDF_F32);
+    else if (!buf || !g) cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory drawing the initial noise");
+    cdf_generator_free(g);
+    free(buf);
+    return t;
+}
+
+cdf_tensor *cdf_pipe_scalar_tensor(cdf_device *dev, float v, int64_t n) {
+    int64_t s[1] = {n};
+    return cdf_tensor_full(dev, CDF_F32, 1, s, v);
+}
+
+cdf_tensor *cdf_pipe_vae_decode(cdf_pipeline *p, cdf_tensor *latents, cdf_tensor **decode_input) {
+    /* torch: latents / scaling_factor + shift_factor, each a float32 op with the scalar as float */
+    cdf_tensor *sf = cdf_pipe_scalar_tensor(p->device, (float)p->vae_scaling_factor, 1);
+    cdf_tensor *z = cdf_add_scalar(cdf_div(latents, sf), (float)p->vae_shift_factor);
+    if (!z) return NULL;
+    if (decode_input) *decode_input = z;
+    cdf_tensor_map in, out;
+    cdf_tensor_map_init(&in);
+    cdf_tensor_map_init(&out);
+    cdf_tensor *r = NULL;
+    if (cdf_tensor_map_set(&in, "z", z) == CDF_OK && cdf_component_run(p->vae, "decode", &in, &out) == CDF_OK) {
+        r = cdf_tensor_map_get(&out, "out.decode_sample");
+        if (r) {
+            r = cdf_tensor_retain(r);
+            cdf_scope_record(r);
+        } else {
+            cdf_error(CDF_ERR_INTERNAL, "VAE decode produced no out.decode_sample");
+        }
+    }
+    cdf_tensor_map_clear(&in);
+    cdf_tensor_map_clear(&out);
+    return r;
+}
+
+cdf_status cdf_pipe_to_image(cdf_tensor *decoded, cdf_image *out, cdf_tensor **image_f32) {
+    if (!decoded) return cdf_last_status();
+    if (cdf_tensor_ndim(decoded) != 4 || cdf_tensor_dim(decoded, 1) != 3)
+        return cdf_error(CDF_ERR_SHAPE, "VAE output must be [B, 3, H, W]");
+    cdf_tensor *img = cdf_clamp(cdf_add_scalar(cdf_scale(decoded, 0.5f), 0.5f), 0.0f, 1.0f);
+    int perm[4] = {0, 2, 3, 1};
+    cdf_tensor *hwc = cdf_contiguous(cdf_narrow(cdf_permute(img, perm), 0, 0, 1));
+    if (!hwc) return cdf_last_status();
+    if (image_f32) *image_f32 = hwc;
+    int h = (int)cdf_tensor_dim(hwc, 1), w = (int)cdf_tensor_dim(hwc, 2);
+    float *px = cdf_tensor_read_f32(hwc);
+    if (!px) return cdf_last_status();
+    out->pixels = malloc((size_t)h * w * 3);
+    if (!out->pixels) {
+        free(px);
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    for (size_t i = 0; i < (size_t)h * w * 3; i++) out->pixels[i] = (uint8_t)rintf(px[i] * 255.0f); /* half-even */
+    free(px);
+    out->width = w;
+    out->height = h;
+    out->channels = 3;
+    return CDF_OK;
+}
+
+cdf_tensor *cdf_pipe_euler_step(cdf_tensor *latents, cdf_tensor *v, float sigma, float sigma_next) {
+    float dt = sigma_next - sigma; /* float32, as the scheduler's tensors */
+    return cdf_add(latents, cdf_scale(v, dt));
+}
+
+cdf_tensor *cdf_pipe_cfg(cdf_tensor *uncond, cdf_tensor *cond, float g) {
+    return cdf_add(uncond, cdf_scale(cdf_sub(cond, uncond), g));
+}
+
+void cdf_pipe_capture(const cdf_generate_params *gp, const char *key, cdf_tensor *t) {
+    if (gp->capture && t) (void)cdf_tensor_map_set((cdf_tensor_map *)gp->capture, key, t);
+}

@@ -1,0 +1,56 @@
+/* Private pipeline state shared by the pipeline implementations. */
+#ifndef CDF_PIPELINE_IMPL_H
+#define CDF_PIPELINE_IMPL_H
+
+#include <cjson/cJSON.h>
+
+#include "cdiffusers/pipeline.h"
+#include "cdiffusers/rng.h"
+#include "cdiffusers/scheduler.h"
+#include "cdiffusers/tokenizer.h"
+#include "models/component.h"
+
+typedef enum cdf_pipeline_kind { CDF_PIPE_FLUX = 1, CDF_PIPE_SD3 = 2 } cdf_pipeline_kind;
+
+#define CDF_PIPE_MAX_TEXT 3
+
+struct cdf_pipeline {
+    cdf_pipeline_kind kind;
+    char class_name[64];
+    char *dir;
+    cdf_device *device;
+    cdf_load_options opt;
+    /* text side: tokenizer[i] feeds text_encoder[i] (NULL where the folder has none) */
+    cdf_tokenizer *tokenizer[CDF_PIPE_MAX_TEXT];
+    cdf_component *text_encoder[CDF_PIPE_MAX_TEXT];
+    cdf_component *transformer;
+    cdf_component *vae;
+    cdf_scheduler_config sched_cfg;
+    /* derived from the configs */
+    int vae_scale_factor;        /* 2^(len(vae block_out_channels) - 1) */
+    double vae_scaling_factor, vae_shift_factor;
+    int64_t latent_channels;     /* transformer in_channels (SD3) or in_channels/4 (Flux) */
+    int64_t default_sample_size; /* in latent pixels */
+    bool guidance_embeds;        /* Flux dev */
+    int64_t joint_attention_dim;
+};
+
+/* Shared steps */
+cdf_status cdf_pipe_tokenize(cdf_pipeline *p, int which, const char *text, int max_length, cdf_tensor **ids);
+/* Initial noise exactly as torch.randn(shape, generator=Generator('cpu').manual_seed(seed)). */
+cdf_tensor *cdf_pipe_noise(cdf_pipeline *p, uint64_t seed, int ndim, const int64_t *shape);
+/* (x / 2 + 0.5).clamp(0, 1) -> uint8 HWC with numpy's round-half-even, batch element 0. */
+cdf_status cdf_pipe_to_image(cdf_tensor *decoded, cdf_image *out, cdf_tensor **image_f32);
+/* x / scaling_factor + shift_factor (as float32 ops, like torch) then vae.decode. */
+cdf_tensor *cdf_pipe_vae_decode(cdf_pipeline *p, cdf_tensor *latents, cdf_tensor **decode_input);
+/* latents + (sigma_next - sigma) * v in float32. */
+cdf_tensor *cdf_pipe_euler_step(cdf_tensor *latents, cdf_tensor *v, float sigma, float sigma_next);
+/* u + g * (c - u). */
+cdf_tensor *cdf_pipe_cfg(cdf_tensor *uncond, cdf_tensor *cond, float g);
+void cdf_pipe_capture(const cdf_generate_params *gp, const char *key, cdf_tensor *t);
+cdf_tensor *cdf_pipe_scalar_tensor(cdf_device *dev, float v, int64_t n);
+
+cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out);
+cdf_status cdf_sd3_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out);
+
+#endif

@@ -1,0 +1,944 @@
+/* The tensor API's ops: argument checks and shape inference at the call, then one op node per
+ * kernel handed to exec/. Internal temporaries are released by hand; only the returned tensor
+ * is recorded in the caller's scope. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error_internal.h"
+#include "exec/exec.h"
+#include "tensor/tensor_impl.h"
+
+#define BEGIN() cdf_scope_suppress(1)
+static cdf_tensor *end_op(cdf_tensor *r) {
+    cdf_scope_suppress(-1);
+    cdf_scope_record(r);
+    return r;
+}
+#define RETURN(r) return end_op(r)
+#define FAIL(...)                                                                                                  \
+    do {                                                                                                           \
+        cdf_error(__VA_ARGS__);                                                                                    \
+        RETURN(NULL);                                                                                              \
+    } while (0)
+#define REL(t) cdf_tensor_release(t)
+
+static const char *desc(const cdf_tensor *t) {
+    static _Thread_local char buf[4][128];
+    static _Thread_local int slot;
+    char *b = buf[slot++ & 3];
+    return cdf_tensor_describe(t, b, 128);
+}
+
+/* A second handle on the same view (ops always return distinct objects). */
+static cdf_tensor *clone_view(cdf_tensor *t) {
+    return cdf_tensor_view_of(t->storage, t->offset, t->dtype, t->ndim, t->shape, t->strides);
+}
+
+static cdf_device *dev_of(cdf_tensor *t) { return t->storage->dev; }
+
+/* Build a node over srcs -> dst and submit it. Takes no ownership of the arguments. */
+static cdf_status submit(cdf_node *n, cdf_tensor *dst, cdf_tensor *s0, cdf_tensor *s1, cdf_tensor *s2, cdf_tensor *s3) {
+    cdf_tensor *srcs[4] = {s0, s1, s2, s3};
+    int last = -1;
+    for (int i = 0; i < 4; i++)
+        if (srcs[i]) last = i;
+    for (int i = 0; i <= last; i++) {
+        if (srcs[i]) cdf_node_add_src(n, srcs[i]);
+        else n->src[n->n_src++] = NULL;
+    }
+    n->dst = cdf_tensor_retain(dst);
+    return cdf_exec_submit(n);
+}
+
+static bool is_float(cdf_dtype dt) { return dt == CDF_F32 || dt == CDF_BF16 || dt == CDF_F16; }
+
+static cdf_dtype promote(cdf_dtype a, cdf_dtype b) {
+    if (a == b) return is_float(a) ? a : CDF_F32;
+    return CDF_F32;
+}
+
+/* ---- views ------------------------------------------------------------------------------- */
+
+cdf_tensor *cdf_contiguous(cdf_tensor *t) {
+    if (!t) return NULL;
+    BEGIN();
+    if (cdf_tensor_is_contiguous(t)) RETURN(clone_view(t));
+    cdf_tensor *out = cdf_tensor_alloc(dev_of(t), t->dtype, t->ndim, t->shape);
+    if (!out) RETURN(NULL);
+    cdf_node *n = cdf_node_new(CDF_OP_COPY);
+    if (!n || submit(n, out, t, NULL, NULL, NULL) != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    RETURN(out);
+}
+
+cdf_tensor *cdf_cast(cdf_tensor *t, cdf_dtype dt) {
+    if (!t) return NULL;
+    BEGIN();
+    if (!cdf_dtype_size(dt)) FAIL(CDF_ERR_DTYPE, "cast: invalid dtype %d", (int)dt);
+    if (dt == t->dtype) RETURN(clone_view(t));
+    cdf_tensor *out = cdf_tensor_alloc(dev_of(t), dt, t->ndim, t->shape);
+    if (!out) RETURN(NULL);
+    cdf_node *n = cdf_node_new(CDF_OP_COPY);
+    if (!n || submit(n, out, t, NULL, NULL, NULL) != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    RETURN(out);
+}
+
+/* Can `t` be viewed with `shape` without copying? Computes strides if so (torch's algorithm:
+ * walk chunks of dims that are contiguous with each other). */
+static bool view_strides(const cdf_tensor *t, int ndim, const int64_t *shape, int64_t *out) {
+    int64_t numel = cdf_tensor_numel(t);
+    if (numel == 0) {
+        cdf_contiguous_strides(ndim, shape, out);
+        return true;
+    }
+    int view_d = ndim - 1;
+    int64_t chunk_base_stride = t->ndim ? t->strides[t->ndim - 1] : 1;
+    int64_t tensor_numel = 1, view_numel = 1;
+    for (int tensor_d = t->ndim - 1; tensor_d >= 0; tensor_d--) {
+        tensor_numel *= t->shape[tensor_d];
+        if (tensor_d == 0 || (t->shape[tensor_d - 1] != 1 &&
+                              t->strides[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
+            while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
+                out[view_d] = view_numel * chunk_base_stride;
+                view_numel *= shape[view_d];
+                view_d--;
+            }
+            if (view_numel != tensor_numel) return false;
+            if (tensor_d > 0) {
+                chunk_base_stride = t->strides[tensor_d - 1];
+                tensor_numel = 1;
+                view_numel = 1;
+            }
+        }
+    }
+    return view_d == -1;
+}
+
+cdf_tensor *cdf_reshape(cdf_tensor *t, int ndim, const int64_t *shape_in) {
+    if (!t) return NULL;
+    BEGIN();
+    if (ndim < 0 || ndim > CDF_MAX_DIMS) FAIL(CDF_ERR_INVALID_ARG, "reshape: %d dims", ndim);
+    int64_t shape[CDF_MAX_DIMS];
+    int infer = -1;
+    int64_t known = 1;
+    for (int i = 0; i < ndim; i++) {
+        shape[i] = shape_in[i];
+        if (shape[i] == -1) {
+            if (infer >= 0) FAIL(CDF_ERR_SHAPE, "reshape: more than one -1 in the target shape");
+            infer = i;
+        } else if (shape[i] < 0) {
+            FAIL(CDF_ERR_SHAPE, "reshape: negative dim %lld", (long long)shape[i]);
+        } else {
+            known *= shape[i];
+        }
+    }
+    int64_t numel = cdf_tensor_numel(t);
+    if (infer >= 0) {
+        if (known == 0 || numel % known) FAIL(CDF_ERR_SHAPE, "reshape: cannot infer -1 for %s", desc(t));
+        shape[infer] = numel / known;
+        known *= shape[infer];
+    }
+    if (known != numel) FAIL(CDF_ERR_SHAPE, "reshape: %s has %lld elements, target has %lld", desc(t), (long long)numel, (long long)known);
+    int64_t strides[CDF_MAX_DIMS];
+    if (view_strides(t, ndim, shape, strides)) RETURN(cdf_tensor_view_of(t->storage, t->offset, t->dtype, ndim, shape, strides));
+    cdf_tensor *c = cdf_contiguous(t);
+    if (!c) RETURN(NULL);
+    cdf_contiguous_strides(ndim, shape, strides);
+    cdf_tensor *r = cdf_tensor_view_of(c->storage, c->offset, c->dtype, ndim, shape, strides);
+    REL(c);
+    RETURN(r);
+}
+
+cdf_tensor *cdf_permute(cdf_tensor *t, const int *dims) {
+    if (!t) return NULL;
+    BEGIN();
+    int64_t shape[CDF_MAX_DIMS], strides[CDF_MAX_DIMS];
+    bool seen[CDF_MAX_DIMS] = {0};
+    for (int i = 0; i < t->ndim; i++) {
+        int d = cdf_norm_dim(dims[i], t->ndim);
+        if (d < 0 || seen[d]) FAIL(CDF_ERR_INVALID_ARG, "permute: invalid permutation for %s", desc(t));
+        seen[d] = true;
+        shape[i] = t->shape[d];
+        strides[i] = t->strides[d];
+    }
+    RETURN(cdf_tensor_view_of(t->storage, t->offset, t->dtype, t->ndim, shape, strides));
+}
+
+cdf_tensor *cdf_transpose(cdf_tensor *t, int d0, int d1) {
+    if (!t) return NULL;
+    int a = cdf_norm_dim(d0, t->ndim), b = cdf_norm_dim(d1, t->ndim);
+    if (a < 0 || b < 0) {
+        cdf_error(CDF_ERR_INVALID_ARG, "transpose: dims %d, %d out of range for %s", d0, d1, desc(t));
+        return NULL;
+    }
+    int perm[CDF_MAX_DIMS];
+    for (int i = 0; i < t->ndim; i++) perm[i] = i;
+    perm[a] = b;
+    perm[b] = a;
+    return cdf_permute(t, perm);
+}
+
+cdf_tensor *cdf_slice(cdf_tensor *t, int dim, int64_t start, int64_t end, int64_t step) {
+    if (!t) return NULL;
+    BEGIN();
+    int d = cdf_norm_dim(dim, t->ndim);
+    if (d < 0) FAIL(CDF_ERR_INVALID_ARG, "slice: dim %d out of range for %s", dim, desc(t));
+    if (step <= 0) FAIL(CDF_ERR_INVALID_ARG, "slice: step must be positive (got %lld)", (long long)step);
+    int64_t n = t->shape[d];
+    if (start < 0) start += n;
+    if (end < 0) end += n;
+    if (start < 0) start = 0;
+    if (end > n) end = n;
+    if (start > n) start = n;
+    if (end < start) end = start;
+    int64_t shape[CDF_MAX_DIMS], strides[CDF_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    memcpy(strides, t->strides, sizeof strides);
+    shape[d] = (end - start + step - 1) / step;
+    strides[d] = t->strides[d] * step;
+    RETURN(cdf_tensor_view_of(t->storage, t->offset + start * t->strides[d], t->dtype, t->ndim, shape, strides));
+}
+
+cdf_tensor *cdf_narrow(cdf_tensor *t, int dim, int64_t start, int64_t length) {
+    if (!t) return NULL;
+    int d = cdf_norm_dim(dim, t->ndim);
+    if (d < 0 || start < 0 || length < 0 || start + length > t->shape[d]) {
+        cdf_error(CDF_ERR_INVALID_ARG, "narrow: [%lld, %lld) out of range on dim %d of %s", (long long)start,
+                  (long long)(start + length), dim, desc(t));
+        return NULL;
+    }
+    return cdf_slice(t, d, start, start + length, 1);
+}
+
+cdf_tensor *cdf_expand(cdf_tensor *t, int ndim, const int64_t *shape_in) {
+    if (!t) return NULL;
+    BEGIN();
+    if (ndim < t->ndim || ndim > CDF_MAX_DIMS) FAIL(CDF_ERR_SHAPE, "expand: %d dims for %s", ndim, desc(t));
+    int64_t shape[CDF_MAX_DIMS], strides[CDF_MAX_DIMS];
+    int lead = ndim - t->ndim;
+    for (int i = 0; i < ndim; i++) {
+        int64_t want = shape_in[i];
+        if (i < lead) {
+            if (want < 0) FAIL(CDF_ERR_SHAPE, "expand: -1 not allowed for a new leading dim");
+            shape[i] = want;
+            strides[i] = 0;
+            continue;
+        }
+        int64_t have = t->shape[i - lead];
+        if (want == -1 || want == have) {
+            shape[i] = have;
+            strides[i] = t->strides[i - lead];
+        } else if (have == 1 && want >= 0) {
+            shape[i] = want;
+            strides[i] = 0;
+        } else {
+            FAIL(CDF_ERR_SHAPE, "expand: dim %d of %s has size %lld, cannot expand to %lld", i - lead, desc(t),
+                 (long long)have, (long long)want);
+        }
+    }
+    RETURN(cdf_tensor_view_of(t->storage, t->offset, t->dtype, ndim, shape, strides));
+}
+
+cdf_tensor *cdf_unsqueeze(cdf_tensor *t, int dim) {
+    if (!t) return NULL;
+    BEGIN();
+    int d = dim < 0 ? dim + t->ndim + 1 : dim;
+    if (d < 0 || d > t->ndim || t->ndim >= CDF_MAX_DIMS) FAIL(CDF_ERR_INVALID_ARG, "unsqueeze: dim %d for %s", dim, desc(t));
+    int64_t shape[CDF_MAX_DIMS], strides[CDF_MAX_DIMS];
+    for (int i = 0, j = 0; i <= t->ndim; i++) {
+        if (i == d) {
+            shape[i] = 1;
+            strides[i] = (j < t->ndim) ? t->strides[j] * t->shape[j] : 1;
+        } else {
+            shape[i] = t->shape[j];
+            strides[i] = t->strides[j];
+            j++;
+        }
+    }
+    RETURN(cdf_tensor_view_of(t->storage, t->offset, t->dtype, t->ndim + 1, shape, strides));
+}
+
+cdf_tensor *cdf_squeeze(cdf_tensor *t, int dim) {
+    if (!t) return NULL;
+    BEGIN();
+    int d = cdf_norm_dim(dim, t->ndim);
+    if (d < 0 || t->shape[d] != 1) FAIL(CDF_ERR_INVALID_ARG, "squeeze: dim %d of %s is not 1", dim, desc(t));
+    int64_t shape[CDF_MAX_DIMS], strides[CDF_MAX_DIMS];
+    for (int i = 0, j = 0; i < t->ndim; i++) {
+        if (i == d) continue;
+        shape[j] = t->shape[i];
+        strides[j] = t->strides[i];
+        j++;
+    }
+    RETURN(cdf_tensor_view_of(t->storage, t->offset, t->dtype, t->ndim - 1, shape, strides));
+}
+
+cdf_status cdf_chunk(cdf_tensor *t, int n, int dim, cdf_tensor **out) {
+    if (!t) return cdf_last_status() ? cdf_last_status() : cdf_error(CDF_ERR_INVALID_ARG, "chunk: NULL tensor");
+    int d = cdf_norm_dim(dim, t->ndim);
+    if (d < 0 || n <= 0 || t->shape[d] % n)
+        return cdf_error(CDF_ERR_SHAPE, "chunk: cannot split dim %d of %s into %d equal chunks", dim, desc(t), n);
+    int64_t len = t->shape[d] / n;
+    for (int i = 0; i < n; i++) {
+        out[i] = cdf_narrow(t, d, i * len, len);
+        if (!out[i]) return cdf_last_status();
+    }
+    return CDF_OK;
+}
+
+/* ---- copies ----------------------------------------------------------------------------- */
+
+cdf_tensor *cdf_cat(cdf_tensor *const *ts, int n, int dim) {
+    if (n <= 0) {
+        cdf_error(CDF_ERR_INVALID_ARG, "cat: no tensors");
+        return NULL;
+    }
+    for (int i = 0; i < n; i++)
+        if (!ts[i]) return NULL;
+    BEGIN();
+    const cdf_tensor *t0 = ts[0];
+    int d = cdf_norm_dim(dim, t0->ndim);
+    if (d < 0) FAIL(CDF_ERR_INVALID_ARG, "cat: dim %d out of range for %s", dim, desc(t0));
+    int64_t shape[CDF_MAX_DIMS];
+    memcpy(shape, t0->shape, sizeof shape);
+    shape[d] = 0;
+    cdf_dtype dt = t0->dtype;
+    for (int i = 0; i < n; i++) {
+        if (ts[i]->ndim != t0->ndim) FAIL(CDF_ERR_SHAPE, "cat: %s and %s differ in rank", desc(t0), desc(ts[i]));
+        for (int k = 0; k < t0->ndim; k++)
+            if (k != d && ts[i]->shape[k] != t0->shape[k])
+                FAIL(CDF_ERR_SHAPE, "cat along dim %d: %s and %s differ in dim %d", d, desc(t0), desc(ts[i]), k);
+        if (ts[i]->dtype != dt) dt = promote(dt, ts[i]->dtype);
+        if (ts[i]->storage->dev != t0->storage->dev) FAIL(CDF_ERR_DEVICE, "cat: tensors on different devices");
+        shape[d] += ts[i]->shape[d];
+    }
+    cdf_tensor *out = cdf_tensor_alloc(dev_of(ts[0]), dt, t0->ndim, shape);
+    if (!out) RETURN(NULL);
+    int64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t len = ts[i]->shape[d];
+        if (len == 0) continue;
+        cdf_tensor *view = cdf_narrow(out, d, off, len);
+        cdf_node *nd = view ? cdf_node_new(CDF_OP_COPY) : NULL;
+        cdf_status s = nd ? submit(nd, view, ts[i], NULL, NULL, NULL) : cdf_last_status();
+        REL(view);
+        if (s != CDF_OK) {
+            REL(out);
+            RETURN(NULL);
+        }
+        off += len;
+    }
+    RETURN(out);
+}
+
+cdf_tensor *cdf_pad(cdf_tensor *t, int n_pairs, const int64_t *pads, double value) {
+    if (!t) return NULL;
+    BEGIN();
+    if (n_pairs < 0 || n_pairs > t->ndim) FAIL(CDF_ERR_INVALID_ARG, "pad: %d pairs for %s", n_pairs, desc(t));
+    int64_t shape[CDF_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    for (int i = 0; i < n_pairs; i++) {
+        int d = t->ndim - 1 - i;
+        if (pads[2 * i] < 0 || pads[2 * i + 1] < 0) FAIL(CDF_ERR_INVALID_ARG, "pad: negative padding is not supported");
+        shape[d] += pads[2 * i] + pads[2 * i + 1];
+    }
+    cdf_tensor *out = cdf_tensor_full(dev_of(t), t->dtype, t->ndim, shape, value);
+    if (!out) RETURN(NULL);
+    cdf_tensor *view = clone_view(out);
+    for (int i = 0; i < n_pairs && view; i++) {
+        int d = t->ndim - 1 - i;
+        cdf_tensor *v2 = cdf_narrow(view, d, pads[2 * i], t->shape[d]);
+        REL(view);
+        view = v2;
+    }
+    cdf_node *nd = view ? cdf_node_new(CDF_OP_COPY) : NULL;
+    cdf_status s = nd ? submit(nd, view, t, NULL, NULL, NULL) : cdf_last_status();
+    REL(view);
+    if (s != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    RETURN(out);
+}
+
+cdf_tensor *cdf_embedding(cdf_tensor *table, cdf_tensor *ids) {
+    if (!table || !ids) return NULL;
+    BEGIN();
+    if (table->ndim != 2) FAIL(CDF_ERR_SHAPE, "embedding: table must be 2-D, got %s", desc(table));
+    if (ids->dtype != CDF_I64 && ids->dtype != CDF_I32) FAIL(CDF_ERR_DTYPE, "embedding: ids must be i64/i32, got %s", desc(ids));
+    if (ids->ndim >= CDF_MAX_DIMS) FAIL(CDF_ERR_SHAPE, "embedding: ids have too many dims");
+    int64_t shape[CDF_MAX_DIMS];
+    memcpy(shape, ids->shape, ids->ndim * sizeof *shape);
+    shape[ids->ndim] = table->shape[1];
+    cdf_tensor *tc = cdf_contiguous(table), *ic = cdf_contiguous(ids);
+    cdf_tensor *out = (tc && ic) ? cdf_tensor_alloc(dev_of(table), table->dtype, ids->ndim + 1, shape) : NULL;
+    cdf_node *nd = out ? cdf_node_new(CDF_OP_EMBEDDING) : NULL;
+    cdf_status s = nd ? submit(nd, out, tc, ic, NULL, NULL) : cdf_last_status();
+    REL(tc);
+    REL(ic);
+    if (s != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    RETURN(out);
+}
+
+/* ---- elementwise --------------------------------------------------------------------------- */
+
+static cdf_tensor *unary(cdf_tensor *a, cdf_unary_op op, float p0, float p1) {
+    if (!a) return NULL;
+    BEGIN();
+    cdf_dtype dt = is_float(a->dtype) ? a->dtype : CDF_F32;
+    cdf_tensor *c = cdf_contiguous(a);
+    cdf_tensor *out = c ? cdf_tensor_alloc(dev_of(a), dt, a->ndim, a->shape) : NULL;
+    cdf_node *n = out ? cdf_node_new(CDF_OP_UNARY) : NULL;
+    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
+    if (n) {
+        n->p.unary.op = op;
+        n->p.unary.p0 = p0;
+        n->p.unary.p1 = p1;
+        s = submit(n, out, c, NULL, NULL, NULL);
+    }
+    REL(c);
+    if (s != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    RETURN(out);
+}
+
+cdf_tensor *cdf_scale(cdf_tensor *a, float s) { return unary(a, CDF_UN_SCALE, s, 0); }
+cdf_tensor *cdf_add_scalar(cdf_tensor *a, float s) { return unary(a, CDF_UN_ADD_SCALAR, s, 0); }
+cdf_tensor *cdf_affine(cdf_tensor *a, float mul, float add) { return unary(a, CDF_UN_AFFINE, mul, add); }
+cdf_tensor *cdf_clamp(cdf_tensor *a, float lo, float hi) { return unary(a, CDF_UN_CLAMP, lo, hi); }
+cdf_tensor *cdf_neg(cdf_tensor *a) { return unary(a, CDF_UN_NEG, 0, 0); }
+cdf_tensor *cdf_exp(cdf_tensor *a) { return unary(a, CDF_UN_EXP, 0, 0); }
+cdf_tensor *cdf_log(cdf_tensor *a) { return unary(a, CDF_UN_LOG, 0, 0); }
+cdf_tensor *cdf_sqrt(cdf_tensor *a) { return unary(a, CDF_UN_SQRT, 0, 0); }
+cdf_tensor *cdf_rsqrt(cdf_tensor *a) { return unary(a, CDF_UN_RSQRT, 0, 0); }
+cdf_tensor *cdf_sigmoid(cdf_tensor *a) { return unary(a, CDF_UN_SIGMOID, 0, 0); }
+cdf_tensor *cdf_tanh(cdf_tensor *a) { return unary(a, CDF_UN_TANH, 0, 0); }
+cdf_tensor *cdf_silu(cdf_tensor *a) { return unary(a, CDF_UN_SILU, 0, 0); }
+cdf_tensor *cdf_relu(cdf_tensor *a) { return unary(a, CDF_UN_RELU, 0, 0); }
+cdf_tensor *cdf_gelu(cdf_tensor *a, cdf_gelu_approx approx) {
+    return unary(a, approx == CDF_GELU_TANH ? CDF_UN_GELU_TANH : CDF_UN_GELU_ERF, 0, 0);
+}
+cdf_tensor *cdf_quick_gelu(cdf_tensor *a) { return unary(a, CDF_UN_QUICK_GELU, 0, 0); }
+
+/* Broadcast shapes like torch; fills out shape and per-operand strides (0 on broadcast dims). */
+static cdf_status broadcast2(const cdf_tensor *a, const cdf_tensor *b, int *ndim, int64_t *shape, int64_t *sa,
+                             int64_t *sb, const char *who) {
+    int nd = a->ndim > b->ndim ? a->ndim : b->ndim;
+    for (int i = 0; i < nd; i++) {
+        int ia = i - (nd - a->ndim), ib = i - (nd - b->ndim);
+        int64_t da = ia >= 0 ? a->shape[ia] : 1, db = ib >= 0 ? b->shape[ib] : 1;
+        if (da != db && da != 1 && db != 1)
+            return cdf_error(CDF_ERR_SHAPE, "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)", who,
+                             desc(a), desc(b), i, (long long)da, (long long)db);
+        shape[i] = da == 1 ? db : da;
+        sa[i] = (ia >= 0 && da != 1) ? a->strides[ia] : 0;
+        sb[i] = (ib >= 0 && db != 1) ? b->strides[ib] : 0;
+    }
+    *ndim = nd;
+    return CDF_OK;
+}
+
+static cdf_tensor *binary(cdf_tensor *a, cdf_tensor *b, cdf_binary_op op, const char *who) {
+    if (!a || !b) return NULL;
+    BEGIN();
+    int nd;
+    int64_t shape[CDF_MAX_DIMS], sa[CDF_MAX_DIMS], sb[CDF_MAX_DIMS];
+    if (broadcast2(a, b, &nd, shape, sa, sb, who) != CDF_OK) RETURN(NULL);
+    cdf_tensor *out = cdf_tensor_alloc(dev_of(a), promote(a->dtype, b->dtype), nd, shape);
+    if (!out) RETURN(NULL);
+    /* the node's sources are views with the broadcast strides, so the kernel sees them as is */
+    cdf_tensor *va = cdf_tensor_view_of(a->storage, a->offset, a->dtype, nd, shape, sa);
+    cdf_tensor *vb = cdf_tensor_view_of(b->storage, b->offset, b->dtype, nd, shape, sb);
+    cdf_node *n = (va && vb) ? cdf_node_new(CDF_OP_BINARY) : NULL;
+    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
+    if (n) {
+        n->p.binary.op = op;
+        s = submit(n, out, va, vb, NULL, NULL);
+    }
+    REL(va);
+    REL(vb);
+    if (s != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    RETURN(out);
+}
+
+cdf_tensor *cdf_add(cdf_tensor *a, cdf_tensor *b) { return binary(a, b, CDF_BIN_ADD, "add"); }
+cdf_tensor *cdf_sub(cdf_tensor *a, cdf_tensor *b) { return binary(a, b, CDF_BIN_SUB, "sub"); }
+cdf_tensor *cdf_mul(cdf_tensor *a, cdf_tensor *b) { return binary(a, b, CDF_BIN_MUL, "mul"); }
+cdf_tensor *cdf_div(cdf_tensor *a, cdf_tensor *b) { return binary(a, b, CDF_BIN_DIV, "div"); }
+cdf_tensor *cdf_maximum(cdf_tensor *a, cdf_tensor *b) { return binary(a, b, CDF_BIN_MAX, "maximum"); }
+
+/* ---- matmul ---------------------------------------------------------------------------- */
+
+/* A 2-D operand usable by the kernel: rows with unit column stride, or transposed. */
+static bool mat_layout(const cdf_tensor *t, int64_t *ld, bool *trans) {
+    int r = t->ndim - 2, c = t->ndim - 1;
+    if (t->strides[c] == 1 || t->shape[c] == 1) {
+        *ld = t->shape[r] == 1 ? (t->shape[c] > 0 ? t->shape[c] : 1) : t->strides[r];
+        if (*ld < t->shape[c]) *ld = t->shape[c];
+        *trans = false;
+        return t->shape[r] == 1 || t->strides[r] >= t->shape[c];
+    }
+    if (t->strides[r] == 1 || t->shape[r] == 1) {
+        *ld = t->shape[c] == 1 ? (t->shape[r] > 0 ? t->shape[r] : 1) : t->strides[c];
+        if (*ld < t->shape[r]) *ld = t->shape[r];
+        *trans = true;
+        return t->shape[c] == 1 || t->strides[c] >= t->shape[r];
+    }
+    return false;
+}
+
+/* Collapse the batch dims [0, nb) of t into one stride, if possible. */
+static bool batch_stride(const cdf_tensor *t, int nb, int64_t *stride) {
+    int64_t s = 0;
+    bool any = false;
+    for (int i = nb - 1; i >= 0; i--) {
+        if (t->shape[i] == 1) continue;
+        if (!any) {
+            s = t->strides[i];
+            any = true;
+            continue;
+        }
+        return false; /* more than one non-trivial batch dim: only allowed if chained (checked below) */
+    }
+    if (!any) {
+        *stride = 0;
+        return true;
+    }
+    *stride = s;
+    return true;
+}
+
+static bool batch_collapsible(const cdf_tensor *t, int nb, int64_t *stride) {
+    if (batch_stride(t, nb, stride)) return true;
+    /* several batch dims: they must form one arithmetic progression (contiguous chain) or all 0 */
+    int64_t inner_stride = -1, expect = -1;
+    for (int i = nb - 1; i >= 0; i--) {
+        if (t->shape[i] == 1) continue;
+        if (inner_stride < 0) {
+            inner_stride = t->strides[i];
+            expect = t->strides[i] * t->shape[i];
+            continue;
+        }
+        if (t->strides[i] != expect) return false;
+        expect *= t->shape[i];
+    }
+    *stride = inner_stride < 0 ? 0 : inner_stride;
+    return true;
+}
+
+static cdf_tensor *matmul_impl(cdf_tensor *a, cdf_tensor *b, cdf_tensor *bias, const char *who) {
+    BEGIN();
+    if (a->ndim < 2 || b->ndim < 2) FAIL(CDF_ERR_SHAPE, "%s: operands must be at least 2-D: %s, %s", who, desc(a), desc(b));
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
+    if (b->shape[b->ndim - 2] != K) FAIL(CDF_ERR_SHAPE, "%s: inner dims differ: %s @ %s", who, desc(a), desc(b));
+    if (bias && (bias->ndim != 1 || bias->shape[0] != N)) FAIL(CDF_ERR_SHAPE, "%s: bias %s does not match %lld outputs", who, desc(bias), (long long)N);
+    /* broadcast batch dims */
+    int na = a->ndim - 2, nbd = b->ndim - 2, nd = na > nbd ? na : nbd;
+    int64_t bshape[CDF_MAX_DIMS];
+    for (int i = 0; i < nd; i++) {
+        int ia = i - (nd - na), ib = i - (nd - nbd);
+        int64_t da = ia >= 0 ? a->shape[ia] : 1, db = ib >= 0 ? b->shape[ib] : 1;
+        if (da != db && da != 1 && db != 1) FAIL(CDF_ERR_SHAPE, "%s: batch dims do not broadcast: %s @ %s", who, desc(a), desc(b));
+        bshape[i] = da == 1 ? db : da;
+    }
+    int64_t full_a[CDF_MAX_DIMS], full_b[CDF_MAX_DIMS];
+    memcpy(full_a, bshape, nd * sizeof *bshape);
+    memcpy(full_b, bshape, nd * sizeof *bshape);
+    full_a[nd] = M; full_a[nd + 1] = K;
+    full_b[nd] = K; full_b[nd + 1] = N;
+    cdf_tensor *ea = cdf_expand(a, nd + 2, full_a), *eb = cdf_expand(b, nd + 2, full_b);
+    cdf_tensor *bc = bias ? cdf_contiguous(bias) : NULL;
+    if (!ea || !eb || (bias && !bc)) {
+        REL(ea); REL(eb); REL(bc);
+        RETURN(NULL);
+    }
+    int64_t lda, ldb, sa, sb;
+    bool ta, tb;
+    if (!mat_layout(ea, &lda, &ta) || !batch_collapsible(ea, nd, &sa)) {
+        cdf_tensor *c = cdf_contiguous(ea);
+        REL(ea);
+        ea = c;
+        if (!ea) { REL(eb); REL(bc); RETURN(NULL); }
+        mat_layout(ea, &lda, &ta);
+        batch_collapsible(ea, nd, &sa);
+    }
+    if (!mat_layout(eb, &ldb, &tb) || !batch_collapsible(eb, nd, &sb)) {
+        cdf_tensor *c = cdf_contiguous(eb);
+        REL(eb);
+        eb = c;
+        if (!eb) { REL(ea); REL(bc); RETURN(NULL); }
+        mat_layout(eb, &ldb, &tb);
+        batch_collapsible(eb, nd, &sb);
+    }
+    int64_t oshape[CDF_MAX_DIMS];
+    memcpy(oshape, bshape, nd * sizeof *bshape);
+    oshape[nd] = M;
+    oshape[nd + 1] = N;
+    cdf_dtype odt = promote(a->dtype, b->dtype);
+    cdf_tensor *out = cdf_tensor_alloc(dev_of(a), odt, nd + 2, oshape);
+    cdf_node *n = out ? cdf_node_new(CDF_OP_MATMUL) : NULL;
+    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
+    if (n) {
+        n->p.matmul.batch = cdf_shape_numel(nd, bshape);
+        n->p.matmul.M = M;
+        n->p.matmul.N = N;
+        n->p.matmul.K = K;
+        n->p.matmul.lda = lda;
+        n->p.matmul.ldb = ldb;
+        n->p.matmul.ldc = N;
+        n->p.matmul.sa = sa;
+        n->p.matmul.sb = sb;
+        n->p.matmul.sc = M * N;
+        n->p.matmul.trans_a = ta;
+        n->p.matmul.trans_b = tb;
+        n->p.matmul.alpha = 1.0f;
+        s = submit(n, out, ea, eb, bc, NULL);
+    }
+    REL(ea);
+    REL(eb);
+    REL(bc);
+    if (s != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    RETURN(out);
+}
+
+cdf_tensor *cdf_matmul(cdf_tensor *a, cdf_tensor *b) {
+    if (!a || !b) return NULL;
+    return matmul_impl(a, b, NULL, "matmul");
+}
+
+cdf_tensor *cdf_linear(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b) {
+    if (!x || !w) return NULL;
+    BEGIN();
+    if (w->ndim != 2) FAIL(CDF_ERR_SHAPE, "linear: weight must be 2-D, got %s", desc(w));
+    if (x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1])
+        FAIL(CDF_ERR_SHAPE, "linear: input %s does not match weight %s (in_features %lld)", desc(x), desc(w),
+             (long long)w->shape[1]);
+    int64_t rows = cdf_tensor_numel(x) / (w->shape[1] ? w->shape[1] : 1);
+    int64_t s2[2] = {rows, w->shape[1]};
+    if (w->shape[1] == 0) s2[0] = cdf_shape_numel(x->ndim - 1, x->shape);
+    cdf_tensor *x2 = cdf_reshape(x, 2, s2);
+    cdf_tensor *wt = cdf_transpose(w, 0, 1);
+    cdf_tensor *y2 = (x2 && wt) ? matmul_impl(x2, wt, b, "linear") : NULL;
+    REL(x2);
+    REL(wt);
+    if (!y2) RETURN(NULL);
+    int64_t oshape[CDF_MAX_DIMS];
+    memcpy(oshape, x->shape, x->ndim * sizeof *oshape);
+    oshape[x->ndim - 1] = w->shape[0];
+    cdf_tensor *y = cdf_reshape(y2, x->ndim, oshape);
+    REL(y2);
+    RETURN(y);
+}
+
+/* ---- normalisation / reductions ------------------------------------------------------- */
+
+cdf_tensor *cdf_softmax(cdf_tensor *x, int dim) {
+    if (!x) return NULL;
+    BEGIN();
+    int d = cdf_norm_dim(dim, x->ndim);
+    if (d < 0) FAIL(CDF_ERR_INVALID_ARG, "softmax: dim %d out of range for %s", dim, desc(x));
+    cdf_tensor *moved = cdf_transpose(x, d, x->ndim - 1);
+    cdf_tensor *c = moved ? cdf_contiguous(moved) : NULL;
+    REL(moved);
+    if (!c) RETURN(NULL);
+    cdf_tensor *out = cdf_tensor_alloc(dev_of(x), is_float(x->dtype) ? x->dtype : CDF_F32, c->ndim, c->shape);
+    cdf_node *n = out ? cdf_node_new(CDF_OP_SOFTMAX) : NULL;
+    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
+    if (n) {
+        n->p.softmax.cols = c->shape[c->ndim - 1];
+        n->p.softmax.rows = n->p.softmax.cols ? cdf_tensor_numel(c) / n->p.softmax.cols : 0;
+        n->p.softmax.scale = 1.0f;
+        s = submit(n, out, c, NULL, NULL, NULL);
+    }
+    REL(c);
+    if (s != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    cdf_tensor *back = cdf_transpose(out, d, x->ndim - 1);
+    REL(out);
+    RETURN(back);
+}
+
+static cdf_tensor *row_norm(cdf_op_kind kind, cdf_tensor *x, cdf_tensor *w, cdf_tensor *b, float eps, const char *who) {
+    BEGIN();
+    if (x->ndim < 1) FAIL(CDF_ERR_SHAPE, "%s: input must have at least 1 dim", who);
+    int64_t cols = x->shape[x->ndim - 1];
+    if (w && (w->ndim != 1 || w->shape[0] != cols)) FAIL(CDF_ERR_SHAPE, "%s: weight %s does not match %s", who, desc(w), desc(x));
+    if (b && (b->ndim != 1 || b->shape[0] != cols)) FAIL(CDF_ERR_SHAPE, "%s: bias %s does not match %s", who, desc(b), desc(x));
+    if (w && b && w->dtype != b->dtype) FAIL(CDF_ERR_DTYPE, "%s: weight and bias dtypes differ", who);
+    cdf_tensor *c = cdf_contiguous(x), *wc = w ? cdf_contiguous(w) : NULL, *bc = b ? cdf_contiguous(b) : NULL;
+    cdf_tensor *out = c ? cdf_tensor_alloc(dev_of(x), is_float(x->dtype) ? x->dtype : CDF_F32, x->ndim, x->shape) : NULL;
+    cdf_node *n = out ? cdf_node_new(kind) : NULL;
+    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
+    if (n) {
+        n->p.norm.cols = cols;
+        n->p.norm.rows = cols ? cdf_tensor_numel(x) / cols : 0;
+        n->p.norm.eps = eps;
+        s = submit(n, out, c, wc, bc, NULL);
+    }
+    REL(c);
+    REL(wc);
+    REL(bc);
+    if (s != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    RETURN(out);
+}
+
+cdf_tensor *cdf_layer_norm(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b, float eps) {
+    if (!x) return NULL;
+    return row_norm(CDF_OP_LAYER_NORM, x, w, b, eps, "layer_norm");
+}
+
+cdf_tensor *cdf_rms_norm(cdf_tensor *x, cdf_tensor *w, float eps) {
+    if (!x) return NULL;
+    return row_norm(CDF_OP_RMS_NORM, x, w, NULL, eps, "rms_norm");
+}
+
+cdf_tensor *cdf_group_norm(cdf_tensor *x, int groups, cdf_tensor *w, cdf_tensor *b, float eps) {
+    if (!x) return NULL;
+    BEGIN();
+    if (x->ndim < 2) FAIL(CDF_ERR_SHAPE, "group_norm: input %s must be [N, C, ...]", desc(x));
+    int64_t C = x->shape[1];
+    if (groups <= 0 || C % groups) FAIL(CDF_ERR_SHAPE, "group_norm: %lld channels not divisible into %d groups", (long long)C, groups);
+    if (w && (w->ndim != 1 || w->shape[0] != C)) FAIL(CDF_ERR_SHAPE, "group_norm: weight %s does not match %lld channels", desc(w), (long long)C);
+    if (b && (b->ndim != 1 || b->shape[0] != C)) FAIL(CDF_ERR_SHAPE, "group_norm: bias %s does not match %lld channels", desc(b), (long long)C);
+    cdf_tensor *c = cdf_contiguous(x), *wc = w ? cdf_contiguous(w) : NULL, *bc = b ? cdf_contiguous(b) : NULL;
+    cdf_tensor *out = c ? cdf_tensor_alloc(dev_of(x), is_float(x->dtype) ? x->dtype : CDF_F32, x->ndim, x->shape) : NULL;
+    cdf_node *n = out ? cdf_node_new(CDF_OP_GROUP_NORM) : NULL;
+    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
+    if (n) {
+        n->p.group_norm.n = x->shape[0];
+        n->p.group_norm.c = C;
+        n->p.group_norm.s = cdf_shape_numel(x->ndim - 2, x->shape + 2);
+        n->p.group_norm.groups = groups;
+        n->p.group_norm.eps = eps;
+        s = submit(n, out, c, wc, bc, NULL);
+    }
+    REL(c);
+    REL(wc);
+    REL(bc);
+    if (s != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    RETURN(out);
+}
+
+static cdf_tensor *reduce(cdf_tensor *x, int dim, bool keepdim, cdf_reduce_op op, const char *who) {
+    if (!x) return NULL;
+    BEGIN();
+    int d = cdf_norm_dim(dim, x->ndim);
+    if (d < 0) FAIL(CDF_ERR_INVALID_ARG, "%s: dim %d out of range for %s", who, dim, desc(x));
+    cdf_tensor *c = cdf_contiguous(x);
+    if (!c) RETURN(NULL);
+    int64_t shape[CDF_MAX_DIMS];
+    int nd = 0;
+    for (int i = 0; i < x->ndim; i++) {
+        if (i == d) {
+            if (keepdim) shape[nd++] = 1;
+        } else {
+            shape[nd++] = x->shape[i];
+        }
+    }
+    cdf_tensor *out = cdf_tensor_alloc(dev_of(x), is_float(x->dtype) ? x->dtype : CDF_F32, nd, shape);
+    cdf_node *n = out ? cdf_node_new(CDF_OP_REDUCE) : NULL;
+    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
+    if (n) {
+        n->p.reduce.op = op;
+        n->p.reduce.outer = cdf_shape_numel(d, x->shape);
+        n->p.reduce.red = x->shape[d];
+        n->p.reduce.inner = cdf_shape_numel(x->ndim - d - 1, x->shape + d + 1);
+        s = submit(n, out, c, NULL, NULL, NULL);
+    }
+    REL(c);
+    if (s != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    RETURN(out);
+}
+
+cdf_tensor *cdf_sum(cdf_tensor *x, int dim, bool keepdim) { return reduce(x, dim, keepdim, CDF_RED_SUM, "sum"); }
+cdf_tensor *cdf_mean(cdf_tensor *x, int dim, bool keepdim) { return reduce(x, dim, keepdim, CDF_RED_MEAN, "mean"); }
+cdf_tensor *cdf_var(cdf_tensor *x, int dim, bool keepdim) { return reduce(x, dim, keepdim, CDF_RED_VAR, "var"); }
+cdf_tensor *cdf_max(cdf_tensor *x, int dim, bool keepdim) { return reduce(x, dim, keepdim, CDF_RED_MAX, "max"); }
+
+/* ---- convolution / resampling ---------------------------------------------------------- */
+
+cdf_conv2d_params cdf_conv2d_default_params(void) {
+    return (cdf_conv2d_params){.stride_h = 1, .stride_w = 1, .pad_h = 0, .pad_w = 0, .dil_h = 1, .dil_w = 1, .groups = 1};
+}
+
+cdf_tensor *cdf_conv2d(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b, const cdf_conv2d_params *pp) {
+    if (!x || !w) return NULL;
+    BEGIN();
+    cdf_conv2d_params p = pp ? *pp : cdf_conv2d_default_params();
+    if (x->ndim != 4 || w->ndim != 4) FAIL(CDF_ERR_SHAPE, "conv2d: input %s and weight %s must be 4-D", desc(x), desc(w));
+    if (p.groups <= 0 || p.stride_h <= 0 || p.stride_w <= 0 || p.dil_h <= 0 || p.dil_w <= 0 || p.pad_h < 0 || p.pad_w < 0)
+        FAIL(CDF_ERR_INVALID_ARG, "conv2d: invalid stride/padding/dilation/groups");
+    int64_t cin = x->shape[1], cout = w->shape[0];
+    if (cin % p.groups || cout % p.groups || w->shape[1] * p.groups != cin)
+        FAIL(CDF_ERR_SHAPE, "conv2d: input %s does not match weight %s with %d groups", desc(x), desc(w), p.groups);
+    if (b && (b->ndim != 1 || b->shape[0] != cout)) FAIL(CDF_ERR_SHAPE, "conv2d: bias %s does not match %lld channels", desc(b), (long long)cout);
+    int64_t oh = (x->shape[2] + 2 * p.pad_h - p.dil_h * (w->shape[2] - 1) - 1) / p.stride_h + 1;
+    int64_t ow = (x->shape[3] + 2 * p.pad_w - p.dil_w * (w->shape[3] - 1) - 1) / p.stride_w + 1;
+    if (oh <= 0 || ow <= 0) FAIL(CDF_ERR_SHAPE, "conv2d: kernel larger than the padded input %s", desc(x));
+    cdf_tensor *xc = cdf_contiguous(x), *wc = cdf_contiguous(w), *bc = b ? cdf_contiguous(b) : NULL;
+    int64_t oshape[4] = {x->shape[0], cout, oh, ow};
+    cdf_tensor *out = (xc && wc) ? cdf_tensor_alloc(dev_of(x), promote(x->dtype, w->dtype), 4, oshape) : NULL;
+    cdf_node *n = out ? cdf_node_new(CDF_OP_CONV2D) : NULL;
+    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
+    if (n) {
+        n->p.conv.p = p;
+        s = submit(n, out, xc, wc, bc, NULL);
+    }
+    REL(xc);
+    REL(wc);
+    REL(bc);
+    if (s != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    RETURN(out);
+}
+
+cdf_tensor *cdf_upsample_nearest(cdf_tensor *x, int fh, int fw) {
+    if (!x) return NULL;
+    BEGIN();
+    if (x->ndim < 2 || fh <= 0 || fw <= 0) FAIL(CDF_ERR_INVALID_ARG, "upsample_nearest: bad input %s or factors", desc(x));
+    cdf_tensor *c = cdf_contiguous(x);
+    int64_t shape[CDF_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 2] *= fh;
+    shape[x->ndim - 1] *= fw;
+    cdf_tensor *out = c ? cdf_tensor_alloc(dev_of(x), x->dtype, x->ndim, shape) : NULL;
+    cdf_node *n = out ? cdf_node_new(CDF_OP_UPSAMPLE) : NULL;
+    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
+    if (n) {
+        n->p.upsample.fh = fh;
+        n->p.upsample.fw = fw;
+        s = submit(n, out, c, NULL, NULL, NULL);
+    }
+    REL(c);
+    if (s != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    RETURN(out);
+}
+
+/* ---- attention / positional ------------------------------------------------------------- */
+
+static cdf_tensor *last_dim_unit(cdf_tensor *t) {
+    if (t->strides[t->ndim - 1] == 1 || t->shape[t->ndim - 1] == 1) return clone_view(t);
+    return cdf_contiguous(t);
+}
+
+cdf_tensor *cdf_sdpa(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v, cdf_tensor *mask, float scale) {
+    if (!q || !k || !v) return NULL;
+    BEGIN();
+    if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4) FAIL(CDF_ERR_SHAPE, "sdpa: q %s, k %s, v %s must be [B, H, L, D]", desc(q), desc(k), desc(v));
+    if (k->shape[0] != q->shape[0] || v->shape[0] != q->shape[0] || k->shape[1] != q->shape[1] ||
+        v->shape[1] != q->shape[1] || k->shape[3] != q->shape[3] || v->shape[2] != k->shape[2])
+        FAIL(CDF_ERR_SHAPE, "sdpa: q %s, k %s, v %s do not agree", desc(q), desc(k), desc(v));
+    int64_t B = q->shape[0], H = q->shape[1], Lq = q->shape[2], Lk = k->shape[2];
+    cdf_tensor *qc = last_dim_unit(q), *kc = last_dim_unit(k), *vc = last_dim_unit(v), *mc = NULL;
+    if (mask) {
+        int64_t ms[4] = {B, H, Lq, Lk};
+        if (mask->ndim > 4) FAIL(CDF_ERR_SHAPE, "sdpa: mask %s has more than 4 dims", desc(mask));
+        mc = cdf_expand(mask, 4, ms);
+    }
+    int64_t oshape[4] = {B, H, Lq, v->shape[3]};
+    cdf_tensor *out = (qc && kc && vc && (!mask || mc)) ? cdf_tensor_alloc(dev_of(q), q->dtype, 4, oshape) : NULL;
+    cdf_node *n = out ? cdf_node_new(CDF_OP_ATTENTION) : NULL;
+    cdf_status s = cdf_last_status() ? cdf_last_status() : CDF_ERR_OUT_OF_MEMORY;
+    if (n) {
+        n->p.attention.scale = scale > 0 ? scale : 1.0f / sqrtf((float)q->shape[3]);
+        s = submit(n, out, qc, kc, vc, mc);
+    }
+    REL(qc);
+    REL(kc);
+    REL(vc);
+    REL(mc);
+    if (s != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    RETURN(out);
+}
+
+cdf_tensor *cdf_rope(cdf_tensor *x, cdf_tensor *cos_t, cdf_tensor *sin_t) {
+    if (!x || !cos_t || !sin_t) return NULL;
+    BEGIN();
+    if (x->ndim != 4 || x->shape[3] % 2) FAIL(CDF_ERR_SHAPE, "rope: x %s must be [B, H, L, D] with even D", desc(x));
+    int64_t L = x->shape[2], D = x->shape[3];
+    for (int i = 0; i < 2; i++) {
+        cdf_tensor *t = i ? sin_t : cos_t;
+        if (t->ndim != 2 || t->shape[0] != L || t->shape[1] != D)
+            FAIL(CDF_ERR_SHAPE, "rope: table %s must be [%lld, %lld] for x %s", desc(t), (long long)L, (long long)D, desc(x));
+    }
+    cdf_tensor *xc = cdf_contiguous(x);
+    cdf_tensor *cc = cdf_cast(cos_t, CDF_F32), *sc = cdf_cast(sin_t, CDF_F32);
+    cdf_tensor *cc2 = cc ? cdf_contiguous(cc) : NULL, *sc2 = sc ? cdf_contiguous(sc) : NULL;
+    REL(cc);
+    REL(sc);
+    cdf_tensor *out = (xc && cc2 && sc2) ? cdf_tensor_alloc(dev_of(x), x->dtype, 4, x->shape) : NULL;
+    cdf_node *n = out ? cdf_node_new(CDF_OP_ROPE) : NULL;
+    cdf_status s = n ? submit(n, out, xc, cc2, sc2, NULL) : CDF_ERR_OUT_OF_MEMORY;
+    REL(xc);
+    REL(cc2);
+    REL(sc2);
+    if (s != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    RETURN(out);
+}
+
+cdf_tensor *cdf_timestep_embedding(cdf_tensor *t, int dim, bool flip_sin_to_cos, float downscale_freq_shift,
+                                   float scale, float max_period) {
+    if (!t) return NULL;
+    BEGIN();
+    if (t->ndim != 1 || dim <= 0) FAIL(CDF_ERR_SHAPE, "timestep_embedding: t %s must be 1-D and dim > 0", desc(t));
+    cdf_tensor *tf = cdf_cast(t, CDF_F32), *tc = tf ? cdf_contiguous(tf) : NULL;
+    REL(tf);
+    int64_t oshape[2] = {t->shape[0], dim};
+    cdf_tensor *out = tc ? cdf_tensor_alloc(dev_of(t), CDF_F32, 2, oshape) : NULL;
+    cdf_node *n = out ? cdf_node_new(CDF_OP_TIMESTEP_EMB) : NULL;
+    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
+    if (n) {
+        n->p.temb.dim = dim;
+        n->p.temb.flip = flip_sin_to_cos;
+        n->p.temb.shift = downscale_freq_shift;
+        n->p.temb.scale = scale;
+        n->p.temb.max_period = max_period;
+        s = submit(n, out, tc, NULL, NULL, NULL);
+    }
+    REL(tc);
+    if (s != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    RETURN(out);
+}

@@ -1,0 +1,325 @@
+/* Tensor objects, storage, scopes, views and host access. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend_impl.h"
+#include "core/error_internal.h"
+#include "exec/exec.h"
+#include "tensor/tensor_impl.h"
+
+/* ---- helpers ------------------------------------------------------------------------- */
+void cdf_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= shape[i] > 0 ? shape[i] : 1;
+    }
+}
+
+int64_t cdf_shape_numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    return n;
+}
+
+int cdf_norm_dim(int dim, int ndim) {
+    if (dim < 0) dim += ndim;
+    return (dim < 0 || dim >= ndim) ? -1 : dim;
+}
+
+/* Shapes from callers are validated once here: dims >= 0 and no int64/size_t overflow. */
+static cdf_status check_shape(int ndim, const int64_t *shape, cdf_dtype dt, const char *who) {
+    if (ndim < 0 || ndim > CDF_MAX_DIMS)
+        return cdf_error(CDF_ERR_INVALID_ARG, "%s: %d dims (at most %d)", who, ndim, CDF_MAX_DIMS);
+    if (ndim > 0 && !shape) return cdf_error(CDF_ERR_INVALID_ARG, "%s: shape is NULL", who);
+    if (!cdf_dtype_size(dt)) return cdf_error(CDF_ERR_DTYPE, "%s: invalid dtype %d", who, (int)dt);
+    uint64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return cdf_error(CDF_ERR_INVALID_ARG, "%s: negative dim %lld", who, (long long)shape[i]);
+        if (shape[i] && n > (UINT64_C(1) << 62) / (uint64_t)shape[i] / cdf_dtype_size(dt))
+            return cdf_error(CDF_ERR_LIMIT, "%s: tensor too large", who);
+        n *= (uint64_t)shape[i];
+    }
+    return CDF_OK;
+}
+
+/* ---- storage ------------------------------------------------------------------------- */
+cdf_storage *cdf_storage_new(cdf_device *dev, size_t nbytes) {
+    cdf_storage *s = calloc(1, sizeof *s);
+    if (!s) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "host out of memory (storage header)");
+        return NULL;
+    }
+    if (cdf_device_alloc(dev, nbytes, &s->data) != CDF_OK) {
+        free(s);
+        return NULL;
+    }
+    atomic_init(&s->refcount, 1);
+    s->dev = dev;
+    s->nbytes = nbytes;
+    s->device_owned = true;
+    return s;
+}
+
+void cdf_storage_retain(cdf_storage *s) { atomic_fetch_add(&s->refcount, 1); }
+
+void cdf_storage_release(cdf_storage *s) {
+    if (!s || atomic_fetch_sub(&s->refcount, 1) != 1) return;
+    if (s->device_owned) cdf_device_free(s->dev, s->data, s->nbytes);
+    else if (s->owner_release) s->owner_release(s->owner);
+    free(s);
+}
+
+/* ---- scopes ---------------------------------------------------------------------------- */
+typedef struct scope_stack {
+    cdf_tensor **items;
+    size_t n, cap;
+    size_t marks[64];
+    int depth;
+} scope_stack;
+static _Thread_local scope_stack tl_scopes;
+static _Thread_local int tl_scope_suppress;
+
+/* Ops manage their internal temporaries by hand; only the tensor an op returns to its caller
+ * is recorded in the caller's scope (see cdf_op_begin/cdf_op_end in ops_internal.h). */
+void cdf_scope_suppress(int delta) { tl_scope_suppress += delta; }
+
+static void scope_record(cdf_tensor *t) {
+    scope_stack *s = &tl_scopes;
+    if (s->depth == 0 || tl_scope_suppress > 0) return;
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 256;
+        cdf_tensor **p = realloc(s->items, cap * sizeof *p);
+        if (!p) return; /* not recorded: the tensor leaks rather than being freed early */
+        s->items = p;
+        s->cap = cap;
+    }
+    s->items[s->n++] = t;
+}
+
+void cdf_scope_push(void) {
+    scope_stack *s = &tl_scopes;
+    if (s->depth < 64) s->marks[s->depth] = s->n;
+    s->depth++;
+}
+
+void cdf_scope_pop(cdf_tensor *const *keep, int n_keep) {
+    scope_stack *s = &tl_scopes;
+    if (s->depth == 0) return;
+    s->depth--;
+    size_t mark = s->depth < 64 ? s->marks[s->depth] : s->n;
+    size_t end = s->n;
+    s->n = mark;
+    for (size_t i = mark; i < end; i++) {
+        cdf_tensor *t = s->items[i];
+        bool kept = false;
+        for (int k = 0; k < n_keep; k++) {
+            if (keep[k] == t) {
+                kept = true;
+                break;
+            }
+        }
+        if (kept) {
+            /* move to the enclosing scope (if any); only once even if listed twice */
+            bool dup = false;
+            for (size_t j = mark; j < s->n; j++) dup |= s->items[j] == t;
+            if (!dup) {
+                int sup = tl_scope_suppress;
+                tl_scope_suppress = 0;
+                scope_record(t);
+                tl_scope_suppress = sup;
+            }
+        } else {
+            cdf_tensor_release(t);
+        }
+    }
+}
+
+void cdf_scope_record(cdf_tensor *t) {
+    if (t) scope_record(t);
+}
+
+/* ---- tensor objects ------------------------------------------------------------------ */
+cdf_tensor *cdf_tensor_view_of(cdf_storage *st, int64_t offset, cdf_dtype dt, int ndim, const int64_t *shape,
+                               const int64_t *strides) {
+    cdf_tensor *t = calloc(1, sizeof *t);
+    if (!t) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "host out of memory (tensor header)");
+        return NULL;
+    }
+    atomic_init(&t->refcount, 1);
+    cdf_storage_retain(st);
+    t->storage = st;
+    t->offset = offset;
+    t->dtype = dt;
+    t->ndim = ndim;
+    if (ndim) {
+        memcpy(t->shape, shape, ndim * sizeof *shape);
+        memcpy(t->strides, strides, ndim * sizeof *strides);
+    }
+    scope_record(t);
+    return t;
+}
+
+cdf_tensor *cdf_tensor_alloc(cdf_device *dev, cdf_dtype dt, int ndim, const int64_t *shape) {
+    if (check_shape(ndim, shape, dt, "tensor") != CDF_OK) return NULL;
+    if (!dev) {
+        cdf_error(CDF_ERR_INVALID_ARG, "tensor: device is NULL");
+        return NULL;
+    }
+    size_t nbytes = (size_t)cdf_shape_numel(ndim, shape) * cdf_dtype_size(dt);
+    cdf_storage *st = cdf_storage_new(dev, nbytes);
+    if (!st) return NULL;
+    int64_t strides[CDF_MAX_DIMS];
+    cdf_contiguous_strides(ndim, shape, strides);
+    cdf_tensor *t = cdf_tensor_view_of(st, 0, dt, ndim, shape, strides);
+    cdf_storage_release(st);
+    return t;
+}
+
+cdf_tensor *cdf_tensor_empty(cdf_device *dev, cdf_dtype dt, int ndim, const int64_t *shape) {
+    return cdf_tensor_alloc(dev, dt, ndim, shape);
+}
+
+cdf_tensor *cdf_tensor_from_host(cdf_device *dev, cdf_dtype dt, int ndim, const int64_t *shape, const void *data,
+                                 cdf_dtype src_dt) {
+    if (check_shape(ndim, shape, src_dt, "tensor_from_host") != CDF_OK) return NULL;
+    cdf_tensor *t = cdf_tensor_alloc(dev, dt, ndim, shape);
+    if (!t) return NULL;
+    int64_t n = cdf_shape_numel(ndim, shape);
+    if (n && !data) {
+        cdf_tensor_release(t);
+        cdf_error(CDF_ERR_INVALID_ARG, "tensor_from_host: data is NULL");
+        return NULL;
+    }
+    /* the new buffer is not yet visible to any queued op, so the host may fill it directly;
+     * for a discrete device this is the backend's copy_from_host */
+    if (dt == src_dt) dev->iface->copy_from_host(dev, t->storage->data, data, (size_t)n * cdf_dtype_size(dt));
+    else cdf_convert(t->storage->data, dt, data, src_dt, (size_t)n);
+    return t;
+}
+
+cdf_tensor *cdf_tensor_full(cdf_device *dev, cdf_dtype dt, int ndim, const int64_t *shape, double value) {
+    cdf_tensor *t = cdf_tensor_alloc(dev, dt, ndim, shape);
+    if (!t) return NULL;
+    cdf_node *n = cdf_node_new(CDF_OP_FILL);
+    if (!n) {
+        cdf_tensor_release(t);
+        return NULL;
+    }
+    n->p.fill.value = value;
+    n->dst = cdf_tensor_retain(t);
+    if (cdf_exec_submit(n) != CDF_OK) {
+        cdf_tensor_release(t);
+        return NULL;
+    }
+    return t;
+}
+
+cdf_tensor *cdf_tensor_zeros(cdf_device *dev, cdf_dtype dt, int ndim, const int64_t *shape) {
+    return cdf_tensor_full(dev, dt, ndim, shape, 0.0);
+}
+
+cdf_tensor *cdf_tensor_wrap(cdf_device *dev, cdf_dtype dt, int ndim, const int64_t *shape, void *data,
+                            void (*owner_release)(void *), void *owner) {
+    if (check_shape(ndim, shape, dt, "tensor_wrap") != CDF_OK) return NULL;
+    cdf_storage *s = calloc(1, sizeof *s);
+    if (!s) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "host out of memory (storage header)");
+        return NULL;
+    }
+    atomic_init(&s->refcount, 1);
+    s->dev = dev;
+    s->data = data;
+    s->nbytes = (size_t)cdf_shape_numel(ndim, shape) * cdf_dtype_size(dt);
+    s->device_owned = false;
+    s->owner_release = owner_release;
+    s->owner = owner;
+    int64_t strides[CDF_MAX_DIMS];
+    cdf_contiguous_strides(ndim, shape, strides);
+    cdf_tensor *t = cdf_tensor_view_of(s, 0, dt, ndim, shape, strides);
+    cdf_storage_release(s);
+    return t;
+}
+
+cdf_tensor *cdf_tensor_retain(cdf_tensor *t) {
+    if (t) atomic_fetch_add(&t->refcount, 1);
+    return t;
+}
+
+void cdf_tensor_release(cdf_tensor *t) {
+    if (!t || atomic_fetch_sub(&t->refcount, 1) != 1) return;
+    cdf_storage_release(t->storage);
+    free(t);
+}
+
+/* ---- introspection --------------------------------------------------------------------- */
+int cdf_tensor_ndim(const cdf_tensor *t) { return t ? t->ndim : 0; }
+const int64_t *cdf_tensor_shape(const cdf_tensor *t) { return t ? t->shape : NULL; }
+const int64_t *cdf_tensor_strides(const cdf_tensor *t) { return t ? t->strides : NULL; }
+int64_t cdf_tensor_dim(const cdf_tensor *t, int dim) {
+    if (!t) return -1;
+    int d = cdf_norm_dim(dim, t->ndim);
+    return d < 0 ? -1 : t->shape[d];
+}
+int64_t cdf_tensor_numel(const cdf_tensor *t) { return t ? cdf_shape_numel(t->ndim, t->shape) : 0; }
+cdf_dtype cdf_tensor_dtype(const cdf_tensor *t) { return t ? t->dtype : CDF_F32; }
+cdf_device *cdf_tensor_device(const cdf_tensor *t) { return t ? t->storage->dev : NULL; }
+
+bool cdf_tensor_is_contiguous(const cdf_tensor *t) {
+    int64_t s = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->strides[i] != s) return false;
+        s *= t->shape[i];
+    }
+    return true;
+}
+
+const char *cdf_tensor_describe(const cdf_tensor *t, char *buf, size_t n) {
+    if (!t) {
+        snprintf(buf, n, "(null)");
+        return buf;
+    }
+    size_t o = 0;
+    o += snprintf(buf + o, o < n ? n - o : 0, "[");
+    for (int i = 0; i < t->ndim; i++)
+        o += snprintf(buf + o, o < n ? n - o : 0, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    snprintf(buf + o, o < n ? n - o : 0, "] %s", cdf_dtype_name(t->dtype));
+    return buf;
+}
+
+/* ---- host access ------------------------------------------------------------------------ */
+cdf_status cdf_tensor_read(const cdf_tensor *t, cdf_dtype as, void *dst, size_t dst_bytes) {
+    if (!t) return cdf_last_status() != CDF_OK ? cdf_last_status() : cdf_error(CDF_ERR_INVALID_ARG, "read: tensor is NULL");
+    int64_t n = cdf_tensor_numel(t);
+    if (dst_bytes < (size_t)n * cdf_dtype_size(as))
+        return cdf_error(CDF_ERR_INVALID_ARG, "read: destination holds %zu bytes, tensor needs %zu", dst_bytes,
+                         (size_t)n * cdf_dtype_size(as));
+    CDF_TRY(cdf_exec_sync_for_read(t));
+    int64_t dst_strides[CDF_MAX_DIMS];
+    cdf_contiguous_strides(t->ndim, t->shape, dst_strides);
+    if (n == 0) return CDF_OK;
+    return cdf_k_copy_strided(dst, as, dst_strides, cdf_tensor_data_ptr(t), t->dtype, t->strides, t->ndim, t->shape);
+}
+
+float *cdf_tensor_read_f32(const cdf_tensor *t) {
+    if (!t) return NULL;
+    size_t n = (size_t)cdf_tensor_numel(t);
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    if (!p) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "host out of memory reading a tensor");
+        return NULL;
+    }
+    if (cdf_tensor_read(t, CDF_F32, p, n * sizeof(float)) != CDF_OK) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+cdf_status cdf_tensor_item(const cdf_tensor *t, double *out) {
+    if (!t) return cdf_error(CDF_ERR_INVALID_ARG, "item: tensor is NULL");
+    if (cdf_tensor_numel(t) != 1) return cdf_error(CDF_ERR_SHAPE, "item: tensor has %lld elements, not 1", (long long)cdf_tensor_numel(t));
+    return cdf_tensor_read(t, CDF_F64, out, sizeof *out);
+}

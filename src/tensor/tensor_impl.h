@@ -1,0 +1,54 @@
+/* Private layout of tensors and storage, shared by tensor/, exec/ and backends. */
+#ifndef CDF_TENSOR_IMPL_H
+#define CDF_TENSOR_IMPL_H
+
+#include <stdatomic.h>
+
+#include "cdiffusers/tensor.h"
+
+/* A device buffer. Reference counted: tensors (views) and queued ops hold references, so a
+ * buffer released by the host while ops still use it lives until the queue is done with it. */
+typedef struct cdf_storage {
+    atomic_long refcount;
+    cdf_device *dev;
+    void *data;
+    size_t nbytes;
+    bool device_owned;              /* allocated (and accounted) by the device */
+    void (*owner_release)(void *);  /* external memory (cdf_tensor_wrap) */
+    void *owner;
+} cdf_storage;
+
+struct cdf_tensor {
+    atomic_long refcount;
+    cdf_storage *storage;
+    int64_t offset; /* in elements */
+    cdf_dtype dtype;
+    int ndim;
+    int64_t shape[CDF_MAX_DIMS];
+    int64_t strides[CDF_MAX_DIMS]; /* in elements */
+};
+
+cdf_storage *cdf_storage_new(cdf_device *dev, size_t nbytes); /* NULL + error on OOM */
+void cdf_storage_retain(cdf_storage *s);
+void cdf_storage_release(cdf_storage *s);
+
+/* A tensor object over existing storage (takes a new storage reference). Registered in the
+ * current scope. */
+cdf_tensor *cdf_tensor_view_of(cdf_storage *s, int64_t offset, cdf_dtype dt, int ndim, const int64_t *shape,
+                               const int64_t *strides);
+/* Allocate a new contiguous tensor (not initialised). */
+cdf_tensor *cdf_tensor_alloc(cdf_device *dev, cdf_dtype dt, int ndim, const int64_t *shape);
+
+/* Scope bookkeeping for ops (see tensor.c). */
+void cdf_scope_suppress(int delta);
+void cdf_scope_record(cdf_tensor *t);
+
+static inline void *cdf_tensor_data_ptr(const cdf_tensor *t) {
+    return (char *)t->storage->data + t->offset * (int64_t)cdf_dtype_size(t->dtype);
+}
+void cdf_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+int64_t cdf_shape_numel(int ndim, const int64_t *shape);
+/* Normalise a possibly negative dim; -1 if out of range. */
+int cdf_norm_dim(int dim, int ndim);
+
+#endif

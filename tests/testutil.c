@@ -1,0 +1,78 @@
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/wait.h>
+
+const char *tu_data(const char *rel) {
+    static char buf[8][4096];
+    static int slot;
+    char *b = buf[slot++ & 7];
+    snprintf(b, 4096, "%s/%s", CDF_TEST_DATA, rel);
+    return b;
+}
+
+char *tu_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *p = malloc((size_t)n + 1);
+    if (p && fread(p, 1, (size_t)n, f) != (size_t)n) { free(p); p = NULL; }
+    fclose(f);
+    if (p) { p[n] = 0; if (len) *len = (size_t)n; }
+    return p;
+}
+
+int tu_write_file(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t w = fwrite(data, 1, len, f);
+    return (fclose(f) == 0 && w == len) ? 0 : -1;
+}
+
+static char g_tmpdir[256];
+static void rm_tmpdir(void) {
+    if (g_tmpdir[0]) { char cmd[300]; snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmpdir); if (system(cmd)) {} }
+}
+const char *tu_tmpdir(void) {
+    if (!g_tmpdir[0]) {
+        snprintf(g_tmpdir, sizeof g_tmpdir, "/tmp/cdf_test_XXXXXX");
+        if (!mkdtemp(g_tmpdir)) return "/tmp";
+        atexit(rm_tmpdir);
+    }
+    return g_tmpdir;
+}
+
+double tu_max_abs_diff(const float *a, const float *b, size_t n, size_t *worst) {
+    double m = 0; size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d > m || isnan(d)) { m = isnan(d) ? INFINITY : d; w = i; }
+    }
+    if (worst) *worst = w;
+    return m;
+}
+
+void tu_fill_random(float *x, size_t n, uint64_t seed) {
+    uint64_t s = seed ? seed : 88172645463325252ull;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+        x[i] = (float)((double)(s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    }
+}
+
+int tu_system(const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    int r = system(cmd);
+    if (r == -1) return -1;
+    return WIFEXITED(r) ? WEXITSTATUS(r) : 128 + WTERMSIG(r);
+}

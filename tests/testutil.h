@@ -1,0 +1,25 @@
+/* Shared helpers for the cmocka tests. Test data lives in tests/data (copied from the golden
+ * set, see tests/data/README.md); CDF_TEST_DATA is its absolute path. */
+#ifndef CDF_TESTUTIL_H
+#define CDF_TESTUTIL_H
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+/* "<CDF_TEST_DATA>/<rel>" in a static rotating buffer (8 slots). */
+const char *tu_data(const char *rel);
+/* Whole file into a malloc'd NUL-terminated buffer (NULL on failure); *len if non-NULL. */
+char *tu_read_file(const char *path, size_t *len);
+/* Write bytes to a file; 0 on success. */
+int tu_write_file(const char *path, const void *data, size_t len);
+/* A fresh empty temporary directory (removed at exit); returns its path. */
+const char *tu_tmpdir(void);
+/* max |a-b| over n floats; also the index of the worst element. */
+double tu_max_abs_diff(const float *a, const float *b, size_t n, size_t *worst);
+/* Fill with deterministic pseudo-random values in [-1, 1) (xorshift; seed != 0). */
+void tu_fill_random(float *x, size_t n, uint64_t seed);
+/* Run a shell command and return its exit status (-1 if it could not run). */
+int tu_system(const char *fmt, ...);
+#endif
