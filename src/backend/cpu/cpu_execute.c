@@ -3,6 +3,7 @@
  * required), so this file only resolves pointers and forwards parameters. */
 #include "backend/backend_impl.h"
 #include "core/error_internal.h"
+#include "kernels/dispatch.h"
 
 static const char *k_op_names[CDF_OP_COUNT] = {
     [CDF_OP_COPY] = "copy",           [CDF_OP_FILL] = "fill",         [CDF_OP_EMBEDDING] = "embedding",
@@ -55,7 +56,7 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n) {
             .c = dp, .c_dt = d->dtype, .ldc = n->p.matmul.ldc, .sc = n->p.matmul.sc,
             .alpha = n->p.matmul.alpha, .beta = 0.0f,
         };
-        return cdf_k_matmul(&a);
+        return cdf_k_matmul_dispatch(&a);
     }
     case CDF_OP_SOFTMAX:
         return cdf_k_softmax(dp, d->dtype, PTR(SRC(0)), SRC(0)->dtype, n->p.softmax.rows, n->p.softmax.cols,
@@ -88,7 +89,7 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n) {
             .x = PTR(x), .x_dt = x->dtype, .weight = PTR(w), .w_dt = w->dtype,
             .bias = PTR(b), .b_dt = b ? b->dtype : CDF_F32, .out = dp, .out_dt = d->dtype,
         };
-        return cdf_k_conv2d(&a);
+        return cdf_k_conv2d_dispatch(&a);
     }
     case CDF_OP_UPSAMPLE: {
         cdf_tensor *x = SRC(0);
