@@ -7,15 +7,12 @@
 #include "core/error_internal.h"
 #include "models/component.h"
 
-/* Weak: a class whose file is not built is simply not offered. */
-extern const cdf_component_class cdf_clip_text_class __attribute__((weak));
-extern const cdf_component_class cdf_t5_encoder_class __attribute__((weak));
-extern const cdf_component_class cdf_flux_transformer_class __attribute__((weak));
-extern const cdf_component_class cdf_sd3_transformer_class __attribute__((weak));
-extern const cdf_component_class cdf_autoencoder_kl_class __attribute__((weak));
-extern const cdf_component_class cdf_flux2_transformer_class __attribute__((weak));
-extern const cdf_component_class cdf_autoencoder_kl_flux2_class __attribute__((weak));
-extern const cdf_component_class cdf_mistral3_text_class __attribute__((weak));
+/* Strong references: they also make a static link pull every model's object file in. */
+extern const cdf_component_class cdf_clip_text_class;
+extern const cdf_component_class cdf_t5_encoder_class;
+extern const cdf_component_class cdf_flux_transformer_class;
+extern const cdf_component_class cdf_sd3_transformer_class;
+extern const cdf_component_class cdf_autoencoder_kl_class;
 
 static const cdf_component_class *const *classes(int *n) {
     static const cdf_component_class *list[16];
@@ -24,8 +21,7 @@ static const cdf_component_class *const *classes(int *n) {
         int k = 0;
         const cdf_component_class *all[] = {
             &cdf_clip_text_class, &cdf_t5_encoder_class, &cdf_flux_transformer_class, &cdf_sd3_transformer_class,
-            &cdf_autoencoder_kl_class, &cdf_flux2_transformer_class, &cdf_autoencoder_kl_flux2_class,
-            &cdf_mistral3_text_class,
+            &cdf_autoencoder_kl_class,
         };
         for (size_t i = 0; i < sizeof all / sizeof *all; i++)
             if (all[i]) list[k++] = all[i];
