@@ -2,6 +2,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,7 +83,7 @@ static bool parse_float(const char *s, float *out) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end || v != v) return false;
+    if (errno || end == s || *end || !isfinite(v) || !isfinite((float)v)) return false;
     *out = (float)v;
     return true;
 }
@@ -90,6 +91,15 @@ static bool parse_float(const char *s, float *out) {
 static bool file_exists(const char *p) {
     struct stat st;
     return stat(p, &st) == 0;
+}
+
+/* Create and remove the temporary file the writer will use, so that a missing, unwritable or
+ * non-folder destination is reported before minutes of work, not after. */
+static bool output_writable(const char *path, bool overwrite) {
+    cdf_atomic_file *af = NULL;
+    if (cdf_atomic_file_open(path, overwrite, &af) != CDF_OK) return false;
+    cdf_atomic_file_abort(af);
+    return true;
 }
 
 /* ---- progress ---------------------------------------------------------------------------- */
@@ -199,6 +209,8 @@ static int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "cdiffusers: %s already exists (use --force to overwrite)\n", latents_out);
         return EXIT_FAIL;
     }
+    if (!output_writable(output, force)) return fail(NULL);
+    if (latents_out && !output_writable(latents_out, force)) return fail(NULL);
     cdf_device *dev = cdf_device_get("cpu");
     if (!dev) return fail("device");
     if (threads) cdf_device_set_threads(dev, (int)threads);
@@ -306,6 +318,7 @@ static int cmd_run_model(int argc, char **argv) {
         fprintf(stderr, "cdiffusers: %s already exists (use --force to overwrite)\n", output);
         return EXIT_FAIL;
     }
+    if (!output_writable(output, force)) return fail(NULL);
     opt.device = cdf_device_get("cpu");
     if (!opt.device) return fail("device");
     if (threads) cdf_device_set_threads(opt.device, (int)threads);

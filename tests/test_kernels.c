@@ -143,13 +143,16 @@ static float *st_f32(const st_file *f, const char *key, size_t numel) {
 
 static void test_copy_strided_float(void **state) {
     (void)state;
-    /* src [3, 17, 5] contiguous, copied into dst with the first two dims transposed in memory
-     * (dst memory layout [17, 3, 5]) for every float dtype pair */
+    /* logical [3, 17, 5] copied for every float dtype pair, in two layouts:
+     * (0) src contiguous, dst with the first two dims swapped in memory ([17, 3, 5]);
+     * (1) src fully reversed in memory ([5, 17, 3]), dst contiguous: inner strides != 1 */
     const int64_t shape[3] = {3, 17, 5};
     const size_t n = 3 * 17 * 5;
-    const int64_t src_st[3] = {17 * 5, 5, 1}, dst_st[3] = {5, 3 * 5, 1};
-    for (int si = 0; si < 3; si++) {
-        for (int di = 0; di < 3; di++) {
+    const int64_t src_sts[2][3] = {{17 * 5, 5, 1}, {1, 3, 51}}, dst_sts[2][3] = {{5, 3 * 5, 1}, {17 * 5, 5, 1}};
+    for (int k = 0; k < 18; k++) {
+        {
+            const int layout = k / 9, si = (k / 3) % 3, di = k % 3;
+            const int64_t *src_st = src_sts[layout], *dst_st = dst_sts[layout];
             cdf_dtype sdt = FLOAT_DTS[si], ddt = FLOAT_DTS[di];
             float *x = rnd(n, 11 + si, 3.0f);
             round_to(x, n, sdt);
@@ -163,8 +166,8 @@ static void test_copy_strided_float(void **state) {
                 for (int b = 0; b < 17; b++)
                     for (int c = 0; c < 5; c++) {
                         size_t li = (size_t)(a * 85 + b * 5 + c);
-                        ref[li] = x[li];
-                        got_logical[li] = got[b * 15 + a * 5 + c];
+                        ref[li] = x[a * src_st[0] + b * src_st[1] + c * src_st[2]];
+                        got_logical[li] = got[a * dst_st[0] + b * dst_st[1] + c * dst_st[2]];
                     }
             check_close("copy_strided transpose", got_logical, ref, n, ddt, 0, 0);
             free(x); free(src); free(dst); free(got);
@@ -199,6 +202,13 @@ static void test_copy_strided_broadcast_and_ints(void **state) {
     int64_t back[3];
     assert_int_equal(cdf_k_copy_strided(back, CDF_I64, s1, i32src, CDF_I32, s1, 1, n3), CDF_OK);
     for (int i = 0; i < 3; i++) assert_true(back[i] == i32src[i]);
+    /* out-of-range integer narrowing wraps like torch's (C's) integer conversion, so no value
+     * goes through a double: 2^40 + 5 -> 5 */
+    int64_t wide = (1LL << 40) + 5;
+    int32_t narrow = 0;
+    const int64_t n1[1] = {1};
+    assert_int_equal(cdf_k_copy_strided(&narrow, CDF_I32, s1, &wide, CDF_I64, s1, 1, n1), CDF_OK);
+    assert_int_equal(narrow, 5);
 
     /* float -> int truncates toward zero; int -> float */
     float fv[4] = {-2.7f, 2.7f, -0.5f, 100.99f};
@@ -230,13 +240,13 @@ static void test_copy_strided_broadcast_and_ints(void **state) {
     assert_int_equal(cdf_k_copy_strided(NULL, CDF_F32, dst_st, NULL, CDF_F32, sst, 2, zero_shape), CDF_OK);
     assert_int_equal(cdf_k_copy_strided(dst, CDF_F32, dst_st, src, CDF_F32, sst, 9, shape), CDF_ERR_INVALID_ARG);
 
-    /* a big strided copy takes the OpenMP path: src [300, 200] transposed into dst [200, 300] */
-    const size_t bn = 300 * 200;
+    /* a big strided copy takes the OpenMP path: src [600, 300] transposed into dst [300, 600] */
+    const size_t bn = 600 * 300;
     float *bsrc = rnd(bn, 5, 1.0f), *bdst = malloc(sizeof(float) * bn);
-    const int64_t bshape[2] = {200, 300}, bsst[2] = {1, 200}, bdst_st[2] = {300, 1};
+    const int64_t bshape[2] = {300, 600}, bsst[2] = {1, 300}, bdst_st[2] = {600, 1};
     assert_int_equal(cdf_k_copy_strided(bdst, CDF_F32, bdst_st, bsrc, CDF_F32, bsst, 2, bshape), CDF_OK);
-    for (int i = 0; i < 200; i++)
-        for (int j = 0; j < 300; j++) assert_true(bdst[i * 300 + j] == bsrc[j * 200 + i]);
+    for (int i = 0; i < 300; i++)
+        for (int j = 0; j < 600; j++) assert_true(bdst[i * 600 + j] == bsrc[j * 300 + i]);
     free(bsrc);
     free(bdst);
 }
@@ -464,19 +474,25 @@ static void test_binary(void **state) {
             }
         }
     }
-    /* ndim 0 and the OpenMP path with a broadcast row vector: [400, 300] + [300] */
+    /* ndim 0 and the OpenMP path with a broadcast row vector: [400, 300] + [300] (b has 400) */
     float a0 = 1.5f, b0 = -4.0f, o0 = 0;
     assert_int_equal(cdf_k_binary(CDF_BIN_MUL, &o0, CDF_F32, &a0, CDF_F32, NULL, &b0, CDF_F32, NULL, 0, NULL), CDF_OK);
     assert_true(o0 == -6.0f);
     const size_t big = 400 * 300;
-    float *a = rnd(big, 8, 1.0f), *b = rnd(300, 9, 1.0f), *o = malloc(sizeof(float) * big);
+    float *a = rnd(big, 8, 1.0f), *b = rnd(400, 9, 1.0f), *o = malloc(sizeof(float) * big);
     const int64_t bshape[2] = {400, 300}, ast[2] = {300, 1}, bst[2] = {0, 1};
     assert_int_equal(cdf_k_binary(CDF_BIN_ADD, o, CDF_F32, a, CDF_F32, ast, b, CDF_F32, bst, 2, bshape), CDF_OK);
     for (size_t i = 0; i < big; i++) assert_true(o[i] == a[i] + b[i % 300]);
+    /* a column vector (inner stride 0): [400, 300] * [400, 1] */
+    const int64_t cst[2] = {1, 0};
+    assert_int_equal(cdf_k_binary(CDF_BIN_MUL, o, CDF_F32, a, CDF_F32, ast, b, CDF_F32, cst, 2, bshape), CDF_OK);
+    for (size_t i = 0; i < big; i++) assert_true(o[i] == a[i] * b[i / 300]);
     /* maximum/minimum propagate NaN like torch */
     float an[2] = {NAN, 1.0f}, bn[2] = {0.0f, NAN}, on[2];
     const int64_t s1[1] = {1}, n2[1] = {2};
     assert_int_equal(cdf_k_binary(CDF_BIN_MAX, on, CDF_F32, an, CDF_F32, s1, bn, CDF_F32, s1, 1, n2), CDF_OK);
+    assert_true(isnan(on[0]) && isnan(on[1]));
+    assert_int_equal(cdf_k_binary(CDF_BIN_MIN, on, CDF_F32, an, CDF_F32, s1, bn, CDF_F32, s1, 1, n2), CDF_OK);
     assert_true(isnan(on[0]) && isnan(on[1]));
     free(a); free(b); free(o);
 }
@@ -640,7 +656,7 @@ static void test_softmax(void **state) {
     for (int ci = 0; ci < 5; ci++) {
         for (int di = 0; di < 3; di++) {
             cdf_dtype dt = FLOAT_DTS[di];
-            const int64_t rows = 5, cols = cols_list[ci];
+            const int64_t rows = 7, cols = cols_list[ci]; /* 7 x 1500 takes the OpenMP path */
             const size_t n = (size_t)(rows * cols);
             const float scale = 0.37f;
             float *x = rnd(n, 500 + (uint64_t)cols, 8.0f);
@@ -675,11 +691,12 @@ static void test_layer_rms_norm(void **state) {
         for (int di = 0; di < 3; di++) {
             for (int affine = 0; affine < 3; affine++) { /* 0: none, 1: weight only, 2: weight + bias */
                 cdf_dtype dt = FLOAT_DTS[di], wdt = FLOAT_DTS[(di + 1) % 3];
-                const int64_t rows = 3, cols = cols_list[ci];
+                const int64_t rows = 5, cols = cols_list[ci]; /* 5 x 2100 takes the OpenMP path */
                 const size_t n = (size_t)(rows * cols);
                 const float eps = 1e-5f;
                 float *x = rnd(n, 600 + (uint64_t)cols, 2.0f);
-                for (size_t i = 0; i < n; i++) x[i] += 3.0f; /* an offset: the variance must be two-pass */
+                /* a large offset: a one-pass E[x^2] - E[x]^2 variance would lose ~15 bits here */
+                for (size_t i = 0; i < n; i++) x[i] += 100.0f;
                 float *w = rnd((size_t)cols, 601, 1.0f), *b = rnd((size_t)cols, 602, 1.0f);
                 round_to(x, n, dt);
                 round_to(w, (size_t)cols, wdt);
@@ -702,7 +719,7 @@ static void test_layer_rms_norm(void **state) {
                     double rstd = 1.0 / sqrt(var + eps);
                     for (int64_t j = 0; j < cols; j++) {
                         double y = (x[r * cols + j] - mean) * rstd;
-                        double m = fabs(y) + 4.0 * rstd; /* cancellation in x - mean at |x| ~ 4 */
+                        double m = fabs(y) + fabs(mean) * rstd; /* x - mean cancels: error ~ u |mean| */
                         if (affine) { y *= w[j]; m *= fabs(w[j]); }
                         if (affine == 2) { y += b[j]; m += fabs(b[j]); }
                         ref[r * cols + j] = y;
@@ -732,7 +749,7 @@ static void test_layer_rms_norm(void **state) {
 
 static void test_group_norm(void **state) {
     (void)state;
-    const int64_t cfg[][4] = {/* n, c, s, groups */ {2, 6, 17, 3}, {1, 32, 9, 32}, {1, 4, 1300, 2}, {3, 5, 1, 1}};
+    const int64_t cfg[][4] = {/* n, c, s, groups */ {2, 6, 17, 3}, {1, 32, 9, 32}, {2, 4, 1300, 2}, {3, 5, 1, 1}};
     for (int ci = 0; ci < 4; ci++) {
         for (int di = 0; di < 3; di++) {
             for (int affine = 0; affine < 2; affine++) {
@@ -741,7 +758,7 @@ static void test_group_norm(void **state) {
                 const size_t n = (size_t)(N * C * S);
                 const float eps = 1e-6f;
                 float *x = rnd(n, 700 + (uint64_t)ci, 2.0f), *w = rnd((size_t)C, 701, 1.0f), *b = rnd((size_t)C, 702, 1.0f);
-                for (size_t i = 0; i < n; i++) x[i] -= 1.5f;
+                for (size_t i = 0; i < n; i++) x[i] -= 40.0f; /* offset: tests the two-pass variance */
                 round_to(x, n, dt);
                 round_to(w, (size_t)C, CDF_F32);
                 void *in = to_dt(x, n, dt);
@@ -768,7 +785,7 @@ static void test_group_norm(void **state) {
                         for (int64_t c = g * cpg; c < (g + 1) * cpg; c++)
                             for (int64_t s = 0; s < S; s++) {
                                 size_t o = (size_t)((in_ * C + c) * S + s);
-                                double y = (x[o] - mean) * rstd, m = fabs(y) + 4.0 * rstd;
+                                double y = (x[o] - mean) * rstd, m = fabs(y) + fabs(mean) * rstd;
                                 if (affine) { y = y * w[c] + b[c]; m = m * fabs(w[c]) + fabs(b[c]); }
                                 ref[o] = y;
                                 mag[o] = m;
@@ -787,7 +804,7 @@ static void test_group_norm(void **state) {
 
 static void test_reduce(void **state) {
     (void)state;
-    const int64_t cfg[][3] = {/* outer, red, inner */ {3, 1, 1}, {3, 17, 1}, {2, 2500, 1}, {3, 17, 5}, {1, 129, 65}};
+    const int64_t cfg[][3] = {/* outer, red, inner */ {3, 1, 1}, {3, 17, 1}, {4, 2500, 1}, {3, 17, 5}, {1, 129, 65}};
     for (int ci = 0; ci < 5; ci++) {
         for (int op = CDF_RED_SUM; op <= CDF_RED_MIN; op++) {
             for (int di = 0; di < 3; di++) {
@@ -926,7 +943,9 @@ static void test_conv2d(void **state) {
 typedef struct {
     int64_t b, h, lq, lk, d, dv;
     int mask; /* 0 none, 1 key-padding mask [B,1,1,Lk] with -inf, 2 full [B,H,Lq,Lk] random + a fully
-                 masked row + a first tile fully masked, 3 bf16 mask [1,1,Lq,Lk] broadcast over b, h */
+                 masked row + a first tile fully masked, 3 bf16 mask [1,1,Lq,Lk] broadcast over b, h,
+                 4 full mask with +-50 offsets between the first and later key tiles (a running max
+                 that is not kept monotone would overflow exp) */
     cdf_dtype dt;
 } att_case;
 
@@ -959,13 +978,19 @@ static void run_attention_case(const att_case *c) {
         for (int64_t j = 0; j < Lk; j++) mask[1 * Lq * Lk + 2 * Lk + j] = -INFINITY; /* b0 h1 q2: all masked */
         for (int64_t j = 0; j < Lk && j < 64; j++) mask[3 * Lk + j] = -INFINITY;   /* b0 h0 q3: first tile masked */
         for (int64_t j = 0; j < Lk; j += 3) mask[4 * Lk + j] = -INFINITY;
+    } else if (c->mask == 4) {
+        mask = rnd((size_t)(B * H * Lq * Lk), 1450, 2.0f);
+        m_sb = H * Lq * Lk, m_sh = Lq * Lk, m_sq = Lk;
+        for (int64_t r = 0; r < B * H * Lq; r++)
+            for (int64_t j = 0; j < Lk; j++) mask[r * Lk + j] += ((r + j / 64) % 2) ? 50.0f : -50.0f;
     } else if (c->mask == 3) {
         mask = rnd((size_t)(Lq * Lk), 1500, 3.0f);
         m_sq = Lk;
         mdt = CDF_BF16;
         round_to(mask, (size_t)(Lq * Lk), CDF_BF16);
     }
-    void *maskb = mask ? to_dt(mask, c->mask == 3 ? (size_t)(Lq * Lk) : (c->mask == 1 ? (size_t)(B * Lk) : (size_t)(B * H * Lq * Lk)), mdt) : NULL;
+    const size_t mask_n = c->mask == 3 ? (size_t)(Lq * Lk) : (c->mask == 1 ? (size_t)(B * Lk) : (size_t)(B * H * Lq * Lk));
+    void *maskb = mask ? to_dt(mask, mask_n, mdt) : NULL;
 
     const float scale = 1.0f / sqrtf((float)D);
     void *ob = malloc(cdf_dtype_size(c->dt) * on);
@@ -1015,6 +1040,7 @@ static void test_attention(void **state) {
         {2, 3, 17, 130, 16, 24, 0, CDF_F32}, {2, 3, 17, 130, 16, 24, 1, CDF_F32}, {2, 3, 19, 130, 16, 16, 2, CDF_F32},
         {1, 2, 5, 1, 8, 8, 0, CDF_F32},     {1, 2, 33, 64, 32, 32, 2, CDF_F32},  {1, 1, 65, 65, 8, 4, 3, CDF_F32},
         {2, 3, 17, 130, 16, 24, 2, CDF_BF16}, {1, 2, 9, 70, 16, 16, 1, CDF_F16}, {1, 1, 3, 0, 8, 8, 0, CDF_F32},
+        {1, 2, 18, 200, 16, 8, 4, CDF_F32},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attention_case(&cases[i]);
 }

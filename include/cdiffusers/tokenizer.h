@@ -76,7 +76,7 @@ void cdf_tokenizer_free(cdf_tokenizer *tok);
  *   transformers' num_tokens before truncation).
  *
  * Returns CDF_OK; CDF_ERR_INVALID_ARG (NULL tok/ids, text NULL with len > 0, max_length smaller
- * than the special tokens or unset with no model_max_length); CDF_ERR_LIMIT (len > 64 MiB or
+ * than the special tokens or unset with no model_max_length); CDF_ERR_LIMIT (len > 1 MiB or
  * max_length > 1M); CDF_ERR_UNSUPPORTED (pad_to_max but the tokenizer has no pad token, or an
  * unknown character and no unk token); CDF_ERR_OUT_OF_MEMORY. */
 cdf_status cdf_tokenizer_encode(cdf_tokenizer *tok, const char *text, size_t len, int max_length,

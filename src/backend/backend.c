@@ -196,7 +196,16 @@ cdf_status cdf_device_alloc(cdf_device *dev, size_t nbytes, void **out) {
     *out = NULL;
     uint64_t limit = atomic_load(&dev->limit_bytes);
     uint64_t cur = atomic_load(&dev->current_bytes);
+    bool drained = false;
     for (;;) {
+        if (limit && (nbytes > limit || cur > limit - nbytes) && !drained && dev->iface->wait_idle) {
+            /* buffers the host already released may still be held by queued ops: let the
+             * queue run dry (which frees them) before declaring out-of-memory */
+            dev->iface->wait_idle(dev);
+            drained = true;
+            cur = atomic_load(&dev->current_bytes);
+            continue;
+        }
         if (limit && (nbytes > limit || cur > limit - nbytes)) {
             char req[32], used[32], lim[32], type[32];
             snprintf(type, sizeof type, "%s", dev->iface->name);

@@ -23,6 +23,9 @@ typedef struct cdf_backend_iface {
     cdf_status (*enqueue)(cdf_device *dev, cdf_node *node);
     /* Wait until every node enqueued so far has run; return the first queued error. */
     cdf_status (*synchronize)(cdf_device *dev);
+    /* Wait until the queue is empty WITHOUT collecting its error (used by the allocator to let
+     * queued releases happen before declaring out-of-memory). */
+    void (*wait_idle)(cdf_device *dev);
     /* Whether this device can execute the node (shapes/dtypes). */
     bool (*supports)(cdf_device *dev, const cdf_node *node);
     /* Host <-> device copies of contiguous bytes (synchronous w.r.t. the queue). */

@@ -45,12 +45,18 @@ cdf_status cdf_error(cdf_status s, const char *fmt, ...) {
 }
 
 cdf_status cdf_error_prefix(const char *fmt, ...) {
-    char prefix[1024], old[sizeof tl_msg];
+    char prefix[512], old[sizeof tl_msg];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, tl_msg, sizeof old);
-    snprintf(tl_msg, sizeof tl_msg, "%s%s", prefix, old);
+    size_t pl = strlen(prefix);
+    if (pl >= sizeof tl_msg) pl = sizeof tl_msg - 1;
+    memcpy(tl_msg, prefix, pl);
+    size_t ol = strlen(old);
+    if (pl + ol >= sizeof tl_msg) ol = sizeof tl_msg - 1 - pl;
+    memcpy(tl_msg + pl, old, ol);
+    tl_msg[pl + ol] = 0;
     return tl_status;
 }

@@ -11,7 +11,8 @@ enum {
 };
 
 typedef struct {
-    float *k, *v;    /* [ATT_TK][d], [ATT_TK][dv] */
+    float *kt, *v;   /* K tile transposed [d][ATT_TK] (scores vectorise over keys), V tile [ATT_TK][dv] */
+    float *krow;     /* [d] one key row being converted */
     float *q, *acc;  /* [ATT_QB][d], [ATT_QB][dv] */
     float *s;        /* [ATT_TK] */
     float m[ATT_QB]; /* running max of the scores seen so far */
@@ -19,7 +20,7 @@ typedef struct {
 } att_scratch;
 
 static size_t att_scratch_floats(int64_t d, int64_t dv) {
-    return (size_t)ATT_TK * (size_t)(d + dv) + (size_t)ATT_QB * (size_t)(d + dv) + ATT_TK;
+    return (size_t)ATT_TK * (size_t)(d + dv) + (size_t)d + (size_t)ATT_QB * (size_t)(d + dv) + ATT_TK;
 }
 
 /* One block of up to ATT_QB query rows of one (batch, head). */
@@ -35,17 +36,21 @@ static void attention_block(const cdf_k_attention_args *x, int64_t bi, int64_t h
     for (int64_t k0 = 0; k0 < x->lk; k0 += ATT_TK) {
         const int64_t nk = x->lk - k0 < ATT_TK ? x->lk - k0 : ATT_TK;
         for (int64_t j = 0; j < nk; j++) {
-            cdf_k_load_row(w->k + j * d, x->k, x->k_dt, bi * x->k_sb + hi * x->k_sh + (k0 + j) * x->k_sl, d);
+            cdf_k_load_row(w->krow, x->k, x->k_dt, bi * x->k_sb + hi * x->k_sh + (k0 + j) * x->k_sl, d);
+            for (int64_t e = 0; e < d; e++) w->kt[e * ATT_TK + j] = w->krow[e];
             cdf_k_load_row(w->v + j * dv, x->v, x->v_dt, bi * x->v_sb + hi * x->v_sh + (k0 + j) * x->v_sl, dv);
         }
         for (int64_t r = 0; r < nq; r++) {
             const float *q = w->q + r * d;
+            /* dot products q . k_j for the whole tile, summed over e in order for every j */
+            for (int64_t j = 0; j < nk; j++) w->s[j] = 0.0f;
+            for (int64_t e = 0; e < d; e++) {
+                const float qe = q[e], *kt = w->kt + e * ATT_TK;
+                for (int64_t j = 0; j < nk; j++) w->s[j] += qe * kt[j];
+            }
             float tile_max = -INFINITY;
             for (int64_t j = 0; j < nk; j++) {
-                const float *k = w->k + j * d;
-                float dot = 0.0f;
-                for (int64_t e = 0; e < d; e++) dot += q[e] * k[e];
-                float s = dot * x->scale;
+                float s = w->s[j] * x->scale;
                 if (x->mask)
                     s += cdf_k_ld(x->mask, x->mask_dt,
                                   bi * x->m_sb + hi * x->m_sh + (q0 + r) * x->m_sq + (k0 + j) * x->m_sk);
@@ -113,9 +118,10 @@ cdf_status cdf_k_attention(const cdf_k_attention_args *x) {
     {
         float *base = mem + per * (size_t)omp_get_thread_num();
         att_scratch w;
-        w.k = base;
-        w.v = w.k + ATT_TK * x->d;
-        w.q = w.v + ATT_TK * x->dv;
+        w.kt = base;
+        w.v = w.kt + ATT_TK * x->d;
+        w.krow = w.v + ATT_TK * x->dv;
+        w.q = w.krow + x->d;
         w.acc = w.q + ATT_QB * x->d;
         w.s = w.acc + ATT_QB * x->dv;
 #pragma omp for schedule(dynamic, 1)

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "core/error_internal.h"
 #include "models/component.h"
@@ -31,6 +32,21 @@
         cdf_tensor_release(h);                                                                                     \
         (h) = step_next_;                                                                                          \
     } while (0)
+
+/* Workaround (see the report to the lead): the eager cpu queue lets the host run up to 4096 ops
+ * ahead of the kernels, and a buffer the model releases is only freed once the queued ops that
+ * read it have run. Without a bound, a whole 1024x1024 decode (a few hundred ops) is allocated
+ * before its first convolution finishes, whatever the model releases. Waiting for the device after
+ * each block keeps the peak at about one block's activations; a big block's kernels dwarf the lost
+ * host/device overlap. On a queued kernel's failure the activation becomes NULL with the error
+ * set, like any failed op. Remove once the queue bounds its run-ahead by bytes. */
+static cdf_tensor *settle(cdf_tensor *owned) {
+    if (owned && cdf_device_synchronize(cdf_tensor_device(owned)) != CDF_OK) {
+        cdf_tensor_release(owned);
+        return NULL;
+    }
+    return owned;
+}
 
 /* Hand an owned activation back to the caller like an op result (recorded in its scope). */
 static cdf_tensor *to_scope(cdf_tensor *owned) {
@@ -111,9 +127,10 @@ cdf_status cdf_vae_config_parse(const cJSON *cfg, const cdf_vae_config *defaults
                          source, n_down, n_up, c.n_blocks);
     const char *act = NULL;
     CDF_TRY(cdf_json_get_string(cfg, "act_fn", "silu", &act));
-    if (strcmp(act, "silu") == 0 || strcmp(act, "swish") == 0) c.act_fn = CDF_VAE_ACT_SILU;
-    else if (strcmp(act, "gelu") == 0) c.act_fn = CDF_VAE_ACT_GELU;
-    else if (strcmp(act, "relu") == 0) c.act_fn = CDF_VAE_ACT_RELU;
+    /* get_activation lower-cases the name */
+    if (strcasecmp(act, "silu") == 0 || strcasecmp(act, "swish") == 0) c.act_fn = CDF_VAE_ACT_SILU;
+    else if (strcasecmp(act, "gelu") == 0) c.act_fn = CDF_VAE_ACT_GELU;
+    else if (strcasecmp(act, "relu") == 0) c.act_fn = CDF_VAE_ACT_RELU;
     else return cdf_error(CDF_ERR_UNSUPPORTED, "%s: act_fn \"%s\" is not supported (silu, swish, gelu, relu)", source, act);
     CDF_TRY(cdf_json_get_bool(cfg, "mid_block_add_attention", c.mid_block_add_attention, &c.mid_block_add_attention));
     CDF_TRY(cdf_json_get_bool(cfg, "use_quant_conv", c.use_quant_conv, &c.use_quant_conv));
@@ -407,10 +424,14 @@ cdf_tensor *cdf_vae_encoder_forward(const cdf_vae_encoder *e, cdf_tensor *x) {
     STEP(h, cdf_conv_fwd(&e->conv_in, h));            /* [B, ch[0], H, W] */
     for (int i = 0; i < e->n_blocks; i++) {
         const cdf_vae_block *b = &e->down_blocks[i];
-        for (int j = 0; j < b->n_resnets; j++) STEP(h, resnet_forward(&b->resnets[j], e->groups, e->act, h));
+        for (int j = 0; j < b->n_resnets; j++) {
+            STEP(h, resnet_forward(&b->resnets[j], e->groups, e->act, h));
+            h = settle(h);
+        }
         if (b->has_sampler) STEP(h, cdf_conv_fwd(&b->sampler, cdf_pad(h, 2, pad_right_bottom, 0.0))); /* H/2, W/2 */
     }
     STEP(h, mid_block_forward(&e->mid_block, e->groups, e->act, h));
+    h = settle(h);
     STEP(h, cdf_silu(group_norm(&e->conv_norm_out, e->groups, h))); /* conv_act is nn.SiLU() whatever act_fn */
     STEP(h, cdf_conv_fwd(&e->conv_out, h));                         /* [B, 2L, H/f, W/f] */
     return to_scope(h);
@@ -421,9 +442,13 @@ cdf_tensor *cdf_vae_decoder_forward(const cdf_vae_decoder *d, cdf_tensor *z) {
     cdf_tensor *h = cdf_tensor_retain(z);  /* [B, L, h, w] */
     STEP(h, cdf_conv_fwd(&d->conv_in, h)); /* [B, ch[-1], h, w] */
     STEP(h, mid_block_forward(&d->mid_block, d->groups, d->act, h));
+    h = settle(h);
     for (int i = 0; i < d->n_blocks; i++) {
         const cdf_vae_block *b = &d->up_blocks[i];
-        for (int j = 0; j < b->n_resnets; j++) STEP(h, resnet_forward(&b->resnets[j], d->groups, d->act, h));
+        for (int j = 0; j < b->n_resnets; j++) {
+            STEP(h, resnet_forward(&b->resnets[j], d->groups, d->act, h));
+            h = settle(h);
+        }
         if (b->has_sampler) STEP(h, cdf_conv_fwd(&b->sampler, cdf_upsample_nearest(h, 2, 2))); /* 2h, 2w */
     }
     STEP(h, cdf_silu(group_norm(&d->conv_norm_out, d->groups, h)));
@@ -537,7 +562,7 @@ static cdf_status kl_run(void *impl, const char *method, const cdf_tensor_map *i
         cdf_tensor *z = cdf_input(in, "z", "AutoencoderKL.decode");
         if (!z) return cdf_last_status();
         cdf_tensor *sample = cdf_autoencoder_kl_decode(m, z);
-        if (!sample) return cdf_last_status();
+        if (!sample) return cdf_last_status() ? cdf_last_status() : cdf_error(CDF_ERR_INTERNAL, "AutoencoderKL.decode failed");
         return cdf_tensor_map_set(out, "out.decode_sample", sample);
     }
     if (strcmp(method, "encode") == 0) {

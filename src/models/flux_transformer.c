@@ -343,7 +343,8 @@ static cdf_status shape_error(const char *name, const cdf_tensor *t, const char 
 static cdf_status check_per_batch(const char *name, const cdf_tensor *t, int64_t B) {
     if (cdf_tensor_ndim(t) != 1 || (cdf_tensor_dim(t, 0) != B && cdf_tensor_dim(t, 0) != 1)) {
         char want[64];
-        snprintf(want, sizeof want, "[%lld] or [1]", (long long)B);
+        if (B == 1) snprintf(want, sizeof want, "[1] (one value per batch entry)");
+        else snprintf(want, sizeof want, "[%lld] or [1] (one value per batch entry, or one for all)", (long long)B);
         return shape_error(name, t, want);
     }
     return CDF_OK;

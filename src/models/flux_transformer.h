@@ -45,7 +45,8 @@ typedef struct cdf_flux_inputs {
 
 /* impl: the object cdf_flux_transformer_class.load returned. On success *sample is
  * [B, L_img, patch_size^2 * out_channels] f32, a new reference recorded in the caller's current
- * scope (like any tensor op result). Errors: CDF_ERR_NOT_FOUND (a required input is NULL),
+ * scope like any tensor op result (with no scope open, the caller releases it). Intermediates
+ * are released block by block. Errors: CDF_ERR_NOT_FOUND (a required input is NULL),
  * CDF_ERR_SHAPE (an input disagrees with the config or with the others; the message names it),
  * plus those of the tensor ops. */
 cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample);

@@ -403,7 +403,7 @@ static cdf_tensor *time_text_embed(const sd3_model *m, cdf_tensor *timestep, cdf
 
 static cdf_status check_inputs(const sd3_config *c, cdf_tensor *hs, cdf_tensor *ehs, cdf_tensor *pooled, cdf_tensor *ts) {
     char d0[96], d1[96], d2[96];
-    if (cdf_tensor_ndim(hs) != 4 || cdf_tensor_dim(hs, 1) != c->in_channels)
+    if (cdf_tensor_ndim(hs) != 4 || cdf_tensor_dim(hs, 1) != c->in_channels || cdf_tensor_dim(hs, 0) < 1)
         return cdf_error(CDF_ERR_SHAPE, SD3_NAME ": hidden_states %s must be [B, %lld, H, W] (NCHW latents)",
                          cdf_tensor_describe(hs, d0, sizeof d0), (long long)c->in_channels);
     const int64_t B = cdf_tensor_dim(hs, 0), H = cdf_tensor_dim(hs, 2), W = cdf_tensor_dim(hs, 3), p = c->patch_size;
@@ -478,7 +478,7 @@ static cdf_status sd3_run(void *impl, const char *method, const cdf_tensor_map *
         x = nx;
         ctx = nctx;
     }
-    cdf_tensor_release(ctx); /* NULL unless num_layers == 0, which the config check excludes */
+    cdf_tensor_release(ctx); /* NULL: the last (context_pre_only) block drops the context stream */
     cdf_tensor *x_blocks = x;
 
     /* norm_out: AdaLayerNormContinuous, linear output split as (scale, shift) */

@@ -18,6 +18,7 @@
 
 #include <stdbool.h>
 
+#include "models/component.h"
 #include "nn/nn.h"
 
 struct cJSON;
@@ -131,7 +132,10 @@ cdf_tensor *cdf_vae_encoder_forward(const cdf_vae_encoder *e, cdf_tensor *x);
 cdf_tensor *cdf_vae_decoder_forward(const cdf_vae_decoder *d, cdf_tensor *z);
 
 /* ---- entry points for the pipelines ------------------------------------------------------
- * impl: what cdf_autoencoder_kl_class.load returned (a cdf_autoencoder_kl *), or any impl whose
+ * The component class ("AutoencoderKL"); a pipeline can call its .load(dir, cfg, opt, &impl)
+ * directly to get an impl for the functions below. */
+extern const cdf_component_class cdf_autoencoder_kl_class;
+/* impl: what cdf_autoencoder_kl_class.load returned (a cdf_autoencoder_kl *), or any impl whose
  * first member is a cdf_autoencoder_kl. */
 /* vae.decode(z).sample (the caller applies z / scaling_factor + shift_factor first). */
 cdf_tensor *cdf_vae_decode(void *impl, cdf_tensor *z);

@@ -324,9 +324,10 @@ static cdf_status load_vocab_json(cdf_tokenizer *tok, const char *path) {
         st = cdf_error(CDF_ERR_FORMAT, "%s: expected an object mapping tokens to ids", path);
         goto done;
     }
-    int32_t max_id = -1;
+    int32_t max_id = -1, count = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, root) {
+        count++;
         double v = e->valuedouble;
         if (!cJSON_IsNumber(e) || !(v >= 0 && v < TOK_MAX_IDS) || v != floor(v)) {
             st = cdf_error(CDF_ERR_FORMAT, "%s: the id of token \"%.64s\" is not an integer in [0, %d)", path,
@@ -337,6 +338,12 @@ static cdf_status load_vocab_json(cdf_tokenizer *tok, const char *path) {
     }
     if (max_id < 0) {
         st = cdf_error(CDF_ERR_FORMAT, "%s: the vocabulary is empty", path);
+        goto done;
+    }
+    /* ids are dense in real vocabularies; a tiny file must not make us allocate 2^24 slots */
+    if ((int64_t)max_id > 2 * (int64_t)count + 1024) {
+        st = cdf_error(CDF_ERR_FORMAT, "%s: largest id %d is far beyond the %d tokens (ids must be dense)", path,
+                       (int)max_id, (int)count);
         goto done;
     }
     if (!tok_vocab_init(&tok->vocab, max_id + 1)) {
@@ -367,6 +374,10 @@ static cdf_status load_merges(tok_bpe *b, const tok_vocab *v, const char *path) 
     CDF_TRY(tok_read_file(path, &data, &n));
     size_t n_lines = 1;
     for (size_t i = 0; i < n; i++) n_lines += data[i] == '\n';
+    if (n_lines > (size_t)TOK_MAX_IDS * 2) {
+        free(data);
+        return cdf_error(CDF_ERR_LIMIT, "%s: %zu lines exceed the limit of %d merges", path, n_lines, TOK_MAX_IDS * 2);
+    }
     uint32_t cap = 16;
     while (cap < n_lines * 2 + 16) cap *= 2;
     b->merges = malloc((size_t)cap * sizeof *b->merges);

@@ -24,9 +24,11 @@
 /* Safety limits for sizes read from files or given by callers. */
 #define TOK_MAX_FILE_BYTES ((size_t)512 << 20) /* any single tokenizer file */
 #define TOK_MAX_IDS (1 << 24)                  /* vocabulary ids */
-#define TOK_MAX_TEXT_BYTES ((size_t)64 << 20)  /* one encode call */
+#define TOK_MAX_TEXT_BYTES ((size_t)1 << 20)   /* one encode call (a long prompt is a few KiB; BPE
+                                                  scratch is ~50 bytes per byte of one word) */
 #define TOK_MAX_LENGTH (1 << 20)               /* max_length of one encode call */
 #define TOK_MAX_TEMPLATE 8                     /* special tokens before/after the text */
+#define TOK_MAX_ADDED 16384                    /* added tokens (T5 has 103, CLIP 2-3) */
 
 /* ---- growable buffers (return false when out of memory) ---- */
 typedef struct tok_buf {
@@ -104,6 +106,7 @@ typedef struct tok_added {
     uint32_t len;
     int32_t id;
     bool normalized, special;
+    bool lstrip, rstrip; /* the match also swallows whitespace on its left / right */
 } tok_added;
 
 /* ---- model interface ---- */
@@ -123,6 +126,9 @@ struct cdf_tokenizer {
     tok_vocab vocab;     /* model vocabulary */
     tok_added *added;    /* added tokens; ids may lie outside the model vocabulary */
     int n_added;
+    /* added-token index for matching: by (normalized flag, first byte); built after loading */
+    int *added_order;
+    int added_bucket[2][257];
     int32_t prefix[TOK_MAX_TEMPLATE], suffix[TOK_MAX_TEMPLATE];
     int n_prefix, n_suffix;
     int64_t bos, eos, pad, unk;
@@ -154,8 +160,11 @@ cdf_status tok_t5_load_spiece(cdf_tokenizer *tok, const char *path, const tok_co
 /* Add an added token (content copied; normalised with the model normaliser when `normalized`). */
 cdf_status tok_add_token(cdf_tokenizer *tok, const char *content, size_t len, int32_t id,
                          bool normalized, bool special);
-/* Reject added-token options this implementation does not perform (lstrip, rstrip,
- * single_word are all false for CLIP and T5): silently ignoring them would change ids. */
+/* Set lstrip/rstrip on the added token with this content (after tok_add_token). */
+void tok_set_added_strip(cdf_tokenizer *tok, const char *content, size_t len, bool lstrip, bool rstrip);
+/* Reject added-token options this implementation does not perform (single_word is false for
+ * CLIP and T5): silently ignoring them would change ids. lstrip/rstrip are supported (SD3's
+ * tokenizer_3 sets them on the <extra_id_*> tokens). */
 struct cJSON;
 cdf_status tok_check_added_flags(const struct cJSON *obj, const char *content, const char *path);
 /* Id of a token string: added tokens first, then the vocabulary; -1 if absent. */

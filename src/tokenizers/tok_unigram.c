@@ -466,6 +466,9 @@ static cdf_status parse_added_tokens(cdf_tokenizer *tok, const cJSON *list, cons
         bool is_special = cJSON_IsTrue(special);
         bool normalized = cJSON_IsBool(norm) ? cJSON_IsTrue(norm) : !is_special;
         CDF_TRY(tok_add_token(tok, content->valuestring, strlen(content->valuestring), (int32_t)v, normalized, is_special));
+        const cJSON *ls = cJSON_GetObjectItemCaseSensitive(e, "lstrip"), *rs = cJSON_GetObjectItemCaseSensitive(e, "rstrip");
+        if (cJSON_IsTrue(ls) || cJSON_IsTrue(rs))
+            tok_set_added_strip(tok, content->valuestring, strlen(content->valuestring), cJSON_IsTrue(ls), cJSON_IsTrue(rs));
         i++;
     }
     return CDF_OK;
@@ -610,6 +613,7 @@ static bool pb_next(pb_reader *r, pb_field *f, bool *bad) {
 }
 
 typedef struct spm_info {
+    bool has_trainer, has_normalizer;
     int64_t model_type, unk_id, eos_id;
     bool byte_fallback, add_dummy_prefix;
     const uint8_t *charsmap;
@@ -627,6 +631,7 @@ static cdf_status spm_parse_specs(const uint8_t *data, size_t n, spm_info *info,
         if (f.number == 1 && f.wire == 2) {
             count++;
         } else if (f.number == 2 && f.wire == 2) { /* TrainerSpec */
+            info->has_trainer = true;
             pb_reader t = {f.data, f.data + f.len};
             pb_field g;
             while (pb_next(&t, &g, &bad)) {
@@ -638,6 +643,7 @@ static cdf_status spm_parse_specs(const uint8_t *data, size_t n, spm_info *info,
             }
             if (bad) PB_FAIL("%s: malformed trainer_spec", path);
         } else if (f.number == 3 && f.wire == 2) { /* NormalizerSpec */
+            info->has_normalizer = true;
             pb_reader t = {f.data, f.data + f.len};
             pb_field g;
             while (pb_next(&t, &g, &bad)) {
@@ -653,6 +659,10 @@ static cdf_status spm_parse_specs(const uint8_t *data, size_t n, spm_info *info,
     }
     if (bad) PB_FAIL("%s: malformed protobuf (truncated or invalid field at byte %zu)", path, (size_t)(r.p - data));
     if (count == 0) PB_FAIL("%s: no pieces (not a SentencePiece model?)", path);
+    /* protobuf has no end marker: a file cut between two messages parses; every real model has
+     * both specs after the pieces, so their absence means truncation */
+    if (!info->has_trainer || !info->has_normalizer)
+        PB_FAIL("%s: no %s (truncated file?)", path, !info->has_trainer ? "trainer_spec" : "normalizer_spec");
     if (count > TOK_MAX_IDS) return cdf_error(CDF_ERR_LIMIT, "%s: %lld pieces exceed the limit %d", path, (long long)count, TOK_MAX_IDS);
     *n_pieces = (int32_t)count;
     return CDF_OK;

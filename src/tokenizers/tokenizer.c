@@ -77,8 +77,8 @@ static bool json_flag(const cJSON *obj, const char *key, bool dflt) {
 }
 
 cdf_status tok_check_added_flags(const cJSON *obj, const char *content, const char *path) {
-    static const char *unsupported[3] = {"lstrip", "rstrip", "single_word"};
-    for (int k = 0; k < 3; k++)
+    static const char *unsupported[1] = {"single_word"};
+    for (int k = 0; k < 1; k++)
         if (json_flag(obj, unsupported[k], false))
             return cdf_error(CDF_ERR_UNSUPPORTED, "%s: added token \"%.64s\" sets %s, which is not supported",
                              path, content, unsupported[k]);
@@ -88,7 +88,7 @@ cdf_status tok_check_added_flags(const cJSON *obj, const char *content, const ch
 static cdf_status read_added_decoder(tok_config *c, const cJSON *dec, const char *path) {
     if (!cJSON_IsObject(dec)) return cdf_error(CDF_ERR_FORMAT, "%s: \"added_tokens_decoder\" must be an object", path);
     int n = cJSON_GetArraySize(dec);
-    if (n > TOK_MAX_IDS) return cdf_error(CDF_ERR_LIMIT, "%s: %d added tokens exceed the limit %d", path, n, TOK_MAX_IDS);
+    if (n > TOK_MAX_ADDED) return cdf_error(CDF_ERR_LIMIT, "%s: %d added tokens exceed the limit %d", path, n, TOK_MAX_ADDED);
     c->added = calloc((size_t)n + 1, sizeof *c->added);
     if (!c->added) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
     const cJSON *e;
@@ -111,6 +111,8 @@ static cdf_status read_added_decoder(tok_config *c, const cJSON *dec, const char
         a->special = json_flag(e, "special", false);
         /* transformers' AddedToken default: normalized = not special */
         a->normalized = json_flag(e, "normalized", !a->special);
+        a->lstrip = json_flag(e, "lstrip", false);
+        a->rstrip = json_flag(e, "rstrip", false);
     }
     return CDF_OK;
 }
@@ -178,6 +180,10 @@ cdf_status tok_add_token(cdf_tokenizer *tok, const char *content, size_t len, in
         len = norm.n;
     }
     if (len == 0) { tok_buf_free(&norm); return CDF_OK; } /* can never match */
+    if (tok->n_added >= TOK_MAX_ADDED) {
+        tok_buf_free(&norm);
+        return cdf_error(CDF_ERR_LIMIT, "more than %d added tokens", TOK_MAX_ADDED);
+    }
     for (int i = 0; i < tok->n_added; i++) {
         tok_added *a = &tok->added[i];
         if (a->len == len && memcmp(a->content, content, len) == 0) { /* later definition wins */
@@ -198,7 +204,7 @@ cdf_status tok_add_token(cdf_tokenizer *tok, const char *content, size_t len, in
     }
     memcpy(copy, content, len);
     copy[len] = 0;
-    tok->added[tok->n_added++] = (tok_added){copy, (uint32_t)len, id, normalized, special};
+    tok->added[tok->n_added++] = (tok_added){copy, (uint32_t)len, id, normalized, special, false, false};
     tok_buf_free(&norm);
     return CDF_OK;
 }
@@ -218,18 +224,42 @@ int32_t tok_token_id(const cdf_tokenizer *tok, const char *s) {
     return tok_vocab_find(&tok->vocab, s, n);
 }
 
-/* Leftmost-longest match of an added token with the given `normalized` flag in s[from..n). */
+/* Index the added tokens by (normalized flag, first byte) so that matching only looks at the
+ * tokens that can start at a given byte. */
+static cdf_status index_added(cdf_tokenizer *tok) {
+    free(tok->added_order);
+    tok->added_order = malloc(((size_t)tok->n_added + 1) * sizeof *tok->added_order);
+    if (!tok->added_order) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
+    int k = 0;
+    for (int flag = 0; flag < 2; flag++)
+        for (int c = 0; c < 256; c++) {
+            tok->added_bucket[flag][c] = k;
+            for (int i = 0; i < tok->n_added; i++)
+                if (tok->added[i].normalized == flag && (unsigned char)tok->added[i].content[0] == c)
+                    tok->added_order[k++] = i;
+        }
+    /* the end of bucket (flag, 255) is the start of (flag + 1, 0), or n_added */
+    tok->added_bucket[0][256] = tok->added_bucket[1][0];
+    tok->added_bucket[1][256] = k;
+    return CDF_OK;
+}
+
+/* Leftmost-longest match of an added token with the given `normalized` flag in s[from..n),
+ * as the tokenizers library's Aho-Corasick (MatchKind::LeftmostLongest) finds it. */
 static bool find_added(const cdf_tokenizer *tok, bool normalized, const char *s, size_t n, size_t from,
-                       size_t *at, size_t *len, int32_t *id) {
-    if (tok->n_added == 0) return false;
+                       size_t *at, size_t *len, int32_t *id, const tok_added **which) {
+    const int *bucket = tok->added_bucket[normalized];
+    if (tok->n_added == 0 || bucket[0] == bucket[256]) return false;
     for (size_t i = from; i < n; i++) {
+        unsigned c = (unsigned char)s[i];
         size_t best = 0;
-        for (int k = 0; k < tok->n_added; k++) {
-            const tok_added *a = &tok->added[k];
-            if (a->normalized != normalized || a->content[0] != s[i] || a->len > n - i || a->len <= best) continue;
+        for (int k = bucket[c]; k < bucket[c + 1]; k++) {
+            const tok_added *a = &tok->added[tok->added_order[k]];
+            if (a->len > n - i || a->len <= best) continue;
             if (memcmp(a->content, s + i, a->len) == 0) {
                 best = a->len;
                 *id = a->id;
+                *which = a;
             }
         }
         if (best) {
@@ -241,6 +271,27 @@ static bool find_added(const cdf_tokenizer *tok, bool normalized, const char *s,
     return false;
 }
 
+static bool is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+/* An added token with lstrip/rstrip also consumes the whitespace before/after it (the
+ * tokenizers library extends the match over it), so that whitespace reaches no model. */
+static void strip_around(const tok_added *a, const char *s, size_t seg_start, size_t *seg_end, size_t *next, size_t n) {
+    if (a->lstrip)
+        while (*seg_end > seg_start && is_ws((unsigned char)s[*seg_end - 1])) (*seg_end)--;
+    if (a->rstrip)
+        while (*next < n && is_ws((unsigned char)s[*next])) (*next)++;
+}
+
+void tok_set_added_strip(cdf_tokenizer *tok, const char *content, size_t len, bool lstrip, bool rstrip) {
+    for (int i = 0; i < tok->n_added; i++) {
+        tok_added *a = &tok->added[i];
+        if (a->len == len && memcmp(a->content, content, len) == 0) {
+            a->lstrip = lstrip;
+            a->rstrip = rstrip;
+        }
+    }
+}
+
 /* Normalise one raw segment, split out normalised added tokens, run the model on the rest. */
 static cdf_status encode_segment(cdf_tokenizer *tok, const char *s, size_t n, bool at_start) {
     tok->norm.n = 0;
@@ -248,10 +299,13 @@ static cdf_status encode_segment(cdf_tokenizer *tok, const char *s, size_t n, bo
     const char *t = tok->norm.p;
     size_t tn = tok->norm.n, pos = 0, at, len;
     int32_t id;
-    while (find_added(tok, true, t, tn, pos, &at, &len, &id)) {
-        if (at > pos) CDF_TRY(tok->ops->encode(tok, t + pos, at - pos, at_start && pos == 0, &tok->content));
+    const tok_added *a;
+    while (find_added(tok, true, t, tn, pos, &at, &len, &id, &a)) {
+        size_t seg_end = at, next = at + len;
+        strip_around(a, t, pos, &seg_end, &next, tn);
+        if (seg_end > pos) CDF_TRY(tok->ops->encode(tok, t + pos, seg_end - pos, at_start && pos == 0, &tok->content));
         if (!tok_ids_push(&tok->content, id)) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
-        pos = at + len;
+        pos = next;
     }
     if (pos < tn) CDF_TRY(tok->ops->encode(tok, t + pos, tn - pos, at_start && pos == 0, &tok->content));
     return CDF_OK;
@@ -265,10 +319,13 @@ static cdf_status encode_locked(cdf_tokenizer *tok, const char *text, size_t len
     const char *s = tok->clean.p;
     size_t n = tok->clean.n, pos = 0, at, mlen;
     int32_t id;
-    while (find_added(tok, false, s, n, pos, &at, &mlen, &id)) {
-        if (at > pos) CDF_TRY(encode_segment(tok, s + pos, at - pos, pos == 0));
+    const tok_added *a;
+    while (find_added(tok, false, s, n, pos, &at, &mlen, &id, &a)) {
+        size_t seg_end = at, next = at + mlen;
+        strip_around(a, s, pos, &seg_end, &next, n);
+        if (seg_end > pos) CDF_TRY(encode_segment(tok, s + pos, seg_end - pos, pos == 0));
         if (!tok_ids_push(&tok->content, id)) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
-        pos = at + mlen;
+        pos = next;
     }
     if (pos < n) CDF_TRY(encode_segment(tok, s + pos, n - pos, pos == 0));
     return CDF_OK;
@@ -357,6 +414,10 @@ cdf_tokenizer *cdf_tokenizer_load_from(const char *folder, cdf_tokenizer_source 
         cdf_error(CDF_ERR_INVALID_ARG, "cdf_tokenizer_load: folder is NULL or empty");
         return NULL;
     }
+    if (source < CDF_TOKENIZER_SOURCE_AUTO || source > CDF_TOKENIZER_SOURCE_SPIECE_MODEL) {
+        cdf_error(CDF_ERR_INVALID_ARG, "cdf_tokenizer_load_from: invalid source %d", (int)source);
+        return NULL;
+    }
     if (strlen(folder) > PATH_MAX - 64) {
         cdf_error(CDF_ERR_INVALID_ARG, "cdf_tokenizer_load: folder path of %zu bytes is too long", strlen(folder));
         return NULL;
@@ -405,11 +466,6 @@ cdf_tokenizer *cdf_tokenizer_load_from(const char *folder, cdf_tokenizer_source 
         config_free(&cfg);
         return NULL;
     }
-    if (source < CDF_TOKENIZER_SOURCE_AUTO || source > CDF_TOKENIZER_SOURCE_SPIECE_MODEL) {
-        cdf_error(CDF_ERR_INVALID_ARG, "cdf_tokenizer_load_from: invalid source %d", (int)source);
-        config_free(&cfg);
-        return NULL;
-    }
 
     cdf_tokenizer *tok = calloc(1, sizeof *tok);
     if (!tok) {
@@ -430,8 +486,10 @@ cdf_tokenizer *cdf_tokenizer_load_from(const char *folder, cdf_tokenizer_source 
         const tok_added *a = &cfg.added[i];
         if (source == CDF_TOKENIZER_SOURCE_TOKENIZER_JSON && find_added_content(tok, a->content)) continue;
         st = tok_add_token(tok, a->content, a->len, a->id, a->normalized, a->special);
+        if (st == CDF_OK && (a->lstrip || a->rstrip)) tok_set_added_strip(tok, a->content, a->len, a->lstrip, a->rstrip);
     }
     if (st == CDF_OK) st = resolve_specials(tok, &cfg, folder);
+    if (st == CDF_OK) st = index_added(tok);
     config_free(&cfg);
     if (st != CDF_OK) {
         cdf_tokenizer_free(tok);
@@ -450,6 +508,7 @@ void cdf_tokenizer_free(cdf_tokenizer *tok) {
     tok_vocab_free(&tok->vocab);
     for (int i = 0; i < tok->n_added; i++) free(tok->added[i].content);
     free(tok->added);
+    free(tok->added_order);
     tok_buf_free(&tok->clean);
     tok_buf_free(&tok->norm);
     tok_ids_free(&tok->content);

@@ -9,7 +9,8 @@
 #include "backend/backend_impl.h"
 #include "core/error_internal.h"
 
-#define CPU_QUEUE_CAP 4096 /* pending ops before enqueue blocks (bounds host run-ahead) */
+#define CPU_QUEUE_CAP 512 /* pending ops before enqueue blocks: bounds how far the host runs ahead
+                            (each pending op may hold an output buffer) */
 #define CPU_ALIGN 64
 
 typedef struct cpu_queue {
@@ -126,6 +127,13 @@ static cdf_status cpu_synchronize(cdf_device *dev) {
     return CDF_OK;
 }
 
+static void cpu_wait_idle(cdf_device *dev) {
+    cpu_queue *q = dev->impl;
+    pthread_mutex_lock(&q->lock);
+    while (q->count > 0 || q->running) pthread_cond_wait(&q->idle, &q->lock);
+    pthread_mutex_unlock(&q->lock);
+}
+
 static bool cpu_supports(cdf_device *dev, const cdf_node *node) { return true; }
 
 static cdf_status cpu_copy(cdf_device *dev, void *dst, const void *src, size_t nbytes) {
@@ -156,6 +164,7 @@ const cdf_backend_iface cdf_cpu_backend_iface = {
     .free = cpu_free,
     .enqueue = cpu_enqueue,
     .synchronize = cpu_synchronize,
+    .wait_idle = cpu_wait_idle,
     .supports = cpu_supports,
     .copy_to_host = cpu_copy,
     .copy_from_host = cpu_copy,
