@@ -336,8 +336,10 @@ static void test_scope_keeps_and_releases(void **state) {
     cdf_device_memory_stats(d, &m1);
     assert_int_equal(m1.current_bytes - m0.current_bytes, 4000); /* only c survives */
     double v;
-    assert_int_equal(cdf_tensor_item(cdf_narrow(c, 0, 0, 1), &v), CDF_OK);
+    cdf_tensor *c0 = cdf_narrow(c, 0, 0, 1);
+    assert_int_equal(cdf_tensor_item(c0, &v), CDF_OK);
     assert_true(fabs(v - exp(-3.0)) < 1e-6);
+    cdf_tensor_release(c0);
     cdf_tensor_release(c);
 }
 
@@ -375,9 +377,12 @@ static int autoload_child(void) {
     if (!d) return 7;
     int64_t s[1] = {3};
     cdf_tensor *t = cdf_tensor_full(d, CDF_F32, 1, s, 2.0);
+    cdf_tensor *one = cdf_narrow(t, 0, 1, 1);
     double v = 0;
-    if (cdf_tensor_item(cdf_narrow(t, 0, 1, 1), &v) != CDF_OK || v != 2.0) return 8;
-    return 0;
+    int rc = (cdf_tensor_item(one, &v) != CDF_OK || v != 2.0) ? 8 : 0;
+    cdf_tensor_release(one);
+    cdf_tensor_release(t);
+    return rc;
 }
 
 int main(int argc, char **argv) {
