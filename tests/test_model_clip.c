@@ -21,58 +21,22 @@
 
 #define F32_TOL 1e-4
 
-static cdf_device *cpu(void) {
-    cdf_device *d = cdf_device_get("cpu");
-    assert_non_null(d);
-    return d;
-}
 
 static cdf_load_options opts(cdf_dtype weight_dtype) {
     cdf_load_options o = cdf_load_options_default();
-    o.device = cpu();
+    o.device = tu_cpu();
     o.weight_dtype = weight_dtype;
     return o;
 }
 
-static void load_map(cdf_tensor_map *m, const char *rel) {
-    cdf_tensor_map_init(m);
-    cdf_status s = cdf_tensor_map_load(m, tu_data(rel), cpu());
-    if (s != CDF_OK) fail_msg("loading %s: %s", rel, cdf_last_error());
-}
 
-static cdf_component *load_component(const char *dir, cdf_dtype weight_dtype) {
-    cdf_load_options o = opts(weight_dtype);
-    cdf_component *c = NULL;
-    cdf_status s = cdf_component_load(dir, &o, &c);
-    if (s != CDF_OK) fail_msg("loading %s: %s", dir, cdf_last_error());
-    return c;
-}
 
-/* max |got - want| after checking that both have the same shape */
-static double diff_tensors(cdf_tensor *got, cdf_tensor *want, const char *what) {
-    if (!got) fail_msg("%s: output missing (%s)", what, cdf_last_error());
-    assert_non_null(want);
-    char a[96], b[96];
-    int nd = cdf_tensor_ndim(got);
-    bool same = nd == cdf_tensor_ndim(want);
-    for (int i = 0; same && i < nd; i++) same = cdf_tensor_dim(got, i) == cdf_tensor_dim(want, i);
-    if (!same)
-        fail_msg("%s: shape %s, golden %s", what, cdf_tensor_describe(got, a, sizeof a), cdf_tensor_describe(want, b, sizeof b));
-    float *g = cdf_tensor_read_f32(got), *w = cdf_tensor_read_f32(want);
-    assert_non_null(g);
-    assert_non_null(w);
-    size_t worst;
-    double d = tu_max_abs_diff(g, w, (size_t)cdf_tensor_numel(want), &worst);
-    free(g);
-    free(w);
-    return d;
-}
 
 static double check_output(const cdf_tensor_map *out, const char *name, const cdf_tensor_map *golden, double tol,
                            const char *label) {
     char key[128];
     snprintf(key, sizeof key, "out.%s", name);
-    double d = diff_tensors(cdf_tensor_map_get(out, key), cdf_tensor_map_get(golden, name), key);
+    double d = tu_diff_tensors(cdf_tensor_map_get(out, key), cdf_tensor_map_get(golden, name), key);
     printf("  %-28s %-34s max|diff| = %.3g (tol %.1g)\n", label, name, d, tol);
     if (!(d <= tol)) fail_msg("%s %s: max |diff| %.3g > %.3g", label, name, d, tol);
     return d;
@@ -82,11 +46,11 @@ static double check_output(const cdf_tensor_map *out, const char *name, const cd
 static void run_and_compare(const char *model_dir, cdf_dtype weight_dtype, const char *golden_rel, double tol,
                             const char *label, bool expect_text_embeds) {
     cdf_tensor_map golden, in, out;
-    load_map(&golden, golden_rel);
+    tu_load_map(&golden, golden_rel);
     cdf_tensor_map_init(&in);
     cdf_tensor_map_init(&out);
     assert_int_equal(cdf_tensor_map_set(&in, "input_ids", cdf_tensor_map_get(&golden, "input_ids")), CDF_OK);
-    cdf_component *c = load_component(model_dir, weight_dtype);
+    cdf_component *c = tu_load_component(model_dir, weight_dtype);
     cdf_status s = cdf_component_run(c, "forward", &in, &out);
     if (s != CDF_OK) fail_msg("%s: run failed: %s", label, cdf_last_error());
     check_output(&out, "last_hidden_state", &golden, tol, label);
@@ -197,19 +161,19 @@ static void test_clip_g_bf16_storage(void **state) {
     snprintf(dir, sizeof dir, "%s/clip_g_rounded_bf16", tu_tmpdir());
     write_modified_copy_ex(tu_data("golden/text_models/clip_g_tiny"), dir, NULL, NULL, NULL, true);
     cdf_tensor_map golden, in, out_rounded, out_bf16;
-    load_map(&golden, golden_rel);
+    tu_load_map(&golden, golden_rel);
     cdf_tensor_map_init(&in);
     cdf_tensor_map_init(&out_rounded);
     cdf_tensor_map_init(&out_bf16);
     assert_int_equal(cdf_tensor_map_set(&in, "input_ids", cdf_tensor_map_get(&golden, "input_ids")), CDF_OK);
-    cdf_component *rounded = load_component(dir, CDF_F32);
-    cdf_component *bf16 = load_component(tu_data("golden/text_models/clip_g_tiny"), CDF_BF16);
+    cdf_component *rounded = tu_load_component(dir, CDF_F32);
+    cdf_component *bf16 = tu_load_component(tu_data("golden/text_models/clip_g_tiny"), CDF_BF16);
     assert_int_equal(cdf_component_run(rounded, "forward", &in, &out_rounded), CDF_OK);
     assert_int_equal(cdf_component_run(bf16, "forward", &in, &out_bf16), CDF_OK);
     const char *names[] = {"out.last_hidden_state", "out.hidden_states_penultimate", "out.pooler_output", "out.text_embeds"};
     for (int i = 0; i < 4; i++) {
-        double d = diff_tensors(cdf_tensor_map_get(&out_bf16, names[i]), cdf_tensor_map_get(&out_rounded, names[i]), names[i]);
-        double g = diff_tensors(cdf_tensor_map_get(&out_rounded, names[i]), cdf_tensor_map_get(&golden, names[i] + 4), names[i]);
+        double d = tu_diff_tensors(cdf_tensor_map_get(&out_bf16, names[i]), cdf_tensor_map_get(&out_rounded, names[i]), names[i]);
+        double g = tu_diff_tensors(cdf_tensor_map_get(&out_rounded, names[i]), cdf_tensor_map_get(&golden, names[i] + 4), names[i]);
         printf("  clip_g %-30s bf16 storage vs pre-rounded f32: %.3g (tol %.1g); pre-rounded f32 vs golden: %.3g\n",
                names[i], d, F32_TOL, g);
         assert_true(d <= F32_TOL);
@@ -233,13 +197,13 @@ static void test_flux_style_clip_text_model(void **state) {
                     false);
     /* bit-identical to the WithProjection model's outputs */
     cdf_tensor_map golden, in, out_plain, out_proj;
-    load_map(&golden, "golden/text_models/outputs/clip_l_tiny.safetensors");
+    tu_load_map(&golden, "golden/text_models/outputs/clip_l_tiny.safetensors");
     cdf_tensor_map_init(&in);
     cdf_tensor_map_init(&out_plain);
     cdf_tensor_map_init(&out_proj);
     assert_int_equal(cdf_tensor_map_set(&in, "input_ids", cdf_tensor_map_get(&golden, "input_ids")), CDF_OK);
-    cdf_component *plain = load_component(dir, CDF_F32);
-    cdf_component *proj = load_component(tu_data("golden/text_models/clip_l_tiny"), CDF_F32);
+    cdf_component *plain = tu_load_component(dir, CDF_F32);
+    cdf_component *proj = tu_load_component(tu_data("golden/text_models/clip_l_tiny"), CDF_F32);
     assert_string_equal(cdf_component_class_name(plain), "CLIPTextModel");
     assert_int_equal(cdf_component_run(plain, "forward", &in, &out_plain), CDF_OK);
     assert_int_equal(cdf_component_run(proj, "forward", &in, &out_proj), CDF_OK);
@@ -247,7 +211,7 @@ static void test_flux_style_clip_text_model(void **state) {
     assert_int_equal(out_proj.n, 4);
     const char *names[] = {"out.last_hidden_state", "out.hidden_states_penultimate", "out.pooler_output"};
     for (int i = 0; i < 3; i++)
-        assert_true(diff_tensors(cdf_tensor_map_get(&out_plain, names[i]), cdf_tensor_map_get(&out_proj, names[i]), names[i]) ==
+        assert_true(tu_diff_tensors(cdf_tensor_map_get(&out_plain, names[i]), cdf_tensor_map_get(&out_proj, names[i]), names[i]) ==
                     0.0);
     cdf_component_free(plain);
     cdf_component_free(proj);
@@ -314,7 +278,7 @@ static void test_pooling_rule(void **state) {
     /* row 0 has no 49407: argmax is position 1 (49406), the eos rule falls back to 0;
      * row 1 has two 49407s: both rules take the first (position 2) */
     int64_t ids[2][5] = {{320, 49406, 1125, 500, 0}, {49406, 320, 49407, 49407, 49407}};
-    cdf_tensor *t = cdf_tensor_from_host(cpu(), CDF_I64, 2, (int64_t[]){2, 5}, ids, CDF_I64);
+    cdf_tensor *t = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){2, 5}, ids, CDF_I64);
     cdf_load_options o = opts(CDF_F32);
     const char *dirs[2] = {tu_data("golden/text_models/clip_l_tiny"), dir};
     const int64_t expect[2][2] = {{1, 2}, {0, 2}};
@@ -359,7 +323,7 @@ static void test_missing_and_misshaped_tensors(void **state) {
 static void test_clip_skip_hidden_states(void **state) {
     (void)state;
     cdf_tensor_map dbg;
-    load_map(&dbg, "golden/text_models/outputs/debug_clip_l_tiny.safetensors");
+    tu_load_map(&dbg, "golden/text_models/outputs/debug_clip_l_tiny.safetensors");
     cdf_tensor *ids = cdf_tensor_map_get(&dbg, "input_ids"), *hs = cdf_tensor_map_get(&dbg, "hidden_states");
     assert_non_null(ids);
     assert_non_null(hs);
@@ -372,10 +336,10 @@ static void test_clip_skip_hidden_states(void **state) {
         cdf_clip_text_output r;
         if (cdf_clip_text_encode(m, ids, skip, &r) != CDF_OK) fail_msg("%s", cdf_last_error());
         cdf_tensor *want = cdf_squeeze(cdf_narrow(hs, 1, 4 - (skip + 2), 1), 1);
-        double d = diff_tensors(r.hidden_state, want, "hidden_state");
+        double d = tu_diff_tensors(r.hidden_state, want, "hidden_state");
         printf("  clip_skip %d: hidden_states[%d]  max|diff| = %.3g (tol %.1g)\n", skip, -(skip + 2), d, F32_TOL);
         assert_true(d <= F32_TOL);
-        d = diff_tensors(r.last_hidden_state, cdf_tensor_map_get(&dbg, "last_hidden_state"), "last_hidden_state");
+        d = tu_diff_tensors(r.last_hidden_state, cdf_tensor_map_get(&dbg, "last_hidden_state"), "last_hidden_state");
         assert_true(d <= F32_TOL);
         assert_non_null(r.text_embeds);
     }
@@ -396,7 +360,7 @@ static void test_encode_outside_scope(void **state) {
     cdf_clip_text *m;
     assert_int_equal(cdf_clip_text_load(tu_data("golden/text_models/clip_g_tiny"), &o, &m), CDF_OK);
     int64_t ids[2][5] = {{49406, 320, 1125, 49407, 0}, {49406, 49407, 0, 0, 0}};
-    cdf_tensor *t = cdf_tensor_from_host(cpu(), CDF_I64, 2, (int64_t[]){2, 5}, ids, CDF_I64);
+    cdf_tensor *t = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){2, 5}, ids, CDF_I64);
     cdf_clip_text_output r;
     assert_int_equal(cdf_clip_text_encode(m, t, 0, &r), CDF_OK);
     assert_int_equal(cdf_tensor_dim(r.last_hidden_state, 1), 5);
@@ -411,7 +375,7 @@ static void test_encode_outside_scope(void **state) {
 
 static void test_bad_inputs(void **state) {
     (void)state;
-    cdf_component *c = load_component(tu_data("golden/text_models/clip_l_tiny"), CDF_F32);
+    cdf_component *c = tu_load_component(tu_data("golden/text_models/clip_l_tiny"), CDF_F32);
     cdf_tensor_map in, out;
     cdf_tensor_map_init(&in);
     cdf_tensor_map_init(&out);
@@ -421,18 +385,18 @@ static void test_bad_inputs(void **state) {
     cdf_scope_push();
     int64_t ids[80];
     for (int i = 0; i < 80; i++) ids[i] = 320;
-    cdf_tensor *too_long = cdf_tensor_from_host(cpu(), CDF_I64, 2, (int64_t[]){1, 78}, ids, CDF_I64);
+    cdf_tensor *too_long = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){1, 78}, ids, CDF_I64);
     cdf_tensor_map_set(&in, "input_ids", too_long);
     assert_int_equal(cdf_component_run(c, "forward", &in, &out), CDF_ERR_SHAPE);
     assert_non_null(strstr(cdf_last_error(), "max_position_embeddings 77"));
 
     ids[3] = 49408; /* one past the vocabulary */
-    cdf_tensor *bad_id = cdf_tensor_from_host(cpu(), CDF_I64, 2, (int64_t[]){1, 5}, ids, CDF_I64);
+    cdf_tensor *bad_id = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){1, 5}, ids, CDF_I64);
     cdf_tensor_map_set(&in, "input_ids", bad_id);
     assert_int_equal(cdf_component_run(c, "forward", &in, &out), CDF_ERR_INVALID_ARG);
     assert_non_null(strstr(cdf_last_error(), "input_ids[0][3] = 49408"));
 
-    cdf_tensor *flt = cdf_tensor_zeros(cpu(), CDF_F32, 2, (int64_t[]){1, 5});
+    cdf_tensor *flt = cdf_tensor_zeros(tu_cpu(), CDF_F32, 2, (int64_t[]){1, 5});
     cdf_tensor_map_set(&in, "input_ids", flt);
     assert_int_equal(cdf_component_run(c, "forward", &in, &out), CDF_ERR_SHAPE);
     assert_int_equal(out.n, 0);

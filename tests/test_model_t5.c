@@ -21,57 +21,23 @@
 
 #define F32_TOL 1e-4
 
-static cdf_device *cpu(void) {
-    cdf_device *d = cdf_device_get("cpu");
-    assert_non_null(d);
-    return d;
-}
 
 static cdf_load_options opts(cdf_dtype weight_dtype) {
     cdf_load_options o = cdf_load_options_default();
-    o.device = cpu();
+    o.device = tu_cpu();
     o.weight_dtype = weight_dtype;
     return o;
 }
 
-static void load_map(cdf_tensor_map *m, const char *rel) {
-    cdf_tensor_map_init(m);
-    cdf_status s = cdf_tensor_map_load(m, tu_data(rel), cpu());
-    if (s != CDF_OK) fail_msg("loading %s: %s", rel, cdf_last_error());
-}
 
-static cdf_component *load_component(const char *dir, cdf_dtype weight_dtype) {
-    cdf_load_options o = opts(weight_dtype);
-    cdf_component *c = NULL;
-    cdf_status s = cdf_component_load(dir, &o, &c);
-    if (s != CDF_OK) fail_msg("loading %s: %s", dir, cdf_last_error());
-    return c;
-}
 
-static double diff_tensors(cdf_tensor *got, cdf_tensor *want, const char *what) {
-    if (!got) fail_msg("%s: output missing (%s)", what, cdf_last_error());
-    assert_non_null(want);
-    char a[96], b[96];
-    int nd = cdf_tensor_ndim(got);
-    bool same = nd == cdf_tensor_ndim(want);
-    for (int i = 0; same && i < nd; i++) same = cdf_tensor_dim(got, i) == cdf_tensor_dim(want, i);
-    if (!same)
-        fail_msg("%s: shape %s, golden %s", what, cdf_tensor_describe(got, a, sizeof a), cdf_tensor_describe(want, b, sizeof b));
-    float *g = cdf_tensor_read_f32(got), *w = cdf_tensor_read_f32(want);
-    assert_non_null(g);
-    assert_non_null(w);
-    double d = tu_max_abs_diff(g, w, (size_t)cdf_tensor_numel(want), NULL);
-    free(g);
-    free(w);
-    return d;
-}
 
 /* Run the component on the golden ids (the first `rows` prompts, 0 = all) and compare
  * out.last_hidden_state; returns its max |diff|. */
 static double run_and_compare_rows(const char *model_dir, cdf_dtype weight_dtype, const char *golden_rel, int64_t rows,
                                    double tol, const char *label) {
     cdf_tensor_map golden, in, out;
-    load_map(&golden, golden_rel);
+    tu_load_map(&golden, golden_rel);
     cdf_tensor_map_init(&in);
     cdf_tensor_map_init(&out);
     cdf_scope_push();
@@ -83,11 +49,11 @@ static double run_and_compare_rows(const char *model_dir, cdf_dtype weight_dtype
         want = cdf_narrow(want, 0, 0, rows);
     }
     assert_int_equal(cdf_tensor_map_set(&in, "input_ids", ids), CDF_OK);
-    cdf_component *c = load_component(model_dir, weight_dtype);
+    cdf_component *c = tu_load_component(model_dir, weight_dtype);
     cdf_status s = cdf_component_run(c, "forward", &in, &out);
     if (s != CDF_OK) fail_msg("%s: run failed: %s", label, cdf_last_error());
     assert_int_equal(out.n, 1);
-    double d = diff_tensors(cdf_tensor_map_get(&out, "out.last_hidden_state"), want, "out.last_hidden_state");
+    double d = tu_diff_tensors(cdf_tensor_map_get(&out, "out.last_hidden_state"), want, "out.last_hidden_state");
     printf("  %-34s last_hidden_state [%lld, %lld, %lld] max|diff| = %.3g (tol %.1g)\n", label,
            (long long)cdf_tensor_dim(want, 0), (long long)cdf_tensor_dim(want, 1), (long long)cdf_tensor_dim(want, 2), d, tol);
     if (!(d <= tol)) fail_msg("%s: max |diff| %.3g > %.3g", label, d, tol);
@@ -130,7 +96,7 @@ static void test_t5_256_bf16_storage(void **state) {
 static void test_relative_position_buckets(void **state) {
     (void)state;
     cdf_tensor_map dbg;
-    load_map(&dbg, "golden/text_models/outputs/debug_t5_tiny.safetensors");
+    tu_load_map(&dbg, "golden/text_models/outputs/debug_t5_tiny.safetensors");
     cdf_tensor *rp = cdf_tensor_map_get(&dbg, "relative_position"), *rb = cdf_tensor_map_get(&dbg, "relative_position_bucket");
     assert_non_null(rp);
     assert_non_null(rb);
@@ -233,7 +199,7 @@ static void test_direct_api_and_bad_inputs(void **state) {
 
     /* outside any scope the output is a plain reference; i32 ids work too */
     int32_t ids32[2][4] = {{71, 1712, 1, 0}, {1, 0, 0, 0}};
-    cdf_tensor *ids = cdf_tensor_from_host(cpu(), CDF_I32, 2, (int64_t[]){2, 4}, ids32, CDF_I32);
+    cdf_tensor *ids = cdf_tensor_from_host(tu_cpu(), CDF_I32, 2, (int64_t[]){2, 4}, ids32, CDF_I32);
     cdf_tensor *h = NULL;
     assert_int_equal(cdf_t5_encode(m, ids, &h), CDF_OK);
     assert_int_equal(cdf_tensor_dim(h, 0), 2);
@@ -243,26 +209,26 @@ static void test_direct_api_and_bad_inputs(void **state) {
     cdf_tensor_release(ids);
 
     int64_t bad[3] = {5, 32128, 1};
-    ids = cdf_tensor_from_host(cpu(), CDF_I64, 2, (int64_t[]){1, 3}, bad, CDF_I64);
+    ids = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){1, 3}, bad, CDF_I64);
     assert_int_equal(cdf_t5_encode(m, ids, &h), CDF_ERR_INVALID_ARG);
     assert_null(h);
     printf("  error: %s\n", cdf_last_error());
     assert_non_null(strstr(cdf_last_error(), "input_ids[0][1] = 32128"));
     cdf_tensor_release(ids);
-    ids = cdf_tensor_from_host(cpu(), CDF_I64, 1, (int64_t[]){3}, bad, CDF_I64);
+    ids = cdf_tensor_from_host(tu_cpu(), CDF_I64, 1, (int64_t[]){3}, bad, CDF_I64);
     assert_int_equal(cdf_t5_encode(m, ids, &h), CDF_ERR_SHAPE);
     cdf_tensor_release(ids);
     cdf_t5_encoder_free(m);
 
     /* component: missing input, unsupported mask and method */
-    cdf_component *c = load_component(tu_data("golden/text_models/t5_tiny"), CDF_F32);
+    cdf_component *c = tu_load_component(tu_data("golden/text_models/t5_tiny"), CDF_F32);
     cdf_tensor_map in, out;
     cdf_tensor_map_init(&in);
     cdf_tensor_map_init(&out);
     assert_int_equal(cdf_component_run(c, "forward", &in, &out), CDF_ERR_NOT_FOUND);
     assert_non_null(strstr(cdf_last_error(), "input_ids"));
     int64_t ok_ids[3] = {5, 6, 1};
-    cdf_tensor *t = cdf_tensor_from_host(cpu(), CDF_I64, 2, (int64_t[]){1, 3}, ok_ids, CDF_I64);
+    cdf_tensor *t = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){1, 3}, ok_ids, CDF_I64);
     cdf_tensor_map_set(&in, "input_ids", t);
     assert_int_equal(cdf_component_run(c, "decode", &in, &out), CDF_ERR_UNSUPPORTED);
     cdf_tensor_map_set(&in, "attention_mask", t);

@@ -76,3 +76,43 @@ int tu_system(const char *fmt, ...) {
     if (r == -1) return -1;
     return WIFEXITED(r) ? WEXITSTATUS(r) : 128 + WTERMSIG(r);
 }
+
+cdf_device *tu_cpu(void) {
+    cdf_device *d = cdf_device_get("cpu");
+    assert_non_null(d);
+    return d;
+}
+
+void tu_load_map(cdf_tensor_map *m, const char *rel) {
+    cdf_tensor_map_init(m);
+    cdf_status s = cdf_tensor_map_load(m, tu_data(rel), tu_cpu());
+    if (s != CDF_OK) fail_msg("loading %s: %s", rel, cdf_last_error());
+}
+
+cdf_component *tu_load_component(const char *dir, cdf_dtype weight_dtype) {
+    cdf_load_options o = cdf_load_options_default();
+    o.device = tu_cpu();
+    o.weight_dtype = weight_dtype;
+    cdf_component *c = NULL;
+    cdf_status s = cdf_component_load(dir, &o, &c);
+    if (s != CDF_OK) fail_msg("loading %s: %s", dir, cdf_last_error());
+    return c;
+}
+
+double tu_diff_tensors(cdf_tensor *got, cdf_tensor *want, const char *what) {
+    if (!got) fail_msg("%s: output missing (%s)", what, cdf_last_error());
+    assert_non_null(want);
+    char a[96], b[96];
+    int nd = cdf_tensor_ndim(got);
+    bool same = nd == cdf_tensor_ndim(want);
+    for (int i = 0; same && i < nd; i++) same = cdf_tensor_dim(got, i) == cdf_tensor_dim(want, i);
+    if (!same)
+        fail_msg("%s: shape %s, golden %s", what, cdf_tensor_describe(got, a, sizeof a), cdf_tensor_describe(want, b, sizeof b));
+    float *g = cdf_tensor_read_f32(got), *w = cdf_tensor_read_f32(want);
+    assert_non_null(g);
+    assert_non_null(w);
+    double d = tu_max_abs_diff(g, w, (size_t)cdf_tensor_numel(want), NULL);
+    free(g);
+    free(w);
+    return d;
+}

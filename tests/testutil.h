@@ -22,4 +22,17 @@ double tu_max_abs_diff(const float *a, const float *b, size_t n, size_t *worst);
 void tu_fill_random(float *x, size_t n, uint64_t seed);
 /* Run a shell command and return its exit status (-1 if it could not run). */
 int tu_system(const char *fmt, ...);
+
+
+/* ---- helpers for model tests (component loading and output comparison) ---- */
+#include "cdiffusers/tensor.h"
+#include "models/component.h"
+/* The cpu device (fails the test if absent). */
+cdf_device *tu_cpu(void);
+/* Every tensor of tests/data/<rel> onto the cpu (fails the test on error). */
+void tu_load_map(cdf_tensor_map *m, const char *rel);
+/* cdf_component_load of dir with the given weight dtype (fails the test on error). */
+cdf_component *tu_load_component(const char *dir, cdf_dtype weight_dtype);
+/* max |got - want| after checking both exist and have the same shape (fails otherwise). */
+double tu_diff_tensors(cdf_tensor *got, cdf_tensor *want, const char *what);
 #endif

@@ -1,0 +1,848 @@
+/* The command-line tool against bad input: every row of the robustness matrix in
+ * docs/ROBUSTNESS.md is one test here. Each test builds its broken model folder in a temporary
+ * directory (symlinks to the golden tiny FLUX.1-schnell pipeline, with real copies of whatever
+ * it damages), runs `cdiffusers` as a child process, and checks three things:
+ *   - the exit code (0 ok, 1 failure, 2 usage error, 130 interrupted);
+ *   - a specific piece of the message on stderr (the file, tensor, key or limit involved);
+ *   - that no output file appeared (or an existing one kept its bytes and mtime), and that no
+ *     temporary "*.tmp.*" file was left behind.
+ * A sanitizer report on stderr fails every test (the suite also runs under ASan/UBSan). */
+#include "testutil.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <utime.h>
+
+#define GOLDEN_SCHNELL "pipelines/flux1_schnell_tiny"
+#define GOLDEN_SD35 "pipelines/sd35m_tiny"
+#define ST_FILE "transformer/diffusion_pytorch_model.safetensors"
+/* a quick, valid request for the tiny pipelines (2 steps at 64x64) */
+#define GEN_ARGS "generate --model model --prompt 'a red fox' --height 64 --width 64 --steps 2 --seed 1 --output out.png --quiet"
+
+enum { RC_OK = 0, RC_FAIL = 1, RC_USAGE = 2, RC_INTERRUPTED = 130 };
+
+/* One test's scratch folder: <tmp>/<name>/ holding model/ (the pipeline), out.png (the output
+ * path every command uses), stdout.txt and stderr.txt. */
+typedef struct case_dir {
+    char root[512];
+    char model[600];
+    char out[600];
+} case_dir;
+
+static char g_err[1 << 16]; /* stderr of the last command */
+
+static void case_new(case_dir *c, const char *name) {
+    snprintf(c->root, sizeof c->root, "%s/%s", tu_tmpdir(), name);
+    snprintf(c->model, sizeof c->model, "%s/model", c->root);
+    snprintf(c->out, sizeof c->out, "%s/out.png", c->root);
+    assert_int_equal(tu_system("rm -rf '%s' && mkdir -p '%s'", c->root, c->root), 0);
+}
+
+/* model/ = the golden pipeline `golden` (relative to tests/data) with every top-level entry
+ * linked, except the NULL-terminated `copies`, which are real copies (links resolved) that the
+ * test may damage. */
+static void case_pipeline(case_dir *c, const char *golden, const char *const *copies) {
+    const char *g = tu_data(golden);
+    assert_int_equal(tu_system("mkdir -p '%s' && cd '%s' && for e in *; do [ \"$e\" = cases ] || ln -s \"$PWD/$e\" '%s/'\"$e\" "
+                               "|| exit 1; done",
+                               c->model, g, c->model),
+                     0);
+    for (int i = 0; copies && copies[i]; i++)
+        assert_int_equal(tu_system("rm '%s/%s' && cp -rL '%s/%s' '%s/%s'", c->model, copies[i], g, copies[i], c->model, copies[i]), 0);
+}
+
+static const char *case_path(const case_dir *c, const char *rel) {
+    static char buf[4][1024];
+    static int slot;
+    char *b = buf[slot++ & 3];
+    snprintf(b, 1024, "%s/%s", c->model, rel);
+    return b;
+}
+
+/* Run `cdiffusers <args>` in c->root with optional environment assignments `env`; returns the
+ * exit status and keeps stderr in g_err. */
+static int run_cli(const case_dir *c, const char *env, const char *fmt, ...) {
+    char args[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    int rc = tu_system("cd '%s' && %s '%s' %s >'%s/stdout.txt' 2>'%s/stderr.txt' </dev/null", c->root, env ? env : "",
+                       CDF_CLI_PATH, args, c->root, c->root);
+    char path[700];
+    snprintf(path, sizeof path, "%s/stderr.txt", c->root);
+    size_t n = 0;
+    char *e = tu_read_file(path, &n);
+    snprintf(g_err, sizeof g_err, "%s", e ? e : "");
+    free(e);
+    if (getenv("CDF_TEST_VERBOSE")) print_message("$ cdiffusers %s  -> exit %d\n%s", args, rc, g_err);
+    if (strstr(g_err, "Sanitizer") || strstr(g_err, "runtime error:")) {
+        print_message("sanitizer report from `cdiffusers %s`:\n%s\n", args, g_err);
+        fail();
+    }
+    return rc;
+}
+
+/* Exit code and every NULL-terminated needle on stderr, or print the whole stderr and fail. */
+static void expect_(int rc, int want, const char *const *needles, const char *file, int line) {
+    bool ok = rc == want;
+    for (int i = 0; ok && needles[i]; i++) ok = strstr(g_err, needles[i]) != NULL;
+    if (!ok) {
+        print_message("%s:%d: exit code %d (want %d); stderr:\n%s\nexpected to contain:", file, line, rc, want, g_err);
+        for (int i = 0; needles[i]; i++) print_message(" [%s]%s", needles[i], strstr(g_err, needles[i]) ? "" : " <- missing");
+        print_message("\n");
+        fail();
+    }
+}
+#define expect(rc, want, ...) expect_((rc), (want), (const char *const[]){__VA_ARGS__, NULL}, __FILE__, __LINE__)
+
+/* No output file and no temporary file left in c->root. */
+static void expect_no_output(const case_dir *c) {
+    struct stat st;
+    if (stat(c->out, &st) == 0) {
+        print_message("output %s was created\n", c->out);
+        fail();
+    }
+    DIR *d = opendir(c->root);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strstr(e->d_name, ".tmp.")) {
+            print_message("temporary file %s/%s was left behind\n", c->root, e->d_name);
+            closedir(d);
+            fail();
+        }
+    }
+    closedir(d);
+}
+
+/* Every load-time failure: generate fails with `needles`, nothing is written; `info` on the same
+ * folder does not crash (it reports broken components but need not fail). */
+#define expect_generate_fails(c, ...)                                                                             \
+    do {                                                                                                          \
+        int rc_ = run_cli((c), NULL, GEN_ARGS);                                                                   \
+        expect(rc_, RC_FAIL, __VA_ARGS__);                                                                        \
+        expect_no_output(c);                                                                                      \
+        int irc_ = run_cli((c), NULL, "info --model model");                                                       \
+        if (irc_ != RC_OK && irc_ != RC_FAIL) {                                                                   \
+            print_message("info crashed (exit %d):\n%s\n", irc_, g_err);                                          \
+            fail();                                                                                               \
+        }                                                                                                         \
+    } while (0)
+
+/* ---- safetensors surgery ------------------------------------------------------------------ */
+
+static void put_le64(unsigned char *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+typedef void (*header_edit)(cJSON *header, uint64_t data_size);
+
+/* Rewrite the JSON header of a safetensors file in place; the data section is kept byte for
+ * byte (offsets are relative to it, so only the edit changes what they mean). */
+static void st_edit(const char *path, header_edit edit) {
+    size_t len = 0;
+    unsigned char *raw = (unsigned char *)tu_read_file(path, &len);
+    assert_non_null(raw);
+    assert_true(len >= 8);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | raw[i];
+    assert_true(hlen <= len - 8);
+    cJSON *h = cJSON_ParseWithLength((const char *)raw + 8, (size_t)hlen);
+    assert_non_null(h);
+    uint64_t data_size = len - 8 - hlen;
+    edit(h, data_size);
+    char *js = cJSON_PrintUnformatted(h);
+    assert_non_null(js);
+    size_t jn = strlen(js);
+    unsigned char *out = malloc(8 + jn + data_size);
+    assert_non_null(out);
+    put_le64(out, jn);
+    memcpy(out + 8, js, jn);
+    memcpy(out + 8 + jn, raw + 8 + hlen, data_size);
+    assert_int_equal(tu_write_file(path, out, 8 + jn + data_size), 0);
+    free(out);
+    free(js);
+    cJSON_Delete(h);
+    free(raw);
+}
+
+static cJSON *st_entry(cJSON *h, const char *name) {
+    cJSON *e = cJSON_GetObjectItemCaseSensitive(h, name);
+    if (!e) {
+        print_message("golden transformer has no tensor '%s'\n", name);
+        fail();
+    }
+    return e;
+}
+
+static void set_offsets(cJSON *e, double begin, double end) {
+    cJSON *a = cJSON_CreateArray();
+    cJSON_AddItemToArray(a, cJSON_CreateNumber(begin));
+    cJSON_AddItemToArray(a, cJSON_CreateNumber(end));
+    cJSON_ReplaceItemInObjectCaseSensitive(e, "data_offsets", a);
+}
+
+static void set_shape(cJSON *e, int n, const double *dims) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(dims[i]));
+    cJSON_ReplaceItemInObjectCaseSensitive(e, "shape", a);
+}
+
+static double offset_of(cJSON *e, int which) {
+    return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(e, "data_offsets"), which)->valuedouble;
+}
+
+/* proj_out.bias and norm_out.linear.bias are both F32 [64]: give the first the second's bytes */
+static void edit_overlap(cJSON *h, uint64_t data_size) {
+    cJSON *a = st_entry(h, "proj_out.bias"), *b = st_entry(h, "norm_out.linear.bias");
+    assert_true(offset_of(a, 1) - offset_of(a, 0) == offset_of(b, 1) - offset_of(b, 0));
+    set_offsets(a, offset_of(b, 0), offset_of(b, 1));
+}
+
+static void edit_outside(cJSON *h, uint64_t data_size) {
+    cJSON *a = st_entry(h, "proj_out.bias");
+    double n = offset_of(a, 1) - offset_of(a, 0);
+    set_offsets(a, (double)data_size, (double)data_size + n);
+}
+
+static void edit_shape_product(cJSON *h, uint64_t data_size) {
+    cJSON *a = st_entry(h, "context_embedder.bias"); /* F32 [32]: 128 bytes */
+    assert_int_equal((int)(offset_of(a, 1) - offset_of(a, 0)), 128);
+    set_shape(a, 1, (const double[]){33});
+}
+
+static void edit_unknown_dtype(cJSON *h, uint64_t data_size) {
+    cJSON_ReplaceItemInObjectCaseSensitive(st_entry(h, "context_embedder.bias"), "dtype", cJSON_CreateString("F33"));
+}
+
+static void edit_drop_tensor(cJSON *h, uint64_t data_size) {
+    st_entry(h, "proj_out.weight");
+    cJSON_DeleteItemFromObjectCaseSensitive(h, "proj_out.weight");
+}
+
+/* context_embedder.weight is [inner 32, joint_attention_dim 24]: [24, 32] has the same bytes,
+ * so the file is valid, but it contradicts config.json */
+static void edit_transpose(cJSON *h, uint64_t data_size) {
+    cJSON *a = st_entry(h, "context_embedder.weight");
+    cJSON *s = cJSON_GetObjectItemCaseSensitive(a, "shape");
+    assert_int_equal(cJSON_GetArraySize(s), 2);
+    assert_int_equal((int)cJSON_GetArrayItem(s, 0)->valuedouble, 32);
+    assert_int_equal((int)cJSON_GetArrayItem(s, 1)->valuedouble, 24);
+    set_shape(a, 2, (const double[]){24, 32});
+}
+
+static void truncate_file(const char *path, double fraction) {
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(truncate(path, (off_t)(st.st_size * fraction)), 0);
+}
+
+/* ---- safetensors in the transformer folder ---------------------------------------------------- */
+
+static void test_st_truncated(void **state) {
+    case_dir c;
+    case_new(&c, "st_truncated");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"transformer", NULL});
+    truncate_file(case_path(&c, ST_FILE), 0.5);
+    expect_generate_fails(&c, "diffusion_pytorch_model.safetensors", "truncated");
+}
+
+static void test_st_header_length_beyond_file(void **state) {
+    case_dir c;
+    case_new(&c, "st_header_len");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"transformer", NULL});
+    const char *p = case_path(&c, ST_FILE);
+    struct stat st;
+    assert_int_equal(stat(p, &st), 0);
+    int fd = open(p, O_WRONLY);
+    assert_true(fd >= 0);
+    unsigned char le[8];
+    put_le64(le, (uint64_t)st.st_size); /* more than the st_size - 8 bytes after the field */
+    assert_int_equal(pwrite(fd, le, 8, 0), 8);
+    close(fd);
+    char want[64];
+    snprintf(want, sizeof want, "header length %lld exceeds", (long long)st.st_size);
+    expect_generate_fails(&c, "diffusion_pytorch_model.safetensors", want);
+}
+
+static void test_st_offsets_overlap(void **state) {
+    case_dir c;
+    case_new(&c, "st_overlap");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"transformer", NULL});
+    st_edit(case_path(&c, ST_FILE), edit_overlap);
+    expect_generate_fails(&c, "'proj_out.bias'", "'norm_out.linear.bias'", "overlap");
+}
+
+static void test_st_offsets_outside_data(void **state) {
+    case_dir c;
+    case_new(&c, "st_outside");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"transformer", NULL});
+    st_edit(case_path(&c, ST_FILE), edit_outside);
+    expect_generate_fails(&c, "'proj_out.bias'", "beyond the data section");
+}
+
+static void test_st_dtype_shape_mismatch(void **state) {
+    case_dir c;
+    case_new(&c, "st_shape_product");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"transformer", NULL});
+    st_edit(case_path(&c, ST_FILE), edit_shape_product);
+    /* 33 F32 elements need 132 bytes; the offsets span 128 */
+    expect_generate_fails(&c, "'context_embedder.bias'", "128", "132");
+}
+
+static void test_st_unknown_dtype(void **state) {
+    case_dir c;
+    case_new(&c, "st_dtype");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"transformer", NULL});
+    st_edit(case_path(&c, ST_FILE), edit_unknown_dtype);
+    expect_generate_fails(&c, "unknown dtype 'F33'", "'context_embedder.bias'");
+}
+
+static void test_st_missing_tensor(void **state) {
+    case_dir c;
+    case_new(&c, "st_missing");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"transformer", NULL});
+    st_edit(case_path(&c, ST_FILE), edit_drop_tensor);
+    expect_generate_fails(&c, "'proj_out.weight'", "missing");
+}
+
+static void test_st_shape_vs_config(void **state) {
+    case_dir c;
+    case_new(&c, "st_shape_config");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"transformer", NULL});
+    st_edit(case_path(&c, ST_FILE), edit_transpose);
+    expect_generate_fails(&c, "'context_embedder.weight'", "[24, 32]", "[32, 24]");
+}
+
+/* ---- config.json / model_index.json / scheduler_config.json ------------------------------------ */
+
+static void write_text(const char *path, const char *text) {
+    assert_int_equal(tu_write_file(path, text, strlen(text)), 0);
+}
+
+/* path's JSON object with key set to the raw JSON text `value` */
+static void json_set_raw(const char *path, const char *key, const char *value) {
+    char *text = tu_read_file(path, NULL);
+    assert_non_null(text);
+    cJSON *root = cJSON_Parse(text);
+    assert_non_null(root);
+    cJSON *v = cJSON_Parse(value);
+    assert_non_null(v);
+    if (cJSON_HasObjectItem(root, key)) cJSON_ReplaceItemInObjectCaseSensitive(root, key, v);
+    else cJSON_AddItemToObject(root, key, v);
+    char *out = cJSON_Print(root);
+    write_text(path, out);
+    free(out);
+    cJSON_Delete(root);
+    free(text);
+}
+
+static void write_deep_json(const char *path, int depth) {
+    size_t n = (size_t)depth * 6 + 16;
+    char *s = malloc(n), *p = s;
+    for (int i = 0; i < depth; i++) p += sprintf(p, "{\"a\":");
+    p += sprintf(p, "1");
+    for (int i = 0; i < depth; i++) *p++ = '}';
+    *p = 0;
+    write_text(path, s);
+    free(s);
+}
+
+static void test_config_deep_nesting(void **state) {
+    case_dir c;
+    case_new(&c, "config_deep");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"transformer", NULL});
+    write_deep_json(case_path(&c, "transformer/config.json"), 100000);
+    expect_generate_fails(&c, "transformer/config.json", "deeper than the limit");
+}
+
+static void test_config_huge_number(void **state) {
+    case_dir c;
+    case_new(&c, "config_huge");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"transformer", NULL});
+    /* an exact integer (below 2^53) far beyond any real model: must be refused before use */
+    json_set_raw(case_path(&c, "transformer/config.json"), "num_layers", "4503599627370496");
+    expect_generate_fails(&c, "transformer/config.json", "num_layers", "4503599627370496");
+    /* beyond 2^53 (not exact in a double) and beyond the double range */
+    json_set_raw(case_path(&c, "transformer/config.json"), "num_layers", "1e300");
+    expect_generate_fails(&c, "num_layers");
+    json_set_raw(case_path(&c, "transformer/config.json"), "num_layers", "-7");
+    expect_generate_fails(&c, "num_layers");
+}
+
+static void test_config_wrong_type(void **state) {
+    case_dir c;
+    case_new(&c, "config_type");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"transformer", NULL});
+    json_set_raw(case_path(&c, "transformer/config.json"), "num_attention_heads", "\"two\"");
+    expect_generate_fails(&c, "num_attention_heads", "expected");
+    json_set_raw(case_path(&c, "transformer/config.json"), "num_attention_heads", "[2]");
+    expect_generate_fails(&c, "num_attention_heads");
+    /* the top level is not an object at all */
+    write_text(case_path(&c, "transformer/config.json"), "[1, 2, 3]");
+    expect_generate_fails(&c, "transformer");
+}
+
+static void test_model_index_syntax(void **state) {
+    case_dir c;
+    case_new(&c, "index_syntax");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"model_index.json", NULL});
+    truncate_file(case_path(&c, "model_index.json"), 0.5);
+    expect_generate_fails(&c, "model_index.json", "not valid JSON");
+    write_text(case_path(&c, "model_index.json"), "");
+    expect_generate_fails(&c, "model_index.json", "empty");
+    write_deep_json(case_path(&c, "model_index.json"), 5000);
+    expect_generate_fails(&c, "model_index.json", "deeper than the limit");
+}
+
+static void test_model_index_wrong_types(void **state) {
+    case_dir c;
+    case_new(&c, "index_types");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"model_index.json", NULL});
+    json_set_raw(case_path(&c, "model_index.json"), "_class_name", "7");
+    expect_generate_fails(&c, "_class_name");
+    json_set_raw(case_path(&c, "model_index.json"), "_class_name", "\"StableDiffusionXLPipeline\"");
+    expect_generate_fails(&c, "StableDiffusionXLPipeline", "not supported");
+    json_set_raw(case_path(&c, "model_index.json"), "_class_name", "\"FluxPipeline\"");
+    json_set_raw(case_path(&c, "model_index.json"), "transformer", "{\"diffusers\": 1}");
+    expect_generate_fails(&c, "'transformer'");
+    json_set_raw(case_path(&c, "model_index.json"), "transformer", "[\"diffusers\", 12]");
+    expect_generate_fails(&c, "'transformer'");
+}
+
+static void test_scheduler_config_hostile(void **state) {
+    case_dir c;
+    case_new(&c, "scheduler_hostile");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"scheduler", NULL});
+    const char *p = case_path(&c, "scheduler/scheduler_config.json");
+    json_set_raw(p, "num_train_timesteps", "1000000000000");
+    expect_generate_fails(&c, "scheduler_config.json", "num_train_timesteps");
+    json_set_raw(p, "num_train_timesteps", "1000");
+    json_set_raw(p, "shift", "\"a lot\"");
+    expect_generate_fails(&c, "scheduler_config.json", "shift");
+}
+
+static void test_missing_subfolder(void **state) {
+    case_dir c;
+    case_new(&c, "missing_sub");
+    case_pipeline(&c, GOLDEN_SCHNELL, NULL);
+    assert_int_equal(unlink(case_path(&c, "vae")), 0);
+    expect_generate_fails(&c, "'vae'", "missing");
+    assert_int_equal(unlink(case_path(&c, "transformer")), 0);
+    expect_generate_fails(&c, "'transformer'", "missing");
+}
+
+static void test_missing_subfolder_sd3(void **state) {
+    case_dir c;
+    case_new(&c, "missing_sub_sd3");
+    case_pipeline(&c, GOLDEN_SD35, NULL);
+    assert_int_equal(unlink(case_path(&c, "text_encoder_3")), 0);
+    expect_generate_fails(&c, "'text_encoder_3'", "missing");
+}
+
+/* ---- tokenizer files ------------------------------------------------------------------------- */
+
+static void test_tokenizer_vocab_truncated(void **state) {
+    case_dir c;
+    case_new(&c, "tok_vocab");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"tokenizer", NULL});
+    truncate_file(case_path(&c, "tokenizer/vocab.json"), 0.5);
+    expect_generate_fails(&c, "tokenizer/vocab.json", "invalid JSON");
+    int rc = run_cli(&c, NULL, "tokenize --model model --prompt 'a fox'");
+    expect(rc, RC_FAIL, "vocab.json");
+}
+
+static void test_tokenizer_merges_truncated(void **state) {
+    case_dir c;
+    case_new(&c, "tok_merges");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"tokenizer", NULL});
+    const char *p = case_path(&c, "tokenizer/merges.txt");
+    size_t n = 0;
+    char *text = tu_read_file(p, &n);
+    assert_non_null(text);
+    /* cut in the middle of a line, right after its first token */
+    char *line = memchr(text + n / 2, '\n', n - n / 2);
+    assert_non_null(line);
+    line++;
+    char *sp = memchr(line, ' ', (size_t)(text + n - line));
+    assert_non_null(sp);
+    assert_int_equal(truncate(p, (off_t)(sp - text)), 0);
+    free(text);
+    expect_generate_fails(&c, "tokenizer/merges.txt", "expected two tokens");
+}
+
+static void test_tokenizer_json_truncated(void **state) {
+    case_dir c;
+    case_new(&c, "tok_json");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"tokenizer_2", NULL});
+    truncate_file(case_path(&c, "tokenizer_2/tokenizer.json"), 0.5);
+    expect_generate_fails(&c, "tokenizer_2/tokenizer.json", "invalid JSON");
+}
+
+static void test_tokenizer_spiece_truncated(void **state) {
+    case_dir c;
+    case_new(&c, "tok_spiece");
+    case_pipeline(&c, GOLDEN_SCHNELL, (const char *[]){"tokenizer_2", NULL});
+    assert_int_equal(unlink(case_path(&c, "tokenizer_2/tokenizer.json")), 0); /* so spiece.model is read */
+    truncate_file(case_path(&c, "tokenizer_2/spiece.model"), 0.5);
+    expect_generate_fails(&c, "tokenizer_2/spiece.model", "truncated");
+    truncate_file(case_path(&c, "tokenizer_2/spiece.model"), 0.0);
+    expect_generate_fails(&c, "tokenizer_2/spiece.model");
+}
+
+/* ---- request checks -------------------------------------------------------------------------- */
+
+static void test_size_not_multiple_of_16(void **state) {
+    case_dir c;
+    case_new(&c, "size_multiple");
+    case_pipeline(&c, GOLDEN_SCHNELL, NULL);
+    int rc = run_cli(&c, NULL, "generate --model model --prompt fox --height 72 --width 64 --steps 2 --quiet");
+    expect(rc, RC_FAIL, "multiples of 16", "72");
+    expect_no_output(&c);
+    rc = run_cli(&c, NULL, "generate --model model --prompt fox --height 64 --width 8 --steps 2 --quiet");
+    expect(rc, RC_FAIL, "multiples of 16");
+    expect_no_output(&c);
+}
+
+/* parse "<number> GB" out of the message */
+static double gb_in_message(void) {
+    const char *p = strstr(g_err, " GB");
+    if (!p) return -1;
+    while (p > g_err && (p[-1] == '.' || (p[-1] >= '0' && p[-1] <= '9'))) p--;
+    return atof(p);
+}
+
+static void test_size_absurd(void **state) {
+    case_dir c;
+    case_new(&c, "size_absurd");
+    case_pipeline(&c, GOLDEN_SCHNELL, NULL);
+    /* the budget leaves room for the tiny weights only: an attempt to allocate anything
+     * image-sized would end in "out of memory", not in the size check */
+    int rc = run_cli(&c, "CDIFFUSERS_CPU_MEMORY_LIMIT=64M",
+                     "generate --model model --prompt fox --height 65536 --width 65536 --steps 2 --quiet");
+    expect(rc, RC_FAIL, "65536x65536", "limit");
+    assert_null(strstr(g_err, "out of memory"));
+    /* the message says what it would need; the RGB image alone is 65536^2 * 3 floats */
+    double gb = gb_in_message();
+    double rgb_gb = 65536.0 * 65536.0 * 3 * 4 / 1e9;
+    if (!(gb >= rgb_gb)) {
+        print_message("memory estimate %.1f GB is below the %.1f GB of the decoded RGB image:\n%s\n", gb, rgb_gb, g_err);
+        fail();
+    }
+    expect_no_output(&c);
+    /* beyond what the command line accepts at all */
+    rc = run_cli(&c, NULL, "generate --model model --prompt fox --height 99999999999 --width 64");
+    expect(rc, RC_USAGE, "--height", "99999999999");
+    expect_no_output(&c);
+}
+
+static void test_steps_zero_negative(void **state) {
+    case_dir c;
+    case_new(&c, "steps");
+    case_pipeline(&c, GOLDEN_SCHNELL, NULL);
+    int rc = run_cli(&c, NULL, "generate --model model --prompt fox --steps 0");
+    expect(rc, RC_USAGE, "--steps", "'0'");
+    rc = run_cli(&c, NULL, "generate --model model --prompt fox --steps -3");
+    expect(rc, RC_USAGE, "--steps", "'-3'");
+    rc = run_cli(&c, NULL, "generate --model model --prompt fox --steps=-3");
+    expect(rc, RC_USAGE, "--steps", "'-3'");
+    rc = run_cli(&c, NULL, "generate --model model --prompt fox --steps 1001");
+    expect(rc, RC_USAGE, "--steps", "'1001'");
+    expect_no_output(&c);
+}
+
+/* ---- output path ------------------------------------------------------------------------------ */
+
+static void test_output_missing_folder(void **state) {
+    case_dir c;
+    case_new(&c, "out_missing_dir");
+    case_pipeline(&c, GOLDEN_SCHNELL, NULL);
+    int rc = run_cli(&c, NULL, "generate --model model --prompt fox --height 64 --width 64 --steps 2 --quiet "
+                               "--output no_such_folder/out.png");
+    expect(rc, RC_FAIL, "no_such_folder", "does not exist");
+    struct stat st;
+    char p[700];
+    snprintf(p, sizeof p, "%s/no_such_folder", c.root);
+    assert_int_not_equal(stat(p, &st), 0); /* not created either */
+    expect_no_output(&c);
+}
+
+static void test_output_under_regular_file(void **state) {
+    case_dir c;
+    case_new(&c, "out_enotdir");
+    case_pipeline(&c, GOLDEN_SCHNELL, NULL);
+    char p[700];
+    snprintf(p, sizeof p, "%s/afile", c.root);
+    write_text(p, "plain file");
+    int rc = run_cli(&c, NULL, "generate --model model --prompt fox --height 64 --width 64 --steps 2 --quiet "
+                               "--output afile/out.png");
+    expect(rc, RC_FAIL, "afile/out.png", "not a folder");
+    char *after = tu_read_file(p, NULL);
+    assert_string_equal(after, "plain file");
+    free(after);
+    expect_no_output(&c);
+}
+
+static void test_output_unwritable(void **state) {
+    case_dir c;
+    case_new(&c, "out_sys");
+    case_pipeline(&c, GOLDEN_SCHNELL, NULL);
+    /* sysfs refuses new files even to root */
+    int rc = run_cli(&c, NULL, "generate --model model --prompt fox --height 64 --width 64 --steps 2 --quiet "
+                               "--output /sys/cdf_test_out.png");
+    expect(rc, RC_FAIL, "/sys/cdf_test_out.png");
+    struct stat st;
+    assert_int_not_equal(stat("/sys/cdf_test_out.png", &st), 0);
+    expect_no_output(&c);
+}
+
+static void test_output_exists_without_force(void **state) {
+    case_dir c;
+    case_new(&c, "out_exists");
+    case_pipeline(&c, GOLDEN_SCHNELL, NULL);
+    const char *content = "an older picture that must survive";
+    write_text(c.out, content);
+    struct utimbuf old = {.actime = 1000000000, .modtime = 1000000000};
+    assert_int_equal(utime(c.out, &old), 0);
+    int rc = run_cli(&c, NULL, GEN_ARGS);
+    expect(rc, RC_FAIL, "out.png", "already exists", "--force");
+    size_t n = 0;
+    char *after = tu_read_file(c.out, &n);
+    assert_non_null(after);
+    assert_int_equal(n, strlen(content));
+    assert_memory_equal(after, content, n);
+    free(after);
+    struct stat st;
+    assert_int_equal(stat(c.out, &st), 0);
+    assert_int_equal((long long)st.st_mtime, 1000000000LL);
+    /* the same for --latents-out */
+    rc = run_cli(&c, NULL, "generate --model model --prompt fox --height 64 --width 64 --steps 2 --quiet --output new.png "
+                           "--latents-out out.png");
+    expect(rc, RC_FAIL, "out.png", "already exists", "--force");
+    assert_int_equal(stat(c.out, &st), 0);
+    assert_int_equal((long long)st.st_mtime, 1000000000LL);
+    char p[700];
+    snprintf(p, sizeof p, "%s/new.png", c.root);
+    assert_int_not_equal(stat(p, &st), 0);
+}
+
+/* ---- memory budget ------------------------------------------------------------------------------ */
+
+static void test_out_of_memory_loading(void **state) {
+    case_dir c;
+    case_new(&c, "oom_load");
+    case_pipeline(&c, GOLDEN_SCHNELL, NULL);
+    int rc = run_cli(&c, "CDIFFUSERS_CPU_MEMORY_LIMIT=1M", GEN_ARGS);
+    expect(rc, RC_FAIL, "out of memory", "1.00 MiB budget");
+    expect_no_output(&c);
+    rc = run_cli(&c, NULL, GEN_ARGS " --device-memory 1M");
+    expect(rc, RC_FAIL, "out of memory", "1.00 MiB budget");
+    expect_no_output(&c);
+}
+
+static void test_out_of_memory_mid_run(void **state) {
+    case_dir c;
+    case_new(&c, "oom_run");
+    case_pipeline(&c, GOLDEN_SCHNELL, NULL);
+    /* 16 MiB holds the tiny pipeline's weights (about 3.3 MB) but not a 1024x1024 run (the VAE's
+     * first up-block alone is 16 channels x 1024 x 1024 f32 = 64 MiB) */
+    int rc = run_cli(&c, NULL, "generate --model model --prompt fox --height 1024 --width 1024 --steps 2 --quiet "
+                               "--device-memory 16M");
+    expect(rc, RC_FAIL, "generate", "out of memory", "16.00 MiB budget");
+    assert_null(strstr(g_err, "loading the pipeline")); /* it failed while running, not loading */
+    expect_no_output(&c);
+}
+
+/* ---- SIGINT ------------------------------------------------------------------------------------- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* utime + stime of a process from /proc/<pid>/stat (fields 14 and 15, after the ")") */
+static double cpu_seconds(pid_t pid) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');
+    unsigned long long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) return 0;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static void test_sigint_during_generate(void **state) {
+    case_dir c;
+    case_new(&c, "sigint");
+    case_pipeline(&c, GOLDEN_SCHNELL, NULL);
+    char err_path[700];
+    snprintf(err_path, sizeof err_path, "%s/stderr.txt", c.root);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int nul = open("/dev/null", O_RDWR);
+        if (fd < 0 || nul < 0 || chdir(c.root) != 0) _exit(127);
+        dup2(nul, 0);
+        dup2(nul, 1);
+        dup2(fd, 2);
+        /* long enough to be still running when the signal arrives, on any machine */
+        execl(CDF_CLI_PATH, "cdiffusers", "generate", "--model", "model", "--prompt", "a red fox", "--height", "128", "--width",
+              "128", "--steps", "1000", "--output", "out.png", "--quiet", (char *)NULL);
+        _exit(127);
+    }
+    /* let it load and start denoising: wait until it has used 0.5 s of CPU (loading the tiny
+     * pipeline takes about 0.1 s), or 10 s at most. The handler is installed before loading,
+     * so an early signal is handled the same way: generation is cancelled at its first step. */
+    int status = 0;
+    double t0 = now_s();
+    pid_t w = 0;
+    while (now_s() - t0 < 10.0 && cpu_seconds(pid) < 0.5 && (w = waitpid(pid, &status, WNOHANG)) == 0) usleep(20000);
+    if (w == pid) {
+        print_message("generate ended before the signal (status 0x%x)\n", status);
+        fail();
+    }
+    assert_int_equal(kill(pid, SIGINT), 0);
+    double t1 = now_s();
+    while ((w = waitpid(pid, &status, WNOHANG)) == 0 && now_s() - t1 < 60.0) usleep(20000);
+    if (w == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        print_message("generate did not stop within 60 s of SIGINT\n");
+        fail();
+    }
+    char *err = tu_read_file(err_path, NULL);
+    snprintf(g_err, sizeof g_err, "%s", err ? err : "");
+    free(err);
+    if (!WIFEXITED(status)) {
+        print_message("generate died from signal %d instead of exiting; stderr:\n%s\n", WTERMSIG(status), g_err);
+        fail();
+    }
+    expect(WEXITSTATUS(status), RC_INTERRUPTED, "interrupted");
+    assert_null(strstr(g_err, "Sanitizer"));
+    expect_no_output(&c);
+}
+
+/* ---- usage errors ------------------------------------------------------------------------------- */
+
+static void test_usage_errors(void **state) {
+    case_dir c;
+    case_new(&c, "usage");
+    static const struct {
+        const char *args, *needle;
+    } cases[] = {
+        {"", "usage"},
+        {"frobnicate", "unknown command 'frobnicate'"},
+        {"generate --frobnicate", "frobnicate"},
+        {"generate --prompt fox", "--model"},
+        {"generate --model m", "--prompt"},
+        {"generate --model m --prompt fox stray", "unexpected argument 'stray'"},
+        {"generate --model m --prompt fox --height abc", "--height"},
+        {"generate --model m --prompt fox --width 12x", "--width"},
+        {"generate --model m --prompt fox --height", "height"},
+        {"generate --model m --prompt fox --seed -1", "--seed"},
+        {"generate --model m --prompt fox --seed 99999999999999999999999", "--seed"},
+        {"generate --model m --prompt fox --guidance nan", "--guidance"},
+        {"generate --model m --prompt fox --guidance inf", "--guidance"},
+        {"generate --model m --prompt fox --guidance 1e39", "--guidance"},
+        {"generate --model m --prompt fox --true-cfg-scale x", "--true-cfg-scale"},
+        {"generate --model m --prompt fox --threads 0", "--threads"},
+        {"generate --model m --prompt fox --dtype f64", "--dtype"},
+        {"generate --model m --prompt fox --max-sequence-length 513", "--max-sequence-length"},
+        {"generate --model m --prompt fox --device-memory 12Q", "--device-memory"},
+        {"generate --model m --prompt fox --device-memory -5G", "--device-memory"},
+        {"run-model --model m", "run-model needs"},
+        {"run-model --model m --inputs i --output o --method backward", "--method"},
+        {"run-model --model m --inputs i --output o --repeat 0", "--repeat"},
+        {"tokenize --model m", "tokenize needs"},
+        {"tokenize --model m --prompt p --max-length -1", "--max-length"},
+        {"info", "info needs"},
+        {"info --model", "model"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int rc = run_cli(&c, NULL, "%s", cases[i].args);
+        if (rc != RC_USAGE || !strstr(g_err, cases[i].needle)) {
+            print_message("`cdiffusers %s`: exit %d (want 2), stderr lacks [%s]?\n%s\n", cases[i].args, rc, cases[i].needle, g_err);
+            fail();
+        }
+    }
+    expect_no_output(&c);
+    /* --help and --version are not errors */
+    assert_int_equal(run_cli(&c, NULL, "--help"), RC_OK);
+    assert_int_equal(run_cli(&c, NULL, "--version"), RC_OK);
+}
+
+/* A folder that is not a model at all, and a prompt that is not UTF-8, through every command. */
+static void test_not_a_model(void **state) {
+    case_dir c;
+    case_new(&c, "not_a_model");
+    assert_int_equal(tu_system("mkdir -p '%s/model' && echo hi > '%s/model/readme.txt'", c.root, c.root), 0);
+    int rc = run_cli(&c, NULL, GEN_ARGS);
+    expect(rc, RC_FAIL, "model_index.json");
+    expect_no_output(&c);
+    rc = run_cli(&c, NULL, "generate --model does_not_exist --prompt fox --quiet");
+    expect(rc, RC_FAIL, "does_not_exist");
+    rc = run_cli(&c, NULL, "info --model model");
+    expect(rc, RC_FAIL, "model");
+    rc = run_cli(&c, NULL, "tokenize --model model --prompt fox");
+    expect(rc, RC_FAIL, "model");
+    rc = run_cli(&c, NULL, "run-model --model model --inputs nothing.safetensors --output o.safetensors");
+    expect(rc, RC_FAIL, "model");
+    rc = run_cli(&c, NULL, "tokenize --model '%s' --prompt \"$(printf 'caf\\303 \\377\\376 ok')\"", tu_data(GOLDEN_SCHNELL));
+    assert_int_equal(rc, RC_OK);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_steps_zero_negative),
+        cmocka_unit_test(test_not_a_model),
+        cmocka_unit_test(test_st_truncated),
+        cmocka_unit_test(test_st_header_length_beyond_file),
+        cmocka_unit_test(test_st_offsets_overlap),
+        cmocka_unit_test(test_st_offsets_outside_data),
+        cmocka_unit_test(test_st_dtype_shape_mismatch),
+        cmocka_unit_test(test_st_unknown_dtype),
+        cmocka_unit_test(test_st_missing_tensor),
+        cmocka_unit_test(test_st_shape_vs_config),
+        cmocka_unit_test(test_config_deep_nesting),
+        cmocka_unit_test(test_config_huge_number),
+        cmocka_unit_test(test_config_wrong_type),
+        cmocka_unit_test(test_model_index_syntax),
+        cmocka_unit_test(test_model_index_wrong_types),
+        cmocka_unit_test(test_scheduler_config_hostile),
+        cmocka_unit_test(test_missing_subfolder),
+        cmocka_unit_test(test_missing_subfolder_sd3),
+        cmocka_unit_test(test_tokenizer_vocab_truncated),
+        cmocka_unit_test(test_tokenizer_merges_truncated),
+        cmocka_unit_test(test_tokenizer_json_truncated),
+        cmocka_unit_test(test_tokenizer_spiece_truncated),
+        cmocka_unit_test(test_size_not_multiple_of_16),
+        cmocka_unit_test(test_size_absurd),
+        cmocka_unit_test(test_output_missing_folder),
+        cmocka_unit_test(test_output_under_regular_file),
+        cmocka_unit_test(test_output_unwritable),
+        cmocka_unit_test(test_output_exists_without_force),
+        cmocka_unit_test(test_out_of_memory_loading),
+        cmocka_unit_test(test_out_of_memory_mid_run),
+        cmocka_unit_test(test_sigint_during_generate),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,641 @@
+/* Fast matmul / conv2d paths (src/kernels/fast_onednn.c) against independent double-precision
+ * references computed here, and against the reference kernels.
+ *
+ * Bounds (u = 2^-24, the f32 unit roundoff). For an output element let
+ *   scale = |alpha| * sum_k |a_k b_k| + |bias| + |beta C_old|   (computed in double).
+ * Every product of two bf16 values is exact in f32 and every f32 product is rounded once, so an
+ * f32-accumulated dot product of length K is within gamma_(K+1) * scale of the exact value;
+ * with the alpha multiply, the bias and the C add on top we allow (K + 4) * u * scale
+ * (+ half an ulp of bf16 when C is bf16). The double references see exactly the operands the
+ * fast path claims to use: for the f32 path the f32 inputs, for the bf16-weight path A rounded
+ * to bf16 (round-to-nearest-even, as cdf_convert does) and the bf16 B. The f32 path is also
+ * compared with the reference kernel (cdf_k_matmul / cdf_k_conv2d) within 1e-4 * scale.
+ *
+ * Every case asserts that the fast path actually ran (handled == true) where it claims support,
+ * so a fast path that silently declines everything fails. On a CPU without AVX2+FMA (f32) or
+ * AVX512-BF16/AMX-BF16 (bf16), or a build without oneDNN, the cases skip with a note; but when
+ * the CPU has the feature and oneDNN is built in, the fast path must report itself available.
+ *
+ * Operand padding (ld > row length, gaps between batch matrices) is filled with NaN so that
+ * any read of it shows up in the result; C's padding holds a sentinel that must survive. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#include "cdiffusers/dtype.h"
+#include "kernels/dispatch.h"
+#include "kernels/fast_onednn.h"
+#include "kernels/kernels.h"
+
+#define U32 (1.0 / 16777216.0)
+#define SENTINEL 12345.0f
+
+static cdf_k_fast_info info;
+
+/* true = f32 fast path expected to run; skips (returns false) with a note otherwise. */
+static bool need_f32(void) {
+    cdf_k_fast_get_info(&info);
+    if (!info.onednn_version[0]) {
+        printf("  [skip] built without oneDNN: the fast paths decline everything\n");
+        return false;
+    }
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+        printf("  [skip] CPU lacks AVX2/FMA: the fast paths decline\n");
+        return false;
+    }
+    assert_true(info.available); /* oneDNN is built in and the CPU qualifies */
+    return true;
+}
+
+static bool need_bf16(void) {
+    if (!need_f32()) return false;
+    bool cpu_has = (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")) ||
+                   __builtin_cpu_supports("amx-bf16");
+    if (!cpu_has) {
+        printf("  [skip] CPU lacks AVX512-BF16 and AMX-BF16: the bf16 fast paths decline\n");
+        return false;
+    }
+    if (!info.bf16_supported && info.amx_bf16 && !info.amx_permitted && !info.avx512_bf16) {
+        printf("  [skip] AMX present but the kernel refused tile permission\n");
+        return false;
+    }
+    assert_true(info.bf16_supported);
+    return true;
+}
+
+/* ---- matmul cases ------------------------------------------------------------------------- */
+
+typedef struct mm_case {
+    int64_t batch, M, N, K;
+    bool ta, tb, bias, a_bcast, b_bcast;
+    int pad;            /* extra elements per leading dimension and between batch matrices */
+    float alpha, beta;
+    cdf_dtype a_dt, b_dt, c_dt, bias_dt;
+} mm_case;
+
+typedef struct mm_bufs {
+    cdf_k_matmul_args x;
+    void *a, *b, *c, *bias;
+    float *c_old;      /* C before the call (f32 view), for beta = 1 */
+    size_t a_n, b_n, c_n;
+} mm_bufs;
+
+static void fill_dt(void *p, cdf_dtype dt, size_t i, float v) { cdf_k_st(p, dt, (int64_t)i, v); }
+
+/* Allocates operands laid out as the case says; valid elements random, padding NaN. */
+static void mm_setup(const mm_case *cs, mm_bufs *m, uint64_t seed) {
+    memset(m, 0, sizeof *m);
+    cdf_k_matmul_args *x = &m->x;
+    x->batch = cs->batch;
+    x->M = cs->M;
+    x->N = cs->N;
+    x->K = cs->K;
+    x->trans_a = cs->ta;
+    x->trans_b = cs->tb;
+    x->a_dt = cs->a_dt;
+    x->b_dt = cs->b_dt;
+    x->c_dt = cs->c_dt;
+    x->alpha = cs->alpha;
+    x->beta = cs->beta;
+    const int64_t a_rows = cs->ta ? cs->K : cs->M, a_cols = cs->ta ? cs->M : cs->K;
+    const int64_t b_rows = cs->tb ? cs->N : cs->K, b_cols = cs->tb ? cs->K : cs->N;
+    x->lda = a_cols + cs->pad;
+    x->ldb = b_cols + cs->pad;
+    x->ldc = cs->N + cs->pad;
+    const int64_t a_mat = a_rows * x->lda + cs->pad, b_mat = b_rows * x->ldb + cs->pad, c_mat = cs->M * x->ldc + cs->pad;
+    x->sa = cs->a_bcast ? 0 : a_mat;
+    x->sb = cs->b_bcast ? 0 : b_mat;
+    x->sc = c_mat;
+    const int64_t nba = cs->a_bcast ? 1 : cs->batch, nbb = cs->b_bcast ? 1 : cs->batch;
+    m->a_n = (size_t)(nba * a_mat);
+    m->b_n = (size_t)(nbb * b_mat);
+    m->c_n = (size_t)(cs->batch * c_mat);
+    m->a = malloc(cdf_dtype_size(cs->a_dt) * m->a_n);
+    m->b = malloc(cdf_dtype_size(cs->b_dt) * m->b_n);
+    m->c = malloc(cdf_dtype_size(cs->c_dt) * m->c_n);
+    m->c_old = malloc(sizeof(float) * m->c_n);
+    assert_non_null(m->a);
+    assert_non_null(m->b);
+    assert_non_null(m->c);
+    assert_non_null(m->c_old);
+    float *r = malloc(sizeof(float) * (m->a_n + m->b_n + m->c_n + (size_t)cs->N));
+    assert_non_null(r);
+    tu_fill_random(r, m->a_n + m->b_n + m->c_n + (size_t)cs->N, seed);
+    for (size_t i = 0; i < m->a_n; i++) fill_dt(m->a, cs->a_dt, i, NAN);
+    for (size_t i = 0; i < m->b_n; i++) fill_dt(m->b, cs->b_dt, i, NAN);
+    for (size_t i = 0; i < m->c_n; i++) fill_dt(m->c, cs->c_dt, i, SENTINEL);
+    for (int64_t bi = 0; bi < nba; bi++)
+        for (int64_t i = 0; i < a_rows; i++)
+            for (int64_t j = 0; j < a_cols; j++) {
+                size_t idx = (size_t)(bi * x->sa + i * x->lda + j);
+                fill_dt(m->a, cs->a_dt, idx, r[idx]);
+            }
+    for (int64_t bi = 0; bi < nbb; bi++)
+        for (int64_t i = 0; i < b_rows; i++)
+            for (int64_t j = 0; j < b_cols; j++) {
+                size_t idx = (size_t)(bi * x->sb + i * x->ldb + j);
+                fill_dt(m->b, cs->b_dt, idx, r[m->a_n + idx]);
+            }
+    if (cs->beta != 0.0f)
+        for (int64_t bi = 0; bi < cs->batch; bi++)
+            for (int64_t i = 0; i < cs->M; i++)
+                for (int64_t j = 0; j < cs->N; j++) {
+                    size_t idx = (size_t)(bi * x->sc + i * x->ldc + j);
+                    fill_dt(m->c, cs->c_dt, idx, r[m->a_n + m->b_n + idx]);
+                }
+    cdf_convert(m->c_old, CDF_F32, m->c, cs->c_dt, m->c_n);
+    if (cs->bias) {
+        x->bias_dt = cs->bias_dt;
+        m->bias = malloc(cdf_dtype_size(cs->bias_dt) * (size_t)cs->N);
+        assert_non_null(m->bias);
+        for (int64_t j = 0; j < cs->N; j++) fill_dt(m->bias, cs->bias_dt, (size_t)j, r[m->a_n + m->b_n + m->c_n + j]);
+    }
+    free(r);
+    x->a = m->a;
+    x->b = m->b;
+    x->c = m->c;
+    x->bias = m->bias;
+}
+
+static void mm_free(mm_bufs *m) {
+    free(m->a);
+    free(m->b);
+    free(m->c);
+    free(m->c_old);
+    free(m->bias);
+}
+
+/* Restores C to its state before a call (for a second run on the same buffers). */
+static void mm_reset_c(mm_bufs *m) { cdf_convert(m->c, m->x.c_dt, m->c_old, CDF_F32, m->c_n); }
+
+/* Double reference of element (bi, i, j); round_a: A as the bf16 fast path sees it. */
+static double mm_ref(const mm_bufs *m, int64_t bi, int64_t i, int64_t j, bool round_a, double *scale) {
+    const cdf_k_matmul_args *x = &m->x;
+    double acc = 0.0, mag = 0.0;
+    for (int64_t k = 0; k < x->K; k++) {
+        int64_t ai = bi * x->sa + (x->trans_a ? k * x->lda + i : i * x->lda + k);
+        int64_t bidx = bi * x->sb + (x->trans_b ? j * x->ldb + k : k * x->ldb + j);
+        float av = cdf_k_ld(x->a, x->a_dt, ai);
+        if (round_a) av = cdf_bf16_to_f32(cdf_f32_to_bf16(av));
+        double p = (double)av * (double)cdf_k_ld(x->b, x->b_dt, bidx);
+        acc += p;
+        mag += fabs(p);
+    }
+    double v = (double)x->alpha * acc;
+    mag *= fabs((double)x->alpha);
+    if (x->bias) {
+        double bv = cdf_k_ld(x->bias, x->bias_dt, j);
+        v += bv;
+        mag += fabs(bv);
+    }
+    if (x->beta != 0.0f) {
+        double cv = m->c_old[bi * x->sc + i * x->ldc + j];
+        v += cv;
+        mag += fabs(cv);
+    }
+    *scale = mag;
+    return v;
+}
+
+/* Runs the fast path (must be handled) and checks every element against the double reference;
+ * with `vs_reference`, also against cdf_k_matmul within 1e-4 * scale. */
+static void mm_check(mm_bufs *m, bool round_a, bool vs_reference, const char *what) {
+    const cdf_k_matmul_args *x = &m->x;
+    bool handled = false;
+    assert_int_equal(cdf_k_matmul_fast(x, &handled), CDF_OK);
+    if (!handled) fail_msg("%s: fast matmul declined batch=%lld M=%lld N=%lld K=%lld", what, (long long)x->batch,
+                           (long long)x->M, (long long)x->N, (long long)x->K);
+    float *got = malloc(sizeof(float) * m->c_n), *want = NULL;
+    assert_non_null(got);
+    cdf_convert(got, CDF_F32, m->c, x->c_dt, m->c_n);
+    if (vs_reference) {
+        mm_reset_c(m);
+        assert_int_equal(cdf_k_matmul(x), CDF_OK);
+        want = malloc(sizeof(float) * m->c_n);
+        assert_non_null(want);
+        cdf_convert(want, CDF_F32, m->c, x->c_dt, m->c_n);
+    }
+    for (int64_t bi = 0; bi < x->batch; bi++)
+        for (int64_t i = 0; i < x->M; i++) {
+            for (int64_t j = 0; j < x->N; j++) {
+                size_t idx = (size_t)(bi * x->sc + i * x->ldc + j);
+                double scale, r = mm_ref(m, bi, i, j, round_a, &scale);
+                double tol = (double)(x->K + 4) * U32 * scale + 1e-30;
+                if (x->c_dt == CDF_BF16) tol += fabs(r) * (1.0 / 256.0) * 1.0001; /* half a bf16 ulp <= 2^-8 |v| */
+                double err = fabs((double)got[idx] - r);
+                if (!(err <= tol))
+                    fail_msg("%s: C[%lld,%lld,%lld] = %.9g, double reference %.9g (|err| %.3g > tol %.3g); "
+                             "batch=%lld M=%lld N=%lld K=%lld ta=%d tb=%d",
+                             what, (long long)bi, (long long)i, (long long)j, got[idx], r, err, tol,
+                             (long long)x->batch, (long long)x->M, (long long)x->N, (long long)x->K, x->trans_a,
+                             x->trans_b);
+                if (want && !(fabs((double)got[idx] - want[idx]) <= 1e-4 * scale + 1e-30))
+                    fail_msg("%s: C[%lld,%lld,%lld] fast %.9g vs reference kernel %.9g (scale %.3g)", what,
+                             (long long)bi, (long long)i, (long long)j, got[idx], want[idx], scale);
+            }
+            for (int64_t j = x->N; j < x->ldc; j++) /* padding between rows untouched */
+                if (got[bi * x->sc + i * x->ldc + j] != SENTINEL)
+                    fail_msg("%s: C padding [%lld,%lld,%lld] overwritten (%g); batch=%lld M=%lld N=%lld K=%lld ldc=%lld",
+                             what, (long long)bi, (long long)i, (long long)j, got[bi * x->sc + i * x->ldc + j],
+                             (long long)x->batch, (long long)x->M, (long long)x->N, (long long)x->K,
+                             (long long)x->ldc);
+        }
+    free(got);
+    free(want);
+}
+
+static const int64_t SIZES[] = {1, 3, 17, 64, 129, 300};
+enum { NSIZES = sizeof SIZES / sizeof SIZES[0] };
+
+/* Every (M, N, K) in SIZES^3 for f32, the trans flags / bias / alpha cycling over the cases. */
+static void test_matmul_f32_sizes(void **state) {
+    (void)state;
+    if (!need_f32()) return;
+    int n = 0;
+    for (int mi = 0; mi < NSIZES; mi++)
+        for (int ni = 0; ni < NSIZES; ni++)
+            for (int ki = 0; ki < NSIZES; ki++, n++) {
+                mm_case cs = {.batch = 1, .M = SIZES[mi], .N = SIZES[ni], .K = SIZES[ki], .ta = n & 1,
+                              .tb = (n >> 1) & 1, .bias = (n % 3) == 0, .alpha = (n % 5) == 0 ? 0.375f : 1.0f,
+                              .a_dt = CDF_F32, .b_dt = CDF_F32, .c_dt = CDF_F32, .bias_dt = CDF_F32};
+                mm_bufs m;
+                mm_setup(&cs, &m, 1000 + n);
+                mm_check(&m, false, true, "f32 sizes");
+                mm_free(&m);
+            }
+}
+
+/* Batched f32 (attention-like): per-batch A and B, broadcast A or B, padded leading dims and
+ * batch gaps, beta = 1 accumulation, alpha with bias. */
+static void test_matmul_f32_batched(void **state) {
+    (void)state;
+    if (!need_f32()) return;
+    const mm_case cases[] = {
+        {.batch = 3, .M = 17, .N = 64, .K = 33, .tb = true},                         /* q k^T */
+        {.batch = 4, .M = 64, .N = 17, .K = 129, .pad = 5},                          /* p v, padded */
+        {.batch = 2, .M = 300, .N = 3, .K = 17, .ta = true, .tb = true, .pad = 2, .bias = true, .alpha = 0.5f},
+        {.batch = 3, .M = 5, .N = 7, .K = 9, .a_bcast = true, .pad = 1, .beta = 1.0f},
+        {.batch = 3, .M = 5, .N = 7, .K = 9, .b_bcast = true, .bias = true, .beta = 1.0f, .alpha = 2.0f},
+        {.batch = 5, .M = 64, .N = 129, .K = 64, .b_bcast = true, .bias = true},      /* folds into M */
+        {.batch = 2, .M = 3, .N = 300, .K = 1, .ta = true, .b_bcast = true, .pad = 3}, /* weight shared, A strided */
+        {.batch = 1, .M = 129, .N = 64, .K = 300, .beta = 1.0f, .bias = true, .alpha = -1.5f, .pad = 4},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mm_case cs = cases[i];
+        if (cs.alpha == 0.0f) cs.alpha = 1.0f;
+        cs.a_dt = cs.b_dt = cs.c_dt = cs.bias_dt = CDF_F32;
+        mm_bufs m;
+        mm_setup(&cs, &m, 2000 + i);
+        mm_check(&m, false, true, "f32 batched");
+        mm_free(&m);
+    }
+}
+
+/* bf16 weights, f32 activations (the default compute): A rounded to bf16 at the input. */
+static void test_matmul_bf16_weights(void **state) {
+    (void)state;
+    if (!need_bf16()) return;
+    int n = 0;
+    for (int mi = 0; mi < NSIZES; mi++)
+        for (int ni = 0; ni < NSIZES; ni++)
+            for (int ki = 0; ki < NSIZES; ki += 1, n++) {
+                if ((mi + ni + ki) % 2) continue; /* half the grid keeps the Debug run short */
+                mm_case cs = {.batch = 1, .M = SIZES[mi], .N = SIZES[ni], .K = SIZES[ki], .ta = (n >> 1) & 1,
+                              .tb = !(n & 1), .bias = (n % 3) == 0, .alpha = (n % 7) == 0 ? 0.25f : 1.0f,
+                              .a_dt = CDF_F32, .b_dt = CDF_BF16, .c_dt = (n % 4) == 1 ? CDF_BF16 : CDF_F32,
+                              .bias_dt = (n % 2) ? CDF_BF16 : CDF_F32, .pad = n % 3};
+                mm_bufs m;
+                mm_setup(&cs, &m, 3000 + n);
+                mm_check(&m, true, false, "bf16 weights");
+                mm_free(&m);
+            }
+    const mm_case batched[] = {
+        {.batch = 3, .M = 17, .N = 64, .K = 33, .tb = true, .pad = 2},
+        {.batch = 2, .M = 64, .N = 17, .K = 129, .ta = true, .bias = true, .alpha = 0.5f},
+        {.batch = 4, .M = 3, .N = 5, .K = 7, .b_bcast = true, .beta = 1.0f, .bias = true},
+        {.batch = 3, .M = 9, .N = 5, .K = 64, .a_bcast = true, .pad = 1},
+    };
+    for (size_t i = 0; i < sizeof batched / sizeof batched[0]; i++) {
+        mm_case cs = batched[i];
+        if (cs.alpha == 0.0f) cs.alpha = 1.0f;
+        cs.a_dt = CDF_F32;
+        cs.b_dt = CDF_BF16;
+        cs.c_dt = CDF_F32;
+        cs.bias_dt = CDF_F32;
+        mm_bufs m;
+        mm_setup(&cs, &m, 4000 + i);
+        mm_check(&m, true, false, "bf16 batched");
+        mm_free(&m);
+    }
+    /* bf16 activations too (no rounding needed) */
+    mm_case cs = {.batch = 1, .M = 129, .N = 64, .K = 300, .tb = true, .bias = true, .alpha = 1.0f,
+                  .a_dt = CDF_BF16, .b_dt = CDF_BF16, .c_dt = CDF_BF16, .bias_dt = CDF_BF16};
+    mm_bufs m;
+    mm_setup(&cs, &m, 4100);
+    mm_check(&m, true, false, "bf16 x bf16 -> bf16");
+    mm_free(&m);
+}
+
+/* With K = 1 and B = 1 the product is A as the fast path rounded it: it must be exactly
+ * round-to-nearest-even of A (ties to even, not truncation, not ties away). */
+static void test_matmul_bf16_rounding_is_rne(void **state) {
+    (void)state;
+    if (!need_bf16()) return;
+    const float eps = 1.0f / 256.0f; /* 2^-8: half a bf16 ulp at 1.0 */
+    const float vals[] = {1.0f + eps,             /* tie -> even (1.0) */
+                          1.0f + 3 * eps,         /* tie -> even (1 + 2^-6) */
+                          1.0f + eps * 1.25f,     /* above half -> up */
+                          1.0f + eps * 0.75f,     /* below half -> down */
+                          -(1.0f + eps * 1.25f),  /* negative, up in magnitude */
+                          3.14159265f, -2.71828182f, 1e-3f, 65504.5f};
+    enum { NV = sizeof vals / sizeof vals[0] };
+    const int64_t M = 32;
+    float a[32];
+    for (int i = 0; i < M; i++) a[i] = vals[i % NV] * (i < NV ? 1.0f : (float)(i + 1));
+    uint16_t one = cdf_f32_to_bf16(1.0f);
+    float c[32];
+    cdf_k_matmul_args x = {.batch = 1, .M = M, .N = 1, .K = 1, .a = a, .a_dt = CDF_F32, .lda = 1,
+                           .b = &one, .b_dt = CDF_BF16, .ldb = 1, .c = c, .c_dt = CDF_F32, .ldc = 1, .alpha = 1.0f};
+    bool handled = false;
+    assert_int_equal(cdf_k_matmul_fast(&x, &handled), CDF_OK);
+    assert_true(handled);
+    for (int i = 0; i < M; i++) {
+        /* RNE by hand: independent of the library's converter */
+        uint32_t u;
+        memcpy(&u, &a[i], 4);
+        uint32_t lsb = (u >> 16) & 1u, r = (u + 0x7fffu + lsb) & 0xffff0000u;
+        float want;
+        memcpy(&want, &r, 4);
+        if (c[i] != want) fail_msg("A[%d] = %.9g: fast path used %.9g, round-to-nearest-even is %.9g", i, a[i], c[i], want);
+    }
+}
+
+/* Prepacked bf16 weights: packed once, reused, refreshed when the data at the address
+ * changes, forgotten on request, and a cap of 0 falls back to per-call reorders. */
+static void test_matmul_bf16_prepack(void **state) {
+    (void)state;
+    if (!need_bf16()) return;
+    cdf_k_fast_clear();
+    cdf_k_fast_set_pack_limit((size_t)64 << 20);
+    mm_case cs = {.batch = 1, .M = 17, .N = 129, .K = 64, .tb = true, .bias = true, .alpha = 1.0f,
+                  .a_dt = CDF_F32, .b_dt = CDF_BF16, .c_dt = CDF_F32, .bias_dt = CDF_F32};
+    mm_bufs m;
+    mm_setup(&cs, &m, 5000);
+    cdf_k_fast_stats st;
+    cdf_k_fast_reset_stats();
+    mm_check(&m, true, false, "prepack first use");
+    cdf_k_fast_get_stats(&st);
+    /* bf16 dot-product kernels need B in a K-pair-interleaved layout: a packed copy exists */
+    assert_int_equal(st.packs, 1);
+    assert_int_equal(st.packed_weights, 1);
+    assert_true(st.packed_bytes >= 64 * 129 * 2);
+    printf("  bf16 matmul implementation: %s\n", st.last_impl);
+
+    mm_check(&m, true, false, "prepack reuse");
+    cdf_k_fast_get_stats(&st);
+    assert_int_equal(st.packs, 1);
+    assert_int_equal(st.repacks, 0);
+
+    /* new contents at the same address: the sampled checksum notices, the copy is refreshed */
+    uint16_t *b = m.b;
+    for (size_t i = 0; i < m.b_n; i++) b[i] = cdf_f32_to_bf16(-0.5f * cdf_bf16_to_f32(b[i]) + 0.125f);
+    mm_check(&m, true, false, "prepack after change");
+    cdf_k_fast_get_stats(&st);
+    assert_int_equal(st.repacks, 1);
+
+    /* forget drops the copy; the next use packs again */
+    cdf_k_fast_forget(m.b);
+    cdf_k_fast_get_stats(&st);
+    assert_int_equal(st.packed_weights, 0);
+    assert_int_equal(st.packed_bytes, 0);
+    mm_check(&m, true, false, "prepack after forget");
+    cdf_k_fast_get_stats(&st);
+    assert_int_equal(st.packs, 2);
+
+    /* cap 0: no new copies; the weights are reordered per call and results stay right */
+    cdf_k_fast_clear();
+    cdf_k_fast_set_pack_limit(0);
+    cdf_k_fast_reset_stats();
+    mm_check(&m, true, false, "no prepack");
+    cdf_k_fast_get_stats(&st);
+    assert_int_equal(st.packs, 0);
+    assert_int_equal(st.packed_weights, 0);
+    cdf_k_fast_set_pack_limit((size_t)64 << 20);
+    mm_free(&m);
+}
+
+/* What the fast path must leave to the reference, and that dispatch goes through it. */
+static void test_matmul_declines_and_dispatch(void **state) {
+    (void)state;
+    if (!need_f32()) return;
+    float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 0, 1, 1, 1}, c[4];
+    uint16_t h[6];
+    cdf_convert(h, CDF_F16, a, CDF_F32, 6);
+    cdf_k_matmul_args x = {.batch = 1, .M = 2, .N = 2, .K = 3, .a = a, .a_dt = CDF_F32, .lda = 3,
+                           .b = b, .b_dt = CDF_F32, .ldb = 2, .c = c, .c_dt = CDF_F32, .ldc = 2, .alpha = 1.0f};
+    bool handled = true;
+    cdf_k_matmul_args y = x;
+    y.a = h;
+    y.a_dt = CDF_F16; /* f16: not supported */
+    assert_int_equal(cdf_k_matmul_fast(&y, &handled), CDF_OK);
+    assert_false(handled);
+    y = x;
+    y.beta = 0.5f; /* only 0/1: the reference reports the error */
+    assert_int_equal(cdf_k_matmul_fast(&y, &handled), CDF_OK);
+    assert_false(handled);
+    assert_int_not_equal(cdf_k_matmul_dispatch(&y), CDF_OK);
+    y = x;
+    y.K = 0; /* empty reduction: the reference writes bias / zeros */
+    assert_int_equal(cdf_k_matmul_fast(&y, &handled), CDF_OK);
+    assert_false(handled);
+    y = x;
+    y.lda = 2; /* inconsistent leading dimension: never read out of bounds */
+    assert_int_equal(cdf_k_matmul_fast(&y, &handled), CDF_OK);
+    assert_false(handled);
+    assert_int_not_equal(cdf_k_matmul(&y), CDF_OK);
+    assert_int_equal(cdf_k_matmul_fast(&x, NULL), CDF_ERR_INVALID_ARG);
+
+    /* the dispatcher runs the fast path */
+    cdf_k_fast_stats st0, st1;
+    cdf_k_fast_get_stats(&st0);
+    assert_int_equal(cdf_k_matmul_dispatch(&x), CDF_OK);
+    cdf_k_fast_get_stats(&st1);
+    if (!cdf_k_reference_only()) assert_int_equal(st1.matmul_handled, st0.matmul_handled + 1);
+    /* [[1,2,3],[4,5,6]] @ [[1,0],[0,1],[1,1]] */
+    assert_true(c[0] == 4 && c[1] == 5 && c[2] == 10 && c[3] == 11);
+}
+
+/* ---- conv2d --------------------------------------------------------------------------------- */
+
+typedef struct conv_case {
+    int64_t n, cin, h, w, cout, kh, kw, sh, sw, ph, pw, dh, dw, groups;
+    bool bias;
+    cdf_dtype x_dt, w_dt, out_dt; /* set per test */
+} conv_case;
+
+static void conv_check(const conv_case *cs, uint64_t seed) {
+    const int64_t cin_g = cs->cin / cs->groups, cout_g = cs->cout / cs->groups;
+    const int64_t oh = (cs->h + 2 * cs->ph - cs->dh * (cs->kh - 1) - 1) / cs->sh + 1;
+    const int64_t ow = (cs->w + 2 * cs->pw - cs->dw * (cs->kw - 1) - 1) / cs->sw + 1;
+    const size_t nx = (size_t)(cs->n * cs->cin * cs->h * cs->w), nw = (size_t)(cs->cout * cin_g * cs->kh * cs->kw);
+    const size_t no = (size_t)(cs->n * cs->cout * oh * ow);
+    float *xf = malloc(sizeof(float) * nx), *wf = malloc(sizeof(float) * nw), *bf = malloc(sizeof(float) * cs->cout);
+    assert_non_null(xf);
+    assert_non_null(wf);
+    assert_non_null(bf);
+    tu_fill_random(xf, nx, seed);
+    tu_fill_random(wf, nw, seed + 1);
+    tu_fill_random(bf, (size_t)cs->cout, seed + 2);
+    void *x = malloc(cdf_dtype_size(cs->x_dt) * nx), *w = malloc(cdf_dtype_size(cs->w_dt) * nw);
+    void *bias = malloc(cdf_dtype_size(cs->w_dt) * (size_t)cs->cout), *out = malloc(cdf_dtype_size(cs->out_dt) * no);
+    assert_non_null(x);
+    assert_non_null(w);
+    assert_non_null(bias);
+    assert_non_null(out);
+    cdf_convert(x, cs->x_dt, xf, CDF_F32, nx);
+    cdf_convert(w, cs->w_dt, wf, CDF_F32, nw);
+    cdf_convert(bias, cs->w_dt, bf, CDF_F32, (size_t)cs->cout);
+    /* what the fast path computes with: stored values, x rounded to bf16 for bf16 weights */
+    cdf_convert(xf, CDF_F32, x, cs->x_dt, nx);
+    if (cs->w_dt == CDF_BF16)
+        for (size_t i = 0; i < nx; i++) xf[i] = cdf_bf16_to_f32(cdf_f32_to_bf16(xf[i]));
+    cdf_convert(wf, CDF_F32, w, cs->w_dt, nw);
+    cdf_convert(bf, CDF_F32, bias, cs->w_dt, (size_t)cs->cout);
+
+    cdf_k_conv2d_args a = {.n = cs->n, .cin = cs->cin, .h = cs->h, .w = cs->w, .cout = cs->cout, .kh = cs->kh,
+                           .kw = cs->kw, .stride_h = cs->sh, .stride_w = cs->sw, .pad_h = cs->ph, .pad_w = cs->pw,
+                           .dil_h = cs->dh, .dil_w = cs->dw, .groups = cs->groups, .x = x, .x_dt = cs->x_dt,
+                           .weight = w, .w_dt = cs->w_dt, .bias = cs->bias ? bias : NULL, .b_dt = cs->w_dt,
+                           .out = out, .out_dt = cs->out_dt};
+    bool handled = false;
+    assert_int_equal(cdf_k_conv2d_fast(&a, &handled), CDF_OK);
+    if (!handled)
+        fail_msg("fast conv2d declined n=%lld cin=%lld %lldx%lld cout=%lld k=%lldx%lld s=%lld,%lld p=%lld,%lld g=%lld",
+                 (long long)cs->n, (long long)cs->cin, (long long)cs->h, (long long)cs->w, (long long)cs->cout,
+                 (long long)cs->kh, (long long)cs->kw, (long long)cs->sh, (long long)cs->sw, (long long)cs->ph,
+                 (long long)cs->pw, (long long)cs->groups);
+    float *got = malloc(sizeof(float) * no), *want = NULL;
+    assert_non_null(got);
+    cdf_convert(got, CDF_F32, out, cs->out_dt, no);
+    if (cs->x_dt == CDF_F32 && cs->w_dt == CDF_F32) {
+        want = malloc(sizeof(float) * no);
+        assert_non_null(want);
+        assert_int_equal(cdf_k_conv2d(&a), CDF_OK);
+        cdf_convert(want, CDF_F32, out, cs->out_dt, no);
+    }
+    for (int64_t n = 0; n < cs->n; n++)
+        for (int64_t co = 0; co < cs->cout; co++)
+            for (int64_t y = 0; y < oh; y++)
+                for (int64_t xo = 0; xo < ow; xo++) {
+                    const int64_t g = co / cout_g;
+                    double acc = cs->bias ? bf[co] : 0.0, mag = cs->bias ? fabs(bf[co]) : 0.0;
+                    for (int64_t ci = 0; ci < cin_g; ci++)
+                        for (int64_t ky = 0; ky < cs->kh; ky++)
+                            for (int64_t kx = 0; kx < cs->kw; kx++) {
+                                int64_t iy = y * cs->sh - cs->ph + ky * cs->dh, ix = xo * cs->sw - cs->pw + kx * cs->dw;
+                                if (iy < 0 || iy >= cs->h || ix < 0 || ix >= cs->w) continue;
+                                double p = (double)xf[((n * cs->cin + g * cin_g + ci) * cs->h + iy) * cs->w + ix] *
+                                           wf[((co * cin_g + ci) * cs->kh + ky) * cs->kw + kx];
+                                acc += p;
+                                mag += fabs(p);
+                            }
+                    size_t idx = (size_t)(((n * cs->cout + co) * oh + y) * ow + xo);
+                    double tol = (double)(cin_g * cs->kh * cs->kw + 4) * U32 * mag + 1e-30;
+                    if (cs->out_dt == CDF_BF16) tol += fabs(acc) * (1.0 / 256.0) * 1.0001;
+                    if (!(fabs(got[idx] - acc) <= tol))
+                        fail_msg("conv out[%lld,%lld,%lld,%lld] = %.9g, double reference %.9g (tol %.3g), "
+                                 "cin=%lld cout=%lld k=%lld s=%lld p=%lld,%lld d=%lld g=%lld",
+                                 (long long)n, (long long)co, (long long)y, (long long)xo, got[idx], acc, tol,
+                                 (long long)cs->cin, (long long)cs->cout, (long long)cs->kh, (long long)cs->sh,
+                                 (long long)cs->ph, (long long)cs->pw, (long long)cs->dh, (long long)cs->groups);
+                    if (want && !(fabs(got[idx] - want[idx]) <= 1e-4 * mag + 1e-30))
+                        fail_msg("conv out[%zu]: fast %.9g vs reference kernel %.9g", idx, got[idx], want[idx]);
+                }
+    free(xf); free(wf); free(bf); free(x); free(w); free(bias); free(out); free(got); free(want);
+}
+
+static const conv_case CONVS[] = {
+    /* n cin h  w  cout kh kw sh sw ph pw dh dw g bias */
+    {1, 3, 17, 13, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},     /* first layer, odd sizes */
+    {2, 16, 12, 12, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},   /* VAE-like 3x3 */
+    {1, 16, 15, 15, 16, 3, 3, 2, 2, 0, 0, 1, 1, 1, true},   /* VAE downsample (padded to odd), stride 2 pad 0 */
+    {1, 8, 15, 16, 8, 3, 3, 2, 2, 0, 0, 1, 1, 1, true},     /* last column unused (negative right pad) */
+    {1, 4, 9, 10, 4, 2, 3, 3, 2, 0, 1, 1, 1, 1, false},     /* unused trailing rows and columns */
+    {1, 8, 11, 9, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, false},    /* stride 2 pad 1 */
+    {1, 32, 9, 7, 64, 1, 1, 1, 1, 0, 0, 1, 1, 1, true},     /* 1x1 (shortcut / quant conv) */
+    {2, 8, 10, 10, 4, 3, 3, 1, 1, 1, 1, 1, 1, 2, true},     /* groups */
+    {1, 16, 9, 9, 16, 3, 3, 1, 1, 1, 1, 1, 1, 16, true},    /* depthwise */
+    {1, 4, 13, 11, 6, 3, 5, 1, 2, 2, 0, 2, 1, 1, true},     /* dilation, asymmetric kernel and pad */
+    {1, 4, 8, 8, 4, 2, 2, 2, 2, 0, 0, 1, 1, 1, true},       /* patch embed style */
+};
+
+static void test_conv2d_f32(void **state) {
+    (void)state;
+    if (!need_f32()) return;
+    for (size_t i = 0; i < sizeof CONVS / sizeof CONVS[0]; i++) {
+        conv_case cs = CONVS[i];
+        cs.x_dt = cs.w_dt = cs.out_dt = CDF_F32;
+        conv_check(&cs, 6000 + 10 * i);
+    }
+}
+
+static void test_conv2d_bf16_weights(void **state) {
+    (void)state;
+    if (!need_bf16()) return;
+    for (size_t i = 0; i < sizeof CONVS / sizeof CONVS[0]; i++) {
+        conv_case cs = CONVS[i];
+        cs.x_dt = (i % 3 == 2) ? CDF_BF16 : CDF_F32;
+        cs.w_dt = CDF_BF16;
+        cs.out_dt = (i % 2) ? CDF_BF16 : CDF_F32;
+        conv_check(&cs, 7000 + 10 * i);
+    }
+}
+
+static void test_conv2d_declines(void **state) {
+    (void)state;
+    if (!need_f32()) return;
+    float x[4 * 4] = {0}, w[4] = {0}, out[4];
+    cdf_k_conv2d_args a = {.n = 1, .cin = 1, .h = 4, .w = 4, .cout = 1, .kh = 2, .kw = 2, .stride_h = 2,
+                           .stride_w = 2, .dil_h = 1, .dil_w = 1, .groups = 1, .x = x, .x_dt = CDF_F32,
+                           .weight = w, .w_dt = CDF_F32, .out = out, .out_dt = CDF_F32};
+    bool handled = false;
+    assert_int_equal(cdf_k_conv2d_fast(&a, &handled), CDF_OK);
+    assert_true(handled);
+    a.groups = 3; /* invalid: the reference reports it */
+    assert_int_equal(cdf_k_conv2d_fast(&a, &handled), CDF_OK);
+    assert_false(handled);
+    assert_int_not_equal(cdf_k_conv2d_dispatch(&a), CDF_OK);
+    a.groups = 1;
+    a.x_dt = CDF_F16; /* f16: not supported */
+    assert_int_equal(cdf_k_conv2d_fast(&a, &handled), CDF_OK);
+    assert_false(handled);
+    a.x_dt = CDF_F32;
+    a.kh = 5; /* kernel larger than the input: the reference reports it */
+    assert_int_equal(cdf_k_conv2d_fast(&a, &handled), CDF_OK);
+    assert_false(handled);
+}
+
+static int teardown(void **state) {
+    (void)state;
+    cdf_k_fast_clear();
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul_f32_sizes),
+        cmocka_unit_test(test_matmul_f32_batched),
+        cmocka_unit_test(test_matmul_bf16_weights),
+        cmocka_unit_test(test_matmul_bf16_rounding_is_rne),
+        cmocka_unit_test(test_matmul_bf16_prepack),
+        cmocka_unit_test(test_matmul_declines_and_dispatch),
+        cmocka_unit_test(test_conv2d_f32),
+        cmocka_unit_test(test_conv2d_bf16_weights),
+        cmocka_unit_test(test_conv2d_declines),
+    };
+    return cmocka_run_group_tests(tests, NULL, teardown);
+}
