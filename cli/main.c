@@ -348,7 +348,7 @@ static int cmd_run_model(int argc, char **argv) {
 /* ---- tokenize ------------------------------------------------------------------------------ */
 static int tokenize_one(const char *dir, const char *label, const char *prompt, long max_len) {
     cdf_tokenizer *tok = cdf_tokenizer_load(dir);
-    if (!tok) return fail(dir);
+    if (!tok) return fail("loading the tokenizer"); /* the message names the folder and file */
     int ml = max_len > 0 ? (int)max_len : cdf_tokenizer_model_max_length(tok);
     if (ml <= 0 || ml > 4096) ml = 512;
     int64_t *ids = calloc((size_t)ml, sizeof *ids);

@@ -17,8 +17,19 @@
  * the CPU has the feature and oneDNN is built in, the fast path must report itself available.
  *
  * Operand padding (ld > row length, gaps between batch matrices) is filled with NaN so that
- * any read of it shows up in the result; C's padding holds a sentinel that must survive. */
+ * any read of it shows up in the result; C's padding holds a sentinel that must survive; A and
+ * B end exactly at their last element, so an overrun shows under ASan.
+ *
+ * Cases: f32 over (M, N, K) in {1, 3, 17, 64, 129, 300}^3 (minus the 10 largest products) with
+ * trans flags / bias / alpha cycling; batched (per-batch, broadcast A or B, padded, beta = 1,
+ * folded batch, >= 1024 rows); bf16 weights over half that grid (+ bf16 C, bf16 bias, padding)
+ * and batched; bf16 rounding of A is exactly round-to-nearest-even; the prepack cache (reuse,
+ * refresh on changed data at the same address, forget, full cap, cap 0); declines (f16, beta
+ * 0.5, K = 0, bad lda, NULL handled) and dispatch; two threads at once; conv2d f32 and bf16
+ * (stride, padding incl. unused trailing rows/columns, dilation, groups, depthwise, 1x1,
+ * bf16 input / output) and its declines. */
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +47,11 @@
 
 static cdf_k_fast_info info;
 
+static bool isa_capped_by_env(void) {
+    const char *a = getenv("ONEDNN_MAX_CPU_ISA"), *b = getenv("DNNL_MAX_CPU_ISA");
+    return (a && *a) || (b && *b);
+}
+
 /* true = f32 fast path expected to run; skips (returns false) with a note otherwise. */
 static bool need_f32(void) {
     cdf_k_fast_get_info(&info);
@@ -45,6 +61,10 @@ static bool need_f32(void) {
     }
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
         printf("  [skip] CPU lacks AVX2/FMA: the fast paths decline\n");
+        return false;
+    }
+    if (isa_capped_by_env() && !info.available) {
+        printf("  [skip] oneDNN's ISA is capped by ONEDNN_MAX_CPU_ISA/DNNL_MAX_CPU_ISA\n");
         return false;
     }
     assert_true(info.available); /* oneDNN is built in and the CPU qualifies */
@@ -61,6 +81,10 @@ static bool need_bf16(void) {
     }
     if (!info.bf16_supported && info.amx_bf16 && !info.amx_permitted && !info.avx512_bf16) {
         printf("  [skip] AMX present but the kernel refused tile permission\n");
+        return false;
+    }
+    if (!info.bf16_supported && isa_capped_by_env()) {
+        printf("  [skip] oneDNN's ISA is capped below bf16 by ONEDNN_MAX_CPU_ISA/DNNL_MAX_CPU_ISA\n");
         return false;
     }
     assert_true(info.bf16_supported);
@@ -111,8 +135,9 @@ static void mm_setup(const mm_case *cs, mm_bufs *m, uint64_t seed) {
     x->sb = cs->b_bcast ? 0 : b_mat;
     x->sc = c_mat;
     const int64_t nba = cs->a_bcast ? 1 : cs->batch, nbb = cs->b_bcast ? 1 : cs->batch;
-    m->a_n = (size_t)(nba * a_mat);
-    m->b_n = (size_t)(nbb * b_mat);
+    /* A and B end at their last element (no slack after it), so ASan sees any overrun */
+    m->a_n = (size_t)((nba - 1) * a_mat + (a_rows - 1) * x->lda + a_cols);
+    m->b_n = (size_t)((nbb - 1) * b_mat + (b_rows - 1) * x->ldb + b_cols);
     m->c_n = (size_t)(cs->batch * c_mat);
     m->a = malloc(cdf_dtype_size(cs->a_dt) * m->a_n);
     m->b = malloc(cdf_dtype_size(cs->b_dt) * m->b_n);
@@ -212,6 +237,7 @@ static void mm_check(mm_bufs *m, bool round_a, bool vs_reference, const char *wh
     float *got = malloc(sizeof(float) * m->c_n), *want = NULL;
     assert_non_null(got);
     cdf_convert(got, CDF_F32, m->c, x->c_dt, m->c_n);
+    const float sentinel = x->c_dt == CDF_BF16 ? cdf_bf16_to_f32(cdf_f32_to_bf16(SENTINEL)) : SENTINEL;
     if (vs_reference) {
         mm_reset_c(m);
         assert_int_equal(cdf_k_matmul(x), CDF_OK);
@@ -238,7 +264,7 @@ static void mm_check(mm_bufs *m, bool round_a, bool vs_reference, const char *wh
                              (long long)bi, (long long)i, (long long)j, got[idx], want[idx], scale);
             }
             for (int64_t j = x->N; j < x->ldc; j++) /* padding between rows untouched */
-                if (got[bi * x->sc + i * x->ldc + j] != SENTINEL)
+                if (got[bi * x->sc + i * x->ldc + j] != sentinel)
                     fail_msg("%s: C padding [%lld,%lld,%lld] overwritten (%g); batch=%lld M=%lld N=%lld K=%lld ldc=%lld",
                              what, (long long)bi, (long long)i, (long long)j, got[bi * x->sc + i * x->ldc + j],
                              (long long)x->batch, (long long)x->M, (long long)x->N, (long long)x->K,
@@ -250,8 +276,10 @@ static void mm_check(mm_bufs *m, bool round_a, bool vs_reference, const char *wh
 
 static const int64_t SIZES[] = {1, 3, 17, 64, 129, 300};
 enum { NSIZES = sizeof SIZES / sizeof SIZES[0] };
+#define MAX_MNK 2500000 /* skips 10 of the 216 shapes, e.g. 300 x 300 x 300 */
 
-/* Every (M, N, K) in SIZES^3 for f32, the trans flags / bias / alpha cycling over the cases. */
+/* (M, N, K) in SIZES^3 for f32 except the few largest products (Debug-build time), the trans
+ * flags / bias / alpha cycling over the cases. */
 static void test_matmul_f32_sizes(void **state) {
     (void)state;
     if (!need_f32()) return;
@@ -259,6 +287,7 @@ static void test_matmul_f32_sizes(void **state) {
     for (int mi = 0; mi < NSIZES; mi++)
         for (int ni = 0; ni < NSIZES; ni++)
             for (int ki = 0; ki < NSIZES; ki++, n++) {
+                if (SIZES[mi] * SIZES[ni] * SIZES[ki] > MAX_MNK) continue;
                 mm_case cs = {.batch = 1, .M = SIZES[mi], .N = SIZES[ni], .K = SIZES[ki], .ta = n & 1,
                               .tb = (n >> 1) & 1, .bias = (n % 3) == 0, .alpha = (n % 5) == 0 ? 0.375f : 1.0f,
                               .a_dt = CDF_F32, .b_dt = CDF_F32, .c_dt = CDF_F32, .bias_dt = CDF_F32};
@@ -283,6 +312,9 @@ static void test_matmul_f32_batched(void **state) {
         {.batch = 5, .M = 64, .N = 129, .K = 64, .b_bcast = true, .bias = true},      /* folds into M */
         {.batch = 2, .M = 3, .N = 300, .K = 1, .ta = true, .b_bcast = true, .pad = 3}, /* weight shared, A strided */
         {.batch = 1, .M = 129, .N = 64, .K = 300, .beta = 1.0f, .bias = true, .alpha = -1.5f, .pad = 4},
+        /* >= 1024 rows: B is reordered into oneDNN's blocked layout per call */
+        {.batch = 1, .M = 1100, .N = 129, .K = 17, .tb = true, .bias = true, .pad = 1},
+        {.batch = 4, .M = 300, .N = 64, .K = 17, .b_bcast = true, .alpha = 0.5f, .bias = true}, /* folds to 1200 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         mm_case cs = cases[i];
@@ -293,6 +325,13 @@ static void test_matmul_f32_batched(void **state) {
         mm_check(&m, false, true, "f32 batched");
         mm_free(&m);
     }
+    /* bf16 activations with f32 weights: A widened to f32 (exactly), f32 compute */
+    mm_case cs = {.batch = 2, .M = 33, .N = 17, .K = 65, .ta = true, .bias = true, .alpha = 1.0f, .pad = 1,
+                  .a_dt = CDF_BF16, .b_dt = CDF_F32, .c_dt = CDF_F32, .bias_dt = CDF_BF16};
+    mm_bufs m;
+    mm_setup(&cs, &m, 2100);
+    mm_check(&m, false, true, "bf16 A x f32 B");
+    mm_free(&m);
 }
 
 /* bf16 weights, f32 activations (the default compute): A rounded to bf16 at the input. */
@@ -303,7 +342,8 @@ static void test_matmul_bf16_weights(void **state) {
     for (int mi = 0; mi < NSIZES; mi++)
         for (int ni = 0; ni < NSIZES; ni++)
             for (int ki = 0; ki < NSIZES; ki += 1, n++) {
-                if ((mi + ni + ki) % 2) continue; /* half the grid keeps the Debug run short */
+                /* half the grid keeps the Debug run short */
+                if ((mi + ni + ki) % 2 || SIZES[mi] * SIZES[ni] * SIZES[ki] > MAX_MNK) continue;
                 mm_case cs = {.batch = 1, .M = SIZES[mi], .N = SIZES[ni], .K = SIZES[ki], .ta = (n >> 1) & 1,
                               .tb = !(n & 1), .bias = (n % 3) == 0, .alpha = (n % 7) == 0 ? 0.25f : 1.0f,
                               .a_dt = CDF_F32, .b_dt = CDF_BF16, .c_dt = (n % 4) == 1 ? CDF_BF16 : CDF_F32,
@@ -416,14 +456,31 @@ static void test_matmul_bf16_prepack(void **state) {
     cdf_k_fast_get_stats(&st);
     assert_int_equal(st.packs, 2);
 
-    /* cap 0: no new copies; the weights are reordered per call and results stay right */
+    /* a cap too small for the copy: the weights are reordered per call, results stay right */
     cdf_k_fast_clear();
-    cdf_k_fast_set_pack_limit(0);
+    cdf_k_fast_set_pack_limit(1);
     cdf_k_fast_reset_stats();
-    mm_check(&m, true, false, "no prepack");
+    mm_check(&m, true, false, "prepack cap full");
     cdf_k_fast_get_stats(&st);
     assert_int_equal(st.packs, 0);
     assert_int_equal(st.packed_weights, 0);
+    assert_int_equal(st.unpacked_reorders, 1);
+
+    /* cap 0 (prepacking off): few rows use B as it is, many rows reorder it per call */
+    cdf_k_fast_set_pack_limit(0);
+    cdf_k_fast_reset_stats();
+    mm_check(&m, true, false, "no prepack, 17 rows");
+    cdf_k_fast_get_stats(&st);
+    assert_int_equal(st.packs, 0);
+    assert_int_equal(st.unpacked_reorders, 0);
+    mm_free(&m);
+    cs.M = 1100;
+    cs.K = 33;
+    mm_setup(&cs, &m, 5001);
+    mm_check(&m, true, false, "no prepack, 1100 rows");
+    cdf_k_fast_get_stats(&st);
+    assert_int_equal(st.packs, 0);
+    assert_int_equal(st.unpacked_reorders, 1);
     cdf_k_fast_set_pack_limit((size_t)64 << 20);
     mm_free(&m);
 }
@@ -467,6 +524,64 @@ static void test_matmul_declines_and_dispatch(void **state) {
     if (!cdf_k_reference_only()) assert_int_equal(st1.matmul_handled, st0.matmul_handled + 1);
     /* [[1,2,3],[4,5,6]] @ [[1,0],[0,1],[1,1]] */
     assert_true(c[0] == 4 && c[1] == 5 && c[2] == 10 && c[3] == 11);
+}
+
+/* Kernels run on the device queue's worker thread, and several queues may call at once: run
+ * matmuls from two threads concurrently (the caches are shared and locked) and check them. */
+typedef struct thread_job {
+    int id;
+    int failures, declined;
+} thread_job;
+
+static void *matmul_thread(void *arg) {
+    thread_job *job = arg;
+    for (int it = 0; it < 12; it++) {
+        const int64_t M = 3 + 7 * it + job->id, N = 17 + it, K = 9 + 5 * job->id;
+        float *a = malloc(sizeof(float) * (size_t)(M * K)), *b = malloc(sizeof(float) * (size_t)(K * N));
+        float *c = malloc(sizeof(float) * (size_t)(M * N));
+        uint16_t *bh = malloc(sizeof(uint16_t) * (size_t)(K * N));
+        if (!a || !b || !c || !bh) {
+            job->failures++;
+            free(a); free(b); free(c); free(bh);
+            continue;
+        }
+        tu_fill_random(a, (size_t)(M * K), 9000 + 100 * job->id + it);
+        tu_fill_random(b, (size_t)(K * N), 9050 + 100 * job->id + it);
+        cdf_convert(bh, CDF_BF16, b, CDF_F32, (size_t)(K * N));
+        const bool bf16 = it % 2 && info.bf16_supported;
+        cdf_k_matmul_args x = {.batch = 1, .M = M, .N = N, .K = K, .a = a, .a_dt = CDF_F32, .lda = K,
+                               .b = bf16 ? (const void *)bh : (const void *)b, .b_dt = bf16 ? CDF_BF16 : CDF_F32,
+                               .ldb = N, .c = c, .c_dt = CDF_F32, .ldc = N, .alpha = 1.0f};
+        bool handled = false;
+        if (cdf_k_matmul_fast(&x, &handled) != CDF_OK) job->failures++;
+        if (!handled) job->declined++;
+        for (int64_t i = 0; i < M && handled; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double acc = 0.0, mag = 0.0;
+                for (int64_t k = 0; k < K; k++) {
+                    float av = bf16 ? cdf_bf16_to_f32(cdf_f32_to_bf16(a[i * K + k])) : a[i * K + k];
+                    double p = (double)av * cdf_k_ld(x.b, x.b_dt, k * N + j);
+                    acc += p;
+                    mag += fabs(p);
+                }
+                if (!(fabs(c[i * N + j] - acc) <= (double)(K + 4) * U32 * mag + 1e-30)) job->failures++;
+            }
+        free(a); free(b); free(c); free(bh);
+    }
+    return NULL;
+}
+
+static void test_matmul_threads(void **state) {
+    (void)state;
+    if (!need_f32()) return;
+    pthread_t th[2];
+    thread_job jobs[2] = {{.id = 0}, {.id = 1}};
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, matmul_thread, &jobs[i]), 0);
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_join(th[i], NULL), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(jobs[i].declined, 0);
+        assert_int_equal(jobs[i].failures, 0);
+    }
 }
 
 /* ---- conv2d --------------------------------------------------------------------------------- */
@@ -521,7 +636,7 @@ static void conv_check(const conv_case *cs, uint64_t seed) {
     float *got = malloc(sizeof(float) * no), *want = NULL;
     assert_non_null(got);
     cdf_convert(got, CDF_F32, out, cs->out_dt, no);
-    if (cs->x_dt == CDF_F32 && cs->w_dt == CDF_F32) {
+    if (cs->w_dt == CDF_F32) { /* same inputs, f32 compute: comparable with the reference kernel */
         want = malloc(sizeof(float) * no);
         assert_non_null(want);
         assert_int_equal(cdf_k_conv2d(&a), CDF_OK);
@@ -559,18 +674,18 @@ static void conv_check(const conv_case *cs, uint64_t seed) {
 }
 
 static const conv_case CONVS[] = {
-    /* n cin h  w  cout kh kw sh sw ph pw dh dw g bias */
-    {1, 3, 17, 13, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},     /* first layer, odd sizes */
-    {2, 16, 12, 12, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},   /* VAE-like 3x3 */
-    {1, 16, 15, 15, 16, 3, 3, 2, 2, 0, 0, 1, 1, 1, true},   /* VAE downsample (padded to odd), stride 2 pad 0 */
-    {1, 8, 15, 16, 8, 3, 3, 2, 2, 0, 0, 1, 1, 1, true},     /* last column unused (negative right pad) */
-    {1, 4, 9, 10, 4, 2, 3, 3, 2, 0, 1, 1, 1, 1, false},     /* unused trailing rows and columns */
-    {1, 8, 11, 9, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, false},    /* stride 2 pad 1 */
-    {1, 32, 9, 7, 64, 1, 1, 1, 1, 0, 0, 1, 1, 1, true},     /* 1x1 (shortcut / quant conv) */
-    {2, 8, 10, 10, 4, 3, 3, 1, 1, 1, 1, 1, 1, 2, true},     /* groups */
-    {1, 16, 9, 9, 16, 3, 3, 1, 1, 1, 1, 1, 1, 16, true},    /* depthwise */
-    {1, 4, 13, 11, 6, 3, 5, 1, 2, 2, 0, 2, 1, 1, true},     /* dilation, asymmetric kernel and pad */
-    {1, 4, 8, 8, 4, 2, 2, 2, 2, 0, 0, 1, 1, 1, true},       /* patch embed style */
+    /* n cin h  w  cout kh kw sh sw ph pw dh dw g bias (dtypes set per test) */
+    {1, 3, 17, 13, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, CDF_F32, CDF_F32, CDF_F32},     /* first layer, odd sizes */
+    {2, 16, 12, 12, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, CDF_F32, CDF_F32, CDF_F32},   /* VAE-like 3x3 */
+    {1, 16, 15, 15, 16, 3, 3, 2, 2, 0, 0, 1, 1, 1, true, CDF_F32, CDF_F32, CDF_F32},   /* VAE downsample (padded to odd), stride 2 pad 0 */
+    {1, 8, 15, 16, 8, 3, 3, 2, 2, 0, 0, 1, 1, 1, true, CDF_F32, CDF_F32, CDF_F32},     /* last column unused (negative right pad) */
+    {1, 4, 9, 10, 4, 2, 3, 3, 2, 0, 1, 1, 1, 1, false, CDF_F32, CDF_F32, CDF_F32},     /* unused trailing rows and columns */
+    {1, 8, 11, 9, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, false, CDF_F32, CDF_F32, CDF_F32},    /* stride 2 pad 1 */
+    {1, 32, 9, 7, 64, 1, 1, 1, 1, 0, 0, 1, 1, 1, true, CDF_F32, CDF_F32, CDF_F32},     /* 1x1 (shortcut / quant conv) */
+    {2, 8, 10, 10, 4, 3, 3, 1, 1, 1, 1, 1, 1, 2, true, CDF_F32, CDF_F32, CDF_F32},     /* groups */
+    {1, 16, 9, 9, 16, 3, 3, 1, 1, 1, 1, 1, 1, 16, true, CDF_F32, CDF_F32, CDF_F32},    /* depthwise */
+    {1, 4, 13, 11, 6, 3, 5, 1, 2, 2, 0, 2, 1, 1, true, CDF_F32, CDF_F32, CDF_F32},     /* dilation, asymmetric kernel and pad */
+    {1, 4, 8, 8, 4, 2, 2, 2, 2, 0, 0, 1, 1, 1, true, CDF_F32, CDF_F32, CDF_F32},       /* patch embed style */
 };
 
 static void test_conv2d_f32(void **state) {
@@ -579,6 +694,7 @@ static void test_conv2d_f32(void **state) {
     for (size_t i = 0; i < sizeof CONVS / sizeof CONVS[0]; i++) {
         conv_case cs = CONVS[i];
         cs.x_dt = cs.w_dt = cs.out_dt = CDF_F32;
+        if (i % 4 == 3) cs.x_dt = CDF_BF16; /* bf16 input, widened exactly */
         conv_check(&cs, 6000 + 10 * i);
     }
 }
@@ -633,6 +749,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_bf16_rounding_is_rne),
         cmocka_unit_test(test_matmul_bf16_prepack),
         cmocka_unit_test(test_matmul_declines_and_dispatch),
+        cmocka_unit_test(test_matmul_threads),
         cmocka_unit_test(test_conv2d_f32),
         cmocka_unit_test(test_conv2d_bf16_weights),
         cmocka_unit_test(test_conv2d_declines),

@@ -1,0 +1,303 @@
+/* Matmul throughput: fast paths (src/kernels/fast_onednn.c) vs the reference kernel, at the
+ * shapes the DiT models run, plus register-only peaks of the CPU for scale.
+ *
+ *   bench_kernels [--quick | --verbose-probe]   (built and run by bench/kernels/run.sh)
+ *
+ * Linear layers are timed as the models call them: A = activations [M, K] f32, B = weight
+ * [N, K] (trans_b), C f32. "bf16" = bf16 weights: the fast path rounds A to bf16 and runs
+ * bf16 x bf16 -> f32; the reference keeps A in f32 and widens B (same inputs, f32 compute).
+ * "f32" = f32 weights, f32 everywhere. Times are the best of repeated calls (the reference: one
+ * call, it is slow). TFLOP/s = 2*batch*M*N*K / time; "x ref" = reference
+ * time / fast time for the same shape and weight dtype. The first fast call (primitive
+ * creation, weight prepack) is reported separately and not averaged in. */
+#include <omp.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cdiffusers/dtype.h"
+#include "kernels/fast_onednn.h"
+#include "kernels/kernels.h"
+#include "peak.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static float frand(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+typedef struct shape {
+    const char *name;
+    int64_t batch, M, N, K;
+    bool trans_b;
+    bool attention; /* batched activations x activations (B per batch, f32 only) */
+} shape;
+
+typedef enum { RUN_REFERENCE, RUN_FAST } run_kind;
+
+/* Best (minimum) seconds per call over calls made for >= min_s (at least 1, at most max_reps):
+ * the machine may be shared, the minimum is the least disturbed call. *first_s gets the first
+ * call's time when warm (fast path: primitive creation / prepack), which is excluded. */
+static double time_matmul(const cdf_k_matmul_args *x, run_kind kind, bool warm, double min_s, int max_reps,
+                          double *first_s) {
+    bool handled = true;
+    if (warm) {
+        double t0 = now_s();
+        cdf_status s = kind == RUN_FAST ? cdf_k_matmul_fast(x, &handled) : cdf_k_matmul(x);
+        *first_s = now_s() - t0;
+        if (s != CDF_OK || !handled) return -1.0;
+    }
+    int reps = 0;
+    double t0 = now_s(), best = 1e30;
+    do {
+        double t1 = now_s();
+        cdf_status s = kind == RUN_FAST ? cdf_k_matmul_fast(x, &handled) : cdf_k_matmul(x);
+        if (s != CDF_OK || !handled) return -1.0;
+        double t = now_s() - t1;
+        if (t < best) best = t;
+        reps++;
+    } while (now_s() - t0 < min_s && reps < max_reps);
+    return best;
+}
+
+static void bench_shape(const shape *s, bool quick) {
+    const int64_t bA = s->batch, bB = s->attention ? s->batch : 1;
+    const size_t na = (size_t)(bA * s->M * s->K), nb = (size_t)(bB * s->K * s->N), nc = (size_t)(s->batch * s->M * s->N);
+    float *a = malloc(sizeof(float) * na), *bf = malloc(sizeof(float) * nb), *c = malloc(sizeof(float) * nc);
+    uint16_t *bh = malloc(sizeof(uint16_t) * nb);
+    if (!a || !bf || !c || !bh) {
+        printf("| %s | out of memory |\n", s->name);
+        free(a); free(bf); free(c); free(bh);
+        return;
+    }
+    for (size_t i = 0; i < na; i++) a[i] = frand();
+    for (size_t i = 0; i < nb; i++) bf[i] = frand() * 0.05f;
+    cdf_convert(bh, CDF_BF16, bf, CDF_F32, nb);
+    const double flop = 2.0 * (double)s->batch * (double)s->M * (double)s->N * (double)s->K;
+    cdf_k_matmul_args x = {.batch = s->batch, .M = s->M, .N = s->N, .K = s->K, .a = a, .a_dt = CDF_F32,
+                           .lda = s->K, .sa = s->M * s->K, .trans_b = s->trans_b,
+                           .ldb = s->trans_b ? s->K : s->N, .sb = s->attention ? s->K * s->N : 0,
+                           .c = c, .c_dt = CDF_F32, .ldc = s->N, .sc = s->M * s->N, .alpha = 1.0f};
+    const double min_s = quick ? 0.3 : 1.0;
+    const int ref_reps = 1;
+    for (int wdt = 0; wdt < 2; wdt++) {
+        if (s->attention && wdt == 0) continue; /* activations x activations: f32 only */
+        const bool bf16 = wdt == 0;
+        x.b = bf16 ? (const void *)bh : (const void *)bf;
+        x.b_dt = bf16 ? CDF_BF16 : CDF_F32;
+        const char *wname = bf16 ? "bf16" : "f32";
+        double first = 0.0;
+        double t_ref = time_matmul(&x, RUN_REFERENCE, false, 0.0, ref_reps, &first);
+        cdf_k_fast_clear();
+        cdf_k_fast_set_pack_limit((size_t)8 << 30);
+        double first_packed = 0.0;
+        double t_fast = time_matmul(&x, RUN_FAST, true, min_s, 20, &first_packed);
+        cdf_k_fast_stats st;
+        cdf_k_fast_get_stats(&st);
+        printf("| %s | %s | reference | %.2f | %.3f | 1.00 | |\n", s->name, wname, t_ref * 1e3, flop / t_ref * 1e-12);
+        if (t_fast < 0) {
+            printf("| %s | %s | fast | declined | | | |\n", s->name, wname);
+            continue;
+        }
+        printf("| %s | %s | fast%s | %.2f | %.3f | %.2f | %s, first call %.0f ms |\n", s->name, wname,
+               bf16 && !s->attention ? " (prepacked W)" : "", t_fast * 1e3, flop / t_fast * 1e-12, t_ref / t_fast,
+               st.last_impl, first_packed * 1e3);
+        if (bf16) { /* the same without a prepacked copy: weights reordered on every call */
+            cdf_k_fast_clear();
+            cdf_k_fast_set_pack_limit(0);
+            double first_np = 0.0, t_np = time_matmul(&x, RUN_FAST, true, min_s, 20, &first_np);
+            if (t_np > 0)
+                printf("| %s | %s | fast (no prepack) | %.2f | %.3f | %.2f | |\n", s->name, wname, t_np * 1e3,
+                       flop / t_np * 1e-12, t_ref / t_np);
+            cdf_k_fast_set_pack_limit((size_t)8 << 30);
+        }
+        fflush(stdout);
+    }
+    cdf_k_fast_clear();
+    free(a); free(bf); free(c); free(bh);
+}
+
+typedef struct conv_shape {
+    const char *name;
+    int64_t n, cin, h, w, cout, k, pad;
+} conv_shape;
+
+static double time_conv(const cdf_k_conv2d_args *a, run_kind kind, double min_s, int max_reps) {
+    bool handled = true;
+    int reps = 0;
+    double t0 = now_s(), best = 1e30;
+    do {
+        double t1 = now_s();
+        cdf_status s = kind == RUN_FAST ? cdf_k_conv2d_fast(a, &handled) : cdf_k_conv2d(a);
+        if (s != CDF_OK || !handled) return -1.0;
+        double t = now_s() - t1;
+        if (t < best) best = t;
+        reps++;
+    } while (now_s() - t0 < min_s && reps < max_reps);
+    return best;
+}
+
+static void bench_conv(const conv_shape *s, bool quick) {
+    const size_t nx = (size_t)(s->n * s->cin * s->h * s->w), nw = (size_t)(s->cout * s->cin * s->k * s->k);
+    const int64_t oh = s->h + 2 * s->pad - s->k + 1, ow = s->w + 2 * s->pad - s->k + 1;
+    const size_t no = (size_t)(s->n * s->cout * oh * ow);
+    float *x = malloc(sizeof(float) * nx), *wf = malloc(sizeof(float) * nw), *out = malloc(sizeof(float) * no);
+    float *bias = calloc((size_t)s->cout, sizeof(float));
+    uint16_t *wh = malloc(sizeof(uint16_t) * nw);
+    if (!x || !wf || !out || !bias || !wh) {
+        printf("| %s | out of memory |\n", s->name);
+        free(x); free(wf); free(out); free(bias); free(wh);
+        return;
+    }
+    for (size_t i = 0; i < nx; i++) x[i] = frand();
+    for (size_t i = 0; i < nw; i++) wf[i] = frand() * 0.05f;
+    cdf_convert(wh, CDF_BF16, wf, CDF_F32, nw);
+    const double flop = 2.0 * (double)no * (double)(s->cin * s->k * s->k);
+    cdf_k_conv2d_args a = {.n = s->n, .cin = s->cin, .h = s->h, .w = s->w, .cout = s->cout, .kh = s->k, .kw = s->k,
+                           .stride_h = 1, .stride_w = 1, .pad_h = s->pad, .pad_w = s->pad, .dil_h = 1, .dil_w = 1,
+                           .groups = 1, .x = x, .x_dt = CDF_F32, .bias = bias, .b_dt = CDF_F32, .out = out,
+                           .out_dt = CDF_F32};
+    for (int wdt = 0; wdt < 2; wdt++) {
+        const bool bf16 = wdt == 0;
+        a.weight = bf16 ? (const void *)wh : (const void *)wf;
+        a.w_dt = bf16 ? CDF_BF16 : CDF_F32;
+        const char *wname = bf16 ? "bf16" : "f32";
+        double t_ref = time_conv(&a, RUN_REFERENCE, 0.0, 1);
+        cdf_k_fast_clear();
+        double t0 = now_s();
+        bool handled = false;
+        cdf_k_conv2d_fast(&a, &handled);
+        double first = now_s() - t0;
+        double t_fast = handled ? time_conv(&a, RUN_FAST, quick ? 0.3 : 1.0, 20) : -1.0;
+        cdf_k_fast_stats st;
+        cdf_k_fast_get_stats(&st);
+        printf("| %s | %s | reference | %.2f | %.3f | 1.00 | |\n", s->name, wname, t_ref * 1e3, flop / t_ref * 1e-12);
+        if (t_fast < 0)
+            printf("| %s | %s | fast | declined | | | |\n", s->name, wname);
+        else
+            printf("| %s | %s | fast | %.2f | %.3f | %.2f | %s, first call %.0f ms |\n", s->name, wname,
+                   t_fast * 1e3, flop / t_fast * 1e-12, t_ref / t_fast, st.last_impl, first * 1e3);
+        fflush(stdout);
+    }
+    cdf_k_fast_clear();
+    free(x); free(wf); free(out); free(bias); free(wh);
+}
+
+/* One fast call per path, for ONEDNN_VERBOSE=1 to name the implementations. */
+static void verbose_probe(void) {
+    const int64_t M = 4429, K = 1536, N = 1536;
+    float *a = calloc((size_t)(M * K), 4), *bf = calloc((size_t)(N * K), 4), *c = calloc((size_t)(M * N), 4);
+    uint16_t *bh = calloc((size_t)(N * K), 2);
+    if (!a || !bf || !c || !bh) return;
+    cdf_k_matmul_args x = {.batch = 1, .M = M, .N = N, .K = K, .a = a, .a_dt = CDF_F32, .lda = K, .b = bh,
+                           .b_dt = CDF_BF16, .ldb = K, .trans_b = true, .c = c, .c_dt = CDF_F32, .ldc = N,
+                           .alpha = 1.0f};
+    bool handled;
+    cdf_k_matmul_fast(&x, &handled);
+    x.b = bf;
+    x.b_dt = CDF_F32;
+    cdf_k_matmul_fast(&x, &handled);
+    free(a); free(bf); free(c); free(bh);
+    const int64_t C = 128, H = 64;
+    float *xi = calloc((size_t)(C * H * H), 4), *w = calloc((size_t)(C * C * 9), 4), *o = calloc((size_t)(C * H * H), 4);
+    uint16_t *wh = calloc((size_t)(C * C * 9), 2);
+    if (!xi || !w || !o || !wh) return;
+    cdf_k_conv2d_args cv = {.n = 1, .cin = C, .h = H, .w = H, .cout = C, .kh = 3, .kw = 3, .stride_h = 1,
+                            .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1, .x = xi,
+                            .x_dt = CDF_F32, .weight = wh, .w_dt = CDF_BF16, .out = o, .out_dt = CDF_F32};
+    cdf_k_conv2d_fast(&cv, &handled);
+    cv.weight = w;
+    cv.w_dt = CDF_F32;
+    cdf_k_conv2d_fast(&cv, &handled);
+    free(xi); free(w); free(o); free(wh);
+}
+
+static void print_peaks(const cdf_k_fast_info *info) {
+    const int nthr = omp_get_max_threads();
+    const int64_t iters = 50000000;
+    double one, all = 0.0;
+    if (info->avx512_core) {
+        one = peak_f32_fma(iters);
+#pragma omp parallel reduction(+ : all)
+        all += peak_f32_fma(iters);
+        printf("| f32 FMA (AVX-512 vfmadd231ps) | %.3f | %.3f |\n", one * 1e-12, all * 1e-12);
+    }
+    if (info->avx512_bf16) {
+        all = 0.0;
+        one = peak_bf16_dp(iters);
+#pragma omp parallel reduction(+ : all)
+        all += peak_bf16_dp(iters);
+        printf("| bf16 dot product (AVX512-BF16 vdpbf16ps) | %.3f | %.3f |\n", one * 1e-12, all * 1e-12);
+    }
+    if (info->amx_bf16 && info->amx_permitted) {
+        all = 0.0;
+        one = peak_amx_bf16(iters / 8);
+#pragma omp parallel reduction(+ : all)
+        all += peak_amx_bf16(iters / 8);
+        printf("| AMX-BF16 (tdpbf16ps) | %.3f | %.3f |\n", one * 1e-12, all * 1e-12);
+    } else {
+        printf("| AMX-BF16 (tdpbf16ps) | n/a: %s | |\n",
+               info->amx_bf16 ? "AMX permission refused" : "this CPU has no AMX");
+    }
+    printf("\n(%d OpenMP threads for the all-threads column)\n", nthr);
+}
+
+int main(int argc, char **argv) {
+    const bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    if (argc > 1 && strcmp(argv[1], "--verbose-probe") == 0) {
+        verbose_probe();
+        return 0;
+    }
+    cdf_k_fast_info info;
+    cdf_k_fast_get_info(&info);
+    printf("oneDNN %s, effective ISA %s; CPU: avx2+fma %d, avx512_core %d, avx512_bf16 %d, amx_bf16 %d "
+           "(permitted %d); fast paths available %d, bf16 %d; %d OpenMP threads\n\n",
+           info.onednn_version[0] ? info.onednn_version : "(not built in)", info.onednn_isa, info.avx2_fma,
+           info.avx512_core, info.avx512_bf16, info.amx_bf16, info.amx_permitted, info.available,
+           info.bf16_supported, omp_get_max_threads());
+
+    printf("### Peaks (register-only loops), TFLOP/s\n\n| instruction | 1 thread | all threads |\n|---|---|---|\n");
+    print_peaks(&info);
+
+    const shape full[] = {
+        {"FLUX attn proj 4429x3072x3072", 1, 4429, 3072, 3072, true, false},
+        {"FLUX MLP up 4429x3072->12288", 1, 4429, 12288, 3072, true, false},
+        {"SD3.5-M proj 4429x1536x1536", 1, 4429, 1536, 1536, true, false},
+        {"SD3.5-M MLP up 4429x1536->6144", 1, 4429, 6144, 1536, true, false},
+        {"SD3.5-M MLP down 4429x6144->1536", 1, 4429, 1536, 6144, true, false},
+        {"T5 proj 77x4096x4096 (small M)", 1, 77, 4096, 4096, true, false},
+        {"timestep MLP 1x256->3072 (M=1)", 1, 1, 3072, 256, true, false},
+        {"attention q.kT 4 heads 4429x4429x64", 4, 4429, 4429, 64, true, true},
+    };
+    const shape quick_set[] = {
+        {"SD3.5-M proj 4429x1536x1536", 1, 4429, 1536, 1536, true, false},
+        {"T5 proj 77x4096x4096 (small M)", 1, 77, 4096, 4096, true, false},
+    };
+    const shape *set = quick ? quick_set : full;
+    const size_t n = quick ? sizeof quick_set / sizeof *quick_set : sizeof full / sizeof *full;
+    printf("\n### Matmul\n\n| shape (M x K -> N) | weights | path | ms | TFLOP/s | x ref | oneDNN impl / notes |\n"
+           "|---|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < n; i++) bench_shape(&set[i], quick);
+
+    const conv_shape convs[] = {
+        {"VAE conv 3x3 512->512 @ 64x64", 1, 512, 64, 64, 512, 3, 1},
+        {"VAE conv 3x3 128->128 @ 256x256", 1, 128, 256, 256, 128, 3, 1},
+        {"VAE conv_in 3x3 16->512 @ 128x128", 1, 16, 128, 128, 512, 3, 1},
+    };
+    printf("\n### Conv2d (NCHW, stride 1, pad 1, f32 input)\n\n| shape | weights | path | ms | TFLOP/s | x ref | oneDNN impl / notes |\n"
+           "|---|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < (quick ? 1 : sizeof convs / sizeof *convs); i++) bench_conv(&convs[i], quick);
+    return 0;
+}

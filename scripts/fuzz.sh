@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Build the libFuzzer targets in fuzz/ (clang-14, ASan + UBSan), seed their corpora from
+# tests/data, and run each target for a while. Exits 1 if any target found a crash, a leak, a
+# sanitizer report, a timeout or an out-of-memory; the reproducer is in $WORK/findings/<target>/
+# and the log in $WORK/logs/<target>.log.
+#
+# usage: scripts/fuzz.sh [-t SECONDS_PER_TARGET] [TARGET...]
+#   -t N      run each target N seconds (default 30)
+#   TARGET    fuzz_safetensors fuzz_checkpoint fuzz_json fuzz_tokenizer_files fuzz_prompt fuzz_cli
+#             (default: all)
+# environment: CC (default clang-14), CDF_FUZZ_BUILD (build folder, default build-fuzz),
+#   CDF_FUZZ_WORK (corpora, findings and logs, default $CDF_FUZZ_BUILD/work; corpora grow
+#   across runs), CDF_FUZZ_JOBS (build parallelism, default 2)
+#
+# Reproduce a finding: build-fuzz/<target> build-fuzz/work/findings/<target>/crash-...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+secs=30
+while getopts "t:h" opt; do
+  case $opt in
+    t) secs=$OPTARG ;;
+    *) sed -n '2,16p' "$0"; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+all=(fuzz_safetensors fuzz_checkpoint fuzz_json fuzz_tokenizer_files fuzz_prompt fuzz_cli)
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
+
+cc=${CC:-clang-14}
+build=${CDF_FUZZ_BUILD:-build-fuzz}
+work=${CDF_FUZZ_WORK:-$build/work}
+cmake -S fuzz -B "$build" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$build" -j"${CDF_FUZZ_JOBS:-2}" --target "${targets[@]}"
+
+# inputs larger than these only slow a target down (tokenizer files: room for the 232 KiB T5
+# charsmap seed; safetensors: the 128 KiB golden io files)
+max_len() {
+  case $1 in
+    fuzz_tokenizer_files) echo 262144 ;;
+    fuzz_safetensors) echo 131072 ;;
+    fuzz_json) echo 65536 ;;
+    fuzz_checkpoint) echo 16384 ;;
+    fuzz_prompt) echo 2048 ;;
+    *) echo 4096 ;;
+  esac
+}
+
+mkdir -p "$work/logs"
+status=0
+summary=""
+for t in "${targets[@]}"; do
+  seeds="$work/seeds/$t" corpus="$work/corpus/$t" findings="$work/findings/$t"
+  rm -rf "$seeds"
+  mkdir -p "$work/seeds"
+  mkdir -p "$corpus" "$findings"
+  CDF_FUZZ_WRITE_SEEDS="$seeds" "$build/$t" >/dev/null 2>&1
+  extra=()
+  [ "$t" = fuzz_cli ] && extra=(-close_fd_mask=3) # the tool's own messages and usage text
+  echo "== $t: ${secs}s, $(ls "$seeds" | wc -l) seeds, $(ls "$corpus" | wc -l) corpus entries"
+  set +e
+  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1} \
+    "$build/$t" -max_total_time="$secs" -max_len="$(max_len "$t")" -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="$findings/" "${extra[@]}" "$corpus" "$seeds" >"$work/logs/$t.log" 2>&1
+  rc=$?
+  set -e
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/logs/$t.log" | tail -1)
+  eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work/logs/$t.log" | tail -1)
+  cov=$(grep -o 'cov: [0-9]*' "$work/logs/$t.log" | tail -1)
+  if [ $rc -ne 0 ]; then
+    status=1
+    echo "!! $t FAILED (exit $rc); log: $work/logs/$t.log; reproducer(s): $(ls "$findings" | tr '\n' ' ')"
+    grep -m1 -E "ERROR: |fuzz invariant failed|SUMMARY" "$work/logs/$t.log" || true
+    summary+=$(printf '%-22s FAILED (exit %d)' "$t" $rc)$'\n'
+  else
+    summary+=$(printf '%-22s %10s execs %8s exec/s  %s' "$t" "${execs:-?}" "${eps:-?}" "${cov:-}")$'\n'
+  fi
+done
+echo
+echo "target                 executions     exec/s  coverage"
+printf '%s' "$summary"
+exit $status

@@ -1,0 +1,79 @@
+/* Fast matmul / conv2d on oneDNN (src/kernels/fast_onednn.c): the definitions of
+ * cdf_k_matmul_fast / cdf_k_conv2d_fast that kernels/dispatch.c calls, plus a few controls and
+ * counters for tests, benchmarks and the memory owner. Not a public header.
+ *
+ * What the fast paths do (everything else is declined, *handled = false, and the reference
+ * kernel runs it):
+ *  - matmul, f32 x f32 -> f32 ("exact" path): oneDNN f32 matmul, f32 throughout.
+ *  - matmul with bf16 weights (b_dt == CDF_BF16): A is rounded to bf16 (round-to-nearest-even)
+ *    at the matmul input, then bf16 x bf16 with f32 accumulation; C is f32 or bf16 (rounded
+ *    once on store). This is NOT what the reference does (it keeps A in f32): it is the
+ *    "default compute" of the speed work, and deliberately differs by A's bf16 rounding.
+ *  - conv2d NCHW, f32 weights (f32 compute) or bf16 weights (input rounded to bf16, f32
+ *    accumulation), f32 or bf16 output.
+ *  - bias (f32/bf16), alpha, beta 0/1, transposes and leading dims / batch strides (0 =
+ *    broadcast) as in cdf_k_matmul_args.
+ * They decline when oneDNN is not built in, when the CPU lacks the ISA (f32: AVX2+FMA; bf16:
+ * AVX-512 with AVX512-BF16 or AMX-BF16), for f16 operands, and when oneDNN would only offer its
+ * slow reference implementation for a shape.
+ *
+ * Weight prepacking. Constant weights are reordered once into oneDNN's blocked layout and the
+ * copy is cached, keyed by (data pointer, dims, strides, dtype, target layout):
+ *  - matmul: only bf16 B with one matrix for the whole batch (batch stride 0 or batch 1);
+ *    other B (f32, or per-batch) is never cached: with >= 1024 rows (M) it is reordered per
+ *    call, with fewer it is handed to oneDNN as it is;
+ *  - conv2d: always (conv weights are module parameters).
+ * A freed-and-reused address could alias a stale copy. Defences: every use re-checks a
+ * checksum of 64 sampled elements (a mismatch repacks), owners of weights should call
+ * cdf_k_fast_forget(ptr) before freeing them, and the total is capped
+ * (CDIFFUSERS_PREPACK_MB, default 2048; 0 disables prepacking): past the cap, weights are
+ * reordered per call instead. Residual risk: a different weight of identical shape placed at
+ * the same address that agrees on all 64 samples (e.g. an all-zero tensor replaced by one that
+ * differs only elsewhere) would reuse the old copy.
+ *
+ * Threading: one mutex guards the caches and is held while a primitive runs (oneDNN's shared
+ * scratchpad is not safe for concurrent execution). oneDNN (Debian build) uses the same
+ * libgomp OpenMP runtime as the rest of the library, so its parallel regions share our thread
+ * count (omp_get_max_threads) instead of adding a second pool. */
+#ifndef CDF_KERNELS_FAST_ONEDNN_H
+#define CDF_KERNELS_FAST_ONEDNN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/dispatch.h"
+
+typedef struct cdf_k_fast_info {
+    bool available;              /* oneDNN built in and initialised, CPU (and oneDNN's ISA cap,
+                                  * ONEDNN_MAX_CPU_ISA) allow AVX2+FMA at least */
+    bool avx2_fma, avx512_core;  /* CPU + OS state (cpuid, xgetbv) */
+    bool avx512_bf16, amx_bf16;  /* bf16 dot-product instructions / AMX tiles (cpuid + OS state) */
+    bool amx_permitted;          /* arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) succeeded */
+    bool bf16_supported;         /* the bf16 matmul/conv paths may run (CPU and oneDNN's ISA cap) */
+    char onednn_version[32];     /* "2.6.3", or "" without oneDNN */
+    char onednn_isa[48];         /* oneDNN's effective ISA, e.g. "avx512_core_bf16" */
+} cdf_k_fast_info;
+/* Initialises the fast paths on first use (idempotent, thread-safe) and describes them. */
+void cdf_k_fast_get_info(cdf_k_fast_info *out);
+
+typedef struct cdf_k_fast_stats {
+    int64_t matmul_handled, matmul_declined, conv_handled, conv_declined;
+    int64_t primitives;      /* cached primitive entries, including "declined" ones */
+    int64_t packed_weights;  /* weights currently held prepacked */
+    int64_t packed_bytes;    /* their bytes */
+    int64_t packs, repacks;  /* prepack reorders done; repacks = checksum changed at a known address */
+    int64_t unpacked_reorders; /* per-call weight reorders (prepack cap reached or not eligible) */
+    char last_impl[64];      /* oneDNN implementation of the last primitive run, e.g. "brg:avx512_core_bf16" */
+} cdf_k_fast_stats;
+void cdf_k_fast_get_stats(cdf_k_fast_stats *out);
+void cdf_k_fast_reset_stats(void);
+
+/* Drop the prepacked copies of the weight whose data starts at ptr (call before freeing it). */
+void cdf_k_fast_forget(const void *ptr);
+/* Drop every cache: primitives, prepacked weights, workspaces. */
+void cdf_k_fast_clear(void);
+/* Cap on prepacked weight bytes (0 disables prepacking); existing copies are kept. */
+void cdf_k_fast_set_pack_limit(size_t bytes);
+
+#endif
