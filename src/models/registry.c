@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "core/error_internal.h"
-#include "models/component.h"
+#include "models/component_impl.h"
 
 /* Strong references: they also make a static link pull every model's object file in. */
 extern const cdf_component_class cdf_clip_text_class;
@@ -31,12 +31,6 @@ static const cdf_component_class *const *classes(int *n) {
     return list;
 }
 
-struct cdf_component {
-    const cdf_component_class *cls;
-    void *impl;
-    cJSON *cfg;
-    char class_name[128];
-};
 
 cdf_status cdf_component_load(const char *dir, const cdf_load_options *opt, cdf_component **out) {
     *out = NULL;
