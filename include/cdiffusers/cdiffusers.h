@@ -11,6 +11,7 @@
 #include "cdiffusers/device.h"
 #include "cdiffusers/dtype.h"
 #include "cdiffusers/error.h"
+#include "cdiffusers/exec.h"
 #include "cdiffusers/io.h"
 #include "cdiffusers/pipeline.h"
 #include "cdiffusers/rng.h"

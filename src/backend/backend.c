@@ -152,10 +152,9 @@ cdf_device *cdf_device_default(void) {
 
 const char *cdf_device_name(const cdf_device *dev) { return dev ? dev->name : "(null)"; }
 
-cdf_status cdf_device_synchronize(cdf_device *dev) {
-    if (!dev) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_device_synchronize: device is NULL");
-    return dev->iface->synchronize(dev);
-}
+/* The queue-level sync (exec/ wraps it as the public cdf_device_synchronize, flushing
+ * deferred ops first). */
+cdf_status cdf_backend_device_synchronize(cdf_device *dev) { return dev->iface->synchronize(dev); }
 
 void cdf_device_memory_stats(const cdf_device *dev, cdf_memory_stats *out) {
     memset(out, 0, sizeof *out);

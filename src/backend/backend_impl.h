@@ -50,6 +50,8 @@ cdf_device *cdf_backend_add_device(const cdf_backend_iface *iface, int index, vo
 cdf_status cdf_device_alloc(cdf_device *dev, size_t nbytes, void **out);
 void cdf_device_free(cdf_device *dev, void *ptr, size_t nbytes);
 cdf_status cdf_device_enqueue(cdf_device *dev, cdf_node *node);
+/* Wait for the device's queue and collect its error (no exec-level flush). */
+cdf_status cdf_backend_device_synchronize(cdf_device *dev);
 
 /* Built-in backends. */
 extern const cdf_backend_iface cdf_cpu_backend_iface;

@@ -1,3 +1,4 @@
+/* Execution modes: eager enqueue, or record + fuse + enqueue at sync points. */
 #include "exec/exec.h"
 
 #include <stdatomic.h>
@@ -6,8 +7,51 @@
 
 #include "backend/backend_impl.h"
 #include "core/error_internal.h"
+#include "graph/fuse.h"
 
-static atomic_ullong g_ops, g_kernels, g_syncs;
+/* A pending graph is executed when it reaches this many ops or this many bytes of outputs
+ * (every recorded op's output is already allocated, so this bounds the memory a deferred
+ * graph can hold). */
+#define PENDING_MAX_NODES 2048
+#define PENDING_MAX_BYTES (256u << 20)
+
+static atomic_ullong g_ops, g_kernels, g_syncs, g_flushes, g_fused_kernels, g_fused_ops, g_compiles, g_hits, g_breaks;
+static atomic_int g_mode = -1;
+
+typedef struct pending_graph {
+    cdf_node **nodes;
+    int n, cap;
+    size_t bytes;
+} pending_graph;
+static _Thread_local pending_graph tl_pending;
+
+static cdf_exec_mode mode_now(void) {
+    int m = atomic_load(&g_mode);
+    if (m < 0) {
+        const char *f = getenv("CDIFFUSERS_DEFER_AND_FUSE");
+        const char *e = getenv("CDIFFUSERS_EAGER_MODE");
+        m = CDF_EXEC_EAGER;
+        if (f && (strcmp(f, "1") == 0 || strcmp(f, "true") == 0 || strcmp(f, "on") == 0)) m = CDF_EXEC_DEFER_AND_FUSE;
+        if (e && strcmp(e, "defer_never") == 0) m = CDF_EXEC_EAGER; /* explicit eager wins */
+        int expected = -1;
+        atomic_compare_exchange_strong(&g_mode, &expected, m);
+        m = atomic_load(&g_mode);
+    }
+    return (cdf_exec_mode)m;
+}
+
+cdf_exec_mode cdf_get_exec_mode(void) { return mode_now(); }
+
+const char *cdf_exec_mode_name(cdf_exec_mode m) {
+    return m == CDF_EXEC_DEFER_AND_FUSE ? "defer-and-fuse" : "eager";
+}
+
+cdf_status cdf_set_exec_mode(cdf_exec_mode m) {
+    if (m != CDF_EXEC_EAGER && m != CDF_EXEC_DEFER_AND_FUSE) return cdf_error(CDF_ERR_INVALID_ARG, "unknown execution mode %d", (int)m);
+    CDF_TRY(cdf_exec_flush());
+    atomic_store(&g_mode, (int)m);
+    return CDF_OK;
+}
 
 cdf_node *cdf_node_new(cdf_op_kind kind) {
     cdf_node *n = calloc(1, sizeof *n);
@@ -27,7 +71,30 @@ void cdf_node_free(cdf_node *n) {
     if (!n) return;
     for (int i = 0; i < n->n_src; i++) cdf_tensor_release(n->src[i]);
     cdf_tensor_release(n->dst);
+    if (n->kind == CDF_OP_FUSED) free(n->p.fused.prog);
     free(n);
+}
+
+static cdf_status launch(cdf_node *node) {
+    atomic_fetch_add(&g_kernels, 1);
+    return cdf_device_enqueue(node->dst->storage->dev, node);
+}
+
+cdf_status cdf_exec_flush(void) {
+    pending_graph *pg = &tl_pending;
+    if (pg->n == 0) return CDF_OK;
+    atomic_fetch_add(&g_flushes, 1);
+    cdf_fuse_stats fs = {0};
+    cdf_fuse_elementwise(pg->nodes, &pg->n, &fs);
+    atomic_fetch_add(&g_fused_kernels, (unsigned long long)fs.chains);
+    atomic_fetch_add(&g_fused_ops, (unsigned long long)fs.nodes_fused);
+    cdf_status s = CDF_OK;
+    int i = 0;
+    for (; i < pg->n && s == CDF_OK; i++) s = launch(pg->nodes[i]);
+    for (; i < pg->n; i++) cdf_node_free(pg->nodes[i]); /* not launched after a failure */
+    pg->n = 0;
+    pg->bytes = 0;
+    return s;
 }
 
 cdf_status cdf_exec_submit(cdf_node *node) {
@@ -42,23 +109,59 @@ cdf_status cdf_exec_submit(cdf_node *node) {
         }
     }
     atomic_fetch_add(&g_ops, 1);
-    atomic_fetch_add(&g_kernels, 1);
-    return cdf_device_enqueue(dev, node);
+    if (mode_now() == CDF_EXEC_EAGER) return launch(node);
+    pending_graph *pg = &tl_pending;
+    if (pg->n == pg->cap) {
+        int cap = pg->cap ? pg->cap * 2 : 256;
+        cdf_node **p = realloc(pg->nodes, (size_t)cap * sizeof *p);
+        if (!p) { /* cannot record: run what we have, then this node, eagerly */
+            cdf_status s = cdf_exec_flush();
+            if (s != CDF_OK) {
+                cdf_node_free(node);
+                return s;
+            }
+            return launch(node);
+        }
+        pg->nodes = p;
+        pg->cap = cap;
+    }
+    pg->nodes[pg->n++] = node;
+    pg->bytes += (size_t)cdf_shape_numel(node->dst->ndim, node->dst->shape) * cdf_dtype_size(node->dst->dtype);
+    if (pg->n >= PENDING_MAX_NODES || pg->bytes >= PENDING_MAX_BYTES) return cdf_exec_flush();
+    return CDF_OK;
 }
 
 cdf_status cdf_exec_sync_for_read(const cdf_tensor *t) {
     atomic_fetch_add(&g_syncs, 1);
-    return cdf_device_synchronize(t->storage->dev);
+    CDF_TRY(cdf_exec_flush());
+    return cdf_backend_device_synchronize(t->storage->dev);
 }
 
-void cdf_exec_get_counters(cdf_exec_counters *out) {
-    out->ops_submitted = atomic_load(&g_ops);
-    out->kernels_launched = atomic_load(&g_kernels);
-    out->host_syncs = atomic_load(&g_syncs);
+/* The public device sync: pending (deferred) ops of this thread first, then the queue. */
+cdf_status cdf_device_synchronize(cdf_device *dev) {
+    if (!dev) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_device_synchronize: device is NULL");
+    cdf_status f = cdf_exec_flush();
+    cdf_status s = cdf_backend_device_synchronize(dev);
+    return f != CDF_OK ? f : s;
 }
 
-void cdf_exec_reset_counters(void) {
-    atomic_store(&g_ops, 0);
-    atomic_store(&g_kernels, 0);
-    atomic_store(&g_syncs, 0);
+void cdf_exec_count_compile(void) { atomic_fetch_add(&g_compiles, 1); }
+void cdf_exec_count_cache_hit(void) { atomic_fetch_add(&g_hits, 1); }
+void cdf_exec_count_graph_break(void) { atomic_fetch_add(&g_breaks, 1); }
+
+void cdf_exec_get_stats(cdf_exec_stats *o) {
+    o->ops = atomic_load(&g_ops);
+    o->kernels_launched = atomic_load(&g_kernels);
+    o->host_syncs = atomic_load(&g_syncs);
+    o->flushes = atomic_load(&g_flushes);
+    o->fused_kernels = atomic_load(&g_fused_kernels);
+    o->fused_ops = atomic_load(&g_fused_ops);
+    o->compiles = atomic_load(&g_compiles);
+    o->cache_hits = atomic_load(&g_hits);
+    o->graph_breaks = atomic_load(&g_breaks);
+}
+
+void cdf_exec_reset_stats(void) {
+    atomic_ullong *all[] = {&g_ops, &g_kernels, &g_syncs, &g_flushes, &g_fused_kernels, &g_fused_ops, &g_compiles, &g_hits, &g_breaks};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) atomic_store(all[i], 0);
 }

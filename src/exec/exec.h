@@ -1,23 +1,21 @@
-/* exec/ — decides what happens to each op node, by execution mode.
- *  eager (default): the node is enqueued on its device's in-order queue at once.
- *  (defer-and-fuse and compile record nodes instead; see issue #4.) */
+/* exec/ — decides what happens to each op node, by execution mode (see cdiffusers/exec.h):
+ * eager enqueues it on its device at once; defer-and-fuse appends it to the thread's pending
+ * graph, which graph/fuse.c optimises at the next sync point. */
 #ifndef CDF_EXEC_H
 #define CDF_EXEC_H
 
+#include "cdiffusers/exec.h"
 #include "graph/node.h"
 
-/* Take ownership of a fully built node (dst allocated, sources retained) and run it. On
- * failure the node is freed and the error set. */
+/* Take ownership of a fully built node (dst allocated, sources retained) and run or record
+ * it. On failure the node is freed and the error set. */
 cdf_status cdf_exec_submit(cdf_node *node);
-/* Called before the host reads t: waits for (or flushes and waits for) its producer. */
+/* Called before the host reads t: flushes pending ops and waits for the device. */
 cdf_status cdf_exec_sync_for_read(const cdf_tensor *t);
 
-typedef struct cdf_exec_counters {
-    uint64_t ops_submitted;   /* op nodes created by the tensor API */
-    uint64_t kernels_launched; /* kernels handed to a device queue */
-    uint64_t host_syncs;      /* host reads that waited on a device */
-} cdf_exec_counters;
-void cdf_exec_get_counters(cdf_exec_counters *out);
-void cdf_exec_reset_counters(void);
+/* Internal counters bumped by other exec files (compile). */
+void cdf_exec_count_compile(void);
+void cdf_exec_count_cache_hit(void);
+void cdf_exec_count_graph_break(void);
 
 #endif

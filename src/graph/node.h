@@ -25,12 +25,13 @@ typedef enum cdf_op_kind {
     CDF_OP_ATTENTION,     /* src0 q, src1 k, src2 v, src3 mask (optional) */
     CDF_OP_ROPE,          /* src0 x, src1 cos, src2 sin */
     CDF_OP_TIMESTEP_EMB,
+    CDF_OP_FUSED,         /* an elementwise chain (graph/fuse.c): dst = program(src...) */
     CDF_OP_COUNT
 } cdf_op_kind;
 
 const char *cdf_op_name(cdf_op_kind k);
 
-#define CDF_NODE_MAX_SRC 4
+#define CDF_NODE_MAX_SRC CDF_FUSE_MAX_INPUTS
 
 typedef struct cdf_node {
     cdf_op_kind kind;
@@ -50,6 +51,7 @@ typedef struct cdf_node {
         struct { int fh, fw; } upsample;
         struct { float scale; } attention;
         struct { bool flip; float shift, scale, max_period; int dim; } temb;
+        struct { cdf_fused_program *prog; } fused; /* owned by the node */
     } p;
 } cdf_node;
 

@@ -94,6 +94,33 @@ cdf_status cdf_k_binary(cdf_binary_op op, void *out, cdf_dtype out_dt, const voi
                         const int64_t *a_strides, const void *b, cdf_dtype b_dt, const int64_t *b_strides,
                         int ndim, const int64_t *shape);
 
+/* ---- fused elementwise chains (defer-and-fuse, compile) ----------------------------------- */
+
+#define CDF_FUSE_MAX_STEPS 16
+#define CDF_FUSE_MAX_INPUTS 8
+
+/* One step of a chain: unary: v = op(v); binary: v = op(v, in[input]) or, with chain_rhs,
+ * v = op(in[input], v). The chain starts as v = in[0]. */
+typedef struct cdf_fused_step {
+    bool binary;
+    bool chain_rhs;
+    int8_t input;
+    int op; /* cdf_unary_op or cdf_binary_op */
+    float p0, p1;
+} cdf_fused_step;
+
+typedef struct cdf_fused_program {
+    int n_steps;
+    cdf_fused_step steps[CDF_FUSE_MAX_STEPS];
+} cdf_fused_program;
+
+/* out[idx] = program(in[0][idx], in[1][idx], ...) over `shape`, out contiguous, each input with
+ * its own element strides (0 = broadcast). Intermediate values stay in f32 registers, which is
+ * bit-identical to the unfused ops when their intermediate tensors are f32. */
+cdf_status cdf_k_fused_elementwise(const cdf_fused_program *p, void *out, cdf_dtype out_dt, int n_in,
+                                   const void *const *in, const cdf_dtype *in_dt, const int64_t *const *in_strides,
+                                   int ndim, const int64_t *shape);
+
 /* ---- matmul ---------------------------------------------------------------------------- */
 
 /* For each batch index i < batch:

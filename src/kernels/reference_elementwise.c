@@ -3,38 +3,6 @@
 
 #define ELEM_CHUNK 256 /* elements converted to f32 at a time */
 
-static inline float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-static inline float unary_f(cdf_unary_op op, float x, float p0, float p1) {
-    switch (op) {
-    case CDF_UN_NEG: return -x;
-    case CDF_UN_EXP: return expf(x);
-    case CDF_UN_LOG: return logf(x);
-    case CDF_UN_SQRT: return sqrtf(x);
-    case CDF_UN_RSQRT: return 1.0f / sqrtf(x);
-    case CDF_UN_SQUARE: return x * x;
-    case CDF_UN_ABS: return fabsf(x);
-    case CDF_UN_SIGMOID: return sigmoid_f(x);
-    case CDF_UN_TANH: return tanhf(x);
-    case CDF_UN_SILU: return x / (1.0f + expf(-x));
-    case CDF_UN_GELU_ERF: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
-    case CDF_UN_GELU_TANH: {
-        const float k = 0.79788456080286535588f; /* sqrt(2/pi) */
-        return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-    }
-    case CDF_UN_QUICK_GELU: return x * sigmoid_f(1.702f * x);
-    case CDF_UN_RELU: return x < 0.0f ? 0.0f : x; /* NaN passes through, as torch */
-    case CDF_UN_SIN: return sinf(x);
-    case CDF_UN_COS: return cosf(x);
-    case CDF_UN_SCALE: return x * p0;
-    case CDF_UN_ADD_SCALAR: return x + p0;
-    case CDF_UN_AFFINE: return x * p0 + p1;
-    case CDF_UN_CLAMP: return x < p0 ? p0 : (x > p1 ? p1 : x); /* NaN passes through, as torch */
-    case CDF_UN_POW: return powf(x, p0);
-    default: return x;
-    }
-}
-
 cdf_status cdf_k_unary(cdf_unary_op op, float p0, float p1, void *out, cdf_dtype out_dt, const void *in,
                        cdf_dtype in_dt, int64_t n) {
     static const char *fn = "cdf_k_unary";
@@ -52,22 +20,10 @@ cdf_status cdf_k_unary(cdf_unary_op op, float p0, float p1, void *out, cdf_dtype
         float buf[ELEM_CHUNK];
         int64_t off = c * ELEM_CHUNK, len = n - off < ELEM_CHUNK ? n - off : ELEM_CHUNK;
         cdf_k_load_row(buf, in, in_dt, off, len);
-        for (int64_t i = 0; i < len; i++) buf[i] = unary_f(op, buf[i], p0, p1);
+        for (int64_t i = 0; i < len; i++) buf[i] = cdf_k_unary_f(op, buf[i], p0, p1);
         cdf_k_store_row(out, out_dt, off, buf, len);
     }
     return CDF_OK;
-}
-
-static inline float binary_f(cdf_binary_op op, float a, float b) {
-    switch (op) {
-    case CDF_BIN_ADD: return a + b;
-    case CDF_BIN_SUB: return a - b;
-    case CDF_BIN_MUL: return a * b;
-    case CDF_BIN_DIV: return a / b;
-    case CDF_BIN_MAX: return (a > b || isnan(a)) ? a : b; /* NaN propagates, as torch.maximum */
-    case CDF_BIN_MIN: return (a < b || isnan(a)) ? a : b;
-    default: return a;
-    }
 }
 
 cdf_status cdf_k_binary(cdf_binary_op op, void *out, cdf_dtype out_dt, const void *a, cdf_dtype a_dt,
@@ -114,11 +70,11 @@ cdf_status cdf_k_binary(cdf_binary_op op, void *out, cdf_dtype out_dt, const voi
         if (all_f32) {
             const float *pa = (const float *)a + aoff, *pb = (const float *)b + boff;
             float *po = (float *)out + ooff;
-            for (int64_t i = 0; i < inner; i++) po[i] = binary_f(op, pa[i * as], pb[i * bs]);
+            for (int64_t i = 0; i < inner; i++) po[i] = cdf_k_binary_f(op, pa[i * as], pb[i * bs]);
         } else {
             for (int64_t i = 0; i < inner; i++)
                 cdf_k_st(out, out_dt, ooff + i,
-                         binary_f(op, cdf_k_ld(a, a_dt, aoff + i * as), cdf_k_ld(b, b_dt, boff + i * bs)));
+                         cdf_k_binary_f(op, cdf_k_ld(a, a_dt, aoff + i * as), cdf_k_ld(b, b_dt, boff + i * bs)));
         }
     }
     return CDF_OK;

@@ -96,4 +96,51 @@ static inline float cdf_k_sumsq_dev_f32(const float *x, int64_t n, float mean) {
     return cdf_k_sumsq_dev_f32(x, half, mean) + cdf_k_sumsq_dev_f32(x + half, n - half, mean);
 }
 
+static inline float cdf_k_sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* The scalar definitions of the elementwise ops, shared by the plain and the fused kernels so
+ * that a fused chain computes bit-identical results. */
+static inline float cdf_k_unary_f(cdf_unary_op op, float x, float p0, float p1) {
+    switch (op) {
+    case CDF_UN_NEG: return -x;
+    case CDF_UN_EXP: return expf(x);
+    case CDF_UN_LOG: return logf(x);
+    case CDF_UN_SQRT: return sqrtf(x);
+    case CDF_UN_RSQRT: return 1.0f / sqrtf(x);
+    case CDF_UN_SQUARE: return x * x;
+    case CDF_UN_ABS: return fabsf(x);
+    case CDF_UN_SIGMOID: return cdf_k_sigmoid_f(x);
+    case CDF_UN_TANH: return tanhf(x);
+    case CDF_UN_SILU: return x / (1.0f + expf(-x));
+    case CDF_UN_GELU_ERF: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
+    case CDF_UN_GELU_TANH: {
+        const float k = 0.79788456080286535588f; /* sqrt(2/pi) */
+        return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+    }
+    case CDF_UN_QUICK_GELU: return x * cdf_k_sigmoid_f(1.702f * x);
+    case CDF_UN_RELU: return x < 0.0f ? 0.0f : x; /* NaN passes through, as torch */
+    case CDF_UN_SIN: return sinf(x);
+    case CDF_UN_COS: return cosf(x);
+    case CDF_UN_SCALE: return x * p0;
+    case CDF_UN_ADD_SCALAR: return x + p0;
+    case CDF_UN_AFFINE: return x * p0 + p1;
+    case CDF_UN_CLAMP: return x < p0 ? p0 : (x > p1 ? p1 : x); /* NaN passes through, as torch */
+    case CDF_UN_POW: return powf(x, p0);
+    default: return x;
+    }
+}
+
+static inline float cdf_k_binary_f(cdf_binary_op op, float a, float b) {
+    switch (op) {
+    case CDF_BIN_ADD: return a + b;
+    case CDF_BIN_SUB: return a - b;
+    case CDF_BIN_MUL: return a * b;
+    case CDF_BIN_DIV: return a / b;
+    case CDF_BIN_MAX: return (a > b || isnan(a)) ? a : b; /* NaN propagates, as torch.maximum */
+    case CDF_BIN_MIN: return (a < b || isnan(a)) ? a : b;
+    default: return a;
+    }
+}
+
+
 #endif

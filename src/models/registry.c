@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/error_internal.h"
+#include "cdiffusers/exec.h"
 #include "models/component_impl.h"
 
 /* Strong references: they also make a static link pull every model's object file in. */
@@ -83,7 +84,10 @@ cdf_status cdf_component_run(cdf_component *c, const char *method, const cdf_ten
     cdf_scope_push();
     cdf_status s = c->cls->run(c->impl, method ? method : "forward", in, out);
     cdf_scope_pop(NULL, 0); /* outputs live on through the references `out` holds */
-    return s;
+    /* the end of a forward is a sync point for defer-and-fuse: by now every intermediate is
+     * released, so the pending graph fuses as much as it can */
+    cdf_status f = cdf_exec_flush();
+    return s != CDF_OK ? s : f;
 }
 
 void cdf_component_free(cdf_component *c) {

@@ -11,7 +11,7 @@ static const char *k_op_names[CDF_OP_COUNT] = {
     [CDF_OP_SOFTMAX] = "softmax",     [CDF_OP_LAYER_NORM] = "layer_norm", [CDF_OP_RMS_NORM] = "rms_norm",
     [CDF_OP_GROUP_NORM] = "group_norm", [CDF_OP_REDUCE] = "reduce",   [CDF_OP_CONV2D] = "conv2d",
     [CDF_OP_UPSAMPLE] = "upsample_nearest", [CDF_OP_ATTENTION] = "attention", [CDF_OP_ROPE] = "rope",
-    [CDF_OP_TIMESTEP_EMB] = "timestep_embedding",
+    [CDF_OP_TIMESTEP_EMB] = "timestep_embedding", [CDF_OP_FUSED] = "fused_elementwise",
 };
 
 const char *cdf_op_name(cdf_op_kind k) { return (unsigned)k < CDF_OP_COUNT ? k_op_names[k] : "?"; }
@@ -120,6 +120,17 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n) {
     case CDF_OP_TIMESTEP_EMB:
         return cdf_k_timestep_embedding(dp, PTR(SRC(0)), SRC(0)->shape[0], n->p.temb.dim, n->p.temb.flip,
                                         n->p.temb.shift, n->p.temb.scale, n->p.temb.max_period);
+    case CDF_OP_FUSED: {
+        const void *in[CDF_NODE_MAX_SRC];
+        cdf_dtype dt[CDF_NODE_MAX_SRC];
+        const int64_t *st[CDF_NODE_MAX_SRC];
+        for (int i = 0; i < n->n_src; i++) {
+            in[i] = PTR(SRC(i));
+            dt[i] = SRC(i)->dtype;
+            st[i] = SRC(i)->strides;
+        }
+        return cdf_k_fused_elementwise(n->p.fused.prog, dp, d->dtype, n->n_src, in, dt, st, d->ndim, d->shape);
+    }
     case CDF_OP_COUNT: break;
     }
     return cdf_error(CDF_ERR_INTERNAL, "cpu backend: unknown op kind %d", (int)n->kind);
