@@ -12,6 +12,7 @@
 #ifndef CDIFFUSERS_EXEC_H
 #define CDIFFUSERS_EXEC_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "cdiffusers/error.h"
@@ -28,6 +29,22 @@ cdf_exec_mode cdf_get_exec_mode(void);
 const char *cdf_exec_mode_name(cdf_exec_mode mode);
 /* Run this thread's pending ops (defer-and-fuse); no-op in eager mode. Does not wait. */
 cdf_status cdf_exec_flush(void);
+
+/* compile: a model forward is captured once per input signature (names, dtypes, shapes) into a
+ * static graph, optimised (elementwise fusion) and replayed for later calls with the same
+ * signature; intermediate buffers are allocated once per graph. Timesteps, sigmas and guidance
+ * are inputs, so changing the step count never recompiles; a new height/width compiles once.
+ * fullgraph: a host read inside the forward (a graph break) is an error naming it instead of a
+ * silent fallback to eager. dynamic shapes are not supported (dynamic must be false). */
+typedef struct cdf_compile_options {
+    const char *backend; /* "cpu" */
+    bool fullgraph;
+    bool dynamic;
+} cdf_compile_options;
+cdf_compile_options cdf_compile_default_options(void); /* cpu, fullgraph, static shapes */
+/* Testing hook: make any compile after the first one of a module an error (CDF_ERR_GRAPH_BREAK
+ * is not used; CDF_ERR_UNSUPPORTED "unexpected recompile"), to assert that a call reused a graph. */
+void cdf_compile_set_forbid_recompile(bool forbid);
 
 typedef struct cdf_exec_stats {
     uint64_t ops;              /* op nodes created by the tensor API */

@@ -7,6 +7,7 @@
 
 #include "backend/backend_impl.h"
 #include "core/error_internal.h"
+#include "exec/compile.h"
 #include "graph/fuse.h"
 
 /* A pending graph is executed when it reaches this many ops or this many bytes of outputs
@@ -109,6 +110,7 @@ cdf_status cdf_exec_submit(cdf_node *node) {
         }
     }
     atomic_fetch_add(&g_ops, 1);
+    if (cdf_compile_record(node)) return CDF_OK; /* captured into a graph being compiled */
     if (mode_now() == CDF_EXEC_EAGER) return launch(node);
     pending_graph *pg = &tl_pending;
     if (pg->n == pg->cap) {
@@ -133,6 +135,7 @@ cdf_status cdf_exec_submit(cdf_node *node) {
 
 cdf_status cdf_exec_sync_for_read(const cdf_tensor *t) {
     atomic_fetch_add(&g_syncs, 1);
+    CDF_TRY(cdf_compile_on_host_read(t));
     CDF_TRY(cdf_exec_flush());
     return cdf_backend_device_synchronize(t->storage->dev);
 }

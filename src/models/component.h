@@ -9,6 +9,7 @@
 #ifndef CDF_COMPONENT_H
 #define CDF_COMPONENT_H
 
+#include "cdiffusers/exec.h"
 #include "nn/nn.h"
 
 typedef struct cdf_component_class {
@@ -33,6 +34,38 @@ void cdf_component_free(cdf_component *c);
 const char *cdf_component_class_name(const cdf_component *c);
 /* The config's parsed JSON (owned by the component). */
 const struct cJSON *cdf_component_config(const cdf_component *c);
+
+/* Compile the component: every later run is captured once per input signature and replayed
+ * (see cdiffusers/exec.h). With fullgraph a forward that reads device values on the host fails
+ * with CDF_ERR_GRAPH_BREAK naming the read. */
+cdf_status cdf_component_compile(cdf_component *c, const cdf_compile_options *opt);
+/* Number of graphs compiled for the component (all methods). */
+int cdf_component_compiled_graphs(const cdf_component *c);
+
+/* ---- model offload (component_offload.c) -------------------------------------------------
+ * An offloadable component can release its weights from the device and re-materialise them
+ * (class->load again from `dir` with `opt`: the safetensors are mmap'ed, so this is a dtype
+ * conversion from the page cache, not disk IO) just before its next run. Enabling wraps the
+ * component's class: cdf_component_run and cdf_component_free keep working unchanged; code
+ * that needs the model's own class or object uses cdf_component_model_class / _model. */
+/* Called before every run of a wrapped component (may release other components). */
+typedef cdf_status (*cdf_component_hook)(cdf_component *c, void *user);
+/* Make c offloadable (it stays loaded). Calling it again only replaces the hook. */
+cdf_status cdf_component_enable_offload(cdf_component *c, const char *dir, const cdf_load_options *opt,
+                                        cdf_component_hook before_run, void *user);
+bool cdf_component_offload_enabled(const cdf_component *c);
+/* Release the weights (waits for queued ops first; drops compiled graphs). No-op if released. */
+cdf_status cdf_component_offload(cdf_component *c);
+/* Re-materialise the weights if they are released. */
+cdf_status cdf_component_ensure_loaded(cdf_component *c);
+bool cdf_component_is_loaded(const cdf_component *c);
+/* Device bytes the weights took at their last materialisation (offloadable components; else 0). */
+uint64_t cdf_component_resident_bytes(const cdf_component *c);
+/* Materialisations so far, the initial load included. */
+int cdf_component_load_count(const cdf_component *c);
+/* The model's own class / object (NULL while offloaded), wrapped or not. */
+const cdf_component_class *cdf_component_model_class(const cdf_component *c);
+void *cdf_component_model(const cdf_component *c);
 
 /* Helpers for model code: a required input (error names it) / an optional one. */
 cdf_tensor *cdf_input(const cdf_tensor_map *in, const char *name, const char *model);

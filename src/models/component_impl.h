@@ -5,6 +5,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "cdiffusers/exec.h"
 #include "models/component.h"
 
 struct cdf_component {
@@ -12,6 +13,15 @@ struct cdf_component {
     void *impl; /* NULL while offloaded (weights released) */
     cJSON *cfg;
     char class_name[128];
+    /* compile (cdf_component_compile): one graph cache per method ("forward", "encode",
+     * "decode"), NULL when the component runs uncompiled */
+    bool compiled;
+    cdf_compile_options compile_opt;
+    struct cdf_graph_cache *graphs[3];
 };
+
+/* component_compile.c */
+cdf_status cdf_component_run_compiled(cdf_component *c, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out);
+void cdf_component_drop_graphs(cdf_component *c);
 
 #endif

@@ -82,7 +82,8 @@ cdf_status cdf_component_load(const char *dir, const cdf_load_options *opt, cdf_
 cdf_status cdf_component_run(cdf_component *c, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out) {
     if (!c) return cdf_error(CDF_ERR_INVALID_ARG, "component is NULL");
     cdf_scope_push();
-    cdf_status s = c->cls->run(c->impl, method ? method : "forward", in, out);
+    cdf_status s = c->compiled ? cdf_component_run_compiled(c, method ? method : "forward", in, out)
+                               : c->cls->run(c->impl, method ? method : "forward", in, out);
     cdf_scope_pop(NULL, 0); /* outputs live on through the references `out` holds */
     /* the end of a forward is a sync point for defer-and-fuse: by now every intermediate is
      * released, so the pending graph fuses as much as it can */
@@ -92,6 +93,7 @@ cdf_status cdf_component_run(cdf_component *c, const char *method, const cdf_ten
 
 void cdf_component_free(cdf_component *c) {
     if (!c) return;
+    cdf_component_drop_graphs(c);
     c->cls->free(c->impl);
     cJSON_Delete(c->cfg);
     free(c);

@@ -1,0 +1,330 @@
+/* Graph capture and replay (see compile.h). */
+#include "exec/compile.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend_impl.h"
+#include "core/error_internal.h"
+#include "exec/exec.h"
+#include "graph/fuse.h"
+#include "nn/nn.h"
+
+#define MAX_PARAMS 512 /* named inputs + block weights bound per call */
+
+cdf_compile_options cdf_compile_default_options(void) {
+    return (cdf_compile_options){.backend = "cpu", .fullgraph = true, .dynamic = false};
+}
+
+static bool g_forbid_recompile;
+void cdf_compile_set_forbid_recompile(bool forbid) { g_forbid_recompile = forbid; }
+
+/* ---- the capture in progress on this thread ------------------------------------------------ */
+typedef struct capture {
+    bool active, broken, fullgraph;
+    const char *who;
+    cdf_node **nodes;
+    int n, cap;
+    cdf_status break_status;
+} capture;
+static _Thread_local capture tl_cap;
+
+bool cdf_compile_tracing(void) { return tl_cap.active && !tl_cap.broken; }
+
+bool cdf_compile_record(cdf_node *n) {
+    if (!cdf_compile_tracing()) return false;
+    if (tl_cap.n == tl_cap.cap) {
+        int cap = tl_cap.cap ? tl_cap.cap * 2 : 512;
+        cdf_node **p = realloc(tl_cap.nodes, (size_t)cap * sizeof *p);
+        if (!p) return false; /* caller runs it eagerly: the capture then is incomplete */
+        tl_cap.nodes = p;
+        tl_cap.cap = cap;
+    }
+    tl_cap.nodes[tl_cap.n++] = n;
+    return true;
+}
+
+/* Launch recorded nodes (ownership passes to the queues). */
+static cdf_status launch_all(cdf_node **nodes, int n) {
+    cdf_status s = CDF_OK;
+    int i = 0;
+    for (; i < n && s == CDF_OK; i++) s = cdf_device_enqueue(nodes[i]->dst->storage->dev, nodes[i]);
+    for (; i < n; i++) cdf_node_free(nodes[i]);
+    return s;
+}
+
+cdf_status cdf_compile_on_host_read(const cdf_tensor *t) {
+    if (!cdf_compile_tracing()) return CDF_OK;
+    char d[96];
+    cdf_tensor_describe(t, d, sizeof d);
+    cdf_exec_count_graph_break();
+    tl_cap.broken = true;
+    if (tl_cap.fullgraph) {
+        tl_cap.break_status = cdf_error(CDF_ERR_GRAPH_BREAK,
+                                        "compile(fullgraph=true): graph break in %s: the forward reads a %s tensor on the "
+                                        "host (a value-dependent computation); compile with fullgraph=false to fall back to "
+                                        "eager for this module",
+                                        tl_cap.who ? tl_cap.who : "forward", d);
+        return tl_cap.break_status;
+    }
+    /* abandon the capture: what was recorded runs now, the rest of the forward runs eagerly */
+    cdf_status s = launch_all(tl_cap.nodes, tl_cap.n);
+    tl_cap.n = 0;
+    return s;
+}
+
+/* ---- plans --------------------------------------------------------------------------------- */
+typedef struct plan {
+    char *key;
+    bool uncompilable; /* a graph break happened for this signature (fullgraph=false) */
+    cdf_node **nodes;
+    int n;
+    int n_params;
+    cdf_tensor *params[MAX_PARAMS]; /* traced parameter tensors (references) */
+    int n_out;
+    char **out_names;
+    cdf_tensor **outs; /* traced outputs (views on plan buffers or parameters) */
+} plan;
+
+struct cdf_graph_cache {
+    char name[128];
+    cdf_compile_options opt;
+    plan *plans;
+    int n_plans;
+};
+
+cdf_graph_cache *cdf_graph_cache_new(const char *name, const cdf_compile_options *opt) {
+    cdf_graph_cache *c = calloc(1, sizeof *c);
+    if (!c) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        return NULL;
+    }
+    snprintf(c->name, sizeof c->name, "%s", name ? name : "module");
+    c->opt = opt ? *opt : cdf_compile_default_options();
+    return c;
+}
+
+static void plan_clear(plan *p) {
+    for (int i = 0; i < p->n; i++) cdf_node_free(p->nodes[i]);
+    free(p->nodes);
+    for (int i = 0; i < p->n_params; i++) cdf_tensor_release(p->params[i]);
+    for (int i = 0; i < p->n_out; i++) {
+        free(p->out_names[i]);
+        cdf_tensor_release(p->outs[i]);
+    }
+    free(p->out_names);
+    free(p->outs);
+    free(p->key);
+}
+
+void cdf_graph_cache_free(cdf_graph_cache *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n_plans; i++) plan_clear(&c->plans[i]);
+    free(c->plans);
+    free(c);
+}
+
+int cdf_graph_cache_size(const cdf_graph_cache *c) { return c ? c->n_plans : 0; }
+
+static char *signature(const cdf_tensor_map *in) {
+    size_t cap = 256, len = 0;
+    char *k = malloc(cap);
+    if (!k) return NULL;
+    k[0] = 0;
+    for (int i = 0; i < in->n; i++) {
+        char d[160];
+        cdf_tensor_describe(in->tensors[i], d, sizeof d);
+        size_t need = strlen(in->names[i]) + strlen(d) + 4;
+        if (len + need >= cap) {
+            cap = (len + need) * 2;
+            char *nk = realloc(k, cap);
+            if (!nk) {
+                free(k);
+                return NULL;
+            }
+            k = nk;
+        }
+        len += (size_t)sprintf(k + len, "%s=%s; ", in->names[i], d);
+    }
+    return k;
+}
+
+/* A copy of node n with every reference to a traced parameter's storage rebound to the
+ * corresponding new tensor (same offsets relative to the parameter). */
+static cdf_node *bind_node(const cdf_node *n, cdf_tensor *const *traced, cdf_tensor *const *now, int np) {
+    cdf_node *c = cdf_node_new(n->kind);
+    if (!c) return NULL;
+    c->p = n->p;
+    if (n->kind == CDF_OP_FUSED) {
+        c->p.fused.prog = malloc(sizeof *c->p.fused.prog);
+        if (!c->p.fused.prog) {
+            free(c);
+            cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+            return NULL;
+        }
+        *c->p.fused.prog = *n->p.fused.prog;
+    }
+    for (int k = -1; k < n->n_src; k++) {
+        cdf_tensor *t = k < 0 ? n->dst : n->src[k], *b = t;
+        bool rebound = false;
+        for (int j = 0; t && j < np; j++) {
+            if (t->storage == traced[j]->storage) {
+                b = cdf_tensor_view_of(now[j]->storage, t->offset - traced[j]->offset + now[j]->offset, t->dtype, t->ndim,
+                                       t->shape, t->strides);
+                rebound = true;
+                break;
+            }
+        }
+        if (!rebound && t) cdf_tensor_retain(t);
+        if (k < 0) c->dst = b;
+        else c->src[c->n_src++] = b;
+    }
+    return c;
+}
+
+/* Run plan p with parameters now[] (same order as p->params) and copy the outputs into out. */
+static cdf_status run_plan(plan *p, cdf_tensor *const *now, cdf_tensor_map *out) {
+    cdf_scope_suppress(1);
+    cdf_status s = CDF_OK;
+    for (int i = 0; i < p->n && s == CDF_OK; i++) {
+        cdf_node *b = bind_node(p->nodes[i], p->params, now, p->n_params);
+        if (!b) s = cdf_last_status();
+        else s = cdf_device_enqueue(b->dst->storage->dev, b);
+    }
+    for (int i = 0; i < p->n_out && s == CDF_OK; i++) {
+        /* outputs live in the plan's buffers, which the next replay overwrites: copy out */
+        cdf_tensor *o = p->outs[i];
+        cdf_tensor *src = o;
+        for (int j = 0; j < p->n_params; j++)
+            if (o->storage == p->params[j]->storage)
+                src = cdf_tensor_view_of(now[j]->storage, o->offset - p->params[j]->offset + now[j]->offset, o->dtype,
+                                         o->ndim, o->shape, o->strides);
+        cdf_tensor *copy = cdf_tensor_alloc(o->storage->dev, o->dtype, o->ndim, o->shape);
+        cdf_node *cn = copy ? cdf_node_new(CDF_OP_COPY) : NULL;
+        if (cn) {
+            cdf_node_add_src(cn, src);
+            cn->dst = cdf_tensor_retain(copy);
+            s = cdf_device_enqueue(copy->storage->dev, cn);
+            if (s == CDF_OK) s = cdf_tensor_map_set(out, p->out_names[i], copy);
+        } else {
+            s = cdf_last_status() ? cdf_last_status() : CDF_ERR_OUT_OF_MEMORY;
+        }
+        if (src != o) cdf_tensor_release(src);
+        cdf_tensor_release(copy);
+    }
+    cdf_scope_suppress(-1);
+    return s;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static bool log_compile(void) {
+    const char *v = getenv("CDIFFUSERS_LOG");
+    return v && strstr(v, "compile");
+}
+
+cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, const cdf_tensor_map *in,
+                               cdf_tensor_map *out, cdf_tensor *const *extra, int n_extra) {
+    if (c->opt.dynamic) return cdf_error(CDF_ERR_UNSUPPORTED, "compile: dynamic shapes are not supported (use dynamic=false)");
+    if (in->n + n_extra > MAX_PARAMS) return cdf_error(CDF_ERR_LIMIT, "compile: more than %d parameters", MAX_PARAMS);
+    if (tl_cap.active) return fn(ctx, in, out); /* nested: part of the enclosing capture */
+    /* parameters: named inputs (made contiguous so every call has the same layout) + extras */
+    cdf_tensor *now[MAX_PARAMS];
+    int np = 0;
+    cdf_status s = CDF_OK;
+    cdf_tensor_map cin;
+    cdf_tensor_map_init(&cin);
+    cdf_scope_suppress(1);
+    for (int i = 0; i < in->n && s == CDF_OK; i++) {
+        cdf_tensor *t = cdf_contiguous(in->tensors[i]);
+        if (!t) s = cdf_last_status();
+        else {
+            s = cdf_tensor_map_set(&cin, in->names[i], t);
+            now[np++] = t;
+        }
+    }
+    cdf_scope_suppress(-1);
+    for (int i = 0; i < n_extra; i++) now[np++] = extra[i];
+    char *key = s == CDF_OK ? signature(&cin) : NULL;
+    if (s == CDF_OK && !key) s = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    plan *p = NULL;
+    for (int i = 0; key && i < c->n_plans; i++)
+        if (strcmp(c->plans[i].key, key) == 0) p = &c->plans[i];
+    if (s == CDF_OK && p && !p->uncompilable) {
+        cdf_exec_count_cache_hit();
+        s = run_plan(p, now, out);
+    } else if (s == CDF_OK && p && p->uncompilable) {
+        s = fn(ctx, &cin, out); /* known graph break: eager */
+    } else if (s == CDF_OK && g_forbid_recompile && c->n_plans > 0) {
+        s = cdf_error(CDF_ERR_UNSUPPORTED, "compile: unexpected recompile of %s for %s", c->name, key);
+    } else if (s == CDF_OK) {
+        /* capture */
+        double t0 = now_ms();
+        s = cdf_exec_flush();
+        plan np_ = {0};
+        if (s == CDF_OK) {
+            tl_cap = (capture){.active = true, .fullgraph = c->opt.fullgraph, .who = c->name};
+            cdf_tensor_map traced_out;
+            cdf_tensor_map_init(&traced_out);
+            cdf_scope_push();
+            s = fn(ctx, &cin, &traced_out);
+            cdf_scope_pop(NULL, 0);
+            capture cap = tl_cap;
+            tl_cap = (capture){0};
+            if (cap.broken) {
+                if (s == CDF_OK) s = cdf_exec_flush();
+                np_.uncompilable = true;
+                /* the forward finished eagerly after the break: its outputs are real */
+                for (int i = 0; s == CDF_OK && i < traced_out.n; i++) s = cdf_tensor_map_set(out, traced_out.names[i], traced_out.tensors[i]);
+                if (log_compile()) fprintf(stderr, "cdiffusers: compile %s [%s]: graph break, runs eagerly\n", c->name, key);
+            } else if (s != CDF_OK) {
+                for (int i = 0; i < cap.n; i++) cdf_node_free(cap.nodes[i]);
+            } else {
+                cdf_fuse_stats fs = {0};
+                cdf_fuse_elementwise(cap.nodes, &cap.n, &fs);
+                np_.nodes = cap.nodes;
+                np_.n = cap.n;
+                cap.nodes = NULL;
+                np_.n_params = np;
+                for (int i = 0; i < np; i++) np_.params[i] = cdf_tensor_retain(now[i]);
+                np_.n_out = traced_out.n;
+                np_.out_names = calloc((size_t)traced_out.n + 1, sizeof *np_.out_names);
+                np_.outs = calloc((size_t)traced_out.n + 1, sizeof *np_.outs);
+                if (!np_.out_names || !np_.outs) s = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+                for (int i = 0; s == CDF_OK && i < traced_out.n; i++) {
+                    np_.out_names[i] = strdup(traced_out.names[i]);
+                    np_.outs[i] = cdf_tensor_retain(traced_out.tensors[i]);
+                }
+                cdf_exec_count_compile();
+                if (s == CDF_OK && log_compile())
+                    fprintf(stderr, "cdiffusers: compile %s [%s]: %d kernels (%d fused), %.1f ms\n", c->name, key, np_.n,
+                            fs.chains, now_ms() - t0);
+                if (s == CDF_OK) s = run_plan(&np_, now, out);
+            }
+            free(cap.nodes);
+            cdf_tensor_map_clear(&traced_out);
+        }
+        if (s == CDF_OK || np_.uncompilable) {
+            plan *grown = realloc(c->plans, (size_t)(c->n_plans + 1) * sizeof *grown);
+            if (grown) {
+                c->plans = grown;
+                np_.key = key;
+                key = NULL;
+                c->plans[c->n_plans++] = np_;
+            } else {
+                plan_clear(&np_);
+            }
+        } else {
+            plan_clear(&np_);
+        }
+    }
+    free(key);
+    cdf_tensor_map_clear(&cin);
+    return s;
+}

@@ -1,0 +1,41 @@
+/* exec/compile — capture a forward as a static graph per input signature and replay it.
+ *
+ * Tracing: while a capture is active on a thread, cdf_exec_submit records nodes instead of
+ * running them, and a host read (the only thing that needs a value on the host) is a graph
+ * break: an error naming the read when fullgraph is set, otherwise the capture is abandoned,
+ * what was recorded runs eagerly, and this signature is remembered as not compilable.
+ * A finished capture becomes a plan: the nodes (after the fusion pass) with the traced input
+ * buffers marked as parameters. Replaying binds new input buffers in their place, reuses the
+ * plan's intermediate buffers (allocated once, at capture) and copies the outputs out. */
+#ifndef CDF_EXEC_COMPILE_H
+#define CDF_EXEC_COMPILE_H
+
+#include "cdiffusers/exec.h"
+#include "graph/node.h"
+
+typedef struct cdf_graph_cache cdf_graph_cache;
+
+/* One forward: fn(ctx, inputs, outputs) with named inputs/outputs (tensor maps). */
+struct cdf_tensor_map;
+typedef cdf_status (*cdf_traced_fn)(void *ctx, const struct cdf_tensor_map *in, struct cdf_tensor_map *out);
+
+cdf_graph_cache *cdf_graph_cache_new(const char *name, const cdf_compile_options *opt);
+void cdf_graph_cache_free(cdf_graph_cache *c);
+int cdf_graph_cache_size(const cdf_graph_cache *c);
+
+/* Run fn through the cache: replay the plan for the inputs' signature, or capture one. The
+ * signature covers every input's name, dtype and shape. `extra_params` (may be NULL/0) are
+ * tensors that are NOT named inputs but must be treated as parameters rather than constants
+ * (weights of a repeated block): they are part of the binding, not of the key. */
+cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, const struct cdf_tensor_map *in,
+                               struct cdf_tensor_map *out, cdf_tensor *const *extra_params, int n_extra);
+
+/* Hooks for exec.c */
+bool cdf_compile_tracing(void);
+/* Record a node into the active capture; false if no capture is active. */
+bool cdf_compile_record(cdf_node *n);
+/* A host read during capture: returns CDF_OK (capture abandoned, eager from here) or the
+ * fullgraph error. */
+cdf_status cdf_compile_on_host_read(const cdf_tensor *t);
+
+#endif

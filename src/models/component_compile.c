@@ -1,0 +1,58 @@
+/* compile for components: a graph cache per method in front of the class's run. */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/error_internal.h"
+#include "exec/compile.h"
+#include "models/component_impl.h"
+
+static const char *const k_methods[3] = {"forward", "encode", "decode"};
+
+cdf_status cdf_component_compile(cdf_component *c, const cdf_compile_options *opt) {
+    if (!c) return cdf_error(CDF_ERR_INVALID_ARG, "compile: component is NULL");
+    cdf_compile_options o = opt ? *opt : cdf_compile_default_options();
+    if (o.dynamic) return cdf_error(CDF_ERR_UNSUPPORTED, "compile: dynamic=true is not supported (graphs are static per input shape)");
+    if (o.backend && strcmp(o.backend, "cpu") != 0)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "compile: backend '%s' is not available (cpu)", o.backend);
+    cdf_component_drop_graphs(c);
+    c->compile_opt = o;
+    c->compiled = true;
+    return CDF_OK;
+}
+
+void cdf_component_drop_graphs(cdf_component *c) {
+    for (int i = 0; i < 3; i++) {
+        cdf_graph_cache_free(c->graphs[i]);
+        c->graphs[i] = NULL;
+    }
+}
+
+int cdf_component_compiled_graphs(const cdf_component *c) {
+    int n = 0;
+    for (int i = 0; c && i < 3; i++) n += cdf_graph_cache_size(c->graphs[i]);
+    return n;
+}
+
+typedef struct run_ctx {
+    cdf_component *c;
+    const char *method;
+} run_ctx;
+
+static cdf_status run_adapter(void *ctx, const cdf_tensor_map *in, cdf_tensor_map *out) {
+    run_ctx *r = ctx;
+    return r->c->cls->run(r->c->impl, r->method, in, out);
+}
+
+cdf_status cdf_component_run_compiled(cdf_component *c, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out) {
+    int m = 0;
+    while (m < 3 && strcmp(k_methods[m], method) != 0) m++;
+    if (m == 3) return c->cls->run(c->impl, method, in, out); /* unknown method: the class reports it */
+    if (!c->graphs[m]) {
+        char name[200];
+        snprintf(name, sizeof name, "%s.%s", c->class_name, method);
+        c->graphs[m] = cdf_graph_cache_new(name, &c->compile_opt);
+        if (!c->graphs[m]) return cdf_last_status();
+    }
+    run_ctx r = {c, method};
+    return cdf_graph_cache_run(c->graphs[m], run_adapter, &r, in, out, NULL, 0);
+}

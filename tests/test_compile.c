@@ -1,0 +1,162 @@
+/* compile mode: capture once per input signature, replay afterwards; results equal the
+ * golden outputs (and eager); recompilation semantics asserted on the counters. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdiffusers/cdiffusers.h"
+#include "models/component.h"
+
+static double run_and_diff(cdf_component *c, const char *method, const cdf_tensor_map *in, const cdf_tensor_map *golden,
+                           const char *key) {
+    cdf_tensor_map out;
+    cdf_tensor_map_init(&out);
+    cdf_status s = cdf_component_run(c, method, in, &out);
+    if (s != CDF_OK) fail_msg("run: %s", cdf_last_error());
+    double d = tu_diff_tensors(cdf_tensor_map_get(&out, key), cdf_tensor_map_get(golden, key), key);
+    cdf_tensor_map_clear(&out);
+    return d;
+}
+
+static void test_sd3_compiled_matches_golden_and_reuses_graph(void **state) {
+    (void)state;
+    cdf_component *c = tu_load_component(tu_data("golden/sd35m/transformer"), CDF_F32);
+    cdf_tensor_map io;
+    tu_load_map(&io, "golden/sd35m/io.safetensors");
+    cdf_compile_options o = cdf_compile_default_options(); /* fullgraph */
+    assert_int_equal(cdf_component_compile(c, &o), CDF_OK);
+    cdf_exec_stats s0, s1, s2;
+    cdf_exec_get_stats(&s0);
+    double d1 = run_and_diff(c, "forward", &io, &io, "out.sample");
+    cdf_exec_get_stats(&s1);
+    assert_int_equal(s1.compiles - s0.compiles, 1);
+    assert_int_equal(s1.cache_hits - s0.cache_hits, 0);
+    /* a different timestep (a later denoising step) is an input: no recompile */
+    cdf_tensor_map io2;
+    cdf_tensor_map_init(&io2);
+    for (int i = 0; i < io.n; i++) cdf_tensor_map_set(&io2, io.names[i], io.tensors[i]);
+    int64_t one[1] = {1};
+    cdf_tensor *t2 = cdf_tensor_full(tu_cpu(), CDF_F32, 1, one, 500.0);
+    cdf_tensor_map_set(&io2, "timestep", t2);
+    cdf_tensor_release(t2);
+    cdf_compile_set_forbid_recompile(true);
+    cdf_tensor_map out2;
+    cdf_tensor_map_init(&out2);
+    assert_int_equal(cdf_component_run(c, "forward", &io2, &out2), CDF_OK);
+    double d2 = run_and_diff(c, "forward", &io, &io, "out.sample");
+    cdf_compile_set_forbid_recompile(false);
+    cdf_exec_get_stats(&s2);
+    assert_int_equal(s2.compiles - s1.compiles, 0);
+    assert_int_equal(s2.cache_hits - s1.cache_hits, 2);
+    assert_int_equal(cdf_component_compiled_graphs(c), 1);
+    print_message("  sd35m compiled: first call %.3g, replay %.3g (golden tol 3e-4)\n", d1, d2);
+    assert_true(d1 <= 3e-4 && d2 <= 3e-4);
+    /* the replay with another timestep really used it: output differs from the golden one */
+    double d3 = tu_diff_tensors(cdf_tensor_map_get(&out2, "out.sample"), cdf_tensor_map_get(&io, "out.sample"), "t=500");
+    assert_true(d3 > 1e-3);
+    /* and equals an eager run with the same inputs */
+    cdf_component *e = tu_load_component(tu_data("golden/sd35m/transformer"), CDF_F32);
+    cdf_tensor_map oute;
+    cdf_tensor_map_init(&oute);
+    assert_int_equal(cdf_component_run(e, "forward", &io2, &oute), CDF_OK);
+    double d4 = tu_diff_tensors(cdf_tensor_map_get(&out2, "out.sample"), cdf_tensor_map_get(&oute, "out.sample"), "eager");
+    assert_true(d4 == 0.0);
+    cdf_tensor_map_clear(&oute);
+    cdf_component_free(e);
+    /* a new latent size compiles exactly once more */
+    cdf_tensor_map io3;
+    cdf_tensor_map_init(&io3);
+    for (int i = 0; i < io.n; i++) cdf_tensor_map_set(&io3, io.names[i], io.tensors[i]);
+    int64_t hs[4] = {1, 16, 8, 12};
+    cdf_tensor *h3 = cdf_tensor_full(tu_cpu(), CDF_F32, 4, hs, 0.25);
+    cdf_tensor_map_set(&io3, "hidden_states", h3);
+    cdf_tensor_release(h3);
+    cdf_tensor_map out3;
+    cdf_tensor_map_init(&out3);
+    assert_int_equal(cdf_component_run(c, "forward", &io3, &out3), CDF_OK);
+    assert_int_equal(cdf_component_run(c, "forward", &io3, &out3), CDF_OK);
+    cdf_exec_stats s3;
+    cdf_exec_get_stats(&s3);
+    assert_int_equal(s3.compiles - s2.compiles, 1);
+    assert_int_equal(cdf_component_compiled_graphs(c), 2);
+    cdf_tensor_map_clear(&out2);
+    cdf_tensor_map_clear(&out3);
+    cdf_tensor_map_clear(&io2);
+    cdf_tensor_map_clear(&io3);
+    cdf_tensor_map_clear(&io);
+    cdf_component_free(c);
+}
+
+static void test_vae_decode_compiled(void **state) {
+    (void)state;
+    cdf_component *c = tu_load_component(tu_data("golden/vae_kl16/vae"), CDF_F32);
+    cdf_tensor_map io;
+    tu_load_map(&io, "golden/vae_kl16/io.safetensors");
+    assert_int_equal(cdf_component_compile(c, NULL), CDF_OK);
+    double d1 = run_and_diff(c, "decode", &io, &io, "out.decode_sample");
+    double d2 = run_and_diff(c, "decode", &io, &io, "out.decode_sample");
+    double d3 = run_and_diff(c, "encode", &io, &io, "out.encode_mean");
+    print_message("  vae compiled decode %.3g / replay %.3g, encode %.3g (tol 2e-5)\n", d1, d2, d3);
+    assert_true(d1 <= 2e-5 && d2 <= 2e-5 && d3 <= 2e-5);
+    assert_int_equal(cdf_component_compiled_graphs(c), 2);
+    cdf_tensor_map_clear(&io);
+    cdf_component_free(c);
+}
+
+/* FLUX.1 builds its RoPE tables from img_ids on the host: a graph break. fullgraph refuses it
+ * with an error naming the read; without fullgraph the forward falls back to eager. */
+static void test_graph_break(void **state) {
+    (void)state;
+    cdf_component *c = tu_load_component(tu_data("golden/flux1_schnell/transformer"), CDF_F32);
+    cdf_tensor_map io;
+    tu_load_map(&io, "golden/flux1_schnell/io.safetensors");
+    assert_int_equal(cdf_component_compile(c, NULL), CDF_OK);
+    cdf_tensor_map out;
+    cdf_tensor_map_init(&out);
+    cdf_status s = cdf_component_run(c, "forward", &io, &out);
+    if (s == CDF_OK) {
+        /* the model no longer reads on the host: then it must simply be compiled */
+        cdf_exec_stats st;
+        cdf_exec_get_stats(&st);
+        assert_int_equal(cdf_component_compiled_graphs(c), 1);
+    } else {
+        assert_int_equal(s, CDF_ERR_GRAPH_BREAK);
+        assert_non_null(strstr(cdf_last_error(), "graph break"));
+        assert_non_null(strstr(cdf_last_error(), "FluxTransformer2DModel"));
+        cdf_compile_options o = cdf_compile_default_options();
+        o.fullgraph = false;
+        assert_int_equal(cdf_component_compile(c, &o), CDF_OK);
+        cdf_exec_stats b0, b1;
+        cdf_exec_get_stats(&b0);
+        double d1 = run_and_diff(c, "forward", &io, &io, "out.sample");
+        double d2 = run_and_diff(c, "forward", &io, &io, "out.sample");
+        cdf_exec_get_stats(&b1);
+        assert_true(d1 <= 5e-5 && d2 <= 5e-5);
+        assert_int_equal(b1.graph_breaks - b0.graph_breaks, 1); /* remembered: not retried */
+    }
+    cdf_tensor_map_clear(&out);
+    cdf_tensor_map_clear(&io);
+    cdf_component_free(c);
+}
+
+static void test_dynamic_refused(void **state) {
+    (void)state;
+    cdf_component *c = tu_load_component(tu_data("golden/vae_kl16/vae"), CDF_F32);
+    cdf_compile_options o = cdf_compile_default_options();
+    o.dynamic = true;
+    assert_int_equal(cdf_component_compile(c, &o), CDF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(cdf_last_error(), "dynamic"));
+    cdf_component_free(c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sd3_compiled_matches_golden_and_reuses_graph),
+        cmocka_unit_test(test_vae_decode_compiled),
+        cmocka_unit_test(test_graph_break),
+        cmocka_unit_test(test_dynamic_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
