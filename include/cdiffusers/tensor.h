@@ -151,6 +151,12 @@ cdf_tensor *cdf_upsample_nearest(cdf_tensor *x, int fh, int fw);
 cdf_tensor *cdf_sdpa(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v, cdf_tensor *mask, float scale);
 /* x [B, H, L, D]; cos/sin [L, D] f32 (diffusers Flux layout, interleaved pairs). */
 cdf_tensor *cdf_rope(cdf_tensor *x, cdf_tensor *cos_t, cdf_tensor *sin_t);
+/* RoPE tables from positions pos [L, n_axes] (any numeric dtype, used as float32 like
+ * ids.float()): per axis diffusers' get_1d_rotary_pos_embed(theta, repeat_interleave_real,
+ * float64 angles), concatenated; returns cos and sin [L, sum(axes_dim)] f32 (views of one
+ * buffer). Computed on the device: no host read of the positions. */
+cdf_status cdf_rope_tables(cdf_tensor *pos, int n_axes, const int64_t *axes_dim, double theta, cdf_tensor **cos_out,
+                           cdf_tensor **sin_out);
 /* diffusers get_timestep_embedding: t [N] -> [N, dim] f32. */
 cdf_tensor *cdf_timestep_embedding(cdf_tensor *t, int dim, bool flip_sin_to_cos, float downscale_freq_shift,
                                    float scale, float max_period);

@@ -26,6 +26,7 @@ typedef enum cdf_op_kind {
     CDF_OP_ROPE,          /* src0 x, src1 cos, src2 sin */
     CDF_OP_TIMESTEP_EMB,
     CDF_OP_FUSED,         /* an elementwise chain (graph/fuse.c): dst = program(src...) */
+    CDF_OP_ROPE_TABLE,    /* dst [2, L, width] = (cos, sin) from positions src0 [L, n_axes] */
     CDF_OP_COUNT
 } cdf_op_kind;
 
@@ -52,6 +53,7 @@ typedef struct cdf_node {
         struct { float scale; } attention;
         struct { bool flip; float shift, scale, max_period; int dim; } temb;
         struct { cdf_fused_program *prog; } fused; /* owned by the node */
+        struct { int n_axes; int64_t axes_dim[CDF_MAX_DIMS]; double theta; } rope_table;
     } p;
 } cdf_node;
 

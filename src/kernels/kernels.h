@@ -209,6 +209,12 @@ cdf_status cdf_k_attention(const cdf_k_attention_args *args);
 cdf_status cdf_k_rope(void *out, cdf_dtype out_dt, const void *x, cdf_dtype x_dt, const float *cos_t,
                       const float *sin_t, int64_t b, int64_t h, int64_t l, int64_t d);
 
+/* RoPE tables from positions, as diffusers' get_1d_rotary_pos_embed(use_real=True,
+ * repeat_interleave_real=True, freqs_dtype=float64) per axis, concatenated over axes:
+ * pos [rows, n_axes] f32; out [2, rows, width] f32 = (cos, sin), width = sum(axes_dim);
+ * freq_k = 1 / theta^(2k/dim) and angle = pos * freq_k in float64, cast once to f32. */
+cdf_status cdf_k_rope_table(float *out, const float *pos, int64_t rows, int n_axes, const int64_t *axes_dim, double theta);
+
 /* diffusers get_timestep_embedding(t, dim, flip_sin_to_cos, downscale_freq_shift, scale,
  * max_period) for n timesteps (t f32), out [n, dim] f32:
  *   half = dim/2; exponent[k] = -ln(max_period) * k / (half - downscale_freq_shift) (f32)

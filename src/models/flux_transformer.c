@@ -350,19 +350,19 @@ static cdf_status check_per_batch(const char *name, const cdf_tensor *t, int64_t
     return CDF_OK;
 }
 
-/* ids [L, n_axes] or the deprecated [N, L, n_axes] (entry 0 is used) -> f32 rows into pos. */
-static cdf_status read_ids(const char *name, cdf_tensor *ids, int64_t L, int n_axes, float *pos) {
+/* ids [L, n_axes] or the deprecated [N, L, n_axes] (entry 0 is used): checks the shape and
+ * returns the [L, n_axes] rows as a view (recorded in the current scope). The positions stay on
+ * the device: the RoPE tables are computed there (no host read, so the forward can be compiled
+ * as one graph). */
+static cdf_status ids_rows(const char *name, cdf_tensor *ids, int64_t L, int n_axes, cdf_tensor **rows) {
     char want[96];
     snprintf(want, sizeof want, "[%lld, %d] (or [1, %lld, %d])", (long long)L, n_axes, (long long)L, n_axes);
     const int nd = cdf_tensor_ndim(ids);
     if ((nd != 2 && nd != 3) || (nd == 3 && cdf_tensor_dim(ids, 0) < 1) || cdf_tensor_dim(ids, -2) != L ||
         cdf_tensor_dim(ids, -1) != n_axes)
         return shape_error(name, ids, want);
-    cdf_scope_push();
-    cdf_tensor *rows = nd == 3 ? cdf_squeeze(cdf_narrow(ids, 0, 0, 1), 0) : ids;
-    cdf_status s = rows ? cdf_tensor_read(rows, CDF_F32, pos, (size_t)(L * n_axes) * sizeof *pos) : cdf_last_status();
-    cdf_scope_pop(NULL, 0);
-    return s;
+    *rows = nd == 3 ? cdf_squeeze(cdf_narrow(ids, 0, 0, 1), 0) : cdf_narrow(ids, 0, 0, L);
+    return *rows ? CDF_OK : cdf_last_status();
 }
 
 cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample) {
@@ -406,24 +406,19 @@ cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, c
     CDF_TRY(check_per_batch("timestep", in->timestep, B));
     if (in->guidance) CDF_TRY(check_per_batch("guidance", in->guidance, B));
 
-    /* positions: rows = cat(txt_ids, img_ids), read as float32 like ids.float() */
-    const int64_t L = Lt + Li;
-    float *pos = malloc((size_t)(L * c->n_axes) * sizeof *pos + 1);
-    if (!pos) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld position ids", MODEL, (long long)L);
-    cdf_status s = read_ids("txt_ids", in->txt_ids, Lt, c->n_axes, pos);
-    if (s == CDF_OK) s = read_ids("img_ids", in->img_ids, Li, c->n_axes, pos + Lt * c->n_axes);
-    if (s != CDF_OK) {
-        free(pos);
-        return s;
-    }
-
     cdf_scope_push(); /* the forward's scope: only the result leaves it */
     cdf_tensor *x = NULL, *ctx = NULL, *temb = NULL, *cos_t = NULL, *sin_t = NULL; /* owned references */
 
     /* ---- embeddings ---- */
     cdf_scope_push();
-    s = cdf_flux_rope_tables(m->dev, pos, L, c->n_axes, c->axes_dims_rope, ROPE_THETA, &cos_t, &sin_t);
-    free(pos);
+    /* positions: rows = cat(txt_ids, img_ids), as float32 like ids.float() */
+    cdf_tensor *txt_rows = NULL, *img_rows = NULL;
+    cdf_status s = ids_rows("txt_ids", in->txt_ids, Lt, c->n_axes, &txt_rows);
+    if (s == CDF_OK) s = ids_rows("img_ids", in->img_ids, Li, c->n_axes, &img_rows);
+    if (s == CDF_OK) {
+        cdf_tensor *both_rows[2] = {cdf_cast(txt_rows, CDF_F32), cdf_cast(img_rows, CDF_F32)};
+        s = cdf_rope_tables(cdf_cat(both_rows, 2, 0), c->n_axes, c->axes_dims_rope, ROPE_THETA, &cos_t, &sin_t);
+    }
     if (s == CDF_OK) {
         cdf_tensor_retain(cos_t);
         cdf_tensor_retain(sin_t);

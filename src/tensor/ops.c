@@ -942,3 +942,52 @@ cdf_tensor *cdf_timestep_embedding(cdf_tensor *t, int dim, bool flip_sin_to_cos,
     }
     RETURN(out);
 }
+
+cdf_status cdf_rope_tables(cdf_tensor *pos, int n_axes, const int64_t *axes_dim, double theta, cdf_tensor **cos_out,
+                           cdf_tensor **sin_out) {
+    *cos_out = *sin_out = NULL;
+    if (!pos) return cdf_last_status() ? cdf_last_status() : cdf_error(CDF_ERR_INVALID_ARG, "rope_tables: pos is NULL");
+    if (n_axes <= 0 || n_axes > CDF_MAX_DIMS || !(theta > 0))
+        return cdf_error(CDF_ERR_INVALID_ARG, "rope_tables: %d axes, theta %g", n_axes, theta);
+    if (pos->ndim != 2 || pos->shape[1] != n_axes)
+        return cdf_error(CDF_ERR_SHAPE, "rope_tables: positions %s must be [L, %d]", desc(pos), n_axes);
+    int64_t width = 0;
+    for (int a = 0; a < n_axes; a++) {
+        if (axes_dim[a] <= 0 || axes_dim[a] % 2 || axes_dim[a] > (1 << 20))
+            return cdf_error(CDF_ERR_INVALID_ARG, "rope_tables: axis %d has dim %lld (must be even)", a, (long long)axes_dim[a]);
+        width += axes_dim[a];
+    }
+    cdf_scope_suppress(1);
+    cdf_tensor *pf = cdf_cast(pos, CDF_F32), *pc = pf ? cdf_contiguous(pf) : NULL;
+    cdf_tensor_release(pf);
+    int64_t oshape[3] = {2, pos->shape[0], width};
+    cdf_tensor *out = pc ? cdf_tensor_alloc(dev_of(pos), CDF_F32, 3, oshape) : NULL;
+    cdf_node *n = out ? cdf_node_new(CDF_OP_ROPE_TABLE) : NULL;
+    cdf_status s = cdf_last_status() ? cdf_last_status() : CDF_ERR_OUT_OF_MEMORY;
+    if (n) {
+        n->p.rope_table.n_axes = n_axes;
+        for (int a = 0; a < n_axes; a++) n->p.rope_table.axes_dim[a] = axes_dim[a];
+        n->p.rope_table.theta = theta;
+        s = submit(n, out, pc, NULL, NULL, NULL);
+    }
+    cdf_tensor_release(pc);
+    if (s == CDF_OK) {
+        cdf_tensor *c3 = cdf_narrow(out, 0, 0, 1), *s3 = cdf_narrow(out, 0, 1, 1);
+        *cos_out = cdf_squeeze(c3, 0);
+        *sin_out = cdf_squeeze(s3, 0);
+        cdf_tensor_release(c3);
+        cdf_tensor_release(s3);
+        if (!*cos_out || !*sin_out) s = cdf_last_status();
+    }
+    cdf_tensor_release(out);
+    cdf_scope_suppress(-1);
+    if (s != CDF_OK) {
+        cdf_tensor_release(*cos_out);
+        cdf_tensor_release(*sin_out);
+        *cos_out = *sin_out = NULL;
+        return s;
+    }
+    cdf_scope_record(*cos_out);
+    cdf_scope_record(*sin_out);
+    return CDF_OK;
+}

@@ -11,7 +11,7 @@ static const char *k_op_names[CDF_OP_COUNT] = {
     [CDF_OP_SOFTMAX] = "softmax",     [CDF_OP_LAYER_NORM] = "layer_norm", [CDF_OP_RMS_NORM] = "rms_norm",
     [CDF_OP_GROUP_NORM] = "group_norm", [CDF_OP_REDUCE] = "reduce",   [CDF_OP_CONV2D] = "conv2d",
     [CDF_OP_UPSAMPLE] = "upsample_nearest", [CDF_OP_ATTENTION] = "attention", [CDF_OP_ROPE] = "rope",
-    [CDF_OP_TIMESTEP_EMB] = "timestep_embedding", [CDF_OP_FUSED] = "fused_elementwise",
+    [CDF_OP_TIMESTEP_EMB] = "timestep_embedding", [CDF_OP_FUSED] = "fused_elementwise", [CDF_OP_ROPE_TABLE] = "rope_table",
 };
 
 const char *cdf_op_name(cdf_op_kind k) { return (unsigned)k < CDF_OP_COUNT ? k_op_names[k] : "?"; }
@@ -131,6 +131,9 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n) {
         }
         return cdf_k_fused_elementwise(n->p.fused.prog, dp, d->dtype, n->n_src, in, dt, st, d->ndim, d->shape);
     }
+    case CDF_OP_ROPE_TABLE:
+        return cdf_k_rope_table(dp, PTR(SRC(0)), SRC(0)->shape[0], n->p.rope_table.n_axes, n->p.rope_table.axes_dim,
+                                n->p.rope_table.theta);
     case CDF_OP_COUNT: break;
     }
     return cdf_error(CDF_ERR_INTERNAL, "cpu backend: unknown op kind %d", (int)n->kind);
