@@ -258,7 +258,9 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
         if (strcmp(c->plans[i].key, key) == 0) p = &c->plans[i];
     if (s == CDF_OK && p && !p->uncompilable) {
         cdf_exec_count_cache_hit();
-        s = run_plan(p, now, out);
+        /* deferred ops may still have to produce the inputs: they go to the queue first */
+        s = cdf_exec_flush();
+        if (s == CDF_OK) s = run_plan(p, now, out);
     } else if (s == CDF_OK && p && p->uncompilable) {
         s = fn(ctx, &cin, out); /* known graph break: eager */
     } else if (s == CDF_OK && g_forbid_recompile && c->n_plans > 0) {

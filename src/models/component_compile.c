@@ -1,5 +1,6 @@
 /* compile for components: a graph cache per method in front of the class's run. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error_internal.h"
@@ -55,4 +56,15 @@ cdf_status cdf_component_run_compiled(cdf_component *c, const char *method, cons
     }
     run_ctx r = {c, method};
     return cdf_graph_cache_run(c->graphs[m], run_adapter, &r, in, out, NULL, 0);
+}
+
+/* CDIFFUSERS_COMPILE=1 compiles every component at load (fullgraph off: modules with host reads,
+ * like the text encoders, run eagerly after their first graph break). Used to run whole test
+ * suites in compile mode. */
+cdf_status cdf_component_apply_env_compile(cdf_component *c) {
+    const char *v = getenv("CDIFFUSERS_COMPILE");
+    if (!v || !*v || strcmp(v, "0") == 0) return CDF_OK;
+    cdf_compile_options o = cdf_compile_default_options();
+    o.fullgraph = strcmp(v, "fullgraph") == 0;
+    return cdf_component_compile(c, &o);
 }

@@ -23,5 +23,6 @@ struct cdf_component {
 /* component_compile.c */
 cdf_status cdf_component_run_compiled(cdf_component *c, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out);
 void cdf_component_drop_graphs(cdf_component *c);
+cdf_status cdf_component_apply_env_compile(cdf_component *c);
 
 #endif

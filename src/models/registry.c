@@ -75,6 +75,10 @@ cdf_status cdf_component_load(const char *dir, const cdf_load_options *opt, cdf_
         free(c);
         return s;
     }
+    if ((s = cdf_component_apply_env_compile(c)) != CDF_OK) {
+        cdf_component_free(c);
+        return s;
+    }
     *out = c;
     return CDF_OK;
 }

@@ -1,0 +1,10 @@
+/* compile for pipelines: the denoiser and the VAE. */
+#include "cdiffusers/exec.h"
+#include "core/error_internal.h"
+#include "pipelines/pipeline_impl.h"
+
+cdf_status cdf_pipeline_compile(cdf_pipeline *p, const cdf_compile_options *opt) {
+    if (!p) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_compile: pipeline is NULL");
+    CDF_TRY(cdf_component_compile(p->transformer, opt));
+    return cdf_component_compile(p->vae, opt);
+}
