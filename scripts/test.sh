@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test suite: installs dependencies (Debian 12 packages), builds cdiffusers and runs ctest;
-# then builds again with AddressSanitizer + UndefinedBehaviorSanitizer and runs the suite under
+# The test suite: installs dependencies (Debian 12 packages), builds cdiffusers and runs ctest
+# in each execution mode (eager, defer-and-fuse, compile); then builds again with AddressSanitizer + UndefinedBehaviorSanitizer and runs the suite under
 # them (skip that second pass with CDF_SKIP_SANITIZE=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +9,9 @@ jobs=$(nproc 2>/dev/null || echo 2)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
+# the same suite in the other execution modes (results must not depend on the mode)
+CDIFFUSERS_DEFER_AND_FUSE=1 ctest --test-dir build --output-on-failure -j"$jobs"
+CDIFFUSERS_COMPILE=1 ctest --test-dir build --output-on-failure -j"$jobs"
 if [ "${CDF_SKIP_SANITIZE:-0}" != 1 ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCDF_SANITIZE=ON >/dev/null
   cmake --build build-asan -j"$jobs"
