@@ -28,8 +28,39 @@ typedef struct capture {
     cdf_node **nodes;
     int n, cap;
     cdf_status break_status;
+    cdf_storage **virt; /* buffers created during the capture (references) */
+    int n_virt, cap_virt;
 } capture;
 static _Thread_local capture tl_cap;
+
+void cdf_compile_note_virtual(cdf_storage *s) {
+    if (!cdf_compile_tracing()) return;
+    if (tl_cap.n_virt == tl_cap.cap_virt) {
+        int cap = tl_cap.cap_virt ? tl_cap.cap_virt * 2 : 512;
+        cdf_storage **p = realloc(tl_cap.virt, (size_t)cap * sizeof *p);
+        if (!p) {
+            /* cannot track it: give it real memory now so it is never left without any */
+            (void)cdf_storage_materialize(s);
+            return;
+        }
+        tl_cap.virt = p;
+        tl_cap.cap_virt = cap;
+    }
+    cdf_storage_retain(s);
+    tl_cap.virt[tl_cap.n_virt++] = s;
+}
+
+static void release_virtuals(capture *c) {
+    for (int i = 0; i < c->n_virt; i++) cdf_storage_release(c->virt[i]);
+    free(c->virt);
+    c->virt = NULL;
+    c->n_virt = c->cap_virt = 0;
+}
+
+static cdf_status materialize_all(capture *c) {
+    for (int i = 0; i < c->n_virt; i++) CDF_TRY(cdf_storage_materialize(c->virt[i]));
+    return CDF_OK;
+}
 
 bool cdf_compile_tracing(void) { return tl_cap.active && !tl_cap.broken; }
 
@@ -69,10 +100,108 @@ cdf_status cdf_compile_on_host_read(const cdf_tensor *t) {
                                         tl_cap.who ? tl_cap.who : "forward", d);
         return tl_cap.break_status;
     }
-    /* abandon the capture: what was recorded runs now, the rest of the forward runs eagerly */
-    cdf_status s = launch_all(tl_cap.nodes, tl_cap.n);
+    /* abandon the capture: what was recorded gets real buffers and runs now, the rest of the
+     * forward runs eagerly */
+    cdf_status s = materialize_all(&tl_cap);
+    if (s == CDF_OK) s = launch_all(tl_cap.nodes, tl_cap.n);
+    else
+        for (int i = 0; i < tl_cap.n; i++) cdf_node_free(tl_cap.nodes[i]);
     tl_cap.n = 0;
     return s;
+}
+
+/* ---- memory planning ---------------------------------------------------------------------------
+ * Every buffer the capture created is virtual. Each one the plan uses gets a slot in one arena:
+ * its lifetime is [first node that touches it, last node that touches it] (outputs live to the
+ * end: they are copied out after the graph); slots are placed largest first at the lowest offset
+ * that does not collide with a slot whose lifetime overlaps. Buffers whose lifetimes do not
+ * overlap share memory, so a replay needs about the live set of the forward, not its sum. */
+typedef struct slot {
+    cdf_storage *s;
+    int first, last;
+    size_t size, offset;
+} slot;
+
+static int by_size_desc(const void *a, const void *b) {
+    const slot *x = a, *y = b;
+    return x->size < y->size ? 1 : (x->size > y->size ? -1 : 0);
+}
+
+static int find_slot(slot *sl, int ns, const cdf_storage *s) {
+    for (int i = 0; i < ns; i++)
+        if (sl[i].s == s) return i;
+    return -1;
+}
+
+static cdf_status plan_memory(cdf_node **nodes, int n, cdf_tensor **outs, int n_out, size_t *arena_bytes) {
+    *arena_bytes = 0;
+    int cap = 256, ns = 0;
+    slot *sl = malloc((size_t)cap * sizeof *sl);
+    if (!sl) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "compile: out of host memory planning buffers");
+    cdf_device *dev = NULL;
+    /* lifetimes of the virtual buffers the graph touches, in node order */
+    for (int i = 0; i <= n; i++) {
+        int nt = i < n ? nodes[i]->n_src + 1 : n_out;
+        for (int k = 0; k < nt; k++) {
+            const cdf_tensor *t = i < n ? (k == 0 ? nodes[i]->dst : nodes[i]->src[k - 1]) : outs[k];
+            if (!t || !t->storage->is_virtual) continue;
+            int j = find_slot(sl, ns, t->storage);
+            if (j < 0) {
+                if (ns == cap) {
+                    cap *= 2;
+                    slot *g = realloc(sl, (size_t)cap * sizeof *sl);
+                    if (!g) {
+                        free(sl);
+                        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "compile: out of host memory planning buffers");
+                    }
+                    sl = g;
+                }
+                j = ns++;
+                sl[j] = (slot){.s = t->storage, .first = i, .size = (t->storage->nbytes + 63) / 64 * 64};
+                dev = t->storage->dev;
+            }
+            sl[j].last = i; /* i == n: an output, alive until copied out */
+        }
+    }
+    qsort(sl, (size_t)ns, sizeof *sl, by_size_desc);
+    size_t total = 0;
+    for (int i = 0; i < ns; i++) {
+        /* lowest offset free of every placed slot that is alive at the same time */
+        size_t off = 0;
+        for (bool moved = true; moved;) {
+            moved = false;
+            for (int j = 0; j < i; j++) {
+                if (sl[j].last < sl[i].first || sl[i].last < sl[j].first) continue;
+                if (off < sl[j].offset + sl[j].size && sl[j].offset < off + sl[i].size) {
+                    off = sl[j].offset + sl[j].size;
+                    moved = true;
+                }
+            }
+        }
+        sl[i].offset = off;
+        if (off + sl[i].size > total) total = off + sl[i].size;
+    }
+    cdf_status st = CDF_OK;
+    if (ns > 0) {
+        cdf_storage *arena = cdf_storage_new(dev, total);
+        if (!arena) {
+            st = cdf_last_status();
+        } else {
+            for (int i = 0; i < ns; i++) {
+                cdf_storage *s = sl[i].s;
+                s->data = (char *)arena->data + sl[i].offset;
+                s->is_virtual = false;
+                s->device_owned = false;
+                cdf_storage_retain(arena); /* each placed buffer keeps the arena alive */
+                s->owner = arena;
+                s->owner_release = (void (*)(void *))cdf_storage_release;
+            }
+            cdf_storage_release(arena);
+            *arena_bytes = total;
+        }
+    }
+    free(sl);
+    return st;
 }
 
 /* ---- plans --------------------------------------------------------------------------------- */
@@ -280,6 +409,7 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
             capture cap = tl_cap;
             tl_cap = (capture){0};
             if (cap.broken) {
+                /* buffers created after the break were real; those before were materialised */
                 if (s == CDF_OK) s = cdf_exec_flush();
                 np_.uncompilable = true;
                 /* the forward finished eagerly after the break: its outputs are real */
@@ -288,8 +418,13 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
             } else if (s != CDF_OK) {
                 for (int i = 0; i < cap.n; i++) cdf_node_free(cap.nodes[i]);
             } else {
+                /* only the graph (and the outputs) hold the captured buffers from here on, which
+                 * is what the fusion pass checks before removing an intermediate */
+                release_virtuals(&cap);
                 cdf_fuse_stats fs = {0};
                 cdf_fuse_elementwise(cap.nodes, &cap.n, &fs);
+                size_t arena = 0;
+                s = plan_memory(cap.nodes, cap.n, traced_out.tensors, traced_out.n, &arena);
                 np_.nodes = cap.nodes;
                 np_.n = cap.n;
                 cap.nodes = NULL;
@@ -305,11 +440,12 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
                 }
                 cdf_exec_count_compile();
                 if (s == CDF_OK && log_compile())
-                    fprintf(stderr, "cdiffusers: compile %s [%s]: %d kernels (%d fused), %.1f ms\n", c->name, key, np_.n,
-                            fs.chains, now_ms() - t0);
+                    fprintf(stderr, "cdiffusers: compile %s [%s]: %d kernels (%d fused), arena %.2f MiB, %.1f ms\n", c->name,
+                            key, np_.n, fs.chains, arena / 1048576.0, now_ms() - t0);
                 if (s == CDF_OK) s = run_plan(&np_, now, out);
             }
             free(cap.nodes);
+            release_virtuals(&cap);
             cdf_tensor_map_clear(&traced_out);
         }
         if (s == CDF_OK || np_.uncompilable) {

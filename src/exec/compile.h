@@ -30,7 +30,10 @@ int cdf_graph_cache_size(const cdf_graph_cache *c);
 cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, const struct cdf_tensor_map *in,
                                struct cdf_tensor_map *out, cdf_tensor *const *extra_params, int n_extra);
 
-/* Hooks for exec.c */
+/* Hooks for exec.c / tensor.c */
+struct cdf_storage;
+/* A virtual buffer was created during the active capture (tensor.c). */
+void cdf_compile_note_virtual(struct cdf_storage *s);
 bool cdf_compile_tracing(void);
 /* Record a node into the active capture; false if no capture is active. */
 bool cdf_compile_record(cdf_node *n);

@@ -5,6 +5,7 @@
 
 #include "backend/backend_impl.h"
 #include "core/error_internal.h"
+#include "exec/compile.h"
 #include "exec/exec.h"
 #include "tensor/tensor_impl.h"
 
@@ -60,6 +61,29 @@ cdf_storage *cdf_storage_new(cdf_device *dev, size_t nbytes) {
     s->nbytes = nbytes;
     s->device_owned = true;
     return s;
+}
+
+/* A buffer created while a compile capture records ops: its memory comes later from the
+ * graph's arena (exec/compile.c), so capturing a forward does not hold every intermediate. */
+static cdf_storage *storage_new_virtual(cdf_device *dev, size_t nbytes) {
+    cdf_storage *s = calloc(1, sizeof *s);
+    if (!s) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "host out of memory (storage header)");
+        return NULL;
+    }
+    atomic_init(&s->refcount, 1);
+    s->dev = dev;
+    s->nbytes = nbytes;
+    s->is_virtual = true;
+    return s;
+}
+
+cdf_status cdf_storage_materialize(cdf_storage *s) {
+    if (!s->is_virtual) return CDF_OK;
+    CDF_TRY(cdf_device_alloc(s->dev, s->nbytes, &s->data));
+    s->is_virtual = false;
+    s->device_owned = true;
+    return CDF_OK;
 }
 
 void cdf_storage_retain(cdf_storage *s) { atomic_fetch_add(&s->refcount, 1); }
@@ -169,8 +193,10 @@ cdf_tensor *cdf_tensor_alloc(cdf_device *dev, cdf_dtype dt, int ndim, const int6
         return NULL;
     }
     size_t nbytes = (size_t)cdf_shape_numel(ndim, shape) * cdf_dtype_size(dt);
-    cdf_storage *st = cdf_storage_new(dev, nbytes);
+    bool virt = cdf_compile_tracing();
+    cdf_storage *st = virt ? storage_new_virtual(dev, nbytes) : cdf_storage_new(dev, nbytes);
     if (!st) return NULL;
+    if (virt) cdf_compile_note_virtual(st);
     int64_t strides[CDF_MAX_DIMS];
     cdf_contiguous_strides(ndim, shape, strides);
     cdf_tensor *t = cdf_tensor_view_of(st, 0, dt, ndim, shape, strides);
@@ -187,6 +213,10 @@ cdf_tensor *cdf_tensor_from_host(cdf_device *dev, cdf_dtype dt, int ndim, const 
     if (check_shape(ndim, shape, src_dt, "tensor_from_host") != CDF_OK) return NULL;
     cdf_tensor *t = cdf_tensor_alloc(dev, dt, ndim, shape);
     if (!t) return NULL;
+    if (cdf_storage_materialize(t->storage) != CDF_OK) { /* written now, by the host */
+        cdf_tensor_release(t);
+        return NULL;
+    }
     int64_t n = cdf_shape_numel(ndim, shape);
     if (n && !data) {
         cdf_tensor_release(t);

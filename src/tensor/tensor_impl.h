@@ -14,8 +14,10 @@ typedef struct cdf_storage {
     void *data;
     size_t nbytes;
     bool device_owned;              /* allocated (and accounted) by the device */
-    void (*owner_release)(void *);  /* external memory (cdf_tensor_wrap) */
+    void (*owner_release)(void *);  /* external memory (cdf_tensor_wrap), or the arena of a planned buffer */
     void *owner;
+    bool is_virtual; /* allocated during a compile capture: no memory until the memory planner
+                        places it in the graph's arena (or a graph break materialises it) */
 } cdf_storage;
 
 struct cdf_tensor {
@@ -29,6 +31,8 @@ struct cdf_tensor {
 };
 
 cdf_storage *cdf_storage_new(cdf_device *dev, size_t nbytes); /* NULL + error on OOM */
+/* Give a virtual storage its own device memory (no-op for a real one). */
+cdf_status cdf_storage_materialize(cdf_storage *s);
 void cdf_storage_retain(cdf_storage *s);
 void cdf_storage_release(cdf_storage *s);
 
