@@ -144,6 +144,20 @@ static void test_broadcast_binary_and_cat_pad(void **state) {
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 4; j++) assert_float_equal(v[i * 4 + j], i + j, 0);
     free(v);
+    /* integer operands are promoted to f32 (torch: int64 + float32 -> float32) */
+    int64_t iv[4] = {10, 20, 30, 40};
+    cdf_tensor *ti = cdf_tensor_from_host(cpu(), CDF_I64, 1, sb, iv, CDF_I64);
+    cdf_tensor *mixed = cdf_add(ti, b);
+    assert_non_null(mixed);
+    assert_int_equal(cdf_tensor_dtype(mixed), CDF_F32);
+    v = cdf_tensor_read_f32(mixed);
+    assert_non_null(v);
+    assert_float_equal(v[3], 43, 0);
+    free(v);
+    v = cdf_tensor_read_f32(cdf_scale(ti, 0.5f));
+    assert_non_null(v);
+    assert_float_equal(v[1], 10, 0);
+    free(v);
     int64_t sbad[1] = {5};
     assert_null(cdf_mul(c, iota(1, sbad)));
     assert_int_equal(cdf_last_status(), CDF_ERR_SHAPE);

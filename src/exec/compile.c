@@ -382,6 +382,21 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
     for (int i = 0; i < n_extra; i++) now[np++] = extra[i];
     char *key = s == CDF_OK ? signature(&cin) : NULL;
     if (s == CDF_OK && !key) s = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    if (key && n_extra > 0) {
+        /* bound weights are not in the key by value, but their shapes must match the graph */
+        size_t len = strlen(key), cap = len + (size_t)n_extra * 48 + 16;
+        char *k2 = realloc(key, cap);
+        if (!k2) {
+            s = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        } else {
+            key = k2;
+            for (int i = 0; i < n_extra && len + 48 < cap; i++) {
+                char d[160];
+                cdf_tensor_describe(extra[i], d, sizeof d);
+                len += (size_t)snprintf(key + len, cap - len, "w%d=%.40s;", i, d);
+            }
+        }
+    }
     plan *p = NULL;
     for (int i = 0; key && i < c->n_plans; i++)
         if (strcmp(c->plans[i].key, key) == 0) p = &c->plans[i];
@@ -465,4 +480,60 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
     free(key);
     cdf_tensor_map_clear(&cin);
     return s;
+}
+
+/* ---- repeated-block compile ---------------------------------------------------------------- */
+#define MAX_BLOCK_CLASSES 8
+
+struct cdf_block_caches {
+    cdf_compile_options opt;
+    int n;
+    char names[MAX_BLOCK_CLASSES][64];
+    cdf_graph_cache *caches[MAX_BLOCK_CLASSES];
+};
+
+static _Thread_local cdf_block_caches *tl_blocks;
+
+cdf_block_caches *cdf_block_caches_new(const cdf_compile_options *opt) {
+    cdf_block_caches *bc = calloc(1, sizeof *bc);
+    if (!bc) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        return NULL;
+    }
+    bc->opt = opt ? *opt : cdf_compile_default_options();
+    return bc;
+}
+
+void cdf_block_caches_free(cdf_block_caches *bc) {
+    if (!bc) return;
+    for (int i = 0; i < bc->n; i++) cdf_graph_cache_free(bc->caches[i]);
+    free(bc);
+}
+
+int cdf_block_caches_graphs(const cdf_block_caches *bc) {
+    int n = 0;
+    for (int i = 0; bc && i < bc->n; i++) n += cdf_graph_cache_size(bc->caches[i]);
+    return n;
+}
+
+cdf_block_caches *cdf_block_caches_activate(cdf_block_caches *bc) {
+    cdf_block_caches *prev = tl_blocks;
+    tl_blocks = bc;
+    return prev;
+}
+
+cdf_status cdf_block_run(const char *block_class, cdf_traced_fn fn, void *ctx, const cdf_tensor_map *in, cdf_tensor_map *out,
+                         cdf_tensor *const *weights, int n_weights) {
+    cdf_block_caches *bc = tl_blocks;
+    if (!bc || tl_cap.active) return fn(ctx, in, out);
+    int i = 0;
+    while (i < bc->n && strcmp(bc->names[i], block_class) != 0) i++;
+    if (i == bc->n) {
+        if (bc->n == MAX_BLOCK_CLASSES) return fn(ctx, in, out);
+        bc->caches[i] = cdf_graph_cache_new(block_class, &bc->opt);
+        if (!bc->caches[i]) return cdf_last_status();
+        snprintf(bc->names[i], sizeof bc->names[i], "%s", block_class);
+        bc->n++;
+    }
+    return cdf_graph_cache_run(bc->caches[i], fn, ctx, in, out, weights, n_weights);
 }

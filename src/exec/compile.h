@@ -30,6 +30,22 @@ int cdf_graph_cache_size(const cdf_graph_cache *c);
 cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, const struct cdf_tensor_map *in,
                                struct cdf_tensor_map *out, cdf_tensor *const *extra_params, int n_extra);
 
+/* ---- repeated-block compile ------------------------------------------------------------
+ * A model routes each call of a repeated block (FluxTransformerBlock, JointTransformerBlock,
+ * ...) through cdf_block_run with the block's weights listed explicitly. When the running
+ * component has repeated-block compile on, the first call per (block class, input signature)
+ * captures a graph and every other instance replays it with its own weights bound as
+ * parameters: one compile per block class and shape, however many blocks. Otherwise the block
+ * simply runs. */
+typedef struct cdf_block_caches cdf_block_caches;
+cdf_block_caches *cdf_block_caches_new(const cdf_compile_options *opt);
+void cdf_block_caches_free(cdf_block_caches *bc);
+int cdf_block_caches_graphs(const cdf_block_caches *bc); /* graphs compiled, all classes */
+/* Make bc the active set for this thread (NULL = none); returns the previous one. */
+cdf_block_caches *cdf_block_caches_activate(cdf_block_caches *bc);
+cdf_status cdf_block_run(const char *block_class, cdf_traced_fn fn, void *ctx, const struct cdf_tensor_map *in,
+                         struct cdf_tensor_map *out, cdf_tensor *const *weights, int n_weights);
+
 /* Hooks for exec.c / tensor.c */
 struct cdf_storage;
 /* A virtual buffer was created during the active capture (tensor.c). */

@@ -39,7 +39,11 @@ const struct cJSON *cdf_component_config(const cdf_component *c);
  * (see cdiffusers/exec.h). With fullgraph a forward that reads device values on the host fails
  * with CDF_ERR_GRAPH_BREAK naming the read. */
 cdf_status cdf_component_compile(cdf_component *c, const cdf_compile_options *opt);
-/* Number of graphs compiled for the component (all methods). */
+/* Compile only the model's repeated blocks (one graph per block class and input shape, shared by
+ * every block instance; weights are graph parameters). Models route block calls through
+ * cdf_block_run (exec/compile.h); others simply run uncompiled. */
+cdf_status cdf_component_compile_repeated_blocks(cdf_component *c, const cdf_compile_options *opt);
+/* Number of graphs compiled for the component (all methods, and repeated blocks). */
 int cdf_component_compiled_graphs(const cdf_component *c);
 
 /* ---- model offload (component_offload.c) -------------------------------------------------

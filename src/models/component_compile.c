@@ -26,12 +26,24 @@ void cdf_component_drop_graphs(cdf_component *c) {
         cdf_graph_cache_free(c->graphs[i]);
         c->graphs[i] = NULL;
     }
+    cdf_block_caches_free(c->blocks);
+    c->blocks = NULL;
+}
+
+cdf_status cdf_component_compile_repeated_blocks(cdf_component *c, const cdf_compile_options *opt) {
+    if (!c) return cdf_error(CDF_ERR_INVALID_ARG, "compile: component is NULL");
+    cdf_compile_options o = opt ? *opt : cdf_compile_default_options();
+    if (o.dynamic) return cdf_error(CDF_ERR_UNSUPPORTED, "compile: dynamic=true is not supported (graphs are static per input shape)");
+    cdf_component_drop_graphs(c);
+    c->compiled = false;
+    c->blocks = cdf_block_caches_new(&o);
+    return c->blocks ? CDF_OK : cdf_last_status();
 }
 
 int cdf_component_compiled_graphs(const cdf_component *c) {
     int n = 0;
     for (int i = 0; c && i < 3; i++) n += cdf_graph_cache_size(c->graphs[i]);
-    return n;
+    return n + (c ? cdf_block_caches_graphs(c->blocks) : 0);
 }
 
 typedef struct run_ctx {
@@ -65,6 +77,7 @@ cdf_status cdf_component_apply_env_compile(cdf_component *c) {
     const char *v = getenv("CDIFFUSERS_COMPILE");
     if (!v || !*v || strcmp(v, "0") == 0) return CDF_OK;
     cdf_compile_options o = cdf_compile_default_options();
+    if (strcmp(v, "blocks") == 0) return cdf_component_compile_repeated_blocks(c, &o);
     o.fullgraph = strcmp(v, "fullgraph") == 0;
     return cdf_component_compile(c, &o);
 }

@@ -18,6 +18,8 @@ struct cdf_component {
     bool compiled;
     cdf_compile_options compile_opt;
     struct cdf_graph_cache *graphs[3];
+    /* compile_repeated_blocks: the block graphs, active on the thread while the model runs */
+    struct cdf_block_caches *blocks;
 };
 
 /* component_compile.c */

@@ -6,6 +6,7 @@
 
 #include "core/error_internal.h"
 #include "cdiffusers/exec.h"
+#include "exec/compile.h"
 #include "models/component_impl.h"
 
 /* Strong references: they also make a static link pull every model's object file in. */
@@ -86,8 +87,10 @@ cdf_status cdf_component_load(const char *dir, const cdf_load_options *opt, cdf_
 cdf_status cdf_component_run(cdf_component *c, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out) {
     if (!c) return cdf_error(CDF_ERR_INVALID_ARG, "component is NULL");
     cdf_scope_push();
+    cdf_block_caches *prev = c->blocks ? cdf_block_caches_activate(c->blocks) : NULL;
     cdf_status s = c->compiled ? cdf_component_run_compiled(c, method ? method : "forward", in, out)
                                : c->cls->run(c->impl, method ? method : "forward", in, out);
+    if (c->blocks) cdf_block_caches_activate(prev);
     cdf_scope_pop(NULL, 0); /* outputs live on through the references `out` holds */
     /* the end of a forward is a sync point for defer-and-fuse: by now every intermediate is
      * released, so the pending graph fuses as much as it can */

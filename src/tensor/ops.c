@@ -396,7 +396,7 @@ static cdf_tensor *unary(cdf_tensor *a, cdf_unary_op op, float p0, float p1) {
     if (!a) return NULL;
     BEGIN();
     cdf_dtype dt = is_float(a->dtype) ? a->dtype : CDF_F32;
-    cdf_tensor *c = cdf_contiguous(a);
+    cdf_tensor *c = is_float(a->dtype) ? cdf_contiguous(a) : cdf_cast(a, CDF_F32); /* ints compute as f32 */
     cdf_tensor *out = c ? cdf_tensor_alloc(dev_of(a), dt, a->ndim, a->shape) : NULL;
     cdf_node *n = out ? cdf_node_new(CDF_OP_UNARY) : NULL;
     cdf_status s = CDF_ERR_OUT_OF_MEMORY;
@@ -452,6 +452,17 @@ static cdf_status broadcast2(const cdf_tensor *a, const cdf_tensor *b, int *ndim
 
 static cdf_tensor *binary(cdf_tensor *a, cdf_tensor *b, cdf_binary_op op, const char *who) {
     if (!a || !b) return NULL;
+    if (!is_float(a->dtype) || !is_float(b->dtype)) {
+        /* integer operands (e.g. position ids) are promoted to f32 here, as the kernels only
+         * compute on floats: torch would promote int64 + float32 to float32 as well */
+        BEGIN();
+        cdf_tensor *fa = is_float(a->dtype) ? cdf_tensor_retain(a) : cdf_cast(a, CDF_F32);
+        cdf_tensor *fb = is_float(b->dtype) ? cdf_tensor_retain(b) : cdf_cast(b, CDF_F32);
+        cdf_tensor *r = (fa && fb) ? binary(fa, fb, op, who) : NULL;
+        REL(fa);
+        REL(fb);
+        RETURN(r);
+    }
     BEGIN();
     int nd;
     int64_t shape[CDF_MAX_DIMS], sa[CDF_MAX_DIMS], sb[CDF_MAX_DIMS];

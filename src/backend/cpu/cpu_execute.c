@@ -21,6 +21,12 @@ const char *cdf_op_name(cdf_op_kind k) { return (unsigned)k < CDF_OP_COUNT ? k_o
 
 cdf_status cdf_cpu_execute_node(const cdf_node *n) {
     cdf_tensor *d = n->dst;
+    /* a buffer still virtual here is a compile-layer bug: refuse rather than touch NULL memory */
+    for (int i = -1; i < n->n_src; i++) {
+        const cdf_tensor *t = i < 0 ? d : n->src[i];
+        if (t && t->storage->is_virtual)
+            return cdf_error(CDF_ERR_INTERNAL, "%s: operand %d has no memory (an unplanned compile buffer)", cdf_op_name(n->kind), i);
+    }
     void *dp = cdf_tensor_data_ptr(d);
     switch (n->kind) {
     case CDF_OP_COPY:
