@@ -12,7 +12,10 @@
 #include <unistd.h>
 
 #include "cdiffusers/cdiffusers.h"
+#include "cdiffusers/dist.h"
+#include "core/error_internal.h"
 #include "models/component.h"
+#include "plan.h" /* cli/plan.c: the plan command, --memory-stats */
 
 /* Exit codes */
 enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2, EXIT_INTERRUPTED = 130 };
@@ -40,20 +43,37 @@ static void usage(FILE *f) {
             "      --threads N              compute threads (default: all cores)\n"
             "      --dtype f32|bf16         weight precision on the device (default f32)\n"
             "      --max-sequence-length N  T5 tokens (default Flux 512, SD3 256)\n"
+            "      --text-encoder-out-layers A,B,C  FLUX.2: text encoder layers stacked into the prompt embedding\n"
+            "                               (default 10,20,30)\n"
             "      --latents-out FILE       also write latents_initial / latents_final (safetensors)\n"
             "      --device-memory SIZE     device memory budget, e.g. 8G\n"
+            "      --offload none|model     none (default): every model resident, fails up front if the weights\n"
+            "                               exceed the budget; model: one model on the device at a time\n"
+            "      --memory-stats           print the measured device peak of each phase to stderr\n"
+            "      --tp N                   tensor parallelism over the N processes of an MPI job: each rank loads\n"
+            "                               only its shard of the transformer and text encoders; rank 0 writes\n"
+            "                               (mpirun -np N cdiffusers generate ... --tp N)\n"
+            "      --tp-replicate A,B       components to keep whole on every rank (e.g. text_encoder_2)\n"
             "      --quiet                  no progress bar\n"
+            "      --mode eager|fuse|compile  execution mode (default eager; env CDIFFUSERS_DEFER_AND_FUSE=1 = fuse)\n"
+            "      --compile-repeated-blocks  compile only the transformer's repeated blocks (one graph per block class)\n"
             "  cdiffusers run-model --model COMPONENT_DIR --inputs IN.safetensors --output OUT.safetensors\n"
             "                       [--method forward|encode|decode] [--dtype f32|bf16] [--repeat N] [--force]\n"
+            "                       [--mode eager|fuse|compile] [--no-fullgraph] [--compile-repeated-blocks]\n"
             "      one forward of one component, chosen by its config.json; inputs by diffusers' argument\n"
             "      names, outputs as out.<name>. With --repeat N prints forward_ms=<ms> per forward to stderr.\n"
+            "  cdiffusers plan --model DIR [--height H --width W] [--offload none|model] [--dtype f32|bf16]\n"
+            "                  [--max-sequence-length N] [--guidance G] [--negative-prompt TEXT] [--true-cfg-scale G]\n"
+            "      expected peak device memory per phase (weights + activations) without loading or running\n"
             "  cdiffusers tokenize --model DIR --prompt TEXT [--max-length N]\n"
             "      DIR is a tokenizer folder or a pipeline folder (then every tokenizer_* is used)\n"
             "  cdiffusers info --model DIR\n"
             "  cdiffusers --help | --version\n"
             "\n"
             "environment: CDIFFUSERS_CPU_MEMORY_LIMIT=8G, CDIFFUSERS_NUM_THREADS=N,\n"
-            "             CDIFFUSERS_BACKEND_AUTOLOAD=0 (load backends explicitly)\n"
+            "             CDIFFUSERS_BACKEND_AUTOLOAD=0 (load backends explicitly),\n"
+            "             CDIFFUSERS_LOG=io (per-rank weight bytes read, peak memory, communication),\n"
+            "             CDIFFUSERS_DIST_TIMEOUT=S (seconds a rank waits for the others, default 600)\n"
             "exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted\n",
             CDIFFUSERS_VERSION);
 }
@@ -77,6 +97,21 @@ static bool parse_int(const char *s, long lo, long hi, long *out) {
     if (errno || end == s || *end || v < lo || v > hi) return false;
     *out = v;
     return true;
+}
+
+/* "10,20,30" -> up to max integers in [lo, hi]; false on anything else (empty items, junk). */
+static bool parse_int_list(const char *s, long lo, long hi, int *out, int max, int *n) {
+    *n = 0;
+    for (const char *p = s;; p++) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < lo || v > hi || *n >= max) return false;
+        out[(*n)++] = (int)v;
+        p = end;
+        if (*p == '\0') return true;
+        if (*p != ',') return false;
+    }
 }
 
 static bool parse_float(const char *s, float *out) {
@@ -123,11 +158,121 @@ static bool on_step(int step, int n, double step_s, void *user) {
     return !g_interrupted;
 }
 
+/* ---- tensor parallelism (MPI) ---------------------------------------------------------------- */
+typedef struct tp_run {
+    cdf_process_group *pg; /* NULL for a single-process run */
+    cdf_device_mesh *mesh;
+    int rank, world;
+} tp_run;
+
+/* How many processes the MPI launcher started (0 when not started by one). */
+static long launcher_world_size(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        long v;
+        const char *e = getenv(vars[i]);
+        if (e && parse_int(e, 1, 1L << 30, &v)) return v;
+    }
+    return 0;
+}
+
+/* Before any MPI call: the --tp value and the way the process was started must agree. */
+static int check_launch(long tp) {
+    const long world = launcher_world_size();
+    char msg[256];
+    if (tp <= 1 && world > 1) {
+        snprintf(msg, sizeof msg, "this process is one of %ld started by an MPI launcher but --tp is not given (every rank "
+                 "would compute and write the whole image); add --tp %ld", world, world);
+        return usage_error("%s", msg);
+    }
+    if (tp <= 1) return EXIT_OK;
+    if (!cdf_dist_backend_available("mpi")) {
+        fprintf(stderr, "cdiffusers: --tp %ld needs MPI, and this build of cdiffusers has none (Open MPI was not found when it "
+                "was configured)\n", tp);
+        return EXIT_FAIL;
+    }
+    if (world == 0) {
+        snprintf(msg, sizeof msg, "--tp %ld needs %ld processes: start it with mpirun -np %ld cdiffusers ... --tp %ld", tp, tp,
+                 tp, tp);
+        return usage_error("%s", msg);
+    }
+    if (world != tp) {
+        snprintf(msg, sizeof msg, "--tp %ld but the MPI launcher started %ld processes (use mpirun -np %ld)", tp, world, tp);
+        return usage_error("%s", msg);
+    }
+    return EXIT_OK;
+}
+
+/* --tp N > 1: join the MPI job and shard every model with a tensor-parallel plan over it. */
+static int tp_start(tp_run *tr, long tp, const char *replicate) {
+    memset(tr, 0, sizeof *tr);
+    tr->world = 1;
+    if (tp <= 1) return EXIT_OK;
+    if (cdf_dist_init("mpi", &tr->pg) != CDF_OK) return fail("--tp");
+    tr->rank = cdf_dist_rank(tr->pg);
+    tr->world = cdf_dist_world_size(tr->pg);
+    if (tr->world != tp) { /* the launcher's variables lied; every rank sees the same sizes */
+        fprintf(stderr, "cdiffusers: --tp %ld but the MPI job has %d processes\n", tp, tr->world);
+        cdf_dist_finalize(tr->pg);
+        return EXIT_USAGE;
+    }
+    if (cdf_device_mesh_new(tr->pg, cdf_device_get("cpu"), &tr->mesh) != CDF_OK ||
+        cdf_tp_enable(tr->mesh, replicate) != CDF_OK) {
+        int rc = fail("--tp");
+        cdf_device_mesh_free(tr->mesh);
+        cdf_dist_finalize(tr->pg);
+        return rc;
+    }
+    return EXIT_OK;
+}
+
+static void tp_end(tp_run *tr) {
+    if (!tr->pg) return;
+    cdf_tp_disable();
+    cdf_device_mesh_free(tr->mesh);
+    cdf_dist_finalize(tr->pg);
+    memset(tr, 0, sizeof *tr);
+}
+
+/* CDIFFUSERS_LOG=io: one line per rank with what it read, held and sent. */
+static void log_io(const tp_run *tr, cdf_device *dev, uint64_t weight_bytes) {
+    const char *log = getenv("CDIFFUSERS_LOG");
+    if (!log || !strstr(log, "io")) return;
+    cdf_memory_stats ms = {0};
+    if (dev) cdf_device_memory_stats(dev, &ms);
+    cdf_dist_stats ds;
+    cdf_dist_get_stats(tr->pg, &ds);
+    fprintf(stderr,
+            "cdiffusers: io: rank=%d world=%d weight_bytes_read=%llu device_peak_bytes=%llu collectives=%llu "
+            "comm_bytes=%llu comm_seconds=%.3f\n",
+            tr->rank, tr->world, (unsigned long long)weight_bytes, (unsigned long long)ms.peak_bytes,
+            (unsigned long long)ds.collectives, (unsigned long long)ds.bytes, ds.seconds);
+}
+
+/* --mode eager|fuse|compile (see cdiffusers/exec.h). Returns -1 for an unknown name. */
+enum { MODE_EAGER = 0, MODE_FUSE = 1, MODE_COMPILE = 2 };
+static int parse_mode(const char *s) {
+    if (strcmp(s, "eager") == 0) return MODE_EAGER;
+    if (strcmp(s, "fuse") == 0 || strcmp(s, "defer-and-fuse") == 0) return MODE_FUSE;
+    if (strcmp(s, "compile") == 0) return MODE_COMPILE;
+    return -1;
+}
+
+/* Applies the execution mode that does not need a loaded model (fuse); -1 = leave env default. */
+static int apply_mode(int mode) {
+    if (mode == MODE_FUSE) return cdf_set_exec_mode(CDF_EXEC_DEFER_AND_FUSE) == CDF_OK ? 0 : -1;
+    if (mode == MODE_EAGER || mode == MODE_COMPILE) return cdf_set_exec_mode(CDF_EXEC_EAGER) == CDF_OK ? 0 : -1;
+    return 0;
+}
+
 /* ---- generate ---------------------------------------------------------------------------- */
 static int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *output = "out.png", *latents_out = NULL, *dtype = "f32", *mem = NULL;
-    bool force = false, quiet = false;
-    long threads = 0;
+    const char *tp_replicate = NULL, *offload = "none";
+    bool force = false, quiet = false, memory_stats = false;
+    int mode = -1;
+    bool blocks = false;
+    long threads = 0, tp = 0;
     cdf_generate_params gp = cdf_generate_default_params();
     gp.prompt = NULL;
     static const struct option opts[] = {
@@ -140,10 +285,15 @@ static int cmd_generate(int argc, char **argv) {
         {"dtype", required_argument, 0, 'd'},        {"max-sequence-length", required_argument, 0, 'L'},
         {"latents-out", required_argument, 0, 'l'},  {"device-memory", required_argument, 0, 'M'},
         {"quiet", no_argument, 0, 'q'},              {"help", no_argument, 0, 'h'},
+        {"tp", required_argument, 0, 'P'},           {"tp-replicate", required_argument, 0, 'R'},
+        {"mode", required_argument, 0, 'E'},         {"text-encoder-out-layers", required_argument, 0, 'Y'},
+        {"compile-repeated-blocks", no_argument, 0, 'B'},
+        {"offload", required_argument, 0, 'O'},      {"memory-stats", no_argument, 0, 'K'},
         {0, 0, 0, 0},
     };
     int c;
     long v;
+    int te_layers[16];
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -187,84 +337,152 @@ static int cmd_generate(int argc, char **argv) {
             gp.max_sequence_length = (int)v;
             break;
         case 'l': latents_out = optarg; break;
+        case 'Y':
+            if (!parse_int_list(optarg, -4097, 4096, te_layers, 16, &gp.num_text_encoder_out_layers))
+                return usage_error("--text-encoder-out-layers needs 1 to 16 comma-separated layer indices, e.g. 10,20,30, got '%s'",
+                                   optarg);
+            gp.text_encoder_out_layers = te_layers;
+            break;
         case 'M': mem = optarg; break;
+        case 'E':
+            if ((mode = parse_mode(optarg)) < 0) return usage_error("--mode must be eager, fuse or compile, got '%s'", optarg);
+            break;
+        case 'B': blocks = true; break;
         case 'q': quiet = true; break;
+        case 'P':
+            if (!parse_int(optarg, 1, 4096, &tp)) return usage_error("--tp needs a positive number of ranks, got '%s'", optarg);
+            break;
+        case 'R': tp_replicate = optarg; break;
+        case 'O': offload = optarg; break;
+        case 'K': memory_stats = true; break;
         case 'h': usage(stdout); return EXIT_OK;
         default: return EXIT_USAGE;
         }
     }
     if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
     if (!model) return usage_error("%s", "generate needs --model DIR");
+    int rc_tp = check_launch(tp);
+    if (rc_tp != EXIT_OK) return rc_tp;
     if (!gp.prompt) return usage_error("%s", "generate needs --prompt TEXT");
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
     if (strcmp(dtype, "f32") == 0) lp.weight_dtype = CDF_F32;
     else if (strcmp(dtype, "bf16") == 0) lp.weight_dtype = CDF_BF16;
     else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
+    if (cdf_cli_parse_offload(offload, &lp.offload) != 0) return usage_error("--offload must be none or model, got '%s'", offload);
+    int64_t mem_bytes = -1;
+    if (mem && (mem_bytes = cdf_parse_bytes(mem)) < 0)
+        return usage_error("--device-memory needs a size like 8G or 512M, got '%s'", mem);
+
+    /* From here on, with --tp every rank must reach the agreement below: a failure is held in
+     * `st` (with the stage it happened in), not returned, so that no rank is left waiting. */
+    tp_run tr;
+    int rc_start = tp_start(&tr, tp, tp_replicate);
+    if (rc_start != EXIT_OK) return rc_start;
+    const bool writer = tr.rank == 0; /* rank 0 writes; the other ranks write nothing */
+    if (!writer) quiet = true;
+    cdf_status st = CDF_OK;
+    const char *stage = NULL;
     /* refuse early, before any work: nothing is lost, nothing is overwritten */
-    if (!force && file_exists(output)) {
-        fprintf(stderr, "cdiffusers: %s already exists (use --force to overwrite)\n", output);
-        return EXIT_FAIL;
+    if (writer) {
+        if (!force && file_exists(output)) st = cdf_error(CDF_ERR_IO, "%s already exists (use --force to overwrite)", output);
+        else if (latents_out && !force && file_exists(latents_out))
+            st = cdf_error(CDF_ERR_IO, "%s already exists (use --force to overwrite)", latents_out);
+        else if (!output_writable(output, force) || (latents_out && !output_writable(latents_out, force)))
+            st = cdf_last_status();
     }
-    if (latents_out && !force && file_exists(latents_out)) {
-        fprintf(stderr, "cdiffusers: %s already exists (use --force to overwrite)\n", latents_out);
-        return EXIT_FAIL;
+    cdf_device *dev = st == CDF_OK ? cdf_device_get("cpu") : NULL;
+    if (st == CDF_OK && !dev) {
+        st = cdf_last_status();
+        stage = "device";
     }
-    if (!output_writable(output, force)) return fail(NULL);
-    if (latents_out && !output_writable(latents_out, force)) return fail(NULL);
-    cdf_device *dev = cdf_device_get("cpu");
-    if (!dev) return fail("device");
-    if (threads) cdf_device_set_threads(dev, (int)threads);
-    if (mem) {
-        int64_t b = cdf_parse_bytes(mem);
-        if (b < 0) return usage_error("--device-memory needs a size like 8G or 512M, got '%s'", mem);
-        cdf_device_set_memory_limit(dev, (uint64_t)b);
+    if (st == CDF_OK) {
+        if (threads) cdf_device_set_threads(dev, (int)threads);
+        if (mem_bytes >= 0) cdf_device_set_memory_limit(dev, (uint64_t)mem_bytes);
     }
     signal(SIGINT, on_sigint);
     cdf_pipeline *pipe = NULL;
-    if (cdf_pipeline_load(model, &lp, &pipe) != CDF_OK) return fail("loading the pipeline");
+    if (st == CDF_OK && apply_mode(mode) != 0) {
+        st = cdf_last_status();
+        stage = "setting the execution mode";
+    }
+    if (st == CDF_OK && cdf_pipeline_load(model, &lp, &pipe) != CDF_OK) {
+        st = cdf_last_status();
+        stage = "loading the pipeline";
+    }
+    if (st == CDF_OK && (mode == MODE_COMPILE || blocks)) {
+        cdf_compile_options co = cdf_compile_default_options();
+        co.fullgraph = !blocks; /* blocks: a block with a collective (tensor parallelism) runs eagerly */
+        if ((blocks ? cdf_pipeline_compile_repeated_blocks(pipe, &co) : cdf_pipeline_compile(pipe, &co)) != CDF_OK) {
+            st = cdf_last_status();
+            stage = "compiling";
+        }
+    }
+    const uint64_t weight_bytes = cdf_io_bytes_read();
+    if (tr.pg) {
+        if (st != CDF_OK && stage) cdf_error_prefix("%s: ", stage);
+        st = cdf_dist_agree(tr.pg, st); /* on failure: "rank R of N failed: <its cause>", on every rank */
+        stage = NULL;
+    }
+    if (st != CDF_OK) {
+        int rc = fail(stage);
+        cdf_pipeline_free(pipe);
+        tp_end(&tr);
+        return rc;
+    }
     progress pr = {.tty = !quiet && isatty(2)};
     gp.callback = on_step;
     gp.callback_user = &pr;
     cdf_tensor_map cap;
     cdf_tensor_map_init(&cap);
-    if (latents_out) gp.capture = &cap;
+    if (latents_out && writer) gp.capture = &cap;
     cdf_image img;
     cdf_status s = cdf_pipeline_generate(pipe, &gp, &img);
     if (s != CDF_OK) {
+        if (tr.pg) {
+            /* the other ranks may be waiting in a collective this rank will never join: end the
+             * job (the launcher stops them) after saying which rank failed and why */
+            fprintf(stderr, "cdiffusers: rank %d of %d: generate: %s\n", tr.rank, tr.world, cdf_last_error());
+            cdf_dist_abort(tr.pg, g_interrupted ? EXIT_INTERRUPTED : EXIT_FAIL);
+        }
         int rc = g_interrupted ? EXIT_INTERRUPTED : fail("generate");
         if (g_interrupted) fprintf(stderr, "\ncdiffusers: interrupted; no output written\n");
         cdf_tensor_map_clear(&cap);
         cdf_pipeline_free(pipe);
         return rc;
     }
-    cdf_generate_params eff = gp;
-    cdf_pipeline_resolve_defaults(pipe, &eff);
-    char params[8192];
-    snprintf(params, sizeof params,
-             "%s\nNegative prompt: %s\nSteps: %d, Sampler: FlowMatchEulerDiscrete, CFG scale: %g, True CFG scale: %g, "
-             "Seed: %llu, Size: %dx%d, Max sequence length: %d, Dtype: %s, Model: %s, Pipeline: %s, Generator: cdiffusers %s",
-             eff.prompt, eff.negative_prompt ? eff.negative_prompt : "", eff.num_inference_steps, eff.guidance_scale,
-             eff.true_cfg_scale, (unsigned long long)eff.seed, eff.width, eff.height, eff.max_sequence_length, dtype, model,
-             cdf_pipeline_class_name(pipe), CDIFFUSERS_VERSION);
-    const char *keys[2] = {"parameters", "Software"};
-    char sw[64];
-    snprintf(sw, sizeof sw, "cdiffusers %s", CDIFFUSERS_VERSION);
-    const char *vals[2] = {params, sw};
     int rc = EXIT_OK;
-    if (latents_out) {
-        cdf_tensor_map lm;
-        cdf_tensor_map_init(&lm);
-        cdf_tensor_map_set(&lm, "latents_initial", cdf_tensor_map_get(&cap, "latents_initial"));
-        cdf_tensor_map_set(&lm, "latents_final", cdf_tensor_map_get(&cap, "latents_final"));
-        if (cdf_tensor_map_save(&lm, latents_out, false) != CDF_OK) rc = fail("writing latents");
-        cdf_tensor_map_clear(&lm);
+    if (memory_stats && writer) cdf_cli_print_memory_stats(pipe);
+    if (writer) {
+        cdf_generate_params eff = gp;
+        cdf_pipeline_resolve_defaults(pipe, &eff);
+        char params[8192];
+        snprintf(params, sizeof params,
+                 "%s\nNegative prompt: %s\nSteps: %d, Sampler: FlowMatchEulerDiscrete, CFG scale: %g, True CFG scale: %g, "
+                 "Seed: %llu, Size: %dx%d, Max sequence length: %d, Dtype: %s, Model: %s, Pipeline: %s, Generator: cdiffusers %s",
+                 eff.prompt, eff.negative_prompt ? eff.negative_prompt : "", eff.num_inference_steps, eff.guidance_scale,
+                 eff.true_cfg_scale, (unsigned long long)eff.seed, eff.width, eff.height, eff.max_sequence_length, dtype, model,
+                 cdf_pipeline_class_name(pipe), CDIFFUSERS_VERSION);
+        const char *keys[2] = {"parameters", "Software"};
+        char sw[64];
+        snprintf(sw, sizeof sw, "cdiffusers %s", CDIFFUSERS_VERSION);
+        const char *vals[2] = {params, sw};
+        if (latents_out) {
+            cdf_tensor_map lm;
+            cdf_tensor_map_init(&lm);
+            cdf_tensor_map_set(&lm, "latents_initial", cdf_tensor_map_get(&cap, "latents_initial"));
+            cdf_tensor_map_set(&lm, "latents_final", cdf_tensor_map_get(&cap, "latents_final"));
+            if (cdf_tensor_map_save(&lm, latents_out, false) != CDF_OK) rc = fail("writing latents");
+            cdf_tensor_map_clear(&lm);
+        }
+        if (rc == EXIT_OK && cdf_png_write(output, img.width, img.height, 3, img.pixels, keys, vals, 2, force) != CDF_OK)
+            rc = fail("writing the image");
+        if (rc == EXIT_OK && !quiet) fprintf(stderr, "cdiffusers: wrote %s (%dx%d)\n", output, img.width, img.height);
     }
-    if (rc == EXIT_OK && cdf_png_write(output, img.width, img.height, 3, img.pixels, keys, vals, 2, force) != CDF_OK)
-        rc = fail("writing the image");
-    if (rc == EXIT_OK && !quiet) fprintf(stderr, "cdiffusers: wrote %s (%dx%d)\n", output, img.width, img.height);
+    log_io(&tr, dev, weight_bytes);
     cdf_image_free(&img);
     cdf_tensor_map_clear(&cap);
     cdf_pipeline_free(pipe);
+    tp_end(&tr);
     return rc;
 }
 
@@ -278,12 +496,15 @@ static double now_ms(void) {
 static int cmd_run_model(int argc, char **argv) {
     const char *model = NULL, *inputs = NULL, *output = NULL, *method = "forward", *dtype = "f32";
     long repeat = 1, threads = 0;
-    bool force = false;
+    bool force = false, no_fullgraph = false, blocks = false;
+    int mode = -1;
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},  {"inputs", required_argument, 0, 'i'},
         {"output", required_argument, 0, 'o'}, {"method", required_argument, 0, 'x'},
         {"dtype", required_argument, 0, 'd'},  {"repeat", required_argument, 0, 'r'},
         {"threads", required_argument, 0, 't'}, {"force", no_argument, 0, 'f'},
+        {"mode", required_argument, 0, 'E'},   {"no-fullgraph", no_argument, 0, 'G'},
+        {"compile-repeated-blocks", no_argument, 0, 'B'},
         {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
     };
     int c;
@@ -301,6 +522,11 @@ static int cmd_run_model(int argc, char **argv) {
         case 't':
             if (!parse_int(optarg, 1, 4096, &threads)) return usage_error("--threads needs a positive integer, got '%s'", optarg);
             break;
+        case 'E':
+            if ((mode = parse_mode(optarg)) < 0) return usage_error("--mode must be eager, fuse or compile, got '%s'", optarg);
+            break;
+        case 'G': no_fullgraph = true; break;
+        case 'B': blocks = true; break;
         case 'f': force = true; break;
         case 'h': usage(stdout); return EXIT_OK;
         default: return EXIT_USAGE;
@@ -323,7 +549,16 @@ static int cmd_run_model(int argc, char **argv) {
     if (!opt.device) return fail("device");
     if (threads) cdf_device_set_threads(opt.device, (int)threads);
     cdf_component *comp = NULL;
+    if (apply_mode(mode) != 0) return fail("setting the execution mode");
     if (cdf_component_load(model, &opt, &comp) != CDF_OK) return fail("loading the model");
+    if (mode == MODE_COMPILE || blocks) {
+        cdf_compile_options co = cdf_compile_default_options();
+        co.fullgraph = !no_fullgraph;
+        if ((blocks ? cdf_component_compile_repeated_blocks(comp, &co) : cdf_component_compile(comp, &co)) != CDF_OK) {
+            cdf_component_free(comp);
+            return fail("compiling");
+        }
+    }
     cdf_tensor_map in, out;
     cdf_tensor_map_init(&in);
     cdf_tensor_map_init(&out);
@@ -486,6 +721,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "run-model") == 0) return cmd_run_model(argc - 1, argv + 1);
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 1, argv + 1);
     if (strcmp(cmd, "info") == 0) return cmd_info(argc - 1, argv + 1);
+    if (strcmp(cmd, "plan") == 0) return cdf_cli_plan(argc - 1, argv + 1);
     fprintf(stderr, "cdiffusers: unknown command '%s' (see cdiffusers --help)\n", cmd);
     return EXIT_USAGE;
 }

@@ -3,12 +3,12 @@
  * the program name) and the tool's main runs in-process.
  *
  * To keep every run fast and side-effect free, the target works in an empty scratch folder and
- * replaces '/' in every argument with '_', so all paths are relative names inside it: the only
- * thing that exists there is "pipe", a pipeline folder whose only content is an empty
- * model_index.json object (`generate` and `info` get as far as reading it). Nothing can reach a
- * real model or tokenizer, so every command ends before computing, and no file is ever written
- * (outputs only appear after a successful generation). Tokenizers and models have their own
- * targets.
+ * replaces '/' in every argument with '_', so all paths are relative names inside it. What
+ * exists there: "pipe", a folder whose model_index.json is an empty object, and "p", the tiny
+ * FLUX.1-schnell pipeline without its tokenizer files (so `plan` and `info` run for real on
+ * fuzzed sizes and flags, while `generate` stops at the first tokenizer, before loading any
+ * weights). No command can get as far as computing, so no file is ever written (outputs only
+ * appear after a successful generation). Tokenizers and models have their own targets.
  *
  * Invariants: the exit code is 0, 1 or 2 (130 needs SIGINT). Leaks and memory errors are caught
  * by the sanitizers. */
@@ -33,6 +33,11 @@ static void write_seeds(const char *dir) {
          "--repeat", "3"},
         {"tokenize", "--model", "tok", "--prompt", "a photo of a cat", "--max-length", "8"},
         {"info", "--model", "pipe"},
+        {"plan", "--model", "p", "--height", "1024", "--width", "1024", "--offload", "model", "--dtype", "bf16"},
+        {"plan", "--model", "p", "--height", "4096", "--width", "16", "--max-sequence-length", "512", "--guidance", "4",
+         "--negative-prompt", "n", "--true-cfg-scale", "2"},
+        {"info", "--model", "p"},
+        {"generate", "--model", "p", "--prompt", "x", "--offload", "model", "--memory-stats", "--tp", "2", "--mode", "fuse"},
         {"info", "--model", ".."},
         {"--help"},
         {"--version"},
@@ -50,8 +55,10 @@ static void write_seeds(const char *dir) {
     }
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    fz_maybe_write_seeds(write_seeds);
+/* The scratch working folder, entered at the first input rather than in LLVMFuzzerInitialize so
+ * that relative paths given to libFuzzer (a reproducer, a corpus) are read from where the
+ * command was started. */
+static void enter_scratch_folder(void) {
     /* <tmp>/a/b is the working folder, so ".." is <tmp>/a, which holds nothing else either */
     const char *a = fz_join(fz_tmp(), "a");
     fz_mkdir(a);
@@ -60,10 +67,43 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     if (chdir(b) != 0) abort();
     fz_mkdir("pipe");
     fz_write_str("pipe/model_index.json", "{}");
+    /* "p": the tiny FLUX.1-schnell folder without tokenizer files: `plan` computes for real,
+     * `generate` stops at the first tokenizer */
+    static const char *const files[] = {"model_index.json", "scheduler/scheduler_config.json", "transformer/config.json",
+                                        "vae/config.json", "text_encoder/config.json", "text_encoder_2/config.json"};
+    static const char *const dirs[] = {"p", "p/scheduler", "p/transformer", "p/vae", "p/text_encoder", "p/text_encoder_2",
+                                       "p/tokenizer", "p/tokenizer_2"};
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) fz_mkdir(dirs[i]);
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "pipelines/flux1_schnell_tiny/%s", files[i]);
+        size_t n = 0;
+        uint8_t *d = fz_read(fz_join(CDF_TEST_DATA, rel), &n);
+        if (!d) abort();
+        fz_write(fz_join("p", files[i]), d, n);
+        free(d);
+    }
+    static const char *const weights[] = {"text_encoder/model.safetensors", "text_encoder_2/model.safetensors",
+                                          "transformer/diffusion_pytorch_model.safetensors",
+                                          "vae/diffusion_pytorch_model.safetensors"};
+    for (size_t i = 0; i < sizeof weights / sizeof *weights; i++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "pipelines/flux1_schnell_tiny/%s", weights[i]);
+        if (symlink(fz_join(CDF_TEST_DATA, rel), fz_join("p", weights[i])) != 0) abort();
+    }
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    fz_maybe_write_seeds(write_seeds);
     return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static bool entered;
+    if (!entered) {
+        enter_scratch_folder();
+        entered = true;
+    }
     if (size > 4096) return 0;
     enum { MAX_ARGS = 32 };
     char *buf = malloc(size + 1);

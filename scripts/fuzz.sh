@@ -31,6 +31,8 @@ targets=("$@")
 cc=${CC:-clang-14}
 build=${CDF_FUZZ_BUILD:-build-fuzz}
 work=${CDF_FUZZ_WORK:-$build/work}
+mkdir -p "$work"
+work=$(cd "$work" && pwd) # absolute: fuzz_cli changes its working folder
 cmake -S fuzz -B "$build" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j"${CDF_FUZZ_JOBS:-2}" --target "${targets[@]}"
 
@@ -42,7 +44,7 @@ max_len() {
     fuzz_safetensors) echo 131072 ;;
     fuzz_json) echo 65536 ;;
     fuzz_checkpoint) echo 16384 ;;
-    fuzz_prompt) echo 2048 ;;
+    fuzz_prompt) echo 512 ;;
     *) echo 4096 ;;
   esac
 }
@@ -65,9 +67,9 @@ for t in "${targets[@]}"; do
     -print_final_stats=1 -artifact_prefix="$findings/" "${extra[@]}" "$corpus" "$seeds" >"$work/logs/$t.log" 2>&1
   rc=$?
   set -e
-  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/logs/$t.log" | tail -1)
-  eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work/logs/$t.log" | tail -1)
-  cov=$(grep -o 'cov: [0-9]*' "$work/logs/$t.log" | tail -1)
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/logs/$t.log" | tail -1 || true)
+  eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work/logs/$t.log" | tail -1 || true)
+  cov=$( (grep -o 'cov: [0-9]*' "$work/logs/$t.log" || true) | tail -1)
   if [ $rc -ne 0 ]; then
     status=1
     echo "!! $t FAILED (exit $rc); log: $work/logs/$t.log; reproducer(s): $(ls "$findings" | tr '\n' ' ')"

@@ -12,6 +12,7 @@ ctest --test-dir build --output-on-failure -j"$jobs"
 # the same suite in the other execution modes (results must not depend on the mode)
 CDIFFUSERS_DEFER_AND_FUSE=1 ctest --test-dir build --output-on-failure -j"$jobs"
 CDIFFUSERS_COMPILE=1 ctest --test-dir build --output-on-failure -j"$jobs"
+CDIFFUSERS_COMPILE=blocks ctest --test-dir build --output-on-failure -j"$jobs"
 if [ "${CDF_SKIP_SANITIZE:-0}" != 1 ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCDF_SANITIZE=ON >/dev/null
   cmake --build build-asan -j"$jobs"

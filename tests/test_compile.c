@@ -175,6 +175,42 @@ static void test_dynamic_refused(void **state) {
     cdf_component_free(c);
 }
 
+/* Repeated-block compile: one graph per block class and shape, shared by every instance
+ * (weights are parameters), results equal to the golden outputs. */
+static void check_repeated_blocks(const char *model, const char *io, int expect_graphs, double tol) {
+    cdf_component *c = tu_load_component(tu_data(model), CDF_F32);
+    cdf_tensor_map g;
+    tu_load_map(&g, io);
+    assert_int_equal(cdf_component_compile_repeated_blocks(c, NULL), CDF_OK);
+    cdf_exec_stats s0, s1, s2;
+    cdf_exec_get_stats(&s0);
+    double d1 = run_and_diff(c, "forward", &g, &g, "out.sample");
+    cdf_exec_get_stats(&s1);
+    double d2 = run_and_diff(c, "forward", &g, &g, "out.sample");
+    cdf_exec_get_stats(&s2);
+    print_message("  %s repeated blocks: %d graphs, first %.3g, replay %.3g (tol %.1g)\n", model,
+                  cdf_component_compiled_graphs(c), d1, d2, tol);
+    assert_true(d1 <= tol && d2 <= tol);
+    assert_int_equal(cdf_component_compiled_graphs(c), expect_graphs);
+    assert_int_equal(s1.compiles - s0.compiles, expect_graphs);
+    assert_int_equal(s2.compiles - s1.compiles, 0); /* second forward: every block replays */
+    assert_true(s2.cache_hits > s1.cache_hits);
+    cdf_tensor_map_clear(&g);
+    cdf_component_free(c);
+}
+
+/* FLUX.1: 2 double + 2 single blocks -> 2 graphs (FluxTransformerBlock, FluxSingleTransformerBlock) */
+static void test_repeated_blocks_flux(void **s) {
+    (void)s;
+    check_repeated_blocks("golden/flux1_dev/transformer", "golden/flux1_dev/io.safetensors", 2, 3e-4);
+}
+/* SD3.5: blocks 0-1 dual-attention, block 2 context_pre_only -> 2 graphs; SD3: 2 plain + last -> 2 */
+static void test_repeated_blocks_sd3(void **s) {
+    (void)s;
+    check_repeated_blocks("golden/sd35m/transformer", "golden/sd35m/io.safetensors", 2, 3e-4);
+    check_repeated_blocks("golden/sd3/transformer", "golden/sd3/io.safetensors", 2, 3e-4);
+}
+
 int main(void) {
     /* these tests compile explicitly and count compiles: the suite-wide switch would add more */
     unsetenv("CDIFFUSERS_COMPILE");
@@ -184,6 +220,8 @@ int main(void) {
         cmocka_unit_test(test_flux_compiles_fullgraph),
         cmocka_unit_test(test_graph_break),
         cmocka_unit_test(test_dynamic_refused),
+        cmocka_unit_test(test_repeated_blocks_flux),
+        cmocka_unit_test(test_repeated_blocks_sd3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

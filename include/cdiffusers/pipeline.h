@@ -15,9 +15,21 @@ extern "C" {
 
 typedef struct cdf_pipeline cdf_pipeline;
 
+/* Where the models' weights live between their uses (diffusers' pipe.to(device) /
+ * enable_model_cpu_offload). The "host" copy is always the memory-mapped checkpoint. */
+typedef enum cdf_offload_mode {
+    CDF_OFFLOAD_NONE = 0,  /* every model resident on the device (default) */
+    CDF_OFFLOAD_MODEL = 1, /* one model at a time: each is materialised just before it runs and
+                              released when another model runs; peak = largest model + its
+                              activations, at the cost of re-converting weights every generate */
+} cdf_offload_mode;
+
 typedef struct cdf_pipeline_load_params {
-    const char *device;     /* "cpu" (default) */
-    cdf_dtype weight_dtype; /* CDF_F32 (default, exact) or CDF_BF16 */
+    const char *device;       /* "cpu" (default) */
+    cdf_dtype weight_dtype;   /* CDF_F32 (default, exact) or CDF_BF16 */
+    cdf_offload_mode offload; /* CDF_OFFLOAD_NONE (default). With NONE, a device budget smaller than
+                                 the weights fails the load before anything is loaded
+                                 (CDF_ERR_OUT_OF_MEMORY: needed vs allowed, suggests MODEL) */
 } cdf_pipeline_load_params;
 cdf_pipeline_load_params cdf_pipeline_load_default_params(void);
 
@@ -68,9 +80,70 @@ cdf_status cdf_pipeline_generate(cdf_pipeline *p, const cdf_generate_params *par
  * ids on the host). A new height/width compiles once; the step count never recompiles. */
 struct cdf_compile_options;
 cdf_status cdf_pipeline_compile(cdf_pipeline *p, const struct cdf_compile_options *opt);
+/* Compile only the transformer's repeated blocks: one graph per block class and shape, shared
+ * by all blocks (much shorter warm-up than whole-model compile; works with offload). */
+cdf_status cdf_pipeline_compile_repeated_blocks(cdf_pipeline *p, const struct cdf_compile_options *opt);
 
 /* The effective value the pipeline will use for each 0/negative default of params. */
 void cdf_pipeline_resolve_defaults(const cdf_pipeline *p, cdf_generate_params *params);
+
+/* ---- device memory: offload, measured peaks, planning ------------------------------------- */
+/* Switch the offload mode of a loaded pipeline. MODEL releases every model now; NONE
+ * materialises them all again (CDF_ERR_OUT_OF_MEMORY if they do not fit the budget). */
+cdf_status cdf_pipeline_set_offload(cdf_pipeline *p, cdf_offload_mode mode);
+cdf_status cdf_pipeline_enable_model_cpu_offload(cdf_pipeline *p); /* set_offload(p, MODEL) */
+cdf_offload_mode cdf_pipeline_offload_mode(const cdf_pipeline *p);
+
+typedef enum cdf_pipeline_phase {
+    CDF_PHASE_TEXT = 0,    /* prompt encoding (the text encoders) */
+    CDF_PHASE_DENOISE = 1, /* the denoising loop (the transformer) */
+    CDF_PHASE_DECODE = 2,  /* VAE decode and the image conversion */
+    CDF_PHASE_COUNT = 3
+} cdf_pipeline_phase;
+const char *cdf_pipeline_phase_name(cdf_pipeline_phase phase); /* "text encoding", ... */
+
+/* Measured during the last cdf_pipeline_generate. generate waits for the device at each phase
+ * change and restarts the device's peak counter there (cdf_device_reset_peak). Without a budget
+ * the peak includes the outputs of ops the host queued ahead of the device, so it can exceed
+ * what the run needs; under a budget the allocator waits for the queue before failing. */
+typedef struct cdf_pipeline_memory_stats {
+    uint64_t phase_peak_bytes[CDF_PHASE_COUNT]; /* device peak during each phase */
+    uint64_t peak_bytes;                        /* the largest of them */
+    int materialisations;                       /* models (re)loaded by offload during the run */
+} cdf_pipeline_memory_stats;
+void cdf_pipeline_last_memory_stats(const cdf_pipeline *p, cdf_pipeline_memory_stats *out);
+
+/* The planner: expected peak device memory per phase for a pipeline folder, from its configs and
+ * checkpoint headers only (nothing is loaded or run). weights = models resident during the phase
+ * (all of them with NONE; the phase's largest with MODEL); activations = what the phase's largest
+ * forward needs at its peak plus the tensors the pipeline holds meanwhile. "Needed" is the
+ * smallest device budget under which the phase runs (see cdf_pipeline_memory_stats on why an
+ * unbudgeted peak is higher). Calibrated for FluxPipeline and StableDiffusion3Pipeline models
+ * (bench/RESULTS.md, "Offload"); other model classes count weights only (activation_known false). */
+#define CDF_PLAN_MAX_COMPONENTS 8
+typedef struct cdf_memory_plan {
+    char pipeline_class[64];
+    int height, width, max_sequence_length, batch; /* the resolved request; batch 2 with SD3 CFG */
+    cdf_offload_mode offload;
+    cdf_dtype weight_dtype;
+    int n_components;
+    struct {
+        char name[32];        /* "text_encoder", "transformer", ... */
+        char class_name[64];
+        uint64_t weights_bytes;    /* resident once loaded */
+        uint64_t activation_bytes; /* its largest forward in this request */
+        bool activation_known;
+    } component[CDF_PLAN_MAX_COMPONENTS];
+    struct {
+        uint64_t weights_bytes, activation_bytes, peak_bytes;
+    } phase[CDF_PHASE_COUNT];
+    uint64_t peak_bytes;          /* the largest phase */
+    uint64_t total_weights_bytes; /* every model */
+    uint64_t largest_weights_bytes;
+} cdf_memory_plan;
+/* gp may be NULL (defaults); its 0/negative fields take the pipeline defaults. */
+cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_params *lp, const cdf_generate_params *gp,
+                                    cdf_memory_plan *out);
 
 #ifdef __cplusplus
 }

@@ -36,17 +36,25 @@ typedef struct cdf_tokenizer cdf_tokenizer;
 
 typedef enum cdf_tokenizer_type {
     CDF_TOKENIZER_CLIP = 1, /* byte-level BPE with "</w>" word ends (OpenAI CLIP / OpenCLIP) */
-    CDF_TOKENIZER_T5 = 2    /* SentencePiece unigram with the nmt_nfkc charsmap (T5 v1.1) */
+    CDF_TOKENIZER_T5 = 2,   /* SentencePiece unigram with the nmt_nfkc charsmap (T5 v1.1) */
+    CDF_TOKENIZER_BPE = 3   /* byte-level BPE from tokenizer.json (Mistral tekken: FLUX.2) */
 } cdf_tokenizer_type;
 
 /* Which files of a folder to read. AUTO: tokenizer_config.json's tokenizer_class decides the
- * type (CLIPTokenizer[Fast] / T5Tokenizer[Fast]); without it the files present decide
- * (vocab.json + merges.txt -> CLIP; tokenizer.json with a Unigram model or spiece.model -> T5).
- * A T5 folder with both files uses tokenizer.json, as transformers does. */
+ * type (CLIPTokenizer[Fast] / T5Tokenizer[Fast]); without it, or with another class (FLUX.2's
+ * LlamaTokenizerFast), the files present decide (vocab.json + merges.txt -> CLIP; tokenizer.json
+ * -> its model type: Unigram -> T5, BPE -> BPE; spiece.model -> T5). A T5 folder with both files
+ * uses tokenizer.json, as transformers does.
+ *
+ *   BPE   (FLUX.2 `tokenizer`): tokenizer.json with a byte-level BPE model (Split regex +
+ *         ByteLevel pre-tokenisers, ignore_merges). No special tokens are added: ids = content
+ *         [:N], padded with the pad id (<pad> = 11). The FLUX.2 pipeline renders a chat prompt that
+ *         already starts with "<s>" and tokenizes it with add_special_tokens=False (see
+ *         src/tokenizers/flux2_prompt.h). */
 typedef enum cdf_tokenizer_source {
     CDF_TOKENIZER_SOURCE_AUTO = 0,
     CDF_TOKENIZER_SOURCE_VOCAB_MERGES = 1,   /* vocab.json + merges.txt (CLIP) */
-    CDF_TOKENIZER_SOURCE_TOKENIZER_JSON = 2, /* tokenizer.json (T5 Unigram) */
+    CDF_TOKENIZER_SOURCE_TOKENIZER_JSON = 2, /* tokenizer.json (T5 Unigram or byte-level BPE) */
     CDF_TOKENIZER_SOURCE_SPIECE_MODEL = 3    /* spiece.model (T5 SentencePiece protobuf) */
 } cdf_tokenizer_source;
 
@@ -54,8 +62,8 @@ typedef enum cdf_tokenizer_source {
  * CDF_ERR_INVALID_ARG (NULL folder), CDF_ERR_NOT_FOUND (no usable tokenizer files; the
  * message lists what was looked for), CDF_ERR_IO, CDF_ERR_FORMAT (a malformed file: the
  * message names the file and what is wrong), CDF_ERR_LIMIT (a file or count beyond a safety
- * limit), CDF_ERR_UNSUPPORTED (a valid file asking for a feature not implemented, e.g. a BPE
- * tokenizer.json or byte_fallback), CDF_ERR_OUT_OF_MEMORY. */
+ * limit), CDF_ERR_UNSUPPORTED (a valid file asking for a feature not implemented, e.g. a
+ * normaliser on a BPE tokenizer.json or byte_fallback), CDF_ERR_OUT_OF_MEMORY. */
 cdf_tokenizer *cdf_tokenizer_load(const char *folder);
 /* Same, reading only the files of `source` (tokenizer_config.json and special_tokens_map.json
  * are read in every case when present). */

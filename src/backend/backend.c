@@ -194,7 +194,7 @@ static void fmt_bytes(char *buf, size_t n, uint64_t b) {
 cdf_status cdf_device_alloc(cdf_device *dev, size_t nbytes, void **out) {
     *out = NULL;
     uint64_t limit = atomic_load(&dev->limit_bytes);
-    uint64_t cur = atomic_load(&dev->current_bytes);
+    unsigned long long cur = atomic_load(&dev->current_bytes);
     bool drained = false;
     for (;;) {
         if (limit && (nbytes > limit || cur > limit - nbytes) && !drained && dev->iface->wait_idle) {
@@ -227,7 +227,7 @@ cdf_status cdf_device_alloc(cdf_device *dev, size_t nbytes, void **out) {
         return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of memory on %s: the system refused %s (%zu bytes)", dev->name, req,
                          nbytes);
     }
-    uint64_t now = cur + nbytes, peak = atomic_load(&dev->peak_bytes);
+    unsigned long long now = cur + nbytes, peak = atomic_load(&dev->peak_bytes);
     while (now > peak && !atomic_compare_exchange_weak(&dev->peak_bytes, &peak, now)) {}
     atomic_fetch_add(&dev->n_allocs, 1);
     *out = p;

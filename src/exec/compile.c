@@ -57,6 +57,35 @@ static void release_virtuals(capture *c) {
     c->n_virt = c->cap_virt = 0;
 }
 
+/* Is storage s reachable only through the graph's nodes and outputs (plus `pins` references
+ * the capture itself holds)? A buffer that something else also holds — a tensor the model keeps
+ * between calls, say — must not share arena memory with other buffers. */
+static bool graph_only(cdf_node **nodes, int n, cdf_tensor **outs, int n_out, const cdf_storage *s, long pins) {
+    enum { MAXOBJ = 128 };
+    const cdf_tensor *obj[MAXOBJ];
+    long cnt[MAXOBJ];
+    int nobj = 0;
+    for (int i = 0; i <= n; i++) {
+        int nt = i < n ? nodes[i]->n_src + 1 : n_out;
+        for (int k = 0; k < nt; k++) {
+            const cdf_tensor *t = i < n ? (k == 0 ? nodes[i]->dst : nodes[i]->src[k - 1]) : outs[k];
+            if (!t || t->storage != s) continue;
+            int j = 0;
+            while (j < nobj && obj[j] != t) j++;
+            if (j == nobj) {
+                if (nobj == MAXOBJ) return false;
+                obj[nobj] = t;
+                cnt[nobj++] = 0;
+            }
+            cnt[j]++;
+        }
+    }
+    if (atomic_load(&((cdf_storage *)s)->refcount) != nobj + pins) return false;
+    for (int j = 0; j < nobj; j++)
+        if (atomic_load(&((cdf_tensor *)obj[j])->refcount) != cnt[j]) return false;
+    return true;
+}
+
 static cdf_status materialize_all(capture *c) {
     for (int i = 0; i < c->n_virt; i++) CDF_TRY(cdf_storage_materialize(c->virt[i]));
     return CDF_OK;
@@ -91,8 +120,9 @@ cdf_status cdf_compile_on_host_read(const cdf_tensor *t) {
     char d[96];
     cdf_tensor_describe(t, d, sizeof d);
     cdf_exec_count_graph_break();
-    tl_cap.broken = true;
     if (tl_cap.fullgraph) {
+        /* the capture stays active: whatever the forward still does is recorded and thrown
+         * away with it, so no op ever runs on a buffer the capture left without memory */
         tl_cap.break_status = cdf_error(CDF_ERR_GRAPH_BREAK,
                                         "compile(fullgraph=true): graph break in %s: the forward reads a %s tensor on the "
                                         "host (a value-dependent computation); compile with fullgraph=false to fall back to "
@@ -100,6 +130,7 @@ cdf_status cdf_compile_on_host_read(const cdf_tensor *t) {
                                         tl_cap.who ? tl_cap.who : "forward", d);
         return tl_cap.break_status;
     }
+    tl_cap.broken = true;
     /* abandon the capture: what was recorded gets real buffers and runs now, the rest of the
      * forward runs eagerly */
     cdf_status s = materialize_all(&tl_cap);
@@ -322,6 +353,7 @@ static cdf_status run_plan(plan *p, cdf_tensor *const *now, cdf_tensor_map *out)
         if (!b) s = cdf_last_status();
         else s = cdf_device_enqueue(b->dst->storage->dev, b);
     }
+    cdf_exec_count_kernels((uint64_t)p->n + (uint64_t)p->n_out);
     for (int i = 0; i < p->n_out && s == CDF_OK; i++) {
         /* outputs live in the plan's buffers, which the next replay overwrites: copy out */
         cdf_tensor *o = p->outs[i];
@@ -433,6 +465,10 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
             } else if (s != CDF_OK) {
                 for (int i = 0; i < cap.n; i++) cdf_node_free(cap.nodes[i]);
             } else {
+                /* buffers held outside the graph get memory of their own (not arena slots) */
+                for (int v = 0; s == CDF_OK && v < cap.n_virt; v++)
+                    if (!graph_only(cap.nodes, cap.n, traced_out.tensors, traced_out.n, cap.virt[v], 1))
+                        s = cdf_storage_materialize(cap.virt[v]);
                 /* only the graph (and the outputs) hold the captured buffers from here on, which
                  * is what the fusion pass checks before removing an intermediate */
                 release_virtuals(&cap);

@@ -151,6 +151,7 @@ cdf_status cdf_device_synchronize(cdf_device *dev) {
 void cdf_exec_count_compile(void) { atomic_fetch_add(&g_compiles, 1); }
 void cdf_exec_count_cache_hit(void) { atomic_fetch_add(&g_hits, 1); }
 void cdf_exec_count_graph_break(void) { atomic_fetch_add(&g_breaks, 1); }
+void cdf_exec_count_kernels(uint64_t n) { atomic_fetch_add(&g_kernels, n); }
 
 void cdf_exec_get_stats(cdf_exec_stats *o) {
     o->ops = atomic_load(&g_ops);

@@ -17,5 +17,6 @@ cdf_status cdf_exec_sync_for_read(const cdf_tensor *t);
 void cdf_exec_count_compile(void);
 void cdf_exec_count_cache_hit(void);
 void cdf_exec_count_graph_break(void);
+void cdf_exec_count_kernels(uint64_t n); /* kernels a compiled graph launched */
 
 #endif

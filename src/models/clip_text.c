@@ -41,6 +41,22 @@ struct cdf_clip_text {
     clip_layer *layers;             /* [num_layers] */
     cdf_norm_layer final_layer_norm;
     cdf_tensor *text_projection; /* [projection_dim, hidden] or NULL */
+    /* tensor parallelism: NULL when whole; else this rank holds local_heads of num_heads */
+    cdf_tp *tp;
+    int64_t local_heads;
+};
+
+/* Tensor-parallel plan (the transformers-style Megatron split): q/k/v column-wise (heads split
+ * over the ranks), out_proj row-wise; fc1 column-wise, fc2 row-wise. Embeddings, layer norms and
+ * text_projection are replicated. Two all-reduces per layer. */
+static const cdf_tp_rule CLIP_TP_PLAN[] = {
+    {"text_model.encoder.layers.*.self_attn.q_proj", CDF_TP_COLWISE},
+    {"text_model.encoder.layers.*.self_attn.k_proj", CDF_TP_COLWISE},
+    {"text_model.encoder.layers.*.self_attn.v_proj", CDF_TP_COLWISE},
+    {"text_model.encoder.layers.*.self_attn.out_proj", CDF_TP_ROWWISE},
+    {"text_model.encoder.layers.*.mlp.fc1", CDF_TP_COLWISE},
+    {"text_model.encoder.layers.*.mlp.fc2", CDF_TP_ROWWISE},
+    {NULL, CDF_TP_REPLICATE},
 };
 
 /* ---- config ------------------------------------------------------------------------------- */
@@ -134,6 +150,7 @@ static void clip_free(void *impl) {
     }
     cdf_norm_free(&m->final_layer_norm);
     cdf_tensor_release(m->text_projection);
+    cdf_tp_free(m->tp);
     free(m);
 }
 
@@ -153,13 +170,13 @@ static cdf_status load_weights(cdf_weights *w, cdf_clip_text *m) {
         const char *p = "text_model.encoder.layers";
         long long li = (long long)i;
         CDF_TRY(cdf_norm_load(w, &l->layer_norm1, H, 1, 1, eps, "%s.%lld.layer_norm1", p, li));
-        CDF_TRY(cdf_linear_load(w, &l->q_proj, H, H, 1, "%s.%lld.self_attn.q_proj", p, li));
-        CDF_TRY(cdf_linear_load(w, &l->k_proj, H, H, 1, "%s.%lld.self_attn.k_proj", p, li));
-        CDF_TRY(cdf_linear_load(w, &l->v_proj, H, H, 1, "%s.%lld.self_attn.v_proj", p, li));
-        CDF_TRY(cdf_linear_load(w, &l->out_proj, H, H, 1, "%s.%lld.self_attn.out_proj", p, li));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &l->q_proj, H, H, 1, "%s.%lld.self_attn.q_proj", p, li));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &l->k_proj, H, H, 1, "%s.%lld.self_attn.k_proj", p, li));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &l->v_proj, H, H, 1, "%s.%lld.self_attn.v_proj", p, li));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &l->out_proj, H, H, 1, "%s.%lld.self_attn.out_proj", p, li));
         CDF_TRY(cdf_norm_load(w, &l->layer_norm2, H, 1, 1, eps, "%s.%lld.layer_norm2", p, li));
-        CDF_TRY(cdf_linear_load(w, &l->fc1, H, I, 1, "%s.%lld.mlp.fc1", p, li));
-        CDF_TRY(cdf_linear_load(w, &l->fc2, I, H, 1, "%s.%lld.mlp.fc2", p, li));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &l->fc1, H, I, 1, "%s.%lld.mlp.fc1", p, li));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &l->fc2, I, H, 1, "%s.%lld.mlp.fc2", p, li));
     }
     CDF_TRY(cdf_norm_load(w, &m->final_layer_norm, H, 1, 1, eps, "text_model.final_layer_norm"));
     if (m->projection_dim > 0) {
@@ -178,10 +195,16 @@ static cdf_status clip_load(const char *dir, const cJSON *cfg, const cdf_load_op
         clip_free(m);
         return s;
     }
+    /* sharded when tensor parallelism is on: heads and the MLP width must divide */
+    s = cdf_tp_for_component(dir, cdf_config_class_name(cfg), CLIP_TP_PLAN, &m->tp);
+    if (s == CDF_OK) s = cdf_tp_check_divisible(m->tp, "num_attention_heads", m->num_heads);
+    if (s == CDF_OK) s = cdf_tp_check_divisible(m->tp, "intermediate_size", m->intermediate_size);
+    m->local_heads = m->num_heads / cdf_tp_size(m->tp);
     cdf_weights *w = NULL;
-    s = cdf_weights_open(dir, opt, &w);
+    if (s == CDF_OK) s = cdf_weights_open(dir, opt, &w);
     if (s == CDF_OK) s = load_weights(w, m);
     cdf_weights_free(w); /* the tensors hold their own copies */
+    if (s == CDF_OK) s = cdf_tp_check_plan_used(m->tp);
     if (s != CDF_OK) {
         clip_free(m);
         return s;
@@ -211,9 +234,9 @@ int64_t cdf_clip_text_max_positions(const cdf_clip_text *m) { return m ? m->max_
 int64_t cdf_clip_text_projection_dim(const cdf_clip_text *m) { return m ? m->projection_dim : 0; }
 
 /* ---- forward ---------------------------------------------------------------------------------- */
-/* [B, S, hidden] -> [B, heads, S, head_dim] (a view) */
+/* [B, S, heads * head_dim] -> [B, heads, S, head_dim] (a view); this rank's heads */
 static cdf_tensor *split_heads(const cdf_clip_text *m, cdf_tensor *x, int64_t B, int64_t S) {
-    return cdf_transpose(cdf_reshape(x, 4, (int64_t[]){B, S, m->num_heads, m->head_dim}), 1, 2);
+    return cdf_transpose(cdf_reshape(x, 4, (int64_t[]){B, S, m->local_heads, m->head_dim}), 1, 2);
 }
 
 static cdf_tensor *layer_forward(const cdf_clip_text *m, const clip_layer *l, cdf_tensor *x, cdf_tensor *causal_mask,
@@ -224,7 +247,7 @@ static cdf_tensor *layer_forward(const cdf_clip_text *m, const clip_layer *l, cd
     cdf_tensor *k = split_heads(m, cdf_linear_fwd(&l->k_proj, h), B, S);
     cdf_tensor *v = split_heads(m, cdf_linear_fwd(&l->v_proj, h), B, S);
     cdf_tensor *a = cdf_sdpa(q, k, v, causal_mask, 1.0f / sqrtf((float)m->head_dim));
-    a = cdf_reshape(cdf_transpose(a, 1, 2), 3, (int64_t[]){B, S, m->hidden_size}); /* [B, S, hidden] */
+    a = cdf_reshape(cdf_transpose(a, 1, 2), 3, (int64_t[]){B, S, m->local_heads * m->head_dim}); /* [B, S, hidden] */
     x = cdf_add(x, cdf_linear_fwd(&l->out_proj, a));
     /* MLP */
     h = cdf_layer_norm(x, l->layer_norm2.w, l->layer_norm2.b, l->layer_norm2.eps);

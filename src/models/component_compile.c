@@ -77,7 +77,7 @@ cdf_status cdf_component_apply_env_compile(cdf_component *c) {
     const char *v = getenv("CDIFFUSERS_COMPILE");
     if (!v || !*v || strcmp(v, "0") == 0) return CDF_OK;
     cdf_compile_options o = cdf_compile_default_options();
-    if (strcmp(v, "blocks") == 0) return cdf_component_compile_repeated_blocks(c, &o);
     o.fullgraph = strcmp(v, "fullgraph") == 0;
+    if (strcmp(v, "blocks") == 0) return cdf_component_compile_repeated_blocks(c, &o);
     return cdf_component_compile(c, &o);
 }

@@ -10,6 +10,7 @@
  *   out  = proj_out(norm_out(x, temb))                        [B, Li, p*p*out_channels]
  *
  * Activations are f32; weights are f32 or bf16 (cdf_load_options.weight_dtype). */
+#include "exec/compile.h"
 #include "models/flux_transformer.h"
 
 #include <cjson/cJSON.h>
@@ -45,6 +46,7 @@ typedef struct flux_single_block {
 typedef struct flux_model {
     cdf_flux_config cfg;
     cdf_device *dev;
+    cdf_tp *tp; /* tensor-parallel sharding, NULL when the model is whole */
     cdf_linear_layer x_embedder, context_embedder;
     cdf_flux_mlp timestep_embedder, guidance_embedder, text_embedder; /* time_text_embed.* */
     flux_double_block *blocks;
@@ -52,6 +54,32 @@ typedef struct flux_model {
     cdf_linear_layer norm_out; /* AdaLayerNormContinuous .linear [2D, D] -> (scale, shift) */
     cdf_linear_layer proj_out;
 } flux_model;
+
+/* Tensor-parallel plan (diffusers' FluxTransformer2DModel _tp_plan): q/k/v and MLP-in
+ * column-wise (each rank owns num_attention_heads / N heads and 1/N of the MLP channels),
+ * attention out and MLP-out row-wise (one all-reduce each), the single-stream proj_out row-wise
+ * over its packed [attention, MLP] input. Modulation (norm*.linear), QK-norms, embedders and the
+ * output layers are replicated. */
+static const cdf_tp_rule FLUX_TP_PLAN[] = {
+    {"transformer_blocks.*.attn.to_q", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.to_k", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.to_v", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.add_q_proj", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.add_k_proj", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.add_v_proj", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.to_out.0", CDF_TP_ROWWISE},
+    {"transformer_blocks.*.attn.to_add_out", CDF_TP_ROWWISE},
+    {"transformer_blocks.*.ff.net.0.proj", CDF_TP_COLWISE},
+    {"transformer_blocks.*.ff.net.2", CDF_TP_ROWWISE},
+    {"transformer_blocks.*.ff_context.net.0.proj", CDF_TP_COLWISE},
+    {"transformer_blocks.*.ff_context.net.2", CDF_TP_ROWWISE},
+    {"single_transformer_blocks.*.attn.to_q", CDF_TP_COLWISE},
+    {"single_transformer_blocks.*.attn.to_k", CDF_TP_COLWISE},
+    {"single_transformer_blocks.*.attn.to_v", CDF_TP_COLWISE},
+    {"single_transformer_blocks.*.proj_mlp", CDF_TP_COLWISE},
+    {"single_transformer_blocks.*.proj_out", CDF_TP_PACKED_ROWWISE},
+    {NULL, CDF_TP_REPLICATE},
+};
 
 /* ---- config ------------------------------------------------------------------------------ */
 static cdf_status parse_config(const cJSON *json, const char *dir, cdf_flux_config *c) {
@@ -152,44 +180,49 @@ static void free_model(flux_model *m) {
     free(m->single_blocks);
     cdf_linear_free(&m->norm_out);
     cdf_linear_free(&m->proj_out);
+    cdf_tp_free(m->tp);
     free(m);
 }
 
-static cdf_status load_double_block(cdf_weights *w, const cdf_flux_config *c, flux_double_block *b, int64_t i) {
+static cdf_status load_double_block(cdf_weights *w, const cdf_tp *tp, const cdf_flux_config *c, flux_double_block *b,
+                                    int64_t i) {
     const int64_t D = c->inner_dim, hd = c->attention_head_dim, F = 4 * D; /* FeedForward mult 4 */
     const char *p = "transformer_blocks";
     CDF_TRY(cdf_linear_load(w, &b->norm1, D, 6 * D, 1, "%s.%lld.norm1.linear", p, (long long)i));
     CDF_TRY(cdf_linear_load(w, &b->norm1_context, D, 6 * D, 1, "%s.%lld.norm1_context.linear", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->to_q, D, D, 1, "%s.%lld.attn.to_q", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->to_k, D, D, 1, "%s.%lld.attn.to_k", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->to_v, D, D, 1, "%s.%lld.attn.to_v", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->to_out, D, D, 1, "%s.%lld.attn.to_out.0", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->add_q_proj, D, D, 1, "%s.%lld.attn.add_q_proj", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->add_k_proj, D, D, 1, "%s.%lld.attn.add_k_proj", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->add_v_proj, D, D, 1, "%s.%lld.attn.add_v_proj", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->to_add_out, D, D, 1, "%s.%lld.attn.to_add_out", p, (long long)i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->to_q, D, D, 1, "%s.%lld.attn.to_q", p, (long long)i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->to_k, D, D, 1, "%s.%lld.attn.to_k", p, (long long)i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->to_v, D, D, 1, "%s.%lld.attn.to_v", p, (long long)i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->to_out, D, D, 1, "%s.%lld.attn.to_out.0", p, (long long)i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->add_q_proj, D, D, 1, "%s.%lld.attn.add_q_proj", p, (long long)i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->add_k_proj, D, D, 1, "%s.%lld.attn.add_k_proj", p, (long long)i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->add_v_proj, D, D, 1, "%s.%lld.attn.add_v_proj", p, (long long)i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->to_add_out, D, D, 1, "%s.%lld.attn.to_add_out", p, (long long)i));
     CDF_TRY(cdf_norm_load(w, &b->norm_q, hd, 1, 0, NORM_EPS, "%s.%lld.attn.norm_q", p, (long long)i));
     CDF_TRY(cdf_norm_load(w, &b->norm_k, hd, 1, 0, NORM_EPS, "%s.%lld.attn.norm_k", p, (long long)i));
     CDF_TRY(cdf_norm_load(w, &b->norm_added_q, hd, 1, 0, NORM_EPS, "%s.%lld.attn.norm_added_q", p, (long long)i));
     CDF_TRY(cdf_norm_load(w, &b->norm_added_k, hd, 1, 0, NORM_EPS, "%s.%lld.attn.norm_added_k", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->ff_in, D, F, 1, "%s.%lld.ff.net.0.proj", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->ff_out, F, D, 1, "%s.%lld.ff.net.2", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->ff_context_in, D, F, 1, "%s.%lld.ff_context.net.0.proj", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->ff_context_out, F, D, 1, "%s.%lld.ff_context.net.2", p, (long long)i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->ff_in, D, F, 1, "%s.%lld.ff.net.0.proj", p, (long long)i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->ff_out, F, D, 1, "%s.%lld.ff.net.2", p, (long long)i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->ff_context_in, D, F, 1, "%s.%lld.ff_context.net.0.proj", p, (long long)i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->ff_context_out, F, D, 1, "%s.%lld.ff_context.net.2", p, (long long)i));
     return CDF_OK;
 }
 
-static cdf_status load_single_block(cdf_weights *w, const cdf_flux_config *c, flux_single_block *b, int64_t i) {
+static cdf_status load_single_block(cdf_weights *w, const cdf_tp *tp, const cdf_flux_config *c, flux_single_block *b,
+                                    int64_t i) {
     const int64_t D = c->inner_dim, hd = c->attention_head_dim, M = c->mlp_hidden_dim;
     const char *p = "single_transformer_blocks";
     CDF_TRY(cdf_linear_load(w, &b->norm, D, 3 * D, 1, "%s.%lld.norm.linear", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->to_q, D, D, 1, "%s.%lld.attn.to_q", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->to_k, D, D, 1, "%s.%lld.attn.to_k", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->to_v, D, D, 1, "%s.%lld.attn.to_v", p, (long long)i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->to_q, D, D, 1, "%s.%lld.attn.to_q", p, (long long)i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->to_k, D, D, 1, "%s.%lld.attn.to_k", p, (long long)i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->to_v, D, D, 1, "%s.%lld.attn.to_v", p, (long long)i));
     CDF_TRY(cdf_norm_load(w, &b->norm_q, hd, 1, 0, NORM_EPS, "%s.%lld.attn.norm_q", p, (long long)i));
     CDF_TRY(cdf_norm_load(w, &b->norm_k, hd, 1, 0, NORM_EPS, "%s.%lld.attn.norm_k", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->proj_mlp, D, M, 1, "%s.%lld.proj_mlp", p, (long long)i));
-    CDF_TRY(cdf_linear_load(w, &b->proj_out, D + M, D, 1, "%s.%lld.proj_out", p, (long long)i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->proj_mlp, D, M, 1, "%s.%lld.proj_mlp", p, (long long)i));
+    /* its input is cat(attention [D], MLP [M]): a packed plan splits each part */
+    const int64_t packed[2] = {D, M};
+    CDF_TRY(cdf_tp_linear_load_packed(w, tp, &b->proj_out, 2, packed, D, 1, "%s.%lld.proj_out", p, (long long)i));
     return CDF_OK;
 }
 
@@ -202,8 +235,8 @@ static cdf_status load_weights(cdf_weights *w, flux_model *m) {
     if (c->guidance_embeds)
         CDF_TRY(cdf_flux_mlp_load(w, &m->guidance_embedder, TIME_PROJ_DIM, D, D, 1, "time_text_embed.guidance_embedder"));
     CDF_TRY(cdf_flux_mlp_load(w, &m->text_embedder, c->pooled_projection_dim, D, D, 1, "time_text_embed.text_embedder"));
-    for (int64_t i = 0; i < c->num_layers; i++) CDF_TRY(load_double_block(w, c, &m->blocks[i], i));
-    for (int64_t i = 0; i < c->num_single_layers; i++) CDF_TRY(load_single_block(w, c, &m->single_blocks[i], i));
+    for (int64_t i = 0; i < c->num_layers; i++) CDF_TRY(load_double_block(w, m->tp, c, &m->blocks[i], i));
+    for (int64_t i = 0; i < c->num_single_layers; i++) CDF_TRY(load_single_block(w, m->tp, c, &m->single_blocks[i], i));
     CDF_TRY(cdf_linear_load(w, &m->norm_out, D, 2 * D, 1, "norm_out.linear"));
     CDF_TRY(cdf_linear_load(w, &m->proj_out, D, c->patch_size * c->patch_size * c->out_channels, 1, "proj_out"));
     return CDF_OK;
@@ -219,12 +252,17 @@ static cdf_status flux_load(const char *dir, const cJSON *cfg, const cdf_load_op
         m->single_blocks = calloc((size_t)m->cfg.num_single_layers + 1, sizeof *m->single_blocks);
         if (!m->blocks || !m->single_blocks) s = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (block tables)");
     }
+    /* sharded when tensor parallelism is on: heads (and so every split width) must divide */
+    if (s == CDF_OK) s = cdf_tp_for_component(dir, MODEL, FLUX_TP_PLAN, &m->tp);
+    if (s == CDF_OK) s = cdf_tp_check_divisible(m->tp, "num_attention_heads", m->cfg.num_attention_heads);
+    if (s == CDF_OK) s = cdf_tp_check_divisible(m->tp, "mlp_hidden_dim (4 x inner_dim)", m->cfg.mlp_hidden_dim);
     cdf_weights *w = NULL;
     if (s == CDF_OK) s = cdf_weights_open(dir, opt, &w);
     if (s == CDF_OK) {
         m->dev = cdf_weights_options(w)->device;
         s = load_weights(w, m);
     }
+    if (s == CDF_OK && m->cfg.num_layers > 0 && m->cfg.num_single_layers > 0) s = cdf_tp_check_plan_used(m->tp);
     cdf_weights_free(w); /* loaded tensors are device copies; the mapping is no longer needed */
     if (s != CDF_OK) {
         free_model(m);
@@ -329,6 +367,96 @@ static cdf_status single_block(const flux_model *m, const flux_single_block *b, 
     cdf_status s = h ? CDF_OK : (cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL);
     if (s == CDF_OK) replace_state(h_io, h);
     cdf_scope_pop(NULL, 0);
+    return s;
+}
+
+/* ---- repeated-block compile: each block call goes through cdf_block_run with its weights ---- */
+static int add_linear(cdf_tensor **w, int n, const cdf_linear_layer *l) {
+    if (l->w) w[n++] = l->w;
+    if (l->b) w[n++] = l->b;
+    return n;
+}
+static int add_norm(cdf_tensor **w, int n, const cdf_norm_layer *l) {
+    if (l->w) w[n++] = l->w;
+    if (l->b) w[n++] = l->b;
+    return n;
+}
+
+typedef struct block_ctx {
+    const flux_model *m;
+    const void *block;
+} block_ctx;
+
+/* inputs x, ctx, temb, cos, sin -> outputs x, ctx */
+static cdf_status double_block_traced(void *vctx, const cdf_tensor_map *in, cdf_tensor_map *out) {
+    const block_ctx *bc = vctx;
+    cdf_tensor *x = cdf_tensor_retain(cdf_tensor_map_get(in, "x")), *ctx = cdf_tensor_retain(cdf_tensor_map_get(in, "ctx"));
+    cdf_status s = double_block(bc->m, bc->block, &x, &ctx, cdf_tensor_map_get(in, "temb"), cdf_tensor_map_get(in, "cos"),
+                                cdf_tensor_map_get(in, "sin"));
+    if (s == CDF_OK) s = cdf_tensor_map_set(out, "x", x);
+    if (s == CDF_OK) s = cdf_tensor_map_set(out, "ctx", ctx);
+    cdf_tensor_release(x);
+    cdf_tensor_release(ctx);
+    return s;
+}
+
+static cdf_status single_block_traced(void *vctx, const cdf_tensor_map *in, cdf_tensor_map *out) {
+    const block_ctx *bc = vctx;
+    cdf_tensor *h = cdf_tensor_retain(cdf_tensor_map_get(in, "h"));
+    cdf_status s = single_block(bc->m, bc->block, &h, cdf_tensor_map_get(in, "temb"), cdf_tensor_map_get(in, "cos"),
+                                cdf_tensor_map_get(in, "sin"));
+    if (s == CDF_OK) s = cdf_tensor_map_set(out, "h", h);
+    cdf_tensor_release(h);
+    return s;
+}
+
+/* Runs block i (double or single) through the repeated-block compiler; *a (and *b) are the
+ * stream states (owned references, replaced). */
+static cdf_status run_block(const flux_model *m, bool dbl, int64_t i, cdf_tensor **a, cdf_tensor **b, cdf_tensor *temb,
+                            cdf_tensor *cos_t, cdf_tensor *sin_t) {
+    cdf_tensor *w[64];
+    int nw = 0;
+    block_ctx bc = {m, NULL};
+    cdf_tensor_map in, out;
+    cdf_tensor_map_init(&in);
+    cdf_tensor_map_init(&out);
+    cdf_status s = CDF_OK;
+    if (dbl) {
+        const flux_double_block *d = &m->blocks[i];
+        bc.block = d;
+        const cdf_linear_layer *lin[] = {&d->norm1, &d->norm1_context, &d->to_q, &d->to_k, &d->to_v, &d->to_out,
+                                         &d->add_q_proj, &d->add_k_proj, &d->add_v_proj, &d->to_add_out, &d->ff_in,
+                                         &d->ff_out, &d->ff_context_in, &d->ff_context_out};
+        for (size_t k = 0; k < sizeof lin / sizeof *lin; k++) nw = add_linear(w, nw, lin[k]);
+        const cdf_norm_layer *nrm[] = {&d->norm_q, &d->norm_k, &d->norm_added_q, &d->norm_added_k};
+        for (size_t k = 0; k < sizeof nrm / sizeof *nrm; k++) nw = add_norm(w, nw, nrm[k]);
+        s = cdf_tensor_map_set(&in, "x", *a);
+        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "ctx", *b);
+    } else {
+        const flux_single_block *d = &m->single_blocks[i];
+        bc.block = d;
+        const cdf_linear_layer *lin[] = {&d->norm, &d->to_q, &d->to_k, &d->to_v, &d->proj_mlp, &d->proj_out};
+        for (size_t k = 0; k < sizeof lin / sizeof *lin; k++) nw = add_linear(w, nw, lin[k]);
+        nw = add_norm(w, nw, &d->norm_q);
+        nw = add_norm(w, nw, &d->norm_k);
+        s = cdf_tensor_map_set(&in, "h", *a);
+    }
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "temb", temb);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "cos", cos_t);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "sin", sin_t);
+    if (s == CDF_OK)
+        s = cdf_block_run(dbl ? "FluxTransformerBlock" : "FluxSingleTransformerBlock",
+                          dbl ? double_block_traced : single_block_traced, &bc, &in, &out, w, nw);
+    if (s == CDF_OK) {
+        cdf_tensor_release(*a);
+        *a = cdf_tensor_retain(cdf_tensor_map_get(&out, dbl ? "x" : "h"));
+        if (dbl) {
+            cdf_tensor_release(*b);
+            *b = cdf_tensor_retain(cdf_tensor_map_get(&out, "ctx"));
+        }
+    }
+    cdf_tensor_map_clear(&in);
+    cdf_tensor_map_clear(&out);
     return s;
 }
 
@@ -446,7 +574,7 @@ cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, c
 
     /* ---- transformer blocks ---- */
     for (int64_t i = 0; s == CDF_OK && i < c->num_layers; i++) {
-        s = double_block(m, &m->blocks[i], &x, &ctx, temb, cos_t, sin_t);
+        s = run_block(m, true, i, &x, &ctx, temb, cos_t, sin_t);
         if (s != CDF_OK) cdf_error_prefix("%s transformer_blocks.%lld: ", MODEL, (long long)i);
     }
     cdf_tensor *h = NULL; /* owned: the joint sequence [ctx; x] of the single-stream blocks */
@@ -456,7 +584,7 @@ cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, c
         cdf_scope_pop(NULL, 0);
     }
     for (int64_t i = 0; s == CDF_OK && i < c->num_single_layers; i++) {
-        s = single_block(m, &m->single_blocks[i], &h, temb, cos_t, sin_t);
+        s = run_block(m, false, i, &h, NULL, temb, cos_t, sin_t);
         if (s != CDF_OK) cdf_error_prefix("%s single_transformer_blocks.%lld: ", MODEL, (long long)i);
     }
 

@@ -15,6 +15,9 @@ extern const cdf_component_class cdf_t5_encoder_class;
 extern const cdf_component_class cdf_flux_transformer_class;
 extern const cdf_component_class cdf_sd3_transformer_class;
 extern const cdf_component_class cdf_autoencoder_kl_class;
+extern const cdf_component_class cdf_flux2_transformer_class;
+extern const cdf_component_class cdf_autoencoder_kl_flux2_class;
+extern const cdf_component_class cdf_mistral3_text_class;
 
 static const cdf_component_class *const *classes(int *n) {
     static const cdf_component_class *list[16];
@@ -24,6 +27,9 @@ static const cdf_component_class *const *classes(int *n) {
         const cdf_component_class *all[] = {
             &cdf_clip_text_class, &cdf_t5_encoder_class, &cdf_flux_transformer_class, &cdf_sd3_transformer_class,
             &cdf_autoencoder_kl_class,
+            &cdf_flux2_transformer_class,
+            &cdf_autoencoder_kl_flux2_class,
+            &cdf_mistral3_text_class,
         };
         for (size_t i = 0; i < sizeof all / sizeof *all; i++)
             if (all[i]) list[k++] = all[i];

@@ -20,6 +20,8 @@
 #include <string.h>
 
 #include "core/error_internal.h"
+#include "exec/compile.h"
+#include "tensor/tensor_impl.h"
 
 #define SD3_NAME "SD3Transformer2DModel"
 /* Sanity bound for config integers: far above any real SD3 size, low enough that products of
@@ -54,6 +56,7 @@ typedef struct sd3_block {
 
 typedef struct sd3_model {
     sd3_config cfg;
+    cdf_tp *tp; /* tensor-parallel sharding, NULL when the model is whole */
     cdf_conv_layer patch_proj;   /* pos_embed.proj: conv p x p, stride p */
     cdf_tensor *pos_table;       /* pos_embed.pos_embed [1, M*M, D], always f32 */
     cdf_linear_layer t_lin1, t_lin2;   /* time_text_embed.timestep_embedder.linear_1/2 */
@@ -62,6 +65,33 @@ typedef struct sd3_model {
     sd3_block *blocks;
     cdf_linear_layer norm_out, proj_out;
 } sd3_model;
+
+/* Tensor-parallel plan. diffusers has none for SD3Transformer2DModel; this is the Megatron split
+ * FLUX uses, applied to the MMDiT joint block: every attention (attn, and attn2 of the SD3.5
+ * dual-attention blocks) shards its heads — q/k/v of both streams column-wise, to_out.0 and
+ * to_add_out row-wise — and both feed-forwards split their 4D hidden channels (net.0.proj
+ * column-wise, net.2 row-wise). AdaLN modulation, QK RMSNorms (per head_dim, so identical on
+ * every rank), the patch/position/time/text embedders and the output layers are replicated.
+ * Per joint block: 4 all-reduces (3 for the last, context_pre_only block; +1 with attn2). */
+static const cdf_tp_rule SD3_TP_PLAN[] = {
+    {"transformer_blocks.*.attn.to_q", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.to_k", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.to_v", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.add_q_proj", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.add_k_proj", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.add_v_proj", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.to_out.0", CDF_TP_ROWWISE},
+    {"transformer_blocks.*.attn.to_add_out", CDF_TP_ROWWISE},
+    {"transformer_blocks.*.attn2.to_q", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn2.to_k", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn2.to_v", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn2.to_out.0", CDF_TP_ROWWISE},
+    {"transformer_blocks.*.ff.net.0.proj", CDF_TP_COLWISE},
+    {"transformer_blocks.*.ff.net.2", CDF_TP_ROWWISE},
+    {"transformer_blocks.*.ff_context.net.0.proj", CDF_TP_COLWISE},
+    {"transformer_blocks.*.ff_context.net.2", CDF_TP_ROWWISE},
+    {NULL, CDF_TP_REPLICATE},
+};
 
 /* ---- config --------------------------------------------------------------------------------- */
 
@@ -138,22 +168,22 @@ static cdf_status parse_config(const cJSON *j, sd3_config *c) {
 
 /* ---- loading -------------------------------------------------------------------------------- */
 
-static cdf_status load_attention(cdf_weights *w, const sd3_config *c, sd3_attention *a, bool joint, bool has_add_out,
-                                 const char *prefix) {
+static cdf_status load_attention(cdf_weights *w, const cdf_tp *tp, const sd3_config *c, sd3_attention *a, bool joint,
+                                 bool has_add_out, const char *prefix) {
     const int64_t d = c->inner_dim, hd[1] = {c->head_dim};
-    CDF_TRY(cdf_linear_load(w, &a->to_q, d, d, 1, "%s.to_q", prefix));
-    CDF_TRY(cdf_linear_load(w, &a->to_k, d, d, 1, "%s.to_k", prefix));
-    CDF_TRY(cdf_linear_load(w, &a->to_v, d, d, 1, "%s.to_v", prefix));
-    CDF_TRY(cdf_linear_load(w, &a->to_out, d, d, 1, "%s.to_out.0", prefix));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &a->to_q, d, d, 1, "%s.to_q", prefix));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &a->to_k, d, d, 1, "%s.to_k", prefix));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &a->to_v, d, d, 1, "%s.to_v", prefix));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &a->to_out, d, d, 1, "%s.to_out.0", prefix));
     if (c->qk_rms_norm) {
         if (!(a->norm_q = cdf_weights_get(w, 1, hd, "%s.norm_q.weight", prefix))) return cdf_last_status();
         if (!(a->norm_k = cdf_weights_get(w, 1, hd, "%s.norm_k.weight", prefix))) return cdf_last_status();
     }
     if (!joint) return CDF_OK;
-    CDF_TRY(cdf_linear_load(w, &a->add_q, d, d, 1, "%s.add_q_proj", prefix));
-    CDF_TRY(cdf_linear_load(w, &a->add_k, d, d, 1, "%s.add_k_proj", prefix));
-    CDF_TRY(cdf_linear_load(w, &a->add_v, d, d, 1, "%s.add_v_proj", prefix));
-    if (has_add_out) CDF_TRY(cdf_linear_load(w, &a->to_add_out, d, d, 1, "%s.to_add_out", prefix));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &a->add_q, d, d, 1, "%s.add_q_proj", prefix));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &a->add_k, d, d, 1, "%s.add_k_proj", prefix));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &a->add_v, d, d, 1, "%s.add_v_proj", prefix));
+    if (has_add_out) CDF_TRY(cdf_tp_linear_load(w, tp, &a->to_add_out, d, d, 1, "%s.to_add_out", prefix));
     if (c->qk_rms_norm) {
         if (!(a->norm_added_q = cdf_weights_get(w, 1, hd, "%s.norm_added_q.weight", prefix))) return cdf_last_status();
         if (!(a->norm_added_k = cdf_weights_get(w, 1, hd, "%s.norm_added_k.weight", prefix))) return cdf_last_status();
@@ -171,7 +201,7 @@ static void free_attention(sd3_attention *a) {
     memset(a, 0, sizeof *a);
 }
 
-static cdf_status load_block(cdf_weights *w, const sd3_config *c, int i, sd3_block *b) {
+static cdf_status load_block(cdf_weights *w, const cdf_tp *tp, const sd3_config *c, int i, sd3_block *b) {
     const int64_t d = c->inner_dim;
     char p[64];
     b->context_pre_only = (i == c->num_layers - 1);
@@ -180,17 +210,17 @@ static cdf_status load_block(cdf_weights *w, const sd3_config *c, int i, sd3_blo
     CDF_TRY(cdf_linear_load(w, &b->norm1_context, d, (b->context_pre_only ? 2 : 6) * d, 1,
                             "transformer_blocks.%d.norm1_context.linear", i));
     snprintf(p, sizeof p, "transformer_blocks.%d.attn", i);
-    CDF_TRY(load_attention(w, c, &b->attn, true, !b->context_pre_only, p));
+    CDF_TRY(load_attention(w, tp, c, &b->attn, true, !b->context_pre_only, p));
     if (b->dual_attention) {
         snprintf(p, sizeof p, "transformer_blocks.%d.attn2", i);
-        CDF_TRY(load_attention(w, c, &b->attn2, false, false, p));
+        CDF_TRY(load_attention(w, tp, c, &b->attn2, false, false, p));
     }
     /* FeedForward(dim, dim_out=dim, activation_fn="gelu-approximate"): inner 4 * dim */
-    CDF_TRY(cdf_linear_load(w, &b->ff_proj, d, 4 * d, 1, "transformer_blocks.%d.ff.net.0.proj", i));
-    CDF_TRY(cdf_linear_load(w, &b->ff_out, 4 * d, d, 1, "transformer_blocks.%d.ff.net.2", i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->ff_proj, d, 4 * d, 1, "transformer_blocks.%d.ff.net.0.proj", i));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->ff_out, 4 * d, d, 1, "transformer_blocks.%d.ff.net.2", i));
     if (!b->context_pre_only) {
-        CDF_TRY(cdf_linear_load(w, &b->ffc_proj, d, 4 * d, 1, "transformer_blocks.%d.ff_context.net.0.proj", i));
-        CDF_TRY(cdf_linear_load(w, &b->ffc_out, 4 * d, d, 1, "transformer_blocks.%d.ff_context.net.2", i));
+        CDF_TRY(cdf_tp_linear_load(w, tp, &b->ffc_proj, d, 4 * d, 1, "transformer_blocks.%d.ff_context.net.0.proj", i));
+        CDF_TRY(cdf_tp_linear_load(w, tp, &b->ffc_out, 4 * d, d, 1, "transformer_blocks.%d.ff_context.net.2", i));
     }
     return CDF_OK;
 }
@@ -213,6 +243,7 @@ static void sd3_free(void *impl) {
         for (int64_t i = 0; i < m->cfg.num_layers; i++) free_block(&m->blocks[i]);
     free(m->blocks);
     free(m->cfg.dual_attention);
+    cdf_tp_free(m->tp);
     free(m);
 }
 
@@ -231,7 +262,7 @@ static cdf_status load_all(cdf_weights *w, sd3_model *m) {
     CDF_TRY(cdf_linear_load(w, &m->context_embedder, c->joint_attention_dim, c->caption_projection_dim, 1, "context_embedder"));
     m->blocks = calloc((size_t)c->num_layers, sizeof *m->blocks);
     if (!m->blocks) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory for %lld blocks", (long long)c->num_layers);
-    for (int i = 0; i < (int)c->num_layers; i++) CDF_TRY(load_block(w, c, i, &m->blocks[i]));
+    for (int i = 0; i < (int)c->num_layers; i++) CDF_TRY(load_block(w, m->tp, c, i, &m->blocks[i]));
     CDF_TRY(cdf_linear_load(w, &m->norm_out, d, 2 * d, 1, "norm_out.linear"));
     CDF_TRY(cdf_linear_load(w, &m->proj_out, d, pp * pp * c->out_channels, 1, "proj_out"));
     return CDF_OK;
@@ -245,8 +276,11 @@ static cdf_status sd3_load(const char *dir, const cJSON *cfg, const cdf_load_opt
         free(m);
         return s;
     }
+    /* sharded when tensor parallelism is on: heads (and so the 4D feed-forward) must divide */
+    s = cdf_tp_for_component(dir, SD3_NAME, SD3_TP_PLAN, &m->tp);
+    if (s == CDF_OK) s = cdf_tp_check_divisible(m->tp, "num_attention_heads", m->cfg.num_heads);
     cdf_weights *w = NULL;
-    s = cdf_weights_open(dir, opt, &w);
+    if (s == CDF_OK) s = cdf_weights_open(dir, opt, &w);
     if (s == CDF_OK) s = load_all(w, m);
     cdf_weights_free(w);
     if (s != CDF_OK) {
@@ -288,7 +322,8 @@ static cdf_tensor *feed_forward(const cdf_linear_layer *proj, const cdf_linear_l
 static cdf_tensor *project_heads(const cdf_linear_layer *l, cdf_tensor *x, cdf_tensor *norm_w, const sd3_config *c) {
     cdf_tensor *y = cdf_linear_fwd(l, x);
     if (!y) return NULL;
-    const int64_t shape[4] = {cdf_tensor_dim(y, 0), cdf_tensor_dim(y, 1), c->num_heads, c->head_dim};
+    /* -1: this rank's heads (all of them unless the projection is a column-wise shard) */
+    const int64_t shape[4] = {cdf_tensor_dim(y, 0), cdf_tensor_dim(y, 1), -1, c->head_dim};
     y = cdf_reshape(y, 4, shape);
     return norm_w ? cdf_rms_norm(y, norm_w, 1e-6f) : y;
 }
@@ -370,6 +405,68 @@ static cdf_status joint_block(const sd3_block *b, const sd3_config *c, cdf_tenso
     *xp = x;
     *ctxp = ctx;
     return CDF_OK;
+}
+
+/* ---- repeated-block compile: each block call goes through cdf_block_run with its weights ---- */
+static int add_linear(cdf_tensor **w, int n, const cdf_linear_layer *l) {
+    if (l->w) w[n++] = l->w;
+    if (l->b) w[n++] = l->b;
+    return n;
+}
+
+static int add_attention(cdf_tensor **w, int n, const sd3_attention *a) {
+    const cdf_linear_layer *lin[] = {&a->to_q, &a->to_k, &a->to_v, &a->to_out, &a->add_q, &a->add_k, &a->add_v, &a->to_add_out};
+    for (size_t k = 0; k < sizeof lin / sizeof *lin; k++) n = add_linear(w, n, lin[k]);
+    cdf_tensor *norms[] = {a->norm_q, a->norm_k, a->norm_added_q, a->norm_added_k};
+    for (size_t k = 0; k < sizeof norms / sizeof *norms; k++)
+        if (norms[k]) w[n++] = norms[k];
+    return n;
+}
+
+typedef struct joint_ctx {
+    const sd3_block *b;
+    const sd3_config *c;
+} joint_ctx;
+
+/* inputs x, ctx, temb -> outputs x (and ctx unless context_pre_only) */
+static cdf_status joint_block_traced(void *vctx, const cdf_tensor_map *in, cdf_tensor_map *out) {
+    const joint_ctx *jc = vctx;
+    cdf_tensor *x = cdf_tensor_map_get(in, "x"), *ctx = cdf_tensor_map_get(in, "ctx");
+    cdf_status s = joint_block(jc->b, jc->c, &x, &ctx, cdf_tensor_map_get(in, "temb"));
+    if (s == CDF_OK) s = cdf_tensor_map_set(out, "x", x);
+    if (s == CDF_OK && ctx) s = cdf_tensor_map_set(out, "ctx", ctx);
+    return s;
+}
+
+/* joint_block through the repeated-block compiler: same contract as joint_block (results are
+ * recorded in the caller's scope). */
+static cdf_status run_joint_block(const sd3_block *b, const sd3_config *c, cdf_tensor **xp, cdf_tensor **ctxp, cdf_tensor *temb) {
+    cdf_tensor *w[96];
+    int nw = 0;
+    const cdf_linear_layer *lin[] = {&b->norm1, &b->norm1_context, &b->ff_proj, &b->ff_out, &b->ffc_proj, &b->ffc_out};
+    for (size_t k = 0; k < sizeof lin / sizeof *lin; k++) nw = add_linear(w, nw, lin[k]);
+    nw = add_attention(w, nw, &b->attn);
+    if (b->dual_attention) nw = add_attention(w, nw, &b->attn2);
+    joint_ctx jc = {b, c};
+    cdf_tensor_map in, out;
+    cdf_tensor_map_init(&in);
+    cdf_tensor_map_init(&out);
+    cdf_status s = cdf_tensor_map_set(&in, "x", *xp);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "ctx", *ctxp);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "temb", temb);
+    const char *cls = b->context_pre_only ? "JointTransformerBlock[context_pre_only]"
+                      : b->dual_attention ? "JointTransformerBlock[dual_attention]" : "JointTransformerBlock";
+    if (s == CDF_OK) s = cdf_block_run(cls, joint_block_traced, &jc, &in, &out, w, nw);
+    if (s == CDF_OK) {
+        *xp = cdf_tensor_retain(cdf_tensor_map_get(&out, "x"));
+        cdf_scope_record(*xp);
+        cdf_tensor *nc = cdf_tensor_map_get(&out, "ctx");
+        *ctxp = nc ? cdf_tensor_retain(nc) : NULL;
+        if (nc) cdf_scope_record(*ctxp);
+    }
+    cdf_tensor_map_clear(&in);
+    cdf_tensor_map_clear(&out);
+    return s;
 }
 
 /* PatchEmbed: conv p x p / stride p, flatten to tokens, + centre crop of the position table.
@@ -466,7 +563,7 @@ static cdf_status sd3_run(void *impl, const char *method, const cdf_tensor_map *
     for (int64_t i = 0; i < c->num_layers; i++) {
         cdf_scope_push(); /* the block's intermediates */
         cdf_tensor *nx = x, *nctx = ctx;
-        cdf_status s = joint_block(&m->blocks[i], c, &nx, &nctx, temb);
+        cdf_status s = run_joint_block(&m->blocks[i], c, &nx, &nctx, temb);
         if (s == CDF_OK) {
             cdf_tensor_retain(nx);
             cdf_tensor_retain(nctx); /* NULL after the context_pre_only block */

@@ -40,6 +40,25 @@ struct cdf_t5_encoder {
     float *relative_bias;   /* host [num_buckets, num_heads] (block 0's relative_attention_bias) */
     t5_block *blocks;       /* [num_layers] */
     cdf_norm_layer final_layer_norm;
+    /* tensor parallelism: NULL when whole; else this rank holds heads [head0, head0 + local_heads) */
+    cdf_tp *tp;
+    int64_t local_heads, head0;
+};
+
+/* Tensor-parallel plan (Megatron split, as transformers' T5 plans): q/k/v column-wise (heads
+ * split over the ranks; each rank adds the relative position bias of its own heads), o
+ * row-wise; wi / wi_0 / wi_1 column-wise, wo row-wise. The token table, norms and the relative
+ * bias table are replicated. Two all-reduces per block. */
+static const cdf_tp_rule T5_TP_PLAN[] = {
+    {"encoder.block.*.layer.0.SelfAttention.q", CDF_TP_COLWISE},
+    {"encoder.block.*.layer.0.SelfAttention.k", CDF_TP_COLWISE},
+    {"encoder.block.*.layer.0.SelfAttention.v", CDF_TP_COLWISE},
+    {"encoder.block.*.layer.0.SelfAttention.o", CDF_TP_ROWWISE},
+    {"encoder.block.*.layer.1.DenseReluDense.wi", CDF_TP_COLWISE},
+    {"encoder.block.*.layer.1.DenseReluDense.wi_0", CDF_TP_COLWISE},
+    {"encoder.block.*.layer.1.DenseReluDense.wi_1", CDF_TP_COLWISE},
+    {"encoder.block.*.layer.1.DenseReluDense.wo", CDF_TP_ROWWISE},
+    {NULL, CDF_TP_REPLICATE},
 };
 
 /* ---- config ------------------------------------------------------------------------------- */
@@ -138,6 +157,7 @@ static void t5_free(void *impl) {
         free(m->blocks);
     }
     cdf_norm_free(&m->final_layer_norm);
+    cdf_tp_free(m->tp);
     free(m);
 }
 
@@ -166,18 +186,18 @@ static cdf_status load_weights(cdf_weights *w, cdf_t5_encoder *m) {
         const char *p = "encoder.block";
         long long bi = (long long)i;
         CDF_TRY(cdf_norm_load(w, &b->attn_norm, D, 1, 0, m->eps, "%s.%lld.layer.0.layer_norm", p, bi));
-        CDF_TRY(cdf_linear_load(w, &b->q, D, inner, 0, "%s.%lld.layer.0.SelfAttention.q", p, bi));
-        CDF_TRY(cdf_linear_load(w, &b->k, D, inner, 0, "%s.%lld.layer.0.SelfAttention.k", p, bi));
-        CDF_TRY(cdf_linear_load(w, &b->v, D, inner, 0, "%s.%lld.layer.0.SelfAttention.v", p, bi));
-        CDF_TRY(cdf_linear_load(w, &b->o, inner, D, 0, "%s.%lld.layer.0.SelfAttention.o", p, bi));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &b->q, D, inner, 0, "%s.%lld.layer.0.SelfAttention.q", p, bi));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &b->k, D, inner, 0, "%s.%lld.layer.0.SelfAttention.k", p, bi));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &b->v, D, inner, 0, "%s.%lld.layer.0.SelfAttention.v", p, bi));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &b->o, inner, D, 0, "%s.%lld.layer.0.SelfAttention.o", p, bi));
         CDF_TRY(cdf_norm_load(w, &b->ff_norm, D, 1, 0, m->eps, "%s.%lld.layer.1.layer_norm", p, bi));
         if (m->gated) {
-            CDF_TRY(cdf_linear_load(w, &b->wi_0, D, F, 0, "%s.%lld.layer.1.DenseReluDense.wi_0", p, bi));
-            CDF_TRY(cdf_linear_load(w, &b->wi_1, D, F, 0, "%s.%lld.layer.1.DenseReluDense.wi_1", p, bi));
+            CDF_TRY(cdf_tp_linear_load(w, m->tp, &b->wi_0, D, F, 0, "%s.%lld.layer.1.DenseReluDense.wi_0", p, bi));
+            CDF_TRY(cdf_tp_linear_load(w, m->tp, &b->wi_1, D, F, 0, "%s.%lld.layer.1.DenseReluDense.wi_1", p, bi));
         } else {
-            CDF_TRY(cdf_linear_load(w, &b->wi, D, F, 0, "%s.%lld.layer.1.DenseReluDense.wi", p, bi));
+            CDF_TRY(cdf_tp_linear_load(w, m->tp, &b->wi, D, F, 0, "%s.%lld.layer.1.DenseReluDense.wi", p, bi));
         }
-        CDF_TRY(cdf_linear_load(w, &b->wo, F, D, 0, "%s.%lld.layer.1.DenseReluDense.wo", p, bi));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &b->wo, F, D, 0, "%s.%lld.layer.1.DenseReluDense.wo", p, bi));
     }
     return cdf_norm_load(w, &m->final_layer_norm, D, 1, 0, m->eps, "encoder.final_layer_norm");
 }
@@ -187,6 +207,12 @@ static cdf_status t5_load(const char *dir, const cJSON *cfg, const cdf_load_opti
     cdf_t5_encoder *m = calloc(1, sizeof *m);
     if (!m) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
     cdf_status s = parse_config(cfg, m);
+    /* sharded when tensor parallelism is on: heads and the feed-forward width must divide */
+    if (s == CDF_OK) s = cdf_tp_for_component(dir, "T5EncoderModel", T5_TP_PLAN, &m->tp);
+    if (s == CDF_OK) s = cdf_tp_check_divisible(m->tp, "num_heads", m->num_heads);
+    if (s == CDF_OK) s = cdf_tp_check_divisible(m->tp, "d_ff", m->d_ff);
+    m->local_heads = m->num_heads / cdf_tp_size(m->tp);
+    m->head0 = m->local_heads * cdf_tp_rank(m->tp);
     cdf_weights *w = NULL;
     if (s == CDF_OK) s = cdf_weights_open(dir, opt, &w);
     if (s == CDF_OK) s = load_weights(w, m);
@@ -239,9 +265,10 @@ int64_t cdf_t5_relative_position_bucket(int64_t relative_position, bool bidirect
     return bucket + large;
 }
 
-/* [1, heads, L, L] additive score bias: bias[h][i][j] = table[bucket(j - i)][h]. */
+/* [1, heads, L, L] additive score bias: bias[h][i][j] = table[bucket(j - i)][h], for this rank's
+ * heads (head0 .. head0 + local_heads - 1; all of them when the model is whole). */
 static cdf_tensor *make_position_bias(const cdf_t5_encoder *m, cdf_device *dev, int64_t L) {
-    const int64_t Hn = m->num_heads;
+    const int64_t Hn = m->local_heads, Hall = m->num_heads;
     float *bias = malloc((size_t)(Hn * L * L) * sizeof *bias);
     int64_t *bucket_of = malloc((size_t)(2 * L - 1) * sizeof *bucket_of); /* index d + L - 1 */
     if (!bias || !bucket_of) {
@@ -256,7 +283,7 @@ static cdf_tensor *make_position_bias(const cdf_t5_encoder *m, cdf_device *dev, 
     for (int64_t h = 0; h < Hn; h++)
         for (int64_t i = 0; i < L; i++)
             for (int64_t j = 0; j < L; j++)
-                bias[(h * L + i) * L + j] = m->relative_bias[bucket_of[j - i + L - 1] * Hn + h];
+                bias[(h * L + i) * L + j] = m->relative_bias[bucket_of[j - i + L - 1] * Hall + m->head0 + h];
     cdf_tensor *t = cdf_tensor_from_host(dev, CDF_F32, 4, (int64_t[]){1, Hn, L, L}, bias, CDF_F32);
     free(bias);
     free(bucket_of);
@@ -264,9 +291,9 @@ static cdf_tensor *make_position_bias(const cdf_t5_encoder *m, cdf_device *dev, 
 }
 
 /* ---- forward ---------------------------------------------------------------------------------- */
-/* [B, L, heads * d_kv] -> [B, heads, L, d_kv] (a view) */
+/* [B, L, heads * d_kv] -> [B, heads, L, d_kv] (a view); this rank's heads */
 static cdf_tensor *split_heads(const cdf_t5_encoder *m, cdf_tensor *x, int64_t B, int64_t L) {
-    return cdf_transpose(cdf_reshape(x, 4, (int64_t[]){B, L, m->num_heads, m->d_kv}), 1, 2);
+    return cdf_transpose(cdf_reshape(x, 4, (int64_t[]){B, L, m->local_heads, m->d_kv}), 1, 2);
 }
 
 static cdf_tensor *block_forward(const cdf_t5_encoder *m, const t5_block *b, cdf_tensor *x, cdf_tensor *position_bias,
@@ -277,7 +304,7 @@ static cdf_tensor *block_forward(const cdf_t5_encoder *m, const t5_block *b, cdf
     cdf_tensor *k = split_heads(m, cdf_linear_fwd(&b->k, h), B, L);
     cdf_tensor *v = split_heads(m, cdf_linear_fwd(&b->v, h), B, L);
     cdf_tensor *a = cdf_sdpa(q, k, v, position_bias, 1.0f);
-    a = cdf_reshape(cdf_transpose(a, 1, 2), 3, (int64_t[]){B, L, m->num_heads * m->d_kv});
+    a = cdf_reshape(cdf_transpose(a, 1, 2), 3, (int64_t[]){B, L, m->local_heads * m->d_kv});
     x = cdf_add(x, cdf_linear_fwd(&b->o, a));
     /* feed-forward                                                                [B, L, d_ff] */
     h = cdf_rms_norm(x, b->ff_norm.w, b->ff_norm.eps);

@@ -58,10 +58,15 @@ cdf_status cdf_config_load(const char *dir, struct cJSON **out);
 const char *cdf_config_class_name(const struct cJSON *cfg);
 
 /* ---- building blocks -------------------------------------------------------------------- */
+struct cdf_tp;
 typedef struct cdf_linear_layer {
     cdf_tensor *w; /* [out, in] */
     cdf_tensor *b; /* [out] or NULL */
     int64_t in, out;
+    /* Set (by cdf_tp_linear_load) when the layer is a row-wise tensor-parallel shard: w holds
+     * this rank's input columns, and the forward sums the ranks' partial outputs. NULL for a
+     * whole layer (then the forward is plain cdf_linear). Borrowed from the model. */
+    const struct cdf_tp *tp;
 } cdf_linear_layer;
 
 /* Loads "<prefix>.weight" [out, in] and, if bias, "<prefix>.bias" [out]. bias: 1 = required,
@@ -69,7 +74,12 @@ typedef struct cdf_linear_layer {
 cdf_status cdf_linear_load(cdf_weights *w, cdf_linear_layer *l, int64_t in, int64_t out, int bias, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 void cdf_linear_free(cdf_linear_layer *l);
-static inline cdf_tensor *cdf_linear_fwd(const cdf_linear_layer *l, cdf_tensor *x) { return cdf_linear(x, l->w, l->b); }
+/* Forward of a row-wise shard: this rank's partial x @ w^T (+ bias on rank 0 only), summed over
+ * the ranks with an all-reduce. Defined in nn/sharded.c. */
+cdf_tensor *cdf_tp_linear_rowwise_fwd(const cdf_linear_layer *l, cdf_tensor *x);
+static inline cdf_tensor *cdf_linear_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
+    return l->tp ? cdf_tp_linear_rowwise_fwd(l, x) : cdf_linear(x, l->w, l->b);
+}
 
 typedef struct cdf_norm_layer {
     cdf_tensor *w, *b; /* [dim] or NULL */
@@ -104,5 +114,63 @@ cdf_tensor *cdf_tensor_map_get(const cdf_tensor_map *m, const char *name); /* bo
 cdf_status cdf_tensor_map_load(cdf_tensor_map *m, const char *path, cdf_device *dev);
 /* Write every tensor (as f32 for floats unless keep_dtype) to a safetensors file. */
 cdf_status cdf_tensor_map_save(const cdf_tensor_map *m, const char *path, bool keep_dtype);
+
+
+/* ---- tensor parallelism: plans and sharded loading (nn/sharded.c) ---------------------------
+ * Like diffusers' `_tp_plan`, a model class declares, as data, how its linear layers split over
+ * the ranks of a 1-D mesh; the loader reads only this rank's slice of each sharded weight from
+ * the safetensors files (cdf_st_read_rows / cdf_st_read_cols, counted by cdf_io_bytes_read) and
+ * the forward of a row-wise layer sums the partial results (cdf_linear_fwd does it). Whatever
+ * the plan does not name is replicated: read whole by every rank. Enabled process-wide with
+ * cdf_tp_enable (cdiffusers/dist.h); a model asks cdf_tp_for_component whether it is sharded. */
+typedef enum cdf_tp_style {
+    CDF_TP_REPLICATE = 0,  /* the whole layer on every rank */
+    CDF_TP_COLWISE,        /* output features split: rows of w [out, in] and of the bias; each rank
+                              produces its slice of the output (e.g. its attention heads) */
+    CDF_TP_ROWWISE,        /* input features split: columns of w; partial outputs are summed over
+                              the ranks (one all-reduce), the bias is added once */
+    CDF_TP_PACKED_ROWWISE, /* row-wise over an input concatenated from parts ([attention, MLP]):
+                              every part is split separately, each rank's columns are the
+                              concatenation of its slice of every part */
+} cdf_tp_style;
+
+/* One plan entry: a module name whose '*' stands for exactly one dotted component (a layer
+ * index), e.g. "transformer_blocks.*.attn.to_q". A plan is an array ended by {NULL}. */
+typedef struct cdf_tp_rule {
+    const char *pattern;
+    cdf_tp_style style;
+} cdf_tp_rule;
+
+struct cdf_process_group; /* cdiffusers/dist.h */
+typedef struct cdf_tp cdf_tp; /* one component's sharding: group, rank, size, plan */
+
+/* The sharding of the component in folder `dir` (model class `model`, plan `plan`): *out = NULL
+ * (and CDF_OK) when tensor parallelism is not enabled, the mesh has one rank, or the component
+ * is named in the replicate list. The model frees it with cdf_tp_free. */
+cdf_status cdf_tp_for_component(const char *dir, const char *model, const cdf_tp_rule *plan, cdf_tp **out);
+/* An explicit sharding over pg (ignores the process-wide switch); component names it in messages. */
+cdf_status cdf_tp_new(struct cdf_process_group *pg, const char *component, const char *model, const cdf_tp_rule *plan,
+                      cdf_tp **out);
+void cdf_tp_free(cdf_tp *tp); /* NULL is fine */
+int cdf_tp_rank(const cdf_tp *tp); /* 0 for NULL */
+int cdf_tp_size(const cdf_tp *tp); /* 1 for NULL */
+struct cdf_process_group *cdf_tp_group(const cdf_tp *tp);
+/* The plan's style for a module name (CDF_TP_REPLICATE when no rule matches or tp is NULL). */
+cdf_tp_style cdf_tp_style_for(const cdf_tp *tp, const char *module);
+/* CDF_ERR_UNSUPPORTED naming the component, model, config key, value and rank count unless
+ * value divides by the number of ranks (always CDF_OK for NULL). */
+cdf_status cdf_tp_check_divisible(const cdf_tp *tp, const char *key, int64_t value);
+/* Loads "<prefix>.weight" (full shape [out, in]) and the bias like cdf_linear_load, as the plan
+ * says for <prefix>: colwise -> l->out = out / size; rowwise -> l->in = in / size and l->tp set.
+ * With tp NULL or a replicated layer this is cdf_linear_load. */
+cdf_status cdf_tp_linear_load(cdf_weights *w, const cdf_tp *tp, cdf_linear_layer *l, int64_t in, int64_t out, int bias,
+                              const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+/* Same for a layer whose input is the concatenation of n_parts parts of the given widths (their
+ * sum is `in`); a packed_rowwise rule splits every part. */
+cdf_status cdf_tp_linear_load_packed(cdf_weights *w, const cdf_tp *tp, cdf_linear_layer *l, int n_parts,
+                                     const int64_t *parts, int64_t out, int bias, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
+/* After loading: CDF_ERR_INTERNAL if a rule of the plan matched no layer (a typo in a plan). */
+cdf_status cdf_tp_check_plan_used(const cdf_tp *tp);
 
 #endif

@@ -48,7 +48,8 @@ static cdf_status load_component(cdf_pipeline *p, const cJSON *idx, const char *
         return CDF_OK;
     }
     if (!is_dir(sub)) return cdf_error(CDF_ERR_NOT_FOUND, "%s: sub-folder '%s' (%s) is missing", p->dir, key, cls);
-    return cdf_component_load(sub, &p->opt, out);
+    CDF_TRY(cdf_component_load(sub, &p->opt, out));
+    return cdf_pipe_offload_adopt(p, *out, sub); /* offload.c */
 }
 
 static cdf_status load_tokenizer(cdf_pipeline *p, const cJSON *idx, const char *key, bool required, cdf_tokenizer **out) {
@@ -90,11 +91,12 @@ static cdf_status read_derived_config(cdf_pipeline *p) {
     int64_t in_ch, sample;
     CDF_TRY(cdf_json_get_int(tcfg, "in_channels", 64, &in_ch));
     CDF_TRY(cdf_json_get_int(tcfg, "joint_attention_dim", 4096, &p->joint_attention_dim));
-    if (p->kind == CDF_PIPE_FLUX) {
+    if (p->kind == CDF_PIPE_FLUX || p->kind == CDF_PIPE_FLUX2) {
         if (in_ch % 4) return cdf_error(CDF_ERR_FORMAT, "%s/transformer/config.json: in_channels %lld is not a multiple of 4", p->dir, (long long)in_ch);
         p->latent_channels = in_ch / 4;
-        p->default_sample_size = 128; /* FluxPipeline.default_sample_size */
-        CDF_TRY(cdf_json_get_bool(tcfg, "guidance_embeds", false, &p->guidance_embeds));
+        p->default_sample_size = 128; /* FluxPipeline / Flux2Pipeline.default_sample_size */
+        /* the transformers' own defaults: FLUX.1 false, FLUX.2 true */
+        CDF_TRY(cdf_json_get_bool(tcfg, "guidance_embeds", p->kind == CDF_PIPE_FLUX2, &p->guidance_embeds));
     } else {
         p->latent_channels = in_ch;
         CDF_TRY(cdf_json_get_int(tcfg, "sample_size", 128, &sample));
@@ -126,7 +128,8 @@ cdf_status cdf_pipeline_load(const char *dir, const cdf_pipeline_load_params *pa
         snprintf(p->class_name, sizeof p->class_name, "%s", cls);
         if (strcmp(cls, "FluxPipeline") == 0) p->kind = CDF_PIPE_FLUX;
         else if (strcmp(cls, "StableDiffusion3Pipeline") == 0) p->kind = CDF_PIPE_SD3;
-        else s = cdf_error(CDF_ERR_UNSUPPORTED, "%s: pipeline class '%s' is not supported (supported: FluxPipeline, StableDiffusion3Pipeline)", path, cls);
+        else if (strcmp(cls, "Flux2Pipeline") == 0) p->kind = CDF_PIPE_FLUX2;
+        else s = cdf_error(CDF_ERR_UNSUPPORTED, "%s: pipeline class '%s' is not supported (supported: FluxPipeline, StableDiffusion3Pipeline, Flux2Pipeline)", path, cls);
     }
     if (s == CDF_OK) {
         p->device = cdf_device_get(lp.device ? lp.device : "cpu");
@@ -135,16 +138,18 @@ cdf_status cdf_pipeline_load(const char *dir, const cdf_pipeline_load_params *pa
     p->opt = cdf_load_options_default();
     p->opt.device = p->device;
     p->opt.weight_dtype = lp.weight_dtype;
+    p->offload = lp.offload;
+    if (s == CDF_OK) s = cdf_pipe_check_budget(p, idx); /* planner.c: fail before loading anything */
     if (s == CDF_OK) {
         snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", dir);
         s = cdf_scheduler_config_from_json(path, &p->sched_cfg);
     }
-    bool sd3 = p->kind == CDF_PIPE_SD3;
+    bool sd3 = p->kind == CDF_PIPE_SD3, flux2 = p->kind == CDF_PIPE_FLUX2;
     if (s == CDF_OK) s = load_tokenizer(p, idx, "tokenizer", true, &p->tokenizer[0]);
-    if (s == CDF_OK) s = load_tokenizer(p, idx, "tokenizer_2", true, &p->tokenizer[1]);
+    if (s == CDF_OK && !flux2) s = load_tokenizer(p, idx, "tokenizer_2", true, &p->tokenizer[1]);
     if (s == CDF_OK && sd3) s = load_tokenizer(p, idx, "tokenizer_3", false, &p->tokenizer[2]);
     if (s == CDF_OK) s = load_component(p, idx, "text_encoder", true, &p->text_encoder[0]);
-    if (s == CDF_OK) s = load_component(p, idx, "text_encoder_2", true, &p->text_encoder[1]);
+    if (s == CDF_OK && !flux2) s = load_component(p, idx, "text_encoder_2", true, &p->text_encoder[1]);
     if (s == CDF_OK && sd3) s = load_component(p, idx, "text_encoder_3", false, &p->text_encoder[2]);
     if (s == CDF_OK) s = load_component(p, idx, "transformer", true, &p->transformer);
     if (s == CDF_OK) s = load_component(p, idx, "vae", true, &p->vae);
@@ -162,9 +167,9 @@ void cdf_pipeline_resolve_defaults(const cdf_pipeline *p, cdf_generate_params *g
     int64_t def = p->default_sample_size * p->vae_scale_factor;
     if (gp->height <= 0) gp->height = (int)def;
     if (gp->width <= 0) gp->width = (int)def;
-    if (gp->num_inference_steps <= 0) gp->num_inference_steps = 28;
-    if (gp->guidance_scale < 0) gp->guidance_scale = p->kind == CDF_PIPE_FLUX ? 3.5f : 7.0f;
-    if (gp->max_sequence_length <= 0) gp->max_sequence_length = p->kind == CDF_PIPE_FLUX ? 512 : 256;
+    if (gp->num_inference_steps <= 0) gp->num_inference_steps = p->kind == CDF_PIPE_FLUX2 ? 50 : 28;
+    if (gp->guidance_scale < 0) gp->guidance_scale = p->kind == CDF_PIPE_FLUX ? 3.5f : p->kind == CDF_PIPE_FLUX2 ? 4.0f : 7.0f;
+    if (gp->max_sequence_length <= 0) gp->max_sequence_length = p->kind == CDF_PIPE_SD3 ? 256 : 512;
     if (gp->true_cfg_scale <= 0) gp->true_cfg_scale = 1.0f;
 }
 
@@ -200,11 +205,15 @@ cdf_status cdf_pipeline_generate(cdf_pipeline *p, const cdf_generate_params *par
     if (!gp.prompt) gp.prompt = "";
     cdf_pipeline_resolve_defaults(p, &gp);
     CDF_TRY(validate(p, &gp));
+    cdf_pipe_generate_begin(p); /* offload.c: per-phase peaks */
     cdf_scope_push();
-    cdf_status s = p->kind == CDF_PIPE_FLUX ? cdf_flux_generate(p, &gp, out) : cdf_sd3_generate(p, &gp, out);
+    cdf_status s = p->kind == CDF_PIPE_FLUX    ? cdf_flux_generate(p, &gp, out)
+                   : p->kind == CDF_PIPE_FLUX2 ? cdf_flux2_generate(p, &gp, out)
+                                               : cdf_sd3_generate(p, &gp, out);
     cdf_scope_pop(NULL, 0);
     if (s == CDF_OK) s = cdf_device_synchronize(p->device);
     else (void)cdf_device_synchronize(p->device); /* drain the queue; keep the first error */
+    s = cdf_pipe_generate_end(p, s);
     if (s != CDF_OK) cdf_image_free(out);
     return s;
 }

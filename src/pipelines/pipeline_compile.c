@@ -8,3 +8,8 @@ cdf_status cdf_pipeline_compile(cdf_pipeline *p, const cdf_compile_options *opt)
     CDF_TRY(cdf_component_compile(p->transformer, opt));
     return cdf_component_compile(p->vae, opt);
 }
+
+cdf_status cdf_pipeline_compile_repeated_blocks(cdf_pipeline *p, const cdf_compile_options *opt) {
+    if (!p) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_compile_repeated_blocks: pipeline is NULL");
+    return cdf_component_compile_repeated_blocks(p->transformer, opt);
+}

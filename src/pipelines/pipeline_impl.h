@@ -10,7 +10,7 @@
 #include "cdiffusers/tokenizer.h"
 #include "models/component.h"
 
-typedef enum cdf_pipeline_kind { CDF_PIPE_FLUX = 1, CDF_PIPE_SD3 = 2 } cdf_pipeline_kind;
+typedef enum cdf_pipeline_kind { CDF_PIPE_FLUX = 1, CDF_PIPE_SD3 = 2, CDF_PIPE_FLUX2 = 3 } cdf_pipeline_kind;
 
 #define CDF_PIPE_MAX_TEXT 3
 
@@ -33,6 +33,17 @@ struct cdf_pipeline {
     int64_t default_sample_size; /* in latent pixels */
     bool guidance_embeds;        /* Flux dev */
     int64_t joint_attention_dim;
+    /* model offload and per-phase memory (offload.c) */
+    cdf_offload_mode offload;
+    bool tracking;                 /* inside cdf_pipeline_generate */
+    cdf_component *active;         /* the component that ran last during generate */
+    int phase;                     /* cdf_pipeline_phase of the running part of generate */
+    int loads_at_start;
+    cdf_pipeline_memory_stats mem; /* of the last generate */
+    /* tests / calibration: device budget per phase during generate (0 = the device's own) */
+    bool phase_limit_active;
+    uint64_t phase_limit[CDF_PHASE_COUNT];
+    uint64_t saved_limit;
 };
 
 /* Shared steps */
@@ -50,7 +61,17 @@ cdf_tensor *cdf_pipe_cfg(cdf_tensor *uncond, cdf_tensor *cond, float g);
 void cdf_pipe_capture(const cdf_generate_params *gp, const char *key, cdf_tensor *t);
 cdf_tensor *cdf_pipe_scalar_tensor(cdf_device *dev, float v, int64_t n);
 
+/* offload.c: make a freshly loaded component offloadable (and release it with CDF_OFFLOAD_MODEL);
+ * bracket generate (per-phase peaks, and with MODEL release every model at the end). */
+cdf_status cdf_pipe_offload_adopt(cdf_pipeline *p, cdf_component *c, const char *dir);
+void cdf_pipe_generate_begin(cdf_pipeline *p);
+cdf_status cdf_pipe_generate_end(cdf_pipeline *p, cdf_status s);
+/* planner.c: before loading, CDF_ERR_OUT_OF_MEMORY if the weights cannot fit the device budget
+ * (all of them with NONE, the largest with MODEL); the message says needed vs allowed. */
+cdf_status cdf_pipe_check_budget(cdf_pipeline *p, const cJSON *model_index);
+
 cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out);
 cdf_status cdf_sd3_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out);
+cdf_status cdf_flux2_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out); /* flux2_pipeline.c */
 
 #endif

@@ -9,7 +9,9 @@
  *      `normalized` = true (matched on the normalised text);
  *   4. each remaining piece: model pre-tokeniser + model (BPE / unigram) -> ids;
  *   5. truncation, template (bos/eos), padding.
- * Steps 3-4 are per model (tok_model_ops); the rest is tokenizer.c. */
+ * Steps 3-4 are per model (tok_model_ops); the rest is tokenizer.c.
+ * Models: CLIP BPE (tok_clip.c), T5 unigram (tok_unigram.c), byte-level BPE from tokenizer.json
+ * (tok_tekken.c: FLUX.2's Mistral tokenizer). */
 #ifndef CDF_TOK_INTERNAL_H
 #define CDF_TOK_INTERNAL_H
 
@@ -155,6 +157,9 @@ typedef struct tok_config {
 cdf_status tok_clip_load(cdf_tokenizer *tok, const char *folder, const tok_config *cfg);
 cdf_status tok_t5_load_json(cdf_tokenizer *tok, const char *path, const tok_config *cfg);
 cdf_status tok_t5_load_spiece(cdf_tokenizer *tok, const char *path, const tok_config *cfg);
+/* Byte-level BPE (tok_tekken.c) from the already parsed tokenizer.json `root` (not kept). */
+struct cJSON;
+cdf_status tok_bpe_load_json(cdf_tokenizer *tok, const char *path, const struct cJSON *root, const tok_config *cfg);
 
 /* tokenizer.c helpers for loaders */
 /* Add an added token (content copied; normalised with the model normaliser when `normalized`). */

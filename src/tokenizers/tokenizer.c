@@ -1,6 +1,6 @@
 /* Public tokenizer API: folder detection, the shared config files, added-token splitting and
- * the encode driver (truncation, template, padding). The models live in tok_clip.c and
- * tok_unigram.c; see tok_internal.h for the pipeline. */
+ * the encode driver (truncation, template, padding). The models live in tok_clip.c,
+ * tok_unigram.c and tok_tekken.c; see tok_internal.h for the pipeline. */
 #include <cjson/cJSON.h>
 #include <limits.h>
 #include <math.h>
@@ -409,6 +409,27 @@ static cdf_status resolve_specials(cdf_tokenizer *tok, const tok_config *cfg, co
     return CDF_OK;
 }
 
+/* tokenizer.json of a folder whose class does not fix the model: its model type decides. */
+static cdf_status load_tokenizer_json(cdf_tokenizer *tok, const char *path, const tok_config *cfg) {
+    cJSON *root;
+    CDF_TRY(json_load(path, true, &root));
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
+    cdf_status st;
+    if (cJSON_IsString(type) && strcmp(type->valuestring, "BPE") == 0) {
+        st = tok_bpe_load_json(tok, path, root, cfg);
+    } else if (cJSON_IsString(type) && strcmp(type->valuestring, "Unigram") == 0) {
+        cJSON_Delete(root); /* the unigram loader reads the file itself */
+        return tok_t5_load_json(tok, path, cfg);
+    } else {
+        st = cJSON_IsString(type) ? cdf_error(CDF_ERR_UNSUPPORTED, "%s: model type \"%.32s\" is not supported (BPE, Unigram)",
+                                              path, type->valuestring)
+                                  : cdf_error(CDF_ERR_FORMAT, "%s: no \"model\" object with a \"type\"", path);
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
 cdf_tokenizer *cdf_tokenizer_load_from(const char *folder, cdf_tokenizer_source source) {
     if (!folder || !*folder) {
         cdf_error(CDF_ERR_INVALID_ARG, "cdf_tokenizer_load: folder is NULL or empty");
@@ -436,17 +457,21 @@ cdf_tokenizer *cdf_tokenizer_load_from(const char *folder, cdf_tokenizer_source 
     }
     const char *cls = cfg.tokenizer_class;
     bool is_clip = class_is(cls, "CLIPTokenizer"), is_t5 = class_is(cls, "T5Tokenizer");
-    if (cls && !is_clip && !is_t5) {
-        cdf_error(CDF_ERR_UNSUPPORTED, "%s: tokenizer_class \"%.64s\" is not supported (CLIPTokenizer, T5Tokenizer)",
+    bool has_vm = tok_file_exists(vocab_path) && tok_file_exists(merges_path);
+    bool has_json = tok_file_exists(json_path), has_spm = tok_file_exists(spm_path);
+    /* another class (FLUX.2: LlamaTokenizerFast) is fine when tokenizer.json says what to run */
+    bool other_class = cls && !is_clip && !is_t5;
+    if (other_class && !has_json) {
+        cdf_error(CDF_ERR_UNSUPPORTED,
+                  "%s: tokenizer_class \"%.64s\" is not supported without a tokenizer.json (CLIPTokenizer, T5Tokenizer)",
                   cfg_path, cls);
         config_free(&cfg);
         return NULL;
     }
-    bool has_vm = tok_file_exists(vocab_path) && tok_file_exists(merges_path);
-    bool has_json = tok_file_exists(json_path), has_spm = tok_file_exists(spm_path);
     if (source == CDF_TOKENIZER_SOURCE_AUTO) {
         if (is_clip) source = CDF_TOKENIZER_SOURCE_VOCAB_MERGES;
         else if (is_t5) source = has_json ? CDF_TOKENIZER_SOURCE_TOKENIZER_JSON : CDF_TOKENIZER_SOURCE_SPIECE_MODEL;
+        else if (other_class) source = CDF_TOKENIZER_SOURCE_TOKENIZER_JSON;
         else if (has_vm) source = CDF_TOKENIZER_SOURCE_VOCAB_MERGES;
         else if (has_json) source = CDF_TOKENIZER_SOURCE_TOKENIZER_JSON;
         else if (has_spm) source = CDF_TOKENIZER_SOURCE_SPIECE_MODEL;
@@ -478,7 +503,9 @@ cdf_tokenizer *cdf_tokenizer_load_from(const char *folder, cdf_tokenizer_source 
     tok->model_max_length = cfg.model_max_length;
     switch (source) {
     case CDF_TOKENIZER_SOURCE_VOCAB_MERGES: st = tok_clip_load(tok, folder, &cfg); break;
-    case CDF_TOKENIZER_SOURCE_TOKENIZER_JSON: st = tok_t5_load_json(tok, json_path, &cfg); break;
+    case CDF_TOKENIZER_SOURCE_TOKENIZER_JSON:
+        st = is_t5 ? tok_t5_load_json(tok, json_path, &cfg) : load_tokenizer_json(tok, json_path, &cfg);
+        break;
     default: st = tok_t5_load_spiece(tok, spm_path, &cfg); break;
     }
     /* added tokens of tokenizer_config.json not already defined by the model files */

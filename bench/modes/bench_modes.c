@@ -1,0 +1,170 @@
+/* bench/modes: one transformer forward in each execution mode (eager, defer-and-fuse, compile,
+ * repeated-block compile) on random-weight models of real width and reduced depth.
+ * Prints warm-up (first call, includes capture/compile), steady-state time (mean of the next
+ * calls), device peak memory during the steady calls, and kernels launched per forward, with
+ * ratios to eager. Not a test: numbers depend on the machine and its load. */
+#define MRP_NO_MAIN
+#include "../../tools/make-random-pipeline/make_random_pipeline.c"
+
+#include <time.h>
+#include <unistd.h>
+
+#include "cdiffusers/cdiffusers.h"
+#include "exec/compile.h"
+#include "models/component.h"
+#include "nn/nn.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static cdf_tensor *randt(cdf_device *d, int nd, const int64_t *shape, uint64_t seed, float scale) {
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++) n *= shape[i];
+    float *v = malloc((size_t)n * sizeof *v);
+    uint64_t s = seed * 2654435761u + 1;
+    for (int64_t i = 0; i < n; i++) {
+        s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+        v[i] = scale * (float)((double)(s >> 11) / 9007199254740992.0 * 2 - 1);
+    }
+    cdf_tensor *t = cdf_tensor_from_host(d, CDF_F32, nd, shape, v, CDF_F32);
+    free(v);
+    return t;
+}
+
+typedef enum { M_EAGER, M_FUSE, M_COMPILE, M_BLOCKS, M_COUNT } mode;
+static const char *mode_name[M_COUNT] = {"eager", "defer-and-fuse", "compile", "compile-repeated-blocks"};
+
+typedef struct result {
+    double warm, steady, peak_mb;
+    double kernels;
+} result;
+
+static int run_mode(const char *dir, mode m, const cdf_tensor_map *in, int calls, result *r) {
+    cdf_device *dev = cdf_device_get("cpu");
+    cdf_set_exec_mode(m == M_FUSE ? CDF_EXEC_DEFER_AND_FUSE : CDF_EXEC_EAGER);
+    cdf_load_options o = cdf_load_options_default();
+    o.device = dev;
+    cdf_component *c = NULL;
+    if (cdf_component_load(dir, &o, &c) != CDF_OK) {
+        fprintf(stderr, "load %s: %s\n", dir, cdf_last_error());
+        return 1;
+    }
+    if (m == M_COMPILE && cdf_component_compile(c, NULL) != CDF_OK) return fprintf(stderr, "%s\n", cdf_last_error()), 1;
+    if (m == M_BLOCKS && cdf_component_compile_repeated_blocks(c, NULL) != CDF_OK) return fprintf(stderr, "%s\n", cdf_last_error()), 1;
+    cdf_tensor_map out;
+    cdf_tensor_map_init(&out);
+    double t0 = now_s();
+    if (cdf_component_run(c, "forward", in, &out) != CDF_OK || cdf_device_synchronize(dev) != CDF_OK) {
+        fprintf(stderr, "%s: %s\n", mode_name[m], cdf_last_error());
+        return 1;
+    }
+    r->warm = now_s() - t0;
+    cdf_tensor_map_clear(&out);
+    cdf_device_synchronize(dev);
+    cdf_device_reset_peak(dev);
+    cdf_exec_stats s0, s1;
+    cdf_exec_get_stats(&s0);
+    t0 = now_s();
+    for (int i = 0; i < calls; i++) {
+        cdf_tensor_map_clear(&out);
+        if (cdf_component_run(c, "forward", in, &out) != CDF_OK || cdf_device_synchronize(dev) != CDF_OK) {
+            fprintf(stderr, "%s: %s\n", mode_name[m], cdf_last_error());
+            return 1;
+        }
+    }
+    r->steady = (now_s() - t0) / calls;
+    cdf_exec_get_stats(&s1);
+    cdf_memory_stats ms;
+    cdf_device_memory_stats(dev, &ms);
+    r->peak_mb = ms.peak_bytes / 1048576.0;
+    r->kernels = (double)(s1.kernels_launched - s0.kernels_launched) / calls;
+    cdf_tensor_map_clear(&out);
+    cdf_component_free(c);
+    cdf_set_exec_mode(CDF_EXEC_EAGER);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *work = argc > 1 ? argv[1] : "/tmp/cdf_bench_modes";
+    const char *tok = argc > 2 ? argv[2] : "tests/data/tokenizers";
+    int calls = argc > 3 ? atoi(argv[3]) : 2;
+    cdf_device *dev = cdf_device_get("cpu");
+    struct {
+        const char *name;
+        mrp_kind kind;
+        int res;
+    } cases[] = {
+        {"SD3.5-Medium width (1536), 2 joint blocks (1 dual), CFG batch 2, 333 text tokens", MRP_SD3, 256},
+        {"SD3.5-Medium width (1536), 2 joint blocks (1 dual), CFG batch 2, 333 text tokens", MRP_SD3, 512},
+        {"FLUX.1 width (3072), 1 double + 1 single block, 512 text tokens", MRP_FLUX, 256},
+        {"FLUX.1 width (3072), 1 double + 1 single block, 512 text tokens", MRP_FLUX, 512},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        mrp_spec s;
+        if (mrp_preset(cases[k].kind == MRP_SD3 ? "sd35-medium" : "flux1", &s)) return 1;
+        s.tokenizers = tok;
+        s.dtype = MRP_F32;
+        /* only the transformer matters here: shrink the text encoders and the VAE */
+        /* (keeping the pooled widths real: SD3 768 + 1280 projections, FLUX CLIP-L hidden 768) */
+        if (cases[k].kind == MRP_SD3)
+            s.clip_l = (mrp_clip){.hidden = 8, .layers = 1, .heads = 2, .intermediate = 16, .projection = 768};
+        else
+            s.clip_l = (mrp_clip){.hidden = 768, .layers = 1, .heads = 2, .intermediate = 16, .projection = 0};
+        s.clip_g = (mrp_clip){.hidden = 8, .layers = 1, .heads = 2, .intermediate = 16, .projection = 1280};
+        s.t5 = (mrp_t5){.d_model = 4096, .layers = 1, .heads = 2, .d_kv = 8, .d_ff = 16};
+        s.vae = (mrp_vae){.n_blocks = 4, .channels = {8, 8, 8, 8}, .layers_per_block = 1, .groups = 4};
+        if (cases[k].kind == MRP_SD3) {
+            s.sd3.layers = 2;
+            s.sd3.dual_layers = 1;
+        } else {
+            s.flux.layers = 1;
+            s.flux.single_layers = 1;
+        }
+        char dir[512], tdir[600];
+        snprintf(dir, sizeof dir, "%s/%s", work, cases[k].kind == MRP_SD3 ? "sd35m" : "flux");
+        snprintf(tdir, sizeof tdir, "%s/transformer", dir);
+        if (access(tdir, F_OK) != 0 && mrp_write_pipeline(&s, dir)) return 1;
+        /* inputs at this resolution */
+        cdf_tensor_map in;
+        cdf_tensor_map_init(&in);
+        int64_t lat = cases[k].res / 8;
+        if (cases[k].kind == MRP_SD3) {
+            int64_t hs[4] = {2, 16, lat, lat}, es[3] = {2, 333, 4096}, ps[2] = {2, 2048}, ts[1] = {2};
+            cdf_tensor_map_set(&in, "hidden_states", randt(dev, 4, hs, 1, 1));
+            cdf_tensor_map_set(&in, "encoder_hidden_states", randt(dev, 3, es, 2, 1));
+            cdf_tensor_map_set(&in, "pooled_projections", randt(dev, 2, ps, 3, 1));
+            cdf_tensor_map_set(&in, "timestep", cdf_tensor_full(dev, CDF_F32, 1, ts, 500.0));
+        } else {
+            int64_t L = (lat / 2) * (lat / 2);
+            int64_t hs[3] = {1, L, 64}, es[3] = {1, 512, 4096}, ps[2] = {1, 768}, ts[1] = {1}, is[2] = {L, 3}, xs[2] = {512, 3};
+            cdf_tensor_map_set(&in, "hidden_states", randt(dev, 3, hs, 1, 1));
+            cdf_tensor_map_set(&in, "encoder_hidden_states", randt(dev, 3, es, 2, 1));
+            cdf_tensor_map_set(&in, "pooled_projections", randt(dev, 2, ps, 3, 1));
+            cdf_tensor_map_set(&in, "timestep", cdf_tensor_full(dev, CDF_F32, 1, ts, 0.5));
+            cdf_tensor_map_set(&in, "guidance", cdf_tensor_full(dev, CDF_F32, 1, ts, 3.5));
+            float *ids = calloc((size_t)L * 3, sizeof *ids);
+            for (int64_t r = 0; r < lat / 2; r++)
+                for (int64_t c = 0; c < lat / 2; c++) {
+                    ids[(r * (lat / 2) + c) * 3 + 1] = (float)r;
+                    ids[(r * (lat / 2) + c) * 3 + 2] = (float)c;
+                }
+            cdf_tensor_map_set(&in, "img_ids", cdf_tensor_from_host(dev, CDF_F32, 2, is, ids, CDF_F32));
+            cdf_tensor_map_set(&in, "txt_ids", cdf_tensor_zeros(dev, CDF_F32, 2, xs));
+            free(ids);
+        }
+        printf("\n### %s, %dx%d\n\n", cases[k].name, cases[k].res, cases[k].res);
+        printf("| mode | warm-up s | steady s | vs eager | peak MiB | kernels/forward |\n|---|---|---|---|---|---|\n");
+        result r[M_COUNT];
+        for (int m = 0; m < M_COUNT; m++) {
+            if (run_mode(tdir, (mode)m, &in, calls, &r[m])) return 1;
+            printf("| %s | %.2f | %.2f | %.2fx | %.0f | %.0f |\n", mode_name[m], r[m].warm, r[m].steady,
+                   r[0].steady / r[m].steady, r[m].peak_mb, r[m].kernels);
+            fflush(stdout);
+        }
+        cdf_tensor_map_clear(&in);
+    }
+    return 0;
+}

@@ -1,0 +1,18 @@
+#!/bin/sh
+# Builds bench/modes/bench_modes against the built static library and runs it.
+#   BUILD_DIR=build bench/modes/run.sh [workdir] [calls]
+# The random-weight model folders are written to workdir (default /tmp/cdf_bench_modes) once.
+set -eu
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${BUILD_DIR:-$root/build}
+lib=$build/libcdiffusers.a
+[ -f "$lib" ] || { echo "run.sh: build the library first (cmake -S $root -B $build -DCMAKE_BUILD_TYPE=Release && cmake --build $build -j2)" >&2; exit 1; }
+mpi_libs=$(pkg-config --libs ompi-c 2>/dev/null || true)
+gcc -std=gnu17 -O2 -fopenmp -I"$root/include" -I"$root/src" "$root/bench/modes/bench_modes.c" "$lib" \
+    -ldnnl $mpi_libs $(pkg-config --libs libcjson libpng libpcre2-8) -lutf8proc -lm -ldl -lpthread -o "$build/bench_modes"
+echo "CPU: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1), $(nproc) cores; date: $(date -u +%Y-%m-%d)"
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+cd "$root"
+mkdir -p "${1:-/tmp/cdf_bench_modes}"
+"$build/bench_modes" "${1:-/tmp/cdf_bench_modes}" tests/data/tokenizers "${2:-2}"
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,0 +1,50 @@
+#!/bin/sh
+# Tensor-parallel benchmark: a FLUX.1-width and an SD3.5-Medium-width transformer with random
+# weights (bench_tp.c), one forward per denoising step, in three configurations on this machine:
+#   1 process, 1 thread | 1 process, 2 threads | 2 MPI ranks (sharded, --tp 2), 1 thread each.
+#
+#   BUILD_DIR=build-rel bench/tp/run.sh [--quick]
+#
+# BUILD_DIR (default: build) holds libcdiffusers.a built with MPI found (a Release build:
+# cmake -S . -B build-rel -DCMAKE_BUILD_TYPE=Release). WORK (default /tmp/cdf_bench_tp) receives
+# the random models (~1.1 GB FLUX, ~0.3 GB SD3, bf16) and is reused between runs.
+# KERNELS (default fast) is passed as CDIFFUSERS_KERNELS; DTYPE (default bf16) is the weight dtype
+# on the device. IMG / TXT: image and text tokens (default 256 / 128, a 256x256 FLUX image);
+# STEPS: timed forwards after one warm-up (default 5; --quick: 2).
+set -eu
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${BUILD_DIR:-$root/build}
+case $build in /*) ;; *) build=$root/$build ;; esac
+work=${WORK:-/tmp/cdf_bench_tp}
+kernels=${KERNELS:-fast}
+dtype=${DTYPE:-bf16}
+img=${IMG:-256}
+txt=${TXT:-128}
+steps=${STEPS:-5}
+[ "${1:-}" = "--quick" ] && steps=2
+lib=$build/libcdiffusers.a
+if [ ! -f "$lib" ]; then
+    echo "run.sh: $lib not found; build the library first (cmake -S $root -B $build -DCMAKE_BUILD_TYPE=Release && cmake --build $build -j2)" >&2
+    exit 1
+fi
+out=$build/bench_tp
+dnnl=""
+if nm "$lib" 2>/dev/null | grep -q ' U dnnl_'; then dnnl=-ldnnl; fi
+mpicc -std=gnu17 -O2 -fopenmp -I"$root/include" -I"$root/src" "$root/bench/tp/bench_tp.c" "$lib" $dnnl \
+    $(pkg-config --libs libcjson libpng libpcre2-8) -lutf8proc -lm -ldl -lpthread -o "$out"
+mkdir -p "$work"
+for m in flux sd3; do
+    [ -f "$work/$m/diffusion_pytorch_model.safetensors" ] || "$out" make "$work/$m" "$m"
+done
+mpirun="mpirun --allow-run-as-root -np 2"
+echo "CPU: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1), $(nproc) cores; Open MPI $(mpirun --version | head -1 | awk '{print $NF}')"
+echo "date: $(date -u +%Y-%m-%d); kernels=$kernels dtype=$dtype img=$img txt=$txt steps=$steps"
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+$mpirun "$out" allreduce
+for m in flux sd3; do
+    args="run $work/$m --img $img --txt $txt --steps $steps --dtype $dtype"
+    CDIFFUSERS_KERNELS=$kernels "$out" $args --threads 1
+    CDIFFUSERS_KERNELS=$kernels "$out" $args --threads 2
+    $mpirun -x CDIFFUSERS_KERNELS=$kernels "$out" $args --threads 1
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,0 +1,146 @@
+/* `cdiffusers plan`: the planner's expected peak device memory per phase, without loading or
+ * running anything; and generate's --memory-stats report of what a run measured. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdiffusers/cdiffusers.h"
+#include "plan.h"
+
+enum { PLAN_OK = 0, PLAN_FAIL = 1, PLAN_USAGE = 2 };
+
+static void fmt(char *buf, size_t n, uint64_t b) {
+    if (b >= (1ull << 30)) snprintf(buf, n, "%.2f GiB", b / 1073741824.0);
+    else if (b >= (1ull << 20)) snprintf(buf, n, "%.1f MiB", b / 1048576.0);
+    else if (b >= 1024) snprintf(buf, n, "%.1f KiB", b / 1024.0);
+    else snprintf(buf, n, "%llu B", (unsigned long long)b);
+}
+
+int cdf_cli_parse_offload(const char *s, cdf_offload_mode *out) {
+    if (strcmp(s, "none") == 0) *out = CDF_OFFLOAD_NONE;
+    else if (strcmp(s, "model") == 0) *out = CDF_OFFLOAD_MODEL;
+    else return -1;
+    return 0;
+}
+
+void cdf_cli_print_memory_stats(const cdf_pipeline *p) {
+    cdf_pipeline_memory_stats ms;
+    cdf_pipeline_last_memory_stats(p, &ms);
+    char b[32];
+    fprintf(stderr, "cdiffusers: device memory peaks (offload %s):", cdf_pipeline_offload_mode(p) == CDF_OFFLOAD_MODEL ? "model" : "none");
+    for (int i = 0; i < CDF_PHASE_COUNT; i++) {
+        fmt(b, sizeof b, ms.phase_peak_bytes[i]);
+        fprintf(stderr, "%s %s %s", i ? "," : "", cdf_pipeline_phase_name((cdf_pipeline_phase)i), b);
+    }
+    fmt(b, sizeof b, ms.peak_bytes);
+    fprintf(stderr, "; peak %s (%llu bytes); models materialised: %d\n", b, (unsigned long long)ms.peak_bytes, ms.materialisations);
+}
+
+static int usage_error(const char *fmt_, const char *arg) {
+    fprintf(stderr, "cdiffusers: ");
+    fprintf(stderr, fmt_, arg);
+    fprintf(stderr, "\n(see cdiffusers --help)\n");
+    return PLAN_USAGE;
+}
+
+static bool parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_float(const char *s, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) return false;
+    *out = (float)v;
+    return true;
+}
+
+int cdf_cli_plan(int argc, char **argv) {
+    const char *model = NULL, *dtype = "f32", *offload = "none";
+    cdf_generate_params gp = cdf_generate_default_params();
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},  {"height", required_argument, 0, 'H'},
+        {"width", required_argument, 0, 'W'},  {"offload", required_argument, 0, 'O'},
+        {"dtype", required_argument, 0, 'd'},  {"max-sequence-length", required_argument, 0, 'L'},
+        {"guidance", required_argument, 0, 'g'}, {"negative-prompt", required_argument, 0, 'n'},
+        {"true-cfg-scale", required_argument, 0, 'T'}, {0, 0, 0, 0},
+    };
+    int c;
+    long v;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'H':
+            if (!parse_long(optarg, 1, 1 << 16, &v)) return usage_error("--height needs a positive integer, got '%s'", optarg);
+            gp.height = (int)v;
+            break;
+        case 'W':
+            if (!parse_long(optarg, 1, 1 << 16, &v)) return usage_error("--width needs a positive integer, got '%s'", optarg);
+            gp.width = (int)v;
+            break;
+        case 'O': offload = optarg; break;
+        case 'd': dtype = optarg; break;
+        case 'L':
+            if (!parse_long(optarg, 1, 512, &v)) return usage_error("--max-sequence-length needs an integer between 1 and 512, got '%s'", optarg);
+            gp.max_sequence_length = (int)v;
+            break;
+        case 'g':
+            if (!parse_float(optarg, &gp.guidance_scale)) return usage_error("--guidance needs a number, got '%s'", optarg);
+            break;
+        case 'n': gp.negative_prompt = optarg; break;
+        case 'T':
+            if (!parse_float(optarg, &gp.true_cfg_scale)) return usage_error("--true-cfg-scale needs a number, got '%s'", optarg);
+            break;
+        default: return PLAN_USAGE;
+        }
+    }
+    if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
+    if (!model) return usage_error("%s", "plan needs --model DIR");
+    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    if (strcmp(dtype, "f32") == 0) lp.weight_dtype = CDF_F32;
+    else if (strcmp(dtype, "bf16") == 0) lp.weight_dtype = CDF_BF16;
+    else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
+    if (cdf_cli_parse_offload(offload, &lp.offload) != 0) return usage_error("--offload must be none or model, got '%s'", offload);
+    cdf_memory_plan plan;
+    if (cdf_pipeline_plan_memory(model, &lp, &gp, &plan) != CDF_OK) {
+        fprintf(stderr, "cdiffusers: plan: %s\n", cdf_last_error());
+        return PLAN_FAIL;
+    }
+    char b1[32], b2[32], b3[32];
+    printf("%s (%s): %dx%d, max_sequence_length %d, batch %d%s, weights %s, offload %s\n", model, plan.pipeline_class,
+           plan.width, plan.height, plan.max_sequence_length, plan.batch, plan.batch > 1 ? " (CFG)" : "",
+           cdf_dtype_name(plan.weight_dtype), offload);
+    printf("\n%-16s %-30s %12s %14s\n", "component", "class", "weights", "activations");
+    bool unknown = false;
+    for (int i = 0; i < plan.n_components; i++) {
+        fmt(b1, sizeof b1, plan.component[i].weights_bytes);
+        fmt(b2, sizeof b2, plan.component[i].activation_bytes);
+        printf("%-16s %-30s %12s %14s\n", plan.component[i].name, plan.component[i].class_name, b1,
+               plan.component[i].activation_known ? b2 : "unknown");
+        unknown |= !plan.component[i].activation_known;
+    }
+    printf("\n%-16s %12s %14s %12s\n", "phase", "weights", "activations", "peak");
+    for (int ph = 0; ph < CDF_PHASE_COUNT; ph++) {
+        fmt(b1, sizeof b1, plan.phase[ph].weights_bytes);
+        fmt(b2, sizeof b2, plan.phase[ph].activation_bytes);
+        fmt(b3, sizeof b3, plan.phase[ph].peak_bytes);
+        printf("%-16s %12s %14s %12s\n", cdf_pipeline_phase_name((cdf_pipeline_phase)ph), b1, b2, b3);
+    }
+    fmt(b1, sizeof b1, plan.peak_bytes);
+    fmt(b2, sizeof b2, plan.total_weights_bytes);
+    fmt(b3, sizeof b3, plan.largest_weights_bytes);
+    printf("\nexpected peak: %s (%llu bytes); all weights %s, largest model %s\n", b1, (unsigned long long)plan.peak_bytes, b2, b3);
+    printf("(the smallest --device-memory / CDIFFUSERS_CPU_MEMORY_LIMIT under which generate should run, eager mode)\n");
+    if (unknown) printf("note: no activation formula for some classes: their activations are not counted\n");
+    return PLAN_OK;
+}

@@ -1,0 +1,552 @@
+/* Process groups (MPI / local / offline), the 1-D device mesh and collectives on device tensors.
+ *
+ * Collectives run on the host: the tensor is synchronised (pending ops flushed and waited for),
+ * then MPI works directly on its buffer (device memory is host-addressable for every backend
+ * this library has, as cdf_tensor_read also assumes). A watchdog thread bounds how long any
+ * collective may wait for the other ranks. */
+#include "cdiffusers/dist.h"
+
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/error_internal.h"
+#include "exec/exec.h"
+#include "tensor/tensor_impl.h"
+
+#ifdef CDF_HAVE_MPI
+#include <mpi.h>
+#endif
+
+typedef enum pg_kind { PG_LOCAL, PG_OFFLINE, PG_MPI } pg_kind;
+
+#define DEFAULT_TIMEOUT_S 600.0
+
+struct cdf_process_group {
+    pg_kind kind;
+    int rank, world;
+    bool we_initialised_mpi;
+#ifdef CDF_HAVE_MPI
+    MPI_Comm comm;
+#endif
+    cdf_dist_stats stats;
+    uint64_t entered; /* collectives entered (fault injection counts these) */
+    /* fault injection (CDIFFUSERS_DIST_FAULT) */
+    int fault_rank;
+    uint64_t fault_at;
+    char fault_action[8];
+    /* watchdog: `active` with `deadline` while a collective runs */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    bool thread_running, stop, active;
+    double timeout_s, deadline;
+    char what[160];
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+bool cdf_dist_backend_available(const char *backend) {
+    if (!backend) return false;
+    if (strcmp(backend, "local") == 0) return true;
+#ifdef CDF_HAVE_MPI
+    if (strcmp(backend, "mpi") == 0) return true;
+#endif
+    return false;
+}
+
+int cdf_dist_rank(const cdf_process_group *pg) { return pg ? pg->rank : 0; }
+int cdf_dist_world_size(const cdf_process_group *pg) { return pg ? pg->world : 1; }
+const char *cdf_dist_backend_name(const cdf_process_group *pg) {
+    if (!pg) return "none";
+    return pg->kind == PG_MPI ? "mpi" : pg->kind == PG_OFFLINE ? "offline" : "local";
+}
+
+void cdf_dist_set_timeout(cdf_process_group *pg, double seconds) {
+    if (!pg || !(seconds > 0)) return;
+    pthread_mutex_lock(&pg->mu);
+    pg->timeout_s = seconds;
+    pthread_mutex_unlock(&pg->mu);
+}
+double cdf_dist_timeout(const cdf_process_group *pg) { return pg ? pg->timeout_s : 0; }
+
+void cdf_dist_get_stats(const cdf_process_group *pg, cdf_dist_stats *out) {
+    if (out) *out = pg ? pg->stats : (cdf_dist_stats){0};
+}
+void cdf_dist_reset_stats(cdf_process_group *pg) {
+    if (pg) memset(&pg->stats, 0, sizeof pg->stats);
+}
+
+/* ---- watchdog ------------------------------------------------------------------------------ */
+static void *watchdog_main(void *arg) {
+    cdf_process_group *pg = arg;
+    pthread_mutex_lock(&pg->mu);
+    while (!pg->stop) {
+        if (pg->active && now_s() >= pg->deadline) {
+            /* A peer that died is normally reaped by the launcher first; this covers a peer that
+             * hangs, or a launcher that cannot see the death (lost host). Exiting is the only
+             * way out of a blocked MPI call; the launcher then ends the other ranks. */
+            fprintf(stderr,
+                    "cdiffusers: rank %d of %d: %s did not complete within %g s: another rank is stuck or has died; "
+                    "ending this rank (exit status %d) so that the launcher stops the job\n",
+                    pg->rank, pg->world, pg->what, pg->timeout_s, CDF_DIST_EXIT_TIMEOUT);
+            fflush(stderr);
+            _exit(CDF_DIST_EXIT_TIMEOUT);
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000; /* 0.1 s: the precision of the timeout */
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&pg->cv, &pg->mu, &ts);
+    }
+    pthread_mutex_unlock(&pg->mu);
+    return NULL;
+}
+
+static void parse_fault(cdf_process_group *pg) {
+    pg->fault_rank = -1;
+    const char *f = getenv("CDIFFUSERS_DIST_FAULT");
+    if (!f || !*f) return;
+    int r = -1;
+    unsigned long long n = 0;
+    char action[8] = "";
+    if (sscanf(f, "%d:%7[a-z]:%llu", &r, action, &n) == 3 && n > 0 &&
+        (strcmp(action, "kill") == 0 || strcmp(action, "hang") == 0)) {
+        pg->fault_rank = r;
+        pg->fault_at = n;
+        snprintf(pg->fault_action, sizeof pg->fault_action, "%s", action);
+    } else {
+        fprintf(stderr, "cdiffusers: ignoring CDIFFUSERS_DIST_FAULT='%s' (expected RANK:kill|hang:N)\n", f);
+    }
+}
+
+/* Entering a collective: count it, maybe inject the configured fault, arm the watchdog. */
+static void collective_begin(cdf_process_group *pg, const char *op, uint64_t bytes) {
+    pg->entered++;
+    if (pg->fault_rank == pg->rank && pg->entered == pg->fault_at) {
+        fprintf(stderr, "cdiffusers: rank %d of %d: CDIFFUSERS_DIST_FAULT: %s at collective #%llu\n", pg->rank, pg->world,
+                pg->fault_action, (unsigned long long)pg->entered);
+        fflush(stderr);
+        if (strcmp(pg->fault_action, "kill") == 0) raise(SIGKILL);
+        for (;;) pause(); /* hang */
+    }
+    pthread_mutex_lock(&pg->mu);
+    snprintf(pg->what, sizeof pg->what, "%s #%llu (%llu bytes)", op, (unsigned long long)pg->entered,
+             (unsigned long long)bytes);
+    pg->deadline = now_s() + pg->timeout_s;
+    pg->active = true;
+    pthread_mutex_unlock(&pg->mu);
+}
+
+static void collective_end(cdf_process_group *pg, uint64_t bytes, double t0) {
+    pthread_mutex_lock(&pg->mu);
+    pg->active = false;
+    pthread_mutex_unlock(&pg->mu);
+    pg->stats.collectives++;
+    pg->stats.bytes += bytes;
+    pg->stats.seconds += now_s() - t0;
+}
+
+/* ---- group lifetime ------------------------------------------------------------------------- */
+static cdf_process_group *pg_alloc(pg_kind kind, int rank, int world) {
+    cdf_process_group *pg = calloc(1, sizeof *pg);
+    if (!pg) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (process group)");
+        return NULL;
+    }
+    pg->kind = kind;
+    pg->rank = rank;
+    pg->world = world;
+    pg->timeout_s = DEFAULT_TIMEOUT_S;
+    const char *t = getenv("CDIFFUSERS_DIST_TIMEOUT");
+    if (t && *t) {
+        char *end;
+        double v = strtod(t, &end);
+        if (end != t && !*end && v > 0) pg->timeout_s = v;
+        else fprintf(stderr, "cdiffusers: ignoring CDIFFUSERS_DIST_TIMEOUT='%s' (expected seconds > 0)\n", t);
+    }
+    pthread_mutex_init(&pg->mu, NULL);
+    pthread_cond_init(&pg->cv, NULL);
+    parse_fault(pg);
+    return pg;
+}
+
+static void pg_free(cdf_process_group *pg) {
+    if (pg->thread_running) {
+        pthread_mutex_lock(&pg->mu);
+        pg->stop = true;
+        pthread_cond_signal(&pg->cv);
+        pthread_mutex_unlock(&pg->mu);
+        pthread_join(pg->thread, NULL);
+    }
+    pthread_mutex_destroy(&pg->mu);
+    pthread_cond_destroy(&pg->cv);
+    free(pg);
+}
+
+#ifdef CDF_HAVE_MPI
+static cdf_status mpi_error(int rc, const char *what) {
+    char text[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    return cdf_error(CDF_ERR_DIST, "%s failed: %s (MPI error %d)", what, text, rc);
+}
+
+static cdf_status mpi_init(cdf_process_group **out) {
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (finalized) return cdf_error(CDF_ERR_DIST, "MPI was already finalised in this process; it cannot be started again");
+    bool ours = false;
+    if (!inited) {
+        int provided = 0;
+        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+        if (rc != MPI_SUCCESS) return cdf_error(CDF_ERR_DIST, "MPI_Init_thread failed (MPI error %d)", rc);
+        ours = true;
+    }
+    /* errors come back as return codes (turned into messages), never abort inside MPI */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    int rank = 0, world = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    cdf_process_group *pg = pg_alloc(PG_MPI, rank, world);
+    if (!pg) {
+        if (ours) MPI_Finalize();
+        return cdf_last_status();
+    }
+    pg->we_initialised_mpi = ours;
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &pg->comm);
+    if (rc != MPI_SUCCESS) {
+        cdf_status s = mpi_error(rc, "MPI_Comm_dup");
+        pg_free(pg);
+        if (ours) MPI_Finalize();
+        return s;
+    }
+    MPI_Comm_set_errhandler(pg->comm, MPI_ERRORS_RETURN);
+    if (pthread_create(&pg->thread, NULL, watchdog_main, pg) == 0) pg->thread_running = true;
+    else fprintf(stderr, "cdiffusers: rank %d: could not start the collective watchdog; timeouts are not enforced\n", rank);
+    *out = pg;
+    return CDF_OK;
+}
+#endif
+
+cdf_status cdf_dist_init(const char *backend, cdf_process_group **out) {
+    if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_dist_init: out is NULL");
+    *out = NULL;
+    if (!backend) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_dist_init: backend is NULL (\"mpi\" or \"local\")");
+    if (strcmp(backend, "local") == 0) {
+        *out = pg_alloc(PG_LOCAL, 0, 1);
+        return *out ? CDF_OK : cdf_last_status();
+    }
+    if (strcmp(backend, "mpi") == 0) {
+#ifdef CDF_HAVE_MPI
+        return mpi_init(out);
+#else
+        return cdf_error(CDF_ERR_UNSUPPORTED, "this build of cdiffusers has no MPI support (Open MPI was not found when it "
+                                              "was configured; install libopenmpi-dev and rebuild)");
+#endif
+    }
+    return cdf_error(CDF_ERR_UNSUPPORTED, "process group backend '%s' is unknown (known: mpi, local)", backend);
+}
+
+cdf_status cdf_dist_init_offline(int rank, int world_size, cdf_process_group **out) {
+    if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_dist_init_offline: out is NULL");
+    *out = NULL;
+    if (world_size < 1 || world_size > (1 << 20) || rank < 0 || rank >= world_size)
+        return cdf_error(CDF_ERR_INVALID_ARG, "offline process group: rank %d of %d is not valid (0 <= rank < world size)", rank,
+                         world_size);
+    *out = pg_alloc(PG_OFFLINE, rank, world_size);
+    return *out ? CDF_OK : cdf_last_status();
+}
+
+void cdf_dist_finalize(cdf_process_group *pg) {
+    if (!pg) return;
+#ifdef CDF_HAVE_MPI
+    const bool finalize_mpi = pg->kind == PG_MPI && pg->we_initialised_mpi;
+    if (pg->kind == PG_MPI) MPI_Comm_free(&pg->comm);
+#endif
+    pg_free(pg);
+#ifdef CDF_HAVE_MPI
+    if (finalize_mpi) MPI_Finalize();
+#endif
+}
+
+void cdf_dist_abort(cdf_process_group *pg, int code) {
+    fflush(stdout);
+    fflush(stderr);
+#ifdef CDF_HAVE_MPI
+    if (pg && pg->kind == PG_MPI) MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+    (void)pg;
+    exit(code);
+}
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+/* Common argument checks; *trivial = true when there is nobody to talk to (a group of one). */
+static cdf_status check_group(cdf_process_group *pg, const char *op, bool *trivial) {
+    *trivial = false;
+    if (!pg) return cdf_error(CDF_ERR_INVALID_ARG, "%s: process group is NULL", op);
+    if (pg->world == 1) {
+        *trivial = true;
+        return CDF_OK;
+    }
+    if (pg->kind == PG_OFFLINE)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "%s: rank %d of %d belongs to an offline process group, which cannot communicate",
+                         op, pg->rank, pg->world);
+    return CDF_OK;
+}
+
+/* Wait for t and return its buffer; t must be contiguous. */
+static cdf_status host_buffer(cdf_tensor *t, const char *op, void **ptr) {
+    if (!cdf_tensor_is_contiguous(t)) {
+        char d[96];
+        return cdf_error(CDF_ERR_INVALID_ARG, "%s: tensor %s is not contiguous", op, cdf_tensor_describe(t, d, sizeof d));
+    }
+    CDF_TRY(cdf_exec_sync_for_read(t));
+    *ptr = cdf_tensor_data_ptr(t);
+    return CDF_OK;
+}
+
+/* ---- agreement ------------------------------------------------------------------------------ */
+typedef struct agree_msg {
+    int32_t status;
+    char text[500];
+} agree_msg;
+
+cdf_status cdf_dist_agree(cdf_process_group *pg, cdf_status local) {
+    char mine[sizeof((agree_msg *)0)->text];
+    snprintf(mine, sizeof mine, "%s", local != CDF_OK ? cdf_last_error() : "");
+    bool trivial;
+    CDF_TRY(check_group(pg, "agreement", &trivial));
+    if (trivial) return local;
+#ifdef CDF_HAVE_MPI
+    agree_msg msg = {.status = (int32_t)local};
+    memcpy(msg.text, mine, sizeof msg.text);
+    agree_msg *all = calloc((size_t)pg->world, sizeof *all);
+    if (!all) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "agreement: out of host memory");
+    const double t0 = now_s();
+    collective_begin(pg, "agreement (all-gather of every rank's status)", sizeof msg);
+    int rc = MPI_Allgather(&msg, (int)sizeof msg, MPI_BYTE, all, (int)sizeof msg, MPI_BYTE, pg->comm);
+    collective_end(pg, sizeof msg, t0);
+    if (rc != MPI_SUCCESS) {
+        free(all);
+        return mpi_error(rc, "agreement (MPI_Allgather)");
+    }
+    int first = -1, n_failed = 0;
+    for (int r = 0; r < pg->world; r++)
+        if (all[r].status != CDF_OK) {
+            n_failed++;
+            if (first < 0) first = r;
+        }
+    cdf_status s = CDF_OK;
+    if (first >= 0) {
+        all[first].text[sizeof all[first].text - 1] = '\0';
+        cdf_status st = (all[first].status > 0 && all[first].status <= CDF_ERR_INTERNAL) ? (cdf_status)all[first].status
+                                                                                          : CDF_ERR_DIST;
+        if (n_failed > 1)
+            s = cdf_error(st, "rank %d of %d failed: %s (and %d other rank%s failed too)", first, pg->world, all[first].text,
+                          n_failed - 1, n_failed > 2 ? "s" : "");
+        else
+            s = cdf_error(st, "rank %d of %d failed: %s", first, pg->world, all[first].text);
+    }
+    free(all);
+    return s;
+#else
+    return cdf_error(CDF_ERR_INTERNAL, "agreement: MPI group in a build without MPI");
+#endif
+}
+
+/* ---- collectives ---------------------------------------------------------------------------- */
+#ifdef CDF_HAVE_MPI
+static bool mpi_type(cdf_dtype dt, MPI_Datatype *out) {
+    switch (dt) {
+    case CDF_F32: *out = MPI_FLOAT; return true;
+    case CDF_F64: *out = MPI_DOUBLE; return true;
+    case CDF_I32: *out = MPI_INT32_T; return true;
+    case CDF_I64: *out = MPI_INT64_T; return true;
+    default: return false;
+    }
+}
+#endif
+
+/* MPI counts are int: larger buffers go in pieces of at most this many elements/bytes. */
+#define MPI_CHUNK ((int64_t)1 << 30)
+
+cdf_status cdf_dist_all_reduce_sum(cdf_process_group *pg, cdf_tensor *t) {
+    if (!t) return cdf_last_status() != CDF_OK ? cdf_last_status() : cdf_error(CDF_ERR_INVALID_ARG, "all-reduce: tensor is NULL");
+    bool trivial;
+    CDF_TRY(check_group(pg, "all-reduce", &trivial));
+    if (trivial) return CDF_OK;
+#ifdef CDF_HAVE_MPI
+    MPI_Datatype type;
+    if (!mpi_type(cdf_tensor_dtype(t), &type))
+        return cdf_error(CDF_ERR_DTYPE, "all-reduce: dtype %s is not supported (f32, f64, i32, i64)",
+                         cdf_dtype_name(cdf_tensor_dtype(t)));
+    void *p = NULL;
+    CDF_TRY(host_buffer(t, "all-reduce", &p));
+    const int64_t n = cdf_tensor_numel(t);
+    const size_t esz = cdf_dtype_size(cdf_tensor_dtype(t));
+    const uint64_t bytes = (uint64_t)n * esz;
+    const double t0 = now_s();
+    collective_begin(pg, "all-reduce", bytes);
+    int rc = MPI_SUCCESS;
+    for (int64_t o = 0; o < n && rc == MPI_SUCCESS; o += MPI_CHUNK) {
+        const int64_t c = n - o < MPI_CHUNK ? n - o : MPI_CHUNK;
+        rc = MPI_Allreduce(MPI_IN_PLACE, (char *)p + o * (int64_t)esz, (int)c, type, MPI_SUM, pg->comm);
+    }
+    collective_end(pg, bytes, t0);
+    return rc == MPI_SUCCESS ? CDF_OK : mpi_error(rc, "all-reduce (MPI_Allreduce)");
+#else
+    return cdf_error(CDF_ERR_INTERNAL, "all-reduce: MPI group in a build without MPI");
+#endif
+}
+
+cdf_status cdf_dist_broadcast(cdf_process_group *pg, cdf_tensor *t, int root) {
+    if (!t) return cdf_last_status() != CDF_OK ? cdf_last_status() : cdf_error(CDF_ERR_INVALID_ARG, "broadcast: tensor is NULL");
+    bool trivial;
+    CDF_TRY(check_group(pg, "broadcast", &trivial));
+    if (root < 0 || root >= pg->world)
+        return cdf_error(CDF_ERR_INVALID_ARG, "broadcast: root rank %d is outside 0..%d", root, pg->world - 1);
+    if (trivial) return CDF_OK;
+#ifdef CDF_HAVE_MPI
+    void *p = NULL;
+    CDF_TRY(host_buffer(t, "broadcast", &p));
+    const uint64_t bytes = (uint64_t)cdf_tensor_numel(t) * cdf_dtype_size(cdf_tensor_dtype(t));
+    const double t0 = now_s();
+    collective_begin(pg, "broadcast", bytes);
+    int rc = MPI_SUCCESS;
+    for (uint64_t o = 0; o < bytes && rc == MPI_SUCCESS; o += (uint64_t)MPI_CHUNK) {
+        const uint64_t c = bytes - o < (uint64_t)MPI_CHUNK ? bytes - o : (uint64_t)MPI_CHUNK;
+        rc = MPI_Bcast((char *)p + o, (int)c, MPI_BYTE, root, pg->comm);
+    }
+    collective_end(pg, bytes, t0);
+    return rc == MPI_SUCCESS ? CDF_OK : mpi_error(rc, "broadcast (MPI_Bcast)");
+#else
+    return cdf_error(CDF_ERR_INTERNAL, "broadcast: MPI group in a build without MPI");
+#endif
+}
+
+cdf_status cdf_dist_barrier(cdf_process_group *pg) {
+    bool trivial;
+    CDF_TRY(check_group(pg, "barrier", &trivial));
+    if (trivial) return CDF_OK;
+#ifdef CDF_HAVE_MPI
+    const double t0 = now_s();
+    collective_begin(pg, "barrier", 0);
+    int rc = MPI_Barrier(pg->comm);
+    collective_end(pg, 0, t0);
+    return rc == MPI_SUCCESS ? CDF_OK : mpi_error(rc, "barrier (MPI_Barrier)");
+#else
+    return cdf_error(CDF_ERR_INTERNAL, "barrier: MPI group in a build without MPI");
+#endif
+}
+
+cdf_tensor *cdf_dist_all_gather(cdf_process_group *pg, cdf_tensor *t, int dim) {
+    if (!t) return NULL;
+    bool trivial;
+    if (check_group(pg, "all-gather", &trivial) != CDF_OK) return NULL;
+    const int nd = cdf_tensor_ndim(t);
+    const int d = cdf_norm_dim(dim, nd);
+    if (nd < 1 || d < 0) {
+        char s[96];
+        cdf_error(CDF_ERR_INVALID_ARG, "all-gather: dim %d is not a dimension of %s", dim, cdf_tensor_describe(t, s, sizeof s));
+        return NULL;
+    }
+    if (trivial) return cdf_contiguous(t);
+#ifdef CDF_HAVE_MPI
+    const cdf_dtype dt = cdf_tensor_dtype(t);
+    const uint64_t bytes = (uint64_t)cdf_tensor_numel(t) * cdf_dtype_size(dt);
+    if (bytes > (uint64_t)INT_MAX) {
+        cdf_error(CDF_ERR_LIMIT, "all-gather: %llu bytes per rank exceeds the %d-byte limit of one MPI call",
+                  (unsigned long long)bytes, INT_MAX);
+        return NULL;
+    }
+    char *mine = malloc(bytes ? bytes : 1), *all = malloc(bytes * (uint64_t)pg->world + 1);
+    if (!mine || !all) {
+        free(mine);
+        free(all);
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "all-gather: out of host memory (%llu bytes x %d ranks)", (unsigned long long)bytes,
+                  pg->world);
+        return NULL;
+    }
+    if (cdf_tensor_read(t, dt, mine, bytes) != CDF_OK) {
+        free(mine);
+        free(all);
+        return NULL;
+    }
+    const double t0 = now_s();
+    collective_begin(pg, "all-gather", bytes);
+    int rc = MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, pg->comm);
+    collective_end(pg, bytes, t0);
+    free(mine);
+    if (rc != MPI_SUCCESS) {
+        free(all);
+        mpi_error(rc, "all-gather (MPI_Allgather)");
+        return NULL;
+    }
+    /* [world, shape...] -> move the rank axis in front of `dim` -> merge it with `dim` */
+    int64_t stacked[CDF_MAX_DIMS + 1], merged[CDF_MAX_DIMS];
+    int perm[CDF_MAX_DIMS + 1];
+    if (nd + 1 > CDF_MAX_DIMS) {
+        free(all);
+        cdf_error(CDF_ERR_LIMIT, "all-gather: a %d-d tensor cannot be stacked (limit %d dims)", nd, CDF_MAX_DIMS);
+        return NULL;
+    }
+    stacked[0] = pg->world;
+    for (int i = 0; i < nd; i++) {
+        stacked[i + 1] = cdf_tensor_dim(t, i);
+        merged[i] = cdf_tensor_dim(t, i) * (i == d ? pg->world : 1);
+    }
+    int k = 0;
+    for (int i = 0; i < d; i++) perm[k++] = i + 1;
+    perm[k++] = 0;
+    for (int i = d; i < nd; i++) perm[k++] = i + 1;
+    cdf_scope_push();
+    cdf_tensor *st = cdf_tensor_from_host(cdf_tensor_device(t), dt, nd + 1, stacked, all, dt);
+    free(all);
+    cdf_tensor *r = cdf_reshape(cdf_contiguous(cdf_permute(st, perm)), nd, merged);
+    cdf_scope_pop(r ? &r : NULL, r ? 1 : 0);
+    return r;
+#else
+    cdf_error(CDF_ERR_INTERNAL, "all-gather: MPI group in a build without MPI");
+    return NULL;
+#endif
+}
+
+/* ---- mesh ------------------------------------------------------------------------------------ */
+struct cdf_device_mesh {
+    cdf_process_group *pg;
+    cdf_device *local;
+};
+
+cdf_status cdf_device_mesh_new(cdf_process_group *pg, cdf_device *local, cdf_device_mesh **out) {
+    if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_device_mesh_new: out is NULL");
+    *out = NULL;
+    if (!pg) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_device_mesh_new: process group is NULL");
+    if (!local) local = cdf_device_default();
+    if (!local) return cdf_last_status() != CDF_OK ? cdf_last_status() : cdf_error(CDF_ERR_NOT_FOUND, "device mesh: no device");
+    cdf_device_mesh *m = calloc(1, sizeof *m);
+    if (!m) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (device mesh)");
+    m->pg = pg;
+    m->local = local;
+    *out = m;
+    return CDF_OK;
+}
+
+void cdf_device_mesh_free(cdf_device_mesh *mesh) { free(mesh); }
+int cdf_device_mesh_size(const cdf_device_mesh *mesh) { return mesh ? mesh->pg->world : 1; }
+int cdf_device_mesh_rank(const cdf_device_mesh *mesh) { return mesh ? mesh->pg->rank : 0; }
+cdf_device *cdf_device_mesh_local_device(const cdf_device_mesh *mesh) { return mesh ? mesh->local : NULL; }
+cdf_process_group *cdf_device_mesh_group(const cdf_device_mesh *mesh) { return mesh ? mesh->pg : NULL; }

@@ -1,0 +1,283 @@
+/* Flux2Pipeline (FLUX.2-dev text-to-image), as diffusers' pipelines/flux2/pipeline_flux2.py at
+ * 58eb52c computes it:
+ *
+ *   ids, mask     = chat-template prompt, tekken BPE, padded to max_sequence_length
+ *   prompt_embeds = cat(hidden_states[k] for k in text_encoder_out_layers)   [1, S, 3 * hidden]
+ *   text_ids      = (0, 0, 0, l)                                              [1, S, 4]
+ *   noise         = randn(1, in_channels, h, w) from the seeded CPU generator, h = H / 16
+ *   latents       = pack(noise) [1, h*w, in_channels];  latent_ids = (0, row, col, 0)
+ *   sigmas        = linspace(1, 1/N, N), shifted with mu = compute_empirical_mu(h*w, N)
+ *   N steps:  v = transformer(latents, t / 1000, guidance, prompt_embeds, text_ids, latent_ids)
+ *             latents += (sigma_next - sigma) * v
+ *   image         = vae.decode(unpatchify(unpack(latents) * sqrt(bn_var + eps) + bn_mean))
+ *
+ * Image-conditioned generation (reference images), caption upsampling and batches of prompts are
+ * not implemented. */
+#include "pipelines/flux2_pipeline.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/error_internal.h"
+#include "models/mistral3_text.h"
+#include "tensor/tensor_impl.h"
+#include "tokenizers/flux2_prompt.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static cdf_status status_or_internal(void) { return cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL; }
+
+/* One output of a component run, kept alive in the current scope. */
+static cdf_tensor *take(cdf_tensor_map *out, const char *key) {
+    cdf_tensor *t = cdf_tensor_map_get(out, key);
+    if (!t) {
+        cdf_error(CDF_ERR_INTERNAL, "component produced no '%s'", key);
+        return NULL;
+    }
+    cdf_tensor_retain(t);
+    cdf_scope_record(t);
+    return t;
+}
+
+/* i64 tensor [1, rows, 4] from host values. */
+static cdf_tensor *ids_tensor(cdf_device *dev, const int64_t *v, int64_t rows) {
+    int64_t shape[3] = {1, rows, 4};
+    return cdf_tensor_from_host(dev, CDF_I64, 3, shape, v, CDF_I64);
+}
+
+/* _prepare_text_ids: rows (0, 0, 0, l) for l < L. */
+static cdf_tensor *text_ids(cdf_device *dev, int64_t L) {
+    int64_t *v = calloc((size_t)L * 4, sizeof *v);
+    if (!v) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (text ids)");
+        return NULL;
+    }
+    for (int64_t l = 0; l < L; l++) v[l * 4 + 3] = l;
+    cdf_tensor *t = ids_tensor(dev, v, L);
+    free(v);
+    return t;
+}
+
+/* _prepare_latent_ids: rows (0, row, col, 0), row-major over an h x w grid. */
+static cdf_tensor *latent_ids(cdf_device *dev, int64_t h, int64_t w) {
+    int64_t *v = calloc((size_t)(h * w) * 4, sizeof *v);
+    if (!v) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (latent ids)");
+        return NULL;
+    }
+    for (int64_t r = 0; r < h; r++)
+        for (int64_t c = 0; c < w; c++) {
+            v[(r * w + c) * 4 + 1] = r;
+            v[(r * w + c) * 4 + 2] = c;
+        }
+    cdf_tensor *t = ids_tensor(dev, v, h * w);
+    free(v);
+    return t;
+}
+
+/* prompt -> input_ids, attention_mask [1, S] -> the text encoder's prompt_embeds [1, S, n * hidden]. */
+static cdf_status encode_prompt(cdf_pipeline *p, const cdf_generate_params *gp, cdf_tensor **embeds) {
+    *embeds = NULL;
+    if (!p->tokenizer[0] || !p->text_encoder[0])
+        return cdf_error(CDF_ERR_INVALID_ARG, "%s: this pipeline has no tokenizer/text encoder loaded", p->class_name);
+    int layers[CDF_FLUX2_MAX_OUT_LAYERS] = CDF_FLUX2_TEXT_LAYERS_DEFAULT, n_layers = 3;
+    if (gp->num_text_encoder_out_layers > 0) {
+        if (!gp->text_encoder_out_layers || gp->num_text_encoder_out_layers > CDF_FLUX2_MAX_OUT_LAYERS)
+            return cdf_error(CDF_ERR_INVALID_ARG, "text_encoder_out_layers: %d layers given (1..%d, with a list)",
+                             gp->num_text_encoder_out_layers, CDF_FLUX2_MAX_OUT_LAYERS);
+        n_layers = gp->num_text_encoder_out_layers;
+        memcpy(layers, gp->text_encoder_out_layers, (size_t)n_layers * sizeof *layers);
+    }
+    const int S = gp->max_sequence_length;
+    int64_t *ids = malloc((size_t)S * sizeof *ids), *mask = malloc((size_t)S * sizeof *mask);
+    cdf_status s = ids && mask ? CDF_OK : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (token ids)");
+    int n_tokens = 0, n_untruncated = 0;
+    if (s == CDF_OK)
+        s = cdf_flux2_format_prompt(p->tokenizer[0], gp->prompt, strlen(gp->prompt), NULL, S, ids, mask, &n_tokens, &n_untruncated);
+    cdf_tensor *ids_t = NULL, *mask_t = NULL, *layers_t = NULL;
+    if (s == CDF_OK) {
+        int64_t shape[2] = {1, S}, lv[CDF_FLUX2_MAX_OUT_LAYERS], ln[1] = {n_layers};
+        for (int i = 0; i < n_layers; i++) lv[i] = layers[i];
+        ids_t = cdf_tensor_from_host(p->device, CDF_I64, 2, shape, ids, CDF_I64);
+        mask_t = cdf_tensor_from_host(p->device, CDF_I64, 2, shape, mask, CDF_I64);
+        layers_t = cdf_tensor_from_host(p->device, CDF_I64, 1, ln, lv, CDF_I64);
+        if (!ids_t || !mask_t || !layers_t) s = status_or_internal();
+    }
+    free(ids);
+    free(mask);
+    if (s != CDF_OK) return s;
+    cdf_pipe_capture(gp, "input_ids", ids_t);
+    cdf_pipe_capture(gp, "attention_mask", mask_t);
+
+    cdf_tensor_map in, out;
+    cdf_tensor_map_init(&in);
+    cdf_tensor_map_init(&out);
+    s = cdf_tensor_map_set(&in, "input_ids", ids_t);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "attention_mask", mask_t);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "text_encoder_out_layers", layers_t);
+    if (s == CDF_OK) s = cdf_component_run(p->text_encoder[0], "forward", &in, &out);
+    if (s == CDF_OK && !(*embeds = take(&out, "out.prompt_embeds"))) s = status_or_internal();
+    cdf_tensor_map_clear(&in);
+    cdf_tensor_map_clear(&out);
+    if (s != CDF_OK) cdf_error_prefix("%s text encoder: ", p->class_name);
+    return s;
+}
+
+/* Everything after the text encoder. */
+static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp, cdf_tensor *embeds, cdf_image *out) {
+    const int N = gp->num_inference_steps;
+    const int64_t C4 = p->latent_channels * 4; /* transformer in_channels: 2x2-patchified VAE channels */
+    /* latent grid: (2 * (H // (vae_scale * 2))) // 2 tokens per side */
+    const int64_t h = gp->height / (p->vae_scale_factor * 2), w = gp->width / (p->vae_scale_factor * 2);
+    const int64_t seq = h * w;
+    char want[160];
+    if (!embeds || cdf_tensor_ndim(embeds) != 3 || cdf_tensor_dim(embeds, 0) != 1 || cdf_tensor_dim(embeds, 1) < 1 ||
+        cdf_tensor_dim(embeds, 2) != p->joint_attention_dim) {
+        char buf[96];
+        snprintf(want, sizeof want, "[1, L, %lld] (the transformer's joint_attention_dim)", (long long)p->joint_attention_dim);
+        return cdf_error(CDF_ERR_SHAPE,
+                         "%s: prompt_embeds %s must be %s; the text encoder's width is len(text_encoder_out_layers) x its "
+                         "hidden size",
+                         p->class_name, embeds ? cdf_tensor_describe(embeds, buf, sizeof buf) : "(none)", want);
+    }
+    cdf_pipe_capture(gp, "prompt_embeds", embeds);
+    cdf_tensor *txt_ids = text_ids(p->device, cdf_tensor_dim(embeds, 1));
+    if (!txt_ids) return status_or_internal();
+    cdf_pipe_capture(gp, "text_ids", txt_ids);
+
+    /* latents: one randn of the patchified shape, then packed to tokens */
+    int64_t nshape[4] = {1, C4, h, w};
+    cdf_tensor *noise = cdf_pipe_noise(p, gp->seed, 4, nshape);
+    int64_t s3[3] = {1, C4, seq};
+    cdf_tensor *latents = cdf_contiguous(cdf_transpose(cdf_reshape(noise, 3, s3), 1, 2)); /* [1, h*w, C4] */
+    cdf_tensor *img_ids = latent_ids(p->device, h, w);
+    if (!latents || !img_ids) return status_or_internal();
+    cdf_pipe_capture(gp, "initial_noise", noise);
+    cdf_pipe_capture(gp, "initial_latents", latents);
+    cdf_pipe_capture(gp, "latents_initial", latents); /* the CLI's --latents-out name */
+    cdf_pipe_capture(gp, "latent_ids", img_ids);
+
+    /* schedule: sigmas linspace(1, 1/N, N), mu from the image sequence length and step count */
+    cdf_scheduler *sched = cdf_scheduler_new(&p->sched_cfg);
+    if (!sched) return status_or_internal();
+    float *sig_in = malloc((size_t)N * sizeof *sig_in);
+    const double mu = cdf_compute_empirical_mu(seq, N);
+    cdf_status s = sig_in ? cdf_flux_default_sigmas(N, sig_in) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    if (s == CDF_OK) s = cdf_scheduler_set_timesteps(sched, N, sig_in, N, &mu);
+    free(sig_in);
+    if (s != CDF_OK) {
+        cdf_scheduler_free(sched);
+        return s;
+    }
+    const float *sigmas = cdf_scheduler_sigmas(sched), *timesteps = cdf_scheduler_timesteps(sched);
+    int64_t ns1[1] = {N + 1}, ns[1] = {N};
+    cdf_pipe_capture(gp, "sigmas", cdf_tensor_from_host(p->device, CDF_F32, 1, ns1, sigmas, CDF_F32));
+    cdf_pipe_capture(gp, "timesteps", cdf_tensor_from_host(p->device, CDF_F32, 1, ns, timesteps, CDF_F32));
+    /* torch.full([1], guidance_scale, float32), passed at every step (a model without a guidance
+     * embedder ignores it) */
+    cdf_tensor *guidance = cdf_pipe_scalar_tensor(p->device, gp->guidance_scale, 1);
+    cdf_pipe_capture(gp, "guidance", guidance);
+
+    /* denoising loop */
+    cdf_tensor_map in, outm;
+    cdf_tensor_map_init(&in);
+    cdf_tensor_map_init(&outm);
+    for (int i = 0; i < N && s == CDF_OK; i++) {
+        double t0 = now_s();
+        cdf_scope_push();
+        cdf_tensor *timestep = cdf_pipe_scalar_tensor(p->device, timesteps[i] / 1000.0f, 1); /* float32 division */
+        cdf_tensor *v = NULL, *next = NULL;
+        cdf_tensor_map_clear(&in);
+        cdf_tensor_map_clear(&outm);
+        s = timestep ? cdf_tensor_map_set(&in, "hidden_states", latents) : status_or_internal();
+        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "encoder_hidden_states", embeds);
+        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "timestep", timestep);
+        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "img_ids", img_ids);
+        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "txt_ids", txt_ids);
+        if (s == CDF_OK && guidance) s = cdf_tensor_map_set(&in, "guidance", guidance);
+        if (s == CDF_OK) s = cdf_component_run(p->transformer, "forward", &in, &outm);
+        if (s == CDF_OK && !(v = take(&outm, "out.sample"))) s = status_or_internal();
+        if (s == CDF_OK) {
+            next = cdf_pipe_euler_step(latents, v, sigmas[i], sigmas[i + 1]);
+            if (!next) s = status_or_internal();
+        }
+        if (s == CDF_OK && gp->capture) {
+            char key[64];
+            snprintf(key, sizeof key, "step%02d.transformer_timestep", i);
+            cdf_pipe_capture(gp, key, timestep);
+            snprintf(key, sizeof key, "step%02d.noise_pred", i);
+            cdf_pipe_capture(gp, key, v);
+            snprintf(key, sizeof key, "step%02d.latents", i);
+            cdf_pipe_capture(gp, key, next);
+        }
+        cdf_scope_pop(next ? &next : NULL, next ? 1 : 0);
+        if (s != CDF_OK) break;
+        latents = next;
+        if (gp->callback) {
+            /* the callback reports wall time per step, so it waits for the step to finish */
+            s = cdf_device_synchronize(p->device);
+            if (s == CDF_OK && !gp->callback(i + 1, N, now_s() - t0, gp->callback_user))
+                s = cdf_error(CDF_ERR_INTERRUPTED, "generation cancelled at step %d of %d", i + 1, N);
+        }
+    }
+    cdf_tensor_map_clear(&in);
+    cdf_tensor_map_clear(&outm);
+    cdf_scheduler_free(sched);
+    if (s != CDF_OK) return s;
+    cdf_pipe_capture(gp, "final_latents", latents);
+    cdf_pipe_capture(gp, "latents_final", latents);
+
+    /* decode: unpack by ids, BatchNorm de-normalisation, unpatchify, vae.decode (inside the VAE) */
+    cdf_tensor *dec_in = NULL, *decoded = NULL;
+    s = cdf_tensor_map_set(&in, "packed_latents", latents);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "packed_ids", img_ids);
+    if (s == CDF_OK) s = cdf_component_run(p->vae, "decode", &in, &outm);
+    if (s == CDF_OK && (!(dec_in = take(&outm, "out.pipeline_decode_latents")) || !(decoded = take(&outm, "out.pipeline_decode_sample"))))
+        s = status_or_internal();
+    cdf_tensor_map_clear(&in);
+    cdf_tensor_map_clear(&outm);
+    if (s != CDF_OK) return s;
+    cdf_pipe_capture(gp, "vae_decode_input", dec_in);
+    cdf_pipe_capture(gp, "vae_decode_output", decoded);
+    cdf_tensor *image = NULL;
+    s = cdf_pipe_to_image(decoded, out, &image);
+    cdf_pipe_capture(gp, "image", image);
+    return s;
+}
+
+cdf_status cdf_flux2_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out) {
+    cdf_tensor *embeds = NULL;
+    CDF_TRY(encode_prompt(p, gp, &embeds));
+    return generate_image(p, gp, embeds, out);
+}
+
+cdf_status cdf_flux2_generate_from_embeds(cdf_pipeline *p, const cdf_generate_params *params, cdf_tensor *prompt_embeds,
+                                          cdf_image *out) {
+    if (!p || !params || !prompt_embeds || !out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_flux2_generate_from_embeds: NULL argument");
+    if (p->kind != CDF_PIPE_FLUX2)
+        return cdf_error(CDF_ERR_INVALID_ARG, "cdf_flux2_generate_from_embeds: the pipeline is a %s, not a Flux2Pipeline", p->class_name);
+    memset(out, 0, sizeof *out);
+    cdf_generate_params gp = *params;
+    cdf_pipeline_resolve_defaults(p, &gp);
+    const int mult = p->vae_scale_factor * 2;
+    if (gp.height <= 0 || gp.width <= 0 || gp.height % mult || gp.width % mult || gp.height > 4096 || gp.width > 4096)
+        return cdf_error(CDF_ERR_INVALID_ARG, "height and width must be positive multiples of %d up to 4096 (got %dx%d)", mult,
+                         gp.height, gp.width);
+    if (gp.num_inference_steps <= 0 || gp.num_inference_steps > 1000)
+        return cdf_error(CDF_ERR_INVALID_ARG, "steps must be between 1 and 1000 (got %d)", gp.num_inference_steps);
+    if (!isfinite(gp.guidance_scale)) return cdf_error(CDF_ERR_INVALID_ARG, "guidance scale must be a finite number");
+    cdf_scope_push();
+    cdf_status s = generate_image(p, &gp, prompt_embeds, out);
+    cdf_scope_pop(NULL, 0);
+    if (s == CDF_OK) s = cdf_device_synchronize(p->device);
+    else (void)cdf_device_synchronize(p->device);
+    if (s != CDF_OK) cdf_image_free(out);
+    return s;
+}

@@ -1,0 +1,154 @@
+/* Pipeline-level model offload and per-phase device memory.
+ *
+ * Every component of a loaded pipeline is made offloadable (models/component_offload.c) with a
+ * hook that runs before each of its forwards. The hook knows the phase the component belongs to
+ * (text encoders: text encoding, transformer: denoising, VAE: decode) and:
+ *   - with CDF_OFFLOAD_MODEL, when a different model is about to run, waits for the device,
+ *     releases every other resident model, then lets the wrapper re-materialise this one
+ *     (diffusers' enable_model_cpu_offload: text encoders, then the transformer for the whole
+ *     loop, then the VAE; the peak is the largest model plus its activations);
+ *   - in both modes, at each phase change, records the device peak of the phase that ended and
+ *     restarts the peak counter, so cdf_pipeline_last_memory_stats reports a peak per phase.
+ * Between generations nothing runs, so with CDF_OFFLOAD_MODEL every model is released at the end
+ * of cdf_pipeline_generate (diffusers' maybe_free_model_hooks). */
+#include <string.h>
+
+#include "core/error_internal.h"
+#include "pipelines/pipeline_impl.h"
+
+static cdf_component **components(cdf_pipeline *p, int *n) {
+    static _Thread_local cdf_component *list[CDF_PIPE_MAX_TEXT + 2];
+    int k = 0;
+    for (int i = 0; i < CDF_PIPE_MAX_TEXT; i++)
+        if (p->text_encoder[i]) list[k++] = p->text_encoder[i];
+    if (p->transformer) list[k++] = p->transformer;
+    if (p->vae) list[k++] = p->vae;
+    *n = k;
+    return list;
+}
+
+static int phase_of(const cdf_pipeline *p, const cdf_component *c) {
+    if (c == p->transformer) return CDF_PHASE_DENOISE;
+    if (c == p->vae) return CDF_PHASE_DECODE;
+    return CDF_PHASE_TEXT;
+}
+
+const char *cdf_pipeline_phase_name(cdf_pipeline_phase ph) {
+    switch (ph) {
+    case CDF_PHASE_TEXT: return "text encoding";
+    case CDF_PHASE_DENOISE: return "denoising";
+    case CDF_PHASE_DECODE: return "VAE decode";
+    default: return "?";
+    }
+}
+
+static void record_phase_peak(cdf_pipeline *p) {
+    cdf_memory_stats st;
+    cdf_device_memory_stats(p->device, &st);
+    if (p->phase >= 0 && p->phase < CDF_PHASE_COUNT && st.peak_bytes > p->mem.phase_peak_bytes[p->phase])
+        p->mem.phase_peak_bytes[p->phase] = st.peak_bytes;
+}
+
+static void apply_phase_limit(cdf_pipeline *p) {
+    if (!p->phase_limit_active) return;
+    uint64_t lim = p->phase_limit[p->phase];
+    (void)cdf_device_set_memory_limit(p->device, lim ? lim : p->saved_limit);
+}
+
+static cdf_status release_others(cdf_pipeline *p, const cdf_component *keep) {
+    int n;
+    cdf_component **list = components(p, &n);
+    for (int i = 0; i < n; i++)
+        if (list[i] != keep && cdf_component_is_loaded(list[i])) CDF_TRY(cdf_component_offload(list[i]));
+    return CDF_OK;
+}
+
+static cdf_status before_run(cdf_component *c, void *user) {
+    cdf_pipeline *p = user;
+    const bool model = p->offload == CDF_OFFLOAD_MODEL;
+    if (!p->tracking) /* a component run outside generate: only the offload policy applies */
+        return model && !cdf_component_is_loaded(c) ? release_others(p, c) : CDF_OK;
+    if (c == p->active) return CDF_OK; /* the same model again (every denoising step) */
+    const int ph = phase_of(p, c);
+    const bool switching_phase = ph != p->phase;
+    if (!model && !switching_phase) {
+        p->active = c;
+        return CDF_OK;
+    }
+    /* the previous model's queued work must finish before its memory (or the phase's peak)
+     * can be accounted; a queued kernel's error surfaces here, as at any sync */
+    CDF_TRY(cdf_device_synchronize(p->device));
+    record_phase_peak(p);
+    if (model) CDF_TRY(release_others(p, c));
+    p->active = c;
+    p->phase = ph;
+    apply_phase_limit(p);
+    cdf_device_reset_peak(p->device);
+    return CDF_OK;
+}
+
+cdf_status cdf_pipe_offload_adopt(cdf_pipeline *p, cdf_component *c, const char *dir) {
+    CDF_TRY(cdf_component_enable_offload(c, dir, &p->opt, before_run, p));
+    /* loading with offload keeps one model at a time on the device, the load included */
+    if (p->offload == CDF_OFFLOAD_MODEL) CDF_TRY(cdf_component_offload(c));
+    return CDF_OK;
+}
+
+static int total_loads(cdf_pipeline *p) {
+    int n, t = 0;
+    cdf_component **list = components(p, &n);
+    for (int i = 0; i < n; i++) t += cdf_component_load_count(list[i]);
+    return t;
+}
+
+void cdf_pipe_generate_begin(cdf_pipeline *p) {
+    memset(&p->mem, 0, sizeof p->mem);
+    p->tracking = true;
+    p->active = NULL;
+    p->phase = CDF_PHASE_TEXT;
+    p->loads_at_start = total_loads(p);
+    cdf_memory_stats st;
+    cdf_device_memory_stats(p->device, &st);
+    p->saved_limit = st.limit_bytes;
+    apply_phase_limit(p);
+    cdf_device_reset_peak(p->device);
+}
+
+cdf_status cdf_pipe_generate_end(cdf_pipeline *p, cdf_status s) {
+    /* the caller synchronised the device: the last phase's peak is complete */
+    record_phase_peak(p);
+    for (int i = 0; i < CDF_PHASE_COUNT; i++)
+        if (p->mem.phase_peak_bytes[i] > p->mem.peak_bytes) p->mem.peak_bytes = p->mem.phase_peak_bytes[i];
+    p->mem.materialisations = total_loads(p) - p->loads_at_start;
+    p->tracking = false;
+    p->active = NULL;
+    if (p->phase_limit_active) (void)cdf_device_set_memory_limit(p->device, p->saved_limit);
+    if (p->offload == CDF_OFFLOAD_MODEL) {
+        cdf_status r = release_others(p, NULL);
+        if (s == CDF_OK) s = r;
+    }
+    return s;
+}
+
+void cdf_pipeline_last_memory_stats(const cdf_pipeline *p, cdf_pipeline_memory_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (p) *out = p->mem;
+}
+
+cdf_offload_mode cdf_pipeline_offload_mode(const cdf_pipeline *p) { return p ? p->offload : CDF_OFFLOAD_NONE; }
+
+cdf_status cdf_pipeline_set_offload(cdf_pipeline *p, cdf_offload_mode mode) {
+    if (!p) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_set_offload: pipeline is NULL");
+    if (mode != CDF_OFFLOAD_NONE && mode != CDF_OFFLOAD_MODEL)
+        return cdf_error(CDF_ERR_INVALID_ARG, "unknown offload mode %d (none = 0, model = 1)", (int)mode);
+    if (p->tracking) return cdf_error(CDF_ERR_INVALID_ARG, "cannot change the offload mode during generate");
+    p->offload = mode;
+    if (mode == CDF_OFFLOAD_MODEL) return release_others(p, NULL);
+    /* back to everything resident (pipe.to(device)): materialise what is released */
+    int n;
+    cdf_component **list = components(p, &n);
+    for (int i = 0; i < n; i++) CDF_TRY(cdf_component_ensure_loaded(list[i]));
+    return CDF_OK;
+}
+
+cdf_status cdf_pipeline_enable_model_cpu_offload(cdf_pipeline *p) { return cdf_pipeline_set_offload(p, CDF_OFFLOAD_MODEL); }

@@ -1,0 +1,503 @@
+/* The device-memory planner: weights from checkpoint headers, activations from per-model
+ * formulas, both per pipeline phase (text encoding, denoising, VAE decode) and offload mode.
+ * Nothing is loaded or run: config.json files and safetensors headers are all it reads.
+ *
+ * The activation formulas count, for each architecture, the tensors alive at the forward's peak
+ * as the model code in src/models holds them (each block's intermediates live in the block's
+ * scope until the block ends; the VAE replaces its activation step by step). The constants were
+ * calibrated against measured needs with bench/offload/calibrate.c; bench/RESULTS.md ("Offload")
+ * has the table. If a model's forward changes its memory behaviour, rerun the calibration. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdiffusers/io.h"
+#include "core/error_internal.h"
+#include "nn/nn.h"
+#include "pipelines/pipeline_impl.h"
+#include "pipelines/planner.h"
+
+void cdf_plan_format_bytes(char *buf, size_t n, uint64_t b) {
+    if (b >= (1ull << 30)) snprintf(buf, n, "%.2f GiB", b / 1073741824.0);
+    else if (b >= (1ull << 20)) snprintf(buf, n, "%.2f MiB", b / 1048576.0);
+    else if (b >= 1024) snprintf(buf, n, "%.1f KiB", b / 1024.0);
+    else snprintf(buf, n, "%llu B", (unsigned long long)b);
+}
+
+/* ---- weights ------------------------------------------------------------------------------- */
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+cdf_status cdf_plan_weight_bytes(const char *dir, cdf_dtype weight_dtype, uint64_t *out) {
+    *out = 0;
+    cdf_checkpoint *ck = NULL;
+    CDF_TRY(cdf_checkpoint_open(dir, &ck));
+    uint64_t total = 0;
+    const int n = cdf_checkpoint_count(ck);
+    for (int i = 0; i < n; i++) {
+        const cdf_st_file *f;
+        const cdf_st_tensor *t;
+        if (cdf_checkpoint_tensor_at(ck, i, &f, &t) != CDF_OK) continue;
+        const int64_t numel = cdf_st_numel(t);
+        if (!cdf_dtype_is_float(t->dtype)) {
+            total += t->nbytes;
+            continue;
+        }
+        /* the loaders' exceptions (see clip_text.c, t5_encoder.c, sd3_transformer.c) */
+        if (ends_with(t->name, "relative_attention_bias.weight")) continue; /* read into host memory */
+        cdf_dtype dt = t->ndim >= 2 ? weight_dtype : CDF_F32;
+        if (ends_with(t->name, "position_embedding.weight") || ends_with(t->name, "pos_embed.pos_embed")) dt = CDF_F32;
+        total += (uint64_t)numel * cdf_dtype_size(dt);
+    }
+    cdf_checkpoint_close(ck);
+    *out = total;
+    return CDF_OK;
+}
+
+/* ---- model info ------------------------------------------------------------------------------ */
+static int64_t geti(const cJSON *cfg, const char *key, int64_t def) {
+    int64_t v = def;
+    if (cdf_json_get_int(cfg, key, def, &v) != CDF_OK || v < 0 || v > (1 << 24)) v = def;
+    return v;
+}
+
+cdf_status cdf_plan_model_info_from_config(const char *cls, const cJSON *cfg, cdf_plan_model_info *m) {
+    memset(m, 0, sizeof *m);
+    m->weight_dtype = CDF_F32;
+    if (!cls) return cdf_error(CDF_ERR_INVALID_ARG, "planner: model class is NULL");
+    if (strcmp(cls, "CLIPTextModel") == 0 || strcmp(cls, "CLIPTextModelWithProjection") == 0) {
+        m->kind = CDF_PLAN_CLIP;
+        m->width = geti(cfg, "hidden_size", 512);
+        m->layers = geti(cfg, "num_hidden_layers", 12);
+        m->heads = geti(cfg, "num_attention_heads", 8);
+        m->mlp = geti(cfg, "intermediate_size", 2048);
+    } else if (strcmp(cls, "T5EncoderModel") == 0) {
+        m->kind = CDF_PLAN_T5;
+        m->width = geti(cfg, "d_model", 512);
+        m->layers = geti(cfg, "num_layers", 6);
+        m->heads = geti(cfg, "num_heads", 8);
+        m->head_dim = geti(cfg, "d_kv", 64);
+        m->mlp = geti(cfg, "d_ff", 2048);
+    } else if (strcmp(cls, "FluxTransformer2DModel") == 0 || strcmp(cls, "SD3Transformer2DModel") == 0) {
+        const bool flux = cls[0] == 'F';
+        m->kind = flux ? CDF_PLAN_FLUX : CDF_PLAN_SD3;
+        m->heads = geti(cfg, "num_attention_heads", flux ? 24 : 18);
+        m->head_dim = geti(cfg, "attention_head_dim", flux ? 128 : 64);
+        m->width = m->heads * m->head_dim;
+        m->mlp = 4 * m->width;
+        m->layers = geti(cfg, "num_layers", flux ? 19 : 18);
+        m->single_layers = flux ? geti(cfg, "num_single_layers", 38) : 0;
+        m->in_channels = geti(cfg, "in_channels", flux ? 64 : 16);
+        m->joint_dim = geti(cfg, "joint_attention_dim", 4096);
+        m->pooled_dim = geti(cfg, "pooled_projection_dim", flux ? 768 : 2048);
+        m->patch = geti(cfg, "patch_size", flux ? 1 : 2);
+        if (flux) {
+            bool g = false;
+            if (cdf_json_get_bool(cfg, "guidance_embeds", false, &g) == CDF_OK) m->guidance_embeds = g;
+        } else {
+            const cJSON *d = cJSON_GetObjectItemCaseSensitive(cfg, "dual_attention_layers");
+            m->dual_layers = cJSON_IsArray(d) ? cJSON_GetArraySize(d) : 0;
+            const cJSON *q = cJSON_GetObjectItemCaseSensitive(cfg, "qk_norm");
+            m->qk_norm = cJSON_IsString(q);
+        }
+    } else if (strcmp(cls, "AutoencoderKL") == 0) {
+        m->kind = CDF_PLAN_VAE;
+        int n = 0;
+        if (cdf_json_get_int_array(cfg, "block_out_channels", m->channels, 8, &n) != CDF_OK || n < 1) {
+            n = 1;
+            m->channels[0] = 64;
+        }
+        m->n_blocks = n;
+        m->layers_per_block = geti(cfg, "layers_per_block", 1);
+        m->latent_channels = geti(cfg, "latent_channels", 4);
+        m->vae_scale_factor = 1 << (n - 1);
+    } else {
+        m->kind = CDF_PLAN_OTHER;
+    }
+    return CDF_OK;
+}
+
+/* ---- activations -------------------------------------------------------------------------------- */
+/* Counts below are in f32 elements (activations are f32 whatever the weight dtype); "unit"
+ * means one [B, tokens, width] tensor. Each count is the set of tensors alive at the forward's
+ * last allocation, read off the model code (comments name the tensors). */
+
+/* CLIPTextModel: every layer's output moves to the forward's scope (the pipeline reads the
+ * penultimate one), so the outputs of all earlier layers are alive during the last layer, whose
+ * own intermediates are ln1, q, k, v, attention, its [S, H] copy, out_proj, residual, ln2,
+ * fc1 [S, I], act [S, I], fc2, residual (11 H + 2 I). Plus the token lookup and the embeddings'
+ * sum (the first "layer output"), the causal mask [S, S] and the token ids. */
+static double clip_elems(const cdf_plan_model_info *m, double B, double S) {
+    double e = B * S * ((double)(m->layers + 12) * m->width + 2.0 * m->mlp) + S * S;
+    if (m->weight_dtype != CDF_F32) e += B * S * m->width * 0.5; /* the bf16 lookup before its f32 cast */
+    return e + B * S * 2; /* i64 ids */
+}
+
+/* T5EncoderModel: the position bias [heads, L, L] lives for the whole forward; every block's
+ * output moves to the forward's scope; the last block holds rms, q, k, v, attention, its copy,
+ * o, residual, rms, wi_0, act, wi_1, product, wo, residual (6 D + 5 inner + 4 F). */
+static double t5_elems(const cdf_plan_model_info *m, double B, double L) {
+    const double inner = (double)m->heads * m->head_dim;
+    double e = B * L * ((double)(m->layers + 6) * m->width + 5.0 * inner + 4.0 * m->mlp) + (double)m->heads * L * L;
+    if (m->weight_dtype != CDF_F32) e += B * L * m->width * 0.5; /* the bf16 lookup before its f32 cast */
+    return e + B * L * 2;
+}
+
+/* FluxTransformer2DModel, L = text + image tokens. A double block holds per stream: layer norm +
+ * modulation (3), q/k projections and their RMSNorms, v (5), output projection (1), gated
+ * residual (2), norm + modulation (3), MLP in [F] + GELU [F], MLP out (1), gated residual (2):
+ * 17 D + 2 F; jointly the concatenated q, k, v (3), the two rotated q, k (2), attention output
+ * and its contiguous copy (2): 7 D; plus the previous state (1 D). A single block: 16 D + 3 M +
+ * the previous state. The rotary tables are [L, head_dim] cos and sin. */
+static double flux_elems(const cdf_plan_model_info *m, double B, double Lt, double Li) {
+    const double L = Lt + Li, D = (double)m->width, F = (double)m->mlp;
+    double dbl = m->layers > 0 ? B * L * (25.0 * D + 2.0 * F) : 0;
+    double sgl = m->single_layers > 0 ? B * L * (17.0 * D + 3.0 * F) : 0;
+    double e = (dbl > sgl ? dbl : sgl) + 2.0 * L * m->head_dim;
+    return e;
+}
+
+/* SD3Transformer2DModel, N image tokens, T text tokens, L = N + T. See calibrate: a joint block
+ * holds per stream layer norm + modulation (3), q/k projections + RMSNorms and v (5), output
+ * projection (1), gated residual (2), feed-forward norm + modulation (3), in [4D] + GELU [4D],
+ * out (1), gated residual (2); jointly the concatenated q, k, v, the attention output and its
+ * copy (5); a dual-attention block adds on the image stream its second modulation (2), the
+ * self-attention's q, k (+ norms), v, output, copy, projection (8) and gated residual (2).
+ * Plus the previous state, the patch embedding's outputs held by the forward's scope and ~40
+ * elements per token that do not scale with the width (measured, not traced to a tensor). */
+static double sd3_elems(const cdf_plan_model_info *m, double B, double T, double N) {
+    const double L = N + T, D = (double)m->width, F = (double)m->mlp;
+    double e = B * (L * (17.0 * D + 2.0 * F + 5.0 * D + 1.0 * D + 40.0) + 2.0 * N * D + 40.0 * D);
+    if (m->dual_layers > 0) e += B * N * 12.0 * D;
+    return e;
+}
+
+/* AutoencoderKL decode, simulated step by step as autoencoder_kl.c runs it: each STEP holds the
+ * block's input, the previous activation, the step's temporaries and its result. */
+static double vae_decode_elems(const cdf_plan_model_info *m, double B, double h, double w) {
+    const int n = m->n_blocks;
+    double peak = 0, P = h * w; /* pixels at the current resolution */
+#define VAE_PEAK(x)                                                                                                \
+    do {                                                                                                           \
+        double v_ = (x);                                                                                           \
+        if (v_ > peak) peak = v_;                                                                                  \
+    } while (0)
+    double c = (double)m->channels[n - 1];
+    VAE_PEAK(c * P); /* conv_in */
+    /* mid block: resnet (3 c), attention (x, its input, q, k, v, attention output: 6 c), resnet */
+    VAE_PEAK(3 * c * P);
+    VAE_PEAK(6 * c * P);
+    for (int i = 0; i < n; i++) {
+        double prev = c;
+        c = (double)m->channels[n - 1 - i];
+        for (int j = 0; j < m->layers_per_block + 1; j++) {
+            double in = j == 0 ? prev : c;
+            VAE_PEAK(3 * in * P);          /* norm1 + act: x, norm, act */
+            VAE_PEAK((2 * in + c) * P);    /* conv1 */
+            VAE_PEAK((in + 3 * c) * P);    /* norm2 + act */
+            VAE_PEAK((in + 3 * c) * P);    /* conv2 / residual (+ shortcut) */
+        }
+        if (i < n - 1) {
+            VAE_PEAK((c + 8 * c) * P); /* upsample x2 (4 P) + conv (4 P) + the input */
+            P *= 4;
+        }
+    }
+    VAE_PEAK(3 * c * P);                 /* conv_norm_out + SiLU */
+    VAE_PEAK(c * P + 3 * P);             /* conv_out */
+#undef VAE_PEAK
+    return B * peak;
+}
+
+uint64_t cdf_plan_activation_bytes(const cdf_plan_model_info *m, const cdf_plan_shape *s) {
+    const double B = s->batch > 0 ? (double)s->batch : 1.0;
+    double e = 0;
+    switch (m->kind) {
+    case CDF_PLAN_CLIP: e = clip_elems(m, B, (double)s->text_tokens); break;
+    case CDF_PLAN_T5: e = t5_elems(m, B, (double)s->text_tokens); break;
+    case CDF_PLAN_FLUX: {
+        const double p = m->patch > 0 ? (double)m->patch : 1.0;
+        e = flux_elems(m, B, (double)s->text_tokens, (double)((s->latent_h / 2) * (s->latent_w / 2)) / (p * p));
+        break;
+    }
+    case CDF_PLAN_SD3: {
+        const double p = m->patch > 0 ? (double)m->patch : 2.0;
+        e = sd3_elems(m, B, (double)s->text_tokens, (double)(s->latent_h * s->latent_w) / (p * p));
+        break;
+    }
+    case CDF_PLAN_VAE: e = vae_decode_elems(m, B, (double)s->latent_h, (double)s->latent_w); break;
+    case CDF_PLAN_OTHER: break;
+    }
+    return (uint64_t)(e * 4.0);
+}
+
+/* ---- pipelines ------------------------------------------------------------------------------------ */
+typedef enum { PK_FLUX = 1, PK_SD3 = 2, PK_FLUX2 = 3 } plan_pipeline_kind;
+
+typedef struct plan_component {
+    const char *key;
+    char class_name[64];
+    uint64_t weights;
+    cdf_plan_model_info info;
+} plan_component;
+
+typedef struct plan_pipeline {
+    plan_pipeline_kind kind;
+    char class_name[64];
+    int n;
+    plan_component c[CDF_PLAN_MAX_COMPONENTS];
+} plan_pipeline;
+
+static const char *index_class(const cJSON *idx, const char *key) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(idx, key);
+    if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2) return NULL;
+    const cJSON *cls = cJSON_GetArrayItem(e, 1);
+    return cJSON_IsString(cls) ? cls->valuestring : NULL;
+}
+
+/* The components cdf_pipeline_load loads for this pipeline class, with their weights (headers
+ * only) and configs. */
+static cdf_status plan_collect(const char *dir, const cJSON *idx, cdf_dtype wdt, plan_pipeline *pp) {
+    memset(pp, 0, sizeof *pp);
+    const char *cls = NULL;
+    CDF_TRY(cdf_json_get_string(idx, "_class_name", NULL, &cls));
+    if (!cls) return cdf_error(CDF_ERR_FORMAT, "%s/model_index.json: no _class_name", dir);
+    snprintf(pp->class_name, sizeof pp->class_name, "%s", cls);
+    static const char *const flux_keys[] = {"text_encoder", "text_encoder_2", "transformer", "vae", NULL};
+    static const char *const sd3_keys[] = {"text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "vae", NULL};
+    static const char *const flux2_keys[] = {"text_encoder", "transformer", "vae", NULL};
+    const char *const *keys;
+    if (strcmp(cls, "FluxPipeline") == 0) pp->kind = PK_FLUX, keys = flux_keys;
+    else if (strcmp(cls, "StableDiffusion3Pipeline") == 0) pp->kind = PK_SD3, keys = sd3_keys;
+    else if (strcmp(cls, "Flux2Pipeline") == 0) pp->kind = PK_FLUX2, keys = flux2_keys;
+    else
+        return cdf_error(CDF_ERR_UNSUPPORTED, "%s/model_index.json: pipeline class '%s' is not supported by the planner "
+                         "(FluxPipeline, StableDiffusion3Pipeline, Flux2Pipeline)", dir, cls);
+    for (int i = 0; keys[i]; i++) {
+        if (!index_class(idx, keys[i])) continue; /* optional and absent (SD3's T5) */
+        plan_component *c = &pp->c[pp->n];
+        c->key = keys[i];
+        char sub[4096];
+        snprintf(sub, sizeof sub, "%s/%s", dir, keys[i]);
+        cJSON *cfg = NULL;
+        CDF_TRY(cdf_config_load(sub, &cfg));
+        const char *ccls = cdf_config_class_name(cfg);
+        snprintf(c->class_name, sizeof c->class_name, "%s", ccls ? ccls : "?");
+        cdf_status s = cdf_plan_model_info_from_config(c->class_name, cfg, &c->info);
+        cJSON_Delete(cfg);
+        if (s != CDF_OK) return s;
+        c->info.weight_dtype = wdt;
+        CDF_TRY(cdf_plan_weight_bytes(sub, wdt, &c->weights));
+        pp->n++;
+    }
+    return CDF_OK;
+}
+
+static void device_type_upper(const cdf_device *dev, char *buf, size_t n) {
+    snprintf(buf, n, "%s", cdf_device_name(dev));
+    char *colon = strchr(buf, ':');
+    if (colon) *colon = 0;
+    for (char *q = buf; *q; q++)
+        if (*q >= 'a' && *q <= 'z') *q = (char)(*q - 'a' + 'A');
+}
+
+cdf_status cdf_pipe_check_budget(cdf_pipeline *p, const cJSON *idx) {
+    cdf_memory_stats st;
+    cdf_device_memory_stats(p->device, &st);
+    if (!st.limit_bytes) return CDF_OK;
+    plan_pipeline pp;
+    if (plan_collect(p->dir, idx, p->opt.weight_dtype, &pp) != CDF_OK) {
+        /* a broken folder: let the loaders report it in their own words */
+        cdf_clear_error();
+        return CDF_OK;
+    }
+    uint64_t total = 0, largest = 0;
+    int li = 0;
+    char list[1024] = "", b1[32], b2[32], b3[32], b4[32], type[32];
+    for (int i = 0; i < pp.n; i++) {
+        total += pp.c[i].weights;
+        if (pp.c[i].weights > largest) largest = pp.c[i].weights, li = i;
+        cdf_plan_format_bytes(b1, sizeof b1, pp.c[i].weights);
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s %s", i ? ", " : "", pp.c[i].key, b1);
+    }
+    device_type_upper(p->device, type, sizeof type);
+    const uint64_t avail = st.limit_bytes > st.current_bytes ? st.limit_bytes - st.current_bytes : 0;
+    char used[96] = "";
+    if (st.current_bytes) {
+        cdf_plan_format_bytes(b4, sizeof b4, st.current_bytes);
+        snprintf(used, sizeof used, ", of which %s is already in use", b4);
+    }
+    cdf_plan_format_bytes(b2, sizeof b2, st.limit_bytes);
+    cdf_plan_format_bytes(b3, sizeof b3, largest);
+    /* worded like the allocator's own out-of-memory error ("... budget"), which it replaces */
+    if (p->offload == CDF_OFFLOAD_NONE && total > avail) {
+        cdf_plan_format_bytes(b1, sizeof b1, total);
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY,
+                         "%s: out of memory with --offload none (every model resident): the weights need %s (%s) but "
+                         "%s has a %s budget%s (CDIFFUSERS_%s_MEMORY_LIMIT / --device-memory); use --offload model, which "
+                         "keeps one model at a time (the largest, %s, needs %s plus activations; see cdiffusers plan)",
+                         p->dir, b1, list, cdf_device_name(p->device), b2, used, type, pp.c[li].key, b3);
+    }
+    if (p->offload == CDF_OFFLOAD_MODEL && largest > avail)
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY,
+                         "%s: out of memory even with --offload model: the largest model, %s, needs %s but %s has a %s "
+                         "budget%s (CDIFFUSERS_%s_MEMORY_LIMIT / --device-memory); a smaller weight dtype (--dtype bf16) "
+                         "or a larger budget is needed (per-block sequential offload is not implemented)",
+                         p->dir, pp.c[li].key, b3, cdf_device_name(p->device), b2, used, type);
+    return CDF_OK;
+}
+
+/* Tensors the pipeline holds (its generate scope keeps every intermediate it made) besides the
+ * running forward's own inputs, which the activation formulas leave out. One prompt-encoding
+ * pass leaves: FLUX the T5 sequence and the pooled CLIP vector; SD3 both CLIP sequences (the
+ * penultimate hidden states and their concatenation), the T5 sequence, the zero-padded CLIP part
+ * and the joint sequence, plus, with CFG, the two passes concatenated. */
+typedef struct plan_held {
+    double pass_text;  /* what one encoding pass leaves */
+    double clip_pass;  /* the CLIP part of it (held while T5 runs in the same pass) */
+    double after_text; /* everything left after the text phase */
+} plan_held;
+
+static plan_held held_text(const plan_pipeline *pp, int64_t L, int passes, bool sd3_cfg) {
+    double clip = 0, dj = 0, pooled = 0;
+    for (int i = 0; i < pp->n; i++) {
+        const cdf_plan_model_info *m = &pp->c[i].info;
+        if (m->kind == CDF_PLAN_CLIP) clip += (double)m->width, pooled += (double)m->width;
+        if (m->kind == CDF_PLAN_T5) dj = (double)m->width;
+    }
+    plan_held h = {0};
+    if (pp->kind == PK_SD3) {
+        h.clip_pass = 2.0 * 77 * clip + pooled;
+        h.pass_text = h.clip_pass + 2.0 * (77 + L) * dj;
+        h.after_text = passes * h.pass_text + (sd3_cfg ? 2.0 * (77 + L) * dj + 2 * pooled : 0);
+    } else {
+        h.clip_pass = pooled;
+        h.pass_text = pooled + (double)L * dj + 3.0 * L;
+        h.after_text = passes * h.pass_text;
+    }
+    return h;
+}
+
+cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_params *lp_in, const cdf_generate_params *gp_in,
+                                    cdf_memory_plan *out) {
+    if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_plan_memory: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!dir) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_plan_memory: folder is NULL");
+    const cdf_pipeline_load_params lp = lp_in ? *lp_in : cdf_pipeline_load_default_params();
+    cdf_generate_params gp = gp_in ? *gp_in : cdf_generate_default_params();
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model_index.json", dir);
+    cJSON *idx = NULL;
+    CDF_TRY(cdf_json_load_file(path, &idx));
+    plan_pipeline pp;
+    cdf_status s = plan_collect(dir, idx, lp.weight_dtype, &pp);
+    cJSON_Delete(idx);
+    CDF_TRY(s);
+
+    /* the request, resolved as cdf_pipeline_resolve_defaults does */
+    const plan_component *tr = NULL, *vae = NULL;
+    for (int i = 0; i < pp.n; i++) {
+        if (strcmp(pp.c[i].key, "transformer") == 0) tr = &pp.c[i];
+        if (strcmp(pp.c[i].key, "vae") == 0) vae = &pp.c[i];
+    }
+    if (!tr || !vae) return cdf_error(CDF_ERR_FORMAT, "%s/model_index.json: the pipeline needs a transformer and a vae", dir);
+    const int vsf = vae->info.kind == CDF_PLAN_VAE ? vae->info.vae_scale_factor : 8;
+    int64_t sample = 128;
+    if (pp.kind == PK_SD3) {
+        char sub[4096];
+        snprintf(sub, sizeof sub, "%s/transformer", dir);
+        cJSON *tcfg = NULL;
+        if (cdf_config_load(sub, &tcfg) == CDF_OK) {
+            sample = geti(tcfg, "sample_size", 128);
+            cJSON_Delete(tcfg);
+        }
+    }
+    if (gp.height <= 0) gp.height = (int)(sample * vsf);
+    if (gp.width <= 0) gp.width = (int)(sample * vsf);
+    if (gp.max_sequence_length <= 0) gp.max_sequence_length = pp.kind == PK_SD3 ? 256 : 512;
+    if (gp.guidance_scale < 0) gp.guidance_scale = pp.kind == PK_FLUX ? 3.5f : pp.kind == PK_FLUX2 ? 4.0f : 7.0f;
+    if (gp.true_cfg_scale <= 0) gp.true_cfg_scale = 1.0f;
+    if (gp.height <= 0 || gp.width <= 0 || gp.height % (2 * vsf) || gp.width % (2 * vsf))
+        return cdf_error(CDF_ERR_INVALID_ARG, "height and width must be positive multiples of %d (got %dx%d)", 2 * vsf, gp.height,
+                         gp.width);
+    const int64_t L = gp.max_sequence_length;
+    const bool sd3_cfg = pp.kind == PK_SD3 && gp.guidance_scale > 1.0f;
+    const bool flux_true_cfg = pp.kind == PK_FLUX && gp.true_cfg_scale > 1.0f && gp.negative_prompt;
+    const int passes = (sd3_cfg || flux_true_cfg) ? 2 : 1;
+    const int64_t B = sd3_cfg ? 2 : 1;
+    const int64_t lh = gp.height / vsf, lw = gp.width / vsf; /* VAE latent */
+
+    snprintf(out->pipeline_class, sizeof out->pipeline_class, "%s", pp.class_name);
+    out->height = gp.height;
+    out->width = gp.width;
+    out->max_sequence_length = gp.max_sequence_length;
+    out->batch = (int)B;
+    out->offload = lp.offload;
+    out->weight_dtype = lp.weight_dtype;
+    out->n_components = pp.n;
+
+    /* every model's largest forward in this request */
+    int64_t text_tokens = 0; /* the transformer's context length */
+    for (int i = 0; i < pp.n; i++) {
+        const plan_component *c = &pp.c[i];
+        cdf_plan_shape sh = {.batch = 1};
+        switch (c->info.kind) {
+        case CDF_PLAN_CLIP: sh.text_tokens = 77; break;
+        case CDF_PLAN_T5: sh.text_tokens = L; break;
+        case CDF_PLAN_FLUX:
+        case CDF_PLAN_SD3:
+            sh.batch = B;
+            sh.text_tokens = c->info.kind == CDF_PLAN_SD3 ? 77 + L : L;
+            sh.latent_h = pp.kind == PK_FLUX ? 2 * (gp.height / (2 * vsf)) : lh;
+            sh.latent_w = pp.kind == PK_FLUX ? 2 * (gp.width / (2 * vsf)) : lw;
+            text_tokens = sh.text_tokens;
+            break;
+        case CDF_PLAN_VAE:
+            sh.latent_h = lh;
+            sh.latent_w = lw;
+            break;
+        case CDF_PLAN_OTHER: break;
+        }
+        snprintf(out->component[i].name, sizeof out->component[i].name, "%s", c->key);
+        snprintf(out->component[i].class_name, sizeof out->component[i].class_name, "%s", c->class_name);
+        out->component[i].weights_bytes = c->weights;
+        out->component[i].activation_bytes = cdf_plan_activation_bytes(&c->info, &sh);
+        out->component[i].activation_known = c->info.kind != CDF_PLAN_OTHER;
+        out->total_weights_bytes += c->weights;
+        if (c->weights > out->largest_weights_bytes) out->largest_weights_bytes = c->weights;
+    }
+
+    /* what the pipeline itself holds in each phase */
+    double joint = 0, in_ch = (double)tr->info.in_channels;
+    for (int i = 0; i < pp.n; i++)
+        if (pp.c[i].info.kind == CDF_PLAN_T5) joint = (double)pp.c[i].info.width;
+    if (joint == 0) joint = (double)tr->info.joint_dim;
+    const double latent = (double)lh * lw * (pp.kind == PK_FLUX ? in_ch / 4 : in_ch);
+    const plan_held ht = held_text(&pp, L, passes, sd3_cfg);
+    double held[CDF_PHASE_COUNT];
+    held[CDF_PHASE_TEXT] = (passes - 1) * ht.pass_text + ht.clip_pass;
+    /* + noise, latents, the step's (CFG-doubled) input, its output and the updated latents */
+    held[CDF_PHASE_DENOISE] = ht.after_text + latent * (4 + 2 * B);
+    /* + the final latents and the scaled decoder input */
+    held[CDF_PHASE_DECODE] = ht.after_text + latent * 4;
+    (void)joint, (void)text_tokens;
+
+    for (int ph = 0; ph < CDF_PHASE_COUNT; ph++) {
+        uint64_t best_w = 0, best_a = 0;
+        for (int i = 0; i < pp.n; i++) {
+            const plan_component *c = &pp.c[i];
+            const int cph = c == tr ? CDF_PHASE_DENOISE : c == vae ? CDF_PHASE_DECODE : CDF_PHASE_TEXT;
+            if (cph != ph) continue;
+            const uint64_t w = lp.offload == CDF_OFFLOAD_MODEL ? c->weights : out->total_weights_bytes;
+            const uint64_t a = out->component[i].activation_bytes + (uint64_t)(held[ph] * 4.0);
+            if (w + a > best_w + best_a) best_w = w, best_a = a;
+        }
+        out->phase[ph].weights_bytes = best_w;
+        out->phase[ph].activation_bytes = best_a;
+        out->phase[ph].peak_bytes = best_w + best_a;
+        if (out->phase[ph].peak_bytes > out->peak_bytes) out->peak_bytes = out->phase[ph].peak_bytes;
+    }
+    return CDF_OK;
+}

@@ -1,0 +1,65 @@
+/* The device-memory planner's internals (planner.c), shared with offload.c, the CLI and the
+ * calibration benchmark (bench/offload/calibrate.c).
+ *
+ * A model's device memory = its resident weights (from the checkpoint headers, converted to the
+ * load policy's dtypes) + the activations one forward needs at its peak (a per-architecture
+ * formula over the input shapes). "Needs" means: the smallest device budget under which the
+ * forward succeeds. Without a budget the measured peak is higher and depends on timing, because
+ * the host runs ahead of the device queue and every queued op's output is already allocated;
+ * under a budget the allocator drains the queue before failing, so the need is what counts. */
+#ifndef CDF_PIPELINES_PLANNER_H
+#define CDF_PIPELINES_PLANNER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cdiffusers/dtype.h"
+#include "cdiffusers/error.h"
+
+struct cJSON;
+
+typedef enum cdf_plan_model_kind {
+    CDF_PLAN_OTHER = 0, /* unknown class: weights only, no activation estimate */
+    CDF_PLAN_CLIP,
+    CDF_PLAN_T5,
+    CDF_PLAN_FLUX,
+    CDF_PLAN_SD3,
+    CDF_PLAN_VAE,
+} cdf_plan_model_kind;
+
+/* What the activation formulas need from a config.json. */
+typedef struct cdf_plan_model_info {
+    cdf_plan_model_kind kind;
+    cdf_dtype weight_dtype; /* the load policy (from_config sets CDF_F32; callers override) */
+    int64_t width;        /* hidden size / d_model / heads * head_dim */
+    int64_t heads, head_dim;
+    int64_t mlp;          /* MLP hidden width (intermediate_size, d_ff, 4 * width) */
+    int64_t layers, single_layers, dual_layers;
+    int64_t in_channels, joint_dim, pooled_dim, patch;
+    bool guidance_embeds, qk_norm;
+    /* AutoencoderKL */
+    int n_blocks;
+    int64_t channels[8];  /* block_out_channels */
+    int64_t layers_per_block, latent_channels;
+    int vae_scale_factor; /* 2^(n_blocks - 1) */
+} cdf_plan_model_info;
+
+/* The shapes of one forward: batch, text tokens (text encoders; the transformer's context:
+ * FLUX the T5 length, SD3 77 + T5 length), and the latent grid (transformers: the VAE latent
+ * [latent_h, latent_w] before patching; VAE decode: its input). */
+typedef struct cdf_plan_shape {
+    int64_t batch, text_tokens, latent_h, latent_w;
+} cdf_plan_shape;
+
+cdf_status cdf_plan_model_info_from_config(const char *class_name, const struct cJSON *cfg, cdf_plan_model_info *out);
+/* Peak activation bytes of one forward (above the resident weights and the inputs). */
+uint64_t cdf_plan_activation_bytes(const cdf_plan_model_info *m, const cdf_plan_shape *s);
+/* Device bytes the weights of the component folder `dir` take once loaded with weight_dtype:
+ * float tensors of 2+ dims at weight_dtype, 1-D ones (biases, norm scales) at f32, and the
+ * loaders' exceptions (tables kept in f32, T5's relative bias kept on the host). */
+cdf_status cdf_plan_weight_bytes(const char *dir, cdf_dtype weight_dtype, uint64_t *out);
+
+/* "12.3 MiB" */
+void cdf_plan_format_bytes(char *buf, size_t n, uint64_t bytes);
+
+#endif

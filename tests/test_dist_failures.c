@@ -1,0 +1,160 @@
+/* Tensor parallelism: failures end the whole job, cleanly and within a bounded time, and launch
+ * mistakes are refused before any work (`cdiffusers generate --tp 2` under mpirun, 2 ranks on
+ * loopback; skipped when the build has no MPI or mpirun is missing).
+ *
+ *   - a head count that does not divide (the tiny pipeline's T5 has 3 heads): every rank names
+ *     the component, the config key, its value and the rank count;
+ *   - a rank that cannot load its part (its device memory budget is too small): every rank
+ *     names rank 1 and the cause (the agreement step after loading);
+ *   - a rank killed mid-run (SIGKILL at its 20th collective, CDIFFUSERS_DIST_FAULT): the launcher
+ *     ends the job and names the rank;
+ *   - a rank that hangs mid-run: the other rank's collective watchdog (CDIFFUSERS_DIST_TIMEOUT=2)
+ *     ends the job with a message naming itself, the collective and the timeout;
+ *   - no output file in any of these cases;
+ *   - launch mistakes: --tp 2 without mpirun, mpirun without --tp, --tp 3 with 2 processes.
+ * The four failing jobs mostly wait (for a watchdog, for the launcher), so they run side by side. */
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cdiffusers/cdiffusers.h"
+#include "cdiffusers/dist.h"
+#include "dist_test_common.h"
+
+/* ---- failures end the job, within bounded time -------------------------------------------------- */
+/* Lines of text that contain both a and b. */
+static int count_lines_with(const char *text, const char *a, const char *b) {
+    int n = 0;
+    for (const char *line = text; line && *line;) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        char *copy = strndup(line, len);
+        n += copy && strstr(copy, a) && strstr(copy, b);
+        free(copy);
+        line = end ? end + 1 : NULL;
+    }
+    return n;
+}
+
+typedef struct job {
+    const char *name;
+    char cmd[8192];
+    int rc;
+    double seconds;
+    char *log;
+} job;
+
+static void test_failures_end_the_job(void **state) {
+    (void)state;
+    if (!have_mpi()) skip();
+    char pipe[1024];
+    snprintf(pipe, sizeof pipe, "%s/flux1_dev_tiny", tu_data("pipelines"));
+    char base[2048];
+    snprintf(base, sizeof base, "'%s' generate --model '%s' --prompt 'a red fox' --height 64 --width 64 --steps 3 --threads 1 "
+             "--quiet --tp 2", CDF_CLI_PATH, pipe);
+    job jobs[4] = {{.name = "not divisible"}, {.name = "rank 1 cannot load"}, {.name = "rank 1 killed"},
+                   {.name = "rank 1 hangs"}};
+    /* T5 (3 heads) sharded over 2 ranks */
+    snprintf(jobs[0].cmd, sizeof jobs[0].cmd, MPIRUN " -np 2%s %s --output %s", mpi_env_no_leak_check(), base, tmp_path("f0.png"));
+    /* rank 1's memory budget is too small for its share of the weights */
+    snprintf(jobs[1].cmd, sizeof jobs[1].cmd,
+             MPIRUN " -np 1%s %s --tp-replicate text_encoder_2 --output %s : -np 1%s -x CDIFFUSERS_CPU_MEMORY_LIMIT=1M %s "
+             "--tp-replicate text_encoder_2 --output %s", mpi_env_no_leak_check(), base, tmp_path("f1.png"), mpi_env_no_leak_check(), base, tmp_path("f1.png"));
+    /* rank 1 dies at its 20th collective (mid-denoising: load + text encoders take fewer) */
+    snprintf(jobs[2].cmd, sizeof jobs[2].cmd, MPIRUN " -np 2%s -x CDIFFUSERS_DIST_FAULT=1:kill:20 %s --tp-replicate text_encoder_2 "
+             "--output %s", mpi_env_no_leak_check(), base, tmp_path("f2.png"));
+    /* rank 1 stops at its 20th collective; rank 0's watchdog ends the job */
+    snprintf(jobs[3].cmd, sizeof jobs[3].cmd, MPIRUN " -np 2%s -x CDIFFUSERS_DIST_FAULT=1:hang:20 -x CDIFFUSERS_DIST_TIMEOUT=2 %s "
+             "--tp-replicate text_encoder_2 --output %s", mpi_env_no_leak_check(), base, tmp_path("f3.png"));
+    /* the four jobs mostly wait (for a watchdog, for the launcher): run them side by side, each
+     * timing itself */
+    char script[40000];
+    size_t o = 0;
+    for (int i = 0; i < 4; i++)
+        o += snprintf(script + o, sizeof script - o,
+                      "( s=$(date +%%s.%%N); %s > '%s/job%d.log' 2>&1; echo $? $s $(date +%%s.%%N) > '%s/job%d.rc' ) & ",
+                      jobs[i].cmd, tu_tmpdir(), i, tu_tmpdir(), i);
+    snprintf(script + o, sizeof script - o, "wait");
+    assert_int_equal(tu_system("%s", script), 0);
+    for (int i = 0; i < 4; i++) {
+        char p[1100];
+        snprintf(p, sizeof p, "%s/job%d.rc", tu_tmpdir(), i);
+        char *rc = tu_read_file(p, NULL);
+        assert_non_null(rc);
+        double s0 = 0, s1 = 0;
+        assert_int_equal(sscanf(rc, "%d %lf %lf", &jobs[i].rc, &s0, &s1), 3);
+        free(rc);
+        jobs[i].seconds = s1 - s0;
+        snprintf(p, sizeof p, "%s/job%d.log", tu_tmpdir(), i);
+        jobs[i].log = tu_read_file(p, NULL);
+        assert_non_null(jobs[i].log);
+        print_message("  %-20s exit %d after %.1f s\n", jobs[i].name, jobs[i].rc, jobs[i].seconds);
+        assert_int_not_equal(jobs[i].rc, 0);
+        assert_true(jobs[i].seconds < 60); /* bounded: no hang */
+    }
+    for (int i = 0; i < 4; i++) {
+        char f[16];
+        snprintf(f, sizeof f, "f%d.png", i);
+        assert_int_not_equal(access(tmp_path(f), F_OK), 0); /* nothing written */
+    }
+    /* every rank names the component, the key and the sizes */
+    assert_int_equal(count_substr(jobs[0].log, "text_encoder_2 (T5EncoderModel) has num_heads = 3, which is not divisible by 2"), 2);
+    /* every rank names rank 1 and its cause */
+    assert_int_equal(count_lines_with(jobs[1].log, "rank 1 of 2 failed: loading the pipeline", "budget"), 2);
+    /* the launcher names the dead rank */
+    assert_non_null(strstr(jobs[2].log, "rank 1"));
+    assert_non_null(strstr(jobs[2].log, "signal 9"));
+    /* the watchdog names the rank that gave up waiting, the collective and the timeout */
+    assert_non_null(strstr(jobs[3].log, "did not complete within 2 s: another rank is stuck or has died"));
+    assert_int_equal(jobs[3].rc == CDF_DIST_EXIT_TIMEOUT || jobs[3].rc > 128, true);
+    for (int i = 0; i < 4; i++) free(jobs[i].log);
+}
+
+/* ---- launch mistakes --------------------------------------------------------------------------- */
+static void test_launch_mistakes(void **state) {
+    (void)state;
+    char pipe[1024], log[1100];
+    snprintf(pipe, sizeof pipe, "%s/flux1_dev_tiny", tu_data("pipelines"));
+    snprintf(log, sizeof log, "%s/launch.log", tu_tmpdir());
+    /* --tp 2 in a plain process */
+    int rc = tu_system("'%s' generate --model '%s' --prompt x --tp 2 --output %s 2> '%s'", CDF_CLI_PATH, pipe, tmp_path("l0.png"), log);
+    char *txt = tu_read_file(log, NULL);
+    print_message("  %s", txt ? txt : "");
+    if (cdf_dist_backend_available("mpi")) {
+        assert_int_equal(rc, 2);
+        assert_non_null(strstr(txt, "mpirun -np 2"));
+    } else {
+        assert_int_equal(rc, 1);
+        assert_non_null(strstr(txt, "needs MPI"));
+    }
+    free(txt);
+    if (!have_mpi()) return;
+    /* two ranks without --tp would both compute and write the whole image */
+    rc = tu_system(MPIRUN " -np 2%s '%s' generate --model '%s' --prompt x --output %s 2> '%s'", mpi_env(), CDF_CLI_PATH, pipe,
+                   tmp_path("l1.png"), log);
+    txt = tu_read_file(log, NULL);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(txt, "--tp is not given"));
+    free(txt);
+    /* --tp 3 with 2 ranks */
+    rc = tu_system(MPIRUN " -np 2%s '%s' generate --model '%s' --prompt x --tp 3 --output %s 2> '%s'", mpi_env(), CDF_CLI_PATH,
+                   pipe, tmp_path("l2.png"), log);
+    txt = tu_read_file(log, NULL);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(txt, "--tp 3 but the MPI launcher started 2 processes"));
+    free(txt);
+    assert_int_not_equal(access(tmp_path("l0.png"), F_OK), 0);
+    assert_int_not_equal(access(tmp_path("l1.png"), F_OK), 0);
+    assert_int_not_equal(access(tmp_path("l2.png"), F_OK), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_launch_mistakes),
+        cmocka_unit_test(test_failures_end_the_job),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
