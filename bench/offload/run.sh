@@ -3,7 +3,8 @@
 # (tools/make-random-pipeline), 512x512, CFG (batch 2), --offload none vs model: the planner's
 # expected peaks, the measured device peaks per phase, peak RSS and wall time; then the same
 # request under a device budget between the largest model and the sum of all models, where
-# none must be refused up front and model must run.
+# none must be refused up front and model must run; and under planned/1.1, where model should
+# fail (the planner's peak is within 10% of what the run needs).
 #
 #   BUILD_DIR=build-offload bench/offload/run.sh [generator --set options...]
 #
@@ -50,6 +51,7 @@ for mode in none model; do
 done
 peak_model=$("$cli" plan --model "$model" $req --offload model | sed -n 's/^expected peak: .*(\([0-9]*\) bytes).*/\1/p')
 budget=$((peak_model * 10 / 9))
+below=$((peak_model * 10 / 11))
 
 run() { # label, extra args
     label=$1
@@ -77,6 +79,7 @@ echo "|---|---|---|---|---|---|"
 run "none, no budget" --offload none
 run "model, no budget" --offload model
 run "none, budget $budget B" --offload none --device-memory "$budget"
-run "model, budget $budget B" --offload model --device-memory "$budget"
+run "model, budget $budget B (planned / 0.9)" --offload model --device-memory "$budget"
+run "model, budget $below B (planned / 1.1)" --offload model --device-memory "$below"
 echo
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

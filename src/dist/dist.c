@@ -49,7 +49,7 @@ struct cdf_process_group {
     char what[160];
 };
 
-static double now_s(void) {
+static __attribute__((unused)) double now_s(void) { /* used by the MPI paths */
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -87,6 +87,7 @@ void cdf_dist_reset_stats(cdf_process_group *pg) {
 }
 
 /* ---- watchdog ------------------------------------------------------------------------------ */
+#ifdef CDF_HAVE_MPI
 static void *watchdog_main(void *arg) {
     cdf_process_group *pg = arg;
     pthread_mutex_lock(&pg->mu);
@@ -114,6 +115,7 @@ static void *watchdog_main(void *arg) {
     pthread_mutex_unlock(&pg->mu);
     return NULL;
 }
+#endif
 
 static void parse_fault(cdf_process_group *pg) {
     pg->fault_rank = -1;
@@ -132,6 +134,7 @@ static void parse_fault(cdf_process_group *pg) {
     }
 }
 
+#ifdef CDF_HAVE_MPI
 /* Entering a collective: count it, maybe inject the configured fault, arm the watchdog. */
 static void collective_begin(cdf_process_group *pg, const char *op, uint64_t bytes) {
     pg->entered++;
@@ -158,6 +161,7 @@ static void collective_end(cdf_process_group *pg, uint64_t bytes, double t0) {
     pg->stats.bytes += bytes;
     pg->stats.seconds += now_s() - t0;
 }
+#endif
 
 /* ---- group lifetime ------------------------------------------------------------------------- */
 static cdf_process_group *pg_alloc(pg_kind kind, int rank, int world) {
@@ -308,6 +312,7 @@ static cdf_status check_group(cdf_process_group *pg, const char *op, bool *trivi
     return CDF_OK;
 }
 
+#ifdef CDF_HAVE_MPI
 /* Wait for t and return its buffer; t must be contiguous. */
 static cdf_status host_buffer(cdf_tensor *t, const char *op, void **ptr) {
     if (!cdf_tensor_is_contiguous(t)) {
@@ -318,6 +323,7 @@ static cdf_status host_buffer(cdf_tensor *t, const char *op, void **ptr) {
     *ptr = cdf_tensor_data_ptr(t);
     return CDF_OK;
 }
+#endif
 
 /* ---- agreement ------------------------------------------------------------------------------ */
 typedef struct agree_msg {
