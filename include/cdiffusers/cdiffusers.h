@@ -9,6 +9,7 @@
 #define CDIFFUSERS_VERSION "0.1.0"
 
 #include "cdiffusers/device.h"
+#include "cdiffusers/dist.h"
 #include "cdiffusers/dtype.h"
 #include "cdiffusers/error.h"
 #include "cdiffusers/exec.h"
