@@ -407,7 +407,8 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
         if (!t) s = cdf_last_status();
         else {
             s = cdf_tensor_map_set(&cin, in->names[i], t);
-            now[np++] = t;
+            now[np++] = t;          /* borrowed: the map holds it until the end of the call */
+            cdf_tensor_release(t);
         }
     }
     cdf_scope_suppress(-1);

@@ -54,7 +54,8 @@ static cdf_status materialise(offload_state *st) {
     cdf_device_memory_stats(dev, &before);
     /* Loading runs inside the caller's tensor scope (cdf_component_run pushed one): tensors a
      * loader creates must not be recorded there, or the scope would release what the model
-     * keeps. A plain load runs with no scope at all; this makes the reload behave the same. */
+     * keeps. A plain load runs with no scope at all; this makes the reload behave the same
+     * (no loader opens scopes of its own, which suppression would stop from releasing). */
     cdf_scope_suppress(1);
     void *impl = NULL;
     cdf_status s = st->inner->load(st->dir, st->owner->cfg, &st->opt, &impl);

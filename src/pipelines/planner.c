@@ -121,9 +121,9 @@ cdf_status cdf_plan_model_info_from_config(const char *cls, const cJSON *cfg, cd
 }
 
 /* ---- activations -------------------------------------------------------------------------------- */
-/* Counts below are in f32 elements (activations are f32 whatever the weight dtype); "unit"
- * means one [B, tokens, width] tensor. Each count is the set of tensors alive at the forward's
- * last allocation, read off the model code (comments name the tensors). */
+/* Counts below are in f32 elements (activations are f32 whatever the weight dtype): the tensors
+ * alive at the forward's peak allocation, read off the model code (the comments name them) and
+ * checked against bench/offload/calibrate.c. */
 
 /* CLIPTextModel: every layer's output moves to the forward's scope (the pipeline reads the
  * penultimate one), so the outputs of all earlier layers are alive during the last layer, whose
@@ -160,7 +160,7 @@ static double flux_elems(const cdf_plan_model_info *m, double B, double Lt, doub
     return e;
 }
 
-/* SD3Transformer2DModel, N image tokens, T text tokens, L = N + T. See calibrate: a joint block
+/* SD3Transformer2DModel, N image tokens, T text tokens, L = N + T. A joint block
  * holds per stream layer norm + modulation (3), q/k projections + RMSNorms and v (5), output
  * projection (1), gated residual (2), feed-forward norm + modulation (3), in [4D] + GELU [4D],
  * out (1), gated residual (2); jointly the concatenated q, k, v, the attention output and its
@@ -439,7 +439,6 @@ cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_par
     out->n_components = pp.n;
 
     /* every model's largest forward in this request */
-    int64_t text_tokens = 0; /* the transformer's context length */
     for (int i = 0; i < pp.n; i++) {
         const plan_component *c = &pp.c[i];
         cdf_plan_shape sh = {.batch = 1};
@@ -452,7 +451,6 @@ cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_par
             sh.text_tokens = c->info.kind == CDF_PLAN_SD3 ? 77 + L : L;
             sh.latent_h = pp.kind == PK_FLUX ? 2 * (gp.height / (2 * vsf)) : lh;
             sh.latent_w = pp.kind == PK_FLUX ? 2 * (gp.width / (2 * vsf)) : lw;
-            text_tokens = sh.text_tokens;
             break;
         case CDF_PLAN_VAE:
             sh.latent_h = lh;
@@ -470,10 +468,7 @@ cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_par
     }
 
     /* what the pipeline itself holds in each phase */
-    double joint = 0, in_ch = (double)tr->info.in_channels;
-    for (int i = 0; i < pp.n; i++)
-        if (pp.c[i].info.kind == CDF_PLAN_T5) joint = (double)pp.c[i].info.width;
-    if (joint == 0) joint = (double)tr->info.joint_dim;
+    const double in_ch = (double)tr->info.in_channels;
     const double latent = (double)lh * lw * (pp.kind == PK_FLUX ? in_ch / 4 : in_ch);
     const plan_held ht = held_text(&pp, L, passes, sd3_cfg);
     double held[CDF_PHASE_COUNT];
@@ -482,7 +477,6 @@ cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_par
     held[CDF_PHASE_DENOISE] = ht.after_text + latent * (4 + 2 * B);
     /* + the final latents and the scaled decoder input */
     held[CDF_PHASE_DECODE] = ht.after_text + latent * 4;
-    (void)joint, (void)text_tokens;
 
     for (int ph = 0; ph < CDF_PHASE_COUNT; ph++) {
         uint64_t best_w = 0, best_a = 0;
