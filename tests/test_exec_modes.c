@@ -140,6 +140,31 @@ static void test_pipeline_identical_in_both_modes(void **state) {
     cdf_pipeline_free(p);
 }
 
+/* Under a device budget, deferred ops still hold buffers the host released: the allocator runs
+ * the pending graph (which frees them) before declaring out-of-memory, so a workload that fits
+ * in eager mode also fits in defer-and-fuse. */
+static void test_defer_under_budget(void **state) {
+    (void)state;
+    cdf_device *d = tu_cpu();
+    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
+    assert_int_equal(cdf_device_synchronize(d), CDF_OK);
+    cdf_memory_stats m0;
+    cdf_device_memory_stats(d, &m0);
+    int64_t n[1] = {1 << 20}; /* 4 MiB */
+    cdf_tensor *x = cdf_tensor_zeros(d, CDF_F32, 1, n);
+    assert_non_null(x);
+    assert_int_equal(cdf_device_set_memory_limit(d, m0.current_bytes + (12u << 20)), CDF_OK);
+    for (int i = 0; i < 10; i++) {
+        cdf_tensor *y = cdf_exp(x); /* each output: 4 MiB, released at once but held by the graph */
+        if (!y) fail_msg("iteration %d: %s", i, cdf_last_error());
+        cdf_tensor_release(y);
+    }
+    assert_int_equal(cdf_device_synchronize(d), CDF_OK);
+    assert_int_equal(cdf_device_set_memory_limit(d, 0), CDF_OK);
+    cdf_tensor_release(x);
+    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+}
+
 /* the environment switch selects the mode at startup */
 static void test_env_switch(void **state) {
     (void)state;
@@ -158,6 +183,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_fused_equals_eager_large), cmocka_unit_test(test_defer_records_until_sync),
         cmocka_unit_test(test_errors_still_surface),     cmocka_unit_test(test_pipeline_identical_in_both_modes),
         cmocka_unit_test(test_env_switch),
+        cmocka_unit_test(test_defer_under_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -191,6 +191,8 @@ static void fmt_bytes(char *buf, size_t n, uint64_t b) {
     else snprintf(buf, n, "%llu B", (unsigned long long)b);
 }
 
+cdf_status (*cdf_backend_pre_oom_hook)(void);
+
 cdf_status cdf_device_alloc(cdf_device *dev, size_t nbytes, void **out) {
     *out = NULL;
     uint64_t limit = atomic_load(&dev->limit_bytes);
@@ -198,8 +200,10 @@ cdf_status cdf_device_alloc(cdf_device *dev, size_t nbytes, void **out) {
     bool drained = false;
     for (;;) {
         if (limit && (nbytes > limit || cur > limit - nbytes) && !drained && dev->iface->wait_idle) {
-            /* buffers the host already released may still be held by queued ops: let the
-             * queue run dry (which frees them) before declaring out-of-memory */
+            /* buffers the host already released may still be held by deferred or queued ops:
+             * run the deferred ones and let the queue run dry (which frees them) before
+             * declaring out-of-memory */
+            if (cdf_backend_pre_oom_hook) (void)cdf_backend_pre_oom_hook();
             dev->iface->wait_idle(dev);
             drained = true;
             cur = atomic_load(&dev->current_bytes);

@@ -46,6 +46,10 @@ struct cdf_device {
 /* Register a device of a backend (called from a backend's init). */
 cdf_device *cdf_backend_add_device(const cdf_backend_iface *iface, int index, void *impl);
 
+/* Set by exec/: runs the calling thread's deferred ops, so that buffers only they still hold
+ * can be released before an allocation is declared out of memory. */
+extern cdf_status (*cdf_backend_pre_oom_hook)(void);
+
 /* Accounted allocation: fails with CDF_ERR_OUT_OF_MEMORY (message names request and budget). */
 cdf_status cdf_device_alloc(cdf_device *dev, size_t nbytes, void **out);
 void cdf_device_free(cdf_device *dev, void *ptr, size_t nbytes);

@@ -148,6 +148,8 @@ cdf_status cdf_device_synchronize(cdf_device *dev) {
     return f != CDF_OK ? f : s;
 }
 
+__attribute__((constructor)) static void exec_register_hooks(void) { cdf_backend_pre_oom_hook = cdf_exec_flush; }
+
 void cdf_exec_count_compile(void) { atomic_fetch_add(&g_compiles, 1); }
 void cdf_exec_count_cache_hit(void) { atomic_fetch_add(&g_hits, 1); }
 void cdf_exec_count_graph_break(void) { atomic_fetch_add(&g_breaks, 1); }
