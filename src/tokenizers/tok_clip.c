@@ -24,12 +24,6 @@
 static const char CLIP_PATTERN[] =
     "<\\|startoftext\\|>|<\\|endoftext\\|>|'s|'t|'re|'ve|'m|'ll|'d|[\\p{L}]+|[\\p{N}]|[^\\s\\p{L}\\p{N}]+";
 
-typedef struct bpe_merge {
-    uint64_t key;   /* left id << 32 | right id */
-    int32_t rank;   /* < 0: empty slot */
-    int32_t new_id;
-} bpe_merge;
-
 typedef struct bpe_sym {
     int32_t id, prev, next, len; /* len 0: merged into its left neighbour */
 } bpe_sym;
@@ -47,8 +41,7 @@ typedef struct cache_entry {
 #define CACHE_MAX_WORD 256 /* longer words are not cached */
 
 typedef struct tok_bpe {
-    bpe_merge *merges;
-    uint32_t merge_mask;
+    tok_merge_map merges;
     int32_t byte_id[256], byte_eow_id[256]; /* symbol ids of each byte, without / with "</w>" */
     pcre2_code *re;
     pcre2_match_data *md;
@@ -64,37 +57,8 @@ typedef struct tok_bpe {
     size_t syms_cap, heap_cap;
 } tok_bpe;
 
-/* ------------------------------------------------------------------ merges map */
+/* merges: tok_merge_map (tok_util.c), shared with the other BPE tokenizer */
 
-static inline uint64_t mix64(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
-
-static const bpe_merge *merge_find(const tok_bpe *b, int32_t left, int32_t right) {
-    uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
-    for (uint32_t i = (uint32_t)mix64(key) & b->merge_mask;; i = (i + 1) & b->merge_mask) {
-        const bpe_merge *m = &b->merges[i];
-        if (m->rank < 0) return NULL;
-        if (m->key == key) return m;
-    }
-}
-
-/* Insert or overwrite (a later duplicate line wins, as when tokenizers collects into a map). */
-static void merge_put(tok_bpe *b, int32_t left, int32_t right, int32_t rank, int32_t new_id) {
-    uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
-    for (uint32_t i = (uint32_t)mix64(key) & b->merge_mask;; i = (i + 1) & b->merge_mask) {
-        bpe_merge *m = &b->merges[i];
-        if (m->rank < 0 || m->key == key) {
-            *m = (bpe_merge){key, rank, new_id};
-            return;
-        }
-    }
-}
 
 /* ------------------------------------------------------------------ normaliser */
 
@@ -161,7 +125,7 @@ static bpe_cand heap_pop(bpe_cand *h, size_t *n) {
 static void push_pair(tok_bpe *b, size_t *hn, int32_t pos) {
     int32_t next = b->syms[pos].next;
     if (next < 0) return;
-    const bpe_merge *m = merge_find(b, b->syms[pos].id, b->syms[next].id);
+    const tok_merge *m = tok_merge_find(&b->merges, b->syms[pos].id, b->syms[next].id);
     if (m) heap_push(b->heap, hn, (bpe_cand){m->rank, pos, m->new_id});
 }
 
@@ -188,7 +152,7 @@ static cdf_status bpe_word(tok_bpe *b, const unsigned char *w, size_t m, tok_ids
         bpe_sym *s = &b->syms[top.pos];
         if (s->len == 0 || s->next < 0) continue;
         int32_t right = s->next;
-        const bpe_merge *cur = merge_find(b, s->id, b->syms[right].id);
+        const tok_merge *cur = tok_merge_find(&b->merges, s->id, b->syms[right].id);
         if (!cur || cur->new_id != top.new_id) continue; /* stale entry */
         s->id = top.new_id;
         s->len += b->syms[right].len;
@@ -206,7 +170,7 @@ static cdf_status bpe_word(tok_bpe *b, const unsigned char *w, size_t m, tok_ids
 static uint64_t hash_word(const unsigned char *w, size_t m) {
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < m; i++) h = (h ^ w[i]) * 1099511628211ull;
-    return mix64(h);
+    return tok_mix64(h);
 }
 
 static void cache_clear(tok_bpe *b) {
@@ -281,7 +245,7 @@ static cdf_status clip_encode(cdf_tokenizer *tok, const char *s, size_t n, bool 
 static void clip_free(void *model) {
     tok_bpe *b = model;
     if (!b) return;
-    free(b->merges);
+    tok_merge_map_free(&b->merges);
     pcre2_match_data_free(b->md);
     pcre2_code_free(b->re);
     free(b->cache_slots);
@@ -378,17 +342,12 @@ static cdf_status load_merges(tok_bpe *b, const tok_vocab *v, const char *path) 
         free(data);
         return cdf_error(CDF_ERR_LIMIT, "%s: %zu lines exceed the limit of %d merges", path, n_lines, TOK_MAX_IDS * 2);
     }
-    uint32_t cap = 16;
-    while (cap < n_lines * 2 + 16) cap *= 2;
-    b->merges = malloc((size_t)cap * sizeof *b->merges);
     tok_buf joined = {0};
     cdf_status st = CDF_OK;
-    if (!b->merges) {
+    if (!tok_merge_map_init(&b->merges, n_lines)) {
         st = cdf_error(CDF_ERR_OUT_OF_MEMORY, "%s: cannot allocate the merge table for %zu lines", path, n_lines);
         goto done;
     }
-    for (uint32_t i = 0; i < cap; i++) b->merges[i].rank = -1;
-    b->merge_mask = cap - 1;
     int32_t rank = 0;
     size_t line_no = 0;
     for (size_t pos = 0; pos < n;) {
@@ -421,7 +380,7 @@ static cdf_status load_merges(tok_bpe *b, const tok_vocab *v, const char *path) 
                            (int)(wn > 64 ? 64 : wn), what);
             goto done;
         }
-        merge_put(b, left, right, rank++, merged);
+        tok_merge_put(&b->merges, left, right, rank++, merged);
     }
 done:
     tok_buf_free(&joined);

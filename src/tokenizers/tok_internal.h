@@ -175,4 +175,34 @@ cdf_status tok_check_added_flags(const struct cJSON *obj, const char *content, c
 /* Id of a token string: added tokens first, then the vocabulary; -1 if absent. */
 int32_t tok_token_id(const cdf_tokenizer *tok, const char *s);
 
+
+/* A 64-bit mixer (murmur3's finaliser) for the hash tables. */
+static inline uint64_t tok_mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+/* ---- BPE merge table (CLIP and tekken): open addressing on (left id, right id) ---- */
+typedef struct tok_merge {
+    uint64_t key;   /* left id << 32 | right id */
+    int32_t rank;   /* < 0: empty slot */
+    int32_t new_id;
+} tok_merge;
+
+typedef struct tok_merge_map {
+    tok_merge *slots;
+    uint32_t mask;
+} tok_merge_map;
+
+/* Room for n merges (load factor <= 1/2); false if out of memory. */
+bool tok_merge_map_init(tok_merge_map *m, size_t n);
+void tok_merge_map_free(tok_merge_map *m);
+const tok_merge *tok_merge_find(const tok_merge_map *m, int32_t left, int32_t right);
+/* Insert or overwrite (a later duplicate wins, as when tokenizers collects merges into a map). */
+void tok_merge_put(tok_merge_map *m, int32_t left, int32_t right, int32_t rank, int32_t new_id);
+
 #endif

@@ -39,12 +39,6 @@ static const char WHITE_SPACE_CLASS[] =
 
 #define MAX_PATTERN_BYTES 4096
 
-typedef struct tk_merge {
-    uint64_t key; /* left id << 32 | right id */
-    int32_t rank; /* < 0: empty slot */
-    int32_t new_id;
-} tk_merge;
-
 typedef struct tk_sym {
     int32_t id, prev, next, len; /* len 0: merged into its left neighbour */
 } tk_sym;
@@ -54,8 +48,7 @@ typedef struct tk_cand {
 } tk_cand;
 
 typedef struct tok_tekken {
-    tk_merge *merges;
-    uint32_t merge_mask;
+    tok_merge_map merges;
     int32_t byte_id[256];   /* id of each byte's symbol, -1 when the vocabulary lacks it */
     uint32_t byte_cp[256];  /* GPT-2 byte -> code point */
     bool ignore_merges, fuse_unk;
@@ -70,37 +63,8 @@ typedef struct tok_tekken {
     size_t syms_cap;
 } tok_tekken;
 
-/* ------------------------------------------------------------------ merges map */
+/* merges: tok_merge_map (tok_util.c), shared with the other BPE tokenizer */
 
-static inline uint64_t mix64(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
-
-static const tk_merge *merge_find(const tok_tekken *b, int32_t left, int32_t right) {
-    uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
-    for (uint32_t i = (uint32_t)mix64(key) & b->merge_mask;; i = (i + 1) & b->merge_mask) {
-        const tk_merge *m = &b->merges[i];
-        if (m->rank < 0) return NULL;
-        if (m->key == key) return m;
-    }
-}
-
-/* Insert or overwrite: a later duplicate pair wins, as when tokenizers collects into a HashMap. */
-static void merge_put(tok_tekken *b, int32_t left, int32_t right, int32_t rank, int32_t new_id) {
-    uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
-    for (uint32_t i = (uint32_t)mix64(key) & b->merge_mask;; i = (i + 1) & b->merge_mask) {
-        tk_merge *m = &b->merges[i];
-        if (m->rank < 0 || m->key == key) {
-            *m = (tk_merge){key, rank, new_id};
-            return;
-        }
-    }
-}
 
 /* ------------------------------------------------------------------ BPE of one piece */
 
@@ -135,7 +99,7 @@ static tk_cand heap_pop(tk_cand *h, size_t *n) {
 static void push_pair(tok_tekken *b, size_t *hn, int32_t pos) {
     int32_t next = b->syms[pos].next;
     if (next < 0) return;
-    const tk_merge *m = merge_find(b, b->syms[pos].id, b->syms[next].id);
+    const tok_merge *m = tok_merge_find(&b->merges, b->syms[pos].id, b->syms[next].id);
     if (m) heap_push(b->heap, hn, (tk_cand){m->rank, pos, m->new_id});
 }
 
@@ -187,7 +151,7 @@ static cdf_status bpe_piece(tok_tekken *b, const tok_vocab *vocab, const unsigne
         tk_sym *s = &b->syms[top.pos];
         if (s->len == 0 || s->next < 0) continue;
         int32_t right = s->next;
-        const tk_merge *cur = merge_find(b, s->id, b->syms[right].id);
+        const tok_merge *cur = tok_merge_find(&b->merges, s->id, b->syms[right].id);
         if (!cur || cur->new_id != top.new_id) continue; /* stale entry: its pair changed */
         s->id = top.new_id;
         s->len += b->syms[right].len;
@@ -254,7 +218,7 @@ static cdf_status tekken_normalize(cdf_tokenizer *tok, const char *s, size_t n, 
 static void tekken_free(void *model) {
     tok_tekken *b = model;
     if (!b) return;
-    free(b->merges);
+    tok_merge_map_free(&b->merges);
     pcre2_match_data_free(b->md);
     pcre2_code_free(b->split_re);
     pcre2_code_free(b->bytelevel_re);
@@ -467,12 +431,7 @@ static cdf_status parse_merges(tok_tekken *b, const tok_vocab *v, const cJSON *m
     int n = cJSON_IsArray(merges) ? cJSON_GetArraySize(merges) : -1;
     if (n < 0) return cdf_error(CDF_ERR_FORMAT, "%s: model.merges must be a list", path);
     if (n > TOK_MAX_IDS * 2) return cdf_error(CDF_ERR_LIMIT, "%s: %d merges exceed the limit %d", path, n, TOK_MAX_IDS * 2);
-    uint32_t cap = 16;
-    while (cap < (uint32_t)n * 2u + 16u) cap *= 2;
-    b->merges = malloc((size_t)cap * sizeof *b->merges);
-    if (!b->merges) return oom("merge table");
-    for (uint32_t i = 0; i < cap; i++) b->merges[i].rank = -1;
-    b->merge_mask = cap - 1;
+    if (!tok_merge_map_init(&b->merges, (size_t)n)) return oom("merge table");
     tok_buf joined = {0};
     cdf_status st = CDF_OK;
     int rank = 0;
@@ -494,7 +453,7 @@ static cdf_status parse_merges(tok_tekken *b, const tok_vocab *v, const cJSON *m
                            (int)(wn > 64 ? 64 : wn), what);
             break;
         }
-        merge_put(b, left, right, rank++, merged);
+        tok_merge_put(&b->merges, left, right, rank++, merged);
     }
     tok_buf_free(&joined);
     return st;

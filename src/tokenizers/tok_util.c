@@ -314,3 +314,40 @@ void tok_vocab_free(tok_vocab *v) {
     free(v->slots);
     memset(v, 0, sizeof *v);
 }
+
+/* ---- BPE merge table ------------------------------------------------------------------------ */
+bool tok_merge_map_init(tok_merge_map *m, size_t n) {
+    uint32_t cap = 16;
+    while (cap < n * 2 + 16) cap *= 2;
+    m->slots = malloc((size_t)cap * sizeof *m->slots);
+    if (!m->slots) return false;
+    for (uint32_t i = 0; i < cap; i++) m->slots[i].rank = -1;
+    m->mask = cap - 1;
+    return true;
+}
+
+void tok_merge_map_free(tok_merge_map *m) {
+    free(m->slots);
+    m->slots = NULL;
+    m->mask = 0;
+}
+
+const tok_merge *tok_merge_find(const tok_merge_map *m, int32_t left, int32_t right) {
+    uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
+    for (uint32_t i = (uint32_t)tok_mix64(key) & m->mask;; i = (i + 1) & m->mask) {
+        const tok_merge *e = &m->slots[i];
+        if (e->rank < 0) return NULL;
+        if (e->key == key) return e;
+    }
+}
+
+void tok_merge_put(tok_merge_map *m, int32_t left, int32_t right, int32_t rank, int32_t new_id) {
+    uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
+    for (uint32_t i = (uint32_t)tok_mix64(key) & m->mask;; i = (i + 1) & m->mask) {
+        tok_merge *e = &m->slots[i];
+        if (e->rank < 0 || e->key == key) {
+            *e = (tok_merge){key, rank, new_id};
+            return;
+        }
+    }
+}
