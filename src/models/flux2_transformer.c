@@ -251,13 +251,6 @@ const cdf_flux2_config *cdf_flux2_transformer_config(const void *impl) {
 
 static cdf_status status_or_internal(void) { return cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL; }
 
-/* Swap an owned state reference for the next one (which the current scope also records). */
-static cdf_status replace_state(cdf_tensor **state, cdf_tensor *next) {
-    if (!next) return status_or_internal();
-    cdf_tensor_release(*state);
-    *state = cdf_tensor_retain(next);
-    return CDF_OK;
-}
 
 /* Flux2SwiGLU after a fused linear: x [..., 2F] -> silu(x[..., :F]) * x[..., F:]. */
 static cdf_tensor *swiglu(cdf_tensor *x) {
@@ -315,8 +308,8 @@ static cdf_status double_block(const flux2_model *m, const flux2_double_block *b
 
     cdf_status s = (x && ctx) ? CDF_OK : status_or_internal();
     if (s == CDF_OK) {
-        replace_state(x_io, x);
-        replace_state(ctx_io, ctx);
+        cdf_flux_replace_state(x_io, x);
+        cdf_flux_replace_state(ctx_io, ctx);
     }
     cdf_scope_pop(NULL, 0);
     return s;
@@ -342,28 +335,12 @@ static cdf_status single_block(const flux2_model *m, const flux2_single_block *b
     h = cdf_flux_gated_add(h, ms[2], cdf_linear_fwd(&b->to_out, both));
 
     cdf_status s = h ? CDF_OK : status_or_internal();
-    if (s == CDF_OK) replace_state(h_io, h);
+    if (s == CDF_OK) cdf_flux_replace_state(h_io, h);
     cdf_scope_pop(NULL, 0);
     return s;
 }
 
-/* ---- input checks ---------------------------------------------------------------------------- */
-static cdf_status shape_error(const char *name, const cdf_tensor *t, const char *want) {
-    char buf[128];
-    return cdf_error(CDF_ERR_SHAPE, "%s: input '%s' is %s but must be %s", MODEL, name, cdf_tensor_describe(t, buf, sizeof buf),
-                     want);
-}
 
-/* timestep / guidance: 1-D with one value per batch entry (or one value for all). */
-static cdf_status check_per_batch(const char *name, const cdf_tensor *t, int64_t B) {
-    if (cdf_tensor_ndim(t) != 1 || (cdf_tensor_dim(t, 0) != B && cdf_tensor_dim(t, 0) != 1)) {
-        char want[64];
-        if (B == 1) snprintf(want, sizeof want, "[1] (one value per batch entry)");
-        else snprintf(want, sizeof want, "[%lld] or [1] (one value per batch entry, or one for all)", (long long)B);
-        return shape_error(name, t, want);
-    }
-    return CDF_OK;
-}
 
 /* ids [L, n] or [N, L, n] (entry 0 is used), n >= n_axes: the first n_axes columns as float32
  * rows (ids.float()) into pos. */
@@ -374,7 +351,7 @@ static cdf_status read_ids(const char *name, cdf_tensor *ids, int64_t L, int n_a
     const int nd = cdf_tensor_ndim(ids);
     if ((nd != 2 && nd != 3) || (nd == 3 && cdf_tensor_dim(ids, 0) < 1) || cdf_tensor_dim(ids, -2) != L ||
         cdf_tensor_dim(ids, -1) < n_axes)
-        return shape_error(name, ids, want);
+        return cdf_flux_input_shape_error(MODEL, name, ids, want);
     cdf_scope_push();
     cdf_tensor *rows = nd == 3 ? cdf_squeeze(cdf_narrow(ids, 0, 0, 1), 0) : ids;
     rows = cdf_narrow(rows, 1, 0, n_axes);
@@ -411,17 +388,17 @@ cdf_status cdf_flux2_transformer_forward(void *impl, const cdf_flux2_inputs *in,
     if (cdf_tensor_ndim(hs) != 3 || cdf_tensor_dim(hs, 2) != c->in_channels || cdf_tensor_dim(hs, 0) < 1 ||
         cdf_tensor_dim(hs, 1) < 1) {
         snprintf(want, sizeof want, "[B, L_img, %lld] (in_channels)", (long long)c->in_channels);
-        return shape_error("hidden_states", hs, want);
+        return cdf_flux_input_shape_error(MODEL, "hidden_states", hs, want);
     }
     const int64_t B = cdf_tensor_dim(hs, 0), Li = cdf_tensor_dim(hs, 1);
     if (cdf_tensor_ndim(ehs) != 3 || cdf_tensor_dim(ehs, 0) != B || cdf_tensor_dim(ehs, 2) != c->joint_attention_dim) {
         snprintf(want, sizeof want, "[%lld, L_txt, %lld] (batch of hidden_states, joint_attention_dim)", (long long)B,
                  (long long)c->joint_attention_dim);
-        return shape_error("encoder_hidden_states", ehs, want);
+        return cdf_flux_input_shape_error(MODEL, "encoder_hidden_states", ehs, want);
     }
     const int64_t Lt = cdf_tensor_dim(ehs, 1);
-    CDF_TRY(check_per_batch("timestep", in->timestep, B));
-    if (guidance) CDF_TRY(check_per_batch("guidance", guidance, B));
+    CDF_TRY(cdf_flux_check_per_batch(MODEL, "timestep", in->timestep, B));
+    if (guidance) CDF_TRY(cdf_flux_check_per_batch(MODEL, "guidance", guidance, B));
 
     /* positions: rows = cat(txt_ids, img_ids), read as float32 like ids.float() */
     const int64_t L = Lt + Li;
@@ -475,7 +452,7 @@ cdf_status cdf_flux2_transformer_forward(void *impl, const cdf_flux2_inputs *in,
     cdf_tensor *h = NULL; /* owned: the joint sequence [ctx; x] of the single-stream blocks */
     if (s == CDF_OK) {
         cdf_scope_push();
-        s = replace_state(&h, cdf_cat((cdf_tensor *[]){ctx, x}, 2, 1));
+        s = cdf_flux_replace_state(&h, cdf_cat((cdf_tensor *[]){ctx, x}, 2, 1));
         cdf_scope_pop(NULL, 0);
     }
     for (int64_t i = 0; s == CDF_OK && i < c->num_single_layers; i++) {

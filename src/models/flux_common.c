@@ -125,3 +125,26 @@ cdf_tensor *cdf_flux_rope_attention(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v,
     int64_t shape[3] = {cdf_tensor_dim(ot, 0), cdf_tensor_dim(ot, 1), cdf_tensor_dim(ot, 2) * cdf_tensor_dim(ot, 3)};
     return cdf_reshape(ot, 3, shape);
 }
+
+cdf_status cdf_flux_replace_state(cdf_tensor **state, cdf_tensor *next) {
+    if (!next) return cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL;
+    cdf_tensor_release(*state);
+    *state = cdf_tensor_retain(next);
+    return CDF_OK;
+}
+
+cdf_status cdf_flux_input_shape_error(const char *model, const char *name, const cdf_tensor *t, const char *want) {
+    char buf[128];
+    return cdf_error(CDF_ERR_SHAPE, "%s: input '%s' is %s but must be %s", model, name, cdf_tensor_describe(t, buf, sizeof buf),
+                     want);
+}
+
+cdf_status cdf_flux_check_per_batch(const char *model, const char *name, const cdf_tensor *t, int64_t B) {
+    if (cdf_tensor_ndim(t) != 1 || (cdf_tensor_dim(t, 0) != B && cdf_tensor_dim(t, 0) != 1)) {
+        char want[64];
+        if (B == 1) snprintf(want, sizeof want, "[1] (one value per batch entry)");
+        else snprintf(want, sizeof want, "[%lld] or [1] (one value per batch entry, or one for all)", (long long)B);
+        return cdf_flux_input_shape_error(model, name, t, want);
+    }
+    return CDF_OK;
+}

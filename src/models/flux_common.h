@@ -46,4 +46,12 @@ cdf_tensor *cdf_flux_split_heads(cdf_tensor *x, int64_t head_dim);
  * softmax(q k^T / sqrt(head_dim)) v -> [B, L, H * head_dim]. */
 cdf_tensor *cdf_flux_rope_attention(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v, cdf_tensor *cos_t, cdf_tensor *sin_t);
 
+/* Helpers the FLUX.1 and FLUX.2 forwards share. */
+/* Replace an owned state reference with next (NULL next: the pending error, state untouched). */
+cdf_status cdf_flux_replace_state(cdf_tensor **state, cdf_tensor *next);
+/* CDF_ERR_SHAPE "<model>: input '<name>' is <shape> but must be <want>". */
+cdf_status cdf_flux_input_shape_error(const char *model, const char *name, const cdf_tensor *t, const char *want);
+/* timestep / guidance: 1-D with one value per batch entry (or one value for all). */
+cdf_status cdf_flux_check_per_batch(const char *model, const char *name, const cdf_tensor *t, int64_t B);
+
 #endif

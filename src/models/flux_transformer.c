@@ -281,12 +281,6 @@ const cdf_flux_config *cdf_flux_transformer_config(const void *impl) { return im
 /* Run a block's body inside its own scope: the new state tensors get an owned reference (kept
  * outside every scope), the block's intermediates are released, and the previous state is
  * dropped, so memory holds one block's worth of activations at a time. */
-static cdf_status replace_state(cdf_tensor **state, cdf_tensor *next) {
-    if (!next) return cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL;
-    cdf_tensor_release(*state);
-    *state = cdf_tensor_retain(next);
-    return CDF_OK;
-}
 
 /* q/k/v of one stream: linear -> [B, L, H, hd], RMSNorm over hd for q and k. */
 static void project_qkv(const cdf_linear_layer *lq, const cdf_linear_layer *lk, const cdf_linear_layer *lv,
@@ -335,8 +329,8 @@ static cdf_status double_block(const flux_model *m, const flux_double_block *b, 
 
     cdf_status s = (x && ctx) ? CDF_OK : (cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL);
     if (s == CDF_OK) {
-        replace_state(x_io, x);
-        replace_state(ctx_io, ctx);
+        cdf_flux_replace_state(x_io, x);
+        cdf_flux_replace_state(ctx_io, ctx);
     }
     cdf_scope_pop(NULL, 0);
     return s;
@@ -365,7 +359,7 @@ static cdf_status single_block(const flux_model *m, const flux_single_block *b, 
     h = cdf_flux_gated_add(h, mod[2], cdf_linear_fwd(&b->proj_out, both));
 
     cdf_status s = h ? CDF_OK : (cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL);
-    if (s == CDF_OK) replace_state(h_io, h);
+    if (s == CDF_OK) cdf_flux_replace_state(h_io, h);
     cdf_scope_pop(NULL, 0);
     return s;
 }
@@ -460,23 +454,7 @@ static cdf_status run_block(const flux_model *m, bool dbl, int64_t i, cdf_tensor
     return s;
 }
 
-/* ---- input checks ---------------------------------------------------------------------------- */
-static cdf_status shape_error(const char *name, const cdf_tensor *t, const char *want) {
-    char buf[128];
-    return cdf_error(CDF_ERR_SHAPE, "%s: input '%s' is %s but must be %s", MODEL, name, cdf_tensor_describe(t, buf, sizeof buf),
-                     want);
-}
 
-/* timestep / guidance: 1-D with one value per batch entry (or one value for all). */
-static cdf_status check_per_batch(const char *name, const cdf_tensor *t, int64_t B) {
-    if (cdf_tensor_ndim(t) != 1 || (cdf_tensor_dim(t, 0) != B && cdf_tensor_dim(t, 0) != 1)) {
-        char want[64];
-        if (B == 1) snprintf(want, sizeof want, "[1] (one value per batch entry)");
-        else snprintf(want, sizeof want, "[%lld] or [1] (one value per batch entry, or one for all)", (long long)B);
-        return shape_error(name, t, want);
-    }
-    return CDF_OK;
-}
 
 /* ids [L, n_axes] or the deprecated [N, L, n_axes] (entry 0 is used): checks the shape and
  * returns the [L, n_axes] rows as a view (recorded in the current scope). The positions stay on
@@ -488,7 +466,7 @@ static cdf_status ids_rows(const char *name, cdf_tensor *ids, int64_t L, int n_a
     const int nd = cdf_tensor_ndim(ids);
     if ((nd != 2 && nd != 3) || (nd == 3 && cdf_tensor_dim(ids, 0) < 1) || cdf_tensor_dim(ids, -2) != L ||
         cdf_tensor_dim(ids, -1) != n_axes)
-        return shape_error(name, ids, want);
+        return cdf_flux_input_shape_error(MODEL, name, ids, want);
     *rows = nd == 3 ? cdf_squeeze(cdf_narrow(ids, 0, 0, 1), 0) : cdf_narrow(ids, 0, 0, L);
     return *rows ? CDF_OK : cdf_last_status();
 }
@@ -518,21 +496,21 @@ cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, c
     if (cdf_tensor_ndim(hs) != 3 || cdf_tensor_dim(hs, 2) != c->in_channels || cdf_tensor_dim(hs, 0) < 1 ||
         cdf_tensor_dim(hs, 1) < 1) {
         snprintf(want, sizeof want, "[B, L_img, %lld] (in_channels)", (long long)c->in_channels);
-        return shape_error("hidden_states", hs, want);
+        return cdf_flux_input_shape_error(MODEL, "hidden_states", hs, want);
     }
     const int64_t B = cdf_tensor_dim(hs, 0), Li = cdf_tensor_dim(hs, 1);
     if (cdf_tensor_ndim(ehs) != 3 || cdf_tensor_dim(ehs, 0) != B || cdf_tensor_dim(ehs, 2) != c->joint_attention_dim) {
         snprintf(want, sizeof want, "[%lld, L_txt, %lld] (batch of hidden_states, joint_attention_dim)", (long long)B,
                  (long long)c->joint_attention_dim);
-        return shape_error("encoder_hidden_states", ehs, want);
+        return cdf_flux_input_shape_error(MODEL, "encoder_hidden_states", ehs, want);
     }
     const int64_t Lt = cdf_tensor_dim(ehs, 1);
     if (cdf_tensor_ndim(pp) != 2 || cdf_tensor_dim(pp, 0) != B || cdf_tensor_dim(pp, 1) != c->pooled_projection_dim) {
         snprintf(want, sizeof want, "[%lld, %lld] (batch, pooled_projection_dim)", (long long)B, (long long)c->pooled_projection_dim);
-        return shape_error("pooled_projections", pp, want);
+        return cdf_flux_input_shape_error(MODEL, "pooled_projections", pp, want);
     }
-    CDF_TRY(check_per_batch("timestep", in->timestep, B));
-    if (in->guidance) CDF_TRY(check_per_batch("guidance", in->guidance, B));
+    CDF_TRY(cdf_flux_check_per_batch(MODEL, "timestep", in->timestep, B));
+    if (in->guidance) CDF_TRY(cdf_flux_check_per_batch(MODEL, "guidance", in->guidance, B));
 
     cdf_scope_push(); /* the forward's scope: only the result leaves it */
     cdf_tensor *x = NULL, *ctx = NULL, *temb = NULL, *cos_t = NULL, *sin_t = NULL; /* owned references */
@@ -580,7 +558,7 @@ cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, c
     cdf_tensor *h = NULL; /* owned: the joint sequence [ctx; x] of the single-stream blocks */
     if (s == CDF_OK) {
         cdf_scope_push();
-        s = replace_state(&h, cdf_cat((cdf_tensor *[]){ctx, x}, 2, 1));
+        s = cdf_flux_replace_state(&h, cdf_cat((cdf_tensor *[]){ctx, x}, 2, 1));
         cdf_scope_pop(NULL, 0);
     }
     for (int64_t i = 0; s == CDF_OK && i < c->num_single_layers; i++) {
