@@ -344,7 +344,10 @@ static cdf_status single_block(const flux2_model *m, const flux2_single_block *b
 
 /* ids [L, n] or [N, L, n] (entry 0 is used), n >= n_axes: the first n_axes columns as float32
  * rows (ids.float()) into pos. */
-static cdf_status read_ids(const char *name, cdf_tensor *ids, int64_t L, int n_axes, float *pos) {
+/* ids [L, >=n_axes] or [N, L, >=n_axes] (entry 0, the first n_axes columns): checks the shape and
+ * returns the rows as a view (recorded in the current scope). The positions stay on the device:
+ * the RoPE tables are computed there, so the forward has no host read (compilable). */
+static cdf_status ids_rows(const char *name, cdf_tensor *ids, int64_t L, int n_axes, cdf_tensor **rows) {
     char want[128];
     snprintf(want, sizeof want, "[%lld, >=%d] or [N, %lld, >=%d] (one row of %d position axes per token)", (long long)L, n_axes,
              (long long)L, n_axes, n_axes);
@@ -352,12 +355,9 @@ static cdf_status read_ids(const char *name, cdf_tensor *ids, int64_t L, int n_a
     if ((nd != 2 && nd != 3) || (nd == 3 && cdf_tensor_dim(ids, 0) < 1) || cdf_tensor_dim(ids, -2) != L ||
         cdf_tensor_dim(ids, -1) < n_axes)
         return cdf_flux_input_shape_error(MODEL, name, ids, want);
-    cdf_scope_push();
-    cdf_tensor *rows = nd == 3 ? cdf_squeeze(cdf_narrow(ids, 0, 0, 1), 0) : ids;
-    rows = cdf_narrow(rows, 1, 0, n_axes);
-    cdf_status s = rows ? cdf_tensor_read(rows, CDF_F32, pos, (size_t)(L * n_axes) * sizeof *pos) : cdf_last_status();
-    cdf_scope_pop(NULL, 0);
-    return s;
+    cdf_tensor *r = nd == 3 ? cdf_squeeze(cdf_narrow(ids, 0, 0, 1), 0) : ids;
+    *rows = cdf_narrow(r, 1, 0, n_axes);
+    return *rows ? CDF_OK : cdf_last_status();
 }
 
 /* Timesteps(flip_sin_to_cos=True, shift 0) of 1000 * t (t cast to f32 first, like
@@ -400,17 +400,6 @@ cdf_status cdf_flux2_transformer_forward(void *impl, const cdf_flux2_inputs *in,
     CDF_TRY(cdf_flux_check_per_batch(MODEL, "timestep", in->timestep, B));
     if (guidance) CDF_TRY(cdf_flux_check_per_batch(MODEL, "guidance", guidance, B));
 
-    /* positions: rows = cat(txt_ids, img_ids), read as float32 like ids.float() */
-    const int64_t L = Lt + Li;
-    float *pos = malloc((size_t)(L * c->n_axes) * sizeof *pos + 1);
-    if (!pos) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld position ids", MODEL, (long long)L);
-    cdf_status s = read_ids("txt_ids", in->txt_ids, Lt, c->n_axes, pos);
-    if (s == CDF_OK) s = read_ids("img_ids", in->img_ids, Li, c->n_axes, pos + Lt * c->n_axes);
-    if (s != CDF_OK) {
-        free(pos);
-        return s;
-    }
-
     cdf_scope_push(); /* the forward's scope: only the result leaves it */
     /* owned references that live across the blocks */
     cdf_tensor *x = NULL, *ctx = NULL, *temb = NULL, *cos_t = NULL, *sin_t = NULL;
@@ -418,8 +407,14 @@ cdf_status cdf_flux2_transformer_forward(void *impl, const cdf_flux2_inputs *in,
 
     /* ---- embeddings and the shared modulation ---- */
     cdf_scope_push();
-    s = cdf_flux_rope_tables(m->dev, pos, L, c->n_axes, c->axes_dims_rope, c->rope_theta, &cos_t, &sin_t);
-    free(pos);
+    /* positions: rows = cat(txt_ids, img_ids), as float32 like ids.float() */
+    cdf_tensor *txt_rows = NULL, *img_rows = NULL;
+    cdf_status s = ids_rows("txt_ids", in->txt_ids, Lt, c->n_axes, &txt_rows);
+    if (s == CDF_OK) s = ids_rows("img_ids", in->img_ids, Li, c->n_axes, &img_rows);
+    if (s == CDF_OK) {
+        cdf_tensor *both_rows[2] = {cdf_cast(txt_rows, CDF_F32), cdf_cast(img_rows, CDF_F32)};
+        s = cdf_rope_tables(cdf_cat(both_rows, 2, 0), c->n_axes, c->axes_dims_rope, c->rope_theta, &cos_t, &sin_t);
+    }
     if (s == CDF_OK) {
         cdf_tensor_retain(cos_t);
         cdf_tensor_retain(sin_t);
