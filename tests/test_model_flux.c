@@ -165,6 +165,13 @@ static void test_rope_tables_golden(void **st) {
         double ec = compare(c1, want_cos), es = compare(s1, want_sin);
         printf("  %s: cos err %.3g, sin err %.3g\n", cases[i].key, ec, es);
         assert_true(ec <= 6e-8 && es <= 6e-8); /* float64 angles rounded once: at most 1 ulp of a value <= 1 */
+        /* the device op the transformers use (positions stay on the device), same golden tables */
+        cdf_tensor *pos_col = cdf_reshape(pos_t, 2, (int64_t[]){n, 1});
+        cdf_tensor *dc, *ds;
+        assert_int_equal(cdf_rope_tables(pos_col, 1, &cases[i].dim, cases[i].theta, &dc, &ds), CDF_OK);
+        double dec = compare(dc, want_cos), des = compare(ds, want_sin);
+        printf("  %s (device op): cos err %.3g, sin err %.3g\n", cases[i].key, dec, des);
+        assert_true(dec <= 6e-8 && des <= 6e-8);
         float *pos2 = malloc((size_t)n * 2 * sizeof *pos2);
         for (int64_t r = 0; r < n; r++) pos2[2 * r] = pos2[2 * r + 1] = pos[r];
         int64_t dims2[2] = {cases[i].dim, cases[i].dim};
@@ -175,6 +182,13 @@ static void test_rope_tables_golden(void **st) {
         assert_true(compare(halves[0], c1) == 0 && compare(halves[1], c1) == 0);
         assert_int_equal(cdf_chunk(s2, 2, 1, halves), CDF_OK);
         assert_true(compare(halves[0], s1) == 0 && compare(halves[1], s1) == 0);
+        /* two axes through the device op: each half equals the one-axis device table */
+        cdf_tensor *pos2_t = cdf_tensor_from_host(cpu(), CDF_F32, 2, (int64_t[]){n, 2}, pos2, CDF_F32);
+        assert_int_equal(cdf_rope_tables(pos2_t, 2, dims2, cases[i].theta, &c2, &s2), CDF_OK);
+        assert_int_equal(cdf_chunk(c2, 2, 1, halves), CDF_OK);
+        assert_true(compare(halves[0], dc) == 0 && compare(halves[1], dc) == 0);
+        assert_int_equal(cdf_chunk(s2, 2, 1, halves), CDF_OK);
+        assert_true(compare(halves[0], ds) == 0 && compare(halves[1], ds) == 0);
         free(pos);
         free(pos2);
     }
