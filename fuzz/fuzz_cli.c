@@ -8,7 +8,9 @@
  * FLUX.1-schnell pipeline without its tokenizer files (so `plan` and `info` run for real on
  * fuzzed sizes and flags, while `generate` stops at the first tokenizer, before loading any
  * weights). No command can get as far as computing, so no file is ever written (outputs only
- * appear after a successful generation). Tokenizers and models have their own targets.
+ * appear after a successful generation). Without --model, `generate` uses the default model:
+ * $CDIFFUSERS_DEFAULT_MODEL is set to "p" so that it too stops at the tokenizer (the shipped
+ * model would really draw). Tokenizers and models have their own targets.
  *
  * Invariants: the exit code is 0, 1 or 2 (130 needs SIGINT). Leaks and memory errors are caught
  * by the sanitizers. */
@@ -28,6 +30,7 @@ static void write_seeds(const char *dir) {
          "--device-memory", "8G", "--quiet"},
         {"generate", "--model", "pipe", "--prompt", "p", "--latents-out", "l.safetensors", "--output", "out.png"},
         {"generate", "-x", "--model=pipe", "--prompt=p", "stray"},
+        {"generate", "--prompt", "p", "--output", "out.png"}, /* the default model */
         {"generate", "--mod", "pipe", "--prom", "p", "--h", "16"},
         {"run-model", "--model", "pipe", "--inputs", "in.safetensors", "--output", "out.safetensors", "--method", "decode",
          "--repeat", "3"},
@@ -95,6 +98,7 @@ static void enter_scratch_folder(void) {
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     fz_maybe_write_seeds(write_seeds);
+    setenv("CDIFFUSERS_DEFAULT_MODEL", "p", 1); /* relative to the scratch folder */
     return 0;
 }
 

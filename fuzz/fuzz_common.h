@@ -63,10 +63,15 @@ static FZ_UNUSED void fz_rm_tmp(void) {
     }
 }
 
-/* This process's private scratch folder (removed at exit). */
+/* This process's private scratch folder (removed at exit). In memory (/dev/shm, or
+ * $CDF_FUZZ_TMP) where possible: the targets rewrite a file for every input, and on ext4 each
+ * rewrite-by-truncation forces a write-back when the file is closed (auto_da_alloc), which made
+ * the file-based targets several times slower than their parsing. */
 static FZ_UNUSED const char *fz_tmp(void) {
     if (!fz_tmp_dir[0]) {
-        snprintf(fz_tmp_dir, sizeof fz_tmp_dir, "/tmp/cdf_fuzz_XXXXXX");
+        const char *base = getenv("CDF_FUZZ_TMP");
+        if (!base || !*base) base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+        snprintf(fz_tmp_dir, sizeof fz_tmp_dir, "%s/cdf_fuzz_XXXXXX", base);
         if (!mkdtemp(fz_tmp_dir)) abort();
         atexit(fz_rm_tmp);
     }

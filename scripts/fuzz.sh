@@ -4,23 +4,27 @@
 # sanitizer report, a timeout or an out-of-memory; the reproducer is in $WORK/findings/<target>/
 # and the log in $WORK/logs/<target>.log.
 #
-# usage: scripts/fuzz.sh [-t SECONDS_PER_TARGET] [TARGET...]
-#   -t N      run each target N seconds (default 30)
+# usage: scripts/fuzz.sh [-t SECONDS_PER_TARGET] [-n EXECUTIONS] [TARGET...]
+#   -t N      run each target at most N seconds (default 30)
+#   -n N      stop a target after N executions (default: no limit; -t still applies)
 #   TARGET    fuzz_safetensors fuzz_checkpoint fuzz_json fuzz_tokenizer_files fuzz_prompt fuzz_cli
 #             (default: all)
 # environment: CC (default clang-14), CDF_FUZZ_BUILD (build folder, default build-fuzz),
 #   CDF_FUZZ_WORK (corpora, findings and logs, default $CDF_FUZZ_BUILD/work; corpora grow
-#   across runs), CDF_FUZZ_JOBS (build parallelism, default 2)
+#   across runs), CDF_FUZZ_JOBS (build parallelism, default 2), CDF_FUZZ_NO_BUILD=1 (run the
+#   targets already built in $CDF_FUZZ_BUILD, e.g. while the sources are being edited)
 #
 # Reproduce a finding: build-fuzz/<target> build-fuzz/work/findings/<target>/crash-...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 secs=30
-while getopts "t:h" opt; do
+runs=-1
+while getopts "t:n:h" opt; do
   case $opt in
     t) secs=$OPTARG ;;
-    *) sed -n '2,16p' "$0"; exit 2 ;;
+    n) runs=$OPTARG ;;
+    *) sed -n '2,17p' "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -33,8 +37,10 @@ build=${CDF_FUZZ_BUILD:-build-fuzz}
 work=${CDF_FUZZ_WORK:-$build/work}
 mkdir -p "$work"
 work=$(cd "$work" && pwd) # absolute: fuzz_cli changes its working folder
-cmake -S fuzz -B "$build" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$build" -j"${CDF_FUZZ_JOBS:-2}" --target "${targets[@]}"
+if [ "${CDF_FUZZ_NO_BUILD:-0}" != 1 ]; then
+  cmake -S fuzz -B "$build" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build "$build" -j"${CDF_FUZZ_JOBS:-2}" --target "${targets[@]}"
+fi
 
 # inputs larger than these only slow a target down (tokenizer files: room for the 232 KiB T5
 # charsmap seed; safetensors: the 128 KiB golden io files)
@@ -62,11 +68,13 @@ for t in "${targets[@]}"; do
   [ "$t" = fuzz_cli ] && extra=(-close_fd_mask=3) # the tool's own messages and usage text
   echo "== $t: ${secs}s, $(ls "$seeds" | wc -l) seeds, $(ls "$corpus" | wc -l) corpus entries"
   set +e
+  start=$(date +%s)
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1} \
-    "$build/$t" -max_total_time="$secs" -max_len="$(max_len "$t")" -timeout=10 -rss_limit_mb=2048 \
+    "$build/$t" -max_total_time="$secs" -runs="$runs" -max_len="$(max_len "$t")" -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$findings/" "${extra[@]}" "$corpus" "$seeds" >"$work/logs/$t.log" 2>&1
   rc=$?
   set -e
+  wall=$(($(date +%s) - start))
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/logs/$t.log" | tail -1 || true)
   eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work/logs/$t.log" | tail -1 || true)
   cov=$( (grep -o 'cov: [0-9]*' "$work/logs/$t.log" || true) | tail -1)
@@ -76,10 +84,10 @@ for t in "${targets[@]}"; do
     grep -m1 -E "ERROR: |fuzz invariant failed|SUMMARY" "$work/logs/$t.log" || true
     summary+=$(printf '%-22s FAILED (exit %d)' "$t" $rc)$'\n'
   else
-    summary+=$(printf '%-22s %10s execs %8s exec/s  %s' "$t" "${execs:-?}" "${eps:-?}" "${cov:-}")$'\n'
+    summary+=$(printf '%-22s %10s execs %6ss %8s exec/s  %s' "$t" "${execs:-?}" "$wall" "${eps:-?}" "${cov:-}")$'\n'
   fi
 done
 echo
-echo "target                 executions     exec/s  coverage"
+echo "target                 executions   wall     exec/s  coverage"
 printf '%s' "$summary"
 exit $status

@@ -10,6 +10,8 @@ PKGS=(
   libutf8proc-dev     # unicode normalisation for tokenizers
   libcmocka-dev       # unit tests
   libomp-dev          # (clang's OpenMP runtime, for sanitizer/fuzz builds)
+  clang-14 libclang-rt-14-dev  # libFuzzer + ASan/UBSan runtimes: scripts/fuzz.sh (run by scripts/test.sh)
+  valgrind            # scripts/valgrind.sh (memcheck over the success paths, run by scripts/test.sh)
   libdnnl-dev         # oneDNN: matmul/conv on AVX-512 / AMX
   libopenmpi-dev openmpi-bin  # tensor parallelism
   python3             # test helpers that generate data

@@ -76,15 +76,35 @@ uint16_t cdf_f32_to_f16(float f) {
     return (uint16_t)(sign | h);
 }
 
+/* Element i of an array that may not be aligned to its element size: src is often a tensor's
+ * bytes inside a mapped safetensors file, whose data section starts wherever the header ends
+ * (the format does not require padding), and dst may be any caller buffer. memcpy of a fixed
+ * small size compiles to a plain load/store, without the undefined behaviour of a misaligned
+ * typed access (found by UBSan on a header rewritten without padding). */
+#define DEFINE_LD(name, T)                                                                         \
+    static inline T name(const void *p, size_t i) {                                                \
+        T v;                                                                                       \
+        memcpy(&v, (const char *)p + i * sizeof(T), sizeof(T));                                    \
+        return v;                                                                                  \
+    }
+DEFINE_LD(ld_float, float)
+DEFINE_LD(ld_double, double)
+DEFINE_LD(ld_uint16_t, uint16_t)
+DEFINE_LD(ld_int16_t, int16_t)
+DEFINE_LD(ld_int32_t, int32_t)
+DEFINE_LD(ld_int64_t, int64_t)
+#define LD(T, p, i) ld_##T(p, i)
+#define ST(T, p, i, x) do { T v_ = (x); memcpy((char *)(p) + (size_t)(i) * sizeof(T), &v_, sizeof(T)); } while (0)
+
 static double load_d(const void *p, cdf_dtype dt, size_t i) {
     switch (dt) {
-    case CDF_F32: return ((const float *)p)[i];
-    case CDF_BF16: return cdf_bf16_to_f32(((const uint16_t *)p)[i]);
-    case CDF_F16: return cdf_f16_to_f32(((const uint16_t *)p)[i]);
-    case CDF_F64: return ((const double *)p)[i];
-    case CDF_I64: return (double)((const int64_t *)p)[i];
-    case CDF_I32: return ((const int32_t *)p)[i];
-    case CDF_I16: return ((const int16_t *)p)[i];
+    case CDF_F32: return LD(float, p, i);
+    case CDF_BF16: return cdf_bf16_to_f32(LD(uint16_t, p, i));
+    case CDF_F16: return cdf_f16_to_f32(LD(uint16_t, p, i));
+    case CDF_F64: return LD(double, p, i);
+    case CDF_I64: return (double)LD(int64_t, p, i);
+    case CDF_I32: return LD(int32_t, p, i);
+    case CDF_I16: return LD(int16_t, p, i);
     case CDF_I8: return ((const int8_t *)p)[i];
     case CDF_U8: return ((const uint8_t *)p)[i];
     case CDF_BOOL: return ((const uint8_t *)p)[i] != 0;
@@ -99,42 +119,42 @@ void cdf_convert(void *dst, cdf_dtype ddt, const void *src, cdf_dtype sdt, size_
     }
     /* fast, exact paths for the float conversions the models use */
     if (sdt == CDF_F32 && ddt == CDF_BF16) {
-        for (size_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = cdf_f32_to_bf16(((const float *)src)[i]);
+        for (size_t i = 0; i < n; i++) ST(uint16_t, dst, i, cdf_f32_to_bf16(LD(float, src, i)));
         return;
     }
     if (sdt == CDF_BF16 && ddt == CDF_F32) {
-        for (size_t i = 0; i < n; i++) ((float *)dst)[i] = cdf_bf16_to_f32(((const uint16_t *)src)[i]);
+        for (size_t i = 0; i < n; i++) ST(float, dst, i, cdf_bf16_to_f32(LD(uint16_t, src, i)));
         return;
     }
     if (sdt == CDF_F32 && ddt == CDF_F16) {
-        for (size_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = cdf_f32_to_f16(((const float *)src)[i]);
+        for (size_t i = 0; i < n; i++) ST(uint16_t, dst, i, cdf_f32_to_f16(LD(float, src, i)));
         return;
     }
     if (sdt == CDF_F16 && ddt == CDF_F32) {
-        for (size_t i = 0; i < n; i++) ((float *)dst)[i] = cdf_f16_to_f32(((const uint16_t *)src)[i]);
+        for (size_t i = 0; i < n; i++) ST(float, dst, i, cdf_f16_to_f32(LD(uint16_t, src, i)));
         return;
     }
     if (sdt == CDF_I64 && ddt == CDF_I32) {
-        for (size_t i = 0; i < n; i++) ((int32_t *)dst)[i] = (int32_t)((const int64_t *)src)[i];
+        for (size_t i = 0; i < n; i++) ST(int32_t, dst, i, (int32_t)LD(int64_t, src, i));
         return;
     }
     if (sdt == CDF_I32 && ddt == CDF_I64) {
-        for (size_t i = 0; i < n; i++) ((int64_t *)dst)[i] = ((const int32_t *)src)[i];
+        for (size_t i = 0; i < n; i++) ST(int64_t, dst, i, (int64_t)LD(int32_t, src, i));
         return;
     }
     for (size_t i = 0; i < n; i++) {
         double v = load_d(src, sdt, i);
         switch (ddt) {
-        case CDF_F32: ((float *)dst)[i] = (float)v; break;
-        case CDF_F64: ((double *)dst)[i] = v; break;
+        case CDF_F32: ST(float, dst, i, (float)v); break;
+        case CDF_F64: ST(double, dst, i, v); break;
         /* double -> bf16/f16 goes through f32 like torch's .to() from float64 does for f32
          * intermediates only when the source is f32; for f64 sources this double rounding is
          * a documented approximation */
-        case CDF_BF16: ((uint16_t *)dst)[i] = cdf_f32_to_bf16((float)v); break;
-        case CDF_F16: ((uint16_t *)dst)[i] = cdf_f32_to_f16((float)v); break;
-        case CDF_I64: ((int64_t *)dst)[i] = (int64_t)v; break;
-        case CDF_I32: ((int32_t *)dst)[i] = (int32_t)v; break;
-        case CDF_I16: ((int16_t *)dst)[i] = (int16_t)v; break;
+        case CDF_BF16: ST(uint16_t, dst, i, cdf_f32_to_bf16((float)v)); break;
+        case CDF_F16: ST(uint16_t, dst, i, cdf_f32_to_f16((float)v)); break;
+        case CDF_I64: ST(int64_t, dst, i, (int64_t)v); break;
+        case CDF_I32: ST(int32_t, dst, i, (int32_t)v); break;
+        case CDF_I16: ST(int16_t, dst, i, (int16_t)v); break;
         case CDF_I8: ((int8_t *)dst)[i] = (int8_t)v; break;
         case CDF_U8: ((uint8_t *)dst)[i] = (uint8_t)v; break;
         case CDF_BOOL: ((uint8_t *)dst)[i] = v != 0; break;
