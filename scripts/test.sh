@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The test suite: installs dependencies (Debian 12 packages), builds cdiffusers and runs ctest
-# in each execution mode (eager, defer-and-fuse, compile); then builds again with AddressSanitizer + UndefinedBehaviorSanitizer and runs the suite under
-# them (skip that second pass with CDF_SKIP_SANITIZE=1).
+# in each execution mode (eager, defer-and-fuse, compile, repeated-block compile) and with the
+# fallback ISAs forced; then builds again with AddressSanitizer + UndefinedBehaviorSanitizer and runs the suite under
+# them (skip that second pass with CDF_SKIP_SANITIZE=1); then runs every libFuzzer target for
+# CDF_FUZZ_SECONDS (default 15) from its seeds, failing on any finding (skip: CDF_SKIP_FUZZ=1);
+# then valgrind memcheck over a few representative tests and the CLI's success paths, failing on
+# any error or leak (skip: CDF_SKIP_VALGRIND=1). docs/ROBUSTNESS.md has the long runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -16,9 +20,25 @@ ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs"
 CDIFFUSERS_DEFER_AND_FUSE=1 ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs"
 CDIFFUSERS_COMPILE=1 ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs"
 CDIFFUSERS_COMPILE=blocks ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs"
+# the numeric tests again with the fast kernels' fallback ISAs forced (what a machine without
+# AVX-512-BF16, or without AVX2, runs): the same golden tolerances must hold on every path
+for isa in avx2 generic; do
+  CDIFFUSERS_ISA=$isa ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" \
+    -R 'test_kernels|test_model_|test_pipeline|test_run_model'
+done
 if [ "${CDF_SKIP_SANITIZE:-0}" != 1 ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCDF_SANITIZE=ON >/dev/null
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure --repeat until-pass:2 -j"$jobs"
+fi
+if [ "${CDF_SKIP_FUZZ:-0}" != 1 ]; then
+  # a short run of each target (about 2 minutes in all, build included): enough to catch a parser
+  # change that crashes on the seeds or near them; the reproducer is in build-fuzz/work/findings
+  bash scripts/fuzz.sh -t "${CDF_FUZZ_SECONDS:-15}"
+fi
+if [ "${CDF_SKIP_VALGRIND:-0}" != 1 ]; then
+  # memcheck over the Release build above: the JSON and safetensors parsers, the CLIP tokenizer,
+  # and the CLI generating with the tiny FLUX.1 pipeline (every component; about 1 minute)
+  bash scripts/valgrind.sh -b build test_io_json test_io_safetensors test_tokenizer_clip
 fi

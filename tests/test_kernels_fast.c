@@ -11,6 +11,10 @@
  * to bf16 (round-to-nearest-even, as cdf_convert does) and the bf16 B. The f32 path is also
  * compared with the reference kernel (cdf_k_matmul / cdf_k_conv2d) within 1e-4 * scale.
  *
+ * Under a lower ISA level (CDIFFUSERS_ISA=avx2|avx512|generic or such a CPU) the bf16-weight
+ * cases run through cdf_k_matmul_dispatch / cdf_k_conv2d_dispatch instead and must still give
+ * the bf16 policy's result (A rounded to bf16, f32 accumulation) within the same bounds.
+ *
  * Every case asserts that the fast path actually ran (handled == true) where it claims support,
  * so a fast path that silently declines everything fails. On a CPU without AVX2+FMA (f32) or
  * AVX512-BF16/AMX-BF16 (bf16), or a build without oneDNN, the cases skip with a note; but when
@@ -38,6 +42,7 @@
 #include "testutil.h"
 
 #include "cdiffusers/dtype.h"
+#include "kernels/cpu_features.h"
 #include "kernels/dispatch.h"
 #include "kernels/fast_onednn.h"
 #include "kernels/kernels.h"
@@ -46,6 +51,10 @@
 #define SENTINEL 12345.0f
 
 static cdf_k_fast_info info;
+/* Set by need_bf16 when the ISA level (CPU or CDIFFUSERS_ISA) has no native bf16 kernels: the
+ * bf16 cases then run through the dispatch, which must still compute the bf16 policy (A rounded
+ * to bf16, f32 accumulation) with the widened-weight oneDNN f32 path or the reference kernel. */
+static bool bf16_via_dispatch;
 
 static bool isa_capped_by_env(void) {
     const char *a = getenv("ONEDNN_MAX_CPU_ISA"), *b = getenv("DNNL_MAX_CPU_ISA");
@@ -55,6 +64,10 @@ static bool isa_capped_by_env(void) {
 /* true = f32 fast path expected to run; skips (returns false) with a note otherwise. */
 static bool need_f32(void) {
     cdf_k_fast_get_info(&info);
+    if (cdf_k_reference_only()) {
+        printf("  [skip] ISA level %s (CDIFFUSERS_ISA or the CPU): only the reference kernels run\n", info.level);
+        return false;
+    }
     if (!info.onednn_version[0]) {
         printf("  [skip] built without oneDNN: the fast paths decline everything\n");
         return false;
@@ -72,6 +85,13 @@ static bool need_f32(void) {
 }
 
 static bool need_bf16(void) {
+    bf16_via_dispatch = false;
+    if (cdf_k_isa_level() < CDF_K_ISA_AVX512_BF16) {
+        cdf_k_fast_get_info(&info);
+        printf("  [note] ISA level %s: bf16 cases run through the dispatch (emulated bf16 policy)\n", info.level);
+        bf16_via_dispatch = true;
+        return true;
+    }
     if (!need_f32()) return false;
     bool cpu_has = (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")) ||
                    __builtin_cpu_supports("amx-bf16");
@@ -231,7 +251,12 @@ static double mm_ref(const mm_bufs *m, int64_t bi, int64_t i, int64_t j, bool ro
 static void mm_check(mm_bufs *m, bool round_a, bool vs_reference, const char *what) {
     const cdf_k_matmul_args *x = &m->x;
     bool handled = false;
-    assert_int_equal(cdf_k_matmul_fast(x, &handled), CDF_OK);
+    if (bf16_via_dispatch && x->b_dt == CDF_BF16) {
+        assert_int_equal(cdf_k_matmul_dispatch(x), CDF_OK);
+        handled = true;
+    } else {
+        assert_int_equal(cdf_k_matmul_fast(x, &handled), CDF_OK);
+    }
     if (!handled) fail_msg("%s: fast matmul declined batch=%lld M=%lld N=%lld K=%lld", what, (long long)x->batch,
                            (long long)x->M, (long long)x->N, (long long)x->K);
     float *got = malloc(sizeof(float) * m->c_n), *want = NULL;
@@ -338,6 +363,7 @@ static void test_matmul_f32_batched(void **state) {
 static void test_matmul_bf16_weights(void **state) {
     (void)state;
     if (!need_bf16()) return;
+    cdf_k_fast_reset_stats();
     int n = 0;
     for (int mi = 0; mi < NSIZES; mi++)
         for (int ni = 0; ni < NSIZES; ni++)
@@ -378,6 +404,12 @@ static void test_matmul_bf16_weights(void **state) {
     mm_setup(&cs, &m, 4100);
     mm_check(&m, true, false, "bf16 x bf16 -> bf16");
     mm_free(&m);
+    cdf_k_fast_stats st;
+    cdf_k_fast_get_stats(&st);
+    printf("  bf16-weight matmuls run by oneDNN: %lld (declined %lld), ISA level %s\n", (long long)st.matmul_handled,
+           (long long)st.matmul_declined, info.level);
+    /* above generic, the widened-weight f32 path (or the native bf16 one) must have run them */
+    if (!cdf_k_reference_only() && info.available) assert_true(st.matmul_handled > 0);
 }
 
 /* With K = 1 and B = 1 the product is A as the fast path rounded it: it must be exactly
@@ -400,8 +432,11 @@ static void test_matmul_bf16_rounding_is_rne(void **state) {
     float c[32];
     cdf_k_matmul_args x = {.batch = 1, .M = M, .N = 1, .K = 1, .a = a, .a_dt = CDF_F32, .lda = 1,
                            .b = &one, .b_dt = CDF_BF16, .ldb = 1, .c = c, .c_dt = CDF_F32, .ldc = 1, .alpha = 1.0f};
-    bool handled = false;
-    assert_int_equal(cdf_k_matmul_fast(&x, &handled), CDF_OK);
+    bool handled = bf16_via_dispatch;
+    if (bf16_via_dispatch)
+        assert_int_equal(cdf_k_matmul_dispatch(&x), CDF_OK);
+    else
+        assert_int_equal(cdf_k_matmul_fast(&x, &handled), CDF_OK);
     assert_true(handled);
     for (int i = 0; i < M; i++) {
         /* RNE by hand: independent of the library's converter */
@@ -419,6 +454,10 @@ static void test_matmul_bf16_rounding_is_rne(void **state) {
 static void test_matmul_bf16_prepack(void **state) {
     (void)state;
     if (!need_bf16()) return;
+    if (bf16_via_dispatch) {
+        printf("  [skip] prepacking of native bf16 weights: not at this ISA level\n");
+        return;
+    }
     cdf_k_fast_clear();
     cdf_k_fast_set_pack_limit((size_t)64 << 20);
     mm_case cs = {.batch = 1, .M = 17, .N = 129, .K = 64, .tb = true, .bias = true, .alpha = 1.0f,
@@ -627,7 +666,12 @@ static void conv_check(const conv_case *cs, uint64_t seed) {
                            .weight = w, .w_dt = cs->w_dt, .bias = cs->bias ? bias : NULL, .b_dt = cs->w_dt,
                            .out = out, .out_dt = cs->out_dt};
     bool handled = false;
-    assert_int_equal(cdf_k_conv2d_fast(&a, &handled), CDF_OK);
+    if (bf16_via_dispatch && cs->w_dt == CDF_BF16) {
+        assert_int_equal(cdf_k_conv2d_dispatch(&a), CDF_OK);
+        handled = true;
+    } else {
+        assert_int_equal(cdf_k_conv2d_fast(&a, &handled), CDF_OK);
+    }
     if (!handled)
         fail_msg("fast conv2d declined n=%lld cin=%lld %lldx%lld cout=%lld k=%lldx%lld s=%lld,%lld p=%lld,%lld g=%lld",
                  (long long)cs->n, (long long)cs->cin, (long long)cs->h, (long long)cs->w, (long long)cs->cout,

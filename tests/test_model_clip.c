@@ -20,6 +20,12 @@
 #include "models/text_encoders.h"
 
 #define F32_TOL 1e-4
+/* bf16 compute (the default policy, kernels/dispatch.h): with bf16 weights the matmul inputs are
+ * also rounded to bf16 (f32 accumulation). That perturbs the other operand of the same products
+ * by the same relative 2^-9 as rounding the weights did, whose effect the golden README measured
+ * at 0.3-0.94% of max|output| (worst: vae_kl16 decode, 0.021 of 2.24). No such figure exists for
+ * a BF16 checkpoint, so the bound is 3x the worst relative one: 3% of max|golden output| (CLIP-L: 3.54 last_hidden_state -> 0.1; measured ~0.02). Structural errors are O(output std ~1). */
+#define BF16_COMPUTE_TOL 0.1
 
 
 static cdf_load_options opts(cdf_dtype weight_dtype) {
@@ -76,12 +82,12 @@ static void test_clip_g_f32(void **state) {
                     F32_TOL, "clip_g f32 weights", true);
 }
 
-/* bf16 weight storage: the CLIP-L checkpoint is BF16, so storing it as bf16 is exact and only the
- * kernels' bf16 path (bf16 loads, f32 accumulation) differs: same tolerance. */
+/* bf16 weight storage: the CLIP-L checkpoint is BF16, so storing it as bf16 is exact; the bf16
+ * compute policy (activations rounded at the matmul inputs) differs: BF16_COMPUTE_TOL. */
 static void test_clip_l_bf16_storage(void **state) {
     (void)state;
     run_and_compare(tu_data("golden/text_models/clip_l_tiny"), CDF_BF16, "golden/text_models/outputs/clip_l_tiny.safetensors",
-                    F32_TOL, "clip_l bf16 storage", true);
+                    BF16_COMPUTE_TOL, "clip_l bf16 storage", true);
 }
 
 /* ---- modified checkpoints in a temp dir ------------------------------------------------------- */
@@ -175,8 +181,8 @@ static void test_clip_g_bf16_storage(void **state) {
         double d = tu_diff_tensors(cdf_tensor_map_get(&out_bf16, names[i]), cdf_tensor_map_get(&out_rounded, names[i]), names[i]);
         double g = tu_diff_tensors(cdf_tensor_map_get(&out_rounded, names[i]), cdf_tensor_map_get(&golden, names[i] + 4), names[i]);
         printf("  clip_g %-30s bf16 storage vs pre-rounded f32: %.3g (tol %.1g); pre-rounded f32 vs golden: %.3g\n",
-               names[i], d, F32_TOL, g);
-        assert_true(d <= F32_TOL);
+               names[i], d, BF16_COMPUTE_TOL, g);
+        assert_true(d <= BF16_COMPUTE_TOL);
     }
     cdf_component_free(rounded);
     cdf_component_free(bf16);

@@ -87,11 +87,16 @@ static void test_prompt_embeds_64(void **state) {
     run_and_compare_rows(tu_data(MODEL_DIR), CDF_F32, EMBEDS64, 0, F32_TOL, "2 prompts @64 f32 weights", NULL);
 }
 
-/* The checkpoint is BF16, so bf16 storage holds exactly the same weight values; only the kernels'
- * bf16 path (bf16 loads, f32 accumulation) differs: same tolerance. */
+/* The checkpoint is BF16, so bf16 storage holds exactly the same weight values; the bf16 compute
+ * policy (activations rounded at the matmul inputs) differs:
+ * bf16 compute (the default policy, kernels/dispatch.h): with bf16 weights the matmul inputs are
+ * also rounded to bf16 (f32 accumulation). That perturbs the other operand of the same products
+ * by the same relative 2^-9 as rounding the weights did, whose effect the golden README measured
+ * at 0.3-0.94% of max|output| (worst: vae_kl16 decode, 0.021 of 2.24). No such figure exists for
+ * a BF16 checkpoint, so the bound is 3x the worst relative one: 3% of max|golden output| (5.17 -> 0.15; measured ~0.06). */
 static void test_prompt_embeds_bf16_storage(void **state) {
     (void)state;
-    run_and_compare_rows(tu_data(MODEL_DIR), CDF_BF16, EMBEDS, 1, F32_TOL, "1 prompt @512 bf16 storage", NULL);
+    run_and_compare_rows(tu_data(MODEL_DIR), CDF_BF16, EMBEDS, 1, 0.15, "1 prompt @512 bf16 storage", NULL);
 }
 
 /* Every hidden state (embeddings, the 4 layer outputs, the last one after the final norm) of the

@@ -90,12 +90,14 @@ static void test_sd35m_f32(void **state) {
  *     f32 path run on a copy of the checkpoint whose 2-D+ weights were rounded to bf16 here (RNE,
  *     the rounding torch's .to(bfloat16) uses) — i.e. bf16 storage must change nothing but the
  *     weight values. pos_embed.pos_embed stays f32 in both (position tables are read as f32),
- *     1-D tensors stay f32 (the load policy). Only the accumulation order of the bf16 matmul
- *     kernels may differ: 1e-4 (a few ulp at |x| <= 7, through 3 blocks).
+ *     1-D tensors stay f32 (the load policy). The bf16 compute policy (kernels/dispatch.h) also
+ *     rounds the activations to bf16 at each matmul input (f32 accumulation): a perturbation of
+ *     the same relative size (2^-9) as rounding the weights, which this test measures at ~0.02-0.025
+ *     (bf16-rounded f32 path vs golden), so it gets the same bound as (2); measured ~0.02.
  * (2) distance to the f32 golden: rounding every weight to 8 significant bits moves the outputs;
  *     the README measures 0.004-0.04 max abs for the other transformers of this size (bf16 vs
  *     fp32 weights column). 0.08 = twice the largest of those. */
-#define BF16_SAME_WEIGHTS_ATOL 1e-4
+#define BF16_SAME_WEIGHTS_ATOL 0.08
 #define BF16_VS_F32_GOLDEN_ATOL 0.08
 
 static int copy_file(const char *from, const char *to) {

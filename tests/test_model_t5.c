@@ -82,13 +82,18 @@ static void test_t5_512_f32(void **state) {
                     F32_TOL, "t5 @512 f32 weights");
 }
 
-/* The checkpoint is BF16, so bf16 storage holds exactly the same weight values; only the kernels'
- * bf16 path (bf16 loads, f32 accumulation) differs: same tolerance. Two prompts keep the Debug
+/* The checkpoint is BF16, so bf16 storage holds exactly the same weight values; the bf16 compute
+ * policy (activations rounded at the matmul inputs) differs:
+ * bf16 compute (the default policy, kernels/dispatch.h): with bf16 weights the matmul inputs are
+ * also rounded to bf16 (f32 accumulation). That perturbs the other operand of the same products
+ * by the same relative 2^-9 as rounding the weights did, whose effect the golden README measured
+ * at 0.3-0.94% of max|output| (worst: vae_kl16 decode, 0.021 of 2.24). No such figure exists for
+ * a BF16 checkpoint, so the bound is 3x the worst relative one: 3% of max|golden output| (4.09 -> 0.12; measured ~0.013). Two prompts keep the Debug
  * build fast (the f32 tests above cover all of them). */
 static void test_t5_256_bf16_storage(void **state) {
     (void)state;
     run_and_compare_rows(tu_data("golden/text_models/t5_tiny"), CDF_BF16, "golden/text_models/outputs/t5_tiny_256.safetensors",
-                         2, F32_TOL, "t5 @256 bf16 storage");
+                         2, 0.12, "t5 @256 bf16 storage");
 }
 
 /* The bucket of every relative position -511..511 equals the golden table (transformers'

@@ -117,15 +117,17 @@ static void test_bf16_folder_upcast(void **state) {
 }
 
 /* bf16 folder, weights kept in bf16 on the device: every stored value is already a bf16 number,
- * so storing it as bf16 loses nothing, and the kernels accumulate in f32 like the reference. The
- * same 2e-5 therefore applies (no looser bound is needed; a kernel that accumulated in bf16 would
- * miss it by orders of magnitude). */
+ * so storing it as bf16 loses nothing; but the bf16 compute policy (kernels/dispatch.h) rounds
+ * the conv/matmul inputs to bf16 (f32 accumulation), a perturbation of the same relative size
+ * (2^-9) as rounding the weights, which the golden README measured at 0.021 (decode) / 0.019
+ * (encode_mean) for this VAE. Bound: 3x that, 0.063 (as test_model_vae_flux2); measured ~0.013. */
+#define VAE_BF16_COMPUTE_ATOL 0.063
 static void test_bf16_folder_bf16_storage(void **state) {
     (void)state;
     cdf_tensor_map io;
     load_io(&io, kl16("io_bf16.safetensors"));
     cdf_component *c = load_component(kl16("vae_bf16"), CDF_BF16);
-    check_decode_encode(c, &io, "bf16 weights, bf16 storage", VAE_ATOL);
+    check_decode_encode(c, &io, "bf16 weights, bf16 storage", VAE_BF16_COMPUTE_ATOL);
     cdf_component_free(c);
     cdf_tensor_map_clear(&io);
 }

@@ -80,7 +80,10 @@ static void run_case(const golden_case *gc) {
     gp.seed = (uint64_t)cJSON_GetObjectItem(call, "seed")->valuedouble;
 
     cdf_pipeline *pipe = NULL;
-    if (cdf_pipeline_load(dir, NULL, &pipe) != CDF_OK) fail_msg("load %s: %s", dir, cdf_last_error());
+    /* the golden pipelines ran in f32: the exact path, not the bf16 default */
+    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    lp.weight_dtype = CDF_F32;
+    if (cdf_pipeline_load(dir, &lp, &pipe) != CDF_OK) fail_msg("load %s: %s", dir, cdf_last_error());
     cdf_tensor_map cap;
     cdf_tensor_map_init(&cap);
     gp.capture = &cap;

@@ -131,7 +131,10 @@ static cdf_pipeline *g_pipe;
 
 static int group_setup(void **st) {
     (void)st;
-    if (cdf_pipeline_load(pipe_dir(), NULL, &g_pipe) != CDF_OK) {
+    /* the golden pipeline ran in f32: the exact path, not the bf16 default */
+    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    lp.weight_dtype = CDF_F32;
+    if (cdf_pipeline_load(pipe_dir(), &lp, &g_pipe) != CDF_OK) {
         print_error("load %s: %s\n", pipe_dir(), cdf_last_error());
         return -1;
     }

@@ -1,7 +1,7 @@
 /* Matmul throughput: fast paths (src/kernels/fast_onednn.c) vs the reference kernel, at the
  * shapes the DiT models run, plus register-only peaks of the CPU for scale.
  *
- *   bench_kernels [--quick | --verbose-probe]   (built and run by bench/kernels/run.sh)
+ *   bench_kernels [--quick | --verbose-probe | --attention]   (built and run by bench/kernels/run.sh)
  *
  * Linear layers are timed as the models call them: A = activations [M, K] f32, B = weight
  * [N, K] (trans_b), C f32. "bf16" = bf16 weights: the fast path rounds A to bf16 and runs
@@ -20,6 +20,8 @@
 #include <unistd.h>
 
 #include "cdiffusers/dtype.h"
+#include "kernels/cpu_features.h"
+#include "kernels/dispatch.h"
 #include "kernels/fast_onednn.h"
 #include "kernels/kernels.h"
 #include "peak.h"
@@ -224,6 +226,69 @@ static void verbose_probe(void) {
     free(xi); free(w); free(o); free(wh);
 }
 
+/* ---- attention --------------------------------------------------------------------------- */
+
+typedef struct att_shape {
+    const char *name;
+    int64_t b, h, l, d;
+    bool reference; /* also time the reference kernel (one call) */
+} att_shape;
+
+/* best of repeated calls of the fast kernel at `isa` (< 0: the reference kernel, one call) */
+static double time_attention(const cdf_k_attention_args *a, int isa, double min_s) {
+    double best = 1e30, spent = 0.0;
+    for (int rep = 0; rep < 50 && (rep < 2 || spent < min_s); rep++) {
+        double t0 = now_s();
+        bool handled = true;
+        if (isa < 0)
+            cdf_k_attention(a);
+        else
+            cdf_k_attention_fast_at(a, (cdf_k_isa)isa, &handled);
+        double t = now_s() - t0;
+        if (!handled) return -1.0;
+        spent += t;
+        if (t < best) best = t;
+        if (isa < 0) break;
+    }
+    return best;
+}
+
+/* Self-attention over L tokens (image + text, as SD3/FLUX joint attention), q/k/v f32 in the
+ * [B, L, H, D] layout the models' fused projections produce, no mask. FLOP = 4 B H L^2 D. */
+static void bench_attention(const att_shape *s, bool quick) {
+    const int64_t n = s->b * s->l * s->h * s->d;
+    float *q = malloc(sizeof(float) * (size_t)n), *k = malloc(sizeof(float) * (size_t)n);
+    float *v = malloc(sizeof(float) * (size_t)n), *o = malloc(sizeof(float) * (size_t)n);
+    if (!q || !k || !v || !o) {
+        printf("| %s | out of memory | | | | |\n", s->name);
+        free(q), free(k), free(v), free(o);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) q[i] = frand(), k[i] = frand(), v[i] = frand();
+    const int64_t sl = s->h * s->d, sb = s->l * sl;
+    cdf_k_attention_args a = {.b = s->b, .h = s->h, .lq = s->l, .lk = s->l, .d = s->d, .dv = s->d,
+                              .q = q, .q_dt = CDF_F32, .q_sb = sb, .q_sh = s->d, .q_sl = sl,
+                              .k = k, .k_dt = CDF_F32, .k_sb = sb, .k_sh = s->d, .k_sl = sl,
+                              .v = v, .v_dt = CDF_F32, .v_sb = sb, .v_sh = s->d, .v_sl = sl,
+                              .out = o, .out_dt = CDF_F32, .scale = 0.125f};
+    const double flop = 4.0 * (double)s->b * (double)s->h * (double)s->l * (double)s->l * (double)s->d;
+    const double min_s = quick ? 0.3 : 1.0;
+    const double t_ref = s->reference && !quick ? time_attention(&a, -1, 0) : -1.0;
+    const cdf_k_isa native = cdf_k_isa_native();
+    const double lxl_mb = 4.0 * (double)s->b * (double)s->h * (double)s->l * (double)s->l / 1048576.0;
+    if (t_ref > 0)
+        printf("| %s | reference (plain C) | %.1f | %.3f | 1.00 | |\n", s->name, t_ref * 1e3, flop / t_ref * 1e-12);
+    for (int isa = CDF_K_ISA_AVX2; isa <= (int)native && isa <= CDF_K_ISA_AVX512; isa++) {
+        const double t = time_attention(&a, isa, min_s);
+        if (t < 0) continue;
+        char ratio[32] = "";
+        if (t_ref > 0) snprintf(ratio, sizeof ratio, "%.2f", t_ref / t);
+        printf("| %s | fast f32 %s | %.1f | %.3f | %s | L x L scores would be %.0f MB; none allocated |\n", s->name,
+               cdf_k_isa_name((cdf_k_isa)isa), t * 1e3, flop / t * 1e-12, ratio, lxl_mb);
+    }
+    free(q), free(k), free(v), free(o);
+}
+
 static void print_peaks(const cdf_k_fast_info *info) {
     const int nthr = omp_get_max_threads();
     const int64_t iters = 50000000;
@@ -254,8 +319,36 @@ static void print_peaks(const cdf_k_fast_info *info) {
     printf("\n(%d OpenMP threads for the all-threads column)\n", nthr);
 }
 
+static void bench_attention_all(bool quick) {
+    const att_shape atts[] = {
+        {"SD3.5-M 512x512 CFG: B2 H24 L1357 (1024+333) D64", 2, 24, 1357, 64, true},
+        {"FLUX 512x512: B1 H24 L1536 (1024+512) D128", 1, 24, 1536, 128, true},
+        {"FLUX 1024x1024: B1 H24 L4608 (4096+512) D128", 1, 24, 4608, 128, false},
+    };
+    printf("\n### Attention (self-attention, f32 q/k/v [B, L, H, D], no mask; FLOP = 4 B H L^2 D)\n\n"
+           "| shape | path | ms | TFLOP/s | x ref | notes |\n|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < (quick ? 1 : sizeof atts / sizeof *atts); i++) {
+        /* the register peaks right before, under the same machine load, to read the figures against */
+        double fma = 0.0, dp = 0.0;
+        const cdf_k_cpu_features *f = cdf_k_cpu();
+#pragma omp parallel reduction(+ : fma, dp)
+        {
+            if (f->avx512_core) fma += peak_f32_fma(20000000);
+            if (f->avx512_bf16) dp += peak_bf16_dp(20000000);
+        }
+        printf("| (all-thread peaks just before: f32 FMA %.3f, bf16 vdpbf16ps %.3f TFLOP/s) | | | | | |\n", fma * 1e-12,
+               dp * 1e-12);
+        bench_attention(&atts[i], quick);
+    }
+}
+
 int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* rows appear as they are measured */
     const bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    if (argc > 1 && strcmp(argv[1], "--attention") == 0) {
+        bench_attention_all(false);
+        return 0;
+    }
     if (argc > 1 && strcmp(argv[1], "--verbose-probe") == 0) {
         verbose_probe();
         return 0;
@@ -299,5 +392,6 @@ int main(int argc, char **argv) {
     printf("\n### Conv2d (NCHW, stride 1, pad 1, f32 input)\n\n| shape | weights | path | ms | TFLOP/s | x ref | oneDNN impl / notes |\n"
            "|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < (quick ? 1 : sizeof convs / sizeof *convs); i++) bench_conv(&convs[i], quick);
+    bench_attention_all(quick);
     return 0;
 }

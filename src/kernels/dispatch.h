@@ -1,19 +1,35 @@
-/* Kernel dispatch: with CDIFFUSERS_KERNELS=fast, a fast path (oneDNN) where one applies and
- * the reference kernel otherwise; by default (or CDIFFUSERS_KERNELS=reference) the reference
- * kernels run everything. */
+/* Kernel dispatch: the compute policy and the ISA fallback chain for matmul, conv2d and attention.
+ *
+ * Compute policy (the speed issue's default compute): a matmul / conv whose weights (B / w) are
+ * bf16 and whose activations (A / x) are f32 rounds the activations to bf16 (round-to-nearest-
+ * even) at its input and accumulates in f32; everything else (f32 weights: the "exact" path,
+ * norms, softmax, the residual stream) stays f32. Every ISA level computes this same policy:
+ *   avx512_bf16  oneDNN's bf16 kernels (AVX512-BF16 / AMX), A rounded by oneDNN's reorder
+ *   avx2/avx512  A rounded here, bf16 weights widened to f32 (exact), oneDNN f32 kernels
+ *   generic      A rounded here, the plain C reference kernel (bf16 A is exact in it)
+ * so the levels differ only in summation order. The level is the CPU's best, capped by
+ * CDIFFUSERS_ISA (kernels/cpu_features.h). */
 #ifndef CDF_KERNELS_DISPATCH_H
 #define CDF_KERNELS_DISPATCH_H
 
+#include "kernels/cpu_features.h"
 #include "kernels/kernels.h"
 
 /* Fast paths (fast_onednn.c, always defined; they decline without oneDNN): return CDF_OK and
  * set *handled = true if they ran the op; *handled = false (and CDF_OK) to decline. */
 cdf_status cdf_k_matmul_fast(const cdf_k_matmul_args *a, bool *handled);
 cdf_status cdf_k_conv2d_fast(const cdf_k_conv2d_args *a, bool *handled);
+/* Vectorised flash attention (attention_fast.c): same contract as cdf_k_attention, f32 compute;
+ * declines (handled = false) below AVX2 or for operands it does not take. */
+cdf_status cdf_k_attention_fast(const cdf_k_attention_args *a, bool *handled);
+/* The same at a given level (for tests and benchmarks; capped at the CPU's native level). */
+cdf_status cdf_k_attention_fast_at(const cdf_k_attention_args *a, cdf_k_isa isa, bool *handled);
 
 cdf_status cdf_k_matmul_dispatch(const cdf_k_matmul_args *a);
 cdf_status cdf_k_conv2d_dispatch(const cdf_k_conv2d_args *a);
-/* false only when CDIFFUSERS_KERNELS=fast */
+cdf_status cdf_k_attention_dispatch(const cdf_k_attention_args *a);
+/* true when the ISA level is generic (CDIFFUSERS_ISA=generic, CDIFFUSERS_KERNELS=reference or a
+ * CPU below AVX2): only the reference kernels run */
 bool cdf_k_reference_only(void);
 
 #endif

@@ -24,10 +24,10 @@
 #include <string.h>
 
 #include "core/error_internal.h"
+#include "kernels/cpu_features.h"
 
 #ifdef CDF_HAVE_ONEDNN
 
-#include <cpuid.h>
 #include <math.h>
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -42,34 +42,14 @@ typedef struct cpu_caps {
     bool dnnl_f32_ok, dnnl_bf16_ok; /* oneDNN's effective ISA (ONEDNN_MAX_CPU_ISA may cap it) */
 } cpu_caps;
 
-static uint64_t read_xcr0(void) {
-    uint32_t lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return ((uint64_t)hi << 32) | lo;
-}
-
-/* cpuid + the OS-enabled register state (XCR0): an instruction set counts only if both say so. */
+/* cpuid + the OS-enabled register state (kernels/cpu_features.c). */
 static void detect_cpu(cpu_caps *c) {
     memset(c, 0, sizeof *c);
-    unsigned a, b, cx, d;
-    if (!__get_cpuid(1, &a, &b, &cx, &d)) return;
-    const bool fma = cx & (1u << 12), osxsave = cx & (1u << 27), avx = cx & (1u << 28);
-    if (!osxsave || !avx || __get_cpuid_max(0, NULL) < 7) return;
-    const uint64_t xcr0 = read_xcr0();
-    const bool ymm_os = (xcr0 & 0x6) == 0x6;              /* SSE + AVX state */
-    const bool zmm_os = (xcr0 & 0xe6) == 0xe6;            /* + opmask, ZMM_Hi256, Hi16_ZMM */
-    const bool tile_os = (xcr0 & (3ull << 17)) == (3ull << 17); /* XTILECFG + XTILEDATA */
-    unsigned max_sub, b7, c7, d7;
-    __cpuid_count(7, 0, max_sub, b7, c7, d7);
-    const bool avx2 = b7 & (1u << 5), f = b7 & (1u << 16), dq = b7 & (1u << 17), bw = b7 & (1u << 30),
-               vl = b7 & (1u << 31);
-    const bool amx_bf16 = d7 & (1u << 22), amx_tile = d7 & (1u << 24);
-    unsigned a71 = 0, b71, c71, d71;
-    if (max_sub >= 1) __cpuid_count(7, 1, a71, b71, c71, d71);
-    c->avx2_fma = avx2 && fma && ymm_os;
-    c->avx512_core = f && dq && bw && vl && zmm_os;
-    c->avx512_bf16 = c->avx512_core && (a71 & (1u << 5));
-    c->amx_bf16 = c->avx512_core && amx_bf16 && amx_tile && tile_os;
+    const cdf_k_cpu_features *f = cdf_k_cpu();
+    c->avx2_fma = f->avx2_fma;
+    c->avx512_core = f->avx512_core;
+    c->avx512_bf16 = f->avx512_bf16;
+    c->amx_bf16 = f->amx_bf16;
 }
 
 /* Linux keeps AMX tile data disabled until the process asks (once, process-wide). */
@@ -127,8 +107,15 @@ static void fast_init_locked(void) {
     const char *env = getenv("CDIFFUSERS_PREPACK_MB");
     long long mb = env && *env ? atoll(env) : DEFAULT_PACK_MB;
     g.pack_limit = mb > 0 ? (size_t)mb << 20 : 0;
-    if (!g.caps.avx2_fma) return;
-    if (g.caps.amx_bf16) {
+    /* CDIFFUSERS_ISA caps the level (kernels/cpu_features.h): oneDNN is capped to match, so a
+     * forced fallback really runs the fallback's code (set before oneDNN's first primitive) */
+    const cdf_k_isa level = cdf_k_isa_level();
+    if (!g.caps.avx2_fma || level < CDF_K_ISA_AVX2) return;
+    if (level == CDF_K_ISA_AVX2) {
+        dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2);
+    } else if (level == CDF_K_ISA_AVX512) {
+        dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx512_core);
+    } else if (g.caps.amx_bf16) {
         g.caps.amx_permitted = request_amx();
         /* without the permission an AMX kernel would fault: keep oneDNN below AMX */
         if (!g.caps.amx_permitted) dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx512_core_bf16);
@@ -148,8 +135,10 @@ static void fast_init_locked(void) {
     g.init = 1;
 }
 
+/* oneDNN's native bf16 kernels may run (else bf16 weights are widened to f32: emulation) */
 static bool bf16_ok(void) {
-    return g.caps.dnnl_bf16_ok && (g.caps.avx512_bf16 || (g.caps.amx_bf16 && g.caps.amx_permitted));
+    return cdf_k_isa_level() >= CDF_K_ISA_AVX512_BF16 && g.caps.dnnl_bf16_ok &&
+           (g.caps.avx512_bf16 || (g.caps.amx_bf16 && g.caps.amx_permitted));
 }
 
 static void *ws_get(int slot, size_t bytes) {
@@ -637,13 +626,17 @@ cdf_status cdf_k_matmul_fast(const cdf_k_matmul_args *x, bool *handled) {
     if (x->lda < (x->trans_a ? x->M : x->K) || x->ldb < (x->trans_b ? x->K : x->N) || x->ldc < x->N) return CDF_OK;
     if (x->sa < 0 || x->sb < 0 || x->sc < 0) return CDF_OK;
     if (x->batch > 1 && (x->sc == 0 || (x->sa == 0 && x->sb == 0))) return CDF_OK; /* degenerate batches */
-    const dnnl_data_type_t cdt = x->b_dt == CDF_BF16 ? dnnl_bf16 : dnnl_f32;
-    if (cdt == dnnl_f32 && x->c_dt != CDF_F32) return CDF_OK; /* f32 compute writes f32 only */
 
     pthread_mutex_lock(&g.mu);
     fast_init_locked();
     cdf_status s = CDF_OK;
-    if (g.init == 1 && (cdt == dnnl_f32 || bf16_ok())) {
+    /* bf16 weights: oneDNN's bf16 kernels where the CPU has them; otherwise f32 compute on the
+     * weights widened to f32 (exact), with A already rounded to bf16 by the dispatch (an f32 A
+     * is declined there: the bf16 policy needs it rounded first) */
+    const dnnl_data_type_t cdt = x->b_dt == CDF_BF16 && bf16_ok() ? dnnl_bf16 : dnnl_f32;
+    const bool widen_b = x->b_dt == CDF_BF16 && cdt == dnnl_f32;
+    const bool ok_dts = cdt == dnnl_bf16 || (x->c_dt == CDF_F32 && !(widen_b && x->a_dt == CDF_F32));
+    if (g.init == 1 && ok_dts) {
         mm_shape sh;
         mm_normalise(x, &sh);
         /* bf16 weights (one matrix for the batch) are prepacked. f32 B is never cached (f32
@@ -651,8 +644,8 @@ cdf_status cdf_k_matmul_fast(const cdf_k_matmul_args *x, bool *handled) {
          * reorder into oneDNN's blocked layout pays for itself (f32 4429 x 1536 x 1536: ~1.7x;
          * bf16 4429 x 6144 x 1536: ~2x over oneDNN copying plain B blocks itself); with few
          * rows the reorder would cost as much as the product. */
-        const bool may_pack = cdt == dnnl_bf16 && sh.bb == 1 && g.pack_limit > 0;
-        const bool b_any = sh.bb == 1 && (may_pack || sh.M >= REORDER_B_MIN_M);
+        const bool may_pack = x->b_dt == CDF_BF16 && sh.bb == 1 && g.pack_limit > 0;
+        const bool b_any = widen_b || (sh.bb == 1 && (may_pack || sh.M >= REORDER_B_MIN_M));
         entry *e = mm_entry(x, &sh, cdt, b_any, may_pack);
         if (e && e->usable) s = mm_run(e, x, handled);
         ws_trim();
@@ -667,8 +660,8 @@ cdf_status cdf_k_matmul_fast(const cdf_k_matmul_args *x, bool *handled) {
 
 /* ---- conv2d ---------------------------------------------------------------------------- */
 
-static entry *conv_entry(const cdf_k_conv2d_args *x, int64_t oh, int64_t ow, int64_t pr_h, int64_t pr_w) {
-    const dnnl_data_type_t cdt = dnnl_dt(x->w_dt);
+static entry *conv_entry(const cdf_k_conv2d_args *x, dnnl_data_type_t cdt, int64_t oh, int64_t ow, int64_t pr_h,
+                         int64_t pr_w) {
     key k;
     memset(&k, 0, sizeof k);
     k.op = OP_CONV;
@@ -676,6 +669,7 @@ static entry *conv_entry(const cdf_k_conv2d_args *x, int64_t oh, int64_t ow, int
     k.dts[1] = x->w_dt;
     k.dts[2] = x->out_dt;
     k.dts[3] = x->bias ? (int32_t)x->b_dt : -1;
+    k.dts[4] = (int32_t)cdt;
     const int64_t v[] = {x->n, x->cin, x->h, x->w, x->cout, x->kh, x->kw, x->stride_h, x->stride_w,
                          x->pad_h, x->pad_w, x->dil_h, x->dil_w, x->groups};
     memcpy(k.v, v, sizeof v);
@@ -710,7 +704,7 @@ static entry *conv_entry(const cdf_k_conv2d_args *x, int64_t oh, int64_t ow, int
     /* the f32 accumulator leaves the primitive as f32; the reorder back rounds once to bf16 */
     bool ok = dnnl_memory_desc_init_by_strides(&e->src_user_md, 4, src_d, dnnl_dt(x->x_dt), src_str) == dnnl_success &&
               dnnl_memory_desc_init_by_tag(&e->dst_user_md, 4, dst_d, dnnl_dt(x->out_dt), dnnl_nchw) == dnnl_success &&
-              dnnl_memory_desc_init_by_tag(&e->w_user_md, w_nd, w_d, cdt, g_ == 1 ? dnnl_oihw : dnnl_goihw) ==
+              dnnl_memory_desc_init_by_tag(&e->w_user_md, w_nd, w_d, dnnl_dt(x->w_dt), g_ == 1 ? dnnl_oihw : dnnl_goihw) ==
                   dnnl_success &&
               dnnl_memory_desc_init_by_tag(&src_any, 4, src_d, cdt, dnnl_format_tag_any) == dnnl_success &&
               dnnl_memory_desc_init_by_tag(&w_any, w_nd, w_d, cdt, dnnl_format_tag_any) == dnnl_success &&
@@ -802,8 +796,11 @@ cdf_status cdf_k_conv2d_fast(const cdf_k_conv2d_args *x, bool *handled) {
     pthread_mutex_lock(&g.mu);
     fast_init_locked();
     cdf_status s = CDF_OK;
-    if (g.init == 1 && (x->w_dt == CDF_F32 || bf16_ok())) {
-        entry *e = conv_entry(x, oh, ow, pr_h, pr_w);
+    /* as matmul: bf16 weights without native bf16 kernels are widened, x must be rounded already */
+    const dnnl_data_type_t cdt = x->w_dt == CDF_BF16 && bf16_ok() ? dnnl_bf16 : dnnl_f32;
+    const bool widen_w = x->w_dt == CDF_BF16 && cdt == dnnl_f32;
+    if (g.init == 1 && !(widen_w && x->x_dt == CDF_F32)) {
+        entry *e = conv_entry(x, cdt, oh, ow, pr_h, pr_w);
         if (e && e->usable) s = conv_run(e, x, handled);
         ws_trim();
     }
@@ -848,6 +845,7 @@ void cdf_k_fast_get_info(cdf_k_fast_info *out) {
     const dnnl_version_t *v = dnnl_version();
     snprintf(out->onednn_version, sizeof out->onednn_version, "%d.%d.%d", v->major, v->minor, v->patch);
     snprintf(out->onednn_isa, sizeof out->onednn_isa, "%s", isa_name(dnnl_get_effective_cpu_isa()));
+    snprintf(out->level, sizeof out->level, "%s", cdf_k_isa_name(cdf_k_isa_level()));
     pthread_mutex_unlock(&g.mu);
 }
 
@@ -923,7 +921,9 @@ cdf_status cdf_k_conv2d_fast(const cdf_k_conv2d_args *x, bool *handled) {
 }
 
 void cdf_k_fast_get_info(cdf_k_fast_info *out) {
-    if (out) memset(out, 0, sizeof *out);
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    snprintf(out->level, sizeof out->level, "%s", cdf_k_isa_name(cdf_k_isa_level()));
 }
 void cdf_k_fast_get_stats(cdf_k_fast_stats *out) {
     if (out) memset(out, 0, sizeof *out);

@@ -13,9 +13,13 @@
  *    accumulation), f32 or bf16 output.
  *  - bias (f32/bf16), alpha, beta 0/1, transposes and leading dims / batch strides (0 =
  *    broadcast) as in cdf_k_matmul_args.
- * They decline when oneDNN is not built in, when the CPU lacks the ISA (f32: AVX2+FMA; bf16:
- * AVX-512 with AVX512-BF16 or AMX-BF16), for f16 operands, and when oneDNN would only offer its
- * slow reference implementation for a shape.
+ *  - bf16 weights on a CPU (or a CDIFFUSERS_ISA level, kernels/cpu_features.h) without native
+ *    bf16 kernels: f32 compute on the weights widened exactly to f32 (a reorder, prepacked like
+ *    bf16 weights). A must then already be bf16 (the dispatch rounds it, so every level computes
+ *    the same bf16 policy); an f32 A with bf16 weights is declined there. Likewise conv2d.
+ * They decline when oneDNN is not built in, when the CPU or CDIFFUSERS_ISA is below AVX2+FMA,
+ * for f16 operands, and when oneDNN would only offer its slow reference implementation for a
+ * shape. oneDNN's ISA is capped to the CDIFFUSERS_ISA level (avx2 / avx512_core).
  *
  * Weight prepacking. Constant weights are reordered once into oneDNN's blocked layout and the
  * copy is cached, keyed by (data pointer, dims, strides, dtype, target layout):
@@ -53,6 +57,7 @@ typedef struct cdf_k_fast_info {
     bool bf16_supported;         /* the bf16 matmul/conv paths may run (CPU and oneDNN's ISA cap) */
     char onednn_version[32];     /* "2.6.3", or "" without oneDNN */
     char onednn_isa[48];         /* oneDNN's effective ISA, e.g. "avx512_core_bf16" */
+    char level[16];              /* the kernels' ISA level (cdf_k_isa_name of cdf_k_isa_level) */
 } cdf_k_fast_info;
 /* Initialises the fast paths on first use (idempotent, thread-safe) and describes them. */
 void cdf_k_fast_get_info(cdf_k_fast_info *out);

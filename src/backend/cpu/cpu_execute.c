@@ -116,7 +116,7 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n) {
             .m_sq = m ? m->strides[2] : 0, .m_sk = m ? m->strides[3] : 0,
             .out = dp, .out_dt = d->dtype, .scale = n->p.attention.scale,
         };
-        return cdf_k_attention(&a);
+        return cdf_k_attention_dispatch(&a);
     }
     case CDF_OP_ROPE: {
         cdf_tensor *x = SRC(0);

@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Groups a flat `perf report` of a cdiffusers run into kernel classes.
+
+    perf report -i perf.data --no-children --sort dso,sym --stdio | python3 profile_summary.py
+
+Prints the top symbols and a table of shares per class: matmul (oneDNN JIT brgemm/gemm and
+its reorders), attention (cdf_k_attention*), elementwise / activations, norms, libm
+calls (tanhf/expm1f of GELU-tanh, expf of SiLU / the reference attention's softmax),
+OpenMP runtime (barrier spin / wake-up: idle threads, inflated when the machine is loaded),
+bf16 rounding / copies / conversion, kernel. `load_block` is counted as elementwise: in a steady
+forward it is the fused elementwise kernel's (a static function of the same name loads SD3
+weights, only at load time).
+"""
+import re
+import sys
+
+CLASSES = [
+    ("matmul (oneDNN JIT)", re.compile(r"jit_brgemm|brgemm|gemm|jit_uni_reorder|jit_avx512.*(conv|gemm)|dnnl")),
+    ("attention", re.compile(r"attention|flash|online_softmax|^block_(avx512|avx2)")),
+    ("libm tanhf/expm1f (GELU-tanh; glibc's tanhf calls expm1f)", re.compile(r"^__(expm1f|tanhf)|tanhf@plt|expm1f@plt")),
+    ("libm expf", re.compile(r"^__expf|expf@plt")),
+    ("norms", re.compile(r"norm")),
+    ("elementwise / activations", re.compile(r"elementwise|unary|binary|gelu|silu|modulat|rope|softmax|^load_block")),
+    ("bf16 rounding / copies / conversion", re.compile(r"round|copy|memmove|memcpy|convert|bf16|contiguous|permute|transpose|memset")),
+    ("OpenMP runtime (spin/wake)", re.compile(r"libgomp|gomp|omp_")),
+]
+
+
+def classify(dso, sym):
+    if dso.startswith("[kernel"):
+        return "kernel (page faults, scheduling)"
+    if dso.startswith("[JIT]") or "dnnl" in dso:
+        return "matmul (oneDNN JIT)"
+    key = sym if "libgomp" not in dso else "libgomp " + sym
+    for name, rx in CLASSES:
+        if rx.search(key):
+            return name
+    return "other"
+
+
+def main():
+    rows = []
+    for line in sys.stdin:
+        m = re.match(r"\s*([0-9.]+)%\s+(\S+(?: tid \d+)?)\s+\[[.k]\]\s+(.*)$", line)
+        if m:
+            rows.append((float(m.group(1)), m.group(2), m.group(3).strip()))
+    if not rows:
+        raise SystemExit("no samples parsed (expected `perf report --no-children --sort dso,sym --stdio`)")
+    print("top symbols:")
+    for pct, dso, sym in rows[:15]:
+        print(f"  {pct:6.2f}%  {dso:24s} {sym}")
+    share = {}
+    for pct, dso, sym in rows:
+        c = classify(dso, sym)
+        share[c] = share.get(c, 0.0) + pct
+    print("\n| class | share of samples |\n|---|---|")
+    for c, p in sorted(share.items(), key=lambda kv: -kv[1]):
+        print(f"| {c} | {p:.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
