@@ -22,6 +22,7 @@ static void fmt(char *buf, size_t n, uint64_t b) {
 int cdf_cli_parse_offload(const char *s, cdf_offload_mode *out) {
     if (strcmp(s, "none") == 0) *out = CDF_OFFLOAD_NONE;
     else if (strcmp(s, "model") == 0) *out = CDF_OFFLOAD_MODEL;
+    else if (strcmp(s, "sequential") == 0) *out = CDF_OFFLOAD_SEQUENTIAL;
     else return -1;
     return 0;
 }
@@ -30,7 +31,9 @@ void cdf_cli_print_memory_stats(const cdf_pipeline *p) {
     cdf_pipeline_memory_stats ms;
     cdf_pipeline_last_memory_stats(p, &ms);
     char b[32];
-    fprintf(stderr, "cdiffusers: device memory peaks (offload %s):", cdf_pipeline_offload_mode(p) == CDF_OFFLOAD_MODEL ? "model" : "none");
+    const cdf_offload_mode mode = cdf_pipeline_offload_mode(p);
+    fprintf(stderr, "cdiffusers: device memory peaks (offload %s):",
+            mode == CDF_OFFLOAD_SEQUENTIAL ? "sequential" : mode == CDF_OFFLOAD_MODEL ? "model" : "none");
     for (int i = 0; i < CDF_PHASE_COUNT; i++) {
         fmt(b, sizeof b, ms.phase_peak_bytes[i]);
         fprintf(stderr, "%s %s %s", i ? "," : "", cdf_pipeline_phase_name((cdf_pipeline_phase)i), b);
@@ -65,7 +68,7 @@ static bool parse_float(const char *s, float *out) {
 }
 
 int cdf_cli_plan(int argc, char **argv) {
-    const char *model = NULL, *dtype = "f32", *offload = "none";
+    const char *model = NULL, *dtype = "bf16", *offload = "none"; /* generate's defaults */
     cdf_generate_params gp = cdf_generate_default_params();
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},  {"height", required_argument, 0, 'H'},
@@ -110,7 +113,7 @@ int cdf_cli_plan(int argc, char **argv) {
     if (strcmp(dtype, "f32") == 0) lp.weight_dtype = CDF_F32;
     else if (strcmp(dtype, "bf16") == 0) lp.weight_dtype = CDF_BF16;
     else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
-    if (cdf_cli_parse_offload(offload, &lp.offload) != 0) return usage_error("--offload must be none or model, got '%s'", offload);
+    if (cdf_cli_parse_offload(offload, &lp.offload) != 0) return usage_error("--offload must be none, model or sequential, got '%s'", offload);
     cdf_memory_plan plan;
     if (cdf_pipeline_plan_memory(model, &lp, &gp, &plan) != CDF_OK) {
         fprintf(stderr, "cdiffusers: plan: %s\n", cdf_last_error());
@@ -128,6 +131,12 @@ int cdf_cli_plan(int argc, char **argv) {
         printf("%-16s %-30s %12s %14s\n", plan.component[i].name, plan.component[i].class_name, b1,
                plan.component[i].activation_known ? b2 : "unknown");
         unknown |= !plan.component[i].activation_known;
+    }
+    if (plan.n_blocks > 0) {
+        fmt(b1, sizeof b1, plan.blocks_weights_bytes);
+        fmt(b2, sizeof b2, plan.largest_block_bytes);
+        printf("transformer blocks: %d, %s in all, the largest %s%s\n", plan.n_blocks, b1, b2,
+               plan.offload == CDF_OFFLOAD_SEQUENTIAL ? " (sequential: host-side, materialised one at a time)" : "");
     }
     printf("\n%-16s %12s %14s %12s\n", "phase", "weights", "activations", "peak");
     for (int ph = 0; ph < CDF_PHASE_COUNT; ph++) {

@@ -338,12 +338,13 @@ static void test_cli_offload_flag_and_plan(void **state) {
     snprintf(out, sizeof out, "%s/cli.png", tu_tmpdir());
     snprintf(err, sizeof err, "%s/cli.err", tu_tmpdir());
     snprintf(so, sizeof so, "%s/cli.out", tu_tmpdir());
-    const char *common = "--prompt 'a red fox' --height 64 --width 64 --steps 1 --max-sequence-length 16 --quiet --force";
+    const char *common = "--prompt 'a red fox' --height 64 --width 64 --steps 1 --max-sequence-length 16 --quiet --force "
+                         "--dtype f32"; /* the plan above is an f32 one (generate's default is bf16) */
     const unsigned long long budget = (unsigned long long)(pm.peak_bytes / 0.9);
 
     /* plan prints the same peak as the library */
     assert_int_equal(tu_system("CDIFFUSERS_COMPILE= '%s' plan --model '%s' --height 64 --width 64 --max-sequence-length 16 "
-                               "--offload model > '%s' 2> '%s'", CDF_CLI_PATH, g_flux, so, err), 0);
+                               "--offload model --dtype f32 > '%s' 2> '%s'", CDF_CLI_PATH, g_flux, so, err), 0);
     char *txt = tu_read_file(so, NULL);
     assert_non_null(txt);
     char want[96];
@@ -379,7 +380,7 @@ static void test_cli_offload_flag_and_plan(void **state) {
     assert_int_equal(stat(out, &st), 0);
 
     /* a bad mode is a usage error */
-    assert_int_equal(tu_system("'%s' generate --model '%s' %s --output '%s' --offload sequential 2> '%s'", CDF_CLI_PATH, g_flux,
+    assert_int_equal(tu_system("'%s' generate --model '%s' %s --output '%s' --offload disk 2> '%s'", CDF_CLI_PATH, g_flux,
                                common, out, err),
                      2);
 }

@@ -10,6 +10,8 @@
  *
  *   calibrate PIPELINE_DIR [--dtype f32|bf16] [--sizes 64,128,256] [--seq 77,256] [--batch 2]
  *   calibrate PIPELINE_DIR --pipeline [same options; --batch 2 = SD3 with CFG]
+ *             [--offload none,model,sequential (default none,model)] [--phase 0|1|2 (default all)]
+ * The execution mode is the environment's (CDIFFUSERS_COMPILE=blocks, CDIFFUSERS_DEFER_AND_FUSE=1).
  *
  * Prints one row per (model, size): measured, planned, and their ratio. With --pipeline, whole
  * generate runs (2 steps), one row per phase and offload mode: the phase's need is found by
@@ -115,6 +117,11 @@ static bool generate_under(cdf_pipeline *p, const cdf_generate_params *gp, int p
 
 /* Per phase: the smallest budget under which the phase runs (to 0.1%), the planner's peak, and
  * the unbudgeted measured peak. */
+static int g_phase = -1;
+static const char *mode_name(cdf_offload_mode m) {
+    return m == CDF_OFFLOAD_SEQUENTIAL ? "sequential" : m == CDF_OFFLOAD_MODEL ? "model" : "none";
+}
+
 static void measure_pipeline(const char *dir, cdf_dtype wdt, cdf_offload_mode mode, int size, int seq, float guidance) {
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
     lp.weight_dtype = wdt;
@@ -137,6 +144,7 @@ static void measure_pipeline(const char *dir, cdf_dtype wdt, cdf_offload_mode mo
         exit(1);
     }
     for (int ph = 0; ph < CDF_PHASE_COUNT; ph++) {
+        if (g_phase >= 0 && ph != g_phase) continue;
         uint64_t lo = 0, hi = free_run.phase_peak_bytes[ph];
         while (hi - lo > hi / 1000 + 64) {
             uint64_t mid = lo + (hi - lo) / 2;
@@ -144,7 +152,7 @@ static void measure_pipeline(const char *dir, cdf_dtype wdt, cdf_offload_mode mo
             else lo = mid;
         }
         printf("| %s | %s | %dpx seq %d%s | %s | %10.3f | %10.3f | %10.3f | %6.3f |\n", plan.pipeline_class,
-               mode == CDF_OFFLOAD_MODEL ? "model" : "none", size, seq, plan.batch > 1 ? " CFG" : "",
+               mode_name(mode), size, seq, plan.batch > 1 ? " CFG" : "",
                cdf_pipeline_phase_name((cdf_pipeline_phase)ph), hi / 1048576.0, plan.phase[ph].peak_bytes / 1048576.0,
                free_run.phase_peak_bytes[ph] / 1048576.0, (double)plan.phase[ph].peak_bytes / hi);
         fflush(stdout);
@@ -159,12 +167,19 @@ int main(int argc, char **argv) {
     }
     const char *dir = argv[1];
     cdf_dtype wdt = CDF_F32;
-    int sizes[16] = {64, 128}, n_sizes = 2, seqs[16] = {77, 256}, n_seqs = 2, batch = 1;
+    int sizes[16] = {64, 128}, n_sizes = 2, seqs[16] = {77, 256}, n_seqs = 2, batch = 1, n_modes = 2;
+    cdf_offload_mode modes[3] = {CDF_OFFLOAD_NONE, CDF_OFFLOAD_MODEL};
     for (int i = 2; i + 1 < argc; i++) {
         if (strcmp(argv[i], "--dtype") == 0) wdt = strcmp(argv[i + 1], "bf16") == 0 ? CDF_BF16 : CDF_F32;
         else if (strcmp(argv[i], "--sizes") == 0) n_sizes = parse_list(argv[i + 1], sizes, 16);
         else if (strcmp(argv[i], "--seq") == 0) n_seqs = parse_list(argv[i + 1], seqs, 16);
         else if (strcmp(argv[i], "--batch") == 0) batch = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--phase") == 0) g_phase = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--offload") == 0) {
+            n_modes = 0;
+            for (int m = 0; m < 3; m++)
+                if (strstr(argv[i + 1], mode_name((cdf_offload_mode)m))) modes[n_modes++] = (cdf_offload_mode)m;
+        }
         else continue;
         i++;
     }
@@ -173,10 +188,10 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--pipeline") == 0) {
             printf("| pipeline | offload | request | phase | measured need MiB | planned MiB | unbudgeted peak MiB | planned/measured |\n");
             printf("|---|---|---|---|---|---|---|---|\n");
-            for (int m = 0; m < 2; m++)
+            for (int m = 0; m < n_modes; m++)
                 for (int a = 0; a < n_sizes; a++)
                     for (int b = 0; b < n_seqs; b++)
-                        measure_pipeline(dir, wdt, (cdf_offload_mode)m, sizes[a], seqs[b], batch > 1 ? 7.0f : 1.0f);
+                        measure_pipeline(dir, wdt, modes[m], sizes[a], seqs[b], batch > 1 ? 7.0f : 1.0f);
             return 0;
         }
     cdf_load_options opt = cdf_load_options_default();

@@ -1,10 +1,12 @@
 #!/bin/sh
 # Model offload benchmark: an SD3.5-Medium-shaped pipeline with random bf16 weights
-# (tools/make-random-pipeline), 512x512, CFG (batch 2), --offload none vs model: the planner's
-# expected peaks, the measured device peaks per phase, peak RSS and wall time; then the same
-# request under a device budget between the largest model and the sum of all models, where
-# none must be refused up front and model must run; and under planned/1.1, where model should
-# fail (the planner's peak is within 10% of what the run needs).
+# (tools/make-random-pipeline), 512x512, CFG (batch 2), --offload none vs model vs sequential:
+# the planner's expected peaks, the measured device peaks per phase, peak RSS and wall time; then
+# the same request under a device budget between the largest model and the sum of all models,
+# where none must be refused up front and model must run; under planned/1.1, where model should
+# fail (the planner's peak is within 10% of what the run needs); and under the sequential plan
+# / 0.9 (below the transformer alone), where model must be refused and sequential must run, and
+# sequential plan / 1.1, where sequential should fail.
 #
 #   BUILD_DIR=build-offload bench/offload/run.sh [generator --set options...]
 #
@@ -12,7 +14,8 @@
 # --set options to change it, e.g. "--set sd3.layers=24 --set sd3.dual_layers=13" for the real
 # transformer (2.5 B parameters, ~5 GB in bf16 plus a 0.9 GB f32 position table).
 # Environment: WORK (default /tmp/cdf-offload-bench) holds the generated pipeline (~2.6 GB with
-# the default depth); STEPS (default 2); KERNELS (default fast: CDIFFUSERS_KERNELS=fast with
+# the default depth); STEPS (default 2); RUNS (a word: only the runs whose label contains it);
+# KERNELS (default fast: CDIFFUSERS_KERNELS=fast with
 # prepacking off, CDIFFUSERS_PREPACK_MB=0, so that RSS is not inflated by packed copies of the
 # weights; "reference" for the reference kernels, ~5x slower).
 set -eu
@@ -43,7 +46,7 @@ echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "pipeline: sd35-medium preset with $DEPTH ($(du -sh "$model" | cut -f1) on disk); kernels: $kernels; steps: $steps"
 echo
 req="--height 512 --width 512 --dtype bf16 --guidance 5 --max-sequence-length 256"
-for mode in none model; do
+for mode in none model sequential; do
     echo "### plan, --offload $mode"
     # shellcheck disable=SC2086
     "$cli" plan --model "$model" $req --offload $mode | sed -n '/^phase/,$p'
@@ -52,10 +55,14 @@ done
 peak_model=$("$cli" plan --model "$model" $req --offload model | sed -n 's/^expected peak: .*(\([0-9]*\) bytes).*/\1/p')
 budget=$((peak_model * 10 / 9))
 below=$((peak_model * 10 / 11))
+peak_seq=$("$cli" plan --model "$model" $req --offload sequential | sed -n 's/^expected peak: .*(\([0-9]*\) bytes).*/\1/p')
+budget_seq=$((peak_seq * 10 / 9))
+below_seq=$((peak_seq * 10 / 11))
 
-run() { # label, extra args
+run() { # label, extra args (RUNS=sequential: only the runs whose label has that word)
     label=$1
     shift
+    case "$label" in *"${RUNS:-}"*) ;; *) return 0 ;; esac
     out=$work/err.txt
     set +e
     # shellcheck disable=SC2086
@@ -81,5 +88,9 @@ run "model, no budget" --offload model
 run "none, budget $budget B" --offload none --device-memory "$budget"
 run "model, budget $budget B (planned / 0.9)" --offload model --device-memory "$budget"
 run "model, budget $below B (planned / 1.1)" --offload model --device-memory "$below"
+run "sequential, no budget" --offload sequential
+run "model, budget $budget_seq B (sequential plan / 0.9)" --offload model --device-memory "$budget_seq"
+run "sequential, budget $budget_seq B (sequential plan / 0.9)" --offload sequential --device-memory "$budget_seq"
+run "sequential, budget $below_seq B (sequential plan / 1.1)" --offload sequential --device-memory "$below_seq"
 echo
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -22,11 +22,17 @@ typedef enum cdf_offload_mode {
     CDF_OFFLOAD_MODEL = 1, /* one model at a time: each is materialised just before it runs and
                               released when another model runs; peak = largest model + its
                               activations, at the cost of re-converting weights every generate */
+    CDF_OFFLOAD_SEQUENTIAL = 2, /* MODEL, and the transformer's repeated blocks stay host-side:
+                              each block's weights are materialised just before it runs and
+                              released after (diffusers' enable_sequential_cpu_offload), so a
+                              transformer larger than the budget runs; peak = the transformer's
+                              other weights + about two blocks + activations */
 } cdf_offload_mode;
 
 typedef struct cdf_pipeline_load_params {
     const char *device;       /* "cpu" (default) */
-    cdf_dtype weight_dtype;   /* CDF_F32 (default, exact) or CDF_BF16 */
+    cdf_dtype weight_dtype;   /* CDF_BF16 (default): bf16 weights, matmul/conv inputs rounded to bf16,
+                                 f32 accumulation, f32 elsewhere; CDF_F32: the exact path */
     cdf_offload_mode offload; /* CDF_OFFLOAD_NONE (default). With NONE, a device budget smaller than
                                  the weights fails the load before anything is loaded
                                  (CDF_ERR_OUT_OF_MEMORY: needed vs allowed, suggests MODEL) */
@@ -92,6 +98,7 @@ void cdf_pipeline_resolve_defaults(const cdf_pipeline *p, cdf_generate_params *p
  * materialises them all again (CDF_ERR_OUT_OF_MEMORY if they do not fit the budget). */
 cdf_status cdf_pipeline_set_offload(cdf_pipeline *p, cdf_offload_mode mode);
 cdf_status cdf_pipeline_enable_model_cpu_offload(cdf_pipeline *p); /* set_offload(p, MODEL) */
+cdf_status cdf_pipeline_enable_sequential_cpu_offload(cdf_pipeline *p); /* set_offload(p, SEQUENTIAL) */
 cdf_offload_mode cdf_pipeline_offload_mode(const cdf_pipeline *p);
 
 typedef enum cdf_pipeline_phase {
@@ -118,8 +125,11 @@ void cdf_pipeline_last_memory_stats(const cdf_pipeline *p, cdf_pipeline_memory_s
  * (all of them with NONE; the phase's largest with MODEL); activations = what the phase's largest
  * forward needs at its peak plus the tensors the pipeline holds meanwhile. "Needed" is the
  * smallest device budget under which the phase runs (see cdf_pipeline_memory_stats on why an
- * unbudgeted peak is higher). Calibrated for FluxPipeline and StableDiffusion3Pipeline models
- * (bench/RESULTS.md, "Offload"); other model classes count weights only (activation_known false). */
+ * unbudgeted peak is higher). With SEQUENTIAL the transformer's weights are its non-block ones
+ * plus its largest block. Calibrated for FluxPipeline and StableDiffusion3Pipeline models and
+ * FLUX.2's transformer, in eager (and defer-and-fuse) execution; compiled graphs need less (an
+ * upper bound there). Other model classes (FLUX.2's text encoder and VAE) count weights only
+ * (activation_known false). See bench/RESULTS.md, "Offload". */
 #define CDF_PLAN_MAX_COMPONENTS 8
 typedef struct cdf_memory_plan {
     char pipeline_class[64];
@@ -140,6 +150,9 @@ typedef struct cdf_memory_plan {
     uint64_t peak_bytes;          /* the largest phase */
     uint64_t total_weights_bytes; /* every model */
     uint64_t largest_weights_bytes;
+    /* the transformer's repeated blocks (with SEQUENTIAL only the block running is resident) */
+    int n_blocks;
+    uint64_t blocks_weights_bytes, largest_block_bytes;
 } cdf_memory_plan;
 /* gp may be NULL (defaults); its 0/negative fields take the pipeline defaults. */
 cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_params *lp, const cdf_generate_params *gp,

@@ -115,19 +115,25 @@ static cdf_status launch_all(cdf_node **nodes, int n) {
     return s;
 }
 
+static cdf_status graph_break(const char *what);
+
 cdf_status cdf_compile_on_host_read(const cdf_tensor *t) {
     if (!cdf_compile_tracing()) return CDF_OK;
-    char d[96];
+    char d[96], what[256];
     cdf_tensor_describe(t, d, sizeof d);
+    snprintf(what, sizeof what, "the forward reads a %s tensor on the host (a value-dependent computation)", d);
+    return graph_break(what);
+}
+
+static cdf_status graph_break(const char *what) {
     cdf_exec_count_graph_break();
     if (tl_cap.fullgraph) {
         /* the capture stays active: whatever the forward still does is recorded and thrown
          * away with it, so no op ever runs on a buffer the capture left without memory */
         tl_cap.break_status = cdf_error(CDF_ERR_GRAPH_BREAK,
-                                        "compile(fullgraph=true): graph break in %s: the forward reads a %s tensor on the "
-                                        "host (a value-dependent computation); compile with fullgraph=false to fall back to "
-                                        "eager for this module",
-                                        tl_cap.who ? tl_cap.who : "forward", d);
+                                        "compile(fullgraph=true): graph break in %s: %s; compile with fullgraph=false to "
+                                        "fall back to eager for this module",
+                                        tl_cap.who ? tl_cap.who : "forward", what);
         return tl_cap.break_status;
     }
     tl_cap.broken = true;
@@ -344,6 +350,74 @@ static cdf_node *bind_node(const cdf_node *n, cdf_tensor *const *traced, cdf_ten
     return c;
 }
 
+/* After a capture the plan's nodes reference the traced parameters' buffers (the call's inputs
+ * and, for a repeated block, its weights). A plan must not keep those alive: the inputs are
+ * activations of one call, and the weights belong to the model (released by model offload, or
+ * materialised per call by sequential offload). Every reference to a parameter's buffer is
+ * moved to a placeholder buffer without memory, unique to the plan, which is what a replay binds
+ * the new parameters in place of (bind_node matches buffers by identity). */
+static cdf_tensor *rebased(const cdf_tensor *t, cdf_storage *to) {
+    return cdf_tensor_view_of(to, t->offset, t->dtype, t->ndim, t->shape, t->strides);
+}
+
+static cdf_status unpin_params(plan *p, cdf_tensor *const *now, int np, cdf_tensor_map *traced_out) {
+    cdf_storage *from[MAX_PARAMS], *to[MAX_PARAMS];
+    int nm = 0;
+    cdf_status s = CDF_OK;
+    cdf_scope_suppress(1);
+    for (int i = 0; i < np && s == CDF_OK; i++) {
+        int j = 0;
+        while (j < nm && from[j] != now[i]->storage) j++;
+        if (j == nm) {
+            cdf_storage *ph = calloc(1, sizeof *ph);
+            if (!ph) {
+                s = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+                break;
+            }
+            atomic_init(&ph->refcount, 1);
+            ph->dev = now[i]->storage->dev;
+            ph->nbytes = now[i]->storage->nbytes;
+            from[nm] = now[i]->storage;
+            to[nm++] = ph;
+        }
+        p->params[i] = rebased(now[i], to[j]);
+        if (!p->params[i]) s = cdf_last_status();
+    }
+    for (int i = 0; s == CDF_OK && i < p->n; i++) {
+        cdf_node *n = p->nodes[i];
+        for (int k = -1; k < n->n_src && s == CDF_OK; k++) {
+            cdf_tensor **slot = k < 0 ? &n->dst : &n->src[k];
+            for (int j = 0; *slot && j < nm; j++) {
+                if ((*slot)->storage != from[j]) continue;
+                cdf_tensor *r = rebased(*slot, to[j]);
+                if (!r) {
+                    s = cdf_last_status();
+                    break;
+                }
+                cdf_tensor_release(*slot);
+                *slot = r;
+                break;
+            }
+        }
+    }
+    /* outputs that alias a parameter (a pass-through) are found by run_plan through params */
+    for (int i = 0; s == CDF_OK && i < traced_out->n; i++)
+        for (int j = 0; j < nm; j++)
+            if (traced_out->tensors[i]->storage == from[j]) {
+                cdf_tensor *r = rebased(traced_out->tensors[i], to[j]);
+                if (!r) {
+                    s = cdf_last_status();
+                    break;
+                }
+                cdf_tensor_release(traced_out->tensors[i]);
+                traced_out->tensors[i] = r;
+                break;
+            }
+    for (int j = 0; j < nm; j++) cdf_storage_release(to[j]); /* the views hold them now */
+    cdf_scope_suppress(-1);
+    return s;
+}
+
 /* Run plan p with parameters now[] (same order as p->params) and copy the outputs into out. */
 static cdf_status run_plan(plan *p, cdf_tensor *const *now, cdf_tensor_map *out) {
     cdf_scope_suppress(1);
@@ -481,7 +555,7 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
                 np_.n = cap.n;
                 cap.nodes = NULL;
                 np_.n_params = np;
-                for (int i = 0; i < np; i++) np_.params[i] = cdf_tensor_retain(now[i]);
+                if (s == CDF_OK) s = unpin_params(&np_, now, np, &traced_out);
                 np_.n_out = traced_out.n;
                 np_.out_names = calloc((size_t)traced_out.n + 1, sizeof *np_.out_names);
                 np_.outs = calloc((size_t)traced_out.n + 1, sizeof *np_.outs);
@@ -547,6 +621,12 @@ void cdf_block_caches_free(cdf_block_caches *bc) {
     free(bc);
 }
 
+void cdf_block_caches_clear(cdf_block_caches *bc) {
+    if (!bc) return;
+    for (int i = 0; i < bc->n; i++) cdf_graph_cache_free(bc->caches[i]);
+    bc->n = 0;
+}
+
 int cdf_block_caches_graphs(const cdf_block_caches *bc) {
     int n = 0;
     for (int i = 0; bc && i < bc->n; i++) n += cdf_graph_cache_size(bc->caches[i]);
@@ -559,9 +639,242 @@ cdf_block_caches *cdf_block_caches_activate(cdf_block_caches *bc) {
     return prev;
 }
 
+/* ---- sequential offload: host-side block weights, materialised per block call -------------
+ * A block whose listed weights are host-side (nn/weights.c, blocks_on_host) runs like this:
+ *   1. wait until the weights of the block call `window` calls ago are released (their ops
+ *      have run), so at most `window` blocks' weights are on the device at once (default 2:
+ *      the next block is converted while the device still runs the previous one);
+ *   2. copy every host-side weight into a fresh device buffer (conversion to the load dtype);
+ *   3. run the block with a binding host-side buffer -> device copy active on the thread:
+ *      every op the block submits (eager, deferred or captured) gets its operands rebound
+ *      (cdf_exec_bind_host_weights); with repeated-block compile the device copies are the
+ *      graph's bound parameters, exactly as for resident weights;
+ *   4. drop the host's references: each copy is freed by the queue when the last op reading
+ *      it has run (ops hold references to their operands), which releases the group.
+ * Nothing here blocks on the device except step 1. */
+
+typedef struct weight_group {
+    int refs; /* live device copies + 1 for the ring slot; under g_group_lock */
+} weight_group;
+static pthread_mutex_t g_group_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_group_released = PTHREAD_COND_INITIALIZER;
+
+#define MAX_WINDOW 8
+static _Thread_local weight_group *tl_ring[MAX_WINDOW];
+static _Thread_local unsigned tl_ring_pos;
+
+static void group_unref(weight_group *g) {
+    pthread_mutex_lock(&g_group_lock);
+    bool last = --g->refs == 0;
+    if (g->refs <= 1) pthread_cond_broadcast(&g_group_released);
+    pthread_mutex_unlock(&g_group_lock);
+    if (last) free(g);
+}
+
+typedef struct device_copy {
+    cdf_device *dev;
+    void *data;
+    size_t nbytes;
+    weight_group *group;
+} device_copy;
+
+static void device_copy_release(void *p) {
+    device_copy *c = p;
+    cdf_device_free(c->dev, c->data, c->nbytes);
+    group_unref(c->group);
+    free(c);
+}
+
+static int sequential_window(void) {
+    static int w;
+    if (!w) {
+        const char *v = getenv("CDIFFUSERS_SEQUENTIAL_WINDOW");
+        int x = v ? atoi(v) : 2;
+        w = x < 1 ? 1 : x > MAX_WINDOW ? MAX_WINDOW : x;
+    }
+    return w;
+}
+
+/* Wait until group g holds no device copy. A copy still referenced once the device has run
+ * every queued op is held by something other than the queue (never expected): stop waiting
+ * then rather than hang; the memory is accounted either way. */
+static void wait_group(cdf_device *dev, weight_group *g) {
+    pthread_mutex_lock(&g_group_lock);
+    while (g->refs > 1) {
+        cdf_queue_stats q;
+        cdf_device_queue_stats(dev, &q);
+        if (q.completed >= q.enqueued) {
+            pthread_mutex_unlock(&g_group_lock);
+            if (dev->iface->wait_idle) dev->iface->wait_idle(dev); /* the last op may still be finishing */
+            pthread_mutex_lock(&g_group_lock);
+            if (g->refs > 1) break;
+            continue;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 2000000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&g_group_released, &g_group_lock, &ts);
+    }
+    pthread_mutex_unlock(&g_group_lock);
+}
+
+/* The binding active on this thread while a block with host-side weights runs. */
+typedef struct host_binding {
+    cdf_storage **host, **dev;
+    int n;
+} host_binding;
+static _Thread_local host_binding *tl_binding;
+
+cdf_status cdf_exec_bind_host_weights(cdf_node *n) {
+    for (int k = -1; k < n->n_src; k++) {
+        cdf_tensor **slot = k < 0 ? &n->dst : &n->src[k];
+        if (!*slot || !(*slot)->storage->host_src) continue;
+        const host_binding *b = tl_binding;
+        int j = 0;
+        while (b && j < b->n && b->host[j] != (*slot)->storage) j++;
+        if (k < 0 || !b || j == b->n) {
+            char d[96];
+            cdf_tensor_describe(*slot, d, sizeof d);
+            return cdf_error(CDF_ERR_INTERNAL,
+                             "%s: operand %s is a host-side block weight (sequential offload) used %s; only the weights a "
+                             "block lists to cdf_block_run are materialised",
+                             cdf_op_name(n->kind), d, k < 0 ? "as an output" : "outside its block");
+        }
+        cdf_tensor *r = cdf_tensor_view_of(b->dev[j], (*slot)->offset, (*slot)->dtype, (*slot)->ndim, (*slot)->shape,
+                                           (*slot)->strides);
+        if (!r) return cdf_last_status();
+        cdf_tensor_release(*slot);
+        *slot = r;
+    }
+    return CDF_OK;
+}
+
+static cdf_storage *materialise_weight(const cdf_storage *h, weight_group *g) {
+    cdf_storage *s = calloc(1, sizeof *s);
+    device_copy *c = calloc(1, sizeof *c);
+    if (!s || !c) {
+        free(s);
+        free(c);
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        return NULL;
+    }
+    if (cdf_device_alloc(h->dev, h->nbytes, &c->data) != CDF_OK) {
+        free(s);
+        free(c);
+        return NULL;
+    }
+    c->dev = h->dev;
+    c->nbytes = h->nbytes;
+    c->group = g;
+    pthread_mutex_lock(&g_group_lock);
+    g->refs++;
+    pthread_mutex_unlock(&g_group_lock);
+    atomic_init(&s->refcount, 1);
+    s->dev = h->dev;
+    s->data = c->data;
+    s->nbytes = h->nbytes;
+    s->owner = c;
+    s->owner_release = device_copy_release;
+    return s;
+}
+
+static cdf_status run_with_host_weights(cdf_block_caches *bc, int cache, cdf_traced_fn fn, void *ctx,
+                                        const cdf_tensor_map *in, cdf_tensor_map *out, cdf_tensor *const *weights,
+                                        int n_weights) {
+    cdf_device *dev = NULL;
+    for (int i = 0; i < n_weights && !dev; i++)
+        if (weights[i] && weights[i]->storage->host_src) dev = weights[i]->storage->dev;
+    /* 1. the window: the group `window` calls back must be gone before this one is made */
+    CDF_TRY(cdf_exec_flush()); /* deferred ops may hold it */
+    const int window = sequential_window();
+    weight_group **slot = &tl_ring[tl_ring_pos % (unsigned)window];
+    if (*slot) {
+        wait_group(dev, *slot);
+        group_unref(*slot);
+        *slot = NULL;
+    }
+    weight_group *g = calloc(1, sizeof *g);
+    if (!g) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    g->refs = 1;
+    *slot = g;
+    tl_ring_pos++;
+
+    /* 2. device copies, one per host-side buffer */
+    cdf_storage *host[MAX_PARAMS], *copy[MAX_PARAMS];
+    cdf_tensor *bound[MAX_PARAMS] = {0};
+    int nb = 0;
+    cdf_status s = n_weights > MAX_PARAMS ? cdf_error(CDF_ERR_LIMIT, "block with more than %d weights", MAX_PARAMS) : CDF_OK;
+    cdf_scope_suppress(1);
+    for (int i = 0; i < n_weights && s == CDF_OK; i++) {
+        cdf_tensor *w = weights[i];
+        if (!w || !w->storage->host_src) {
+            bound[i] = cdf_tensor_retain(w);
+            continue;
+        }
+        int j = 0;
+        while (j < nb && host[j] != w->storage) j++;
+        if (j == nb) {
+            cdf_storage *h = w->storage;
+            cdf_storage *d = materialise_weight(h, g);
+            if (!d) {
+                s = cdf_last_status();
+                break;
+            }
+            /* the checkpoint's bytes converted as the loader converts them (cdf_tensor_from_host):
+             * the same values as a resident load, bit for bit. The copy is new, so no queued op
+             * can see it yet and the host may write it directly. */
+            if (h->host_dtype == w->dtype) dev->iface->copy_from_host(dev, d->data, h->host_src, h->nbytes);
+            else cdf_convert(d->data, w->dtype, h->host_src, h->host_dtype, h->nbytes / cdf_dtype_size(w->dtype));
+            host[nb] = h;
+            copy[nb++] = d;
+        }
+        bound[i] = cdf_tensor_view_of(copy[j], w->offset, w->dtype, w->ndim, w->shape, w->strides);
+        if (!bound[i]) s = cdf_last_status();
+    }
+    cdf_scope_suppress(-1);
+
+    /* 3. the block, with the binding active */
+    if (s == CDF_OK) {
+        host_binding b = {host, copy, nb}, *prev = tl_binding;
+        tl_binding = &b;
+        if (cache >= 0) s = cdf_graph_cache_run(bc->caches[cache], fn, ctx, in, out, bound, n_weights);
+        else s = fn(ctx, in, out);
+        tl_binding = prev;
+    }
+    /* 4. the queue frees the copies once their readers have run */
+    for (int i = 0; i < n_weights && i < MAX_PARAMS; i++) cdf_tensor_release(bound[i]);
+    for (int j = 0; j < nb; j++) cdf_storage_release(copy[j]);
+    return s;
+}
+
 cdf_status cdf_block_run(const char *block_class, cdf_traced_fn fn, void *ctx, const cdf_tensor_map *in, cdf_tensor_map *out,
                          cdf_tensor *const *weights, int n_weights) {
     cdf_block_caches *bc = tl_blocks;
+    bool host_side = false;
+    for (int i = 0; i < n_weights && !host_side; i++) host_side = weights[i] && weights[i]->storage->host_src;
+    if (host_side) {
+        /* a whole-forward capture would keep every block's weights as constants of one graph,
+         * but they exist only during their block's call: a graph break (the block and the rest
+         * of the forward run without the capture; repeated-block compile is the way to compile
+         * a sequentially offloaded transformer, and the pipeline switches to it) */
+        if (cdf_compile_tracing()) CDF_TRY(graph_break("a block with host-side weights (sequential offload)"));
+        int i = -1;
+        if (bc) {
+            i = 0;
+            while (i < bc->n && strcmp(bc->names[i], block_class) != 0) i++;
+            if (i == bc->n) {
+                if (bc->n == MAX_BLOCK_CLASSES) i = -1;
+                else {
+                    bc->caches[i] = cdf_graph_cache_new(block_class, &bc->opt);
+                    if (!bc->caches[i]) return cdf_last_status();
+                    snprintf(bc->names[i], sizeof bc->names[i], "%s", block_class);
+                    bc->n++;
+                }
+            }
+        }
+        return run_with_host_weights(bc, i, fn, ctx, in, out, weights, n_weights);
+    }
     if (!bc || tl_cap.active) return fn(ctx, in, out);
     int i = 0;
     while (i < bc->n && strcmp(bc->names[i], block_class) != 0) i++;

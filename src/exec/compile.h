@@ -41,10 +41,17 @@ typedef struct cdf_block_caches cdf_block_caches;
 cdf_block_caches *cdf_block_caches_new(const cdf_compile_options *opt);
 void cdf_block_caches_free(cdf_block_caches *bc);
 int cdf_block_caches_graphs(const cdf_block_caches *bc); /* graphs compiled, all classes */
+/* Free every graph (and its arena); the set stays usable and recaptures on the next call. */
+void cdf_block_caches_clear(cdf_block_caches *bc);
 /* Make bc the active set for this thread (NULL = none); returns the previous one. */
 cdf_block_caches *cdf_block_caches_activate(cdf_block_caches *bc);
 cdf_status cdf_block_run(const char *block_class, cdf_traced_fn fn, void *ctx, const struct cdf_tensor_map *in,
                          struct cdf_tensor_map *out, cdf_tensor *const *weights, int n_weights);
+
+/* Sequential offload (exec.c calls it for every submitted op): operands that are host-side block
+ * weights are rebound to the device copies cdf_block_run made for the running block; an error
+ * naming the op if one is used outside its block. */
+cdf_status cdf_exec_bind_host_weights(cdf_node *n);
 
 /* Hooks for exec.c / tensor.c */
 struct cdf_storage;

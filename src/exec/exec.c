@@ -109,6 +109,11 @@ cdf_status cdf_exec_submit(cdf_node *node) {
             return s;
         }
     }
+    cdf_status bs = cdf_exec_bind_host_weights(node); /* sequential offload (compile.c) */
+    if (bs != CDF_OK) {
+        cdf_node_free(node);
+        return bs;
+    }
     atomic_fetch_add(&g_ops, 1);
     if (cdf_compile_record(node)) return CDF_OK; /* captured into a graph being compiled */
     if (mode_now() == CDF_EXEC_EAGER) return launch(node);
@@ -134,6 +139,8 @@ cdf_status cdf_exec_submit(cdf_node *node) {
 }
 
 cdf_status cdf_exec_sync_for_read(const cdf_tensor *t) {
+    if (t->storage->host_src) /* sequential offload: no device copy outside its block */
+        return cdf_error(CDF_ERR_INVALID_ARG, "read: the tensor is a host-side block weight (sequential offload)");
     atomic_fetch_add(&g_syncs, 1);
     CDF_TRY(cdf_compile_on_host_read(t));
     CDF_TRY(cdf_exec_flush());

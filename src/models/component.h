@@ -63,6 +63,11 @@ cdf_status cdf_component_offload(cdf_component *c);
 /* Re-materialise the weights if they are released. */
 cdf_status cdf_component_ensure_loaded(cdf_component *c);
 bool cdf_component_is_loaded(const cdf_component *c);
+/* Sequential offload: the weights of the model's repeated blocks stay host-side (in the mapped
+ * checkpoint) and each block call materialises its own (exec/compile.c, cdf_block_run). Changing
+ * it releases the model (the next run materialises it the new way). A component compiled whole
+ * (cdf_component_compile) switches to repeated-block compile while it is on, and back after. */
+cdf_status cdf_component_set_blocks_on_host(cdf_component *c, bool on);
 /* Device bytes the weights took at their last materialisation (offloadable components; else 0). */
 uint64_t cdf_component_resident_bytes(const cdf_component *c);
 /* Materialisations so far, the initial load included. */

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "core/error_internal.h"
+#include "exec/compile.h"
 #include "models/component_impl.h"
 #include "tensor/tensor_impl.h"
 
@@ -29,6 +30,7 @@ typedef struct offload_state {
     cdf_component *owner;
     uint64_t resident_bytes; /* device bytes the weights took at the last materialisation */
     int loads;               /* materialisations, the first (cdf_component_load's) included */
+    bool was_compiled;       /* compiled whole before sequential offload switched it to blocks */
 } offload_state;
 
 static cdf_status wrapped_load(const char *dir, const struct cJSON *cfg, const cdf_load_options *opt, void **impl) {
@@ -143,8 +145,11 @@ cdf_status cdf_component_offload(cdf_component *c) {
      * memory available to whatever is loaded next (and surfaces a queued error now) */
     cdf_device *dev = state_device(st);
     if (dev) CDF_TRY(cdf_device_synchronize(dev));
-    /* compiled graphs reference the weights: drop them, the next run recaptures */
+    /* compiled graphs reference the weights: drop them, the next run recaptures. Repeated-block
+     * graphs bind their weights per call and keep none, but their arenas (the blocks'
+     * activations) would outlive the model: they go too, repeated-block compile stays on. */
     if (c->compiled) cdf_component_drop_graphs(c);
+    cdf_block_caches_clear(c->blocks);
     st->inner->free(st->inner_impl);
     st->inner_impl = NULL;
     return CDF_OK;
@@ -164,4 +169,24 @@ uint64_t cdf_component_resident_bytes(const cdf_component *c) {
 int cdf_component_load_count(const cdf_component *c) {
     const offload_state *st = state_of(c);
     return st ? st->loads : 1;
+}
+
+cdf_status cdf_component_set_blocks_on_host(cdf_component *c, bool on) {
+    offload_state *st = state_of(c);
+    if (!st) return cdf_error(CDF_ERR_INVALID_ARG, "%s: offload is not enabled for this component", c ? c->class_name : "(null)");
+    if (st->opt.blocks_on_host != on) {
+        CDF_TRY(cdf_component_offload(c));
+        st->opt.blocks_on_host = on;
+    }
+    if (on && c->compiled) {
+        /* a whole-forward graph would hold every block's weights as constants */
+        cdf_compile_options o = c->compile_opt;
+        CDF_TRY(cdf_component_compile_repeated_blocks(c, &o));
+        st->was_compiled = true;
+    } else if (!on && st->was_compiled) {
+        cdf_compile_options o = c->compile_opt;
+        CDF_TRY(cdf_component_compile(c, &o));
+        st->was_compiled = false;
+    }
+    return CDF_OK;
 }

@@ -8,8 +8,23 @@
 #include "nn/nn.h"
 #include "tensor/tensor_impl.h"
 
+/* The open checkpoint, shared by the loader and by every host-side weight (sequential offload)
+ * whose bytes are its mapping: closed when the last of them is released. */
+typedef struct shared_checkpoint {
+    atomic_long refs;
+    cdf_checkpoint *ck;
+} shared_checkpoint;
+
+static void shared_checkpoint_release(void *p) {
+    shared_checkpoint *h = p;
+    if (!h || atomic_fetch_sub(&h->refs, 1) != 1) return;
+    cdf_checkpoint_close(h->ck);
+    free(h);
+}
+
 struct cdf_weights {
     cdf_checkpoint *ck;
+    shared_checkpoint *shared;
     cdf_load_options opt;
     char *path;
     uint64_t loaded_bytes;
@@ -30,19 +45,24 @@ cdf_status cdf_weights_open(const char *dir, const cdf_load_options *opt, cdf_we
         return cdf_last_status();
     }
     w->path = strdup(dir);
-    cdf_status s = cdf_checkpoint_open(dir, &w->ck);
+    w->shared = calloc(1, sizeof *w->shared);
+    cdf_status s = !w->path || !w->shared ? cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory")
+                                          : cdf_checkpoint_open(dir, &w->ck);
     if (s != CDF_OK) {
+        free(w->shared);
         free(w->path);
         free(w);
         return s;
     }
+    atomic_init(&w->shared->refs, 1);
+    w->shared->ck = w->ck;
     *out = w;
     return CDF_OK;
 }
 
 void cdf_weights_free(cdf_weights *w) {
     if (!w) return;
-    cdf_checkpoint_close(w->ck);
+    shared_checkpoint_release(w->shared); /* closes it unless host-side weights still map it */
     free(w->path);
     free(w);
 }
@@ -56,6 +76,43 @@ static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
     size_t o = snprintf(buf, n, "[");
     for (int i = 0; i < ndim && o < n; i++) o += snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
     if (o < n) snprintf(buf + o, n - o, "]");
+}
+
+size_t cdf_weights_block_prefix(const char *name) {
+    for (const char *p = strstr(name, "blocks."); p; p = strstr(p + 1, "blocks.")) {
+        const char *d = p + 7;
+        if (*d < '0' || *d > '9') continue;
+        while (*d >= '0' && *d <= '9') d++;
+        if (*d == '.') return (size_t)(d - name);
+    }
+    return 0;
+}
+
+static bool is_block_weight(const char *name) { return cdf_weights_block_prefix(name) > 0; }
+
+/* Sequential offload: the weight as a host-side tensor — shape and dtype as if loaded, no device
+ * memory; its storage points at the checkpoint mapping and keeps the checkpoint open. */
+static cdf_tensor *host_side_weight(cdf_weights *w, const cdf_st_file *f, const cdf_st_tensor *t, cdf_dtype dt) {
+    const void *src = cdf_st_data(f, t);
+    cdf_storage *st = src ? calloc(1, sizeof *st) : NULL;
+    if (!st) {
+        cdf_error(src ? CDF_ERR_OUT_OF_MEMORY : CDF_ERR_FORMAT, "weight '%s' in %s: %s", t->name, w->path,
+                  src ? "out of host memory" : "data not readable");
+        return NULL;
+    }
+    atomic_init(&st->refcount, 1);
+    st->dev = w->opt.device;
+    st->nbytes = (size_t)cdf_st_numel(t) * cdf_dtype_size(dt);
+    st->host_src = src;
+    st->host_dtype = t->dtype;
+    atomic_fetch_add(&w->shared->refs, 1);
+    st->owner = w->shared;
+    st->owner_release = shared_checkpoint_release;
+    int64_t strides[CDF_MAX_DIMS];
+    cdf_contiguous_strides(t->ndim, t->shape, strides);
+    cdf_tensor *r = cdf_tensor_view_of(st, 0, dt, t->ndim, t->shape, strides);
+    cdf_storage_release(st);
+    return r;
 }
 
 static cdf_tensor *get_v(cdf_weights *w, bool optional, int force_dt, int ndim, const int64_t *shape, const char *fmt,
@@ -84,6 +141,7 @@ static cdf_tensor *get_v(cdf_weights *w, bool optional, int force_dt, int ndim, 
         if (force_dt >= 0) dt = (cdf_dtype)force_dt;
         else dt = (t->ndim >= 2) ? w->opt.weight_dtype : CDF_F32;
     }
+    if (w->opt.blocks_on_host && is_block_weight(name)) return host_side_weight(w, f, t, dt);
     const void *src = cdf_st_touch(f, t);
     cdf_tensor *r = cdf_tensor_from_host(w->opt.device, dt, t->ndim, t->shape, src, t->dtype);
     if (!r) {

@@ -10,7 +10,14 @@
  *   - in both modes, at each phase change, records the device peak of the phase that ended and
  *     restarts the peak counter, so cdf_pipeline_last_memory_stats reports a peak per phase.
  * Between generations nothing runs, so with CDF_OFFLOAD_MODEL every model is released at the end
- * of cdf_pipeline_generate (diffusers' maybe_free_model_hooks). */
+ * of cdf_pipeline_generate (diffusers' maybe_free_model_hooks).
+ *
+ * CDF_OFFLOAD_SEQUENTIAL is MODEL for every component, and the transformer is loaded with its
+ * repeated blocks' weights host-side (cdf_load_options.blocks_on_host): materialising it puts
+ * only its other weights (embedders, final norm and projection) on the device, and each block
+ * call materialises its own weights (exec/compile.c, cdf_block_run). A transformer compiled
+ * whole switches to repeated-block compile meanwhile (a whole-forward graph would hold every
+ * block's weights). */
 #include <string.h>
 
 #include "core/error_internal.h"
@@ -65,7 +72,7 @@ static cdf_status release_others(cdf_pipeline *p, const cdf_component *keep) {
 
 static cdf_status before_run(cdf_component *c, void *user) {
     cdf_pipeline *p = user;
-    const bool model = p->offload == CDF_OFFLOAD_MODEL;
+    const bool model = p->offload != CDF_OFFLOAD_NONE;
     if (!p->tracking) /* a component run outside generate: only the offload policy applies */
         return model && !cdf_component_is_loaded(c) ? release_others(p, c) : CDF_OK;
     if (c == p->active) return CDF_OK; /* the same model again (every denoising step) */
@@ -87,10 +94,18 @@ static cdf_status before_run(cdf_component *c, void *user) {
     return CDF_OK;
 }
 
+cdf_load_options cdf_pipe_load_options(const cdf_pipeline *p, const char *key) {
+    cdf_load_options o = p->opt;
+    o.blocks_on_host = p->offload == CDF_OFFLOAD_SEQUENTIAL && key && strcmp(key, "transformer") == 0;
+    return o;
+}
+
 cdf_status cdf_pipe_offload_adopt(cdf_pipeline *p, cdf_component *c, const char *dir) {
-    CDF_TRY(cdf_component_enable_offload(c, dir, &p->opt, before_run, p));
+    const cdf_load_options o = cdf_pipe_load_options(p, c == p->transformer ? "transformer" : NULL);
+    CDF_TRY(cdf_component_enable_offload(c, dir, &o, before_run, p));
+    if (o.blocks_on_host) CDF_TRY(cdf_component_set_blocks_on_host(c, true)); /* whole compile -> blocks */
     /* loading with offload keeps one model at a time on the device, the load included */
-    if (p->offload == CDF_OFFLOAD_MODEL) CDF_TRY(cdf_component_offload(c));
+    if (p->offload != CDF_OFFLOAD_NONE) CDF_TRY(cdf_component_offload(c));
     return CDF_OK;
 }
 
@@ -123,7 +138,7 @@ cdf_status cdf_pipe_generate_end(cdf_pipeline *p, cdf_status s) {
     p->tracking = false;
     p->active = NULL;
     if (p->phase_limit_active) (void)cdf_device_set_memory_limit(p->device, p->saved_limit);
-    if (p->offload == CDF_OFFLOAD_MODEL) {
+    if (p->offload != CDF_OFFLOAD_NONE) {
         cdf_status r = release_others(p, NULL);
         if (s == CDF_OK) s = r;
     }
@@ -139,11 +154,13 @@ cdf_offload_mode cdf_pipeline_offload_mode(const cdf_pipeline *p) { return p ? p
 
 cdf_status cdf_pipeline_set_offload(cdf_pipeline *p, cdf_offload_mode mode) {
     if (!p) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_set_offload: pipeline is NULL");
-    if (mode != CDF_OFFLOAD_NONE && mode != CDF_OFFLOAD_MODEL)
-        return cdf_error(CDF_ERR_INVALID_ARG, "unknown offload mode %d (none = 0, model = 1)", (int)mode);
+    if (mode != CDF_OFFLOAD_NONE && mode != CDF_OFFLOAD_MODEL && mode != CDF_OFFLOAD_SEQUENTIAL)
+        return cdf_error(CDF_ERR_INVALID_ARG, "unknown offload mode %d (none = 0, model = 1, sequential = 2)", (int)mode);
     if (p->tracking) return cdf_error(CDF_ERR_INVALID_ARG, "cannot change the offload mode during generate");
     p->offload = mode;
-    if (mode == CDF_OFFLOAD_MODEL) return release_others(p, NULL);
+    /* the transformer's blocks: host-side with SEQUENTIAL (this releases it if that changes) */
+    if (p->transformer) CDF_TRY(cdf_component_set_blocks_on_host(p->transformer, mode == CDF_OFFLOAD_SEQUENTIAL));
+    if (mode != CDF_OFFLOAD_NONE) return release_others(p, NULL);
     /* back to everything resident (pipe.to(device)): materialise what is released */
     int n;
     cdf_component **list = components(p, &n);
@@ -152,3 +169,5 @@ cdf_status cdf_pipeline_set_offload(cdf_pipeline *p, cdf_offload_mode mode) {
 }
 
 cdf_status cdf_pipeline_enable_model_cpu_offload(cdf_pipeline *p) { return cdf_pipeline_set_offload(p, CDF_OFFLOAD_MODEL); }
+
+cdf_status cdf_pipeline_enable_sequential_cpu_offload(cdf_pipeline *p) { return cdf_pipeline_set_offload(p, CDF_OFFLOAD_SEQUENTIAL); }

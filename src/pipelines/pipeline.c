@@ -10,7 +10,8 @@
 #include "tensor/tensor_impl.h"
 
 cdf_pipeline_load_params cdf_pipeline_load_default_params(void) {
-    return (cdf_pipeline_load_params){.device = "cpu", .weight_dtype = CDF_F32};
+    /* bf16 compute by default (the speed issue): bf16 weights, matmul inputs rounded to bf16 */
+    return (cdf_pipeline_load_params){.device = "cpu", .weight_dtype = CDF_BF16};
 }
 
 cdf_generate_params cdf_generate_default_params(void) {
@@ -30,17 +31,28 @@ static bool is_dir(const char *path) {
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-/* model_index.json entry: ["library", "Class"] or [null, null] (absent). Returns the class or NULL. */
-static const char *index_class(const cJSON *idx, const char *key) {
+/* model_index.json entry: ["library", "Class"]. The component is absent (*cls = NULL) when the
+ * key is missing, null, or its class is null (diffusers writes [null, null] for a left-out
+ * optional component); any other shape (a number, an object, a one-element array, a class that
+ * is not a string) is malformed, and saying "absent" there would send the user looking for a
+ * folder instead of at the file. */
+static cdf_status index_class(const cdf_pipeline *p, const cJSON *idx, const char *key, const char **cls) {
+    *cls = NULL;
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(idx, key);
-    if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2) return NULL;
-    const cJSON *cls = cJSON_GetArrayItem(e, 1);
-    return cJSON_IsString(cls) ? cls->valuestring : NULL;
+    if (!e || cJSON_IsNull(e)) return CDF_OK;
+    const cJSON *lib = cJSON_GetArrayItem(e, 0), *c = cJSON_GetArrayItem(e, 1);
+    if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 || !(cJSON_IsString(lib) || cJSON_IsNull(lib)) ||
+        !(cJSON_IsString(c) || cJSON_IsNull(c)))
+        return cdf_error(CDF_ERR_FORMAT, "%s/model_index.json: entry '%s' is malformed (expected [\"library\", \"ClassName\"] or [null, null])",
+                         p->dir, key);
+    if (cJSON_IsString(c)) *cls = c->valuestring;
+    return CDF_OK;
 }
 
 static cdf_status load_component(cdf_pipeline *p, const cJSON *idx, const char *key, bool required, cdf_component **out) {
     *out = NULL;
-    const char *cls = index_class(idx, key);
+    const char *cls = NULL;
+    CDF_TRY(index_class(p, idx, key, &cls));
     char sub[4096];
     snprintf(sub, sizeof sub, "%s/%s", p->dir, key);
     if (!cls) {
@@ -48,13 +60,15 @@ static cdf_status load_component(cdf_pipeline *p, const cJSON *idx, const char *
         return CDF_OK;
     }
     if (!is_dir(sub)) return cdf_error(CDF_ERR_NOT_FOUND, "%s: sub-folder '%s' (%s) is missing", p->dir, key, cls);
-    CDF_TRY(cdf_component_load(sub, &p->opt, out));
+    const cdf_load_options opt = cdf_pipe_load_options(p, key); /* offload.c: sequential keeps blocks host-side */
+    CDF_TRY(cdf_component_load(sub, &opt, out));
     return cdf_pipe_offload_adopt(p, *out, sub); /* offload.c */
 }
 
 static cdf_status load_tokenizer(cdf_pipeline *p, const cJSON *idx, const char *key, bool required, cdf_tokenizer **out) {
     *out = NULL;
-    const char *cls = index_class(idx, key);
+    const char *cls = NULL;
+    CDF_TRY(index_class(p, idx, key, &cls));
     char sub[4096];
     snprintf(sub, sizeof sub, "%s/%s", p->dir, key);
     if (!cls) {

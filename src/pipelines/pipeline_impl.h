@@ -64,6 +64,8 @@ cdf_tensor *cdf_pipe_scalar_tensor(cdf_device *dev, float v, int64_t n);
 /* offload.c: make a freshly loaded component offloadable (and release it with CDF_OFFLOAD_MODEL);
  * bracket generate (per-phase peaks, and with MODEL release every model at the end). */
 cdf_status cdf_pipe_offload_adopt(cdf_pipeline *p, cdf_component *c, const char *dir);
+/* The load options of component `key` (model_index name) under the pipeline's offload mode. */
+cdf_load_options cdf_pipe_load_options(const cdf_pipeline *p, const char *key);
 void cdf_pipe_generate_begin(cdf_pipeline *p);
 cdf_status cdf_pipe_generate_end(cdf_pipeline *p, cdf_status s);
 /* planner.c: before loading, CDF_ERR_OUT_OF_MEMORY if the weights cannot fit the device budget

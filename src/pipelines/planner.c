@@ -6,7 +6,12 @@
  * as the model code in src/models holds them (each block's intermediates live in the block's
  * scope until the block ends; the VAE replaces its activation step by step). The constants were
  * calibrated against measured needs with bench/offload/calibrate.c; bench/RESULTS.md ("Offload")
- * has the table. If a model's forward changes its memory behaviour, rerun the calibration. */
+ * has the table. If a model's forward changes its memory behaviour, rerun the calibration.
+ *
+ * Execution modes: the formulas are eager's live sets. Defer-and-fuse needs the same under a
+ * budget (the allocator runs the pending graph before failing). Compiled graphs need less (their
+ * buffers share one arena by lifetime and fusion drops intermediates; measured 0.83-0.97 of the
+ * plan for the transformer with repeated-block compile), so there the plan is an upper bound. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,30 +36,60 @@ static bool ends_with(const char *s, const char *suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
+/* Device bytes one checkpoint tensor takes once loaded with weight_dtype (the loaders' rules). */
+static uint64_t tensor_device_bytes(const cdf_st_tensor *t, cdf_dtype weight_dtype) {
+    if (!cdf_dtype_is_float(t->dtype)) return t->nbytes;
+    /* the loaders' exceptions (see clip_text.c, t5_encoder.c, sd3_transformer.c) */
+    if (ends_with(t->name, "relative_attention_bias.weight")) return 0; /* read into host memory */
+    cdf_dtype dt = t->ndim >= 2 ? weight_dtype : CDF_F32;
+    if (ends_with(t->name, "position_embedding.weight") || ends_with(t->name, "pos_embed.pos_embed")) dt = CDF_F32;
+    return (uint64_t)cdf_st_numel(t) * cdf_dtype_size(dt);
+}
+
 cdf_status cdf_plan_weight_bytes(const char *dir, cdf_dtype weight_dtype, uint64_t *out) {
-    *out = 0;
+    cdf_plan_blocks b;
+    CDF_TRY(cdf_plan_block_bytes(dir, weight_dtype, &b));
+    *out = b.total_bytes;
+    return CDF_OK;
+}
+
+cdf_status cdf_plan_block_bytes(const char *dir, cdf_dtype weight_dtype, cdf_plan_blocks *out) {
+    memset(out, 0, sizeof *out);
     cdf_checkpoint *ck = NULL;
     CDF_TRY(cdf_checkpoint_open(dir, &ck));
-    uint64_t total = 0;
+    /* per block: its prefix ("transformer_blocks.3") and bytes */
+    enum { MAXB = 1024 };
+    char(*names)[96] = calloc(MAXB, sizeof *names);
+    uint64_t *bytes = calloc(MAXB, sizeof *bytes);
+    int nb = 0;
+    cdf_status s = names && bytes ? CDF_OK : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
     const int n = cdf_checkpoint_count(ck);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && s == CDF_OK; i++) {
         const cdf_st_file *f;
         const cdf_st_tensor *t;
         if (cdf_checkpoint_tensor_at(ck, i, &f, &t) != CDF_OK) continue;
-        const int64_t numel = cdf_st_numel(t);
-        if (!cdf_dtype_is_float(t->dtype)) {
-            total += t->nbytes;
-            continue;
+        const uint64_t b = tensor_device_bytes(t, weight_dtype);
+        out->total_bytes += b;
+        const size_t pl = cdf_weights_block_prefix(t->name);
+        if (!pl || pl >= sizeof names[0]) continue;
+        int j = 0;
+        while (j < nb && (strncmp(names[j], t->name, pl) != 0 || names[j][pl] != 0)) j++;
+        if (j == nb) {
+            if (nb == MAXB) continue;
+            memcpy(names[nb], t->name, pl);
+            names[nb][pl] = 0;
+            nb++;
         }
-        /* the loaders' exceptions (see clip_text.c, t5_encoder.c, sd3_transformer.c) */
-        if (ends_with(t->name, "relative_attention_bias.weight")) continue; /* read into host memory */
-        cdf_dtype dt = t->ndim >= 2 ? weight_dtype : CDF_F32;
-        if (ends_with(t->name, "position_embedding.weight") || ends_with(t->name, "pos_embed.pos_embed")) dt = CDF_F32;
-        total += (uint64_t)numel * cdf_dtype_size(dt);
+        bytes[j] += b;
+        out->blocks_bytes += b;
     }
+    out->n_blocks = nb;
+    for (int j = 0; j < nb; j++)
+        if (bytes[j] > out->largest_block_bytes) out->largest_block_bytes = bytes[j];
+    free(names);
+    free(bytes);
     cdf_checkpoint_close(ck);
-    *out = total;
-    return CDF_OK;
+    return s;
 }
 
 /* ---- model info ------------------------------------------------------------------------------ */
@@ -103,6 +138,25 @@ cdf_status cdf_plan_model_info_from_config(const char *cls, const cJSON *cfg, cd
             const cJSON *q = cJSON_GetObjectItemCaseSensitive(cfg, "qk_norm");
             m->qk_norm = cJSON_IsString(q);
         }
+    } else if (strcmp(cls, "Flux2Transformer2DModel") == 0) {
+        m->kind = CDF_PLAN_FLUX2;
+        m->heads = geti(cfg, "num_attention_heads", 48);
+        m->head_dim = geti(cfg, "attention_head_dim", 128);
+        m->width = m->heads * m->head_dim;
+        double ratio = 3.0;
+        if (cdf_json_get_double(cfg, "mlp_ratio", 3.0, &ratio) != CDF_OK || !(ratio > 0 && ratio < 64)) ratio = 3.0;
+        m->mlp = (int64_t)((double)m->width * ratio); /* int(inner_dim * mlp_ratio) */
+        m->layers = geti(cfg, "num_layers", 8);
+        m->single_layers = geti(cfg, "num_single_layers", 48);
+        m->in_channels = geti(cfg, "in_channels", 128);
+        m->joint_dim = geti(cfg, "joint_attention_dim", 15360);
+        m->patch = geti(cfg, "patch_size", 1);
+    } else if (strcmp(cls, "AutoencoderKLFlux2") == 0) {
+        /* no activation formula yet (weights only); its scale factor sizes the latents */
+        m->kind = CDF_PLAN_OTHER;
+        int n = 0;
+        if (cdf_json_get_int_array(cfg, "block_out_channels", m->channels, 8, &n) == CDF_OK && n >= 1)
+            m->vae_scale_factor = 1 << (n - 1);
     } else if (strcmp(cls, "AutoencoderKL") == 0) {
         m->kind = CDF_PLAN_VAE;
         int n = 0;
@@ -158,6 +212,18 @@ static double flux_elems(const cdf_plan_model_info *m, double B, double Lt, doub
     double sgl = m->single_layers > 0 ? B * L * (17.0 * D + 3.0 * F) : 0;
     double e = (dbl > sgl ? dbl : sgl) + 2.0 * L * m->head_dim;
     return e;
+}
+
+/* Flux2Transformer2DModel (flux2_transformer.c), L = text + image tokens, F the SwiGLU width.
+ * As FLUX.1 (above) with the SwiGLU feed-forward: a double block's MLP holds in [2F], SiLU [F]
+ * and the product [F] per stream (4 F instead of 2 F); a single block's fused projection
+ * [3D + 2F], SiLU [F], product [F] and the cat [D + F] (16 D + 5 F), + the previous state. The
+ * modulation linears run once per forward, outside the blocks ([B, 6D], not per token). */
+static double flux2_elems(const cdf_plan_model_info *m, double B, double Lt, double Li) {
+    const double L = Lt + Li, D = (double)m->width, F = (double)m->mlp;
+    double dbl = m->layers > 0 ? B * L * (25.0 * D + 4.0 * F) : 0;
+    double sgl = m->single_layers > 0 ? B * L * (17.0 * D + 5.0 * F) : 0;
+    return (dbl > sgl ? dbl : sgl) + 2.0 * L * m->head_dim;
 }
 
 /* SD3Transformer2DModel, N image tokens, T text tokens, L = N + T. A joint block
@@ -222,6 +288,11 @@ uint64_t cdf_plan_activation_bytes(const cdf_plan_model_info *m, const cdf_plan_
         e = flux_elems(m, B, (double)s->text_tokens, (double)((s->latent_h / 2) * (s->latent_w / 2)) / (p * p));
         break;
     }
+    case CDF_PLAN_FLUX2: {
+        const double p = m->patch > 0 ? (double)m->patch : 1.0;
+        e = flux2_elems(m, B, (double)s->text_tokens, (double)((s->latent_h / 2) * (s->latent_w / 2)) / (p * p));
+        break;
+    }
     case CDF_PLAN_SD3: {
         const double p = m->patch > 0 ? (double)m->patch : 2.0;
         e = sd3_elems(m, B, (double)s->text_tokens, (double)(s->latent_h * s->latent_w) / (p * p));
@@ -240,8 +311,18 @@ typedef struct plan_component {
     const char *key;
     char class_name[64];
     uint64_t weights;
+    cdf_plan_blocks blocks; /* the transformer's repeated blocks */
     cdf_plan_model_info info;
 } plan_component;
+
+/* Device bytes of c's weights while it runs under `mode`: with SEQUENTIAL the transformer holds
+ * its non-block weights and one block's (under a budget the allocator lets the previous block's
+ * ops finish and free its copy before failing, so one block, the largest, is what is needed). */
+static uint64_t running_weights(const plan_component *c, cdf_offload_mode mode) {
+    if (mode == CDF_OFFLOAD_SEQUENTIAL && strcmp(c->key, "transformer") == 0 && c->blocks.n_blocks > 0)
+        return c->weights - c->blocks.blocks_bytes + c->blocks.largest_block_bytes;
+    return c->weights;
+}
 
 typedef struct plan_pipeline {
     plan_pipeline_kind kind;
@@ -289,7 +370,8 @@ static cdf_status plan_collect(const char *dir, const cJSON *idx, cdf_dtype wdt,
         cJSON_Delete(cfg);
         if (s != CDF_OK) return s;
         c->info.weight_dtype = wdt;
-        CDF_TRY(cdf_plan_weight_bytes(sub, wdt, &c->weights));
+        CDF_TRY(cdf_plan_block_bytes(sub, wdt, &c->blocks));
+        c->weights = c->blocks.total_bytes;
         pp->n++;
     }
     return CDF_OK;
@@ -313,12 +395,14 @@ cdf_status cdf_pipe_check_budget(cdf_pipeline *p, const cJSON *idx) {
         cdf_clear_error();
         return CDF_OK;
     }
-    uint64_t total = 0, largest = 0;
-    int li = 0;
-    char list[1024] = "", b1[32], b2[32], b3[32], b4[32], type[32];
+    uint64_t total = 0, largest = 0, largest_seq = 0;
+    int li = 0, lsi = 0;
+    char list[1024] = "", b1[32], b2[32], b3[32], b4[32], b5[32], type[32];
     for (int i = 0; i < pp.n; i++) {
         total += pp.c[i].weights;
         if (pp.c[i].weights > largest) largest = pp.c[i].weights, li = i;
+        const uint64_t sq = running_weights(&pp.c[i], CDF_OFFLOAD_SEQUENTIAL);
+        if (sq > largest_seq) largest_seq = sq, lsi = i;
         cdf_plan_format_bytes(b1, sizeof b1, pp.c[i].weights);
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s %s", i ? ", " : "", pp.c[i].key, b1);
     }
@@ -340,12 +424,25 @@ cdf_status cdf_pipe_check_budget(cdf_pipeline *p, const cJSON *idx) {
                          "keeps one model at a time (the largest, %s, needs %s plus activations; see cdiffusers plan)",
                          p->dir, b1, list, cdf_device_name(p->device), b2, used, type, pp.c[li].key, b3);
     }
+    cdf_plan_format_bytes(b5, sizeof b5, largest_seq);
+    char seq_hint[256] = "";
+    if (largest_seq < largest && largest_seq <= avail)
+        snprintf(seq_hint, sizeof seq_hint, "; use --offload sequential, which also keeps the transformer's blocks "
+                 "host-side (then the largest, %s, needs %s plus activations)", pp.c[lsi].key, b5);
     if (p->offload == CDF_OFFLOAD_MODEL && largest > avail)
         return cdf_error(CDF_ERR_OUT_OF_MEMORY,
                          "%s: out of memory even with --offload model: the largest model, %s, needs %s but %s has a %s "
-                         "budget%s (CDIFFUSERS_%s_MEMORY_LIMIT / --device-memory); a smaller weight dtype (--dtype bf16) "
-                         "or a larger budget is needed (per-block sequential offload is not implemented)",
-                         p->dir, pp.c[li].key, b3, cdf_device_name(p->device), b2, used, type);
+                         "budget%s (CDIFFUSERS_%s_MEMORY_LIMIT / --device-memory)%s",
+                         p->dir, pp.c[li].key, b3, cdf_device_name(p->device), b2, used, type,
+                         seq_hint[0] ? seq_hint : "; a smaller weight dtype (--dtype bf16) or a larger budget is needed");
+    if (p->offload == CDF_OFFLOAD_SEQUENTIAL && largest_seq > avail)
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY,
+                         "%s: out of memory even with --offload sequential: %s needs %s%s but %s has a %s budget%s "
+                         "(CDIFFUSERS_%s_MEMORY_LIMIT / --device-memory); a smaller weight dtype (--dtype bf16) or a larger "
+                         "budget is needed",
+                         p->dir, pp.c[lsi].key, b5,
+                         strcmp(pp.c[lsi].key, "transformer") == 0 ? " (its other weights plus its largest block)" : "",
+                         cdf_device_name(p->device), b2, used, type);
     return CDF_OK;
 }
 
@@ -366,6 +463,7 @@ static plan_held held_text(const plan_pipeline *pp, int64_t L, int passes, bool 
         const cdf_plan_model_info *m = &pp->c[i].info;
         if (m->kind == CDF_PLAN_CLIP) clip += (double)m->width, pooled += (double)m->width;
         if (m->kind == CDF_PLAN_T5) dj = (double)m->width;
+        if (m->kind == CDF_PLAN_FLUX2) dj = (double)m->joint_dim; /* the stacked text-encoder layers */
     }
     plan_held h = {0};
     if (pp->kind == PK_SD3) {
@@ -403,7 +501,7 @@ cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_par
         if (strcmp(pp.c[i].key, "vae") == 0) vae = &pp.c[i];
     }
     if (!tr || !vae) return cdf_error(CDF_ERR_FORMAT, "%s/model_index.json: the pipeline needs a transformer and a vae", dir);
-    const int vsf = vae->info.kind == CDF_PLAN_VAE ? vae->info.vae_scale_factor : 8;
+    const int vsf = vae->info.vae_scale_factor > 0 ? vae->info.vae_scale_factor : 8;
     int64_t sample = 128;
     if (pp.kind == PK_SD3) {
         char sub[4096];
@@ -446,11 +544,12 @@ cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_par
         case CDF_PLAN_CLIP: sh.text_tokens = 77; break;
         case CDF_PLAN_T5: sh.text_tokens = L; break;
         case CDF_PLAN_FLUX:
+        case CDF_PLAN_FLUX2:
         case CDF_PLAN_SD3:
             sh.batch = B;
             sh.text_tokens = c->info.kind == CDF_PLAN_SD3 ? 77 + L : L;
-            sh.latent_h = pp.kind == PK_FLUX ? 2 * (gp.height / (2 * vsf)) : lh;
-            sh.latent_w = pp.kind == PK_FLUX ? 2 * (gp.width / (2 * vsf)) : lw;
+            sh.latent_h = pp.kind != PK_SD3 ? 2 * (gp.height / (2 * vsf)) : lh;
+            sh.latent_w = pp.kind != PK_SD3 ? 2 * (gp.width / (2 * vsf)) : lw;
             break;
         case CDF_PLAN_VAE:
             sh.latent_h = lh;
@@ -465,11 +564,16 @@ cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_par
         out->component[i].activation_known = c->info.kind != CDF_PLAN_OTHER;
         out->total_weights_bytes += c->weights;
         if (c->weights > out->largest_weights_bytes) out->largest_weights_bytes = c->weights;
+        if (c == tr) {
+            out->n_blocks = c->blocks.n_blocks;
+            out->blocks_weights_bytes = c->blocks.blocks_bytes;
+            out->largest_block_bytes = c->blocks.largest_block_bytes;
+        }
     }
 
     /* what the pipeline itself holds in each phase */
     const double in_ch = (double)tr->info.in_channels;
-    const double latent = (double)lh * lw * (pp.kind == PK_FLUX ? in_ch / 4 : in_ch);
+    const double latent = (double)lh * lw * (pp.kind != PK_SD3 ? in_ch / 4 : in_ch);
     const plan_held ht = held_text(&pp, L, passes, sd3_cfg);
     double held[CDF_PHASE_COUNT];
     held[CDF_PHASE_TEXT] = (passes - 1) * ht.pass_text + ht.clip_pass;
@@ -484,7 +588,7 @@ cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_par
             const plan_component *c = &pp.c[i];
             const int cph = c == tr ? CDF_PHASE_DENOISE : c == vae ? CDF_PHASE_DECODE : CDF_PHASE_TEXT;
             if (cph != ph) continue;
-            const uint64_t w = lp.offload == CDF_OFFLOAD_MODEL ? c->weights : out->total_weights_bytes;
+            const uint64_t w = lp.offload == CDF_OFFLOAD_NONE ? out->total_weights_bytes : running_weights(c, lp.offload);
             const uint64_t a = out->component[i].activation_bytes + (uint64_t)(held[ph] * 4.0);
             if (w + a > best_w + best_a) best_w = w, best_a = a;
         }

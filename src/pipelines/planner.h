@@ -25,6 +25,7 @@ typedef enum cdf_plan_model_kind {
     CDF_PLAN_FLUX,
     CDF_PLAN_SD3,
     CDF_PLAN_VAE,
+    CDF_PLAN_FLUX2, /* Flux2Transformer2DModel */
 } cdf_plan_model_kind;
 
 /* What the activation formulas need from a config.json. */
@@ -58,6 +59,15 @@ uint64_t cdf_plan_activation_bytes(const cdf_plan_model_info *m, const cdf_plan_
  * float tensors of 2+ dims at weight_dtype, 1-D ones (biases, norm scales) at f32, and the
  * loaders' exceptions (tables kept in f32, T5's relative bias kept on the host). */
 cdf_status cdf_plan_weight_bytes(const char *dir, cdf_dtype weight_dtype, uint64_t *out);
+/* The same, split into the repeated blocks' weights (nn/weights.c: cdf_weights_block_prefix),
+ * which sequential offload keeps host-side, and the rest. */
+typedef struct cdf_plan_blocks {
+    uint64_t total_bytes;         /* every weight (= cdf_plan_weight_bytes) */
+    uint64_t blocks_bytes;        /* the blocks' weights, all of them */
+    uint64_t largest_block_bytes; /* the largest single block */
+    int n_blocks;
+} cdf_plan_blocks;
+cdf_status cdf_plan_block_bytes(const char *dir, cdf_dtype weight_dtype, cdf_plan_blocks *out);
 
 /* "12.3 MiB" */
 void cdf_plan_format_bytes(char *buf, size_t n, uint64_t bytes);

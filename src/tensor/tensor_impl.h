@@ -18,6 +18,12 @@ typedef struct cdf_storage {
     void *owner;
     bool is_virtual; /* allocated during a compile capture: no memory until the memory planner
                         places it in the graph's arena (or a graph break materialises it) */
+    /* Sequential offload (nn/weights.c): a transformer-block weight kept host-side. Its bytes
+     * stay in the memory-mapped checkpoint (host_src, stored as host_dtype; `owner` keeps the
+     * checkpoint open); data is NULL and no device memory is held. Ops reach it only inside
+     * cdf_block_run, which binds a device copy made just before the block runs (exec/compile.c). */
+    const void *host_src;
+    cdf_dtype host_dtype;
 } cdf_storage;
 
 struct cdf_tensor {

@@ -1,0 +1,491 @@
+/* Sequential offload (--offload sequential, cdf_pipeline_enable_sequential_cpu_offload) on
+ * pipelines with random weights written by tools/make-random-pipeline: a FLUX.1-architecture
+ * pipeline whose transformer (7 MB, 4 blocks) is the largest model, and an SD3.5-architecture
+ * one (three block classes: plain, dual attention, context_pre_only).
+ *
+ * What must hold (issue "Model offload and device memory budgets", sequential part):
+ *  - with a device budget smaller than the transformer alone, --offload model is refused up
+ *    front (and says that sequential would fit), --offload sequential runs, stays within the
+ *    budget, and its outputs are bit-identical to --offload none without a budget;
+ *  - the planner's sequential peaks are within 10% of the measured need: each phase runs under
+ *    planned/0.9 and fails under planned/1.1 (a budget applied to that phase only);
+ *  - the same with repeated-block compile and with whole compile (which a sequentially offloaded
+ *    transformer turns into repeated-block compile), via the API;
+ *  - nothing stays on the device after generate: neither block copies nor graphs (repeated-block
+ *    graphs must not pin a block's weights or their arenas across model offload);
+ *  - a host-side block weight used outside its block is an error, not a crash.
+ * The suite runs this file in eager, defer-and-fuse, compile and repeated-block compile modes
+ * (test.sh); the environment's mode applies to everything here. */
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdiffusers/cdiffusers.h"
+#include "nn/nn.h"
+#include "pipelines/pipeline_impl.h"
+#include "pipelines/planner.h"
+
+#define MRP_NO_MAIN
+#include "../tools/make-random-pipeline/make_random_pipeline.c"
+
+static char g_flux[600], g_sd3[600];
+
+/* FLUX.1 architecture: CLIP 1.5 MB, T5 3 MB, transformer 7 MB (4 blocks), VAE 0.3 MB. */
+static void flux_spec(mrp_spec *s) {
+    s->tokenizers = tu_data("tokenizers");
+    assert_int_equal(mrp_preset("tiny-flux", s), 0);
+    const char *sets[] = {"clip_l.hidden=16", "clip_l.intermediate=64", "clip_l.layers=2", "t5.d_model=32", "t5.d_kv=16",
+                          "t5.heads=2",       "t5.d_ff=64",             "flux.heads=4",    "flux.head_dim=32",
+                          "flux.layers=2",    "flux.single_layers=2",   "seed=7"};
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) assert_int_equal(mrp_set(s, sets[i]), 0);
+}
+
+/* SD3.5 architecture (dual attention, qk norm), transformer width 128 over 5 blocks (12 MB). */
+static void sd3_spec(mrp_spec *s) {
+    s->tokenizers = tu_data("tokenizers");
+    assert_int_equal(mrp_preset("tiny-sd3", s), 0);
+    const char *sets[] = {"clip_l.hidden=16", "clip_l.projection=16", "clip_l.intermediate=64", "clip_g.hidden=24",
+                          "clip_g.projection=24", "clip_g.intermediate=96", "t5.d_model=48", "t5.d_kv=24", "t5.heads=2",
+                          "t5.d_ff=96", "sd3.heads=2", "sd3.head_dim=64", "sd3.layers=5", "sd3.dual_layers=2", "seed=11"};
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) assert_int_equal(mrp_set(s, sets[i]), 0);
+}
+
+static int setup(void **state) {
+    (void)state;
+    mrp_spec s;
+    snprintf(g_flux, sizeof g_flux, "%s/seq_flux_random", tu_tmpdir());
+    snprintf(g_sd3, sizeof g_sd3, "%s/seq_sd3_random", tu_tmpdir());
+    flux_spec(&s);
+    if (mrp_write_pipeline(&s, g_flux)) {
+        fprintf(stderr, "make-random-pipeline: %s\n", mrp_last_error());
+        return -1;
+    }
+    sd3_spec(&s);
+    if (mrp_write_pipeline(&s, g_sd3)) {
+        fprintf(stderr, "make-random-pipeline: %s\n", mrp_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+static cdf_device *dev(void) { return tu_cpu(); }
+
+static uint64_t current_bytes(void) {
+    assert_int_equal(cdf_device_synchronize(dev()), CDF_OK);
+    cdf_memory_stats st;
+    cdf_device_memory_stats(dev(), &st);
+    return st.current_bytes;
+}
+
+static const char *flux2_dir(void) { return tu_data("pipelines/flux2_dev_tiny"); }
+static const int k_flux2_layers[3] = {1, 2, 3}; /* the tiny text encoder has 4 layers */
+
+static cdf_generate_params request(const char *dir) {
+    cdf_generate_params gp = cdf_generate_default_params();
+    if (strstr(dir, "flux2_dev_tiny")) {
+        gp.text_encoder_out_layers = k_flux2_layers;
+        gp.num_text_encoder_out_layers = 3;
+    }
+    gp.prompt = "a red fox in the snow";
+    gp.height = gp.width = 64;
+    gp.num_inference_steps = 1;
+    gp.max_sequence_length = 16;
+    gp.seed = 3;
+    if (dir == g_sd3) {
+        gp.negative_prompt = "blurry";
+        gp.guidance_scale = 4.5f; /* CFG: batch 2 */
+    }
+    return gp;
+}
+
+static cdf_pipeline_load_params load_params(cdf_offload_mode mode) {
+    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    lp.offload = mode;
+    lp.weight_dtype = CDF_F32; /* the sizes above are f32 ones */
+    return lp;
+}
+
+static cdf_memory_plan plan_of(const char *dir, cdf_offload_mode mode, const cdf_generate_params *gp) {
+    cdf_pipeline_load_params lp = load_params(mode);
+    cdf_memory_plan plan;
+    cdf_status s = cdf_pipeline_plan_memory(dir, &lp, gp, &plan);
+    if (s != CDF_OK) print_message("plan: %s\n", cdf_last_error());
+    assert_int_equal(s, CDF_OK);
+    return plan;
+}
+
+static cdf_pipeline *load(const char *dir, cdf_offload_mode mode) {
+    cdf_pipeline *p = NULL;
+    cdf_pipeline_load_params lp = load_params(mode);
+    cdf_status s = cdf_pipeline_load(dir, &lp, &p);
+    if (s != CDF_OK) print_message("load: %s\n", cdf_last_error());
+    assert_int_equal(s, CDF_OK);
+    return p;
+}
+
+/* ---- outputs -------------------------------------------------------------------------------- */
+typedef struct result {
+    cdf_tensor_map cap;
+    cdf_image img;
+} result;
+
+static void generate(cdf_pipeline *p, const cdf_generate_params *gp0, result *r) {
+    cdf_generate_params gp = *gp0;
+    cdf_tensor_map_init(&r->cap);
+    gp.capture = &r->cap;
+    cdf_status s = cdf_pipeline_generate(p, &gp, &r->img);
+    if (s != CDF_OK) print_message("generate: %s\n", cdf_last_error());
+    assert_int_equal(s, CDF_OK);
+}
+
+static void result_free(result *r) {
+    cdf_tensor_map_clear(&r->cap);
+    cdf_image_free(&r->img);
+}
+
+static void expect_identical(result *a, result *b) {
+    static const char *const keys[] = {"latents_final", "vae_decode_output"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        cdf_tensor *x = cdf_tensor_map_get(&a->cap, keys[i]), *y = cdf_tensor_map_get(&b->cap, keys[i]);
+        assert_non_null(x);
+        assert_non_null(y);
+        assert_int_equal(cdf_tensor_numel(x), cdf_tensor_numel(y));
+        float *u = cdf_tensor_read_f32(x), *v = cdf_tensor_read_f32(y);
+        assert_non_null(u);
+        assert_non_null(v);
+        if (memcmp(u, v, (size_t)cdf_tensor_numel(x) * sizeof(float)) != 0) print_message("%s differs\n", keys[i]);
+        assert_memory_equal(u, v, (size_t)cdf_tensor_numel(x) * sizeof(float));
+        free(u);
+        free(v);
+    }
+    assert_int_equal(a->img.width * a->img.height, b->img.width * b->img.height);
+    assert_memory_equal(a->img.pixels, b->img.pixels, (size_t)a->img.width * a->img.height * 3);
+}
+
+/* The reference: every model resident, no budget (computed once per pipeline). */
+static result g_ref[3];
+static bool g_have_ref[3];
+static result *reference(const char *dir) {
+    const int k = dir == g_sd3 ? 1 : dir == g_flux ? 0 : 2;
+    if (!g_have_ref[k]) {
+        cdf_pipeline *p = load(dir, CDF_OFFLOAD_NONE);
+        const cdf_generate_params gp = request(dir);
+        generate(p, &gp, &g_ref[k]);
+        cdf_pipeline_free(p);
+        g_have_ref[k] = true;
+    }
+    return &g_ref[k];
+}
+
+static int teardown(void **state) {
+    (void)state;
+    for (int k = 0; k < 3; k++)
+        if (g_have_ref[k]) result_free(&g_ref[k]);
+    return 0;
+}
+
+typedef enum { AS_LOADED = 0, API_BLOCKS = 1, API_WHOLE = 2 } compile_variant;
+static const char *const k_variant[] = {"as loaded (environment's mode)", "cdf_pipeline_compile_repeated_blocks",
+                                        "cdf_pipeline_compile"};
+
+static void apply_variant(cdf_pipeline *p, compile_variant v) {
+    cdf_compile_options o = cdf_compile_default_options();
+    if (v == API_BLOCKS) assert_int_equal(cdf_pipeline_compile_repeated_blocks(p, &o), CDF_OK);
+    if (v == API_WHOLE) {
+        o.fullgraph = false; /* the text encoders are not compiled by it; the VAE has no breaks */
+        assert_int_equal(cdf_pipeline_compile(p, &o), CDF_OK);
+    }
+}
+
+/* Budget below the transformer alone: model refused, sequential runs within it, bit-identical. */
+static void check_sequential_under_budget(const char *dir, compile_variant variant, int runs) {
+    result *ref = reference(dir), got;
+    const cdf_generate_params gp = request(dir);
+    const cdf_memory_plan ps = plan_of(dir, CDF_OFFLOAD_SEQUENTIAL, &gp);
+    const cdf_memory_plan pm = plan_of(dir, CDF_OFFLOAD_MODEL, &gp);
+    const uint64_t budget = (uint64_t)(ps.peak_bytes / 0.9);
+    print_message("%s, %s: transformer %llu bytes (%d blocks, largest %llu); sequential plan %llu, budget %llu\n",
+                  ps.pipeline_class, k_variant[variant], (unsigned long long)pm.largest_weights_bytes, ps.n_blocks,
+                  (unsigned long long)ps.largest_block_bytes, (unsigned long long)ps.peak_bytes,
+                  (unsigned long long)budget);
+    assert_true(ps.n_blocks >= 3);
+    assert_true(budget < pm.largest_weights_bytes); /* the transformer alone does not fit */
+    assert_string_equal(pm.component[ps.n_components - 2].name, "transformer");
+    assert_int_equal(pm.component[ps.n_components - 2].weights_bytes, pm.largest_weights_bytes);
+
+    const uint64_t base = current_bytes();
+    assert_int_equal(cdf_device_set_memory_limit(dev(), base + budget), CDF_OK);
+    cdf_pipeline *p = NULL;
+    cdf_pipeline_load_params lp = load_params(CDF_OFFLOAD_MODEL);
+    assert_int_equal(cdf_pipeline_load(dir, &lp, &p), CDF_ERR_OUT_OF_MEMORY);
+    assert_null(p);
+    print_message("model: %s\n", cdf_last_error());
+    assert_non_null(strstr(cdf_last_error(), "the largest model, transformer"));
+    assert_non_null(strstr(cdf_last_error(), "--offload sequential"));
+    assert_int_equal(current_bytes(), base);
+
+    p = load(dir, CDF_OFFLOAD_SEQUENTIAL);
+    assert_int_equal(cdf_pipeline_offload_mode(p), CDF_OFFLOAD_SEQUENTIAL);
+    assert_int_equal(current_bytes(), base);
+    apply_variant(p, variant);
+    for (int run = 0; run < runs; run++) { /* a second generate replays what the first compiled */
+        generate(p, &gp, &got);
+        expect_identical(ref, &got);
+        result_free(&got);
+        cdf_pipeline_memory_stats ms;
+        cdf_pipeline_last_memory_stats(p, &ms);
+        print_message("sequential run %d: measured peak %llu (denoising %llu) under budget %llu; planned %llu\n", run,
+                      (unsigned long long)(ms.peak_bytes - base),
+                      (unsigned long long)(ms.phase_peak_bytes[CDF_PHASE_DENOISE] - base), (unsigned long long)budget,
+                      (unsigned long long)ps.peak_bytes);
+        assert_true(ms.peak_bytes - base <= budget);
+        assert_true(ms.phase_peak_bytes[CDF_PHASE_DENOISE] - base < pm.largest_weights_bytes);
+        /* every block copy, graph arena and model released after generate */
+        assert_int_equal(current_bytes(), base);
+    }
+    if (variant != AS_LOADED) assert_true(cdf_component_compiled_graphs(p->transformer) == 0); /* released with it */
+    cdf_pipeline_free(p);
+    assert_int_equal(cdf_device_set_memory_limit(dev(), 0), CDF_OK);
+}
+
+static void test_flux_sequential_under_budget(void **state) {
+    (void)state;
+    check_sequential_under_budget(g_flux, AS_LOADED, 2);
+}
+
+static void test_sd3_sequential_under_budget(void **state) {
+    (void)state;
+    check_sequential_under_budget(g_sd3, AS_LOADED, 1);
+}
+
+static void test_sequential_with_compile_api(void **state) {
+    (void)state;
+    /* (SD3's three block classes with repeated-block compile: the suite's CDIFFUSERS_COMPILE=blocks
+     * run of test_sd3_sequential_under_budget) */
+    check_sequential_under_budget(g_flux, API_BLOCKS, 2);
+    check_sequential_under_budget(g_flux, API_WHOLE, 1);
+}
+
+/* FLUX.2 (its blocks go through cdf_block_run too): the golden tiny pipeline, whose text
+ * encoder is the largest model, so no budget here: outputs and the denoising plan only. */
+static void check_plan(const char *dir, cdf_offload_mode mode);
+
+static void test_flux2_sequential(void **state) {
+    (void)state;
+    const char *dir = flux2_dir();
+    const cdf_generate_params gp = request(dir);
+    result *ref = reference(dir); /* it holds device tensors: before the baseline */
+    const uint64_t base = current_bytes();
+    cdf_pipeline *p = load(dir, CDF_OFFLOAD_SEQUENTIAL);
+    result got;
+    generate(p, &gp, &got);
+    expect_identical(ref, &got);
+    result_free(&got);
+    const cdf_memory_plan pm = plan_of(dir, CDF_OFFLOAD_SEQUENTIAL, &gp);
+    assert_int_equal(pm.n_blocks, 4);
+    assert_true(pm.component[1].activation_known); /* the transformer's formula */
+    assert_int_equal(current_bytes(), base);
+    cdf_pipeline_free(p);
+    check_plan(dir, CDF_OFFLOAD_SEQUENTIAL);
+    check_plan(dir, CDF_OFFLOAD_MODEL);
+}
+
+/* Switching a loaded pipeline (diffusers' enable_sequential_cpu_offload) and back. */
+static void test_enable_sequential_on_loaded_pipeline(void **state) {
+    (void)state;
+    result *ref = reference(g_flux), seq, back;
+    const cdf_generate_params gp = request(g_flux);
+    cdf_pipeline *p = load(g_flux, CDF_OFFLOAD_NONE);
+    assert_int_equal(cdf_pipeline_enable_sequential_cpu_offload(p), CDF_OK);
+    assert_false(cdf_component_is_loaded(p->transformer));
+    generate(p, &gp, &seq);
+    cdf_pipeline_memory_stats ms;
+    cdf_pipeline_last_memory_stats(p, &ms);
+    assert_int_equal(ms.materialisations, 4); /* CLIP, T5, transformer (its non-block weights), VAE */
+    assert_int_equal(cdf_pipeline_set_offload(p, CDF_OFFLOAD_NONE), CDF_OK);
+    assert_true(cdf_component_is_loaded(p->transformer));
+    generate(p, &gp, &back);
+    expect_identical(ref, &seq);
+    expect_identical(ref, &back);
+    assert_int_equal(cdf_pipeline_set_offload(p, (cdf_offload_mode)7), CDF_ERR_INVALID_ARG);
+    result_free(&seq);
+    result_free(&back);
+    cdf_pipeline_free(p);
+}
+
+/* Repeated-block graphs bind their weights per call: model offload must leave nothing behind. */
+static void test_block_graphs_do_not_pin_weights(void **state) {
+    (void)state;
+    const cdf_generate_params gp = request(g_flux);
+    result *ref = reference(g_flux); /* it holds device tensors: before the baseline */
+    const uint64_t base = current_bytes();
+    cdf_pipeline *p = load(g_flux, CDF_OFFLOAD_MODEL);
+    cdf_compile_options o = cdf_compile_default_options();
+    assert_int_equal(cdf_pipeline_compile_repeated_blocks(p, &o), CDF_OK);
+    result r;
+    generate(p, &gp, &r);
+    assert_true(cdf_component_compiled_graphs(p->transformer) == 0); /* released with the transformer */
+    expect_identical(ref, &r);
+    result_free(&r);
+    assert_int_equal(current_bytes(), base); /* the transformer's weights and its block graphs' arenas */
+    cdf_pipeline_free(p);
+}
+
+/* ---- planner ------------------------------------------------------------------------------------ */
+static bool generate_with_phase_budget(cdf_pipeline *p, const cdf_generate_params *gp, int ph, uint64_t limit) {
+    p->phase_limit_active = true;
+    memset(p->phase_limit, 0, sizeof p->phase_limit);
+    p->phase_limit[ph] = limit;
+    cdf_image img;
+    cdf_status s = cdf_pipeline_generate(p, gp, &img);
+    p->phase_limit_active = false;
+    if (s == CDF_OK) cdf_image_free(&img);
+    else if (s != CDF_ERR_OUT_OF_MEMORY) print_message("unexpected failure: %s\n", cdf_last_error());
+    assert_true(s == CDF_OK || s == CDF_ERR_OUT_OF_MEMORY);
+    return s == CDF_OK;
+}
+
+/* The denoising phase: the only one sequential offload changes (the others are model offload's,
+ * which test_offload checks phase by phase). */
+static bool compile_env(void) {
+    const char *c = getenv("CDIFFUSERS_COMPILE");
+    return c && *c && strcmp(c, "0") != 0;
+}
+
+static void check_plan(const char *dir, cdf_offload_mode mode) {
+    const cdf_generate_params gp = request(dir);
+    const cdf_memory_plan plan = plan_of(dir, mode, &gp);
+    cdf_pipeline *p = load(dir, mode);
+    const uint64_t base = current_bytes();
+    for (int ph = CDF_PHASE_DENOISE; ph == CDF_PHASE_DENOISE; ph++) {
+        const uint64_t planned = plan.phase[ph].peak_bytes;
+        print_message("%s %s %s: planned %llu (weights %llu + activations %llu)\n", plan.pipeline_class,
+                      mode == CDF_OFFLOAD_SEQUENTIAL ? "sequential" : "model", cdf_pipeline_phase_name((cdf_pipeline_phase)ph),
+                      (unsigned long long)planned, (unsigned long long)plan.phase[ph].weights_bytes,
+                      (unsigned long long)plan.phase[ph].activation_bytes);
+        assert_true(generate_with_phase_budget(p, &gp, ph, base + (uint64_t)(planned / 0.9)));
+        /* The planner models eager execution (and defer-and-fuse, whose pending graph runs
+         * before an allocation fails). Compiled block graphs need less: their buffers are
+         * placed by lifetime in one arena per graph and fused chains drop intermediates
+         * (measured 0.83-0.97 of the plan, bench/RESULTS.md "Offload"), so under compile the
+         * plan is checked as an upper bound only. */
+        if (!compile_env()) assert_false(generate_with_phase_budget(p, &gp, ph, base + (uint64_t)(planned / 1.1)));
+    }
+    cdf_pipeline_free(p);
+}
+
+static void test_planner_sequential_within_10_percent(void **state) {
+    (void)state;
+    check_plan(g_flux, CDF_OFFLOAD_SEQUENTIAL);
+    check_plan(g_sd3, CDF_OFFLOAD_SEQUENTIAL);
+}
+
+/* ---- misuse ------------------------------------------------------------------------------------- */
+static void test_host_side_weight_outside_block_is_an_error(void **state) {
+    (void)state;
+    char sub[700];
+    snprintf(sub, sizeof sub, "%s/transformer", g_flux);
+    cdf_load_options o = cdf_load_options_default();
+    o.device = dev();
+    o.blocks_on_host = true;
+    cdf_weights *w = NULL;
+    assert_int_equal(cdf_weights_open(sub, &o, &w), CDF_OK);
+    const uint64_t before = current_bytes();
+    const int64_t shape[2] = {-1, -1};
+    cdf_tensor *blk = cdf_weights_get(w, 2, shape, "transformer_blocks.0.attn.to_q.weight");
+    cdf_tensor *top = cdf_weights_get(w, 2, shape, "x_embedder.weight");
+    cdf_weights_free(w); /* the host-side weight keeps the checkpoint mapped */
+    assert_non_null(blk);
+    assert_non_null(top);
+    assert_int_equal(current_bytes(), before + (uint64_t)cdf_tensor_numel(top) * 4); /* only the resident one */
+    assert_int_equal(cdf_weights_block_prefix("single_transformer_blocks.12.attn.to_q.weight"), strlen("single_transformer_blocks.12"));
+    assert_int_equal(cdf_weights_block_prefix("x_embedder.weight"), 0);
+    assert_int_equal(cdf_weights_block_prefix("down_blocks.x.weight"), 0);
+    float buf[4];
+    assert_int_equal(cdf_tensor_read(blk, CDF_F32, buf, sizeof buf), CDF_ERR_INVALID_ARG);
+    const int64_t xs[2] = {1, cdf_tensor_dim(blk, 1)};
+    cdf_tensor *x = cdf_tensor_zeros(dev(), CDF_F32, 2, xs);
+    cdf_tensor *y = cdf_linear(x, blk, NULL);
+    assert_null(y);
+    assert_non_null(strstr(cdf_last_error(), "host-side block weight"));
+    cdf_tensor *x2 = cdf_tensor_zeros(dev(), CDF_F32, 2, (int64_t[]){1, cdf_tensor_dim(top, 1)});
+    cdf_tensor *z = cdf_linear(x2, top, NULL); /* a resident weight of the same model works */
+    assert_non_null(z);
+    cdf_tensor_release(z);
+    cdf_tensor_release(x2);
+    cdf_tensor_release(x);
+    cdf_tensor_release(blk);
+    cdf_tensor_release(top);
+    assert_int_equal(current_bytes(), before);
+}
+
+/* ---- CLI ----------------------------------------------------------------------------------------- */
+static void test_cli_sequential(void **state) {
+    (void)state;
+    const cdf_generate_params gp = request(g_flux);
+    const cdf_memory_plan ps = plan_of(g_flux, CDF_OFFLOAD_SEQUENTIAL, &gp);
+    char out[700], ref[700], err[700], so[700];
+    snprintf(out, sizeof out, "%s/seq_cli.png", tu_tmpdir());
+    snprintf(ref, sizeof ref, "%s/seq_cli_ref.png", tu_tmpdir());
+    snprintf(err, sizeof err, "%s/seq_cli.err", tu_tmpdir());
+    snprintf(so, sizeof so, "%s/seq_cli.out", tu_tmpdir());
+    const char *common = "--prompt 'a red fox' --height 64 --width 64 --steps 1 --max-sequence-length 16 --quiet --force "
+                         "--dtype f32";
+    const unsigned long long budget = (unsigned long long)(ps.peak_bytes / 0.9);
+
+    assert_int_equal(tu_system("'%s' plan --model '%s' --height 64 --width 64 --max-sequence-length 16 --offload sequential --dtype f32 "
+                               "> '%s' 2> '%s'", CDF_CLI_PATH, g_flux, so, err), 0);
+    char *txt = tu_read_file(so, NULL);
+    assert_non_null(txt);
+    char want[96];
+    snprintf(want, sizeof want, "(%llu bytes)", (unsigned long long)ps.peak_bytes);
+    assert_non_null(strstr(txt, want));
+    assert_non_null(strstr(txt, "offload sequential"));
+    assert_non_null(strstr(txt, "transformer blocks: 4"));
+    free(txt);
+
+    assert_int_equal(tu_system("'%s' generate --model '%s' %s --output '%s' 2> '%s'", CDF_CLI_PATH, g_flux, common, ref, err), 0);
+    /* model under a budget below the transformer: exit 1, pointing at sequential */
+    assert_int_equal(tu_system("'%s' generate --model '%s' %s --output '%s' --device-memory %llu --offload model 2> '%s'",
+                               CDF_CLI_PATH, g_flux, common, out, budget, err),
+                     1);
+    txt = tu_read_file(err, NULL);
+    assert_non_null(txt);
+    assert_non_null(strstr(txt, "--offload sequential"));
+    free(txt);
+    int rc = tu_system("'%s' generate --model '%s' %s --output '%s' --device-memory %llu --offload sequential --memory-stats "
+                       "2> '%s'", CDF_CLI_PATH, g_flux, common, out, budget, err);
+    txt = tu_read_file(err, NULL);
+    if (rc != 0 && txt) print_message("%s\n", txt);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(txt, "offload sequential"));
+    free(txt);
+    size_t na = 0, nb = 0;
+    char *a = tu_read_file(ref, &na), *b = tu_read_file(out, &nb);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    free(a);
+    free(b);
+    assert_int_equal(tu_system("'%s' generate --model '%s' %s --output '%s' --offload disk 2> '%s'", CDF_CLI_PATH, g_flux,
+                               common, out, err),
+                     2);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_host_side_weight_outside_block_is_an_error),
+        cmocka_unit_test(test_flux_sequential_under_budget),
+        cmocka_unit_test(test_sd3_sequential_under_budget),
+        cmocka_unit_test(test_sequential_with_compile_api),
+        cmocka_unit_test(test_flux2_sequential),
+        cmocka_unit_test(test_enable_sequential_on_loaded_pipeline),
+        cmocka_unit_test(test_block_graphs_do_not_pin_weights),
+        cmocka_unit_test(test_planner_sequential_within_10_percent),
+        cmocka_unit_test(test_cli_sequential),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
