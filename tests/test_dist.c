@@ -446,7 +446,7 @@ static void case_args(const char *pipe, const char *case_name, char *args, size_
     if (cJSON_IsNumber(msl)) o += snprintf(args + o, n - o, " --max-sequence-length %d", msl->valueint);
     const cJSON *tcfg = cJSON_GetObjectItem(call, "true_cfg_scale");
     if (cJSON_IsNumber(tcfg)) o += snprintf(args + o, n - o, " --true-cfg-scale %g", tcfg->valuedouble);
-    snprintf(args + o, n - o, " --threads 1 --quiet");
+    snprintf(args + o, n - o, " --threads 1 --quiet --dtype f32"); /* golden: the exact path */
     cJSON_Delete(js);
 }
 

@@ -18,6 +18,8 @@
  * Activations are f32; weights are f32 or bf16 (cdf_load_options.weight_dtype). */
 #include "models/flux2_transformer.h"
 
+#include "exec/compile.h"
+
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +46,9 @@ typedef struct flux2_single_block {
 typedef struct flux2_model {
     cdf_flux2_config cfg;
     cdf_device *dev;
+    cdf_tp *tp;           /* tensor-parallel sharding, NULL when the model is whole */
+    int64_t local_inner;  /* this rank's attention width: inner_dim / ranks (its heads) */
+    int64_t local_mlp;    /* this rank's SwiGLU width: mlp_hidden_dim / ranks */
     cdf_flux_mlp timestep_embedder, guidance_embedder; /* time_guidance_embed.* */
     cdf_linear_layer mod_img, mod_txt, mod_single;     /* *_modulation.linear */
     cdf_linear_layer x_embedder, context_embedder;
@@ -52,6 +57,31 @@ typedef struct flux2_model {
     cdf_linear_layer norm_out; /* AdaLayerNormContinuous .linear [2D, D] -> (scale, shift) */
     cdf_linear_layer proj_out;
 } flux2_model;
+
+/* Tensor-parallel plan: diffusers' Flux2Transformer2DModel._tp_plan. q/k/v (both streams)
+ * column-wise: each rank owns num_attention_heads / N heads; attention outputs row-wise (one
+ * all-reduce each). The SwiGLU input projections are packed column-wise over [gate, value] (each
+ * rank gets its slice of both halves, so its local swiglu pairs them up again); their outputs
+ * row-wise. The single-stream block's fused to_qkv_mlp_proj is packed column-wise over
+ * [q, k, v, gate, value] and its to_out packed row-wise over [attention, MLP]. The shared
+ * modulation, QK-norms, embedders and output layers are replicated. */
+static const cdf_tp_rule FLUX2_TP_PLAN[] = {
+    {"transformer_blocks.*.attn.to_q", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.to_k", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.to_v", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.to_out.0", CDF_TP_ROWWISE},
+    {"transformer_blocks.*.attn.add_q_proj", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.add_k_proj", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.add_v_proj", CDF_TP_COLWISE},
+    {"transformer_blocks.*.attn.to_add_out", CDF_TP_ROWWISE},
+    {"transformer_blocks.*.ff.linear_in", CDF_TP_PACKED_COLWISE},
+    {"transformer_blocks.*.ff.linear_out", CDF_TP_ROWWISE},
+    {"transformer_blocks.*.ff_context.linear_in", CDF_TP_PACKED_COLWISE},
+    {"transformer_blocks.*.ff_context.linear_out", CDF_TP_ROWWISE},
+    {"single_transformer_blocks.*.attn.to_qkv_mlp_proj", CDF_TP_PACKED_COLWISE},
+    {"single_transformer_blocks.*.attn.to_out", CDF_TP_PACKED_ROWWISE},
+    {NULL, CDF_TP_REPLICATE},
+};
 
 /* ---- config ------------------------------------------------------------------------------ */
 static cdf_status parse_config(const cJSON *json, const char *dir, cdf_flux2_config *c) {
@@ -159,42 +189,52 @@ static void free_model(flux2_model *m) {
     }
     free(m->blocks);
     free(m->single_blocks);
+    cdf_tp_free(m->tp);
     free(m);
 }
 
-static cdf_status load_double_block(cdf_weights *w, const cdf_flux2_config *c, flux2_double_block *b, int64_t i) {
+static cdf_status load_double_block(cdf_weights *w, const cdf_tp *tp, const cdf_flux2_config *c, flux2_double_block *b,
+                                    int64_t i) {
     const int64_t D = c->inner_dim, hd = c->attention_head_dim, F = c->mlp_hidden_dim;
     const float eps = (float)c->eps;
     const char *p = "transformer_blocks";
     const long long n = (long long)i;
-    CDF_TRY(cdf_linear_load(w, &b->to_q, D, D, 0, "%s.%lld.attn.to_q", p, n));
-    CDF_TRY(cdf_linear_load(w, &b->to_k, D, D, 0, "%s.%lld.attn.to_k", p, n));
-    CDF_TRY(cdf_linear_load(w, &b->to_v, D, D, 0, "%s.%lld.attn.to_v", p, n));
-    CDF_TRY(cdf_linear_load(w, &b->to_out, D, D, 0, "%s.%lld.attn.to_out.0", p, n));
-    CDF_TRY(cdf_linear_load(w, &b->add_q_proj, D, D, 0, "%s.%lld.attn.add_q_proj", p, n));
-    CDF_TRY(cdf_linear_load(w, &b->add_k_proj, D, D, 0, "%s.%lld.attn.add_k_proj", p, n));
-    CDF_TRY(cdf_linear_load(w, &b->add_v_proj, D, D, 0, "%s.%lld.attn.add_v_proj", p, n));
-    CDF_TRY(cdf_linear_load(w, &b->to_add_out, D, D, 0, "%s.%lld.attn.to_add_out", p, n));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->to_q, D, D, 0, "%s.%lld.attn.to_q", p, n));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->to_k, D, D, 0, "%s.%lld.attn.to_k", p, n));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->to_v, D, D, 0, "%s.%lld.attn.to_v", p, n));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->to_out, D, D, 0, "%s.%lld.attn.to_out.0", p, n));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->add_q_proj, D, D, 0, "%s.%lld.attn.add_q_proj", p, n));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->add_k_proj, D, D, 0, "%s.%lld.attn.add_k_proj", p, n));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->add_v_proj, D, D, 0, "%s.%lld.attn.add_v_proj", p, n));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->to_add_out, D, D, 0, "%s.%lld.attn.to_add_out", p, n));
     CDF_TRY(cdf_norm_load(w, &b->norm_q, hd, 1, 0, eps, "%s.%lld.attn.norm_q", p, n));
     CDF_TRY(cdf_norm_load(w, &b->norm_k, hd, 1, 0, eps, "%s.%lld.attn.norm_k", p, n));
     CDF_TRY(cdf_norm_load(w, &b->norm_added_q, hd, 1, 0, eps, "%s.%lld.attn.norm_added_q", p, n));
     CDF_TRY(cdf_norm_load(w, &b->norm_added_k, hd, 1, 0, eps, "%s.%lld.attn.norm_added_k", p, n));
-    CDF_TRY(cdf_linear_load(w, &b->ff_in, D, 2 * F, 0, "%s.%lld.ff.linear_in", p, n));
-    CDF_TRY(cdf_linear_load(w, &b->ff_out, F, D, 0, "%s.%lld.ff.linear_out", p, n));
-    CDF_TRY(cdf_linear_load(w, &b->ff_context_in, D, 2 * F, 0, "%s.%lld.ff_context.linear_in", p, n));
-    CDF_TRY(cdf_linear_load(w, &b->ff_context_out, F, D, 0, "%s.%lld.ff_context.linear_out", p, n));
+    /* SwiGLU input: [gate (F); value (F)] rows, split per half (PackedColwiseParallel([1, 1])) */
+    const int64_t swiglu_parts[2] = {F, F};
+    CDF_TRY(cdf_tp_linear_load_packed_out(w, tp, &b->ff_in, D, 2, swiglu_parts, 0, "%s.%lld.ff.linear_in", p, n));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->ff_out, F, D, 0, "%s.%lld.ff.linear_out", p, n));
+    CDF_TRY(cdf_tp_linear_load_packed_out(w, tp, &b->ff_context_in, D, 2, swiglu_parts, 0, "%s.%lld.ff_context.linear_in", p, n));
+    CDF_TRY(cdf_tp_linear_load(w, tp, &b->ff_context_out, F, D, 0, "%s.%lld.ff_context.linear_out", p, n));
     return CDF_OK;
 }
 
-static cdf_status load_single_block(cdf_weights *w, const cdf_flux2_config *c, flux2_single_block *b, int64_t i) {
+static cdf_status load_single_block(cdf_weights *w, const cdf_tp *tp, const cdf_flux2_config *c, flux2_single_block *b,
+                                    int64_t i) {
     const int64_t D = c->inner_dim, hd = c->attention_head_dim, F = c->mlp_hidden_dim;
     const float eps = (float)c->eps;
     const char *p = "single_transformer_blocks";
     const long long n = (long long)i;
-    CDF_TRY(cdf_linear_load(w, &b->to_qkv_mlp_proj, D, 3 * D + 2 * F, 0, "%s.%lld.attn.to_qkv_mlp_proj", p, n));
+    /* rows [q (D); k (D); v (D); gate (F); value (F)], each part split across the ranks */
+    const int64_t qkv_mlp_parts[5] = {D, D, D, F, F};
+    CDF_TRY(cdf_tp_linear_load_packed_out(w, tp, &b->to_qkv_mlp_proj, D, 5, qkv_mlp_parts, 0, "%s.%lld.attn.to_qkv_mlp_proj",
+                                          p, n));
     CDF_TRY(cdf_norm_load(w, &b->norm_q, hd, 1, 0, eps, "%s.%lld.attn.norm_q", p, n));
     CDF_TRY(cdf_norm_load(w, &b->norm_k, hd, 1, 0, eps, "%s.%lld.attn.norm_k", p, n));
-    CDF_TRY(cdf_linear_load(w, &b->to_out, D + F, D, 0, "%s.%lld.attn.to_out", p, n));
+    /* its input is cat(attention [D], MLP [F]): a packed row-wise plan splits each part */
+    const int64_t out_parts[2] = {D, F};
+    CDF_TRY(cdf_tp_linear_load_packed(w, tp, &b->to_out, 2, out_parts, D, 0, "%s.%lld.attn.to_out", p, n));
     return CDF_OK;
 }
 
@@ -209,8 +249,8 @@ static cdf_status load_weights(cdf_weights *w, flux2_model *m) {
     CDF_TRY(cdf_linear_load(w, &m->mod_single, D, 3 * D, 0, "single_stream_modulation.linear"));
     CDF_TRY(cdf_linear_load(w, &m->x_embedder, c->in_channels, D, 0, "x_embedder"));
     CDF_TRY(cdf_linear_load(w, &m->context_embedder, c->joint_attention_dim, D, 0, "context_embedder"));
-    for (int64_t i = 0; i < c->num_layers; i++) CDF_TRY(load_double_block(w, c, &m->blocks[i], i));
-    for (int64_t i = 0; i < c->num_single_layers; i++) CDF_TRY(load_single_block(w, c, &m->single_blocks[i], i));
+    for (int64_t i = 0; i < c->num_layers; i++) CDF_TRY(load_double_block(w, m->tp, c, &m->blocks[i], i));
+    for (int64_t i = 0; i < c->num_single_layers; i++) CDF_TRY(load_single_block(w, m->tp, c, &m->single_blocks[i], i));
     CDF_TRY(cdf_linear_load(w, &m->norm_out, D, 2 * D, 0, "norm_out.linear"));
     CDF_TRY(cdf_linear_load(w, &m->proj_out, D, c->patch_size * c->patch_size * c->out_channels, 0, "proj_out"));
     return CDF_OK;
@@ -226,12 +266,21 @@ static cdf_status flux2_load(const char *dir, const cJSON *cfg, const cdf_load_o
         m->single_blocks = calloc((size_t)m->cfg.num_single_layers + 1, sizeof *m->single_blocks);
         if (!m->blocks || !m->single_blocks) s = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (block tables)");
     }
+    /* sharded when tensor parallelism is on: heads and the SwiGLU width must divide */
+    if (s == CDF_OK) s = cdf_tp_for_component(dir, MODEL, FLUX2_TP_PLAN, &m->tp);
+    if (s == CDF_OK) s = cdf_tp_check_divisible(m->tp, "num_attention_heads", m->cfg.num_attention_heads);
+    if (s == CDF_OK) s = cdf_tp_check_divisible(m->tp, "mlp_hidden_dim (int(inner_dim x mlp_ratio))", m->cfg.mlp_hidden_dim);
+    if (s == CDF_OK) {
+        m->local_inner = m->cfg.inner_dim / cdf_tp_size(m->tp);
+        m->local_mlp = m->cfg.mlp_hidden_dim / cdf_tp_size(m->tp);
+    }
     cdf_weights *w = NULL;
     if (s == CDF_OK) s = cdf_weights_open(dir, opt, &w);
     if (s == CDF_OK) {
         m->dev = cdf_weights_options(w)->device;
         s = load_weights(w, m);
     }
+    if (s == CDF_OK && m->cfg.num_layers > 0 && m->cfg.num_single_layers > 0) s = cdf_tp_check_plan_used(m->tp);
     cdf_weights_free(w); /* loaded tensors are device copies; the mapping is no longer needed */
     if (s != CDF_OK) {
         free_model(m);
@@ -320,7 +369,8 @@ static cdf_status double_block(const flux2_model *m, const flux2_double_block *b
  * cat(attention, mlp) back to D. */
 static cdf_status single_block(const flux2_model *m, const flux2_single_block *b, cdf_tensor **h_io, cdf_tensor *const *ms,
                                cdf_tensor *cos_t, cdf_tensor *sin_t) {
-    const int64_t hd = m->cfg.attention_head_dim, D = m->cfg.inner_dim, F = m->cfg.mlp_hidden_dim;
+    /* this rank's widths: its heads' q/k/v and its slice of the SwiGLU (all of them unsharded) */
+    const int64_t hd = m->cfg.attention_head_dim, D = m->local_inner, F = m->local_mlp;
     cdf_tensor *h = *h_io;
     cdf_scope_push();
 
@@ -341,6 +391,119 @@ static cdf_status single_block(const flux2_model *m, const flux2_single_block *b
 }
 
 
+
+/* ---- repeated-block compile: every block call goes through cdf_block_run -------------------
+ * With its weights listed explicitly (all of them: repeated-block compile binds them as the
+ * graph's parameters, and sequential offload materialises exactly these before the block runs),
+ * so the two block classes compile one graph each per shape, whatever the number of blocks. The
+ * shared modulation enters as whole [B, 6D] / [B, 3D] tensors and is chunked inside the block:
+ * the chunks are views, and a graph input should be one tensor, not six views of one buffer. */
+
+typedef struct block_ctx {
+    const flux2_model *m;
+    const void *block;
+} block_ctx;
+
+/* inputs x, ctx, mod_img, mod_txt, cos, sin -> outputs x, ctx */
+static cdf_status double_block_traced(void *vctx, const cdf_tensor_map *in, cdf_tensor_map *out) {
+    const block_ctx *bc = vctx;
+    cdf_tensor *x = cdf_tensor_retain(cdf_tensor_map_get(in, "x")), *ctx = cdf_tensor_retain(cdf_tensor_map_get(in, "ctx"));
+    cdf_scope_push();
+    cdf_tensor *mi[6] = {0}, *mt[6] = {0};
+    cdf_chunk(cdf_tensor_map_get(in, "mod_img"), 6, 1, mi);
+    cdf_chunk(cdf_tensor_map_get(in, "mod_txt"), 6, 1, mt);
+    cdf_status s = mi[5] && mt[5] ? double_block(bc->m, bc->block, &x, &ctx, mi, mt, cdf_tensor_map_get(in, "cos"),
+                                                 cdf_tensor_map_get(in, "sin"))
+                                  : status_or_internal();
+    cdf_scope_pop(NULL, 0);
+    if (s == CDF_OK) s = cdf_tensor_map_set(out, "x", x);
+    if (s == CDF_OK) s = cdf_tensor_map_set(out, "ctx", ctx);
+    cdf_tensor_release(x);
+    cdf_tensor_release(ctx);
+    return s;
+}
+
+/* inputs h, mod_single, cos, sin -> output h */
+static cdf_status single_block_traced(void *vctx, const cdf_tensor_map *in, cdf_tensor_map *out) {
+    const block_ctx *bc = vctx;
+    cdf_tensor *h = cdf_tensor_retain(cdf_tensor_map_get(in, "h"));
+    cdf_scope_push();
+    cdf_tensor *ms[3] = {0};
+    cdf_chunk(cdf_tensor_map_get(in, "mod_single"), 3, 1, ms);
+    cdf_status s = ms[2] ? single_block(bc->m, bc->block, &h, ms, cdf_tensor_map_get(in, "cos"), cdf_tensor_map_get(in, "sin"))
+                         : status_or_internal();
+    cdf_scope_pop(NULL, 0);
+    if (s == CDF_OK) s = cdf_tensor_map_set(out, "h", h);
+    cdf_tensor_release(h);
+    return s;
+}
+
+/* Sets the inputs every block class shares; the map holds its own references. */
+static cdf_status set_common(cdf_tensor_map *in, cdf_tensor *cos_t, cdf_tensor *sin_t) {
+    cdf_status s = cdf_tensor_map_set(in, "cos", cos_t);
+    return s == CDF_OK ? cdf_tensor_map_set(in, "sin", sin_t) : s;
+}
+
+/* Replaces *state (an owned reference) by the output `name` of a block run. */
+static void take_state(cdf_tensor **state, const cdf_tensor_map *out, const char *name) {
+    cdf_tensor_release(*state);
+    *state = cdf_tensor_retain(cdf_tensor_map_get(out, name));
+}
+
+/* Flux2TransformerBlock i through the repeated-block compiler; *x, *ctx owned, replaced. */
+static cdf_status run_double_block(const flux2_model *m, int64_t i, cdf_tensor **x, cdf_tensor **ctx, cdf_tensor *mod_img,
+                                   cdf_tensor *mod_txt, cdf_tensor *cos_t, cdf_tensor *sin_t) {
+    const flux2_double_block *d = &m->blocks[i];
+    cdf_tensor *w[40];
+    int nw = 0;
+    const cdf_linear_layer *lin[] = {&d->to_q, &d->to_k, &d->to_v, &d->to_out, &d->add_q_proj, &d->add_k_proj,
+                                     &d->add_v_proj, &d->to_add_out, &d->ff_in, &d->ff_out, &d->ff_context_in,
+                                     &d->ff_context_out};
+    for (size_t k = 0; k < sizeof lin / sizeof *lin; k++) nw = cdf_linear_list_weights(w, nw, lin[k]);
+    const cdf_norm_layer *nrm[] = {&d->norm_q, &d->norm_k, &d->norm_added_q, &d->norm_added_k};
+    for (size_t k = 0; k < sizeof nrm / sizeof *nrm; k++) nw = cdf_norm_list_weights(w, nw, nrm[k]);
+    block_ctx bc = {m, d};
+    cdf_tensor_map in, out;
+    cdf_tensor_map_init(&in);
+    cdf_tensor_map_init(&out);
+    cdf_status s = cdf_tensor_map_set(&in, "x", *x);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "ctx", *ctx);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "mod_img", mod_img);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "mod_txt", mod_txt);
+    if (s == CDF_OK) s = set_common(&in, cos_t, sin_t);
+    if (s == CDF_OK) s = cdf_block_run("Flux2TransformerBlock", double_block_traced, &bc, &in, &out, w, nw);
+    if (s == CDF_OK) {
+        take_state(x, &out, "x");
+        take_state(ctx, &out, "ctx");
+    }
+    cdf_tensor_map_clear(&in);
+    cdf_tensor_map_clear(&out);
+    return s;
+}
+
+/* Flux2SingleTransformerBlock i through the repeated-block compiler; *h owned, replaced. */
+static cdf_status run_single_block(const flux2_model *m, int64_t i, cdf_tensor **h, cdf_tensor *mod_single, cdf_tensor *cos_t,
+                                   cdf_tensor *sin_t) {
+    const flux2_single_block *d = &m->single_blocks[i];
+    cdf_tensor *w[12];
+    int nw = 0;
+    nw = cdf_linear_list_weights(w, nw, &d->to_qkv_mlp_proj);
+    nw = cdf_norm_list_weights(w, nw, &d->norm_q);
+    nw = cdf_norm_list_weights(w, nw, &d->norm_k);
+    nw = cdf_linear_list_weights(w, nw, &d->to_out);
+    block_ctx bc = {m, d};
+    cdf_tensor_map in, out;
+    cdf_tensor_map_init(&in);
+    cdf_tensor_map_init(&out);
+    cdf_status s = cdf_tensor_map_set(&in, "h", *h);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "mod_single", mod_single);
+    if (s == CDF_OK) s = set_common(&in, cos_t, sin_t);
+    if (s == CDF_OK) s = cdf_block_run("Flux2SingleTransformerBlock", single_block_traced, &bc, &in, &out, w, nw);
+    if (s == CDF_OK) take_state(h, &out, "h");
+    cdf_tensor_map_clear(&in);
+    cdf_tensor_map_clear(&out);
+    return s;
+}
 
 /* ids [L, n] or [N, L, n] (entry 0 is used), n >= n_axes: the first n_axes columns as float32
  * rows (ids.float()) into pos. */
@@ -403,7 +566,7 @@ cdf_status cdf_flux2_transformer_forward(void *impl, const cdf_flux2_inputs *in,
     cdf_scope_push(); /* the forward's scope: only the result leaves it */
     /* owned references that live across the blocks */
     cdf_tensor *x = NULL, *ctx = NULL, *temb = NULL, *cos_t = NULL, *sin_t = NULL;
-    cdf_tensor *mod_img[6] = {0}, *mod_txt[6] = {0}, *mod_single[3] = {0};
+    cdf_tensor *mod_img = NULL, *mod_txt = NULL, *mod_single = NULL; /* [B, 6D], [B, 6D], [B, 3D] */
 
     /* ---- embeddings and the shared modulation ---- */
     cdf_scope_push();
@@ -421,18 +584,18 @@ cdf_status cdf_flux2_transformer_forward(void *impl, const cdf_flux2_inputs *in,
         cdf_tensor *e = embed_time(&m->timestep_embedder, in->timestep, c->timestep_guidance_channels); /* [B or 1, D] */
         if (guidance) e = cdf_add(e, embed_time(&m->guidance_embedder, guidance, c->timestep_guidance_channels));
         cdf_tensor *silu_e = cdf_silu(e);
-        cdf_tensor *mi[6] = {0}, *mt[6] = {0}, *ms[3] = {0};
-        cdf_chunk(cdf_linear_fwd(&m->mod_img, silu_e), 6, 1, mi); /* shift, scale, gate (attn), shift, scale, gate (ff) */
-        cdf_chunk(cdf_linear_fwd(&m->mod_txt, silu_e), 6, 1, mt);
-        cdf_chunk(cdf_linear_fwd(&m->mod_single, silu_e), 3, 1, ms); /* shift, scale, gate */
+        /* chunked inside the blocks: (shift, scale, gate) x (attention, feed-forward) / (shift, scale, gate) */
+        cdf_tensor *mi = cdf_linear_fwd(&m->mod_img, silu_e), *mt = cdf_linear_fwd(&m->mod_txt, silu_e);
+        cdf_tensor *ms = cdf_linear_fwd(&m->mod_single, silu_e);
         cdf_tensor *xe = cdf_linear_fwd(&m->x_embedder, cdf_cast(in->hidden_states, CDF_F32));                /* [B, Li, D] */
         cdf_tensor *ce = cdf_linear_fwd(&m->context_embedder, cdf_cast(in->encoder_hidden_states, CDF_F32)); /* [B, Lt, D] */
-        if (e && xe && ce && mi[5] && mt[5] && ms[2]) {
+        if (e && xe && ce && mi && mt && ms) {
             temb = cdf_tensor_retain(e);
             x = cdf_tensor_retain(xe);
             ctx = cdf_tensor_retain(ce);
-            for (int i = 0; i < 6; i++) mod_img[i] = cdf_tensor_retain(mi[i]), mod_txt[i] = cdf_tensor_retain(mt[i]);
-            for (int i = 0; i < 3; i++) mod_single[i] = cdf_tensor_retain(ms[i]);
+            mod_img = cdf_tensor_retain(mi);
+            mod_txt = cdf_tensor_retain(mt);
+            mod_single = cdf_tensor_retain(ms);
         } else {
             s = status_or_internal();
         }
@@ -441,7 +604,7 @@ cdf_status cdf_flux2_transformer_forward(void *impl, const cdf_flux2_inputs *in,
 
     /* ---- transformer blocks ---- */
     for (int64_t i = 0; s == CDF_OK && i < c->num_layers; i++) {
-        s = double_block(m, &m->blocks[i], &x, &ctx, mod_img, mod_txt, cos_t, sin_t);
+        s = run_double_block(m, i, &x, &ctx, mod_img, mod_txt, cos_t, sin_t);
         if (s != CDF_OK) cdf_error_prefix("%s transformer_blocks.%lld: ", MODEL, (long long)i);
     }
     cdf_tensor *h = NULL; /* owned: the joint sequence [ctx; x] of the single-stream blocks */
@@ -451,7 +614,7 @@ cdf_status cdf_flux2_transformer_forward(void *impl, const cdf_flux2_inputs *in,
         cdf_scope_pop(NULL, 0);
     }
     for (int64_t i = 0; s == CDF_OK && i < c->num_single_layers; i++) {
-        s = single_block(m, &m->single_blocks[i], &h, mod_single, cos_t, sin_t);
+        s = run_single_block(m, i, &h, mod_single, cos_t, sin_t);
         if (s != CDF_OK) cdf_error_prefix("%s single_transformer_blocks.%lld: ", MODEL, (long long)i);
     }
 
@@ -464,10 +627,8 @@ cdf_status cdf_flux2_transformer_forward(void *impl, const cdf_flux2_inputs *in,
         out = cdf_linear_fwd(&m->proj_out, cdf_flux_modulate(cdf_layer_norm(xi, NULL, NULL, (float)c->eps), mod[1], mod[0]));
         if (!out) s = status_or_internal();
     }
-    cdf_tensor *owned[] = {x, ctx, h, temb, cos_t, sin_t};
+    cdf_tensor *owned[] = {x, ctx, h, temb, cos_t, sin_t, mod_img, mod_txt, mod_single};
     for (size_t i = 0; i < sizeof owned / sizeof *owned; i++) cdf_tensor_release(owned[i]);
-    for (int i = 0; i < 6; i++) cdf_tensor_release(mod_img[i]), cdf_tensor_release(mod_txt[i]);
-    for (int i = 0; i < 3; i++) cdf_tensor_release(mod_single[i]);
     cdf_scope_pop(out ? &out : NULL, out ? 1 : 0); /* out moves to the caller's scope */
     if (s != CDF_OK) return s;
     *sample = out;

@@ -365,16 +365,6 @@ static cdf_status single_block(const flux_model *m, const flux_single_block *b, 
 }
 
 /* ---- repeated-block compile: each block call goes through cdf_block_run with its weights ---- */
-static int add_linear(cdf_tensor **w, int n, const cdf_linear_layer *l) {
-    if (l->w) w[n++] = l->w;
-    if (l->b) w[n++] = l->b;
-    return n;
-}
-static int add_norm(cdf_tensor **w, int n, const cdf_norm_layer *l) {
-    if (l->w) w[n++] = l->w;
-    if (l->b) w[n++] = l->b;
-    return n;
-}
 
 typedef struct block_ctx {
     const flux_model *m;
@@ -421,18 +411,18 @@ static cdf_status run_block(const flux_model *m, bool dbl, int64_t i, cdf_tensor
         const cdf_linear_layer *lin[] = {&d->norm1, &d->norm1_context, &d->to_q, &d->to_k, &d->to_v, &d->to_out,
                                          &d->add_q_proj, &d->add_k_proj, &d->add_v_proj, &d->to_add_out, &d->ff_in,
                                          &d->ff_out, &d->ff_context_in, &d->ff_context_out};
-        for (size_t k = 0; k < sizeof lin / sizeof *lin; k++) nw = add_linear(w, nw, lin[k]);
+        for (size_t k = 0; k < sizeof lin / sizeof *lin; k++) nw = cdf_linear_list_weights(w, nw, lin[k]);
         const cdf_norm_layer *nrm[] = {&d->norm_q, &d->norm_k, &d->norm_added_q, &d->norm_added_k};
-        for (size_t k = 0; k < sizeof nrm / sizeof *nrm; k++) nw = add_norm(w, nw, nrm[k]);
+        for (size_t k = 0; k < sizeof nrm / sizeof *nrm; k++) nw = cdf_norm_list_weights(w, nw, nrm[k]);
         s = cdf_tensor_map_set(&in, "x", *a);
         if (s == CDF_OK) s = cdf_tensor_map_set(&in, "ctx", *b);
     } else {
         const flux_single_block *d = &m->single_blocks[i];
         bc.block = d;
         const cdf_linear_layer *lin[] = {&d->norm, &d->to_q, &d->to_k, &d->to_v, &d->proj_mlp, &d->proj_out};
-        for (size_t k = 0; k < sizeof lin / sizeof *lin; k++) nw = add_linear(w, nw, lin[k]);
-        nw = add_norm(w, nw, &d->norm_q);
-        nw = add_norm(w, nw, &d->norm_k);
+        for (size_t k = 0; k < sizeof lin / sizeof *lin; k++) nw = cdf_linear_list_weights(w, nw, lin[k]);
+        nw = cdf_norm_list_weights(w, nw, &d->norm_q);
+        nw = cdf_norm_list_weights(w, nw, &d->norm_k);
         s = cdf_tensor_map_set(&in, "h", *a);
     }
     if (s == CDF_OK) s = cdf_tensor_map_set(&in, "temb", temb);
@@ -499,8 +489,11 @@ cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, c
         return cdf_flux_input_shape_error(MODEL, "hidden_states", hs, want);
     }
     const int64_t B = cdf_tensor_dim(hs, 0), Li = cdf_tensor_dim(hs, 1);
-    if (cdf_tensor_ndim(ehs) != 3 || cdf_tensor_dim(ehs, 0) != B || cdf_tensor_dim(ehs, 2) != c->joint_attention_dim) {
-        snprintf(want, sizeof want, "[%lld, L_txt, %lld] (batch of hidden_states, joint_attention_dim)", (long long)B,
+    /* L_txt >= 1: the pipeline always pads the prompt to max_sequence_length >= 1, and an empty
+     * text sequence would only fail later, inside a reshape, without naming the input */
+    if (cdf_tensor_ndim(ehs) != 3 || cdf_tensor_dim(ehs, 0) != B || cdf_tensor_dim(ehs, 1) < 1 ||
+        cdf_tensor_dim(ehs, 2) != c->joint_attention_dim) {
+        snprintf(want, sizeof want, "[%lld, L_txt >= 1, %lld] (batch of hidden_states, joint_attention_dim)", (long long)B,
                  (long long)c->joint_attention_dim);
         return cdf_flux_input_shape_error(MODEL, "encoder_hidden_states", ehs, want);
     }

@@ -43,7 +43,28 @@ struct cdf_mistral3_text {
     cdf_tensor *embed_tokens; /* [vocab, hidden] */
     mistral_layer *layers;
     cdf_norm_layer norm;
+    /* tensor parallelism (NULL = whole): this rank's query and key/value heads */
+    cdf_tp *tp;
+    int64_t local_heads, local_kv_heads;
 };
+
+/* Tensor-parallel plan: transformers' MistralConfig.base_model_tp_plan. q/k/v and the MLP's
+ * gate/up column-wise (each rank owns num_attention_heads / N query heads and
+ * num_key_value_heads / N key/value heads, which keeps grouped-query attention local: query head
+ * h of a rank reads its kv head h / (heads / kv_heads)), o_proj and down_proj row-wise (one
+ * all-reduce each). Embeddings and norms are replicated. The module names carry the checkpoint's
+ * prefix, so there is one plan per prefix form (PREFIXES below, same order). */
+#define MISTRAL_TP_PLAN(prefix)                                                                                        \
+    {                                                                                                                  \
+        {prefix "layers.*.self_attn.q_proj", CDF_TP_COLWISE}, {prefix "layers.*.self_attn.k_proj", CDF_TP_COLWISE},   \
+            {prefix "layers.*.self_attn.v_proj", CDF_TP_COLWISE}, {prefix "layers.*.self_attn.o_proj", CDF_TP_ROWWISE}, \
+            {prefix "layers.*.mlp.gate_proj", CDF_TP_COLWISE}, {prefix "layers.*.mlp.up_proj", CDF_TP_COLWISE},       \
+            {prefix "layers.*.mlp.down_proj", CDF_TP_ROWWISE}, {NULL, CDF_TP_REPLICATE},                              \
+    }
+static const cdf_tp_rule TP_PLAN_MISTRAL3[] = MISTRAL_TP_PLAN("model.language_model.");
+static const cdf_tp_rule TP_PLAN_MISTRAL3_LEGACY[] = MISTRAL_TP_PLAN("language_model.model.");
+static const cdf_tp_rule TP_PLAN_CAUSAL_LM[] = MISTRAL_TP_PLAN("model.");
+static const cdf_tp_rule TP_PLAN_BASE[] = MISTRAL_TP_PLAN("");
 
 /* ---- config ------------------------------------------------------------------------------------ */
 typedef struct mistral_defaults {
@@ -160,17 +181,20 @@ static void mistral_free(void *impl) {
         free(m->layers);
     }
     cdf_norm_free(&m->norm);
+    cdf_tp_free(m->tp);
     free(m);
 }
 
 /* Where the language model's tensors are: transformers >= 4.52 Mistral3, legacy Mistral3 (what
  * FLUX.2-dev's text_encoder holds), MistralForCausalLM, MistralModel. */
 static const char *const PREFIXES[] = {"model.language_model.", "language_model.model.", "model.", ""};
+static const cdf_tp_rule *const TP_PLANS[] = {TP_PLAN_MISTRAL3, TP_PLAN_MISTRAL3_LEGACY, TP_PLAN_CAUSAL_LM, TP_PLAN_BASE};
 
-static cdf_status find_prefix(cdf_weights *w, const char **prefix) {
+static cdf_status find_prefix(cdf_weights *w, const char **prefix, const cdf_tp_rule **plan) {
     for (size_t i = 0; i < sizeof PREFIXES / sizeof *PREFIXES; i++)
         if (cdf_weights_has(w, "%sembed_tokens.weight", PREFIXES[i])) {
             *prefix = PREFIXES[i];
+            *plan = TP_PLANS[i];
             return CDF_OK;
         }
     return cdf_error(CDF_ERR_NOT_FOUND,
@@ -178,11 +202,25 @@ static cdf_status find_prefix(cdf_weights *w, const char **prefix) {
                      "language_model.model.embed_tokens.weight, model.embed_tokens.weight, embed_tokens.weight)");
 }
 
-static cdf_status load_weights(cdf_weights *w, cdf_mistral3_text *m, int max_hidden_state) {
+/* Sharding of the text encoder in dir under the process-wide tensor-parallel switch: both head
+ * counts and the MLP width must divide by the ranks (the error names the one that does not). */
+static cdf_status setup_tp(const char *dir, const cdf_tp_rule *plan, cdf_mistral3_text *m) {
+    CDF_TRY(cdf_tp_for_component(dir, "Mistral language model", plan, &m->tp));
+    CDF_TRY(cdf_tp_check_divisible(m->tp, "num_attention_heads", m->num_heads));
+    CDF_TRY(cdf_tp_check_divisible(m->tp, "num_key_value_heads", m->num_kv_heads));
+    CDF_TRY(cdf_tp_check_divisible(m->tp, "intermediate_size", m->intermediate_size));
+    m->local_heads = m->num_heads / cdf_tp_size(m->tp);
+    m->local_kv_heads = m->num_kv_heads / cdf_tp_size(m->tp);
+    return CDF_OK;
+}
+
+static cdf_status load_weights(const char *dir, cdf_weights *w, cdf_mistral3_text *m, int max_hidden_state) {
     const int64_t H = m->hidden_size, F = m->intermediate_size, q_out = m->num_heads * m->head_dim,
                   kv_out = m->num_kv_heads * m->head_dim;
-    const char *p;
-    CDF_TRY(find_prefix(w, &p));
+    const char *p = "";
+    const cdf_tp_rule *plan = NULL;
+    CDF_TRY(find_prefix(w, &p, &plan));
+    CDF_TRY(setup_tp(dir, plan, m));
     m->embed_tokens = cdf_weights_get(w, 2, (int64_t[]){m->vocab_size, H}, "%sembed_tokens.weight", p);
     if (!m->embed_tokens) return cdf_last_status();
     m->n_loaded = max_hidden_state < 0 || max_hidden_state > m->num_layers ? m->num_layers : max_hidden_state;
@@ -192,18 +230,18 @@ static cdf_status load_weights(cdf_weights *w, cdf_mistral3_text *m, int max_hid
         mistral_layer *l = &m->layers[i];
         long long li = (long long)i;
         CDF_TRY(cdf_norm_load(w, &l->input_layernorm, H, 1, 0, m->eps, "%slayers.%lld.input_layernorm", p, li));
-        CDF_TRY(cdf_linear_load(w, &l->q_proj, H, q_out, 0, "%slayers.%lld.self_attn.q_proj", p, li));
-        CDF_TRY(cdf_linear_load(w, &l->k_proj, H, kv_out, 0, "%slayers.%lld.self_attn.k_proj", p, li));
-        CDF_TRY(cdf_linear_load(w, &l->v_proj, H, kv_out, 0, "%slayers.%lld.self_attn.v_proj", p, li));
-        CDF_TRY(cdf_linear_load(w, &l->o_proj, q_out, H, 0, "%slayers.%lld.self_attn.o_proj", p, li));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &l->q_proj, H, q_out, 0, "%slayers.%lld.self_attn.q_proj", p, li));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &l->k_proj, H, kv_out, 0, "%slayers.%lld.self_attn.k_proj", p, li));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &l->v_proj, H, kv_out, 0, "%slayers.%lld.self_attn.v_proj", p, li));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &l->o_proj, q_out, H, 0, "%slayers.%lld.self_attn.o_proj", p, li));
         CDF_TRY(cdf_norm_load(w, &l->post_attention_layernorm, H, 1, 0, m->eps, "%slayers.%lld.post_attention_layernorm", p, li));
-        CDF_TRY(cdf_linear_load(w, &l->gate_proj, H, F, 0, "%slayers.%lld.mlp.gate_proj", p, li));
-        CDF_TRY(cdf_linear_load(w, &l->up_proj, H, F, 0, "%slayers.%lld.mlp.up_proj", p, li));
-        CDF_TRY(cdf_linear_load(w, &l->down_proj, F, H, 0, "%slayers.%lld.mlp.down_proj", p, li));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &l->gate_proj, H, F, 0, "%slayers.%lld.mlp.gate_proj", p, li));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &l->up_proj, H, F, 0, "%slayers.%lld.mlp.up_proj", p, li));
+        CDF_TRY(cdf_tp_linear_load(w, m->tp, &l->down_proj, F, H, 0, "%slayers.%lld.mlp.down_proj", p, li));
     }
     m->has_final_norm = m->n_loaded == m->num_layers;
     if (m->has_final_norm) CDF_TRY(cdf_norm_load(w, &m->norm, H, 1, 0, m->eps, "%snorm", p));
-    return CDF_OK;
+    return m->n_loaded > 0 ? cdf_tp_check_plan_used(m->tp) : CDF_OK;
 }
 
 static cdf_status mistral_load_impl(const char *dir, const cJSON *cfg, const cdf_load_options *opt, int max_hidden_state,
@@ -214,7 +252,7 @@ static cdf_status mistral_load_impl(const char *dir, const cJSON *cfg, const cdf
     cdf_status s = parse_config(cfg, m);
     cdf_weights *w = NULL;
     if (s == CDF_OK) s = cdf_weights_open(dir, opt, &w);
-    if (s == CDF_OK) s = load_weights(w, m, max_hidden_state);
+    if (s == CDF_OK) s = load_weights(dir, w, m, max_hidden_state);
     cdf_weights_free(w); /* the tensors hold their own copies */
     if (s != CDF_OK) {
         mistral_free(m);
@@ -311,7 +349,8 @@ static cdf_tensor *repeat_kv(cdf_tensor *x, int64_t n_rep, int64_t B, int64_t kv
 
 static cdf_tensor *layer_forward(const cdf_mistral3_text *m, const mistral_layer *l, cdf_tensor *x, cdf_tensor *mask,
                                  cdf_tensor *cos_t, cdf_tensor *sin_t, int64_t B, int64_t S) {
-    const int64_t nh = m->num_heads, kvh = m->num_kv_heads, d = m->head_dim;
+    /* this rank's heads (all of them unsharded): q/k/v are column shards, o_proj sums the ranks */
+    const int64_t nh = m->local_heads, kvh = m->local_kv_heads, d = m->head_dim;
     /* self-attention                                                        q [B, heads, S, d] */
     cdf_tensor *h = cdf_rms_norm(x, l->input_layernorm.w, l->input_layernorm.eps);
     cdf_tensor *q = cdf_transpose(cdf_reshape(cdf_linear_fwd(&l->q_proj, h), 4, (int64_t[]){B, S, nh, d}), 1, 2);

@@ -408,15 +408,10 @@ static cdf_status joint_block(const sd3_block *b, const sd3_config *c, cdf_tenso
 }
 
 /* ---- repeated-block compile: each block call goes through cdf_block_run with its weights ---- */
-static int add_linear(cdf_tensor **w, int n, const cdf_linear_layer *l) {
-    if (l->w) w[n++] = l->w;
-    if (l->b) w[n++] = l->b;
-    return n;
-}
 
 static int add_attention(cdf_tensor **w, int n, const sd3_attention *a) {
     const cdf_linear_layer *lin[] = {&a->to_q, &a->to_k, &a->to_v, &a->to_out, &a->add_q, &a->add_k, &a->add_v, &a->to_add_out};
-    for (size_t k = 0; k < sizeof lin / sizeof *lin; k++) n = add_linear(w, n, lin[k]);
+    for (size_t k = 0; k < sizeof lin / sizeof *lin; k++) n = cdf_linear_list_weights(w, n, lin[k]);
     cdf_tensor *norms[] = {a->norm_q, a->norm_k, a->norm_added_q, a->norm_added_k};
     for (size_t k = 0; k < sizeof norms / sizeof *norms; k++)
         if (norms[k]) w[n++] = norms[k];
@@ -444,7 +439,7 @@ static cdf_status run_joint_block(const sd3_block *b, const sd3_config *c, cdf_t
     cdf_tensor *w[96];
     int nw = 0;
     const cdf_linear_layer *lin[] = {&b->norm1, &b->norm1_context, &b->ff_proj, &b->ff_out, &b->ffc_proj, &b->ffc_out};
-    for (size_t k = 0; k < sizeof lin / sizeof *lin; k++) nw = add_linear(w, nw, lin[k]);
+    for (size_t k = 0; k < sizeof lin / sizeof *lin; k++) nw = cdf_linear_list_weights(w, nw, lin[k]);
     nw = add_attention(w, nw, &b->attn);
     if (b->dual_attention) nw = add_attention(w, nw, &b->attn2);
     joint_ctx jc = {b, c};

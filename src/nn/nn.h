@@ -21,6 +21,9 @@ typedef struct cdf_load_options {
     cdf_dtype weight_dtype;  /* storage dtype of float weights on the device: CDF_F32 (upcast,
                                 exact path) or CDF_BF16; norms' 1-D weights always stay f32 */
     cdf_dtype compute_dtype; /* activations: CDF_F32 */
+    bool blocks_on_host;     /* sequential offload: weights of repeated blocks ("...blocks.<i>.")
+                                stay in the mapped checkpoint (no device memory); cdf_block_run
+                                materialises a block's weights just before it runs */
 } cdf_load_options;
 
 cdf_load_options cdf_load_options_default(void);
@@ -48,6 +51,10 @@ bool cdf_weights_has(cdf_weights *w, const char *fmt, ...) __attribute__((format
 /* Same as cdf_weights_get but always f32 (e.g. position-embedding tables). */
 cdf_tensor *cdf_weights_get_f32(cdf_weights *w, int ndim, const int64_t *shape, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* Sequential offload: if `name` is a weight of a repeated block ("transformer_blocks.3.attn...",
+ * "single_transformer_blocks.0...."), the length of its block prefix ("transformer_blocks.3");
+ * else 0. Such weights stay host-side with cdf_load_options.blocks_on_host. */
+size_t cdf_weights_block_prefix(const char *name);
 /* Bytes of device memory the loaded weights hold (sum of materialised tensors). */
 uint64_t cdf_weights_loaded_bytes(const cdf_weights *w);
 
@@ -89,6 +96,20 @@ typedef struct cdf_norm_layer {
 cdf_status cdf_norm_load(cdf_weights *w, cdf_norm_layer *n, int64_t dim, int weight, int bias, float eps, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
 void cdf_norm_free(cdf_norm_layer *n);
+
+/* Append a layer's tensors (weight, then bias when present) to a block's weight list at w[n];
+ * returns the new count. Used to list what cdf_block_run binds (repeated-block compile) or
+ * materialises (sequential offload). */
+static inline int cdf_linear_list_weights(cdf_tensor **w, int n, const cdf_linear_layer *l) {
+    if (l->w) w[n++] = l->w;
+    if (l->b) w[n++] = l->b;
+    return n;
+}
+static inline int cdf_norm_list_weights(cdf_tensor **w, int n, const cdf_norm_layer *l) {
+    if (l->w) w[n++] = l->w;
+    if (l->b) w[n++] = l->b;
+    return n;
+}
 
 typedef struct cdf_conv_layer {
     cdf_tensor *w, *b;
@@ -132,6 +153,10 @@ typedef enum cdf_tp_style {
     CDF_TP_PACKED_ROWWISE, /* row-wise over an input concatenated from parts ([attention, MLP]):
                               every part is split separately, each rank's columns are the
                               concatenation of its slice of every part */
+    CDF_TP_PACKED_COLWISE, /* column-wise over an output concatenated from parts (diffusers'
+                              PackedColwiseParallel: fused q/k/v/MLP-in, SwiGLU gate+value): every
+                              part's rows are split separately, each rank's rows are the
+                              concatenation of its slice of every part (cdf_tp_linear_load_packed_out) */
 } cdf_tp_style;
 
 /* One plan entry: a module name whose '*' stands for exactly one dotted component (a layer
@@ -169,6 +194,15 @@ cdf_status cdf_tp_linear_load(cdf_weights *w, const cdf_tp *tp, cdf_linear_layer
  * sum is `in`); a packed_rowwise rule splits every part. */
 cdf_status cdf_tp_linear_load_packed(cdf_weights *w, const cdf_tp *tp, cdf_linear_layer *l, int n_parts,
                                      const int64_t *parts, int64_t out, int bias, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
+/* A layer whose OUTPUT is the concatenation of n_parts parts of the given widths (their sum is
+ * the output width), e.g. FLUX.2's fused [q, k, v, gate, value] projection: a packed_colwise rule
+ * gives this rank rows r*p_i/N .. (r+1)*p_i/N of every part i (and of the bias), concatenated in
+ * part order, so l->out = sum(p_i)/N and the local output splits into the parts' local slices at
+ * the same proportions. Replicated (or tp NULL): cdf_linear_load of the whole layer. A plain
+ * colwise rule on such a layer is refused (it would mix the parts). */
+cdf_status cdf_tp_linear_load_packed_out(cdf_weights *w, const cdf_tp *tp, cdf_linear_layer *l, int64_t in, int n_parts,
+                                         const int64_t *out_parts, int bias, const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));
 /* After loading: CDF_ERR_INTERNAL if a rule of the plan matched no layer (a typo in a plan). */
 cdf_status cdf_tp_check_plan_used(const cdf_tp *tp);

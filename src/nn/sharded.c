@@ -162,6 +162,7 @@ static const char *style_name(cdf_tp_style s) {
     case CDF_TP_COLWISE: return "colwise";
     case CDF_TP_ROWWISE: return "rowwise";
     case CDF_TP_PACKED_ROWWISE: return "packed_rowwise";
+    case CDF_TP_PACKED_COLWISE: return "packed_colwise";
     default: return "replicate";
     }
 }
@@ -274,6 +275,9 @@ static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer
     if (ri >= 0) tp->hits[ri]++;
     const cdf_tp_style style = ri < 0 ? CDF_TP_REPLICATE : tp->plan[ri].style;
     if (style == CDF_TP_REPLICATE || tp->size == 1) return cdf_linear_load(w, l, in, out, bias, "%s", prefix);
+    if (style == CDF_TP_PACKED_COLWISE)
+        return cdf_error(CDF_ERR_INTERNAL, "tensor-parallel plan of %s: %s is 'packed_colwise' but the model does not load it "
+                         "as a layer with packed outputs", tp->model, prefix);
 
     /* the widths this style splits must divide (the model's own checks name the config key;
      * this catches a plan applied to a layer the model did not check) */
@@ -363,6 +367,97 @@ cdf_status cdf_tp_linear_load_packed(cdf_weights *w, const cdf_tp *tp, cdf_linea
     for (int i = 0; i < n_parts; i++)
         if (parts[i] < 1) return cdf_error(CDF_ERR_INVALID_ARG, "%s: input part %d has %lld features", prefix, i, (long long)parts[i]);
     cdf_status s = load_impl(w, tp, l, n_parts, parts, out, bias, prefix);
+    if (s != CDF_OK) shard_error_context(tp, prefix);
+    return s;
+}
+
+/* ---- packed outputs (PackedColwiseParallel) ------------------------------------------------------- */
+/* For every part i: rows [off_i + rank*part_i/size, + part_i/size) of the 1-D or 2-D tensor t,
+ * stacked in part order into one device tensor of sum(part_i)/size rows. Rows are contiguous in
+ * the file, so each part is one counted slice read straight into its place. */
+static cdf_tensor *read_row_parts(cdf_weights *w, const cdf_tp *tp, const cdf_st_file *f, const cdf_st_tensor *t,
+                                  int n_parts, const int64_t *parts, const char *name) {
+    const int64_t width = t->ndim == 2 ? t->shape[1] : 1;
+    const size_t esz = cdf_dtype_size(t->dtype);
+    int64_t local = 0;
+    for (int i = 0; i < n_parts; i++) local += parts[i] / tp->size;
+    char *buf = malloc((size_t)(local * width) * esz + 1);
+    if (!buf) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory reading rows of '%s' (%lld x %lld)", name, (long long)local,
+                  (long long)width);
+        return NULL;
+    }
+    cdf_status s = CDF_OK;
+    int64_t off = 0, dst_row = 0;
+    for (int i = 0; i < n_parts && s == CDF_OK; i++) {
+        const int64_t n = parts[i] / tp->size;
+        s = cdf_st_read_rows(f, t, off + tp->rank * n, n, buf + (size_t)(dst_row * width) * esz);
+        off += parts[i];
+        dst_row += n;
+    }
+    cdf_tensor *r = NULL;
+    if (s == CDF_OK) {
+        int64_t shape[2] = {local, width};
+        r = to_device(w, t->ndim, shape, buf, t->dtype, name);
+    }
+    free(buf);
+    return r;
+}
+
+static cdf_status load_packed_out_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer *l, int64_t in, int n_parts,
+                                       const int64_t *parts, int bias, const char *prefix) {
+    cdf_tp *tp = (cdf_tp *)tp_c; /* hit counters only */
+    memset(l, 0, sizeof *l);
+    int64_t out = 0;
+    for (int i = 0; i < n_parts; i++) out += parts[i];
+    const int ri = rule_index(tp, prefix);
+    if (ri >= 0) tp->hits[ri]++;
+    const cdf_tp_style style = ri < 0 ? CDF_TP_REPLICATE : tp->plan[ri].style;
+    if (style == CDF_TP_REPLICATE || tp->size == 1) return cdf_linear_load(w, l, in, out, bias, "%s", prefix);
+    if (style != CDF_TP_PACKED_COLWISE)
+        return cdf_error(CDF_ERR_INTERNAL, "tensor-parallel plan of %s: %s is '%s' but its output is packed from %d parts "
+                         "(use packed_colwise)", tp->model, prefix, style_name(style), n_parts);
+    for (int i = 0; i < n_parts; i++)
+        if (parts[i] % tp->size)
+            return cdf_error(CDF_ERR_UNSUPPORTED, "tensor parallelism over %d ranks: %s.%s has an output part of %lld "
+                             "features, not divisible by %d", tp->size, tp->component, prefix, (long long)parts[i], tp->size);
+    char name[512];
+    const cdf_st_file *f;
+    const cdf_st_tensor *t;
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    CDF_TRY(find_weight(w, name, out, in, &f, &t));
+    l->in = in;
+    l->out = out / tp->size;
+    if (!(l->w = read_row_parts(w, tp, f, t, n_parts, parts, name))) return cdf_last_status();
+    snprintf(name, sizeof name, "%s.bias", prefix);
+    if (bias == 1 || (bias == -1 && cdf_checkpoint_has(cdf_weights_checkpoint(w), name))) {
+        const cdf_st_file *bf;
+        const cdf_st_tensor *bt;
+        cdf_status s = cdf_checkpoint_find(cdf_weights_checkpoint(w), name, &bf, &bt);
+        if (s == CDF_OK && (bt->ndim != 1 || bt->shape[0] != out))
+            s = cdf_error(CDF_ERR_SHAPE, "weight '%s' in %s must be [%lld]", name, cdf_weights_path(w), (long long)out);
+        if (s == CDF_OK && !(l->b = read_row_parts(w, tp, bf, bt, n_parts, parts, name))) s = cdf_last_status();
+        if (s != CDF_OK) {
+            cdf_linear_free(l);
+            return s;
+        }
+    }
+    return CDF_OK;
+}
+
+cdf_status cdf_tp_linear_load_packed_out(cdf_weights *w, const cdf_tp *tp, cdf_linear_layer *l, int64_t in, int n_parts,
+                                         const int64_t *out_parts, int bias, const char *fmt, ...) {
+    char prefix[480];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    if (n_parts < 1 || n_parts > MAX_PARTS || !out_parts)
+        return cdf_error(CDF_ERR_INVALID_ARG, "%s: %d output parts (1..%d)", prefix, n_parts, MAX_PARTS);
+    for (int i = 0; i < n_parts; i++)
+        if (out_parts[i] < 1)
+            return cdf_error(CDF_ERR_INVALID_ARG, "%s: output part %d has %lld features", prefix, i, (long long)out_parts[i]);
+    cdf_status s = load_packed_out_impl(w, tp, l, in, n_parts, out_parts, bias, prefix);
     if (s != CDF_OK) shard_error_context(tp, prefix);
     return s;
 }
