@@ -31,7 +31,9 @@ static void usage(FILE *f) {
             "cdiffusers %s — diffusers text-to-image pipelines in C\n"
             "\n"
             "usage:\n"
-            "  cdiffusers generate --model DIR --prompt TEXT [options]\n"
+            "  cdiffusers generate [--model DIR] --prompt TEXT [options]\n"
+            "      --model DIR              FluxPipeline/SD3/FLUX.2 folder (default: the bundled models/shapes-flux-tiny;\n"
+            "                               DIR/cdiffusers_defaults.json, if present, sets the defaults below)\n"
             "      --negative-prompt TEXT   negative prompt (SD3 CFG; Flux true CFG with --true-cfg-scale)\n"
             "      --height H --width W     image size (multiples of 16; default: the model's)\n"
             "      --steps N                denoising steps (default 28)\n"
@@ -41,14 +43,16 @@ static void usage(FILE *f) {
             "      --output FILE.png        where to write the image (default out.png)\n"
             "      --force                  overwrite an existing output file\n"
             "      --threads N              compute threads (default: all cores)\n"
-            "      --dtype f32|bf16         weight precision on the device (default f32)\n"
+            "      --dtype bf16|f32         bf16 (default): bf16 weights, matmul/conv inputs rounded to bf16, f32\n"
+            "                               accumulation, f32 elsewhere; f32: the exact path\n"
             "      --max-sequence-length N  T5 tokens (default Flux 512, SD3 256)\n"
             "      --text-encoder-out-layers A,B,C  FLUX.2: text encoder layers stacked into the prompt embedding\n"
             "                               (default 10,20,30)\n"
             "      --latents-out FILE       also write latents_initial / latents_final (safetensors)\n"
             "      --device-memory SIZE     device memory budget, e.g. 8G\n"
-            "      --offload none|model     none (default): every model resident, fails up front if the weights\n"
-            "                               exceed the budget; model: one model on the device at a time\n"
+            "      --offload none|model|sequential  none (default): every model resident, fails up front if the\n"
+            "                               weights exceed the budget; model: one model on the device at a time;\n"
+            "                               sequential: model, and the transformer's blocks one (or two) at a time\n"
             "      --memory-stats           print the measured device peak of each phase to stderr\n"
             "      --tp N                   tensor parallelism over the N processes of an MPI job: each rank loads\n"
             "                               only its shard of the transformer and text encoders; rank 0 writes\n"
@@ -60,9 +64,10 @@ static void usage(FILE *f) {
             "  cdiffusers run-model --model COMPONENT_DIR --inputs IN.safetensors --output OUT.safetensors\n"
             "                       [--method forward|encode|decode] [--dtype f32|bf16] [--repeat N] [--force]\n"
             "                       [--mode eager|fuse|compile] [--no-fullgraph] [--compile-repeated-blocks]\n"
+            "                       [--tp N [--tp-replicate A,B]]  (under mpirun -np N; rank 0 writes)\n"
             "      one forward of one component, chosen by its config.json; inputs by diffusers' argument\n"
             "      names, outputs as out.<name>. With --repeat N prints forward_ms=<ms> per forward to stderr.\n"
-            "  cdiffusers plan --model DIR [--height H --width W] [--offload none|model] [--dtype f32|bf16]\n"
+            "  cdiffusers plan --model DIR [--height H --width W] [--offload none|model|sequential] [--dtype f32|bf16]\n"
             "                  [--max-sequence-length N] [--guidance G] [--negative-prompt TEXT] [--true-cfg-scale G]\n"
             "      expected peak device memory per phase (weights + activations) without loading or running\n"
             "  cdiffusers tokenize --model DIR --prompt TEXT [--max-length N]\n"
@@ -265,9 +270,82 @@ static int apply_mode(int mode) {
     return 0;
 }
 
+/* ---- default model ------------------------------------------------------------------------- */
+#define DEFAULT_MODEL_NAME "shapes-flux-tiny"
+
+static bool is_pipeline_dir(const char *dir) {
+    char p[4096];
+    return snprintf(p, sizeof p, "%s/model_index.json", dir) < (int)sizeof p && file_exists(p);
+}
+
+/* The model `generate` uses without --model (models/shapes-flux-tiny, shipped in the repository):
+ * $CDIFFUSERS_DEFAULT_MODEL, else next to the executable (build/cdiffusers -> ../models/, an
+ * installed bin/cdiffusers -> ../share/cdiffusers/models/), else the source tree this binary was
+ * compiled from (__FILE__ is absolute under CMake). false when none exists. */
+static bool find_default_model(char *out, size_t n) {
+    const char *env = getenv("CDIFFUSERS_DEFAULT_MODEL");
+    if (env && *env) return snprintf(out, n, "%s", env) < (int)n;
+    char exe[4096];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = '\0';
+        static const char *const rel[] = {"../models/", "../share/cdiffusers/models/", "models/"};
+        for (size_t i = 0; i < sizeof rel / sizeof *rel; i++)
+            if (snprintf(out, n, "%s/%s" DEFAULT_MODEL_NAME, exe, rel[i]) < (int)n && is_pipeline_dir(out)) return true;
+    }
+    const char *src = __FILE__; /* .../cli/main.c */
+    const char *cut = strstr(src, "/cli/main.c");
+    if (src[0] == '/' && cut && snprintf(out, n, "%.*s/models/" DEFAULT_MODEL_NAME, (int)(cut - src), src) < (int)n &&
+        is_pipeline_dir(out))
+        return true;
+    return false;
+}
+
+/* DIR/cdiffusers_defaults.json (optional): the model's own defaults for what the user did not
+ * pass, e.g. {"height": 64, "width": 64, "num_inference_steps": 20, "guidance_scale": 0.0,
+ * "max_sequence_length": 24, "true_cfg_scale": 3.0, "negative_prompt": ""}. Returns EXIT_OK, or
+ * EXIT_FAIL with the message printed. */
+static int apply_model_defaults(const char *dir, cdf_generate_params *gp) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/cdiffusers_defaults.json", dir) >= (int)sizeof path || !file_exists(path))
+        return EXIT_OK;
+    cJSON *j = NULL;
+    if (cdf_json_load_file(path, &j) != CDF_OK) return fail("reading the model's defaults");
+    int64_t h, w, steps, seq;
+    double g, cfg;
+    static char negative[1024]; /* outlives the JSON: gp->negative_prompt points here */
+    cdf_status s = cdf_json_get_int(j, "height", 0, &h);
+    if (s == CDF_OK) s = cdf_json_get_int(j, "width", 0, &w);
+    if (s == CDF_OK) s = cdf_json_get_int(j, "num_inference_steps", 0, &steps);
+    if (s == CDF_OK) s = cdf_json_get_int(j, "max_sequence_length", 0, &seq);
+    if (s == CDF_OK) s = cdf_json_get_double(j, "guidance_scale", -1.0, &g);
+    if (s == CDF_OK) s = cdf_json_get_double(j, "true_cfg_scale", 1.0, &cfg);
+    const cJSON *neg = cJSON_GetObjectItemCaseSensitive(j, "negative_prompt");
+    bool have_neg = cJSON_IsString(neg) && strlen(neg->valuestring) < sizeof negative;
+    if (have_neg) snprintf(negative, sizeof negative, "%s", neg->valuestring);
+    if (s == CDF_OK && neg && !have_neg) s = cdf_error(CDF_ERR_FORMAT, "negative_prompt must be a string shorter than %zu bytes",
+                                                       sizeof negative);
+    cJSON_Delete(j);
+    if (s != CDF_OK) return fail(path);
+    /* true CFG: only when the user chose neither a scale nor a negative prompt */
+    if (gp->true_cfg_scale == 1.0f && !gp->negative_prompt && have_neg && cfg > 1.0 && isfinite(cfg)) {
+        gp->true_cfg_scale = (float)cfg;
+        gp->negative_prompt = negative;
+    }
+    /* out-of-range values are left to the pipeline's own checks, which name the parameter */
+    if (gp->height <= 0 && h > 0 && h <= 1 << 20) gp->height = (int)h;
+    if (gp->width <= 0 && w > 0 && w <= 1 << 20) gp->width = (int)w;
+    if (gp->num_inference_steps <= 0 && steps > 0 && steps <= 1000) gp->num_inference_steps = (int)steps;
+    if (gp->max_sequence_length <= 0 && seq > 0 && seq <= 512) gp->max_sequence_length = (int)seq;
+    if (gp->guidance_scale < 0 && g >= 0 && isfinite(g)) gp->guidance_scale = (float)g;
+    return EXIT_OK;
+}
+
 /* ---- generate ---------------------------------------------------------------------------- */
 static int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *output = "out.png", *latents_out = NULL, *dtype = "f32", *mem = NULL;
+    const char *model = NULL, *output = "out.png", *latents_out = NULL, *dtype = "bf16", *mem = NULL;
     const char *tp_replicate = NULL, *offload = "none";
     bool force = false, quiet = false, memory_stats = false;
     int mode = -1;
@@ -313,7 +391,13 @@ static int cmd_generate(int argc, char **argv) {
             gp.num_inference_steps = (int)v;
             break;
         case 'g':
-            if (!parse_float(optarg, &gp.guidance_scale)) return usage_error("--guidance needs a number, got '%s'", optarg);
+            /* negative is refused, not passed on: the library reads a negative guidance_scale as
+             * "the pipeline default", so -5 would silently become 3.5 / 7.0. diffusers takes it
+             * (SD3: no CFG, as for any scale <= 1; Flux-dev/FLUX.2: an embedded guidance far
+             * outside what the model was distilled on), but no supported model means anything
+             * useful by it; 0 stays valid. */
+            if (!parse_float(optarg, &gp.guidance_scale) || gp.guidance_scale < 0)
+                return usage_error("--guidance needs a number >= 0, got '%s'", optarg);
             break;
         case 'T':
             if (!parse_float(optarg, &gp.true_cfg_scale)) return usage_error("--true-cfg-scale needs a number, got '%s'", optarg);
@@ -360,7 +444,14 @@ static int cmd_generate(int argc, char **argv) {
         }
     }
     if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
-    if (!model) return usage_error("%s", "generate needs --model DIR");
+    char default_model[4096];
+    if (!model) {
+        if (!find_default_model(default_model, sizeof default_model))
+            return usage_error("%s", "generate needs --model DIR (the default model " DEFAULT_MODEL_NAME " was not found "
+                               "next to the executable, in the source tree, or in $CDIFFUSERS_DEFAULT_MODEL)");
+        model = default_model;
+    }
+    if (apply_model_defaults(model, &gp) != EXIT_OK) return EXIT_FAIL;
     int rc_tp = check_launch(tp);
     if (rc_tp != EXIT_OK) return rc_tp;
     if (!gp.prompt) return usage_error("%s", "generate needs --prompt TEXT");
@@ -368,7 +459,7 @@ static int cmd_generate(int argc, char **argv) {
     if (strcmp(dtype, "f32") == 0) lp.weight_dtype = CDF_F32;
     else if (strcmp(dtype, "bf16") == 0) lp.weight_dtype = CDF_BF16;
     else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
-    if (cdf_cli_parse_offload(offload, &lp.offload) != 0) return usage_error("--offload must be none or model, got '%s'", offload);
+    if (cdf_cli_parse_offload(offload, &lp.offload) != 0) return usage_error("--offload must be none, model or sequential, got '%s'", offload);
     int64_t mem_bytes = -1;
     if (mem && (mem_bytes = cdf_parse_bytes(mem)) < 0)
         return usage_error("--device-memory needs a size like 8G or 512M, got '%s'", mem);
@@ -494,8 +585,9 @@ static double now_ms(void) {
 }
 
 static int cmd_run_model(int argc, char **argv) {
-    const char *model = NULL, *inputs = NULL, *output = NULL, *method = "forward", *dtype = "f32";
-    long repeat = 1, threads = 0;
+    const char *model = NULL, *inputs = NULL, *output = NULL, *method = "forward", *dtype = "bf16"; /* as generate */
+    const char *tp_replicate = NULL;
+    long repeat = 1, threads = 0, tp = 0;
     bool force = false, no_fullgraph = false, blocks = false;
     int mode = -1;
     static const struct option opts[] = {
@@ -505,6 +597,7 @@ static int cmd_run_model(int argc, char **argv) {
         {"threads", required_argument, 0, 't'}, {"force", no_argument, 0, 'f'},
         {"mode", required_argument, 0, 'E'},   {"no-fullgraph", no_argument, 0, 'G'},
         {"compile-repeated-blocks", no_argument, 0, 'B'},
+        {"tp", required_argument, 0, 'P'},     {"tp-replicate", required_argument, 0, 'R'},
         {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
     };
     int c;
@@ -527,6 +620,10 @@ static int cmd_run_model(int argc, char **argv) {
             break;
         case 'G': no_fullgraph = true; break;
         case 'B': blocks = true; break;
+        case 'P':
+            if (!parse_int(optarg, 1, 4096, &tp)) return usage_error("--tp needs a positive number of ranks, got '%s'", optarg);
+            break;
+        case 'R': tp_replicate = optarg; break;
         case 'f': force = true; break;
         case 'h': usage(stdout); return EXIT_OK;
         default: return EXIT_USAGE;
@@ -534,6 +631,8 @@ static int cmd_run_model(int argc, char **argv) {
     }
     if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
     if (!model || !inputs || !output) return usage_error("%s", "run-model needs --model, --inputs and --output");
+    int rc_tp = check_launch(tp);
+    if (rc_tp != EXIT_OK) return rc_tp;
     if (strcmp(method, "forward") && strcmp(method, "encode") && strcmp(method, "decode"))
         return usage_error("--method must be forward, encode or decode, got '%s'", method);
     cdf_load_options opt = cdf_load_options_default();
@@ -545,38 +644,55 @@ static int cmd_run_model(int argc, char **argv) {
         return EXIT_FAIL;
     }
     if (!output_writable(output, force)) return fail(NULL);
+    /* --tp: as in generate, every rank reaches the agreement after loading (a failure is held in
+     * st with its stage, not returned), and only rank 0 writes the outputs */
+    tp_run tr;
+    int rc = tp_start(&tr, tp, tp_replicate);
+    if (rc != EXIT_OK) return rc;
+    cdf_status st = CDF_OK;
+    const char *stage = NULL;
     opt.device = cdf_device_get("cpu");
-    if (!opt.device) return fail("device");
-    if (threads) cdf_device_set_threads(opt.device, (int)threads);
+    if (!opt.device) st = cdf_last_status(), stage = "device";
+    if (st == CDF_OK && threads) cdf_device_set_threads(opt.device, (int)threads);
     cdf_component *comp = NULL;
-    if (apply_mode(mode) != 0) return fail("setting the execution mode");
-    if (cdf_component_load(model, &opt, &comp) != CDF_OK) return fail("loading the model");
-    if (mode == MODE_COMPILE || blocks) {
+    if (st == CDF_OK && apply_mode(mode) != 0) st = cdf_last_status(), stage = "setting the execution mode";
+    if (st == CDF_OK && cdf_component_load(model, &opt, &comp) != CDF_OK) st = cdf_last_status(), stage = "loading the model";
+    if (st == CDF_OK && (mode == MODE_COMPILE || blocks)) {
         cdf_compile_options co = cdf_compile_default_options();
         co.fullgraph = !no_fullgraph;
-        if ((blocks ? cdf_component_compile_repeated_blocks(comp, &co) : cdf_component_compile(comp, &co)) != CDF_OK) {
-            cdf_component_free(comp);
-            return fail("compiling");
-        }
+        if ((blocks ? cdf_component_compile_repeated_blocks(comp, &co) : cdf_component_compile(comp, &co)) != CDF_OK)
+            st = cdf_last_status(), stage = "compiling";
     }
     cdf_tensor_map in, out;
     cdf_tensor_map_init(&in);
     cdf_tensor_map_init(&out);
-    int rc = EXIT_OK;
-    if (cdf_tensor_map_load(&in, inputs, opt.device) != CDF_OK) rc = fail("reading inputs");
+    if (st == CDF_OK && cdf_tensor_map_load(&in, inputs, opt.device) != CDF_OK) st = cdf_last_status(), stage = "reading inputs";
+    const uint64_t weight_bytes = cdf_io_bytes_read();
+    if (tr.pg) {
+        if (st != CDF_OK && stage) cdf_error_prefix("%s: ", stage);
+        st = cdf_dist_agree(tr.pg, st); /* on failure: "rank R of N failed: <its cause>", on every rank */
+        stage = NULL;
+    }
+    if (st != CDF_OK) rc = fail(stage);
     for (long r = 0; r < repeat && rc == EXIT_OK; r++) {
         cdf_tensor_map_clear(&out);
         double t0 = now_ms();
         if (cdf_component_run(comp, method, &in, &out) != CDF_OK || cdf_device_synchronize(opt.device) != CDF_OK) {
+            if (tr.pg) { /* the other ranks may wait in a collective this one will never join */
+                fprintf(stderr, "cdiffusers: rank %d of %d: run-model: %s\n", tr.rank, tr.world, cdf_last_error());
+                cdf_dist_abort(tr.pg, EXIT_FAIL);
+            }
             rc = fail("running the model");
             break;
         }
         if (repeat > 1) fprintf(stderr, "forward_ms=%.3f\n", now_ms() - t0);
     }
-    if (rc == EXIT_OK && cdf_tensor_map_save(&out, output, false) != CDF_OK) rc = fail("writing outputs");
+    if (rc == EXIT_OK && tr.rank == 0 && cdf_tensor_map_save(&out, output, false) != CDF_OK) rc = fail("writing outputs");
+    if (rc == EXIT_OK) log_io(&tr, opt.device, weight_bytes);
     cdf_tensor_map_clear(&in);
     cdf_tensor_map_clear(&out);
     cdf_component_free(comp);
+    tp_end(&tr);
     return rc;
 }
 
