@@ -489,6 +489,8 @@ static void test_model_index_malformed_entry(void **state) {
             print_message("transformer = %s reported as absent:\n%s\n", malformed[i], g_err);
             fail();
         }
+        /* the planner reads the index the same way (it used to skip such an entry as absent) */
+        expect(run_cli(&c, NULL, "plan --model model"), RC_FAIL, "entry 'transformer' is malformed");
     }
     /* a malformed tokenizer entry too */
     json_set_raw(case_path(&c, "model_index.json"), "transformer", "[\"diffusers\", \"FluxTransformer2DModel\"]");

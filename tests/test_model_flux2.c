@@ -333,6 +333,12 @@ static void test_input_errors(void **st) {
         {"timestep", NULL, CDF_ERR_NOT_FOUND},
         {"hidden_states", cdf_narrow(cdf_tensor_map_get(&args, "hidden_states"), 2, 0, 16), CDF_ERR_SHAPE},
         {"encoder_hidden_states", cdf_narrow(cdf_tensor_map_get(&args, "encoder_hidden_states"), 2, 0, 40), CDF_ERR_SHAPE},
+        /* an empty text sequence is refused at the input check, naming the input */
+        {"encoder_hidden_states",
+         cdf_tensor_zeros(tu_cpu(), CDF_F32, 3,
+                          (int64_t[]){cdf_tensor_dim(cdf_tensor_map_get(&args, "encoder_hidden_states"), 0), 0,
+                                      cdf_tensor_dim(cdf_tensor_map_get(&args, "encoder_hidden_states"), 2)}),
+         CDF_ERR_SHAPE},
         {"img_ids", cdf_narrow(cdf_tensor_map_get(&args, "img_ids"), 1, 0, 63), CDF_ERR_SHAPE},
         {"img_ids", cdf_narrow(cdf_tensor_map_get(&args, "img_ids"), 2, 0, 3), CDF_ERR_SHAPE},
         {"txt_ids", cdf_squeeze(cdf_narrow(cdf_tensor_map_get(&args, "txt_ids"), 2, 0, 1), 2), CDF_ERR_SHAPE},

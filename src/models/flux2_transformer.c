@@ -554,8 +554,10 @@ cdf_status cdf_flux2_transformer_forward(void *impl, const cdf_flux2_inputs *in,
         return cdf_flux_input_shape_error(MODEL, "hidden_states", hs, want);
     }
     const int64_t B = cdf_tensor_dim(hs, 0), Li = cdf_tensor_dim(hs, 1);
-    if (cdf_tensor_ndim(ehs) != 3 || cdf_tensor_dim(ehs, 0) != B || cdf_tensor_dim(ehs, 2) != c->joint_attention_dim) {
-        snprintf(want, sizeof want, "[%lld, L_txt, %lld] (batch of hidden_states, joint_attention_dim)", (long long)B,
+    /* L_txt >= 1, as in FLUX.1: an empty text sequence would only fail later, without naming it */
+    if (cdf_tensor_ndim(ehs) != 3 || cdf_tensor_dim(ehs, 0) != B || cdf_tensor_dim(ehs, 1) < 1 ||
+        cdf_tensor_dim(ehs, 2) != c->joint_attention_dim) {
+        snprintf(want, sizeof want, "[%lld, L_txt >= 1, %lld] (batch of hidden_states, joint_attention_dim)", (long long)B,
                  (long long)c->joint_attention_dim);
         return cdf_flux_input_shape_error(MODEL, "encoder_hidden_states", ehs, want);
     }

@@ -36,7 +36,7 @@ static bool is_dir(const char *path) {
  * optional component); any other shape (a number, an object, a one-element array, a class that
  * is not a string) is malformed, and saying "absent" there would send the user looking for a
  * folder instead of at the file. */
-static cdf_status index_class(const cdf_pipeline *p, const cJSON *idx, const char *key, const char **cls) {
+cdf_status cdf_model_index_class(const char *dir, const cJSON *idx, const char *key, const char **cls) {
     *cls = NULL;
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(idx, key);
     if (!e || cJSON_IsNull(e)) return CDF_OK;
@@ -44,7 +44,7 @@ static cdf_status index_class(const cdf_pipeline *p, const cJSON *idx, const cha
     if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 || !(cJSON_IsString(lib) || cJSON_IsNull(lib)) ||
         !(cJSON_IsString(c) || cJSON_IsNull(c)))
         return cdf_error(CDF_ERR_FORMAT, "%s/model_index.json: entry '%s' is malformed (expected [\"library\", \"ClassName\"] or [null, null])",
-                         p->dir, key);
+                         dir, key);
     if (cJSON_IsString(c)) *cls = c->valuestring;
     return CDF_OK;
 }
@@ -52,7 +52,7 @@ static cdf_status index_class(const cdf_pipeline *p, const cJSON *idx, const cha
 static cdf_status load_component(cdf_pipeline *p, const cJSON *idx, const char *key, bool required, cdf_component **out) {
     *out = NULL;
     const char *cls = NULL;
-    CDF_TRY(index_class(p, idx, key, &cls));
+    CDF_TRY(cdf_model_index_class(p->dir, idx, key, &cls));
     char sub[4096];
     snprintf(sub, sizeof sub, "%s/%s", p->dir, key);
     if (!cls) {
@@ -68,7 +68,7 @@ static cdf_status load_component(cdf_pipeline *p, const cJSON *idx, const char *
 static cdf_status load_tokenizer(cdf_pipeline *p, const cJSON *idx, const char *key, bool required, cdf_tokenizer **out) {
     *out = NULL;
     const char *cls = NULL;
-    CDF_TRY(index_class(p, idx, key, &cls));
+    CDF_TRY(cdf_model_index_class(p->dir, idx, key, &cls));
     char sub[4096];
     snprintf(sub, sizeof sub, "%s/%s", p->dir, key);
     if (!cls) {

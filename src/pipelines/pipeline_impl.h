@@ -46,6 +46,11 @@ struct cdf_pipeline {
     uint64_t saved_limit;
 };
 
+/* The class of model_index.json's entry `key` (["library", "Class"]): *cls = NULL when the
+ * component is absent (key missing, null, or [null, null]); any other shape is CDF_ERR_FORMAT,
+ * naming the entry (the loader and the planner both read the index through this). */
+cdf_status cdf_model_index_class(const char *dir, const cJSON *idx, const char *key, const char **cls);
+
 /* Shared steps */
 cdf_status cdf_pipe_tokenize(cdf_pipeline *p, int which, const char *text, int max_length, cdf_tensor **ids);
 /* Initial noise exactly as torch.randn(shape, generator=Generator('cpu').manual_seed(seed)). */

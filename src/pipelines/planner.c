@@ -331,13 +331,6 @@ typedef struct plan_pipeline {
     plan_component c[CDF_PLAN_MAX_COMPONENTS];
 } plan_pipeline;
 
-static const char *index_class(const cJSON *idx, const char *key) {
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(idx, key);
-    if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2) return NULL;
-    const cJSON *cls = cJSON_GetArrayItem(e, 1);
-    return cJSON_IsString(cls) ? cls->valuestring : NULL;
-}
-
 /* The components cdf_pipeline_load loads for this pipeline class, with their weights (headers
  * only) and configs. */
 static cdf_status plan_collect(const char *dir, const cJSON *idx, cdf_dtype wdt, plan_pipeline *pp) {
@@ -357,7 +350,9 @@ static cdf_status plan_collect(const char *dir, const cJSON *idx, cdf_dtype wdt,
         return cdf_error(CDF_ERR_UNSUPPORTED, "%s/model_index.json: pipeline class '%s' is not supported by the planner "
                          "(FluxPipeline, StableDiffusion3Pipeline, Flux2Pipeline)", dir, cls);
     for (int i = 0; keys[i]; i++) {
-        if (!index_class(idx, keys[i])) continue; /* optional and absent (SD3's T5) */
+        const char *entry = NULL;
+        CDF_TRY(cdf_model_index_class(dir, idx, keys[i], &entry)); /* a malformed entry is an error, */
+        if (!entry) continue;                                      /* an absent one optional (SD3's T5) */
         plan_component *c = &pp->c[pp->n];
         c->key = keys[i];
         char sub[4096];
