@@ -302,19 +302,21 @@ static bool ends_with(const char *s, const char *suffix) {
     return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
-/* Bytes of `name` (nbytes) that a rank of 2 does NOT read, under the FLUX / SD3 / CLIP plans:
- * half of every column-wise weight and bias and of every row-wise weight (row-wise biases are
- * read whole), for layers inside the repeated blocks. */
+/* Bytes of `name` (nbytes) that a rank of 2 does NOT read, under the FLUX / SD3 / CLIP / T5
+ * plans: half of every column-wise weight and bias and of every row-wise weight (row-wise biases
+ * are read whole), for layers inside the repeated blocks. */
 static uint64_t bytes_saved_per_rank(const char *name, uint64_t nbytes) {
-    static const char *const blocks[] = {"transformer_blocks.", "single_transformer_blocks.", "text_model.encoder.layers."};
+    static const char *const blocks[] = {"transformer_blocks.", "single_transformer_blocks.", "text_model.encoder.layers.",
+                                         "encoder.block."};
     bool in_block = false;
     for (size_t i = 0; i < sizeof blocks / sizeof *blocks; i++) in_block |= strncmp(name, blocks[i], strlen(blocks[i])) == 0;
     if (!in_block) return 0;
     static const char *const colwise[] = {".to_q", ".to_k", ".to_v", ".add_q_proj", ".add_k_proj", ".add_v_proj",
                                           ".ff.net.0.proj", ".ff_context.net.0.proj", ".proj_mlp", ".q_proj", ".k_proj",
-                                          ".v_proj", ".mlp.fc1"};
+                                          ".v_proj", ".mlp.fc1", "SelfAttention.q", "SelfAttention.k",
+                                          "SelfAttention.v", "DenseReluDense.wi", "DenseReluDense.wi_0", "DenseReluDense.wi_1"};
     static const char *const rowwise[] = {".to_out.0", ".to_add_out", ".ff.net.2", ".ff_context.net.2", ".proj_out",
-                                          ".out_proj", ".mlp.fc2"};
+                                          ".out_proj", ".mlp.fc2", "SelfAttention.o", "DenseReluDense.wo"};
     char module[512];
     snprintf(module, sizeof module, "%s", name);
     char *dot = strrchr(module, '.');
@@ -586,6 +588,81 @@ static void test_sd3_tp2_equals_single_process(void **state) {
     run_tp_case("sd35m_tiny", "64x64_neg", "text_encoder_3", sharded);
 }
 
+/* T5 sharded over 2 ranks (heads and FFN; two all-reduces per block). The tiny pipelines' T5s
+ * have 3 heads and stay whole in the generate cases above, so this runs the golden 4-head
+ * t5_tiny through `run-model --tp 2`: output equal to one process and to transformers' within
+ * tolerance, each rank reads exactly its slices, rank 1 writes nothing. */
+static void test_t5_tp2_run_model(void **state) {
+    (void)state;
+    if (!have_mpi()) skip();
+    const char *models = tu_data("golden/text_models");
+    char model[1200], io[1200], args[3000];
+    snprintf(model, sizeof model, "%s/t5_tiny", models);
+    snprintf(io, sizeof io, "%s/outputs/t5_tiny_256.safetensors", models);
+    snprintf(args, sizeof args, "run-model --model '%s' --inputs '%s' --threads 1 --dtype f32 --force", model, io);
+    char one[1100], tp[1100], r1[1100], log_one[1100], log_tp[1100];
+    snprintf(one, sizeof one, "%s/t5_one.safetensors", tu_tmpdir());
+    snprintf(tp, sizeof tp, "%s/t5_tp.safetensors", tu_tmpdir());
+    snprintf(r1, sizeof r1, "%s/t5_rank1.safetensors", tu_tmpdir());
+    snprintf(log_one, sizeof log_one, "%s/t5_one.log", tu_tmpdir());
+    snprintf(log_tp, sizeof log_tp, "%s/t5_tp.log", tu_tmpdir());
+    int rc = tu_system("CDIFFUSERS_LOG=io '%s' %s --output '%s' 2> '%s'", CDF_CLI_PATH, args, one, log_one);
+    char *log1 = tu_read_file(log_one, NULL);
+    if (rc != 0) fail_msg("single-process run failed (%d): %s", rc, log1 ? log1 : "");
+    rc = tu_system(MPIRUN " -np 1%s -x CDIFFUSERS_LOG=io '%s' %s --output '%s' --tp 2"
+                          " : -np 1%s -x CDIFFUSERS_LOG=io '%s' %s --output '%s' --tp 2 2> '%s'",
+                   mpi_env(), CDF_CLI_PATH, args, tp, mpi_env(), CDF_CLI_PATH, args, r1, log_tp);
+    char *log2 = tu_read_file(log_tp, NULL);
+    if (rc != 0) fail_msg("2-rank run failed (%d): %s", rc, log2 ? log2 : "");
+    assert_int_equal(access(tp, F_OK), 0);
+    assert_int_not_equal(access(r1, F_OK), 0);
+
+    int64_t n1, n2, ng;
+    float *a = latents(one, "out.last_hidden_state", &n1), *b = latents(tp, "out.last_hidden_state", &n2),
+          *g = latents(io, "last_hidden_state", &ng);
+    assert_int_equal(n1, n2);
+    assert_int_equal(n1, ng);
+    const double d_tp = tu_max_abs_diff(a, b, (size_t)n1, NULL), d_gold = tu_max_abs_diff(b, g, (size_t)n1, NULL);
+    print_message("  t5_tiny: |tp - one| = %.3g (tol %.0e), |tp - transformers| = %.3g (tol 1e-4, test_model_t5's)\n", d_tp,
+                  TP_VS_SINGLE_TOL, d_gold);
+    assert_true(d_tp <= TP_VS_SINGLE_TOL);
+    assert_true(d_gold <= 1e-4);
+    free(a), free(b), free(g);
+
+    io_line o[1] = {{0}}, t[2] = {{0}, {0}};
+    assert_int_equal(parse_io(log1, o, 1), 1);
+    assert_int_equal(parse_io(log2, t, 2), 2);
+    uint64_t total;
+    const uint64_t saved = saved_in_component(models, "t5_tiny", &total);
+    /* the plan halves every attention and FFN projection weight (T5 has no biases) and nothing
+     * else: the token table (most of this tiny model's bytes), norms and the relative-bias table
+     * stay whole */
+    uint64_t proj = 0;
+    cdf_checkpoint *ck;
+    assert_int_equal(cdf_checkpoint_open(model, &ck), CDF_OK);
+    for (int i = 0; i < cdf_checkpoint_count(ck); i++) {
+        const cdf_st_file *f;
+        const cdf_st_tensor *tt;
+        assert_int_equal(cdf_checkpoint_tensor_at(ck, i, &f, &tt), CDF_OK);
+        if ((strstr(tt->name, ".SelfAttention.") && !strstr(tt->name, "relative_attention_bias")) ||
+            strstr(tt->name, ".DenseReluDense."))
+            proj += tt->nbytes;
+    }
+    cdf_checkpoint_close(ck);
+    print_message("  t5_tiny: %llu of %llu bytes are attention/FFN projections\n", (unsigned long long)proj,
+                  (unsigned long long)total);
+    assert_true(proj > 0);
+    assert_int_equal(2 * saved, proj);
+    for (int r = 0; r < 2; r++) {
+        print_message("  rank %d: read %llu weight bytes (one process %llu, expected %llu), %llu collectives\n", r,
+                      t[r].weight_bytes, o[0].weight_bytes, (unsigned long long)(o[0].weight_bytes - saved), t[r].collectives);
+        assert_int_equal(t[r].weight_bytes, o[0].weight_bytes - saved);
+        assert_true(t[r].collectives >= 2 * 2); /* o and wo of each of the 2 blocks */
+    }
+    free(log1);
+    free(log2);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--mpi-worker") == 0) return mpi_worker();
     const struct CMUnitTest tests[] = {
@@ -595,6 +672,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_collectives_over_mpi),
         cmocka_unit_test(test_flux_tp2_equals_single_process),
         cmocka_unit_test(test_sd3_tp2_equals_single_process),
+        cmocka_unit_test(test_t5_tp2_run_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
