@@ -268,6 +268,32 @@ static void test_errors(void **st) {
     cdf_tensor_map_clear(&gold);
 }
 
+/* cdf_pipeline_compile with fullgraph (what `generate --mode compile` does): the transformer and
+ * the VAE decode each compile without a graph break (the ids scatter before the decode runs in
+ * the pipeline, eagerly), both golden cases pass, and a second run of a seen size recompiles
+ * nothing. Last in the list: it leaves the shared pipeline compiled. */
+static void test_compiled_fullgraph(void **st) {
+    (void)st;
+    cdf_pipeline *p = load_pipeline();
+    cdf_compile_options o = cdf_compile_default_options();
+    assert_true(o.fullgraph);
+    assert_int_equal(cdf_pipeline_compile(p, &o), CDF_OK);
+    cdf_exec_stats s0, s1, s2;
+    cdf_exec_get_stats(&s0);
+    run_full("64x64");
+    run_full("48x80");
+    cdf_exec_get_stats(&s1);
+    print_message("  compiled: %lld compiles, %lld graph breaks\n", (long long)(s1.compiles - s0.compiles),
+                  (long long)(s1.graph_breaks - s0.graph_breaks));
+    assert_int_equal(s1.graph_breaks - s0.graph_breaks, 0);
+    assert_int_equal(s1.compiles - s0.compiles, 4); /* transformer + VAE decode, per size */
+    cdf_compile_set_forbid_recompile(true);
+    run_full("64x64");
+    cdf_compile_set_forbid_recompile(false);
+    cdf_exec_get_stats(&s2);
+    assert_int_equal(s2.compiles - s1.compiles, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
@@ -275,6 +301,7 @@ int main(void) {
         cmocka_unit_test(test_full_64x64),
         cmocka_unit_test(test_full_48x80),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_compiled_fullgraph),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -333,15 +333,30 @@ cdf_tensor *cdf_flux2_vae_encode_latents(const cdf_flux2_vae *v, cdf_tensor *ima
 /* ==== component class ============================================================================== */
 
 /* decode: z -> out.decode_sample; with packed_latents (+ packed_ids) also the pipeline's decode
- * (out.pipeline_decode_latents, out.pipeline_decode_sample). encode: x -> out.encode_mean /
+ * (out.pipeline_decode_latents, out.pipeline_decode_sample); unpacked_latents [B, 4C, h, w] is
+ * the same decode after the pipeline has scattered the tokens by their ids itself (what
+ * Flux2Pipeline passes: the scatter reads the ids on the host and its output size depends on their
+ * values, so inside a compiled decode it would be a graph break). encode: x -> out.encode_mean /
  * logvar / std and the pipeline's normalised latents (out.pipeline_encode_latents). */
 static cdf_status flux2_vae_run(void *impl, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out) {
     const cdf_flux2_vae *v = impl;
     if (strcmp(method, "decode") == 0) {
-        cdf_tensor *z = cdf_input_opt(in, "z"), *packed = cdf_input_opt(in, "packed_latents");
-        if (!z && !packed)
-            return cdf_error(CDF_ERR_NOT_FOUND, "%s.decode: required input 'z' (or 'packed_latents' with 'packed_ids') is missing",
+        cdf_tensor *z = cdf_input_opt(in, "z"), *packed = cdf_input_opt(in, "packed_latents"),
+                   *unpacked = cdf_input_opt(in, "unpacked_latents");
+        if (!z && !packed && !unpacked)
+            return cdf_error(CDF_ERR_NOT_FOUND,
+                             "%s.decode: required input 'z' (or 'packed_latents' with 'packed_ids', or 'unpacked_latents') is missing",
                              MODEL);
+        if (unpacked) {
+            if (cdf_tensor_ndim(unpacked) != 4 || cdf_tensor_dim(unpacked, 1) != v->bn_channels)
+                return cdf_error(CDF_ERR_SHAPE, "%s.decode: input 'unpacked_latents' must be [B, %lld, h, w] (4 x latent channels)",
+                                 MODEL, (long long)v->bn_channels);
+            cdf_tensor *latents = cdf_flux2_unpatchify_latents(cdf_flux2_vae_bn_denormalize(v, unpacked));
+            cdf_tensor *sample = latents ? cdf_autoencoder_kl_decode(&v->kl, latents) : NULL;
+            if (!sample) return status_or_internal();
+            CDF_TRY(cdf_tensor_map_set(out, "out.pipeline_decode_latents", latents));
+            CDF_TRY(cdf_tensor_map_set(out, "out.pipeline_decode_sample", sample));
+        }
         if (z) {
             cdf_tensor *sample = cdf_autoencoder_kl_decode(&v->kl, z);
             if (!sample) return status_or_internal();

@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "core/error_internal.h"
+#include "models/autoencoder_kl_flux2.h"
 #include "models/mistral3_text.h"
 #include "tensor/tensor_impl.h"
 #include "tokenizers/flux2_prompt.h"
@@ -234,10 +235,11 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
     cdf_pipe_capture(gp, "final_latents", latents);
     cdf_pipe_capture(gp, "latents_final", latents);
 
-    /* decode: unpack by ids, BatchNorm de-normalisation, unpatchify, vae.decode (inside the VAE) */
+    /* decode: unpack by ids here (it reads the ids on the host: outside the VAE, so that a compiled
+     * decode has no graph break), then BatchNorm de-normalisation, unpatchify and vae.decode
+     * inside the VAE */
     cdf_tensor *dec_in = NULL, *decoded = NULL;
-    s = cdf_tensor_map_set(&in, "packed_latents", latents);
-    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "packed_ids", img_ids);
+    s = cdf_tensor_map_set(&in, "unpacked_latents", cdf_flux2_unpack_latents_with_ids(latents, img_ids));
     if (s == CDF_OK) s = cdf_component_run(p->vae, "decode", &in, &outm);
     if (s == CDF_OK && (!(dec_in = take(&outm, "out.pipeline_decode_latents")) || !(decoded = take(&outm, "out.pipeline_decode_sample"))))
         s = status_or_internal();
