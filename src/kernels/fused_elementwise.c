@@ -70,7 +70,7 @@ cdf_status cdf_k_fused_elementwise(const cdf_fused_program *p, void *out, cdf_dt
         for (int s = 0; s < p->n_steps; s++) {
             const cdf_fused_step *st = &p->steps[s];
             if (!st->binary) {
-                for (int64_t i = 0; i < len; i++) v[i] = cdf_k_unary_f((cdf_unary_op)st->op, v[i], st->p0, st->p1);
+                cdf_k_unary_span((cdf_unary_op)st->op, v, len, st->p0, st->p1);
             } else if (st->input == 0) {
                 /* in[0] is the chain's head; an op on it again means it is also an operand */
                 float h[FUSE_BLOCK];

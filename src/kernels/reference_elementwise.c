@@ -20,7 +20,7 @@ cdf_status cdf_k_unary(cdf_unary_op op, float p0, float p1, void *out, cdf_dtype
         float buf[ELEM_CHUNK];
         int64_t off = c * ELEM_CHUNK, len = n - off < ELEM_CHUNK ? n - off : ELEM_CHUNK;
         cdf_k_load_row(buf, in, in_dt, off, len);
-        for (int64_t i = 0; i < len; i++) buf[i] = cdf_k_unary_f(op, buf[i], p0, p1);
+        cdf_k_unary_span(op, buf, len, p0, p1);
         cdf_k_store_row(out, out_dt, off, buf, len);
     }
     return CDF_OK;

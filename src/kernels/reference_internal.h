@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "core/error_internal.h"
+#include "kernels/cpu_features.h"
 #include "kernels/kernels.h"
 
 /* OpenMP is worth its fork/join cost only above this many (rough) flops. */
@@ -129,6 +130,15 @@ static inline float cdf_k_unary_f(cdf_unary_op op, float x, float p0, float p1) 
     default: return x;
     }
 }
+
+/* v[i] = op(v[i]) for a span of f32 values: the unary and the fused elementwise kernels both
+ * apply unary ops through this, so fused and unfused results stay bit-identical. At the AVX2 /
+ * AVX-512 levels the sigmoid family (GELU tanh form, SiLU, sigmoid, quick-GELU) runs vectorised
+ * (elementwise_fast.c, a few ulps from cdf_k_unary_f); everything else, and the generic level,
+ * is cdf_k_unary_f element by element. */
+void cdf_k_unary_span(cdf_unary_op op, float *v, int64_t len, float p0, float p1);
+/* The same at a given level (tests; capped at the CPU's native level). */
+void cdf_k_unary_span_at(cdf_k_isa isa, cdf_unary_op op, float *v, int64_t len, float p0, float p1);
 
 static inline float cdf_k_binary_f(cdf_binary_op op, float a, float b) {
     switch (op) {

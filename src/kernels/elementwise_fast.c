@@ -1,0 +1,61 @@
+/* Vectorised sigmoid-family elementwise ops for the AVX2 and AVX-512 levels: GELU (tanh form),
+ * SiLU, sigmoid and quick-GELU, computed as x / (1 + exp(-z)) with a polynomial exp in 8 or
+ * 16-wide vectors (elementwise_fast_impl.h). libm's scalar tanhf/expf behind these ops was ~11% of
+ * an SD3.5-Medium transformer forward (bench/RESULTS.md, "Where cdiffusers' time goes").
+ *
+ * Numerics: 0.5 x (1 + tanh(u)) and x sigmoid(2u) are the same function; the sigmoid form has no
+ * cancellation near 0 and needs one exp. Results are within a few f32 ulps of the libm-based
+ * scalar definitions (cdf_k_unary_f, which the generic level keeps using); tests/test_kernels_fast.c
+ * checks every op at every level against them. */
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/cpu_features.h"
+#include "kernels/reference_internal.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define EW_HAVE_X86 1
+#endif
+
+#ifdef EW_HAVE_X86
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,tune=skylake-avx512")
+#define VW 16
+#define SFX avx512
+#include "kernels/elementwise_fast_impl.h"
+#undef VW
+#undef SFX
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,tune=haswell")
+#define VW 8
+#define SFX avx2
+#include "kernels/elementwise_fast_impl.h"
+#undef VW
+#undef SFX
+#pragma GCC pop_options
+#endif
+
+static bool vectorised_op(cdf_unary_op op) {
+    return op == CDF_UN_GELU_TANH || op == CDF_UN_SILU || op == CDF_UN_SIGMOID || op == CDF_UN_QUICK_GELU;
+}
+
+void cdf_k_unary_span_at(cdf_k_isa isa, cdf_unary_op op, float *v, int64_t len, float p0, float p1) {
+    if (isa > cdf_k_isa_native()) isa = cdf_k_isa_native();
+#ifdef EW_HAVE_X86
+    if (vectorised_op(op) && isa >= CDF_K_ISA_AVX512) {
+        unary_span_avx512(op, v, len);
+        return;
+    }
+    if (vectorised_op(op) && isa >= CDF_K_ISA_AVX2) {
+        unary_span_avx2(op, v, len);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < len; i++) v[i] = cdf_k_unary_f(op, v[i], p0, p1);
+}
+
+void cdf_k_unary_span(cdf_unary_op op, float *v, int64_t len, float p0, float p1) {
+    cdf_k_unary_span_at(cdf_k_isa_level(), op, v, len, p0, p1);
+}

@@ -1,0 +1,151 @@
+/* The vectorised sigmoid-family ops (src/kernels/elementwise_fast.c) at every ISA level the CPU
+ * has, against double-precision definitions computed here:
+ *   gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))   silu(x) = x / (1 + e^-x)
+ *   sigmoid(x)   = 1 / (1 + e^-x)                                    quick_gelu(x) = x sigmoid(1.702 x)
+ * Bound: |got - want| <= (5e-7 + 3 |z| 2^-24) |want| + 1e-36, z the argument of the op's exp
+ * (8 f32 ulps, plus the conditioning of exp; the absolute term covers results
+ * in the denormal range, where the vector exp flushes to 0 as expf nearly does). The generic
+ * level computes GELU as torch does, 0.5 x (1 + tanhf(u)), which cancels for x below about -5
+ * (tanhf(u) rounds to -1): there it is allowed half an ulp of 1 times |x| more; the vector levels
+ * use x sigmoid(2u), the same function without the cancellation, and get the tight bound. Special values
+ * follow the scalar definitions (NaN in, NaN out; +-inf as cdf_k_unary_f gives them). And the
+ * result of an element must not depend on the span it is computed in (the fused kernels use
+ * other block sizes than the unfused ones and must stay bit-identical to them). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#include "kernels/cpu_features.h"
+#include "kernels/reference_internal.h"
+
+static double truth(cdf_unary_op op, double x) {
+    switch (op) {
+    case CDF_UN_GELU_TANH: { /* = 0.5 x (1 + tanh(u)), written without its cancellation (even double's 1 + tanh(u) cancels for x < -6) */
+        const double u = 0.79788456080286535588 * (x + 0.044715 * x * x * x);
+        return x / (1.0 + exp(-2.0 * u));
+    }
+    case CDF_UN_SILU: return x / (1.0 + exp(-x));
+    case CDF_UN_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case CDF_UN_QUICK_GELU: return x / (1.0 + exp(-1.702 * x));
+    default: return NAN;
+    }
+}
+
+/* |z| of the exp(-z) each op evaluates: an f32 rounding of z (relative 2^-24) becomes a relative
+ * error of |z| 2^-24 in exp(-z), so the bound grows with it (conditioning, not the kernel) */
+static double exp_arg(cdf_unary_op op, double x) {
+    switch (op) {
+    case CDF_UN_GELU_TANH: return fabs(2.0 * 0.79788456080286535588 * (x + 0.044715 * x * x * x));
+    case CDF_UN_QUICK_GELU: return fabs(1.702 * x);
+    default: return fabs(x);
+    }
+}
+
+static const cdf_unary_op k_ops[] = {CDF_UN_GELU_TANH, CDF_UN_SILU, CDF_UN_SIGMOID, CDF_UN_QUICK_GELU};
+static const char *const k_names[] = {"gelu_tanh", "silu", "sigmoid", "quick_gelu"};
+
+/* inputs: a dense sweep of [-20, 20], random magnitudes up to 1e4, tiny values, exact zeros */
+static int64_t make_inputs(float *x, int64_t cap) {
+    int64_t n = 0;
+    for (int i = -20000; i <= 20000 && n < cap; i++) x[n++] = (float)i * 1e-3f;
+    uint64_t s = 12345;
+    while (n < cap) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        const double u = (double)(s >> 11) / 9007199254740992.0; /* [0, 1) */
+        const double mag = pow(10.0, -30.0 + 34.0 * u);
+        x[n] = (float)((s & 1) ? -mag : mag);
+        n++;
+    }
+    x[0] = 0.0f;
+    x[1] = -0.0f;
+    return n;
+}
+
+static void test_against_double(void **state) {
+    (void)state;
+    enum { N = 60000 };
+    float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
+    assert_non_null(x);
+    assert_non_null(y);
+    const int64_t n = make_inputs(x, N);
+    const cdf_k_isa native = cdf_k_isa_native();
+    for (int isa = CDF_K_ISA_GENERIC; isa <= (int)native; isa++) {
+        for (size_t o = 0; o < sizeof k_ops / sizeof *k_ops; o++) {
+            memcpy(y, x, (size_t)n * sizeof *y);
+            cdf_k_unary_span_at((cdf_k_isa)isa, k_ops[o], y, n, 0.0f, 0.0f);
+            double worst = 0;
+            int64_t bad = -1;
+            for (int64_t i = 0; i < n; i++) {
+                const double want = truth(k_ops[o], (double)x[i]), err = fabs((double)y[i] - want);
+                const double cancel = isa == CDF_K_ISA_GENERIC && k_ops[o] == CDF_UN_GELU_TANH ? 6e-8 * fabs((double)x[i]) : 0;
+                const double excess = err - ((5e-7 + 3.0 * exp_arg(k_ops[o], x[i]) * 0x1p-24) * fabs(want) + 1e-36 + cancel);
+                if (excess > worst || isnan(y[i])) {
+                    worst = isnan(y[i]) ? INFINITY : excess;
+                    bad = i;
+                }
+            }
+            if (bad >= 0)
+                fail_msg("%s at %s: x = %.9g gives %.9g, want %.9g", k_names[o], cdf_k_isa_name((cdf_k_isa)isa), x[bad],
+                         y[bad], truth(k_ops[o], (double)x[bad]));
+        }
+        print_message("  %s: gelu_tanh, silu, sigmoid, quick_gelu within bounds on %lld inputs\n",
+                      cdf_k_isa_name((cdf_k_isa)isa), (long long)n);
+    }
+    free(x);
+    free(y);
+}
+
+/* NaN and infinities give what the scalar (libm) definitions give */
+static void test_special_values(void **state) {
+    (void)state;
+    const float specials[] = {NAN, INFINITY, -INFINITY, 3.4e38f, -3.4e38f, 88.0f, -88.0f, 1e-40f};
+    const int n = sizeof specials / sizeof *specials;
+    for (int isa = CDF_K_ISA_GENERIC; isa <= (int)cdf_k_isa_native(); isa++)
+        for (size_t o = 0; o < sizeof k_ops / sizeof *k_ops; o++) {
+            float y[8];
+            memcpy(y, specials, sizeof y);
+            cdf_k_unary_span_at((cdf_k_isa)isa, k_ops[o], y, n, 0.0f, 0.0f);
+            for (int i = 0; i < n; i++) {
+                const float want = cdf_k_unary_f(k_ops[o], specials[i], 0.0f, 0.0f);
+                const bool same = (isnan(want) && isnan(y[i])) || want == y[i] || fabsf(y[i] - want) <= 4e-6f * fabsf(want);
+                if (!same)
+                    fail_msg("%s at %s: x = %g gives %g, the scalar definition %g", k_names[o], cdf_k_isa_name((cdf_k_isa)isa),
+                             specials[i], y[i], want);
+            }
+        }
+}
+
+/* an element's result is the same whatever span (offset, length) it is computed in */
+static void test_span_independent(void **state) {
+    (void)state;
+    enum { N = 203 };
+    float x[N], whole[N];
+    for (int i = 0; i < N; i++) x[i] = (float)(i - 101) * 0.137f;
+    for (int isa = CDF_K_ISA_GENERIC; isa <= (int)cdf_k_isa_native(); isa++)
+        for (size_t o = 0; o < sizeof k_ops / sizeof *k_ops; o++) {
+            memcpy(whole, x, sizeof whole);
+            cdf_k_unary_span_at((cdf_k_isa)isa, k_ops[o], whole, N, 0.0f, 0.0f);
+            for (int len = 1; len <= 37; len += 3)
+                for (int start = 0; start + len <= N; start += len) {
+                    float part[37];
+                    memcpy(part, x + start, (size_t)len * sizeof *part);
+                    cdf_k_unary_span_at((cdf_k_isa)isa, k_ops[o], part, len, 0.0f, 0.0f);
+                    if (memcmp(part, whole + start, (size_t)len * sizeof *part) != 0)
+                        fail_msg("%s at %s: span [%d, %d) differs from the whole-array result", k_names[o],
+                                 cdf_k_isa_name((cdf_k_isa)isa), start, start + len);
+                }
+        }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_against_double),
+        cmocka_unit_test(test_special_values),
+        cmocka_unit_test(test_span_independent),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
