@@ -464,7 +464,7 @@ static cdf_tensor *binary(cdf_tensor *a, cdf_tensor *b, cdf_binary_op op, const 
         RETURN(r);
     }
     BEGIN();
-    int nd;
+    int nd = 0; /* set by broadcast2 on success (GCC cannot see it through RETURN) */
     int64_t shape[CDF_MAX_DIMS], sa[CDF_MAX_DIMS], sb[CDF_MAX_DIMS];
     if (broadcast2(a, b, &nd, shape, sa, sb, who) != CDF_OK) RETURN(NULL);
     cdf_tensor *out = cdf_tensor_alloc(dev_of(a), promote(a->dtype, b->dtype), nd, shape);
