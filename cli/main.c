@@ -502,7 +502,7 @@ static int cmd_generate(int argc, char **argv) {
     }
     if (st == CDF_OK && (mode == MODE_COMPILE || blocks)) {
         cdf_compile_options co = cdf_compile_default_options();
-        co.fullgraph = !blocks; /* blocks: a block with a collective (tensor parallelism) runs eagerly */
+        co.fullgraph = !blocks; /* blocks: a block that cannot be captured runs eagerly */
         if ((blocks ? cdf_pipeline_compile_repeated_blocks(pipe, &co) : cdf_pipeline_compile(pipe, &co)) != CDF_OK) {
             st = cdf_last_status();
             stage = "compiling";

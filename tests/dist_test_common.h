@@ -58,5 +58,36 @@ static inline const char *tmp_path(const char *name) {
     return b;
 }
 
+/* Tensor parallelism in a compiled mode: runs `cdiffusers generate <args> <mode> --tp 2 --output OUT
+ * --latents-out LAT` as 2 ranks (one app context: rank 1 writes nothing) with
+ * CDIFFUSERS_LOG=io,compile (and without CDIFFUSERS_COMPILE), fails the test on a non-zero exit, and checks the log: no graph break
+ * on any rank (the all-reduces are ops of the graph, not host reads) and every graph named in
+ * `compiled` (NULL-terminated, e.g. "FluxTransformer2DModel.forward" or a repeated-block class)
+ * compiled exactly once on each rank (for a block class: one graph shared by all its blocks).
+ * Returns the log (free it). */
+static inline char *run_tp_compiled(const char *args, const char *mode, const char *out, const char *lat,
+                                    const char *const *compiled) {
+    char log_path[1100];
+    snprintf(log_path, sizeof log_path, "%.1000s.log", out);
+    const double t0 = now_s();
+    /* CDIFFUSERS_COMPILE (the whole-suite compile modes of scripts/test.sh) is unset: it would also
+     * compile the text encoders, whose host reads are graph breaks by design */
+    int rc = tu_system("env -u CDIFFUSERS_COMPILE " MPIRUN " -np 2%s -x CDIFFUSERS_LOG=io,compile '%s' generate %s %s --tp 2 --force --output '%s' "
+                              "--latents-out '%s' 2> '%s'",
+                       mpi_env(), CDF_CLI_PATH, args, mode, out, lat, log_path);
+    char *log = tu_read_file(log_path, NULL);
+    if (rc != 0) fail_msg("2-rank run with %s failed (%d): %s", mode, rc, log ? log : "");
+    assert_non_null(log);
+    print_message("  2 ranks, %s: %.2f s; graph breaks in the log: %d\n", mode, now_s() - t0, count_substr(log, "graph break"));
+    assert_int_equal(count_substr(log, "graph break"), 0);
+    for (const char *const *g = compiled; g && *g; g++) {
+        char needle[200];
+        snprintf(needle, sizeof needle, "cdiffusers: compile %s [", *g);
+        const int n = count_substr(log, needle);
+        print_message("  %s: compiled %d times (2 ranks)\n", *g, n);
+        assert_int_equal(n, 2);
+    }
+    return log;
+}
 
 #endif

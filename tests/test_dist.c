@@ -14,6 +14,10 @@
  *     read (CDIFFUSERS_LOG=io) equal the single-process bytes minus half of the sharded
  *     tensors' bytes, where the sharded tensors are picked from the checkpoints by this file's
  *     own reading of the plans (diffusers' FLUX _tp_plan; the same split for SD3 and CLIP);
+ *     the same 2-rank runs compiled (--mode compile, fullgraph; FLUX.1 also with
+ *     --compile-repeated-blocks): no graph break (the all-reduces are ops captured into the
+ *     graphs), each graph compiled once per rank, latents equal the single process within the same
+ *     tolerance, and the same collectives and bytes as the eager 2-rank run;
  *   (failures and launch mistakes: test_dist_failures.c)
  *
  * Tolerance TP vs single process: the row-wise layers sum partial products in a different
@@ -105,6 +109,29 @@ static int mpi_worker(void) {
     /* a non-contiguous tensor is refused before any communication (on every rank alike) */
     CHECK(cdf_dist_all_reduce_sum(pg, cdf_transpose(t, 0, 1)) == CDF_ERR_INVALID_ARG);
 
+    /* the all-reduce op: queued behind the op computing its input (the host does not wait), out
+     * of place, any layout (a transposed view); its input is left as it was. The host collective
+     * issued right after drains the queue first, so both ranks run the two in the same order
+     * (MPI_THREAD_SERIALIZED: never two threads in MPI) */
+    cdf_tensor *src = cdf_add_scalar(cdf_tensor_from_host(dev, CDF_F32, 2, (int64_t[]){2, 3}, x, CDF_F32), 0.25f);
+    cdf_tensor *ro = cdf_all_reduce_sum(cdf_transpose(src, 0, 1), pg);
+    CHECK(ro && cdf_tensor_dim(ro, 0) == 3 && cdf_tensor_dim(ro, 1) == 2);
+    float bsrc0[2] = {(float)rank, 2.0f};
+    cdf_tensor *tb0 = cdf_tensor_from_host(dev, CDF_F32, 1, (int64_t[]){2}, bsrc0, CDF_F32);
+    CHECK(cdf_dist_broadcast(pg, tb0, 0) == CDF_OK);
+    float *ho = cdf_tensor_read_f32(ro), *hs = cdf_tensor_read_f32(src), *hb0 = cdf_tensor_read_f32(tb0);
+    for (int a = 0; ho && a < 3; a++)
+        for (int b = 0; b < 2; b++) { /* ro[a][b] = sum_r src_r[b][a] */
+            double want = 0;
+            for (int r = 0; r < W; r++) want += r * 10 + (b * 3 + a) + 0.25;
+            CHECK(ho[a * 2 + b] == (float)want);
+        }
+    for (int i = 0; hs && i < 6; i++) CHECK(hs[i] == (float)(rank * 10 + i) + 0.25f);
+    CHECK(hb0 && hb0[0] == 0.0f && hb0[1] == 2.0f);
+    free(ho), free(hs), free(hb0);
+    /* a dtype MPI is not given is refused at the call, before anything is queued */
+    CHECK(cdf_all_reduce_sum(cdf_cast(src, CDF_BF16), pg) == NULL && cdf_last_status() == CDF_ERR_DTYPE);
+
     /* agreement: all fine, then rank 1 reports a failure that every rank learns */
     CHECK(cdf_dist_agree(pg, CDF_OK) == CDF_OK);
     cdf_status mine = CDF_OK;
@@ -115,9 +142,10 @@ static int mpi_worker(void) {
 
     cdf_dist_stats st;
     cdf_dist_get_stats(pg, &st);
-    /* 2 all-reduces, 2 all-gathers, 1 broadcast, 2 agreements */
-    CHECK(st.collectives == 7);
-    const uint64_t tensor_bytes = 6 * 4 + 3 * 8 + 2 * 6 * 4 + 4 * 4; /* + the two agreements' status messages */
+    /* 2 host all-reduces, 1 all-reduce op, 2 all-gathers, 2 broadcasts, 2 agreements */
+    CHECK(st.collectives == 9);
+    /* + the two agreements' status messages */
+    const uint64_t tensor_bytes = 6 * 4 + 3 * 8 + 6 * 4 + 2 * 6 * 4 + 4 * 4 + 2 * 4;
     CHECK(st.bytes > tensor_bytes && st.bytes < tensor_bytes + 4096);
     cdf_scope_pop(NULL, 0);
     CHECK(cdf_dist_barrier(pg) == CDF_OK);
@@ -162,6 +190,10 @@ static void test_local_and_offline_groups(void **state) {
     cdf_tensor *g = cdf_dist_all_gather(pg, t, 0);
     assert_non_null(g);
     assert_int_equal(cdf_tensor_dim(g, 0), 3);
+    cdf_tensor *ro = cdf_all_reduce_sum(t, pg); /* the op over a group of one: t's values */
+    float *yo = cdf_tensor_read_f32(ro);
+    assert_true(yo && yo[0] == 1 && yo[1] == 2 && yo[2] == 3);
+    free(yo);
     assert_int_equal(cdf_dist_agree(pg, CDF_ERR_IO), CDF_ERR_IO);
     cdf_dist_finalize(pg);
 
@@ -172,6 +204,8 @@ static void test_local_and_offline_groups(void **state) {
     assert_int_equal(cdf_dist_all_reduce_sum(pg, t), CDF_ERR_UNSUPPORTED);
     assert_non_null(strstr(cdf_last_error(), "offline"));
     assert_null(cdf_dist_all_gather(pg, t, 0));
+    assert_null(cdf_all_reduce_sum(t, pg)); /* refused at the call, nothing queued */
+    assert_int_equal(cdf_last_status(), CDF_ERR_UNSUPPORTED);
     cdf_dist_finalize(pg);
     cdf_scope_pop(NULL, 0);
 }
@@ -473,7 +507,15 @@ static int max_level_diff(const uint8_t *a, const uint8_t *b, size_t n) {
     return m;
 }
 
-static void run_tp_case(const char *pipeline, const char *case_name, const char *replicate, const char *const *sharded_components) {
+/* A compiled mode to run the 2-rank case in as well (see run_tp_compiled): CLI arguments and the
+ * graphs it must compile once per rank without a graph break. */
+typedef struct tp_mode {
+    const char *args;
+    const char *compiled[3];
+} tp_mode;
+
+static void run_tp_case(const char *pipeline, const char *case_name, const char *replicate, const char *const *sharded_components,
+                        const tp_mode *modes, int n_modes) {
     char pipe[1024], args[4096];
     snprintf(pipe, sizeof pipe, "%s", tu_data("pipelines"));
     snprintf(pipe + strlen(pipe), sizeof pipe - strlen(pipe), "/%s", pipeline);
@@ -569,6 +611,30 @@ static void run_tp_case(const char *pipeline, const char *case_name, const char 
     }
     assert_int_equal(tp[0].collectives, tp[1].collectives);
     assert_true(saved > 0);
+
+    /* the same 2-rank run compiled (fullgraph, or repeated blocks): the all-reduces are captured
+     * into the graphs; the result equals the single process within the TP tolerance and every
+     * rank runs and sends exactly the collectives of the eager run */
+    for (int m = 0; m < n_modes; m++) {
+        char mpng[1100], mlat[1100], margs[4400];
+        snprintf(mpng, sizeof mpng, "%s/%s_tp_mode%d.png", tu_tmpdir(), tag, m);
+        snprintf(mlat, sizeof mlat, "%s/%s_tp_mode%d.safetensors", tu_tmpdir(), tag, m);
+        snprintf(margs, sizeof margs, "%s --tp-replicate %s", args, replicate);
+        char *log3 = run_tp_compiled(margs, modes[m].args, mpng, mlat, modes[m].compiled);
+        float *c1 = latents(one_lat, "latents_final", &n1), *c3 = latents(mlat, "latents_final", &n2);
+        assert_int_equal(n1, n2);
+        const double d = tu_max_abs_diff(c1, c3, (size_t)n1, NULL);
+        print_message("  %s: latents_final |tp - one| = %.3g (tol %.0e)\n", modes[m].args, d, TP_VS_SINGLE_TOL);
+        assert_true(d <= TP_VS_SINGLE_TOL);
+        free(c1), free(c3);
+        io_line tm[2] = {{0}, {0}};
+        assert_int_equal(parse_io(log3, tm, 2), 2);
+        for (int r = 0; r < 2; r++) {
+            assert_int_equal(tm[r].collectives, tp[r].collectives);
+            assert_int_equal(tm[r].comm_bytes, tp[r].comm_bytes);
+        }
+        free(log3);
+    }
     free(log1);
     free(log2);
 }
@@ -578,14 +644,19 @@ static void test_flux_tp2_equals_single_process(void **state) {
     if (!have_mpi()) skip();
     /* T5 of the tiny pipeline has 3 heads: kept whole (test_failures shows the error otherwise) */
     static const char *const sharded[] = {"transformer", "text_encoder", NULL};
-    run_tp_case("flux1_dev_tiny", "64x64", "text_encoder_2", sharded);
+    static const tp_mode modes[] = {
+        {"--mode compile", {"FluxTransformer2DModel.forward", NULL}},
+        {"--compile-repeated-blocks", {"FluxTransformerBlock", "FluxSingleTransformerBlock", NULL}},
+    };
+    run_tp_case("flux1_dev_tiny", "64x64", "text_encoder_2", sharded, modes, 2);
 }
 
 static void test_sd3_tp2_equals_single_process(void **state) {
     (void)state;
     if (!have_mpi()) skip();
     static const char *const sharded[] = {"transformer", "text_encoder", "text_encoder_2", NULL};
-    run_tp_case("sd35m_tiny", "64x64_neg", "text_encoder_3", sharded);
+    static const tp_mode modes[] = {{"--mode compile", {"SD3Transformer2DModel.forward", NULL}}};
+    run_tp_case("sd35m_tiny", "64x64_neg", "text_encoder_3", sharded, modes, 1);
 }
 
 /* T5 sharded over 2 ranks (heads and FFN; two all-reduces per block). The tiny pipelines' T5s

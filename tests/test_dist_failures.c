@@ -10,9 +10,13 @@
  *     ends the job and names the rank;
  *   - a rank that hangs mid-run: the other rank's collective watchdog (CDIFFUSERS_DIST_TIMEOUT=2)
  *     ends the job with a message naming itself, the collective and the timeout;
+ *   - a collective that fails inside the device queue (CDIFFUSERS_DIST_FAULT "fail": the queued
+ *     all-reduce op returns an error as MPI would; --mode compile, so the op runs from a replayed
+ *     graph): the error surfaces at the rank's next sync, naming the op and the MPI error, and the
+ *     job ends (no crash, no hang);
  *   - no output file in any of these cases;
  *   - launch mistakes: --tp 2 without mpirun, mpirun without --tp, --tp 3 with 2 processes.
- * The four failing jobs mostly wait (for a watchdog, for the launcher), so they run side by side. */
+ * The five failing jobs mostly wait (for a watchdog, for the launcher), so they run side by side. */
 #include "testutil.h"
 
 #include <stdio.h>
@@ -55,8 +59,9 @@ static void test_failures_end_the_job(void **state) {
     char base[2048];
     snprintf(base, sizeof base, "'%s' generate --model '%s' --prompt 'a red fox' --height 64 --width 64 --steps 3 --threads 1 "
              "--quiet --tp 2", CDF_CLI_PATH, pipe);
-    job jobs[4] = {{.name = "not divisible"}, {.name = "rank 1 cannot load"}, {.name = "rank 1 killed"},
-                   {.name = "rank 1 hangs"}};
+    enum { NJOBS = 5 };
+    job jobs[NJOBS] = {{.name = "not divisible"}, {.name = "rank 1 cannot load"}, {.name = "rank 1 killed"},
+                       {.name = "rank 1 hangs"}, {.name = "rank 1 MPI error"}};
     /* T5 (3 heads) sharded over 2 ranks */
     snprintf(jobs[0].cmd, sizeof jobs[0].cmd, MPIRUN " -np 2%s %s --output %s", mpi_env_no_leak_check(), base, tmp_path("f0.png"));
     /* rank 1's memory budget is too small for its share of the weights */
@@ -69,17 +74,20 @@ static void test_failures_end_the_job(void **state) {
     /* rank 1 stops at its 20th collective; rank 0's watchdog ends the job */
     snprintf(jobs[3].cmd, sizeof jobs[3].cmd, MPIRUN " -np 2%s -x CDIFFUSERS_DIST_FAULT=1:hang:20 -x CDIFFUSERS_DIST_TIMEOUT=2 %s "
              "--tp-replicate text_encoder_2 --output %s", mpi_env_no_leak_check(), base, tmp_path("f3.png"));
-    /* the four jobs mostly wait (for a watchdog, for the launcher): run them side by side, each
+    /* rank 1's 20th collective (a queued all-reduce of the compiled transformer) fails */
+    snprintf(jobs[4].cmd, sizeof jobs[4].cmd, MPIRUN " -np 2%s -x CDIFFUSERS_DIST_FAULT=1:fail:20 -x CDIFFUSERS_DIST_TIMEOUT=2 %s "
+             "--tp-replicate text_encoder_2 --mode compile --output %s", mpi_env_no_leak_check(), base, tmp_path("f4.png"));
+    /* the jobs mostly wait (for a watchdog, for the launcher): run them side by side, each
      * timing itself */
     char script[40000];
     size_t o = 0;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < NJOBS; i++)
         o += snprintf(script + o, sizeof script - o,
                       "( s=$(date +%%s.%%N); %s > '%s/job%d.log' 2>&1; echo $? $s $(date +%%s.%%N) > '%s/job%d.rc' ) & ",
                       jobs[i].cmd, tu_tmpdir(), i, tu_tmpdir(), i);
     snprintf(script + o, sizeof script - o, "wait");
     assert_int_equal(tu_system("%s", script), 0);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < NJOBS; i++) {
         char p[1100];
         snprintf(p, sizeof p, "%s/job%d.rc", tu_tmpdir(), i);
         char *rc = tu_read_file(p, NULL);
@@ -95,7 +103,7 @@ static void test_failures_end_the_job(void **state) {
         assert_int_not_equal(jobs[i].rc, 0);
         assert_true(jobs[i].seconds < 60); /* bounded: no hang */
     }
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < NJOBS; i++) {
         char f[16];
         snprintf(f, sizeof f, "f%d.png", i);
         assert_int_not_equal(access(tmp_path(f), F_OK), 0); /* nothing written */
@@ -110,7 +118,9 @@ static void test_failures_end_the_job(void **state) {
     /* the watchdog names the rank that gave up waiting, the collective and the timeout */
     assert_non_null(strstr(jobs[3].log, "did not complete within 2 s: another rank is stuck or has died"));
     assert_int_equal(jobs[3].rc == CDF_DIST_EXIT_TIMEOUT || jobs[3].rc > 128, true);
-    for (int i = 0; i < 4; i++) free(jobs[i].log);
+    /* the failing rank reports the queued op and MPI's error at its next sync, then ends the job */
+    assert_int_equal(count_lines_with(jobs[4].log, "rank 1 of 2: generate: queued op 'all_reduce' failed", "MPI"), 1);
+    for (int i = 0; i < NJOBS; i++) free(jobs[i].log);
 }
 
 /* ---- launch mistakes --------------------------------------------------------------------------- */

@@ -17,6 +17,8 @@
  *     initial noise, final latents and image equal the single-process run and diffusers' output;
  *     rank 1 writes nothing; each rank's weight bytes read (CDIFFUSERS_LOG=io) equal the
  *     single-process bytes minus the expected saving above;
+ *     the same 2-rank run with --mode compile (fullgraph): no graph break (the all-reduces are
+ *     ops of the compiled graph), equal to the single process, same collectives and bytes;
  *   - `cdiffusers run-model --tp 2` on the golden FLUX.2-dev transformer (io.safetensors) and on
  *     the golden FLUX.2 text encoder (two golden prompts): equal to the single-process run and to
  *     diffusers' / transformers' outputs.
@@ -462,6 +464,26 @@ static void test_generate_tp2(void **state) {
         assert_true(tp[r].collectives >= (unsigned long long)steps * (2 * 4 + 2 * 1));
     }
     assert_int_equal(tp[0].collectives, tp[1].collectives);
+
+    /* compiled (fullgraph): the all-reduces are captured into the transformer's graph, no graph
+     * break; equal to the single process within the same tolerance, same collectives and bytes */
+    static const char *const compiled[] = {"Flux2Transformer2DModel.forward", NULL};
+    char *log3 = run_tp_compiled(args, "--mode compile", out_path("flux2_gen", "_tpc.out"), out_path("flux2_gen", "_tpc.lat"),
+                                 compiled);
+    f1 = st_tensor(out_path("flux2_gen", "_one.lat"), "latents_final", &n1);
+    f2 = st_tensor(out_path("flux2_gen", "_tpc.lat"), "latents_final", &n2);
+    assert_int_equal(n1, n2);
+    const double d_c = tu_max_abs_diff(f1, f2, (size_t)n1, NULL);
+    print_message("  --mode compile: final latents |tp - one| = %.3g (tol %.0e)\n", d_c, TP_VS_SINGLE_TOL);
+    assert_true(d_c <= TP_VS_SINGLE_TOL);
+    free(f1), free(f2);
+    io_line tc[2] = {{0}, {0}};
+    assert_int_equal(parse_io(log3, tc, 2), 2);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(tc[r].collectives, tp[r].collectives);
+        assert_int_equal(tc[r].comm_bytes, tp[r].comm_bytes);
+    }
+    free(log3);
     free(log1);
     free(log2);
 }

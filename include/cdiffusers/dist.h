@@ -9,8 +9,11 @@
  * mpirun -np 4 --hostfile hosts ...). Every rank runs the same program on the same inputs and
  * calls the same collectives in the same order; the collectives are the only communication.
  *
- * Collectives are host-side operations: the tensor's device is synchronised (pending ops
- * flushed and waited for), then MPI runs on the tensor's buffer. They block until every rank has
+ * Collectives come in two forms. cdf_all_reduce_sum is an op like cdf_add: it returns a new
+ * tensor at once and the all-reduce runs on the device queue in order with the other ops (and is
+ * captured by compile like them), so a forward never waits on the host for it. The cdf_dist_*
+ * collectives are host-side operations: every device queue is drained (pending ops flushed and
+ * waited for), then MPI runs on the tensor's buffer; they block until every rank has
  * contributed. A collective that waits longer than the group's timeout (CDIFFUSERS_DIST_TIMEOUT
  * seconds, default 600, or cdf_dist_set_timeout) means a peer is stuck or gone: the process
  * prints which collective on which rank timed out and exits with status 3, and the MPI launcher
@@ -20,11 +23,13 @@
  * shared with cdf_dist_agree: every rank learns which rank failed and why.
  *
  * Test hook: CDIFFUSERS_DIST_FAULT="RANK:ACTION:N" makes rank RANK, on entering its N-th
- * collective (1-based), ACTION = "kill" (SIGKILL itself, as a crashed process) or "hang" (stop
- * forever, as a stuck one). Meant for the failure tests; unset in normal use.
+ * collective (1-based), ACTION = "kill" (SIGKILL itself, as a crashed process), "hang" (stop
+ * forever, as a stuck one) or "fail" (the collective returns an error without communicating, as
+ * if MPI had failed). Meant for the failure tests; unset in normal use.
  *
  * Thread safety: a process group is used by one host thread at a time (MPI is initialised with
- * MPI_THREAD_SERIALIZED). */
+ * MPI_THREAD_SERIALIZED; queued all-reduces call MPI from the device's worker thread, and every
+ * host-side collective drains the device queues first, so the two never overlap). */
 #ifndef CDIFFUSERS_DIST_H
 #define CDIFFUSERS_DIST_H
 
@@ -88,8 +93,15 @@ cdf_status cdf_dist_agree(cdf_process_group *pg, cdf_status local);
  * Every rank calls them in the same order with tensors of the same shape and dtype. A tensor
  * still being computed is waited for first. */
 
-/* In place: t = sum over ranks of t. t contiguous, dtype f32, f64, i32 or i64. */
+/* In place: t = sum over ranks of t. t contiguous, dtype f32, f64, i32 or i64. Host-side: waits
+ * for t (a graph break while compiling) and drains every device queue. */
 cdf_status cdf_dist_all_reduce_sum(cdf_process_group *pg, cdf_tensor *t);
+/* The all-reduce as an op: a new contiguous tensor = sum over ranks of x (x any layout, dtype
+ * f32, f64, i32 or i64). Queued like any op: eager mode does not wait for it, compile captures
+ * it (no graph break), defer-and-fuse never fuses it. An MPI failure (or timeout, see above)
+ * while it runs surfaces as CDF_ERR_DEVICE at the next sync. A group of one returns x's values
+ * (cdf_contiguous). NULL with the error set on bad arguments (offline group, dtype). */
+cdf_tensor *cdf_all_reduce_sum(cdf_tensor *x, cdf_process_group *pg);
 /* The concatenation along `dim` of every rank's t, in rank order (a new tensor on t's device). */
 cdf_tensor *cdf_dist_all_gather(cdf_process_group *pg, cdf_tensor *t, int dim);
 /* In place: t = root's t on every rank. t contiguous, any dtype. */

@@ -156,6 +156,19 @@ const char *cdf_device_name(const cdf_device *dev) { return dev ? dev->name : "(
  * deferred ops first). */
 cdf_status cdf_backend_device_synchronize(cdf_device *dev) { return dev->iface->synchronize(dev); }
 
+cdf_status cdf_backend_synchronize_all(void) {
+    pthread_mutex_lock(&g_lock);
+    const int n = g_n_devices;
+    pthread_mutex_unlock(&g_lock);
+    cdf_status first = CDF_OK;
+    for (int i = 0; i < n; i++) {
+        cdf_device *d = &g_devices[i];
+        if (first == CDF_OK) first = d->iface->synchronize(d);
+        else d->iface->wait_idle(d); /* keep the first message; this device's error stays queued */
+    }
+    return first;
+}
+
 void cdf_device_memory_stats(const cdf_device *dev, cdf_memory_stats *out) {
     memset(out, 0, sizeof *out);
     if (!dev) return;

@@ -56,6 +56,9 @@ void cdf_device_free(cdf_device *dev, void *ptr, size_t nbytes);
 cdf_status cdf_device_enqueue(cdf_device *dev, cdf_node *node);
 /* Wait for the device's queue and collect its error (no exec-level flush). */
 cdf_status cdf_backend_device_synchronize(cdf_device *dev);
+/* Wait until the queue of every device is empty; returns (and clears) the first queued error
+ * found, in device order (a later device's error stays queued for its next sync). */
+cdf_status cdf_backend_synchronize_all(void);
 
 /* Built-in backends. */
 extern const cdf_backend_iface cdf_cpu_backend_iface;

@@ -1,9 +1,21 @@
 /* Process groups (MPI / local / offline), the 1-D device mesh and collectives on device tensors.
  *
- * Collectives run on the host: the tensor is synchronised (pending ops flushed and waited for),
- * then MPI works directly on its buffer (device memory is host-addressable for every backend
- * this library has, as cdf_tensor_read also assumes). A watchdog thread bounds how long any
- * collective may wait for the other ranks. */
+ * Two kinds of collective:
+ * - the all-reduce op (cdf_all_reduce_sum): a CDF_OP_ALL_REDUCE node like any other op, queued
+ *   (eager), recorded (defer-and-fuse, never fused) or captured into a compiled graph; the device
+ *   worker runs it in queue order by calling queued_all_reduce below with the group as the
+ *   node's opaque communicator. This is what forwards use: no host read, so no graph break and
+ *   no host sync per collective.
+ * - host collectives (cdf_dist_all_reduce_sum, broadcast, all-gather, barrier, agree): the host
+ *   thread calls MPI on the tensor's buffer (device memory is host-addressable for every backend
+ *   this library has, as cdf_tensor_read also assumes).
+ * MPI runs MPI_THREAD_SERIALIZED: never two threads inside MPI at once, and every rank must issue
+ * its collectives in the same order. A queued all-reduce calls MPI from the device worker while
+ * the host thread runs ahead, so every host collective first drains every device queue
+ * (host_fence): after it no queued collective is running or pending, and none can be queued
+ * until the host collective returns (only the host thread submits ops, and it is inside MPI), so
+ * the two threads never overlap in MPI and the order of collectives is program order on every
+ * rank. A watchdog thread bounds how long any collective may wait for the other ranks. */
 #include "cdiffusers/dist.h"
 
 #include <limits.h>
@@ -79,11 +91,24 @@ void cdf_dist_set_timeout(cdf_process_group *pg, double seconds) {
 }
 double cdf_dist_timeout(const cdf_process_group *pg) { return pg ? pg->timeout_s : 0; }
 
+/* The stats are updated by whichever thread ran the collective (the device worker for queued
+ * all-reduces): read and reset under the group's lock. A queued collective counts once it ran. */
 void cdf_dist_get_stats(const cdf_process_group *pg, cdf_dist_stats *out) {
-    if (out) *out = pg ? pg->stats : (cdf_dist_stats){0};
+    if (!out) return;
+    if (!pg) {
+        *out = (cdf_dist_stats){0};
+        return;
+    }
+    cdf_process_group *g = (cdf_process_group *)pg; /* the lock only */
+    pthread_mutex_lock(&g->mu);
+    *out = g->stats;
+    pthread_mutex_unlock(&g->mu);
 }
 void cdf_dist_reset_stats(cdf_process_group *pg) {
-    if (pg) memset(&pg->stats, 0, sizeof pg->stats);
+    if (!pg) return;
+    pthread_mutex_lock(&pg->mu);
+    memset(&pg->stats, 0, sizeof pg->stats);
+    pthread_mutex_unlock(&pg->mu);
 }
 
 /* ---- watchdog ------------------------------------------------------------------------------ */
@@ -125,24 +150,27 @@ static void parse_fault(cdf_process_group *pg) {
     unsigned long long n = 0;
     char action[8] = "";
     if (sscanf(f, "%d:%7[a-z]:%llu", &r, action, &n) == 3 && n > 0 &&
-        (strcmp(action, "kill") == 0 || strcmp(action, "hang") == 0)) {
+        (strcmp(action, "kill") == 0 || strcmp(action, "hang") == 0 || strcmp(action, "fail") == 0)) {
         pg->fault_rank = r;
         pg->fault_at = n;
         snprintf(pg->fault_action, sizeof pg->fault_action, "%s", action);
     } else {
-        fprintf(stderr, "cdiffusers: ignoring CDIFFUSERS_DIST_FAULT='%s' (expected RANK:kill|hang:N)\n", f);
+        fprintf(stderr, "cdiffusers: ignoring CDIFFUSERS_DIST_FAULT='%s' (expected RANK:kill|hang|fail:N)\n", f);
     }
 }
 
 #ifdef CDF_HAVE_MPI
-/* Entering a collective: count it, maybe inject the configured fault, arm the watchdog. */
-static void collective_begin(cdf_process_group *pg, const char *op, uint64_t bytes) {
+/* Entering a collective: count it, maybe inject the configured fault, arm the watchdog.
+ * Returns MPI_SUCCESS, or the error code the "fail" fault makes the collective return in place of
+ * calling MPI (the caller then reports it as MPI's own error). */
+static int collective_begin(cdf_process_group *pg, const char *op, uint64_t bytes) {
     pg->entered++;
     if (pg->fault_rank == pg->rank && pg->entered == pg->fault_at) {
-        fprintf(stderr, "cdiffusers: rank %d of %d: CDIFFUSERS_DIST_FAULT: %s at collective #%llu\n", pg->rank, pg->world,
-                pg->fault_action, (unsigned long long)pg->entered);
+        fprintf(stderr, "cdiffusers: rank %d of %d: CDIFFUSERS_DIST_FAULT: %s at collective #%llu (%s)\n", pg->rank, pg->world,
+                pg->fault_action, (unsigned long long)pg->entered, op);
         fflush(stderr);
         if (strcmp(pg->fault_action, "kill") == 0) raise(SIGKILL);
+        if (strcmp(pg->fault_action, "fail") == 0) return MPI_ERR_OTHER;
         for (;;) pause(); /* hang */
     }
     pthread_mutex_lock(&pg->mu);
@@ -151,15 +179,16 @@ static void collective_begin(cdf_process_group *pg, const char *op, uint64_t byt
     pg->deadline = now_s() + pg->timeout_s;
     pg->active = true;
     pthread_mutex_unlock(&pg->mu);
+    return MPI_SUCCESS;
 }
 
 static void collective_end(cdf_process_group *pg, uint64_t bytes, double t0) {
     pthread_mutex_lock(&pg->mu);
     pg->active = false;
-    pthread_mutex_unlock(&pg->mu);
     pg->stats.collectives++;
     pg->stats.bytes += bytes;
     pg->stats.seconds += now_s() - t0;
+    pthread_mutex_unlock(&pg->mu);
 }
 #endif
 
@@ -278,6 +307,10 @@ cdf_status cdf_dist_init_offline(int rank, int world_size, cdf_process_group **o
 void cdf_dist_finalize(cdf_process_group *pg) {
     if (!pg) return;
 #ifdef CDF_HAVE_MPI
+    /* queued all-reduces point at pg and call MPI: let them finish first (an error they left is
+     * collected here and dropped: the group is going away) */
+    if (pg->kind == PG_MPI && cdf_exec_drain_all() != CDF_OK)
+        fprintf(stderr, "cdiffusers: rank %d: finalising the process group: %s\n", pg->rank, cdf_last_error());
     const bool finalize_mpi = pg->kind == PG_MPI && pg->we_initialised_mpi;
     if (pg->kind == PG_MPI) MPI_Comm_free(&pg->comm);
 #endif
@@ -288,6 +321,8 @@ void cdf_dist_finalize(cdf_process_group *pg) {
 }
 
 void cdf_dist_abort(cdf_process_group *pg, int code) {
+    /* not fenced (unlike the host collectives): a queued all-reduce may be blocked in MPI waiting
+     * for a rank that will never join, and MPI_Abort is the way out of that */
     fflush(stdout);
     fflush(stderr);
 #ifdef CDF_HAVE_MPI
@@ -313,13 +348,23 @@ static cdf_status check_group(cdf_process_group *pg, const char *op, bool *trivi
 }
 
 #ifdef CDF_HAVE_MPI
-/* Wait for t and return its buffer; t must be contiguous. */
+/* Before the host thread calls MPI: drain every device queue, so that no queued collective is
+ * in MPI now or runs before this one (see the top of the file). */
+static cdf_status host_fence(const char *op) {
+    cdf_status s = cdf_exec_drain_all();
+    if (s != CDF_OK) cdf_error_prefix("%s: waiting for the queued ops before it: ", op);
+    return s;
+}
+
+/* Wait for t (a host read: a graph break under compile), drain the queues and return its
+ * buffer; t must be contiguous. */
 static cdf_status host_buffer(cdf_tensor *t, const char *op, void **ptr) {
     if (!cdf_tensor_is_contiguous(t)) {
         char d[96];
         return cdf_error(CDF_ERR_INVALID_ARG, "%s: tensor %s is not contiguous", op, cdf_tensor_describe(t, d, sizeof d));
     }
     CDF_TRY(cdf_exec_sync_for_read(t));
+    CDF_TRY(host_fence(op));
     *ptr = cdf_tensor_data_ptr(t);
     return CDF_OK;
 }
@@ -338,13 +383,19 @@ cdf_status cdf_dist_agree(cdf_process_group *pg, cdf_status local) {
     CDF_TRY(check_group(pg, "agreement", &trivial));
     if (trivial) return local;
 #ifdef CDF_HAVE_MPI
+    /* host_fence; an error the queues held (e.g. a queued collective that failed) becomes this
+     * rank's status, so every rank hears of it; the agreement itself must still take place */
+    if (cdf_exec_drain_all() != CDF_OK && local == CDF_OK) {
+        local = cdf_last_status();
+        snprintf(mine, sizeof mine, "%s", cdf_last_error());
+    }
     agree_msg msg = {.status = (int32_t)local};
     memcpy(msg.text, mine, sizeof msg.text);
     agree_msg *all = calloc((size_t)pg->world, sizeof *all);
     if (!all) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "agreement: out of host memory");
     const double t0 = now_s();
-    collective_begin(pg, "agreement (all-gather of every rank's status)", sizeof msg);
-    int rc = MPI_Allgather(&msg, (int)sizeof msg, MPI_BYTE, all, (int)sizeof msg, MPI_BYTE, pg->comm);
+    int rc = collective_begin(pg, "agreement (all-gather of every rank's status)", sizeof msg);
+    if (rc == MPI_SUCCESS) rc = MPI_Allgather(&msg, (int)sizeof msg, MPI_BYTE, all, (int)sizeof msg, MPI_BYTE, pg->comm);
     collective_end(pg, sizeof msg, t0);
     if (rc != MPI_SUCCESS) {
         free(all);
@@ -390,6 +441,32 @@ static bool mpi_type(cdf_dtype dt, MPI_Datatype *out) {
 /* MPI counts are int: larger buffers go in pieces of at most this many elements/bytes. */
 #define MPI_CHUNK ((int64_t)1 << 30)
 
+#ifdef CDF_HAVE_MPI
+/* p[0..n) = its sum over the ranks, in place (the host all-reduce and the queued op share it). */
+static cdf_status all_reduce_buffer(cdf_process_group *pg, void *p, int64_t n, cdf_dtype dt, const char *what) {
+    MPI_Datatype type;
+    if (!mpi_type(dt, &type))
+        return cdf_error(CDF_ERR_DTYPE, "%s: dtype %s is not supported (f32, f64, i32, i64)", what, cdf_dtype_name(dt));
+    const size_t esz = cdf_dtype_size(dt);
+    const uint64_t bytes = (uint64_t)n * esz;
+    const double t0 = now_s();
+    int rc = collective_begin(pg, what, bytes);
+    for (int64_t o = 0; o < n && rc == MPI_SUCCESS; o += MPI_CHUNK) {
+        const int64_t c = n - o < MPI_CHUNK ? n - o : MPI_CHUNK;
+        rc = MPI_Allreduce(MPI_IN_PLACE, (char *)p + o * (int64_t)esz, (int)c, type, MPI_SUM, pg->comm);
+    }
+    collective_end(pg, bytes, t0);
+    return rc == MPI_SUCCESS ? CDF_OK : mpi_error(rc, "all-reduce (MPI_Allreduce)");
+}
+
+/* The CDF_OP_ALL_REDUCE node's reduce function (graph/node.h), run by the device worker. A
+ * failure is the node's error: the queue records it, skips what follows and the next sync on the
+ * host returns it. */
+static cdf_status queued_all_reduce(void *comm, void *data, int64_t n, cdf_dtype dt) {
+    return all_reduce_buffer(comm, data, n, dt, "all-reduce (queued op)");
+}
+#endif
+
 cdf_status cdf_dist_all_reduce_sum(cdf_process_group *pg, cdf_tensor *t) {
     if (!t) return cdf_last_status() != CDF_OK ? cdf_last_status() : cdf_error(CDF_ERR_INVALID_ARG, "all-reduce: tensor is NULL");
     bool trivial;
@@ -402,20 +479,47 @@ cdf_status cdf_dist_all_reduce_sum(cdf_process_group *pg, cdf_tensor *t) {
                          cdf_dtype_name(cdf_tensor_dtype(t)));
     void *p = NULL;
     CDF_TRY(host_buffer(t, "all-reduce", &p));
-    const int64_t n = cdf_tensor_numel(t);
-    const size_t esz = cdf_dtype_size(cdf_tensor_dtype(t));
-    const uint64_t bytes = (uint64_t)n * esz;
-    const double t0 = now_s();
-    collective_begin(pg, "all-reduce", bytes);
-    int rc = MPI_SUCCESS;
-    for (int64_t o = 0; o < n && rc == MPI_SUCCESS; o += MPI_CHUNK) {
-        const int64_t c = n - o < MPI_CHUNK ? n - o : MPI_CHUNK;
-        rc = MPI_Allreduce(MPI_IN_PLACE, (char *)p + o * (int64_t)esz, (int)c, type, MPI_SUM, pg->comm);
-    }
-    collective_end(pg, bytes, t0);
-    return rc == MPI_SUCCESS ? CDF_OK : mpi_error(rc, "all-reduce (MPI_Allreduce)");
+    return all_reduce_buffer(pg, p, cdf_tensor_numel(t), cdf_tensor_dtype(t), "all-reduce");
 #else
     return cdf_error(CDF_ERR_INTERNAL, "all-reduce: MPI group in a build without MPI");
+#endif
+}
+
+cdf_tensor *cdf_all_reduce_sum(cdf_tensor *x, cdf_process_group *pg) {
+    if (!x) return NULL;
+    bool trivial;
+    if (check_group(pg, "all-reduce", &trivial) != CDF_OK) return NULL;
+    if (trivial) return cdf_contiguous(x);
+#ifdef CDF_HAVE_MPI
+    MPI_Datatype type;
+    if (!mpi_type(x->dtype, &type)) {
+        char d[96];
+        cdf_error(CDF_ERR_DTYPE, "all-reduce: %s: dtype %s is not supported (f32, f64, i32, i64)",
+                  cdf_tensor_describe(x, d, sizeof d), cdf_dtype_name(x->dtype));
+        return NULL;
+    }
+    /* like every op (tensor/ops.c): only the result is recorded in the caller's scope */
+    cdf_scope_suppress(1);
+    cdf_tensor *out = cdf_tensor_alloc(x->storage->dev, x->dtype, x->ndim, x->shape); /* contiguous */
+    cdf_node *n = out ? cdf_node_new(CDF_OP_ALL_REDUCE) : NULL;
+    cdf_status s = n ? CDF_OK : cdf_last_status();
+    if (n) {
+        n->p.all_reduce.comm = pg;
+        n->p.all_reduce.reduce = queued_all_reduce;
+        cdf_node_add_src(n, x);
+        n->dst = cdf_tensor_retain(out);
+        s = cdf_exec_submit(n); /* frees the node on failure */
+    }
+    if (s != CDF_OK) {
+        cdf_tensor_release(out);
+        out = NULL;
+    }
+    cdf_scope_suppress(-1);
+    cdf_scope_record(out);
+    return out;
+#else
+    cdf_error(CDF_ERR_INTERNAL, "all-reduce: MPI group in a build without MPI");
+    return NULL;
 #endif
 }
 
@@ -431,8 +535,7 @@ cdf_status cdf_dist_broadcast(cdf_process_group *pg, cdf_tensor *t, int root) {
     CDF_TRY(host_buffer(t, "broadcast", &p));
     const uint64_t bytes = (uint64_t)cdf_tensor_numel(t) * cdf_dtype_size(cdf_tensor_dtype(t));
     const double t0 = now_s();
-    collective_begin(pg, "broadcast", bytes);
-    int rc = MPI_SUCCESS;
+    int rc = collective_begin(pg, "broadcast", bytes);
     for (uint64_t o = 0; o < bytes && rc == MPI_SUCCESS; o += (uint64_t)MPI_CHUNK) {
         const uint64_t c = bytes - o < (uint64_t)MPI_CHUNK ? bytes - o : (uint64_t)MPI_CHUNK;
         rc = MPI_Bcast((char *)p + o, (int)c, MPI_BYTE, root, pg->comm);
@@ -449,9 +552,10 @@ cdf_status cdf_dist_barrier(cdf_process_group *pg) {
     CDF_TRY(check_group(pg, "barrier", &trivial));
     if (trivial) return CDF_OK;
 #ifdef CDF_HAVE_MPI
+    CDF_TRY(host_fence("barrier"));
     const double t0 = now_s();
-    collective_begin(pg, "barrier", 0);
-    int rc = MPI_Barrier(pg->comm);
+    int rc = collective_begin(pg, "barrier", 0);
+    if (rc == MPI_SUCCESS) rc = MPI_Barrier(pg->comm);
     collective_end(pg, 0, t0);
     return rc == MPI_SUCCESS ? CDF_OK : mpi_error(rc, "barrier (MPI_Barrier)");
 #else
@@ -487,14 +591,14 @@ cdf_tensor *cdf_dist_all_gather(cdf_process_group *pg, cdf_tensor *t, int dim) {
                   pg->world);
         return NULL;
     }
-    if (cdf_tensor_read(t, dt, mine, bytes) != CDF_OK) {
+    if (cdf_tensor_read(t, dt, mine, bytes) != CDF_OK || host_fence("all-gather") != CDF_OK) {
         free(mine);
         free(all);
         return NULL;
     }
     const double t0 = now_s();
-    collective_begin(pg, "all-gather", bytes);
-    int rc = MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, pg->comm);
+    int rc = collective_begin(pg, "all-gather", bytes);
+    if (rc == MPI_SUCCESS) rc = MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, pg->comm);
     collective_end(pg, bytes, t0);
     free(mine);
     if (rc != MPI_SUCCESS) {

@@ -155,6 +155,13 @@ cdf_status cdf_device_synchronize(cdf_device *dev) {
     return f != CDF_OK ? f : s;
 }
 
+/* Everything this thread deferred, then every device's queue until it is empty. */
+cdf_status cdf_exec_drain_all(void) {
+    cdf_status f = cdf_exec_flush();
+    cdf_status s = cdf_backend_synchronize_all();
+    return f != CDF_OK ? f : s;
+}
+
 __attribute__((constructor)) static void exec_register_hooks(void) { cdf_backend_pre_oom_hook = cdf_exec_flush; }
 
 void cdf_exec_count_compile(void) { atomic_fetch_add(&g_compiles, 1); }

@@ -12,6 +12,9 @@
 cdf_status cdf_exec_submit(cdf_node *node);
 /* Called before the host reads t: flushes pending ops and waits for the device. */
 cdf_status cdf_exec_sync_for_read(const cdf_tensor *t);
+/* Flushes this thread's pending ops and waits until every device's queue is empty (a queued
+ * op, e.g. a collective, is then running nowhere); returns the first error either found. */
+cdf_status cdf_exec_drain_all(void);
 
 /* Internal counters bumped by other exec files (compile). */
 void cdf_exec_count_compile(void);

@@ -27,12 +27,22 @@ typedef enum cdf_op_kind {
     CDF_OP_TIMESTEP_EMB,
     CDF_OP_FUSED,         /* an elementwise chain (graph/fuse.c): dst = program(src...) */
     CDF_OP_ROPE_TABLE,    /* dst [2, L, width] = (cos, sin) from positions src0 [L, n_axes] */
+    CDF_OP_ALL_REDUCE,    /* dst = sum over the ranks of src0 (a collective: p.all_reduce) */
     CDF_OP_COUNT
 } cdf_op_kind;
 
 const char *cdf_op_name(cdf_op_kind k);
 
 #define CDF_NODE_MAX_SRC CDF_FUSE_MAX_INPUTS
+
+/* A collective as an op (the XLA design: the all-reduce is a node of the graph, so compile
+ * captures it and eager mode queues it like any kernel instead of syncing the host). The graph
+ * and backend layers know nothing of MPI or process groups: the node carries an opaque
+ * communicator and the function that reduces a contiguous host-addressable buffer in place over
+ * it, both supplied by the layer that created the node (src/dist). The backend copies src0 into
+ * dst, then calls reduce(comm, dst data, numel, dtype) on its worker, in queue order. A compiled
+ * graph keeps the pointers (a graph belongs to one process, as does its communicator). */
+typedef cdf_status (*cdf_collective_reduce_fn)(void *comm, void *data, int64_t n, cdf_dtype dt);
 
 typedef struct cdf_node {
     cdf_op_kind kind;
@@ -54,6 +64,7 @@ typedef struct cdf_node {
         struct { bool flip; float shift, scale, max_period; int dim; } temb;
         struct { cdf_fused_program *prog; } fused; /* owned by the node */
         struct { int n_axes; int64_t axes_dim[CDF_MAX_DIMS]; double theta; } rope_table;
+        struct { void *comm; cdf_collective_reduce_fn reduce; } all_reduce; /* comm not owned */
     } p;
 } cdf_node;
 

@@ -466,12 +466,12 @@ cdf_status cdf_tp_linear_load_packed_out(cdf_weights *w, const cdf_tp *tp, cdf_l
 cdf_tensor *cdf_tp_linear_rowwise_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
     if (!x) return NULL;
     const cdf_tp *tp = l->tp;
-    /* contiguous output of a fresh op: summed in place */
+    /* partial products summed by the all-reduce op: queued with the other ops and captured by
+     * compile (a host-side all-reduce would be a graph break and a host sync per layer) */
+    cdf_scope_push();
     cdf_tensor *y = cdf_linear(x, l->w, tp->rank == 0 ? l->b : NULL);
-    if (!y) return NULL;
-    if (cdf_dist_all_reduce_sum(tp->pg, y) != CDF_OK) {
-        cdf_error_prefix("%s: ", tp->component);
-        return NULL;
-    }
-    return y;
+    cdf_tensor *r = y ? cdf_all_reduce_sum(y, tp->pg) : NULL;
+    if (!r && y) cdf_error_prefix("%s: ", tp->component);
+    cdf_scope_pop(r ? &r : NULL, r ? 1 : 0);
+    return r;
 }

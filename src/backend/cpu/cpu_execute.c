@@ -12,6 +12,7 @@ static const char *k_op_names[CDF_OP_COUNT] = {
     [CDF_OP_GROUP_NORM] = "group_norm", [CDF_OP_REDUCE] = "reduce",   [CDF_OP_CONV2D] = "conv2d",
     [CDF_OP_UPSAMPLE] = "upsample_nearest", [CDF_OP_ATTENTION] = "attention", [CDF_OP_ROPE] = "rope",
     [CDF_OP_TIMESTEP_EMB] = "timestep_embedding", [CDF_OP_FUSED] = "fused_elementwise", [CDF_OP_ROPE_TABLE] = "rope_table",
+    [CDF_OP_ALL_REDUCE] = "all_reduce",
 };
 
 const char *cdf_op_name(cdf_op_kind k) { return (unsigned)k < CDF_OP_COUNT ? k_op_names[k] : "?"; }
@@ -140,6 +141,15 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n) {
     case CDF_OP_ROPE_TABLE:
         return cdf_k_rope_table(dp, PTR(SRC(0)), SRC(0)->shape[0], n->p.rope_table.n_axes, n->p.rope_table.axes_dim,
                                 n->p.rope_table.theta);
+    case CDF_OP_ALL_REDUCE: {
+        /* out of place: dst = src0, then the communicator sums dst in place over the ranks (on
+         * this worker thread, in queue order; see graph/node.h). dst is contiguous (tensor API). */
+        cdf_status s = cdf_k_copy_strided(dp, d->dtype, d->strides, PTR(SRC(0)), SRC(0)->dtype, SRC(0)->strides,
+                                          d->ndim, d->shape);
+        if (s != CDF_OK) return s;
+        if (!n->p.all_reduce.reduce) return cdf_error(CDF_ERR_INTERNAL, "all_reduce: node has no reduce function");
+        return n->p.all_reduce.reduce(n->p.all_reduce.comm, dp, cdf_shape_numel(d->ndim, d->shape), d->dtype);
+    }
     case CDF_OP_COUNT: break;
     }
     return cdf_error(CDF_ERR_INTERNAL, "cpu backend: unknown op kind %d", (int)n->kind);
