@@ -104,7 +104,7 @@ def main():
     params = list(clip.parameters()) + list(t5.parameters()) + list(flux.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
     ema = [copy.deepcopy(m) for m in (clip, t5, flux)]
-    img_ids, txt_ids = M.image_ids(8, 8), torch.zeros(ex.T5_LEN, 3)
+    img_ids, txt_ids = M.image_ids(*d["latents"].shape[2:]), torch.zeros(ex.T5_LEN, 3)
 
     log = open(os.path.join(rundir, "flux_loss.tsv"), "w")
     log.write("step\tseconds\tloss\n")

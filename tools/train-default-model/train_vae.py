@@ -31,6 +31,7 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--kl", type=float, default=1e-4)
+    ap.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
     ap.add_argument("--l1", type=float, default=0.0, help="weight of an extra L1 reconstruction term")
     ap.add_argument("--resume", default=None, help="start from this checkpoint")
     ap.add_argument("--decoder-only", action="store_true",
@@ -57,7 +58,7 @@ def main():
     while step < args.max_steps and time.time() - t0 < budget:
         frac = (time.time() - t0) / budget
         for gr in opt.param_groups:  # linear warm-up, cosine decay over the time budget
-            gr["lr"] = args.lr * min(1.0, (step + 1) / 100) * (0.05 + 0.95 * 0.5 * (1 + np.cos(np.pi * frac)))
+            gr["lr"] = args.lr * min(1.0, (step + 1) / args.warmup) * (0.05 + 0.95 * 0.5 * (1 + np.cos(np.pi * frac)))
         x = batch(rng, args.batch)
         if args.decoder_only:
             with torch.no_grad():
