@@ -292,6 +292,25 @@ static void test_flux2_sequential(void **state) {
     check_plan(dir, CDF_OFFLOAD_MODEL);
 }
 
+/* The planner's weights are what the loaders put on the device, to the byte, for every pipeline
+ * class: e.g. FLUX.2's text encoder checkpoint also holds the lm_head and a vision tower (half of
+ * the tiny file) and its VAE a BatchNorm counter, which are never loaded and must not be counted. */
+static void test_planned_weights_are_loaded_weights(void **state) {
+    (void)state;
+    const char *dirs[] = {flux2_dir(), tu_data("pipelines/flux1_dev_tiny"), tu_data("pipelines/sd35m_tiny"), g_flux, g_sd3};
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
+        const cdf_generate_params gp = request(dirs[i]);
+        const cdf_memory_plan pm = plan_of(dirs[i], CDF_OFFLOAD_NONE, &gp);
+        const uint64_t base = current_bytes();
+        cdf_pipeline *p = load(dirs[i], CDF_OFFLOAD_NONE);
+        const uint64_t loaded = current_bytes() - base;
+        print_message("  %s: planned weights %llu bytes, resident after load %llu\n", pm.pipeline_class,
+                      (unsigned long long)pm.total_weights_bytes, (unsigned long long)loaded);
+        assert_int_equal(pm.total_weights_bytes, loaded);
+        cdf_pipeline_free(p);
+    }
+}
+
 /* Switching a loaded pipeline (diffusers' enable_sequential_cpu_offload) and back. */
 static void test_enable_sequential_on_loaded_pipeline(void **state) {
     (void)state;
@@ -482,6 +501,7 @@ int main(void) {
         cmocka_unit_test(test_sd3_sequential_under_budget),
         cmocka_unit_test(test_sequential_with_compile_api),
         cmocka_unit_test(test_flux2_sequential),
+        cmocka_unit_test(test_planned_weights_are_loaded_weights),
         cmocka_unit_test(test_enable_sequential_on_loaded_pipeline),
         cmocka_unit_test(test_block_graphs_do_not_pin_weights),
         cmocka_unit_test(test_planner_sequential_within_10_percent),

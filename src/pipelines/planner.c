@@ -37,7 +37,19 @@ static bool ends_with(const char *s, const char *suffix) {
 }
 
 /* Device bytes one checkpoint tensor takes once loaded with weight_dtype (the loaders' rules). */
+/* Parts of a Mistral3ForConditionalGeneration checkpoint (FLUX.2's text encoder) that
+ * mistral3_text.c never loads: it computes hidden states only (no logits) and no image input. In
+ * FLUX.2-dev they are ~2.2 GB of the 48 GB (the lm_head and the vision tower). */
+static bool never_loaded(const char *name) {
+    static const char *const prefixes[] = {"lm_head.", "language_model.lm_head.", "vision_tower.", "multi_modal_projector.",
+                                           "model.vision_tower.", "model.multi_modal_projector."};
+    for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++)
+        if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0) return true;
+    return false;
+}
+
 static uint64_t tensor_device_bytes(const cdf_st_tensor *t, cdf_dtype weight_dtype) {
+    if (never_loaded(t->name) || ends_with(t->name, "num_batches_tracked")) return 0; /* BatchNorm's counter (FLUX.2 VAE) */
     if (!cdf_dtype_is_float(t->dtype)) return t->nbytes;
     /* the loaders' exceptions (see clip_text.c, t5_encoder.c, sd3_transformer.c) */
     if (ends_with(t->name, "relative_attention_bias.weight")) return 0; /* read into host memory */
