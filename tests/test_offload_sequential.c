@@ -378,7 +378,8 @@ static void check_plan(const char *dir, cdf_offload_mode mode) {
     const cdf_memory_plan plan = plan_of(dir, mode, &gp);
     cdf_pipeline *p = load(dir, mode);
     const uint64_t base = current_bytes();
-    for (int ph = CDF_PHASE_DENOISE; ph == CDF_PHASE_DENOISE; ph++) {
+    /* the text phase too: its plan is the text encoders' formulas (FLUX.2: Mistral's) */
+    for (int ph = CDF_PHASE_TEXT; ph <= CDF_PHASE_DENOISE; ph++) {
         const uint64_t planned = plan.phase[ph].peak_bytes;
         print_message("%s %s %s: planned %llu (weights %llu + activations %llu)\n", plan.pipeline_class,
                       mode == CDF_OFFLOAD_SEQUENTIAL ? "sequential" : "model", cdf_pipeline_phase_name((cdf_pipeline_phase)ph),

@@ -163,6 +163,17 @@ cdf_status cdf_plan_model_info_from_config(const char *cls, const cJSON *cfg, cd
         m->in_channels = geti(cfg, "in_channels", 128);
         m->joint_dim = geti(cfg, "joint_attention_dim", 15360);
         m->patch = geti(cfg, "patch_size", 1);
+    } else if (strcmp(cls, "Mistral3ForConditionalGeneration") == 0 || strcmp(cls, "MistralModel") == 0 ||
+               strcmp(cls, "MistralForCausalLM") == 0) {
+        m->kind = CDF_PLAN_MISTRAL;
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(cfg, "text_config"); /* Mistral3: the language model's */
+        const cJSON *c = cJSON_IsObject(tc) ? tc : cfg;
+        m->width = geti(c, "hidden_size", 5120);
+        m->layers = geti(c, "num_hidden_layers", 40);
+        m->heads = geti(c, "num_attention_heads", 32);
+        m->kv_heads = geti(c, "num_key_value_heads", 8);
+        m->head_dim = geti(c, "head_dim", m->heads > 0 ? m->width / m->heads : 128);
+        m->mlp = geti(c, "intermediate_size", 32768);
     } else if (strcmp(cls, "AutoencoderKLFlux2") == 0) {
         /* no activation formula yet (weights only); its scale factor sizes the latents */
         m->kind = CDF_PLAN_OTHER;
@@ -253,6 +264,20 @@ static double sd3_elems(const cdf_plan_model_info *m, double B, double T, double
     return e;
 }
 
+/* Mistral language model (mistral3_text.c), S tokens: the additive causal + padding mask
+ * [B, 1, S, S] and the RoPE tables [S, head_dim] x 2 for the whole forward; the running state and
+ * the three hidden states FLUX.2 keeps (4 H); and one layer's scope: per token the input norm,
+ * o_proj, residual, post-attention norm, down_proj and residual (6 H); q's projection and RoPE
+ * (negated half, cat, two products, sum: 5.5 q), k's the same on the kv heads and v (6.5 kv),
+ * the grouped k and v copied out to every query head (2 q, when kv < q), the attention output and
+ * its [S, heads * d] copy (2 q); SwiGLU's gate, SiLU, up and product (4 F). The ids (int64). */
+static double mistral_elems(const cdf_plan_model_info *m, double B, double S) {
+    const double H = (double)m->width, F = (double)m->mlp, d = (double)m->head_dim;
+    const double q = (double)m->heads * d, kvh = m->kv_heads > 0 ? (double)m->kv_heads : (double)m->heads, kv = kvh * d;
+    const double repeat = kvh < (double)m->heads ? 2.0 : 0.0;
+    return B * S * (10.0 * H + q * (7.5 + repeat) + 6.5 * kv + 4.0 * F + 2.0) + B * S * S + 2.0 * S * d;
+}
+
 /* AutoencoderKL decode, simulated step by step as autoencoder_kl.c runs it: each STEP holds the
  * block's input, the previous activation, the step's temporaries and its result. */
 static double vae_decode_elems(const cdf_plan_model_info *m, double B, double h, double w) {
@@ -311,6 +336,7 @@ uint64_t cdf_plan_activation_bytes(const cdf_plan_model_info *m, const cdf_plan_
         break;
     }
     case CDF_PLAN_VAE: e = vae_decode_elems(m, B, (double)s->latent_h, (double)s->latent_w); break;
+    case CDF_PLAN_MISTRAL: e = mistral_elems(m, B, (double)s->text_tokens); break;
     case CDF_PLAN_OTHER: break;
     }
     return (uint64_t)(e * 4.0);
@@ -549,7 +575,8 @@ cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_par
         cdf_plan_shape sh = {.batch = 1};
         switch (c->info.kind) {
         case CDF_PLAN_CLIP: sh.text_tokens = 77; break;
-        case CDF_PLAN_T5: sh.text_tokens = L; break;
+        case CDF_PLAN_T5:
+        case CDF_PLAN_MISTRAL: sh.text_tokens = L; break;
         case CDF_PLAN_FLUX:
         case CDF_PLAN_FLUX2:
         case CDF_PLAN_SD3:

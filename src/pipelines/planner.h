@@ -25,7 +25,8 @@ typedef enum cdf_plan_model_kind {
     CDF_PLAN_FLUX,
     CDF_PLAN_SD3,
     CDF_PLAN_VAE,
-    CDF_PLAN_FLUX2, /* Flux2Transformer2DModel */
+    CDF_PLAN_FLUX2,   /* Flux2Transformer2DModel */
+    CDF_PLAN_MISTRAL, /* FLUX.2's text encoder (mistral3_text.c) */
 } cdf_plan_model_kind;
 
 /* What the activation formulas need from a config.json. */
@@ -34,6 +35,7 @@ typedef struct cdf_plan_model_info {
     cdf_dtype weight_dtype; /* the load policy (from_config sets CDF_F32; callers override) */
     int64_t width;        /* hidden size / d_model / heads * head_dim */
     int64_t heads, head_dim;
+    int64_t kv_heads;     /* grouped-query attention (Mistral); 0 = heads */
     int64_t mlp;          /* MLP hidden width (intermediate_size, d_ff, 4 * width) */
     int64_t layers, single_layers, dual_layers;
     int64_t in_channels, joint_dim, pooled_dim, patch;
