@@ -8,54 +8,14 @@
  *   S = Q K^T (f32 FMA, keys across the lanes, 4 query rows x 2 vectors in registers)
  *   S = S * scale + mask; online softmax per row: m_new = max(m, max S), corr = exp(m - m_new),
  *   P = exp(S - m_new), l = l corr + sum P, O = O corr + P V (4 rows x 2 vectors of O in registers)
- * then O / l. Only one BQ x BK tile of scores exists per thread at a time. */
+ * then O / l. Only one BQ x BK tile of scores exists per thread at a time. exp is simd_impl.h's. */
 
 #define AF_CAT2(a, b) a##_##b
 #define AF_CAT(a, b) AF_CAT2(a, b)
 #define AF_NAME(x) AF_CAT(x, SFX)
 
-typedef float AF_NAME(vf) __attribute__((vector_size(VW * 4)));
-typedef int32_t AF_NAME(vi) __attribute__((vector_size(VW * 4)));
-/* the same with element alignment, for unaligned loads/stores through a pointer (a memcpy is
- * lowered through the stack in 16-byte pieces on AVX2) */
-typedef float AF_NAME(vfu) __attribute__((vector_size(VW * 4), aligned(4), may_alias));
-#define VF AF_NAME(vf)
-#define VI AF_NAME(vi)
+#include "kernels/simd_impl.h" /* VF, VI, vld, vst, vset1, vexp */
 #define BK (KV_VECS * VW)
-
-static inline VF AF_NAME(vld)(const float *p) { return *(const AF_NAME(vfu) *)p; }
-static inline void AF_NAME(vst)(float *p, VF v) { *(AF_NAME(vfu) *)p = v; }
-static inline VF AF_NAME(vset1)(float x) { return (VF){0} + x; }
-
-/* exp(x) for x <= 0 (what the softmax needs), relative error ~2 ulp; x < -87 (incl. -inf) gives
- * exactly 0, as expf underflows there too (a masked key contributes nothing). NaN gives NaN. */
-static inline VF AF_NAME(vexp)(VF x) {
-    const VF log2e = AF_NAME(vset1)(1.44269504088896341f);
-    const VF ln2_hi = AF_NAME(vset1)(0.693359375f), ln2_lo = AF_NAME(vset1)(-2.12194440e-4f);
-    const VI live = x >= AF_NAME(vset1)(-87.0f);
-    VF xc = x;
-    const VI lo = xc < AF_NAME(vset1)(-87.0f);
-    xc = (VF)(((VI)xc & ~lo) | ((VI)AF_NAME(vset1)(-87.0f) & lo)); /* clamp (keeps NaN) */
-    /* n = round(x log2 e), r = x - n ln2 (two-part ln2) */
-    VF t = xc * log2e;
-    const VI sign = (VI){0} + INT32_MIN; /* not vset1(-0.0f): 0.0f + -0.0f is +0.0f */
-    VF n = __builtin_convertvector(__builtin_convertvector(t + (VF)((VI)AF_NAME(vset1)(0.5f) | ((VI)t & sign)), VI), VF);
-    VF r = xc - n * ln2_hi;
-    r = r - n * ln2_lo;
-    /* exp(r) on |r| <= ln2/2: degree-6 polynomial (Cephes expf coefficients) */
-    VF p = AF_NAME(vset1)(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    /* times 2^n: add n to the exponent field (n >= -126 after the clamp) */
-    const VI ni = __builtin_convertvector(n, VI);
-    VF y = (VF)((VI)p + (ni << 23));
-    const VI nan = x != x;
-    return (VF)(((VI)y & (live | nan)) | ((VI)x & nan));
-}
 
 static float AF_NAME(hmax)(VF v) {
     float m = v[0];
