@@ -4,11 +4,14 @@
 #define CDF_DIST_TEST_COMMON_H
 
 #include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #include "cdiffusers/dist.h"
+#include "cdiffusers/io.h"
 #include "testutil.h"
 
 #define MPIRUN "mpirun --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none"
@@ -88,6 +91,60 @@ static inline char *run_tp_compiled(const char *args, const char *mode, const ch
         assert_int_equal(n, 2);
     }
     return log;
+}
+
+
+/* ---- reading the jobs' results --------------------------------------------------------------- */
+static inline bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* One "cdiffusers: io:" line (CDIFFUSERS_LOG=io) of a rank. */
+typedef struct io_line {
+    int rank, world;
+    unsigned long long weight_bytes, peak_bytes, collectives, comm_bytes;
+} io_line;
+
+/* Parses every "cdiffusers: io:" line of a log into out[rank]; returns how many were found. */
+static inline int parse_io(const char *log, io_line *out, int max) {
+    int n = 0;
+    for (const char *p = log; p && (p = strstr(p, "cdiffusers: io: ")); p++) {
+        io_line l;
+        double secs;
+        if (sscanf(p, "cdiffusers: io: rank=%d world=%d weight_bytes_read=%llu device_peak_bytes=%llu collectives=%llu "
+                      "comm_bytes=%llu comm_seconds=%lf",
+                   &l.rank, &l.world, &l.weight_bytes, &l.peak_bytes, &l.collectives, &l.comm_bytes, &secs) == 7 &&
+            l.rank >= 0 && l.rank < max) {
+            out[l.rank] = l;
+            n++;
+        }
+    }
+    return n;
+}
+
+/* Tensor `key` of a safetensors file as f32 (malloc'ed, *n elements); fails the test if absent. */
+static inline float *st_tensor(const char *path, const char *key, int64_t *n) {
+    cdf_st_file *f;
+    if (cdf_st_open(path, &f) != CDF_OK) fail_msg("%s: %s", path, cdf_last_error());
+    const cdf_st_tensor *t = cdf_st_find(f, key);
+    if (!t) fail_msg("%s has no '%s'", path, key);
+    *n = cdf_st_numel(t);
+    float *p = malloc((size_t)*n * sizeof *p);
+    assert_non_null(p);
+    cdf_convert(p, CDF_F32, cdf_st_data(f, t), t->dtype, (size_t)*n);
+    cdf_st_close(f);
+    return p;
+}
+
+/* Largest difference between two 8-bit images, in levels. */
+static inline int max_level_diff(const uint8_t *a, const uint8_t *b, size_t n) {
+    int m = 0;
+    for (size_t i = 0; i < n; i++) {
+        int d = abs((int)a[i] - (int)b[i]);
+        if (d > m) m = d;
+    }
+    return m;
 }
 
 #endif

@@ -331,11 +331,6 @@ static void test_shard_slices_and_bytes(void **state) {
 }
 
 /* ---- the test's own reading of the plans: which checkpoint tensors are halved per rank ---------- */
-static bool ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
 /* Bytes of `name` (nbytes) that a rank of 2 does NOT read, under the FLUX / SD3 / CLIP / T5
  * plans: half of every column-wise weight and bias and of every row-wise weight (row-wise biases
  * are read whole), for layers inside the repeated blocks. */
@@ -434,28 +429,6 @@ static void test_component_sharding_offline(void **state) {
 }
 
 /* ---- end to end: cdiffusers generate --tp 2 vs one process vs the golden output --------------- */
-typedef struct io_line {
-    int rank, world;
-    unsigned long long weight_bytes, peak_bytes, collectives, comm_bytes;
-} io_line;
-
-/* Parses every "cdiffusers: io:" line of a log into out[rank]; returns how many were found. */
-static int parse_io(const char *log, io_line *out, int max) {
-    int n = 0;
-    for (const char *p = log; p && (p = strstr(p, "cdiffusers: io: ")); p++) {
-        io_line l;
-        double secs;
-        if (sscanf(p, "cdiffusers: io: rank=%d world=%d weight_bytes_read=%llu device_peak_bytes=%llu collectives=%llu "
-                      "comm_bytes=%llu comm_seconds=%lf",
-                   &l.rank, &l.world, &l.weight_bytes, &l.peak_bytes, &l.collectives, &l.comm_bytes, &secs) == 7 &&
-            l.rank >= 0 && l.rank < max) {
-            out[l.rank] = l;
-            n++;
-        }
-    }
-    return n;
-}
-
 /* The golden case's call as CLI arguments. */
 static void case_args(const char *pipe, const char *case_name, char *args, size_t n, int *steps) {
     char path[1200];
@@ -484,27 +457,6 @@ static void case_args(const char *pipe, const char *case_name, char *args, size_
     if (cJSON_IsNumber(tcfg)) o += snprintf(args + o, n - o, " --true-cfg-scale %g", tcfg->valuedouble);
     snprintf(args + o, n - o, " --threads 1 --quiet --dtype f32"); /* golden: the exact path */
     cJSON_Delete(js);
-}
-
-static float *latents(const char *path, const char *key, int64_t *n) {
-    cdf_st_file *f;
-    if (cdf_st_open(path, &f) != CDF_OK) fail_msg("%s: %s", path, cdf_last_error());
-    const cdf_st_tensor *t = cdf_st_find(f, key);
-    assert_non_null(t);
-    *n = cdf_st_numel(t);
-    float *p = malloc((size_t)*n * sizeof *p);
-    cdf_convert(p, CDF_F32, cdf_st_data(f, t), t->dtype, (size_t)*n);
-    cdf_st_close(f);
-    return p;
-}
-
-static int max_level_diff(const uint8_t *a, const uint8_t *b, size_t n) {
-    int m = 0;
-    for (size_t i = 0; i < n; i++) {
-        int d = abs((int)a[i] - (int)b[i]);
-        if (d > m) m = d;
-    }
-    return m;
 }
 
 /* A compiled mode to run the 2-rank case in as well (see run_tp_compiled): CLI arguments and the
@@ -560,11 +512,11 @@ static void run_tp_case(const char *pipeline, const char *case_name, const char 
     int64_t n1, n2, ng;
     char golden[1200];
     snprintf(golden, sizeof golden, "%s/cases/%s/expected.safetensors", pipe, case_name);
-    float *i1 = latents(one_lat, "latents_initial", &n1), *i2 = latents(tp_lat, "latents_initial", &n2);
+    float *i1 = st_tensor(one_lat, "latents_initial", &n1), *i2 = st_tensor(tp_lat, "latents_initial", &n2);
     assert_int_equal(n1, n2);
     assert_true(tu_max_abs_diff(i1, i2, (size_t)n1, NULL) == 0);
-    float *f1 = latents(one_lat, "latents_final", &n1), *f2 = latents(tp_lat, "latents_final", &n2);
-    float *fg = latents(golden, "latents_final", &ng);
+    float *f1 = st_tensor(one_lat, "latents_final", &n1), *f2 = st_tensor(tp_lat, "latents_final", &n2);
+    float *fg = st_tensor(golden, "latents_final", &ng);
     assert_int_equal(n1, n2);
     assert_int_equal(n1, ng);
     const double d_tp = tu_max_abs_diff(f1, f2, (size_t)n1, NULL), d_gold = tu_max_abs_diff(f2, fg, (size_t)n1, NULL);
@@ -621,7 +573,7 @@ static void run_tp_case(const char *pipeline, const char *case_name, const char 
         snprintf(mlat, sizeof mlat, "%s/%s_tp_mode%d.safetensors", tu_tmpdir(), tag, m);
         snprintf(margs, sizeof margs, "%s --tp-replicate %s", args, replicate);
         char *log3 = run_tp_compiled(margs, modes[m].args, mpng, mlat, modes[m].compiled);
-        float *c1 = latents(one_lat, "latents_final", &n1), *c3 = latents(mlat, "latents_final", &n2);
+        float *c1 = st_tensor(one_lat, "latents_final", &n1), *c3 = st_tensor(mlat, "latents_final", &n2);
         assert_int_equal(n1, n2);
         const double d = tu_max_abs_diff(c1, c3, (size_t)n1, NULL);
         print_message("  %s: latents_final |tp - one| = %.3g (tol %.0e)\n", modes[m].args, d, TP_VS_SINGLE_TOL);
@@ -689,8 +641,8 @@ static void test_t5_tp2_run_model(void **state) {
     assert_int_not_equal(access(r1, F_OK), 0);
 
     int64_t n1, n2, ng;
-    float *a = latents(one, "out.last_hidden_state", &n1), *b = latents(tp, "out.last_hidden_state", &n2),
-          *g = latents(io, "last_hidden_state", &ng);
+    float *a = st_tensor(one, "out.last_hidden_state", &n1), *b = st_tensor(tp, "out.last_hidden_state", &n2),
+          *g = st_tensor(io, "last_hidden_state", &ng);
     assert_int_equal(n1, n2);
     assert_int_equal(n1, ng);
     const double d_tp = tu_max_abs_diff(a, b, (size_t)n1, NULL), d_gold = tu_max_abs_diff(b, g, (size_t)n1, NULL);

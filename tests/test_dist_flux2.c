@@ -57,11 +57,6 @@ static const char *pipe_dir(void) { return tu_data("pipelines/flux2_dev_tiny"); 
  * Bytes one rank of 2 does not read of a tensor: half of a sharded weight (column-, row- or
  * packed-split alike: with 2 ranks every split halves the tensor), nothing of a replicated one.
  * FLUX.2 has no biases; transformers' Mistral has none either. */
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
 static uint64_t saved_per_rank(const char *name, uint64_t nbytes) {
     static const char *const double_block[] = {".attn.to_q.weight", ".attn.to_k.weight", ".attn.to_v.weight",
                                                ".attn.to_out.0.weight", ".attn.add_q_proj.weight", ".attn.add_k_proj.weight",
@@ -297,47 +292,6 @@ static void test_not_divisible(void **state) {
 }
 
 /* ---- over MPI ---------------------------------------------------------------------------------- */
-typedef struct io_line {
-    int rank, world;
-    unsigned long long weight_bytes, peak_bytes, collectives, comm_bytes;
-} io_line;
-
-static int parse_io(const char *log, io_line *out, int max) {
-    int n = 0;
-    for (const char *p = log; p && (p = strstr(p, "cdiffusers: io: ")); p++) {
-        io_line l;
-        double secs;
-        if (sscanf(p, "cdiffusers: io: rank=%d world=%d weight_bytes_read=%llu device_peak_bytes=%llu collectives=%llu "
-                      "comm_bytes=%llu comm_seconds=%lf",
-                   &l.rank, &l.world, &l.weight_bytes, &l.peak_bytes, &l.collectives, &l.comm_bytes, &secs) == 7 &&
-            l.rank >= 0 && l.rank < max) {
-            out[l.rank] = l;
-            n++;
-        }
-    }
-    return n;
-}
-
-static float *st_tensor(const char *path, const char *key, int64_t *n) {
-    cdf_st_file *f;
-    if (cdf_st_open(path, &f) != CDF_OK) fail_msg("%s: %s", path, cdf_last_error());
-    const cdf_st_tensor *t = cdf_st_find(f, key);
-    if (!t) fail_msg("%s has no '%s'", path, key);
-    *n = cdf_st_numel(t);
-    float *p = malloc((size_t)*n * sizeof *p);
-    cdf_convert(p, CDF_F32, cdf_st_data(f, t), t->dtype, (size_t)*n);
-    cdf_st_close(f);
-    return p;
-}
-
-static int max_level_diff(const uint8_t *a, const uint8_t *b, size_t n) {
-    int m = 0;
-    for (size_t i = 0; i < n; i++) {
-        int d = abs((int)a[i] - (int)b[i]);
-        if (d > m) m = d;
-    }
-    return m;
-}
 
 /* Runs `cdiffusers <cmd> <args> --output A [--latents-out B]` once alone and once as 2 ranks
  * (MPMD: rank 1 gets its own output names, so that "writes nothing" can be seen); fails the test
