@@ -105,6 +105,59 @@ static void test_vae_decode_compiled(void **state) {
     cdf_component_free(c);
 }
 
+/* A cached graph holds no device memory between calls: each replay allocates its arena and frees
+ * it after its last kernel, so two cached shapes do not each keep one (the memory planner's
+ * repeated-block plan counts one arena at a time). */
+static uint64_t device_bytes(void) {
+    assert_int_equal(cdf_device_synchronize(tu_cpu()), CDF_OK);
+    cdf_memory_stats st;
+    cdf_device_memory_stats(tu_cpu(), &st);
+    return st.current_bytes;
+}
+
+static void test_graph_arena_lives_only_while_it_runs(void **state) {
+    (void)state;
+    cdf_component *c = tu_load_component(tu_data("golden/vae_kl16/vae"), CDF_F32);
+    cdf_tensor_map io;
+    tu_load_map(&io, "golden/vae_kl16/io.safetensors");
+    assert_int_equal(cdf_component_compile(c, NULL), CDF_OK);
+    const uint64_t base = device_bytes();
+    cdf_device_reset_peak(tu_cpu());
+    for (int call = 0; call < 3; call++) { /* capture, then two replays */
+        cdf_tensor_map out;
+        cdf_tensor_map_init(&out);
+        assert_int_equal(cdf_component_run(c, "decode", &io, &out), CDF_OK);
+        assert_true(device_bytes() > base); /* the output */
+        cdf_tensor_map_clear(&out);
+        assert_int_equal(device_bytes(), base);
+    }
+    cdf_memory_stats st;
+    cdf_device_memory_stats(tu_cpu(), &st);
+    assert_true(st.peak_bytes > base); /* the arena existed while the graph ran */
+    /* a second shape: a second graph, still nothing held between calls */
+    cdf_tensor_map io2;
+    cdf_tensor_map_init(&io2);
+    for (int i = 0; i < io.n; i++) cdf_tensor_map_set(&io2, io.names[i], io.tensors[i]);
+    const cdf_tensor *z = cdf_tensor_map_get(&io, "z");
+    assert_non_null(z);
+    int64_t shape[4];
+    for (int d = 0; d < 4; d++) shape[d] = cdf_tensor_dim(z, d);
+    shape[2] *= 2;
+    cdf_tensor *z2 = cdf_tensor_full(tu_cpu(), CDF_F32, 4, shape, 0.1);
+    cdf_tensor_map_set(&io2, "z", z2);
+    cdf_tensor_release(z2);
+    const uint64_t base2 = device_bytes();
+    cdf_tensor_map out;
+    cdf_tensor_map_init(&out);
+    assert_int_equal(cdf_component_run(c, "decode", &io2, &out), CDF_OK);
+    cdf_tensor_map_clear(&out);
+    assert_int_equal(cdf_component_compiled_graphs(c), 2);
+    assert_int_equal(device_bytes(), base2);
+    cdf_tensor_map_clear(&io2);
+    cdf_tensor_map_clear(&io);
+    cdf_component_free(c);
+}
+
 /* FLUX.1 computes its RoPE tables on the device: the whole transformer is one graph. */
 static void test_flux_compiles_fullgraph(void **state) {
     (void)state;
@@ -217,6 +270,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sd3_compiled_matches_golden_and_reuses_graph),
         cmocka_unit_test(test_vae_decode_compiled),
+        cmocka_unit_test(test_graph_arena_lives_only_while_it_runs),
         cmocka_unit_test(test_flux_compiles_fullgraph),
         cmocka_unit_test(test_graph_break),
         cmocka_unit_test(test_dynamic_refused),

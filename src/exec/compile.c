@@ -152,7 +152,13 @@ static cdf_status graph_break(const char *what) {
  * its lifetime is [first node that touches it, last node that touches it] (outputs live to the
  * end: they are copied out after the graph); slots are placed largest first at the lowest offset
  * that does not collide with a slot whose lifetime overlaps. Buffers whose lifetimes do not
- * overlap share memory, so a replay needs about the live set of the forward, not its sum. */
+ * overlap share memory, so a replay needs about the live set of the forward, not its sum.
+ *
+ * The arena is not kept with the plan: every reference to a slot becomes a view on one
+ * placeholder buffer without memory, which each replay binds to an arena allocated for that
+ * replay (like the parameters, see bind_node). The arena is freed when the replay's last kernel
+ * has run, so a graph holds device memory only while it runs — graphs of different shapes and
+ * block classes do not each keep one, and nothing outlives the forward (as eager execution). */
 typedef struct slot {
     cdf_storage *s;
     int first, last;
@@ -170,8 +176,27 @@ static int find_slot(slot *sl, int ns, const cdf_storage *s) {
     return -1;
 }
 
-static cdf_status plan_memory(cdf_node **nodes, int n, cdf_tensor **outs, int n_out, size_t *arena_bytes) {
+/* Rebase t (a reference to a placed slot) onto the arena placeholder: same view, its element
+ * offset moved by the slot's byte offset (slots are 64-byte aligned, so any dtype divides it). */
+static cdf_status rebase_on_arena(cdf_tensor **t, const slot *sl, int ns, cdf_storage *arena) {
+    if (!*t) return CDF_OK;
+    int j = find_slot((slot *)sl, ns, (*t)->storage);
+    if (j < 0) return CDF_OK;
+    const int64_t off = (*t)->offset + (int64_t)(sl[j].offset / cdf_dtype_size((*t)->dtype));
+    cdf_tensor *r = cdf_tensor_view_of(arena, off, (*t)->dtype, (*t)->ndim, (*t)->shape, (*t)->strides);
+    if (!r) return cdf_last_status();
+    cdf_tensor_release(*t);
+    *t = r;
+    return CDF_OK;
+}
+
+/* Place the graph's virtual buffers (above) and move every reference to them onto one arena
+ * placeholder; *arena_param receives a flat f32 view of the placeholder (NULL when the graph has
+ * no buffers of its own), which the plan binds like a parameter. */
+static cdf_status plan_memory(cdf_node **nodes, int n, cdf_tensor **outs, int n_out, size_t *arena_bytes,
+                              cdf_tensor **arena_param) {
     *arena_bytes = 0;
+    *arena_param = NULL;
     int cap = 256, ns = 0;
     slot *sl = malloc((size_t)cap * sizeof *sl);
     if (!sl) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "compile: out of host memory planning buffers");
@@ -220,22 +245,30 @@ static cdf_status plan_memory(cdf_node **nodes, int n, cdf_tensor **outs, int n_
     }
     cdf_status st = CDF_OK;
     if (ns > 0) {
-        cdf_storage *arena = cdf_storage_new(dev, total);
-        if (!arena) {
-            st = cdf_last_status();
-        } else {
-            for (int i = 0; i < ns; i++) {
-                cdf_storage *s = sl[i].s;
-                s->data = (char *)arena->data + sl[i].offset;
-                s->is_virtual = false;
-                s->device_owned = false;
-                cdf_storage_retain(arena); /* each placed buffer keeps the arena alive */
-                s->owner = arena;
-                s->owner_release = (void (*)(void *))cdf_storage_release;
-            }
-            cdf_storage_release(arena);
-            *arena_bytes = total;
+        cdf_storage *ph = calloc(1, sizeof *ph); /* the placeholder: no memory, bound per replay */
+        if (!ph) {
+            free(sl);
+            return cdf_error(CDF_ERR_OUT_OF_MEMORY, "compile: out of host memory planning buffers");
         }
+        atomic_init(&ph->refcount, 1);
+        ph->dev = dev;
+        ph->nbytes = total;
+        /* the slots' buffers stay alive (and their addresses unique) until every reference moved */
+        for (int i = 0; i < ns; i++) cdf_storage_retain(sl[i].s);
+        cdf_scope_suppress(1);
+        for (int i = 0; i < n && st == CDF_OK; i++) {
+            st = rebase_on_arena(&nodes[i]->dst, sl, ns, ph);
+            for (int k = 0; k < nodes[i]->n_src && st == CDF_OK; k++) st = rebase_on_arena(&nodes[i]->src[k], sl, ns, ph);
+        }
+        for (int k = 0; k < n_out && st == CDF_OK; k++) st = rebase_on_arena(&outs[k], sl, ns, ph);
+        if (st == CDF_OK) {
+            *arena_param = cdf_tensor_view_of(ph, 0, CDF_F32, 1, (int64_t[]){(int64_t)(total / 4)}, (int64_t[]){1});
+            if (!*arena_param) st = cdf_last_status();
+        }
+        cdf_scope_suppress(-1);
+        for (int i = 0; i < ns; i++) cdf_storage_release(sl[i].s);
+        cdf_storage_release(ph); /* the views hold it now */
+        if (st == CDF_OK) *arena_bytes = total;
     }
     free(sl);
     return st;
@@ -248,7 +281,9 @@ typedef struct plan {
     cdf_node **nodes;
     int n;
     int n_params;
-    cdf_tensor *params[MAX_PARAMS]; /* traced parameter tensors (references) */
+    cdf_tensor *params[MAX_PARAMS]; /* traced parameter tensors (references); with an arena, the
+                                       last one is its placeholder (plan_memory) */
+    size_t arena_bytes;             /* allocated per replay (0: the graph has no buffers of its own) */
     int n_out;
     char **out_names;
     cdf_tensor **outs; /* traced outputs (views on plan buffers or parameters) */
@@ -418,8 +453,24 @@ static cdf_status unpin_params(plan *p, cdf_tensor *const *now, int np, cdf_tens
     return s;
 }
 
-/* Run plan p with parameters now[] (same order as p->params) and copy the outputs into out. */
-static cdf_status run_plan(plan *p, cdf_tensor *const *now, cdf_tensor_map *out) {
+/* Run plan p with parameters now[] (same order as p->params, less the arena) and copy the
+ * outputs into out. The replay's arena is allocated here (device memory, under the budget) and
+ * only the replay's nodes hold it: it is freed when the last of them has run. */
+static cdf_status run_plan(plan *p, cdf_tensor *const *now_in, cdf_tensor_map *out) {
+    cdf_tensor *now[MAX_PARAMS];
+    const int n_in = p->arena_bytes ? p->n_params - 1 : p->n_params;
+    for (int i = 0; i < n_in; i++) now[i] = now_in[i];
+    cdf_tensor *arena = NULL;
+    if (p->arena_bytes) {
+        cdf_storage *st = cdf_storage_new(p->params[n_in]->storage->dev, p->arena_bytes);
+        if (!st) return cdf_last_status();
+        cdf_scope_suppress(1);
+        arena = cdf_tensor_view_of(st, 0, CDF_F32, 1, p->params[n_in]->shape, p->params[n_in]->strides);
+        cdf_scope_suppress(-1);
+        cdf_storage_release(st);
+        if (!arena) return cdf_last_status();
+        now[n_in] = arena;
+    }
     cdf_scope_suppress(1);
     cdf_status s = CDF_OK;
     for (int i = 0; i < p->n && s == CDF_OK; i++) {
@@ -449,6 +500,7 @@ static cdf_status run_plan(plan *p, cdf_tensor *const *now, cdf_tensor_map *out)
         if (src != o) cdf_tensor_release(src);
         cdf_tensor_release(copy);
     }
+    cdf_tensor_release(arena); /* the queued nodes hold it until they have run */
     cdf_scope_suppress(-1);
     return s;
 }
@@ -467,7 +519,8 @@ static bool log_compile(void) {
 cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, const cdf_tensor_map *in,
                                cdf_tensor_map *out, cdf_tensor *const *extra, int n_extra) {
     if (c->opt.dynamic) return cdf_error(CDF_ERR_UNSUPPORTED, "compile: dynamic shapes are not supported (use dynamic=false)");
-    if (in->n + n_extra > MAX_PARAMS) return cdf_error(CDF_ERR_LIMIT, "compile: more than %d parameters", MAX_PARAMS);
+    if (in->n + n_extra >= MAX_PARAMS) /* one place stays for the arena */
+        return cdf_error(CDF_ERR_LIMIT, "compile: more than %d parameters", MAX_PARAMS - 1);
     if (tl_cap.active) return fn(ctx, in, out); /* nested: part of the enclosing capture */
     /* parameters: named inputs (made contiguous so every call has the same layout) + extras */
     cdf_tensor *now[MAX_PARAMS];
@@ -550,12 +603,19 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
                 cdf_fuse_stats fs = {0};
                 cdf_fuse_elementwise(cap.nodes, &cap.n, &fs);
                 size_t arena = 0;
-                s = plan_memory(cap.nodes, cap.n, traced_out.tensors, traced_out.n, &arena);
+                cdf_tensor *arena_param = NULL;
+                s = plan_memory(cap.nodes, cap.n, traced_out.tensors, traced_out.n, &arena, &arena_param);
                 np_.nodes = cap.nodes;
                 np_.n = cap.n;
                 cap.nodes = NULL;
                 np_.n_params = np;
                 if (s == CDF_OK) s = unpin_params(&np_, now, np, &traced_out);
+                if (arena_param && s == CDF_OK) {
+                    np_.params[np_.n_params++] = arena_param;
+                    np_.arena_bytes = arena;
+                } else {
+                    cdf_tensor_release(arena_param);
+                }
                 np_.n_out = traced_out.n;
                 np_.out_names = calloc((size_t)traced_out.n + 1, sizeof *np_.out_names);
                 np_.outs = calloc((size_t)traced_out.n + 1, sizeof *np_.outs);

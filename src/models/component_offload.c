@@ -146,8 +146,9 @@ cdf_status cdf_component_offload(cdf_component *c) {
     cdf_device *dev = state_device(st);
     if (dev) CDF_TRY(cdf_device_synchronize(dev));
     /* compiled graphs reference the weights: drop them, the next run recaptures. Repeated-block
-     * graphs bind their weights per call and keep none, but their arenas (the blocks'
-     * activations) would outlive the model: they go too, repeated-block compile stays on. */
+     * graphs bind their weights per call and hold no device memory (each replay allocates its
+     * arena); they go too, so that a released model leaves nothing behind (a recapture costs
+     * milliseconds), and repeated-block compile stays on. */
     if (c->compiled) cdf_component_drop_graphs(c);
     cdf_block_caches_clear(c->blocks);
     st->inner->free(st->inner_impl);
