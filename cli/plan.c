@@ -75,8 +75,14 @@ int cdf_cli_plan(int argc, char **argv) {
         {"width", required_argument, 0, 'W'},  {"offload", required_argument, 0, 'O'},
         {"dtype", required_argument, 0, 'd'},  {"max-sequence-length", required_argument, 0, 'L'},
         {"guidance", required_argument, 0, 'g'}, {"negative-prompt", required_argument, 0, 'n'},
-        {"true-cfg-scale", required_argument, 0, 'T'}, {0, 0, 0, 0},
+        {"true-cfg-scale", required_argument, 0, 'T'}, {"mode", required_argument, 0, 'M'},
+        {"compile-repeated-blocks", no_argument, 0, 'B'}, {0, 0, 0, 0},
     };
+    /* as generate runs: CDIFFUSERS_COMPILE=blocks compiles the blocks, =1 / fullgraph the whole
+     * model (which sequential offload turns into repeated-block compile) */
+    const char *env = getenv("CDIFFUSERS_COMPILE");
+    bool blocks = env && strcmp(env, "blocks") == 0;
+    bool whole = env && *env && strcmp(env, "0") != 0 && !blocks;
     int c;
     long v;
     optind = 1;
@@ -104,6 +110,12 @@ int cdf_cli_plan(int argc, char **argv) {
         case 'T':
             if (!parse_float(optarg, &gp.true_cfg_scale)) return usage_error("--true-cfg-scale needs a number, got '%s'", optarg);
             break;
+        case 'M':
+            if (strcmp(optarg, "compile") == 0) whole = true;
+            else if (strcmp(optarg, "eager") == 0 || strcmp(optarg, "fuse") == 0) whole = false;
+            else return usage_error("--mode must be eager, fuse or compile, got '%s'", optarg);
+            break;
+        case 'B': blocks = true; break;
         default: return PLAN_USAGE;
         }
     }
@@ -114,8 +126,10 @@ int cdf_cli_plan(int argc, char **argv) {
     else if (strcmp(dtype, "bf16") == 0) lp.weight_dtype = CDF_BF16;
     else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
     if (cdf_cli_parse_offload(offload, &lp.offload) != 0) return usage_error("--offload must be none, model or sequential, got '%s'", offload);
+    if (whole && lp.offload == CDF_OFFLOAD_SEQUENTIAL) blocks = true;
+    const cdf_plan_execution exec = blocks ? CDF_PLAN_REPEATED_BLOCKS : CDF_PLAN_EAGER;
     cdf_memory_plan plan;
-    if (cdf_pipeline_plan_memory(model, &lp, &gp, &plan) != CDF_OK) {
+    if (cdf_pipeline_plan_memory_exec(model, &lp, &gp, exec, &plan) != CDF_OK) {
         fprintf(stderr, "cdiffusers: plan: %s\n", cdf_last_error());
         return PLAN_FAIL;
     }
@@ -149,7 +163,10 @@ int cdf_cli_plan(int argc, char **argv) {
     fmt(b2, sizeof b2, plan.total_weights_bytes);
     fmt(b3, sizeof b3, plan.largest_weights_bytes);
     printf("\nexpected peak: %s (%llu bytes); all weights %s, largest model %s\n", b1, (unsigned long long)plan.peak_bytes, b2, b3);
-    printf("(the smallest --device-memory / CDIFFUSERS_CPU_MEMORY_LIMIT under which generate should run, eager mode)\n");
+    printf("(the smallest --device-memory / CDIFFUSERS_CPU_MEMORY_LIMIT under which generate should run, %s)\n",
+           blocks  ? "with repeated-block compile"
+           : whole ? "eager execution: whole-model compile needs at most this"
+                   : "eager or defer-and-fuse execution");
     if (unknown) printf("note: no activation formula for some classes: their activations are not counted\n");
     return PLAN_OK;
 }

@@ -8,7 +8,8 @@
  *    front (and says that sequential would fit), --offload sequential runs, stays within the
  *    budget, and its outputs are bit-identical to --offload none without a budget;
  *  - the planner's sequential peaks are within 10% of the measured need: each phase runs under
- *    planned/0.9 and fails under planned/1.1 (a budget applied to that phase only);
+ *    planned/0.9 and fails under planned/1.1 (a budget applied to that phase only), in eager
+ *    execution and, with the plan for it, with repeated-block compile (model offload too);
  *  - the same with repeated-block compile and with whole compile (which a sequentially offloaded
  *    transformer turns into repeated-block compile), via the API;
  *  - nothing stays on the device after generate: neither block copies nor graphs (repeated-block
@@ -107,13 +108,18 @@ static cdf_pipeline_load_params load_params(cdf_offload_mode mode) {
     return lp;
 }
 
-static cdf_memory_plan plan_of(const char *dir, cdf_offload_mode mode, const cdf_generate_params *gp) {
+static cdf_memory_plan plan_exec(const char *dir, cdf_offload_mode mode, const cdf_generate_params *gp, cdf_plan_execution exec) {
     cdf_pipeline_load_params lp = load_params(mode);
     cdf_memory_plan plan;
-    cdf_status s = cdf_pipeline_plan_memory(dir, &lp, gp, &plan);
+    cdf_status s = cdf_pipeline_plan_memory_exec(dir, &lp, gp, exec, &plan);
     if (s != CDF_OK) print_message("plan: %s\n", cdf_last_error());
     assert_int_equal(s, CDF_OK);
+    assert_int_equal(plan.execution, exec);
     return plan;
+}
+
+static cdf_memory_plan plan_of(const char *dir, cdf_offload_mode mode, const cdf_generate_params *gp) {
+    return plan_exec(dir, mode, gp, CDF_PLAN_EAGER);
 }
 
 static cdf_pipeline *load(const char *dir, cdf_offload_mode mode) {
@@ -270,7 +276,7 @@ static void test_sequential_with_compile_api(void **state) {
 
 /* FLUX.2 (its blocks go through cdf_block_run too): the golden tiny pipeline, whose text
  * encoder is the largest model, so no budget here: outputs and the denoising plan only. */
-static void check_plan(const char *dir, cdf_offload_mode mode);
+static void check_plan(const char *dir, cdf_offload_mode mode, compile_variant variant);
 
 static void test_flux2_sequential(void **state) {
     (void)state;
@@ -288,8 +294,10 @@ static void test_flux2_sequential(void **state) {
     assert_true(pm.component[1].activation_known); /* the transformer's formula */
     assert_int_equal(current_bytes(), base);
     cdf_pipeline_free(p);
-    check_plan(dir, CDF_OFFLOAD_SEQUENTIAL);
-    check_plan(dir, CDF_OFFLOAD_MODEL);
+    check_plan(dir, CDF_OFFLOAD_SEQUENTIAL, AS_LOADED);
+    check_plan(dir, CDF_OFFLOAD_MODEL, AS_LOADED);
+    check_plan(dir, CDF_OFFLOAD_SEQUENTIAL, API_BLOCKS);
+    check_plan(dir, CDF_OFFLOAD_MODEL, API_BLOCKS);
 }
 
 /* The planner's weights are what the loaders put on the device, to the byte, for every pipeline
@@ -366,40 +374,52 @@ static bool generate_with_phase_budget(cdf_pipeline *p, const cdf_generate_param
     return s == CDF_OK;
 }
 
-/* The denoising phase: the only one sequential offload changes (the others are model offload's,
- * which test_offload checks phase by phase). */
-static bool compile_env(void) {
+/* The text and denoising phases (VAE decode is model offload's, which test_offload checks).
+ * The plan is for the execution the pipeline runs: as loaded, the environment's
+ * (CDIFFUSERS_COMPILE=blocks: repeated-block compile; =1 / fullgraph: whole-model compile, which
+ * sequential offload turns into repeated-block compile), or repeated-block compile by the API.
+ * Whole-model compile is not modelled (the eager plan is an upper bound there). */
+static const char *compile_env(void) {
     const char *c = getenv("CDIFFUSERS_COMPILE");
-    return c && *c && strcmp(c, "0") != 0;
+    return c && *c && strcmp(c, "0") != 0 ? c : NULL;
 }
 
-static void check_plan(const char *dir, cdf_offload_mode mode) {
+static void check_plan(const char *dir, cdf_offload_mode mode, compile_variant variant) {
+    const char *env = compile_env();
+    const bool blocks = variant == API_BLOCKS || (env && (strcmp(env, "blocks") == 0 || mode == CDF_OFFLOAD_SEQUENTIAL));
+    const bool upper_bound_only = !blocks && env; /* whole-model compile */
     const cdf_generate_params gp = request(dir);
-    const cdf_memory_plan plan = plan_of(dir, mode, &gp);
+    const cdf_memory_plan plan = plan_exec(dir, mode, &gp, blocks ? CDF_PLAN_REPEATED_BLOCKS : CDF_PLAN_EAGER);
     cdf_pipeline *p = load(dir, mode);
+    if (variant == API_BLOCKS) apply_variant(p, API_BLOCKS);
     const uint64_t base = current_bytes();
     /* the text phase too: its plan is the text encoders' formulas (FLUX.2: Mistral's) */
     for (int ph = CDF_PHASE_TEXT; ph <= CDF_PHASE_DENOISE; ph++) {
         const uint64_t planned = plan.phase[ph].peak_bytes;
-        print_message("%s %s %s: planned %llu (weights %llu + activations %llu)\n", plan.pipeline_class,
+        print_message("%s %s %s (%s): planned %llu (weights %llu + activations %llu)\n", plan.pipeline_class,
                       mode == CDF_OFFLOAD_SEQUENTIAL ? "sequential" : "model", cdf_pipeline_phase_name((cdf_pipeline_phase)ph),
-                      (unsigned long long)planned, (unsigned long long)plan.phase[ph].weights_bytes,
-                      (unsigned long long)plan.phase[ph].activation_bytes);
+                      blocks ? "repeated-block compile" : env ? "whole-model compile" : "eager", (unsigned long long)planned,
+                      (unsigned long long)plan.phase[ph].weights_bytes, (unsigned long long)plan.phase[ph].activation_bytes);
         assert_true(generate_with_phase_budget(p, &gp, ph, base + (uint64_t)(planned / 0.9)));
-        /* The planner models eager execution (and defer-and-fuse, whose pending graph runs
-         * before an allocation fails). Compiled block graphs need less: their buffers are
-         * placed by lifetime in one arena per graph and fused chains drop intermediates
-         * (measured 0.83-0.97 of the plan, bench/RESULTS.md "Offload"), so under compile the
-         * plan is checked as an upper bound only. */
-        if (!compile_env()) assert_false(generate_with_phase_budget(p, &gp, ph, base + (uint64_t)(planned / 1.1)));
+        if (!upper_bound_only) assert_false(generate_with_phase_budget(p, &gp, ph, base + (uint64_t)(planned / 1.1)));
     }
     cdf_pipeline_free(p);
 }
 
 static void test_planner_sequential_within_10_percent(void **state) {
     (void)state;
-    check_plan(g_flux, CDF_OFFLOAD_SEQUENTIAL);
-    check_plan(g_sd3, CDF_OFFLOAD_SEQUENTIAL);
+    check_plan(g_flux, CDF_OFFLOAD_SEQUENTIAL, AS_LOADED);
+    check_plan(g_sd3, CDF_OFFLOAD_SEQUENTIAL, AS_LOADED);
+}
+
+/* Repeated-block compile through the API, whatever the suite's mode: each block graph's arena
+ * exists only while the block runs, and the plan models the largest one. */
+static void test_planner_repeated_blocks_within_10_percent(void **state) {
+    (void)state;
+    check_plan(g_flux, CDF_OFFLOAD_SEQUENTIAL, API_BLOCKS);
+    check_plan(g_flux, CDF_OFFLOAD_MODEL, API_BLOCKS);
+    check_plan(g_sd3, CDF_OFFLOAD_SEQUENTIAL, API_BLOCKS);
+    check_plan(g_sd3, CDF_OFFLOAD_MODEL, API_BLOCKS);
 }
 
 /* ---- misuse ------------------------------------------------------------------------------------- */
@@ -455,8 +475,8 @@ static void test_cli_sequential(void **state) {
                          "--dtype f32";
     const unsigned long long budget = (unsigned long long)(ps.peak_bytes / 0.9);
 
-    assert_int_equal(tu_system("'%s' plan --model '%s' --height 64 --width 64 --max-sequence-length 16 --offload sequential --dtype f32 "
-                               "> '%s' 2> '%s'", CDF_CLI_PATH, g_flux, so, err), 0);
+    assert_int_equal(tu_system("CDIFFUSERS_COMPILE= '%s' plan --model '%s' --height 64 --width 64 --max-sequence-length 16 "
+                               "--offload sequential --dtype f32 > '%s' 2> '%s'", CDF_CLI_PATH, g_flux, so, err), 0);
     char *txt = tu_read_file(so, NULL);
     assert_non_null(txt);
     char want[96];
@@ -464,7 +484,29 @@ static void test_cli_sequential(void **state) {
     assert_non_null(strstr(txt, want));
     assert_non_null(strstr(txt, "offload sequential"));
     assert_non_null(strstr(txt, "transformer blocks: 4"));
+    assert_non_null(strstr(txt, "eager or defer-and-fuse execution"));
     free(txt);
+    /* the plan for repeated-block compile (SD3 with CFG: its denoising phase is the peak in eager, the
+     * text phase with compiled blocks), from the flag and from the environment generate reads */
+    const cdf_generate_params gs = request(g_sd3);
+    const cdf_memory_plan pe = plan_of(g_sd3, CDF_OFFLOAD_MODEL, &gs);
+    const cdf_memory_plan pb = plan_exec(g_sd3, CDF_OFFLOAD_MODEL, &gs, CDF_PLAN_REPEATED_BLOCKS);
+    assert_true(pb.phase[CDF_PHASE_DENOISE].activation_bytes < pe.phase[CDF_PHASE_DENOISE].activation_bytes);
+    assert_true(pb.phase[CDF_PHASE_TEXT].peak_bytes == pe.phase[CDF_PHASE_TEXT].peak_bytes);
+    const char *const how[2] = {"CDIFFUSERS_COMPILE= '%s' plan --compile-repeated-blocks", "CDIFFUSERS_COMPILE=blocks '%s' plan"};
+    for (int i = 0; i < 2; i++) {
+        char cmd[900];
+        snprintf(cmd, sizeof cmd, how[i], CDF_CLI_PATH);
+        assert_int_equal(tu_system("%s --model '%s' --height 64 --width 64 --max-sequence-length 16 --negative-prompt blurry "
+                                   "--guidance 4.5 --offload model --dtype f32 > '%s' 2> '%s'", cmd, g_sd3, so, err), 0);
+        txt = tu_read_file(so, NULL);
+        assert_non_null(txt);
+        snprintf(want, sizeof want, "(%llu bytes)", (unsigned long long)pb.peak_bytes);
+        if (!strstr(txt, want)) print_message("%s\nwanted %s\n", txt, want);
+        assert_non_null(strstr(txt, want));
+        assert_non_null(strstr(txt, "with repeated-block compile"));
+        free(txt);
+    }
 
     assert_int_equal(tu_system("'%s' generate --model '%s' %s --output '%s' 2> '%s'", CDF_CLI_PATH, g_flux, common, ref, err), 0);
     /* model under a budget below the transformer: exit 1, pointing at sequential */
@@ -506,6 +548,7 @@ int main(void) {
         cmocka_unit_test(test_enable_sequential_on_loaded_pipeline),
         cmocka_unit_test(test_block_graphs_do_not_pin_weights),
         cmocka_unit_test(test_planner_sequential_within_10_percent),
+        cmocka_unit_test(test_planner_repeated_blocks_within_10_percent),
         cmocka_unit_test(test_cli_sequential),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

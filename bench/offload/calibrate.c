@@ -11,6 +11,7 @@
  *   calibrate PIPELINE_DIR [--dtype f32|bf16] [--sizes 64,128,256] [--seq 77,256] [--batch 2]
  *   calibrate PIPELINE_DIR --pipeline [same options; --batch 2 = SD3 with CFG]
  *             [--offload none,model,sequential (default none,model)] [--phase 0|1|2 (default all)]
+ *             [--why: print the out-of-memory error just below each phase's need: where the peak is]
  * The execution mode is the environment's (CDIFFUSERS_COMPILE=blocks, CDIFFUSERS_DEFER_AND_FUSE=1).
  *
  * Prints one row per (model, size): measured, planned, and their ratio. With --pipeline, whole
@@ -118,6 +119,7 @@ static bool generate_under(cdf_pipeline *p, const cdf_generate_params *gp, int p
 /* Per phase: the smallest budget under which the phase runs (to 0.1%), the planner's peak, and
  * the unbudgeted measured peak. */
 static int g_phase = -1;
+static bool g_why; /* --why: print the out-of-memory error just below each need */
 static const char *mode_name(cdf_offload_mode m) {
     return m == CDF_OFFLOAD_SEQUENTIAL ? "sequential" : m == CDF_OFFLOAD_MODEL ? "model" : "none";
 }
@@ -134,7 +136,11 @@ static void measure_pipeline(const char *dir, cdf_dtype wdt, cdf_offload_mode mo
     gp.guidance_scale = guidance;
     cdf_memory_plan plan;
     cdf_pipeline *p = NULL;
-    if (cdf_pipeline_plan_memory(dir, &lp, &gp, &plan) != CDF_OK || cdf_pipeline_load(dir, &lp, &p) != CDF_OK) {
+    /* the plan for the environment's execution (as `cdiffusers plan` picks it) */
+    const char *env = getenv("CDIFFUSERS_COMPILE");
+    const bool blocks = env && (strcmp(env, "blocks") == 0 || (*env && strcmp(env, "0") != 0 && mode == CDF_OFFLOAD_SEQUENTIAL));
+    const cdf_plan_execution exec = blocks ? CDF_PLAN_REPEATED_BLOCKS : CDF_PLAN_EAGER;
+    if (cdf_pipeline_plan_memory_exec(dir, &lp, &gp, exec, &plan) != CDF_OK || cdf_pipeline_load(dir, &lp, &p) != CDF_OK) {
         fprintf(stderr, "calibrate: %s\n", cdf_last_error());
         exit(1);
     }
@@ -156,6 +162,8 @@ static void measure_pipeline(const char *dir, cdf_dtype wdt, cdf_offload_mode mo
                cdf_pipeline_phase_name((cdf_pipeline_phase)ph), hi / 1048576.0, plan.phase[ph].peak_bytes / 1048576.0,
                free_run.phase_peak_bytes[ph] / 1048576.0, (double)plan.phase[ph].peak_bytes / hi);
         fflush(stdout);
+        if (g_why && lo > 0 && !generate_under(p, &gp, ph, lo, NULL)) /* where the need is: the failure just below it */
+            fprintf(stderr, "calibrate: under %.3f MiB: %s\n", lo / 1048576.0, cdf_last_error());
     }
     cdf_pipeline_free(p);
 }
@@ -184,6 +192,8 @@ int main(int argc, char **argv) {
         i++;
     }
     g_dev = cdf_device_get("cpu");
+    for (int i = 2; i < argc; i++)
+        if (strcmp(argv[i], "--why") == 0) g_why = true;
     for (int i = 2; i < argc; i++)
         if (strcmp(argv[i], "--pipeline") == 0) {
             printf("| pipeline | offload | request | phase | measured need MiB | planned MiB | unbudgeted peak MiB | planned/measured |\n");

@@ -126,16 +126,23 @@ void cdf_pipeline_last_memory_stats(const cdf_pipeline *p, cdf_pipeline_memory_s
  * forward needs at its peak plus the tensors the pipeline holds meanwhile. "Needed" is the
  * smallest device budget under which the phase runs (see cdf_pipeline_memory_stats on why an
  * unbudgeted peak is higher). With SEQUENTIAL the transformer's weights are its non-block ones
- * plus its largest block. Calibrated for FluxPipeline and StableDiffusion3Pipeline models and
- * FLUX.2's transformer, in eager (and defer-and-fuse) execution; compiled graphs need less (an
- * upper bound there). Other model classes (FLUX.2's text encoder and VAE) count weights only
- * (activation_known false). See bench/RESULTS.md, "Offload". */
+ * plus its largest block. Calibrated for FluxPipeline, StableDiffusion3Pipeline and
+ * Flux2Pipeline models in eager (and defer-and-fuse) execution and with repeated-block compile
+ * (cdf_pipeline_plan_memory_exec); for whole-model compile the eager plan is an upper bound.
+ * FLUX.2's VAE (AutoencoderKLFlux2) counts weights only (activation_known false). See
+ * bench/RESULTS.md, "Offload". */
 #define CDF_PLAN_MAX_COMPONENTS 8
+/* How the transformer will run: the activations differ. */
+typedef enum cdf_plan_execution {
+    CDF_PLAN_EAGER = 0,           /* eager and defer-and-fuse (whole-model compile: an upper bound) */
+    CDF_PLAN_REPEATED_BLOCKS = 1, /* cdf_pipeline_compile_repeated_blocks (CDIFFUSERS_COMPILE=blocks) */
+} cdf_plan_execution;
 typedef struct cdf_memory_plan {
     char pipeline_class[64];
     int height, width, max_sequence_length, batch; /* the resolved request; batch 2 with SD3 CFG */
     cdf_offload_mode offload;
     cdf_dtype weight_dtype;
+    cdf_plan_execution execution;
     int n_components;
     struct {
         char name[32];        /* "text_encoder", "transformer", ... */
@@ -157,6 +164,9 @@ typedef struct cdf_memory_plan {
 /* gp may be NULL (defaults); its 0/negative fields take the pipeline defaults. */
 cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_params *lp, const cdf_generate_params *gp,
                                     cdf_memory_plan *out);
+/* The same for a given execution (cdf_pipeline_plan_memory plans CDF_PLAN_EAGER). */
+cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_load_params *lp, const cdf_generate_params *gp,
+                                         cdf_plan_execution exec, cdf_memory_plan *out);
 
 #ifdef __cplusplus
 }

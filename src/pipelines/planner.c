@@ -8,10 +8,15 @@
  * calibrated against measured needs with bench/offload/calibrate.c; bench/RESULTS.md ("Offload")
  * has the table. If a model's forward changes its memory behaviour, rerun the calibration.
  *
- * Execution modes: the formulas are eager's live sets. Defer-and-fuse needs the same under a
- * budget (the allocator runs the pending graph before failing). Compiled graphs need less (their
- * buffers share one arena by lifetime and fusion drops intermediates; measured 0.83-0.97 of the
- * plan for the transformer with repeated-block compile), so there the plan is an upper bound. */
+ * Execution modes: the eager formulas are eager's live sets; defer-and-fuse needs the same under
+ * a budget (the allocator runs the pending graph before failing). With repeated-block compile
+ * (CDF_PLAN_REPEATED_BLOCKS) each transformer block is a graph whose buffers are placed by
+ * lifetime in one arena, allocated for that block's run and freed after it: the transformer
+ * then needs the largest block class's arena plus the block's inputs and outputs, which the
+ * *_blocks_elems formulas below model (each arena is the live set of the graph's busiest point:
+ * a buffer dies at its last use, not at the block's end). Whole-model compile is not modelled
+ * separately: its one arena per forward is at most the eager live set, so the eager plan is an
+ * upper bound there. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,8 +101,11 @@ cdf_status cdf_plan_block_bytes(const char *dir, cdf_dtype weight_dtype, cdf_pla
         out->blocks_bytes += b;
     }
     out->n_blocks = nb;
-    for (int j = 0; j < nb; j++)
+    for (int j = 0; j < nb; j++) {
         if (bytes[j] > out->largest_block_bytes) out->largest_block_bytes = bytes[j];
+        const int fam = strncmp(names[j], "single_", 7) == 0;
+        if (bytes[j] > out->largest_in_family[fam]) out->largest_in_family[fam] = bytes[j];
+    }
     free(names);
     free(bytes);
     cdf_checkpoint_close(ck);
@@ -229,12 +237,10 @@ static double t5_elems(const cdf_plan_model_info *m, double B, double L) {
  * 17 D + 2 F; jointly the concatenated q, k, v (3), the two rotated q, k (2), attention output
  * and its contiguous copy (2): 7 D; plus the previous state (1 D). A single block: 16 D + 3 M +
  * the previous state. The rotary tables are [L, head_dim] cos and sin. */
-static double flux_elems(const cdf_plan_model_info *m, double B, double Lt, double Li) {
+static void flux_elems(const cdf_plan_model_info *m, double B, double Lt, double Li, double fam[2]) {
     const double L = Lt + Li, D = (double)m->width, F = (double)m->mlp;
-    double dbl = m->layers > 0 ? B * L * (25.0 * D + 2.0 * F) : 0;
-    double sgl = m->single_layers > 0 ? B * L * (17.0 * D + 3.0 * F) : 0;
-    double e = (dbl > sgl ? dbl : sgl) + 2.0 * L * m->head_dim;
-    return e;
+    fam[0] = m->layers > 0 ? B * L * (25.0 * D + 2.0 * F) + 2.0 * L * m->head_dim : 0;
+    fam[1] = m->single_layers > 0 ? B * L * (17.0 * D + 3.0 * F) + 2.0 * L * m->head_dim : 0;
 }
 
 /* Flux2Transformer2DModel (flux2_transformer.c), L = text + image tokens, F the SwiGLU width.
@@ -242,11 +248,51 @@ static double flux_elems(const cdf_plan_model_info *m, double B, double Lt, doub
  * and the product [F] per stream (4 F instead of 2 F); a single block's fused projection
  * [3D + 2F], SiLU [F], product [F] and the cat [D + F] (16 D + 5 F), + the previous state. The
  * modulation linears run once per forward, outside the blocks ([B, 6D], not per token). */
-static double flux2_elems(const cdf_plan_model_info *m, double B, double Lt, double Li) {
+static void flux2_elems(const cdf_plan_model_info *m, double B, double Lt, double Li, double fam[2]) {
     const double L = Lt + Li, D = (double)m->width, F = (double)m->mlp;
-    double dbl = m->layers > 0 ? B * L * (25.0 * D + 4.0 * F) : 0;
-    double sgl = m->single_layers > 0 ? B * L * (17.0 * D + 5.0 * F) : 0;
-    return (dbl > sgl ? dbl : sgl) + 2.0 * L * m->head_dim;
+    fam[0] = m->layers > 0 ? B * L * (25.0 * D + 4.0 * F) + 2.0 * L * m->head_dim : 0;
+    fam[1] = m->single_layers > 0 ? B * L * (17.0 * D + 5.0 * F) + 2.0 * L * m->head_dim : 0;
+}
+
+/* The same three transformers with repeated-block compile: per block class, the arena (the live
+ * set at the graph's busiest point, per batch element) is the largest of
+ *   - a stream's feed-forward: its input [D] + the MLP's live intermediates [M] for that
+ *     stream's tokens, while the other stream holds its block output [D]
+ *     (M = in + GELU = 2 F for FLUX.1 and SD3; in [2F] + SiLU + product = 4 F for FLUX.2's SwiGLU);
+ *   - the joint attention: q, k, v and their rotated / normed copies and the output, ~6 D per
+ *     token with RoPE (FLUX), 5 D per text + 4 D per image token without (SD3; its image stream's
+ *     q, k, v are written straight into the joint buffers);
+ *   - a single block (FLUX): input and norm [2 D] + the fused MLP branch [M] per token
+ *     (FLUX.2: the fused projection [3 D + 2 F], SiLU and product: 4 D + 4 F).
+ * Only one block runs at a time (the next block's arena waits for the previous one's under a
+ * budget), so the need is the largest class's arena, plus the block's inputs, which the forward
+ * holds, and its outputs, copied out of the arena (2 D per token). Read off the graphs'
+ * `CDIFFUSERS_LOG=compile` arenas: these match them within 2% on the test pipelines. */
+static double double_block_arena(double N, double T, double D, double M, double attn) {
+    double img = N * (D + M) + T * D, txt = T * (D + M) + N * D;
+    double a = img > txt ? img : txt;
+    return a > attn ? a : attn;
+}
+
+static void flux_blocks_elems(const cdf_plan_model_info *m, double B, double T, double N, bool swiglu, double fam[2]) {
+    const double L = T + N, D = (double)m->width, F = (double)m->mlp;
+    const double M = swiglu ? 4.0 * F : 2.0 * F, held = 2.0 * L * D, rope = 2.0 * L * m->head_dim;
+    fam[0] = m->layers > 0 ? B * (double_block_arena(N, T, D, M, 6.0 * L * D) + held) + rope : 0;
+    fam[1] = m->single_layers > 0 ? B * (L * (swiglu ? 4.0 * D + 4.0 * F : 2.0 * D + 2.0 * F) + held) + rope : 0;
+}
+
+/* SD3: the last block is context_pre_only (no text feed-forward); the others run both streams'
+ * (dual-attention blocks add an image self-attention, never the largest point here). Plus, as in
+ * eager, the patch embedding's outputs the forward holds and the ~40 elements per token. */
+static double sd3_blocks_elems(const cdf_plan_model_info *m, double B, double T, double N) {
+    const double L = N + T, D = (double)m->width, F = (double)m->mlp;
+    const double attn = (5.0 * T + 4.0 * N) * D;
+    double a = double_block_arena(N, 0, D, 2.0 * F, attn); /* context_pre_only */
+    if (m->layers > 1) {
+        const double full = double_block_arena(N, T, D, 2.0 * F, attn);
+        if (full > a) a = full;
+    }
+    return B * (a + 2.0 * L * D + 2.0 * N * D + 40.0 * L + 40.0 * D);
 }
 
 /* SD3Transformer2DModel, N image tokens, T text tokens, L = N + T. A joint block
@@ -314,32 +360,40 @@ static double vae_decode_elems(const cdf_plan_model_info *m, double B, double h,
     return B * peak;
 }
 
-uint64_t cdf_plan_activation_bytes(const cdf_plan_model_info *m, const cdf_plan_shape *s) {
+void cdf_plan_activation_bytes_by_family(const cdf_plan_model_info *m, const cdf_plan_shape *s, uint64_t out[2]) {
     const double B = s->batch > 0 ? (double)s->batch : 1.0;
-    double e = 0;
+    double fam[2] = {0, 0};
     switch (m->kind) {
-    case CDF_PLAN_CLIP: e = clip_elems(m, B, (double)s->text_tokens); break;
-    case CDF_PLAN_T5: e = t5_elems(m, B, (double)s->text_tokens); break;
-    case CDF_PLAN_FLUX: {
-        const double p = m->patch > 0 ? (double)m->patch : 1.0;
-        e = flux_elems(m, B, (double)s->text_tokens, (double)((s->latent_h / 2) * (s->latent_w / 2)) / (p * p));
-        break;
-    }
+    case CDF_PLAN_CLIP: fam[0] = clip_elems(m, B, (double)s->text_tokens); break;
+    case CDF_PLAN_T5: fam[0] = t5_elems(m, B, (double)s->text_tokens); break;
+    case CDF_PLAN_FLUX:
     case CDF_PLAN_FLUX2: {
         const double p = m->patch > 0 ? (double)m->patch : 1.0;
-        e = flux2_elems(m, B, (double)s->text_tokens, (double)((s->latent_h / 2) * (s->latent_w / 2)) / (p * p));
+        const double T = (double)s->text_tokens, N = (double)((s->latent_h / 2) * (s->latent_w / 2)) / (p * p);
+        const bool swiglu = m->kind == CDF_PLAN_FLUX2;
+        if (s->repeated_blocks) flux_blocks_elems(m, B, T, N, swiglu, fam);
+        else if (swiglu) flux2_elems(m, B, T, N, fam);
+        else flux_elems(m, B, T, N, fam);
         break;
     }
     case CDF_PLAN_SD3: {
         const double p = m->patch > 0 ? (double)m->patch : 2.0;
-        e = sd3_elems(m, B, (double)s->text_tokens, (double)(s->latent_h * s->latent_w) / (p * p));
+        const double T = (double)s->text_tokens, N = (double)(s->latent_h * s->latent_w) / (p * p);
+        fam[0] = s->repeated_blocks ? sd3_blocks_elems(m, B, T, N) : sd3_elems(m, B, T, N);
         break;
     }
-    case CDF_PLAN_VAE: e = vae_decode_elems(m, B, (double)s->latent_h, (double)s->latent_w); break;
-    case CDF_PLAN_MISTRAL: e = mistral_elems(m, B, (double)s->text_tokens); break;
+    case CDF_PLAN_VAE: fam[0] = vae_decode_elems(m, B, (double)s->latent_h, (double)s->latent_w); break;
+    case CDF_PLAN_MISTRAL: fam[0] = mistral_elems(m, B, (double)s->text_tokens); break;
     case CDF_PLAN_OTHER: break;
     }
-    return (uint64_t)(e * 4.0);
+    out[0] = (uint64_t)(fam[0] * 4.0);
+    out[1] = (uint64_t)(fam[1] * 4.0);
+}
+
+uint64_t cdf_plan_activation_bytes(const cdf_plan_model_info *m, const cdf_plan_shape *s) {
+    uint64_t fam[2];
+    cdf_plan_activation_bytes_by_family(m, s, fam);
+    return fam[0] > fam[1] ? fam[0] : fam[1];
 }
 
 /* ---- pipelines ------------------------------------------------------------------------------------ */
@@ -355,10 +409,12 @@ typedef struct plan_component {
 
 /* Device bytes of c's weights while it runs under `mode`: with SEQUENTIAL the transformer holds
  * its non-block weights and one block's (under a budget the allocator lets the previous block's
- * ops finish and free its copy before failing, so one block, the largest, is what is needed). */
-static uint64_t running_weights(const plan_component *c, cdf_offload_mode mode) {
+ * ops finish and free its copy before failing, so one block is what is needed): the largest of
+ * `family` (cdf_plan_blocks.largest_in_family), or of all blocks for family -1. */
+static uint64_t running_weights(const plan_component *c, cdf_offload_mode mode, int family) {
     if (mode == CDF_OFFLOAD_SEQUENTIAL && strcmp(c->key, "transformer") == 0 && c->blocks.n_blocks > 0)
-        return c->weights - c->blocks.blocks_bytes + c->blocks.largest_block_bytes;
+        return c->weights - c->blocks.blocks_bytes +
+               (family < 0 ? c->blocks.largest_block_bytes : c->blocks.largest_in_family[family]);
     return c->weights;
 }
 
@@ -434,7 +490,7 @@ cdf_status cdf_pipe_check_budget(cdf_pipeline *p, const cJSON *idx) {
     for (int i = 0; i < pp.n; i++) {
         total += pp.c[i].weights;
         if (pp.c[i].weights > largest) largest = pp.c[i].weights, li = i;
-        const uint64_t sq = running_weights(&pp.c[i], CDF_OFFLOAD_SEQUENTIAL);
+        const uint64_t sq = running_weights(&pp.c[i], CDF_OFFLOAD_SEQUENTIAL, -1);
         if (sq > largest_seq) largest_seq = sq, lsi = i;
         cdf_plan_format_bytes(b1, sizeof b1, pp.c[i].weights);
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s %s", i ? ", " : "", pp.c[i].key, b1);
@@ -511,10 +567,17 @@ static plan_held held_text(const plan_pipeline *pp, int64_t L, int passes, bool 
     return h;
 }
 
-cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_params *lp_in, const cdf_generate_params *gp_in,
+cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_params *lp, const cdf_generate_params *gp,
                                     cdf_memory_plan *out) {
+    return cdf_pipeline_plan_memory_exec(dir, lp, gp, CDF_PLAN_EAGER, out);
+}
+
+cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_load_params *lp_in, const cdf_generate_params *gp_in,
+                                         cdf_plan_execution exec, cdf_memory_plan *out) {
     if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_plan_memory: out is NULL");
     memset(out, 0, sizeof *out);
+    if (exec != CDF_PLAN_EAGER && exec != CDF_PLAN_REPEATED_BLOCKS)
+        return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_plan_memory: unknown execution %d", (int)exec);
     if (!dir) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_plan_memory: folder is NULL");
     const cdf_pipeline_load_params lp = lp_in ? *lp_in : cdf_pipeline_load_default_params();
     cdf_generate_params gp = gp_in ? *gp_in : cdf_generate_default_params();
@@ -567,12 +630,14 @@ cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_par
     out->batch = (int)B;
     out->offload = lp.offload;
     out->weight_dtype = lp.weight_dtype;
+    out->execution = exec;
     out->n_components = pp.n;
 
-    /* every model's largest forward in this request */
+    /* every model's largest forward in this request (per block family: see running_weights) */
+    uint64_t fam_act[CDF_PLAN_MAX_COMPONENTS][2];
     for (int i = 0; i < pp.n; i++) {
         const plan_component *c = &pp.c[i];
-        cdf_plan_shape sh = {.batch = 1};
+        cdf_plan_shape sh = {.batch = 1, .repeated_blocks = exec == CDF_PLAN_REPEATED_BLOCKS};
         switch (c->info.kind) {
         case CDF_PLAN_CLIP: sh.text_tokens = 77; break;
         case CDF_PLAN_T5:
@@ -594,7 +659,8 @@ cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_par
         snprintf(out->component[i].name, sizeof out->component[i].name, "%s", c->key);
         snprintf(out->component[i].class_name, sizeof out->component[i].class_name, "%s", c->class_name);
         out->component[i].weights_bytes = c->weights;
-        out->component[i].activation_bytes = cdf_plan_activation_bytes(&c->info, &sh);
+        cdf_plan_activation_bytes_by_family(&c->info, &sh, fam_act[i]);
+        out->component[i].activation_bytes = fam_act[i][0] > fam_act[i][1] ? fam_act[i][0] : fam_act[i][1];
         out->component[i].activation_known = c->info.kind != CDF_PLAN_OTHER;
         out->total_weights_bytes += c->weights;
         if (c->weights > out->largest_weights_bytes) out->largest_weights_bytes = c->weights;
@@ -622,9 +688,12 @@ cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_par
             const plan_component *c = &pp.c[i];
             const int cph = c == tr ? CDF_PHASE_DENOISE : c == vae ? CDF_PHASE_DECODE : CDF_PHASE_TEXT;
             if (cph != ph) continue;
-            const uint64_t w = lp.offload == CDF_OFFLOAD_NONE ? out->total_weights_bytes : running_weights(c, lp.offload);
-            const uint64_t a = out->component[i].activation_bytes + (uint64_t)(held[ph] * 4.0);
-            if (w + a > best_w + best_a) best_w = w, best_a = a;
+            for (int f = 0; f < 2; f++) {
+                if (f == 1 && !fam_act[i][1]) continue; /* no second block family */
+                const uint64_t w = lp.offload == CDF_OFFLOAD_NONE ? out->total_weights_bytes : running_weights(c, lp.offload, f);
+                const uint64_t a = fam_act[i][f] + (uint64_t)(held[ph] * 4.0);
+                if (w + a > best_w + best_a) best_w = w, best_a = a;
+            }
         }
         out->phase[ph].weights_bytes = best_w;
         out->phase[ph].activation_bytes = best_a;

@@ -52,11 +52,17 @@ typedef struct cdf_plan_model_info {
  * [latent_h, latent_w] before patching; VAE decode: its input). */
 typedef struct cdf_plan_shape {
     int64_t batch, text_tokens, latent_h, latent_w;
+    /* the transformer runs with repeated-block compile: each block is a graph whose buffers
+     * share one arena by lifetime, allocated for the block's run (exec/compile.c) */
+    bool repeated_blocks;
 } cdf_plan_shape;
 
 cdf_status cdf_plan_model_info_from_config(const char *class_name, const struct cJSON *cfg, cdf_plan_model_info *out);
 /* Peak activation bytes of one forward (above the resident weights and the inputs). */
 uint64_t cdf_plan_activation_bytes(const cdf_plan_model_info *m, const cdf_plan_shape *s);
+/* The same for a transformer, per block family (as cdf_plan_blocks.largest_in_family) while a
+ * block of that family runs; cdf_plan_activation_bytes is the larger. Other models: [0] only. */
+void cdf_plan_activation_bytes_by_family(const cdf_plan_model_info *m, const cdf_plan_shape *s, uint64_t out[2]);
 /* Device bytes the weights of the component folder `dir` take once loaded with weight_dtype:
  * float tensors of 2+ dims at weight_dtype, 1-D ones (biases, norm scales) at f32, and the
  * loaders' exceptions (tables kept in f32, T5's relative bias kept on the host). */
@@ -67,6 +73,10 @@ typedef struct cdf_plan_blocks {
     uint64_t total_bytes;         /* every weight (= cdf_plan_weight_bytes) */
     uint64_t blocks_bytes;        /* the blocks' weights, all of them */
     uint64_t largest_block_bytes; /* the largest single block */
+    /* the largest block of each family: [0] transformer_blocks.<i>, [1] single_transformer_blocks.<i>
+     * (FLUX's double- and single-stream blocks differ in weights and in activations, so under
+     * sequential offload the peak is the family whose weights + activations are the larger) */
+    uint64_t largest_in_family[2];
     int n_blocks;
 } cdf_plan_blocks;
 cdf_status cdf_plan_block_bytes(const char *dir, cdf_dtype weight_dtype, cdf_plan_blocks *out);
