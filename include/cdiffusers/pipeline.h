@@ -129,7 +129,7 @@ void cdf_pipeline_last_memory_stats(const cdf_pipeline *p, cdf_pipeline_memory_s
  * plus its largest block. Calibrated for FluxPipeline, StableDiffusion3Pipeline and
  * Flux2Pipeline models in eager (and defer-and-fuse) execution and with repeated-block compile
  * (cdf_pipeline_plan_memory_exec); for whole-model compile the eager plan is an upper bound.
- * FLUX.2's VAE (AutoencoderKLFlux2) counts weights only (activation_known false). See
+ * Model classes without a formula count weights only (activation_known false). See
  * bench/RESULTS.md, "Offload". */
 #define CDF_PLAN_MAX_COMPONENTS 8
 /* How the transformer will run: the activations differ. */

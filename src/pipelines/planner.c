@@ -182,16 +182,16 @@ cdf_status cdf_plan_model_info_from_config(const char *cls, const cJSON *cfg, cd
         m->kv_heads = geti(c, "num_key_value_heads", 8);
         m->head_dim = geti(c, "head_dim", m->heads > 0 ? m->width / m->heads : 128);
         m->mlp = geti(c, "intermediate_size", 32768);
-    } else if (strcmp(cls, "AutoencoderKLFlux2") == 0) {
-        /* no activation formula yet (weights only); its scale factor sizes the latents */
-        m->kind = CDF_PLAN_OTHER;
-        int n = 0;
-        if (cdf_json_get_int_array(cfg, "block_out_channels", m->channels, 8, &n) == CDF_OK && n >= 1)
-            m->vae_scale_factor = 1 << (n - 1);
-    } else if (strcmp(cls, "AutoencoderKL") == 0) {
+    } else if (strcmp(cls, "AutoencoderKL") == 0 || strcmp(cls, "AutoencoderKLFlux2") == 0) {
+        /* AutoencoderKLFlux2 decodes with the same Decoder (its BatchNorm denormalisation and
+         * unpatchify act on the small latents), with `decoder_block_out_channels or
+         * block_out_channels` */
         m->kind = CDF_PLAN_VAE;
         int n = 0;
-        if (cdf_json_get_int_array(cfg, "block_out_channels", m->channels, 8, &n) != CDF_OK || n < 1) {
+        const cJSON *dec = cJSON_GetObjectItemCaseSensitive(cfg, "decoder_block_out_channels");
+        const bool flux2 = strcmp(cls, "AutoencoderKLFlux2") == 0;
+        const char *key = flux2 && cJSON_IsArray(dec) ? "decoder_block_out_channels" : "block_out_channels";
+        if (cdf_json_get_int_array(cfg, key, m->channels, 8, &n) != CDF_OK || n < 1) {
             n = 1;
             m->channels[0] = 64;
         }
