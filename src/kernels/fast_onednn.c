@@ -393,6 +393,9 @@ static void entry_insert(entry *e) {
 
 /* Creates the primitive of `desc`; false when that fails or oneDNN only has a reference
  * implementation (slower than ours). Records the implementation name. */
+static void (*g_new_primitive_hook)(void); /* set before the worker thread starts */
+void cdf_k_fast_set_new_primitive_hook(void (*hook)(void)) { g_new_primitive_hook = hook; }
+
 static bool make_prim(entry *e, const void *desc, dnnl_primitive_attr_t attr, dnnl_primitive_desc_t *pd_out) {
     dnnl_primitive_desc_t pd;
     *pd_out = NULL;
@@ -406,6 +409,8 @@ static bool make_prim(entry *e, const void *desc, dnnl_primitive_attr_t attr, dn
         return false;
     }
     *pd_out = pd;
+    void (*hook)(void) = g_new_primitive_hook;
+    if (hook) hook();
     return true;
 }
 
@@ -932,5 +937,6 @@ void cdf_k_fast_reset_stats(void) {}
 void cdf_k_fast_forget(const void *ptr) { (void)ptr; }
 void cdf_k_fast_clear(void) {}
 void cdf_k_fast_set_pack_limit(size_t bytes) { (void)bytes; }
+void cdf_k_fast_set_new_primitive_hook(void (*hook)(void)) { (void)hook; }
 
 #endif

@@ -78,6 +78,10 @@ void cdf_k_fast_reset_stats(void);
 void cdf_k_fast_forget(const void *ptr);
 /* Drop every cache: primitives, prepacked weights, workspaces. */
 void cdf_k_fast_clear(void);
+/* Called after each new oneDNN primitive (a call that can construct oneDNN's lazily built
+ * statics, whose destructors exit() runs): the cpu backend sets it to re-register its
+ * at-exit drain, so that the drain runs before those destructors (cpu_backend.c). */
+void cdf_k_fast_set_new_primitive_hook(void (*hook)(void));
 /* Cap on prepacked weight bytes (0 disables prepacking); existing copies are kept. */
 void cdf_k_fast_set_pack_limit(size_t bytes);
 

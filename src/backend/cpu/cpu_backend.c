@@ -2,12 +2,15 @@
  * Kernels parallelise internally with OpenMP on that worker, so the host thread is free to keep
  * issuing ops while the device computes (the TPU/CUDA stream model). */
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/backend_impl.h"
 #include "core/error_internal.h"
+#include "kernels/fast_onednn.h"
 
 #define CPU_QUEUE_CAP 512 /* pending ops before enqueue blocks: bounds how far the host runs ahead
                             (each pending op may hold an output buffer) */
@@ -25,6 +28,7 @@ typedef struct cpu_queue {
     char err_msg[2048];
     int threads;
     pthread_t worker;
+    bool exiting; /* the process is exiting (cpu_drain_at_exit): run nothing more */
 } cpu_queue;
 
 static cpu_queue g_cpu_queue;
@@ -39,7 +43,7 @@ static void *cpu_worker(void *arg) {
         q->head = (q->head + 1) % CPU_QUEUE_CAP;
         q->count--;
         q->running = true;
-        bool skip = q->err != CDF_OK;
+        bool skip = q->err != CDF_OK || q->exiting;
         int want_threads = q->threads;
         pthread_cond_signal(&q->not_full);
         pthread_mutex_unlock(&q->lock);
@@ -71,6 +75,33 @@ static void *cpu_worker(void *arg) {
     return NULL;
 }
 
+/* At process exit, let the queue finish first: exit() runs the libraries' destructors (oneDNN's
+ * lazily built statics among them) while the detached worker could still be inside a kernel
+ * that uses them — a program that frees its last outputs without a sync and returns from main
+ * crashed that way now and then (SIGSEGV in dnnl_primitive_desc_create, "malloc_consolidate():
+ * unaligned fastbin chunk", after the last test of a suite had passed). exit() runs handlers in
+ * reverse order of registration, so the drain is registered again after each new oneDNN
+ * primitive (the calls that build those statics): it then runs before their destructors. After
+ * it, queued work is dropped unexecuted. */
+static void cpu_drain_at_exit(void) {
+    cpu_queue *q = &g_cpu_queue;
+    if (pthread_equal(pthread_self(), q->worker)) return; /* a kernel called exit() */
+    /* bounded: a collective waiting for a rank that died must not keep the process alive */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10;
+    pthread_mutex_lock(&q->lock);
+    while (q->count > 0 || q->running)
+        if (pthread_cond_timedwait(&q->idle, &q->lock, &until) != 0) break;
+    q->exiting = true;
+    pthread_mutex_unlock(&q->lock);
+}
+
+static void cpu_register_exit_drain(void) {
+    static atomic_int registered;
+    if (atomic_fetch_add(&registered, 1) < 1024) atexit(cpu_drain_at_exit); /* a few per model shape */
+}
+
 static cdf_status cpu_init(int *n_devices) {
     cpu_queue *q = &g_cpu_queue;
     pthread_mutex_init(&q->lock, NULL);
@@ -80,6 +111,7 @@ static cdf_status cpu_init(int *n_devices) {
     q->threads = 0;
     const char *t = getenv("CDIFFUSERS_NUM_THREADS");
     if (t && atoi(t) > 0) q->threads = atoi(t);
+    cdf_k_fast_set_new_primitive_hook(cpu_register_exit_drain);
     /* the worker must not keep the process alive or be joined: detach it */
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -87,6 +119,7 @@ static cdf_status cpu_init(int *n_devices) {
     int rc = pthread_create(&q->worker, &attr, cpu_worker, q);
     pthread_attr_destroy(&attr);
     if (rc != 0) return cdf_error(CDF_ERR_DEVICE, "cannot start the cpu queue thread: %s", strerror(rc));
+    cpu_register_exit_drain();
     if (!cdf_backend_add_device(&cdf_cpu_backend_iface, 0, q)) return cdf_error(CDF_ERR_LIMIT, "device table full");
     *n_devices = 1;
     return CDF_OK;
