@@ -307,9 +307,9 @@ static bool find_default_model(char *out, size_t n) {
 
 /* DIR/cdiffusers_defaults.json (optional): the model's own defaults for what the user did not
  * pass, e.g. {"height": 64, "width": 64, "num_inference_steps": 20, "guidance_scale": 0.0,
- * "max_sequence_length": 24, "true_cfg_scale": 3.0, "negative_prompt": ""}. Returns EXIT_OK, or
- * EXIT_FAIL with the message printed. */
-static int apply_model_defaults(const char *dir, cdf_generate_params *gp) {
+ * "max_sequence_length": 24, "true_cfg_scale": 3.0, "negative_prompt": ""}. user_scale: the user
+ * passed --true-cfg-scale. Returns EXIT_OK, or EXIT_FAIL with the message printed. */
+static int apply_model_defaults(const char *dir, cdf_generate_params *gp, bool user_scale) {
     char path[4096];
     if (snprintf(path, sizeof path, "%s/cdiffusers_defaults.json", dir) >= (int)sizeof path || !file_exists(path))
         return EXIT_OK;
@@ -331,11 +331,11 @@ static int apply_model_defaults(const char *dir, cdf_generate_params *gp) {
                                                        sizeof negative);
     cJSON_Delete(j);
     if (s != CDF_OK) return fail(path);
-    /* true CFG: only when the user chose neither a scale nor a negative prompt */
-    if (gp->true_cfg_scale == 1.0f && !gp->negative_prompt && have_neg && cfg > 1.0 && isfinite(cfg)) {
-        gp->true_cfg_scale = (float)cfg;
-        gp->negative_prompt = negative;
-    }
+    /* true CFG, field by field: a scale given alone keeps the folder's negative prompt (true CFG
+     * needs both, so dropping it would silently turn CFG off), a negative prompt given alone
+     * keeps the folder's scale; --true-cfg-scale 1 still turns it off */
+    if (!gp->negative_prompt && have_neg) gp->negative_prompt = negative;
+    if (gp->true_cfg_scale == 1.0f && !user_scale && cfg > 1.0 && isfinite(cfg)) gp->true_cfg_scale = (float)cfg;
     /* out-of-range values are left to the pipeline's own checks, which name the parameter */
     if (gp->height <= 0 && h > 0 && h <= 1 << 20) gp->height = (int)h;
     if (gp->width <= 0 && w > 0 && w <= 1 << 20) gp->width = (int)w;
@@ -351,7 +351,7 @@ static int cmd_generate(int argc, char **argv) {
     const char *tp_replicate = NULL, *offload = "none";
     bool force = false, quiet = false, memory_stats = false;
     int mode = -1;
-    bool blocks = false;
+    bool blocks = false, user_true_cfg = false;
     long threads = 0, tp = 0;
     cdf_generate_params gp = cdf_generate_default_params();
     gp.prompt = NULL;
@@ -403,6 +403,7 @@ static int cmd_generate(int argc, char **argv) {
             break;
         case 'T':
             if (!parse_float(optarg, &gp.true_cfg_scale)) return usage_error("--true-cfg-scale needs a number, got '%s'", optarg);
+            user_true_cfg = true;
             break;
         case 'S': {
             char *end;
@@ -453,7 +454,7 @@ static int cmd_generate(int argc, char **argv) {
                                "next to the executable, in the source tree, or in $CDIFFUSERS_DEFAULT_MODEL)");
         model = default_model;
     }
-    if (apply_model_defaults(model, &gp) != EXIT_OK) return EXIT_FAIL;
+    if (apply_model_defaults(model, &gp, user_true_cfg) != EXIT_OK) return EXIT_FAIL;
     int rc_tp = check_launch(tp);
     if (rc_tp != EXIT_OK) return rc_tp;
     if (!gp.prompt) return usage_error("%s", "generate needs --prompt TEXT");

@@ -123,6 +123,29 @@ static void test_cli_default_model(void **state) {
     assert_int_equal(png.channels, 3);
     check_picture(png.pixels, png.width, png.height, k_cases[0].fg, k_cases[0].bg, "cli");
     cdf_png_image_free(&png);
+    /* the folder's defaults apply field by field: --true-cfg-scale alone keeps its negative prompt
+     * (true CFG needs both) and draws the same picture at the default scale; 1 turns CFG off */
+    char same[1024], off[1024];
+    snprintf(same, sizeof same, "%s/default_cfg3.png", tu_tmpdir());
+    snprintf(off, sizeof off, "%s/default_cfg1.png", tu_tmpdir());
+    const char *const scale[2] = {"3", "1"};
+    const char *const file[2] = {same, off};
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(tu_system("CDIFFUSERS_DEFAULT_MODEL= '%s' generate --prompt '%s' --seed %llu --true-cfg-scale %s "
+                                   "--output '%s' --quiet", CDF_CLI_PATH, k_cases[0].prompt,
+                                   (unsigned long long)k_cases[0].seed, scale[i], file[i]),
+                         0);
+    size_t n0 = 0, n1 = 0, n2 = 0;
+    char *a = tu_read_file(out, &n0), *b = tu_read_file(same, &n1), *c = tu_read_file(off, &n2);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_non_null(c);
+    assert_int_equal(n0, n1);
+    assert_memory_equal(a, b, n0);
+    assert_true(n0 != n2 || memcmp(a, c, n0) != 0);
+    free(a);
+    free(b);
+    free(c);
 }
 
 int main(void) {
