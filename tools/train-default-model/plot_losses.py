@@ -2,7 +2,9 @@
 
 usage: /usr/bin/python3 plot_losses.py runs/ loss_curves.png
 Reads every runs/*_loss.tsv (vae_loss.tsv, vae2_loss.tsv, vae_dec_loss.tsv, flux_loss.tsv).
+An optional RUN_DIR/labels.json ({"vae_dec": "...", "flux": "...", "title": "..."}) names the curves.
 """
+import json
 import glob
 import os
 import sys
@@ -31,6 +33,9 @@ def main():
     order = {"vae": 0, "vae_dec": 1, "vae_dec2": 2}
     vae.sort(key=lambda f: order.get(os.path.basename(f).replace("_loss.tsv", ""), 9))
     labels = {"vae": "encoder + decoder", "vae_dec": "decoder only (at nice 19)", "vae_dec2": "decoder only"}
+    lpath = os.path.join(run_dir, "labels.json")
+    if os.path.exists(lpath):
+        labels = json.load(open(lpath))
     offset = 0
     for f in vae:
         d = np.genfromtxt(f, names=True, delimiter="\t")
@@ -44,13 +49,16 @@ def main():
     axes[0].legend()
     for f in flux:
         d = np.genfromtxt(f, names=True, delimiter="\t")
-        axes[1].plot(d["step"], smooth(d["loss"], 100), label=os.path.basename(f).replace("_loss.tsv", ""))
+        name = os.path.basename(f).replace("_loss.tsv", "")
+        axes[1].plot(d["step"], smooth(d["loss"], 100), label=labels.get(name, name))
     axes[1].set_xlabel("step (batch 64)")
     axes[1].set_ylabel("flow-matching MSE, 100-step mean")
     axes[1].set_title("stage 2: CLIP + T5 + FluxTransformer2DModel")
     axes[1].legend()
     for a in axes:
         a.grid(alpha=0.3)
+    if "title" in labels:
+        fig.suptitle(labels["title"], fontsize=9)
     fig.tight_layout()
     fig.savefig(out)
     print("wrote", out)

@@ -32,3 +32,6 @@ $PY evaluate.py --cli "$CLI" --n 16 --out runs/eval --rescore --contact-sheet "$
 $PY evaluate.py --cli "$CLI" --n 100 --split train --out runs/eval_train
 $PY score_vae_recon.py
 $PY plot_losses.py runs loss_curves.png
+# 5. (3 December 2026) the shipped folder = the above, continued from its own exported weights for ~108 more
+#    minutes (stage 2) and ~97 minutes (decoder); export, parity, evaluation, contact sheet: continue.sh
+sh "$HERE/continue.sh"
