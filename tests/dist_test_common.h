@@ -137,6 +137,27 @@ static inline float *st_tensor(const char *path, const char *key, int64_t *n) {
     return p;
 }
 
+/* A TP run in a compile mode (its log and latents file) against the single-process latents and
+ * the eager TP run's per-rank io lines: latents_final within tol, and the same collectives and
+ * communicated bytes on every rank (all-reduce as a graph op changes where, not what). Frees log. */
+static inline void expect_compiled_tp_matches(char *log, const char *lat, const char *one_lat, const io_line eager[2],
+                                              double tol, const char *what) {
+    int64_t n1 = 0, n2 = 0;
+    float *one = st_tensor(one_lat, "latents_final", &n1), *got = st_tensor(lat, "latents_final", &n2);
+    assert_int_equal(n1, n2);
+    const double d = tu_max_abs_diff(one, got, (size_t)n1, NULL);
+    print_message("  %s: latents_final |tp - one| = %.3g (tol %.0e)\n", what, d, tol);
+    assert_true(d <= tol);
+    free(one), free(got);
+    io_line tc[2] = {{0}, {0}};
+    assert_int_equal(parse_io(log, tc, 2), 2);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(tc[r].collectives, eager[r].collectives);
+        assert_int_equal(tc[r].comm_bytes, eager[r].comm_bytes);
+    }
+    free(log);
+}
+
 /* Largest difference between two 8-bit images, in levels. */
 static inline int max_level_diff(const uint8_t *a, const uint8_t *b, size_t n) {
     int m = 0;

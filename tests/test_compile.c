@@ -89,12 +89,18 @@ static void test_sd3_compiled_matches_golden_and_reuses_graph(void **state) {
     cdf_component_free(c);
 }
 
+/* The golden kl16 VAE, compiled (default options), and its golden inputs/outputs in *io. */
+static cdf_component *compiled_golden_vae(cdf_tensor_map *io) {
+    cdf_component *c = tu_load_component(tu_data("golden/vae_kl16/vae"), CDF_F32);
+    tu_load_map(io, "golden/vae_kl16/io.safetensors");
+    assert_int_equal(cdf_component_compile(c, NULL), CDF_OK);
+    return c;
+}
+
 static void test_vae_decode_compiled(void **state) {
     (void)state;
-    cdf_component *c = tu_load_component(tu_data("golden/vae_kl16/vae"), CDF_F32);
     cdf_tensor_map io;
-    tu_load_map(&io, "golden/vae_kl16/io.safetensors");
-    assert_int_equal(cdf_component_compile(c, NULL), CDF_OK);
+    cdf_component *c = compiled_golden_vae(&io);
     double d1 = run_and_diff(c, "decode", &io, &io, "out.decode_sample");
     double d2 = run_and_diff(c, "decode", &io, &io, "out.decode_sample");
     double d3 = run_and_diff(c, "encode", &io, &io, "out.encode_mean");
@@ -117,10 +123,8 @@ static uint64_t device_bytes(void) {
 
 static void test_graph_arena_lives_only_while_it_runs(void **state) {
     (void)state;
-    cdf_component *c = tu_load_component(tu_data("golden/vae_kl16/vae"), CDF_F32);
     cdf_tensor_map io;
-    tu_load_map(&io, "golden/vae_kl16/io.safetensors");
-    assert_int_equal(cdf_component_compile(c, NULL), CDF_OK);
+    cdf_component *c = compiled_golden_vae(&io);
     const uint64_t base = device_bytes();
     cdf_device_reset_peak(tu_cpu());
     for (int call = 0; call < 3; call++) { /* capture, then two replays */

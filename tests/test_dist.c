@@ -573,19 +573,7 @@ static void run_tp_case(const char *pipeline, const char *case_name, const char 
         snprintf(mlat, sizeof mlat, "%s/%s_tp_mode%d.safetensors", tu_tmpdir(), tag, m);
         snprintf(margs, sizeof margs, "%s --tp-replicate %s", args, replicate);
         char *log3 = run_tp_compiled(margs, modes[m].args, mpng, mlat, modes[m].compiled);
-        float *c1 = st_tensor(one_lat, "latents_final", &n1), *c3 = st_tensor(mlat, "latents_final", &n2);
-        assert_int_equal(n1, n2);
-        const double d = tu_max_abs_diff(c1, c3, (size_t)n1, NULL);
-        print_message("  %s: latents_final |tp - one| = %.3g (tol %.0e)\n", modes[m].args, d, TP_VS_SINGLE_TOL);
-        assert_true(d <= TP_VS_SINGLE_TOL);
-        free(c1), free(c3);
-        io_line tm[2] = {{0}, {0}};
-        assert_int_equal(parse_io(log3, tm, 2), 2);
-        for (int r = 0; r < 2; r++) {
-            assert_int_equal(tm[r].collectives, tp[r].collectives);
-            assert_int_equal(tm[r].comm_bytes, tp[r].comm_bytes);
-        }
-        free(log3);
+        expect_compiled_tp_matches(log3, mlat, one_lat, tp, TP_VS_SINGLE_TOL, modes[m].args);
     }
     free(log1);
     free(log2);

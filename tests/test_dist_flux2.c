@@ -424,20 +424,8 @@ static void test_generate_tp2(void **state) {
     static const char *const compiled[] = {"Flux2Transformer2DModel.forward", NULL};
     char *log3 = run_tp_compiled(args, "--mode compile", out_path("flux2_gen", "_tpc.out"), out_path("flux2_gen", "_tpc.lat"),
                                  compiled);
-    f1 = st_tensor(out_path("flux2_gen", "_one.lat"), "latents_final", &n1);
-    f2 = st_tensor(out_path("flux2_gen", "_tpc.lat"), "latents_final", &n2);
-    assert_int_equal(n1, n2);
-    const double d_c = tu_max_abs_diff(f1, f2, (size_t)n1, NULL);
-    print_message("  --mode compile: final latents |tp - one| = %.3g (tol %.0e)\n", d_c, TP_VS_SINGLE_TOL);
-    assert_true(d_c <= TP_VS_SINGLE_TOL);
-    free(f1), free(f2);
-    io_line tc[2] = {{0}, {0}};
-    assert_int_equal(parse_io(log3, tc, 2), 2);
-    for (int r = 0; r < 2; r++) {
-        assert_int_equal(tc[r].collectives, tp[r].collectives);
-        assert_int_equal(tc[r].comm_bytes, tp[r].comm_bytes);
-    }
-    free(log3);
+    expect_compiled_tp_matches(log3, out_path("flux2_gen", "_tpc.lat"), out_path("flux2_gen", "_one.lat"), tp,
+                               TP_VS_SINGLE_TOL, "--mode compile");
     free(log1);
     free(log2);
 }

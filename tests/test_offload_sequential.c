@@ -277,6 +277,11 @@ static void test_sequential_with_compile_api(void **state) {
 /* FLUX.2 (its blocks go through cdf_block_run too): the golden tiny pipeline, whose text
  * encoder is the largest model, so no budget here: outputs and the denoising plan only. */
 static void check_plan(const char *dir, cdf_offload_mode mode, compile_variant variant);
+/* check_plan with sequential and with model offload */
+static void check_plans(const char *dir, compile_variant variant) {
+    check_plan(dir, CDF_OFFLOAD_SEQUENTIAL, variant);
+    check_plan(dir, CDF_OFFLOAD_MODEL, variant);
+}
 
 static void test_flux2_sequential(void **state) {
     (void)state;
@@ -294,10 +299,8 @@ static void test_flux2_sequential(void **state) {
     assert_true(pm.component[1].activation_known); /* the transformer's formula */
     assert_int_equal(current_bytes(), base);
     cdf_pipeline_free(p);
-    check_plan(dir, CDF_OFFLOAD_SEQUENTIAL, AS_LOADED);
-    check_plan(dir, CDF_OFFLOAD_MODEL, AS_LOADED);
-    check_plan(dir, CDF_OFFLOAD_SEQUENTIAL, API_BLOCKS);
-    check_plan(dir, CDF_OFFLOAD_MODEL, API_BLOCKS);
+    check_plans(dir, AS_LOADED);
+    check_plans(dir, API_BLOCKS);
 }
 
 /* The planner's weights are what the loaders put on the device, to the byte, for every pipeline
@@ -415,10 +418,8 @@ static void test_planner_sequential_within_10_percent(void **state) {
  * exists only while the block runs, and the plan models the largest one. */
 static void test_planner_repeated_blocks_within_10_percent(void **state) {
     (void)state;
-    check_plan(g_flux, CDF_OFFLOAD_SEQUENTIAL, API_BLOCKS);
-    check_plan(g_flux, CDF_OFFLOAD_MODEL, API_BLOCKS);
-    check_plan(g_sd3, CDF_OFFLOAD_SEQUENTIAL, API_BLOCKS);
-    check_plan(g_sd3, CDF_OFFLOAD_MODEL, API_BLOCKS);
+    check_plans(g_flux, API_BLOCKS);
+    check_plans(g_sd3, API_BLOCKS);
 }
 
 /* ---- misuse ------------------------------------------------------------------------------------- */
