@@ -149,6 +149,11 @@ def main():
     with open(os.path.join(args.out, "scores.json"), "w") as f:
         json.dump({"accuracy": acc, "n": len(rows), "rows": rows}, f, indent=1)
     print(f"n={len(rows)}", " ".join(f"{k}={v:.3f}" for k, v in acc.items()))
+    if args.split == "heldout":  # split by which combination is held out (a prompt can be both)
+        for name, held, key in (("colour x shape", S.HOLDOUT_SHAPE_COLOUR, "shape"),
+                                ("colour x background", S.HOLDOUT_COLOUR_BG, "bg")):
+            sub = [r for r in rows if (r["want"]["colour"], r["want"][key]) in held]
+            print(f"  held-out {name} pairs: n={len(sub)}", " ".join(f"{k}={v:.3f}" for k, v in summarise(sub).items()))
     if not args.self_test:
         print(f"mean generate wall time per image (CLI process incl. load): {t_gen / len(rows):.2f}s")
     if args.contact_sheet:

@@ -45,7 +45,9 @@ def main():
             ex.round_bf16(m)
             m.eval()
         for cfg in args.cfg:
-            ps, z = T.sample_and_score(vae, vcfg, clip, t5, flux, tok, 77, n=args.n, cfg_scale=cfg, latents_only=True)
+            # the checkpoint's latent factors (a --new-vae stage 2 measured its own)
+            vc = dict(vcfg, scaling_factor=ck["scale"], shift_factor=ck["shift"])
+            ps, z = T.sample_and_score(vae, vc, clip, t5, flux, tok, 77, n=args.n, cfg_scale=cfg, latents_only=True)
             for d, v in decs.items():
                 a = T.score_decoded(v, z, ps)
                 print(f"{os.path.basename(f)}@{ck['step']}\t{cfg}\t{os.path.basename(d)}\t" +

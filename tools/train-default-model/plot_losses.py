@@ -30,7 +30,7 @@ def main():
     flux = [f for f in files if "flux" in os.path.basename(f)]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
     # stages in training order, each continuing the step count of the previous one
-    order = {"vae": 0, "vae_dec": 1, "vae_dec2": 2}
+    order = {"vae": 0, "vae_a": 0, "vae_dec": 1, "vae_dec2": 2}
     vae.sort(key=lambda f: order.get(os.path.basename(f).replace("_loss.tsv", ""), 9))
     labels = {"vae": "encoder + decoder", "vae_dec": "decoder only (at nice 19)", "vae_dec2": "decoder only"}
     lpath = os.path.join(run_dir, "labels.json")
@@ -43,7 +43,7 @@ def main():
         axes[0].plot(d["step"] + offset, smooth(d["rec_mse"]), label=labels.get(name, name))
         offset += int(d["step"][-1])
     axes[0].set_yscale("log")
-    axes[0].set_xlabel("step (batch 16), stages one after the other")
+    axes[0].set_xlabel("step, stages one after the other (batch sizes in the legend)")
     axes[0].set_ylabel("reconstruction MSE (pixels in [-1, 1]), 50-step mean")
     axes[0].set_title("stage 1: AutoencoderKL")
     axes[0].legend()

@@ -35,3 +35,6 @@ $PY plot_losses.py runs loss_curves.png
 # 5. (3 December 2026) the shipped folder = the above, continued from its own exported weights for ~108 more
 #    minutes (stage 2) and ~97 minutes (decoder); export, parity, evaluation, contact sheet: continue.sh
 sh "$HERE/continue.sh"
+# 6. (3 December 2026, afternoon) the shipped folder = the above, then a VAE retrained with random-colour
+#    augmentation and stage 2 continued on its latents; export, parity, evaluation: recolour.sh
+sh "$HERE/recolour.sh"

@@ -122,6 +122,9 @@ def main():
     ap.add_argument("--export", default=None, help="write the pipeline folder (EMA weights, bf16) at the end")
     ap.add_argument("--init", default=None,
                     help="continue from this exported folder (its text encoders, transformer, VAE and factors)")
+    ap.add_argument("--new-vae", default=None,
+                    help="with --init: encode with this train_vae.py checkpoint instead of the folder's VAE and "
+                         "measure new shift/scaling factors (the text encoders and transformer start from the folder)")
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--sigma", choices=["uniform", "logit-normal"], default="uniform")
     ap.add_argument("--sigma-m", type=float, default=0.0)
@@ -141,12 +144,12 @@ def main():
 
     if args.init:
         vae, clip0, t50, flux0, vcfg0 = load_folder(args.init)  # bf16 values already
-    else:
+    if args.new_vae or not args.init:
         vae = M.AutoencoderKL(ex.VAE_CFG)
-        vae.load_state_dict(torch.load(args.vae)["model"])
+        vae.load_state_dict(torch.load(args.new_vae or args.vae)["model"])
         ex.round_bf16(vae)  # the shipped VAE is bf16: encode with exactly those weights
     vae.eval()
-    vae_src = args.init if args.init else args.vae
+    vae_src = args.new_vae or args.init or args.vae
     tok = S.Tokenizer(args.cli, os.path.join(ex.REPO, "tests", "data", "pipelines", "flux1_schnell_tiny"),
                       os.path.join(rundir, "tokens.json"), ex.T5_LEN)
     rng = np.random.default_rng(1)
@@ -159,7 +162,7 @@ def main():
     else:
         t0 = time.time()
         lat, cids, tids, caps = build_dataset(vae, tok, args.n_data, seed=args.data_seed)
-        if args.init:  # the transformer learnt these factors: keep them
+        if args.init and not args.new_vae:  # the transformer learnt these factors: keep them
             shift, scale = vcfg0["shift_factor"], vcfg0["scaling_factor"]
         else:
             shift = lat.mean().item()
