@@ -17,14 +17,8 @@
 # schedules follow them), so a rerun gives a similar, not bit-identical model. pick.py compares
 # checkpoints x decoders x CFG scales on held-out prompts (seed 99) before exporting.
 set -eu
-HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-CLI=${CLI:-$REPO/build/cdiffusers}
-INIT=${INIT:-$REPO/models/shapes-flux-tiny}
-OUT=${OUT:-$REPO/models/shapes-flux-tiny}
-PY=/usr/bin/python3
+. "$(dirname "$0")/env.sh"
 R=runs/r2
-cd "$HERE"
 mkdir -p $R
 ( $PY train_vae.py --init "$INIT" --decoder-only --threads 1 --minutes 106 --max-steps 2600 --batch 32 --lr 3e-4 \
       --warmup 50 --l1 0.5 --z-noise 0.5 --seed 11 --eval-minutes 10 --eval-n 100 --out $R/vae_dec.pt > $R/vae_dec.log 2>&1

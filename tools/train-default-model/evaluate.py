@@ -108,6 +108,14 @@ def summarise(rows):
     return acc
 
 
+def heldout_splits(rows):
+    """-> [(name, rows)]: the rows whose colour x shape, then colour x background, pair is held out
+    (a prompt can be in both)."""
+    return [(name, [r for r in rows if (r["want"]["colour"], r["want"][key]) in held])
+            for name, held, key in (("colour x shape", S.HOLDOUT_SHAPE_COLOUR, "shape"),
+                                    ("colour x background", S.HOLDOUT_COLOUR_BG, "bg"))]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cli", default=os.path.join(S.__file__.rsplit("/tools/", 1)[0], "build", "cdiffusers"))
@@ -149,10 +157,8 @@ def main():
     with open(os.path.join(args.out, "scores.json"), "w") as f:
         json.dump({"accuracy": acc, "n": len(rows), "rows": rows}, f, indent=1)
     print(f"n={len(rows)}", " ".join(f"{k}={v:.3f}" for k, v in acc.items()))
-    if args.split == "heldout":  # split by which combination is held out (a prompt can be both)
-        for name, held, key in (("colour x shape", S.HOLDOUT_SHAPE_COLOUR, "shape"),
-                                ("colour x background", S.HOLDOUT_COLOUR_BG, "bg")):
-            sub = [r for r in rows if (r["want"]["colour"], r["want"][key]) in held]
+    if args.split == "heldout":
+        for name, sub in heldout_splits(rows):
             print(f"  held-out {name} pairs: n={len(sub)}", " ".join(f"{k}={v:.3f}" for k, v in summarise(sub).items()))
     if not args.self_test:
         print(f"mean generate wall time per image (CLI process incl. load): {t_gen / len(rows):.2f}s")

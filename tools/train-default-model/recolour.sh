@@ -16,14 +16,8 @@
 #   3. pick.py, export, parity, evaluation.
 # Budgets are wall-clock, so a rerun gives a similar, not bit-identical model.
 set -eu
-HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-CLI=${CLI:-$REPO/build/cdiffusers}
-INIT=${INIT:-$REPO/models/shapes-flux-tiny}
-OUT=${OUT:-$REPO/models/shapes-flux-tiny}
-PY=/usr/bin/python3
+. "$(dirname "$0")/env.sh"
 R=runs/r3
-cd "$HERE"
 mkdir -p $R
 $PY train_vae.py --init "$INIT" --threads 1 --minutes 22 --batch 16 --lr 5e-4 --warmup 50 --l1 0.5 \
     --random-colours 0.6 --seed 21 --out $R/vae_a.pt > $R/vae_a.log 2>&1

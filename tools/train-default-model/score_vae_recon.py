@@ -19,7 +19,5 @@ with torch.no_grad(): r=v.decode(v.encode(x)[0])
 r=((r.clamp(-1,1)+1)*127.5).round().byte().permute(0,2,3,1).numpy()
 rows=[{'want':E.expected(a),'got':E.score_image(im,a['shape'])} for a,im in zip(ps,r)]
 print('VAE reconstructions of the held-out prompts\' true pictures:', E.summarise(rows))
-# the same, split by which combination is held out (a prompt can be both)
-for name, held in (('colour x shape', S.HOLDOUT_SHAPE_COLOUR), ('colour x background', S.HOLDOUT_COLOUR_BG)):
-    sub=[r for r in rows if (r['want']['colour'], r['want']['shape'] if held is S.HOLDOUT_SHAPE_COLOUR else r['want']['bg']) in held]
+for name, sub in E.heldout_splits(rows):
     print(f'  held-out {name} pairs (n={len(sub)}):', {k: round(v, 3) for k, v in E.summarise(sub).items()})

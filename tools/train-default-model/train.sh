@@ -3,11 +3,7 @@
 # (/usr/bin/python3) and a built cdiffusers (for the tokenizers, the parity check and the
 # evaluation). Times are wall-clock budgets on 2 shared CPU cores; the schedules follow them.
 set -eu
-HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-CLI=${CLI:-$REPO/build/cdiffusers}
-PY=/usr/bin/python3
-cd "$HERE"
+. "$(dirname "$0")/env.sh"
 mkdir -p runs
 # 0. cdiffusers runs our torch model code exactly (random weights, every component + generate)
 $PY check_parity.py --cli "$CLI"
