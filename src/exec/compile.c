@@ -883,9 +883,12 @@ static cdf_status run_with_host_weights(cdf_block_caches *bc, int cache, cdf_tra
             }
             /* the checkpoint's bytes converted as the loader converts them (cdf_tensor_from_host):
              * the same values as a resident load, bit for bit. The copy is new, so no queued op
-             * can see it yet and the host may write it directly. */
-            if (h->host_dtype == w->dtype) dev->iface->copy_from_host(dev, d->data, h->host_src, h->nbytes);
-            else cdf_convert(d->data, w->dtype, h->host_src, h->host_dtype, h->nbytes / cdf_dtype_size(w->dtype));
+             * can see it yet: an unordered upload, made while the device runs the block before. */
+            s = cdf_storage_upload(d, 0, w->dtype, h->host_src, h->host_dtype, h->nbytes / cdf_dtype_size(w->dtype));
+            if (s != CDF_OK) {
+                cdf_storage_release(d);
+                break;
+            }
             host[nb] = h;
             copy[nb++] = d;
         }

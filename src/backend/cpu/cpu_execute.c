@@ -2,6 +2,7 @@
  * own strides; the tensor API guarantees the layouts each kernel documents (contiguous where
  * required), so this file only resolves pointers and forwards parameters. */
 #include "backend/backend_impl.h"
+#include "backend/cpu/cpu_impl.h"
 #include "core/error_internal.h"
 #include "kernels/dispatch.h"
 
@@ -18,7 +19,8 @@ static const char *k_op_names[CDF_OP_COUNT] = {
 const char *cdf_op_name(cdf_op_kind k) { return (unsigned)k < CDF_OP_COUNT ? k_op_names[k] : "?"; }
 
 #define SRC(i) (n->src[i])
-#define PTR(t) ((t) ? cdf_tensor_data_ptr(t) : NULL)
+/* the host address of an operand's first element (device addresses translated: cpu_impl.h) */
+#define PTR(t) ((t) ? cdf_cpu_host_ptr(cdf_tensor_device_addr(t)) : NULL)
 
 cdf_status cdf_cpu_execute_node(const cdf_node *n) {
     cdf_tensor *d = n->dst;
@@ -28,7 +30,7 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n) {
         if (t && t->storage->is_virtual)
             return cdf_error(CDF_ERR_INTERNAL, "%s: operand %d has no memory (an unplanned compile buffer)", cdf_op_name(n->kind), i);
     }
-    void *dp = cdf_tensor_data_ptr(d);
+    void *dp = PTR(d);
     switch (n->kind) {
     case CDF_OP_COPY:
         return cdf_k_copy_strided(dp, d->dtype, d->strides, PTR(SRC(0)), SRC(0)->dtype, SRC(0)->strides, d->ndim,
