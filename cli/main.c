@@ -15,12 +15,17 @@
 #include "cdiffusers/dist.h"
 #include "core/error_internal.h"
 #include "models/component.h"
+#include "devices.h"
 #include "plan.h" /* cli/plan.c: the plan command, --memory-stats */
 
 /* Exit codes */
 enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2, EXIT_INTERRUPTED = 130 };
 
 static volatile sig_atomic_t g_interrupted;
+
+/* --device NAME (generate, run-model): NULL = the default device, the best one available. */
+static const char *g_device_name;
+static cdf_device *cli_device(void) { return g_device_name ? cdf_device_get(g_device_name) : cdf_device_default(); }
 static void on_sigint(int sig) {
     (void)sig;
     g_interrupted = 1;
@@ -49,6 +54,8 @@ static void usage(FILE *f) {
             "      --text-encoder-out-layers A,B,C  FLUX.2: text encoder layers stacked into the prompt embedding\n"
             "                               (default 10,20,30)\n"
             "      --latents-out FILE       also write latents_initial / latents_final (safetensors)\n"
+            "      --device NAME            device to run on, e.g. cpu or cpu:0 (default: the best available;\n"
+            "                               see cdiffusers devices)\n"
             "      --device-memory SIZE     device memory budget, e.g. 8G\n"
             "      --offload none|model|sequential  none (default): every model resident, fails up front if the\n"
             "                               weights exceed the budget; model: one model on the device at a time;\n"
@@ -64,7 +71,7 @@ static void usage(FILE *f) {
             "  cdiffusers run-model --model COMPONENT_DIR --inputs IN.safetensors --output OUT.safetensors\n"
             "                       [--method forward|encode|decode] [--dtype f32|bf16] [--repeat N] [--force]\n"
             "                       [--mode eager|fuse|compile] [--no-fullgraph] [--compile-repeated-blocks]\n"
-            "                       [--tp N [--tp-replicate A,B]]  (under mpirun -np N; rank 0 writes)\n"
+            "                       [--tp N [--tp-replicate A,B]]  (under mpirun -np N; rank 0 writes) [--device NAME]\n"
             "      one forward of one component, chosen by its config.json; inputs by diffusers' argument\n"
             "      names, outputs as out.<name>. With --repeat N prints forward_ms=<ms> per forward to stderr.\n"
             "  cdiffusers plan --model DIR [--height H --width W] [--offload none|model|sequential] [--dtype f32|bf16]\n"
@@ -75,10 +82,13 @@ static void usage(FILE *f) {
             "  cdiffusers tokenize --model DIR --prompt TEXT [--max-length N]\n"
             "      DIR is a tokenizer folder or a pipeline folder (then every tokenizer_* is used)\n"
             "  cdiffusers info --model DIR\n"
+            "  cdiffusers devices\n"
+            "      the compiled-in backends, the devices found (the first is the default), and why a backend found none\n"
             "  cdiffusers --help | --version\n"
             "\n"
             "environment: CDIFFUSERS_CPU_MEMORY_LIMIT=8G, CDIFFUSERS_NUM_THREADS=N,\n"
             "             CDIFFUSERS_BACKEND_AUTOLOAD=0 (load backends explicitly),\n"
+            "             CDIFFUSERS_CPU_DISCRETE=1 (test mode: cpu memory not addressable above the backend),\n"
             "             CDIFFUSERS_LOG=io (per-rank weight bytes read, peak memory, communication),\n"
             "             CDIFFUSERS_DIST_TIMEOUT=S (seconds a rank waits for the others, default 600)\n"
             "exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted\n",
@@ -223,7 +233,7 @@ static int tp_start(tp_run *tr, long tp, const char *replicate) {
         cdf_dist_finalize(tr->pg);
         return EXIT_USAGE;
     }
-    if (cdf_device_mesh_new(tr->pg, cdf_device_get("cpu"), &tr->mesh) != CDF_OK ||
+    if (cdf_device_mesh_new(tr->pg, cli_device(), &tr->mesh) != CDF_OK ||
         cdf_tp_enable(tr->mesh, replicate) != CDF_OK) {
         int rc = fail("--tp");
         cdf_device_mesh_free(tr->mesh);
@@ -369,6 +379,7 @@ static int cmd_generate(int argc, char **argv) {
         {"mode", required_argument, 0, 'E'},         {"text-encoder-out-layers", required_argument, 0, 'Y'},
         {"compile-repeated-blocks", no_argument, 0, 'B'},
         {"offload", required_argument, 0, 'O'},      {"memory-stats", no_argument, 0, 'K'},
+        {"device", required_argument, 0, 'D'},
         {0, 0, 0, 0},
     };
     int c;
@@ -431,6 +442,7 @@ static int cmd_generate(int argc, char **argv) {
             gp.text_encoder_out_layers = te_layers;
             break;
         case 'M': mem = optarg; break;
+        case 'D': g_device_name = optarg; break;
         case 'E':
             if ((mode = parse_mode(optarg)) < 0) return usage_error("--mode must be eager, fuse or compile, got '%s'", optarg);
             break;
@@ -459,6 +471,7 @@ static int cmd_generate(int argc, char **argv) {
     if (rc_tp != EXIT_OK) return rc_tp;
     if (!gp.prompt) return usage_error("%s", "generate needs --prompt TEXT");
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    lp.device = g_device_name;
     if (strcmp(dtype, "f32") == 0) lp.weight_dtype = CDF_F32;
     else if (strcmp(dtype, "bf16") == 0) lp.weight_dtype = CDF_BF16;
     else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
@@ -484,7 +497,7 @@ static int cmd_generate(int argc, char **argv) {
         else if (!output_writable(output, force) || (latents_out && !output_writable(latents_out, force)))
             st = cdf_last_status();
     }
-    cdf_device *dev = st == CDF_OK ? cdf_device_get("cpu") : NULL;
+    cdf_device *dev = st == CDF_OK ? cli_device() : NULL;
     if (st == CDF_OK && !dev) {
         st = cdf_last_status();
         stage = "device";
@@ -601,7 +614,8 @@ static int cmd_run_model(int argc, char **argv) {
         {"mode", required_argument, 0, 'E'},   {"no-fullgraph", no_argument, 0, 'G'},
         {"compile-repeated-blocks", no_argument, 0, 'B'},
         {"tp", required_argument, 0, 'P'},     {"tp-replicate", required_argument, 0, 'R'},
-        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
+        {"device", required_argument, 0, 'D'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     int c;
     optind = 1;
@@ -627,6 +641,7 @@ static int cmd_run_model(int argc, char **argv) {
             if (!parse_int(optarg, 1, 4096, &tp)) return usage_error("--tp needs a positive number of ranks, got '%s'", optarg);
             break;
         case 'R': tp_replicate = optarg; break;
+        case 'D': g_device_name = optarg; break;
         case 'f': force = true; break;
         case 'h': usage(stdout); return EXIT_OK;
         default: return EXIT_USAGE;
@@ -654,7 +669,7 @@ static int cmd_run_model(int argc, char **argv) {
     if (rc != EXIT_OK) return rc;
     cdf_status st = CDF_OK;
     const char *stage = NULL;
-    opt.device = cdf_device_get("cpu");
+    opt.device = cli_device();
     if (!opt.device) st = cdf_last_status(), stage = "device";
     if (st == CDF_OK && threads) cdf_device_set_threads(opt.device, (int)threads);
     cdf_component *comp = NULL;
@@ -841,6 +856,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 1, argv + 1);
     if (strcmp(cmd, "info") == 0) return cmd_info(argc - 1, argv + 1);
     if (strcmp(cmd, "plan") == 0) return cdf_cli_plan(argc - 1, argv + 1);
+    if (strcmp(cmd, "devices") == 0) return cdf_cli_devices(argc - 1, argv + 1);
     fprintf(stderr, "cdiffusers: unknown command '%s' (see cdiffusers --help)\n", cmd);
     return EXIT_USAGE;
 }

@@ -30,7 +30,7 @@ typedef enum cdf_offload_mode {
 } cdf_offload_mode;
 
 typedef struct cdf_pipeline_load_params {
-    const char *device;       /* "cpu" (default) */
+    const char *device;       /* "cpu", "cpu:0", ...; NULL (default) = the best device available */
     cdf_dtype weight_dtype;   /* CDF_BF16 (default): bf16 weights, matmul/conv inputs rounded to bf16,
                                  f32 accumulation, f32 elsewhere; CDF_F32: the exact path */
     cdf_offload_mode offload; /* CDF_OFFLOAD_NONE (default). With NONE, a device budget smaller than

@@ -154,8 +154,23 @@ cdf_device *cdf_device_get(const char *name) {
         if (strcmp(g_devices[i].iface->name, type) == 0 && g_devices[i].index == index) return &g_devices[i];
     bool loaded = false;
     for (int i = 0; i < g_n_backends; i++) loaded |= strcmp(g_backends[i]->name, type) == 0;
-    if (loaded) cdf_error(CDF_ERR_NOT_FOUND, "device '%s' does not exist", name);
-    else cdf_error(CDF_ERR_NOT_FOUND, "no backend '%s' is loaded (autoload off? call cdf_backend_load(\"%s\"))", type, type);
+    int bi = -1;
+    for (int i = 0; i < cdf_backend_compiled_count(); i++)
+        if (strcmp(k_builtin[i]->name, type) == 0) bi = i;
+    if (loaded) {
+        cdf_error(CDF_ERR_NOT_FOUND, "device '%s' does not exist", name);
+    } else if (bi < 0) {
+        char known[256] = "";
+        for (int i = 0; i < cdf_backend_compiled_count(); i++) {
+            strncat(known, i ? ", " : "", sizeof known - strlen(known) - 1);
+            strncat(known, k_builtin[i]->name, sizeof known - strlen(known) - 1);
+        }
+        cdf_error(CDF_ERR_NOT_FOUND, "no backend '%s' in this build (compiled in: %s; see cdiffusers devices)", type, known);
+    } else if (g_why_none[bi][0]) {
+        cdf_error(CDF_ERR_NOT_FOUND, "device '%s': the %s backend found no device (%s)", name, type, g_why_none[bi]);
+    } else {
+        cdf_error(CDF_ERR_NOT_FOUND, "no backend '%s' is loaded (autoload off? call cdf_backend_load(\"%s\"))", type, type);
+    }
     return NULL;
 }
 

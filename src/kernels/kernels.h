@@ -160,7 +160,10 @@ cdf_status cdf_k_group_norm(void *out, cdf_dtype out_dt, const void *in, cdf_dty
                             int64_t s, int64_t groups, float eps, const void *weight, const void *bias,
                             cdf_dtype wdt);
 
-typedef enum cdf_reduce_op { CDF_RED_SUM, CDF_RED_MEAN, CDF_RED_VAR /* biased */, CDF_RED_MAX, CDF_RED_MIN } cdf_reduce_op;
+typedef enum cdf_reduce_op {
+    CDF_RED_SUM, CDF_RED_MEAN, CDF_RED_VAR /* biased */, CDF_RED_MAX, CDF_RED_MIN,
+    CDF_RED_ARGMAX /* index of the first maximum (torch.argmax); any numeric input, i64 output, exact */
+} cdf_reduce_op;
 /* out[o, i] = reduce_{r < red} in[o, r, i] over a contiguous [outer, red, inner] view (f32 accum). */
 cdf_status cdf_k_reduce(cdf_reduce_op op, void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt,
                         int64_t outer, int64_t red, int64_t inner);

@@ -772,7 +772,12 @@ static cdf_tensor *reduce(cdf_tensor *x, int dim, bool keepdim, cdf_reduce_op op
             shape[nd++] = x->shape[i];
         }
     }
-    cdf_tensor *out = cdf_tensor_alloc(dev_of(x), is_float(x->dtype) ? x->dtype : CDF_F32, nd, shape);
+    if (x->shape[d] == 0 && (op == CDF_RED_MAX || op == CDF_RED_ARGMAX)) {
+        REL(c);
+        FAIL(CDF_ERR_INVALID_ARG, "%s: reduction over the empty dim %d of %s", who, dim, desc(x));
+    }
+    const cdf_dtype odt = op == CDF_RED_ARGMAX ? CDF_I64 : is_float(x->dtype) ? x->dtype : CDF_F32;
+    cdf_tensor *out = cdf_tensor_alloc(dev_of(x), odt, nd, shape);
     cdf_node *n = out ? cdf_node_new(CDF_OP_REDUCE) : NULL;
     cdf_status s = CDF_ERR_OUT_OF_MEMORY;
     if (n) {
@@ -794,6 +799,7 @@ cdf_tensor *cdf_sum(cdf_tensor *x, int dim, bool keepdim) { return reduce(x, dim
 cdf_tensor *cdf_mean(cdf_tensor *x, int dim, bool keepdim) { return reduce(x, dim, keepdim, CDF_RED_MEAN, "mean"); }
 cdf_tensor *cdf_var(cdf_tensor *x, int dim, bool keepdim) { return reduce(x, dim, keepdim, CDF_RED_VAR, "var"); }
 cdf_tensor *cdf_max(cdf_tensor *x, int dim, bool keepdim) { return reduce(x, dim, keepdim, CDF_RED_MAX, "max"); }
+cdf_tensor *cdf_argmax(cdf_tensor *x, int dim, bool keepdim) { return reduce(x, dim, keepdim, CDF_RED_ARGMAX, "argmax"); }
 
 /* ---- convolution / resampling ---------------------------------------------------------- */
 
