@@ -22,6 +22,9 @@ typedef struct cdf_component_class {
      * name from `in` (absent = None), writes outputs into `out` under "out.<name>". Runs inside
      * a tensor scope owned by the caller. */
     cdf_status (*run)(void *impl, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out);
+    /* Inputs whose values decide the computation itself (layer lists, position grids): read on the
+     * host, so under compile they are static inputs of the graph (exec/compile.h). NULL = none. */
+    const char *const *static_inputs;
 } cdf_component_class;
 
 typedef struct cdf_component cdf_component;

@@ -65,6 +65,11 @@ cdf_status cdf_component_run_compiled(cdf_component *c, const char *method, cons
         snprintf(name, sizeof name, "%s.%s", c->class_name, method);
         c->graphs[m] = cdf_graph_cache_new(name, &c->compile_opt);
         if (!c->graphs[m]) return cdf_last_status();
+        if (cdf_graph_cache_set_static_inputs(c->graphs[m], c->cls->static_inputs) != CDF_OK) {
+            cdf_graph_cache_free(c->graphs[m]);
+            c->graphs[m] = NULL;
+            return cdf_last_status();
+        }
     }
     run_ctx r = {c, method};
     return cdf_graph_cache_run(c->graphs[m], run_adapter, &r, in, out, NULL, 0);

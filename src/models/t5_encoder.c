@@ -37,7 +37,7 @@ struct cdf_t5_encoder {
     t5_act act;
     /* weights */
     cdf_tensor *shared;     /* [vocab, d_model] */
-    cdf_tensor *relative_bias; /* f32 [num_buckets, local_heads]: block 0's relative_attention_bias, this rank's heads */
+    cdf_tensor *relative_bias; /* f32 [num_buckets, num_heads]: block 0's relative_attention_bias */
     t5_block *blocks;       /* [num_layers] */
     cdf_norm_layer final_layer_norm;
     /* tensor parallelism: NULL when whole; else this rank holds heads [head0, head0 + local_heads) */
@@ -176,11 +176,7 @@ static cdf_status load_weights(cdf_weights *w, cdf_t5_encoder *m) {
     cdf_tensor *rb = cdf_weights_get_f32(w, 2, (int64_t[]){m->num_buckets, m->num_heads},
                                          "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight");
     if (!rb) return cdf_last_status();
-    cdf_scope_push(); /* the view and the copy are scope-recorded; the model keeps its own reference */
-    m->relative_bias = cdf_tensor_retain(cdf_contiguous(cdf_narrow(rb, 1, m->head0, m->local_heads)));
-    cdf_scope_pop(NULL, 0);
-    cdf_tensor_release(rb);
-    if (!m->relative_bias) return cdf_last_status();
+    m->relative_bias = rb;
 
     m->blocks = calloc((size_t)m->num_layers, sizeof *m->blocks);
     if (!m->blocks) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (%lld T5 blocks)", (long long)m->num_layers);
@@ -287,7 +283,8 @@ static cdf_tensor *make_position_bias(const cdf_t5_encoder *m, cdf_device *dev, 
     cdf_tensor *ids = cdf_tensor_from_host(dev, CDF_I64, 1, (int64_t[]){L * L}, buckets, CDF_I64);
     free(buckets);
     free(bucket_of);
-    cdf_tensor *rows = cdf_reshape(cdf_embedding(m->relative_bias, ids), 3, (int64_t[]){L, L, Hn}); /* [i, j, h] */
+    cdf_tensor *all = cdf_embedding(m->relative_bias, ids);                                    /* [L * L, heads] */
+    cdf_tensor *rows = cdf_reshape(cdf_narrow(all, 1, m->head0, Hn), 3, (int64_t[]){L, L, Hn}); /* [i, j, h] */
     return cdf_contiguous(cdf_unsqueeze(cdf_permute(rows, (int[]){2, 0, 1}), 0));
 }
 
