@@ -18,8 +18,7 @@ Files (tests/data/lora/):
                           network alphas "transformer.<module>.alpha" (alpha != rank, ranks vary)
   flux_kohya.safetensors  kohya/sd-scripts keys "lora_unet_double_blocks_0_img_attn_qkv.lora_down/
                           lora_up.weight" + ".alpha": fused qkv, single-block linear1 (q, k, v, mlp),
-                          img_in / txt_in / time_in / guidance_in / vector_in, final_layer (with
-                          diffusers' scale/shift swap)
+                          linear2, modulation; one module without alpha
   flux_second.safetensors a second diffusers-format adapter (no alphas) for the multi-adapter case
   sd3_peft.safetensors    SD3 transformer adapter in diffusers/PEFT keys (no alphas: SD3's loader
                           takes none)
@@ -105,14 +104,19 @@ def flux_peft_adapter(cfg, seed, alphas):
              ("proj_out", ("D", cfg["in_channels"])), ("norm_out.linear", ("D", "2D")),
              ("time_text_embed.timestep_embedder.linear_1", (256, "D"))]
     dims["2D"] = 2 * dims["D"]
+    names = [m[0] for m in mods]
     for n, (name, (mi, mo)) in enumerate(mods):
         fin = dims[mi] if isinstance(mi, str) else mi
         fout = dims[mo] if isinstance(mo, str) else mo
-        r = (4, 2, 3)[n % 3]
+        # PEFT matches diffusers' alpha/rank patterns as name suffixes: the top-level
+        # "proj_out" pattern also catches "single_transformer_blocks.<i>.proj_out" (checked with
+        # peft 0.21.2), so the two get the same rank and alpha here (see README.md)
+        k = names.index("single_transformer_blocks.0.proj_out") if name == "proj_out" else n
+        r = (4, 2, 3)[k % 3]
         sd[f"transformer.{name}.lora_A.weight"] = rnd(g, r, fin, std=fin ** -0.5)
         sd[f"transformer.{name}.lora_B.weight"] = rnd(g, fout, r, std=0.15)
         if alphas:
-            sd[f"transformer.{name}.alpha"] = torch.tensor(float((8.0, 1.0, 6.0)[n % 3]))
+            sd[f"transformer.{name}.alpha"] = torch.tensor(float((8.0, 1.0, 6.0)[k % 3]))
     return sd
 
 
@@ -139,19 +143,9 @@ def flux_kohya_adapter(cfg, seed):
         add(f"lora_unet_single_blocks_{i}_linear1", D, 3 * D + M, 4, 3.0)
         add(f"lora_unet_single_blocks_{i}_linear2", D + M, D, 4, 4.0)
         add(f"lora_unet_single_blocks_{i}_modulation_lin", D, 3 * D, 2, 2.0)
-    add("lora_unet_img_in", cfg["in_channels"], D, 4, 4.0)
-    add("lora_unet_txt_in", cfg["joint_attention_dim"], D, 4, 4.0)
-    add("lora_unet_time_in_in_layer", 256, D, 4, 4.0)
-    add("lora_unet_time_in_out_layer", D, D, 4, 4.0)
-    add("lora_unet_vector_in_in_layer", cfg["pooled_projection_dim"], D, 4, 4.0)
-    if cfg.get("guidance_embeds"):
-        add("lora_unet_guidance_in_in_layer", 256, D, 4, 4.0)
-        add("lora_unet_guidance_in_out_layer", D, D, 4, 4.0)
-    # final_layer: diffusers drops these alphas (assign_remaining_weights): none written
-    sd["lora_unet_final_layer_linear.lora_down.weight"] = rnd(g, 4, D, std=D ** -0.5)
-    sd["lora_unet_final_layer_linear.lora_up.weight"] = rnd(g, cfg["in_channels"], 4, std=0.15)
-    sd["lora_unet_final_layer_adaLN_modulation_1.lora_down.weight"] = rnd(g, 4, D, std=D ** -0.5)
-    sd["lora_unet_final_layer_adaLN_modulation_1.lora_up.weight"] = rnd(g, 2 * D, 4, std=0.15)
+    # Not written: img_in, txt_in, time_in, vector_in, guidance_in, final_layer. diffusers'
+    # converter maps them to keys without the "transformer." prefix, which its transformer loader
+    # then leaves out without an error (checked with diffusers 0.42.1): there is no reference for them.
     return sd
 
 
