@@ -308,6 +308,100 @@ static void test_key_names(void **st) {
     assert_false(cdf_lora_diffusers_target("transformer.", &t));
 }
 
+/* ---- the CLI on a whole pipeline -------------------------------------------------------------
+ * tests/data/lora/pipe_flux1_dev_tiny_fused_0.8/transformer is the tiny FluxPipeline's
+ * transformer with pipe_flux1_dev_tiny_kohya.safetensors merged offline by diffusers (fuse_lora at
+ * 0.8, save_pretrained). Equivalence: generate with `--lora-mode fuse` on the original folder gives
+ * the latents generate gives on a folder with that transformer; run time gives them too. 1e-4:
+ * the merged weights differ from ours by float32 rounding (the delta is summed in another order),
+ * which three denoising steps carry into latents of magnitude ~2. */
+#define CLI_ATOL 1e-4
+
+static float *final_latents(const char *path, int64_t *n) {
+    cdf_tensor_map m;
+    cdf_tensor_map_init(&m);
+    assert_int_equal(cdf_tensor_map_load(&m, path, tu_cpu()), CDF_OK);
+    cdf_tensor *t = cdf_tensor_map_get(&m, "latents_final");
+    assert_non_null(t);
+    *n = cdf_tensor_numel(t);
+    float *v = cdf_tensor_read_f32(t);
+    cdf_tensor_map_clear(&m);
+    return v;
+}
+
+static int generate(const char *model, const char *extra, const char *tag) {
+    return tu_system("'%s' generate --model '%s' --prompt 'a red cube' --steps 3 --height 64 --width 64 --dtype f32 "
+                     "--seed 7 --quiet --force --output '%s/%s.png' --latents-out '%s/%s.safetensors' %s 2> '%s/%s.err'",
+                     CDF_CLI_PATH, model, tu_tmpdir(), tag, tu_tmpdir(), tag, extra, tu_tmpdir(), tag);
+}
+
+static void test_cli_fuse_matches_offline_fused_folder(void **st) {
+    (void)st;
+    const char *pipe = path_of("pipelines/flux1_dev_tiny");
+    const char *fused = tmp_path("fused_pipeline");
+    assert_int_equal(tu_system("rm -rf '%s' && mkdir -p '%s' && cd '%s' && for e in *; do [ \"$e\" = transformer ] || "
+                               "[ \"$e\" = cases ] || ln -s \"$PWD/$e\" '%s/'\"$e\"; done && ln -s '%s' '%s/transformer'",
+                               fused, fused, pipe, fused, path_of("lora/pipe_flux1_dev_tiny_fused_0.8/transformer"), fused),
+                     0);
+    char arg[1024];
+    snprintf(arg, sizeof arg, "--lora '%s:0.8' --lora-mode fuse", path_of("lora/pipe_flux1_dev_tiny_kohya.safetensors"));
+    assert_int_equal(generate(pipe, arg, "fuse"), 0);
+    snprintf(arg, sizeof arg, "--lora '%s:0.8'", path_of("lora/pipe_flux1_dev_tiny_kohya.safetensors"));
+    assert_int_equal(generate(pipe, arg, "runtime"), 0);
+    assert_int_equal(generate(fused, "", "offline"), 0);
+    assert_int_equal(generate(pipe, "", "base"), 0);
+    /* the load message counts the layers: 10 kohya modules per double block (q/k/v split) and 3
+     * per single block (linear1 split in 4) reach 14 x 2 + 6 x 2 layers */
+    size_t len;
+    char *err = tu_read_file(tmp_path("fuse.err"), &len);
+    assert_non_null(err);
+    if (!strstr(err, "kohya format): 40 layers, scale 0.8, fused")) fail_msg("load message: %s", err);
+    free(err);
+    int64_t n1, n2, n3, n4;
+    float *fz = final_latents(tmp_path("fuse.safetensors"), &n1), *rt = final_latents(tmp_path("runtime.safetensors"), &n2);
+    float *off = final_latents(tmp_path("offline.safetensors"), &n3), *base = final_latents(tmp_path("base.safetensors"), &n4);
+    assert_true(n1 == n2 && n1 == n3 && n1 == n4);
+    const double d_fuse = tu_max_abs_diff(fz, off, (size_t)n1, NULL), d_rt = tu_max_abs_diff(rt, off, (size_t)n1, NULL);
+    const double d_base = tu_max_abs_diff(base, off, (size_t)n1, NULL);
+    fprintf(stderr, "  latents vs offline-fused folder: fuse %.3g, run time %.3g (base model %.3g)\n", d_fuse, d_rt, d_base);
+    assert_true(d_fuse < CLI_ATOL);
+    assert_true(d_rt < CLI_ATOL);
+    assert_true(d_base > 100 * CLI_ATOL); /* the adapter matters */
+    free(fz);
+    free(rt);
+    free(off);
+    free(base);
+}
+
+static void test_cli_bad_lora(void **st) {
+    (void)st;
+    const char *pipe = path_of("pipelines/flux1_dev_tiny");
+    const char *bad = tmp_path("nan_lora.safetensors");
+    write_adapter(bad, QA, 4, 32, QB, 32, 4, NAN, NULL);
+    char arg[1024];
+    snprintf(arg, sizeof arg, "--lora '%s'", bad);
+    assert_int_equal(tu_system("rm -f '%s/bad.png' '%s/bad.safetensors'", tu_tmpdir(), tu_tmpdir()), 0);
+    assert_true(generate(pipe, arg, "bad") != 0);
+    assert_int_equal(access(tmp_path("bad.png"), F_OK), -1);
+    assert_int_equal(access(tmp_path("bad.safetensors"), F_OK), -1);
+    size_t len;
+    char *err = tu_read_file(tmp_path("bad.err"), &len);
+    if (!err || !strstr(err, "non-finite")) fail_msg("message: %s", err ? err : "(none)");
+    free(err);
+    snprintf(arg, sizeof arg, "--lora '%s:nan'", path_of("lora/pipe_flux1_dev_tiny_kohya.safetensors"));
+    assert_true(generate(pipe, arg, "bad") != 0);
+    assert_int_equal(access(tmp_path("bad.png"), F_OK), -1);
+    snprintf(arg, sizeof arg, "--lora '%s' --lora-mode sideways", path_of("lora/pipe_flux1_dev_tiny_kohya.safetensors"));
+    assert_true(generate(pipe, arg, "bad") != 0);
+    /* an adapter for another model: shapes fit no layer */
+    snprintf(arg, sizeof arg, "--lora '%s'", path_of("lora/flux_kohya.safetensors"));
+    assert_true(generate(pipe, arg, "bad") != 0);
+    err = tu_read_file(tmp_path("bad.err"), &len);
+    if (!err || !strstr(err, "fits no layer")) fail_msg("message: %s", err ? err : "(none)");
+    free(err);
+    assert_int_equal(access(tmp_path("bad.png"), F_OK), -1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_names),           cmocka_unit_test(test_flux_peft_runtime),
@@ -316,6 +410,7 @@ int main(void) {
         cmocka_unit_test(test_sd3_fused),           cmocka_unit_test(test_flux_multi_peft),
         cmocka_unit_test(test_flux_multi_kohya),    cmocka_unit_test(test_compile_whole_scale),
         cmocka_unit_test(test_compile_blocks_scale), cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_cli_fuse_matches_offline_fused_folder), cmocka_unit_test(test_cli_bad_lora),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -61,9 +61,12 @@ def rnd(g, *shape, std=1.0):
     return (torch.randn(*shape, generator=g) * std).float()
 
 
+_KOHYA_SRC = textwrap.dedent(inspect.getsource(lcu._convert_kohya_flux_lora_to_diffusers))
+
+
 def patch_kohya_dims(d, m):
     """diffusers' kohya FLUX converter with the tiny model's linear1 widths."""
-    src = textwrap.dedent(inspect.getsource(lcu._convert_kohya_flux_lora_to_diffusers))
+    src = _KOHYA_SRC
     old = "dims=[3072, 3072, 3072, 12288]"
     assert src.count(old) == 1, "diffusers' converter changed: re-check the deviation"
     src = src.replace(old, f"dims=[{d}, {d}, {d}, {m}]")
@@ -268,6 +271,25 @@ def main():
     save_file({f"out.{k}": v for k, v in out3.items()}, os.path.join(a.out, "sd3.safetensors"))
     stats.update({f"sd3.{k}": {"max_abs": float(v.abs().max()), "max_abs_diff_vs_base": float((v - out3["base"]).abs().max())}
                   for k, v in out3.items()})
+    # The tiny FluxPipeline's transformer (tests/data/pipelines/flux1_dev_tiny): a kohya adapter and
+    # that adapter merged offline by diffusers (fuse_lora at 0.8, unload_lora, save_pretrained):
+    # the folder `--lora-mode fuse` must reproduce.
+    folder = os.path.join(ROOT, "tests", "data", "pipelines", "flux1_dev_tiny", "transformer")
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    d = flux_dims(cfg)
+    patch_kohya_dims(d["D"], d["M"])
+    pipe_lora = os.path.join(a.out, "pipe_flux1_dev_tiny_kohya.safetensors")
+    save_file(flux_kohya_adapter(cfg, 5), pipe_lora, metadata={"format": "pt"})
+    with torch.no_grad():
+        m = FluxTransformer2DModel.from_pretrained(folder, torch_dtype=torch.float32).eval()
+        load_into(FluxLoraLoaderMixin, m, pipe_lora, "a")
+        m.fuse_lora(lora_scale=0.8)
+        m.unload_lora()
+        fused_dir = os.path.join(a.out, "pipe_flux1_dev_tiny_fused_0.8", "transformer")
+        m.save_pretrained(fused_dir)
+        base = FluxTransformer2DModel.from_pretrained(folder, torch_dtype=torch.float32)
+        q = "transformer_blocks.0.attn.to_q.weight"
+        meta["pipe_fused_to_q_change"] = float((m.state_dict()[q] - base.state_dict()[q]).abs().max())
     meta["outputs"] = stats
     json.dump(meta, open(os.path.join(a.out, "reference.json"), "w"), indent=1, sort_keys=True)
     print(json.dumps(stats, indent=1))
