@@ -65,6 +65,11 @@ static void usage(FILE *f) {
             "                               only its shard of the transformer and text encoders; rank 0 writes\n"
             "                               (mpirun -np N cdiffusers generate ... --tp N)\n"
             "      --tp-replicate A,B       components to keep whole on every rank (e.g. text_encoder_2)\n"
+            "      --lora FILE[:SCALE]      apply a LoRA adapter (diffusers/PEFT or kohya file; scale default 1);\n"
+            "                               repeatable: the adapters add up\n"
+            "      --lora-mode runtime|fuse runtime (default): added to the layers' outputs, weights untouched;\n"
+            "                               fuse: merged into the weights once at load (faster steps)\n"
+            "      --lora-allow-unused      keys of a LoRA file that match no layer are a warning, not an error\n"
             "      --quiet                  no progress bar\n"
             "      --mode eager|fuse|compile  execution mode (default eager; env CDIFFUSERS_DEFER_AND_FUSE=1 = fuse)\n"
             "      --compile-repeated-blocks  compile only the transformer's repeated blocks (one graph per block class)\n"
@@ -380,11 +385,18 @@ static int cmd_generate(int argc, char **argv) {
         {"compile-repeated-blocks", no_argument, 0, 'B'},
         {"offload", required_argument, 0, 'O'},      {"memory-stats", no_argument, 0, 'K'},
         {"device", required_argument, 0, 'D'},
+        {"lora", required_argument, 0, 'A'},         {"lora-mode", required_argument, 0, 'Z'},
+        {"lora-allow-unused", no_argument, 0, 'U'},
         {0, 0, 0, 0},
     };
     int c;
     long v;
     int te_layers[16];
+    enum { MAX_LORA = 16 };
+    char lora_path[MAX_LORA][4096];
+    float lora_scale[MAX_LORA];
+    int n_lora = 0;
+    cdf_lora_params lora_p = cdf_lora_default_params();
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -454,6 +466,32 @@ static int cmd_generate(int argc, char **argv) {
         case 'R': tp_replicate = optarg; break;
         case 'O': offload = optarg; break;
         case 'K': memory_stats = true; break;
+        case 'A': {
+            if (n_lora == MAX_LORA) return usage_error("%s", "at most 16 --lora adapters");
+            if (strlen(optarg) >= sizeof lora_path[0]) return usage_error("%s", "--lora: the path is too long");
+            /* FILE[:SCALE]: a trailing ":<number>" is the scale (a path may contain ':') */
+            snprintf(lora_path[n_lora], sizeof lora_path[0], "%s", optarg);
+            lora_scale[n_lora] = 1.0f;
+            char *colon = strrchr(lora_path[n_lora], ':');
+            if (colon && colon[1]) {
+                float sc;
+                if (parse_float(colon + 1, &sc)) {
+                    *colon = '\0';
+                    lora_scale[n_lora] = sc;
+                } else if (strspn(colon + 1, "0123456789.+-eEinfINFaA") == strlen(colon + 1)) {
+                    return usage_error("--lora %s: the scale must be a finite number", optarg);
+                }
+            }
+            if (!lora_path[n_lora][0]) return usage_error("--lora needs FILE[:SCALE], got '%s'", optarg);
+            n_lora++;
+            break;
+        }
+        case 'Z':
+            if (strcmp(optarg, "runtime") == 0) lora_p.mode = CDF_LORA_RUNTIME;
+            else if (strcmp(optarg, "fuse") == 0) lora_p.mode = CDF_LORA_FUSE;
+            else return usage_error("--lora-mode must be runtime or fuse, got '%s'", optarg);
+            break;
+        case 'U': lora_p.allow_unused = true; break;
         case 'h': usage(stdout); return EXIT_OK;
         default: return EXIT_USAGE;
         }
@@ -515,6 +553,19 @@ static int cmd_generate(int argc, char **argv) {
     if (st == CDF_OK && cdf_pipeline_load(model, &lp, &pipe) != CDF_OK) {
         st = cdf_last_status();
         stage = "loading the pipeline";
+    }
+    for (int i = 0; i < n_lora && st == CDF_OK; i++) {
+        cdf_lora_params p1 = lora_p;
+        p1.scale = lora_scale[i];
+        cdf_lora_info info;
+        if (cdf_pipeline_load_lora(pipe, lora_path[i], &p1, &info) != CDF_OK) {
+            st = cdf_last_status();
+            stage = "loading a LoRA adapter";
+        } else if (writer) {
+            fprintf(stderr, "cdiffusers: LoRA %s (%s format): %d layer%s, scale %g, %s%s\n", lora_path[i], info.format,
+                    info.layers, info.layers == 1 ? "" : "s", (double)p1.scale, p1.mode == CDF_LORA_FUSE ? "fused" : "run time",
+                    info.unused_keys ? " (some keys unused, see the warning)" : "");
+        }
     }
     if (st == CDF_OK && (mode == MODE_COMPILE || blocks)) {
         cdf_compile_options co = cdf_compile_default_options();
