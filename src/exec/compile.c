@@ -293,6 +293,8 @@ typedef struct plan {
     int n_out;
     char **out_names;
     cdf_tensor **outs; /* traced outputs (views on plan buffers or parameters) */
+    void *backend_graph; /* the plan instantiated on its device (graph_instantiate), made at the first replay */
+    cdf_device *graph_dev;
 } plan;
 
 struct cdf_graph_cache {
@@ -367,6 +369,7 @@ cdf_graph_cache *cdf_graph_cache_new(const char *name, const cdf_compile_options
 }
 
 static void plan_clear(plan *p) {
+    if (p->backend_graph) p->graph_dev->iface->graph_free(p->graph_dev, p->backend_graph); /* before its nodes */
     for (int i = 0; i < p->n; i++) cdf_node_free(p->nodes[i]);
     free(p->nodes);
     for (int i = 0; i < p->n_params; i++) cdf_tensor_release(p->params[i]);
@@ -532,10 +535,22 @@ static cdf_status run_plan(plan *p, cdf_tensor *const *now_in, cdf_tensor_map *o
     }
     cdf_scope_suppress(1);
     cdf_status s = CDF_OK;
-    for (int i = 0; i < p->n && s == CDF_OK; i++) {
-        cdf_node *b = bind_node(p->nodes[i], p->params, now, p->n_params);
-        if (!b) s = cdf_last_status();
-        else s = cdf_device_enqueue(b->dst->storage->dev, b);
+    cdf_device *dev = p->n ? p->nodes[0]->dst->storage->dev : NULL;
+    if (dev && dev->iface->graph_launch) {
+        /* the whole plan is one graph of the backend, launched with this call's buffers bound */
+        if (!p->backend_graph) {
+            p->backend_graph = dev->iface->graph_instantiate(dev, p->nodes, p->n, p->params, p->n_params);
+            p->graph_dev = dev;
+            if (!p->backend_graph) s = cdf_last_status();
+        }
+        if (s == CDF_OK) s = dev->iface->graph_launch(dev, p->backend_graph, now);
+    } else {
+        /* a backend without graphs: a bound copy of every node, one by one */
+        for (int i = 0; i < p->n && s == CDF_OK; i++) {
+            cdf_node *b = bind_node(p->nodes[i], p->params, now, p->n_params);
+            if (!b) s = cdf_last_status();
+            else s = cdf_device_enqueue(b->dst->storage->dev, b);
+        }
     }
     cdf_exec_count_kernels((uint64_t)p->n + (uint64_t)p->n_out);
     for (int i = 0; i < p->n_out && s == CDF_OK; i++) {
