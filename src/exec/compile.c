@@ -251,14 +251,11 @@ static cdf_status plan_memory(cdf_node **nodes, int n, cdf_tensor **outs, int n_
     }
     cdf_status st = CDF_OK;
     if (ns > 0) {
-        cdf_storage *ph = calloc(1, sizeof *ph); /* the placeholder: no memory, bound per replay */
+        cdf_storage *ph = cdf_storage_create(dev, total); /* the placeholder: no memory, bound per replay */
         if (!ph) {
             free(sl);
-            return cdf_error(CDF_ERR_OUT_OF_MEMORY, "compile: out of host memory planning buffers");
+            return cdf_last_status();
         }
-        atomic_init(&ph->refcount, 1);
-        ph->dev = dev;
-        ph->nbytes = total;
         /* the slots' buffers stay alive (and their addresses unique) until every reference moved */
         for (int i = 0; i < ns; i++) cdf_storage_retain(sl[i].s);
         cdf_scope_suppress(1);
@@ -466,14 +463,11 @@ static cdf_status unpin_params(plan *p, cdf_tensor *const *now, int np, cdf_tens
         int j = 0;
         while (j < nm && from[j] != now[i]->storage) j++;
         if (j == nm) {
-            cdf_storage *ph = calloc(1, sizeof *ph);
+            cdf_storage *ph = cdf_storage_create(now[i]->storage->dev, now[i]->storage->nbytes);
             if (!ph) {
-                s = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+                s = cdf_last_status();
                 break;
             }
-            atomic_init(&ph->refcount, 1);
-            ph->dev = now[i]->storage->dev;
-            ph->nbytes = now[i]->storage->nbytes;
             from[nm] = now[i]->storage;
             to[nm++] = ph;
         }
@@ -888,12 +882,11 @@ cdf_status cdf_exec_bind_host_weights(cdf_node *n) {
 }
 
 static cdf_storage *materialise_weight(const cdf_storage *h, weight_group *g) {
-    cdf_storage *s = calloc(1, sizeof *s);
-    device_copy *c = calloc(1, sizeof *c);
+    cdf_storage *s = cdf_storage_create(h->dev, h->nbytes);
+    device_copy *c = s ? calloc(1, sizeof *c) : NULL;
     if (!s || !c) {
         free(s);
-        free(c);
-        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        if (s) cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
         return NULL;
     }
     if (cdf_device_alloc(h->dev, h->nbytes, &c->data) != CDF_OK) {
@@ -907,10 +900,7 @@ static cdf_storage *materialise_weight(const cdf_storage *h, weight_group *g) {
     pthread_mutex_lock(&g_group_lock);
     g->refs++;
     pthread_mutex_unlock(&g_group_lock);
-    atomic_init(&s->refcount, 1);
-    s->dev = h->dev;
     s->data = c->data;
-    s->nbytes = h->nbytes;
     s->owner = c;
     s->owner_release = device_copy_release;
     return s;

@@ -95,15 +95,12 @@ static bool is_block_weight(const char *name) { return cdf_weights_block_prefix(
  * memory; its storage points at the checkpoint mapping and keeps the checkpoint open. */
 static cdf_tensor *host_side_weight(cdf_weights *w, const cdf_st_file *f, const cdf_st_tensor *t, cdf_dtype dt) {
     const void *src = cdf_st_data(f, t);
-    cdf_storage *st = src ? calloc(1, sizeof *st) : NULL;
-    if (!st) {
-        cdf_error(src ? CDF_ERR_OUT_OF_MEMORY : CDF_ERR_FORMAT, "weight '%s' in %s: %s", t->name, w->path,
-                  src ? "out of host memory" : "data not readable");
+    if (!src) {
+        cdf_error(CDF_ERR_FORMAT, "weight '%s' in %s: data not readable", t->name, w->path);
         return NULL;
     }
-    atomic_init(&st->refcount, 1);
-    st->dev = w->opt.device;
-    st->nbytes = (size_t)cdf_st_numel(t) * cdf_dtype_size(dt);
+    cdf_storage *st = cdf_storage_create(w->opt.device, (size_t)cdf_st_numel(t) * cdf_dtype_size(dt));
+    if (!st) return NULL;
     st->host_src = src;
     st->host_dtype = t->dtype;
     atomic_fetch_add(&w->shared->refs, 1);
