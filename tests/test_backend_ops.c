@@ -18,7 +18,16 @@
  * f32 activations to bf16 at a matmul / conv input, kernels/dispatch.h) the reference applies it
  * to its host copy first. The comparison is the normalised MSE sum((a - b)^2) / sum(b^2); ops
  * that only move or select data must match exactly. One row per case is printed:
- *   device  op  case  dtype  nmse  threshold  ok|FAIL */
+ *   device  op  case  dtype  nmse  threshold  ok|FAIL
+ * and each test (one per op family) fails if any of its rows did, after printing all of them.
+ *
+ * Op kinds (graph/node.h) and where they are exercised: COPY (contiguous, cast, cat, pad),
+ * FILL (full, zeros, pad borders), EMBEDDING, UNARY (every unary op of the API), BINARY,
+ * MATMUL (matmul, linear), SOFTMAX, LAYER_NORM, RMS_NORM, GROUP_NORM, REDUCE (sum, mean, var,
+ * max, argmax), CONV2D, UPSAMPLE, ATTENTION (sdpa), ROPE, TIMESTEP_EMB, ROPE_TABLE, FUSED (a chain
+ * run under defer-and-fuse whatever the mode, checked to have fused). ALL_REDUCE needs a group of
+ * several processes: here only its group-of-one form (the identity) runs; the collective itself is
+ * test_dist's, under mpirun. */
 #include "testutil.h"
 
 #include <math.h>
@@ -45,7 +54,9 @@
  * and an element whose f32 value lands on the other side of a rounding boundary is stored one
  * bf16 ulp (2^-8..2^-7 relative) or f16 ulp (2^-11..2^-10) away: that happens to a small fraction
  * of elements, and the threshold allows a few percent of them (every element off by one ulp
- * would be ~3e-5 for bf16, ~5e-7 for f16, so a truncating store or bf16 arithmetic fails). */
+ * would be ~3e-5 for bf16, ~5e-7 for f16, so a truncating store or bf16 arithmetic fails).
+ * The f32 thresholds also mean that a backend must compute f32 operands in f32 (kernels.h): TF32
+ * matmuls (10-bit mantissas) land near 1e-7 and fail, as they should. */
 #define THR_EXACT 0.0
 #define THR_EW 1e-12
 #define THR_ACC 1e-10
@@ -315,11 +326,11 @@ static void test_copy(void **state) {
     (void)state;
     static const struct {
         int nd;
-        int64_t s[4];
+        int64_t s[CDF_MAX_DIMS];
         layout L;
     } views[] = {
         {2, {17, 65}, TRANS}, {2, {3, 129}, STRIDED}, {4, {2, 3, 5, 7}, PERM}, {3, {1, 1, 1}, TRANS},
-        {2, {0, 5}, TRANS},   {1, {129}, STRIDED},
+        {2, {0, 5}, TRANS},   {1, {129}, STRIDED},    {8, {2, 1, 3, 1, 2, 1, 3, 5}, TRANS}, /* CDF_MAX_DIMS dims */
     };
     static const cdf_dtype dts[] = {CDF_F32, CDF_BF16, CDF_F16, CDF_I32, CDF_I64};
     FOR_EACH_DEVICE {
@@ -339,6 +350,22 @@ static void test_copy(void **state) {
                 char cs[96];
                 snprintf(cs, sizeof cs, "contiguous %s%s", shp(nd, views[i].s), k_layout[views[i].L]);
                 check("copy", cs, y, dt, nd, views[i].s, as_f32(want, dt, n), THR_EXACT);
+                case_end();
+            }
+        /* contiguous copies of expanded views (stride 0), a leading dim added */
+        static const struct {
+            int nb, nd;
+            int64_t b[4], s[4];
+        } ex[] = {{2, 2, {1, 65}, {17, 65}}, {3, 4, {3, 1, 5}, {2, 3, 4, 5}}, {1, 2, {1}, {3, 129}}};
+        for (size_t i = 0; i < sizeof ex / sizeof *ex; i++)
+            for (size_t k = 0; k < 2; k++) {
+                case_begin();
+                cdf_dtype dt = k ? CDF_BF16 : CDF_I64;
+                float *v = rnd(numel(ex[i].nb, ex[i].b), -100, 100, dt);
+                cdf_tensor *y = cdf_contiguous(up_expand(dt, ex[i].nb, ex[i].b, v, ex[i].nd, ex[i].s));
+                char cs[96];
+                snprintf(cs, sizeof cs, "contiguous %s expanded to %s", shp(ex[i].nb, ex[i].b), shp(ex[i].nd, ex[i].s));
+                check("copy", cs, y, dt, ex[i].nd, ex[i].s, bcast(v, ex[i].nb, ex[i].b, ex[i].nd, ex[i].s), THR_EXACT);
                 case_end();
             }
         /* casts between every pair (float -> int truncates toward zero, float narrowing RNE) */
@@ -546,6 +573,7 @@ static void test_unary(void **state) {
         {2, {17, 65}, TRANS, CDF_F32}, {3, {2, 3, 65}, STRIDED, CDF_F32}, {2, {0, 3}, CONTIG, CDF_F32},
         {2, {17, 65}, CONTIG, CDF_BF16}, {2, {3, 129}, TRANS, CDF_BF16}, {2, {17, 33}, STRIDED, CDF_F16},
         {1, {65}, CONTIG, CDF_I32}, /* integers compute as f32, like torch's promotion */
+        {2, {257, 513}, CONTIG, CDF_F32},
     };
     FOR_EACH_DEVICE {
         for (size_t o = 0; o < sizeof k_unary / sizeof *k_unary; o++)
@@ -598,6 +626,8 @@ static void test_binary(void **state) {
         {2, 2, {3, 129}, {3, 129}, STRIDED, CONTIG, CDF_BF16, CDF_F32}, /* promoted to f32 */
         {2, 2, {17, 33}, {17, 1}, TRANS, CONTIG, CDF_F16, CDF_F16},
         {2, 2, {5, 17}, {5, 17}, CONTIG, CONTIG, CDF_I64, CDF_F32},     /* position ids: int -> f32 */
+        {2, 2, {17, 65}, {17, 65}, CONTIG, TRANS, CDF_BF16, CDF_F16},   /* promoted to f32 */
+        {3, 3, {2, 300, 768}, {2, 1, 768}, CONTIG, CONTIG, CDF_F32, CDF_F32}, /* AdaLN modulation */
     };
     FOR_EACH_DEVICE {
         for (int op = 0; op < 5; op++)
@@ -636,8 +666,9 @@ static void test_binary(void **state) {
                                                   kb, sb, nd, os),
                                      CDF_OK);
                 char cs[96];
-                snprintf(cs, sizeof cs, "%s %s%s %s %s%s%s", names[op], shp(na, cases[i].a), k_layout[cases[i].la],
-                         cdf_dtype_name(da), shp(nb, cases[i].b), k_layout[cases[i].lb], da != db ? cdf_dtype_name(db) : "");
+                snprintf(cs, sizeof cs, "%s %s%s %s %s%s%s%s", names[op], shp(na, cases[i].a), k_layout[cases[i].la],
+                         cdf_dtype_name(da), shp(nb, cases[i].b), k_layout[cases[i].lb], da != db ? " " : "",
+                         da != db ? cdf_dtype_name(db) : "");
                 check("binary", cs, y, odt, nd, os, as_f32(want, odt, n), thr_for(odt, THR_EW));
                 case_end();
             }
@@ -691,6 +722,10 @@ static void test_matmul(void **state) {
         {2, 2, {17, 65}, {65, 33}, CONTIG, CONTIG, CDF_BF16, CDF_BF16},
         {4, 4, {1, 2, 17, 64}, {1, 2, 64, 65}, CONTIG, TRANS, CDF_BF16, CDF_BF16},
         {2, 2, {17, 65}, {65, 33}, TRANS, CONTIG, CDF_F16, CDF_F16},
+        {2, 2, {17, 65}, {65, 33}, CONTIG, CONTIG, CDF_F32, CDF_F16},           /* no policy: f16 widened */
+        {2, 2, {257, 1025}, {1025, 129}, CONTIG, CONTIG, CDF_F32, CDF_F32},     /* big enough to be blocked */
+        {2, 2, {257, 1025}, {1025, 129}, CONTIG, TRANS, CDF_F32, CDF_BF16},
+        {3, 2, {2, 100, 513}, {513, 257}, CONTIG, CONTIG, CDF_BF16, CDF_BF16},
     };
     FOR_EACH_DEVICE {
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -730,6 +765,7 @@ static void test_matmul(void **state) {
             {2, {129, 17}, 65, false, TRANS, CDF_F32, CDF_F32},     {3, {2, 17, 65}, 33, true, CONTIG, CDF_F32, CDF_BF16},
             {2, {9, 129}, 17, true, STRIDED, CDF_F32, CDF_BF16},    {3, {2, 17, 64}, 129, true, CONTIG, CDF_BF16, CDF_BF16},
             {2, {0, 17}, 5, true, CONTIG, CDF_F32, CDF_BF16},
+            {3, {2, 300, 512}, 768, true, CONTIG, CDF_F32, CDF_BF16},  /* a DiT projection, small */
         };
         for (size_t i = 0; i < sizeof lin / sizeof *lin; i++) {
             case_begin();
@@ -769,6 +805,7 @@ static void test_softmax(void **state) {
         {2, {1, 1}, -1, CONTIG, CDF_F32},   {2, {3, 17}, -1, CONTIG, CDF_F32},  {2, {5, 129}, 1, TRANS, CDF_F32},
         {3, {2, 65, 3}, 1, CONTIG, CDF_F32}, {3, {2, 3, 65}, 0, STRIDED, CDF_F32}, {2, {0, 7}, -1, CONTIG, CDF_F32},
         {2, {17, 65}, -1, CONTIG, CDF_BF16}, {2, {17, 33}, 0, TRANS, CDF_BF16},  {2, {9, 65}, -1, CONTIG, CDF_F16},
+        {2, {64, 4097}, -1, CONTIG, CDF_F32},
     };
     FOR_EACH_DEVICE {
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -814,6 +851,7 @@ static void test_norms(void **state) {
         {2, {17, 129}, true, true, 1e-5f, CONTIG, CDF_BF16, CDF_BF16},
         {2, {9, 33}, true, true, 1e-3f, TRANS, CDF_F16, CDF_F16},
         {2, {0, 17}, true, true, 1e-6f, CONTIG, CDF_F32, CDF_F32},
+        {3, {1, 300, 3072}, false, false, 1e-6f, CONTIG, CDF_F32, CDF_F32}, /* a DiT hidden state */
     };
     FOR_EACH_DEVICE {
         for (int rms = 0; rms < 2; rms++)
@@ -862,6 +900,7 @@ static void test_group_norm(void **state) {
         {4, {2, 4, 9, 1}, 1, false, 0.25f, PERM, CDF_F32},   {3, {2, 8, 17}, 2, true, 1e-6f, STRIDED, CDF_F32},
         {4, {1, 32, 4, 4}, 32, true, 1e-6f, CONTIG, CDF_F32}, {4, {2, 6, 5, 7}, 2, true, 1e-6f, TRANS, CDF_BF16},
         {4, {1, 4, 3, 5}, 2, true, 1e-3f, CONTIG, CDF_F16},
+        {4, {1, 64, 33, 33}, 32, true, 1e-6f, CONTIG, CDF_F32},
     };
     FOR_EACH_DEVICE {
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -907,6 +946,7 @@ static void test_reduce(void **state) {
         {2, {17, 65}, 0, false, CONTIG, CDF_BF16},  {2, {9, 33}, -1, true, TRANS, CDF_F16},
         {2, {5, 17}, 1, false, CONTIG, CDF_I64},    {2, {17, 5}, 0, true, TRANS, CDF_I32},
         {2, {3, 0}, 0, false, CONTIG, CDF_F32}, /* empty result */
+        {2, {3, 100003}, 1, false, CONTIG, CDF_F32}, {3, {4, 4099, 3}, 1, true, CONTIG, CDF_F32},
     };
     FOR_EACH_DEVICE {
         for (size_t o = 0; o < sizeof ops / sizeof *ops; o++)
@@ -971,6 +1011,8 @@ static void test_conv2d(void **state) {
         {2, 5, 8, 8, 7, 4, 4, {2, 2, 1, 1, 1, 1, 1}, true, CONTIG, CDF_F32, CDF_BF16},
         {1, 16, 9, 9, 32, 3, 3, {1, 1, 1, 1, 1, 1, 1}, true, CONTIG, CDF_BF16, CDF_BF16},
         {1, 4, 6, 7, 4, 3, 3, {1, 1, 1, 1, 1, 1, 1}, true, STRIDED, CDF_F16, CDF_F16},
+        {1, 64, 33, 33, 64, 3, 3, {1, 1, 1, 1, 1, 1, 1}, true, CONTIG, CDF_F32, CDF_F32}, /* a VAE layer, small */
+        {1, 64, 33, 33, 32, 3, 3, {2, 2, 1, 1, 1, 1, 1}, true, CONTIG, CDF_F32, CDF_BF16},
     };
     FOR_EACH_DEVICE {
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -1073,6 +1115,8 @@ static void test_attention(void **state) {
         {1, 4, 9, 17, 64, 64, 2, NO_MASK, 0, CONTIG, CDF_BF16, CDF_F32},
         {1, 2, 17, 33, 32, 32, 2, NO_MASK, 0, CONTIG, CDF_F16, CDF_F32},
         {1, 1, 0, 5, 8, 8, 1, NO_MASK, 0, CONTIG, CDF_F32, CDF_F32},
+        {1, 2, 513, 1031, 64, 64, 2, MASK_KEYPAD, 0, PERM, CDF_F32, CDF_F32}, /* many key tiles */
+        {1, 2, 257, 515, 128, 128, 2, NO_MASK, 0, CONTIG, CDF_BF16, CDF_F32},
     };
     FOR_EACH_DEVICE {
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
