@@ -848,6 +848,7 @@ static void test_norms(void **state) {
         {2, {17, 65}, true, false, 1e-5f, TRANS, CDF_F32, CDF_F32},
         {2, {65, 3}, false, true, 0.5f, STRIDED, CDF_F32, CDF_F32},
         {3, {2, 17, 64}, true, true, 1e-6f, CONTIG, CDF_F32, CDF_BF16}, /* bf16 weights, f32 activations */
+        {2, {5, 65}, true, true, 0.2f, STRIDED, CDF_BF16, CDF_F32},     /* and the other way round */
         {2, {17, 129}, true, true, 1e-5f, CONTIG, CDF_BF16, CDF_BF16},
         {2, {9, 33}, true, true, 1e-3f, TRANS, CDF_F16, CDF_F16},
         {2, {0, 17}, true, true, 1e-6f, CONTIG, CDF_F32, CDF_F32},
@@ -874,8 +875,9 @@ static void test_norms(void **state) {
                     assert_int_equal(s, CDF_OK);
                 }
                 char cs[96];
-                snprintf(cs, sizeof cs, "%s%s eps %g%s%s%s", shp(nd, cases[i].s), k_layout[cases[i].L], (double)cases[i].eps,
-                         w ? " w" : "", hb ? " b" : "", (w || hb) && wdt != dt ? " (bf16 params)" : "");
+                snprintf(cs, sizeof cs, "%s%s eps %g%s%s%s%s", shp(nd, cases[i].s), k_layout[cases[i].L], (double)cases[i].eps,
+                         w ? " w" : "", hb ? " b" : "", (w || hb) && wdt != dt ? " params " : "",
+                         (w || hb) && wdt != dt ? cdf_dtype_name(wdt) : "");
                 check(rms ? "rms_norm" : "layer_norm", cs, y, dt, nd, cases[i].s, as_f32(out, dt, n), thr_for(dt, THR_ACC));
                 case_end();
             }
@@ -894,13 +896,14 @@ static void test_group_norm(void **state) {
         bool wb;
         float eps;
         layout L;
-        cdf_dtype dt;
+        cdf_dtype dt, wdt;
     } cases[] = {
-        {4, {2, 6, 5, 7}, 3, true, 1e-6f, CONTIG, CDF_F32},  {4, {1, 6, 3, 3}, 6, true, 1e-5f, CONTIG, CDF_F32},
-        {4, {2, 4, 9, 1}, 1, false, 0.25f, PERM, CDF_F32},   {3, {2, 8, 17}, 2, true, 1e-6f, STRIDED, CDF_F32},
-        {4, {1, 32, 4, 4}, 32, true, 1e-6f, CONTIG, CDF_F32}, {4, {2, 6, 5, 7}, 2, true, 1e-6f, TRANS, CDF_BF16},
-        {4, {1, 4, 3, 5}, 2, true, 1e-3f, CONTIG, CDF_F16},
-        {4, {1, 64, 33, 33}, 32, true, 1e-6f, CONTIG, CDF_F32},
+        {4, {2, 6, 5, 7}, 3, true, 1e-6f, CONTIG, CDF_F32, CDF_F32},   {4, {1, 6, 3, 3}, 6, true, 1e-5f, CONTIG, CDF_F32, CDF_F32},
+        {4, {2, 4, 9, 1}, 1, false, 0.25f, PERM, CDF_F32, CDF_F32},    {3, {2, 8, 17}, 2, true, 1e-6f, STRIDED, CDF_F32, CDF_F32},
+        {4, {1, 32, 4, 4}, 32, true, 1e-6f, CONTIG, CDF_F32, CDF_F32}, {4, {2, 6, 5, 7}, 2, true, 1e-6f, TRANS, CDF_BF16, CDF_BF16},
+        {4, {1, 4, 3, 5}, 2, true, 1e-3f, CONTIG, CDF_F16, CDF_F16},
+        {4, {1, 64, 33, 33}, 32, true, 1e-6f, CONTIG, CDF_F32, CDF_F32},
+        {4, {2, 8, 3, 5}, 4, true, 0.1f, CONTIG, CDF_F32, CDF_BF16}, /* a VAE with bf16 weights */
     };
     FOR_EACH_DEVICE {
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -909,16 +912,17 @@ static void test_group_norm(void **state) {
             cdf_dtype dt = cases[i].dt;
             int64_t n = numel(nd, cases[i].s), C = cases[i].s[1], S = numel(nd - 2, cases[i].s + 2);
             float *v = rnd(n, -2, 3, dt);
-            float *w = cases[i].wb ? rnd(C, 0.5f, 1.5f, dt) : NULL, *b = cases[i].wb ? rnd(C, -1, 1, dt) : NULL;
+            cdf_dtype wdt = cases[i].wdt;
+            float *w = cases[i].wb ? rnd(C, 0.5f, 1.5f, wdt) : NULL, *b = cases[i].wb ? rnd(C, -1, 1, wdt) : NULL;
             cdf_tensor *y = cdf_group_norm(up(dt, nd, cases[i].s, v, cases[i].L), cases[i].groups,
-                                           w ? up(dt, 1, &C, w, CONTIG) : NULL, b ? up(dt, 1, &C, b, CONTIG) : NULL, cases[i].eps);
+                                           w ? up(wdt, 1, &C, w, CONTIG) : NULL, b ? up(wdt, 1, &C, b, CONTIG) : NULL, cases[i].eps);
             void *out = tmp((size_t)n * cdf_dtype_size(dt));
             assert_int_equal(cdf_k_group_norm(out, dt, typed(v, n, dt), dt, cases[i].s[0], C, S, cases[i].groups, cases[i].eps,
-                                              w ? typed(w, C, dt) : NULL, b ? typed(b, C, dt) : NULL, dt),
+                                              w ? typed(w, C, wdt) : NULL, b ? typed(b, C, wdt) : NULL, wdt),
                              CDF_OK);
             char cs[96];
-            snprintf(cs, sizeof cs, "%s%s groups %d eps %g%s", shp(nd, cases[i].s), k_layout[cases[i].L], cases[i].groups,
-                     (double)cases[i].eps, cases[i].wb ? " w b" : "");
+            snprintf(cs, sizeof cs, "%s%s groups %d eps %g%s%s", shp(nd, cases[i].s), k_layout[cases[i].L], cases[i].groups,
+                     (double)cases[i].eps, cases[i].wb ? " w b" : "", cases[i].wb && wdt != dt ? " params bf16" : "");
             check("group_norm", cs, y, dt, nd, cases[i].s, as_f32(out, dt, n), thr_for(dt, THR_ACC));
             case_end();
         }
