@@ -38,6 +38,8 @@
 #include "cdiffusers/dist.h"
 #include "cdiffusers/exec.h"
 #include "cdiffusers/tensor.h"
+#include "exec/compile.h"
+#include "nn/nn.h"
 #include "kernels/kernels.h"
 #include "kernels/reference_internal.h" /* cdf_k_unary_span_at: the scalar unary definitions */
 
@@ -73,11 +75,14 @@ static double thr_for(cdf_dtype out, double f32_thr) {
 /* ---- devices -------------------------------------------------------------------------------- */
 
 static cdf_device *g_devs[16];
+static bool g_compile; /* CDIFFUSERS_COMPILE set: ops are captured and replayed (run_compiled) */
 static int g_ndev;
 
 static int setup_devices(void **state) {
     (void)state;
-    const char *want = getenv("CDIFFUSERS_TEST_DEVICE");
+    const char *want = getenv("CDIFFUSERS_TEST_DEVICE"), *comp = getenv("CDIFFUSERS_COMPILE");
+    g_compile = comp && *comp && strcmp(comp, "0") != 0;
+    if (g_compile) printf("compile mode: every op is captured with decoy inputs and replayed with the case's\n");
     for (int i = 0; i < cdf_device_count() && g_ndev < 16; i++) {
         cdf_device *d = cdf_device_at(i);
         cdf_device_info info;
@@ -309,6 +314,176 @@ static float *host_swap(const float *v, int nd, const int64_t *shape, int d0, in
     return out;
 }
 
+typedef struct unary_def {
+    const char *name;
+    cdf_unary_op op;
+    float p0, p1, lo, hi; /* parameters; input range (positive where the op needs it) */
+} unary_def;
+
+static cdf_tensor *apply_unary(const unary_def *u, cdf_tensor *x) {
+    switch (u->op) {
+    case CDF_UN_NEG: return cdf_neg(x);
+    case CDF_UN_EXP: return cdf_exp(x);
+    case CDF_UN_LOG: return cdf_log(x);
+    case CDF_UN_SQRT: return cdf_sqrt(x);
+    case CDF_UN_RSQRT: return cdf_rsqrt(x);
+    case CDF_UN_SIGMOID: return cdf_sigmoid(x);
+    case CDF_UN_TANH: return cdf_tanh(x);
+    case CDF_UN_SILU: return cdf_silu(x);
+    case CDF_UN_RELU: return cdf_relu(x);
+    case CDF_UN_GELU_ERF: return cdf_gelu(x, CDF_GELU_ERF);
+    case CDF_UN_GELU_TANH: return cdf_gelu(x, CDF_GELU_TANH);
+    case CDF_UN_QUICK_GELU: return cdf_quick_gelu(x);
+    case CDF_UN_SCALE: return cdf_scale(x, u->p0);
+    case CDF_UN_ADD_SCALAR: return cdf_add_scalar(x, u->p0);
+    case CDF_UN_AFFINE: return cdf_affine(x, u->p0, u->p1);
+    case CDF_UN_CLAMP: return cdf_clamp(x, u->p0, u->p1);
+    default: fail_msg("unary op %d has no tensor API call", (int)u->op); return NULL;
+    }
+}
+
+static cdf_tensor *apply_binary(cdf_binary_op op, cdf_tensor *a, cdf_tensor *b) {
+    switch (op) {
+    case CDF_BIN_ADD: return cdf_add(a, b);
+    case CDF_BIN_SUB: return cdf_sub(a, b);
+    case CDF_BIN_MUL: return cdf_mul(a, b);
+    case CDF_BIN_DIV: return cdf_div(a, b);
+    case CDF_BIN_MAX: return cdf_maximum(a, b);
+    default: fail_msg("binary op %d has no tensor API call", (int)op); return NULL;
+    }
+}
+
+/* ---- running an op: eagerly, or captured and replayed (compile modes) ---------------------------
+ * Each case describes its tensor API call as a `call` (the API function, its operands, its
+ * parameters). Eager and defer-and-fuse run it as is. With CDIFFUSERS_COMPILE set (any value
+ * but 0, as scripts/test.sh runs the suite) the call is captured into a graph (exec/compile.h,
+ * fullgraph) with decoy operands of the same shapes and dtypes but other values, and then
+ * replayed with the case's operands: the result compared with the reference is the replay's, so
+ * the capture, the memory planner's arena and the rebinding of the inputs are checked too (a
+ * replay that kept the decoys' values, or a graph break, fails the case). The compile path makes
+ * its inputs contiguous before the capture, so the operand layouts are the eager runs' to test. */
+typedef enum api {
+    A_CONTIGUOUS, A_CAST, A_CAT, A_PAD, A_ALL_REDUCE, A_FULL, A_EMBEDDING, A_UNARY, A_BINARY, A_MATMUL, A_LINEAR,
+    A_SOFTMAX, A_LAYER_NORM, A_RMS_NORM, A_GROUP_NORM, A_REDUCE, A_CONV2D, A_UPSAMPLE, A_SDPA, A_ROPE, A_ROPE_TABLES,
+    A_TIMESTEP_EMB
+} api;
+
+typedef struct call {
+    api what;
+    int n_in;
+    cdf_tensor *in[4]; /* NULL = an absent optional operand */
+    cdf_dtype dt;      /* cast / full */
+    int nd;            /* full */
+    const int64_t *shape, *ints; /* full shape; pad widths, rope axes */
+    double value;      /* full / pad value, rope theta */
+    int dim, i0, i1;   /* dim; groups, upsample factors, embedding dim, axes */
+    bool keep, flag;
+    float f0, f1, f2;  /* eps, scale, shift, max period */
+    const unary_def *u;
+    cdf_binary_op bop;
+    cdf_reduce_op rop;
+    const cdf_conv2d_params *conv;
+    cdf_process_group *pg;
+} call;
+
+static cdf_status invoke(const call *c, cdf_tensor *const *in, cdf_tensor **out) {
+    out[0] = out[1] = NULL;
+    switch (c->what) {
+    case A_CONTIGUOUS: out[0] = cdf_contiguous(in[0]); break;
+    case A_CAST: out[0] = cdf_cast(in[0], c->dt); break;
+    case A_CAT: out[0] = cdf_cat(in, c->n_in, c->dim); break;
+    case A_PAD: out[0] = cdf_pad(in[0], c->i0, c->ints, c->value); break;
+    case A_ALL_REDUCE: out[0] = cdf_all_reduce_sum(in[0], c->pg); break;
+    case A_FULL:
+        out[0] = c->value == 0.0 ? cdf_tensor_zeros(g_dev, c->dt, c->nd, c->shape) : cdf_tensor_full(g_dev, c->dt, c->nd, c->shape, c->value);
+        break;
+    case A_EMBEDDING: out[0] = cdf_embedding(in[0], in[1]); break;
+    case A_UNARY: out[0] = apply_unary(c->u, in[0]); break;
+    case A_BINARY: out[0] = apply_binary(c->bop, in[0], in[1]); break;
+    case A_MATMUL: out[0] = cdf_matmul(in[0], in[1]); break;
+    case A_LINEAR: out[0] = cdf_linear(in[0], in[1], in[2]); break;
+    case A_SOFTMAX: out[0] = cdf_softmax(in[0], c->dim); break;
+    case A_LAYER_NORM: out[0] = cdf_layer_norm(in[0], in[1], in[2], c->f0); break;
+    case A_RMS_NORM: out[0] = cdf_rms_norm(in[0], in[1], c->f0); break;
+    case A_GROUP_NORM: out[0] = cdf_group_norm(in[0], c->i0, in[1], in[2], c->f0); break;
+    case A_REDUCE:
+        switch (c->rop) {
+        case CDF_RED_SUM: out[0] = cdf_sum(in[0], c->dim, c->keep); break;
+        case CDF_RED_MEAN: out[0] = cdf_mean(in[0], c->dim, c->keep); break;
+        case CDF_RED_VAR: out[0] = cdf_var(in[0], c->dim, c->keep); break;
+        case CDF_RED_MAX: out[0] = cdf_max(in[0], c->dim, c->keep); break;
+        default: out[0] = cdf_argmax(in[0], c->dim, c->keep); break;
+        }
+        break;
+    case A_CONV2D: out[0] = cdf_conv2d(in[0], in[1], in[2], c->conv); break;
+    case A_UPSAMPLE: out[0] = cdf_upsample_nearest(in[0], c->i0, c->i1); break;
+    case A_SDPA: out[0] = cdf_sdpa(in[0], in[1], in[2], in[3], c->f0); break;
+    case A_ROPE: out[0] = cdf_rope(in[0], in[1], in[2]); break;
+    case A_ROPE_TABLES: return cdf_rope_tables(in[0], c->i0, c->ints, c->value, &out[0], &out[1]);
+    case A_TIMESTEP_EMB: out[0] = cdf_timestep_embedding(in[0], c->i0, c->flag, c->f1, c->f0, c->f2); break;
+    }
+    return out[0] ? CDF_OK : (cdf_last_status() != CDF_OK ? cdf_last_status() : CDF_ERR_INTERNAL);
+}
+
+
+static cdf_status traced_call(void *ctx, const cdf_tensor_map *in, cdf_tensor_map *out) {
+    const call *c = ctx;
+    cdf_tensor *t[4] = {0}, *o[2];
+    for (int i = 0; i < c->n_in; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "in%d", i);
+        t[i] = cdf_tensor_map_get(in, name);
+    }
+    cdf_status s = invoke(c, t, o);
+    for (int i = 0; s == CDF_OK && i < 2 && o[i]; i++) s = cdf_tensor_map_set(out, i ? "out.1" : "out.0", o[i]);
+    return s;
+}
+
+/* Capture with decoys, replay with the real operands; new handles on the replay's outputs. */
+static cdf_status run_compiled(const call *c, cdf_tensor **out) {
+    out[0] = out[1] = NULL;
+    cdf_graph_cache *gc = cdf_graph_cache_new("OpSuite.forward", NULL);
+    if (!gc) return cdf_last_status();
+    cdf_tensor_map m[4]; /* decoy in, decoy out, real in, real out */
+    for (int i = 0; i < 4; i++) cdf_tensor_map_init(&m[i]);
+    cdf_status s = CDF_OK;
+    for (int i = 0; i < c->n_in && s == CDF_OK; i++) {
+        if (!c->in[i]) continue;
+        char name[8];
+        snprintf(name, sizeof name, "in%d", i);
+        cdf_dtype dt = cdf_tensor_dtype(c->in[i]);
+        bool fl = dt == CDF_F32 || dt == CDF_BF16 || dt == CDF_F16;
+        /* integer operands (ids, positions, timesteps) become zeros: still valid indices */
+        cdf_tensor *d = fl ? cdf_affine(c->in[i], -0.5f, 0.25f) : cdf_cast(cdf_scale(c->in[i], 0.0f), dt);
+        s = d ? cdf_tensor_map_set(&m[0], name, d) : cdf_last_status();
+        if (s == CDF_OK) s = cdf_tensor_map_set(&m[2], name, c->in[i]);
+    }
+    cdf_exec_stats s0, s1;
+    cdf_exec_get_stats(&s0);
+    if (s == CDF_OK) s = cdf_graph_cache_run(gc, traced_call, (void *)c, &m[0], &m[1], NULL, 0);
+    if (s == CDF_OK) s = cdf_graph_cache_run(gc, traced_call, (void *)c, &m[2], &m[3], NULL, 0);
+    cdf_exec_get_stats(&s1);
+    if (s == CDF_OK && (s1.compiles - s0.compiles != 1 || s1.cache_hits - s0.cache_hits != 1))
+        s = cdf_error(CDF_ERR_INTERNAL, "compile: %llu compiles, %llu replays (want 1 and 1)",
+                      (unsigned long long)(s1.compiles - s0.compiles), (unsigned long long)(s1.cache_hits - s0.cache_hits));
+    for (int i = 0; s == CDF_OK && i < 2; i++) {
+        cdf_tensor *t = cdf_tensor_map_get(&m[3], i ? "out.1" : "out.0");
+        if (t) out[i] = cdf_contiguous(t); /* a handle recorded in the case's scope */
+    }
+    for (int i = 0; i < 4; i++) cdf_tensor_map_clear(&m[i]);
+    cdf_graph_cache_free(gc);
+    return s;
+}
+
+/* Run the call; *second (may be NULL) gets a second output (rope tables). NULL on error. */
+static cdf_tensor *run2(call c, cdf_tensor **second) {
+    cdf_tensor *out[2];
+    cdf_status s = g_compile ? run_compiled(&c, out) : invoke(&c, c.in, out);
+    if (second) *second = s == CDF_OK ? out[1] : NULL;
+    return s == CDF_OK ? out[0] : NULL;
+}
+static cdf_tensor *run(call c) { return run2(c, NULL); }
+
 #define FOR_EACH_DEVICE for (int di_ = 0; di_ < g_ndev && (g_dev = g_devs[di_]); di_++)
 #define END_TEST()                                                                                                 \
     do {                                                                                                           \
@@ -341,7 +516,7 @@ static void test_copy(void **state) {
                 int nd = views[i].nd;
                 int64_t n = numel(nd, views[i].s);
                 float *v = rnd(n, -100, 100, dt);
-                cdf_tensor *y = cdf_contiguous(up(dt, nd, views[i].s, v, views[i].L));
+                cdf_tensor *y = run((call){.what = A_CONTIGUOUS, .n_in = 1, .in = {up(dt, nd, views[i].s, v, views[i].L)}});
                 /* reference: the copy kernel from the host view (v itself is the logical value) */
                 int64_t st[CDF_MAX_DIMS];
                 cstrides(nd, views[i].s, st);
@@ -362,7 +537,7 @@ static void test_copy(void **state) {
                 case_begin();
                 cdf_dtype dt = k ? CDF_BF16 : CDF_I64;
                 float *v = rnd(numel(ex[i].nb, ex[i].b), -100, 100, dt);
-                cdf_tensor *y = cdf_contiguous(up_expand(dt, ex[i].nb, ex[i].b, v, ex[i].nd, ex[i].s));
+                cdf_tensor *y = run((call){.what = A_CONTIGUOUS, .n_in = 1, .in = {up_expand(dt, ex[i].nb, ex[i].b, v, ex[i].nd, ex[i].s)}});
                 char cs[96];
                 snprintf(cs, sizeof cs, "contiguous %s expanded to %s", shp(ex[i].nb, ex[i].b), shp(ex[i].nd, ex[i].s));
                 check("copy", cs, y, dt, ex[i].nd, ex[i].s, bcast(v, ex[i].nb, ex[i].b, ex[i].nd, ex[i].s), THR_EXACT);
@@ -377,7 +552,7 @@ static void test_copy(void **state) {
                 int64_t n = numel(3, s), st[3];
                 cstrides(3, s, st);
                 float *v = rnd(n, -300, 300, dts[a]);
-                cdf_tensor *y = cdf_cast(up(dts[a], 3, s, v, a % 2 ? TRANS : STRIDED), dts[b]);
+                cdf_tensor *y = run((call){.what = A_CAST, .n_in = 1, .in = {up(dts[a], 3, s, v, a % 2 ? TRANS : STRIDED)}, .dt = dts[b]});
                 void *want = tmp((size_t)n * cdf_dtype_size(dts[b]));
                 cdf_k_copy_strided(want, dts[b], st, typed(v, n, dts[a]), dts[a], st, 3, s);
                 char cs[96];
@@ -392,8 +567,8 @@ static void test_copy(void **state) {
             const int64_t s0[3] = {2, 3, 5}, s1[3] = {2, 17, 5}, s2[3] = {2, 0, 5}, so[3] = {2, 20, 5};
             cdf_dtype d0 = CDF_F32, d1 = k ? CDF_BF16 : CDF_F32;
             float *v0 = rnd(30, -1, 1, d0), *v1 = rnd(170, -1, 1, d1);
-            cdf_tensor *parts[3] = {up(d0, 3, s0, v0, CONTIG), up(d1, 3, s2, v0, CONTIG), up(d1, 3, s1, v1, TRANS)};
-            cdf_tensor *y = cdf_cat(parts, 3, 1);
+            cdf_tensor *y = run((call){.what = A_CAT, .n_in = 3, .dim = 1,
+                                       .in = {up(d0, 3, s0, v0, CONTIG), up(d1, 3, s2, v0, CONTIG), up(d1, 3, s1, v1, TRANS)}});
             float *want = tmp(200 * sizeof *want);
             int64_t ost[3], st0[3], st1[3];
             cstrides(3, so, ost);
@@ -412,7 +587,7 @@ static void test_copy(void **state) {
             const int64_t s[3] = {3, 5, 7}, so[3] = {3, 5 + 0 + 3, 7 + 1 + 2};
             const int64_t pads[4] = {1, 2, 0, 3};
             float *v = rnd(105, -1, 1, dt);
-            cdf_tensor *y = cdf_pad(up(dt, 3, s, v, STRIDED), 2, pads, 0.3);
+            cdf_tensor *y = run((call){.what = A_PAD, .n_in = 1, .in = {up(dt, 3, s, v, STRIDED)}, .i0 = 2, .ints = pads, .value = 0.3});
             int64_t n = numel(3, so), ost[3], st[3];
             void *want = tmp((size_t)n * cdf_dtype_size(dt));
             cdf_k_fill(want, dt, n, 0.3);
@@ -431,7 +606,7 @@ static void test_copy(void **state) {
             assert_int_equal(cdf_dist_init("local", &pg), CDF_OK);
             const int64_t s[2] = {17, 65};
             float *v = rnd(17 * 65, -1, 1, CDF_F32);
-            cdf_tensor *y = cdf_all_reduce_sum(up(CDF_F32, 2, s, v, TRANS), pg);
+            cdf_tensor *y = run((call){.what = A_ALL_REDUCE, .n_in = 1, .in = {up(CDF_F32, 2, s, v, TRANS)}, .pg = pg});
             check("all_reduce", "local group of 1 [17,65] T", y, CDF_F32, 2, s, v, THR_EXACT);
             cdf_dist_finalize(pg);
             case_end();
@@ -455,8 +630,7 @@ static void test_fill(void **state) {
             for (size_t k = 0; k < sizeof dts / sizeof *dts; k++) {
                 case_begin();
                 int64_t n = numel(cases[i].nd, cases[i].s);
-                cdf_tensor *y = cases[i].value == 0.0 ? cdf_tensor_zeros(g_dev, dts[k], cases[i].nd, cases[i].s)
-                                                      : cdf_tensor_full(g_dev, dts[k], cases[i].nd, cases[i].s, cases[i].value);
+                cdf_tensor *y = run((call){.what = A_FULL, .dt = dts[k], .nd = cases[i].nd, .shape = cases[i].s, .value = cases[i].value});
                 void *want = tmp((size_t)n * cdf_dtype_size(dts[k]));
                 cdf_k_fill(want, dts[k], n, cases[i].value);
                 char cs[64];
@@ -493,7 +667,8 @@ static void test_embedding(void **state) {
                     float *tab = rnd(ts[0] * ts[1], -2, 2, dt);
                     float *ids = rnd(nids, 0, (float)cases[i].rows, it); /* repeats included */
                     if (nids) ids[0] = (float)(cases[i].rows - 1);    /* the last row */
-                    cdf_tensor *y = cdf_embedding(up(dt, 2, ts, tab, cases[i].tl), up(it, cases[i].nid, cases[i].ids, ids, cases[i].il));
+                    cdf_tensor *y = run((call){.what = A_EMBEDDING, .n_in = 2,
+                                               .in = {up(dt, 2, ts, tab, cases[i].tl), up(it, cases[i].nid, cases[i].ids, ids, cases[i].il)}});
                     int64_t os[3] = {cases[i].ids[0], cases[i].ids[1], ts[1]};
                     os[cases[i].nid] = ts[1];
                     int64_t n = nids * ts[1];
@@ -512,34 +687,6 @@ static void test_embedding(void **state) {
 }
 
 /* ---- UNARY ----------------------------------------------------------------------------------- */
-
-typedef struct unary_def {
-    const char *name;
-    cdf_unary_op op;
-    float p0, p1, lo, hi; /* parameters; input range (positive where the op needs it) */
-} unary_def;
-
-static cdf_tensor *apply_unary(const unary_def *u, cdf_tensor *x) {
-    switch (u->op) {
-    case CDF_UN_NEG: return cdf_neg(x);
-    case CDF_UN_EXP: return cdf_exp(x);
-    case CDF_UN_LOG: return cdf_log(x);
-    case CDF_UN_SQRT: return cdf_sqrt(x);
-    case CDF_UN_RSQRT: return cdf_rsqrt(x);
-    case CDF_UN_SIGMOID: return cdf_sigmoid(x);
-    case CDF_UN_TANH: return cdf_tanh(x);
-    case CDF_UN_SILU: return cdf_silu(x);
-    case CDF_UN_RELU: return cdf_relu(x);
-    case CDF_UN_GELU_ERF: return cdf_gelu(x, CDF_GELU_ERF);
-    case CDF_UN_GELU_TANH: return cdf_gelu(x, CDF_GELU_TANH);
-    case CDF_UN_QUICK_GELU: return cdf_quick_gelu(x);
-    case CDF_UN_SCALE: return cdf_scale(x, u->p0);
-    case CDF_UN_ADD_SCALAR: return cdf_add_scalar(x, u->p0);
-    case CDF_UN_AFFINE: return cdf_affine(x, u->p0, u->p1);
-    case CDF_UN_CLAMP: return cdf_clamp(x, u->p0, u->p1);
-    default: fail_msg("unary op %d has no tensor API call", (int)u->op); return NULL;
-    }
-}
 
 static const unary_def k_unary[] = {
     {"neg", CDF_UN_NEG, 0, 0, -5, 5},           {"exp", CDF_UN_EXP, 0, 0, -4, 4},
@@ -584,7 +731,7 @@ static void test_unary(void **state) {
                 case_begin();
                 int64_t n = numel(cases[i].nd, cases[i].s);
                 float *v = rnd(n, dt == CDF_I32 ? (u->lo < 0 ? -4.0f : 0.0f) : u->lo, dt == CDF_I32 ? 5 : u->hi, dt);
-                cdf_tensor *y = apply_unary(u, up(dt, cases[i].nd, cases[i].s, v, cases[i].L));
+                cdf_tensor *y = run((call){.what = A_UNARY, .n_in = 1, .in = {up(dt, cases[i].nd, cases[i].s, v, cases[i].L)}, .u = u});
                 char cs[96];
                 snprintf(cs, sizeof cs, "%s %s%s", u->name, shp(cases[i].nd, cases[i].s), k_layout[cases[i].L]);
                 check("unary", cs, y, odt, cases[i].nd, cases[i].s, ref_unary(u, v, n, odt), thr_for(odt, THR_EW));
@@ -595,17 +742,6 @@ static void test_unary(void **state) {
 }
 
 /* ---- BINARY (broadcasting) --------------------------------------------------------------------- */
-
-static cdf_tensor *apply_binary(cdf_binary_op op, cdf_tensor *a, cdf_tensor *b) {
-    switch (op) {
-    case CDF_BIN_ADD: return cdf_add(a, b);
-    case CDF_BIN_SUB: return cdf_sub(a, b);
-    case CDF_BIN_MUL: return cdf_mul(a, b);
-    case CDF_BIN_DIV: return cdf_div(a, b);
-    case CDF_BIN_MAX: return cdf_maximum(a, b);
-    default: fail_msg("binary op %d has no tensor API call", (int)op); return NULL;
-    }
-}
 
 static void test_binary(void **state) {
     (void)state;
@@ -647,8 +783,8 @@ static void test_binary(void **state) {
                 if (op == CDF_BIN_DIV)
                     for (int64_t k = 0; k < n_b; k++) vb[k] = vb[k] < 0 ? vb[k] - 0.5f : vb[k] + 0.5f; /* away from 0 */
                 round_to(vb, n_b, db);
-                cdf_tensor *y = apply_binary((cdf_binary_op)op, up(da, na, cases[i].a, va, cases[i].la),
-                                             up(db, nb, cases[i].b, vb, cases[i].lb));
+                cdf_tensor *y = run((call){.what = A_BINARY, .n_in = 2, .bop = (cdf_binary_op)op,
+                                           .in = {up(da, na, cases[i].a, va, cases[i].la), up(db, nb, cases[i].b, vb, cases[i].lb)}});
                 /* reference: the binary kernel with broadcast strides on the host copies (ints are
                  * promoted to f32 first, as the tensor API does) */
                 int64_t sa[4], sb[4], ca[4], cb[4];
@@ -744,7 +880,8 @@ static void test_matmul(void **state) {
             int64_t batch = numel(nd - 2, os);
             cdf_dtype da = cases[i].da, db = cases[i].db, odt = promoted(da, db);
             float *va = rnd(numel(na, cases[i].a), -1, 1, da), *vb = rnd(numel(nb, cases[i].b), -1, 1, db);
-            cdf_tensor *y = cdf_matmul(up(da, na, cases[i].a, va, cases[i].la), up(db, nb, cases[i].b, vb, cases[i].lb));
+            cdf_tensor *y = run((call){.what = A_MATMUL, .n_in = 2,
+                                       .in = {up(da, na, cases[i].a, va, cases[i].la), up(db, nb, cases[i].b, vb, cases[i].lb)}});
             float *want = ref_matmul(batch, M, N, K, bcast(va, na, cases[i].a, nd, fa), da, bcast(vb, nb, cases[i].b, nd, fb),
                                      db, K * N, false, NULL, CDF_F32, odt);
             char cs[96];
@@ -778,8 +915,9 @@ static void test_matmul(void **state) {
             cdf_dtype dx = lin[i].dx, dw = lin[i].dw, odt = promoted(dx, dw);
             float *vx = rnd(rows * in, -1, 1, dx), *vw = rnd(out * in, -0.5f, 0.5f, dw);
             float *vbias = lin[i].bias ? rnd(out, -1, 1, dw) : NULL;
-            cdf_tensor *y = cdf_linear(up(dx, nx, lin[i].x, vx, lin[i].lx), up(dw, 2, ws, vw, CONTIG),
-                                       vbias ? up(dw, 1, &out, vbias, CONTIG) : NULL);
+            cdf_tensor *y = run((call){.what = A_LINEAR, .n_in = 3,
+                                       .in = {up(dx, nx, lin[i].x, vx, lin[i].lx), up(dw, 2, ws, vw, CONTIG),
+                                              vbias ? up(dw, 1, &out, vbias, CONTIG) : NULL}});
             float *want = ref_matmul(1, rows, out, in, vx, dx, vw, dw, 0, true, vbias, dw, odt);
             char cs[96];
             snprintf(cs, sizeof cs, "linear %s%s %s w [%lld,%lld] %s%s", shp(nx, lin[i].x), k_layout[lin[i].lx],
@@ -814,7 +952,7 @@ static void test_softmax(void **state) {
             cdf_dtype dt = cases[i].dt;
             int64_t n = numel(nd, cases[i].s), ms[3], bs[3];
             float *v = rnd(n, -8, 8, dt);
-            cdf_tensor *y = cdf_softmax(up(dt, nd, cases[i].s, v, cases[i].L), cases[i].dim);
+            cdf_tensor *y = run((call){.what = A_SOFTMAX, .n_in = 1, .in = {up(dt, nd, cases[i].s, v, cases[i].L)}, .dim = cases[i].dim});
             /* reference: move dim d last, the row kernel, move it back */
             float *moved = host_swap(v, nd, cases[i].s, d, nd - 1, ms);
             int64_t cols = ms[nd - 1], rows = cols ? n / cols : 0;
@@ -866,7 +1004,7 @@ static void test_norms(void **state) {
                 float *w = cases[i].w ? rnd(cols, 0.5f, 1.5f, wdt) : NULL, *b = hb ? rnd(cols, -1, 1, wdt) : NULL;
                 cdf_tensor *x = up(dt, nd, cases[i].s, v, cases[i].L);
                 cdf_tensor *tw = w ? up(wdt, 1, &cols, w, CONTIG) : NULL, *tb = b ? up(wdt, 1, &cols, b, CONTIG) : NULL;
-                cdf_tensor *y = rms ? cdf_rms_norm(x, tw, cases[i].eps) : cdf_layer_norm(x, tw, tb, cases[i].eps);
+                cdf_tensor *y = run((call){.what = rms ? A_RMS_NORM : A_LAYER_NORM, .n_in = 3, .in = {x, tw, tb}, .f0 = cases[i].eps});
                 void *out = tmp((size_t)n * cdf_dtype_size(dt));
                 void *kw = w ? typed(w, cols, wdt) : NULL, *kb = b ? typed(b, cols, wdt) : NULL;
                 if (n) {
@@ -914,8 +1052,9 @@ static void test_group_norm(void **state) {
             float *v = rnd(n, -2, 3, dt);
             cdf_dtype wdt = cases[i].wdt;
             float *w = cases[i].wb ? rnd(C, 0.5f, 1.5f, wdt) : NULL, *b = cases[i].wb ? rnd(C, -1, 1, wdt) : NULL;
-            cdf_tensor *y = cdf_group_norm(up(dt, nd, cases[i].s, v, cases[i].L), cases[i].groups,
-                                           w ? up(wdt, 1, &C, w, CONTIG) : NULL, b ? up(wdt, 1, &C, b, CONTIG) : NULL, cases[i].eps);
+            cdf_tensor *y = run((call){.what = A_GROUP_NORM, .n_in = 3, .i0 = cases[i].groups, .f0 = cases[i].eps,
+                                       .in = {up(dt, nd, cases[i].s, v, cases[i].L), w ? up(wdt, 1, &C, w, CONTIG) : NULL,
+                                              b ? up(wdt, 1, &C, b, CONTIG) : NULL}});
             void *out = tmp((size_t)n * cdf_dtype_size(dt));
             assert_int_equal(cdf_k_group_norm(out, dt, typed(v, n, dt), dt, cases[i].s[0], C, S, cases[i].groups, cases[i].eps,
                                               w ? typed(w, C, wdt) : NULL, b ? typed(b, C, wdt) : NULL, wdt),
@@ -965,14 +1104,8 @@ static void test_reduce(void **state) {
                 /* few distinct values so that maxima tie (argmax takes the first) */
                 float *v = op == CDF_RED_ARGMAX ? rnd(n, -4, 4, ints ? dt : CDF_I32) : rnd(n, -2, 3, dt);
                 round_to(v, n, dt);
-                cdf_tensor *x = up(dt, nd, cases[i].s, v, cases[i].L), *y = NULL;
-                switch (op) {
-                case CDF_RED_SUM: y = cdf_sum(x, cases[i].dim, cases[i].keep); break;
-                case CDF_RED_MEAN: y = cdf_mean(x, cases[i].dim, cases[i].keep); break;
-                case CDF_RED_VAR: y = cdf_var(x, cases[i].dim, cases[i].keep); break;
-                case CDF_RED_MAX: y = cdf_max(x, cases[i].dim, cases[i].keep); break;
-                default: y = cdf_argmax(x, cases[i].dim, cases[i].keep); break;
-                }
+                cdf_tensor *y = run((call){.what = A_REDUCE, .n_in = 1, .in = {up(dt, nd, cases[i].s, v, cases[i].L)}, .rop = op,
+                                           .dim = cases[i].dim, .keep = cases[i].keep});
                 int64_t os[3], outer = numel(d, cases[i].s), red = cases[i].s[d], inner = numel(nd - d - 1, cases[i].s + d + 1);
                 int ond = 0;
                 for (int k = 0; k < nd; k++)
@@ -1030,8 +1163,9 @@ static void test_conv2d(void **state) {
             cdf_dtype dx = cases[i].dx, dw = cases[i].dw, odt = promoted(dx, dw);
             float *vx = rnd(numel(4, xs), -1, 1, dx), *vw = rnd(numel(4, ws), -0.5f, 0.5f, dw);
             float *vb = cases[i].bias ? rnd(ws[0], -1, 1, dw) : NULL;
-            cdf_tensor *y = cdf_conv2d(up(dx, 4, xs, vx, cases[i].L), up(dw, 4, ws, vw, CONTIG),
-                                       vb ? up(dw, 1, ws, vb, CONTIG) : NULL, p);
+            cdf_tensor *y = run((call){.what = A_CONV2D, .n_in = 3, .conv = p,
+                                       .in = {up(dx, 4, xs, vx, cases[i].L), up(dw, 4, ws, vw, CONTIG),
+                                              vb ? up(dw, 1, ws, vb, CONTIG) : NULL}});
             cdf_dtype kx = (dx == CDF_F32 && dw == CDF_BF16) ? CDF_BF16 : dx; /* the bf16 policy */
             cdf_k_conv2d_args a = {
                 .n = xs[0], .cin = xs[1], .h = xs[2], .w = xs[3], .cout = ws[0], .kh = ws[2], .kw = ws[3],
@@ -1078,7 +1212,8 @@ static void test_upsample(void **state) {
             os[nd - 2] *= cases[i].fh;
             os[nd - 1] *= cases[i].fw;
             float *v = rnd(n, -1, 1, dt);
-            cdf_tensor *y = cdf_upsample_nearest(up(dt, nd, cases[i].s, v, cases[i].L), cases[i].fh, cases[i].fw);
+            cdf_tensor *y = run((call){.what = A_UPSAMPLE, .n_in = 1, .in = {up(dt, nd, cases[i].s, v, cases[i].L)}, .i0 = cases[i].fh,
+                                       .i1 = cases[i].fw});
             int64_t on = numel(nd, os);
             void *out = tmp((size_t)on * cdf_dtype_size(dt));
             assert_int_equal(cdf_k_upsample_nearest(out, dt, typed(v, n, dt), dt, n / (h * w), h, w, cases[i].fh, cases[i].fw),
@@ -1163,7 +1298,7 @@ static void test_attention(void **state) {
                 for (int64_t j = 0; j < Lk; j++) m[(1 * H + 2) * Lq * Lk + 3 * Lk + j] = -INFINITY; /* b1 h2 q3 */
                 tm = up(mdt, 4, ms, m, CONTIG);
             }
-            cdf_tensor *y = cdf_sdpa(tq, tk, tv, tm, cases[i].scale);
+            cdf_tensor *y = run((call){.what = A_SDPA, .n_in = 4, .in = {tq, tk, tv, tm}, .f0 = cases[i].scale});
             cdf_k_attention_args a = {
                 .b = B, .h = H, .lq = Lq, .lk = Lk, .d = D, .dv = Dv,
                 .q = typed(q, numel(4, qs), dt), .q_dt = dt, .q_sb = H * Lq * D, .q_sh = Lq * D, .q_sl = D,
@@ -1205,7 +1340,8 @@ static void test_rope(void **state) {
             cdf_dtype dt = cases[i].dt, tdt = cases[i].tdt;
             int64_t n = numel(4, xs);
             float *x = rnd(n, -2, 2, dt), *c = rnd(ts[0] * ts[1], -1, 1, tdt), *s = rnd(ts[0] * ts[1], -1, 1, tdt);
-            cdf_tensor *y = cdf_rope(up(dt, 4, xs, x, cases[i].L), up(tdt, 2, ts, c, CONTIG), up(tdt, 2, ts, s, TRANS));
+            cdf_tensor *y = run((call){.what = A_ROPE, .n_in = 3,
+                                       .in = {up(dt, 4, xs, x, cases[i].L), up(tdt, 2, ts, c, CONTIG), up(tdt, 2, ts, s, TRANS)}});
             void *out = tmp((size_t)n * cdf_dtype_size(dt));
             assert_int_equal(cdf_k_rope(out, dt, typed(x, n, dt), dt, c, s, xs[0], xs[1], xs[2], xs[3]), CDF_OK);
             char cs[80];
@@ -1230,16 +1366,16 @@ static void test_rope(void **state) {
             int64_t width = 0;
             for (int a = 0; a < tabs[i].n_axes; a++) width += tabs[i].axes[a];
             float *pos = rnd(ps[0] * ps[1], 0, 200, tabs[i].pdt == CDF_F32 ? CDF_F32 : CDF_I32);
-            cdf_tensor *tc = NULL, *tsn = NULL;
-            cdf_status st = cdf_rope_tables(up(tabs[i].pdt, 2, ps, pos, TRANS), tabs[i].n_axes, tabs[i].axes, tabs[i].theta,
-                                            &tc, &tsn);
+            cdf_tensor *tsn = NULL;
+            cdf_tensor *tc = run2((call){.what = A_ROPE_TABLES, .n_in = 1, .in = {up(tabs[i].pdt, 2, ps, pos, TRANS)},
+                                         .i0 = tabs[i].n_axes, .ints = tabs[i].axes, .value = tabs[i].theta},
+                                  &tsn);
             float *out = tmp((size_t)(2 * ps[0] * width) * sizeof *out);
             assert_int_equal(cdf_k_rope_table(out, pos, ps[0], tabs[i].n_axes, tabs[i].axes, tabs[i].theta), CDF_OK);
             const int64_t os[2] = {ps[0], width};
             char cs[80];
             snprintf(cs, sizeof cs, "pos %s T %s axes %d theta %g", shp(2, ps), cdf_dtype_name(tabs[i].pdt), tabs[i].n_axes,
                      tabs[i].theta);
-            if (st != CDF_OK) tc = tsn = NULL;
             check("rope_table", cs, tc, CDF_F32, 2, os, out, THR_EW);
             check("rope_table", cs, tsn, CDF_F32, 2, os, out + ps[0] * width, THR_EW);
             case_end();
@@ -1262,8 +1398,9 @@ static void test_rope(void **state) {
             if (temb[i].scale > 1)
                 for (int64_t k = 0; k < temb[i].n; k++) t[k] /= 1000.0f; /* sigmas in [0, 1) */
             round_to(t, temb[i].n, temb[i].tdt);
-            cdf_tensor *y = cdf_timestep_embedding(up(temb[i].tdt, 1, &temb[i].n, t, CONTIG), temb[i].dim, temb[i].flip,
-                                                   temb[i].shift, temb[i].scale, temb[i].max_period);
+            cdf_tensor *y = run((call){.what = A_TIMESTEP_EMB, .n_in = 1, .in = {up(temb[i].tdt, 1, &temb[i].n, t, CONTIG)},
+                                       .i0 = temb[i].dim, .flag = temb[i].flip, .f1 = temb[i].shift, .f0 = temb[i].scale,
+                                       .f2 = temb[i].max_period});
             float *out = tmp((size_t)(temb[i].n * temb[i].dim) * sizeof *out);
             assert_int_equal(cdf_k_timestep_embedding(out, t, temb[i].n, temb[i].dim, temb[i].flip, temb[i].shift, temb[i].scale,
                                                       temb[i].max_period),
