@@ -430,7 +430,7 @@ static cdf_status traced_call(void *ctx, const cdf_tensor_map *in, cdf_tensor_ma
     const call *c = ctx;
     cdf_tensor *t[4] = {0}, *o[2];
     for (int i = 0; i < c->n_in; i++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "in%d", i);
         t[i] = cdf_tensor_map_get(in, name);
     }
@@ -449,7 +449,7 @@ static cdf_status run_compiled(const call *c, cdf_tensor **out) {
     cdf_status s = CDF_OK;
     for (int i = 0; i < c->n_in && s == CDF_OK; i++) {
         if (!c->in[i]) continue;
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "in%d", i);
         cdf_dtype dt = cdf_tensor_dtype(c->in[i]);
         bool fl = dt == CDF_F32 || dt == CDF_BF16 || dt == CDF_F16;
