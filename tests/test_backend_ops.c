@@ -6,7 +6,8 @@
  *
  * Only the public tensor API touches devices: inputs go up with cdf_tensor_from_host (then views
  * are taken on the device), results come back with cdf_tensor_read, so the suite also runs with
- * CDIFFUSERS_CPU_DISCRETE=1 and in every execution mode. CDIFFUSERS_TEST_DEVICE=NAME (a backend
+ * CDIFFUSERS_CPU_DISCRETE=1 and in every execution mode (with CDIFFUSERS_COMPILE set, each op is
+ * captured into a graph and replayed: run_compiled below). CDIFFUSERS_TEST_DEVICE=NAME (a backend
  * type such as "cuda", or a device such as "cpu:0") restricts it to one device; a name that
  * matches nothing fails the suite rather than passing it empty.
  *
