@@ -11,15 +11,13 @@
  *             latents += (sigma_next - sigma) * v
  *   image         = vae.decode(unpatchify(unpack(latents) * sqrt(bn_var + eps) + bn_mean))
  *
- * Image-conditioned generation (reference images), caption upsampling and batches of prompts are
- * not implemented. */
+ * Image-conditioned generation (reference images) and caption upsampling are not implemented. */
 #include "pipelines/flux2_pipeline.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/error_internal.h"
 #include "models/autoencoder_kl_flux2.h"
@@ -27,25 +25,9 @@
 #include "tensor/tensor_impl.h"
 #include "tokenizers/flux2_prompt.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static cdf_status status_or_internal(void) { return cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL; }
 
-/* One output of a component run, kept alive in the current scope. */
-static cdf_tensor *take(cdf_tensor_map *out, const char *key) {
-    cdf_tensor *t = cdf_tensor_map_get(out, key);
-    if (!t) {
-        cdf_error(CDF_ERR_INTERNAL, "component produced no '%s'", key);
-        return NULL;
-    }
-    cdf_tensor_retain(t);
-    cdf_scope_record(t);
-    return t;
-}
+#define take cdf_pipe_take
 
 /* i64 tensor [1, rows, 4] from host values. */
 static cdf_tensor *ids_tensor(cdf_device *dev, const int64_t *v, int64_t rows) {
@@ -131,6 +113,40 @@ static cdf_status encode_prompt(cdf_pipeline *p, const cdf_generate_params *gp, 
     return s;
 }
 
+/* The model side of one step. */
+typedef struct flux2_step {
+    cdf_pipeline *p;
+    const cdf_generate_params *gp;
+    cdf_tensor *embeds, *txt_ids, *img_ids, *guidance;
+} flux2_step;
+
+static cdf_tensor *flux2_predict(void *ctx, cdf_tensor *latents, int i, float t) {
+    flux2_step *fs = ctx;
+    cdf_tensor *timestep = cdf_pipe_scalar_tensor(fs->p->device, t / 1000.0f, 1); /* float32 division */
+    cdf_tensor *v = NULL;
+    cdf_tensor_map in, outm;
+    cdf_tensor_map_init(&in);
+    cdf_tensor_map_init(&outm);
+    cdf_status s = timestep ? cdf_tensor_map_set(&in, "hidden_states", latents) : status_or_internal();
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "encoder_hidden_states", fs->embeds);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "timestep", timestep);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "img_ids", fs->img_ids);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "txt_ids", fs->txt_ids);
+    if (s == CDF_OK && fs->guidance) s = cdf_tensor_map_set(&in, "guidance", fs->guidance);
+    if (s == CDF_OK) s = cdf_component_run(fs->p->transformer, "forward", &in, &outm);
+    if (s == CDF_OK) v = take(&outm, "out.sample");
+    cdf_tensor_map_clear(&in);
+    cdf_tensor_map_clear(&outm);
+    if (v && fs->gp->capture) {
+        char key[64];
+        snprintf(key, sizeof key, "step%02d.transformer_timestep", i);
+        cdf_pipe_capture(fs->gp, key, timestep);
+        snprintf(key, sizeof key, "step%02d.noise_pred", i);
+        cdf_pipe_capture(fs->gp, key, v);
+    }
+    return v;
+}
+
 /* Everything after the text encoder. */
 static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp, cdf_tensor *embeds, cdf_image *out) {
     const int N = gp->num_inference_steps;
@@ -155,7 +171,11 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
 
     /* latents: one randn of the patchified shape, then packed to tokens */
     int64_t nshape[4] = {1, C4, h, w};
-    cdf_tensor *noise = cdf_pipe_noise(p, gp->seed, 4, nshape);
+    cdf_generator *g = cdf_generator_new(gp->seed);
+    cdf_tensor *noise = NULL;
+    cdf_status s = g ? cdf_pipe_draw(p, g, 4, nshape, p->batch_row, &noise) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    cdf_generator_free(g);
+    if (s != CDF_OK) return s;
     int64_t s3[3] = {1, C4, seq};
     cdf_tensor *latents = cdf_contiguous(cdf_transpose(cdf_reshape(noise, 3, s3), 1, 2)); /* [1, h*w, C4] */
     cdf_tensor *img_ids = latent_ids(p->device, h, w);
@@ -170,7 +190,7 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
     if (!sched) return status_or_internal();
     float *sig_in = malloc((size_t)N * sizeof *sig_in);
     const double mu = cdf_compute_empirical_mu(seq, N);
-    cdf_status s = sig_in ? cdf_flux_default_sigmas(N, sig_in) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    s = sig_in ? cdf_flux_default_sigmas(N, sig_in) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
     if (s == CDF_OK) s = cdf_scheduler_set_timesteps(sched, N, sig_in, N, &mu);
     free(sig_in);
     if (s != CDF_OK) {
@@ -183,55 +203,20 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
     cdf_pipe_capture(gp, "timesteps", cdf_tensor_from_host(p->device, CDF_F32, 1, ns, timesteps, CDF_F32));
     /* torch.full([1], guidance_scale, float32), passed at every step (a model without a guidance
      * embedder ignores it) */
-    cdf_tensor *guidance = cdf_pipe_scalar_tensor(p->device, gp->guidance_scale, 1);
-    cdf_pipe_capture(gp, "guidance", guidance);
+    flux2_step fs = {.p = p, .gp = gp, .embeds = embeds, .txt_ids = txt_ids, .img_ids = img_ids,
+                     .guidance = cdf_pipe_scalar_tensor(p->device, gp->guidance_scale, 1)};
+    cdf_pipe_capture(gp, "guidance", fs.guidance);
 
     /* denoising loop */
+    cdf_denoise_loop loop = {.timesteps = timesteps, .sigmas = sigmas, .num_steps = N, .latents = latents,
+                             .predict = flux2_predict, .ctx = &fs, .step_key = "step%02d.latents"};
+    s = cdf_pipe_denoise(p, gp, &loop);
+    cdf_scheduler_free(sched);
+    if (s != CDF_OK) return s;
+    latents = loop.latents;
     cdf_tensor_map in, outm;
     cdf_tensor_map_init(&in);
     cdf_tensor_map_init(&outm);
-    for (int i = 0; i < N && s == CDF_OK; i++) {
-        double t0 = now_s();
-        cdf_scope_push();
-        cdf_tensor *timestep = cdf_pipe_scalar_tensor(p->device, timesteps[i] / 1000.0f, 1); /* float32 division */
-        cdf_tensor *v = NULL, *next = NULL;
-        cdf_tensor_map_clear(&in);
-        cdf_tensor_map_clear(&outm);
-        s = timestep ? cdf_tensor_map_set(&in, "hidden_states", latents) : status_or_internal();
-        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "encoder_hidden_states", embeds);
-        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "timestep", timestep);
-        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "img_ids", img_ids);
-        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "txt_ids", txt_ids);
-        if (s == CDF_OK && guidance) s = cdf_tensor_map_set(&in, "guidance", guidance);
-        if (s == CDF_OK) s = cdf_component_run(p->transformer, "forward", &in, &outm);
-        if (s == CDF_OK && !(v = take(&outm, "out.sample"))) s = status_or_internal();
-        if (s == CDF_OK) {
-            next = cdf_pipe_euler_step(latents, v, sigmas[i], sigmas[i + 1]);
-            if (!next) s = status_or_internal();
-        }
-        if (s == CDF_OK && gp->capture) {
-            char key[64];
-            snprintf(key, sizeof key, "step%02d.transformer_timestep", i);
-            cdf_pipe_capture(gp, key, timestep);
-            snprintf(key, sizeof key, "step%02d.noise_pred", i);
-            cdf_pipe_capture(gp, key, v);
-            snprintf(key, sizeof key, "step%02d.latents", i);
-            cdf_pipe_capture(gp, key, next);
-        }
-        cdf_scope_pop(next ? &next : NULL, next ? 1 : 0);
-        if (s != CDF_OK) break;
-        latents = next;
-        if (gp->callback) {
-            /* the callback reports wall time per step, so it waits for the step to finish */
-            s = cdf_device_synchronize(p->device);
-            if (s == CDF_OK && !gp->callback(i + 1, N, now_s() - t0, gp->callback_user))
-                s = cdf_error(CDF_ERR_INTERRUPTED, "generation cancelled at step %d of %d", i + 1, N);
-        }
-    }
-    cdf_tensor_map_clear(&in);
-    cdf_tensor_map_clear(&outm);
-    cdf_scheduler_free(sched);
-    if (s != CDF_OK) return s;
     cdf_pipe_capture(gp, "final_latents", latents);
     cdf_pipe_capture(gp, "latents_final", latents);
 

@@ -1,0 +1,255 @@
+/* img2img, inpainting and batches against diffusers' own pipelines (tests/data/golden/img2img,
+ * made by tools/make-img2img-golden/make_golden.py: FluxImg2ImgPipeline,
+ * StableDiffusion3Img2ImgPipeline, FluxInpaintPipeline, StableDiffusion3InpaintPipeline,
+ * FluxPipeline / StableDiffusion3Pipeline with num_images_per_prompt=2 and generator lists).
+ *
+ * Tolerances (that folder's README, which takes them from the golden pipelines README):
+ *   exact: the preprocessed image (PIL Lanczos resize, /255, 2x-1), the binarised mask, the noise
+ *          (drawn after the VAE's latent sample), the schedule; text-to-image initial latents;
+ *   image latents and img2img initial latents: they go through the VAE encoder, whose golden
+ *          tolerance is 2e-5 (x scaling_factor 1.53 for SD3): 5e-5;
+ *   latents after every step and final: 5e-4; image: 5e-4; image_uint8: at most 1 level. */
+#include "testutil.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdiffusers/cdiffusers.h"
+#include "nn/nn.h"
+
+static const char *const k_cases[] = {
+    "flux_img2img_s06_64x64", "flux_img2img_s09_48x80", "sd3_img2img_s06_64x64", "sd3_img2img_s03_48x80",
+    "flux_inpaint_s08_64x64", "flux_inpaint_s10_48x80", "sd3_inpaint_s07_64x64", "sd3_inpaint_s10_48x80",
+    "flux_t2i_n2_64x64",      "flux_t2i_gens_64x64",    "sd3_t2i_n2_64x64",      "sd3_t2i_gens_64x64",
+    "flux_img2img_n2_64x64",
+};
+
+/* max |ours - golden element block| where the block is `n` values at element offset `off`. */
+static double cmp_at(cdf_tensor_map *cap, const char *key, cdf_st_file *gf, const char *gkey, int64_t block, bool *missing) {
+    cdf_tensor *t = cdf_tensor_map_get(cap, key);
+    const cdf_st_tensor *g = cdf_st_find(gf, gkey);
+    *missing = !t || !g;
+    if (*missing) {
+        print_message("    missing %s (ours %p) / %s (golden %p)\n", key, (void *)t, gkey, (void *)g);
+        return INFINITY;
+    }
+    float *ours = cdf_tensor_read_f32(t);
+    assert_non_null(ours);
+    int64_t n = cdf_tensor_numel(t);
+    assert_true((block + 1) * n <= cdf_st_numel(g));
+    float *ref = malloc(n * sizeof *ref);
+    cdf_convert(ref, CDF_F32, (const char *)cdf_st_data(gf, g) + block * n * cdf_dtype_size(g->dtype), g->dtype, (size_t)n);
+    double d = tu_max_abs_diff(ours, ref, n, NULL);
+    free(ours);
+    free(ref);
+    return d;
+}
+
+static void load_png(const char *dir, const char *name, cdf_png_image *png, cdf_image *img) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (cdf_png_read(path, png) != CDF_OK) fail_msg("%s: %s", path, cdf_last_error());
+    *img = (cdf_image){.width = png->width, .height = png->height, .channels = png->channels, .pixels = png->pixels};
+}
+
+static void run_case(const char *name) {
+    char dir[1024], path[1200], pipe_dir[1200];
+    snprintf(dir, sizeof dir, "%s/golden/img2img/%s", tu_data(""), name);
+    snprintf(path, sizeof path, "%s/expected.json", dir);
+    size_t len;
+    char *txt = tu_read_file(path, &len);
+    assert_non_null(txt);
+    cJSON *js = cJSON_Parse(txt);
+    free(txt);
+    assert_non_null(js);
+    const cJSON *call = cJSON_GetObjectItem(js, "call"), *seeds = cJSON_GetObjectItem(js, "seeds");
+    cdf_generate_params gp = cdf_generate_default_params();
+    gp.prompt = cJSON_GetObjectItem(call, "prompt")->valuestring;
+    const cJSON *neg = cJSON_GetObjectItem(call, "negative_prompt");
+    gp.negative_prompt = cJSON_IsString(neg) ? neg->valuestring : NULL;
+    gp.height = cJSON_GetObjectItem(call, "height")->valueint;
+    gp.width = cJSON_GetObjectItem(call, "width")->valueint;
+    gp.num_inference_steps = cJSON_GetObjectItem(call, "num_inference_steps")->valueint;
+    gp.guidance_scale = (float)cJSON_GetObjectItem(call, "guidance_scale")->valuedouble;
+    gp.max_sequence_length = cJSON_GetObjectItem(call, "max_sequence_length")->valueint;
+    const cJSON *strength = cJSON_GetObjectItem(call, "strength"), *nipp = cJSON_GetObjectItem(call, "num_images_per_prompt");
+    if (strength) gp.strength = (float)strength->valuedouble;
+    uint64_t seed_list[4];
+    if (cJSON_IsArray(seeds)) {
+        gp.num_seeds = cJSON_GetArraySize(seeds);
+        for (int i = 0; i < gp.num_seeds; i++) seed_list[i] = (uint64_t)cJSON_GetArrayItem(seeds, i)->valuedouble;
+        gp.seeds = seed_list;
+    } else {
+        gp.seed = (uint64_t)seeds->valuedouble;
+        if (nipp) gp.num_images = nipp->valueint;
+    }
+    cdf_png_image png_img = {0}, png_mask = {0};
+    cdf_image in_img, in_mask;
+    const cJSON *img_in = cJSON_GetObjectItem(js, "image_in"), *mask_in = cJSON_GetObjectItem(js, "mask_in");
+    if (cJSON_IsString(img_in)) {
+        load_png(dir, img_in->valuestring, &png_img, &in_img);
+        gp.image = &in_img;
+    }
+    if (cJSON_IsString(mask_in)) {
+        load_png(dir, mask_in->valuestring, &png_mask, &in_mask);
+        gp.mask_image = &in_mask;
+    }
+    const char *folder = strrchr(cJSON_GetObjectItem(js, "folder")->valuestring, '/') + 1;
+    snprintf(pipe_dir, sizeof pipe_dir, "%s/%s", tu_data("pipelines"), folder);
+    cdf_pipeline *pipe = NULL;
+    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    lp.weight_dtype = CDF_F32; /* diffusers ran in float32 */
+    if (cdf_pipeline_load(pipe_dir, &lp, &pipe) != CDF_OK) fail_msg("load %s: %s", pipe_dir, cdf_last_error());
+    cdf_tensor_map cap;
+    cdf_tensor_map_init(&cap);
+    gp.capture = &cap;
+    const int n = cdf_generate_params_count(&gp);
+    cdf_image out[4];
+    if (cdf_pipeline_generate_images(pipe, &gp, out, n) != CDF_OK) fail_msg("generate %s: %s", name, cdf_last_error());
+
+    snprintf(path, sizeof path, "%s/expected.safetensors", dir);
+    cdf_st_file *gf;
+    assert_int_equal(cdf_st_open(path, &gf), CDF_OK);
+    const int steps_run = cJSON_GetObjectItem(js, "steps_run")->valueint;
+    const bool with_image = gp.image != NULL;
+    bool miss;
+    for (int k = 0; k < n; k++) {
+        struct {
+            const char *key;
+            double tol;
+            bool per_image; /* golden row k of a (B, ...) tensor; else the whole tensor */
+        } checks[] = {
+            {"init_image", 0, false},       {"mask_condition", 0, false},
+            {"noise", 0, true},             {"image_latents", 5e-5, true},
+            {"sigmas", 0, false},           {"timesteps", 0, false},
+            {"latents_initial", with_image ? 5e-5 : 0, true},
+            {"latents_final", 5e-4, true},  {"image", 5e-4, true},
+        };
+        for (size_t i = 0; i < sizeof checks / sizeof *checks; i++) {
+            if (!cdf_st_find(gf, checks[i].key)) continue;
+            char key[96];
+            snprintf(key, sizeof key, "%d.%s", k, checks[i].key);
+            double d = cmp_at(&cap, key, gf, checks[i].key, checks[i].per_image ? k : 0, &miss);
+            print_message("  %s[%d] %-16s max|diff| = %.3g (tol %.1g)\n", name, k, checks[i].key, d, checks[i].tol);
+            assert_false(miss);
+            assert_true(d <= checks[i].tol);
+        }
+        for (int s = 0; s < steps_run; s++) { /* latents_after_step: (steps, B, ...) */
+            char key[96];
+            snprintf(key, sizeof key, "%d.latents_after_step.%d", k, s);
+            double d = cmp_at(&cap, key, gf, "latents_after_step", (int64_t)s * n + k, &miss);
+            assert_false(miss);
+            if (!(d <= 5e-4)) fail_msg("%s[%d] latents after step %d: max|diff| %.3g > 5e-4", name, k, s, d);
+        }
+        char extra[64];
+        snprintf(extra, sizeof extra, "%d.latents_after_step.%d", k, steps_run); /* no step beyond the ones run */
+        assert_null(cdf_tensor_map_get(&cap, extra));
+        const cdf_st_tensor *u8 = cdf_st_find(gf, "image_uint8");
+        assert_non_null(u8);
+        const int64_t per = (int64_t)out[k].width * out[k].height * 3;
+        assert_int_equal(cdf_st_numel(u8), per * n);
+        const uint8_t *ref = (const uint8_t *)cdf_st_data(gf, u8) + k * per;
+        int worst = 0, ndiff = 0;
+        for (int64_t i = 0; i < per; i++) {
+            int d = abs((int)ref[i] - (int)out[k].pixels[i]);
+            if (d > worst) worst = d;
+            ndiff += d != 0;
+        }
+        print_message("  %s[%d] image_uint8: %d values differ, max %d level(s)\n", name, k, ndiff, worst);
+        assert_true(worst <= 1);
+        cdf_image_free(&out[k]);
+    }
+    cdf_st_close(gf);
+    cdf_tensor_map_clear(&cap);
+    cdf_pipeline_free(pipe);
+    cdf_png_image_free(&png_img);
+    cdf_png_image_free(&png_mask);
+    cJSON_Delete(js);
+}
+
+static void test_case(void **state) { run_case((const char *)*state); }
+
+/* Each image of a seed list equals the single-seed image of its seed (the README's promise). */
+static void test_seed_list_equals_single_seeds(void **state) {
+    (void)state;
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/flux1_dev_tiny", tu_data("pipelines"));
+    cdf_pipeline *pipe = NULL;
+    assert_int_equal(cdf_pipeline_load(dir, NULL, &pipe), CDF_OK);
+    cdf_generate_params gp = cdf_generate_default_params();
+    gp.prompt = "a cat";
+    gp.height = gp.width = 32;
+    gp.num_inference_steps = 2;
+    gp.max_sequence_length = 16;
+    uint64_t seeds[2] = {5, 6};
+    gp.seeds = seeds;
+    gp.num_seeds = 2;
+    cdf_image batch[2], one;
+    assert_int_equal(cdf_pipeline_generate_images(pipe, &gp, batch, 2), CDF_OK);
+    gp.num_seeds = 0;
+    gp.seeds = NULL;
+    for (int k = 0; k < 2; k++) {
+        gp.seed = seeds[k];
+        assert_int_equal(cdf_pipeline_generate(pipe, &gp, &one), CDF_OK);
+        assert_memory_equal(one.pixels, batch[k].pixels, (size_t)one.width * one.height * 3);
+        cdf_image_free(&one);
+        cdf_image_free(&batch[k]);
+    }
+    cdf_pipeline_free(pipe);
+}
+
+/* Requests refused before any work, with a message naming what is wrong. */
+static void test_bad_inputs(void **state) {
+    (void)state;
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/flux1_dev_tiny", tu_data("pipelines"));
+    cdf_pipeline *pipe = NULL;
+    assert_int_equal(cdf_pipeline_load(dir, NULL, &pipe), CDF_OK);
+    uint8_t px[32 * 32 * 4] = {0};
+    cdf_image rgb = {32, 32, 3, px}, rgba = {32, 32, 4, px}, gray = {32, 32, 1, px}, small = {16, 32, 1, px};
+    cdf_generate_params gp = cdf_generate_default_params();
+    gp.prompt = "x";
+    gp.num_inference_steps = 2;
+    cdf_image img;
+    struct {
+        const cdf_image *image, *mask;
+        float strength;
+        const char *needle;
+    } bad[] = {
+        {&rgba, NULL, 0.6f, "RGB image"},  {&gray, NULL, 0.6f, "RGB image"},
+        {&rgb, NULL, 0.0f, "strength"},    {&rgb, NULL, 1.5f, "strength"},
+        {&rgb, NULL, NAN, "strength"},     {&rgb, &small, 0.6f, "same size"},
+        {&rgb, &rgba, 0.6f, "grayscale"},  {NULL, &gray, 0.6f, "needs an image"},
+        {&rgb, NULL, 1e-30f, "leaves no denoising step"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        gp.image = bad[i].image;
+        gp.mask_image = bad[i].mask;
+        gp.strength = bad[i].strength;
+        assert_int_equal(cdf_pipeline_generate(pipe, &gp, &img), CDF_ERR_INVALID_ARG);
+        if (!strstr(cdf_last_error(), bad[i].needle)) fail_msg("case %zu: '%s' lacks '%s'", i, cdf_last_error(), bad[i].needle);
+        assert_null(img.pixels);
+    }
+    /* a batch through the one-image call */
+    gp.image = NULL;
+    gp.mask_image = NULL;
+    gp.num_images = 2;
+    assert_int_equal(cdf_pipeline_generate(pipe, &gp, &img), CDF_ERR_INVALID_ARG);
+    assert_non_null(strstr(cdf_last_error(), "cdf_pipeline_generate_images"));
+    cdf_image two[2];
+    assert_int_equal(cdf_pipeline_generate_images(pipe, &gp, two, 3), CDF_ERR_INVALID_ARG);
+    cdf_pipeline_free(pipe);
+}
+
+int main(void) {
+    struct CMUnitTest tests[sizeof k_cases / sizeof *k_cases + 2];
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++)
+        tests[n++] = (struct CMUnitTest){k_cases[i], test_case, NULL, NULL, (void *)k_cases[i]};
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_seed_list_equals_single_seeds);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_inputs);
+    return _cmocka_run_group_tests("pipelines_img2img", tests, n, NULL, NULL);
+}
