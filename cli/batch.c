@@ -83,9 +83,14 @@ static cdf_status read_prompts(cdf_cli_gen *g) {
 }
 
 cdf_status cdf_cli_gen_prepare(cdf_cli_gen *g, cdf_generate_params *gp) {
-    if (g->image_path) {
-        CDF_TRY(load_png(g->image_path, "--image", &g->image_png, &g->image));
-        gp->image = &g->image;
+    for (int i = 0; i < g->n_images; i++) {
+        char what[32];
+        snprintf(what, sizeof what, g->n_images > 1 ? "--image #%d" : "--image", i + 1);
+        CDF_TRY(load_png(g->image_paths[i], what, &g->image_png[i], &g->image[i]));
+    }
+    if (g->n_images > 0) {
+        gp->image = g->image;
+        gp->num_input_images = g->n_images;
     }
     if (g->mask_path) {
         CDF_TRY(load_png(g->mask_path, "--mask", &g->mask_png, &g->mask));
@@ -143,9 +148,14 @@ static cdf_status write_image(const cdf_cli_gen *g, cdf_pipeline *pipe, const cd
     unsigned long long seed = gp->num_seeds > 0 ? (unsigned long long)gp->seeds[k] : (unsigned long long)gp->seed;
     char batch[64] = "", init[1200] = "";
     if (gp->num_seeds == 0 && n > 1) snprintf(batch, sizeof batch, ", Batch index: %d of %d", k, n);
-    if (gp->image)
-        snprintf(init, sizeof init, ", Strength: %g, Init image: %s%s%s", (double)eff.strength, g->image_path,
+    if (gp->image && strcmp(cdf_pipeline_class_name(pipe), "Flux2Pipeline") == 0) {
+        size_t used = (size_t)snprintf(init, sizeof init, ", Reference images: ");
+        for (int i = 0; i < g->n_images && used < sizeof init; i++)
+            used += (size_t)snprintf(init + used, sizeof init - used, "%s%s", i ? "; " : "", g->image_paths[i]);
+    } else if (gp->image) {
+        snprintf(init, sizeof init, ", Strength: %g, Init image: %s%s%s", (double)eff.strength, g->image_paths[0],
                  gp->mask_image ? ", Mask: " : "", gp->mask_image ? g->mask_path : "");
+    }
     char params[12288];
     snprintf(params, sizeof params,
              "%s\nNegative prompt: %s\nSteps: %d, Sampler: FlowMatchEulerDiscrete, CFG scale: %g, True CFG scale: %g, "
@@ -206,6 +216,6 @@ void cdf_cli_gen_free(cdf_cli_gen *g) {
     free(g->prompts);
     g->prompts = NULL;
     g->n_prompts = 0;
-    cdf_png_image_free(&g->image_png);
+    for (int i = 0; i < g->n_images; i++) cdf_png_image_free(&g->image_png[i]);
     cdf_png_image_free(&g->mask_png);
 }

@@ -11,18 +11,21 @@
 #include "cdiffusers/cdiffusers.h"
 
 #define CDF_CLI_MAX_SEEDS 256
+#define CDF_CLI_MAX_IMAGES 16 /* --image given more often is a usage error; the pipeline says how many it takes */
 
 typedef struct cdf_cli_gen {
     /* from the command line */
-    const char *output, *latents_out, *model, *dtype, *image_path, *mask_path, *prompts_file;
+    const char *output, *latents_out, *model, *dtype, *mask_path, *prompts_file;
+    const char *image_paths[CDF_CLI_MAX_IMAGES]; /* --image (FLUX.2: several reference images) */
+    int n_images;
     bool force, quiet;
     uint64_t seeds[CDF_CLI_MAX_SEEDS];
     int n_seeds;
     /* owned, filled by cdf_cli_gen_prepare */
     char **prompts;
     int n_prompts;
-    cdf_png_image image_png, mask_png;
-    cdf_image image, mask;
+    cdf_png_image image_png[CDF_CLI_MAX_IMAGES], mask_png;
+    cdf_image image[CDF_CLI_MAX_IMAGES], mask;
 } cdf_cli_gen;
 
 /* "1,2,3" -> seeds; false on anything but 1..CDF_CLI_MAX_SEEDS non-negative integers. */

@@ -52,7 +52,8 @@ static void usage(FILE *f) {
             "      --latents-out FILE       also write latents_initial / latents_final (safetensors)\n"
             "      --image IN.png           img2img (FluxImg2ImgPipeline / StableDiffusion3Img2ImgPipeline): start from\n"
             "                               this RGB picture, resized to --height x --width (default: its own size\n"
-            "                               rounded down to a multiple of 16)\n"
+            "                               rounded down to a multiple of 16). FLUX.2: a reference image the prompt\n"
+            "                               refers to (repeat --image for up to 10)\n"
             "      --strength S             img2img / inpainting: how much of the schedule runs, in (0, 1] (default 0.6)\n"
             "      --mask MASK.png          inpainting (Flux/SD3 InpaintPipeline): white = repaint, black = keep;\n"
             "                               grayscale or RGB, the size of --image\n"
@@ -444,7 +445,10 @@ static int cmd_generate(int argc, char **argv) {
         case 'R': tp_replicate = optarg; break;
         case 'O': offload = optarg; break;
         case 'K': memory_stats = true; break;
-        case 'I': g.image_path = optarg; break;
+        case 'I':
+            if (g.n_images == CDF_CLI_MAX_IMAGES) return usage_error("--image given more than 16 times (at '%s')", optarg);
+            g.image_paths[g.n_images++] = optarg;
+            break;
         case 'J': g.mask_path = optarg; break;
         case 'Z':
             /* refused here, not passed on: (0, 1] is all diffusers accepts */
@@ -477,7 +481,7 @@ static int cmd_generate(int argc, char **argv) {
     if (rc_tp != EXIT_OK) return rc_tp;
     if (!gp.prompt && !g.prompts_file) return usage_error("%s", "generate needs --prompt TEXT (or --prompts-file FILE)");
     if (gp.prompt && g.prompts_file) return usage_error("%s", "generate takes --prompt or --prompts-file, not both");
-    if (g.mask_path && !g.image_path) return usage_error("%s", "--mask needs --image (the picture to inpaint)");
+    if (g.mask_path && !g.n_images) return usage_error("%s", "--mask needs --image (the picture to inpaint)");
     if (g.n_seeds > 0 && gp.num_images > 1 && gp.num_images != g.n_seeds)
         return usage_error("%s", "--num-images and --batch-seeds disagree (--batch-seeds alone makes one image per seed)");
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();

@@ -708,14 +708,32 @@ static void test_img2img_bad_inputs(void **state) {
     int rc = run_cli(&c, NULL, "generate --model model --prompts-file empty.txt --steps 2 --quiet");
     expect(rc, RC_FAIL, "empty.txt", "no prompt");
     expect_no_output(&c);
-    /* FLUX.2's reference images are not implemented: refused, not ignored */
+    /* FLUX.2 reference images: more than the model takes, too small; then two that work */
     case_dir c2;
     case_new(&c2, "img2img_flux2");
     case_pipeline(&c2, "pipelines/flux2_dev_tiny", NULL);
     write_png(&c2, "rgb.png", 64, 64, 3);
-    rc = run_cli(&c2, NULL, "generate --model model --prompt fox --height 64 --width 64 --steps 2 --quiet --image rgb.png");
-    expect(rc, RC_FAIL, "Flux2Pipeline", "not implemented");
+    write_png(&c2, "small.png", 64, 40, 3);
+    write_png(&c2, "wide.png", 100, 70, 3);
+    char eleven[600] = "";
+    for (int i = 0; i < 11; i++) strcat(eleven, " --image rgb.png");
+    rc = run_cli(&c2, NULL, "generate --model model --prompt fox --steps 2 --quiet%s", eleven);
+    expect(rc, RC_FAIL, "11 reference images", "at most 10");
     expect_no_output(&c2);
+    rc = run_cli(&c2, NULL, "generate --model model --prompt fox --steps 2 --quiet --image rgb.png --image small.png");
+    expect(rc, RC_FAIL, "reference image 2", "64x40", "at least 64");
+    expect_no_output(&c2);
+    rc = run_cli(&c2, NULL, "generate --model model --prompt fox --steps 2 --quiet --text-encoder-out-layers 1,2,3 "
+                            "--image wide.png --image rgb.png");
+    expect(rc, RC_OK, "");
+    char path[800];
+    snprintf(path, sizeof path, "%s/out.png", c2.root);
+    cdf_png_image png;
+    assert_int_equal(cdf_png_read(path, &png), CDF_OK);
+    assert_int_equal(png.width, 96); /* the first reference's size, cropped to multiples of 16 */
+    assert_int_equal(png.height, 64);
+    assert_non_null(strstr(cdf_png_image_text(&png, "parameters"), "Reference images: wide.png; rgb.png"));
+    cdf_png_image_free(&png);
 }
 
 /* PNG text chunk "parameters" of c->root/name */

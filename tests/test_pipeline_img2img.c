@@ -1,13 +1,15 @@
 /* img2img, inpainting and batches against diffusers' own pipelines (tests/data/golden/img2img,
  * made by tools/make-img2img-golden/make_golden.py: FluxImg2ImgPipeline,
  * StableDiffusion3Img2ImgPipeline, FluxInpaintPipeline, StableDiffusion3InpaintPipeline,
- * FluxPipeline / StableDiffusion3Pipeline with num_images_per_prompt=2 and generator lists).
+ * FluxPipeline / StableDiffusion3Pipeline with num_images_per_prompt=2 and generator lists,
+ * Flux2Pipeline with one and two reference images, from the flux2_dev_tiny case's prompt_embeds).
  *
  * Tolerances (that folder's README, which takes them from the golden pipelines README):
  *   exact: the preprocessed image (PIL Lanczos resize, /255, 2x-1), the binarised mask, the noise
  *          (drawn after the VAE's latent sample), the schedule; text-to-image initial latents;
  *   image latents and img2img initial latents: they go through the VAE encoder, whose golden
- *          tolerance is 2e-5 (x scaling_factor 1.53 for SD3): 5e-5;
+ *          tolerance is 2e-5 (x scaling_factor 1.53 for SD3; FLUX.2: / the BatchNorm std): 5e-5;
+ *   FLUX.2 reference ids: exact;
  *   latents after every step and final: 5e-4; image: 5e-4; image_uint8: at most 1 level. */
 #include "testutil.h"
 
@@ -19,12 +21,13 @@
 
 #include "cdiffusers/cdiffusers.h"
 #include "nn/nn.h"
+#include "pipelines/flux2_pipeline.h"
 
 static const char *const k_cases[] = {
     "flux_img2img_s06_64x64", "flux_img2img_s09_48x80", "sd3_img2img_s06_64x64", "sd3_img2img_s03_48x80",
     "flux_inpaint_s08_64x64", "flux_inpaint_s10_48x80", "sd3_inpaint_s07_64x64", "sd3_inpaint_s10_48x80",
     "flux_t2i_n2_64x64",      "flux_t2i_gens_64x64",    "sd3_t2i_n2_64x64",      "sd3_t2i_gens_64x64",
-    "flux_img2img_n2_64x64",
+    "flux_img2img_n2_64x64",  "flux2_ref1_64x64",       "flux2_ref2_64x96",
 };
 
 /* max |ours - golden element block| where the block is `n` values at element offset `off`. */
@@ -67,14 +70,17 @@ static void run_case(const char *name) {
     assert_non_null(js);
     const cJSON *call = cJSON_GetObjectItem(js, "call"), *seeds = cJSON_GetObjectItem(js, "seeds");
     cdf_generate_params gp = cdf_generate_default_params();
-    gp.prompt = cJSON_GetObjectItem(call, "prompt")->valuestring;
+    const cJSON *prompt = cJSON_GetObjectItem(call, "prompt");
+    gp.prompt = cJSON_IsString(prompt) ? prompt->valuestring : NULL;
     const cJSON *neg = cJSON_GetObjectItem(call, "negative_prompt");
     gp.negative_prompt = cJSON_IsString(neg) ? neg->valuestring : NULL;
-    gp.height = cJSON_GetObjectItem(call, "height")->valueint;
-    gp.width = cJSON_GetObjectItem(call, "width")->valueint;
+    const cJSON *height = cJSON_GetObjectItem(call, "height"), *width = cJSON_GetObjectItem(call, "width");
+    if (height) gp.height = height->valueint; /* FLUX.2: absent = the first reference image's size */
+    if (width) gp.width = width->valueint;
     gp.num_inference_steps = cJSON_GetObjectItem(call, "num_inference_steps")->valueint;
     gp.guidance_scale = (float)cJSON_GetObjectItem(call, "guidance_scale")->valuedouble;
-    gp.max_sequence_length = cJSON_GetObjectItem(call, "max_sequence_length")->valueint;
+    const cJSON *msl = cJSON_GetObjectItem(call, "max_sequence_length");
+    if (msl) gp.max_sequence_length = msl->valueint;
     const cJSON *strength = cJSON_GetObjectItem(call, "strength"), *nipp = cJSON_GetObjectItem(call, "num_images_per_prompt");
     if (strength) gp.strength = (float)strength->valuedouble;
     uint64_t seed_list[4];
@@ -86,12 +92,17 @@ static void run_case(const char *name) {
         gp.seed = (uint64_t)seeds->valuedouble;
         if (nipp) gp.num_images = nipp->valueint;
     }
-    cdf_png_image png_img = {0}, png_mask = {0};
-    cdf_image in_img, in_mask;
+    cdf_png_image png_img[2] = {0}, png_mask = {0};
+    cdf_image in_img[2], in_mask;
     const cJSON *img_in = cJSON_GetObjectItem(js, "image_in"), *mask_in = cJSON_GetObjectItem(js, "mask_in");
     if (cJSON_IsString(img_in)) {
-        load_png(dir, img_in->valuestring, &png_img, &in_img);
-        gp.image = &in_img;
+        load_png(dir, img_in->valuestring, &png_img[0], &in_img[0]);
+        gp.image = in_img;
+    } else if (cJSON_IsArray(img_in)) { /* FLUX.2 reference images */
+        gp.num_input_images = cJSON_GetArraySize(img_in);
+        assert_true(gp.num_input_images <= 2);
+        for (int i = 0; i < gp.num_input_images; i++) load_png(dir, cJSON_GetArrayItem(img_in, i)->valuestring, &png_img[i], &in_img[i]);
+        gp.image = in_img;
     }
     if (cJSON_IsString(mask_in)) {
         load_png(dir, mask_in->valuestring, &png_mask, &in_mask);
@@ -108,13 +119,38 @@ static void run_case(const char *name) {
     gp.capture = &cap;
     const int n = cdf_generate_params_count(&gp);
     cdf_image out[4];
-    if (cdf_pipeline_generate_images(pipe, &gp, out, n) != CDF_OK) fail_msg("generate %s: %s", name, cdf_last_error());
+    cdf_tensor_map f2;
+    cdf_tensor_map_init(&f2);
+    if (!prompt) { /* FLUX.2: the text encoder's output from its own golden case */
+        tu_load_map(&f2, "pipelines/flux2_dev_tiny/cases/64x64/expected.safetensors");
+        if (cdf_flux2_generate_from_embeds(pipe, &gp, cdf_tensor_map_get(&f2, "prompt_embeds"), &out[0]) != CDF_OK)
+            fail_msg("generate %s: %s", name, cdf_last_error());
+        /* one image: its captures under the plain keys, as "0.<key>" too */
+        cdf_tensor_map plain = cap;
+        cdf_tensor_map_init(&cap);
+        for (int i = 0; i < plain.n; i++) {
+            char key[128];
+            snprintf(key, sizeof key, "0.%s", plain.names[i]);
+            assert_int_equal(cdf_tensor_map_set(&cap, key, plain.tensors[i]), CDF_OK);
+        }
+        cdf_tensor_map_clear(&plain);
+        /* FLUX.2's step captures are step%02d.latents */
+        for (int st = 0; st < cJSON_GetObjectItem(js, "steps_run")->valueint; st++) {
+            char from[64], to[64];
+            snprintf(from, sizeof from, "0.step%02d.latents", st);
+            snprintf(to, sizeof to, "0.latents_after_step.%d", st);
+            assert_int_equal(cdf_tensor_map_set(&cap, to, cdf_tensor_map_get(&cap, from)), CDF_OK);
+        }
+    } else if (cdf_pipeline_generate_images(pipe, &gp, out, n) != CDF_OK) {
+        fail_msg("generate %s: %s", name, cdf_last_error());
+    }
 
     snprintf(path, sizeof path, "%s/expected.safetensors", dir);
     cdf_st_file *gf;
     assert_int_equal(cdf_st_open(path, &gf), CDF_OK);
     const int steps_run = cJSON_GetObjectItem(js, "steps_run")->valueint;
-    const bool with_image = gp.image != NULL;
+    /* initial latents are exact unless an encoded image is mixed in (scale_noise) */
+    const bool with_image = cdf_st_find(gf, "scale_noise_timestep") != NULL;
     bool miss;
     for (int k = 0; k < n; k++) {
         struct {
@@ -123,6 +159,7 @@ static void run_case(const char *name) {
             bool per_image; /* golden row k of a (B, ...) tensor; else the whole tensor */
         } checks[] = {
             {"init_image", 0, false},       {"mask_condition", 0, false},
+            {"image_latent_ids", 0, false},
             {"noise", 0, true},             {"image_latents", 5e-5, true},
             {"sigmas", 0, false},           {"timesteps", 0, false},
             {"latents_initial", with_image ? 5e-5 : 0, true},
@@ -165,8 +202,10 @@ static void run_case(const char *name) {
     cdf_st_close(gf);
     cdf_tensor_map_clear(&cap);
     cdf_pipeline_free(pipe);
-    cdf_png_image_free(&png_img);
+    cdf_png_image_free(&png_img[0]);
+    cdf_png_image_free(&png_img[1]);
     cdf_png_image_free(&png_mask);
+    cdf_tensor_map_clear(&f2);
     cJSON_Delete(js);
 }
 
@@ -233,6 +272,45 @@ static void test_bad_inputs(void **state) {
         if (!strstr(cdf_last_error(), bad[i].needle)) fail_msg("case %zu: '%s' lacks '%s'", i, cdf_last_error(), bad[i].needle);
         assert_null(img.pixels);
     }
+    /* FLUX.2 reference images */
+    char dir2[1200];
+    snprintf(dir2, sizeof dir2, "%s/flux2_dev_tiny", tu_data("pipelines"));
+    cdf_pipeline *p2 = NULL;
+    assert_int_equal(cdf_pipeline_load(dir2, NULL, &p2), CDF_OK);
+    static uint8_t big[200 * 64 * 3];
+    cdf_image refs[CDF_FLUX2_MAX_REFERENCE_IMAGES + 1];
+    for (int i = 0; i <= CDF_FLUX2_MAX_REFERENCE_IMAGES; i++) refs[i] = (cdf_image){64, 64, 3, big};
+    cdf_image narrow = {200, 24, 3, big}, thin = {64, 48, 3, big};
+    cdf_generate_params g2 = cdf_generate_default_params();
+    g2.prompt = "x";
+    g2.num_inference_steps = 2;
+    struct {
+        const cdf_image *image, *mask;
+        int n;
+        const char *needle;
+    } bad2[] = {
+        {refs, NULL, CDF_FLUX2_MAX_REFERENCE_IMAGES + 1, "at most 10"},
+        {&thin, NULL, 1, "at least 64"},
+        {&narrow, NULL, 1, "at least 64"},
+        {&rgba, NULL, 1, "RGB images"},
+        {refs, &gray, 1, "not a mask"},
+        {NULL, NULL, 2, "no image"},
+    };
+    for (size_t i = 0; i < sizeof bad2 / sizeof *bad2; i++) {
+        g2.image = bad2[i].image;
+        g2.mask_image = bad2[i].mask;
+        g2.num_input_images = bad2[i].n;
+        assert_int_equal(cdf_pipeline_generate(p2, &g2, &img), CDF_ERR_INVALID_ARG);
+        if (!strstr(cdf_last_error(), bad2[i].needle)) fail_msg("flux2 case %zu: '%s' lacks '%s'", i, cdf_last_error(), bad2[i].needle);
+    }
+    cdf_pipeline_free(p2);
+    /* one image for img2img */
+    gp.image = refs;
+    gp.strength = 0.6f;
+    gp.num_input_images = 2;
+    assert_int_equal(cdf_pipeline_generate(pipe, &gp, &img), CDF_ERR_INVALID_ARG);
+    assert_non_null(strstr(cdf_last_error(), "take one"));
+    gp.num_input_images = 0;
     /* a batch through the one-image call */
     gp.image = NULL;
     gp.mask_image = NULL;

@@ -51,6 +51,9 @@ typedef bool (*cdf_step_callback)(int step, int num_steps, double step_seconds, 
 
 typedef struct cdf_image cdf_image;
 
+/* FLUX.2 reference images per request (the FLUX.2 model card's limit). */
+#define CDF_FLUX2_MAX_REFERENCE_IMAGES 10
+
 typedef struct cdf_generate_params {
     const char *prompt;
     const char *negative_prompt; /* NULL = none (SD3 with CFG encodes "") */
@@ -69,8 +72,14 @@ typedef struct cdf_generate_params {
      * (channels 3), any size: resized to height x width as diffusers' VaeImageProcessor does
      * (PIL Lanczos) and encoded by the VAE with a latent *sample* drawn from the generator before
      * the noise. NULL = text-to-image. height/width 0 = the image's size rounded down to a
-     * multiple of 16 (diffusers would use the model's default size). Not for FLUX.2 yet. */
+     * multiple of 16 (diffusers would use the model's default size).
+     * FLUX.2 (Flux2Pipeline's `image`): reference images the prompt refers to, an array of
+     * num_input_images (up to CDF_FLUX2_MAX_REFERENCE_IMAGES), each at least 64 pixels a side
+     * with an aspect ratio up to 8; each is scaled down to at most 1024x1024 pixels of area,
+     * center-cropped to multiples of 16 and encoded (the VAE mean: no draw); height/width 0 =
+     * the first one's size; strength and mask do not apply. */
     const cdf_image *image;
+    int num_input_images; /* images at `image` (0 with image set = 1); Flux/SD3 take one */
     /* Inpainting: white (>= 0.5 after the resize) = repaint, black = keep. 1 (gray) or 3
      * (RGB, converted as PIL's convert("L")) channels, the same size as image. */
     const cdf_image *mask_image;

@@ -138,11 +138,56 @@ static cdf_status check_image(const cdf_image *img, const char *what) {
     return CDF_OK;
 }
 
-cdf_status cdf_pipe_check_inputs(const cdf_generate_params *gp) {
+/* Flux2Pipeline's reference image size: scaled to at most 1024x1024 pixels of area
+ * (Flux2ImageProcessor._resize_to_target_area: int(side * sqrt(area / (w * h)))), then the
+ * multiple of 16 the center crop keeps. */
+static void reference_sizes(const cdf_image *img, int *rw, int *rh, int *w, int *h) {
+    *rw = img->width;
+    *rh = img->height;
+    if ((int64_t)img->width * img->height > 1024 * 1024) {
+        double scale = sqrt((double)(1024 * 1024) / ((double)img->width * img->height));
+        *rw = (int)(img->width * scale);
+        *rh = (int)(img->height * scale);
+    }
+    *w = *rw / 16 * 16;
+    *h = *rh / 16 * 16;
+}
+
+void cdf_pipe_reference_size(const cdf_image *img, int *w, int *h) {
+    int rw, rh;
+    reference_sizes(img, &rw, &rh, w, h);
+}
+
+/* Flux2ImageProcessor.check_image_input, and what the pipeline can take. */
+static cdf_status check_references(const cdf_generate_params *gp, int n) {
+    if (n > CDF_FLUX2_MAX_REFERENCE_IMAGES)
+        return cdf_error(CDF_ERR_INVALID_ARG, "%d reference images given; FLUX.2 takes at most %d", n, CDF_FLUX2_MAX_REFERENCE_IMAGES);
+    if (gp->mask_image) return cdf_error(CDF_ERR_INVALID_ARG, "FLUX.2 takes reference images, not a mask (no inpainting pipeline)");
+    for (int i = 0; i < n; i++) {
+        const cdf_image *im = &gp->image[i];
+        char what[48];
+        snprintf(what, sizeof what, "reference image %d", i + 1);
+        CDF_TRY(check_image(im, what));
+        if (im->channels != 3)
+            return cdf_error(CDF_ERR_INVALID_ARG, "%s: %d channel(s); FLUX.2 needs RGB images (3 channels, no alpha)", what, im->channels);
+        if (im->width < 64 || im->height < 64)
+            return cdf_error(CDF_ERR_INVALID_ARG, "%s is %dx%d: both sides must be at least 64 pixels", what, im->width, im->height);
+        double ar = im->width > im->height ? (double)im->width / im->height : (double)im->height / im->width;
+        if (ar > 8.0) return cdf_error(CDF_ERR_INVALID_ARG, "%s is %dx%d: aspect ratio %.1f:1 exceeds 8:1", what, im->width, im->height, ar);
+    }
+    return CDF_OK;
+}
+
+cdf_status cdf_pipe_check_inputs(const cdf_generate_params *gp, bool references) {
     if (!gp->image) {
         if (gp->mask_image) return cdf_error(CDF_ERR_INVALID_ARG, "a mask needs an image to inpaint (--image)");
+        if (gp->num_input_images > 0) return cdf_error(CDF_ERR_INVALID_ARG, "num_input_images %d but no image", gp->num_input_images);
         return CDF_OK;
     }
+    const int n = gp->num_input_images > 0 ? gp->num_input_images : 1;
+    if (gp->num_input_images < 0) return cdf_error(CDF_ERR_INVALID_ARG, "num_input_images %d is negative", gp->num_input_images);
+    if (references) return check_references(gp, n);
+    if (n > 1) return cdf_error(CDF_ERR_INVALID_ARG, "%d input images given; img2img and inpainting take one (FLUX.2 takes several)", n);
     CDF_TRY(check_image(gp->image, "image"));
     if (gp->image->channels != 3)
         return cdf_error(CDF_ERR_INVALID_ARG, "image: %d channel(s); img2img needs an RGB image (3 channels, no alpha)",
@@ -198,5 +243,31 @@ cdf_status cdf_pipe_preprocess_mask(const cdf_image *m, int W, int H, float **hw
     }
     free(px);
     *hw = o;
+    return CDF_OK;
+}
+
+cdf_status cdf_pipe_preprocess_reference(const cdf_image *img, float **chw, int *W, int *H) {
+    *chw = NULL;
+    int rw, rh, w, h;
+    reference_sizes(img, &rw, &rh, &w, &h);
+    uint8_t *px = NULL;
+    CDF_TRY(pil_resize(img->pixels, img->width, img->height, 3, rw, rh, &px));
+    float *o = malloc((size_t)3 * w * h * sizeof *o);
+    if (!o) {
+        free(px);
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (reference image)");
+    }
+    /* Flux2ImageProcessor._resize_and_crop: a center crop, no resampling */
+    const int left = (rw - w) / 2, top = (rh - h) / 2;
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++)
+            for (int c = 0; c < 3; c++) {
+                float v = (float)px[((size_t)(y + top) * rw + x + left) * 3 + c] / 255.0f;
+                o[(size_t)c * w * h + (size_t)y * w + x] = 2.0f * v - 1.0f;
+            }
+    free(px);
+    *chw = o;
+    *W = w;
+    *H = h;
     return CDF_OK;
 }

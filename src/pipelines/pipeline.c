@@ -180,7 +180,13 @@ cdf_status cdf_pipeline_load(const char *dir, const cdf_pipeline_load_params *pa
 void cdf_pipeline_resolve_defaults(const cdf_pipeline *p, cdf_generate_params *gp) {
     int64_t def = p->default_sample_size * p->vae_scale_factor;
     const int mult = p->vae_scale_factor * 2;
-    if (gp->image && gp->image->width >= mult && gp->image->height >= mult) {
+    if (gp->image && p->kind == CDF_PIPE_FLUX2 && gp->image->pixels) {
+        /* Flux2Pipeline: the first reference image's (cropped) size */
+        int w, h;
+        cdf_pipe_reference_size(gp->image, &w, &h);
+        if (gp->height <= 0) gp->height = h;
+        if (gp->width <= 0) gp->width = w;
+    } else if (gp->image && gp->image->width >= mult && gp->image->height >= mult) {
         /* img2img: the image's size, rounded down to what the model can take (diffusers would use
          * the model's default size and stretch the image) */
         if (gp->height <= 0) gp->height = gp->image->height / mult * mult;
@@ -216,11 +222,8 @@ static cdf_status validate(const cdf_pipeline *p, const cdf_generate_params *gp)
         return cdf_error(CDF_ERR_INVALID_ARG, "max_sequence_length must be between 1 and 512 (got %d)", gp->max_sequence_length);
     if (!isfinite(gp->guidance_scale) || !isfinite(gp->true_cfg_scale))
         return cdf_error(CDF_ERR_INVALID_ARG, "guidance scales must be finite numbers");
-    if (gp->image && p->kind == CDF_PIPE_FLUX2)
-        return cdf_error(CDF_ERR_UNSUPPORTED, "%s: reference images (Flux2Pipeline's image argument) are not implemented",
-                         p->class_name);
-    CDF_TRY(cdf_pipe_check_inputs(gp)); /* image_input.c */
-    if (gp->image && cdf_pipe_t_start(gp->num_inference_steps, gp->strength) >= gp->num_inference_steps)
+    CDF_TRY(cdf_pipe_check_inputs(gp, p->kind == CDF_PIPE_FLUX2)); /* image_input.c */
+    if (gp->image && p->kind != CDF_PIPE_FLUX2 && cdf_pipe_t_start(gp->num_inference_steps, gp->strength) >= gp->num_inference_steps)
         return cdf_error(CDF_ERR_INVALID_ARG, "strength %g leaves no denoising step of %d", (double)gp->strength,
                          gp->num_inference_steps);
     if (gp->num_seeds < 0 || (gp->num_seeds > 0 && !gp->seeds) || gp->num_images < 0)

@@ -121,7 +121,10 @@ typedef struct cdf_denoise_loop {
 } cdf_denoise_loop;
 cdf_status cdf_pipe_denoise(cdf_pipeline *p, const cdf_generate_params *gp, cdf_denoise_loop *loop);
 /* image_input.c: request checks, VaeImageProcessor.preprocess (PIL Lanczos resize) */
-cdf_status cdf_pipe_check_inputs(const cdf_generate_params *gp);
+cdf_status cdf_pipe_check_inputs(const cdf_generate_params *gp, bool references);
+/* FLUX.2 reference image: its size after Flux2Pipeline's area limit and crop, and the pixels. */
+void cdf_pipe_reference_size(const cdf_image *img, int *w, int *h);
+cdf_status cdf_pipe_preprocess_reference(const cdf_image *img, float **chw, int *W, int *H);
 cdf_status cdf_pipe_preprocess_image(const cdf_image *img, int W, int H, float **chw);
 cdf_status cdf_pipe_preprocess_mask(const cdf_image *m, int W, int H, float **hw);
 

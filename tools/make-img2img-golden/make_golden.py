@@ -19,9 +19,9 @@ import numpy as np
 import PIL.Image
 import torch
 import diffusers
-from diffusers import (FluxImg2ImgPipeline, FluxInpaintPipeline, FluxPipeline, StableDiffusion3Img2ImgPipeline,
+from diffusers import (Flux2Pipeline, FluxImg2ImgPipeline, FluxInpaintPipeline, FluxPipeline, StableDiffusion3Img2ImgPipeline,
                        StableDiffusion3InpaintPipeline, StableDiffusion3Pipeline)
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PIPES = os.path.join(ROOT, "tests", "data", "pipelines")
@@ -93,6 +93,10 @@ class Recorder:
 
 
 def load(cls, folder):
+    if cls is Flux2Pipeline:
+        # the tiny folder's Mistral tokenizer/processor does not load with this transformers; the
+        # prompt embedding comes from the folder's own golden case instead (prompt_embeds)
+        return cls.from_pretrained(os.path.join(PIPES, folder), dtype=torch.float32, tokenizer=None, text_encoder=None)
     return cls.from_pretrained(os.path.join(PIPES, folder), dtype=torch.float32)
 
 
@@ -103,7 +107,12 @@ def run_case(name, cls, folder, call, image=None, mask=None, seeds=None, img_siz
     pipe = load(cls, folder)
     pipe.set_progress_bar_config(disable=True)
     kw = dict(call)
-    if image is not None:
+    if isinstance(image, list):  # FLUX.2 reference images
+        kw["image"] = []
+        for i, im in enumerate(image):
+            im.save(os.path.join(d, "image_in_%d.png" % i))
+            kw["image"].append(PIL.Image.open(os.path.join(d, "image_in_%d.png" % i)))
+    elif image is not None:
         image.save(os.path.join(d, "image_in.png"))
         kw["image"] = PIL.Image.open(os.path.join(d, "image_in.png"))
     if mask is not None:
@@ -121,6 +130,12 @@ def run_case(name, cls, folder, call, image=None, mask=None, seeds=None, img_siz
     if cls in (StableDiffusion3Img2ImgPipeline, StableDiffusion3InpaintPipeline, StableDiffusion3Pipeline):
         if call.get("guidance_scale", 7.0) > 1:  # CFG: [negative; positive] batch, latents repeated
             hs = hs[: hs.shape[0] // 2]
+    if cls is Flux2Pipeline and image is not None:
+        # the transformer sees [latents; reference tokens]: keep both parts and their ids
+        n = rec.step_latents[-1].shape[1]
+        t["image_latents"] = hs[:, n:].contiguous()
+        t["image_latent_ids"] = rec.transformer_inputs[0]["img_ids"][:, n:].contiguous()
+        hs = hs[:, :n]
     t["latents_initial"] = hs.contiguous()
     t["latents_final"] = rec.step_latents[-1].contiguous()
     t["latents_after_step"] = torch.stack(rec.step_latents).contiguous()
@@ -138,11 +153,14 @@ def run_case(name, cls, folder, call, image=None, mask=None, seeds=None, img_siz
     n_steps_run = len(rec.step_latents)
     meta = {
         "pipeline": cls.__name__, "folder": "tests/data/pipelines/" + folder,
-        "call": {k: v for k, v in call.items()}, "seeds": seeds,
+        "call": {k: (v if not torch.is_tensor(v) else "tensor %s (the flux2_dev_tiny 64x64 case's prompt_embeds)"
+                     % list(v.shape)) for k, v in call.items()}, "seeds": seeds,
         "generator": "one torch.Generator('cpu').manual_seed(seed)" if not isinstance(seeds, list)
         else "a list of torch.Generator('cpu').manual_seed(s)",
-        "image_in": "image_in.png" if image is not None else None,
-        "image_in_size": list(image.size) if image is not None else None,
+        "image_in": (["image_in_%d.png" % i for i in range(len(image))] if isinstance(image, list)
+                     else "image_in.png" if image is not None else None),
+        "image_in_size": ([list(im.size) for im in image] if isinstance(image, list)
+                          else list(image.size) if image is not None else None),
         "mask_in": "mask_in.png" if mask is not None else None,
         "steps_run": n_steps_run,
         "t_start": len(pipe.scheduler.timesteps) - n_steps_run,
@@ -191,6 +209,13 @@ def main():
              dict(sd, height=64, width=64, num_images_per_prompt=2), seeds=[12, 13])
     run_case("flux_img2img_n2_64x64", FluxImg2ImgPipeline, "flux1_dev_tiny",
              dict(fl, height=64, width=64, strength=0.7, num_images_per_prompt=2), image=img64, seeds=14)
+    # FLUX.2 reference images (prompt_embeds of the folder's own 64x64 case)
+    f2 = os.path.join(PIPES, "flux2_dev_tiny", "cases", "64x64", "expected.safetensors")
+    pe = load_file(f2)["prompt_embeds"]
+    f2call = dict(prompt_embeds=pe, num_inference_steps=4, guidance_scale=4.0)
+    run_case("flux2_ref1_64x64", Flux2Pipeline, "flux2_dev_tiny", dict(f2call), image=[make_image(64, 64, 3)], seeds=21)
+    run_case("flux2_ref2_64x96", Flux2Pipeline, "flux2_dev_tiny", dict(f2call, height=64, width=96),
+             image=[make_image(100, 70, 4), make_image(64, 80, 5)], seeds=22)
     # manifest
     man = {}
     for dp, _, fs in os.walk(OUT):
