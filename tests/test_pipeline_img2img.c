@@ -240,6 +240,46 @@ static void test_seed_list_equals_single_seeds(void **state) {
     cdf_pipeline_free(pipe);
 }
 
+/* Inpainting under model and sequential offload: the VAE runs before the transformer (encode) and
+ * after it (decode); the images equal the resident run's. */
+static void test_offload_same_image(void **state) {
+    (void)state;
+    char dir[1200], path[1300];
+    snprintf(dir, sizeof dir, "%s/flux1_dev_tiny", tu_data("pipelines"));
+    const char *gold = tu_data("golden/img2img/flux_inpaint_s08_64x64");
+    cdf_png_image pi, pm;
+    snprintf(path, sizeof path, "%s/image_in.png", gold);
+    assert_int_equal(cdf_png_read(path, &pi), CDF_OK);
+    snprintf(path, sizeof path, "%s/mask_in.png", gold);
+    assert_int_equal(cdf_png_read(path, &pm), CDF_OK);
+    cdf_image im = {pi.width, pi.height, pi.channels, pi.pixels}, mk = {pm.width, pm.height, pm.channels, pm.pixels};
+    cdf_generate_params gp = cdf_generate_default_params();
+    gp.prompt = "a house";
+    gp.num_inference_steps = 3;
+    gp.max_sequence_length = 16;
+    gp.image = &im;
+    gp.mask_image = &mk;
+    gp.strength = 0.7f;
+    cdf_image ref = {0};
+    for (int mode = CDF_OFFLOAD_NONE; mode <= CDF_OFFLOAD_SEQUENTIAL; mode++) {
+        cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+        lp.offload = (cdf_offload_mode)mode;
+        cdf_pipeline *pipe = NULL;
+        assert_int_equal(cdf_pipeline_load(dir, &lp, &pipe), CDF_OK);
+        cdf_image img;
+        if (cdf_pipeline_generate(pipe, &gp, &img) != CDF_OK) fail_msg("offload %d: %s", mode, cdf_last_error());
+        if (mode == CDF_OFFLOAD_NONE) ref = img;
+        else {
+            assert_memory_equal(ref.pixels, img.pixels, (size_t)img.width * img.height * 3);
+            cdf_image_free(&img);
+        }
+        cdf_pipeline_free(pipe);
+    }
+    cdf_image_free(&ref);
+    cdf_png_image_free(&pi);
+    cdf_png_image_free(&pm);
+}
+
 /* Requests refused before any work, with a message naming what is wrong. */
 static void test_bad_inputs(void **state) {
     (void)state;
@@ -323,11 +363,12 @@ static void test_bad_inputs(void **state) {
 }
 
 int main(void) {
-    struct CMUnitTest tests[sizeof k_cases / sizeof *k_cases + 2];
+    struct CMUnitTest tests[sizeof k_cases / sizeof *k_cases + 3];
     size_t n = 0;
     for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++)
         tests[n++] = (struct CMUnitTest){k_cases[i], test_case, NULL, NULL, (void *)k_cases[i]};
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_seed_list_equals_single_seeds);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_offload_same_image);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_inputs);
     return _cmocka_run_group_tests("pipelines_img2img", tests, n, NULL, NULL);
 }
