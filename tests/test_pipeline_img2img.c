@@ -211,13 +211,19 @@ static void run_case(const char *name) {
 
 static void test_case(void **state) { run_case((const char *)*state); }
 
+/* A tiny pipeline of tests/data/pipelines with the default load parameters. */
+static cdf_pipeline *load_tiny(const char *name) {
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/%s", tu_data("pipelines"), name);
+    cdf_pipeline *pipe = NULL;
+    if (cdf_pipeline_load(dir, NULL, &pipe) != CDF_OK) fail_msg("load %s: %s", dir, cdf_last_error());
+    return pipe;
+}
+
 /* Each image of a seed list equals the single-seed image of its seed (the README's promise). */
 static void test_seed_list_equals_single_seeds(void **state) {
     (void)state;
-    char dir[1200];
-    snprintf(dir, sizeof dir, "%s/flux1_dev_tiny", tu_data("pipelines"));
-    cdf_pipeline *pipe = NULL;
-    assert_int_equal(cdf_pipeline_load(dir, NULL, &pipe), CDF_OK);
+    cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
     cdf_generate_params gp = cdf_generate_default_params();
     gp.prompt = "a cat";
     gp.height = gp.width = 32;
@@ -283,10 +289,7 @@ static void test_offload_same_image(void **state) {
 /* Requests refused before any work, with a message naming what is wrong. */
 static void test_bad_inputs(void **state) {
     (void)state;
-    char dir[1200];
-    snprintf(dir, sizeof dir, "%s/flux1_dev_tiny", tu_data("pipelines"));
-    cdf_pipeline *pipe = NULL;
-    assert_int_equal(cdf_pipeline_load(dir, NULL, &pipe), CDF_OK);
+    cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
     uint8_t px[32 * 32 * 4] = {0};
     cdf_image rgb = {32, 32, 3, px}, rgba = {32, 32, 4, px}, gray = {32, 32, 1, px}, small = {16, 32, 1, px};
     cdf_generate_params gp = cdf_generate_default_params();
@@ -313,10 +316,7 @@ static void test_bad_inputs(void **state) {
         assert_null(img.pixels);
     }
     /* FLUX.2 reference images */
-    char dir2[1200];
-    snprintf(dir2, sizeof dir2, "%s/flux2_dev_tiny", tu_data("pipelines"));
-    cdf_pipeline *p2 = NULL;
-    assert_int_equal(cdf_pipeline_load(dir2, NULL, &p2), CDF_OK);
+    cdf_pipeline *p2 = load_tiny("flux2_dev_tiny");
     static uint8_t big[200 * 64 * 3];
     cdf_image refs[CDF_FLUX2_MAX_REFERENCE_IMAGES + 1];
     for (int i = 0; i <= CDF_FLUX2_MAX_REFERENCE_IMAGES; i++) refs[i] = (cdf_image){64, 64, 3, big};

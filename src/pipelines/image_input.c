@@ -206,24 +206,30 @@ cdf_status cdf_pipe_check_inputs(const cdf_generate_params *gp, bool references)
     return CDF_OK;
 }
 
-cdf_status cdf_pipe_preprocess_image(const cdf_image *img, int W, int H, float **chw) {
-    *chw = NULL;
-    uint8_t *px = NULL;
-    CDF_TRY(pil_resize(img->pixels, img->width, img->height, 3, W, H, &px));
-    float *o = malloc((size_t)3 * W * H * sizeof *o);
+/* RGB pixels (row stride pw) -> [3, h, w] floats in [-1, 1] from the w x h window at (left, top):
+ * / 255 in float32 as numpy, then 2x - 1 as torch. Takes px (freed). */
+static cdf_status to_chw(uint8_t *px, int pw, int left, int top, int w, int h, float **chw) {
+    float *o = malloc((size_t)3 * w * h * sizeof *o);
     if (!o) {
         free(px);
         return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (input image)");
     }
-    for (int y = 0; y < H; y++)
-        for (int x = 0; x < W; x++)
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++)
             for (int c = 0; c < 3; c++) {
-                float v = (float)px[((size_t)y * W + x) * 3 + c] / 255.0f; /* numpy float32 / 255 */
-                o[(size_t)c * W * H + (size_t)y * W + x] = 2.0f * v - 1.0f;   /* torch 2 * x - 1 */
+                float v = (float)px[((size_t)(y + top) * pw + x + left) * 3 + c] / 255.0f;
+                o[(size_t)c * w * h + (size_t)y * w + x] = 2.0f * v - 1.0f;
             }
     free(px);
     *chw = o;
     return CDF_OK;
+}
+
+cdf_status cdf_pipe_preprocess_image(const cdf_image *img, int W, int H, float **chw) {
+    *chw = NULL;
+    uint8_t *px = NULL;
+    CDF_TRY(pil_resize(img->pixels, img->width, img->height, 3, W, H, &px));
+    return to_chw(px, W, 0, 0, W, H, chw);
 }
 
 cdf_status cdf_pipe_preprocess_mask(const cdf_image *m, int W, int H, float **hw) {
@@ -252,22 +258,8 @@ cdf_status cdf_pipe_preprocess_reference(const cdf_image *img, float **chw, int 
     reference_sizes(img, &rw, &rh, &w, &h);
     uint8_t *px = NULL;
     CDF_TRY(pil_resize(img->pixels, img->width, img->height, 3, rw, rh, &px));
-    float *o = malloc((size_t)3 * w * h * sizeof *o);
-    if (!o) {
-        free(px);
-        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (reference image)");
-    }
-    /* Flux2ImageProcessor._resize_and_crop: a center crop, no resampling */
-    const int left = (rw - w) / 2, top = (rh - h) / 2;
-    for (int y = 0; y < h; y++)
-        for (int x = 0; x < w; x++)
-            for (int c = 0; c < 3; c++) {
-                float v = (float)px[((size_t)(y + top) * rw + x + left) * 3 + c] / 255.0f;
-                o[(size_t)c * w * h + (size_t)y * w + x] = 2.0f * v - 1.0f;
-            }
-    free(px);
-    *chw = o;
     *W = w;
     *H = h;
-    return CDF_OK;
+    /* Flux2ImageProcessor._resize_and_crop: a center crop, no resampling */
+    return to_chw(px, rw, (rw - w) / 2, (rh - h) / 2, w, h, chw);
 }
