@@ -349,7 +349,7 @@ static int cmd_generate(int argc, char **argv) {
     const char *tp_replicate = NULL, *offload = "none";
     bool force = false, quiet = false, memory_stats = false;
     int mode = -1;
-    bool blocks = false, user_true_cfg = false;
+    bool blocks = false, user_true_cfg = false, user_strength = false;
     long threads = 0, tp = 0;
     cdf_generate_params gp = cdf_generate_default_params();
     gp.prompt = NULL;
@@ -454,6 +454,7 @@ static int cmd_generate(int argc, char **argv) {
             /* refused here, not passed on: (0, 1] is all diffusers accepts */
             if (!parse_float(optarg, &gp.strength) || !(gp.strength > 0.0f && gp.strength <= 1.0f))
                 return usage_error("--strength needs a number in (0, 1], got '%s'", optarg);
+            user_strength = true;
             break;
         case 'N':
             if (!parse_int(optarg, 1, CDF_CLI_MAX_SEEDS, &v)) return usage_error("--num-images needs an integer between 1 and 256, got '%s'", optarg);
@@ -481,6 +482,8 @@ static int cmd_generate(int argc, char **argv) {
     if (rc_tp != EXIT_OK) return rc_tp;
     if (!gp.prompt && !g.prompts_file) return usage_error("%s", "generate needs --prompt TEXT (or --prompts-file FILE)");
     if (gp.prompt && g.prompts_file) return usage_error("%s", "generate takes --prompt or --prompts-file, not both");
+    if (user_strength && !g.n_images)
+        return usage_error("%s", "--strength needs --image (img2img / inpainting)");
     if (g.mask_path && !g.n_images) return usage_error("%s", "--mask needs --image (the picture to inpaint)");
     if (g.n_seeds > 0 && gp.num_images > 1 && gp.num_images != g.n_seeds)
         return usage_error("%s", "--num-images and --batch-seeds disagree (--batch-seeds alone makes one image per seed)");

@@ -682,6 +682,7 @@ static void test_img2img_bad_inputs(void **state) {
         {"--image rgb.png --mask rgba.png", RC_FAIL, "mask", "grayscale"},
         {"--image rgb.png --mask missing.png", RC_FAIL, "--mask", "missing.png"},
         {"--mask gray.png", RC_USAGE, "--mask", "--image"},
+        {"--strength 0.5", RC_USAGE, "--strength", "--image"},
         {"--image rgb.png --strength 0", RC_USAGE, "--strength", "(0, 1]"},
         {"--image rgb.png --strength 1.5", RC_USAGE, "--strength", "'1.5'"},
         {"--image rgb.png --strength -0.2", RC_USAGE, "--strength", "'-0.2'"},

@@ -22,6 +22,7 @@
 #include "cdiffusers/cdiffusers.h"
 #include "nn/nn.h"
 #include "pipelines/flux2_pipeline.h"
+#include "pipelines/pipeline_impl.h"
 
 static const char *const k_cases[] = {
     "flux_img2img_s06_64x64", "flux_img2img_s09_48x80", "sd3_img2img_s06_64x64", "sd3_img2img_s03_48x80",
@@ -246,6 +247,33 @@ static void test_seed_list_equals_single_seeds(void **state) {
     cdf_pipeline_free(pipe);
 }
 
+/* Row k of a one-generator batch equals row k of torch.randn((rows, ...)): for rows of a multiple
+ * of 16 values (every model here) and of other sizes (torch redraws its last block of 16). */
+static void test_batch_rows_equal_one_draw(void **state) {
+    (void)state;
+    cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
+    const int64_t sizes[2][4] = {{1, 16, 2, 3}, {1, 3, 5, 7}}; /* 96 and 105 values a row */
+    for (int c = 0; c < 2; c++) {
+        const int64_t n = sizes[c][0] * sizes[c][1] * sizes[c][2] * sizes[c][3], rows = 3;
+        float *whole = malloc((size_t)(n * rows) * sizeof *whole);
+        cdf_generator *g = cdf_generator_new(77);
+        assert_int_equal(cdf_randn_f32(g, whole, n * rows), CDF_OK);
+        cdf_generator_free(g);
+        for (int64_t k = 0; k < rows; k++) {
+            g = cdf_generator_new(77);
+            cdf_tensor *t = NULL;
+            assert_int_equal(cdf_pipe_draw(pipe, g, 4, sizes[c], k, rows, &t), CDF_OK);
+            float *got = cdf_tensor_read_f32(t);
+            assert_memory_equal(got, whole + k * n, (size_t)n * sizeof *got);
+            free(got);
+            cdf_tensor_release(t);
+            cdf_generator_free(g);
+        }
+        free(whole);
+    }
+    cdf_pipeline_free(pipe);
+}
+
 /* Inpainting under model and sequential offload: the VAE runs before the transformer (encode) and
  * after it (decode); the images equal the resident run's. */
 static void test_offload_same_image(void **state) {
@@ -363,11 +391,12 @@ static void test_bad_inputs(void **state) {
 }
 
 int main(void) {
-    struct CMUnitTest tests[sizeof k_cases / sizeof *k_cases + 3];
+    struct CMUnitTest tests[sizeof k_cases / sizeof *k_cases + 4];
     size_t n = 0;
     for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++)
         tests[n++] = (struct CMUnitTest){k_cases[i], test_case, NULL, NULL, (void *)k_cases[i]};
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_seed_list_equals_single_seeds);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_rows_equal_one_draw);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_offload_same_image);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_inputs);
     return _cmocka_run_group_tests("pipelines_img2img", tests, n, NULL, NULL);

@@ -42,17 +42,22 @@ cdf_tensor *cdf_pipe_scale_noise(cdf_tensor *sample, cdf_tensor *noise, float si
     return cdf_add(cdf_scale(noise, sigma), cdf_scale(sample, 1.0f - sigma));
 }
 
-cdf_status cdf_pipe_draw(cdf_pipeline *p, cdf_generator *g, int ndim, const int64_t *shape, int64_t skip, cdf_tensor **out) {
+cdf_status cdf_pipe_draw(cdf_pipeline *p, cdf_generator *g, int ndim, const int64_t *shape, int64_t row, int64_t rows,
+                         cdf_tensor **out) {
     *out = NULL;
-    int64_t n = cdf_shape_numel(ndim, shape);
-    float *buf = malloc((size_t)n * sizeof *buf);
+    const int64_t n = cdf_shape_numel(ndim, shape);
+    /* torch fills a float32 randn of 16 or more values in blocks of 16 and redraws the last block
+     * when the count is not a multiple of 16: with n % 16 == 0 the (rows, ...) tensor is `rows`
+     * consecutive (1, ...) draws and row k is the (k + 1)-th; otherwise draw it whole */
+    const bool whole = rows > 1 && n % 16 != 0;
+    const int64_t len = whole ? n * rows : n;
+    float *buf = malloc((size_t)len * sizeof *buf);
     if (!buf) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory drawing the initial noise");
     cdf_status s = CDF_OK;
-    /* earlier rows of a one-generator batch: torch draws numel values per row (a multiple of 16
-     * here, so a (B, ...) randn is B consecutive (1, ...) draws) */
-    for (int64_t k = 0; k < skip && s == CDF_OK; k++) s = cdf_randn_f32(g, buf, n);
-    if (s == CDF_OK) s = cdf_randn_f32(g, buf, n);
-    if (s == CDF_OK && !(*out = cdf_tensor_from_host(p->device, CDF_F32, ndim, shape, buf, CDF_F32))) s = status_or_internal();
+    for (int64_t k = 0; !whole && k < row && s == CDF_OK; k++) s = cdf_randn_f32(g, buf, n);
+    if (s == CDF_OK) s = cdf_randn_f32(g, buf, len);
+    const float *src = whole ? buf + row * n : buf;
+    if (s == CDF_OK && !(*out = cdf_tensor_from_host(p->device, CDF_F32, ndim, shape, src, CDF_F32))) s = status_or_internal();
     free(buf);
     return s;
 }
@@ -91,7 +96,7 @@ cdf_status cdf_pipe_encode_image(cdf_pipeline *p, const cdf_generate_params *gp,
     /* latent_dist.sample(generator): mean + std * randn(mean.shape), drawn before the noise */
     int64_t lshape[4] = {1, p->latent_channels, h, w};
     cdf_tensor *eps = NULL;
-    CDF_TRY(cdf_pipe_draw(p, g, 4, lshape, 0, &eps));
+    CDF_TRY(cdf_pipe_draw(p, g, 4, lshape, 0, 1, &eps));
     cdf_tensor *sample = cdf_add(mean, cdf_mul(std, eps));
     /* (latents - shift_factor) * scaling_factor */
     *image_latents = cdf_scale(cdf_add_scalar(sample, -(float)p->vae_shift_factor), (float)p->vae_scaling_factor);
@@ -183,7 +188,7 @@ cdf_status cdf_pipe_start_latents(cdf_pipeline *p, const cdf_generate_params *gp
         st->t_start = cdf_pipe_t_start(num_steps, gp->strength); /* >= 1 step: checked by validate() */
         s = cdf_pipe_encode_image(p, gp, g, h, w, &st->image_latents);
     }
-    if (s == CDF_OK) s = cdf_pipe_draw(p, g, 4, shape, p->batch_row, &st->noise);
+    if (s == CDF_OK) s = cdf_pipe_draw(p, g, 4, shape, p->batch_row, p->batch_rows, &st->noise);
     cdf_generator_free(g);
     if (s != CDF_OK) return s;
     cdf_pipe_capture(gp, "noise", st->noise);

@@ -242,7 +242,7 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
     int64_t nshape[4] = {1, C4, h, w};
     cdf_generator *g = cdf_generator_new(gp->seed);
     cdf_tensor *noise = NULL;
-    cdf_status s = g ? cdf_pipe_draw(p, g, 4, nshape, p->batch_row, &noise) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    cdf_status s = g ? cdf_pipe_draw(p, g, 4, nshape, p->batch_row, p->batch_rows, &noise) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
     cdf_generator_free(g);
     if (s != CDF_OK) return s;
     int64_t s3[3] = {1, C4, seq};

@@ -241,8 +241,9 @@ int cdf_generate_params_count(const cdf_generate_params *gp) {
 }
 
 /* One image of a request (validated): row `row` of a one-generator batch. */
-static cdf_status generate_one(cdf_pipeline *p, const cdf_generate_params *gp, int64_t row, cdf_image *out) {
+static cdf_status generate_one(cdf_pipeline *p, const cdf_generate_params *gp, int64_t row, int64_t rows, cdf_image *out) {
     p->batch_row = row;
+    p->batch_rows = rows;
     cdf_pipe_generate_begin(p); /* offload.c: per-phase peaks */
     cdf_scope_push();
     cdf_status s = p->kind == CDF_PIPE_FLUX    ? cdf_flux_generate(p, gp, out)
@@ -253,6 +254,7 @@ static cdf_status generate_one(cdf_pipeline *p, const cdf_generate_params *gp, i
     else (void)cdf_device_synchronize(p->device); /* drain the queue; keep the first error */
     s = cdf_pipe_generate_end(p, s);
     p->batch_row = 0;
+    p->batch_rows = 1;
     if (s != CDF_OK) cdf_image_free(out);
     return s;
 }
@@ -273,7 +275,7 @@ cdf_status cdf_pipeline_generate(cdf_pipeline *p, const cdf_generate_params *par
     cdf_generate_params gp;
     CDF_TRY(prepare(p, params, &gp));
     if (gp.num_seeds == 1) gp.seed = gp.seeds[0];
-    return generate_one(p, &gp, 0, out);
+    return generate_one(p, &gp, 0, 1, out);
 }
 
 /* Copy image k's intermediates into the caller's map as "k.<key>" (and plain keys for image 0). */
@@ -305,7 +307,7 @@ cdf_status cdf_pipeline_generate_images(cdf_pipeline *p, const cdf_generate_para
         if (gp.num_seeds > 0) gk.seed = gp.seeds[k];
         cdf_tensor_map_init(&cap);
         if (user_cap) gk.capture = &cap;
-        s = generate_one(p, &gk, gp.num_seeds > 0 ? 0 : k, &out[k]);
+        s = gp.num_seeds > 0 ? generate_one(p, &gk, 0, 1, &out[k]) : generate_one(p, &gk, k, n, &out[k]);
         if (s == CDF_OK && user_cap) s = keep_captures(user_cap, &cap, k);
         cdf_tensor_map_clear(&cap);
     }

@@ -46,7 +46,7 @@ struct cdf_pipeline {
     uint64_t saved_limit;
     /* the batch row being generated (cdf_pipeline_generate_images): with one generator, image k
      * takes the k-th (1, ...) slice of the noise */
-    int64_t batch_row;
+    int64_t batch_row, batch_rows;
 };
 
 /* The class of model_index.json's entry `key` (["library", "Class"]): *cls = NULL when the
@@ -88,8 +88,9 @@ cdf_tensor *cdf_pipe_take(cdf_tensor_map *out, const char *key);
 int cdf_pipe_t_start(int num_steps, float strength);
 /* scheduler.scale_noise: sigma * noise + (1 - sigma) * sample (float32). */
 cdf_tensor *cdf_pipe_scale_noise(cdf_tensor *sample, cdf_tensor *noise, float sigma);
-/* randn(shape) from g after `skip` earlier draws of the same shape (batch rows). */
-cdf_status cdf_pipe_draw(cdf_pipeline *p, cdf_generator *g, int ndim, const int64_t *shape, int64_t skip, cdf_tensor **out);
+/* Row `row` of randn((rows, *shape)) drawn from g (one generator for a batch of `rows`). */
+cdf_status cdf_pipe_draw(cdf_pipeline *p, cdf_generator *g, int ndim, const int64_t *shape, int64_t row, int64_t rows,
+                         cdf_tensor **out);
 /* img2img: gp->image preprocessed and encoded, latent sampled from g: (sample - shift) * scale,
  * [1, C, h, w]. */
 cdf_status cdf_pipe_encode_image(cdf_pipeline *p, const cdf_generate_params *gp, cdf_generator *g, int64_t h, int64_t w,
