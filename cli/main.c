@@ -15,8 +15,9 @@
 #include "cdiffusers/dist.h"
 #include "core/error_internal.h"
 #include "models/component.h"
+#include "batch.h" /* cli/batch.c: --image/--mask, batches, prompt files, numbered outputs */
 #include "devices.h"
-#include "plan.h" /* cli/plan.c: the plan command, --memory-stats */
+#include "plan.h"  /* cli/plan.c: the plan command, --memory-stats */
 
 /* Exit codes */
 enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2, EXIT_INTERRUPTED = 130 };
@@ -56,6 +57,17 @@ static void usage(FILE *f) {
             "      --latents-out FILE       also write latents_initial / latents_final (safetensors)\n"
             "      --device NAME            device to run on, e.g. cpu or cpu:0 (default: the best available;\n"
             "                               see cdiffusers devices)\n"
+            "      --image IN.png           img2img (FluxImg2ImgPipeline / StableDiffusion3Img2ImgPipeline): start from\n"
+            "                               this RGB picture, resized to --height x --width (default: its own size\n"
+            "                               rounded down to a multiple of 16). FLUX.2: a reference image the prompt\n"
+            "                               refers to (repeat --image for up to 10)\n"
+            "      --strength S             img2img / inpainting: how much of the schedule runs, in (0, 1] (default 0.6)\n"
+            "      --mask MASK.png          inpainting (Flux/SD3 InpaintPipeline): white = repaint, black = keep;\n"
+            "                               grayscale or RGB, the size of --image\n"
+            "      --num-images N           N images from one generator (diffusers' num_images_per_prompt)\n"
+            "      --batch-seeds 1,2,3      one image per seed (a list of generators; each equals its --seed image)\n"
+            "      --prompts-file FILE      one prompt per line, instead of --prompt (the model is loaded once)\n"
+            "                               several images are written as OUTPUT-000.png, OUTPUT-001.png, ...\n"
             "      --device-memory SIZE     device memory budget, e.g. 8G\n"
             "      --offload none|model|sequential  none (default): every model resident, fails up front if the\n"
             "                               weights exceed the budget; model: one model on the device at a time;\n"
@@ -142,20 +154,6 @@ static bool parse_float(const char *s, float *out) {
     double v = strtod(s, &end);
     if (errno || end == s || *end || !isfinite(v) || !isfinite((float)v)) return false;
     *out = (float)v;
-    return true;
-}
-
-static bool file_exists(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0;
-}
-
-/* Create and remove the temporary file the writer will use, so that a missing, unwritable or
- * non-folder destination is reported before minutes of work, not after. */
-static bool output_writable(const char *path, bool overwrite) {
-    cdf_atomic_file *af = NULL;
-    if (cdf_atomic_file_open(path, overwrite, &af) != CDF_OK) return false;
-    cdf_atomic_file_abort(af);
     return true;
 }
 
@@ -292,7 +290,7 @@ static int apply_mode(int mode) {
 
 static bool is_pipeline_dir(const char *dir) {
     char p[4096];
-    return snprintf(p, sizeof p, "%s/model_index.json", dir) < (int)sizeof p && file_exists(p);
+    return snprintf(p, sizeof p, "%s/model_index.json", dir) < (int)sizeof p && cdf_cli_file_exists(p);
 }
 
 /* The model `generate` uses without --model (models/shapes-flux-tiny, shipped in the repository):
@@ -326,7 +324,7 @@ static bool find_default_model(char *out, size_t n) {
  * passed --true-cfg-scale. Returns EXIT_OK, or EXIT_FAIL with the message printed. */
 static int apply_model_defaults(const char *dir, cdf_generate_params *gp, bool user_scale) {
     char path[4096];
-    if (snprintf(path, sizeof path, "%s/cdiffusers_defaults.json", dir) >= (int)sizeof path || !file_exists(path))
+    if (snprintf(path, sizeof path, "%s/cdiffusers_defaults.json", dir) >= (int)sizeof path || !cdf_cli_file_exists(path))
         return EXIT_OK;
     cJSON *j = NULL;
     if (cdf_json_load_file(path, &j) != CDF_OK) return fail("reading the model's defaults");
@@ -366,7 +364,7 @@ static int cmd_generate(int argc, char **argv) {
     const char *tp_replicate = NULL, *offload = "none";
     bool force = false, quiet = false, memory_stats = false;
     int mode = -1;
-    bool blocks = false, user_true_cfg = false;
+    bool blocks = false, user_true_cfg = false, user_strength = false;
     long threads = 0, tp = 0;
     cdf_generate_params gp = cdf_generate_default_params();
     gp.prompt = NULL;
@@ -387,6 +385,9 @@ static int cmd_generate(int argc, char **argv) {
         {"device", required_argument, 0, 'D'},
         {"lora", required_argument, 0, 'A'},         {"lora-mode", required_argument, 0, 'Z'},
         {"lora-allow-unused", no_argument, 0, 'U'},
+        {"image", required_argument, 0, 'I'},        {"mask", required_argument, 0, 'J'},
+        {"strength", required_argument, 0, 'X'},     {"num-images", required_argument, 0, 'N'},
+        {"batch-seeds", required_argument, 0, 'Q'},  {"prompts-file", required_argument, 0, 'F'},
         {0, 0, 0, 0},
     };
     int c;
@@ -397,6 +398,8 @@ static int cmd_generate(int argc, char **argv) {
     float lora_scale[MAX_LORA];
     int n_lora = 0;
     cdf_lora_params lora_p = cdf_lora_default_params();
+    static cdf_cli_gen g; /* static: the seed list is large */
+    memset(&g, 0, sizeof g);
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -492,6 +495,26 @@ static int cmd_generate(int argc, char **argv) {
             else return usage_error("--lora-mode must be runtime or fuse, got '%s'", optarg);
             break;
         case 'U': lora_p.allow_unused = true; break;
+        case 'I':
+            if (g.n_images == CDF_CLI_MAX_IMAGES) return usage_error("--image given more than 16 times (at '%s')", optarg);
+            g.image_paths[g.n_images++] = optarg;
+            break;
+        case 'J': g.mask_path = optarg; break;
+        case 'X':
+            /* refused here, not passed on: (0, 1] is all diffusers accepts */
+            if (!parse_float(optarg, &gp.strength) || !(gp.strength > 0.0f && gp.strength <= 1.0f))
+                return usage_error("--strength needs a number in (0, 1], got '%s'", optarg);
+            user_strength = true;
+            break;
+        case 'N':
+            if (!parse_int(optarg, 1, CDF_CLI_MAX_SEEDS, &v)) return usage_error("--num-images needs an integer between 1 and 256, got '%s'", optarg);
+            gp.num_images = (int)v;
+            break;
+        case 'Q':
+            if (!cdf_cli_parse_seeds(optarg, &g))
+                return usage_error("--batch-seeds needs 1 to 256 comma-separated non-negative integers, e.g. 1,2,3, got '%s'", optarg);
+            break;
+        case 'F': g.prompts_file = optarg; break;
         case 'h': usage(stdout); return EXIT_OK;
         default: return EXIT_USAGE;
         }
@@ -507,7 +530,13 @@ static int cmd_generate(int argc, char **argv) {
     if (apply_model_defaults(model, &gp, user_true_cfg) != EXIT_OK) return EXIT_FAIL;
     int rc_tp = check_launch(tp);
     if (rc_tp != EXIT_OK) return rc_tp;
-    if (!gp.prompt) return usage_error("%s", "generate needs --prompt TEXT");
+    if (!gp.prompt && !g.prompts_file) return usage_error("%s", "generate needs --prompt TEXT (or --prompts-file FILE)");
+    if (gp.prompt && g.prompts_file) return usage_error("%s", "generate takes --prompt or --prompts-file, not both");
+    if (user_strength && !g.n_images)
+        return usage_error("%s", "--strength needs --image (img2img / inpainting)");
+    if (g.mask_path && !g.n_images) return usage_error("%s", "--mask needs --image (the picture to inpaint)");
+    if (g.n_seeds > 0 && gp.num_images > 1 && gp.num_images != g.n_seeds)
+        return usage_error("%s", "--num-images and --batch-seeds disagree (--batch-seeds alone makes one image per seed)");
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
     lp.device = g_device_name;
     if (strcmp(dtype, "f32") == 0) lp.weight_dtype = CDF_F32;
@@ -527,14 +556,11 @@ static int cmd_generate(int argc, char **argv) {
     if (!writer) quiet = true;
     cdf_status st = CDF_OK;
     const char *stage = NULL;
-    /* refuse early, before any work: nothing is lost, nothing is overwritten */
-    if (writer) {
-        if (!force && file_exists(output)) st = cdf_error(CDF_ERR_IO, "%s already exists (use --force to overwrite)", output);
-        else if (latents_out && !force && file_exists(latents_out))
-            st = cdf_error(CDF_ERR_IO, "%s already exists (use --force to overwrite)", latents_out);
-        else if (!output_writable(output, force) || (latents_out && !output_writable(latents_out, force)))
-            st = cdf_last_status();
-    }
+    /* refuse early, before any work: nothing is lost, nothing is overwritten (the input image,
+     * mask and prompts file are read here, so a bad one fails before the model loads) */
+    g.output = output, g.latents_out = latents_out, g.model = model, g.dtype = dtype, g.force = force, g.quiet = quiet;
+    if ((st = cdf_cli_gen_prepare(&g, &gp)) != CDF_OK) stage = "reading the inputs";
+    if (st == CDF_OK && writer) st = cdf_cli_gen_check_outputs(&g, &gp);
     cdf_device *dev = st == CDF_OK ? cli_device() : NULL;
     if (st == CDF_OK && !dev) {
         st = cdf_last_status();
@@ -583,6 +609,7 @@ static int cmd_generate(int argc, char **argv) {
     }
     if (st != CDF_OK) {
         int rc = fail(stage);
+        cdf_cli_gen_free(&g);
         cdf_pipeline_free(pipe);
         tp_end(&tr);
         return rc;
@@ -590,12 +617,9 @@ static int cmd_generate(int argc, char **argv) {
     progress pr = {.tty = !quiet && isatty(2)};
     gp.callback = on_step;
     gp.callback_user = &pr;
-    cdf_tensor_map cap;
-    cdf_tensor_map_init(&cap);
-    if (latents_out && writer) gp.capture = &cap;
-    cdf_image img;
-    cdf_status s = cdf_pipeline_generate(pipe, &gp, &img);
-    if (s != CDF_OK) {
+    bool generating = true;
+    cdf_status s = cdf_cli_gen_run(&g, pipe, &gp, writer, &generating);
+    if (s != CDF_OK && generating) {
         if (tr.pg) {
             /* the other ranks may be waiting in a collective this rank will never join: end the
              * job (the launcher stops them) after saying which rank failed and why */
@@ -604,41 +628,14 @@ static int cmd_generate(int argc, char **argv) {
         }
         int rc = g_interrupted ? EXIT_INTERRUPTED : fail("generate");
         if (g_interrupted) fprintf(stderr, "\ncdiffusers: interrupted; no output written\n");
-        cdf_tensor_map_clear(&cap);
+        cdf_cli_gen_free(&g);
         cdf_pipeline_free(pipe);
         return rc;
     }
-    int rc = EXIT_OK;
-    if (memory_stats && writer) cdf_cli_print_memory_stats(pipe);
-    if (writer) {
-        cdf_generate_params eff = gp;
-        cdf_pipeline_resolve_defaults(pipe, &eff);
-        char params[8192];
-        snprintf(params, sizeof params,
-                 "%s\nNegative prompt: %s\nSteps: %d, Sampler: FlowMatchEulerDiscrete, CFG scale: %g, True CFG scale: %g, "
-                 "Seed: %llu, Size: %dx%d, Max sequence length: %d, Dtype: %s, Model: %s, Pipeline: %s, Generator: cdiffusers %s",
-                 eff.prompt, eff.negative_prompt ? eff.negative_prompt : "", eff.num_inference_steps, eff.guidance_scale,
-                 eff.true_cfg_scale, (unsigned long long)eff.seed, eff.width, eff.height, eff.max_sequence_length, dtype, model,
-                 cdf_pipeline_class_name(pipe), CDIFFUSERS_VERSION);
-        const char *keys[2] = {"parameters", "Software"};
-        char sw[64];
-        snprintf(sw, sizeof sw, "cdiffusers %s", CDIFFUSERS_VERSION);
-        const char *vals[2] = {params, sw};
-        if (latents_out) {
-            cdf_tensor_map lm;
-            cdf_tensor_map_init(&lm);
-            cdf_tensor_map_set(&lm, "latents_initial", cdf_tensor_map_get(&cap, "latents_initial"));
-            cdf_tensor_map_set(&lm, "latents_final", cdf_tensor_map_get(&cap, "latents_final"));
-            if (cdf_tensor_map_save(&lm, latents_out, false) != CDF_OK) rc = fail("writing latents");
-            cdf_tensor_map_clear(&lm);
-        }
-        if (rc == EXIT_OK && cdf_png_write(output, img.width, img.height, 3, img.pixels, keys, vals, 2, force) != CDF_OK)
-            rc = fail("writing the image");
-        if (rc == EXIT_OK && !quiet) fprintf(stderr, "cdiffusers: wrote %s (%dx%d)\n", output, img.width, img.height);
-    }
+    int rc = s == CDF_OK ? EXIT_OK : fail(NULL);
+    if (rc == EXIT_OK && memory_stats && writer) cdf_cli_print_memory_stats(pipe);
     log_io(&tr, dev, weight_bytes);
-    cdf_image_free(&img);
-    cdf_tensor_map_clear(&cap);
+    cdf_cli_gen_free(&g);
     cdf_pipeline_free(pipe);
     tp_end(&tr);
     return rc;
@@ -708,11 +705,11 @@ static int cmd_run_model(int argc, char **argv) {
     if (strcmp(dtype, "f32") == 0) opt.weight_dtype = CDF_F32;
     else if (strcmp(dtype, "bf16") == 0) opt.weight_dtype = CDF_BF16;
     else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
-    if (!force && file_exists(output)) {
+    if (!force && cdf_cli_file_exists(output)) {
         fprintf(stderr, "cdiffusers: %s already exists (use --force to overwrite)\n", output);
         return EXIT_FAIL;
     }
-    if (!output_writable(output, force)) return fail(NULL);
+    if (!cdf_cli_output_writable(output, force)) return fail(NULL);
     /* --tp: as in generate, every rank reaches the agreement after loading (a failure is held in
      * st with its stage, not returned), and only rank 0 writes the outputs */
     tp_run tr;
@@ -808,12 +805,12 @@ static int cmd_tokenize(int argc, char **argv) {
     if (!model || !prompt) return usage_error("%s", "tokenize needs --model DIR and --prompt TEXT");
     char path[4096];
     snprintf(path, sizeof path, "%s/model_index.json", model);
-    if (!file_exists(path)) return tokenize_one(model, "tokens", prompt, max_len);
+    if (!cdf_cli_file_exists(path)) return tokenize_one(model, "tokens", prompt, max_len);
     static const char *const subs[] = {"tokenizer", "tokenizer_2", "tokenizer_3"};
     int rc = EXIT_OK;
     for (int i = 0; i < 3; i++) {
         snprintf(path, sizeof path, "%s/%s", model, subs[i]);
-        if (file_exists(path) && tokenize_one(path, subs[i], prompt, max_len) != EXIT_OK) rc = EXIT_FAIL;
+        if (cdf_cli_file_exists(path) && tokenize_one(path, subs[i], prompt, max_len) != EXIT_OK) rc = EXIT_FAIL;
     }
     return rc;
 }
@@ -860,7 +857,7 @@ static int cmd_info(int argc, char **argv) {
     char path[4096];
     snprintf(path, sizeof path, "%s/model_index.json", model);
     cJSON *idx = NULL;
-    if (file_exists(path)) {
+    if (cdf_cli_file_exists(path)) {
         if (cdf_json_load_file(path, &idx) != CDF_OK) return fail("reading model_index.json");
         const char *cls = NULL;
         cdf_json_get_string(idx, "_class_name", "?", &cls);
@@ -877,7 +874,7 @@ static int cmd_info(int argc, char **argv) {
         return EXIT_OK;
     }
     snprintf(path, sizeof path, "%s/config.json", model);
-    if (!file_exists(path)) {
+    if (!cdf_cli_file_exists(path)) {
         fprintf(stderr, "cdiffusers: %s has neither model_index.json nor config.json\n", model);
         return EXIT_FAIL;
     }

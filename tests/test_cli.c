@@ -645,6 +645,147 @@ static void test_steps_zero_negative(void **state) {
     expect_no_output(&c);
 }
 
+/* ---- img2img / inpainting / batches ---------------------------------------------------------- */
+
+/* c->root/name: a w x h PNG with `ch` channels of a smooth pattern */
+static void write_png(const case_dir *c, const char *name, int w, int h, int ch) {
+    uint8_t *px = malloc((size_t)w * h * ch);
+    assert_non_null(px);
+    for (int i = 0; i < w * h * ch; i++) px[i] = (uint8_t)(i * 7 % 251);
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", c->root, name);
+    assert_int_equal(cdf_png_write(path, w, h, ch, px, NULL, NULL, 0, true), CDF_OK);
+    free(px);
+}
+
+static void test_img2img_bad_inputs(void **state) {
+    case_dir c;
+    case_new(&c, "img2img_bad");
+    case_pipeline(&c, GOLDEN_SCHNELL, NULL);
+    write_png(&c, "rgb.png", 64, 64, 3);
+    write_png(&c, "rgba.png", 64, 64, 4);
+    write_png(&c, "gray.png", 64, 64, 1);
+    write_png(&c, "gray_small.png", 32, 64, 1);
+    write_text(case_path(&c, "../notpng.png"), "this is not a PNG file at all");
+    assert_int_equal(tu_system("head -c 100 '%s/rgb.png' > '%s/truncated.png'", c.root, c.root), 0);
+    static const struct {
+        const char *args;
+        int rc;
+        const char *needle1, *needle2;
+    } rows[] = {
+        {"--image missing.png", RC_FAIL, "--image", "missing.png"},
+        {"--image notpng.png", RC_FAIL, "notpng.png", "not a PNG"},
+        {"--image truncated.png", RC_FAIL, "truncated.png", "corrupt"},
+        {"--image rgba.png", RC_FAIL, "4 channel", "RGB"},
+        {"--image gray.png", RC_FAIL, "1 channel", "RGB"},
+        {"--image rgb.png --mask gray_small.png", RC_FAIL, "32x64", "same size"},
+        {"--image rgb.png --mask rgba.png", RC_FAIL, "mask", "grayscale"},
+        {"--image rgb.png --mask missing.png", RC_FAIL, "--mask", "missing.png"},
+        {"--mask gray.png", RC_USAGE, "--mask", "--image"},
+        {"--strength 0.5", RC_USAGE, "--strength", "--image"},
+        {"--image rgb.png --strength 0", RC_USAGE, "--strength", "(0, 1]"},
+        {"--image rgb.png --strength 1.5", RC_USAGE, "--strength", "'1.5'"},
+        {"--image rgb.png --strength -0.2", RC_USAGE, "--strength", "'-0.2'"},
+        {"--image rgb.png --strength nan", RC_USAGE, "--strength", "'nan'"},
+        {"--image rgb.png --strength 1e-30", RC_FAIL, "strength", "no denoising step"},
+        {"--num-images 0", RC_USAGE, "--num-images", "'0'"},
+        {"--batch-seeds 1,,2", RC_USAGE, "--batch-seeds", "'1,,2'"},
+        {"--batch-seeds 1,2 --num-images 3", RC_USAGE, "--num-images", "--batch-seeds"},
+        {"--num-images 2 --latents-out l.safetensors", RC_FAIL, "--latents-out", "2 images"},
+        {"--prompts-file missing.txt", RC_FAIL, "--prompts-file", "missing.txt"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        int rc = run_cli(&c, NULL, "generate --model model --height 64 --width 64 --steps 2 --quiet %s %s",
+                         strstr(rows[i].args, "--prompts-file") ? "" : "--prompt fox", rows[i].args);
+        expect(rc, rows[i].rc, rows[i].needle1, rows[i].needle2);
+        expect_no_output(&c);
+        struct stat st;
+        char p[800];
+        snprintf(p, sizeof p, "%s/out-000.png", c.root);
+        assert_int_not_equal(stat(p, &st), 0);
+    }
+    /* an empty prompts file */
+    write_text(case_path(&c, "../empty.txt"), "\n\n");
+    int rc = run_cli(&c, NULL, "generate --model model --prompts-file empty.txt --steps 2 --quiet");
+    expect(rc, RC_FAIL, "empty.txt", "no prompt");
+    expect_no_output(&c);
+    /* FLUX.2 reference images: more than the model takes, too small; then two that work */
+    case_dir c2;
+    case_new(&c2, "img2img_flux2");
+    case_pipeline(&c2, "pipelines/flux2_dev_tiny", NULL);
+    write_png(&c2, "rgb.png", 64, 64, 3);
+    write_png(&c2, "small.png", 64, 40, 3);
+    write_png(&c2, "wide.png", 100, 70, 3);
+    char eleven[600] = "";
+    for (int i = 0; i < 11; i++) strcat(eleven, " --image rgb.png");
+    rc = run_cli(&c2, NULL, "generate --model model --prompt fox --steps 2 --quiet%s", eleven);
+    expect(rc, RC_FAIL, "11 reference images", "at most 10");
+    expect_no_output(&c2);
+    rc = run_cli(&c2, NULL, "generate --model model --prompt fox --steps 2 --quiet --image rgb.png --image small.png");
+    expect(rc, RC_FAIL, "reference image 2", "64x40", "at least 64");
+    expect_no_output(&c2);
+    rc = run_cli(&c2, NULL, "generate --model model --prompt fox --steps 2 --quiet --text-encoder-out-layers 1,2,3 "
+                            "--image wide.png --image rgb.png");
+    expect(rc, RC_OK, "");
+    char path[800];
+    snprintf(path, sizeof path, "%s/out.png", c2.root);
+    cdf_png_image png;
+    assert_int_equal(cdf_png_read(path, &png), CDF_OK);
+    assert_int_equal(png.width, 96); /* the first reference's size, cropped to multiples of 16 */
+    assert_int_equal(png.height, 64);
+    assert_non_null(strstr(cdf_png_image_text(&png, "parameters"), "Reference images: wide.png; rgb.png"));
+    cdf_png_image_free(&png);
+}
+
+/* PNG text chunk "parameters" of c->root/name */
+static char *png_parameters(const case_dir *c, const char *name) {
+    char path[800];
+    snprintf(path, sizeof path, "%s/%s", c->root, name);
+    cdf_png_image img;
+    if (cdf_png_read(path, &img) != CDF_OK) fail_msg("%s: %s", path, cdf_last_error());
+    const char *t = cdf_png_image_text(&img, "parameters");
+    char *r = t ? strdup(t) : NULL;
+    cdf_png_image_free(&img);
+    assert_non_null(r);
+    return r;
+}
+
+static void test_img2img_batch_outputs(void **state) {
+    case_dir c;
+    case_new(&c, "img2img_batch");
+    case_pipeline(&c, GOLDEN_SCHNELL, NULL);
+    write_png(&c, "rgb.png", 70, 50, 3);
+    write_png(&c, "mask.png", 70, 50, 1);
+    /* img2img + inpainting, two images from one generator, size from the image (64x48) */
+    int rc = run_cli(&c, NULL, "generate --model model --prompt fox --steps 2 --quiet --image rgb.png --mask mask.png "
+                               "--strength 0.5 --num-images 2 --seed 9");
+    expect(rc, RC_OK, "");
+    char *p0 = png_parameters(&c, "out-000.png"), *p1 = png_parameters(&c, "out-001.png");
+    assert_non_null(strstr(p1, "Seed: 9, Batch index: 1 of 2"));
+    assert_non_null(strstr(p0, "Size: 64x48, Strength: 0.5, Init image: rgb.png, Mask: mask.png"));
+    free(p0);
+    free(p1);
+    expect_no_output(&c); /* no out.png itself */
+    /* a seed list and a prompts file: out-000 .. out-003, each with its own seed */
+    write_text(case_path(&c, "../prompts.txt"), "a fox\r\n\na cat\n");
+    rc = run_cli(&c, NULL, "generate --model model --prompts-file prompts.txt --height 32 --width 32 --steps 2 --quiet "
+                           "--batch-seeds 4,5 --output b.png");
+    expect(rc, RC_OK, "");
+    char *b3 = png_parameters(&c, "b-003.png");
+    assert_non_null(strstr(b3, "a cat\n"));
+    assert_non_null(strstr(b3, "Seed: 5,"));
+    free(b3);
+    /* an existing numbered output refuses the whole run before any work: nothing is written */
+    write_text(case_path(&c, "../c-001.png"), "keep me");
+    rc = run_cli(&c, NULL, "generate --model model --prompt fox --height 32 --width 32 --steps 2 --quiet --num-images 2 "
+                           "--output c.png");
+    expect(rc, RC_FAIL, "c-001.png", "already exists");
+    struct stat st;
+    char p[800];
+    snprintf(p, sizeof p, "%s/c-000.png", c.root);
+    assert_int_not_equal(stat(p, &st), 0);
+}
+
 /* ---- output path ------------------------------------------------------------------------------ */
 
 static void test_output_missing_folder(void **state) {
@@ -1069,6 +1210,8 @@ int main(void) {
         cmocka_unit_test(test_out_of_memory_loading),
         cmocka_unit_test(test_out_of_memory_mid_run),
         cmocka_unit_test(test_sigint_during_generate),
+        cmocka_unit_test(test_img2img_bad_inputs),
+        cmocka_unit_test(test_img2img_batch_outputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

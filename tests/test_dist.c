@@ -459,6 +459,25 @@ static void case_args(const char *pipe, const char *case_name, char *args, size_
     cJSON_Delete(js);
 }
 
+/* Latents: the same initial latents (noise, or the unsharded VAE encode); final within the TP
+ * tolerance of one process and within the golden tolerance of diffusers. */
+static void expect_tp_latents(const char *one_lat, const char *tp_lat, const char *golden) {
+    int64_t n1, n2, ng;
+    float *i1 = st_tensor(one_lat, "latents_initial", &n1), *i2 = st_tensor(tp_lat, "latents_initial", &n2);
+    assert_int_equal(n1, n2);
+    assert_true(tu_max_abs_diff(i1, i2, (size_t)n1, NULL) == 0);
+    float *f1 = st_tensor(one_lat, "latents_final", &n1), *f2 = st_tensor(tp_lat, "latents_final", &n2);
+    float *fg = st_tensor(golden, "latents_final", &ng);
+    assert_int_equal(n1, n2);
+    assert_int_equal(n1, ng);
+    const double d_tp = tu_max_abs_diff(f1, f2, (size_t)n1, NULL), d_gold = tu_max_abs_diff(f2, fg, (size_t)n1, NULL);
+    print_message("  latents_final: |tp - one| = %.3g (tol %.0e), |tp - diffusers| = %.3g (tol %.0e)\n", d_tp, TP_VS_SINGLE_TOL,
+                  d_gold, GOLDEN_LATENT_TOL);
+    assert_true(d_tp <= TP_VS_SINGLE_TOL);
+    assert_true(d_gold <= GOLDEN_LATENT_TOL);
+    free(i1), free(i2), free(f1), free(f2), free(fg);
+}
+
 /* A compiled mode to run the 2-rank case in as well (see run_tp_compiled): CLI arguments and the
  * graphs it must compile once per rank without a graph break. */
 typedef struct tp_mode {
@@ -507,24 +526,9 @@ static void run_tp_case(const char *pipeline, const char *case_name, const char 
     assert_int_not_equal(access(r1_png, F_OK), 0);
     assert_int_not_equal(access(r1_lat, F_OK), 0);
 
-    /* latents: same initial noise; final within the TP tolerance of one process and within the
-     * golden tolerance of diffusers */
-    int64_t n1, n2, ng;
     char golden[1200];
     snprintf(golden, sizeof golden, "%s/cases/%s/expected.safetensors", pipe, case_name);
-    float *i1 = st_tensor(one_lat, "latents_initial", &n1), *i2 = st_tensor(tp_lat, "latents_initial", &n2);
-    assert_int_equal(n1, n2);
-    assert_true(tu_max_abs_diff(i1, i2, (size_t)n1, NULL) == 0);
-    float *f1 = st_tensor(one_lat, "latents_final", &n1), *f2 = st_tensor(tp_lat, "latents_final", &n2);
-    float *fg = st_tensor(golden, "latents_final", &ng);
-    assert_int_equal(n1, n2);
-    assert_int_equal(n1, ng);
-    const double d_tp = tu_max_abs_diff(f1, f2, (size_t)n1, NULL), d_gold = tu_max_abs_diff(f2, fg, (size_t)n1, NULL);
-    print_message("  latents_final: |tp - one| = %.3g (tol %.0e), |tp - diffusers| = %.3g (tol %.0e)\n", d_tp, TP_VS_SINGLE_TOL,
-                  d_gold, GOLDEN_LATENT_TOL);
-    assert_true(d_tp <= TP_VS_SINGLE_TOL);
-    assert_true(d_gold <= GOLDEN_LATENT_TOL);
-    free(i1), free(i2), free(f1), free(f2), free(fg);
+    expect_tp_latents(one_lat, tp_lat, golden);
 
     /* image: at most one level from the single-process image and from diffusers' */
     cdf_png_image a, b;
@@ -597,6 +601,38 @@ static void test_sd3_tp2_equals_single_process(void **state) {
     static const char *const sharded[] = {"transformer", "text_encoder", "text_encoder_2", NULL};
     static const tp_mode modes[] = {{"--mode compile", {"SD3Transformer2DModel.forward", NULL}}};
     run_tp_case("sd35m_tiny", "64x64_neg", "text_encoder_3", sharded, modes, 1);
+}
+
+/* Inpainting (FluxInpaintPipeline golden case) over 2 ranks: the VAE encode, the start latents and
+ * the per-step blend go through the sharded transformer the same way; latents and image within
+ * the TP tolerance of one process and of diffusers'. */
+static void test_inpaint_tp2_equals_single_process(void **state) {
+    (void)state;
+    if (!have_mpi()) skip();
+    const char *dir = tu_data("golden/img2img/flux_inpaint_s08_64x64");
+    char args[3000], one_png[1100], one_lat[1100], tp_png[1100], tp_lat[1100], golden[1200];
+    snprintf(args, sizeof args,
+             "--model '%s/flux1_dev_tiny' --prompt 'a red house by a lake' --height 64 --width 64 --steps 8 --guidance 3.5 "
+             "--max-sequence-length 32 --seed 9 --image '%s/image_in.png' --mask '%s/mask_in.png' --strength 0.8 "
+             "--threads 1 --quiet --dtype f32 --force",
+             tu_data("pipelines"), dir, dir);
+    snprintf(one_png, sizeof one_png, "%s/inpaint_one.png", tu_tmpdir());
+    snprintf(one_lat, sizeof one_lat, "%s/inpaint_one.safetensors", tu_tmpdir());
+    snprintf(tp_png, sizeof tp_png, "%s/inpaint_tp.png", tu_tmpdir());
+    snprintf(tp_lat, sizeof tp_lat, "%s/inpaint_tp.safetensors", tu_tmpdir());
+    snprintf(golden, sizeof golden, "%s/expected.safetensors", dir);
+    int rc = tu_system("'%s' generate %s --output '%s' --latents-out '%s'", CDF_CLI_PATH, args, one_png, one_lat);
+    assert_int_equal(rc, 0);
+    rc = tu_system(MPIRUN " -np 2%s '%s' generate %s --output '%s' --latents-out '%s' --tp 2 --tp-replicate text_encoder_2",
+                   mpi_env(), CDF_CLI_PATH, args, tp_png, tp_lat);
+    assert_int_equal(rc, 0);
+    expect_tp_latents(one_lat, tp_lat, golden);
+    cdf_png_image a, b;
+    assert_int_equal(cdf_png_read(one_png, &a), CDF_OK);
+    assert_int_equal(cdf_png_read(tp_png, &b), CDF_OK);
+    assert_true(max_level_diff(a.pixels, b.pixels, (size_t)a.width * a.height * 3) <= 1);
+    cdf_png_image_free(&a);
+    cdf_png_image_free(&b);
 }
 
 /* T5 sharded over 2 ranks (heads and FFN; two all-reduces per block). The tiny pipelines' T5s
@@ -683,6 +719,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_collectives_over_mpi),
         cmocka_unit_test(test_flux_tp2_equals_single_process),
         cmocka_unit_test(test_sd3_tp2_equals_single_process),
+        cmocka_unit_test(test_inpaint_tp2_equals_single_process),
         cmocka_unit_test(test_t5_tp2_run_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -49,6 +49,11 @@ const char *cdf_pipeline_class_name(const cdf_pipeline *p);
  * CDF_ERR_INTERRUPTED). */
 typedef bool (*cdf_step_callback)(int step, int num_steps, double step_seconds, void *user);
 
+typedef struct cdf_image cdf_image;
+
+/* FLUX.2 reference images per request (the FLUX.2 model card's limit). */
+#define CDF_FLUX2_MAX_REFERENCE_IMAGES 10
+
 typedef struct cdf_generate_params {
     const char *prompt;
     const char *negative_prompt; /* NULL = none (SD3 with CFG encodes "") */
@@ -62,6 +67,30 @@ typedef struct cdf_generate_params {
      * (Flux2Pipeline text_encoder_out_layers); NULL / 0 = the default (10, 20, 30). */
     const int *text_encoder_out_layers;
     int num_text_encoder_out_layers;
+    /* img2img / inpainting (diffusers' FluxImg2ImgPipeline, StableDiffusion3Img2ImgPipeline,
+     * FluxInpaintPipeline, StableDiffusion3InpaintPipeline): the start image, 8-bit RGB
+     * (channels 3), any size: resized to height x width as diffusers' VaeImageProcessor does
+     * (PIL Lanczos) and encoded by the VAE with a latent *sample* drawn from the generator before
+     * the noise. NULL = text-to-image. height/width 0 = the image's size rounded down to a
+     * multiple of 16 (diffusers would use the model's default size).
+     * FLUX.2 (Flux2Pipeline's `image`): reference images the prompt refers to, an array of
+     * num_input_images (up to CDF_FLUX2_MAX_REFERENCE_IMAGES), each at least 64 pixels a side
+     * with an aspect ratio up to 8; each is scaled down to at most 1024x1024 pixels of area,
+     * center-cropped to multiples of 16 and encoded (the VAE mean: no draw); height/width 0 =
+     * the first one's size; strength and mask do not apply. */
+    const cdf_image *image;
+    int num_input_images; /* images at `image` (0 with image set = 1); Flux/SD3 take one */
+    /* Inpainting: white (>= 0.5 after the resize) = repaint, black = keep. 1 (gray) or 3
+     * (RGB, converted as PIL's convert("L")) channels, the same size as image. */
+    const cdf_image *mask_image;
+    float strength; /* (0, 1], default 0.6: how much of the schedule runs (diffusers' get_timesteps) */
+    /* Batches (cdf_pipeline_generate_images): num_images images from ONE generator seeded with
+     * `seed` (diffusers' num_images_per_prompt: the noise is drawn as one (N, ...) tensor), or,
+     * with seeds, one image per seed from its own generator (a list of generators; each image
+     * equals its single-seed image). 0 = 1 image. */
+    int num_images;
+    const uint64_t *seeds;
+    int num_seeds;
     cdf_step_callback callback;
     void *callback_user;
     /* If non-NULL: receives intermediates under the golden keys (noise, latents_initial,
@@ -71,15 +100,21 @@ typedef struct cdf_generate_params {
 } cdf_generate_params;
 cdf_generate_params cdf_generate_default_params(void);
 
-typedef struct cdf_image {
-    int width, height, channels; /* channels = 3 */
+struct cdf_image {
+    int width, height, channels; /* channels = 3 for generated images */
     uint8_t *pixels;             /* row-major HWC, malloc'ed; free with cdf_image_free */
-} cdf_image;
+};
 void cdf_image_free(cdf_image *img);
 
 /* Run the whole pipeline: prompt -> image. Validates the request (sizes, steps) before
  * allocating anything large. */
 cdf_status cdf_pipeline_generate(cdf_pipeline *p, const cdf_generate_params *params, cdf_image *out);
+/* The number of images a request makes (num_seeds if seeds, else max(num_images, 1)). */
+int cdf_generate_params_count(const cdf_generate_params *params);
+/* A batch: out[0 .. count-1] (count = cdf_generate_params_count, n_out must equal it). With
+ * params->capture, image k's intermediates are also stored under "k.<key>". On failure no image
+ * is returned (all freed). cdf_pipeline_generate refuses a request of more than one image. */
+cdf_status cdf_pipeline_generate_images(cdf_pipeline *p, const cdf_generate_params *params, cdf_image *out, int n_out);
 
 /* Compile the pipeline's denoiser (transformer) and VAE: each forward is captured once per input
  * signature and replayed (see cdiffusers/exec.h). The text encoders stay eager (they read token

@@ -11,15 +11,15 @@
  *             latents += (sigma_next - sigma) * v
  *   image         = vae.decode(unpatchify(unpack(latents) * sqrt(bn_var + eps) + bn_mean))
  *
- * Image-conditioned generation (reference images), caption upsampling and batches of prompts are
- * not implemented. */
+ * With reference images (Flux2Pipeline's `image`), their encoded tokens are appended to the
+ * latents at every step (ids with T = 10, 20, ...) and the prediction keeps the first h*w tokens.
+ * Caption upsampling is not implemented. */
 #include "pipelines/flux2_pipeline.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/error_internal.h"
 #include "models/autoencoder_kl_flux2.h"
@@ -27,25 +27,9 @@
 #include "tensor/tensor_impl.h"
 #include "tokenizers/flux2_prompt.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static cdf_status status_or_internal(void) { return cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL; }
 
-/* One output of a component run, kept alive in the current scope. */
-static cdf_tensor *take(cdf_tensor_map *out, const char *key) {
-    cdf_tensor *t = cdf_tensor_map_get(out, key);
-    if (!t) {
-        cdf_error(CDF_ERR_INTERNAL, "component produced no '%s'", key);
-        return NULL;
-    }
-    cdf_tensor_retain(t);
-    cdf_scope_record(t);
-    return t;
-}
+#define take cdf_pipe_take
 
 /* i64 tensor [1, rows, 4] from host values. */
 static cdf_tensor *ids_tensor(cdf_device *dev, const int64_t *v, int64_t rows) {
@@ -131,6 +115,107 @@ static cdf_status encode_prompt(cdf_pipeline *p, const cdf_generate_params *gp, 
     return s;
 }
 
+/* The model side of one step. */
+typedef struct flux2_step {
+    cdf_pipeline *p;
+    const cdf_generate_params *gp;
+    cdf_tensor *embeds, *txt_ids, *img_ids, *guidance;
+    cdf_tensor *ref_latents; /* reference image tokens appended to the latents, or NULL */
+    int64_t seq;             /* the generated image's tokens (the part of the output the step uses) */
+} flux2_step;
+
+static cdf_tensor *flux2_predict(void *ctx, cdf_tensor *latents, int i, float t) {
+    flux2_step *fs = ctx;
+    cdf_tensor *timestep = cdf_pipe_scalar_tensor(fs->p->device, t / 1000.0f, 1); /* float32 division */
+    cdf_tensor *v = NULL;
+    cdf_tensor_map in, outm;
+    cdf_tensor_map_init(&in);
+    cdf_tensor_map_init(&outm);
+    cdf_tensor *x = latents;
+    if (fs->ref_latents) { /* [latents; reference tokens], their ids likewise (fs->img_ids) */
+        cdf_tensor *two[2] = {latents, fs->ref_latents};
+        x = cdf_cat(two, 2, 1);
+    }
+    cdf_status s = timestep && x ? cdf_tensor_map_set(&in, "hidden_states", x) : status_or_internal();
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "encoder_hidden_states", fs->embeds);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "timestep", timestep);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "img_ids", fs->img_ids);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "txt_ids", fs->txt_ids);
+    if (s == CDF_OK && fs->guidance) s = cdf_tensor_map_set(&in, "guidance", fs->guidance);
+    if (s == CDF_OK) s = cdf_component_run(fs->p->transformer, "forward", &in, &outm);
+    if (s == CDF_OK) v = take(&outm, "out.sample");
+    if (v && fs->ref_latents) v = cdf_narrow(v, 1, 0, fs->seq); /* noise_pred[:, :latents.size(1)] */
+    cdf_tensor_map_clear(&in);
+    cdf_tensor_map_clear(&outm);
+    if (v && fs->gp->capture) {
+        char key[64];
+        snprintf(key, sizeof key, "step%02d.transformer_timestep", i);
+        cdf_pipe_capture(fs->gp, key, timestep);
+        snprintf(key, sizeof key, "step%02d.noise_pred", i);
+        cdf_pipe_capture(fs->gp, key, v);
+    }
+    return v;
+}
+
+/* Flux2Pipeline.prepare_image_latents: each reference image preprocessed, encoded (the VAE mean,
+ * patchified and BatchNorm-normalised: out.pipeline_encode_latents), packed to tokens; ids
+ * (T = 10 + 10 i, row, col, 0). All images' tokens and ids concatenated. */
+static cdf_status encode_references(cdf_pipeline *p, const cdf_generate_params *gp, cdf_tensor **tokens, cdf_tensor **ids) {
+    *tokens = *ids = NULL;
+    const int n = gp->num_input_images > 0 ? gp->num_input_images : 1;
+    cdf_tensor *tok[CDF_FLUX2_MAX_REFERENCE_IMAGES] = {0}, *idt[CDF_FLUX2_MAX_REFERENCE_IMAGES] = {0};
+    cdf_tensor_map in, out;
+    cdf_tensor_map_init(&in);
+    cdf_tensor_map_init(&out);
+    cdf_status s = CDF_OK;
+    for (int i = 0; i < n && s == CDF_OK; i++) {
+        float *chw = NULL;
+        int W = 0, H = 0;
+        s = cdf_pipe_preprocess_reference(&gp->image[i], &chw, &W, &H);
+        if (s != CDF_OK) break;
+        int64_t ishape[4] = {1, 3, H, W};
+        cdf_tensor *x = cdf_tensor_from_host(p->device, CDF_F32, 4, ishape, chw, CDF_F32);
+        free(chw);
+        if (i == 0) cdf_pipe_capture(gp, "init_image", x);
+        cdf_tensor *lat = NULL;
+        cdf_tensor_map_clear(&in);
+        cdf_tensor_map_clear(&out);
+        s = x ? cdf_tensor_map_set(&in, "x", x) : status_or_internal();
+        if (s == CDF_OK) s = cdf_component_run(p->vae, "encode", &in, &out);
+        if (s == CDF_OK && !(lat = take(&out, "out.pipeline_encode_latents"))) s = status_or_internal();
+        if (s != CDF_OK) {
+            cdf_error_prefix("encoding reference image %d: ", i + 1);
+            break;
+        }
+        const int64_t c4 = cdf_tensor_dim(lat, 1), h = cdf_tensor_dim(lat, 2), w = cdf_tensor_dim(lat, 3);
+        int64_t s3[3] = {1, c4, h * w};
+        tok[i] = cdf_contiguous(cdf_transpose(cdf_reshape(lat, 3, s3), 1, 2)); /* [1, h*w, C4] */
+        int64_t *v = calloc((size_t)(h * w) * 4, sizeof *v);
+        if (!v) {
+            s = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (reference ids)");
+            break;
+        }
+        for (int64_t r = 0; r < h; r++)
+            for (int64_t c = 0; c < w; c++) {
+                v[(r * w + c) * 4 + 0] = 10 + 10 * (int64_t)i;
+                v[(r * w + c) * 4 + 1] = r;
+                v[(r * w + c) * 4 + 2] = c;
+            }
+        idt[i] = ids_tensor(p->device, v, h * w);
+        free(v);
+        if (!tok[i] || !idt[i]) s = status_or_internal();
+    }
+    cdf_tensor_map_clear(&in);
+    cdf_tensor_map_clear(&out);
+    if (s != CDF_OK) return s;
+    *tokens = cdf_cat(tok, n, 1);
+    *ids = cdf_cat(idt, n, 1);
+    if (!*tokens || !*ids) return status_or_internal();
+    cdf_pipe_capture(gp, "image_latents", *tokens);
+    cdf_pipe_capture(gp, "image_latent_ids", *ids);
+    return CDF_OK;
+}
+
 /* Everything after the text encoder. */
 static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp, cdf_tensor *embeds, cdf_image *out) {
     const int N = gp->num_inference_steps;
@@ -155,7 +240,11 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
 
     /* latents: one randn of the patchified shape, then packed to tokens */
     int64_t nshape[4] = {1, C4, h, w};
-    cdf_tensor *noise = cdf_pipe_noise(p, gp->seed, 4, nshape);
+    cdf_generator *g = cdf_generator_new(gp->seed);
+    cdf_tensor *noise = NULL;
+    cdf_status s = g ? cdf_pipe_draw(p, g, 4, nshape, p->batch_row, p->batch_rows, &noise) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    cdf_generator_free(g);
+    if (s != CDF_OK) return s;
     int64_t s3[3] = {1, C4, seq};
     cdf_tensor *latents = cdf_contiguous(cdf_transpose(cdf_reshape(noise, 3, s3), 1, 2)); /* [1, h*w, C4] */
     cdf_tensor *img_ids = latent_ids(p->device, h, w);
@@ -170,7 +259,7 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
     if (!sched) return status_or_internal();
     float *sig_in = malloc((size_t)N * sizeof *sig_in);
     const double mu = cdf_compute_empirical_mu(seq, N);
-    cdf_status s = sig_in ? cdf_flux_default_sigmas(N, sig_in) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    s = sig_in ? cdf_flux_default_sigmas(N, sig_in) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
     if (s == CDF_OK) s = cdf_scheduler_set_timesteps(sched, N, sig_in, N, &mu);
     free(sig_in);
     if (s != CDF_OK) {
@@ -183,55 +272,30 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
     cdf_pipe_capture(gp, "timesteps", cdf_tensor_from_host(p->device, CDF_F32, 1, ns, timesteps, CDF_F32));
     /* torch.full([1], guidance_scale, float32), passed at every step (a model without a guidance
      * embedder ignores it) */
-    cdf_tensor *guidance = cdf_pipe_scalar_tensor(p->device, gp->guidance_scale, 1);
-    cdf_pipe_capture(gp, "guidance", guidance);
+    flux2_step fs = {.p = p, .gp = gp, .embeds = embeds, .txt_ids = txt_ids, .img_ids = img_ids, .seq = seq,
+                     .guidance = cdf_pipe_scalar_tensor(p->device, gp->guidance_scale, 1)};
+    cdf_pipe_capture(gp, "guidance", fs.guidance);
+    if (gp->image) {
+        cdf_tensor *ref_ids = NULL;
+        s = encode_references(p, gp, &fs.ref_latents, &ref_ids);
+        cdf_tensor *two[2] = {img_ids, ref_ids};
+        if (s == CDF_OK && !(fs.img_ids = cdf_cat(two, 2, 1))) s = status_or_internal();
+        if (s != CDF_OK) {
+            cdf_scheduler_free(sched);
+            return s;
+        }
+    }
 
     /* denoising loop */
+    cdf_denoise_loop loop = {.timesteps = timesteps, .sigmas = sigmas, .num_steps = N, .latents = latents,
+                             .predict = flux2_predict, .ctx = &fs, .step_key = "step%02d.latents"};
+    s = cdf_pipe_denoise(p, gp, &loop);
+    cdf_scheduler_free(sched);
+    if (s != CDF_OK) return s;
+    latents = loop.latents;
     cdf_tensor_map in, outm;
     cdf_tensor_map_init(&in);
     cdf_tensor_map_init(&outm);
-    for (int i = 0; i < N && s == CDF_OK; i++) {
-        double t0 = now_s();
-        cdf_scope_push();
-        cdf_tensor *timestep = cdf_pipe_scalar_tensor(p->device, timesteps[i] / 1000.0f, 1); /* float32 division */
-        cdf_tensor *v = NULL, *next = NULL;
-        cdf_tensor_map_clear(&in);
-        cdf_tensor_map_clear(&outm);
-        s = timestep ? cdf_tensor_map_set(&in, "hidden_states", latents) : status_or_internal();
-        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "encoder_hidden_states", embeds);
-        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "timestep", timestep);
-        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "img_ids", img_ids);
-        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "txt_ids", txt_ids);
-        if (s == CDF_OK && guidance) s = cdf_tensor_map_set(&in, "guidance", guidance);
-        if (s == CDF_OK) s = cdf_component_run(p->transformer, "forward", &in, &outm);
-        if (s == CDF_OK && !(v = take(&outm, "out.sample"))) s = status_or_internal();
-        if (s == CDF_OK) {
-            next = cdf_pipe_euler_step(latents, v, sigmas[i], sigmas[i + 1]);
-            if (!next) s = status_or_internal();
-        }
-        if (s == CDF_OK && gp->capture) {
-            char key[64];
-            snprintf(key, sizeof key, "step%02d.transformer_timestep", i);
-            cdf_pipe_capture(gp, key, timestep);
-            snprintf(key, sizeof key, "step%02d.noise_pred", i);
-            cdf_pipe_capture(gp, key, v);
-            snprintf(key, sizeof key, "step%02d.latents", i);
-            cdf_pipe_capture(gp, key, next);
-        }
-        cdf_scope_pop(next ? &next : NULL, next ? 1 : 0);
-        if (s != CDF_OK) break;
-        latents = next;
-        if (gp->callback) {
-            /* the callback reports wall time per step, so it waits for the step to finish */
-            s = cdf_device_synchronize(p->device);
-            if (s == CDF_OK && !gp->callback(i + 1, N, now_s() - t0, gp->callback_user))
-                s = cdf_error(CDF_ERR_INTERRUPTED, "generation cancelled at step %d of %d", i + 1, N);
-        }
-    }
-    cdf_tensor_map_clear(&in);
-    cdf_tensor_map_clear(&outm);
-    cdf_scheduler_free(sched);
-    if (s != CDF_OK) return s;
     cdf_pipe_capture(gp, "final_latents", latents);
     cdf_pipe_capture(gp, "latents_final", latents);
 
@@ -275,6 +339,7 @@ cdf_status cdf_flux2_generate_from_embeds(cdf_pipeline *p, const cdf_generate_pa
     if (gp.num_inference_steps <= 0 || gp.num_inference_steps > 1000)
         return cdf_error(CDF_ERR_INVALID_ARG, "steps must be between 1 and 1000 (got %d)", gp.num_inference_steps);
     if (!isfinite(gp.guidance_scale)) return cdf_error(CDF_ERR_INVALID_ARG, "guidance scale must be a finite number");
+    CDF_TRY(cdf_pipe_check_inputs(&gp, true));
     cdf_scope_push();
     cdf_status s = generate_image(p, &gp, prompt_embeds, out);
     cdf_scope_pop(NULL, 0);

@@ -1,31 +1,17 @@
-/* FluxPipeline (FLUX.1 schnell/dev), as diffusers' pipeline_flux.py computes it. */
+/* FluxPipeline (FLUX.1 schnell/dev), as diffusers' pipeline_flux.py computes it; with an image,
+ * FluxImg2ImgPipeline (pipeline_flux_img2img.py), and with a mask FluxInpaintPipeline
+ * (pipeline_flux_inpaint.py): the same text, schedule and model calls, the loop starting at
+ * get_timesteps' index from scale_noise(encoded image, noise). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/error_internal.h"
 #include "pipelines/pipeline_impl.h"
 #include "tensor/tensor_impl.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* One output of a component run, kept alive in the current scope. */
-static cdf_tensor *take(cdf_tensor_map *out, const char *key) {
-    cdf_tensor *t = cdf_tensor_map_get(out, key);
-    if (!t) {
-        cdf_error(CDF_ERR_INTERNAL, "component produced no '%s'", key);
-        return NULL;
-    }
-    cdf_tensor_retain(t);
-    cdf_scope_record(t);
-    return t;
-}
+#define take cdf_pipe_take
 
 /* prompt -> (prompt_embeds [1, L, D] from T5, pooled [1, P] from CLIP-L) */
 static cdf_status encode_prompt(cdf_pipeline *p, const char *prompt, int max_seq, cdf_tensor **embeds, cdf_tensor **pooled,
@@ -69,34 +55,71 @@ static cdf_tensor *unpack_latents(cdf_tensor *x, int64_t c, int64_t h, int64_t w
     return cdf_reshape(cdf_permute(cdf_reshape(x, 6, s6), perm), 4, s4);
 }
 
+/* The model side of one step: the conditioning the loop does not know about. */
+typedef struct flux_step {
+    cdf_pipeline *p;
+    const cdf_generate_params *gp;
+    cdf_tensor *embeds, *pooled, *neg_embeds, *neg_pooled, *txt_ids, *img_ids, *guidance;
+    bool true_cfg;
+} flux_step;
+
+static cdf_tensor *flux_predict(void *ctx, cdf_tensor *latents, int i, float t) {
+    flux_step *fs = ctx;
+    cdf_tensor *timestep = cdf_pipe_scalar_tensor(fs->p->device, t / 1000.0f, 1); /* float32 division, as the pipeline */
+    cdf_tensor *v = NULL, *v_neg = NULL;
+    cdf_tensor_map in, outm;
+    cdf_tensor_map_init(&in);
+    cdf_tensor_map_init(&outm);
+    cdf_status s = timestep ? CDF_OK : cdf_last_status();
+    for (int pass = 0; pass < (fs->true_cfg ? 2 : 1) && s == CDF_OK; pass++) {
+        cdf_tensor_map_clear(&in);
+        cdf_tensor_map_clear(&outm);
+        s = cdf_tensor_map_set(&in, "hidden_states", latents);
+        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "encoder_hidden_states", pass ? fs->neg_embeds : fs->embeds);
+        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "pooled_projections", pass ? fs->neg_pooled : fs->pooled);
+        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "timestep", timestep);
+        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "img_ids", fs->img_ids);
+        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "txt_ids", fs->txt_ids);
+        if (s == CDF_OK && fs->guidance) s = cdf_tensor_map_set(&in, "guidance", fs->guidance);
+        if (s == CDF_OK) s = cdf_component_run(fs->p->transformer, "forward", &in, &outm);
+        if (s == CDF_OK) {
+            cdf_tensor *r = take(&outm, "out.sample");
+            if (!r) s = cdf_last_status();
+            if (pass) v_neg = r;
+            else v = r;
+        }
+    }
+    cdf_tensor_map_clear(&in);
+    cdf_tensor_map_clear(&outm);
+    if (s != CDF_OK) return NULL;
+    if (fs->gp->capture) {
+        char key[64];
+        snprintf(key, sizeof key, "noise_pred_cond.%d", i);
+        cdf_pipe_capture(fs->gp, key, v);
+    }
+    return fs->true_cfg ? cdf_pipe_cfg(v_neg, v, fs->gp->true_cfg_scale) : v;
+}
+
 cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out) {
     const int N = gp->num_inference_steps;
     const int64_t C = p->latent_channels;
     /* latent size: 2 * (H // (vae_scale * 2)) */
     const int64_t h = 2 * (gp->height / (p->vae_scale_factor * 2)), w = 2 * (gp->width / (p->vae_scale_factor * 2));
     const int64_t seq = (h / 2) * (w / 2);
+    flux_step fs = {.p = p, .gp = gp};
 
     /* 1. text */
-    cdf_tensor *embeds = NULL, *pooled = NULL, *neg_embeds = NULL, *neg_pooled = NULL;
-    CDF_TRY(encode_prompt(p, gp->prompt, gp->max_sequence_length, &embeds, &pooled, gp, ""));
-    bool do_true_cfg = gp->true_cfg_scale > 1.0f && gp->negative_prompt != NULL;
-    if (do_true_cfg) CDF_TRY(encode_prompt(p, gp->negative_prompt, gp->max_sequence_length, &neg_embeds, &neg_pooled, gp, "negative_"));
-    cdf_pipe_capture(gp, "prompt_embeds", embeds);
-    cdf_pipe_capture(gp, "pooled_prompt_embeds", pooled);
-    cdf_pipe_capture(gp, "negative_prompt_embeds", neg_embeds);
-    cdf_pipe_capture(gp, "negative_pooled_prompt_embeds", neg_pooled);
-    int64_t L = cdf_tensor_dim(embeds, 1);
+    CDF_TRY(encode_prompt(p, gp->prompt, gp->max_sequence_length, &fs.embeds, &fs.pooled, gp, ""));
+    fs.true_cfg = gp->true_cfg_scale > 1.0f && gp->negative_prompt != NULL;
+    if (fs.true_cfg) CDF_TRY(encode_prompt(p, gp->negative_prompt, gp->max_sequence_length, &fs.neg_embeds, &fs.neg_pooled, gp, "negative_"));
+    cdf_pipe_capture(gp, "prompt_embeds", fs.embeds);
+    cdf_pipe_capture(gp, "pooled_prompt_embeds", fs.pooled);
+    cdf_pipe_capture(gp, "negative_prompt_embeds", fs.neg_embeds);
+    cdf_pipe_capture(gp, "negative_pooled_prompt_embeds", fs.neg_pooled);
+    int64_t L = cdf_tensor_dim(fs.embeds, 1);
     int64_t tshape[2] = {L, 3};
-    cdf_tensor *txt_ids = cdf_tensor_zeros(p->device, CDF_F32, 2, tshape);
-    cdf_pipe_capture(gp, "text_ids", txt_ids);
-
-    /* 2. latents: one randn of the unpacked shape, then 2x2 packing */
-    int64_t nshape[4] = {1, C, h, w};
-    cdf_tensor *noise = cdf_pipe_noise(p, gp->seed, 4, nshape);
-    cdf_tensor *latents = pack_latents(noise, C, h, w);
-    if (!latents) return cdf_last_status();
-    cdf_pipe_capture(gp, "noise", noise);
-    cdf_pipe_capture(gp, "latents_initial", latents);
+    fs.txt_ids = cdf_tensor_zeros(p->device, CDF_F32, 2, tshape);
+    cdf_pipe_capture(gp, "text_ids", fs.txt_ids);
     float *ids = malloc((size_t)seq * 3 * sizeof *ids);
     if (!ids) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int64_t r = 0; r < h / 2; r++)
@@ -107,11 +130,11 @@ cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf
             row[2] = (float)c;
         }
     int64_t ishape[2] = {seq, 3};
-    cdf_tensor *img_ids = cdf_tensor_from_host(p->device, CDF_F32, 2, ishape, ids, CDF_F32);
+    fs.img_ids = cdf_tensor_from_host(p->device, CDF_F32, 2, ishape, ids, CDF_F32);
     free(ids);
-    cdf_pipe_capture(gp, "latent_image_ids", img_ids);
+    cdf_pipe_capture(gp, "latent_image_ids", fs.img_ids);
 
-    /* 3. schedule: sigmas linspace(1, 1/N, N); mu from the image sequence length */
+    /* 2. schedule: sigmas linspace(1, 1/N, N); mu from the image sequence length */
     cdf_scheduler *sched = cdf_scheduler_new(&p->sched_cfg);
     if (!sched) return cdf_last_status();
     float *sig_in = malloc((size_t)N * sizeof *sig_in);
@@ -128,69 +151,33 @@ cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf
     int64_t ns1[1] = {N + 1}, ns[1] = {N};
     cdf_pipe_capture(gp, "sigmas", cdf_tensor_from_host(p->device, CDF_F32, 1, ns1, sigmas, CDF_F32));
     cdf_pipe_capture(gp, "timesteps", cdf_tensor_from_host(p->device, CDF_F32, 1, ns, timesteps, CDF_F32));
-    cdf_tensor *guidance = p->guidance_embeds ? cdf_pipe_scalar_tensor(p->device, gp->guidance_scale, 1) : NULL;
-    cdf_pipe_capture(gp, "guidance", guidance);
+    fs.guidance = p->guidance_embeds ? cdf_pipe_scalar_tensor(p->device, gp->guidance_scale, 1) : NULL;
+    cdf_pipe_capture(gp, "guidance", fs.guidance);
+
+    /* 3. latents: [the image's VAE sample, then] one randn of the unpacked shape, 2x2 packing */
+    cdf_pipe_start st;
+    s = cdf_pipe_start_latents(p, gp, C, h, w, sigmas, N, &st);
+    cdf_denoise_loop loop = {.timesteps = timesteps, .sigmas = sigmas, .num_steps = N, .t_start = st.t_start,
+                             .predict = flux_predict, .ctx = &fs, .step_key = "latents_after_step.%d"};
+    if (s == CDF_OK && !(loop.latents = pack_latents(st.latents, C, h, w))) s = cdf_last_status();
+    if (s == CDF_OK && gp->mask_image) {
+        s = cdf_pipe_prepare_mask(p, gp, h, w, true, &loop.mask, &loop.inv_mask);
+        loop.image_latents = pack_latents(st.image_latents, C, h, w);
+        loop.noise = pack_latents(st.noise, C, h, w);
+        if (s == CDF_OK && (!loop.image_latents || !loop.noise)) s = cdf_last_status();
+    }
+    cdf_pipe_capture(gp, "latents_initial", loop.latents);
 
     /* 4. denoising loop */
-    cdf_tensor_map in, outm;
-    cdf_tensor_map_init(&in);
-    cdf_tensor_map_init(&outm);
-    for (int i = 0; i < N && s == CDF_OK; i++) {
-        double t0 = now_s();
-        cdf_scope_push();
-        float t_in = timesteps[i] / 1000.0f; /* float32 division, as the pipeline */
-        cdf_tensor *timestep = cdf_pipe_scalar_tensor(p->device, t_in, 1);
-        cdf_tensor *v = NULL, *v_neg = NULL;
-        for (int pass = 0; pass < (do_true_cfg ? 2 : 1) && s == CDF_OK; pass++) {
-            cdf_tensor_map_clear(&in);
-            cdf_tensor_map_clear(&outm);
-            s = cdf_tensor_map_set(&in, "hidden_states", latents);
-            if (s == CDF_OK) s = cdf_tensor_map_set(&in, "encoder_hidden_states", pass ? neg_embeds : embeds);
-            if (s == CDF_OK) s = cdf_tensor_map_set(&in, "pooled_projections", pass ? neg_pooled : pooled);
-            if (s == CDF_OK) s = cdf_tensor_map_set(&in, "timestep", timestep);
-            if (s == CDF_OK) s = cdf_tensor_map_set(&in, "img_ids", img_ids);
-            if (s == CDF_OK) s = cdf_tensor_map_set(&in, "txt_ids", txt_ids);
-            if (s == CDF_OK && guidance) s = cdf_tensor_map_set(&in, "guidance", guidance);
-            if (s == CDF_OK) s = cdf_component_run(p->transformer, "forward", &in, &outm);
-            if (s == CDF_OK) {
-                cdf_tensor *r = take(&outm, "out.sample");
-                if (!r) s = cdf_last_status();
-                if (pass) v_neg = r;
-                else v = r;
-            }
-        }
-        cdf_tensor *next = NULL;
-        if (s == CDF_OK) {
-            cdf_tensor *vel = do_true_cfg ? cdf_pipe_cfg(v_neg, v, gp->true_cfg_scale) : v;
-            next = cdf_pipe_euler_step(latents, vel, sigmas[i], sigmas[i + 1]);
-            if (!next) s = cdf_last_status();
-            if (gp->capture && s == CDF_OK) {
-                char key[64];
-                snprintf(key, sizeof key, "noise_pred_cond.%d", i);
-                cdf_pipe_capture(gp, key, v);
-                snprintf(key, sizeof key, "latents_after_step.%d", i);
-                cdf_pipe_capture(gp, key, next);
-            }
-        }
-        cdf_scope_pop(&next, 1);
-        latents = next;
-        if (s == CDF_OK && gp->callback) {
-            /* the callback reports wall time per step, so it waits for the step to finish */
-            s = cdf_device_synchronize(p->device);
-            if (s == CDF_OK && !gp->callback(i + 1, N, now_s() - t0, gp->callback_user))
-                s = cdf_error(CDF_ERR_INTERRUPTED, "generation cancelled at step %d of %d", i + 1, N);
-        }
-    }
-    cdf_tensor_map_clear(&in);
-    cdf_tensor_map_clear(&outm);
+    if (s == CDF_OK) s = cdf_pipe_denoise(p, gp, &loop);
     cdf_scheduler_free(sched);
     if (s != CDF_OK) return s;
-    cdf_pipe_capture(gp, "latents_final", latents);
+    cdf_pipe_capture(gp, "latents_final", loop.latents);
 
     /* 5. decode */
-    cdf_tensor *unpacked = unpack_latents(latents, C, h, w);
+    cdf_tensor *unpacked = unpack_latents(loop.latents, C, h, w);
     cdf_tensor *dec_in = NULL;
-    cdf_tensor *decoded = cdf_pipe_vae_decode(p, unpacked, &dec_in);
+    cdf_tensor *decoded = cdf_pipe_vae_decode(p, unpacked, true, &dec_in);
     if (!decoded) return cdf_last_status();
     cdf_pipe_capture(gp, "vae_decode_input", dec_in);
     cdf_pipe_capture(gp, "vae_decode_output", decoded);

@@ -15,7 +15,7 @@ cdf_pipeline_load_params cdf_pipeline_load_default_params(void) {
 }
 
 cdf_generate_params cdf_generate_default_params(void) {
-    return (cdf_generate_params){.prompt = "", .guidance_scale = -1.0f, .true_cfg_scale = 1.0f, .seed = 0};
+    return (cdf_generate_params){.prompt = "", .guidance_scale = -1.0f, .true_cfg_scale = 1.0f, .seed = 0, .strength = 0.6f};
 }
 
 void cdf_image_free(cdf_image *img) {
@@ -179,6 +179,19 @@ cdf_status cdf_pipeline_load(const char *dir, const cdf_pipeline_load_params *pa
 
 void cdf_pipeline_resolve_defaults(const cdf_pipeline *p, cdf_generate_params *gp) {
     int64_t def = p->default_sample_size * p->vae_scale_factor;
+    const int mult = p->vae_scale_factor * 2;
+    if (gp->image && p->kind == CDF_PIPE_FLUX2 && gp->image->pixels) {
+        /* Flux2Pipeline: the first reference image's (cropped) size */
+        int w, h;
+        cdf_pipe_reference_size(gp->image, &w, &h);
+        if (gp->height <= 0) gp->height = h;
+        if (gp->width <= 0) gp->width = w;
+    } else if (gp->image && gp->image->width >= mult && gp->image->height >= mult) {
+        /* img2img: the image's size, rounded down to what the model can take (diffusers would use
+         * the model's default size and stretch the image) */
+        if (gp->height <= 0) gp->height = gp->image->height / mult * mult;
+        if (gp->width <= 0) gp->width = gp->image->width / mult * mult;
+    }
     if (gp->height <= 0) gp->height = (int)def;
     if (gp->width <= 0) gp->width = (int)def;
     if (gp->num_inference_steps <= 0) gp->num_inference_steps = p->kind == CDF_PIPE_FLUX2 ? 50 : 28;
@@ -209,26 +222,97 @@ static cdf_status validate(const cdf_pipeline *p, const cdf_generate_params *gp)
         return cdf_error(CDF_ERR_INVALID_ARG, "max_sequence_length must be between 1 and 512 (got %d)", gp->max_sequence_length);
     if (!isfinite(gp->guidance_scale) || !isfinite(gp->true_cfg_scale))
         return cdf_error(CDF_ERR_INVALID_ARG, "guidance scales must be finite numbers");
+    CDF_TRY(cdf_pipe_check_inputs(gp, p->kind == CDF_PIPE_FLUX2)); /* image_input.c */
+    if (gp->image && p->kind != CDF_PIPE_FLUX2 && cdf_pipe_t_start(gp->num_inference_steps, gp->strength) >= gp->num_inference_steps)
+        return cdf_error(CDF_ERR_INVALID_ARG, "strength %g leaves no denoising step of %d", (double)gp->strength,
+                         gp->num_inference_steps);
+    if (gp->num_seeds < 0 || (gp->num_seeds > 0 && !gp->seeds) || gp->num_images < 0)
+        return cdf_error(CDF_ERR_INVALID_ARG, "num_images / seeds: %d images, %d seeds%s", gp->num_images, gp->num_seeds,
+                         gp->num_seeds > 0 && !gp->seeds ? " but no seed list" : "");
+    if (gp->num_seeds > 0 && gp->num_images > 1 && gp->num_images != gp->num_seeds)
+        return cdf_error(CDF_ERR_INVALID_ARG, "%d images requested with %d seeds: one image per seed", gp->num_images, gp->num_seeds);
     return CDF_OK;
+}
+
+int cdf_generate_params_count(const cdf_generate_params *gp) {
+    if (!gp) return 0;
+    if (gp->num_seeds > 0) return gp->num_seeds;
+    return gp->num_images > 1 ? gp->num_images : 1;
+}
+
+/* One image of a request (validated): row `row` of a one-generator batch. */
+static cdf_status generate_one(cdf_pipeline *p, const cdf_generate_params *gp, int64_t row, int64_t rows, cdf_image *out) {
+    p->batch_row = row;
+    p->batch_rows = rows;
+    cdf_pipe_generate_begin(p); /* offload.c: per-phase peaks */
+    cdf_scope_push();
+    cdf_status s = p->kind == CDF_PIPE_FLUX    ? cdf_flux_generate(p, gp, out)
+                   : p->kind == CDF_PIPE_FLUX2 ? cdf_flux2_generate(p, gp, out)
+                                               : cdf_sd3_generate(p, gp, out);
+    cdf_scope_pop(NULL, 0);
+    if (s == CDF_OK) s = cdf_device_synchronize(p->device);
+    else (void)cdf_device_synchronize(p->device); /* drain the queue; keep the first error */
+    s = cdf_pipe_generate_end(p, s);
+    p->batch_row = 0;
+    p->batch_rows = 1;
+    if (s != CDF_OK) cdf_image_free(out);
+    return s;
+}
+
+static cdf_status prepare(cdf_pipeline *p, const cdf_generate_params *params, cdf_generate_params *gp) {
+    *gp = *params;
+    if (!gp->prompt) gp->prompt = "";
+    cdf_pipeline_resolve_defaults(p, gp);
+    return validate(p, gp);
 }
 
 cdf_status cdf_pipeline_generate(cdf_pipeline *p, const cdf_generate_params *params, cdf_image *out) {
     if (!p || !params || !out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_generate: NULL argument");
     memset(out, 0, sizeof *out);
-    cdf_generate_params gp = *params;
-    if (!gp.prompt) gp.prompt = "";
-    cdf_pipeline_resolve_defaults(p, &gp);
-    CDF_TRY(validate(p, &gp));
-    cdf_pipe_generate_begin(p); /* offload.c: per-phase peaks */
-    cdf_scope_push();
-    cdf_status s = p->kind == CDF_PIPE_FLUX    ? cdf_flux_generate(p, &gp, out)
-                   : p->kind == CDF_PIPE_FLUX2 ? cdf_flux2_generate(p, &gp, out)
-                                               : cdf_sd3_generate(p, &gp, out);
-    cdf_scope_pop(NULL, 0);
-    if (s == CDF_OK) s = cdf_device_synchronize(p->device);
-    else (void)cdf_device_synchronize(p->device); /* drain the queue; keep the first error */
-    s = cdf_pipe_generate_end(p, s);
-    if (s != CDF_OK) cdf_image_free(out);
+    if (cdf_generate_params_count(params) != 1)
+        return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_generate makes one image; %d requested (use cdf_pipeline_generate_images)",
+                         cdf_generate_params_count(params));
+    cdf_generate_params gp;
+    CDF_TRY(prepare(p, params, &gp));
+    if (gp.num_seeds == 1) gp.seed = gp.seeds[0];
+    return generate_one(p, &gp, 0, 1, out);
+}
+
+/* Copy image k's intermediates into the caller's map as "k.<key>" (and plain keys for image 0). */
+static cdf_status keep_captures(cdf_tensor_map *dst, const cdf_tensor_map *src, int k) {
+    for (int i = 0; i < src->n; i++) {
+        char key[256];
+        snprintf(key, sizeof key, "%d.%s", k, src->names[i]);
+        CDF_TRY(cdf_tensor_map_set(dst, key, src->tensors[i]));
+        if (k == 0) CDF_TRY(cdf_tensor_map_set(dst, src->names[i], src->tensors[i]));
+    }
+    return CDF_OK;
+}
+
+cdf_status cdf_pipeline_generate_images(cdf_pipeline *p, const cdf_generate_params *params, cdf_image *out, int n_out) {
+    if (!p || !params || !out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_generate_images: NULL argument");
+    const int n = cdf_generate_params_count(params);
+    if (n_out != n)
+        return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_generate_images: the request makes %d images, room for %d given", n, n_out);
+    memset(out, 0, sizeof *out * (size_t)n);
+    cdf_generate_params gp;
+    CDF_TRY(prepare(p, params, &gp));
+    cdf_tensor_map *user_cap = gp.capture, cap;
+    cdf_status s = CDF_OK;
+    /* Image by image (batch 1 each): with one generator, image k's noise is row k of the (n, ...)
+     * tensor diffusers draws (the VAE sample of an input image is drawn once, before); with a
+     * seed list each image has its own generator. */
+    for (int k = 0; k < n && s == CDF_OK; k++) {
+        cdf_generate_params gk = gp;
+        if (gp.num_seeds > 0) gk.seed = gp.seeds[k];
+        cdf_tensor_map_init(&cap);
+        if (user_cap) gk.capture = &cap;
+        s = gp.num_seeds > 0 ? generate_one(p, &gk, 0, 1, &out[k]) : generate_one(p, &gk, k, n, &out[k]);
+        if (s == CDF_OK && user_cap) s = keep_captures(user_cap, &cap, k);
+        cdf_tensor_map_clear(&cap);
+    }
+    if (s != CDF_OK)
+        for (int k = 0; k < n; k++) cdf_image_free(&out[k]);
     return s;
 }
 
@@ -249,27 +333,16 @@ cdf_status cdf_pipe_tokenize(cdf_pipeline *p, int which, const char *text, int m
     return s;
 }
 
-cdf_tensor *cdf_pipe_noise(cdf_pipeline *p, uint64_t seed, int ndim, const int64_t *shape) {
-    int64_t n = cdf_shape_numel(ndim, shape);
-    float *buf = malloc((size_t)n * sizeof *buf);
-    cdf_generator *g = cdf_generator_new(seed);
-    cdf_tensor *t = NULL;
-    if (buf && g && cdf_randn_f32(g, buf, n) == CDF_OK) t = cdf_tensor_from_host(p->device, CDF_F32, ndim, shape, buf, CDF_F32);
-    else if (!buf || !g) cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory drawing the initial noise");
-    cdf_generator_free(g);
-    free(buf);
-    return t;
-}
-
 cdf_tensor *cdf_pipe_scalar_tensor(cdf_device *dev, float v, int64_t n) {
     int64_t s[1] = {n};
     return cdf_tensor_full(dev, CDF_F32, 1, s, v);
 }
 
-cdf_tensor *cdf_pipe_vae_decode(cdf_pipeline *p, cdf_tensor *latents, cdf_tensor **decode_input) {
+cdf_tensor *cdf_pipe_vae_decode(cdf_pipeline *p, cdf_tensor *latents, bool with_shift, cdf_tensor **decode_input) {
     /* torch: latents / scaling_factor + shift_factor, each a float32 op with the scalar as float */
     cdf_tensor *sf = cdf_pipe_scalar_tensor(p->device, (float)p->vae_scaling_factor, 1);
-    cdf_tensor *z = cdf_add_scalar(cdf_div(latents, sf), (float)p->vae_shift_factor);
+    cdf_tensor *z = cdf_div(latents, sf);
+    if (with_shift) z = cdf_add_scalar(z, (float)p->vae_shift_factor);
     if (!z) return NULL;
     if (decode_input) *decode_input = z;
     cdf_tensor_map in, out;

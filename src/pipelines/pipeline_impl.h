@@ -47,6 +47,9 @@ struct cdf_pipeline {
     /* LoRA adapters (lora.c): how each loaded one was applied */
     int n_lora;
     cdf_lora_mode lora_mode[16];
+    /* the batch row being generated (cdf_pipeline_generate_images): with one generator, image k
+     * takes the k-th (1, ...) slice of the noise */
+    int64_t batch_row, batch_rows;
 };
 
 /* The class of model_index.json's entry `key` (["library", "Class"]): *cls = NULL when the
@@ -60,8 +63,9 @@ cdf_status cdf_pipe_tokenize(cdf_pipeline *p, int which, const char *text, int m
 cdf_tensor *cdf_pipe_noise(cdf_pipeline *p, uint64_t seed, int ndim, const int64_t *shape);
 /* (x / 2 + 0.5).clamp(0, 1) -> uint8 HWC with numpy's round-half-even, batch element 0. */
 cdf_status cdf_pipe_to_image(cdf_tensor *decoded, cdf_image *out, cdf_tensor **image_f32);
-/* x / scaling_factor + shift_factor (as float32 ops, like torch) then vae.decode. */
-cdf_tensor *cdf_pipe_vae_decode(cdf_pipeline *p, cdf_tensor *latents, cdf_tensor **decode_input);
+/* x / scaling_factor + shift_factor (as float32 ops, like torch) then vae.decode; without the
+ * shift when !with_shift (what StableDiffusion3InpaintPipeline does). */
+cdf_tensor *cdf_pipe_vae_decode(cdf_pipeline *p, cdf_tensor *latents, bool with_shift, cdf_tensor **decode_input);
 /* latents + (sigma_next - sigma) * v in float32. */
 cdf_tensor *cdf_pipe_euler_step(cdf_tensor *latents, cdf_tensor *v, float sigma, float sigma_next);
 /* u + g * (c - u). */
@@ -89,6 +93,53 @@ typedef struct cdf_lora_components {
 } cdf_lora_components;
 cdf_status cdf_lora_load_into(const cdf_lora_components *cs, const char *path, const cdf_lora_params *params, int id,
                               cdf_lora_info *info);
+/* ---- denoise.c: the shared loop and the img2img / inpainting start -------------------------- */
+/* One output of a component run, kept alive in the current scope. */
+cdf_tensor *cdf_pipe_take(cdf_tensor_map *out, const char *key);
+/* get_timesteps: the first schedule index that runs for a strength. */
+int cdf_pipe_t_start(int num_steps, float strength);
+/* scheduler.scale_noise: sigma * noise + (1 - sigma) * sample (float32). */
+cdf_tensor *cdf_pipe_scale_noise(cdf_tensor *sample, cdf_tensor *noise, float sigma);
+/* Row `row` of randn((rows, *shape)) drawn from g (one generator for a batch of `rows`). */
+cdf_status cdf_pipe_draw(cdf_pipeline *p, cdf_generator *g, int ndim, const int64_t *shape, int64_t row, int64_t rows,
+                         cdf_tensor **out);
+/* img2img: gp->image preprocessed and encoded, latent sampled from g: (sample - shift) * scale,
+ * [1, C, h, w]. */
+cdf_status cdf_pipe_encode_image(cdf_pipeline *p, const cdf_generate_params *gp, cdf_generator *g, int64_t h, int64_t w,
+                                 cdf_tensor **image_latents);
+/* inpainting: the latent-grid mask (and 1 - mask), packed for Flux ([1, h/2*w/2, C*4]) or not. */
+cdf_status cdf_pipe_prepare_mask(cdf_pipeline *p, const cdf_generate_params *gp, int64_t h, int64_t w, bool packed,
+                                 cdf_tensor **mask, cdf_tensor **inv_mask);
+/* Start latents (unpacked [1, C, h, w]) for batch row p->batch_row: text-to-image = noise;
+ * with an image = scale_noise(image latents, noise, sigmas[t_start]) (the VAE sample drawn first,
+ * from the same generator). */
+typedef struct cdf_pipe_start {
+    int t_start;
+    cdf_tensor *latents, *noise, *image_latents; /* unpacked; image_latents NULL for text-to-image */
+} cdf_pipe_start;
+cdf_status cdf_pipe_start_latents(cdf_pipeline *p, const cdf_generate_params *gp, int64_t c, int64_t h, int64_t w,
+                                  const float *sigmas, int num_steps, cdf_pipe_start *st);
+typedef struct cdf_denoise_loop {
+    const float *timesteps, *sigmas; /* the whole schedule of set_timesteps (num_steps, num_steps + 1) */
+    int num_steps, t_start;          /* steps t_start .. num_steps-1 run */
+    cdf_tensor *latents;             /* in: start latents; out: final latents */
+    /* the velocity for `latents` at schedule index i (CFG and the model's inputs are the pipeline's) */
+    cdf_tensor *(*predict)(void *ctx, cdf_tensor *latents, int i, float t);
+    void *ctx;
+    /* inpainting (all NULL otherwise), in the loop's layout: latents = inv_mask * x0 + mask * latents
+     * after every step, x0 = scale_noise(image_latents, noise, sigmas[i + 1]) (image_latents after
+     * the last step) */
+    cdf_tensor *mask, *inv_mask, *image_latents, *noise;
+    const char *step_key; /* capture key of the latents after step k ("%d"), or NULL */
+} cdf_denoise_loop;
+cdf_status cdf_pipe_denoise(cdf_pipeline *p, const cdf_generate_params *gp, cdf_denoise_loop *loop);
+/* image_input.c: request checks, VaeImageProcessor.preprocess (PIL Lanczos resize) */
+cdf_status cdf_pipe_check_inputs(const cdf_generate_params *gp, bool references);
+/* FLUX.2 reference image: its size after Flux2Pipeline's area limit and crop, and the pixels. */
+void cdf_pipe_reference_size(const cdf_image *img, int *w, int *h);
+cdf_status cdf_pipe_preprocess_reference(const cdf_image *img, float **chw, int *W, int *H);
+cdf_status cdf_pipe_preprocess_image(const cdf_image *img, int W, int H, float **chw);
+cdf_status cdf_pipe_preprocess_mask(const cdf_image *m, int W, int H, float **hw);
 
 cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out);
 cdf_status cdf_sd3_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out);

@@ -1,30 +1,17 @@
-/* StableDiffusion3Pipeline (SD3 / SD3.5), as diffusers' pipeline_stable_diffusion_3.py. */
+/* StableDiffusion3Pipeline (SD3 / SD3.5), as diffusers' pipeline_stable_diffusion_3.py; with an
+ * image StableDiffusion3Img2ImgPipeline, with a mask StableDiffusion3InpaintPipeline (the loop
+ * starts at get_timesteps' index from scale_noise(encoded image, noise); inpainting blends the
+ * known region back after every step). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/error_internal.h"
 #include "pipelines/pipeline_impl.h"
 #include "tensor/tensor_impl.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static cdf_tensor *take(cdf_tensor_map *out, const char *key) {
-    cdf_tensor *t = cdf_tensor_map_get(out, key);
-    if (!t) {
-        cdf_error(CDF_ERR_INTERNAL, "component produced no '%s'", key);
-        return NULL;
-    }
-    cdf_tensor_retain(t);
-    cdf_scope_record(t);
-    return t;
-}
+#define take cdf_pipe_take
 
 static cdf_status run_text(cdf_pipeline *p, int which, cdf_tensor *ids, const char *k1, cdf_tensor **o1, const char *k2,
                            cdf_tensor **o2) {
@@ -76,18 +63,66 @@ static cdf_status encode_prompt(cdf_pipeline *p, const char *prompt, int max_seq
     return (*embeds && *pooled) ? CDF_OK : cdf_last_status();
 }
 
+typedef struct sd3_step {
+    cdf_pipeline *p;
+    const cdf_generate_params *gp;
+    cdf_tensor *embeds, *pooled; /* [negative; positive] with CFG */
+    bool cfg;
+} sd3_step;
+
+static cdf_tensor *sd3_predict(void *ctx, cdf_tensor *latents, int i, float t) {
+    sd3_step *ss = ctx;
+    const cdf_generate_params *gp = ss->gp;
+    cdf_tensor *x = latents;
+    if (ss->cfg) {
+        cdf_tensor *two[2] = {latents, latents};
+        x = cdf_cat(two, 2, 0);
+    }
+    cdf_tensor *timestep = cdf_pipe_scalar_tensor(ss->p->device, t, ss->cfg ? 2 : 1);
+    cdf_tensor_map in, outm;
+    cdf_tensor_map_init(&in);
+    cdf_tensor_map_init(&outm);
+    cdf_status s = x && timestep ? cdf_tensor_map_set(&in, "hidden_states", x) : cdf_last_status();
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "encoder_hidden_states", ss->embeds);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "pooled_projections", ss->pooled);
+    if (s == CDF_OK) s = cdf_tensor_map_set(&in, "timestep", timestep);
+    if (s == CDF_OK) s = cdf_component_run(ss->p->transformer, "forward", &in, &outm);
+    cdf_tensor *v = s == CDF_OK ? take(&outm, "out.sample") : NULL;
+    cdf_tensor_map_clear(&in);
+    cdf_tensor_map_clear(&outm);
+    cdf_tensor *vel = v;
+    if (v && ss->cfg) {
+        cdf_tensor *halves[2];
+        if (cdf_chunk(v, 2, 0, halves) != CDF_OK) return NULL;
+        vel = cdf_pipe_cfg(halves[0], halves[1], gp->guidance_scale);
+        if (gp->capture) {
+            char key[64];
+            snprintf(key, sizeof key, "noise_pred_uncond.%d", i);
+            cdf_pipe_capture(gp, key, halves[0]);
+            snprintf(key, sizeof key, "noise_pred_cond.%d", i);
+            cdf_pipe_capture(gp, key, halves[1]);
+        }
+    }
+    if (vel && gp->capture) {
+        char key[64];
+        snprintf(key, sizeof key, "noise_pred.%d", i);
+        cdf_pipe_capture(gp, key, vel);
+    }
+    return vel;
+}
+
 cdf_status cdf_sd3_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out) {
     const int N = gp->num_inference_steps;
     const int64_t C = p->latent_channels;
     const int64_t h = gp->height / p->vae_scale_factor, w = gp->width / p->vae_scale_factor;
-    const bool cfg = gp->guidance_scale > 1.0f;
+    sd3_step ss = {.p = p, .gp = gp, .cfg = gp->guidance_scale > 1.0f};
 
     /* 1. text ([negative; positive] with CFG) */
     cdf_tensor *embeds, *pooled, *neg_embeds = NULL, *neg_pooled = NULL;
     CDF_TRY(encode_prompt(p, gp->prompt, gp->max_sequence_length, &embeds, &pooled, gp, ""));
     cdf_pipe_capture(gp, "prompt_embeds", embeds);
     cdf_pipe_capture(gp, "pooled_prompt_embeds", pooled);
-    if (cfg) {
+    if (ss.cfg) {
         const char *neg = gp->negative_prompt ? gp->negative_prompt : "";
         CDF_TRY(encode_prompt(p, neg, gp->max_sequence_length, &neg_embeds, &neg_pooled, gp, "negative_"));
         cdf_pipe_capture(gp, "negative_prompt_embeds", neg_embeds);
@@ -97,16 +132,10 @@ cdf_status cdf_sd3_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_
         pooled = cdf_cat(p2, 2, 0);
         if (!embeds || !pooled) return cdf_last_status();
     }
-    const int64_t B = cfg ? 2 : 1;
+    ss.embeds = embeds;
+    ss.pooled = pooled;
 
-    /* 2. latents */
-    int64_t nshape[4] = {1, C, h, w};
-    cdf_tensor *latents = cdf_pipe_noise(p, gp->seed, 4, nshape);
-    if (!latents) return cdf_last_status();
-    cdf_pipe_capture(gp, "noise", latents);
-    cdf_pipe_capture(gp, "latents_initial", latents);
-
-    /* 3. schedule: set_timesteps(N) with the config's shift (mu only with dynamic shifting) */
+    /* 2. schedule: set_timesteps(N) with the config's shift (mu only with dynamic shifting) */
     cdf_scheduler *sched = cdf_scheduler_new(&p->sched_cfg);
     if (!sched) return cdf_last_status();
     double mu = 0;
@@ -125,69 +154,29 @@ cdf_status cdf_sd3_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_
     cdf_pipe_capture(gp, "sigmas", cdf_tensor_from_host(p->device, CDF_F32, 1, ns1, sigmas, CDF_F32));
     cdf_pipe_capture(gp, "timesteps", cdf_tensor_from_host(p->device, CDF_F32, 1, ns, timesteps, CDF_F32));
 
-    /* 4. denoising loop */
-    cdf_tensor_map in, outm;
-    cdf_tensor_map_init(&in);
-    cdf_tensor_map_init(&outm);
-    for (int i = 0; i < N && s == CDF_OK; i++) {
-        double t0 = now_s();
-        cdf_scope_push();
-        cdf_tensor *x = latents;
-        if (cfg) {
-            cdf_tensor *two[2] = {latents, latents};
-            x = cdf_cat(two, 2, 0);
-        }
-        cdf_tensor *timestep = cdf_pipe_scalar_tensor(p->device, timesteps[i], B);
-        cdf_tensor_map_clear(&in);
-        cdf_tensor_map_clear(&outm);
-        s = cdf_tensor_map_set(&in, "hidden_states", x);
-        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "encoder_hidden_states", embeds);
-        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "pooled_projections", pooled);
-        if (s == CDF_OK) s = cdf_tensor_map_set(&in, "timestep", timestep);
-        if (s == CDF_OK) s = cdf_component_run(p->transformer, "forward", &in, &outm);
-        cdf_tensor *next = NULL;
-        if (s == CDF_OK) {
-            cdf_tensor *v = take(&outm, "out.sample");
-            cdf_tensor *vel = v;
-            if (v && cfg) {
-                cdf_tensor *halves[2];
-                s = cdf_chunk(v, 2, 0, halves);
-                if (s == CDF_OK) vel = cdf_pipe_cfg(halves[0], halves[1], gp->guidance_scale);
-                if (s == CDF_OK && gp->capture) {
-                    char key[64];
-                    snprintf(key, sizeof key, "noise_pred_uncond.%d", i);
-                    cdf_pipe_capture(gp, key, halves[0]);
-                    snprintf(key, sizeof key, "noise_pred_cond.%d", i);
-                    cdf_pipe_capture(gp, key, halves[1]);
-                }
-            }
-            next = (s == CDF_OK && vel) ? cdf_pipe_euler_step(latents, vel, sigmas[i], sigmas[i + 1]) : NULL;
-            if (!next && s == CDF_OK) s = cdf_last_status();
-            if (s == CDF_OK && gp->capture) {
-                char key[64];
-                snprintf(key, sizeof key, "noise_pred.%d", i);
-                cdf_pipe_capture(gp, key, vel);
-                snprintf(key, sizeof key, "latents_after_step.%d", i);
-                cdf_pipe_capture(gp, key, next);
-            }
-        }
-        cdf_scope_pop(&next, 1);
-        latents = next;
-        if (s == CDF_OK && gp->callback) {
-            s = cdf_device_synchronize(p->device);
-            if (s == CDF_OK && !gp->callback(i + 1, N, now_s() - t0, gp->callback_user))
-                s = cdf_error(CDF_ERR_INTERRUPTED, "generation cancelled at step %d of %d", i + 1, N);
-        }
+    /* 3. latents: [the image's VAE sample, then] one randn */
+    cdf_pipe_start st;
+    s = cdf_pipe_start_latents(p, gp, C, h, w, sigmas, N, &st);
+    cdf_denoise_loop loop = {.timesteps = timesteps, .sigmas = sigmas, .num_steps = N, .t_start = st.t_start,
+                             .latents = st.latents, .predict = sd3_predict, .ctx = &ss, .step_key = "latents_after_step.%d"};
+    if (s == CDF_OK && gp->mask_image) {
+        s = cdf_pipe_prepare_mask(p, gp, h, w, false, &loop.mask, &loop.inv_mask);
+        loop.image_latents = st.image_latents;
+        loop.noise = st.noise;
     }
-    cdf_tensor_map_clear(&in);
-    cdf_tensor_map_clear(&outm);
+    cdf_pipe_capture(gp, "latents_initial", loop.latents);
+
+    /* 4. denoising loop */
+    if (s == CDF_OK) s = cdf_pipe_denoise(p, gp, &loop);
     cdf_scheduler_free(sched);
     if (s != CDF_OK) return s;
-    cdf_pipe_capture(gp, "latents_final", latents);
+    cdf_pipe_capture(gp, "latents_final", loop.latents);
 
-    /* 5. decode */
+    /* 5. decode. StableDiffusion3InpaintPipeline decodes latents / scaling_factor without adding
+     * the VAE's shift_factor back (unlike its img2img and text-to-image siblings); we follow it so
+     * the picture equals diffusers'. */
     cdf_tensor *dec_in = NULL;
-    cdf_tensor *decoded = cdf_pipe_vae_decode(p, latents, &dec_in);
+    cdf_tensor *decoded = cdf_pipe_vae_decode(p, loop.latents, gp->mask_image == NULL, &dec_in);
     if (!decoded) return cdf_last_status();
     cdf_pipe_capture(gp, "vae_decode_input", dec_in);
     cdf_pipe_capture(gp, "vae_decode_output", decoded);
