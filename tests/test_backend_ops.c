@@ -39,7 +39,7 @@
 #include "cdiffusers/dist.h"
 #include "cdiffusers/exec.h"
 #include "cdiffusers/tensor.h"
-#include "exec/compile.h"
+#include "compile/compile.h"
 #include "nn/nn.h"
 #include "kernels/kernels.h"
 #include "kernels/reference_internal.h" /* cdf_k_unary_span_at: the scalar unary definitions */
@@ -357,7 +357,7 @@ static cdf_tensor *apply_binary(cdf_binary_op op, cdf_tensor *a, cdf_tensor *b) 
 /* ---- running an op: eagerly, or captured and replayed (compile modes) ---------------------------
  * Each case describes its tensor API call as a `call` (the API function, its operands, its
  * parameters). Eager and defer-and-fuse run it as is. With CDIFFUSERS_COMPILE set (any value
- * but 0, as scripts/test.sh runs the suite) the call is captured into a graph (exec/compile.h,
+ * but 0, as scripts/test.sh runs the suite) the call is captured into a graph (compile/compile.h,
  * fullgraph) with decoy operands of the same shapes and dtypes but other values, and then
  * replayed with the case's operands: the result compared with the reference is the replay's, so
  * the capture, the memory planner's arena and the rebinding of the inputs are checked too (a

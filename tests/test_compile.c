@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "cdiffusers/cdiffusers.h"
-#include "exec/compile.h"
+#include "compile/compile.h"
 #include "models/component.h"
 
 static double run_and_diff(cdf_component *c, const char *method, const cdf_tensor_map *in, const cdf_tensor_map *golden,

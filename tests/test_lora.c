@@ -22,7 +22,7 @@
 
 #include "cdiffusers/exec.h"
 #include "cdiffusers/io.h"
-#include "exec/compile.h"
+#include "compile/compile.h"
 #include "models/component.h"
 #include "models/lora_file.h"
 #include "nn/lora.h"

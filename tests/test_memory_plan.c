@@ -1,4 +1,4 @@
-/* The compile memory planner on hand-built graphs (exec/memory_plan.h), like ggml-alloc's tests:
+/* The compile memory planner on hand-built graphs (compile/memory_plan.h), like ggml-alloc's tests:
  * buffers alive at the same time never share bytes, buffers with disjoint lifetimes do, and the
  * arena of a chain is its largest live pair. Expected sizes are worked out by hand from the
  * placement rule (largest first, lowest free offset). */
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "exec/memory_plan.h"
+#include "compile/memory_plan.h"
 #include "tensor/tensor_impl.h"
 
 /* A virtual buffer of n f32 elements, as a capture creates it. */

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "cdiffusers/cdiffusers.h"
-#include "exec/compile.h"
+#include "compile/compile.h"
 #include "models/component.h"
 #include "nn/nn.h"
 

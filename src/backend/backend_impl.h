@@ -11,6 +11,7 @@
 
 #include "cdiffusers/device.h"
 #include "graph/node.h"
+#include "graph/value.h"
 
 typedef struct cdf_backend_iface {
     const char *name; /* device type, e.g. "cpu" */
@@ -107,6 +108,18 @@ cdf_status cdf_device_buffer_set(cdf_device *dev, void *dst, const void *src, si
 cdf_status cdf_device_buffer_get(cdf_device *dev, void *dst, const void *src, size_t nbytes);
 void *cdf_device_host_alloc(cdf_device *dev, size_t nbytes); /* NULL + error on failure */
 void cdf_device_host_free(cdf_device *dev, void *ptr, size_t nbytes);
+
+/* Storages backed by a device (backend/storage.c). */
+cdf_storage *cdf_storage_new(cdf_device *dev, size_t nbytes); /* accounted device memory; NULL + error */
+/* A buffer created while a compile capture records ops: no memory until the memory planner
+ * places it in the graph's arena (or a graph break materialises it). */
+cdf_storage *cdf_storage_new_virtual(cdf_device *dev, size_t nbytes);
+/* Give a virtual storage its own device memory (no-op for a real one). */
+cdf_status cdf_storage_materialize(cdf_storage *s);
+/* Write n elements of host data (src_dt) into s at element offset `at` of dtype dt, converting
+ * in host staging buffers; the bytes cross through the backend. s must not be in use by a queued
+ * op (a new buffer, or queues drained). */
+cdf_status cdf_storage_upload(cdf_storage *s, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n);
 
 /* Built-in backends. */
 extern const cdf_backend_iface cdf_cpu_backend_iface;

@@ -7,7 +7,7 @@
 
 #include "backend/backend_impl.h"
 #include "core/error_internal.h"
-#include "exec/compile.h"
+#include "exec/capture.h"
 #include "graph/fuse.h"
 
 /* A pending graph is executed when it reaches this many ops or this many bytes of outputs
@@ -87,7 +87,8 @@ cdf_status cdf_exec_submit(cdf_node *node) {
             return s;
         }
     }
-    cdf_status bs = cdf_exec_bind_host_weights(node); /* sequential offload (compile.c) */
+    /* sequential offload: host-side block weights rebound to their device copies (compile/weight_stream.c) */
+    cdf_status bs = cdf_exec_bind_hook ? cdf_exec_bind_hook(node) : CDF_OK;
     if (bs != CDF_OK) {
         cdf_node_free(node);
         return bs;
@@ -139,6 +140,8 @@ cdf_status cdf_exec_drain_all(void) {
     cdf_status s = cdf_backend_synchronize_all();
     return f != CDF_OK ? f : s;
 }
+
+cdf_status (*cdf_exec_bind_hook)(cdf_node *n);
 
 __attribute__((constructor)) static void exec_register_hooks(void) { cdf_backend_pre_oom_hook = cdf_exec_flush; }
 

@@ -16,6 +16,11 @@ cdf_status cdf_exec_sync_for_read(const cdf_tensor *t);
  * op, e.g. a collective, is then running nowhere); returns the first error either found. */
 cdf_status cdf_exec_drain_all(void);
 
+/* Set by the layer that streams sequential offload's weights (compile/weight_stream.c): called for
+ * every submitted node to rebind host-side block weights to their device copies (a hook, like the
+ * backend's pre-OOM hook, so that exec/ does not depend on the layers above it). */
+extern cdf_status (*cdf_exec_bind_hook)(cdf_node *n);
+
 /* Internal counters bumped by other exec files (compile). */
 void cdf_exec_count_compile(void);
 void cdf_exec_count_cache_hit(void);

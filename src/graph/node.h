@@ -10,7 +10,7 @@
 #define CDF_GRAPH_NODE_H
 
 #include "core/op_defs.h"
-#include "tensor/tensor_impl.h"
+#include "graph/value.h"
 
 typedef enum cdf_op_kind {
     CDF_OP_COPY,          /* dst = cast(src0) with any strides (contiguous, cast, cat, pad) */

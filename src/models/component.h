@@ -23,7 +23,7 @@ typedef struct cdf_component_class {
      * a tensor scope owned by the caller. */
     cdf_status (*run)(void *impl, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out);
     /* Inputs whose values decide the computation itself (layer lists, position grids): read on the
-     * host, so under compile they are static inputs of the graph (exec/compile.h). NULL = none. */
+     * host, so under compile they are static inputs of the graph (compile/compile.h). NULL = none. */
     const char *const *static_inputs;
 } cdf_component_class;
 
@@ -44,7 +44,7 @@ const struct cJSON *cdf_component_config(const cdf_component *c);
 cdf_status cdf_component_compile(cdf_component *c, const cdf_compile_options *opt);
 /* Compile only the model's repeated blocks (one graph per block class and input shape, shared by
  * every block instance; weights are graph parameters). Models route block calls through
- * cdf_block_run (exec/compile.h); others simply run uncompiled. */
+ * cdf_block_run (compile/compile.h); others simply run uncompiled. */
 cdf_status cdf_component_compile_repeated_blocks(cdf_component *c, const cdf_compile_options *opt);
 /* Number of graphs compiled for the component (all methods, and repeated blocks). */
 int cdf_component_compiled_graphs(const cdf_component *c);
@@ -67,7 +67,7 @@ cdf_status cdf_component_offload(cdf_component *c);
 cdf_status cdf_component_ensure_loaded(cdf_component *c);
 bool cdf_component_is_loaded(const cdf_component *c);
 /* Sequential offload: the weights of the model's repeated blocks stay host-side (in the mapped
- * checkpoint) and each block call materialises its own (exec/compile.c, cdf_block_run). Changing
+ * checkpoint) and each block call materialises its own (compile/compile.c, cdf_block_run). Changing
  * it releases the model (the next run materialises it the new way). A component compiled whole
  * (cdf_component_compile) switches to repeated-block compile while it is on, and back after. */
 cdf_status cdf_component_set_blocks_on_host(cdf_component *c, bool on);

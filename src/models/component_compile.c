@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "core/error_internal.h"
-#include "exec/compile.h"
+#include "compile/compile.h"
 #include "models/component_impl.h"
 #include "nn/lora.h"
 

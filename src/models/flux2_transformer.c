@@ -18,7 +18,7 @@
  * Activations are f32; weights are f32 or bf16 (cdf_load_options.weight_dtype). */
 #include "models/flux2_transformer.h"
 
-#include "exec/compile.h"
+#include "compile/compile.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>

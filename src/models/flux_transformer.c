@@ -10,7 +10,7 @@
  *   out  = proj_out(norm_out(x, temb))                        [B, Li, p*p*out_channels]
  *
  * Activations are f32; weights are f32 or bf16 (cdf_load_options.weight_dtype). */
-#include "exec/compile.h"
+#include "compile/compile.h"
 #include "models/flux_transformer.h"
 
 #include <cjson/cJSON.h>

@@ -6,7 +6,7 @@
 
 #include "core/error_internal.h"
 #include "cdiffusers/exec.h"
-#include "exec/compile.h"
+#include "compile/compile.h"
 #include "models/component_impl.h"
 #include "nn/lora.h"
 

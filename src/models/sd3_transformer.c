@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "core/error_internal.h"
-#include "exec/compile.h"
+#include "compile/compile.h"
 #include "tensor/tensor_impl.h"
 
 #define SD3_NAME "SD3Transformer2DModel"

@@ -15,7 +15,7 @@
  * CDF_OFFLOAD_SEQUENTIAL is MODEL for every component, and the transformer is loaded with its
  * repeated blocks' weights host-side (cdf_load_options.blocks_on_host): materialising it puts
  * only its other weights (embedders, final norm and projection) on the device, and each block
- * call materialises its own weights (exec/compile.c, cdf_block_run). A transformer compiled
+ * call materialises its own weights (compile/compile.c, cdf_block_run). A transformer compiled
  * whole switches to repeated-block compile meanwhile (a whole-forward graph would hold every
  * block's weights). */
 #include <string.h>

@@ -53,7 +53,7 @@ typedef struct cdf_plan_model_info {
 typedef struct cdf_plan_shape {
     int64_t batch, text_tokens, latent_h, latent_w;
     /* the transformer runs with repeated-block compile: each block is a graph whose buffers
-     * share one arena by lifetime, allocated for the block's run (exec/compile.c) */
+     * share one arena by lifetime, allocated for the block's run (compile/compile.c) */
     bool repeated_blocks;
 } cdf_plan_shape;
 

@@ -5,30 +5,11 @@
 
 #include "backend/backend_impl.h"
 #include "core/error_internal.h"
-#include "exec/compile.h"
+#include "exec/capture.h"
 #include "exec/exec.h"
 #include "tensor/tensor_impl.h"
 
 /* ---- helpers ------------------------------------------------------------------------- */
-void cdf_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
-    int64_t s = 1;
-    for (int i = ndim - 1; i >= 0; i--) {
-        strides[i] = s;
-        s *= shape[i] > 0 ? shape[i] : 1;
-    }
-}
-
-int64_t cdf_shape_numel(int ndim, const int64_t *shape) {
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
-    return n;
-}
-
-int cdf_norm_dim(int dim, int ndim) {
-    if (dim < 0) dim += ndim;
-    return (dim < 0 || dim >= ndim) ? -1 : dim;
-}
-
 /* Shapes from callers are validated once here: dims >= 0 and no int64/size_t overflow. */
 static cdf_status check_shape(int ndim, const int64_t *shape, cdf_dtype dt, const char *who) {
     if (ndim < 0 || ndim > CDF_MAX_DIMS)
@@ -43,54 +24,6 @@ static cdf_status check_shape(int ndim, const int64_t *shape, cdf_dtype dt, cons
         n *= (uint64_t)shape[i];
     }
     return CDF_OK;
-}
-
-/* ---- storage ------------------------------------------------------------------------- */
-cdf_storage *cdf_storage_create(cdf_device *dev, size_t nbytes) {
-    cdf_storage *s = calloc(1, sizeof *s);
-    if (!s) {
-        cdf_error(CDF_ERR_OUT_OF_MEMORY, "host out of memory (storage header)");
-        return NULL;
-    }
-    atomic_init(&s->refcount, 1);
-    s->dev = dev;
-    s->nbytes = nbytes;
-    return s;
-}
-
-cdf_storage *cdf_storage_new(cdf_device *dev, size_t nbytes) {
-    cdf_storage *s = cdf_storage_create(dev, nbytes);
-    if (s && cdf_device_alloc(dev, nbytes, &s->data) != CDF_OK) {
-        free(s);
-        return NULL;
-    }
-    if (s) s->device_owned = true;
-    return s;
-}
-
-/* A buffer created while a compile capture records ops: its memory comes later from the
- * graph's arena (exec/compile.c), so capturing a forward does not hold every intermediate. */
-static cdf_storage *storage_new_virtual(cdf_device *dev, size_t nbytes) {
-    cdf_storage *s = cdf_storage_create(dev, nbytes);
-    if (s) s->is_virtual = true;
-    return s;
-}
-
-cdf_status cdf_storage_materialize(cdf_storage *s) {
-    if (!s->is_virtual) return CDF_OK;
-    CDF_TRY(cdf_device_alloc(s->dev, s->nbytes, &s->data));
-    s->is_virtual = false;
-    s->device_owned = true;
-    return CDF_OK;
-}
-
-void cdf_storage_retain(cdf_storage *s) { atomic_fetch_add(&s->refcount, 1); }
-
-void cdf_storage_release(cdf_storage *s) {
-    if (!s || atomic_fetch_sub(&s->refcount, 1) != 1) return;
-    if (s->device_owned) cdf_device_free(s->dev, s->data, s->nbytes);
-    else if (s->owner_release) s->owner_release(s->owner);
-    free(s);
 }
 
 /* ---- scopes ---------------------------------------------------------------------------- */
@@ -165,22 +98,8 @@ void cdf_scope_record(cdf_tensor *t) {
 /* ---- tensor objects ------------------------------------------------------------------ */
 cdf_tensor *cdf_tensor_view_of(cdf_storage *st, int64_t offset, cdf_dtype dt, int ndim, const int64_t *shape,
                                const int64_t *strides) {
-    cdf_tensor *t = calloc(1, sizeof *t);
-    if (!t) {
-        cdf_error(CDF_ERR_OUT_OF_MEMORY, "host out of memory (tensor header)");
-        return NULL;
-    }
-    atomic_init(&t->refcount, 1);
-    cdf_storage_retain(st);
-    t->storage = st;
-    t->offset = offset;
-    t->dtype = dt;
-    t->ndim = ndim;
-    if (ndim) {
-        memcpy(t->shape, shape, ndim * sizeof *shape);
-        memcpy(t->strides, strides, ndim * sizeof *strides);
-    }
-    scope_record(t);
+    cdf_tensor *t = cdf_value_view(st, offset, dt, ndim, shape, strides);
+    if (t) scope_record(t);
     return t;
 }
 
@@ -192,7 +111,7 @@ cdf_tensor *cdf_tensor_alloc(cdf_device *dev, cdf_dtype dt, int ndim, const int6
     }
     size_t nbytes = (size_t)cdf_shape_numel(ndim, shape) * cdf_dtype_size(dt);
     bool virt = cdf_compile_tracing();
-    cdf_storage *st = virt ? storage_new_virtual(dev, nbytes) : cdf_storage_new(dev, nbytes);
+    cdf_storage *st = virt ? cdf_storage_new_virtual(dev, nbytes) : cdf_storage_new(dev, nbytes);
     if (!st) return NULL;
     if (virt) cdf_compile_note_virtual(st);
     int64_t strides[CDF_MAX_DIMS];
@@ -227,32 +146,6 @@ cdf_tensor *cdf_tensor_from_host(cdf_device *dev, cdf_dtype dt, int ndim, const 
         return NULL;
     }
     return t;
-}
-
-/* Elements converted per staging chunk: big enough to amortise a transfer, small enough to stay
- * in cache (and to bound the staging memory). */
-#define UPLOAD_CHUNK_ELEMS ((size_t)1 << 18)
-
-cdf_status cdf_storage_upload(cdf_storage *s, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n) {
-    const size_t dsz = cdf_dtype_size(dt), ssz = cdf_dtype_size(src_dt);
-    if (!n) return CDF_OK;
-    if (s->is_virtual || !s->data)
-        return cdf_error(CDF_ERR_INTERNAL, "upload into a buffer without device memory");
-    if ((at + n) * dsz > s->nbytes)
-        return cdf_error(CDF_ERR_INTERNAL, "upload of %zu elements at %zu overruns a %zu-byte buffer", n, at, s->nbytes);
-    char *dst = (char *)s->data + at * dsz;
-    if (dt == src_dt) return cdf_device_buffer_set(s->dev, dst, src, n * dsz);
-    const size_t chunk = n < UPLOAD_CHUNK_ELEMS ? n : UPLOAD_CHUNK_ELEMS;
-    void *stage = cdf_device_host_alloc(s->dev, chunk * dsz);
-    if (!stage) return cdf_last_status();
-    cdf_status st = CDF_OK;
-    for (size_t o = 0; o < n && st == CDF_OK; o += chunk) {
-        const size_t c = n - o < chunk ? n - o : chunk;
-        cdf_convert(stage, dt, (const char *)src + o * ssz, src_dt, c);
-        st = cdf_device_buffer_set(s->dev, dst + o * dsz, stage, c * dsz);
-    }
-    cdf_device_host_free(s->dev, stage, chunk * dsz);
-    return st;
 }
 
 cdf_tensor *cdf_tensor_full(cdf_device *dev, cdf_dtype dt, int ndim, const int64_t *shape, double value) {
@@ -298,52 +191,6 @@ cdf_tensor *cdf_tensor_wrap(cdf_device *dev, cdf_dtype dt, int ndim, const int64
     cdf_tensor *t = cdf_tensor_view_of(s, 0, dt, ndim, shape, strides);
     cdf_storage_release(s);
     return t;
-}
-
-cdf_tensor *cdf_tensor_retain(cdf_tensor *t) {
-    if (t) atomic_fetch_add(&t->refcount, 1);
-    return t;
-}
-
-void cdf_tensor_release(cdf_tensor *t) {
-    if (!t || atomic_fetch_sub(&t->refcount, 1) != 1) return;
-    cdf_storage_release(t->storage);
-    free(t);
-}
-
-/* ---- introspection --------------------------------------------------------------------- */
-int cdf_tensor_ndim(const cdf_tensor *t) { return t ? t->ndim : 0; }
-const int64_t *cdf_tensor_shape(const cdf_tensor *t) { return t ? t->shape : NULL; }
-const int64_t *cdf_tensor_strides(const cdf_tensor *t) { return t ? t->strides : NULL; }
-int64_t cdf_tensor_dim(const cdf_tensor *t, int dim) {
-    if (!t) return -1;
-    int d = cdf_norm_dim(dim, t->ndim);
-    return d < 0 ? -1 : t->shape[d];
-}
-int64_t cdf_tensor_numel(const cdf_tensor *t) { return t ? cdf_shape_numel(t->ndim, t->shape) : 0; }
-cdf_dtype cdf_tensor_dtype(const cdf_tensor *t) { return t ? t->dtype : CDF_F32; }
-cdf_device *cdf_tensor_device(const cdf_tensor *t) { return t ? t->storage->dev : NULL; }
-
-bool cdf_tensor_is_contiguous(const cdf_tensor *t) {
-    int64_t s = 1;
-    for (int i = t->ndim - 1; i >= 0; i--) {
-        if (t->shape[i] != 1 && t->strides[i] != s) return false;
-        s *= t->shape[i];
-    }
-    return true;
-}
-
-const char *cdf_tensor_describe(const cdf_tensor *t, char *buf, size_t n) {
-    if (!t) {
-        snprintf(buf, n, "(null)");
-        return buf;
-    }
-    size_t o = 0;
-    o += snprintf(buf + o, o < n ? n - o : 0, "[");
-    for (int i = 0; i < t->ndim; i++)
-        o += snprintf(buf + o, o < n ? n - o : 0, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-    snprintf(buf + o, o < n ? n - o : 0, "] %s", cdf_dtype_name(t->dtype));
-    return buf;
 }
 
 /* ---- host access ------------------------------------------------------------------------ */

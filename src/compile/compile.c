@@ -1,5 +1,7 @@
-/* Graph capture and replay (see compile.h). */
-#include "exec/compile.h"
+/* Graph caches: capture a forward once per input signature, replay it (compile.h). The capture
+ * state and its hooks are exec/capture.c; the memory planner memory_plan.c; sequential
+ * offload's weight streaming weight_stream.c. */
+#include "compile/compile.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,10 +11,12 @@
 #include "backend/backend_impl.h"
 #include "core/error_internal.h"
 #include "exec/exec.h"
-#include "exec/memory_plan.h"
-#include "exec/weight_stream.h"
+#include "compile/memory_plan.h"
+#include "compile/weight_stream.h"
+#include "exec/capture.h"
 #include "graph/fuse.h"
 #include "nn/nn.h"
+#include "tensor/tensor_impl.h"
 
 
 cdf_compile_options cdf_compile_default_options(void) {
@@ -22,45 +26,8 @@ cdf_compile_options cdf_compile_default_options(void) {
 static bool g_forbid_recompile;
 void cdf_compile_set_forbid_recompile(bool forbid) { g_forbid_recompile = forbid; }
 
-/* ---- the capture in progress on this thread ------------------------------------------------ */
-typedef struct capture {
-    bool active, broken, fullgraph;
-    const char *who;
-    cdf_node **nodes;
-    int n, cap;
-    cdf_status break_status;
-    cdf_storage **virt; /* buffers created during the capture (references) */
-    int n_virt, cap_virt;
-    /* static inputs (cdf_graph_cache_set_static_inputs): their values are part of the plan's
-     * key, so the forward may read them on the host without a graph break */
-    const cdf_storage *static_st[CDF_MAX_STATIC_INPUTS];
-    int n_static;
-} capture;
-static _Thread_local capture tl_cap;
-
-void cdf_compile_note_virtual(cdf_storage *s) {
-    if (!cdf_compile_tracing()) return;
-    if (tl_cap.n_virt == tl_cap.cap_virt) {
-        int cap = tl_cap.cap_virt ? tl_cap.cap_virt * 2 : 512;
-        cdf_storage **p = realloc(tl_cap.virt, (size_t)cap * sizeof *p);
-        if (!p) {
-            /* cannot track it: give it real memory now so it is never left without any */
-            (void)cdf_storage_materialize(s);
-            return;
-        }
-        tl_cap.virt = p;
-        tl_cap.cap_virt = cap;
-    }
-    cdf_storage_retain(s);
-    tl_cap.virt[tl_cap.n_virt++] = s;
-}
-
-static void release_virtuals(capture *c) {
-    for (int i = 0; i < c->n_virt; i++) cdf_storage_release(c->virt[i]);
-    free(c->virt);
-    c->virt = NULL;
-    c->n_virt = c->cap_virt = 0;
-}
+/* this thread's capture (exec/capture.c) */
+#define tl_cap (*cdf_capture_state())
 
 /* Is storage s reachable only through the graph's nodes and outputs (plus `pins` references
  * the capture itself holds)? A buffer that something else also holds — a tensor the model keeps
@@ -89,69 +56,6 @@ static bool graph_only(cdf_node **nodes, int n, cdf_tensor **outs, int n_out, co
     for (int j = 0; j < nobj; j++)
         if (atomic_load(&((cdf_tensor *)obj[j])->refcount) != cnt[j]) return false;
     return true;
-}
-
-static cdf_status materialize_all(capture *c) {
-    for (int i = 0; i < c->n_virt; i++) CDF_TRY(cdf_storage_materialize(c->virt[i]));
-    return CDF_OK;
-}
-
-bool cdf_compile_tracing(void) { return tl_cap.active && !tl_cap.broken; }
-
-bool cdf_compile_record(cdf_node *n) {
-    if (!cdf_compile_tracing()) return false;
-    if (tl_cap.n == tl_cap.cap) {
-        int cap = tl_cap.cap ? tl_cap.cap * 2 : 512;
-        cdf_node **p = realloc(tl_cap.nodes, (size_t)cap * sizeof *p);
-        if (!p) return false; /* caller runs it eagerly: the capture then is incomplete */
-        tl_cap.nodes = p;
-        tl_cap.cap = cap;
-    }
-    tl_cap.nodes[tl_cap.n++] = n;
-    return true;
-}
-
-/* Launch recorded nodes (ownership passes to the queues). */
-static cdf_status launch_all(cdf_node **nodes, int n) {
-    cdf_status s = CDF_OK;
-    int i = 0;
-    for (; i < n && s == CDF_OK; i++) s = cdf_device_enqueue(nodes[i]->dst->storage->dev, nodes[i]);
-    for (; i < n; i++) cdf_node_free(nodes[i]);
-    return s;
-}
-
-static cdf_status graph_break(const char *what);
-
-cdf_status cdf_compile_on_host_read(const cdf_tensor *t) {
-    if (!cdf_compile_tracing()) return CDF_OK;
-    for (int i = 0; i < tl_cap.n_static; i++)
-        if (t->storage == tl_cap.static_st[i]) return CDF_OK; /* a guard of the plan, not a break */
-    char d[96], what[256];
-    cdf_tensor_describe(t, d, sizeof d);
-    snprintf(what, sizeof what, "the forward reads a %s tensor on the host (a value-dependent computation)", d);
-    return graph_break(what);
-}
-
-static cdf_status graph_break(const char *what) {
-    cdf_exec_count_graph_break();
-    if (tl_cap.fullgraph) {
-        /* the capture stays active: whatever the forward still does is recorded and thrown
-         * away with it, so no op ever runs on a buffer the capture left without memory */
-        tl_cap.break_status = cdf_error(CDF_ERR_GRAPH_BREAK,
-                                        "compile(fullgraph=true): graph break in %s: %s; compile with fullgraph=false to "
-                                        "fall back to eager for this module",
-                                        tl_cap.who ? tl_cap.who : "forward", what);
-        return tl_cap.break_status;
-    }
-    tl_cap.broken = true;
-    /* abandon the capture: what was recorded gets real buffers and runs now, the rest of the
-     * forward runs eagerly */
-    cdf_status s = materialize_all(&tl_cap);
-    if (s == CDF_OK) s = launch_all(tl_cap.nodes, tl_cap.n);
-    else
-        for (int i = 0; i < tl_cap.n; i++) cdf_node_free(tl_cap.nodes[i]);
-    tl_cap.n = 0;
-    return s;
 }
 
 /* ---- plans --------------------------------------------------------------------------------- */
@@ -198,7 +102,7 @@ static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
 
 /* Append the static inputs' values to the key (read on the host here, before any capture):
  * short ones verbatim, longer ones as a 128-bit digest. The capture may then read them. */
-static cdf_status key_static_values(cdf_graph_cache *c, const cdf_tensor_map *cin, char **key, capture *cap) {
+static cdf_status key_static_values(cdf_graph_cache *c, const cdf_tensor_map *cin, char **key, cdf_capture *cap) {
     for (int i = 0; i < c->n_static; i++) {
         cdf_tensor *t = NULL;
         for (int j = 0; j < cin->n; j++)
@@ -502,7 +406,7 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
             }
         }
     }
-    capture statics = {0};
+    cdf_capture statics = {0};
     if (s == CDF_OK && key) s = key_static_values(c, &cin, &key, &statics);
     plan *p = NULL;
     for (int i = 0; key && i < c->n_plans; i++)
@@ -522,15 +426,15 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
         s = cdf_exec_flush();
         plan np_ = {0};
         if (s == CDF_OK) {
-            tl_cap = (capture){.active = true, .fullgraph = c->opt.fullgraph, .who = c->name, .n_static = statics.n_static};
+            tl_cap = (cdf_capture){.active = true, .fullgraph = c->opt.fullgraph, .who = c->name, .n_static = statics.n_static};
             memcpy(tl_cap.static_st, statics.static_st, sizeof statics.static_st);
             cdf_tensor_map traced_out;
             cdf_tensor_map_init(&traced_out);
             cdf_scope_push();
             s = fn(ctx, &cin, &traced_out);
             cdf_scope_pop(NULL, 0);
-            capture cap = tl_cap;
-            tl_cap = (capture){0};
+            cdf_capture cap = tl_cap;
+            tl_cap = (cdf_capture){0};
             if (cap.broken) {
                 /* buffers created after the break were real; those before were materialised */
                 if (s == CDF_OK) s = cdf_exec_flush();
@@ -547,7 +451,7 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
                         s = cdf_storage_materialize(cap.virt[v]);
                 /* only the graph (and the outputs) hold the captured buffers from here on, which
                  * is what the fusion pass checks before removing an intermediate */
-                release_virtuals(&cap);
+                cdf_capture_release_virtuals(&cap);
                 cdf_fuse_stats fs = {0};
                 cdf_fuse_elementwise(cap.nodes, &cap.n, &fs);
                 size_t arena = 0;
@@ -579,7 +483,7 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
                 if (s == CDF_OK) s = run_plan(&np_, now, out);
             }
             free(cap.nodes);
-            release_virtuals(&cap);
+            cdf_capture_release_virtuals(&cap);
             cdf_tensor_map_clear(&traced_out);
         }
         if (s == CDF_OK || np_.uncompilable) {
@@ -657,7 +561,7 @@ cdf_status cdf_block_run(const char *block_class, cdf_traced_fn fn, void *ctx, c
          * but they exist only during their block's call: a graph break (the block and the rest
          * of the forward run without the capture; repeated-block compile is the way to compile
          * a sequentially offloaded transformer, and the pipeline switches to it) */
-        if (cdf_compile_tracing()) CDF_TRY(graph_break("a block with host-side weights (sequential offload)"));
+        if (cdf_compile_tracing()) CDF_TRY(cdf_capture_graph_break("a block with host-side weights (sequential offload)"));
         int i = -1;
         if (bc) {
             i = 0;

@@ -1,5 +1,5 @@
-/* Weight streaming for sequential offload (exec/weight_stream.h). */
-#include "exec/weight_stream.h"
+/* Weight streaming for sequential offload (compile/weight_stream.h). */
+#include "compile/weight_stream.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -7,6 +7,7 @@
 
 #include "backend/backend_impl.h"
 #include "core/error_internal.h"
+#include "compile/compile.h"
 #include "exec/exec.h"
 #include "nn/nn.h"
 #include "tensor/tensor_impl.h"
@@ -218,3 +219,5 @@ cdf_status cdf_weight_stream_run(cdf_graph_cache *cache, cdf_traced_fn fn, void 
     return s;
 }
 
+
+__attribute__((constructor)) static void weight_stream_register_hook(void) { cdf_exec_bind_hook = cdf_exec_bind_host_weights; }

@@ -1,5 +1,5 @@
-/* The compile memory planner (exec/memory_plan.h): lifetimes, placement, rebasing onto the arena. */
-#include "exec/memory_plan.h"
+/* The compile memory planner (compile/memory_plan.h): lifetimes, placement, rebasing onto the arena. */
+#include "compile/memory_plan.h"
 
 #include <stdlib.h>
 

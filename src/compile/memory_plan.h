@@ -1,4 +1,4 @@
-/* exec/memory_plan — where a compiled graph's buffers live.
+/* compile/memory_plan — where a compiled graph's buffers live.
  * Every buffer the capture created is virtual. Each one the plan uses gets a slot in one arena:
  * its lifetime is [first node that touches it, last node that touches it] (outputs live to the
  * end: they are copied out after the graph); slots are placed largest first at the lowest offset

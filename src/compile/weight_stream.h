@@ -1,4 +1,4 @@
-/* exec/weight_stream — sequential offload's weight streaming. A transformer block whose weights
+/* compile/weight_stream — sequential offload's weight streaming. A transformer block whose weights
  * are host-side (nn/weights.c: bytes in the memory-mapped checkpoint, no device memory) runs
  * through cdf_weight_stream_run: a device copy of each of its weights is made (converted as a
  * resident load converts it) just before the block, bound in place of the host-side tensor for
@@ -8,7 +8,7 @@
 #ifndef CDF_EXEC_WEIGHT_STREAM_H
 #define CDF_EXEC_WEIGHT_STREAM_H
 
-#include "exec/compile.h"
+#include "compile/compile.h"
 
 /* Run fn (a block) with its host-side weights materialised; through `cache` (repeated-block
  * compile: the copies are bound as the graph's parameters) or directly when cache is NULL. */

@@ -1,4 +1,4 @@
-/* exec/compile — capture a forward as a static graph per input signature and replay it.
+/* compile/ — capture a forward as a static graph per input signature and replay it.
  *
  * Tracing: while a capture is active on a thread, cdf_exec_submit records nodes instead of
  * running them, and a host read (the only thing that needs a value on the host) is a graph
@@ -7,10 +7,11 @@
  * A finished capture becomes a plan: the nodes (after the fusion pass) with the traced input
  * buffers marked as parameters. Replaying binds new input buffers in their place, reuses the
  * plan's intermediate buffers (allocated once, at capture) and copies the outputs out. */
-#ifndef CDF_EXEC_COMPILE_H
-#define CDF_EXEC_COMPILE_H
+#ifndef CDF_COMPILE_COMPILE_H
+#define CDF_COMPILE_COMPILE_H
 
 #include "cdiffusers/exec.h"
+#include "exec/capture.h"
 #include "graph/node.h"
 
 typedef struct cdf_graph_cache cdf_graph_cache;
@@ -29,7 +30,6 @@ int cdf_graph_cache_size(const cdf_graph_cache *c);
  * ints: small integer tensors such as a list of layer indices or position ids. Their values are
  * read on the host before a capture and become part of the key, and the forward may read them
  * during the capture without a graph break (a new value compiles a new plan). */
-#define CDF_MAX_STATIC_INPUTS 4
 cdf_status cdf_graph_cache_set_static_inputs(cdf_graph_cache *c, const char *const *names);
 
 /* Run fn through the cache: replay the plan for the inputs' signature, or capture one. The
@@ -57,20 +57,10 @@ cdf_block_caches *cdf_block_caches_activate(cdf_block_caches *bc);
 cdf_status cdf_block_run(const char *block_class, cdf_traced_fn fn, void *ctx, const struct cdf_tensor_map *in,
                          struct cdf_tensor_map *out, cdf_tensor *const *weights, int n_weights);
 
-/* Sequential offload (exec.c calls it for every submitted op): operands that are host-side block
- * weights are rebound to the device copies cdf_block_run made for the running block; an error
+/* Sequential offload (exec.c calls it for every submitted op, through cdf_exec_bind_hook): operands
+ * that are host-side block weights are rebound to the device copies cdf_block_run made for the
+ * running block; an error
  * naming the op if one is used outside its block. */
 cdf_status cdf_exec_bind_host_weights(cdf_node *n);
-
-/* Hooks for exec.c / tensor.c */
-struct cdf_storage;
-/* A virtual buffer was created during the active capture (tensor.c). */
-void cdf_compile_note_virtual(struct cdf_storage *s);
-bool cdf_compile_tracing(void);
-/* Record a node into the active capture; false if no capture is active. */
-bool cdf_compile_record(cdf_node *n);
-/* A host read during capture: returns CDF_OK (capture abandoned, eager from here) or the
- * fullgraph error. */
-cdf_status cdf_compile_on_host_read(const cdf_tensor *t);
 
 #endif

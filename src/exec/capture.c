@@ -1,0 +1,102 @@
+/* The capture in progress on this thread and the hooks the op path calls (exec/capture.h). */
+#include "exec/capture.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "backend/backend_impl.h"
+#include "core/error_internal.h"
+#include "exec/exec.h"
+
+/* ---- the capture in progress on this thread ------------------------------------------------ */
+static _Thread_local cdf_capture tl_cap;
+
+cdf_capture *cdf_capture_state(void) { return &tl_cap; }
+
+
+void cdf_compile_note_virtual(cdf_storage *s) {
+    if (!cdf_compile_tracing()) return;
+    if (tl_cap.n_virt == tl_cap.cap_virt) {
+        int cap = tl_cap.cap_virt ? tl_cap.cap_virt * 2 : 512;
+        cdf_storage **p = realloc(tl_cap.virt, (size_t)cap * sizeof *p);
+        if (!p) {
+            /* cannot track it: give it real memory now so it is never left without any */
+            (void)cdf_storage_materialize(s);
+            return;
+        }
+        tl_cap.virt = p;
+        tl_cap.cap_virt = cap;
+    }
+    cdf_storage_retain(s);
+    tl_cap.virt[tl_cap.n_virt++] = s;
+}
+
+void cdf_capture_release_virtuals(cdf_capture *c) {
+    for (int i = 0; i < c->n_virt; i++) cdf_storage_release(c->virt[i]);
+    free(c->virt);
+    c->virt = NULL;
+    c->n_virt = c->cap_virt = 0;
+}
+
+cdf_status cdf_capture_materialize_all(cdf_capture *c) {
+    for (int i = 0; i < c->n_virt; i++) CDF_TRY(cdf_storage_materialize(c->virt[i]));
+    return CDF_OK;
+}
+
+bool cdf_compile_tracing(void) { return tl_cap.active && !tl_cap.broken; }
+
+bool cdf_compile_record(cdf_node *n) {
+    if (!cdf_compile_tracing()) return false;
+    if (tl_cap.n == tl_cap.cap) {
+        int cap = tl_cap.cap ? tl_cap.cap * 2 : 512;
+        cdf_node **p = realloc(tl_cap.nodes, (size_t)cap * sizeof *p);
+        if (!p) return false; /* caller runs it eagerly: the capture then is incomplete */
+        tl_cap.nodes = p;
+        tl_cap.cap = cap;
+    }
+    tl_cap.nodes[tl_cap.n++] = n;
+    return true;
+}
+
+/* Launch recorded nodes (ownership passes to the queues). */
+cdf_status cdf_capture_launch_all(cdf_node **nodes, int n) {
+    cdf_status s = CDF_OK;
+    int i = 0;
+    for (; i < n && s == CDF_OK; i++) s = cdf_device_enqueue(nodes[i]->dst->storage->dev, nodes[i]);
+    for (; i < n; i++) cdf_node_free(nodes[i]);
+    return s;
+}
+
+
+cdf_status cdf_compile_on_host_read(const cdf_tensor *t) {
+    if (!cdf_compile_tracing()) return CDF_OK;
+    for (int i = 0; i < tl_cap.n_static; i++)
+        if (t->storage == tl_cap.static_st[i]) return CDF_OK; /* a guard of the plan, not a break */
+    char d[96], what[256];
+    cdf_tensor_describe(t, d, sizeof d);
+    snprintf(what, sizeof what, "the forward reads a %s tensor on the host (a value-dependent computation)", d);
+    return cdf_capture_graph_break(what);
+}
+
+cdf_status cdf_capture_graph_break(const char *what) {
+    cdf_exec_count_graph_break();
+    if (tl_cap.fullgraph) {
+        /* the capture stays active: whatever the forward still does is recorded and thrown
+         * away with it, so no op ever runs on a buffer the capture left without memory */
+        tl_cap.break_status = cdf_error(CDF_ERR_GRAPH_BREAK,
+                                        "compile(fullgraph=true): graph break in %s: %s; compile with fullgraph=false to "
+                                        "fall back to eager for this module",
+                                        tl_cap.who ? tl_cap.who : "forward", what);
+        return tl_cap.break_status;
+    }
+    tl_cap.broken = true;
+    /* abandon the capture: what was recorded gets real buffers and runs now, the rest of the
+     * forward runs eagerly */
+    cdf_status s = cdf_capture_materialize_all(&tl_cap);
+    if (s == CDF_OK) s = cdf_capture_launch_all(tl_cap.nodes, tl_cap.n);
+    else
+        for (int i = 0; i < tl_cap.n; i++) cdf_node_free(tl_cap.nodes[i]);
+    tl_cap.n = 0;
+    return s;
+}
+

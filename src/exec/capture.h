@@ -1,0 +1,51 @@
+/* exec/capture — the capture of a forward in progress on this thread, and the hooks the op path
+ * calls while one is active (the graph caches of compile/ start and end captures).
+ *
+ * While a capture is active, cdf_exec_submit records nodes instead of running them (every buffer
+ * they allocate is virtual: no memory until the memory planner places it), and a host read is a
+ * graph break: an error naming the read when fullgraph is set, otherwise the capture is
+ * abandoned and what was recorded runs eagerly. Reads of declared static inputs are allowed
+ * (their values are part of the plan's key). */
+#ifndef CDF_EXEC_CAPTURE_H
+#define CDF_EXEC_CAPTURE_H
+
+#include "graph/node.h"
+#include "graph/value.h"
+
+#define CDF_MAX_STATIC_INPUTS 4
+
+typedef struct cdf_capture {
+    bool active, broken, fullgraph;
+    const char *who;
+    cdf_node **nodes;
+    int n, cap;
+    cdf_status break_status;
+    cdf_storage **virt; /* buffers created during the capture (references) */
+    int n_virt, cap_virt;
+    /* static inputs (cdf_graph_cache_set_static_inputs): their values are part of the plan's
+     * key, so the forward may read them on the host without a graph break */
+    const cdf_storage *static_st[CDF_MAX_STATIC_INPUTS];
+    int n_static;
+} cdf_capture;
+/* This thread's capture (inactive unless a graph cache is capturing). */
+cdf_capture *cdf_capture_state(void);
+
+/* Hooks for exec.c / tensor.c */
+/* A virtual buffer was created during the active capture (tensor.c). */
+void cdf_compile_note_virtual(cdf_storage *s);
+bool cdf_compile_tracing(void);
+/* Record a node into the active capture; false if no capture is active. */
+bool cdf_compile_record(cdf_node *n);
+/* A host read during capture: returns CDF_OK (capture abandoned, eager from here; or a static
+ * input) or the fullgraph error. */
+cdf_status cdf_compile_on_host_read(const cdf_tensor *t);
+
+/* For the graph caches (compile/compile.c): a graph break of the active capture for `what`; give
+ * every virtual buffer memory; launch recorded nodes (ownership passes to the queues); drop the
+ * capture's references to its virtual buffers. */
+cdf_status cdf_capture_graph_break(const char *what);
+cdf_status cdf_capture_materialize_all(cdf_capture *c);
+cdf_status cdf_capture_launch_all(cdf_node **nodes, int n);
+void cdf_capture_release_virtuals(cdf_capture *c);
+
+#endif
