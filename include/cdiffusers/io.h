@@ -60,7 +60,7 @@ typedef struct cdf_st_tensor {
  * failed or not a regular file, errno text), CDF_ERR_FORMAT (anything
  * malformed; message names the file and the tensor), CDF_ERR_LIMIT (header > 100 MB or nested
  * deeper than CDF_JSON_MAX_DEPTH), CDF_ERR_DTYPE (a valid safetensors dtype this library does
- * not support: F8_E4M3, F8_E5M2, F8_E8M0, F4, F6_*, U16, U32, U64, C64), CDF_ERR_INVALID_ARG. */
+ * not support: F8_E8M0, F4, F6_*, U16, U32, U64, C64), CDF_ERR_INVALID_ARG. */
 cdf_status cdf_st_open(const char *path, cdf_st_file **out);
 void cdf_st_close(cdf_st_file *f); /* NULL is fine */
 

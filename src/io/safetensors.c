@@ -47,7 +47,7 @@ void cdf_io_reset_counters(void) { atomic_store_explicit(&g_bytes_read, 0, memor
 
 /* Valid safetensors dtypes that cdiffusers has no element type for. */
 static const char *const k_unsupported_dtypes[] = {
-    "F8_E4M3", "F8_E5M2", "F8_E8M0", "F8_E4M3FN", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4", "F6_E2M3",
+    "F8_E8M0", "F8_E4M3FN", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4", "F6_E2M3",
     "F6_E3M2", "U16", "U32", "U64", "C64", "E8M0",
 };
 

@@ -24,6 +24,9 @@ typedef struct cdf_load_options {
     bool blocks_on_host;     /* sequential offload: weights of repeated blocks ("...blocks.<i>.")
                                 stay in the mapped checkpoint (no device memory); cdf_block_run
                                 materialises a block's weights just before it runs */
+    const char *weights_file; /* NULL: the component folder's weights; else a single .safetensors
+                                 or .gguf file read in their place (nn/weights_source.h); the
+                                 folder still gives config.json */
 } cdf_load_options;
 
 cdf_load_options cdf_load_options_default(void);

@@ -6,24 +6,26 @@
 
 #include "core/error_internal.h"
 #include "nn/nn.h"
+#include "nn/weights_source.h"
 #include "tensor/tensor_impl.h"
 
 /* The open checkpoint, shared by the loader and by every host-side weight (sequential offload)
  * whose bytes are its mapping: closed when the last of them is released. */
 typedef struct shared_checkpoint {
     atomic_long refs;
-    cdf_checkpoint *ck;
+    cdf_wsrc *src;
 } shared_checkpoint;
 
 static void shared_checkpoint_release(void *p) {
     shared_checkpoint *h = p;
     if (!h || atomic_fetch_sub(&h->refs, 1) != 1) return;
-    cdf_checkpoint_close(h->ck);
+    cdf_wsrc_close(h->src);
     free(h);
 }
 
 struct cdf_weights {
-    cdf_checkpoint *ck;
+    cdf_wsrc *src; /* a folder, or opt.weights_file (weights_source.c) */
+    cdf_checkpoint *ck; /* the folder's checkpoint; NULL for a converted single file or GGUF */
     shared_checkpoint *shared;
     cdf_load_options opt;
     char *path;
@@ -47,7 +49,7 @@ cdf_status cdf_weights_open(const char *dir, const cdf_load_options *opt, cdf_we
     w->path = strdup(dir);
     w->shared = calloc(1, sizeof *w->shared);
     cdf_status s = !w->path || !w->shared ? cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory")
-                                          : cdf_checkpoint_open(dir, &w->ck);
+                                          : cdf_wsrc_open(w->opt.weights_file ? w->opt.weights_file : dir, &w->src);
     if (s != CDF_OK) {
         free(w->shared);
         free(w->path);
@@ -55,7 +57,8 @@ cdf_status cdf_weights_open(const char *dir, const cdf_load_options *opt, cdf_we
         return s;
     }
     atomic_init(&w->shared->refs, 1);
-    w->shared->ck = w->ck;
+    w->shared->src = w->src;
+    w->ck = cdf_wsrc_checkpoint(w->src);
     *out = w;
     return CDF_OK;
 }
@@ -67,7 +70,7 @@ void cdf_weights_free(cdf_weights *w) {
     free(w);
 }
 
-const char *cdf_weights_path(const cdf_weights *w) { return w->path; }
+const char *cdf_weights_path(const cdf_weights *w) { return w->opt.weights_file ? w->opt.weights_file : w->path; }
 const cdf_load_options *cdf_weights_options(const cdf_weights *w) { return &w->opt; }
 cdf_checkpoint *cdf_weights_checkpoint(cdf_weights *w) { return w->ck; }
 uint64_t cdf_weights_loaded_bytes(const cdf_weights *w) { return w->loaded_bytes; }
@@ -92,17 +95,19 @@ static bool is_block_weight(const char *name) { return cdf_weights_block_prefix(
 
 /* Sequential offload: the weight as a host-side tensor — shape and dtype as if loaded, no device
  * memory; its storage points at the checkpoint mapping and keeps the checkpoint open. */
-static cdf_tensor *host_side_weight(cdf_weights *w, const cdf_st_file *f, const cdf_st_tensor *t, cdf_dtype dt) {
-    const void *src = cdf_st_data(f, t);
+static cdf_tensor *host_side_weight(cdf_weights *w, const char *name, const cdf_wsrc_tensor *t, const void *src,
+                                   cdf_dtype dt) {
     cdf_storage *st = src ? calloc(1, sizeof *st) : NULL;
     if (!st) {
-        cdf_error(src ? CDF_ERR_OUT_OF_MEMORY : CDF_ERR_FORMAT, "weight '%s' in %s: %s", t->name, w->path,
+        cdf_error(src ? CDF_ERR_OUT_OF_MEMORY : CDF_ERR_FORMAT, "weight '%s' in %s: %s", name, cdf_weights_path(w),
                   src ? "out of host memory" : "data not readable");
         return NULL;
     }
     atomic_init(&st->refcount, 1);
     st->dev = w->opt.device;
-    st->nbytes = (size_t)cdf_st_numel(t) * cdf_dtype_size(dt);
+    int64_t numel = 1;
+    for (int i = 0; i < t->ndim; i++) numel *= t->shape[i];
+    st->nbytes = (size_t)numel * cdf_dtype_size(dt);
     st->host_src = src;
     st->host_dtype = t->dtype;
     atomic_fetch_add(&w->shared->refs, 1);
@@ -119,21 +124,20 @@ static cdf_tensor *get_v(cdf_weights *w, bool optional, int force_dt, int ndim, 
                          va_list ap) {
     char name[512];
     vsnprintf(name, sizeof name, fmt, ap);
-    const cdf_st_file *f;
-    const cdf_st_tensor *t;
-    if (!cdf_checkpoint_has(w->ck, name)) {
+    cdf_wsrc_tensor ts, *t = &ts;
+    if (!cdf_wsrc_find(w->src, name, t)) {
         if (optional) return NULL;
-        cdf_error(CDF_ERR_NOT_FOUND, "weight '%s' is missing from %s (the config requires it)", name, w->path);
+        cdf_error(CDF_ERR_NOT_FOUND, "weight '%s' is missing from %s (the config requires it)", name, cdf_weights_path(w));
         return NULL;
     }
-    if (cdf_checkpoint_find(w->ck, name, &f, &t) != CDF_OK) return NULL;
     bool ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = shape[i] < 0 || shape[i] == t->shape[i];
     if (!ok) {
         char want[160], have[160];
         fmt_shape(want, sizeof want, ndim, shape);
         fmt_shape(have, sizeof have, t->ndim, t->shape);
-        cdf_error(CDF_ERR_SHAPE, "weight '%s' in %s has shape %s but the config implies %s", name, w->path, have, want);
+        cdf_error(CDF_ERR_SHAPE, "weight '%s' in %s has shape %s but the config implies %s", name, cdf_weights_path(w),
+                  have, want);
         return NULL;
     }
     cdf_dtype dt = t->dtype;
@@ -141,11 +145,15 @@ static cdf_tensor *get_v(cdf_weights *w, bool optional, int force_dt, int ndim, 
         if (force_dt >= 0) dt = (cdf_dtype)force_dt;
         else dt = (t->ndim >= 2) ? w->opt.weight_dtype : CDF_F32;
     }
-    if (w->opt.blocks_on_host && is_block_weight(name)) return host_side_weight(w, f, t, dt);
-    const void *src = cdf_st_touch(f, t);
-    cdf_tensor *r = cdf_tensor_from_host(w->opt.device, dt, t->ndim, t->shape, src, t->dtype);
+    /* host-side weights point into the mapping: only zero-copy ones (dequantized or scaled
+     * values are made on the host and go to the device) */
+    if (w->opt.blocks_on_host && is_block_weight(name) && t->zero_copy)
+        return host_side_weight(w, name, t, cdf_wsrc_load(w->src, t, name), dt);
+    const void *src = cdf_wsrc_load(w->src, t, name);
+    cdf_tensor *r = src ? cdf_tensor_from_host(w->opt.device, dt, t->ndim, t->shape, src, t->dtype) : NULL;
+    cdf_wsrc_tensor_release(t);
     if (!r) {
-        cdf_error_prefix("loading weight '%s' from %s: ", name, w->path);
+        if (src) cdf_error_prefix("loading weight '%s' from %s: ", name, cdf_weights_path(w));
         return NULL;
     }
     w->loaded_bytes += (uint64_t)cdf_tensor_numel(r) * cdf_dtype_size(dt);
@@ -172,7 +180,8 @@ bool cdf_weights_has(cdf_weights *w, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    return cdf_checkpoint_has(w->ck, name);
+    cdf_wsrc_tensor t;
+    return cdf_wsrc_find(w->src, name, &t);
 }
 
 /* ---- config ------------------------------------------------------------------------------ */

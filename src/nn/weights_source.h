@@ -1,0 +1,51 @@
+/* Where cdf_weights finds a tensor by its diffusers name: a diffusers checkpoint folder (or one
+ * .safetensors file in diffusers layout), or a single-file checkpoint in another layout
+ * (.safetensors or .gguf, BFL FLUX key names with or without ComfyUI's
+ * "model.diffusion_model." prefix) whose tensors are renamed, split and reordered the way
+ * diffusers' single_file_utils converts them, with sizes taken from the tensors' shapes.
+ *
+ * A tensor comes back either as a zero-copy view of mapped bytes (a plain safetensors tensor,
+ * a row slice of one, an F32/F16/BF16 GGUF tensor) or as a host buffer the source made: a
+ * dequantized GGUF tensor (f32), an fp8 weight multiplied by its "scale_weight" (f32), a
+ * tensor with its halves swapped (swap_scale_shift). */
+#ifndef CDF_NN_WEIGHTS_SOURCE_H
+#define CDF_NN_WEIGHTS_SOURCE_H
+
+#include "cdiffusers/io.h"
+
+typedef struct cdf_wsrc cdf_wsrc;
+
+typedef struct cdf_wsrc_tensor {
+    int ndim;
+    int64_t shape[CDF_ST_MAX_DIMS];
+    cdf_dtype dtype;   /* of the values cdf_wsrc_load returns (f32 for dequantized ones) */
+    bool zero_copy;    /* cdf_wsrc_load returns mapped bytes that live as long as the source */
+    /* private */
+    char src_name[512];
+    int64_t row0, nrows; /* dim-0 slice of the source tensor (nrows -1: all) */
+    bool swap_halves;
+    void *owned;
+} cdf_wsrc_tensor;
+
+/* A folder or a diffusers-layout .safetensors file (cdf_checkpoint_open) or, for a path ending
+ * in .gguf or a .safetensors file in another layout, a converted single file. */
+cdf_status cdf_wsrc_open(const char *path, cdf_wsrc **out);
+void cdf_wsrc_close(cdf_wsrc *s);
+/* The checkpoint behind a diffusers-layout source (NULL for converted files and GGUF). */
+cdf_checkpoint *cdf_wsrc_checkpoint(cdf_wsrc *s);
+/* "diffusers", "BFL FLUX (safetensors)", "GGUF (BFL FLUX keys)", ... for messages and `info`. */
+const char *cdf_wsrc_format(const cdf_wsrc *s);
+
+/* Looks the diffusers name up: false (no error recorded) if the source has no such tensor. */
+bool cdf_wsrc_find(cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t);
+/* The values (t->dtype, contiguous); NULL with an error on failure. Valid until
+ * cdf_wsrc_tensor_release (owned buffers) or cdf_wsrc_close (mapped bytes). */
+const void *cdf_wsrc_load(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *name);
+void cdf_wsrc_tensor_release(cdf_wsrc_tensor *t);
+
+/* Source tensors that no cdf_wsrc_find has used so far (their original names), as one
+ * comma-separated malloc'd string; NULL if there are none. Only converted single files keep
+ * track (a diffusers folder may carry tensors a model does not read). */
+char *cdf_wsrc_unused(const cdf_wsrc *s, int *count);
+
+#endif
