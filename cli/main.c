@@ -58,6 +58,14 @@ static void usage(FILE *f) {
             "                               only its shard of the transformer and text encoders; rank 0 writes\n"
             "                               (mpirun -np N cdiffusers generate ... --tp N)\n"
             "      --tp-replicate A,B       components to keep whole on every rank (e.g. text_encoder_2)\n"
+            "      --transformer FILE       the transformer's weights from one file in place of DIR/transformer's:\n"
+            "                               .safetensors (diffusers, BFL FLUX or ComfyUI model.diffusion_model.*\n"
+            "                               key names; fp8 and fp8_scaled too) or .gguf (F32..Q6_K, dequantized at\n"
+            "                               load); DIR still gives the configs, tokenizers and other components\n"
+            "      --vae FILE               the same for the VAE (diffusers key names)\n"
+            "      --text-encoder N=FILE    the same for text encoder N (1, 2, 3) or a model_index name\n"
+            "      --allow-unused-keys      load even if a --transformer/--vae/--text-encoder file holds tensors\n"
+            "                               the model does not use (listed; refused by default)\n"
             "      --quiet                  no progress bar\n"
             "      --mode eager|fuse|compile  execution mode (default eager; env CDIFFUSERS_DEFER_AND_FUSE=1 = fuse)\n"
             "      --compile-repeated-blocks  compile only the transformer's repeated blocks (one graph per block class)\n"
@@ -369,11 +377,17 @@ static int cmd_generate(int argc, char **argv) {
         {"mode", required_argument, 0, 'E'},         {"text-encoder-out-layers", required_argument, 0, 'Y'},
         {"compile-repeated-blocks", no_argument, 0, 'B'},
         {"offload", required_argument, 0, 'O'},      {"memory-stats", no_argument, 0, 'K'},
+        {"transformer", required_argument, 0, 'X'},  {"vae", required_argument, 0, 'V'},
+        {"text-encoder", required_argument, 0, 'Z'}, {"allow-unused-keys", no_argument, 0, 'U'},
         {0, 0, 0, 0},
     };
     int c;
     long v;
     int te_layers[16];
+    cdf_component_file files[8];
+    char file_keys[8][32];
+    int n_files = 0;
+    bool allow_unused = false;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -442,6 +456,30 @@ static int cmd_generate(int argc, char **argv) {
         case 'R': tp_replicate = optarg; break;
         case 'O': offload = optarg; break;
         case 'K': memory_stats = true; break;
+        case 'U': allow_unused = true; break;
+        case 'X':
+        case 'V':
+        case 'Z': {
+            if (n_files == 8) return usage_error("%s", "at most 8 component files");
+            const char *path = optarg, *key = c == 'X' ? "transformer" : "vae";
+            if (c == 'Z') {
+                const char *eq = strchr(optarg, '=');
+                if (!eq || eq == optarg || !eq[1] || eq - optarg >= 24)
+                    return usage_error("--text-encoder needs N=FILE (N = 1, 2, 3 or a component name), got '%s'", optarg);
+                char n[32];
+                snprintf(n, sizeof n, "%.*s", (int)(eq - optarg), optarg);
+                if (strcmp(n, "1") == 0) snprintf(file_keys[n_files], 32, "text_encoder");
+                else if (strcmp(n, "2") == 0) snprintf(file_keys[n_files], 32, "text_encoder_2");
+                else if (strcmp(n, "3") == 0) snprintf(file_keys[n_files], 32, "text_encoder_3");
+                else snprintf(file_keys[n_files], 32, "%s", n);
+                key = file_keys[n_files];
+                path = eq + 1;
+            }
+            for (int i = 0; i < n_files; i++)
+                if (strcmp(files[i].component, key) == 0) return usage_error("two weights files for '%s'", key);
+            files[n_files++] = (cdf_component_file){key, path};
+            break;
+        }
         case 'h': usage(stdout); return EXIT_OK;
         default: return EXIT_USAGE;
         }
@@ -463,6 +501,9 @@ static int cmd_generate(int argc, char **argv) {
     else if (strcmp(dtype, "bf16") == 0) lp.weight_dtype = CDF_BF16;
     else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
     if (cdf_cli_parse_offload(offload, &lp.offload) != 0) return usage_error("--offload must be none, model or sequential, got '%s'", offload);
+    lp.component_files = files;
+    lp.num_component_files = n_files;
+    lp.allow_unused_keys = allow_unused;
     int64_t mem_bytes = -1;
     if (mem && (mem_bytes = cdf_parse_bytes(mem)) < 0)
         return usage_error("--device-memory needs a size like 8G or 512M, got '%s'", mem);

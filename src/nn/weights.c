@@ -49,7 +49,7 @@ cdf_status cdf_weights_open(const char *dir, const cdf_load_options *opt, cdf_we
     w->path = strdup(dir);
     w->shared = calloc(1, sizeof *w->shared);
     cdf_status s = !w->path || !w->shared ? cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory")
-                                          : cdf_wsrc_open(w->opt.weights_file ? w->opt.weights_file : dir, &w->src);
+                                          : cdf_wsrc_open(w->opt.weights_file ? w->opt.weights_file : dir, w->opt.weights_file != NULL, &w->src);
     if (s != CDF_OK) {
         free(w->shared);
         free(w->path);
@@ -65,6 +65,11 @@ cdf_status cdf_weights_open(const char *dir, const cdf_load_options *opt, cdf_we
 
 void cdf_weights_free(cdf_weights *w) {
     if (!w) return;
+    if (w->opt.report && w->opt.weights_file) {
+        free(w->opt.report->unused);
+        w->opt.report->unused = cdf_wsrc_unused(w->src, &w->opt.report->n_unused);
+        snprintf(w->opt.report->format, sizeof w->opt.report->format, "%s", cdf_wsrc_format(w->src));
+    }
     shared_checkpoint_release(w->shared); /* closes it unless host-side weights still map it */
     free(w->path);
     free(w);
@@ -127,7 +132,8 @@ static cdf_tensor *get_v(cdf_weights *w, bool optional, int force_dt, int ndim, 
     cdf_wsrc_tensor ts, *t = &ts;
     if (!cdf_wsrc_find(w->src, name, t)) {
         if (optional) return NULL;
-        cdf_error(CDF_ERR_NOT_FOUND, "weight '%s' is missing from %s (the config requires it)", name, cdf_weights_path(w));
+        cdf_error(CDF_ERR_NOT_FOUND, "weight '%s' is missing from %s (the config requires it)%s", name, cdf_weights_path(w),
+                  cdf_wsrc_missing_hint(w->src));
         return NULL;
     }
     bool ok = t->ndim == ndim;

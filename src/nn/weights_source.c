@@ -18,6 +18,8 @@ struct cdf_wsrc {
     int layout;
     const char *prefix;  /* "model.diffusion_model." or "" */
     char format[96];
+    bool found_any;
+    char hint[600];
     uint8_t *used;       /* per source tensor (converted files) */
 };
 
@@ -214,7 +216,7 @@ static bool has_raw(const cdf_wsrc *s, const char *full) {
     return s->gg ? cdf_gguf_find(s->gg, full) != NULL : cdf_checkpoint_has(s->ck, full);
 }
 
-cdf_status cdf_wsrc_open(const char *path, cdf_wsrc **out) {
+cdf_status cdf_wsrc_open(const char *path, bool single_file, cdf_wsrc **out) {
     *out = NULL;
     cdf_wsrc *s = calloc(1, sizeof *s);
     if (!s || !(s->path = strdup(path))) {
@@ -241,7 +243,7 @@ cdf_status cdf_wsrc_open(const char *path, cdf_wsrc **out) {
     snprintf(s->format, sizeof s->format, "%s%s%s", gguf ? "GGUF" : "safetensors",
              s->layout == LAYOUT_FLUX_BFL ? ", BFL FLUX keys" : "",
              *s->prefix ? " under model.diffusion_model." : "");
-    if (s->layout != LAYOUT_DIFFUSERS || gguf) {
+    if (single_file || s->layout != LAYOUT_DIFFUSERS || gguf) {
         s->used = calloc((size_t)count_raw(s) + 1, 1);
         if (!s->used) {
             cdf_wsrc_close(s);
@@ -286,6 +288,7 @@ bool cdf_wsrc_find(cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
     raw r;
     if (!raw_find(s, t->src_name, &r)) return false;
     if (s->used) s->used[r.idx] = 1;
+    s->found_any = true;
     t->ndim = r.ndim;
     memcpy(t->shape, r.shape, sizeof t->shape);
     if (t->nrows >= 0) t->shape[0] = t->nrows;
@@ -368,6 +371,17 @@ const void *cdf_wsrc_load(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *name) {
 void cdf_wsrc_tensor_release(cdf_wsrc_tensor *t) {
     free(t->owned);
     t->owned = NULL;
+}
+
+const char *cdf_wsrc_missing_hint(cdf_wsrc *s) {
+    if (s->found_any || !s->used) return "";
+    int n = count_raw(s);
+    int o = snprintf(s->hint, sizeof s->hint, "; none of the %d tensors of this file (%s) belong to this model: it is "
+                     "not in diffusers' or BFL FLUX's layout for it", n, s->format);
+    for (int i = 0; i < n && i < 2 && o > 0 && (size_t)o < sizeof s->hint; i++)
+        o += snprintf(s->hint + o, sizeof s->hint - (size_t)o, "%s'%s'", i ? ", " : "; it holds ", raw_name_at(s, i));
+    if (n > 2 && o > 0 && (size_t)o < sizeof s->hint) snprintf(s->hint + o, sizeof s->hint - (size_t)o, ", ...");
+    return s->hint;
 }
 
 char *cdf_wsrc_unused(const cdf_wsrc *s, int *count) {

@@ -28,8 +28,9 @@ typedef struct cdf_wsrc_tensor {
 } cdf_wsrc_tensor;
 
 /* A folder or a diffusers-layout .safetensors file (cdf_checkpoint_open) or, for a path ending
- * in .gguf or a .safetensors file in another layout, a converted single file. */
-cdf_status cdf_wsrc_open(const char *path, cdf_wsrc **out);
+ * in .gguf or a .safetensors file in another layout, a converted single file. single_file: the
+ * path is a component file given in place of a folder's (its unused tensors are tracked). */
+cdf_status cdf_wsrc_open(const char *path, bool single_file, cdf_wsrc **out);
 void cdf_wsrc_close(cdf_wsrc *s);
 /* The checkpoint behind a diffusers-layout source (NULL for converted files and GGUF). */
 cdf_checkpoint *cdf_wsrc_checkpoint(cdf_wsrc *s);
@@ -42,6 +43,11 @@ bool cdf_wsrc_find(cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t);
  * cdf_wsrc_tensor_release (owned buffers) or cdf_wsrc_close (mapped bytes). */
 const void *cdf_wsrc_load(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *name);
 void cdf_wsrc_tensor_release(cdf_wsrc_tensor *t);
+
+/* For a missing-weight message: when nothing has been found in a single file yet, a sentence
+ * saying that the file does not look like this model (its layout and first tensor names);
+ * else "". */
+const char *cdf_wsrc_missing_hint(cdf_wsrc *s);
 
 /* Source tensors that no cdf_wsrc_find has used so far (their original names), as one
  * comma-separated malloc'd string; NULL if there are none. Only converted single files keep

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Single-file checkpoints of the tiny FLUX.1-dev test transformer in the original layouts.
+
+Input: tests/data/pipelines/flux1_dev_tiny/transformer (diffusers layout, f32). Output in
+tests/data/formats/flux_single/:
+
+  flux_bfl.safetensors    BFL (Black Forest Labs) key names: fused img/txt qkv, single blocks'
+                          linear1 = [q; k; v; mlp], final_layer.adaLN_modulation.1 in (shift,
+                          scale) order, time_in / vector_in / guidance_in / txt_in / img_in
+  flux_bfl_f32.gguf       the same tensors as GGUF (gguf.GGUFWriter, architecture "flux", all F32)
+  flux_bfl_q8.gguf        the same with the 2-D weights quantized by gguf.quants.quantize (Q8_0,
+                          the feed-forward weights Q4_0, Q5_1 for the single blocks' linear2),
+                          1-D tensors F32, as city96's files do
+  q8_dequant/transformer  a diffusers folder holding what gguf.quants.dequantize gives for
+                          flux_bfl_q8.gguf, converted back to diffusers names (config copied)
+
+The BFL file is checked against diffusers' own
+`single_file_utils.convert_flux_transformer_checkpoint_to_diffusers`: converting it (and the
+same dict under ComfyUI's "model.diffusion_model." prefix) must give back exactly the diffusers
+tensors. That function hard-codes FLUX.1's inner_dim 3072 for the linear1 split; the check runs
+its source with inner_dim replaced by the tiny model's (heads x head dim), nothing else changed.
+
+Usage: /work/venv/bin/python tools/make-format-refs/make_single_file_refs.py [REPO_ROOT]
+"""
+import inspect
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import torch
+import gguf
+from gguf import GGMLQuantizationType as Q
+from safetensors.torch import load_file, save_file
+from diffusers.loaders import single_file_utils
+
+
+def diffusers_to_bfl(sd, n_double, n_single):
+    """The inverse of diffusers' conversion, written from it."""
+    out = {}
+    top = {
+        "time_text_embed.timestep_embedder.linear_1": "time_in.in_layer",
+        "time_text_embed.timestep_embedder.linear_2": "time_in.out_layer",
+        "time_text_embed.text_embedder.linear_1": "vector_in.in_layer",
+        "time_text_embed.text_embedder.linear_2": "vector_in.out_layer",
+        "time_text_embed.guidance_embedder.linear_1": "guidance_in.in_layer",
+        "time_text_embed.guidance_embedder.linear_2": "guidance_in.out_layer",
+        "context_embedder": "txt_in",
+        "x_embedder": "img_in",
+        "proj_out": "final_layer.linear",
+    }
+    for d, b in top.items():
+        for p in ("weight", "bias"):
+            if f"{d}.{p}" in sd:
+                out[f"{b}.{p}"] = sd[f"{d}.{p}"]
+    for p in ("weight", "bias"):
+        scale, shift = sd[f"norm_out.linear.{p}"].chunk(2, dim=0)
+        out[f"final_layer.adaLN_modulation.1.{p}"] = torch.cat([shift, scale], dim=0)
+    dbl = {"norm1.linear": "img_mod.lin", "norm1_context.linear": "txt_mod.lin", "ff.net.0.proj": "img_mlp.0",
+           "ff.net.2": "img_mlp.2", "ff_context.net.0.proj": "txt_mlp.0", "ff_context.net.2": "txt_mlp.2",
+           "attn.to_out.0": "img_attn.proj", "attn.to_add_out": "txt_attn.proj"}
+    for i in range(n_double):
+        pre = f"transformer_blocks.{i}."
+        for d, b in dbl.items():
+            for p in ("weight", "bias"):
+                out[f"double_blocks.{i}.{b}.{p}"] = sd[pre + f"{d}.{p}"]
+        for p in ("weight", "bias"):
+            out[f"double_blocks.{i}.img_attn.qkv.{p}"] = torch.cat([sd[pre + f"attn.to_{x}.{p}"] for x in "qkv"])
+            out[f"double_blocks.{i}.txt_attn.qkv.{p}"] = torch.cat([sd[pre + f"attn.add_{x}_proj.{p}"] for x in "qkv"])
+        out[f"double_blocks.{i}.img_attn.norm.query_norm.scale"] = sd[pre + "attn.norm_q.weight"]
+        out[f"double_blocks.{i}.img_attn.norm.key_norm.scale"] = sd[pre + "attn.norm_k.weight"]
+        out[f"double_blocks.{i}.txt_attn.norm.query_norm.scale"] = sd[pre + "attn.norm_added_q.weight"]
+        out[f"double_blocks.{i}.txt_attn.norm.key_norm.scale"] = sd[pre + "attn.norm_added_k.weight"]
+    for i in range(n_single):
+        pre = f"single_transformer_blocks.{i}."
+        for p in ("weight", "bias"):
+            out[f"single_blocks.{i}.modulation.lin.{p}"] = sd[pre + f"norm.linear.{p}"]
+            out[f"single_blocks.{i}.linear1.{p}"] = torch.cat(
+                [sd[pre + f"attn.to_{x}.{p}"] for x in "qkv"] + [sd[pre + f"proj_mlp.{p}"]])
+            out[f"single_blocks.{i}.linear2.{p}"] = sd[pre + f"proj_out.{p}"]
+        out[f"single_blocks.{i}.norm.query_norm.scale"] = sd[pre + "attn.norm_q.weight"]
+        out[f"single_blocks.{i}.norm.key_norm.scale"] = sd[pre + "attn.norm_k.weight"]
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def diffusers_convert(bfl, inner_dim):
+    """diffusers' function, run from its own source with the inner width of this model."""
+    src = inspect.getsource(single_file_utils.convert_flux_transformer_checkpoint_to_diffusers)
+    assert "inner_dim = 3072" in src
+    src = src.replace("inner_dim = 3072", f"inner_dim = {inner_dim}")
+    ns = {"torch": torch}
+    exec(src, ns)
+    return ns["convert_flux_transformer_checkpoint_to_diffusers"](dict(bfl))
+
+
+def same(a, b):
+    assert sorted(a) == sorted(b), set(a) ^ set(b)
+    for k in a:
+        assert a[k].shape == b[k].shape and torch.equal(a[k].view(torch.int32), b[k].view(torch.int32)), k
+
+
+def quant_type(name, t):
+    if t.ndim != 2 or t.shape[1] % 32:
+        return None
+    if "linear2" in name:
+        return Q.Q5_1
+    if "_mlp." in name:
+        return Q.Q4_0
+    return Q.Q8_0
+
+
+def write_gguf(path, bfl, quantize):
+    w = gguf.GGUFWriter(path, arch="flux")
+    deq = {}
+    for k in sorted(bfl):
+        a = bfl[k].numpy()
+        qt = quant_type(k, a) if quantize else None
+        if qt is None:
+            w.add_tensor(k, a)
+            deq[k] = bfl[k]
+        else:
+            q = gguf.quants.quantize(a, qt)
+            w.add_tensor(k, q, raw_dtype=qt)
+            deq[k] = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(q, qt).astype(np.float32)))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return deq
+
+
+def main():
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "../..")
+    src_dir = os.path.join(root, "tests/data/pipelines/flux1_dev_tiny/transformer")
+    out = os.path.join(root, "tests/data/formats/flux_single")
+    os.makedirs(out, exist_ok=True)
+    cfg = json.load(open(os.path.join(src_dir, "config.json")))
+    sd = load_file(os.path.join(src_dir, "diffusion_pytorch_model.safetensors"))
+    inner = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+    bfl = diffusers_to_bfl(sd, cfg["num_layers"], cfg["num_single_layers"])
+    same(diffusers_convert(bfl, inner), sd)
+    same(diffusers_convert({"model.diffusion_model." + k: v for k, v in bfl.items()}, inner), sd)
+    save_file(bfl, os.path.join(out, "flux_bfl.safetensors"))
+    write_gguf(os.path.join(out, "flux_bfl_f32.gguf"), bfl, False)
+    deq = write_gguf(os.path.join(out, "flux_bfl_q8.gguf"), bfl, True)
+    qdir = os.path.join(out, "q8_dequant/transformer")
+    os.makedirs(qdir, exist_ok=True)
+    save_file(diffusers_convert(deq, inner), os.path.join(qdir, "diffusion_pytorch_model.safetensors"))
+    shutil.copy(os.path.join(src_dir, "config.json"), os.path.join(qdir, "config.json"))
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()
