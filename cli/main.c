@@ -15,6 +15,7 @@
 #include "cdiffusers/dist.h"
 #include "core/error_internal.h"
 #include "models/component.h"
+#include "nn/weights_source.h" /* info: a component file's format and tensor types */
 #include "plan.h" /* cli/plan.c: the plan command, --memory-stats */
 
 /* Exit codes */
@@ -82,7 +83,7 @@ static void usage(FILE *f) {
             "      for the execution generate would use with the same options (and CDIFFUSERS_COMPILE)\n"
             "  cdiffusers tokenize --model DIR --prompt TEXT [--max-length N]\n"
             "      DIR is a tokenizer folder or a pipeline folder (then every tokenizer_* is used)\n"
-            "  cdiffusers info --model DIR\n"
+            "  cdiffusers info --model DIR [--transformer FILE] [--vae FILE] [--text-encoder N=FILE]\n"
             "  cdiffusers --help | --version\n"
             "\n"
             "environment: CDIFFUSERS_CPU_MEMORY_LIMIT=8G, CDIFFUSERS_NUM_THREADS=N,\n"
@@ -353,6 +354,36 @@ static int apply_model_defaults(const char *dir, cdf_generate_params *gp, bool u
     return EXIT_OK;
 }
 
+/* ---- component files (--transformer, --vae, --text-encoder N=FILE) ---------------------------- */
+typedef struct component_files {
+    cdf_component_file files[8];
+    char keys[8][32];
+    int n;
+} component_files;
+
+/* opt: 'X' --transformer, 'V' --vae, 'Z' --text-encoder. */
+static int add_component_file(component_files *cf, int opt, const char *arg) {
+    if (cf->n == 8) return usage_error("%s", "at most 8 component files");
+    const char *path = arg, *key = opt == 'X' ? "transformer" : "vae";
+    if (opt == 'Z') {
+        const char *eq = strchr(arg, '=');
+        if (!eq || eq == arg || !eq[1] || eq - arg >= 24)
+            return usage_error("--text-encoder needs N=FILE (N = 1, 2, 3 or a component name), got '%s'", arg);
+        char n[32];
+        snprintf(n, sizeof n, "%.*s", (int)(eq - arg), arg);
+        if (strcmp(n, "1") == 0) snprintf(cf->keys[cf->n], 32, "text_encoder");
+        else if (strcmp(n, "2") == 0) snprintf(cf->keys[cf->n], 32, "text_encoder_2");
+        else if (strcmp(n, "3") == 0) snprintf(cf->keys[cf->n], 32, "text_encoder_3");
+        else snprintf(cf->keys[cf->n], 32, "%s", n);
+        key = cf->keys[cf->n];
+        path = eq + 1;
+    }
+    for (int i = 0; i < cf->n; i++)
+        if (strcmp(cf->files[i].component, key) == 0) return usage_error("two weights files for '%s'", key);
+    cf->files[cf->n++] = (cdf_component_file){key, path};
+    return EXIT_OK;
+}
+
 /* ---- generate ---------------------------------------------------------------------------- */
 static int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *output = "out.png", *latents_out = NULL, *dtype = "bf16", *mem = NULL;
@@ -384,9 +415,7 @@ static int cmd_generate(int argc, char **argv) {
     int c;
     long v;
     int te_layers[16];
-    cdf_component_file files[8];
-    char file_keys[8][32];
-    int n_files = 0;
+    component_files cf = {0};
     bool allow_unused = false;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -459,27 +488,9 @@ static int cmd_generate(int argc, char **argv) {
         case 'U': allow_unused = true; break;
         case 'X':
         case 'V':
-        case 'Z': {
-            if (n_files == 8) return usage_error("%s", "at most 8 component files");
-            const char *path = optarg, *key = c == 'X' ? "transformer" : "vae";
-            if (c == 'Z') {
-                const char *eq = strchr(optarg, '=');
-                if (!eq || eq == optarg || !eq[1] || eq - optarg >= 24)
-                    return usage_error("--text-encoder needs N=FILE (N = 1, 2, 3 or a component name), got '%s'", optarg);
-                char n[32];
-                snprintf(n, sizeof n, "%.*s", (int)(eq - optarg), optarg);
-                if (strcmp(n, "1") == 0) snprintf(file_keys[n_files], 32, "text_encoder");
-                else if (strcmp(n, "2") == 0) snprintf(file_keys[n_files], 32, "text_encoder_2");
-                else if (strcmp(n, "3") == 0) snprintf(file_keys[n_files], 32, "text_encoder_3");
-                else snprintf(file_keys[n_files], 32, "%s", n);
-                key = file_keys[n_files];
-                path = eq + 1;
-            }
-            for (int i = 0; i < n_files; i++)
-                if (strcmp(files[i].component, key) == 0) return usage_error("two weights files for '%s'", key);
-            files[n_files++] = (cdf_component_file){key, path};
+        case 'Z':
+            if (add_component_file(&cf, c, optarg) != EXIT_OK) return EXIT_USAGE;
             break;
-        }
         case 'h': usage(stdout); return EXIT_OK;
         default: return EXIT_USAGE;
         }
@@ -501,8 +512,8 @@ static int cmd_generate(int argc, char **argv) {
     else if (strcmp(dtype, "bf16") == 0) lp.weight_dtype = CDF_BF16;
     else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
     if (cdf_cli_parse_offload(offload, &lp.offload) != 0) return usage_error("--offload must be none, model or sequential, got '%s'", offload);
-    lp.component_files = files;
-    lp.num_component_files = n_files;
+    lp.component_files = cf.files;
+    lp.num_component_files = cf.n;
     lp.allow_unused_keys = allow_unused;
     int64_t mem_bytes = -1;
     if (mem && (mem_bytes = cdf_parse_bytes(mem)) < 0)
@@ -794,9 +805,26 @@ static int cmd_tokenize(int argc, char **argv) {
 }
 
 /* ---- info ---------------------------------------------------------------------------------- */
-static void info_component(const char *dir, const char *name) {
+static void info_component(const char *dir, const char *name, const component_files *cf) {
     char sub[4096];
     snprintf(sub, sizeof sub, "%s/%s", dir, name);
+    for (int i = 0; cf && i < cf->n; i++) {
+        if (strcmp(cf->files[i].component, name) != 0) continue;
+        cdf_wsrc *s;
+        cJSON *cfg = NULL;
+        const char *cls = "?";
+        if (cdf_config_load(sub, &cfg) == CDF_OK && cdf_config_class_name(cfg)) cls = cdf_config_class_name(cfg);
+        if (cdf_wsrc_open(cf->files[i].path, true, &s) != CDF_OK) {
+            printf("  %-16s %-32s (weights file unreadable: %s)\n", name, cls, cdf_last_error());
+        } else {
+            char summary[512];
+            cdf_wsrc_summary(s, summary, sizeof summary);
+            printf("  %-16s %-32s from %s (%s): %s\n", name, cls, cf->files[i].path, cdf_wsrc_format(s), summary);
+            cdf_wsrc_close(s);
+        }
+        cJSON_Delete(cfg);
+        return;
+    }
     cdf_checkpoint *ck;
     if (cdf_checkpoint_open(sub, &ck) != CDF_OK) {
         printf("  %-16s (no weights: %s)\n", name, cdf_last_error());
@@ -824,12 +852,17 @@ static void info_component(const char *dir, const char *name) {
 
 static int cmd_info(int argc, char **argv) {
     const char *model = NULL;
-    static const struct option opts[] = {{"model", required_argument, 0, 'm'}, {0, 0, 0, 0}};
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},      {"transformer", required_argument, 0, 'X'},
+                                         {"vae", required_argument, 0, 'V'},        {"text-encoder", required_argument, 0, 'Z'},
+                                         {0, 0, 0, 0}};
     int c;
+    component_files cf = {0};
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (c == 'm') model = optarg;
-        else return EXIT_USAGE;
+        else if (c == 'X' || c == 'V' || c == 'Z') {
+            if (add_component_file(&cf, c, optarg) != EXIT_OK) return EXIT_USAGE;
+        } else return EXIT_USAGE;
     }
     if (!model) return usage_error("%s", "info needs --model DIR");
     char path[4096];
@@ -846,7 +879,7 @@ static int cmd_info(int argc, char **argv) {
             const char *ccls = cJSON_GetArrayItem(e, 1)->valuestring;
             if (strstr(ccls, "Tokenizer")) printf("  %-16s %s\n", e->string, ccls);
             else if (strstr(ccls, "Scheduler")) printf("  %-16s %s\n", e->string, ccls);
-            else info_component(model, e->string);
+            else info_component(model, e->string, &cf);
         }
         cJSON_Delete(idx);
         return EXIT_OK;
@@ -857,7 +890,7 @@ static int cmd_info(int argc, char **argv) {
         return EXIT_FAIL;
     }
     printf("%s:\n", model);
-    info_component(model, ".");
+    info_component(model, ".", NULL);
     return EXIT_OK;
 }
 

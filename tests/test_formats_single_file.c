@@ -199,11 +199,55 @@ static void test_bad_inputs(void **state) {
     expect_load_error(&nf, 1, CDF_ERR_NOT_FOUND, "/nonexistent/x.gguf", NULL);
 }
 
+/* The command line: exit codes, the message on stderr, no image written on failure. */
+static void test_cli(void **state) {
+    (void)state;
+    const char *dir = tu_tmpdir(), *model = tu_data("pipelines/flux1_dev_tiny");
+    const char *common = "generate --prompt 'a red square' --steps 1 --height 64 --width 64 --quiet --force";
+    int rc = tu_system("cd '%s' && '%s' %s --model '%s' --output ok.png --transformer '%s' 2>err.txt", dir, CDF_CLI_PATH, common,
+                       model, tu_data(FS "flux_bfl_q8.gguf"));
+    assert_int_equal(rc, 0);
+    const char *extra = bfl_variant("extra_cli.safetensors", NULL, NULL, "lora_unet.extra.alpha", NULL);
+    rc = tu_system("cd '%s' && '%s' %s --model '%s' --output bad.png --transformer '%s' 2>err.txt", dir, CDF_CLI_PATH, common, model,
+                   extra);
+    assert_int_equal(rc, 1);
+    char *err = tu_read_file(tmp_path("err.txt"), NULL);
+    assert_non_null(err);
+    assert_non_null(strstr(err, "lora_unet.extra.alpha"));
+    assert_non_null(strstr(err, "--allow-unused-keys"));
+    free(err);
+    assert_int_equal(tu_system("test -e '%s'", tmp_path("bad.png")), 1); /* nothing written */
+    rc = tu_system("cd '%s' && '%s' %s --model '%s' --output ok2.png --transformer '%s' --allow-unused-keys 2>err.txt", dir,
+                   CDF_CLI_PATH, common, model, extra);
+    assert_int_equal(rc, 0);
+    rc = tu_system("cd '%s' && '%s' %s --model '%s' --output bad.png --text-encoder '%s' 2>err.txt", dir, CDF_CLI_PATH, common, model,
+                   tu_data(FS "flux_bfl.safetensors"));
+    assert_int_equal(rc, 2); /* usage: N=FILE */
+    rc = tu_system("cd '%s' && '%s' %s --model '%s' --output bad.png --text-encoder '2=%s' 2>err.txt", dir, CDF_CLI_PATH, common,
+                   model, tu_data(FS "flux_bfl.safetensors"));
+    assert_int_equal(rc, 1); /* a FLUX transformer file is no T5 */
+    err = tu_read_file(tmp_path("err.txt"), NULL);
+    assert_non_null(strstr(err, "none of the 84 tensors"));
+    free(err);
+    assert_int_equal(tu_system("test -e '%s'", tmp_path("bad.png")), 1);
+
+    /* info names each component's source, its format and its tensor types */
+    rc = tu_system("'%s' info --model '%s' --transformer '%s' >'%s/info.txt' 2>&1", CDF_CLI_PATH, model, tu_data(FS "flux_bfl_q8.gguf"),
+                   dir);
+    assert_int_equal(rc, 0);
+    char *info = tu_read_file(tmp_path("info.txt"), NULL);
+    assert_non_null(info);
+    if (!strstr(info, "flux_bfl_q8.gguf (GGUF, BFL FLUX keys): 84 tensors") || !strstr(info, "50 F32, 8 Q4_0, 2 Q5_1, 24 Q8_0"))
+        fail_msg("info output: %s", info);
+    free(info);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_conversion),
         cmocka_unit_test(test_same_latents),
         cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

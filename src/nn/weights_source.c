@@ -384,6 +384,33 @@ const char *cdf_wsrc_missing_hint(cdf_wsrc *s) {
     return s->hint;
 }
 
+void cdf_wsrc_summary(const cdf_wsrc *s, char *buf, size_t n) {
+    enum { MAXT = 64 };
+    int counts[MAXT] = {0}; /* ggml type ids, or cdf dtypes for safetensors */
+    uint64_t bytes = 0;
+    int total = count_raw(s);
+    for (int i = 0; i < total; i++) {
+        if (s->gg) {
+            const cdf_gguf_tensor *t = cdf_gguf_tensor_at(s->gg, i);
+            bytes += t->nbytes;
+            if (t->type < MAXT) counts[t->type]++;
+        } else {
+            const cdf_st_tensor *t;
+            if (cdf_checkpoint_tensor_at(s->ck, i, NULL, &t) != CDF_OK) continue;
+            bytes += t->nbytes;
+            if ((int)t->dtype < MAXT) counts[t->dtype]++;
+        }
+    }
+    int o = snprintf(buf, n, "%d tensors, %.2f MB", total, (double)bytes / 1e6);
+    const char *sep = ": ";
+    for (int k = 0; k < MAXT && o > 0 && (size_t)o < n; k++) {
+        if (!counts[k]) continue;
+        const char *name = s->gg ? cdf_ggml_type_name((uint32_t)k) : cdf_dtype_st_name((cdf_dtype)k);
+        o += snprintf(buf + o, n - (size_t)o, "%s%d %s", sep, counts[k], name ? name : "?");
+        sep = ", ";
+    }
+}
+
 char *cdf_wsrc_unused(const cdf_wsrc *s, int *count) {
     if (count) *count = 0;
     if (!s->used) return NULL;

@@ -49,6 +49,9 @@ void cdf_wsrc_tensor_release(cdf_wsrc_tensor *t);
  * else "". */
 const char *cdf_wsrc_missing_hint(cdf_wsrc *s);
 
+/* "84 tensors, 0.54 MB: 56 F32, 28 Q8_0" (counts per stored type, in the file's units). */
+void cdf_wsrc_summary(const cdf_wsrc *s, char *buf, size_t n);
+
 /* Source tensors that no cdf_wsrc_find has used so far (their original names), as one
  * comma-separated malloc'd string; NULL if there are none. Only converted single files keep
  * track (a diffusers folder may carry tensors a model does not read). */
