@@ -1,7 +1,8 @@
 /* A component's weights from one file: the tiny FLUX.1-dev transformer as a BFL-layout
  * .safetensors, the same under ComfyUI's "model.diffusion_model." prefix, as GGUF F32 and as a
- * GGUF with Q8_0/Q4_0/Q5_1 weights (tools/make-format-refs/make_single_file_refs.py, which checks
- * the BFL file against diffusers' own convert_flux_transformer_checkpoint_to_diffusers).
+ * GGUF with Q8_0/Q4_0/Q5_1 weights, and the tiny SD3.5-Medium transformer in Stability's layout
+ * (tools/make-format-refs/make_single_file_refs.py, which checks the files against diffusers' own
+ * convert_flux_transformer_checkpoint_to_diffusers / convert_sd3_transformer_checkpoint_to_diffusers).
  *
  * - key conversion: every tensor the folder holds comes back bit-identical from each file;
  * - latents: the same generation from the folder and from each file gives identical latents,
@@ -30,10 +31,10 @@ static const char *tmp_path(const char *name) {
 
 /* A copy of the BFL file with a prefix on every name, one tensor left out, one extra tensor, or
  * one tensor replaced by another shape. */
-static const char *bfl_variant(const char *out, const char *prefix, const char *drop, const char *extra,
-                               const char *reshape) {
+static const char *variant_of(const char *src, const char *out, const char *prefix, const char *drop, const char *extra,
+                              const char *reshape) {
     cdf_st_file *f = NULL;
-    assert_int_equal(cdf_st_open(tu_data(FS "flux_bfl.safetensors"), &f), CDF_OK);
+    assert_int_equal(cdf_st_open(tu_data(src), &f), CDF_OK);
     cdf_st_writer *w = cdf_st_writer_new();
     static float junk[64 * 64];
     for (int i = 0; i < cdf_st_count(f); i++) {
@@ -54,14 +55,15 @@ static const char *bfl_variant(const char *out, const char *prefix, const char *
     return p;
 }
 
-static void test_key_conversion(void **state) {
-    (void)state;
-    const char *folder = tu_data("pipelines/flux1_dev_tiny/transformer");
-    const char *files[] = {tu_data(FS "flux_bfl.safetensors"), bfl_variant("comfy.safetensors", "model.diffusion_model.", NULL, NULL, NULL),
-                           tu_data(FS "flux_bfl_f32.gguf")};
+static const char *bfl_variant(const char *out, const char *prefix, const char *drop, const char *extra, const char *reshape) {
+    return variant_of(FS "flux_bfl.safetensors", out, prefix, drop, extra, reshape);
+}
+
+/* Every tensor of the folder comes back bit-identical from each file. */
+static void check_conversion(const char *folder, const char *const *files, int nfiles, const char *layout) {
     cdf_checkpoint *ck = NULL;
     assert_int_equal(cdf_checkpoint_open(folder, &ck), CDF_OK);
-    for (size_t k = 0; k < sizeof files / sizeof *files; k++) {
+    for (int k = 0; k < nfiles; k++) {
         cdf_weights_report rep = {0};
         cdf_load_options o = cdf_load_options_default();
         o.device = tu_cpu();
@@ -84,20 +86,31 @@ static void test_key_conversion(void **state) {
         }
         cdf_weights_free(w);
         if (rep.unused) fail_msg("%s: unused tensors %s", files[k], rep.unused);
-        assert_non_null(strstr(rep.format, "BFL FLUX"));
+        assert_non_null(strstr(rep.format, layout));
     }
     cdf_checkpoint_close(ck);
 }
 
+static void test_key_conversion(void **state) {
+    (void)state;
+    const char *flux[] = {tu_data(FS "flux_bfl.safetensors"), bfl_variant("comfy.safetensors", "model.diffusion_model.", NULL, NULL, NULL),
+                          tu_data(FS "flux_bfl_f32.gguf")};
+    check_conversion(tu_data("pipelines/flux1_dev_tiny/transformer"), flux, 3, "BFL FLUX");
+    const char *sd3[] = {tu_data("formats/sd3_single/sd3_sai.safetensors"),
+                         variant_of("formats/sd3_single/sd3_sai.safetensors", "sd3_comfy.safetensors", "model.diffusion_model.", NULL,
+                                    NULL, NULL)};
+    check_conversion(tu_data("pipelines/sd35m_tiny/transformer"), sd3, 2, "Stability SD3");
+}
+
 /* latents_final of a 2-step f32 generation (malloc'd, 4 * *n bytes), or NULL with the status. */
-static float *run(const cdf_component_file *files, int nfiles, bool allow_unused, size_t *n, cdf_status *st) {
+static float *run_pipe(const char *pipe, const cdf_component_file *files, int nfiles, bool allow_unused, size_t *n, cdf_status *st) {
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
     lp.weight_dtype = CDF_F32;
     lp.component_files = files;
     lp.num_component_files = nfiles;
     lp.allow_unused_keys = allow_unused;
     cdf_pipeline *p = NULL;
-    *st = cdf_pipeline_load(tu_data("pipelines/flux1_dev_tiny"), &lp, &p);
+    *st = cdf_pipeline_load(tu_data(pipe), &lp, &p);
     if (*st != CDF_OK) return NULL;
     cdf_generate_params gp = cdf_generate_default_params();
     gp.prompt = "a red square";
@@ -119,6 +132,10 @@ static float *run(const cdf_component_file *files, int nfiles, bool allow_unused
     cdf_tensor_map_clear(&cap);
     cdf_pipeline_free(p);
     return v;
+}
+
+static float *run(const cdf_component_file *files, int nfiles, bool allow_unused, size_t *n, cdf_status *st) {
+    return run_pipe("pipelines/flux1_dev_tiny", files, nfiles, allow_unused, n, st);
 }
 
 static void test_same_latents(void **state) {
@@ -151,6 +168,17 @@ static void test_same_latents(void **state) {
     assert_true(diff > 0 && diff < 0.5);
     free(vq);
     free(vd);
+    free(ref);
+
+    /* SD3.5-Medium from Stability's layout */
+    ref = run_pipe("pipelines/sd35m_tiny", NULL, 0, false, &n0, &st);
+    assert_non_null(ref);
+    cdf_component_file s3 = {"transformer", tu_data("formats/sd3_single/sd3_sai.safetensors")};
+    float *v = run_pipe("pipelines/sd35m_tiny", &s3, 1, false, &n, &st);
+    if (!v) fail_msg("sd3: %s", cdf_last_error());
+    assert_int_equal(n, n0);
+    assert_memory_equal(v, ref, n * 4);
+    free(v);
     free(ref);
 }
 

@@ -9,7 +9,7 @@
 #include "core/error_internal.h"
 #include "io/io_internal.h"
 
-enum { LAYOUT_DIFFUSERS, LAYOUT_FLUX_BFL };
+enum { LAYOUT_DIFFUSERS, LAYOUT_FLUX_BFL, LAYOUT_SD3_SAI };
 
 struct cdf_wsrc {
     char *path;
@@ -17,6 +17,7 @@ struct cdf_wsrc {
     cdf_gguf_file *gg;   /* or GGUF */
     int layout;
     const char *prefix;  /* "model.diffusion_model." or "" */
+    int sd3_last_block;  /* SD3: index of the last joint block (its context modulation is swapped) */
     char format[96];
     bool found_any;
     char hint[600];
@@ -140,6 +141,15 @@ static bool block_of(const char *name, const char *prefix, int *idx, const char 
     return true;
 }
 
+/* Part k of n equal row chunks of the source tensor (torch.chunk of a divisible dim 0). */
+static bool set_chunk(const cdf_wsrc *s, cdf_wsrc_tensor *t, int k, int n) {
+    raw r;
+    if (!raw_find(s, t->src_name, &r) || r.ndim < 1 || r.shape[0] % n) return false;
+    t->nrows = r.shape[0] / n;
+    t->row0 = k * t->nrows;
+    return true;
+}
+
 /* Where diffusers' `name` comes from in a BFL FLUX file; false if nowhere. */
 static bool flux_recipe(const cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
     char stem[512];
@@ -160,11 +170,7 @@ static bool flux_recipe(const cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t)
         for (int k = 0; k < 6; k++)
             if (strcmp(rest, qkv[k]) == 0) {
                 snprintf(t->src_name, sizeof t->src_name, "double_blocks.%d.%s.qkv.%s", i, k < 3 ? "img_attn" : "txt_attn", bparam);
-                raw r;
-                if (!raw_find(s, t->src_name, &r) || r.ndim < 1 || r.shape[0] % 3) return false;
-                t->nrows = r.shape[0] / 3; /* torch.chunk(3) of a divisible dim */
-                t->row0 = (k % 3) * t->nrows;
-                return true;
+                return set_chunk(s, t, k % 3, 3);
             }
         return false;
     }
@@ -205,6 +211,72 @@ static bool flux_recipe(const cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t)
     return false;
 }
 
+/* ---- SD3 / SD3.5: Stability's names (diffusers' convert_sd3_transformer_checkpoint_to_diffusers) ---- */
+
+static const key_rename k_sd3_top[] = {
+    {"pos_embed.proj", "x_embedder.proj"},
+    {"time_text_embed.timestep_embedder.linear_1", "t_embedder.mlp.0"},
+    {"time_text_embed.timestep_embedder.linear_2", "t_embedder.mlp.2"},
+    {"time_text_embed.text_embedder.linear_1", "y_embedder.mlp.0"},
+    {"time_text_embed.text_embedder.linear_2", "y_embedder.mlp.2"},
+    {"context_embedder", "context_embedder"},
+    {"proj_out", "final_layer.linear"},
+};
+
+static const key_rename k_sd3_block[] = {
+    {"attn.norm_q", "x_block.attn.ln_q"},          {"attn.norm_k", "x_block.attn.ln_k"},
+    {"attn.norm_added_q", "context_block.attn.ln_q"}, {"attn.norm_added_k", "context_block.attn.ln_k"},
+    {"attn2.norm_q", "x_block.attn2.ln_q"},        {"attn2.norm_k", "x_block.attn2.ln_k"},
+    {"attn.to_out.0", "x_block.attn.proj"},        {"attn.to_add_out", "context_block.attn.proj"},
+    {"attn2.to_out.0", "x_block.attn2.proj"},      {"norm1.linear", "x_block.adaLN_modulation.1"},
+    {"ff.net.0.proj", "x_block.mlp.fc1"},          {"ff.net.2", "x_block.mlp.fc2"},
+    {"ff_context.net.0.proj", "context_block.mlp.fc1"}, {"ff_context.net.2", "context_block.mlp.fc2"},
+};
+
+static bool sd3_recipe(const cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
+    char stem[512];
+    const char *param, *rest;
+    int i;
+    t->row0 = 0, t->nrows = -1, t->swap_halves = false;
+    if (strcmp(name, "pos_embed.pos_embed") == 0) {
+        snprintf(t->src_name, sizeof t->src_name, "pos_embed");
+        return true;
+    }
+    if (!split_param(name, stem, sizeof stem, &param)) return false;
+    if (block_of(stem, "transformer_blocks.", &i, &rest)) {
+        for (size_t k = 0; k < sizeof k_sd3_block / sizeof *k_sd3_block; k++)
+            if (strcmp(rest, k_sd3_block[k].diffusers) == 0) {
+                snprintf(t->src_name, sizeof t->src_name, "joint_blocks.%d.%s.%s", i, k_sd3_block[k].bfl, param);
+                return true;
+            }
+        if (strcmp(rest, "norm1_context.linear") == 0) {
+            snprintf(t->src_name, sizeof t->src_name, "joint_blocks.%d.context_block.adaLN_modulation.1.%s", i, param);
+            t->swap_halves = i == s->sd3_last_block; /* the last block's (shift, scale) */
+            return true;
+        }
+        static const char *const qkv[9] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj",
+                                           "attn.add_v_proj", "attn2.to_q", "attn2.to_k", "attn2.to_v"};
+        static const char *const src[3] = {"x_block.attn", "context_block.attn", "x_block.attn2"};
+        for (int k = 0; k < 9; k++)
+            if (strcmp(rest, qkv[k]) == 0) {
+                snprintf(t->src_name, sizeof t->src_name, "joint_blocks.%d.%s.qkv.%s", i, src[k / 3], param);
+                return set_chunk(s, t, k % 3, 3);
+            }
+        return false;
+    }
+    if (strcmp(stem, "norm_out.linear") == 0) {
+        snprintf(t->src_name, sizeof t->src_name, "final_layer.adaLN_modulation.1.%s", param);
+        t->swap_halves = true;
+        return true;
+    }
+    for (size_t k = 0; k < sizeof k_sd3_top / sizeof *k_sd3_top; k++)
+        if (strcmp(stem, k_sd3_top[k].diffusers) == 0) {
+            snprintf(t->src_name, sizeof t->src_name, "%s.%s", k_sd3_top[k].bfl, param);
+            return true;
+        }
+    return false;
+}
+
 /* ---- open ---- */
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -230,18 +302,27 @@ cdf_status cdf_wsrc_open(const char *path, bool single_file, cdf_wsrc **out) {
         cdf_wsrc_close(s);
         return st;
     }
-    /* the layout, by the key diffusers' infer_diffusers_model_type looks at for FLUX */
+    /* the layout, by the keys diffusers' infer_diffusers_model_type looks at */
     static const char *const prefixes[] = {"", "model.diffusion_model."};
     for (int p = 0; p < 2; p++) {
         char k[128];
         snprintf(k, sizeof k, "%sdouble_blocks.0.img_attn.norm.key_norm.scale", prefixes[p]);
-        if (has_raw(s, k)) {
-            s->layout = LAYOUT_FLUX_BFL;
-            s->prefix = prefixes[p];
+        if (has_raw(s, k)) s->layout = LAYOUT_FLUX_BFL, s->prefix = prefixes[p];
+        snprintf(k, sizeof k, "%sjoint_blocks.0.context_block.adaLN_modulation.1.bias", prefixes[p]);
+        if (has_raw(s, k)) s->layout = LAYOUT_SD3_SAI, s->prefix = prefixes[p];
+    }
+    if (s->layout == LAYOUT_SD3_SAI) {
+        s->sd3_last_block = -1;
+        size_t pl = strlen(s->prefix);
+        for (int i = 0; i < count_raw(s); i++) {
+            const char *n = raw_name_at(s, i), *rest;
+            int b;
+            if (strncmp(n, s->prefix, pl) == 0 && block_of(n + pl, "joint_blocks.", &b, &rest) && b > s->sd3_last_block)
+                s->sd3_last_block = b;
         }
     }
-    snprintf(s->format, sizeof s->format, "%s%s%s", gguf ? "GGUF" : "safetensors",
-             s->layout == LAYOUT_FLUX_BFL ? ", BFL FLUX keys" : "",
+    static const char *const layout_names[] = {"", ", BFL FLUX keys", ", Stability SD3 keys"};
+    snprintf(s->format, sizeof s->format, "%s%s%s", gguf ? "GGUF" : "safetensors", layout_names[s->layout],
              *s->prefix ? " under model.diffusion_model." : "");
     if (single_file || s->layout != LAYOUT_DIFFUSERS || gguf) {
         s->used = calloc((size_t)count_raw(s) + 1, 1);
@@ -282,6 +363,8 @@ bool cdf_wsrc_find(cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
     t->nrows = -1;
     if (s->layout == LAYOUT_FLUX_BFL) {
         if (!flux_recipe(s, name, t)) return false;
+    } else if (s->layout == LAYOUT_SD3_SAI) {
+        if (!sd3_recipe(s, name, t)) return false;
     } else {
         snprintf(t->src_name, sizeof t->src_name, "%s", name);
     }
@@ -377,7 +460,7 @@ const char *cdf_wsrc_missing_hint(cdf_wsrc *s) {
     if (s->found_any || !s->used) return "";
     int n = count_raw(s);
     int o = snprintf(s->hint, sizeof s->hint, "; none of the %d tensors of this file (%s) belong to this model: it is "
-                     "not in diffusers' or BFL FLUX's layout for it", n, s->format);
+                     "not in diffusers', BFL FLUX's or Stability SD3's layout for it", n, s->format);
     for (int i = 0; i < n && i < 2 && o > 0 && (size_t)o < sizeof s->hint; i++)
         o += snprintf(s->hint + o, sizeof s->hint - (size_t)o, "%s'%s'", i ? ", " : "; it holds ", raw_name_at(s, i));
     if (n > 2 && o > 0 && (size_t)o < sizeof s->hint) snprintf(s->hint + o, sizeof s->hint - (size_t)o, ", ...");

@@ -1,6 +1,6 @@
 /* Where cdf_weights finds a tensor by its diffusers name: a diffusers checkpoint folder (or one
  * .safetensors file in diffusers layout), or a single-file checkpoint in another layout
- * (.safetensors or .gguf, BFL FLUX key names with or without ComfyUI's
+ * (.safetensors or .gguf, BFL FLUX or Stability SD3/SD3.5 key names, with or without ComfyUI's
  * "model.diffusion_model." prefix) whose tensors are renamed, split and reordered the way
  * diffusers' single_file_utils converts them, with sizes taken from the tensors' shapes.
  *

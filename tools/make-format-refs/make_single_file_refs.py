@@ -14,6 +14,12 @@ tests/data/formats/flux_single/:
   q8_dequant/transformer  a diffusers folder holding what gguf.quants.dequantize gives for
                           flux_bfl_q8.gguf, converted back to diffusers names (config copied)
 
+and tests/data/formats/sd3_single/sd3_sai.safetensors: the tiny SD3.5-Medium test transformer
+(tests/data/pipelines/sd35m_tiny, dual attention in blocks 0 and 1, RMS qk norms) in
+Stability's key names (joint_blocks.N.{x,context}_block..., fused qkv, the last block's context
+modulation and the final one in (shift, scale) order), checked the same way against diffusers'
+`convert_sd3_transformer_checkpoint_to_diffusers` (run unchanged).
+
 The BFL file is checked against diffusers' own
 `single_file_utils.convert_flux_transformer_checkpoint_to_diffusers`: converting it (and the
 same dict under ComfyUI's "model.diffusion_model." prefix) must give back exactly the diffusers
@@ -84,6 +90,44 @@ def diffusers_to_bfl(sd, n_double, n_single):
     return {k: v.contiguous() for k, v in out.items()}
 
 
+def diffusers_to_sai(sd, n_layers):
+    """The inverse of diffusers' SD3 conversion, written from it."""
+    out = {"pos_embed": sd["pos_embed.pos_embed"]}
+    top = {"pos_embed.proj": "x_embedder.proj", "time_text_embed.timestep_embedder.linear_1": "t_embedder.mlp.0",
+           "time_text_embed.timestep_embedder.linear_2": "t_embedder.mlp.2",
+           "time_text_embed.text_embedder.linear_1": "y_embedder.mlp.0",
+           "time_text_embed.text_embedder.linear_2": "y_embedder.mlp.2", "context_embedder": "context_embedder",
+           "proj_out": "final_layer.linear"}
+    swap = lambda w: torch.cat(list(reversed(w.chunk(2, dim=0))), dim=0)
+    for d, b in top.items():
+        for p in ("weight", "bias"):
+            out[f"{b}.{p}"] = sd[f"{d}.{p}"]
+    for p in ("weight", "bias"):
+        out[f"final_layer.adaLN_modulation.1.{p}"] = swap(sd[f"norm_out.linear.{p}"])
+    blk = {"attn.norm_q": "x_block.attn.ln_q", "attn.norm_k": "x_block.attn.ln_k",
+           "attn.norm_added_q": "context_block.attn.ln_q", "attn.norm_added_k": "context_block.attn.ln_k",
+           "attn2.norm_q": "x_block.attn2.ln_q", "attn2.norm_k": "x_block.attn2.ln_k",
+           "attn.to_out.0": "x_block.attn.proj", "attn.to_add_out": "context_block.attn.proj",
+           "attn2.to_out.0": "x_block.attn2.proj", "norm1.linear": "x_block.adaLN_modulation.1",
+           "ff.net.0.proj": "x_block.mlp.fc1", "ff.net.2": "x_block.mlp.fc2",
+           "ff_context.net.0.proj": "context_block.mlp.fc1", "ff_context.net.2": "context_block.mlp.fc2"}
+    for i in range(n_layers):
+        pre = f"transformer_blocks.{i}."
+        for d, b in blk.items():
+            for p in ("weight", "bias"):
+                if pre + f"{d}.{p}" in sd:
+                    out[f"joint_blocks.{i}.{b}.{p}"] = sd[pre + f"{d}.{p}"]
+        for p in ("weight", "bias"):
+            w = sd[pre + f"norm1_context.linear.{p}"]
+            out[f"joint_blocks.{i}.context_block.adaLN_modulation.1.{p}"] = swap(w) if i == n_layers - 1 else w
+            out[f"joint_blocks.{i}.x_block.attn.qkv.{p}"] = torch.cat([sd[pre + f"attn.to_{x}.{p}"] for x in "qkv"])
+            out[f"joint_blocks.{i}.context_block.attn.qkv.{p}"] = torch.cat(
+                [sd[pre + f"attn.add_{x}_proj.{p}"] for x in "qkv"])
+            if pre + f"attn2.to_q.{p}" in sd:
+                out[f"joint_blocks.{i}.x_block.attn2.qkv.{p}"] = torch.cat([sd[pre + f"attn2.to_{x}.{p}"] for x in "qkv"])
+    return {k: v.contiguous() for k, v in out.items()}
+
+
 def diffusers_convert(bfl, inner_dim):
     """diffusers' function, run from its own source with the inner width of this model."""
     src = inspect.getsource(single_file_utils.convert_flux_transformer_checkpoint_to_diffusers)
@@ -148,6 +192,16 @@ def main():
     os.makedirs(qdir, exist_ok=True)
     save_file(diffusers_convert(deq, inner), os.path.join(qdir, "diffusion_pytorch_model.safetensors"))
     shutil.copy(os.path.join(src_dir, "config.json"), os.path.join(qdir, "config.json"))
+
+    sd3_dir = os.path.join(root, "tests/data/pipelines/sd35m_tiny/transformer")
+    sd3_cfg = json.load(open(os.path.join(sd3_dir, "config.json")))
+    sd3 = load_file(os.path.join(sd3_dir, "diffusion_pytorch_model.safetensors"))
+    sai = diffusers_to_sai(sd3, sd3_cfg["num_layers"])
+    same(single_file_utils.convert_sd3_transformer_checkpoint_to_diffusers(dict(sai)), sd3)
+    same(single_file_utils.convert_sd3_transformer_checkpoint_to_diffusers(
+        {"model.diffusion_model." + k: v for k, v in sai.items()}), sd3)
+    os.makedirs(os.path.join(root, "tests/data/formats/sd3_single"), exist_ok=True)
+    save_file(sai, os.path.join(root, "tests/data/formats/sd3_single/sd3_sai.safetensors"))
     print("wrote", out)
 
 
