@@ -1,6 +1,6 @@
 /* A component's weights from one file: the tiny FLUX.1-dev transformer as a BFL-layout
  * .safetensors, the same under ComfyUI's "model.diffusion_model." prefix, as GGUF F32 and as a
- * GGUF with Q8_0/Q4_0/Q5_1 weights, and the tiny SD3.5-Medium transformer in Stability's layout
+ * GGUF with Q8_0/Q4_0/Q5_1/Q4_K/Q6_K weights, and the tiny SD3.5-Medium transformer in Stability's layout
  * (tools/make-format-refs/make_single_file_refs.py, which checks the files against diffusers' own
  * convert_flux_transformer_checkpoint_to_diffusers / convert_sd3_transformer_checkpoint_to_diffusers).
  *
@@ -161,11 +161,12 @@ static void test_same_latents(void **state) {
     assert_non_null(vq);
     assert_non_null(vd);
     assert_memory_equal(vq, vd, n * 4);
-    /* and not the f32 model's (the quantization is real), though close */
+    /* and not the f32 model's: the quantized weights are what ran (the two K-quant layers hold
+     * random blocks, gguf-py having no K quantizer, so the latents are far from the f32 ones) */
     size_t worst;
     double diff = tu_max_abs_diff(vq, ref, n, &worst);
-    print_message("  Q8_0/Q4_0/Q5_1 GGUF vs f32 folder: max |latents diff| = %.3g\n", diff);
-    assert_true(diff > 0 && diff < 0.5);
+    print_message("  Q8_0/Q4_0/Q5_1/Q4_K/Q6_K GGUF vs f32 folder: max |latents diff| = %.3g\n", diff);
+    assert_true(diff > 0);
     free(vq);
     free(vd);
     free(ref);
@@ -265,7 +266,7 @@ static void test_cli(void **state) {
     assert_int_equal(rc, 0);
     char *info = tu_read_file(tmp_path("info.txt"), NULL);
     assert_non_null(info);
-    if (!strstr(info, "flux_bfl_q8.gguf (GGUF, BFL FLUX keys): 84 tensors") || !strstr(info, "50 F32, 8 Q4_0, 2 Q5_1, 24 Q8_0"))
+    if (!strstr(info, "flux_bfl_q8.gguf (GGUF, BFL FLUX keys): 84 tensors") || !strstr(info, "50 F32, 8 Q4_0, 2 Q5_1, 22 Q8_0, 1 Q4_K, 1 Q6_K"))
         fail_msg("info output: %s", info);
     free(info);
 }

@@ -10,7 +10,8 @@ tests/data/formats/flux_single/:
   flux_bfl_f32.gguf       the same tensors as GGUF (gguf.GGUFWriter, architecture "flux", all F32)
   flux_bfl_q8.gguf        the same with the 2-D weights quantized by gguf.quants.quantize (Q8_0,
                           the feed-forward weights Q4_0, Q5_1 for the single blocks' linear2),
-                          1-D tensors F32, as city96's files do
+                          1-D tensors F32, as city96's files do; the two 256-wide input layers
+                          as random Q4_K / Q6_K blocks (gguf-py cannot quantize K types)
   q8_dequant/transformer  a diffusers folder holding what gguf.quants.dequantize gives for
                           flux_bfl_q8.gguf, converted back to diffusers names (config copied)
 
@@ -147,11 +148,26 @@ def same(a, b):
 def quant_type(name, t):
     if t.ndim != 2 or t.shape[1] % 32:
         return None
+    if name == "time_in.in_layer.weight":
+        return Q.Q4_K
+    if name == "guidance_in.in_layer.weight":
+        return Q.Q6_K
     if "linear2" in name:
         return Q.Q5_1
     if "_mlp." in name:
         return Q.Q4_0
     return Q.Q8_0
+
+
+def k_blocks(shape, qt):
+    bs, ts = gguf.constants.GGML_QUANT_SIZES[qt]
+    rng = np.random.default_rng(1919)
+    n = shape[0] * shape[1] // bs
+    raw = rng.integers(0, 256, size=(n, ts), dtype=np.uint8)
+    offs = [0, 2] if qt == Q.Q4_K else [208]
+    for off in offs:
+        raw[:, off:off + 2] = (rng.uniform(1e-4, 1e-3, size=n)).astype(np.float16).view(np.uint8).reshape(n, 2)
+    return raw.reshape(shape[0], shape[1] // bs * ts)
 
 
 def write_gguf(path, bfl, quantize):
@@ -164,7 +180,12 @@ def write_gguf(path, bfl, quantize):
             w.add_tensor(k, a)
             deq[k] = bfl[k]
         else:
-            q = gguf.quants.quantize(a, qt)
+            if qt in (Q.Q4_K, Q.Q6_K):
+                # gguf-py has no K-quant quantizer: random blocks with small scales stand in
+                # for these weights (the folder below holds whatever they decode to)
+                q = k_blocks(a.shape, qt)
+            else:
+                q = gguf.quants.quantize(a, qt)
             w.add_tensor(k, q, raw_dtype=qt)
             deq[k] = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(q, qt).astype(np.float32)))
     w.write_header_to_file()
