@@ -1,6 +1,6 @@
 /* Fuzz target: a component file in place of a folder's weights (nn/weights_source.c): the input
  * is the file (GGUF when it starts with "GGUF", else safetensors), opened as a single-file
- * source; every diffusers name of a FLUX transformer is looked up, converted (renames, qkv and
+ * source; diffusers names of FLUX and SD3 transformers and of a VAE are looked up, converted (renames, qkv and
  * linear1 row splits from the shapes, swapped halves, dequantization, fp8 scales) and loaded.
  *
  * Invariants: a found tensor's shape has 1..8 non-negative dims whose product the load returns
@@ -23,11 +23,52 @@ static const char *const k_names[] = {
     "single_transformer_blocks.0.proj_mlp.bias", "single_transformer_blocks.0.proj_out.weight",
     "single_transformer_blocks.0.norm.linear.weight", "single_transformer_blocks.0.attn.norm_k.weight",
     "lin.weight", "other.weight",
+    /* SD3 names that differ from FLUX's conversions */
+    "pos_embed.pos_embed", "pos_embed.proj.weight", "transformer_blocks.0.attn2.to_k.weight",
+    "transformer_blocks.0.attn2.norm_q.weight", "transformer_blocks.0.norm1_context.linear.weight",
+    "transformer_blocks.1.norm1_context.linear.bias", "transformer_blocks.0.ff_context.net.2.weight",
+    /* LDM VAE names */
+    "encoder.conv_in.weight", "encoder.conv_norm_out.bias", "encoder.down_blocks.0.resnets.0.conv1.weight",
+    "encoder.down_blocks.0.downsamplers.0.conv.weight", "encoder.mid_block.resnets.1.norm2.bias",
+    "encoder.mid_block.attentions.0.to_q.weight", "decoder.mid_block.attentions.0.to_out.0.weight",
+    "decoder.up_blocks.0.resnets.1.conv_shortcut.weight", "decoder.up_blocks.1.upsamplers.0.conv.bias",
 };
 
 static void write_seeds(const char *dir) {
     fz_seed_file(dir, -1, "formats/fp8_scaled/model.safetensors", 1 << 16);
+    /* a small SD3 file: two joint blocks, the last with (shift, scale) context modulation */
+    {
+        static const struct {
+            const char *name;
+            int ndim;
+            int64_t s0, s1;
+        } t[] = {
+            {"joint_blocks.0.context_block.adaLN_modulation.1.bias", 1, 24, 0},
+            {"joint_blocks.0.context_block.adaLN_modulation.1.weight", 2, 24, 4},
+            {"joint_blocks.1.context_block.adaLN_modulation.1.bias", 1, 8, 0},
+            {"joint_blocks.1.context_block.adaLN_modulation.1.weight", 2, 8, 4},
+            {"joint_blocks.0.x_block.attn2.qkv.weight", 2, 12, 4},
+            {"joint_blocks.0.x_block.attn2.ln_q.weight", 1, 2, 0},
+            {"joint_blocks.0.context_block.mlp.fc2.weight", 2, 4, 8},
+            {"pos_embed", 3, 1, 16},
+            {"x_embedder.proj.weight", 2, 4, 4},
+        };
+        cdf_st_writer *w = cdf_st_writer_new();
+        static float v[128];
+        for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+            int64_t shape[3] = {t[i].s0, t[i].s1, 4};
+            cdf_st_writer_add(w, t[i].name, CDF_F32, t[i].ndim, shape, v);
+        }
+        const char *p = fz_join(fz_tmp(), "seed.safetensors");
+        if (cdf_st_writer_save(w, p) != CDF_OK) abort();
+        cdf_st_writer_free(w);
+        size_t n = 0;
+        uint8_t *d = fz_read(p, &n);
+        fz_seed(dir, -1, d, n);
+        free(d);
+    }
     fz_seed_file(dir, -1, "formats/tiny_v3.gguf", 1 << 16);
+    fz_seed_file(dir, -1, "formats/flux_single/ae_ldm.safetensors", 1 << 19); /* the tiny LDM VAE */
     /* a small BFL FLUX file: inner 4, mlp 8 */
     static const struct {
         const char *name;

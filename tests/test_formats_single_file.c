@@ -100,10 +100,41 @@ static void test_key_conversion(void **state) {
                          variant_of("formats/sd3_single/sd3_sai.safetensors", "sd3_comfy.safetensors", "model.diffusion_model.", NULL,
                                     NULL, NULL)};
     check_conversion(tu_data("pipelines/sd35m_tiny/transformer"), sd3, 2, "Stability SD3");
+    const char *vae[] = {tu_data(FS "ae_ldm.safetensors"), variant_of(FS "ae_ldm.safetensors", "vae_prefixed.safetensors", "vae.", NULL,
+                                                                      NULL, NULL)};
+    check_conversion(tu_data("pipelines/flux1_dev_tiny/vae"), vae, 2, "LDM VAE");
+}
+
+/* A ComfyUI-style all-in-one file: the BFL transformer under "model.diffusion_model.", the LDM
+ * VAE under "vae." and a stand-in text encoder tensor under "text_encoders.". */
+static const char *all_in_one(void) {
+    static char path[1024];
+    if (path[0]) return path;
+    cdf_st_writer *w = cdf_st_writer_new();
+    const char *srcs[2] = {FS "flux_bfl.safetensors", FS "ae_ldm.safetensors"}, *pfx[2] = {"model.diffusion_model.", "vae."};
+    cdf_st_file *fs[2];
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(cdf_st_open(tu_data(srcs[k]), &fs[k]), CDF_OK);
+        for (int i = 0; i < cdf_st_count(fs[k]); i++) {
+            const cdf_st_tensor *t = cdf_st_tensor_at(fs[k], i);
+            char name[512];
+            snprintf(name, sizeof name, "%s%s", pfx[k], t->name);
+            assert_int_equal(cdf_st_writer_add(w, name, t->dtype, t->ndim, t->shape, cdf_st_data(fs[k], t)), CDF_OK);
+        }
+    }
+    static float te[4];
+    assert_int_equal(cdf_st_writer_add(w, "text_encoders.t5xxl.transformer.shared.weight", CDF_F32, 1, (int64_t[]){4}, te), CDF_OK);
+    snprintf(path, sizeof path, "%s", tmp_path("all_in_one.safetensors"));
+    assert_int_equal(cdf_st_writer_save(w, path), CDF_OK);
+    cdf_st_writer_free(w);
+    cdf_st_close(fs[0]);
+    cdf_st_close(fs[1]);
+    return path;
 }
 
 /* latents_final of a 2-step f32 generation (malloc'd, 4 * *n bytes), or NULL with the status. */
-static float *run_pipe(const char *pipe, const cdf_component_file *files, int nfiles, bool allow_unused, size_t *n, cdf_status *st) {
+static float *run_pipe_key(const char *pipe, const char *key, const cdf_component_file *files, int nfiles, bool allow_unused,
+                           size_t *n, cdf_status *st) {
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
     lp.weight_dtype = CDF_F32;
     lp.component_files = files;
@@ -124,7 +155,7 @@ static float *run_pipe(const char *pipe, const cdf_component_file *files, int nf
     *st = cdf_pipeline_generate(p, &gp, &img);
     assert_int_equal(*st, CDF_OK);
     cdf_image_free(&img);
-    cdf_tensor *l = cdf_tensor_map_get(&cap, "latents_final");
+    cdf_tensor *l = cdf_tensor_map_get(&cap, key);
     assert_non_null(l);
     *n = (size_t)cdf_tensor_numel(l);
     float *v = malloc(*n * 4);
@@ -132,6 +163,10 @@ static float *run_pipe(const char *pipe, const cdf_component_file *files, int nf
     cdf_tensor_map_clear(&cap);
     cdf_pipeline_free(p);
     return v;
+}
+
+static float *run_pipe(const char *pipe, const cdf_component_file *files, int nfiles, bool allow_unused, size_t *n, cdf_status *st) {
+    return run_pipe_key(pipe, "latents_final", files, nfiles, allow_unused, n, st);
 }
 
 static float *run(const cdf_component_file *files, int nfiles, bool allow_unused, size_t *n, cdf_status *st) {
@@ -170,6 +205,22 @@ static void test_same_latents(void **state) {
     free(vq);
     free(vd);
     free(ref);
+
+    /* the VAE from LDM names, and transformer + VAE from one all-in-one file: the same decoded image */
+    float *img0 = run_pipe_key("pipelines/flux1_dev_tiny", "vae_decode_output", NULL, 0, false, &n0, &st);
+    assert_non_null(img0);
+    cdf_component_file ae = {"vae", tu_data(FS "ae_ldm.safetensors")};
+    float *img = run_pipe_key("pipelines/flux1_dev_tiny", "vae_decode_output", &ae, 1, false, &n, &st);
+    if (!img) fail_msg("ae: %s", cdf_last_error());
+    assert_int_equal(n, n0);
+    assert_memory_equal(img, img0, n * 4);
+    free(img);
+    cdf_component_file aio[2] = {{"transformer", all_in_one()}, {"vae", all_in_one()}};
+    img = run_pipe_key("pipelines/flux1_dev_tiny", "vae_decode_output", aio, 2, false, &n, &st);
+    if (!img) fail_msg("all-in-one: %s", cdf_last_error());
+    assert_memory_equal(img, img0, n * 4);
+    free(img);
+    free(img0);
 
     /* SD3.5-Medium from Stability's layout */
     ref = run_pipe("pipelines/sd35m_tiny", NULL, 0, false, &n0, &st);

@@ -9,15 +9,19 @@
 #include "core/error_internal.h"
 #include "io/io_internal.h"
 
-enum { LAYOUT_DIFFUSERS, LAYOUT_FLUX_BFL, LAYOUT_SD3_SAI };
+/* Original layouts a file may hold (an all-in-one file holds several, each under its prefix). */
+enum { LAYOUT_FLUX_BFL, LAYOUT_SD3_SAI, LAYOUT_LDM_VAE, N_LAYOUTS };
 
 struct cdf_wsrc {
     char *path;
     cdf_checkpoint *ck;  /* safetensors (folder or file) */
     cdf_gguf_file *gg;   /* or GGUF */
-    int layout;
-    const char *prefix;  /* "model.diffusion_model." or "" */
-    int sd3_last_block;  /* SD3: index of the last joint block (its context modulation is swapped) */
+    bool has[N_LAYOUTS];
+    bool used_layout[N_LAYOUTS];
+    const char *prefix[N_LAYOUTS]; /* "model.diffusion_model.", "vae.", ... or "" */
+    int vae_up_blocks;   /* LDM VAE: number of decoder.up.N blocks (diffusers numbers them reversed) */
+    int sd3_last_block;
+    bool diffusers_layout; /* none of the original layouts: names are diffusers' */  /* SD3: index of the last joint block (its context modulation is swapped) */
     char format[96];
     bool found_any;
     char hint[600];
@@ -42,9 +46,10 @@ static const char *raw_name_at(const cdf_wsrc *s, int i) {
     return s->gg ? cdf_gguf_tensor_at(s->gg, i)->name : cdf_checkpoint_name_at(s->ck, i);
 }
 
-static bool raw_find(const cdf_wsrc *s, const char *name, raw *r) {
+/* The source tensor `pfx` + `name`. */
+static bool raw_find(const cdf_wsrc *s, const char *pfx, const char *name, raw *r) {
     char full[600];
-    snprintf(full, sizeof full, "%s%s", s->prefix, name);
+    snprintf(full, sizeof full, "%s%s", pfx, name);
     memset(r, 0, sizeof *r);
     r->ggml = -1;
     if (s->gg) {
@@ -142,16 +147,16 @@ static bool block_of(const char *name, const char *prefix, int *idx, const char 
 }
 
 /* Part k of n equal row chunks of the source tensor (torch.chunk of a divisible dim 0). */
-static bool set_chunk(const cdf_wsrc *s, cdf_wsrc_tensor *t, int k, int n) {
+static bool set_chunk(const cdf_wsrc *s, const char *pfx, cdf_wsrc_tensor *t, int k, int n) {
     raw r;
-    if (!raw_find(s, t->src_name, &r) || r.ndim < 1 || r.shape[0] % n) return false;
+    if (!raw_find(s, pfx, t->src_name, &r) || r.ndim < 1 || r.shape[0] % n) return false;
     t->nrows = r.shape[0] / n;
     t->row0 = k * t->nrows;
     return true;
 }
 
 /* Where diffusers' `name` comes from in a BFL FLUX file; false if nowhere. */
-static bool flux_recipe(const cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
+static bool flux_recipe(const cdf_wsrc *s, const char *pfx, const char *name, cdf_wsrc_tensor *t) {
     char stem[512];
     const char *param, *rest;
     int i;
@@ -170,7 +175,7 @@ static bool flux_recipe(const cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t)
         for (int k = 0; k < 6; k++)
             if (strcmp(rest, qkv[k]) == 0) {
                 snprintf(t->src_name, sizeof t->src_name, "double_blocks.%d.%s.qkv.%s", i, k < 3 ? "img_attn" : "txt_attn", bparam);
-                return set_chunk(s, t, k % 3, 3);
+                return set_chunk(s, pfx, t, k % 3, 3);
             }
         return false;
     }
@@ -189,7 +194,7 @@ static bool flux_recipe(const cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t)
                 snprintf(l2, sizeof l2, "single_blocks.%d.linear2.weight", i);
                 snprintf(t->src_name, sizeof t->src_name, "single_blocks.%d.linear1.%s", i, bparam);
                 raw r2, r1;
-                if (!raw_find(s, l2, &r2) || r2.ndim != 2 || !raw_find(s, t->src_name, &r1) || r1.ndim < 1) return false;
+                if (!raw_find(s, pfx, l2, &r2) || r2.ndim != 2 || !raw_find(s, pfx, t->src_name, &r1) || r1.ndim < 1) return false;
                 int64_t inner = r2.shape[0];
                 if (r1.shape[0] <= 3 * inner) return false;
                 t->row0 = k * inner;
@@ -233,7 +238,7 @@ static const key_rename k_sd3_block[] = {
     {"ff_context.net.0.proj", "context_block.mlp.fc1"}, {"ff_context.net.2", "context_block.mlp.fc2"},
 };
 
-static bool sd3_recipe(const cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
+static bool sd3_recipe(const cdf_wsrc *s, const char *pfx, const char *name, cdf_wsrc_tensor *t) {
     char stem[512];
     const char *param, *rest;
     int i;
@@ -260,7 +265,7 @@ static bool sd3_recipe(const cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) 
         for (int k = 0; k < 9; k++)
             if (strcmp(rest, qkv[k]) == 0) {
                 snprintf(t->src_name, sizeof t->src_name, "joint_blocks.%d.%s.qkv.%s", i, src[k / 3], param);
-                return set_chunk(s, t, k % 3, 3);
+                return set_chunk(s, pfx, t, k % 3, 3);
             }
         return false;
     }
@@ -274,6 +279,64 @@ static bool sd3_recipe(const cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) 
             snprintf(t->src_name, sizeof t->src_name, "%s.%s", k_sd3_top[k].bfl, param);
             return true;
         }
+    return false;
+}
+
+/* ---- LDM VAE (FLUX's ae.safetensors, "first_stage_model." / "vae." in checkpoints): diffusers'
+ * convert_ldm_vae_checkpoint ---- */
+
+static const key_rename k_vae_top[] = {
+    {"encoder.conv_norm_out", "encoder.norm_out"}, {"decoder.conv_norm_out", "decoder.norm_out"},
+    {"encoder.conv_in", "encoder.conv_in"},        {"encoder.conv_out", "encoder.conv_out"},
+    {"decoder.conv_in", "decoder.conv_in"},        {"decoder.conv_out", "decoder.conv_out"},
+    {"quant_conv", "quant_conv"},                  {"post_quant_conv", "post_quant_conv"},
+};
+
+static const key_rename k_vae_attn[] = {
+    {"group_norm", "norm"}, {"to_q", "q"}, {"to_k", "k"}, {"to_v", "v"}, {"to_out.0", "proj_out"},
+};
+
+static bool vae_recipe(const cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
+    char stem[512];
+    const char *param, *rest;
+    int i, j;
+    t->row0 = 0, t->nrows = -1, t->swap_halves = false;
+    if (!split_param(name, stem, sizeof stem, &param)) return false;
+    for (size_t k = 0; k < sizeof k_vae_top / sizeof *k_vae_top; k++)
+        if (strcmp(stem, k_vae_top[k].diffusers) == 0) {
+            snprintf(t->src_name, sizeof t->src_name, "%s.%s", k_vae_top[k].bfl, param);
+            return true;
+        }
+    const char *side = strncmp(stem, "encoder.", 8) == 0 ? "encoder" : strncmp(stem, "decoder.", 8) == 0 ? "decoder" : NULL;
+    if (!side) return false;
+    const char *p = stem + 8;
+    if (block_of(p, "mid_block.resnets.", &j, &rest)) {
+        snprintf(t->src_name, sizeof t->src_name, "%s.mid.block_%d.%s.%s", side, j + 1,
+                 strcmp(rest, "conv_shortcut") == 0 ? "nin_shortcut" : rest, param);
+        return true;
+    }
+    if (strncmp(p, "mid_block.attentions.0.", 23) == 0) {
+        for (size_t k = 0; k < sizeof k_vae_attn / sizeof *k_vae_attn; k++)
+            if (strcmp(p + 23, k_vae_attn[k].diffusers) == 0) {
+                snprintf(t->src_name, sizeof t->src_name, "%s.mid.attn_1.%s.%s", side, k_vae_attn[k].bfl, param);
+                return true; /* 1x1 conv weights: the caller drops the unit dims */
+            }
+        return false;
+    }
+    bool enc = side[0] == 'e';
+    if (!block_of(p, enc ? "down_blocks." : "up_blocks.", &i, &rest)) return false;
+    int b = enc ? i : s->vae_up_blocks - 1 - i; /* diffusers' up_blocks run in reverse */
+    if (b < 0) return false;
+    if (block_of(rest, "resnets.", &j, &rest)) {
+        snprintf(t->src_name, sizeof t->src_name, "%s.%s.%d.block.%d.%.200s.%s", side, enc ? "down" : "up", b, j,
+                 strcmp(rest, "conv_shortcut") == 0 ? "nin_shortcut" : rest, param);
+        return true;
+    }
+    if (strcmp(rest, enc ? "downsamplers.0.conv" : "upsamplers.0.conv") == 0) {
+        snprintf(t->src_name, sizeof t->src_name, "%s.%s.%d.%s.conv.%s", side, enc ? "down" : "up", b,
+                 enc ? "downsample" : "upsample", param);
+        return true;
+    }
     return false;
 }
 
@@ -295,36 +358,48 @@ cdf_status cdf_wsrc_open(const char *path, bool single_file, cdf_wsrc **out) {
         free(s);
         return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
     }
-    s->prefix = "";
     bool gguf = ends_with(path, ".gguf");
     cdf_status st = gguf ? cdf_gguf_open(path, &s->gg) : cdf_checkpoint_open(path, &s->ck);
     if (st != CDF_OK) {
         cdf_wsrc_close(s);
         return st;
     }
-    /* the layout, by the keys diffusers' infer_diffusers_model_type looks at */
-    static const char *const prefixes[] = {"", "model.diffusion_model."};
-    for (int p = 0; p < 2; p++) {
-        char k[128];
-        snprintf(k, sizeof k, "%sdouble_blocks.0.img_attn.norm.key_norm.scale", prefixes[p]);
-        if (has_raw(s, k)) s->layout = LAYOUT_FLUX_BFL, s->prefix = prefixes[p];
-        snprintf(k, sizeof k, "%sjoint_blocks.0.context_block.adaLN_modulation.1.bias", prefixes[p]);
-        if (has_raw(s, k)) s->layout = LAYOUT_SD3_SAI, s->prefix = prefixes[p];
-    }
-    if (s->layout == LAYOUT_SD3_SAI) {
-        s->sd3_last_block = -1;
-        size_t pl = strlen(s->prefix);
-        for (int i = 0; i < count_raw(s); i++) {
-            const char *n = raw_name_at(s, i), *rest;
-            int b;
-            if (strncmp(n, s->prefix, pl) == 0 && block_of(n + pl, "joint_blocks.", &b, &rest) && b > s->sd3_last_block)
-                s->sd3_last_block = b;
+    /* the layouts, by the keys diffusers' infer_diffusers_model_type looks at */
+    static const struct {
+        int layout;
+        const char *key, *prefixes[3];
+    } k_detect[] = {
+        {LAYOUT_FLUX_BFL, "double_blocks.0.img_attn.norm.key_norm.scale", {"", "model.diffusion_model."}},
+        {LAYOUT_SD3_SAI, "joint_blocks.0.context_block.adaLN_modulation.1.bias", {"", "model.diffusion_model."}},
+        {LAYOUT_LDM_VAE, "encoder.down.0.block.0.conv1.weight", {"", "first_stage_model.", "vae."}},
+    };
+    for (size_t d = 0; d < sizeof k_detect / sizeof *k_detect; d++)
+        for (int p = 0; p < 3 && k_detect[d].prefixes[p]; p++) {
+            char k[160];
+            snprintf(k, sizeof k, "%s%s", k_detect[d].prefixes[p], k_detect[d].key);
+            if (has_raw(s, k)) s->has[k_detect[d].layout] = true, s->prefix[k_detect[d].layout] = k_detect[d].prefixes[p];
         }
+    /* block counts the conversions need */
+    s->sd3_last_block = -1;
+    for (int i = 0; i < count_raw(s); i++) {
+        const char *n = raw_name_at(s, i), *rest;
+        int b;
+        if (s->has[LAYOUT_SD3_SAI] && strncmp(n, s->prefix[LAYOUT_SD3_SAI], strlen(s->prefix[LAYOUT_SD3_SAI])) == 0 &&
+            block_of(n + strlen(s->prefix[LAYOUT_SD3_SAI]), "joint_blocks.", &b, &rest) && b > s->sd3_last_block)
+            s->sd3_last_block = b;
+        if (s->has[LAYOUT_LDM_VAE] && strncmp(n, s->prefix[LAYOUT_LDM_VAE], strlen(s->prefix[LAYOUT_LDM_VAE])) == 0 &&
+            block_of(n + strlen(s->prefix[LAYOUT_LDM_VAE]), "decoder.up.", &b, &rest) && b + 1 > s->vae_up_blocks)
+            s->vae_up_blocks = b + 1;
     }
-    static const char *const layout_names[] = {"", ", BFL FLUX keys", ", Stability SD3 keys"};
-    snprintf(s->format, sizeof s->format, "%s%s%s", gguf ? "GGUF" : "safetensors", layout_names[s->layout],
-             *s->prefix ? " under model.diffusion_model." : "");
-    if (single_file || s->layout != LAYOUT_DIFFUSERS || gguf) {
+    static const char *const layout_names[N_LAYOUTS] = {"BFL FLUX keys", "Stability SD3 keys", "LDM VAE keys"};
+    int o = snprintf(s->format, sizeof s->format, "%s", gguf ? "GGUF" : "safetensors");
+    for (int l = 0; l < N_LAYOUTS && o > 0 && (size_t)o < sizeof s->format; l++)
+        if (s->has[l])
+            o += snprintf(s->format + o, sizeof s->format - (size_t)o, ", %s%s%s", layout_names[l], *s->prefix[l] ? " under " : "",
+                          s->prefix[l]);
+    bool original = s->has[LAYOUT_FLUX_BFL] || s->has[LAYOUT_SD3_SAI] || s->has[LAYOUT_LDM_VAE];
+    s->diffusers_layout = !original;
+    if (single_file || original || gguf) {
         s->used = calloc((size_t)count_raw(s) + 1, 1);
         if (!s->used) {
             cdf_wsrc_close(s);
@@ -344,7 +419,7 @@ void cdf_wsrc_close(cdf_wsrc *s) {
     free(s);
 }
 
-cdf_checkpoint *cdf_wsrc_checkpoint(cdf_wsrc *s) { return s && s->layout == LAYOUT_DIFFUSERS ? s->ck : NULL; }
+cdf_checkpoint *cdf_wsrc_checkpoint(cdf_wsrc *s) { return s && s->diffusers_layout ? s->ck : NULL; }
 const char *cdf_wsrc_format(const cdf_wsrc *s) { return s->format; }
 
 /* ---- lookup and load ---- */
@@ -361,15 +436,28 @@ static bool is_fp8(cdf_dtype dt) { return dt == CDF_F8_E4M3 || dt == CDF_F8_E5M2
 bool cdf_wsrc_find(cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
     memset(t, 0, sizeof *t);
     t->nrows = -1;
-    if (s->layout == LAYOUT_FLUX_BFL) {
-        if (!flux_recipe(s, name, t)) return false;
-    } else if (s->layout == LAYOUT_SD3_SAI) {
-        if (!sd3_recipe(s, name, t)) return false;
-    } else {
-        snprintf(t->src_name, sizeof t->src_name, "%s", name);
-    }
     raw r;
-    if (!raw_find(s, t->src_name, &r)) return false;
+    bool found = false;
+    if (s->diffusers_layout) {
+        snprintf(t->src_name, sizeof t->src_name, "%s", name);
+        found = raw_find(s, "", t->src_name, &r);
+    }
+    /* an all-in-one file holds several layouts: the first whose conversion finds the tensor */
+    for (int l = 0; l < N_LAYOUTS && !found; l++) {
+        if (!s->has[l]) continue;
+        t->prefix = s->prefix[l];
+        bool ok = l == LAYOUT_FLUX_BFL ? flux_recipe(s, t->prefix, name, t)
+                  : l == LAYOUT_SD3_SAI ? sd3_recipe(s, t->prefix, name, t)
+                                        : vae_recipe(s, name, t);
+        found = ok && raw_find(s, t->prefix, t->src_name, &r);
+        if (found) s->used_layout[l] = true;
+        /* LDM 1x1 conv attention weights [C, C, 1, 1] are diffusers' linear [C, C] */
+        if (found && l == LAYOUT_LDM_VAE && strstr(t->src_name, ".mid.attn_1.") && strstr(t->src_name, ".weight") &&
+            !strstr(t->src_name, ".norm."))
+            while (r.ndim > 2 && r.shape[r.ndim - 1] == 1) r.ndim--;
+    }
+    if (!found) return false;
+    if (!t->prefix) t->prefix = "";
     if (s->used) s->used[r.idx] = 1;
     s->found_any = true;
     t->ndim = r.ndim;
@@ -379,7 +467,7 @@ bool cdf_wsrc_find(cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
     t->zero_copy = r.ggml < 0 && !t->swap_halves;
     char sn[600];
     raw sr;
-    if (is_fp8(r.dtype) && scale_name(t->src_name, sn, sizeof sn) && raw_find(s, sn, &sr)) {
+    if (is_fp8(r.dtype) && scale_name(t->src_name, sn, sizeof sn) && raw_find(s, t->prefix, sn, &sr)) {
         if (s->used) s->used[sr.idx] = 1;
         t->dtype = CDF_F32; /* scaled on the host */
         t->zero_copy = false;
@@ -389,7 +477,7 @@ bool cdf_wsrc_find(cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
 
 const void *cdf_wsrc_load(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *name) {
     raw r;
-    if (!raw_find(s, t->src_name, &r)) {
+    if (!raw_find(s, t->prefix, t->src_name, &r)) {
         cdf_error(CDF_ERR_INTERNAL, "weight '%s': source tensor '%s' vanished from %s", name, t->src_name, s->path);
         return NULL;
     }
@@ -402,7 +490,7 @@ const void *cdf_wsrc_load(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *name) {
     cdf_io_count_bytes((uint64_t)nrows * row_bytes);
     char sn[600];
     raw sr;
-    bool scaled = is_fp8(r.dtype) && t->dtype == CDF_F32 && scale_name(t->src_name, sn, sizeof sn) && raw_find(s, sn, &sr);
+    bool scaled = is_fp8(r.dtype) && t->dtype == CDF_F32 && scale_name(t->src_name, sn, sizeof sn) && raw_find(s, t->prefix, sn, &sr);
     if (t->zero_copy) return bytes;
 
     size_t esz = cdf_dtype_size(t->dtype);
@@ -414,7 +502,7 @@ const void *cdf_wsrc_load(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *name) {
     t->owned = buf;
     if (r.ggml >= 0) {
         if (cdf_ggml_dequantize((uint32_t)r.ggml, bytes, numel, (float *)buf) != CDF_OK) {
-            cdf_error_prefix("weight '%s' (tensor '%s%s' in %s): ", name, s->prefix, t->src_name, s->path);
+            cdf_error_prefix("weight '%s' (tensor '%s%s' in %s): ", name, t->prefix, t->src_name, s->path);
             return NULL;
         }
     } else if (scaled) {
@@ -460,7 +548,7 @@ const char *cdf_wsrc_missing_hint(cdf_wsrc *s) {
     if (s->found_any || !s->used) return "";
     int n = count_raw(s);
     int o = snprintf(s->hint, sizeof s->hint, "; none of the %d tensors of this file (%s) belong to this model: it is "
-                     "not in diffusers', BFL FLUX's or Stability SD3's layout for it", n, s->format);
+                     "not in diffusers', BFL FLUX's, Stability SD3's or LDM's layout for it", n, s->format);
     for (int i = 0; i < n && i < 2 && o > 0 && (size_t)o < sizeof s->hint; i++)
         o += snprintf(s->hint + o, sizeof s->hint - (size_t)o, "%s'%s'", i ? ", " : "; it holds ", raw_name_at(s, i));
     if (n > 2 && o > 0 && (size_t)o < sizeof s->hint) snprintf(s->hint + o, sizeof s->hint - (size_t)o, ", ...");
@@ -494,19 +582,31 @@ void cdf_wsrc_summary(const cdf_wsrc *s, char *buf, size_t n) {
     }
 }
 
+/* Whether source tensor `name` is another component's part of an all-in-one file: under the
+ * prefix of a layout this component did not use, or of a text encoder. */
+static bool other_component(const cdf_wsrc *s, const char *name) {
+    for (int l = 0; l < N_LAYOUTS; l++)
+        if (s->has[l] && !s->used_layout[l] && *s->prefix[l] && strncmp(name, s->prefix[l], strlen(s->prefix[l])) == 0)
+            return true;
+    static const char *const text[] = {"text_encoders.", "cond_stage_model.", "conditioner."};
+    for (size_t k = 0; k < sizeof text / sizeof *text; k++)
+        if (strncmp(name, text[k], strlen(text[k])) == 0) return true;
+    return strcmp(name, "scaled_fp8") == 0; /* the fp8_scaled marker */
+}
+
 char *cdf_wsrc_unused(const cdf_wsrc *s, int *count) {
     if (count) *count = 0;
     if (!s->used) return NULL;
     size_t len = 1, n = 0;
     int total = count_raw(s);
     for (int i = 0; i < total; i++)
-        if (!s->used[i] && strcmp(raw_name_at(s, i), "scaled_fp8") != 0) len += strlen(raw_name_at(s, i)) + 2, n++;
+        if (!s->used[i] && !other_component(s, raw_name_at(s, i))) len += strlen(raw_name_at(s, i)) + 2, n++;
     if (!n) return NULL;
     char *out = malloc(len);
     if (!out) return NULL;
     out[0] = 0;
     for (int i = 0; i < total; i++)
-        if (!s->used[i] && strcmp(raw_name_at(s, i), "scaled_fp8") != 0) {
+        if (!s->used[i] && !other_component(s, raw_name_at(s, i))) {
             if (out[0]) strcat(out, ", ");
             strcat(out, raw_name_at(s, i));
         }

@@ -1,7 +1,8 @@
 /* Where cdf_weights finds a tensor by its diffusers name: a diffusers checkpoint folder (or one
  * .safetensors file in diffusers layout), or a single-file checkpoint in another layout
- * (.safetensors or .gguf, BFL FLUX or Stability SD3/SD3.5 key names, with or without ComfyUI's
- * "model.diffusion_model." prefix) whose tensors are renamed, split and reordered the way
+ * (.safetensors or .gguf, BFL FLUX or Stability SD3/SD3.5 transformer key names with or without
+ * ComfyUI's "model.diffusion_model." prefix, LDM VAE names bare or under "first_stage_model." /
+ * "vae."; an all-in-one file may hold several) whose tensors are renamed, split and reordered the way
  * diffusers' single_file_utils converts them, with sizes taken from the tensors' shapes.
  *
  * A tensor comes back either as a zero-copy view of mapped bytes (a plain safetensors tensor,
@@ -22,6 +23,7 @@ typedef struct cdf_wsrc_tensor {
     bool zero_copy;    /* cdf_wsrc_load returns mapped bytes that live as long as the source */
     /* private */
     char src_name[512];
+    const char *prefix;  /* of src_name in the file */
     int64_t row0, nrows; /* dim-0 slice of the source tensor (nrows -1: all) */
     bool swap_halves;
     void *owned;
@@ -53,8 +55,10 @@ const char *cdf_wsrc_missing_hint(cdf_wsrc *s);
 void cdf_wsrc_summary(const cdf_wsrc *s, char *buf, size_t n);
 
 /* Source tensors that no cdf_wsrc_find has used so far (their original names), as one
- * comma-separated malloc'd string; NULL if there are none. Only converted single files keep
- * track (a diffusers folder may carry tensors a model does not read). */
+ * comma-separated malloc'd string; NULL if there are none. Only single files keep track (a
+ * diffusers folder may carry tensors a model does not read). Another component's part of an
+ * all-in-one file (under "vae.", "model.diffusion_model.", "text_encoders.", ... when this
+ * component read none of it) does not count. */
 char *cdf_wsrc_unused(const cdf_wsrc *s, int *count);
 
 #endif

@@ -15,7 +15,9 @@ tests/data/formats/flux_single/:
   q8_dequant/transformer  a diffusers folder holding what gguf.quants.dequantize gives for
                           flux_bfl_q8.gguf, converted back to diffusers names (config copied)
 
-and tests/data/formats/sd3_single/sd3_sai.safetensors: the tiny SD3.5-Medium test transformer
+flux_single/ae_ldm.safetensors: the tiny FLUX.1-dev VAE in LDM names (as BFL's ae.safetensors),
+checked against diffusers' `convert_ldm_vae_checkpoint` (bare, under "vae." and under
+"first_stage_model."); and tests/data/formats/sd3_single/sd3_sai.safetensors: the tiny SD3.5-Medium test transformer
 (tests/data/pipelines/sd35m_tiny, dual attention in blocks 0 and 1, RMS qk norms) in
 Stability's key names (joint_blocks.N.{x,context}_block..., fused qkv, the last block's context
 modulation and the final one in (shift, scale) order), checked the same way against diffusers'
@@ -129,6 +131,38 @@ def diffusers_to_sai(sd, n_layers):
     return {k: v.contiguous() for k, v in out.items()}
 
 
+def diffusers_to_ldm_vae(sd, n_up):
+    """The inverse of diffusers' convert_ldm_vae_checkpoint, written from it: LDM names, the mid
+    attention's q/k/v/proj_out as 1x1 conv weights [C, C, 1, 1] as LDM stores them."""
+    out = {}
+    top = {"encoder.conv_norm_out": "encoder.norm_out", "decoder.conv_norm_out": "decoder.norm_out"}
+    attn = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "proj_out"}
+    for k, v in sd.items():
+        stem, p = k.rsplit(".", 1)
+        parts = stem.split(".")
+        side = parts[0]
+        if stem in top:
+            n = top[stem]
+        elif parts[1:3] == ["mid_block", "resnets"]:
+            n = f"{side}.mid.block_{int(parts[3]) + 1}." + ".".join(parts[4:]).replace("conv_shortcut", "nin_shortcut")
+        elif parts[1:4] == ["mid_block", "attentions", "0"]:
+            n = f"{side}.mid.attn_1." + attn[".".join(parts[4:])]
+            if p == "weight" and v.ndim == 2:
+                v = v[:, :, None, None]
+        elif parts[1] in ("down_blocks", "up_blocks"):
+            i = int(parts[2])
+            b = i if side == "encoder" else n_up - 1 - i
+            d = "down" if side == "encoder" else "up"
+            if parts[3] == "resnets":
+                n = f"{side}.{d}.{b}.block.{parts[4]}." + ".".join(parts[5:]).replace("conv_shortcut", "nin_shortcut")
+            else:
+                n = f"{side}.{d}.{b}.{'downsample' if side == 'encoder' else 'upsample'}.conv"
+        else:
+            n = stem
+        out[f"{n}.{p}"] = v.contiguous()
+    return out
+
+
 def diffusers_convert(bfl, inner_dim):
     """diffusers' function, run from its own source with the inner width of this model."""
     src = inspect.getsource(single_file_utils.convert_flux_transformer_checkpoint_to_diffusers)
@@ -223,6 +257,15 @@ def main():
         {"model.diffusion_model." + k: v for k, v in sai.items()}), sd3)
     os.makedirs(os.path.join(root, "tests/data/formats/sd3_single"), exist_ok=True)
     save_file(sai, os.path.join(root, "tests/data/formats/sd3_single/sd3_sai.safetensors"))
+
+    vae_dir = os.path.join(root, "tests/data/pipelines/flux1_dev_tiny/vae")
+    vae_cfg = json.load(open(os.path.join(vae_dir, "config.json")))
+    vae = load_file(os.path.join(vae_dir, "diffusion_pytorch_model.safetensors"))
+    ldm = diffusers_to_ldm_vae(vae, len(vae_cfg["up_block_types"]))
+    same(single_file_utils.convert_ldm_vae_checkpoint(dict(ldm), vae_cfg), vae)
+    same(single_file_utils.convert_ldm_vae_checkpoint({"vae." + k: v for k, v in ldm.items()}, vae_cfg), vae)
+    same(single_file_utils.convert_ldm_vae_checkpoint({"first_stage_model." + k: v for k, v in ldm.items()}, vae_cfg), vae)
+    save_file(ldm, os.path.join(out, "ae_ldm.safetensors"))
     print("wrote", out)
 
 
