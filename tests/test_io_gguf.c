@@ -147,7 +147,7 @@ static void put(bb *b, const void *src, size_t n) {
 }
 static void put_le(bb *b, uint64_t v, int n) {
     for (int i = 0; i < n; i++) {
-        uint8_t c = (uint8_t)(v >> (8 * i));
+        uint8_t c = i < 8 ? (uint8_t)(v >> (8 * i)) : 0; /* n > 8: zero padding */
         put(b, &c, 1);
     }
 }
