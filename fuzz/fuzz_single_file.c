@@ -34,6 +34,17 @@ static const char *const k_names[] = {
     "decoder.up_blocks.0.resnets.1.conv_shortcut.weight", "decoder.up_blocks.1.upsamplers.0.conv.bias",
 };
 
+/* Saves a writer's file as one seed and frees the writer. */
+static void seed_writer(const char *dir, cdf_st_writer *w) {
+    const char *p = fz_join(fz_tmp(), "seed.safetensors");
+    if (cdf_st_writer_save(w, p) != CDF_OK) abort();
+    cdf_st_writer_free(w);
+    size_t n = 0;
+    uint8_t *d = fz_read(p, &n);
+    fz_seed(dir, -1, d, n);
+    free(d);
+}
+
 static void write_seeds(const char *dir) {
     fz_seed_file(dir, -1, "formats/fp8_scaled/model.safetensors", 1 << 16);
     /* a small SD3 file: two joint blocks, the last with (shift, scale) context modulation */
@@ -59,13 +70,7 @@ static void write_seeds(const char *dir) {
             int64_t shape[3] = {t[i].s0, t[i].s1, 4};
             cdf_st_writer_add(w, t[i].name, CDF_F32, t[i].ndim, shape, v);
         }
-        const char *p = fz_join(fz_tmp(), "seed.safetensors");
-        if (cdf_st_writer_save(w, p) != CDF_OK) abort();
-        cdf_st_writer_free(w);
-        size_t n = 0;
-        uint8_t *d = fz_read(p, &n);
-        fz_seed(dir, -1, d, n);
-        free(d);
+        seed_writer(dir, w);
     }
     fz_seed_file(dir, -1, "formats/tiny_v3.gguf", 1 << 16);
     fz_seed_file(dir, -1, "formats/flux_single/ae_ldm.safetensors", 1 << 19); /* the tiny LDM VAE */
@@ -95,13 +100,7 @@ static void write_seeds(const char *dir) {
             int64_t shape[2] = {t[i].s0, t[i].s1};
             cdf_st_writer_add(w, name, i % 3 == 2 ? CDF_BF16 : CDF_F32, t[i].ndim, shape, v);
         }
-        const char *p = fz_join(fz_tmp(), "seed.safetensors");
-        if (cdf_st_writer_save(w, p) != CDF_OK) abort();
-        cdf_st_writer_free(w);
-        size_t n = 0;
-        uint8_t *d = fz_read(p, &n);
-        fz_seed(dir, -1, d, n);
-        free(d);
+        seed_writer(dir, w);
     }
 }
 

@@ -255,49 +255,37 @@ static void test_malformed(void **state) {
     expect_open_error(&b, CDF_ERR_UNSUPPORTED, "big-endian", "big-endian");
     free(b.p);
 
-    tdesc t[2];
-    memcpy(t, ok, sizeof t);
-    t[1].offset = 100; /* not a multiple of 32 */
-    b = build(3, t, 2, -1, 112);
-    expect_open_error(&b, CDF_ERR_FORMAT, "tensor 'b.bias': data offset 100 is not a multiple of the alignment 32", "misaligned");
-    free(b.p);
-    memcpy(t, ok, sizeof t);
-    t[1].offset = 128; /* ends past the data */
-    b = build(3, t, 2, -1, 112);
-    expect_open_error(&b, CDF_ERR_FORMAT, "tensor 'b.bias': data [128, +16) extends beyond", "out of range");
-    free(b.p);
-    memcpy(t, ok, sizeof t);
-    t[1].offset = 32; /* inside a.weight's 68 bytes */
-    b = build(3, t, 2, -1, 112);
-    expect_open_error(&b, CDF_ERR_FORMAT, "overlap", "overlap");
-    free(b.p);
-    memcpy(t, ok, sizeof t);
-    t[1].type = 99;
-    b = build(3, t, 2, -1, 112);
-    expect_open_error(&b, CDF_ERR_FORMAT, "tensor 'b.bias' has unknown ggml type 99", "unknown type");
-    free(b.p);
-    memcpy(t, ok, sizeof t);
-    t[0].ne[0] = 48; /* not whole Q8_0 blocks */
-    b = build(3, t, 2, -1, 112);
-    expect_open_error(&b, CDF_ERR_FORMAT, "not a multiple of the block size 32", "partial block");
-    free(b.p);
-    memcpy(t, ok, sizeof t);
-    t[0].ne[1] = 1ull << 62; /* element count overflow */
-    t[0].ne[0] = 64;
-    b = build(3, t, 2, -1, 112);
-    expect_open_error(&b, CDF_ERR_FORMAT, "overflows 64 bits", "overflow");
-    free(b.p);
-    memcpy(t, ok, sizeof t);
-    t[0].ndim = 0;
-    b = build(3, t, 2, -1, 112);
-    expect_open_error(&b, CDF_ERR_FORMAT, "has 0 dims", "0 dims");
-    free(b.p);
-    memcpy(t, ok, sizeof t);
-    t[1].name = "a.weight";
-    t[1].offset = 96;
-    b = build(3, t, 2, -1, 112);
-    expect_open_error(&b, CDF_ERR_FORMAT, "'a.weight' appears more than once", "duplicate");
-    free(b.p);
+    /* one field of the valid file changed */
+    static const struct {
+        int tensor;
+        const char *field;
+        uint64_t value;
+        const char *needle, *what;
+    } cases[] = {
+        {1, "offset", 100, "tensor 'b.bias': data offset 100 is not a multiple of the alignment 32", "misaligned"},
+        {1, "offset", 128, "tensor 'b.bias': data [128, +16) extends beyond", "out of range"},
+        {1, "offset", 32, "overlap", "overlap"}, /* inside a.weight's 68 bytes */
+        {1, "type", 99, "tensor 'b.bias' has unknown ggml type 99", "unknown type"},
+        {0, "ne0", 48, "not a multiple of the block size 32", "partial block"},
+        {0, "ne1", 1ull << 62, "overflows 64 bits", "overflow"},
+        {0, "ndim", 0, "has 0 dims", "0 dims"},
+        {1, "name", 0, "'a.weight' appears more than once", "duplicate"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tdesc t[2];
+        memcpy(t, ok, sizeof t);
+        tdesc *x = &t[cases[i].tensor];
+        const char *f = cases[i].field;
+        if (strcmp(f, "offset") == 0) x->offset = cases[i].value;
+        else if (strcmp(f, "type") == 0) x->type = (uint32_t)cases[i].value;
+        else if (strcmp(f, "ne0") == 0) x->ne[0] = cases[i].value;
+        else if (strcmp(f, "ne1") == 0) x->ne[1] = cases[i].value, x->ne[0] = 64;
+        else if (strcmp(f, "ndim") == 0) x->ndim = (uint32_t)cases[i].value;
+        else x->name = "a.weight";
+        b = build(3, t, 2, -1, 112);
+        expect_open_error(&b, CDF_ERR_FORMAT, cases[i].needle, cases[i].what);
+        free(b.p);
+    }
     b = build(3, ok, 2, 48, 112);
     expect_open_error(&b, CDF_ERR_FORMAT, "general.alignment 48 is not a power of two", "alignment 48");
     free(b.p);

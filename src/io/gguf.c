@@ -10,14 +10,11 @@
 #include "core/error_internal.h"
 #include "io/io_internal.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 enum { GGUF_U8, GGUF_I8, GGUF_U16, GGUF_I16, GGUF_U32, GGUF_I32, GGUF_F32, GGUF_BOOL, GGUF_STRING, GGUF_ARRAY,
@@ -389,35 +386,11 @@ cdf_status cdf_gguf_open(const char *path, cdf_gguf_file **out) {
         free(f);
         return cdf_error(CDF_ERR_OUT_OF_MEMORY, "cdf_gguf_open: out of memory");
     }
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    cdf_status s = CDF_OK;
-    if (f->fd < 0) {
-        int err = errno;
-        s = err == ENOENT ? cdf_error(CDF_ERR_NOT_FOUND, "GGUF file '%s' does not exist", path)
-                          : cdf_error(CDF_ERR_IO, "cannot open GGUF file '%s': %s", path, strerror(err));
-        goto fail;
-    }
-    struct stat st;
-    if (fstat(f->fd, &st) != 0) {
-        s = cdf_error(CDF_ERR_IO, "cannot stat GGUF file '%s': %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        s = gguf_error(f, CDF_ERR_IO, "not a regular file");
-        goto fail;
-    }
-    f->size = (uint64_t)st.st_size;
-    if (f->size < 24) {
-        s = gguf_error(f, CDF_ERR_FORMAT, "file is %llu bytes, shorter than the 24-byte GGUF header (truncated?)",
-                       (unsigned long long)f->size);
-        goto fail;
-    }
-    void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_PRIVATE, f->fd, 0);
-    if (m == MAP_FAILED) {
-        s = cdf_error(CDF_ERR_IO, "cannot mmap GGUF file '%s': %s", path, strerror(errno));
-        goto fail;
-    }
-    f->map = m;
+    f->fd = -1;
+    size_t size = 0;
+    cdf_status s = cdf_io_map_file(path, "GGUF", 24, "the 24-byte GGUF header", &f->fd, &f->map, &size);
+    f->size = size;
+    if (s != CDF_OK) goto fail;
     s = parse(f);
     if (s != CDF_OK) goto fail;
     *out = f;
