@@ -16,12 +16,17 @@
 #include "core/error_internal.h"
 #include "models/component.h"
 #include "nn/weights_source.h" /* info: a component file's format and tensor types */
+#include "devices.h"
 #include "plan.h" /* cli/plan.c: the plan command, --memory-stats */
 
 /* Exit codes */
 enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2, EXIT_INTERRUPTED = 130 };
 
 static volatile sig_atomic_t g_interrupted;
+
+/* --device NAME (generate, run-model): NULL = the default device, the best one available. */
+static const char *g_device_name;
+static cdf_device *cli_device(void) { return g_device_name ? cdf_device_get(g_device_name) : cdf_device_default(); }
 static void on_sigint(int sig) {
     (void)sig;
     g_interrupted = 1;
@@ -50,6 +55,8 @@ static void usage(FILE *f) {
             "      --text-encoder-out-layers A,B,C  FLUX.2: text encoder layers stacked into the prompt embedding\n"
             "                               (default 10,20,30)\n"
             "      --latents-out FILE       also write latents_initial / latents_final (safetensors)\n"
+            "      --device NAME            device to run on, e.g. cpu or cpu:0 (default: the best available;\n"
+            "                               see cdiffusers devices)\n"
             "      --device-memory SIZE     device memory budget, e.g. 8G\n"
             "      --offload none|model|sequential  none (default): every model resident, fails up front if the\n"
             "                               weights exceed the budget; model: one model on the device at a time;\n"
@@ -67,13 +74,18 @@ static void usage(FILE *f) {
             "      --text-encoder N=FILE    the same for text encoder N (1, 2, 3) or a model_index name\n"
             "      --allow-unused-keys      load even if a --transformer/--vae/--text-encoder file holds tensors\n"
             "                               the model does not use (listed; refused by default)\n"
+            "      --lora FILE[:SCALE]      apply a LoRA adapter (diffusers/PEFT or kohya file; scale default 1);\n"
+            "                               repeatable: the adapters add up\n"
+            "      --lora-mode runtime|fuse runtime (default): added to the layers' outputs, weights untouched;\n"
+            "                               fuse: merged into the weights once at load (faster steps)\n"
+            "      --lora-allow-unused      keys of a LoRA file that match no layer are a warning, not an error\n"
             "      --quiet                  no progress bar\n"
             "      --mode eager|fuse|compile  execution mode (default eager; env CDIFFUSERS_DEFER_AND_FUSE=1 = fuse)\n"
             "      --compile-repeated-blocks  compile only the transformer's repeated blocks (one graph per block class)\n"
             "  cdiffusers run-model --model COMPONENT_DIR --inputs IN.safetensors --output OUT.safetensors\n"
             "                       [--method forward|encode|decode] [--dtype f32|bf16] [--repeat N] [--force]\n"
             "                       [--mode eager|fuse|compile] [--no-fullgraph] [--compile-repeated-blocks]\n"
-            "                       [--tp N [--tp-replicate A,B]]  (under mpirun -np N; rank 0 writes)\n"
+            "                       [--tp N [--tp-replicate A,B]]  (under mpirun -np N; rank 0 writes) [--device NAME]\n"
             "      one forward of one component, chosen by its config.json; inputs by diffusers' argument\n"
             "      names, outputs as out.<name>. With --repeat N prints forward_ms=<ms> per forward to stderr.\n"
             "  cdiffusers plan --model DIR [--height H --width W] [--offload none|model|sequential] [--dtype f32|bf16]\n"
@@ -84,10 +96,13 @@ static void usage(FILE *f) {
             "  cdiffusers tokenize --model DIR --prompt TEXT [--max-length N]\n"
             "      DIR is a tokenizer folder or a pipeline folder (then every tokenizer_* is used)\n"
             "  cdiffusers info --model DIR [--transformer FILE] [--vae FILE] [--text-encoder N=FILE]\n"
+            "  cdiffusers devices\n"
+            "      the compiled-in backends, the devices found (the first is the default), and why a backend found none\n"
             "  cdiffusers --help | --version\n"
             "\n"
             "environment: CDIFFUSERS_CPU_MEMORY_LIMIT=8G, CDIFFUSERS_NUM_THREADS=N,\n"
             "             CDIFFUSERS_BACKEND_AUTOLOAD=0 (load backends explicitly),\n"
+            "             CDIFFUSERS_CPU_DISCRETE=1 (test mode: cpu memory not addressable above the backend),\n"
             "             CDIFFUSERS_LOG=io (per-rank weight bytes read, peak memory, communication),\n"
             "             CDIFFUSERS_DIST_TIMEOUT=S (seconds a rank waits for the others, default 600)\n"
             "exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted\n",
@@ -232,7 +247,7 @@ static int tp_start(tp_run *tr, long tp, const char *replicate) {
         cdf_dist_finalize(tr->pg);
         return EXIT_USAGE;
     }
-    if (cdf_device_mesh_new(tr->pg, cdf_device_get("cpu"), &tr->mesh) != CDF_OK ||
+    if (cdf_device_mesh_new(tr->pg, cli_device(), &tr->mesh) != CDF_OK ||
         cdf_tp_enable(tr->mesh, replicate) != CDF_OK) {
         int rc = fail("--tp");
         cdf_device_mesh_free(tr->mesh);
@@ -355,17 +370,18 @@ static int apply_model_defaults(const char *dir, cdf_generate_params *gp, bool u
 }
 
 /* ---- component files (--transformer, --vae, --text-encoder N=FILE) ---------------------------- */
+enum { OPT_TRANSFORMER_FILE = 1001, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE, OPT_ALLOW_UNUSED_KEYS };
 typedef struct component_files {
     cdf_component_file files[8];
     char keys[8][32];
     int n;
 } component_files;
 
-/* opt: 'X' --transformer, 'V' --vae, 'Z' --text-encoder. */
+/* opt: one of OPT_TRANSFORMER_FILE, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE. */
 static int add_component_file(component_files *cf, int opt, const char *arg) {
     if (cf->n == 8) return usage_error("%s", "at most 8 component files");
-    const char *path = arg, *key = opt == 'X' ? "transformer" : "vae";
-    if (opt == 'Z') {
+    const char *path = arg, *key = opt == OPT_TRANSFORMER_FILE ? "transformer" : "vae";
+    if (opt == OPT_TEXT_ENCODER_FILE) {
         const char *eq = strchr(arg, '=');
         if (!eq || eq == arg || !eq[1] || eq - arg >= 24)
             return usage_error("--text-encoder needs N=FILE (N = 1, 2, 3 or a component name), got '%s'", arg);
@@ -408,8 +424,12 @@ static int cmd_generate(int argc, char **argv) {
         {"mode", required_argument, 0, 'E'},         {"text-encoder-out-layers", required_argument, 0, 'Y'},
         {"compile-repeated-blocks", no_argument, 0, 'B'},
         {"offload", required_argument, 0, 'O'},      {"memory-stats", no_argument, 0, 'K'},
-        {"transformer", required_argument, 0, 'X'},  {"vae", required_argument, 0, 'V'},
-        {"text-encoder", required_argument, 0, 'Z'}, {"allow-unused-keys", no_argument, 0, 'U'},
+        {"transformer", required_argument, 0, OPT_TRANSFORMER_FILE},  {"vae", required_argument, 0, OPT_VAE_FILE},
+        {"text-encoder", required_argument, 0, OPT_TEXT_ENCODER_FILE},
+        {"allow-unused-keys", no_argument, 0, OPT_ALLOW_UNUSED_KEYS},
+        {"device", required_argument, 0, 'D'},
+        {"lora", required_argument, 0, 'A'},         {"lora-mode", required_argument, 0, 'Z'},
+        {"lora-allow-unused", no_argument, 0, 'U'},
         {0, 0, 0, 0},
     };
     int c;
@@ -417,6 +437,11 @@ static int cmd_generate(int argc, char **argv) {
     int te_layers[16];
     component_files cf = {0};
     bool allow_unused = false;
+    enum { MAX_LORA = 16 };
+    char lora_path[MAX_LORA][4096];
+    float lora_scale[MAX_LORA];
+    int n_lora = 0;
+    cdf_lora_params lora_p = cdf_lora_default_params();
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -474,6 +499,7 @@ static int cmd_generate(int argc, char **argv) {
             gp.text_encoder_out_layers = te_layers;
             break;
         case 'M': mem = optarg; break;
+        case 'D': g_device_name = optarg; break;
         case 'E':
             if ((mode = parse_mode(optarg)) < 0) return usage_error("--mode must be eager, fuse or compile, got '%s'", optarg);
             break;
@@ -485,12 +511,38 @@ static int cmd_generate(int argc, char **argv) {
         case 'R': tp_replicate = optarg; break;
         case 'O': offload = optarg; break;
         case 'K': memory_stats = true; break;
-        case 'U': allow_unused = true; break;
-        case 'X':
-        case 'V':
-        case 'Z':
+        case OPT_ALLOW_UNUSED_KEYS: allow_unused = true; break;
+        case OPT_TRANSFORMER_FILE:
+        case OPT_VAE_FILE:
+        case OPT_TEXT_ENCODER_FILE:
             if (add_component_file(&cf, c, optarg) != EXIT_OK) return EXIT_USAGE;
             break;
+        case 'A': {
+            if (n_lora == MAX_LORA) return usage_error("%s", "at most 16 --lora adapters");
+            if (strlen(optarg) >= sizeof lora_path[0]) return usage_error("%s", "--lora: the path is too long");
+            /* FILE[:SCALE]: a trailing ":<number>" is the scale (a path may contain ':') */
+            snprintf(lora_path[n_lora], sizeof lora_path[0], "%s", optarg);
+            lora_scale[n_lora] = 1.0f;
+            char *colon = strrchr(lora_path[n_lora], ':');
+            if (colon && colon[1]) {
+                float sc;
+                if (parse_float(colon + 1, &sc)) {
+                    *colon = '\0';
+                    lora_scale[n_lora] = sc;
+                } else if (strspn(colon + 1, "0123456789.+-eEinfINFaA") == strlen(colon + 1)) {
+                    return usage_error("--lora %s: the scale must be a finite number", optarg);
+                }
+            }
+            if (!lora_path[n_lora][0]) return usage_error("--lora needs FILE[:SCALE], got '%s'", optarg);
+            n_lora++;
+            break;
+        }
+        case 'Z':
+            if (strcmp(optarg, "runtime") == 0) lora_p.mode = CDF_LORA_RUNTIME;
+            else if (strcmp(optarg, "fuse") == 0) lora_p.mode = CDF_LORA_FUSE;
+            else return usage_error("--lora-mode must be runtime or fuse, got '%s'", optarg);
+            break;
+        case 'U': lora_p.allow_unused = true; break;
         case 'h': usage(stdout); return EXIT_OK;
         default: return EXIT_USAGE;
         }
@@ -508,6 +560,7 @@ static int cmd_generate(int argc, char **argv) {
     if (rc_tp != EXIT_OK) return rc_tp;
     if (!gp.prompt) return usage_error("%s", "generate needs --prompt TEXT");
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    lp.device = g_device_name;
     if (strcmp(dtype, "f32") == 0) lp.weight_dtype = CDF_F32;
     else if (strcmp(dtype, "bf16") == 0) lp.weight_dtype = CDF_BF16;
     else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
@@ -536,7 +589,7 @@ static int cmd_generate(int argc, char **argv) {
         else if (!output_writable(output, force) || (latents_out && !output_writable(latents_out, force)))
             st = cdf_last_status();
     }
-    cdf_device *dev = st == CDF_OK ? cdf_device_get("cpu") : NULL;
+    cdf_device *dev = st == CDF_OK ? cli_device() : NULL;
     if (st == CDF_OK && !dev) {
         st = cdf_last_status();
         stage = "device";
@@ -554,6 +607,19 @@ static int cmd_generate(int argc, char **argv) {
     if (st == CDF_OK && cdf_pipeline_load(model, &lp, &pipe) != CDF_OK) {
         st = cdf_last_status();
         stage = "loading the pipeline";
+    }
+    for (int i = 0; i < n_lora && st == CDF_OK; i++) {
+        cdf_lora_params p1 = lora_p;
+        p1.scale = lora_scale[i];
+        cdf_lora_info info;
+        if (cdf_pipeline_load_lora(pipe, lora_path[i], &p1, &info) != CDF_OK) {
+            st = cdf_last_status();
+            stage = "loading a LoRA adapter";
+        } else if (writer) {
+            fprintf(stderr, "cdiffusers: LoRA %s (%s format): %d layer%s, scale %g, %s%s\n", lora_path[i], info.format,
+                    info.layers, info.layers == 1 ? "" : "s", (double)p1.scale, p1.mode == CDF_LORA_FUSE ? "fused" : "run time",
+                    info.unused_keys ? " (some keys unused, see the warning)" : "");
+        }
     }
     if (st == CDF_OK && (mode == MODE_COMPILE || blocks)) {
         cdf_compile_options co = cdf_compile_default_options();
@@ -653,7 +719,8 @@ static int cmd_run_model(int argc, char **argv) {
         {"mode", required_argument, 0, 'E'},   {"no-fullgraph", no_argument, 0, 'G'},
         {"compile-repeated-blocks", no_argument, 0, 'B'},
         {"tp", required_argument, 0, 'P'},     {"tp-replicate", required_argument, 0, 'R'},
-        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
+        {"device", required_argument, 0, 'D'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     int c;
     optind = 1;
@@ -679,6 +746,7 @@ static int cmd_run_model(int argc, char **argv) {
             if (!parse_int(optarg, 1, 4096, &tp)) return usage_error("--tp needs a positive number of ranks, got '%s'", optarg);
             break;
         case 'R': tp_replicate = optarg; break;
+        case 'D': g_device_name = optarg; break;
         case 'f': force = true; break;
         case 'h': usage(stdout); return EXIT_OK;
         default: return EXIT_USAGE;
@@ -706,7 +774,7 @@ static int cmd_run_model(int argc, char **argv) {
     if (rc != EXIT_OK) return rc;
     cdf_status st = CDF_OK;
     const char *stage = NULL;
-    opt.device = cdf_device_get("cpu");
+    opt.device = cli_device();
     if (!opt.device) st = cdf_last_status(), stage = "device";
     if (st == CDF_OK && threads) cdf_device_set_threads(opt.device, (int)threads);
     cdf_component *comp = NULL;
@@ -852,15 +920,17 @@ static void info_component(const char *dir, const char *name, const component_fi
 
 static int cmd_info(int argc, char **argv) {
     const char *model = NULL;
-    static const struct option opts[] = {{"model", required_argument, 0, 'm'},      {"transformer", required_argument, 0, 'X'},
-                                         {"vae", required_argument, 0, 'V'},        {"text-encoder", required_argument, 0, 'Z'},
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"transformer", required_argument, 0, OPT_TRANSFORMER_FILE},
+                                         {"vae", required_argument, 0, OPT_VAE_FILE},
+                                         {"text-encoder", required_argument, 0, OPT_TEXT_ENCODER_FILE},
                                          {0, 0, 0, 0}};
     int c;
     component_files cf = {0};
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (c == 'm') model = optarg;
-        else if (c == 'X' || c == 'V' || c == 'Z') {
+        else if (c == OPT_TRANSFORMER_FILE || c == OPT_VAE_FILE || c == OPT_TEXT_ENCODER_FILE) {
             if (add_component_file(&cf, c, optarg) != EXIT_OK) return EXIT_USAGE;
         } else return EXIT_USAGE;
     }
@@ -915,6 +985,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 1, argv + 1);
     if (strcmp(cmd, "info") == 0) return cmd_info(argc - 1, argv + 1);
     if (strcmp(cmd, "plan") == 0) return cdf_cli_plan(argc - 1, argv + 1);
+    if (strcmp(cmd, "devices") == 0) return cdf_cli_devices(argc - 1, argv + 1);
     fprintf(stderr, "cdiffusers: unknown command '%s' (see cdiffusers --help)\n", cmd);
     return EXIT_USAGE;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test suite: installs dependencies (Debian 12 packages), builds cdiffusers and runs ctest
-# in each execution mode (eager, defer-and-fuse, compile, repeated-block compile) and with the
-# fallback ISAs forced; then builds again with AddressSanitizer + UndefinedBehaviorSanitizer and runs the suite under
+# in each execution mode (eager, defer-and-fuse, compile, repeated-block compile), the same with
+# the cpu backend in its discrete-memory test mode, and with the fallback ISAs forced; then builds again with AddressSanitizer + UndefinedBehaviorSanitizer and runs the suite under
 # them (skip that second pass with CDF_SKIP_SANITIZE=1); then runs every libFuzzer target for
 # CDF_FUZZ_SECONDS (default 15) from its seeds, failing on any finding (skip: CDF_SKIP_FUZZ=1);
 # then valgrind memcheck over a few representative tests and the CLI's success paths, failing on
@@ -20,6 +20,12 @@ ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs"
 CDIFFUSERS_DEFER_AND_FUSE=1 ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs"
 CDIFFUSERS_COMPILE=1 ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs"
 CDIFFUSERS_COMPILE=blocks ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs"
+# the whole suite again, in every mode, with the cpu backend's memory unreachable from above the
+# backend (CDIFFUSERS_CPU_DISCRETE=1: a device address dereferenced outside the backend faults),
+# which is what proves that every byte moves through the backend as it must on an accelerator
+for m in "" "CDIFFUSERS_DEFER_AND_FUSE=1" "CDIFFUSERS_COMPILE=1" "CDIFFUSERS_COMPILE=blocks"; do
+  env CDIFFUSERS_CPU_DISCRETE=1 $m ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs"
+done
 # the numeric tests again with the fast kernels' fallback ISAs forced (what a machine without
 # AVX-512-BF16, or without AVX2, runs): the same golden tolerances must hold on every path
 for isa in avx2 generic; do

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cdiffusers/cdiffusers.h"
+#include "exec/compile.h"
 #include "models/component.h"
 
 static double run_and_diff(cdf_component *c, const char *method, const cdf_tensor_map *in, const cdf_tensor_map *golden,
@@ -183,43 +184,169 @@ static void test_flux_compiles_fullgraph(void **state) {
     cdf_component_free(c);
 }
 
-/* The CLIP text encoder reads its ids on the host (pooling at the eos position): a graph
- * break. fullgraph refuses it with an error naming the module and the read; without fullgraph
- * the forward falls back to eager, and the signature is not retried. */
-static void test_graph_break(void **state) {
-    (void)state;
-    cdf_component *c = tu_load_component(tu_data("golden/text_models/clip_l_tiny"), CDF_F32);
-    cdf_tensor_map g;
-    tu_load_map(&g, "golden/text_models/outputs/clip_l_tiny.safetensors");
-    cdf_tensor_map in;
+/* A forward whose computation depends on values read on the host: y = x * sum(x), the sum
+ * taken on the host from x's values. */
+static cdf_status reading_forward(void *ctx, const cdf_tensor_map *in, cdf_tensor_map *out) {
+    (void)ctx;
+    cdf_tensor *x = cdf_tensor_map_get(in, "x");
+    float v[3];
+    cdf_status s = cdf_tensor_read(x, CDF_F32, v, sizeof v);
+    if (s != CDF_OK) return s;
+    return cdf_tensor_map_set(out, "out.y", cdf_scale(x, v[0] + v[1] + v[2]));
+}
+
+static cdf_tensor *vec3(float a, float b, float c) {
+    float v[3] = {a, b, c};
+    return cdf_tensor_from_host(tu_cpu(), CDF_F32, 1, (int64_t[]){3}, v, CDF_F32);
+}
+
+static float run_y0(cdf_graph_cache *gc, cdf_tensor *x, cdf_status *st) {
+    cdf_tensor_map in, out;
     cdf_tensor_map_init(&in);
-    cdf_tensor_map_set(&in, "input_ids", cdf_tensor_map_get(&g, "input_ids"));
-    assert_int_equal(cdf_component_compile(c, NULL), CDF_OK);
-    cdf_tensor_map out;
     cdf_tensor_map_init(&out);
-    assert_int_equal(cdf_component_run(c, "forward", &in, &out), CDF_ERR_GRAPH_BREAK);
-    assert_non_null(strstr(cdf_last_error(), "graph break"));
-    assert_non_null(strstr(cdf_last_error(), "CLIPTextModel"));
-    assert_non_null(strstr(cdf_last_error(), "i64"));
+    cdf_tensor_map_set(&in, "x", x);
+    *st = cdf_graph_cache_run(gc, reading_forward, NULL, &in, &out, NULL, 0);
+    float y[3] = {0};
+    if (*st == CDF_OK) *st = cdf_tensor_read(cdf_tensor_map_get(&out, "out.y"), CDF_F32, y, sizeof y);
+    cdf_tensor_map_clear(&in);
+    cdf_tensor_map_clear(&out);
+    return y[0];
+}
+
+/* A host read inside a capture is a graph break: fullgraph refuses it with an error naming the
+ * module and the read; without fullgraph the forward falls back to eager and the signature is not
+ * retried. Declared static, the input's values become part of the key instead: no break, and a
+ * new value compiles a new plan (never a stale replay). */
+static void test_graph_break_and_static_inputs(void **state) {
+    (void)state;
+    cdf_scope_push();
+    cdf_tensor *x1 = vec3(1, 2, 3), *x2 = vec3(2, 2, 2);
+    cdf_status st;
+    cdf_graph_cache *full = cdf_graph_cache_new("Reader.forward", NULL); /* fullgraph by default */
+    run_y0(full, x1, &st);
+    assert_int_equal(st, CDF_ERR_GRAPH_BREAK);
+    assert_non_null(strstr(cdf_last_error(), "graph break in Reader.forward"));
+    assert_non_null(strstr(cdf_last_error(), "[3] f32"));
     cdf_device_synchronize(tu_cpu());
+    cdf_graph_cache_free(full);
+
     cdf_compile_options o = cdf_compile_default_options();
     o.fullgraph = false;
-    assert_int_equal(cdf_component_compile(c, &o), CDF_OK);
+    cdf_graph_cache *lax = cdf_graph_cache_new("Reader.forward", &o);
     cdf_exec_stats b0, b1;
     cdf_exec_get_stats(&b0);
-    for (int r = 0; r < 2; r++) {
-        cdf_tensor_map_clear(&out);
-        assert_int_equal(cdf_component_run(c, "forward", &in, &out), CDF_OK);
-        double d = tu_diff_tensors(cdf_tensor_map_get(&out, "out.last_hidden_state"), cdf_tensor_map_get(&g, "last_hidden_state"), "clip");
-        assert_true(d <= 1e-4);
-    }
+    float y = run_y0(lax, x1, &st);
+    if (st != CDF_OK) fail_msg("eager fallback: %s", cdf_last_error());
+    assert_float_equal(y, 6.0f, 0);
+    assert_float_equal(run_y0(lax, x2, &st), 12.0f, 0);
     cdf_exec_get_stats(&b1);
     assert_int_equal(b1.graph_breaks - b0.graph_breaks, 1); /* remembered: not retried */
     assert_int_equal(b1.compiles - b0.compiles, 0);
-    cdf_tensor_map_clear(&out);
-    cdf_tensor_map_clear(&in);
-    cdf_tensor_map_clear(&g);
-    cdf_component_free(c);
+    cdf_graph_cache_free(lax);
+
+    cdf_graph_cache *guarded = cdf_graph_cache_new("Reader.forward", NULL);
+    assert_int_equal(cdf_graph_cache_set_static_inputs(guarded, (const char *const[]){"x", NULL}), CDF_OK);
+    cdf_exec_get_stats(&b0);
+    assert_float_equal(run_y0(guarded, x1, &st), 6.0f, 0);
+    assert_int_equal(st, CDF_OK);
+    assert_float_equal(run_y0(guarded, x1, &st), 6.0f, 0);  /* replay */
+    assert_float_equal(run_y0(guarded, x2, &st), 12.0f, 0); /* new values: a new plan */
+    cdf_exec_get_stats(&b1);
+    assert_int_equal(b1.graph_breaks - b0.graph_breaks, 0);
+    assert_int_equal(b1.compiles - b0.compiles, 2);
+    assert_int_equal(b1.cache_hits - b0.cache_hits, 1);
+    assert_int_equal(cdf_graph_cache_size(guarded), 2);
+    cdf_graph_cache_free(guarded);
+    cdf_scope_pop(NULL, 0);
+}
+
+/* Every golden component compiles as one graph (fullgraph): text encoders, both VAEs (encode and
+ * decode), every transformer. The replay matches the golden output; and the eager forward reads
+ * nothing on the host (no sync for a read: the forward can run ahead of the device whole). */
+typedef struct golden_case {
+    const char *model, *io, *method;
+    const char *inputs[7];  /* names in the io file (NULL-terminated) */
+    const char *out, *want; /* output name, golden name */
+    double tol;
+    bool layers;            /* Mistral: text_encoder_out_layers (1, 2, 3), a static input */
+} golden_case;
+
+static const golden_case k_cases[] = {
+    {"golden/text_models/clip_l_tiny", "golden/text_models/outputs/clip_l_tiny.safetensors", "forward", {"input_ids"},
+     "out.pooler_output", "pooler_output", 1e-4, false},
+    {"golden/text_models/clip_g_tiny", "golden/text_models/outputs/clip_g_tiny.safetensors", "forward", {"input_ids"},
+     "out.text_embeds", "text_embeds", 1e-4, false},
+    {"golden/text_models/t5_tiny", "golden/text_models/outputs/t5_tiny_256.safetensors", "forward", {"input_ids"},
+     "out.last_hidden_state", "last_hidden_state", 1e-4, false},
+    {"golden/flux2_text/text_encoder", "golden/flux2_text/outputs/prompt_embeds.safetensors", "forward",
+     {"input_ids", "attention_mask"}, "out.prompt_embeds", "prompt_embeds", 1e-4, true},
+    {"golden/vae_kl16/vae", "golden/vae_kl16/io.safetensors", "encode", {"x"}, "out.encode_mean", "out.encode_mean", 2e-5, false},
+    {"golden/vae_kl16/vae", "golden/vae_kl16/io.safetensors", "decode", {"z"}, "out.decode_sample", "out.decode_sample", 2e-5, false},
+    {"golden/vae_flux2/vae", "golden/vae_flux2/io.safetensors", "encode", {"x"}, "out.encode_mean", "out.encode_mean", 2e-5, false},
+    {"golden/vae_flux2/vae", "golden/vae_flux2/io.safetensors", "decode", {"packed_latents", "packed_ids"},
+     "out.pipeline_decode_sample", "out.pipeline_decode_sample", 2e-5, false},
+    {"golden/flux1_schnell/transformer", "golden/flux1_schnell/io.safetensors", "forward",
+     {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "img_ids", "txt_ids"}, "out.sample",
+     "out.sample", 3e-4, false},
+    {"golden/sd3/transformer", "golden/sd3/io.safetensors", "forward",
+     {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"}, "out.sample", "out.sample", 3e-4, false},
+    {"golden/flux2_klein/transformer", "golden/flux2_klein/io.safetensors", "forward",
+     {"hidden_states", "encoder_hidden_states", "timestep", "img_ids", "txt_ids"}, "out.sample", "out.sample", 3e-4, false},
+};
+
+static void set_inputs(const golden_case *gc, const cdf_tensor_map *io, cdf_tensor_map *in) {
+    cdf_tensor_map_init(in);
+    for (int k = 0; gc->inputs[k]; k++) assert_int_equal(cdf_tensor_map_set(in, gc->inputs[k], cdf_tensor_map_get(io, gc->inputs[k])), CDF_OK);
+    if (gc->layers) {
+        int64_t l[3] = {1, 2, 3};
+        cdf_tensor *t = cdf_tensor_from_host(tu_cpu(), CDF_I64, 1, (int64_t[]){3}, l, CDF_I64);
+        cdf_tensor_map_set(in, "text_encoder_out_layers", t);
+        cdf_tensor_release(t);
+    }
+}
+
+static void test_every_component_compiles_fullgraph(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++) {
+        const golden_case *gc = &k_cases[i];
+        cdf_tensor_map io, in, out;
+        tu_load_map(&io, gc->io);
+        set_inputs(gc, &io, &in);
+        cdf_tensor_map_init(&out);
+        /* eager: no host read during the forward (a static input is read: one read) */
+        cdf_component *e = tu_load_component(tu_data(gc->model), CDF_F32);
+        cdf_exec_stats s0, s1, s2;
+        cdf_exec_get_stats(&s0);
+        assert_int_equal(cdf_component_run(e, gc->method, &in, &out), CDF_OK);
+        cdf_exec_get_stats(&s1);
+        const bool has_static = gc->layers || strcmp(gc->inputs[1] ? gc->inputs[1] : "", "packed_ids") == 0;
+        if (!has_static) assert_int_equal(s1.host_syncs - s0.host_syncs, 0);
+        double de = tu_diff_tensors(cdf_tensor_map_get(&out, gc->out), cdf_tensor_map_get(&io, gc->want), gc->out);
+        cdf_tensor_map_clear(&out);
+        cdf_component_free(e);
+        /* compile, fullgraph: one capture, then a replay; no graph break */
+        cdf_component *c = tu_load_component(tu_data(gc->model), CDF_F32);
+        assert_int_equal(cdf_component_compile(c, NULL), CDF_OK);
+        cdf_exec_get_stats(&s0);
+        cdf_status st = cdf_component_run(c, gc->method, &in, &out);
+        if (st != CDF_OK) fail_msg("%s.%s: %s", gc->model, gc->method, cdf_last_error());
+        cdf_tensor_map_clear(&out);
+        cdf_exec_get_stats(&s1);
+        assert_int_equal(cdf_component_run(c, gc->method, &in, &out), CDF_OK);
+        cdf_exec_get_stats(&s2);
+        double dc = tu_diff_tensors(cdf_tensor_map_get(&out, gc->out), cdf_tensor_map_get(&io, gc->want), gc->out);
+        print_message("  %-34s %-7s eager %.3g, compiled replay %.3g (tol %.0e)\n", gc->model, gc->method, de, dc, gc->tol);
+        assert_int_equal(s2.graph_breaks - s0.graph_breaks, 0);
+        assert_int_equal(s1.compiles - s0.compiles, 1);
+        assert_int_equal(s2.cache_hits - s1.cache_hits, 1);
+        /* the replay reads nothing on the host (with static inputs: their values, for the key) */
+        if (!has_static) assert_int_equal(s2.host_syncs - s1.host_syncs, 0);
+        assert_true(de <= gc->tol && dc <= gc->tol);
+        cdf_tensor_map_clear(&out);
+        cdf_tensor_map_clear(&in);
+        cdf_tensor_map_clear(&io);
+        cdf_component_free(c);
+    }
 }
 
 static void test_dynamic_refused(void **state) {
@@ -276,7 +403,8 @@ int main(void) {
         cmocka_unit_test(test_vae_decode_compiled),
         cmocka_unit_test(test_graph_arena_lives_only_while_it_runs),
         cmocka_unit_test(test_flux_compiles_fullgraph),
-        cmocka_unit_test(test_graph_break),
+        cmocka_unit_test(test_graph_break_and_static_inputs),
+        cmocka_unit_test(test_every_component_compiles_fullgraph),
         cmocka_unit_test(test_dynamic_refused),
         cmocka_unit_test(test_repeated_blocks_flux),
         cmocka_unit_test(test_repeated_blocks_sd3),

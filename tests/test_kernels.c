@@ -858,6 +858,47 @@ static void test_reduce(void **state) {
     assert_int_equal(cdf_k_reduce(CDF_RED_MAX, o, CDF_F32, z, CDF_F32, 2, 0, 1), CDF_ERR_INVALID_ARG);
 }
 
+/* argmax: the first index of the maximum, any numeric input, exact; NaN wins (its first one) */
+static void test_reduce_argmax(void **state) {
+    (void)state;
+    /* [outer 2, red 6, inner 3] of i64 with ties and values above 2^53's float resolution */
+    const int64_t O = 2, R = 6, I = 3;
+    int64_t x[36];
+    for (int64_t k = 0; k < 36; k++) x[k] = (k * 7919) % 13 - 6;
+    x[(0 * R + 2) * I + 1] = (INT64_C(1) << 60);     /* equal to the next one in double */
+    x[(0 * R + 4) * I + 1] = (INT64_C(1) << 60) + 1; /* the largest: (o 0, i 1) -> r 4 */
+    int64_t out[6], want[6];
+    assert_int_equal(cdf_k_reduce(CDF_RED_ARGMAX, out, CDF_I64, x, CDF_I64, O, R, I), CDF_OK);
+    for (int64_t o = 0; o < O; o++)
+        for (int64_t i = 0; i < I; i++) {
+            int64_t b = 0;
+            for (int64_t r = 1; r < R; r++)
+                if (x[(o * R + r) * I + i] > x[(o * R + b) * I + i]) b = r;
+            want[o * I + i] = b;
+        }
+    /* 2^60 and 2^60 + 1 are the same double: only an exact compare gets r 4 */
+    assert_int_equal(want[1], 4);
+    assert_memory_equal(out, want, sizeof want);
+    /* f32 with a tie (first wins) and a NaN (the NaN's index wins) */
+    float f[5] = {1.0f, 3.0f, -2.0f, 3.0f, 0.5f}, g[5] = {1.0f, 3.0f, NAN, 9.0f, NAN};
+    int64_t a;
+    assert_int_equal(cdf_k_reduce(CDF_RED_ARGMAX, &a, CDF_I64, f, CDF_F32, 1, 5, 1), CDF_OK);
+    assert_int_equal(a, 1);
+    assert_int_equal(cdf_k_reduce(CDF_RED_ARGMAX, &a, CDF_I64, g, CDF_F32, 1, 5, 1), CDF_OK);
+    assert_int_equal(a, 2);
+    /* bf16 and i32 inputs */
+    uint16_t h[3] = {cdf_f32_to_bf16(-1.0f), cdf_f32_to_bf16(-0.5f), cdf_f32_to_bf16(-0.75f)};
+    assert_int_equal(cdf_k_reduce(CDF_RED_ARGMAX, &a, CDF_I64, h, CDF_BF16, 1, 3, 1), CDF_OK);
+    assert_int_equal(a, 1);
+    int32_t i32[4] = {-5, 49407, 12, 49407};
+    assert_int_equal(cdf_k_reduce(CDF_RED_ARGMAX, &a, CDF_I64, i32, CDF_I32, 1, 4, 1), CDF_OK);
+    assert_int_equal(a, 1);
+    /* errors: a non-i64 output, an empty reduction */
+    float fo;
+    assert_int_equal(cdf_k_reduce(CDF_RED_ARGMAX, &fo, CDF_F32, f, CDF_F32, 1, 5, 1), CDF_ERR_DTYPE);
+    assert_int_equal(cdf_k_reduce(CDF_RED_ARGMAX, &a, CDF_I64, f, CDF_F32, 1, 0, 1), CDF_ERR_INVALID_ARG);
+}
+
 /* ---- conv2d -------------------------------------------------------------------------------------- */
 
 static void test_conv2d(void **state) {
@@ -1210,6 +1251,7 @@ int main(void) {
         cmocka_unit_test(test_layer_rms_norm),
         cmocka_unit_test(test_group_norm),
         cmocka_unit_test(test_reduce),
+        cmocka_unit_test(test_reduce_argmax),
         cmocka_unit_test(test_conv2d),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_rope),

@@ -38,6 +38,25 @@ cdf_device *cdf_device_get(const char *name);
 cdf_device *cdf_device_default(void);
 const char *cdf_device_name(const cdf_device *dev);
 
+/* Every registered device, in order of preference (the default is the first). */
+int cdf_device_count(void);
+cdf_device *cdf_device_at(int i); /* NULL if out of range */
+
+typedef struct cdf_device_info {
+    char type[32];           /* the backend, e.g. "cpu" */
+    char description[160];   /* e.g. the CPU model and thread count, or the GPU's name */
+    char features[256];      /* space-separated, e.g. "isa=avx512_bf16 avx2 fma avx512f amx" */
+    uint64_t memory_bytes;   /* total memory the device can use (0 = unknown) */
+    bool host_visible;       /* device memory is host memory (cdf_tensor_wrap allowed) */
+} cdf_device_info;
+cdf_status cdf_device_get_info(const cdf_device *dev, cdf_device_info *out);
+
+/* The backends compiled into this library, whether or not they found a device, and for one
+ * that has none, why (e.g. "no driver"); NULL when it has devices. */
+int cdf_backend_compiled_count(void);
+const char *cdf_backend_compiled_name(int i);
+const char *cdf_backend_why_no_device(int i);
+
 /* Wait for every queued op; returns (and clears) the first error a queued kernel raised. */
 cdf_status cdf_device_synchronize(cdf_device *dev);
 

@@ -41,7 +41,7 @@ typedef struct cdf_component_file {
 } cdf_component_file;
 
 typedef struct cdf_pipeline_load_params {
-    const char *device;       /* "cpu" (default) */
+    const char *device;       /* "cpu", "cpu:0", ...; NULL (default) = the best device available */
     cdf_dtype weight_dtype;   /* CDF_BF16 (default): bf16 weights, matmul/conv inputs rounded to bf16,
                                  f32 accumulation, f32 elsewhere; CDF_F32: the exact path */
     cdf_offload_mode offload; /* CDF_OFFLOAD_NONE (default). With NONE, a device budget smaller than
@@ -107,6 +107,39 @@ cdf_status cdf_pipeline_compile_repeated_blocks(cdf_pipeline *p, const struct cd
 
 /* The effective value the pipeline will use for each 0/negative default of params. */
 void cdf_pipeline_resolve_defaults(const cdf_pipeline *p, cdf_generate_params *params);
+
+/* ---- LoRA adapters ------------------------------------------------------------------------
+ * Files in diffusers/PEFT ("transformer.<module>.lora_A.weight" + ".alpha"; what ai-toolkit
+ * writes too) or kohya ("lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight" + ".alpha",
+ * "lora_te1_..." for the first text encoder) format, detected from the key names as diffusers'
+ * lora_state_dict does. Run time (default): PEFT's y = W x + b + scale * (alpha/r) * B(A x), W
+ * untouched, the scale changes without reloading or recompiling. Fuse: W += scale * (alpha/r) *
+ * B A once at load (diffusers' fuse_lora), fastest, the scale is fixed. Several adapters can be
+ * loaded; their contributions add up. Not with offload or tensor parallelism (refused). */
+typedef enum cdf_lora_mode { CDF_LORA_RUNTIME = 0, CDF_LORA_FUSE = 1 } cdf_lora_mode;
+typedef struct cdf_lora_params {
+    float scale;        /* 1 */
+    cdf_lora_mode mode; /* CDF_LORA_RUNTIME */
+    bool allow_unused;  /* false: keys that match no layer of the pipeline fail the load (the
+                           message lists them); true: they are ignored with a warning on stderr */
+} cdf_lora_params;
+cdf_lora_params cdf_lora_default_params(void);
+typedef struct cdf_lora_info {
+    int adapter;       /* the id for cdf_pipeline_set_lora_scale */
+    int layers;        /* linear layers the adapter changed (all components) */
+    int unused_keys;   /* keys ignored (allow_unused) */
+    const char *format; /* "diffusers" or "kohya" (static string) */
+} cdf_lora_info;
+/* Load an adapter. Validates the whole file against the pipeline's layers (shapes, ranks,
+ * finite values, known keys) before changing anything: a failed load leaves the pipeline as it
+ * was. info may be NULL. */
+cdf_status cdf_pipeline_load_lora(cdf_pipeline *p, const char *path, const cdf_lora_params *params, cdf_lora_info *info);
+/* Change a run-time adapter's scale (finite). A fused adapter's scale is fixed: CDF_ERR_UNSUPPORTED. */
+cdf_status cdf_pipeline_set_lora_scale(cdf_pipeline *p, int adapter, float scale);
+/* Remove every run-time adapter. Fused adapters cannot be taken out (reload the pipeline):
+ * CDF_ERR_UNSUPPORTED, nothing removed. */
+cdf_status cdf_pipeline_unload_lora(cdf_pipeline *p);
+int cdf_pipeline_lora_count(const cdf_pipeline *p);
 
 /* ---- device memory: offload, measured peaks, planning ------------------------------------- */
 /* Switch the offload mode of a loaded pipeline. MODEL releases every model now; NONE

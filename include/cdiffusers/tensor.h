@@ -134,6 +134,8 @@ cdf_tensor *cdf_sum(cdf_tensor *x, int dim, bool keepdim);
 cdf_tensor *cdf_mean(cdf_tensor *x, int dim, bool keepdim);
 cdf_tensor *cdf_var(cdf_tensor *x, int dim, bool keepdim); /* biased (unbiased=False) */
 cdf_tensor *cdf_max(cdf_tensor *x, int dim, bool keepdim);
+/* torch.argmax: i64 index of the first maximum along dim (any numeric dtype, compared exactly). */
+cdf_tensor *cdf_argmax(cdf_tensor *x, int dim, bool keepdim);
 
 /* ---- convolution / resampling ----------------------------------------------------------- */
 typedef struct cdf_conv2d_params {

@@ -16,6 +16,8 @@ static const cdf_backend_iface *const k_builtin[] = {&cdf_cpu_backend_iface};
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static const cdf_backend_iface *g_backends[MAX_BACKENDS];
 static int g_n_backends;
+/* Why a compiled-in backend has no device (its init said so, or failed), by k_builtin index. */
+static char g_why_none[sizeof k_builtin / sizeof *k_builtin][160];
 static cdf_device g_devices[MAX_DEVICES];
 static int g_n_devices;
 
@@ -66,13 +68,28 @@ cdf_device *cdf_backend_add_device(const cdf_backend_iface *iface, int index, vo
     return d;
 }
 
+static int builtin_index(const cdf_backend_iface *iface) {
+    for (size_t i = 0; i < sizeof k_builtin / sizeof *k_builtin; i++)
+        if (k_builtin[i] == iface) return (int)i;
+    return -1;
+}
+
 static cdf_status load_locked(const cdf_backend_iface *iface) {
     for (int i = 0; i < g_n_backends; i++)
         if (g_backends[i] == iface) return CDF_OK;
     if (g_n_backends >= MAX_BACKENDS) return cdf_error(CDF_ERR_LIMIT, "too many backends");
-    int n = 0;
-    cdf_status s = iface->init(&n);
-    if (s != CDF_OK) return cdf_error_prefix("loading backend '%s': ", iface->name);
+    int n = 0, bi = builtin_index(iface);
+    const char *why = NULL;
+    cdf_status s = iface->init(&n, &why);
+    if (s != CDF_OK) {
+        cdf_error_prefix("loading backend '%s': ", iface->name);
+        if (bi >= 0) snprintf(g_why_none[bi], sizeof g_why_none[bi], "%s", cdf_last_error());
+        return s;
+    }
+    if (n == 0) { /* compiled in, nothing to run on: not registered, but `devices` says why */
+        if (bi >= 0) snprintf(g_why_none[bi], sizeof g_why_none[bi], "%s", why ? why : "no device found");
+        return cdf_error(CDF_ERR_NOT_FOUND, "backend '%s' found no device: %s", iface->name, why ? why : "no device found");
+    }
     g_backends[g_n_backends++] = iface;
     return CDF_OK;
 }
@@ -137,8 +154,23 @@ cdf_device *cdf_device_get(const char *name) {
         if (strcmp(g_devices[i].iface->name, type) == 0 && g_devices[i].index == index) return &g_devices[i];
     bool loaded = false;
     for (int i = 0; i < g_n_backends; i++) loaded |= strcmp(g_backends[i]->name, type) == 0;
-    if (loaded) cdf_error(CDF_ERR_NOT_FOUND, "device '%s' does not exist", name);
-    else cdf_error(CDF_ERR_NOT_FOUND, "no backend '%s' is loaded (autoload off? call cdf_backend_load(\"%s\"))", type, type);
+    int bi = -1;
+    for (int i = 0; i < cdf_backend_compiled_count(); i++)
+        if (strcmp(k_builtin[i]->name, type) == 0) bi = i;
+    if (loaded) {
+        cdf_error(CDF_ERR_NOT_FOUND, "device '%s' does not exist", name);
+    } else if (bi < 0) {
+        char known[256] = "";
+        for (int i = 0; i < cdf_backend_compiled_count(); i++) {
+            strncat(known, i ? ", " : "", sizeof known - strlen(known) - 1);
+            strncat(known, k_builtin[i]->name, sizeof known - strlen(known) - 1);
+        }
+        cdf_error(CDF_ERR_NOT_FOUND, "no backend '%s' in this build (compiled in: %s; see cdiffusers devices)", type, known);
+    } else if (g_why_none[bi][0]) {
+        cdf_error(CDF_ERR_NOT_FOUND, "device '%s': the %s backend found no device (%s)", name, type, g_why_none[bi]);
+    } else {
+        cdf_error(CDF_ERR_NOT_FOUND, "no backend '%s' is loaded (autoload off? call cdf_backend_load(\"%s\"))", type, type);
+    }
     return NULL;
 }
 
@@ -258,3 +290,52 @@ void cdf_device_free(cdf_device *dev, void *ptr, size_t nbytes) {
 }
 
 cdf_status cdf_device_enqueue(cdf_device *dev, cdf_node *node) { return dev->iface->enqueue(dev, node); }
+
+/* ---- transfers -------------------------------------------------------------------------------- */
+cdf_status cdf_device_buffer_set(cdf_device *dev, void *dst, const void *src, size_t nbytes) {
+    if (!nbytes) return CDF_OK;
+    cdf_status s = dev->iface->buffer_set(dev, dst, src, nbytes);
+    return s == CDF_OK ? s : cdf_error_prefix("copy of %zu bytes to %s: ", nbytes, dev->name);
+}
+
+cdf_status cdf_device_buffer_get(cdf_device *dev, void *dst, const void *src, size_t nbytes) {
+    if (!nbytes) return CDF_OK;
+    cdf_status s = dev->iface->buffer_get(dev, dst, src, nbytes);
+    return s == CDF_OK ? s : cdf_error_prefix("copy of %zu bytes from %s: ", nbytes, dev->name);
+}
+
+void *cdf_device_host_alloc(cdf_device *dev, size_t nbytes) {
+    void *p = dev->iface->host_alloc ? dev->iface->host_alloc(dev, nbytes ? nbytes : 1) : malloc(nbytes ? nbytes : 1);
+    if (!p) cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory: staging buffer of %zu bytes for %s", nbytes, dev->name);
+    return p;
+}
+
+void cdf_device_host_free(cdf_device *dev, void *ptr, size_t nbytes) {
+    if (!ptr) return;
+    if (dev->iface->host_free) dev->iface->host_free(dev, ptr, nbytes);
+    else free(ptr);
+}
+
+/* ---- listing ---------------------------------------------------------------------------------- */
+int cdf_device_count(void) { return g_n_devices; }
+cdf_device *cdf_device_at(int i) { return (i >= 0 && i < g_n_devices) ? &g_devices[i] : NULL; }
+
+cdf_status cdf_device_get_info(const cdf_device *dev, cdf_device_info *out) {
+    if (!dev || !out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_device_get_info: NULL argument");
+    memset(out, 0, sizeof *out);
+    snprintf(out->type, sizeof out->type, "%s", dev->iface->name);
+    if (dev->iface->device_info) dev->iface->device_info(dev, out);
+    out->host_visible = dev->iface->host_visible ? dev->iface->host_visible(dev) : false;
+    return CDF_OK;
+}
+
+int cdf_backend_compiled_count(void) { return (int)(sizeof k_builtin / sizeof *k_builtin); }
+const char *cdf_backend_compiled_name(int i) {
+    return (i >= 0 && i < cdf_backend_compiled_count()) ? k_builtin[i]->name : NULL;
+}
+const char *cdf_backend_why_no_device(int i) {
+    if (i < 0 || i >= cdf_backend_compiled_count()) return NULL;
+    for (int j = 0; j < g_n_backends; j++)
+        if (g_backends[j] == k_builtin[i]) return NULL;
+    return g_why_none[i][0] ? g_why_none[i] : "not loaded (CDIFFUSERS_BACKEND_AUTOLOAD=0?)";
+}

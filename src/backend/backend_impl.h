@@ -14,11 +14,41 @@
 
 typedef struct cdf_backend_iface {
     const char *name; /* device type, e.g. "cpu" */
-    /* Create the backend's devices; called once by cdf_backend_load. */
-    cdf_status (*init)(int *n_devices);
-    /* Raw device memory (no accounting). NULL if the device is out of memory. */
+    /* Create the backend's devices; called once by cdf_backend_load. A backend compiled in but
+     * finding no device returns CDF_OK with *n_devices = 0 and says why in *why (static text,
+     * e.g. "no driver"), which `cdiffusers devices` prints. */
+    cdf_status (*init)(int *n_devices, const char **why);
+    /* Describe a device (name, memory, features) for `cdiffusers devices`. */
+    void (*device_info)(const cdf_device *dev, cdf_device_info *out);
+
+    /* ---- buffers ----
+     * Device memory (no accounting). The returned address is opaque to every layer above the
+     * backend: only the backend's own kernels and the transfer calls below may dereference it
+     * (byte offsets may be added to it). NULL if the device is out of memory. */
     void *(*alloc)(cdf_device *dev, size_t nbytes);
     void (*free)(cdf_device *dev, void *ptr, size_t nbytes);
+    /* Host staging memory for transfers and conversions (pinned where the backend has it):
+     * ordinary host-addressable memory. NULL members = malloc/free. */
+    void *(*host_alloc)(cdf_device *dev, size_t nbytes);
+    void (*host_free)(cdf_device *dev, void *ptr, size_t nbytes);
+    /* Host -> device bytes; returns when src may be reused. NOT ordered after queued ops: dst
+     * must be memory no queued op uses (a fresh buffer, or a drained queue). */
+    cdf_status (*buffer_set)(cdf_device *dev, void *dst, const void *src, size_t nbytes);
+    /* Device -> host bytes, ordered after every op enqueued so far (waits for them, without
+     * collecting their error: the caller synchronises first when it wants it). */
+    cdf_status (*buffer_get)(cdf_device *dev, void *dst, const void *src, size_t nbytes);
+    /* Host -> device bytes, ordered after every op enqueued so far (stream-ordered); src must
+     * stay valid until done(ctx) is called, on any thread, once the bytes are on the device. */
+    cdf_status (*buffer_set_async)(cdf_device *dev, void *dst, const void *src, size_t nbytes, void (*done)(void *),
+                                   void *ctx);
+    /* Events: a marker after every op enqueued so far; event_synchronize waits until the
+     * device has passed it (ops after it may still be running). */
+    uint64_t (*event_record)(cdf_device *dev);
+    void (*event_synchronize)(cdf_device *dev, uint64_t event);
+    /* Whether device memory is host memory (cdf_tensor_wrap of a host pointer is allowed). */
+    bool (*host_visible)(const cdf_device *dev);
+
+    /* ---- execution ---- */
     /* Take ownership of node and run it asynchronously in submission order. */
     cdf_status (*enqueue)(cdf_device *dev, cdf_node *node);
     /* Wait until every node enqueued so far has run; return the first queued error. */
@@ -28,9 +58,6 @@ typedef struct cdf_backend_iface {
     void (*wait_idle)(cdf_device *dev);
     /* Whether this device can execute the node (shapes/dtypes). */
     bool (*supports)(cdf_device *dev, const cdf_node *node);
-    /* Host <-> device copies of contiguous bytes (synchronous w.r.t. the queue). */
-    cdf_status (*copy_to_host)(cdf_device *dev, void *dst, const void *src, size_t nbytes);
-    cdf_status (*copy_from_host)(cdf_device *dev, void *dst, const void *src, size_t nbytes);
     void (*set_threads)(cdf_device *dev, int n);
     void (*queue_stats)(const cdf_device *dev, cdf_queue_stats *out);
 } cdf_backend_iface;
@@ -59,6 +86,13 @@ cdf_status cdf_backend_device_synchronize(cdf_device *dev);
 /* Wait until the queue of every device is empty; returns (and clears) the first queued error
  * found, in device order (a later device's error stays queued for its next sync). */
 cdf_status cdf_backend_synchronize_all(void);
+
+/* Transfers through the device's backend (the only way bytes cross between host and device
+ * memory; see the iface above for the ordering of each). */
+cdf_status cdf_device_buffer_set(cdf_device *dev, void *dst, const void *src, size_t nbytes);
+cdf_status cdf_device_buffer_get(cdf_device *dev, void *dst, const void *src, size_t nbytes);
+void *cdf_device_host_alloc(cdf_device *dev, size_t nbytes); /* NULL + error on failure */
+void cdf_device_host_free(cdf_device *dev, void *ptr, size_t nbytes);
 
 /* Built-in backends. */
 extern const cdf_backend_iface cdf_cpu_backend_iface;

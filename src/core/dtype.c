@@ -1,6 +1,8 @@
 #include "cdiffusers/dtype.h"
+#include "core/dtype_internal.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 static const struct {
@@ -125,6 +127,22 @@ DEFINE_LD(ld_int64_t, int64_t)
 #define LD(T, p, i) ld_##T(p, i)
 #define ST(T, p, i, x) do { T v_ = (x); memcpy((char *)(p) + (size_t)(i) * sizeof(T), &v_, sizeof(T)); } while (0)
 
+static bool is_int_dtype(cdf_dtype dt) {
+    return dt == CDF_I64 || dt == CDF_I32 || dt == CDF_I16 || dt == CDF_I8 || dt == CDF_U8 || dt == CDF_BOOL;
+}
+
+static int64_t load_i(const void *p, cdf_dtype dt, size_t i) {
+    switch (dt) {
+    case CDF_I64: return LD(int64_t, p, i);
+    case CDF_I32: return LD(int32_t, p, i);
+    case CDF_I16: return LD(int16_t, p, i);
+    case CDF_I8: return ((const int8_t *)p)[i];
+    case CDF_U8: return ((const uint8_t *)p)[i];
+    case CDF_BOOL: return ((const uint8_t *)p)[i] != 0;
+    default: return 0;
+    }
+}
+
 static double load_d(const void *p, cdf_dtype dt, size_t i) {
     switch (dt) {
     case CDF_F32: return LD(float, p, i);
@@ -182,22 +200,27 @@ void cdf_convert(void *dst, cdf_dtype ddt, const void *src, cdf_dtype sdt, size_
         for (size_t i = 0; i < n; i++) ST(int64_t, dst, i, (int64_t)LD(int32_t, src, i));
         return;
     }
+    /* the general case, with the copy kernel's semantics (kernels/reference_data.c), so that a
+     * tensor read converts exactly as an on-device cast: integers stay exact between integer
+     * dtypes, float -> integer truncates toward zero, saturates and maps NaN to 0 */
+    const bool int_src = is_int_dtype(sdt);
     for (size_t i = 0; i < n; i++) {
-        double v = load_d(src, sdt, i);
+        const int64_t iv = int_src ? load_i(src, sdt, i) : 0;
+        const double v = int_src ? (double)iv : load_d(src, sdt, i);
         switch (ddt) {
-        case CDF_F32: ST(float, dst, i, (float)v); break;
+        case CDF_F32: ST(float, dst, i, int_src ? (float)iv : (float)v); break;
         case CDF_F64: ST(double, dst, i, v); break;
         /* double -> bf16/f16 goes through f32 like torch's .to() from float64 does for f32
          * intermediates only when the source is f32; for f64 sources this double rounding is
          * a documented approximation */
-        case CDF_BF16: ST(uint16_t, dst, i, cdf_f32_to_bf16((float)v)); break;
-        case CDF_F16: ST(uint16_t, dst, i, cdf_f32_to_f16((float)v)); break;
-        case CDF_I64: ST(int64_t, dst, i, (int64_t)v); break;
-        case CDF_I32: ST(int32_t, dst, i, (int32_t)v); break;
-        case CDF_I16: ST(int16_t, dst, i, (int16_t)v); break;
-        case CDF_I8: ((int8_t *)dst)[i] = (int8_t)v; break;
-        case CDF_U8: ((uint8_t *)dst)[i] = (uint8_t)v; break;
-        case CDF_BOOL: ((uint8_t *)dst)[i] = v != 0; break;
+        case CDF_BF16: ST(uint16_t, dst, i, cdf_f32_to_bf16(int_src ? (float)iv : (float)v)); break;
+        case CDF_F16: ST(uint16_t, dst, i, cdf_f32_to_f16(int_src ? (float)iv : (float)v)); break;
+        case CDF_I64: ST(int64_t, dst, i, int_src ? iv : cdf_trunc_sat(v, -9223372036854775808.0, 9223372036854775807.0)); break;
+        case CDF_I32: ST(int32_t, dst, i, (int32_t)(int_src ? iv : cdf_trunc_sat(v, -2147483648.0, 2147483647.0))); break;
+        case CDF_I16: ST(int16_t, dst, i, (int16_t)(int_src ? iv : cdf_trunc_sat(v, -32768.0, 32767.0))); break;
+        case CDF_I8: ((int8_t *)dst)[i] = (int8_t)(int_src ? iv : cdf_trunc_sat(v, -128.0, 127.0)); break;
+        case CDF_U8: ((uint8_t *)dst)[i] = (uint8_t)(int_src ? iv : cdf_trunc_sat(v, 0.0, 255.0)); break;
+        case CDF_BOOL: ((uint8_t *)dst)[i] = int_src ? iv != 0 : v != 0; break;
         case CDF_F8_E4M3: case CDF_F8_E5M2: ((uint8_t *)dst)[i] = 0; break; /* not supported */
         default: break;
         }

@@ -7,8 +7,9 @@
  *   node's opaque communicator. This is what forwards use: no host read, so no graph break and
  *   no host sync per collective.
  * - host collectives (cdf_dist_all_reduce_sum, broadcast, all-gather, barrier, agree): the host
- *   thread calls MPI on the tensor's buffer (device memory is host-addressable for every backend
- *   this library has, as cdf_tensor_read also assumes).
+ *   thread reads the tensor into host memory (cdf_tensor_read), calls MPI on that copy and
+ *   writes the result back through the backend (cdf_storage_upload): MPI never sees device
+ *   memory, so a discrete device works as the cpu does.
  * MPI runs MPI_THREAD_SERIALIZED: never two threads inside MPI at once, and every rank must issue
  * its collectives in the same order. A queued all-reduce calls MPI from the device worker while
  * the host thread runs ahead, so every host collective first drains every device queue
@@ -356,17 +357,33 @@ static cdf_status host_fence(const char *op) {
     return s;
 }
 
-/* Wait for t (a host read: a graph break under compile), drain the queues and return its
- * buffer; t must be contiguous. */
-static cdf_status host_buffer(cdf_tensor *t, const char *op, void **ptr) {
+/* A host copy of t's elements (a host read: a graph break under compile), with every queue
+ * drained after it; t must be contiguous. The caller frees *host, and writes the result back
+ * with put_back: MPI never sees device memory. */
+static cdf_status host_copy(cdf_tensor *t, const char *op, void **host) {
+    *host = NULL;
     if (!cdf_tensor_is_contiguous(t)) {
         char d[96];
         return cdf_error(CDF_ERR_INVALID_ARG, "%s: tensor %s is not contiguous", op, cdf_tensor_describe(t, d, sizeof d));
     }
-    CDF_TRY(cdf_exec_sync_for_read(t));
-    CDF_TRY(host_fence(op));
-    *ptr = cdf_tensor_data_ptr(t);
+    const size_t bytes = (size_t)cdf_tensor_numel(t) * cdf_dtype_size(t->dtype);
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "%s: out of host memory (%zu bytes)", op, bytes);
+    cdf_status s = cdf_tensor_read(t, t->dtype, p, bytes);
+    if (s == CDF_OK) s = host_fence(op);
+    if (s != CDF_OK) {
+        free(p);
+        return s;
+    }
+    *host = p;
     return CDF_OK;
+}
+
+/* Write the collective's result back into t (the queues are drained: no op uses it now). */
+static cdf_status put_back(cdf_tensor *t, void *host, cdf_status s) {
+    if (s == CDF_OK) s = cdf_storage_upload(t->storage, (size_t)t->offset, t->dtype, host, t->dtype, (size_t)cdf_tensor_numel(t));
+    free(host);
+    return s;
 }
 #endif
 
@@ -478,8 +495,8 @@ cdf_status cdf_dist_all_reduce_sum(cdf_process_group *pg, cdf_tensor *t) {
         return cdf_error(CDF_ERR_DTYPE, "all-reduce: dtype %s is not supported (f32, f64, i32, i64)",
                          cdf_dtype_name(cdf_tensor_dtype(t)));
     void *p = NULL;
-    CDF_TRY(host_buffer(t, "all-reduce", &p));
-    return all_reduce_buffer(pg, p, cdf_tensor_numel(t), cdf_tensor_dtype(t), "all-reduce");
+    CDF_TRY(host_copy(t, "all-reduce", &p));
+    return put_back(t, p, all_reduce_buffer(pg, p, cdf_tensor_numel(t), cdf_tensor_dtype(t), "all-reduce"));
 #else
     return cdf_error(CDF_ERR_INTERNAL, "all-reduce: MPI group in a build without MPI");
 #endif
@@ -532,7 +549,7 @@ cdf_status cdf_dist_broadcast(cdf_process_group *pg, cdf_tensor *t, int root) {
     if (trivial) return CDF_OK;
 #ifdef CDF_HAVE_MPI
     void *p = NULL;
-    CDF_TRY(host_buffer(t, "broadcast", &p));
+    CDF_TRY(host_copy(t, "broadcast", &p));
     const uint64_t bytes = (uint64_t)cdf_tensor_numel(t) * cdf_dtype_size(cdf_tensor_dtype(t));
     const double t0 = now_s();
     int rc = collective_begin(pg, "broadcast", bytes);
@@ -541,7 +558,7 @@ cdf_status cdf_dist_broadcast(cdf_process_group *pg, cdf_tensor *t, int root) {
         rc = MPI_Bcast((char *)p + o, (int)c, MPI_BYTE, root, pg->comm);
     }
     collective_end(pg, bytes, t0);
-    return rc == MPI_SUCCESS ? CDF_OK : mpi_error(rc, "broadcast (MPI_Bcast)");
+    return put_back(t, p, rc == MPI_SUCCESS ? CDF_OK : mpi_error(rc, "broadcast (MPI_Bcast)"));
 #else
     return cdf_error(CDF_ERR_INTERNAL, "broadcast: MPI group in a build without MPI");
 #endif

@@ -30,6 +30,10 @@ typedef struct capture {
     cdf_status break_status;
     cdf_storage **virt; /* buffers created during the capture (references) */
     int n_virt, cap_virt;
+    /* static inputs (cdf_graph_cache_set_static_inputs): their values are part of the plan's
+     * key, so the forward may read them on the host without a graph break */
+    const cdf_storage *static_st[CDF_MAX_STATIC_INPUTS];
+    int n_static;
 } capture;
 static _Thread_local capture tl_cap;
 
@@ -119,6 +123,8 @@ static cdf_status graph_break(const char *what);
 
 cdf_status cdf_compile_on_host_read(const cdf_tensor *t) {
     if (!cdf_compile_tracing()) return CDF_OK;
+    for (int i = 0; i < tl_cap.n_static; i++)
+        if (t->storage == tl_cap.static_st[i]) return CDF_OK; /* a guard of the plan, not a break */
     char d[96], what[256];
     cdf_tensor_describe(t, d, sizeof d);
     snprintf(what, sizeof what, "the forward reads a %s tensor on the host (a value-dependent computation)", d);
@@ -294,7 +300,60 @@ struct cdf_graph_cache {
     cdf_compile_options opt;
     plan *plans;
     int n_plans;
+    char static_names[CDF_MAX_STATIC_INPUTS][64];
+    int n_static;
 };
+
+cdf_status cdf_graph_cache_set_static_inputs(cdf_graph_cache *c, const char *const *names) {
+    c->n_static = 0;
+    for (int i = 0; names && names[i]; i++) {
+        if (i == CDF_MAX_STATIC_INPUTS || strlen(names[i]) >= sizeof c->static_names[0])
+            return cdf_error(CDF_ERR_LIMIT, "compile: at most %d static inputs of < 64 characters", CDF_MAX_STATIC_INPUTS);
+        snprintf(c->static_names[c->n_static++], sizeof c->static_names[0], "%s", names[i]);
+    }
+    return CDF_OK;
+}
+
+/* FNV-1a over bytes, from a seed: two seeds give a 128-bit digest of a static input's values. */
+static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Append the static inputs' values to the key (read on the host here, before any capture):
+ * short ones verbatim, longer ones as a 128-bit digest. The capture may then read them. */
+static cdf_status key_static_values(cdf_graph_cache *c, const cdf_tensor_map *cin, char **key, capture *cap) {
+    for (int i = 0; i < c->n_static; i++) {
+        cdf_tensor *t = NULL;
+        for (int j = 0; j < cin->n; j++)
+            if (strcmp(cin->names[j], c->static_names[i]) == 0) t = cin->tensors[j];
+        if (!t) continue;
+        const int64_t n = cdf_tensor_numel(t);
+        if (n > (1 << 22))
+            return cdf_error(CDF_ERR_LIMIT, "compile: static input '%s' has %lld elements (at most 2^22)", c->static_names[i],
+                             (long long)n);
+        double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+        if (!v) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        cdf_status s = cdf_tensor_read(t, CDF_F64, v, (size_t)n * sizeof *v);
+        char buf[1200];
+        size_t len = (size_t)snprintf(buf, sizeof buf, " static %s=", c->static_names[i]);
+        if (n <= 64) {
+            for (int64_t k = 0; k < n && len < sizeof buf; k++) len += (size_t)snprintf(buf + len, sizeof buf - len, "%.17g,", v[k]);
+        } else {
+            snprintf(buf + len, sizeof buf - len, "#%016llx%016llx",
+                     (unsigned long long)fnv1a(v, (size_t)n * sizeof *v, 1469598103934665603ull),
+                     (unsigned long long)fnv1a(v, (size_t)n * sizeof *v, 0x9e3779b97f4a7c15ull));
+        }
+        free(v);
+        if (s != CDF_OK) return s;
+        char *k2 = realloc(*key, strlen(*key) + strlen(buf) + 1);
+        if (!k2) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        strcat(k2, buf);
+        *key = k2;
+        cap->static_st[cap->n_static++] = t->storage;
+    }
+    return CDF_OK;
+}
 
 cdf_graph_cache *cdf_graph_cache_new(const char *name, const cdf_compile_options *opt) {
     cdf_graph_cache *c = calloc(1, sizeof *c);
@@ -557,6 +616,8 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
             }
         }
     }
+    capture statics = {0};
+    if (s == CDF_OK && key) s = key_static_values(c, &cin, &key, &statics);
     plan *p = NULL;
     for (int i = 0; key && i < c->n_plans; i++)
         if (strcmp(c->plans[i].key, key) == 0) p = &c->plans[i];
@@ -575,7 +636,8 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
         s = cdf_exec_flush();
         plan np_ = {0};
         if (s == CDF_OK) {
-            tl_cap = (capture){.active = true, .fullgraph = c->opt.fullgraph, .who = c->name};
+            tl_cap = (capture){.active = true, .fullgraph = c->opt.fullgraph, .who = c->name, .n_static = statics.n_static};
+            memcpy(tl_cap.static_st, statics.static_st, sizeof statics.static_st);
             cdf_tensor_map traced_out;
             cdf_tensor_map_init(&traced_out);
             cdf_scope_push();
@@ -883,9 +945,12 @@ static cdf_status run_with_host_weights(cdf_block_caches *bc, int cache, cdf_tra
             }
             /* the checkpoint's bytes converted as the loader converts them (cdf_tensor_from_host):
              * the same values as a resident load, bit for bit. The copy is new, so no queued op
-             * can see it yet and the host may write it directly. */
-            if (h->host_dtype == w->dtype) dev->iface->copy_from_host(dev, d->data, h->host_src, h->nbytes);
-            else cdf_convert(d->data, w->dtype, h->host_src, h->host_dtype, h->nbytes / cdf_dtype_size(w->dtype));
+             * can see it yet: an unordered upload, made while the device runs the block before. */
+            s = cdf_storage_upload(d, 0, w->dtype, h->host_src, h->host_dtype, h->nbytes / cdf_dtype_size(w->dtype));
+            if (s != CDF_OK) {
+                cdf_storage_release(d);
+                break;
+            }
             host[nb] = h;
             copy[nb++] = d;
         }

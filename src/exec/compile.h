@@ -23,8 +23,15 @@ cdf_graph_cache *cdf_graph_cache_new(const char *name, const cdf_compile_options
 void cdf_graph_cache_free(cdf_graph_cache *c);
 int cdf_graph_cache_size(const cdf_graph_cache *c);
 
+/* Inputs (by name) whose values select the graph, like torch.compile's specialisation on Python
+ * ints: small integer tensors such as a list of layer indices or position ids. Their values are
+ * read on the host before a capture and become part of the key, and the forward may read them
+ * during the capture without a graph break (a new value compiles a new plan). */
+#define CDF_MAX_STATIC_INPUTS 4
+cdf_status cdf_graph_cache_set_static_inputs(cdf_graph_cache *c, const char *const *names);
+
 /* Run fn through the cache: replay the plan for the inputs' signature, or capture one. The
- * signature covers every input's name, dtype and shape. `extra_params` (may be NULL/0) are
+ * signature covers every input's name, dtype and shape (and the values of static inputs). `extra_params` (may be NULL/0) are
  * tensors that are NOT named inputs but must be treated as parameters rather than constants
  * (weights of a repeated block): they are part of the binding, not of the key. */
 cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, const struct cdf_tensor_map *in,

@@ -54,28 +54,6 @@ cdf_status cdf_set_exec_mode(cdf_exec_mode m) {
     return CDF_OK;
 }
 
-cdf_node *cdf_node_new(cdf_op_kind kind) {
-    cdf_node *n = calloc(1, sizeof *n);
-    if (!n) {
-        cdf_error(CDF_ERR_OUT_OF_MEMORY, "host out of memory (op node)");
-        return NULL;
-    }
-    n->kind = kind;
-    return n;
-}
-
-void cdf_node_add_src(cdf_node *n, cdf_tensor *t) {
-    if (n->n_src < CDF_NODE_MAX_SRC) n->src[n->n_src++] = cdf_tensor_retain(t);
-}
-
-void cdf_node_free(cdf_node *n) {
-    if (!n) return;
-    for (int i = 0; i < n->n_src; i++) cdf_tensor_release(n->src[i]);
-    cdf_tensor_release(n->dst);
-    if (n->kind == CDF_OP_FUSED) free(n->p.fused.prog);
-    free(n);
-}
-
 static cdf_status launch(cdf_node *node) {
     atomic_fetch_add(&g_kernels, 1);
     return cdf_device_enqueue(node->dst->storage->dev, node);

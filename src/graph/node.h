@@ -1,11 +1,15 @@
 /* graph/ — the op node. Every tensor op becomes one node: the op kind, its parameters, its
  * source tensors and its destination. Eager mode enqueues the node on the device queue at
  * once; defer-and-fuse and compile record nodes into a graph instead (exec/). Kernels never see
- * nodes: a backend translates a node into a kernel call. */
+ * nodes: a backend lowers a node into its own kernel call.
+ *
+ * A node is semantic: it says what the op computes (operands with their shapes, strides and
+ * dtypes; the op's parameters), never how a particular backend's kernel wants its arguments
+ * (leading dimensions, transposition flags, batch strides are each backend's lowering). */
 #ifndef CDF_GRAPH_NODE_H
 #define CDF_GRAPH_NODE_H
 
-#include "kernels/kernels.h"
+#include "core/op_defs.h"
 #include "tensor/tensor_impl.h"
 
 typedef enum cdf_op_kind {
@@ -33,6 +37,13 @@ typedef enum cdf_op_kind {
 
 const char *cdf_op_name(cdf_op_kind k);
 
+/* The layout every matmul operand has (the tensor API makes a contiguous copy otherwise), which
+ * any BLAS-style kernel can take: t [b..., R, C] is a matrix with one unit stride among its last
+ * two dims (row-major: *trans = false, *ld = row stride; column-major: *trans = true, *ld =
+ * column stride) and batch dims that collapse into one stride (*batch_stride, 0 = the same matrix
+ * for every batch entry). A backend lowers the node from these. */
+bool cdf_matmul_operand_layout(const cdf_tensor *t, int64_t *ld, bool *trans, int64_t *batch_stride);
+
 #define CDF_NODE_MAX_SRC CDF_FUSE_MAX_INPUTS
 
 /* A collective as an op (the XLA design: the all-reduce is a node of the graph, so compile
@@ -53,7 +64,9 @@ typedef struct cdf_node {
         struct { double value; } fill;
         struct { cdf_unary_op op; float p0, p1; } unary;
         struct { cdf_binary_op op; } binary;
-        struct { int64_t batch, M, N, K, lda, ldb, ldc, sa, sb, sc; bool trans_a, trans_b; float alpha; } matmul;
+        /* dst [..., M, N] = alpha * src0 [..., M, K] @ src1 [..., K, N] (+ src2 [N]); batch dims
+         * already broadcast (expanded views); each operand satisfies cdf_matmul_operand_layout */
+        struct { float alpha; } matmul;
         struct { int64_t rows, cols; float scale; } softmax;
         struct { int64_t rows, cols; float eps; } norm;
         struct { int64_t n, c, s, groups; float eps; } group_norm;

@@ -32,6 +32,7 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -245,6 +246,51 @@ static void pack_free(pack_entry *p) {
     free(p);
 }
 
+/* Buffers freed since the last lookup (cdf_k_fast_forget_range). The backend frees buffers from
+ * the host thread too, which must not wait on g.mu while a primitive runs: the ranges are noted
+ * under their own short lock and dropped from the cache before the next lookup. */
+#define FORGET_CAP 4096
+static struct {
+    pthread_mutex_t mu;
+    const char *lo[FORGET_CAP];
+    size_t n[FORGET_CAP];
+    int count;
+    bool overflow; /* more frees than slots: drop every copy */
+} g_forget = {.mu = PTHREAD_MUTEX_INITIALIZER};
+static atomic_int g_pack_count; /* copies in the cache: frees skip the note when there are none */
+
+static void drop_packs_locked(bool (*match)(const pack_entry *, const void *), const void *arg) {
+    pack_entry **pp = &g.packs;
+    while (*pp) {
+        pack_entry *p = *pp;
+        if (match(p, arg)) {
+            *pp = p->next;
+            atomic_fetch_sub(&g_pack_count, 1);
+            pack_free(p);
+        } else {
+            pp = &p->next;
+        }
+    }
+}
+
+static bool match_all(const pack_entry *p, const void *arg) { return true; }
+static bool match_forgotten(const pack_entry *p, const void *arg) {
+    const char *s = p->src;
+    for (int i = 0; i < g_forget.count; i++)
+        if (s >= g_forget.lo[i] && s < g_forget.lo[i] + g_forget.n[i]) return true;
+    return false;
+}
+
+/* Under g.mu: apply the frees noted since the last lookup. */
+static void apply_forgets_locked(void) {
+    pthread_mutex_lock(&g_forget.mu);
+    if (g_forget.overflow) drop_packs_locked(match_all, NULL);
+    else if (g_forget.count) drop_packs_locked(match_forgotten, NULL);
+    g_forget.count = 0;
+    g_forget.overflow = false;
+    pthread_mutex_unlock(&g_forget.mu);
+}
+
 /* The prepacked copy of `src` (laid out as user_md) in packed_md, made with `reorder`; NULL with
  * *st = success when the cap leaves no room (the caller reorders per call), NULL with an error
  * status when oneDNN failed. */
@@ -252,6 +298,7 @@ static void *pack_get(const void *src, const dnnl_memory_desc_t *user_md, const 
                       dnnl_primitive_t reorder, dnnl_status_t *st) {
     *st = dnnl_success;
     const size_t elsz = user_md->data_type == dnnl_bf16 ? 2 : 4;
+    apply_forgets_locked();
     const uint64_t sum = sample_sum(src, md_span_elems(user_md), elsz);
     for (pack_entry *p = g.packs; p; p = p->next) {
         if (p->src != src || !dnnl_memory_desc_equal(&p->user_md, user_md) ||
@@ -287,6 +334,7 @@ static void *pack_get(const void *src, const dnnl_memory_desc_t *user_md, const 
     p->bytes = bytes;
     p->next = g.packs;
     g.packs = p;
+    atomic_fetch_add(&g_pack_count, 1);
     g.stats.packs++;
     g.stats.packed_weights++;
     g.stats.packed_bytes += (int64_t)bytes;
@@ -871,24 +919,22 @@ void cdf_k_fast_reset_stats(void) {
     pthread_mutex_unlock(&g.mu);
 }
 
-void cdf_k_fast_forget(const void *ptr) {
-    pthread_mutex_lock(&g.mu);
-    pack_entry **pp = &g.packs;
-    while (*pp) {
-        pack_entry *p = *pp;
-        if (p->src == ptr) {
-            *pp = p->next;
-            pack_free(p);
-        } else {
-            pp = &p->next;
-        }
+void cdf_k_fast_forget_range(const void *ptr, size_t nbytes) {
+    if (!ptr || atomic_load(&g_pack_count) == 0) return;
+    pthread_mutex_lock(&g_forget.mu);
+    if (g_forget.count == FORGET_CAP) {
+        g_forget.overflow = true;
+    } else {
+        g_forget.lo[g_forget.count] = ptr;
+        g_forget.n[g_forget.count++] = nbytes ? nbytes : 1;
     }
-    pthread_mutex_unlock(&g.mu);
+    pthread_mutex_unlock(&g_forget.mu);
 }
 
 void cdf_k_fast_clear(void) {
     pthread_mutex_lock(&g.mu);
     entries_clear();
+    atomic_store(&g_pack_count, 0);
     while (g.packs) {
         pack_entry *p = g.packs;
         g.packs = p->next;
@@ -934,7 +980,7 @@ void cdf_k_fast_get_stats(cdf_k_fast_stats *out) {
     if (out) memset(out, 0, sizeof *out);
 }
 void cdf_k_fast_reset_stats(void) {}
-void cdf_k_fast_forget(const void *ptr) { (void)ptr; }
+void cdf_k_fast_forget_range(const void *ptr, size_t nbytes) { (void)ptr, (void)nbytes; }
 void cdf_k_fast_clear(void) {}
 void cdf_k_fast_set_pack_limit(size_t bytes) { (void)bytes; }
 void cdf_k_fast_set_new_primitive_hook(void (*hook)(void)) { (void)hook; }

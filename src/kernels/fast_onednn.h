@@ -27,13 +27,13 @@
  *    other B (f32, or per-batch) is never cached: with >= 1024 rows (M) it is reordered per
  *    call, with fewer it is handed to oneDNN as it is;
  *  - conv2d: always (conv weights are module parameters).
- * A freed-and-reused address could alias a stale copy. Defences: every use re-checks a
- * checksum of 64 sampled elements (a mismatch repacks), owners of weights should call
- * cdf_k_fast_forget(ptr) before freeing them, and the total is capped
+ * A copy lives as long as the buffer it was made from: the cpu backend reports every free
+ * (cdf_k_fast_forget_range), so a freed-and-reused address never meets a stale copy. As a second
+ * defence every use re-checks a checksum of 64 sampled elements (a mismatch repacks), and the total is capped
  * (CDIFFUSERS_PREPACK_MB, default 2048; 0 disables prepacking): past the cap, weights are
- * reordered per call instead. Residual risk: a different weight of identical shape placed at
- * the same address that agrees on all 64 samples (e.g. an all-zero tensor replaced by one that
- * differs only elsewhere) would reuse the old copy.
+ * reordered per call instead. Residual risk, for memory the backend did not allocate only
+ * (cdf_tensor_wrap of host memory, whose release the backend never sees): a different weight
+ * of identical shape at the same address agreeing on all 64 samples would reuse the old copy.
  *
  * Threading: one mutex guards the caches and is held while a primitive runs (oneDNN's shared
  * scratchpad is not safe for concurrent execution). oneDNN (Debian build) uses the same
@@ -74,8 +74,10 @@ typedef struct cdf_k_fast_stats {
 void cdf_k_fast_get_stats(cdf_k_fast_stats *out);
 void cdf_k_fast_reset_stats(void);
 
-/* Drop the prepacked copies of the weight whose data starts at ptr (call before freeing it). */
-void cdf_k_fast_forget(const void *ptr);
+/* Drop the prepacked copies of weights inside [ptr, ptr + nbytes): the cpu backend calls it for
+ * every buffer it frees, so a copy never outlives its buffer. Cheap and non-blocking (applied
+ * before the next lookup); a no-op while nothing is prepacked. */
+void cdf_k_fast_forget_range(const void *ptr, size_t nbytes);
 /* Drop every cache: primitives, prepacked weights, workspaces. */
 void cdf_k_fast_clear(void);
 /* Called after each new oneDNN primitive (a call that can construct oneDNN's lazily built

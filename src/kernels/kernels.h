@@ -20,8 +20,8 @@
 
 #include "cdiffusers/dtype.h"
 #include "cdiffusers/error.h"
+#include "core/op_defs.h"
 
-#define CDF_MAX_DIMS 8
 
 /* Load/store one element as f32. */
 static inline float cdf_k_ld(const void *p, cdf_dtype dt, int64_t i) {
@@ -65,28 +65,11 @@ cdf_status cdf_k_embedding(void *out, cdf_dtype out_dt, const void *table, cdf_d
 
 /* ---- elementwise ------------------------------------------------------------------------ */
 
-typedef enum cdf_unary_op {
-    CDF_UN_NEG, CDF_UN_EXP, CDF_UN_LOG, CDF_UN_SQRT, CDF_UN_RSQRT, CDF_UN_SQUARE, CDF_UN_ABS,
-    CDF_UN_SIGMOID, CDF_UN_TANH, CDF_UN_SILU,
-    CDF_UN_GELU_ERF,   /* 0.5 x (1 + erf(x / sqrt 2))                                 */
-    CDF_UN_GELU_TANH,  /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ("gelu_new") */
-    CDF_UN_QUICK_GELU, /* x * sigmoid(1.702 x)                                          */
-    CDF_UN_RELU, CDF_UN_SIN, CDF_UN_COS,
-    CDF_UN_SCALE,      /* x * p0                                                        */
-    CDF_UN_ADD_SCALAR, /* x + p0                                                        */
-    CDF_UN_AFFINE,     /* x * p0 + p1                                                   */
-    CDF_UN_CLAMP,      /* min(max(x, p0), p1)                                           */
-    CDF_UN_POW,        /* x ^ p0                                                        */
-    CDF_UN_COUNT
-} cdf_unary_op;
 
 /* out[i] = op(in[i]) for n contiguous elements; p0/p1 are the op's scalar parameters. */
 cdf_status cdf_k_unary(cdf_unary_op op, float p0, float p1, void *out, cdf_dtype out_dt, const void *in,
                        cdf_dtype in_dt, int64_t n);
 
-typedef enum cdf_binary_op {
-    CDF_BIN_ADD, CDF_BIN_SUB, CDF_BIN_MUL, CDF_BIN_DIV, CDF_BIN_MAX, CDF_BIN_MIN, CDF_BIN_COUNT
-} cdf_binary_op;
 
 /* out[idx] = a[idx] op b[idx] over `shape`; out is contiguous; a/b have element strides
  * (stride 0 on a dim = broadcast). */
@@ -96,23 +79,6 @@ cdf_status cdf_k_binary(cdf_binary_op op, void *out, cdf_dtype out_dt, const voi
 
 /* ---- fused elementwise chains (defer-and-fuse, compile) ----------------------------------- */
 
-#define CDF_FUSE_MAX_STEPS 16
-#define CDF_FUSE_MAX_INPUTS 8
-
-/* One step of a chain: unary: v = op(v); binary: v = op(v, in[input]) or, with chain_rhs,
- * v = op(in[input], v). The chain starts as v = in[0]. */
-typedef struct cdf_fused_step {
-    bool binary;
-    bool chain_rhs;
-    int8_t input;
-    int op; /* cdf_unary_op or cdf_binary_op */
-    float p0, p1;
-} cdf_fused_step;
-
-typedef struct cdf_fused_program {
-    int n_steps;
-    cdf_fused_step steps[CDF_FUSE_MAX_STEPS];
-} cdf_fused_program;
 
 /* out[idx] = program(in[0][idx], in[1][idx], ...) over `shape`, out contiguous, each input with
  * its own element strides (0 = broadcast). Intermediate values stay in f32 registers, which is
@@ -160,7 +126,6 @@ cdf_status cdf_k_group_norm(void *out, cdf_dtype out_dt, const void *in, cdf_dty
                             int64_t s, int64_t groups, float eps, const void *weight, const void *bias,
                             cdf_dtype wdt);
 
-typedef enum cdf_reduce_op { CDF_RED_SUM, CDF_RED_MEAN, CDF_RED_VAR /* biased */, CDF_RED_MAX, CDF_RED_MIN } cdf_reduce_op;
 /* out[o, i] = reduce_{r < red} in[o, r, i] over a contiguous [outer, red, inner] view (f32 accum). */
 cdf_status cdf_k_reduce(cdf_reduce_op op, void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt,
                         int64_t outer, int64_t red, int64_t inner);

@@ -1,6 +1,7 @@
 /* Reference kernels: data movement (strided copy/cast, fill, embedding gather, nearest upsample). */
 #include <string.h>
 
+#include "core/dtype_internal.h"
 #include "kernels/reference_internal.h"
 
 /* ---- scalar conversion between any two dtypes ------------------------------------------ */
@@ -34,15 +35,6 @@ static scalar load_scalar(const void *p, cdf_dtype dt, int64_t idx) {
     return s;
 }
 
-/* Float -> integer: truncate toward zero, saturate to [lo, hi] and map NaN to 0 (the C cast would be
- * undefined behaviour there; torch leaves it unspecified). */
-static int64_t trunc_sat(double d, double lo, double hi) {
-    if (isnan(d)) return 0;
-    if (d <= lo) return (int64_t)lo;
-    if (d >= hi) return hi >= 9223372036854775807.0 ? INT64_MAX : (int64_t)hi;
-    return (int64_t)d;
-}
-
 static void store_scalar(void *p, cdf_dtype dt, int64_t idx, scalar s) {
     if (is_int_dt(dt)) {
         int64_t v;
@@ -52,11 +44,11 @@ static void store_scalar(void *p, cdf_dtype dt, int64_t idx, scalar s) {
             v = s.d != 0.0;
         } else {
             switch (dt) {
-            case CDF_I32: v = trunc_sat(s.d, -2147483648.0, 2147483647.0); break;
-            case CDF_I16: v = trunc_sat(s.d, -32768.0, 32767.0); break;
-            case CDF_I8: v = trunc_sat(s.d, -128.0, 127.0); break;
-            case CDF_U8: v = trunc_sat(s.d, 0.0, 255.0); break;
-            default: v = trunc_sat(s.d, -9223372036854775808.0, 9223372036854775807.0); break;
+            case CDF_I32: v = cdf_trunc_sat(s.d, -2147483648.0, 2147483647.0); break;
+            case CDF_I16: v = cdf_trunc_sat(s.d, -32768.0, 32767.0); break;
+            case CDF_I8: v = cdf_trunc_sat(s.d, -128.0, 127.0); break;
+            case CDF_U8: v = cdf_trunc_sat(s.d, 0.0, 255.0); break;
+            default: v = cdf_trunc_sat(s.d, -9223372036854775808.0, 9223372036854775807.0); break;
             }
         }
         switch (dt) {

@@ -184,9 +184,61 @@ cdf_status cdf_k_group_norm(void *out, cdf_dtype out_dt, const void *in, cdf_dty
 
 /* ---- reductions ------------------------------------------------------------------------------ */
 
+static bool is_int_input(cdf_dtype dt) {
+    return dt == CDF_I64 || dt == CDF_I32 || dt == CDF_I16 || dt == CDF_I8 || dt == CDF_U8 || dt == CDF_BOOL;
+}
+
+/* Element idx of an integer dtype, exactly. */
+static int64_t ld_int(const void *p, cdf_dtype dt, int64_t idx) {
+    switch (dt) {
+    case CDF_I64: return ((const int64_t *)p)[idx];
+    case CDF_I32: return ((const int32_t *)p)[idx];
+    case CDF_I16: return ((const int16_t *)p)[idx];
+    case CDF_I8: return ((const int8_t *)p)[idx];
+    default: return ((const uint8_t *)p)[idx]; /* u8, bool */
+    }
+}
+
+/* torch.argmax: the first index of the maximum; a NaN counts as the maximum (its first one). */
+static cdf_status reduce_argmax(void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt, int64_t outer, int64_t red,
+                                int64_t inner) {
+    static const char *fn = "cdf_k_reduce(argmax)";
+    if (out_dt != CDF_I64) return cdf_error(CDF_ERR_DTYPE, "%s: out dtype %s is not i64", fn, cdf_dtype_name(out_dt));
+    if (!cdf_dtype_size(in_dt) || in_dt == CDF_DTYPE_COUNT)
+        return cdf_error(CDF_ERR_DTYPE, "%s: invalid input dtype %d", fn, (int)in_dt);
+    CDF_K_CHECK_NONNEG(fn, "outer", outer);
+    CDF_K_CHECK_NONNEG(fn, "red", red);
+    CDF_K_CHECK_NONNEG(fn, "inner", inner);
+    if (outer == 0 || inner == 0) return CDF_OK;
+    if (red == 0) return cdf_error(CDF_ERR_INVALID_ARG, "%s: argmax over an empty dimension", fn);
+    CDF_K_CHECK_PTR(fn, "out", out);
+    CDF_K_CHECK_PTR(fn, "in", in);
+    const bool ints = is_int_input(in_dt);
+    for (int64_t oi = 0; oi < outer * inner; oi++) {
+        const int64_t o = oi / inner, i = oi % inner, off = o * red * inner + i;
+        int64_t best = 0;
+        if (ints) { /* compared as integers: exact beyond 2^53 */
+            int64_t v = ld_int(in, in_dt, off);
+            for (int64_t r = 1; r < red; r++) {
+                const int64_t e = ld_int(in, in_dt, off + r * inner);
+                if (e > v) v = e, best = r;
+            }
+        } else {
+            double v = in_dt == CDF_F64 ? ((const double *)in)[off] : cdf_k_ld(in, in_dt, off);
+            for (int64_t r = 1; r < red && !isnan(v); r++) {
+                const double e = in_dt == CDF_F64 ? ((const double *)in)[off + r * inner] : cdf_k_ld(in, in_dt, off + r * inner);
+                if (isnan(e) || e > v) v = e, best = r;
+            }
+        }
+        ((int64_t *)out)[oi] = best;
+    }
+    return CDF_OK;
+}
+
 cdf_status cdf_k_reduce(cdf_reduce_op op, void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt,
                         int64_t outer, int64_t red, int64_t inner) {
     static const char *fn = "cdf_k_reduce";
+    if (op == CDF_RED_ARGMAX) return reduce_argmax(out, out_dt, in, in_dt, outer, red, inner);
     if (op != CDF_RED_SUM && op != CDF_RED_MEAN && op != CDF_RED_VAR && op != CDF_RED_MAX && op != CDF_RED_MIN)
         return cdf_error(CDF_ERR_INVALID_ARG, "%s: unknown op %d", fn, (int)op);
     CDF_K_CHECK_FLOAT_DT(fn, "out", out_dt);

@@ -397,4 +397,6 @@ const cdf_component_class cdf_autoencoder_kl_flux2_class = {
     .load = flux2_vae_load,
     .free = flux2_vae_free,
     .run = flux2_vae_run,
+    /* the token positions decide the grid the tokens are scattered into (its size too) */
+    .static_inputs = (const char *const[]){"packed_ids", NULL},
 };

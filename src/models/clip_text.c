@@ -269,9 +269,9 @@ static cdf_tensor *make_causal_mask(cdf_device *dev, int64_t S) {
     return t;
 }
 
-/* Checks input_ids and copies them to the host ([B * S] i64, caller frees). */
-static cdf_status read_ids(const cdf_clip_text *m, cdf_tensor *input_ids, int64_t **ids_out) {
-    *ids_out = NULL;
+/* Checks input_ids' shape and dtype (its values are checked by the embedding lookup on the
+ * device: an id outside the vocabulary fails that op, reported at the next sync). */
+static cdf_status check_ids(const cdf_clip_text *m, cdf_tensor *input_ids) {
     if (!input_ids) return cdf_error(CDF_ERR_INVALID_ARG, "CLIP text model: input_ids is NULL");
     char d[96];
     cdf_dtype dt = cdf_tensor_dtype(input_ids);
@@ -279,39 +279,38 @@ static cdf_status read_ids(const cdf_clip_text *m, cdf_tensor *input_ids, int64_
         return cdf_error(CDF_ERR_SHAPE, "CLIP text model: input_ids %s must be [batch, seq] i64 or i32",
                          cdf_tensor_describe(input_ids, d, sizeof d));
     const int64_t B = cdf_tensor_dim(input_ids, 0), S = cdf_tensor_dim(input_ids, 1);
-    if (B < 1 || S < 1 || S > m->max_positions)
+    if (B < 1 || S < 1 || S > m->max_positions || B > (1 << 24) / S)
         return cdf_error(CDF_ERR_SHAPE,
-                         "CLIP text model: input_ids %s needs batch >= 1 and 1 <= seq <= max_position_embeddings %lld",
+                         "CLIP text model: input_ids %s needs 1 <= seq <= max_position_embeddings %lld and 1 <= batch x seq <= 2^24",
                          cdf_tensor_describe(input_ids, d, sizeof d), (long long)m->max_positions);
-    int64_t *ids = malloc((size_t)(B * S) * sizeof *ids);
-    if (!ids) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (input_ids)");
-    cdf_status s = cdf_tensor_read(input_ids, CDF_I64, ids, (size_t)(B * S) * sizeof *ids);
-    for (int64_t i = 0; s == CDF_OK && i < B * S; i++)
-        if (ids[i] < 0 || ids[i] >= m->vocab_size)
-            s = cdf_error(CDF_ERR_INVALID_ARG, "CLIP text model: input_ids[%lld][%lld] = %lld is outside the vocabulary 0..%lld",
-                          (long long)(i / S), (long long)(i % S), (long long)ids[i], (long long)m->vocab_size - 1);
-    if (s != CDF_OK) {
-        free(ids);
-        return s;
-    }
-    *ids_out = ids;
     return CDF_OK;
 }
 
-/* Row b's pooled position, as transformers CLIPTextTransformer picks it. With the legacy
- * eos_token_id 2 it is argmax(input_ids) (the first maximum: the eos 49407 is the largest id);
- * otherwise the first position holding eos_token_id (0 if none, what argmax of an all-zero row
- * gives). */
-static int64_t eos_position(const cdf_clip_text *m, const int64_t *row, int64_t S) {
-    int64_t best = 0;
+/* The row of last_hidden_state viewed as [B * S, hidden] that each prompt pools, as transformers'
+ * CLIPTextTransformer picks it, computed on the device (no host read): with the legacy
+ * eos_token_id 2, argmax(input_ids) (the first maximum: the eos 49407 is the largest id);
+ * otherwise the first position holding eos_token_id (argmax of the 0/1 match; 0 if none).
+ * Ids and positions are integers below 2^24 (checked at load), so the f32 steps are exact.
+ *                                                                              -> i64 [B] */
+static cdf_tensor *pooled_rows(const cdf_clip_text *m, cdf_tensor *input_ids, int64_t B, int64_t S) {
+    cdf_tensor *pos;
     if (m->eos_token_id == 2) {
-        for (int64_t j = 1; j < S; j++)
-            if (row[j] > row[best]) best = j;
-        return best;
+        pos = cdf_argmax(input_ids, 1, false);
+    } else {
+        cdf_tensor *diff = cdf_add_scalar(cdf_cast(input_ids, CDF_F32), -(float)m->eos_token_id);
+        /* 1 where id == eos, else 0: a nonzero integer squared is >= 1 */
+        cdf_tensor *match = cdf_affine(cdf_clamp(cdf_mul(diff, diff), 0.0f, 1.0f), -1.0f, 1.0f);
+        pos = cdf_argmax(match, 1, false);
     }
-    for (int64_t j = 0; j < S; j++)
-        if (row[j] == m->eos_token_id) return j;
-    return 0;
+    float *base = malloc((size_t)B * sizeof *base);
+    if (!base) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        return NULL;
+    }
+    for (int64_t b = 0; b < B; b++) base[b] = (float)(b * S); /* row of prompt b's first token */
+    cdf_tensor *start = cdf_tensor_from_host(cdf_tensor_device(input_ids), CDF_F32, 1, (int64_t[]){B}, base, CDF_F32);
+    free(base);
+    return start && pos ? cdf_cast(cdf_add(cdf_cast(pos, CDF_F32), start), CDF_I64) : NULL;
 }
 
 cdf_status cdf_clip_text_encode(cdf_clip_text *m, cdf_tensor *input_ids, int clip_skip, cdf_clip_text_output *out) {
@@ -321,8 +320,7 @@ cdf_status cdf_clip_text_encode(cdf_clip_text *m, cdf_tensor *input_ids, int cli
     if (clip_skip < 0 || clip_skip >= m->num_layers)
         return cdf_error(CDF_ERR_INVALID_ARG, "CLIP text model: clip_skip %d is outside 0..%lld (the model has %lld layers)",
                          clip_skip, (long long)m->num_layers - 1, (long long)m->num_layers);
-    int64_t *ids;
-    CDF_TRY(read_ids(m, input_ids, &ids));
+    CDF_TRY(check_ids(m, input_ids));
     const int64_t B = cdf_tensor_dim(input_ids, 0), S = cdf_tensor_dim(input_ids, 1), H = m->hidden_size;
     cdf_device *dev = cdf_tensor_device(m->token_embedding);
     /* hidden_states[-(clip_skip + 2)] of the L + 1 entries is entry L - 1 - clip_skip
@@ -330,18 +328,10 @@ cdf_status cdf_clip_text_encode(cdf_clip_text *m, cdf_tensor *input_ids, int cli
     const int64_t wanted_entry = m->num_layers - 1 - clip_skip;
 
     cdf_scope_push();
-    /* the pooled row of batch b is row b * S + pos of last_hidden_state viewed as [B * S, hidden] */
-    int64_t *pool_rows = malloc((size_t)B * sizeof *pool_rows);
-    if (pool_rows)
-        for (int64_t b = 0; b < B; b++) pool_rows[b] = b * S + eos_position(m, ids + b * S, S);
-    cdf_tensor *ids_dev = cdf_tensor_from_host(dev, CDF_I64, 2, (int64_t[]){B, S}, ids, CDF_I64);
-    cdf_tensor *pool_idx = pool_rows ? cdf_tensor_from_host(dev, CDF_I64, 1, (int64_t[]){B}, pool_rows, CDF_I64) : NULL;
-    if (!pool_rows) cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-    free(pool_rows);
-    free(ids);
+    cdf_tensor *pool_idx = pooled_rows(m, input_ids, B, S); /* [B] */
 
     /* embeddings: token + position                                                    [B, S, H] */
-    cdf_tensor *x = cdf_cast(cdf_embedding(m->token_embedding, ids_dev), CDF_F32);
+    cdf_tensor *x = cdf_cast(cdf_embedding(m->token_embedding, input_ids), CDF_F32);
     x = cdf_add(x, cdf_narrow(m->position_embedding, 0, 0, S));
     cdf_tensor *mask = make_causal_mask(dev, S);
     cdf_tensor *selected = wanted_entry == 0 ? x : NULL;

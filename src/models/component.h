@@ -22,6 +22,9 @@ typedef struct cdf_component_class {
      * name from `in` (absent = None), writes outputs into `out` under "out.<name>". Runs inside
      * a tensor scope owned by the caller. */
     cdf_status (*run)(void *impl, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out);
+    /* Inputs whose values decide the computation itself (layer lists, position grids): read on the
+     * host, so under compile they are static inputs of the graph (exec/compile.h). NULL = none. */
+    const char *const *static_inputs;
 } cdf_component_class;
 
 typedef struct cdf_component cdf_component;
@@ -75,6 +78,18 @@ int cdf_component_load_count(const cdf_component *c);
 /* The model's own class / object (NULL while offloaded), wrapped or not. */
 const cdf_component_class *cdf_component_model_class(const cdf_component *c);
 void *cdf_component_model(const cdf_component *c);
+
+/* ---- LoRA (pipelines/lora.c attaches adapters through these) ------------------------------ */
+struct cdf_layer_index;
+struct cdf_lora_scales;
+/* The loaded model's linear layers by module name ("transformer_blocks.0.attn.to_q"). */
+struct cdf_layer_index *cdf_component_layers(cdf_component *c);
+/* The run-time adapters' scales; created on first use with create (NULL on failure, error set). */
+struct cdf_lora_scales *cdf_component_lora_scales(cdf_component *c, bool create);
+/* Remove every run-time adapter and drop the compiled graphs (they captured the old layers). */
+void cdf_component_lora_reset(cdf_component *c);
+/* Drop compiled graphs after the weights changed in place of the old ones (fused LoRA). */
+void cdf_component_weights_changed(cdf_component *c);
 
 /* Helpers for model code: a required input (error names it) / an optional one. */
 cdf_tensor *cdf_input(const cdf_tensor_map *in, const char *name, const char *model);

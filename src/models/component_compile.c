@@ -6,6 +6,7 @@
 #include "core/error_internal.h"
 #include "exec/compile.h"
 #include "models/component_impl.h"
+#include "nn/lora.h"
 
 static const char *const k_methods[3] = {"forward", "encode", "decode"};
 
@@ -65,9 +66,18 @@ cdf_status cdf_component_run_compiled(cdf_component *c, const char *method, cons
         snprintf(name, sizeof name, "%s.%s", c->class_name, method);
         c->graphs[m] = cdf_graph_cache_new(name, &c->compile_opt);
         if (!c->graphs[m]) return cdf_last_status();
+        if (cdf_graph_cache_set_static_inputs(c->graphs[m], c->cls->static_inputs) != CDF_OK) {
+            cdf_graph_cache_free(c->graphs[m]);
+            c->graphs[m] = NULL;
+            return cdf_last_status();
+        }
     }
     run_ctx r = {c, method};
-    return cdf_graph_cache_run(c->graphs[m], run_adapter, &r, in, out, NULL, 0);
+    /* run-time LoRA scales are parameters, not constants: a new scale replays the same graph */
+    cdf_tensor *scales[64];
+    const int ns = cdf_lora_scales_tensors(c->lora_scales, scales, 64);
+    if (ns > 64) return cdf_error(CDF_ERR_LIMIT, "compile: %d distinct LoRA scale sets (at most 64)", ns);
+    return cdf_graph_cache_run(c->graphs[m], run_adapter, &r, in, out, ns ? scales : NULL, ns);
 }
 
 /* CDIFFUSERS_COMPILE=1 compiles every component at load (fullgraph off: modules with host reads,

@@ -20,6 +20,11 @@ struct cdf_component {
     struct cdf_graph_cache *graphs[3];
     /* compile_repeated_blocks: the block graphs, active on the thread while the model runs */
     struct cdf_block_caches *blocks;
+    /* LoRA (nn/lora.h): the model's linear layers by module name (filled by every load), and the
+     * run-time adapters' scales (NULL until an adapter is attached); whole-model compile binds
+     * the scale tensors as graph parameters */
+    struct cdf_layer_index *layers;
+    struct cdf_lora_scales *lora_scales;
 };
 
 /* component_compile.c */

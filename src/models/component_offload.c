@@ -18,6 +18,7 @@
 #include "core/error_internal.h"
 #include "exec/compile.h"
 #include "models/component_impl.h"
+#include "nn/lora.h"
 #include "tensor/tensor_impl.h"
 
 typedef struct offload_state {
@@ -110,6 +111,7 @@ cdf_status cdf_component_enable_offload(cdf_component *c, const char *dir, const
     st->inner_impl = c->impl;
     st->dir = d;
     st->opt = opt ? *opt : cdf_load_options_default();
+    st->opt.layers = c->layers; /* a re-materialised model registers its layers again */
     st->before_run = before_run;
     st->hook_user = user;
     st->owner = c;
@@ -151,6 +153,7 @@ cdf_status cdf_component_offload(cdf_component *c) {
      * milliseconds), and repeated-block compile stays on. */
     if (c->compiled) cdf_component_drop_graphs(c);
     cdf_block_caches_clear(c->blocks);
+    cdf_layer_index_clear(c->layers); /* the layers go with the model */
     st->inner->free(st->inner_impl);
     st->inner_impl = NULL;
     return CDF_OK;

@@ -454,7 +454,7 @@ static void take_state(cdf_tensor **state, const cdf_tensor_map *out, const char
 static cdf_status run_double_block(const flux2_model *m, int64_t i, cdf_tensor **x, cdf_tensor **ctx, cdf_tensor *mod_img,
                                    cdf_tensor *mod_txt, cdf_tensor *cos_t, cdf_tensor *sin_t) {
     const flux2_double_block *d = &m->blocks[i];
-    cdf_tensor *w[40];
+    cdf_tensor *w[CDF_BLOCK_MAX_WEIGHTS];
     int nw = 0;
     const cdf_linear_layer *lin[] = {&d->to_q, &d->to_k, &d->to_v, &d->to_out, &d->add_q_proj, &d->add_k_proj,
                                      &d->add_v_proj, &d->to_add_out, &d->ff_in, &d->ff_out, &d->ff_context_in,
@@ -485,7 +485,7 @@ static cdf_status run_double_block(const flux2_model *m, int64_t i, cdf_tensor *
 static cdf_status run_single_block(const flux2_model *m, int64_t i, cdf_tensor **h, cdf_tensor *mod_single, cdf_tensor *cos_t,
                                    cdf_tensor *sin_t) {
     const flux2_single_block *d = &m->single_blocks[i];
-    cdf_tensor *w[12];
+    cdf_tensor *w[CDF_BLOCK_MAX_WEIGHTS];
     int nw = 0;
     nw = cdf_linear_list_weights(w, nw, &d->to_qkv_mlp_proj);
     nw = cdf_norm_list_weights(w, nw, &d->norm_q);

@@ -398,7 +398,7 @@ static cdf_status single_block_traced(void *vctx, const cdf_tensor_map *in, cdf_
  * stream states (owned references, replaced). */
 static cdf_status run_block(const flux_model *m, bool dbl, int64_t i, cdf_tensor **a, cdf_tensor **b, cdf_tensor *temb,
                             cdf_tensor *cos_t, cdf_tensor *sin_t) {
-    cdf_tensor *w[64];
+    cdf_tensor *w[CDF_BLOCK_MAX_WEIGHTS];
     int nw = 0;
     block_ctx bc = {m, NULL};
     cdf_tensor_map in, out;

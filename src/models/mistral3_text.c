@@ -313,23 +313,28 @@ cdf_status cdf_mistral3_rope_tables(const cdf_mistral3_text *m, int64_t seq_len,
     return CDF_OK;
 }
 
-/* Additive mask [B, 1, S, S]: 0 where key j is visible from query i, -inf elsewhere. */
-static cdf_tensor *make_mask(const cdf_mistral3_text *m, cdf_device *dev, const int64_t *keep, int64_t B, int64_t S) {
-    float *mask = malloc((size_t)(B * S * S) * sizeof *mask);
+/* Additive mask [B, 1, S, S]: 0 where key j is visible from query i, -inf elsewhere. The causal
+ * (and sliding-window) part depends on S only and is built here; the padding part comes from
+ * attention_mask [B, S] on the device (no host read): a nonzero entry keeps its key. */
+static cdf_tensor *make_mask(const cdf_mistral3_text *m, cdf_device *dev, cdf_tensor *attention_mask, int64_t S) {
+    float *mask = malloc((size_t)(S * S) * sizeof *mask);
     if (!mask) {
-        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (attention mask %lld x %lld x %lld)", (long long)B,
-                  (long long)S, (long long)S);
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (attention mask %lld x %lld)", (long long)S, (long long)S);
         return NULL;
     }
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < S; i++)
-            for (int64_t j = 0; j < S; j++) {
-                bool visible = j <= i && (!keep || keep[b * S + j] != 0) && (m->sliding_window == 0 || i - j < m->sliding_window);
-                mask[(b * S + i) * S + j] = visible ? 0.0f : -INFINITY;
-            }
-    cdf_tensor *t = cdf_tensor_from_host(dev, CDF_F32, 4, (int64_t[]){B, 1, S, S}, mask, CDF_F32);
+    for (int64_t i = 0; i < S; i++)
+        for (int64_t j = 0; j < S; j++) {
+            bool visible = j <= i && (m->sliding_window == 0 || i - j < m->sliding_window);
+            mask[i * S + j] = visible ? 0.0f : -INFINITY;
+        }
+    cdf_tensor *causal = cdf_tensor_from_host(dev, CDF_F32, 4, (int64_t[]){1, 1, S, S}, mask, CDF_F32);
     free(mask);
-    return t;
+    if (!attention_mask || !causal) return causal;
+    /* keep -> 0, padding -> -inf: log(min(|x| * 1e30, 1)) is log 1 = 0 for any |x| >= 1e-30, log 0 = -inf */
+    const int64_t B = cdf_tensor_dim(attention_mask, 0);
+    cdf_tensor *x = cdf_cast(attention_mask, CDF_F32);
+    cdf_tensor *pad = cdf_log(cdf_clamp(cdf_scale(cdf_maximum(x, cdf_neg(x)), 1e30f), 0.0f, 1.0f));
+    return cdf_add(causal, cdf_reshape(pad, 4, (int64_t[]){B, 1, 1, S})); /* [B, 1, S, S] */
 }
 
 /* ---- forward -------------------------------------------------------------------------------------- */
@@ -369,10 +374,9 @@ static cdf_tensor *layer_forward(const cdf_mistral3_text *m, const mistral_layer
     return cdf_add(x, cdf_linear_fwd(&l->down_proj, f));
 }
 
-/* Check the inputs and read them to the host: ids [B, S] (validated), mask [B, S] or NULL. */
-static cdf_status read_inputs(const cdf_mistral3_text *m, cdf_tensor *input_ids, cdf_tensor *attention_mask, int64_t **ids,
-                              int64_t **keep, int64_t *B, int64_t *S) {
-    *ids = *keep = NULL;
+/* Check the inputs' shapes and dtypes. Their values are used on the device only: an id outside
+ * the vocabulary fails the embedding lookup (reported at the next sync, naming the id). */
+static cdf_status check_inputs(cdf_tensor *input_ids, cdf_tensor *attention_mask, int64_t *B, int64_t *S) {
     char d1[96], d2[96];
     if (!input_ids) return cdf_error(CDF_ERR_INVALID_ARG, "Mistral text encoder: input_ids is NULL");
     const cdf_dtype dt = cdf_tensor_dtype(input_ids);
@@ -388,27 +392,6 @@ static cdf_status read_inputs(const cdf_mistral3_text *m, cdf_tensor *input_ids,
                            cdf_tensor_dim(attention_mask, 1) != *S))
         return cdf_error(CDF_ERR_SHAPE, "Mistral text encoder: attention_mask %s does not match input_ids %s",
                          cdf_tensor_describe(attention_mask, d1, sizeof d1), cdf_tensor_describe(input_ids, d2, sizeof d2));
-    const size_t n = (size_t)(*B * *S);
-    *ids = malloc(n * sizeof **ids);
-    *keep = attention_mask ? malloc(n * sizeof **keep) : NULL;
-    if (!*ids || (attention_mask && !*keep)) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (input_ids)");
-    CDF_TRY(cdf_tensor_read(input_ids, CDF_I64, *ids, n * sizeof **ids));
-    if (attention_mask) {
-        if (cdf_tensor_dtype(attention_mask) == CDF_I64 || cdf_tensor_dtype(attention_mask) == CDF_I32) {
-            CDF_TRY(cdf_tensor_read(attention_mask, CDF_I64, *keep, n * sizeof **keep));
-        } else { /* float / bool-like masks: nonzero = real token */
-            float *f = cdf_tensor_read_f32(attention_mask);
-            if (!f) return cdf_last_status();
-            for (size_t i = 0; i < n; i++) (*keep)[i] = f[i] != 0.0f;
-            free(f);
-        }
-    }
-    for (size_t i = 0; i < n; i++)
-        if ((*ids)[i] < 0 || (*ids)[i] >= m->vocab_size)
-            return cdf_error(CDF_ERR_INVALID_ARG,
-                             "Mistral text encoder: input_ids[%lld][%lld] = %lld is outside the vocabulary 0..%lld",
-                             (long long)(i / (size_t)*S), (long long)(i % (size_t)*S), (long long)(*ids)[i],
-                             (long long)m->vocab_size - 1);
     return CDF_OK;
 }
 
@@ -441,27 +424,24 @@ static cdf_status check_layers(const cdf_mistral3_text *m, const int *layers, in
  * hidden_states[idx[i]] (the caller releases them). Runs inside the caller's scope. */
 static cdf_status run_layers(cdf_mistral3_text *m, cdf_tensor *input_ids, cdf_tensor *attention_mask, const int *idx, int n,
                              int top, cdf_tensor **got) {
-    int64_t *ids = NULL, *keep = NULL, B = 0, S = 0;
+    int64_t B = 0, S = 0;
     float *cos_h = NULL, *sin_h = NULL;
-    cdf_status s = read_inputs(m, input_ids, attention_mask, &ids, &keep, &B, &S);
+    cdf_status s = check_inputs(input_ids, attention_mask, &B, &S);
     const int64_t d = m->head_dim;
-    if (s == CDF_OK) {
+    if (s == CDF_OK) { /* positions 0..S-1: the tables depend on S only */
         cos_h = malloc((size_t)(S * d) * sizeof *cos_h);
         sin_h = malloc((size_t)(S * d) * sizeof *sin_h);
         s = cos_h && sin_h ? cdf_mistral3_rope_tables(m, S, NULL, cos_h, sin_h)
                            : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (RoPE tables)");
     }
     cdf_device *dev = cdf_tensor_device(m->embed_tokens);
-    cdf_tensor *ids_dev = NULL, *mask = NULL, *cos_t = NULL, *sin_t = NULL, *x = NULL;
+    cdf_tensor *mask = NULL, *cos_t = NULL, *sin_t = NULL, *x = NULL;
     if (s == CDF_OK) {
-        ids_dev = cdf_tensor_from_host(dev, CDF_I64, 2, (int64_t[]){B, S}, ids, CDF_I64);
-        mask = make_mask(m, dev, keep, B, S);                                     /* [B, 1, S, S] */
+        mask = make_mask(m, dev, attention_mask, S);                                       /* [B|1, 1, S, S] */
         cos_t = cdf_tensor_from_host(dev, CDF_F32, 2, (int64_t[]){S, d}, cos_h, CDF_F32); /* [S, d] */
         sin_t = cdf_tensor_from_host(dev, CDF_F32, 2, (int64_t[]){S, d}, sin_h, CDF_F32);
-        if (!ids_dev || !mask || !cos_t || !sin_t) s = cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL;
+        if (!mask || !cos_t || !sin_t) s = cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL;
     }
-    free(ids);
-    free(keep);
     free(cos_h);
     free(sin_h);
     if (s != CDF_OK) return s;
@@ -469,7 +449,7 @@ static cdf_status run_layers(cdf_mistral3_text *m, cdf_tensor *input_ids, cdf_te
     /* x: an owned reference (not scope-recorded), so that every layer's output is released as soon
      * as the next one exists unless it is one of the requested hidden states */
     cdf_scope_push();
-    x = cdf_tensor_retain(cdf_cast(cdf_embedding(m->embed_tokens, ids_dev), CDF_F32)); /* [B, S, hidden] */
+    x = cdf_tensor_retain(cdf_cast(cdf_embedding(m->embed_tokens, input_ids), CDF_F32)); /* [B, S, hidden] */
     cdf_scope_pop(NULL, 0);
     bool failed = !x;
     for (int layer = 0; !failed; layer++) {
@@ -609,4 +589,5 @@ const cdf_component_class cdf_mistral3_text_class = {
     .load = mistral_load,
     .free = mistral_free,
     .run = mistral_run,
+    .static_inputs = (const char *const[]){"text_encoder_out_layers", "output_hidden_states", NULL},
 };

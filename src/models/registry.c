@@ -8,6 +8,7 @@
 #include "cdiffusers/exec.h"
 #include "exec/compile.h"
 #include "models/component_impl.h"
+#include "nn/lora.h"
 
 /* Strong references: they also make a static link pull every model's object file in. */
 extern const cdf_component_class cdf_clip_text_class;
@@ -75,9 +76,13 @@ cdf_status cdf_component_load(const char *dir, const cdf_load_options *opt, cdf_
     snprintf(c->class_name, sizeof c->class_name, "%s", name);
     c->cls = cls;
     c->cfg = cfg;
-    s = cls->load(dir, cfg, opt, &c->impl);
+    c->layers = cdf_layer_index_new();
+    cdf_load_options o = opt ? *opt : cdf_load_options_default();
+    o.layers = c->layers;
+    s = c->layers ? cls->load(dir, cfg, &o, &c->impl) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
     if (s != CDF_OK) {
         cdf_error_prefix("loading %s from %s: ", name, dir);
+        cdf_layer_index_free(c->layers);
         cJSON_Delete(cfg);
         free(c);
         return s;
@@ -107,9 +112,40 @@ cdf_status cdf_component_run(cdf_component *c, const char *method, const cdf_ten
 void cdf_component_free(cdf_component *c) {
     if (!c) return;
     cdf_component_drop_graphs(c);
-    c->cls->free(c->impl);
+    c->cls->free(c->impl); /* frees the layers' LoRA links, then the scales they point at */
+    cdf_layer_index_free(c->layers);
+    cdf_lora_scales_free(c->lora_scales);
     cJSON_Delete(c->cfg);
     free(c);
+}
+
+cdf_layer_index *cdf_component_layers(cdf_component *c) { return c ? c->layers : NULL; }
+
+cdf_lora_scales *cdf_component_lora_scales(cdf_component *c, bool create) {
+    if (c && !c->lora_scales && create) {
+        cdf_device *dev = NULL;
+        for (int i = 0; !dev && i < cdf_layer_index_count(c->layers); i++) {
+            cdf_linear_layer *l = cdf_layer_index_at(c->layers, i, NULL);
+            if (l && l->w) dev = cdf_tensor_device(l->w);
+        }
+        if (!dev) dev = cdf_device_default();
+        c->lora_scales = dev ? cdf_lora_scales_new(dev) : NULL;
+    }
+    return c ? c->lora_scales : NULL;
+}
+
+void cdf_component_weights_changed(cdf_component *c) {
+    if (!c) return;
+    if (c->compiled) cdf_component_drop_graphs(c);
+    cdf_block_caches_clear(c->blocks);
+}
+
+void cdf_component_lora_reset(cdf_component *c) {
+    if (!c) return;
+    cdf_component_weights_changed(c);
+    for (int i = 0; i < cdf_layer_index_count(c->layers); i++) cdf_lora_detach(cdf_layer_index_at(c->layers, i, NULL));
+    cdf_lora_scales_free(c->lora_scales);
+    c->lora_scales = NULL;
 }
 
 const char *cdf_component_class_name(const cdf_component *c) { return c ? c->class_name : NULL; }

@@ -436,7 +436,7 @@ static cdf_status joint_block_traced(void *vctx, const cdf_tensor_map *in, cdf_t
 /* joint_block through the repeated-block compiler: same contract as joint_block (results are
  * recorded in the caller's scope). */
 static cdf_status run_joint_block(const sd3_block *b, const sd3_config *c, cdf_tensor **xp, cdf_tensor **ctxp, cdf_tensor *temb) {
-    cdf_tensor *w[96];
+    cdf_tensor *w[CDF_BLOCK_MAX_WEIGHTS];
     int nw = 0;
     const cdf_linear_layer *lin[] = {&b->norm1, &b->norm1_context, &b->ff_proj, &b->ff_out, &b->ffc_proj, &b->ffc_out};
     for (size_t k = 0; k < sizeof lin / sizeof *lin; k++) nw = cdf_linear_list_weights(w, nw, lin[k]);

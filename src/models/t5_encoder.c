@@ -37,7 +37,7 @@ struct cdf_t5_encoder {
     t5_act act;
     /* weights */
     cdf_tensor *shared;     /* [vocab, d_model] */
-    float *relative_bias;   /* host [num_buckets, num_heads] (block 0's relative_attention_bias) */
+    cdf_tensor *relative_bias; /* f32 [num_buckets, num_heads]: block 0's relative_attention_bias */
     t5_block *blocks;       /* [num_layers] */
     cdf_norm_layer final_layer_norm;
     /* tensor parallelism: NULL when whole; else this rank holds heads [head0, head0 + local_heads) */
@@ -139,7 +139,7 @@ static void t5_free(void *impl) {
     cdf_t5_encoder *m = impl;
     if (!m) return;
     cdf_tensor_release(m->shared);
-    free(m->relative_bias);
+    cdf_tensor_release(m->relative_bias);
     if (m->blocks) {
         for (int64_t i = 0; i < m->num_layers; i++) {
             t5_block *b = &m->blocks[i];
@@ -171,13 +171,12 @@ static cdf_status load_weights(cdf_weights *w, cdf_t5_encoder *m) {
         m->shared = cdf_weights_get(w, 2, emb_shape, "shared.weight");
     if (!m->shared) return cdf_last_status();
 
-    /* the bias table is only looked up on the host */
+    /* the bias table, gathered on the device by bucket (make_position_bias); f32 like torch's
+     * addition of the bias to the f32 scores */
     cdf_tensor *rb = cdf_weights_get_f32(w, 2, (int64_t[]){m->num_buckets, m->num_heads},
                                          "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight");
     if (!rb) return cdf_last_status();
-    m->relative_bias = cdf_tensor_read_f32(rb);
-    cdf_tensor_release(rb);
-    if (!m->relative_bias) return cdf_last_status();
+    m->relative_bias = rb;
 
     m->blocks = calloc((size_t)m->num_layers, sizeof *m->blocks);
     if (!m->blocks) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (%lld T5 blocks)", (long long)m->num_layers);
@@ -266,28 +265,27 @@ int64_t cdf_t5_relative_position_bucket(int64_t relative_position, bool bidirect
 }
 
 /* [1, heads, L, L] additive score bias: bias[h][i][j] = table[bucket(j - i)][h], for this rank's
- * heads (head0 .. head0 + local_heads - 1; all of them when the model is whole). */
+ * heads. The buckets depend on L only (computed here, uploaded); the values are gathered from
+ * the table on the device. */
 static cdf_tensor *make_position_bias(const cdf_t5_encoder *m, cdf_device *dev, int64_t L) {
-    const int64_t Hn = m->local_heads, Hall = m->num_heads;
-    float *bias = malloc((size_t)(Hn * L * L) * sizeof *bias);
-    int64_t *bucket_of = malloc((size_t)(2 * L - 1) * sizeof *bucket_of); /* index d + L - 1 */
-    if (!bias || !bucket_of) {
-        free(bias);
+    const int64_t Hn = m->local_heads;
+    int64_t *buckets = malloc((size_t)(L * L) * sizeof *buckets), *bucket_of = malloc((size_t)(2 * L - 1) * sizeof *bucket_of);
+    if (!buckets || !bucket_of) {
+        free(buckets);
         free(bucket_of);
-        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (T5 position bias %lld x %lld x %lld)", (long long)Hn,
-                  (long long)L, (long long)L);
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (T5 position buckets %lld x %lld)", (long long)L, (long long)L);
         return NULL;
     }
-    for (int64_t d = -(L - 1); d <= L - 1; d++)
+    for (int64_t d = -(L - 1); d <= L - 1; d++) /* index d + L - 1 */
         bucket_of[d + L - 1] = cdf_t5_relative_position_bucket(d, true, m->num_buckets, m->max_distance);
-    for (int64_t h = 0; h < Hn; h++)
-        for (int64_t i = 0; i < L; i++)
-            for (int64_t j = 0; j < L; j++)
-                bias[(h * L + i) * L + j] = m->relative_bias[bucket_of[j - i + L - 1] * Hall + m->head0 + h];
-    cdf_tensor *t = cdf_tensor_from_host(dev, CDF_F32, 4, (int64_t[]){1, Hn, L, L}, bias, CDF_F32);
-    free(bias);
+    for (int64_t i = 0; i < L; i++)
+        for (int64_t j = 0; j < L; j++) buckets[i * L + j] = bucket_of[j - i + L - 1];
+    cdf_tensor *ids = cdf_tensor_from_host(dev, CDF_I64, 1, (int64_t[]){L * L}, buckets, CDF_I64);
+    free(buckets);
     free(bucket_of);
-    return t;
+    cdf_tensor *all = cdf_embedding(m->relative_bias, ids);                                    /* [L * L, heads] */
+    cdf_tensor *rows = cdf_reshape(cdf_narrow(all, 1, m->head0, Hn), 3, (int64_t[]){L, L, Hn}); /* [i, j, h] */
+    return cdf_contiguous(cdf_unsqueeze(cdf_permute(rows, (int[]){2, 0, 1}), 0));
 }
 
 /* ---- forward ---------------------------------------------------------------------------------- */
@@ -324,27 +322,17 @@ cdf_status cdf_t5_encode(cdf_t5_encoder *m, cdf_tensor *input_ids, cdf_tensor **
         return cdf_error(CDF_ERR_SHAPE, "T5 encoder: input_ids %s must be [batch, seq] i64 or i32",
                          cdf_tensor_describe(input_ids, d, sizeof d));
     const int64_t B = cdf_tensor_dim(input_ids, 0), L = cdf_tensor_dim(input_ids, 1);
-    /* the bias is materialised [heads, L, L] on the host: bound L (the pipelines use <= 512) */
+    /* the bias is materialised [heads, L, L]: bound L (the pipelines use <= 512). The ids' values
+     * are checked by the embedding lookup on the device (an id outside the vocabulary fails that
+     * op, reported at the next sync): no host read in the forward. */
     if (B < 1 || L < 1 || L > 16384)
         return cdf_error(CDF_ERR_SHAPE, "T5 encoder: input_ids %s needs batch >= 1 and 1 <= seq <= 16384",
                          cdf_tensor_describe(input_ids, d, sizeof d));
-    int64_t *ids = malloc((size_t)(B * L) * sizeof *ids);
-    if (!ids) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (input_ids)");
-    cdf_status s = cdf_tensor_read(input_ids, CDF_I64, ids, (size_t)(B * L) * sizeof *ids);
-    for (int64_t i = 0; s == CDF_OK && i < B * L; i++)
-        if (ids[i] < 0 || ids[i] >= m->vocab_size)
-            s = cdf_error(CDF_ERR_INVALID_ARG, "T5 encoder: input_ids[%lld][%lld] = %lld is outside the vocabulary 0..%lld",
-                          (long long)(i / L), (long long)(i % L), (long long)ids[i], (long long)m->vocab_size - 1);
-    if (s != CDF_OK) {
-        free(ids);
-        return s;
-    }
     cdf_device *dev = cdf_tensor_device(m->shared);
+    cdf_status s;
 
     cdf_scope_push();
-    cdf_tensor *ids_dev = cdf_tensor_from_host(dev, CDF_I64, 2, (int64_t[]){B, L}, ids, CDF_I64);
-    free(ids);
-    cdf_tensor *x = cdf_cast(cdf_embedding(m->shared, ids_dev), CDF_F32); /* [B, L, d_model] */
+    cdf_tensor *x = cdf_cast(cdf_embedding(m->shared, input_ids), CDF_F32); /* [B, L, d_model] */
     cdf_tensor *position_bias = make_position_bias(m, dev, L);           /* [1, heads, L, L] */
     for (int64_t i = 0; i < m->num_layers && x && position_bias; i++) {
         cdf_scope_push();

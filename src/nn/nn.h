@@ -28,6 +28,8 @@ typedef struct cdf_load_options {
                                  or .gguf file read in their place (nn/weights_source.h); the
                                  folder still gives config.json */
     struct cdf_weights_report *report; /* if set, cdf_weights_free fills it */
+    struct cdf_layer_index *layers; /* if set, every linear layer loaded is registered there under
+                                its module name (nn/lora.h: what LoRA adapters attach to) */
 } cdf_load_options;
 
 /* What a component's load left unread in a single weights file (names as in the file). */
@@ -85,6 +87,9 @@ typedef struct cdf_linear_layer {
      * this rank's input columns, and the forward sums the ranks' partial outputs. NULL for a
      * whole layer (then the forward is plain cdf_linear). Borrowed from the model. */
     const struct cdf_tp *tp;
+    /* LoRA adapters applied at run time (nn/lora.h), NULL when none: the forward adds their
+     * low-rank product to the output; w itself is never modified in this mode. */
+    struct cdf_lora_link *lora;
 } cdf_linear_layer;
 
 /* Loads "<prefix>.weight" [out, in] and, if bias, "<prefix>.bias" [out]. bias: 1 = required,
@@ -95,7 +100,10 @@ void cdf_linear_free(cdf_linear_layer *l);
 /* Forward of a row-wise shard: this rank's partial x @ w^T (+ bias on rank 0 only), summed over
  * the ranks with an all-reduce. Defined in nn/sharded.c. */
 cdf_tensor *cdf_tp_linear_rowwise_fwd(const cdf_linear_layer *l, cdf_tensor *x);
+/* The forward of a layer with run-time LoRA adapters (nn/lora.c). */
+cdf_tensor *cdf_lora_linear_fwd(const cdf_linear_layer *l, cdf_tensor *x);
 static inline cdf_tensor *cdf_linear_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
+    if (l->lora) return cdf_lora_linear_fwd(l, x);
     return l->tp ? cdf_tp_linear_rowwise_fwd(l, x) : cdf_linear(x, l->w, l->b);
 }
 
@@ -108,12 +116,16 @@ cdf_status cdf_norm_load(cdf_weights *w, cdf_norm_layer *n, int64_t dim, int wei
     __attribute__((format(printf, 7, 8)));
 void cdf_norm_free(cdf_norm_layer *n);
 
-/* Append a layer's tensors (weight, then bias when present) to a block's weight list at w[n];
- * returns the new count. Used to list what cdf_block_run binds (repeated-block compile) or
- * materialises (sequential offload). */
+/* Append a layer's tensors (weight, then bias when present, then a run-time LoRA's tensors) to a
+ * block's weight list at w[n]; returns the new count. Used to list what cdf_block_run binds
+ * (repeated-block compile) or materialises (sequential offload). A list holds at most
+ * CDF_BLOCK_MAX_WEIGHTS (5 per linear layer, 2 per norm). */
+#define CDF_BLOCK_MAX_WEIGHTS 256
+int cdf_lora_list_weights(cdf_tensor **w, int n, const struct cdf_lora_link *k);
 static inline int cdf_linear_list_weights(cdf_tensor **w, int n, const cdf_linear_layer *l) {
     if (l->w) w[n++] = l->w;
     if (l->b) w[n++] = l->b;
+    if (l->lora) n = cdf_lora_list_weights(w, n, l->lora);
     return n;
 }
 static inline int cdf_norm_list_weights(cdf_tensor **w, int n, const cdf_norm_layer *l) {

@@ -16,6 +16,7 @@
 
 #include "cdiffusers/dist.h"
 #include "core/error_internal.h"
+#include "nn/lora.h"
 #include "nn/nn.h"
 #include "tensor/tensor_impl.h"
 
@@ -326,6 +327,7 @@ static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer
                 return s;
             }
         }
+        cdf_layer_index_add(cdf_weights_options(w)->layers, prefix, l, true);
         return CDF_OK;
     }
     /* rowwise / packed: this rank's input columns; the bias stays whole (added once, by rank 0) */
@@ -341,6 +343,7 @@ static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer
         return s;
     }
     l->tp = tp;
+    cdf_layer_index_add(cdf_weights_options(w)->layers, prefix, l, true);
     return CDF_OK;
 }
 
@@ -451,6 +454,7 @@ static cdf_status load_packed_out_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_l
             return s;
         }
     }
+    cdf_layer_index_add(cdf_weights_options(w)->layers, prefix, l, true);
     return CDF_OK;
 }
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/error_internal.h"
+#include "nn/lora.h"
 #include "nn/nn.h"
 #include "nn/weights_source.h"
 #include "tensor/tensor_impl.h"
@@ -228,10 +229,12 @@ cdf_status cdf_linear_load(cdf_weights *w, cdf_linear_layer *l, int64_t in, int6
         cdf_linear_free(l);
         return cdf_last_status();
     }
+    cdf_layer_index_add(w->opt.layers, prefix, l, false);
     return CDF_OK;
 }
 
 void cdf_linear_free(cdf_linear_layer *l) {
+    cdf_lora_detach(l);
     cdf_tensor_release(l->w);
     cdf_tensor_release(l->b);
     l->w = l->b = NULL;

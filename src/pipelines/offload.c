@@ -160,6 +160,9 @@ cdf_status cdf_pipeline_set_offload(cdf_pipeline *p, cdf_offload_mode mode) {
     if (mode != CDF_OFFLOAD_NONE && mode != CDF_OFFLOAD_MODEL && mode != CDF_OFFLOAD_SEQUENTIAL)
         return cdf_error(CDF_ERR_INVALID_ARG, "unknown offload mode %d (none = 0, model = 1, sequential = 2)", (int)mode);
     if (p->tracking) return cdf_error(CDF_ERR_INVALID_ARG, "cannot change the offload mode during generate");
+    if (mode != CDF_OFFLOAD_NONE && p->n_lora > 0)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "offload with LoRA adapters loaded is not supported (a released model would "
+                         "lose them)");
     p->offload = mode;
     /* the transformer's blocks: host-side with SEQUENTIAL (this releases it if that changes) */
     if (p->transformer) CDF_TRY(cdf_component_set_blocks_on_host(p->transformer, mode == CDF_OFFLOAD_SEQUENTIAL));

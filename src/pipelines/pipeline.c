@@ -11,7 +11,7 @@
 
 cdf_pipeline_load_params cdf_pipeline_load_default_params(void) {
     /* bf16 compute by default (the speed issue): bf16 weights, matmul inputs rounded to bf16 */
-    return (cdf_pipeline_load_params){.device = "cpu", .weight_dtype = CDF_BF16};
+    return (cdf_pipeline_load_params){.device = NULL, .weight_dtype = CDF_BF16};
 }
 
 cdf_generate_params cdf_generate_default_params(void) {
@@ -183,7 +183,7 @@ cdf_status cdf_pipeline_load(const char *dir, const cdf_pipeline_load_params *pa
         else s = cdf_error(CDF_ERR_UNSUPPORTED, "%s: pipeline class '%s' is not supported (supported: FluxPipeline, StableDiffusion3Pipeline, Flux2Pipeline)", path, cls);
     }
     if (s == CDF_OK) {
-        p->device = cdf_device_get(lp.device ? lp.device : "cpu");
+        p->device = lp.device ? cdf_device_get(lp.device) : cdf_device_default();
         if (!p->device) s = cdf_last_status();
     }
     p->opt = cdf_load_options_default();

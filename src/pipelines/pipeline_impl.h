@@ -49,6 +49,9 @@ struct cdf_pipeline {
     bool phase_limit_active;
     uint64_t phase_limit[CDF_PHASE_COUNT];
     uint64_t saved_limit;
+    /* LoRA adapters (lora.c): how each loaded one was applied */
+    int n_lora;
+    cdf_lora_mode lora_mode[16];
 };
 
 /* The class of model_index.json's entry `key` (["library", "Class"]): *cls = NULL when the
@@ -81,6 +84,16 @@ cdf_status cdf_pipe_generate_end(cdf_pipeline *p, cdf_status s);
 /* planner.c: before loading, CDF_ERR_OUT_OF_MEMORY if the weights cannot fit the device budget
  * (all of them with NONE, the largest with MODEL); the message says needed vs allowed. */
 cdf_status cdf_pipe_check_budget(cdf_pipeline *p, const cJSON *model_index);
+
+/* lora.c: load a LoRA file into named components (the pipeline's, or a test's bare
+ * transformer) as adapter `id`. */
+typedef struct cdf_lora_components {
+    int n;
+    const char *name[4]; /* "transformer", "text_encoder", ... */
+    cdf_component *c[4]; /* NULL = absent */
+} cdf_lora_components;
+cdf_status cdf_lora_load_into(const cdf_lora_components *cs, const char *path, const cdf_lora_params *params, int id,
+                              cdf_lora_info *info);
 
 cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out);
 cdf_status cdf_sd3_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out);

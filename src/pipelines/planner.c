@@ -57,7 +57,11 @@ static uint64_t tensor_device_bytes(const cdf_st_tensor *t, cdf_dtype weight_dty
     if (never_loaded(t->name) || ends_with(t->name, "num_batches_tracked")) return 0; /* BatchNorm's counter (FLUX.2 VAE) */
     if (!cdf_dtype_is_float(t->dtype)) return t->nbytes;
     /* the loaders' exceptions (see clip_text.c, t5_encoder.c, sd3_transformer.c) */
-    if (ends_with(t->name, "relative_attention_bias.weight")) return 0; /* read into host memory */
+    /* T5 keeps block 0's bucket table on the device in f32 (the other blocks' copies are unused) */
+    if (ends_with(t->name, "relative_attention_bias.weight"))
+        return strcmp(t->name, "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight") == 0
+                   ? (uint64_t)cdf_st_numel(t) * sizeof(float)
+                   : 0;
     cdf_dtype dt = t->ndim >= 2 ? weight_dtype : CDF_F32;
     if (ends_with(t->name, "position_embedding.weight") || ends_with(t->name, "pos_embed.pos_embed")) dt = CDF_F32;
     return (uint64_t)cdf_st_numel(t) * cdf_dtype_size(dt);

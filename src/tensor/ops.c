@@ -495,63 +495,6 @@ cdf_tensor *cdf_maximum(cdf_tensor *a, cdf_tensor *b) { return binary(a, b, CDF_
 
 /* ---- matmul ---------------------------------------------------------------------------- */
 
-/* A 2-D operand usable by the kernel: rows with unit column stride, or transposed. */
-static bool mat_layout(const cdf_tensor *t, int64_t *ld, bool *trans) {
-    int r = t->ndim - 2, c = t->ndim - 1;
-    if (t->strides[c] == 1 || t->shape[c] == 1) {
-        *ld = t->shape[r] == 1 ? (t->shape[c] > 0 ? t->shape[c] : 1) : t->strides[r];
-        if (*ld < t->shape[c]) *ld = t->shape[c];
-        *trans = false;
-        return t->shape[r] == 1 || t->strides[r] >= t->shape[c];
-    }
-    if (t->strides[r] == 1 || t->shape[r] == 1) {
-        *ld = t->shape[c] == 1 ? (t->shape[r] > 0 ? t->shape[r] : 1) : t->strides[c];
-        if (*ld < t->shape[r]) *ld = t->shape[r];
-        *trans = true;
-        return t->shape[c] == 1 || t->strides[c] >= t->shape[r];
-    }
-    return false;
-}
-
-/* Collapse the batch dims [0, nb) of t into one stride, if possible. */
-static bool batch_stride(const cdf_tensor *t, int nb, int64_t *stride) {
-    int64_t s = 0;
-    bool any = false;
-    for (int i = nb - 1; i >= 0; i--) {
-        if (t->shape[i] == 1) continue;
-        if (!any) {
-            s = t->strides[i];
-            any = true;
-            continue;
-        }
-        return false; /* more than one non-trivial batch dim: only allowed if chained (checked below) */
-    }
-    if (!any) {
-        *stride = 0;
-        return true;
-    }
-    *stride = s;
-    return true;
-}
-
-static bool batch_collapsible(const cdf_tensor *t, int nb, int64_t *stride) {
-    if (batch_stride(t, nb, stride)) return true;
-    /* several batch dims: they must form one arithmetic progression (contiguous chain) or all 0 */
-    int64_t inner_stride = -1, expect = -1;
-    for (int i = nb - 1; i >= 0; i--) {
-        if (t->shape[i] == 1) continue;
-        if (inner_stride < 0) {
-            inner_stride = t->strides[i];
-            expect = t->strides[i] * t->shape[i];
-            continue;
-        }
-        if (t->strides[i] != expect) return false;
-        expect *= t->shape[i];
-    }
-    *stride = inner_stride < 0 ? 0 : inner_stride;
-    return true;
-}
-
 static cdf_tensor *matmul_impl(cdf_tensor *a, cdf_tensor *b, cdf_tensor *bias, const char *who) {
     BEGIN();
     if (a->ndim < 2 || b->ndim < 2) FAIL(CDF_ERR_SHAPE, "%s: operands must be at least 2-D: %s, %s", who, desc(a), desc(b));
@@ -578,23 +521,20 @@ static cdf_tensor *matmul_impl(cdf_tensor *a, cdf_tensor *b, cdf_tensor *bias, c
         REL(ea); REL(eb); REL(bc);
         RETURN(NULL);
     }
-    int64_t lda, ldb, sa, sb;
-    bool ta, tb;
-    if (!mat_layout(ea, &lda, &ta) || !batch_collapsible(ea, nd, &sa)) {
+    /* operands in a matrix layout (graph/node.h), copied to contiguous otherwise */
+    int64_t ld, bs;
+    bool tr;
+    if (!cdf_matmul_operand_layout(ea, &ld, &tr, &bs)) {
         cdf_tensor *c = cdf_contiguous(ea);
         REL(ea);
         ea = c;
         if (!ea) { REL(eb); REL(bc); RETURN(NULL); }
-        mat_layout(ea, &lda, &ta);
-        batch_collapsible(ea, nd, &sa);
     }
-    if (!mat_layout(eb, &ldb, &tb) || !batch_collapsible(eb, nd, &sb)) {
+    if (!cdf_matmul_operand_layout(eb, &ld, &tr, &bs)) {
         cdf_tensor *c = cdf_contiguous(eb);
         REL(eb);
         eb = c;
         if (!eb) { REL(ea); REL(bc); RETURN(NULL); }
-        mat_layout(eb, &ldb, &tb);
-        batch_collapsible(eb, nd, &sb);
     }
     int64_t oshape[CDF_MAX_DIMS];
     memcpy(oshape, bshape, nd * sizeof *bshape);
@@ -605,18 +545,6 @@ static cdf_tensor *matmul_impl(cdf_tensor *a, cdf_tensor *b, cdf_tensor *bias, c
     cdf_node *n = out ? cdf_node_new(CDF_OP_MATMUL) : NULL;
     cdf_status s = CDF_ERR_OUT_OF_MEMORY;
     if (n) {
-        n->p.matmul.batch = cdf_shape_numel(nd, bshape);
-        n->p.matmul.M = M;
-        n->p.matmul.N = N;
-        n->p.matmul.K = K;
-        n->p.matmul.lda = lda;
-        n->p.matmul.ldb = ldb;
-        n->p.matmul.ldc = N;
-        n->p.matmul.sa = sa;
-        n->p.matmul.sb = sb;
-        n->p.matmul.sc = M * N;
-        n->p.matmul.trans_a = ta;
-        n->p.matmul.trans_b = tb;
         n->p.matmul.alpha = 1.0f;
         s = submit(n, out, ea, eb, bc, NULL);
     }
@@ -772,7 +700,12 @@ static cdf_tensor *reduce(cdf_tensor *x, int dim, bool keepdim, cdf_reduce_op op
             shape[nd++] = x->shape[i];
         }
     }
-    cdf_tensor *out = cdf_tensor_alloc(dev_of(x), is_float(x->dtype) ? x->dtype : CDF_F32, nd, shape);
+    if (x->shape[d] == 0 && (op == CDF_RED_MAX || op == CDF_RED_ARGMAX)) {
+        REL(c);
+        FAIL(CDF_ERR_INVALID_ARG, "%s: reduction over the empty dim %d of %s", who, dim, desc(x));
+    }
+    const cdf_dtype odt = op == CDF_RED_ARGMAX ? CDF_I64 : is_float(x->dtype) ? x->dtype : CDF_F32;
+    cdf_tensor *out = cdf_tensor_alloc(dev_of(x), odt, nd, shape);
     cdf_node *n = out ? cdf_node_new(CDF_OP_REDUCE) : NULL;
     cdf_status s = CDF_ERR_OUT_OF_MEMORY;
     if (n) {
@@ -794,6 +727,7 @@ cdf_tensor *cdf_sum(cdf_tensor *x, int dim, bool keepdim) { return reduce(x, dim
 cdf_tensor *cdf_mean(cdf_tensor *x, int dim, bool keepdim) { return reduce(x, dim, keepdim, CDF_RED_MEAN, "mean"); }
 cdf_tensor *cdf_var(cdf_tensor *x, int dim, bool keepdim) { return reduce(x, dim, keepdim, CDF_RED_VAR, "var"); }
 cdf_tensor *cdf_max(cdf_tensor *x, int dim, bool keepdim) { return reduce(x, dim, keepdim, CDF_RED_MAX, "max"); }
+cdf_tensor *cdf_argmax(cdf_tensor *x, int dim, bool keepdim) { return reduce(x, dim, keepdim, CDF_RED_ARGMAX, "argmax"); }
 
 /* ---- convolution / resampling ---------------------------------------------------------- */
 

@@ -223,11 +223,38 @@ cdf_tensor *cdf_tensor_from_host(cdf_device *dev, cdf_dtype dt, int ndim, const 
         cdf_error(CDF_ERR_INVALID_ARG, "tensor_from_host: data is NULL");
         return NULL;
     }
-    /* the new buffer is not yet visible to any queued op, so the host may fill it directly;
-     * for a discrete device this is the backend's copy_from_host */
-    if (dt == src_dt) dev->iface->copy_from_host(dev, t->storage->data, data, (size_t)n * cdf_dtype_size(dt));
-    else cdf_convert(t->storage->data, dt, data, src_dt, (size_t)n);
+    /* the new buffer is not yet visible to any queued op: an unordered upload is safe */
+    if (cdf_storage_upload(t->storage, 0, dt, data, src_dt, (size_t)n) != CDF_OK) {
+        cdf_tensor_release(t);
+        return NULL;
+    }
     return t;
+}
+
+/* Elements converted per staging chunk: big enough to amortise a transfer, small enough to stay
+ * in cache (and to bound the staging memory). */
+#define UPLOAD_CHUNK_ELEMS ((size_t)1 << 18)
+
+cdf_status cdf_storage_upload(cdf_storage *s, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n) {
+    const size_t dsz = cdf_dtype_size(dt), ssz = cdf_dtype_size(src_dt);
+    if (!n) return CDF_OK;
+    if (s->is_virtual || !s->data)
+        return cdf_error(CDF_ERR_INTERNAL, "upload into a buffer without device memory");
+    if ((at + n) * dsz > s->nbytes)
+        return cdf_error(CDF_ERR_INTERNAL, "upload of %zu elements at %zu overruns a %zu-byte buffer", n, at, s->nbytes);
+    char *dst = (char *)s->data + at * dsz;
+    if (dt == src_dt) return cdf_device_buffer_set(s->dev, dst, src, n * dsz);
+    const size_t chunk = n < UPLOAD_CHUNK_ELEMS ? n : UPLOAD_CHUNK_ELEMS;
+    void *stage = cdf_device_host_alloc(s->dev, chunk * dsz);
+    if (!stage) return cdf_last_status();
+    cdf_status st = CDF_OK;
+    for (size_t o = 0; o < n && st == CDF_OK; o += chunk) {
+        const size_t c = n - o < chunk ? n - o : chunk;
+        cdf_convert(stage, dt, (const char *)src + o * ssz, src_dt, c);
+        st = cdf_device_buffer_set(s->dev, dst + o * dsz, stage, c * dsz);
+    }
+    cdf_device_host_free(s->dev, stage, chunk * dsz);
+    return st;
 }
 
 cdf_tensor *cdf_tensor_full(cdf_device *dev, cdf_dtype dt, int ndim, const int64_t *shape, double value) {
@@ -254,6 +281,15 @@ cdf_tensor *cdf_tensor_zeros(cdf_device *dev, cdf_dtype dt, int ndim, const int6
 cdf_tensor *cdf_tensor_wrap(cdf_device *dev, cdf_dtype dt, int ndim, const int64_t *shape, void *data,
                             void (*owner_release)(void *), void *owner) {
     if (check_shape(ndim, shape, dt, "tensor_wrap") != CDF_OK) return NULL;
+    if (!dev) {
+        cdf_error(CDF_ERR_INVALID_ARG, "tensor_wrap: device is NULL");
+        return NULL;
+    }
+    if (!dev->iface->host_visible || !dev->iface->host_visible(dev)) {
+        cdf_error(CDF_ERR_UNSUPPORTED, "tensor_wrap: %s cannot use host memory as device memory; copy the data with "
+                  "cdf_tensor_from_host", dev->name);
+        return NULL;
+    }
     cdf_storage *s = calloc(1, sizeof *s);
     if (!s) {
         cdf_error(CDF_ERR_OUT_OF_MEMORY, "host out of memory (storage header)");
@@ -320,6 +356,8 @@ const char *cdf_tensor_describe(const cdf_tensor *t, char *buf, size_t n) {
 }
 
 /* ---- host access ------------------------------------------------------------------------ */
+static cdf_status read_to_host(const cdf_tensor *t, cdf_dtype as, void *dst, size_t n);
+
 cdf_status cdf_tensor_read(const cdf_tensor *t, cdf_dtype as, void *dst, size_t dst_bytes) {
     if (!t) return cdf_last_status() != CDF_OK ? cdf_last_status() : cdf_error(CDF_ERR_INVALID_ARG, "read: tensor is NULL");
     int64_t n = cdf_tensor_numel(t);
@@ -327,10 +365,50 @@ cdf_status cdf_tensor_read(const cdf_tensor *t, cdf_dtype as, void *dst, size_t 
         return cdf_error(CDF_ERR_INVALID_ARG, "read: destination holds %zu bytes, tensor needs %zu", dst_bytes,
                          (size_t)n * cdf_dtype_size(as));
     CDF_TRY(cdf_exec_sync_for_read(t));
-    int64_t dst_strides[CDF_MAX_DIMS];
-    cdf_contiguous_strides(t->ndim, t->shape, dst_strides);
     if (n == 0) return CDF_OK;
-    return cdf_k_copy_strided(dst, as, dst_strides, cdf_tensor_data_ptr(t), t->dtype, t->strides, t->ndim, t->shape);
+    return read_to_host(t, as, dst, (size_t)n);
+}
+
+/* t's elements, in row-major order, into host memory as dtype `as`. Only the backend touches
+ * device memory: a strided view is first made contiguous by a copy op on the device, then the
+ * bytes are fetched and converted on the host. The caller has synchronised t. */
+static cdf_status read_to_host(const cdf_tensor *t, cdf_dtype as, void *dst, size_t n) {
+    cdf_device *dev = t->storage->dev;
+    const size_t esz = cdf_dtype_size(t->dtype);
+    cdf_storage *tmp = NULL;
+    const void *src = cdf_tensor_device_addr(t);
+    if (!cdf_tensor_is_contiguous(t)) {
+        tmp = cdf_storage_new(dev, n * esz);
+        cdf_node *node = tmp ? cdf_node_new(CDF_OP_COPY) : NULL;
+        int64_t strides[CDF_MAX_DIMS];
+        cdf_contiguous_strides(t->ndim, t->shape, strides);
+        node ? (void)0 : cdf_storage_release(tmp);
+        if (!node) return cdf_last_status();
+        cdf_scope_suppress(1); /* the node alone owns its view */
+        node->dst = cdf_tensor_view_of(tmp, 0, t->dtype, t->ndim, t->shape, strides);
+        cdf_scope_suppress(-1);
+        cdf_node_add_src(node, (cdf_tensor *)t);
+        /* not through exec/: this copy is part of the read, never recorded or deferred */
+        cdf_status s = node->dst ? cdf_device_enqueue(dev, node) : cdf_last_status();
+        if (s == CDF_OK) s = cdf_backend_device_synchronize(dev);
+        else cdf_node_free(node);
+        if (s != CDF_OK) {
+            cdf_storage_release(tmp);
+            return s;
+        }
+        src = tmp->data;
+    }
+    cdf_status s;
+    if (as == t->dtype) {
+        s = cdf_device_buffer_get(dev, dst, src, n * esz);
+    } else {
+        void *stage = cdf_device_host_alloc(dev, n * esz);
+        s = stage ? cdf_device_buffer_get(dev, stage, src, n * esz) : cdf_last_status();
+        if (s == CDF_OK) cdf_convert(dst, as, stage, t->dtype, n);
+        cdf_device_host_free(dev, stage, n * esz);
+    }
+    cdf_storage_release(tmp);
+    return s;
 }
 
 float *cdf_tensor_read_f32(const cdf_tensor *t) {

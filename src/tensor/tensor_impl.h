@@ -11,7 +11,7 @@
 typedef struct cdf_storage {
     atomic_long refcount;
     cdf_device *dev;
-    void *data;
+    void *data; /* a device address (see cdf_tensor_device_addr) */
     size_t nbytes;
     bool device_owned;              /* allocated (and accounted) by the device */
     void (*owner_release)(void *);  /* external memory (cdf_tensor_wrap), or the arena of a planned buffer */
@@ -37,6 +37,10 @@ struct cdf_tensor {
 };
 
 cdf_storage *cdf_storage_new(cdf_device *dev, size_t nbytes); /* NULL + error on OOM */
+/* Write n elements of host data (src_dt) into s at element offset `at` of dtype dt, converting
+ * in host staging buffers; the bytes cross through the backend. s must not be in use by a queued
+ * op (a new buffer, or queues drained). */
+cdf_status cdf_storage_upload(cdf_storage *s, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n);
 /* Give a virtual storage its own device memory (no-op for a real one). */
 cdf_status cdf_storage_materialize(cdf_storage *s);
 void cdf_storage_retain(cdf_storage *s);
@@ -53,7 +57,9 @@ cdf_tensor *cdf_tensor_alloc(cdf_device *dev, cdf_dtype dt, int ndim, const int6
 void cdf_scope_suppress(int delta);
 void cdf_scope_record(cdf_tensor *t);
 
-static inline void *cdf_tensor_data_ptr(const cdf_tensor *t) {
+/* The device address of t's first element: opaque above the backend (never dereferenced there;
+ * bytes move through the backend's transfer calls). */
+static inline void *cdf_tensor_device_addr(const cdf_tensor *t) {
     return (char *)t->storage->data + t->offset * (int64_t)cdf_dtype_size(t->dtype);
 }
 void cdf_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);

@@ -1,25 +1,40 @@
 /* The cpu backend: host memory, and an in-order asynchronous queue served by one worker thread.
  * Kernels parallelise internally with OpenMP on that worker, so the host thread is free to keep
- * issuing ops while the device computes (the TPU/CUDA stream model). */
+ * issuing ops while the device computes (the TPU/CUDA stream model). With
+ * CDIFFUSERS_CPU_DISCRETE=1 its memory is not addressable from above the backend (cpu_impl.h). */
 #include <omp.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+#include <strings.h>
 
 #include "backend/backend_impl.h"
+#include "backend/cpu/cpu_impl.h"
 #include "core/error_internal.h"
+#include "kernels/cpu_features.h"
 #include "kernels/fast_onednn.h"
+
+bool cdf_cpu_discrete;
 
 #define CPU_QUEUE_CAP 512 /* pending ops before enqueue blocks: bounds how far the host runs ahead
                             (each pending op may hold an output buffer) */
 #define CPU_ALIGN 64
 
+/* One queued item: a node to execute, or a function to call on the worker in queue order
+ * (stream-ordered transfers). */
+typedef struct cpu_item {
+    cdf_node *node;
+    void (*fn)(void *);
+    void *ctx;
+} cpu_item;
+
 typedef struct cpu_queue {
     pthread_mutex_t lock;
-    pthread_cond_t not_empty, not_full, idle;
-    cdf_node *ring[CPU_QUEUE_CAP];
+    pthread_cond_t not_empty, not_full, idle, progress;
+    cpu_item ring[CPU_QUEUE_CAP];
     int head, count;
     bool running; /* worker is executing a node */
     uint64_t enqueued, completed, syncs;
@@ -39,7 +54,8 @@ static void *cpu_worker(void *arg) {
     for (;;) {
         pthread_mutex_lock(&q->lock);
         while (q->count == 0) pthread_cond_wait(&q->not_empty, &q->lock);
-        cdf_node *n = q->ring[q->head];
+        cpu_item it = q->ring[q->head];
+        cdf_node *n = it.node;
         q->head = (q->head + 1) % CPU_QUEUE_CAP;
         q->count--;
         q->running = true;
@@ -54,12 +70,16 @@ static void *cpu_worker(void *arg) {
         }
         cdf_status s = CDF_OK;
         char msg[2048] = "";
-        if (!skip) {
-            cdf_clear_error();
-            s = cdf_cpu_execute_node(n);
-            if (s != CDF_OK) snprintf(msg, sizeof msg, "queued op '%s' failed: %s", cdf_op_name(n->kind), cdf_last_error());
+        if (!n) {
+            it.fn(it.ctx); /* a transfer: runs (and releases its source) even after an error */
+        } else {
+            if (!skip) {
+                cdf_clear_error();
+                s = cdf_cpu_execute_node(n);
+                if (s != CDF_OK) snprintf(msg, sizeof msg, "queued op '%s' failed: %s", cdf_op_name(n->kind), cdf_last_error());
+            }
+            cdf_node_free(n); /* drops buffer references: may free memory the host released */
         }
-        cdf_node_free(n); /* drops buffer references: may free memory the host released */
 
         pthread_mutex_lock(&q->lock);
         if (s != CDF_OK && q->err == CDF_OK) {
@@ -69,6 +89,7 @@ static void *cpu_worker(void *arg) {
         }
         q->completed++;
         q->running = false;
+        pthread_cond_broadcast(&q->progress);
         if (q->count == 0) pthread_cond_broadcast(&q->idle);
         pthread_mutex_unlock(&q->lock);
     }
@@ -102,12 +123,15 @@ static void cpu_register_exit_drain(void) {
     if (atomic_fetch_add(&registered, 1) < 1024) atexit(cpu_drain_at_exit); /* a few per model shape */
 }
 
-static cdf_status cpu_init(int *n_devices) {
+static cdf_status cpu_init(int *n_devices, const char **why) {
     cpu_queue *q = &g_cpu_queue;
+    const char *disc = getenv("CDIFFUSERS_CPU_DISCRETE");
+    cdf_cpu_discrete = disc && (strcmp(disc, "1") == 0 || strcasecmp(disc, "on") == 0 || strcasecmp(disc, "true") == 0);
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->not_empty, NULL);
     pthread_cond_init(&q->not_full, NULL);
     pthread_cond_init(&q->idle, NULL);
+    pthread_cond_init(&q->progress, NULL);
     q->threads = 0;
     const char *t = getenv("CDIFFUSERS_NUM_THREADS");
     if (t && atoi(t) > 0) q->threads = atoi(t);
@@ -128,21 +152,30 @@ static cdf_status cpu_init(int *n_devices) {
 static void *cpu_alloc(cdf_device *dev, size_t nbytes) {
     size_t sz = (nbytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
     if (sz == 0) sz = CPU_ALIGN;
-    return aligned_alloc(CPU_ALIGN, sz);
+    return cdf_cpu_device_ptr(aligned_alloc(CPU_ALIGN, sz));
 }
 
-static void cpu_free(cdf_device *dev, void *ptr, size_t nbytes) { free(ptr); }
+static void cpu_free(cdf_device *dev, void *ptr, size_t nbytes) {
+    void *p = cdf_cpu_host_ptr(ptr);
+    /* prepacked copies of a weight in this buffer die with it: a later buffer at the same
+     * address must never meet them (kernels/fast_onednn.h) */
+    cdf_k_fast_forget_range(p, nbytes);
+    free(p);
+}
 
-static cdf_status cpu_enqueue(cdf_device *dev, cdf_node *node) {
-    cpu_queue *q = dev->impl;
+static cdf_status queue_push(cpu_queue *q, cpu_item it) {
     pthread_mutex_lock(&q->lock);
     while (q->count == CPU_QUEUE_CAP) pthread_cond_wait(&q->not_full, &q->lock);
-    q->ring[(q->head + q->count) % CPU_QUEUE_CAP] = node;
+    q->ring[(q->head + q->count) % CPU_QUEUE_CAP] = it;
     q->count++;
     q->enqueued++;
     pthread_cond_signal(&q->not_empty);
     pthread_mutex_unlock(&q->lock);
     return CDF_OK;
+}
+
+static cdf_status cpu_enqueue(cdf_device *dev, cdf_node *node) {
+    return queue_push(dev->impl, (cpu_item){.node = node});
 }
 
 static cdf_status cpu_synchronize(cdf_device *dev) {
@@ -169,9 +202,83 @@ static void cpu_wait_idle(cdf_device *dev) {
 
 static bool cpu_supports(cdf_device *dev, const cdf_node *node) { return true; }
 
-static cdf_status cpu_copy(cdf_device *dev, void *dst, const void *src, size_t nbytes) {
-    memcpy(dst, src, nbytes);
+static cdf_status cpu_buffer_set(cdf_device *dev, void *dst, const void *src, size_t nbytes) {
+    memcpy(cdf_cpu_host_ptr(dst), src, nbytes);
     return CDF_OK;
+}
+
+static cdf_status cpu_buffer_get(cdf_device *dev, void *dst, const void *src, size_t nbytes) {
+    cpu_wait_idle(dev);
+    memcpy(dst, cdf_cpu_host_ptr(src), nbytes);
+    return CDF_OK;
+}
+
+typedef struct async_set {
+    void *dst;
+    const void *src;
+    size_t nbytes;
+    void (*done)(void *);
+    void *ctx;
+} async_set;
+
+static void run_async_set(void *p) {
+    async_set *a = p;
+    memcpy(cdf_cpu_host_ptr(a->dst), a->src, a->nbytes);
+    if (a->done) a->done(a->ctx);
+    free(a);
+}
+
+static cdf_status cpu_buffer_set_async(cdf_device *dev, void *dst, const void *src, size_t nbytes, void (*done)(void *),
+                                       void *ctx) {
+    async_set *a = malloc(sizeof *a);
+    if (!a) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (queued copy)");
+    *a = (async_set){dst, src, nbytes, done, ctx};
+    return queue_push(dev->impl, (cpu_item){.fn = run_async_set, .ctx = a});
+}
+
+static uint64_t cpu_event_record(cdf_device *dev) {
+    cpu_queue *q = dev->impl;
+    pthread_mutex_lock(&q->lock);
+    uint64_t e = q->enqueued;
+    pthread_mutex_unlock(&q->lock);
+    return e;
+}
+
+static void cpu_event_synchronize(cdf_device *dev, uint64_t event) {
+    cpu_queue *q = dev->impl;
+    pthread_mutex_lock(&q->lock);
+    /* in order: the items up to the marker are done when `completed` reaches it */
+    while (q->completed < event) pthread_cond_wait(&q->progress, &q->lock);
+    pthread_mutex_unlock(&q->lock);
+}
+
+static bool cpu_host_visible(const cdf_device *dev) { return !cdf_cpu_discrete; }
+
+static void cpu_device_info(const cdf_device *dev, cdf_device_info *out) {
+    char model[128] = "unknown CPU";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof line, f)) {
+            if (strncmp(line, "model name", 10) != 0) continue;
+            const char *c = strchr(line, ':');
+            if (!c) continue;
+            c++;
+            while (*c == ' ' || *c == '\t') c++;
+            snprintf(model, sizeof model, "%s", c);
+            model[strcspn(model, "\n")] = 0;
+            break;
+        }
+        fclose(f);
+    }
+    snprintf(out->description, sizeof out->description, "%s, %d threads%s", model, omp_get_num_procs(),
+             cdf_cpu_discrete ? " (discrete test mode)" : "");
+    const cdf_k_cpu_features *ft = cdf_k_cpu();
+    snprintf(out->features, sizeof out->features, "isa=%s%s%s%s%s", cdf_k_isa_name(cdf_k_isa_level()),
+             ft->avx2_fma ? " avx2 fma" : "", ft->avx512_core ? " avx512" : "", ft->avx512_bf16 ? " avx512_bf16" : "",
+             ft->amx_bf16 ? " amx_bf16" : "");
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
+    out->memory_bytes = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
 }
 
 static void cpu_set_threads(cdf_device *dev, int n) {
@@ -199,8 +306,13 @@ const cdf_backend_iface cdf_cpu_backend_iface = {
     .synchronize = cpu_synchronize,
     .wait_idle = cpu_wait_idle,
     .supports = cpu_supports,
-    .copy_to_host = cpu_copy,
-    .copy_from_host = cpu_copy,
+    .device_info = cpu_device_info,
+    .buffer_set = cpu_buffer_set,
+    .buffer_get = cpu_buffer_get,
+    .buffer_set_async = cpu_buffer_set_async,
+    .event_record = cpu_event_record,
+    .event_synchronize = cpu_event_synchronize,
+    .host_visible = cpu_host_visible,
     .set_threads = cpu_set_threads,
     .queue_stats = cpu_queue_stats,
 };

@@ -2,23 +2,13 @@
  * own strides; the tensor API guarantees the layouts each kernel documents (contiguous where
  * required), so this file only resolves pointers and forwards parameters. */
 #include "backend/backend_impl.h"
+#include "backend/cpu/cpu_impl.h"
 #include "core/error_internal.h"
 #include "kernels/dispatch.h"
 
-static const char *k_op_names[CDF_OP_COUNT] = {
-    [CDF_OP_COPY] = "copy",           [CDF_OP_FILL] = "fill",         [CDF_OP_EMBEDDING] = "embedding",
-    [CDF_OP_UNARY] = "unary",         [CDF_OP_BINARY] = "binary",     [CDF_OP_MATMUL] = "matmul",
-    [CDF_OP_SOFTMAX] = "softmax",     [CDF_OP_LAYER_NORM] = "layer_norm", [CDF_OP_RMS_NORM] = "rms_norm",
-    [CDF_OP_GROUP_NORM] = "group_norm", [CDF_OP_REDUCE] = "reduce",   [CDF_OP_CONV2D] = "conv2d",
-    [CDF_OP_UPSAMPLE] = "upsample_nearest", [CDF_OP_ATTENTION] = "attention", [CDF_OP_ROPE] = "rope",
-    [CDF_OP_TIMESTEP_EMB] = "timestep_embedding", [CDF_OP_FUSED] = "fused_elementwise", [CDF_OP_ROPE_TABLE] = "rope_table",
-    [CDF_OP_ALL_REDUCE] = "all_reduce",
-};
-
-const char *cdf_op_name(cdf_op_kind k) { return (unsigned)k < CDF_OP_COUNT ? k_op_names[k] : "?"; }
-
 #define SRC(i) (n->src[i])
-#define PTR(t) ((t) ? cdf_tensor_data_ptr(t) : NULL)
+/* the host address of an operand's first element (device addresses translated: cpu_impl.h) */
+#define PTR(t) ((t) ? cdf_cpu_host_ptr(cdf_tensor_device_addr(t)) : NULL)
 
 cdf_status cdf_cpu_execute_node(const cdf_node *n) {
     cdf_tensor *d = n->dst;
@@ -28,7 +18,7 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n) {
         if (t && t->storage->is_virtual)
             return cdf_error(CDF_ERR_INTERNAL, "%s: operand %d has no memory (an unplanned compile buffer)", cdf_op_name(n->kind), i);
     }
-    void *dp = cdf_tensor_data_ptr(d);
+    void *dp = PTR(d);
     switch (n->kind) {
     case CDF_OP_COPY:
         return cdf_k_copy_strided(dp, d->dtype, d->strides, PTR(SRC(0)), SRC(0)->dtype, SRC(0)->strides, d->ndim,
@@ -53,17 +43,22 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n) {
         return cdf_k_binary(n->p.binary.op, dp, d->dtype, PTR(SRC(0)), SRC(0)->dtype, SRC(0)->strides, PTR(SRC(1)),
                             SRC(1)->dtype, SRC(1)->strides, d->ndim, d->shape);
     case CDF_OP_MATMUL: {
-        cdf_k_matmul_args a = {
-            .batch = n->p.matmul.batch, .M = n->p.matmul.M, .N = n->p.matmul.N, .K = n->p.matmul.K,
-            .a = PTR(SRC(0)), .a_dt = SRC(0)->dtype, .lda = n->p.matmul.lda, .sa = n->p.matmul.sa,
-            .trans_a = n->p.matmul.trans_a,
-            .b = PTR(SRC(1)), .b_dt = SRC(1)->dtype, .ldb = n->p.matmul.ldb, .sb = n->p.matmul.sb,
-            .trans_b = n->p.matmul.trans_b,
+        /* lowered from the operands' layouts (graph/node.h): dst is contiguous [..., M, N] */
+        cdf_tensor *a = SRC(0), *b = SRC(1);
+        const int64_t M = d->shape[d->ndim - 2], N = d->shape[d->ndim - 1], K = a->shape[a->ndim - 1];
+        int64_t lda, ldb, sa, sb;
+        bool ta, tb;
+        if (!cdf_matmul_operand_layout(a, &lda, &ta, &sa) || !cdf_matmul_operand_layout(b, &ldb, &tb, &sb))
+            return cdf_error(CDF_ERR_INTERNAL, "matmul: an operand is not in a matrix layout");
+        cdf_k_matmul_args args = {
+            .batch = cdf_shape_numel(d->ndim - 2, d->shape), .M = M, .N = N, .K = K,
+            .a = PTR(a), .a_dt = a->dtype, .lda = lda, .sa = sa, .trans_a = ta,
+            .b = PTR(b), .b_dt = b->dtype, .ldb = ldb, .sb = sb, .trans_b = tb,
             .bias = PTR(SRC(2)), .bias_dt = SRC(2) ? SRC(2)->dtype : CDF_F32,
-            .c = dp, .c_dt = d->dtype, .ldc = n->p.matmul.ldc, .sc = n->p.matmul.sc,
+            .c = dp, .c_dt = d->dtype, .ldc = N, .sc = M * N,
             .alpha = n->p.matmul.alpha, .beta = 0.0f,
         };
-        return cdf_k_matmul_dispatch(&a);
+        return cdf_k_matmul_dispatch(&args);
     }
     case CDF_OP_SOFTMAX:
         return cdf_k_softmax(dp, d->dtype, PTR(SRC(0)), SRC(0)->dtype, n->p.softmax.rows, n->p.softmax.cols,

@@ -1,0 +1,82 @@
+/* The op node: creation, references, names, and the operand contract of matmul (graph/node.h). */
+#include "graph/node.h"
+
+#include <stdlib.h>
+
+#include "core/error_internal.h"
+
+static const char *k_op_names[CDF_OP_COUNT] = {
+    [CDF_OP_COPY] = "copy",           [CDF_OP_FILL] = "fill",         [CDF_OP_EMBEDDING] = "embedding",
+    [CDF_OP_UNARY] = "unary",         [CDF_OP_BINARY] = "binary",     [CDF_OP_MATMUL] = "matmul",
+    [CDF_OP_SOFTMAX] = "softmax",     [CDF_OP_LAYER_NORM] = "layer_norm", [CDF_OP_RMS_NORM] = "rms_norm",
+    [CDF_OP_GROUP_NORM] = "group_norm", [CDF_OP_REDUCE] = "reduce",   [CDF_OP_CONV2D] = "conv2d",
+    [CDF_OP_UPSAMPLE] = "upsample_nearest", [CDF_OP_ATTENTION] = "attention", [CDF_OP_ROPE] = "rope",
+    [CDF_OP_TIMESTEP_EMB] = "timestep_embedding", [CDF_OP_FUSED] = "fused_elementwise", [CDF_OP_ROPE_TABLE] = "rope_table",
+    [CDF_OP_ALL_REDUCE] = "all_reduce",
+};
+
+const char *cdf_op_name(cdf_op_kind k) { return (unsigned)k < CDF_OP_COUNT ? k_op_names[k] : "?"; }
+
+cdf_node *cdf_node_new(cdf_op_kind kind) {
+    cdf_node *n = calloc(1, sizeof *n);
+    if (!n) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "host out of memory (op node)");
+        return NULL;
+    }
+    n->kind = kind;
+    return n;
+}
+
+void cdf_node_add_src(cdf_node *n, cdf_tensor *t) {
+    if (n->n_src < CDF_NODE_MAX_SRC) n->src[n->n_src++] = cdf_tensor_retain(t);
+}
+
+void cdf_node_free(cdf_node *n) {
+    if (!n) return;
+    for (int i = 0; i < n->n_src; i++) cdf_tensor_release(n->src[i]);
+    cdf_tensor_release(n->dst);
+    if (n->kind == CDF_OP_FUSED) free(n->p.fused.prog);
+    free(n);
+}
+
+/* The last two dims as a matrix: unit column stride (row-major) or unit row stride
+ * (column-major), with a leading dimension that does not overlap rows/columns. */
+static bool matrix_layout(const cdf_tensor *t, int64_t *ld, bool *trans) {
+    const int r = t->ndim - 2, c = t->ndim - 1;
+    if (t->strides[c] == 1 || t->shape[c] == 1) {
+        *ld = t->shape[r] == 1 ? (t->shape[c] > 0 ? t->shape[c] : 1) : t->strides[r];
+        if (*ld < t->shape[c]) *ld = t->shape[c];
+        *trans = false;
+        return t->shape[r] == 1 || t->strides[r] >= t->shape[c];
+    }
+    if (t->strides[r] == 1 || t->shape[r] == 1) {
+        *ld = t->shape[c] == 1 ? (t->shape[r] > 0 ? t->shape[r] : 1) : t->strides[c];
+        if (*ld < t->shape[r]) *ld = t->shape[r];
+        *trans = true;
+        return t->shape[c] == 1 || t->strides[c] >= t->shape[r];
+    }
+    return false;
+}
+
+/* The batch dims [0, nb) as one stride: at most one non-trivial dim, or several forming one
+ * arithmetic progression (a contiguous chain), or none (stride 0). */
+static bool batch_collapsible(const cdf_tensor *t, int nb, int64_t *stride) {
+    int64_t inner_stride = -1, expect = -1;
+    for (int i = nb - 1; i >= 0; i--) {
+        if (t->shape[i] == 1) continue;
+        if (inner_stride < 0) {
+            inner_stride = t->strides[i];
+            expect = t->strides[i] * t->shape[i];
+            continue;
+        }
+        if (t->strides[i] != expect) return false;
+        expect *= t->shape[i];
+    }
+    *stride = inner_stride < 0 ? 0 : inner_stride;
+    return true;
+}
+
+bool cdf_matmul_operand_layout(const cdf_tensor *t, int64_t *ld, bool *trans, int64_t *batch_stride) {
+    if (!t || t->ndim < 2) return false;
+    return matrix_layout(t, ld, trans) && batch_collapsible(t, t->ndim - 2, batch_stride);
+}

@@ -1,0 +1,320 @@
+/* LoRA on linear layers (see nn/lora.h). */
+#include "nn/lora.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error_internal.h"
+#include "tensor/tensor_impl.h"
+
+/* ---- layer index ---------------------------------------------------------------------------- */
+struct cdf_layer_index {
+    int n, cap;
+    char **names;
+    cdf_linear_layer **layers;
+    bool *sharded;
+};
+
+cdf_layer_index *cdf_layer_index_new(void) { return calloc(1, sizeof(cdf_layer_index)); }
+
+void cdf_layer_index_clear(cdf_layer_index *ix) {
+    if (!ix) return;
+    for (int i = 0; i < ix->n; i++) free(ix->names[i]);
+    ix->n = 0;
+}
+
+void cdf_layer_index_free(cdf_layer_index *ix) {
+    if (!ix) return;
+    cdf_layer_index_clear(ix);
+    free(ix->names);
+    free(ix->layers);
+    free(ix->sharded);
+    free(ix);
+}
+
+void cdf_layer_index_add(cdf_layer_index *ix, const char *name, cdf_linear_layer *l, bool sharded) {
+    if (!ix) return;
+    if (ix->n == ix->cap) {
+        int cap = ix->cap ? ix->cap * 2 : 64;
+        char **nn = realloc(ix->names, (size_t)cap * sizeof *nn);
+        if (nn) ix->names = nn;
+        cdf_linear_layer **nl = nn ? realloc(ix->layers, (size_t)cap * sizeof *nl) : NULL;
+        if (nl) ix->layers = nl;
+        bool *ns = nl ? realloc(ix->sharded, (size_t)cap * sizeof *ns) : NULL;
+        if (!ns) return;
+        ix->sharded = ns;
+        ix->cap = cap;
+    }
+    char *d = strdup(name);
+    if (!d) return;
+    ix->names[ix->n] = d;
+    ix->layers[ix->n] = l;
+    ix->sharded[ix->n++] = sharded;
+}
+
+cdf_linear_layer *cdf_layer_index_find(const cdf_layer_index *ix, const char *name, bool *sharded) {
+    for (int i = 0; ix && i < ix->n; i++)
+        if (strcmp(ix->names[i], name) == 0) {
+            if (sharded) *sharded = ix->sharded[i];
+            return ix->layers[i];
+        }
+    return NULL;
+}
+
+int cdf_layer_index_count(const cdf_layer_index *ix) { return ix ? ix->n : 0; }
+
+cdf_linear_layer *cdf_layer_index_at(const cdf_layer_index *ix, int i, const char **name) {
+    if (!ix || i < 0 || i >= ix->n) return NULL;
+    if (name) *name = ix->names[i];
+    return ix->layers[i];
+}
+
+/* ---- scale slots -------------------------------------------------------------------------- */
+/* One [R] tensor for every layer that carries the same adapters with the same ranks, in order. */
+typedef struct lora_slot {
+    struct lora_slot *next;
+    int n;
+    int adapter[CDF_LORA_MAX_ADAPTERS];
+    int64_t rank[CDF_LORA_MAX_ADAPTERS];
+    int64_t total;
+    cdf_tensor *t; /* replaced by cdf_lora_scales_set; links point at this field */
+} lora_slot;
+
+struct cdf_lora_scales {
+    cdf_device *dev;
+    float scale[CDF_LORA_MAX_ADAPTERS];
+    lora_slot *slots;
+};
+
+typedef struct lora_part {
+    int adapter;
+    int64_t rank;
+    cdf_tensor *a, *b;
+} lora_part;
+
+struct cdf_lora_link {
+    cdf_tensor *a, *b; /* concatenations of the parts */
+    lora_slot *slot;
+    int n_parts;
+    lora_part parts[CDF_LORA_MAX_ADAPTERS];
+};
+
+cdf_lora_scales *cdf_lora_scales_new(cdf_device *dev) {
+    cdf_lora_scales *sc = calloc(1, sizeof *sc);
+    if (!sc) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        return NULL;
+    }
+    sc->dev = dev;
+    for (int i = 0; i < CDF_LORA_MAX_ADAPTERS; i++) sc->scale[i] = 1.0f;
+    return sc;
+}
+
+void cdf_lora_scales_free(cdf_lora_scales *sc) {
+    if (!sc) return;
+    for (lora_slot *s = sc->slots, *n; s; s = n) {
+        n = s->next;
+        cdf_tensor_release(s->t);
+        free(s);
+    }
+    free(sc);
+}
+
+static cdf_tensor *slot_tensor(const cdf_lora_scales *sc, const lora_slot *s) {
+    float *v = malloc((size_t)s->total * sizeof *v);
+    if (!v) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        return NULL;
+    }
+    int64_t k = 0;
+    for (int i = 0; i < s->n; i++)
+        for (int64_t j = 0; j < s->rank[i]; j++) v[k++] = sc->scale[s->adapter[i]];
+    cdf_scope_suppress(1); /* owned by the slot */
+    cdf_tensor *t = cdf_tensor_from_host(sc->dev, CDF_F32, 1, &s->total, v, CDF_F32);
+    cdf_scope_suppress(-1);
+    free(v);
+    return t;
+}
+
+cdf_status cdf_lora_scales_set(cdf_lora_scales *sc, int adapter, float scale) {
+    if (!sc || adapter < 0 || adapter >= CDF_LORA_MAX_ADAPTERS)
+        return cdf_error(CDF_ERR_INVALID_ARG, "LoRA scale: no adapter %d", adapter);
+    if (!isfinite(scale)) return cdf_error(CDF_ERR_INVALID_ARG, "LoRA scale %g is not a finite number", (double)scale);
+    const float old = sc->scale[adapter];
+    sc->scale[adapter] = scale;
+    for (lora_slot *s = sc->slots; s; s = s->next) {
+        bool uses = false;
+        for (int i = 0; i < s->n; i++) uses |= s->adapter[i] == adapter;
+        if (!uses) continue;
+        cdf_tensor *t = slot_tensor(sc, s);
+        if (!t) {
+            sc->scale[adapter] = old; /* slots already rebuilt keep the new value: rebuild them back */
+            for (lora_slot *r = sc->slots; r != s; r = r->next) {
+                cdf_tensor *b = slot_tensor(sc, r);
+                if (b) {
+                    cdf_tensor_release(r->t);
+                    r->t = b;
+                }
+            }
+            return cdf_last_status();
+        }
+        cdf_tensor_release(s->t);
+        s->t = t;
+    }
+    return CDF_OK;
+}
+
+float cdf_lora_scales_get(const cdf_lora_scales *sc, int adapter) {
+    return sc && adapter >= 0 && adapter < CDF_LORA_MAX_ADAPTERS ? sc->scale[adapter] : 0.0f;
+}
+
+int cdf_lora_scales_tensors(const cdf_lora_scales *sc, cdf_tensor **out, int max) {
+    int n = 0;
+    for (const lora_slot *s = sc ? sc->slots : NULL; s; s = s->next, n++)
+        if (n < max) out[n] = s->t;
+    return n;
+}
+
+static lora_slot *find_slot(cdf_lora_scales *sc, const cdf_lora_link *k) {
+    for (lora_slot *s = sc->slots; s; s = s->next) {
+        bool same = s->n == k->n_parts;
+        for (int i = 0; same && i < s->n; i++) same = s->adapter[i] == k->parts[i].adapter && s->rank[i] == k->parts[i].rank;
+        if (same) return s;
+    }
+    lora_slot *s = calloc(1, sizeof *s);
+    if (!s) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        return NULL;
+    }
+    s->n = k->n_parts;
+    for (int i = 0; i < s->n; i++) {
+        s->adapter[i] = k->parts[i].adapter;
+        s->rank[i] = k->parts[i].rank;
+        s->total += s->rank[i];
+    }
+    if (!(s->t = slot_tensor(sc, s))) {
+        free(s);
+        return NULL;
+    }
+    s->next = sc->slots;
+    sc->slots = s;
+    return s;
+}
+
+/* ---- links -------------------------------------------------------------------------------- */
+static void link_free(cdf_lora_link *k) {
+    if (!k) return;
+    cdf_tensor_release(k->a);
+    cdf_tensor_release(k->b);
+    for (int i = 0; i < k->n_parts; i++) {
+        cdf_tensor_release(k->parts[i].a);
+        cdf_tensor_release(k->parts[i].b);
+    }
+    free(k);
+}
+
+void cdf_lora_detach(cdf_linear_layer *l) {
+    if (!l) return;
+    link_free(l->lora);
+    l->lora = NULL;
+}
+
+int cdf_lora_list_weights(cdf_tensor **w, int n, const cdf_lora_link *k) {
+    w[n++] = k->a;
+    w[n++] = k->b;
+    w[n++] = k->slot->t;
+    return n;
+}
+
+static cdf_status check_shapes(const cdf_linear_layer *l, cdf_tensor *a, cdf_tensor *b, const char *what) {
+    if (!a || !b || cdf_tensor_ndim(a) != 2 || cdf_tensor_ndim(b) != 2)
+        return cdf_error(CDF_ERR_SHAPE, "LoRA %s: lora_A and lora_B must be 2-D matrices", what);
+    const int64_t r = cdf_tensor_dim(a, 0);
+    if (cdf_tensor_dim(b, 1) != r)
+        return cdf_error(CDF_ERR_SHAPE, "LoRA %s: rank mismatch: lora_A has rank %lld (shape [%lld, %lld]) but lora_B has %lld "
+                         "(shape [%lld, %lld])", what, (long long)r, (long long)r, (long long)cdf_tensor_dim(a, 1),
+                         (long long)cdf_tensor_dim(b, 1), (long long)cdf_tensor_dim(b, 0), (long long)cdf_tensor_dim(b, 1));
+    if (cdf_tensor_dim(a, 1) != l->in || cdf_tensor_dim(b, 0) != l->out)
+        return cdf_error(CDF_ERR_SHAPE, "LoRA %s: the adapter maps %lld -> %lld features but the layer is %lld -> %lld", what,
+                         (long long)cdf_tensor_dim(a, 1), (long long)cdf_tensor_dim(b, 0), (long long)l->in, (long long)l->out);
+    return CDF_OK;
+}
+
+cdf_status cdf_lora_attach(cdf_lora_scales *sc, cdf_linear_layer *l, int adapter, cdf_tensor *a, cdf_tensor *b,
+                           const char *what) {
+    if (!sc || !l || adapter < 0 || adapter >= CDF_LORA_MAX_ADAPTERS)
+        return cdf_error(CDF_ERR_INVALID_ARG, "LoRA %s: bad arguments", what);
+    CDF_TRY(check_shapes(l, a, b, what));
+    if (l->tp) return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA %s: the layer is a tensor-parallel shard (not supported)", what);
+    cdf_lora_link *old = l->lora;
+    if (old && old->n_parts == CDF_LORA_MAX_ADAPTERS)
+        return cdf_error(CDF_ERR_LIMIT, "LoRA %s: more than %d adapters on one layer", what, CDF_LORA_MAX_ADAPTERS);
+    for (int i = 0; old && i < old->n_parts; i++)
+        if (old->parts[i].adapter == adapter) return cdf_error(CDF_ERR_INVALID_ARG, "LoRA %s: the adapter names this layer twice", what);
+    cdf_lora_link *k = calloc(1, sizeof *k);
+    if (!k) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (int i = 0; old && i < old->n_parts; i++) {
+        k->parts[i] = old->parts[i];
+        cdf_tensor_retain(k->parts[i].a);
+        cdf_tensor_retain(k->parts[i].b);
+    }
+    k->n_parts = old ? old->n_parts : 0;
+    k->parts[k->n_parts++] = (lora_part){adapter, cdf_tensor_dim(a, 0), cdf_tensor_retain(a), cdf_tensor_retain(b)};
+    cdf_status s = CDF_OK;
+    cdf_scope_suppress(1); /* the concatenations belong to the layer */
+    if (k->n_parts == 1) {
+        k->a = cdf_tensor_retain(a);
+        k->b = cdf_tensor_retain(b);
+    } else {
+        cdf_tensor *as[CDF_LORA_MAX_ADAPTERS], *bs[CDF_LORA_MAX_ADAPTERS];
+        for (int i = 0; i < k->n_parts; i++) as[i] = k->parts[i].a, bs[i] = k->parts[i].b;
+        k->a = cdf_cat(as, k->n_parts, 0);
+        k->b = k->a ? cdf_cat(bs, k->n_parts, 1) : NULL;
+        if (!k->b) s = cdf_last_status();
+    }
+    cdf_scope_suppress(-1);
+    if (s == CDF_OK && !(k->slot = find_slot(sc, k))) s = cdf_last_status();
+    if (s != CDF_OK) {
+        link_free(k);
+        return cdf_error_prefix("LoRA %s: ", what);
+    }
+    link_free(old);
+    l->lora = k;
+    return CDF_OK;
+}
+
+cdf_tensor *cdf_lora_linear_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
+    if (!x) return NULL;
+    const cdf_lora_link *k = l->lora;
+    cdf_scope_push();
+    cdf_tensor *y = l->tp ? cdf_tp_linear_rowwise_fwd(l, x) : cdf_linear(x, l->w, l->b);
+    /* x [.., in] -> A x [.., R] -> per-rank scales -> B (.) [.., out] */
+    cdf_tensor *d = cdf_linear(cdf_mul(cdf_linear(x, k->a, NULL), k->slot->t), k->b, NULL);
+    cdf_tensor *r = y && d ? cdf_add(y, d) : NULL;
+    cdf_scope_pop(r ? &r : NULL, r ? 1 : 0);
+    return r;
+}
+
+cdf_status cdf_lora_fuse(cdf_linear_layer *l, cdf_tensor *a, cdf_tensor *b, float scale, const char *what) {
+    CDF_TRY(check_shapes(l, a, b, what));
+    if (!isfinite(scale)) return cdf_error(CDF_ERR_INVALID_ARG, "LoRA %s: scale %g is not a finite number", what, (double)scale);
+    if (l->tp) return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA %s: the layer is a tensor-parallel shard (not supported)", what);
+    if (l->w->storage->host_src)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA %s: fusing into a host-side weight (sequential offload) is not supported; "
+                         "use the run-time mode", what);
+    cdf_scope_push();
+    const cdf_dtype dt = cdf_tensor_dtype(l->w);
+    cdf_tensor *w32 = dt == CDF_F32 ? l->w : cdf_cast(l->w, CDF_F32);
+    cdf_tensor *delta = cdf_matmul(cdf_scale(b, scale), a); /* [out, r] @ [r, in] */
+    cdf_tensor *sum = w32 && delta ? cdf_add(w32, delta) : NULL;
+    cdf_tensor *nw = sum && dt != CDF_F32 ? cdf_cast(sum, dt) : sum;
+    /* the new weight belongs to the layer, not to any scope: one reference beyond the scope's */
+    cdf_tensor_retain(nw);
+    cdf_scope_pop(NULL, 0);
+    if (!nw) return cdf_error_prefix("LoRA %s: ", what);
+    cdf_tensor_release(l->w);
+    l->w = nw;
+    return CDF_OK;
+}

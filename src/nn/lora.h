@@ -1,0 +1,63 @@
+/* nn/lora — LoRA adapters on linear layers, below any file format (models/lora_file.c parses
+ * files; pipelines/lora.c decides which layer gets what).
+ *
+ * Run-time mode (PEFT's math): y = W x + b + sum_i s_i * (alpha_i / r_i) * B_i (A_i x). W is never
+ * touched, so the same path serves any storage of W (f32, bf16, and quantized weights later): the
+ * adapter is a separate low-rank product added to the linear's output. The adapters of one layer
+ * are kept concatenated — A = [A_1; A_2; ...] ([R, in], R = sum r_i), B = [B_1 c_1, B_2 c_2, ...]
+ * ([out, R], c_i = alpha_i / r_i folded in at attach) — and the scales are a separate [R] tensor
+ * (s_i repeated r_i times) multiplied between the two products: three tensors per layer however
+ * many adapters, and changing a scale replaces only that small tensor. Layers with the same
+ * adapters and ranks share one scale tensor (a "slot"), so a model holds a handful of them; whole-
+ * model compile binds them as graph parameters and repeated-block compile lists them with the
+ * block's weights, which is why a new scale never recompiles.
+ *
+ * Fused mode: W <- W + s (alpha/r) B A once (diffusers' fuse_lora), computed on the device in f32
+ * and stored back in W's dtype. */
+#ifndef CDF_NN_LORA_H
+#define CDF_NN_LORA_H
+
+#include "nn/nn.h"
+
+#define CDF_LORA_MAX_ADAPTERS 16
+
+typedef struct cdf_lora_link cdf_lora_link;
+
+/* ---- module name -> linear layer, filled while a model loads (cdf_load_options.layers) ---- */
+typedef struct cdf_layer_index cdf_layer_index;
+cdf_layer_index *cdf_layer_index_new(void);
+void cdf_layer_index_free(cdf_layer_index *ix); /* NULL is fine */
+void cdf_layer_index_clear(cdf_layer_index *ix);
+/* Called by the linear loaders; sharded = a tensor-parallel shard (holds part of the layer). An
+ * allocation failure only leaves the layer out (a LoRA naming it then reports it unmatched). */
+void cdf_layer_index_add(cdf_layer_index *ix, const char *name, cdf_linear_layer *l, bool sharded);
+/* NULL if no layer has that module name. */
+cdf_linear_layer *cdf_layer_index_find(const cdf_layer_index *ix, const char *name, bool *sharded);
+int cdf_layer_index_count(const cdf_layer_index *ix);
+cdf_linear_layer *cdf_layer_index_at(const cdf_layer_index *ix, int i, const char **name);
+
+/* ---- the per-component scale state ------------------------------------------------------- */
+typedef struct cdf_lora_scales cdf_lora_scales;
+cdf_lora_scales *cdf_lora_scales_new(cdf_device *dev);
+void cdf_lora_scales_free(cdf_lora_scales *sc); /* after every link using it is freed */
+/* Set adapter `adapter`'s scale (0..CDF_LORA_MAX_ADAPTERS-1): every slot holding it gets a new
+ * tensor (no device memory is written in place: queued and captured work keeps the old one). */
+cdf_status cdf_lora_scales_set(cdf_lora_scales *sc, int adapter, float scale);
+float cdf_lora_scales_get(const cdf_lora_scales *sc, int adapter);
+/* The current slot tensors (borrowed), for binding as graph parameters: the first `max` go to
+ * out; returns how many there are (may exceed max). */
+int cdf_lora_scales_tensors(const cdf_lora_scales *sc, cdf_tensor **out, int max);
+
+/* ---- attaching ---------------------------------------------------------------------------- */
+/* Run-time: add adapter `adapter` to layer l. a: [r, l->in] f32, b: [l->out, r] f32 with the
+ * alpha/r factor already applied (references are taken). Errors: shapes (naming `what`), a
+ * tensor-parallel layer, the same adapter twice on one layer. */
+cdf_status cdf_lora_attach(cdf_lora_scales *sc, cdf_linear_layer *l, int adapter, cdf_tensor *a, cdf_tensor *b,
+                           const char *what);
+/* Fused: l->w <- l->w + scale * b @ a, in f32, stored in l->w's dtype (a new tensor replaces
+ * l->w; compiled graphs that captured the old one must be dropped by the caller). */
+cdf_status cdf_lora_fuse(cdf_linear_layer *l, cdf_tensor *a, cdf_tensor *b, float scale, const char *what);
+/* Remove every run-time adapter from l (nothing if none). */
+void cdf_lora_detach(cdf_linear_layer *l);
+
+#endif

@@ -1,0 +1,190 @@
+/* The device interface (backend/backend_impl.h): listing and info, transfers through the
+ * backend (uploads with conversion, reads of strided views with conversion), stream-ordered
+ * copies and events, and the discrete test mode of the cpu backend. ctest runs this file twice:
+ * as test_backend and as test_backend_discrete (CDIFFUSERS_CPU_DISCRETE=1), where every device
+ * address must fault when dereferenced above the backend. Expected values come from index
+ * arithmetic and bf16 rounding done here. */
+#include "testutil.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backend/backend_impl.h"
+#include "cdiffusers/exec.h"
+#include "cdiffusers/tensor.h"
+#include "tensor/tensor_impl.h"
+
+static bool discrete_mode(void) {
+    const char *e = getenv("CDIFFUSERS_CPU_DISCRETE");
+    return e && strcmp(e, "1") == 0;
+}
+
+static cdf_device *cpu(void) {
+    cdf_device *d = cdf_device_get("cpu");
+    assert_non_null(d);
+    return d;
+}
+
+static void test_listing_and_info(void **state) {
+    (void)state;
+    assert_true(cdf_device_count() >= 1);
+    assert_ptr_equal(cdf_device_at(0), cdf_device_default());
+    assert_null(cdf_device_at(cdf_device_count()));
+    cdf_device_info info;
+    assert_int_equal(cdf_device_get_info(cpu(), &info), CDF_OK);
+    assert_string_equal(info.type, "cpu");
+    assert_true(strlen(info.description) > 0);
+    assert_non_null(strstr(info.features, "isa="));
+    assert_true(info.memory_bytes > 0);
+    assert_int_equal(info.host_visible, !discrete_mode());
+    bool found = false;
+    for (int i = 0; i < cdf_backend_compiled_count(); i++)
+        if (strcmp(cdf_backend_compiled_name(i), "cpu") == 0) found = cdf_backend_why_no_device(i) == NULL;
+    assert_true(found);
+    /* an unknown device type names what the build has */
+    assert_null(cdf_device_get("nosuch"));
+    assert_non_null(strstr(cdf_last_error(), "no backend 'nosuch' in this build (compiled in: cpu"));
+    assert_null(cdf_device_get("cpu:7"));
+    assert_non_null(strstr(cdf_last_error(), "does not exist"));
+}
+
+static void test_upload_converts_and_reads_back(void **state) {
+    (void)state;
+    cdf_scope_push();
+    /* f32 -> bf16 at upload: values with more than 8 mantissa bits round to nearest even */
+    enum { N = 600000 }; /* more than one staging chunk (tensor.c) */
+    float *src = malloc(N * sizeof *src), *back = malloc(N * sizeof *back);
+    for (int i = 0; i < N; i++) src[i] = 1.0f + (float)(i % 1024) / 4096.0f; /* 1 + k/4096 */
+    int64_t shape[1] = {N};
+    cdf_tensor *t = cdf_tensor_from_host(cpu(), CDF_BF16, 1, shape, src, CDF_F32);
+    assert_non_null(t);
+    assert_int_equal(cdf_tensor_read(t, CDF_F32, back, N * sizeof *back), CDF_OK);
+    for (int i = 0; i < N; i++) {
+        /* bf16 keeps 7 fraction bits: 1 + k/4096 -> nearest multiple of 1/128, ties to even */
+        int k = i % 1024;
+        double q = k / 32.0; /* in units of 1/128 */
+        double fl = (double)(int)q, r = q - fl;
+        double want = r > 0.5 || (r == 0.5 && ((int)fl & 1)) ? fl + 1 : fl;
+        assert_float_equal(back[i], 1.0 + want / 128.0, 0);
+    }
+    free(src);
+    free(back);
+    cdf_scope_pop(NULL, 0);
+}
+
+static void test_strided_reads_convert_on_the_host(void **state) {
+    (void)state;
+    cdf_scope_push();
+    int64_t s[3] = {2, 3, 4};
+    float v[24];
+    for (int i = 0; i < 24; i++) v[i] = (float)i - 11.5f;
+    cdf_tensor *t = cdf_tensor_from_host(cpu(), CDF_F32, 3, s, v, CDF_F32);
+    int perm[3] = {2, 0, 1};
+    cdf_tensor *p = cdf_permute(t, perm); /* [4, 2, 3]: p[i][j][k] = t[j][k][i] */
+    assert_false(cdf_tensor_is_contiguous(p));
+    /* as i32: float -> integer truncates toward zero (the copy kernel's rule) */
+    int32_t got[24];
+    assert_int_equal(cdf_tensor_read(p, CDF_I32, got, sizeof got), CDF_OK);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 2; j++)
+            for (int k = 0; k < 3; k++) assert_int_equal(got[(i * 2 + j) * 3 + k], (int32_t)v[j * 12 + k * 4 + i]);
+    /* as f64 through item() on a one-element view in the middle of the buffer */
+    cdf_tensor *one = cdf_slice(cdf_slice(cdf_slice(t, 0, 1, 2, 1), 1, 2, 3, 1), 2, 3, 4, 1);
+    double d;
+    assert_int_equal(cdf_tensor_item(one, &d), CDF_OK);
+    assert_float_equal(d, v[12 + 8 + 3], 0);
+    /* integer tensors stay exact above 2^53 when read as integers */
+    int64_t big[2] = {(INT64_C(1) << 60) + 1, -((INT64_C(1) << 55) + 3)}, bs[1] = {2}, bb[2];
+    cdf_tensor *bt = cdf_tensor_from_host(cpu(), CDF_I64, 1, bs, big, CDF_I64);
+    assert_int_equal(cdf_tensor_read(bt, CDF_I64, bb, sizeof bb), CDF_OK);
+    assert_true(bb[0] == big[0] && bb[1] == big[1]);
+    /* too small a destination is refused before any transfer */
+    assert_int_equal(cdf_tensor_read(p, CDF_F32, got, sizeof got - 1), CDF_ERR_INVALID_ARG);
+    cdf_scope_pop(NULL, 0);
+}
+
+typedef struct done_flag {
+    int calls;
+} done_flag;
+static void on_done(void *p) { ((done_flag *)p)->calls++; }
+
+static void test_async_set_is_stream_ordered(void **state) {
+    (void)state;
+    cdf_scope_push();
+    cdf_device *dev = cpu();
+    int64_t s[1] = {1 << 16};
+    cdf_tensor *t = cdf_tensor_full(dev, CDF_F32, 1, s, 1.0); /* queued fill */
+    assert_non_null(t);
+    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
+    /* a second queued fill, then an async upload: the upload lands after the fill */
+    cdf_tensor *t2 = cdf_tensor_full(dev, CDF_F32, 1, s, 5.0);
+    cdf_tensor *sum = cdf_add(t, t2); /* queued; reads t before the upload below */
+    float *host = malloc(sizeof(float) << 16);
+    for (int i = 0; i < (1 << 16); i++) host[i] = (float)i;
+    done_flag df = {0};
+    /* the backend orders after what was enqueued: deferred ops (defer-and-fuse) go first */
+    assert_int_equal(cdf_exec_flush(), CDF_OK);
+    assert_int_equal(dev->iface->buffer_set_async(dev, t->storage->data, host, sizeof(float) << 16, on_done, &df), CDF_OK);
+    uint64_t ev = dev->iface->event_record(dev);
+    dev->iface->event_synchronize(dev, ev);
+    assert_int_equal(df.calls, 1); /* passed the marker: the upload ran and released its source */
+    float *a = cdf_tensor_read_f32(t), *b = cdf_tensor_read_f32(sum);
+    for (int i = 0; i < (1 << 16); i++) {
+        assert_float_equal(a[i], (float)i, 0);
+        assert_float_equal(b[i], 6.0f, 0); /* computed from the fill, before the upload */
+    }
+    free(a);
+    free(b);
+    free(host);
+    cdf_scope_pop(NULL, 0);
+}
+
+static void test_device_memory_is_not_host_memory_in_discrete_mode(void **state) {
+    (void)state;
+    cdf_scope_push();
+    int64_t s[1] = {4};
+    float v[4] = {1, 2, 3, 4};
+    cdf_tensor *t = cdf_tensor_from_host(cpu(), CDF_F32, 1, s, v, CDF_F32);
+    assert_non_null(t);
+    assert_int_equal(cdf_device_synchronize(cpu()), CDF_OK);
+    /* a child process dereferences the device address from above the backend */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGSEGV, SIG_DFL); /* cmocka's handler would report and carry on in the child */
+        volatile float x = *(volatile float *)cdf_tensor_device_addr(t);
+        _exit(x == 1.0f ? 0 : 3);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (discrete_mode()) {
+        assert_true(WIFSIGNALED(status));
+        assert_int_equal(WTERMSIG(status), SIGSEGV);
+        /* host memory cannot stand in for device memory */
+        assert_null(cdf_tensor_wrap(cpu(), CDF_F32, 1, s, v, NULL, NULL));
+        assert_int_equal(cdf_last_status(), CDF_ERR_UNSUPPORTED);
+        assert_non_null(strstr(cdf_last_error(), "cdf_tensor_from_host"));
+    } else {
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        cdf_tensor *w = cdf_tensor_wrap(cpu(), CDF_F32, 1, s, v, NULL, NULL);
+        assert_non_null(w);
+        double d;
+        assert_int_equal(cdf_tensor_item(cdf_slice(w, 0, 2, 3, 1), &d), CDF_OK);
+        assert_float_equal(d, 3.0, 0);
+    }
+    cdf_scope_pop(NULL, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_listing_and_info),
+        cmocka_unit_test(test_upload_converts_and_reads_back),
+        cmocka_unit_test(test_strided_reads_convert_on_the_host),
+        cmocka_unit_test(test_async_set_is_stream_ordered),
+        cmocka_unit_test(test_device_memory_is_not_host_memory_in_discrete_mode),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

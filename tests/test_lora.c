@@ -1,0 +1,416 @@
+/* LoRA adapters (issue #20) against diffusers + PEFT: tests/data/lora (made by
+ * tools/make-lora-golden/make_lora_golden.py; see its README) holds random adapters in the
+ * diffusers/PEFT (with network alphas) and kohya formats for the tiny golden FLUX.1-dev and SD3
+ * transformers, and the transformer outputs diffusers computes with them: run time at scale 1
+ * and 0.7, fused at 0.7, two adapters at once.
+ *
+ * Tolerance: 3e-4 max abs, the golden transformers' own f32 tolerance (test_model_flux's
+ * DEV_ATOL, test_model_sd3's F32_ATOL: our timestep table uses its own expf). The adapters move
+ * the outputs by 1.7 to 5.6 (reference.json), so a dropped or mis-scaled layer cannot pass.
+ *
+ * The suite runs in every execution mode (CDIFFUSERS_DEFER_AND_FUSE=1, CDIFFUSERS_COMPILE=1,
+ * CDIFFUSERS_COMPILE=blocks): components load compiled when those are set, and every check here
+ * runs through cdf_component_run. The scale checks also assert that a new scale does not
+ * recompile (recompiles are forbidden around the second run). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cdiffusers/exec.h"
+#include "cdiffusers/io.h"
+#include "exec/compile.h"
+#include "models/component.h"
+#include "models/lora_file.h"
+#include "nn/lora.h"
+#include "pipelines/pipeline_impl.h"
+
+#define ATOL 3e-4
+
+static const char *path_of(const char *rel) {
+    static char buf[8][1024];
+    static int slot;
+    char *b = buf[slot++ & 7];
+    snprintf(b, 1024, "%s/%s", CDF_TEST_DATA, rel);
+    return b;
+}
+
+typedef struct model_case {
+    const char *folder; /* golden/<x> */
+    const char *ref;    /* lora/<x>.safetensors */
+} model_case;
+static const model_case FLUX = {"golden/flux1_dev", "lora/flux.safetensors"};
+static const model_case SD3 = {"golden/sd3", "lora/sd3.safetensors"};
+
+static cdf_component *load_transformer(const model_case *mc) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/transformer", path_of(mc->folder));
+    return tu_load_component(dir, CDF_F32);
+}
+
+static cdf_status load_lora(cdf_component *c, const char *rel, int id, float scale, cdf_lora_mode mode, bool allow_unused,
+                            cdf_lora_info *info) {
+    cdf_lora_components cs = {.n = 1, .name = {"transformer"}, .c = {c}};
+    cdf_lora_params lp = cdf_lora_default_params();
+    lp.scale = scale;
+    lp.mode = mode;
+    lp.allow_unused = allow_unused;
+    return cdf_lora_load_into(&cs, path_of(rel), &lp, id, info);
+}
+
+/* max |forward - ref[key]| on the golden inputs */
+static double forward_diff(cdf_component *c, const model_case *mc, const char *key) {
+    char io_path[512];
+    snprintf(io_path, sizeof io_path, "%s/io.safetensors", mc->folder);
+    cdf_tensor_map io, ref, out;
+    cdf_tensor_map_init(&io);
+    cdf_tensor_map_init(&ref);
+    cdf_tensor_map_init(&out);
+    tu_load_map(&io, io_path);
+    tu_load_map(&ref, mc->ref);
+    /* only the forward's arguments (io also holds outputs and extras) */
+    cdf_tensor_map in;
+    cdf_tensor_map_init(&in);
+    for (int i = 0; i < io.n; i++)
+        if (strncmp(io.names[i], "out.", 4) != 0 && strncmp(io.names[i], "extra.", 6) != 0)
+            assert_int_equal(cdf_tensor_map_set(&in, io.names[i], io.tensors[i]), CDF_OK);
+    cdf_status s = cdf_component_run(c, "forward", &in, &out);
+    if (s != CDF_OK) fail_msg("forward: %s", cdf_last_error());
+    cdf_tensor *want = cdf_tensor_map_get(&ref, key);
+    if (!want) fail_msg("reference %s has no %s", mc->ref, key);
+    double d = tu_diff_tensors(cdf_tensor_map_get(&out, "out.sample"), want, key);
+    fprintf(stderr, "  %-28s max abs diff %.3g\n", key, d);
+    cdf_tensor_map_clear(&in);
+    cdf_tensor_map_clear(&io);
+    cdf_tensor_map_clear(&ref);
+    cdf_tensor_map_clear(&out);
+    return d;
+}
+
+static void set_scale(cdf_component *c, int id, float s) {
+    cdf_lora_scales *sc = cdf_component_lora_scales(c, false);
+    assert_non_null(sc);
+    assert_int_equal(cdf_lora_scales_set(sc, id, s), CDF_OK);
+}
+
+/* Run time at scale 1 then 0.7 (no recompile in between), as set_adapters does. */
+static void runtime_case(const model_case *mc, const char *adapter, const char *prefix, int expect_layers) {
+    cdf_component *c = load_transformer(mc);
+    assert_true(forward_diff(c, mc, "out.base") < ATOL);
+    cdf_lora_info info;
+    char rel[256], key[128];
+    snprintf(rel, sizeof rel, "lora/%s.safetensors", adapter);
+    cdf_status s = load_lora(c, rel, 0, 1.0f, CDF_LORA_RUNTIME, false, &info);
+    if (s != CDF_OK) fail_msg("load %s: %s", rel, cdf_last_error());
+    assert_int_equal(info.layers, expect_layers);
+    snprintf(key, sizeof key, "out.%s.runtime_s1", prefix);
+    assert_true(forward_diff(c, mc, key) < ATOL);
+    const int graphs = cdf_component_compiled_graphs(c);
+    set_scale(c, 0, 0.7f);
+    cdf_compile_set_forbid_recompile(true);
+    snprintf(key, sizeof key, "out.%s.runtime_s07", prefix);
+    assert_true(forward_diff(c, mc, key) < ATOL);
+    cdf_compile_set_forbid_recompile(false);
+    assert_int_equal(cdf_component_compiled_graphs(c), graphs);
+    cdf_component_free(c);
+}
+
+static void fused_case(const model_case *mc, const char *adapter, const char *prefix) {
+    cdf_component *c = load_transformer(mc);
+    char rel[256], key[128];
+    snprintf(rel, sizeof rel, "lora/%s.safetensors", adapter);
+    cdf_status s = load_lora(c, rel, 0, 0.7f, CDF_LORA_FUSE, false, NULL);
+    if (s != CDF_OK) fail_msg("load %s: %s", rel, cdf_last_error());
+    assert_null(cdf_component_lora_scales(c, false)); /* nothing at run time */
+    snprintf(key, sizeof key, "out.%s.fused_s07", prefix);
+    assert_true(forward_diff(c, mc, key) < ATOL);
+    cdf_component_free(c);
+}
+
+/* FLUX: 14 linears x 2 double blocks + 6 x 2 single blocks + 5 others */
+static void test_flux_peft_runtime(void **st) { (void)st, runtime_case(&FLUX, "flux_peft", "flux_peft", 45); }
+static void test_flux_peft_fused(void **st) { (void)st, fused_case(&FLUX, "flux_peft", "flux_peft"); }
+/* kohya: the 10 per double block and 3 per single block keys reach 14 x 2 + 6 x 2 layers */
+static void test_flux_kohya_runtime(void **st) { (void)st, runtime_case(&FLUX, "flux_kohya", "flux_kohya", 40); }
+static void test_flux_kohya_fused(void **st) { (void)st, fused_case(&FLUX, "flux_kohya", "flux_kohya"); }
+/* SD3: 14 + 14 + 11 block linears + context_embedder + proj_out */
+static void test_sd3_runtime(void **st) { (void)st, runtime_case(&SD3, "sd3_peft", "sd3_peft", 41); }
+static void test_sd3_fused(void **st) { (void)st, fused_case(&SD3, "sd3_peft", "sd3_peft"); }
+
+/* Two adapters at once: set_adapters(["a", "b"], [0.7, 1.3]). */
+static void multi_case(const char *first, const char *prefix) {
+    cdf_component *c = load_transformer(&FLUX);
+    char rel[256], key[128];
+    snprintf(rel, sizeof rel, "lora/%s.safetensors", first);
+    assert_int_equal(load_lora(c, rel, 0, 0.7f, CDF_LORA_RUNTIME, false, NULL), CDF_OK);
+    assert_int_equal(load_lora(c, "lora/flux_second.safetensors", 1, 1.3f, CDF_LORA_RUNTIME, false, NULL), CDF_OK);
+    snprintf(key, sizeof key, "out.%s.multi", prefix);
+    assert_true(forward_diff(c, &FLUX, key) < ATOL);
+    /* back to the first alone at 0.7 by scaling the second to 0: no recompile */
+    const int graphs = cdf_component_compiled_graphs(c);
+    set_scale(c, 1, 0.0f);
+    cdf_compile_set_forbid_recompile(true);
+    snprintf(key, sizeof key, "out.%s.runtime_s07", prefix);
+    assert_true(forward_diff(c, &FLUX, key) < ATOL);
+    cdf_compile_set_forbid_recompile(false);
+    assert_int_equal(cdf_component_compiled_graphs(c), graphs);
+    /* unload: the base model again */
+    cdf_component_lora_reset(c);
+    assert_true(forward_diff(c, &FLUX, "out.base") < ATOL);
+    cdf_component_free(c);
+}
+static void test_flux_multi_peft(void **st) { (void)st, multi_case("flux_peft", "flux_peft"); }
+static void test_flux_multi_kohya(void **st) { (void)st, multi_case("flux_kohya", "flux_kohya"); }
+
+/* Explicit compile modes (whatever the environment says): a new scale replays the graph. */
+static void compiled_case(bool blocks) {
+    cdf_component *c = load_transformer(&FLUX);
+    cdf_compile_options o = cdf_compile_default_options();
+    assert_int_equal(blocks ? cdf_component_compile_repeated_blocks(c, &o) : cdf_component_compile(c, &o), CDF_OK);
+    assert_int_equal(load_lora(c, "lora/flux_peft.safetensors", 0, 1.0f, CDF_LORA_RUNTIME, false, NULL), CDF_OK);
+    assert_true(forward_diff(c, &FLUX, "out.flux_peft.runtime_s1") < ATOL);
+    const int graphs = cdf_component_compiled_graphs(c);
+    assert_true(graphs >= 1);
+    set_scale(c, 0, 0.7f);
+    cdf_compile_set_forbid_recompile(true);
+    assert_true(forward_diff(c, &FLUX, "out.flux_peft.runtime_s07") < ATOL);
+    cdf_compile_set_forbid_recompile(false);
+    assert_int_equal(cdf_component_compiled_graphs(c), graphs);
+    cdf_component_free(c);
+}
+static void test_compile_whole_scale(void **st) { (void)st, compiled_case(false); }
+static void test_compile_blocks_scale(void **st) { (void)st, compiled_case(true); }
+
+/* ---- bad input ---------------------------------------------------------------------------- */
+static const char *tmp_path(const char *name) {
+    static char buf[4][1024];
+    static int slot;
+    char *b = buf[slot++ & 3];
+    snprintf(b, 1024, "%s/%s", tu_tmpdir(), name);
+    return b;
+}
+
+/* A one-module adapter for transformer_blocks.0.attn.to_q of the FLUX model (64 -> 64). */
+static void write_adapter(const char *path, const char *key_a, int64_t ra, int64_t in, const char *key_b, int64_t out,
+                          int64_t rb, float poison, const char *extra_key) {
+    cdf_st_writer *w = cdf_st_writer_new();
+    float *a = calloc((size_t)(ra * in), sizeof *a), *b = calloc((size_t)(out * rb), sizeof *b);
+    for (int64_t i = 0; i < ra * in; i++) a[i] = 0.01f * (float)(i % 7);
+    for (int64_t i = 0; i < out * rb; i++) b[i] = 0.02f * (float)(i % 5);
+    b[3] = poison;
+    const int64_t sa[2] = {ra, in}, sb[2] = {out, rb}, s1[1] = {1};
+    assert_int_equal(cdf_st_writer_add(w, key_a, CDF_F32, 2, sa, a), CDF_OK);
+    assert_int_equal(cdf_st_writer_add(w, key_b, CDF_F32, 2, sb, b), CDF_OK);
+    if (extra_key) {
+        const float one = 1.0f;
+        assert_int_equal(cdf_st_writer_add(w, extra_key, CDF_F32, 1, s1, &one), CDF_OK);
+    }
+    assert_int_equal(cdf_st_writer_save(w, path), CDF_OK);
+    cdf_st_writer_free(w);
+    free(a);
+    free(b);
+}
+
+#define QA "transformer.transformer_blocks.0.attn.to_q.lora_A.weight"
+#define QB "transformer.transformer_blocks.0.attn.to_q.lora_B.weight"
+
+/* The load fails with `want` and a message containing `needle`, and the model is unchanged. */
+static void expect_refused(cdf_component *c, const char *path, float scale, cdf_status want, const char *needle) {
+    cdf_lora_components cs = {.n = 1, .name = {"transformer"}, .c = {c}};
+    cdf_lora_params lp = cdf_lora_default_params();
+    lp.scale = scale;
+    cdf_status s = cdf_lora_load_into(&cs, path, &lp, 0, NULL);
+    if (s != want || !strstr(cdf_last_error(), needle))
+        fail_msg("%s: status %d (want %d), message '%s' (want '%s')", path, s, want, cdf_last_error(), needle);
+    assert_null(cdf_component_lora_scales(c, false));
+}
+
+static void test_bad_input(void **st) {
+    (void)st;
+    cdf_component *c = load_transformer(&FLUX);
+    const char *p = tmp_path("lora_bad.safetensors");
+    write_adapter(p, QA, 4, 64, QB, 64, 3, 0.0f, NULL);
+    expect_refused(c, p, 1.0f, CDF_ERR_SHAPE, "rank mismatch");
+    write_adapter(p, QA, 4, 65, QB, 64, 4, 0.0f, NULL);
+    expect_refused(c, p, 1.0f, CDF_ERR_SHAPE, "fits no layer");
+    write_adapter(p, QA, 4, 64, QB, 96, 4, 0.0f, NULL);
+    expect_refused(c, p, 1.0f, CDF_ERR_SHAPE, "fits no layer");
+    write_adapter(p, QA, 4, 64, QB, 64, 4, NAN, NULL);
+    expect_refused(c, p, 1.0f, CDF_ERR_FORMAT, "non-finite");
+    write_adapter(p, QA, 4, 64, QB, 64, 4, INFINITY, NULL);
+    expect_refused(c, p, 1.0f, CDF_ERR_FORMAT, "non-finite");
+    write_adapter(p, QA, 4, 64, QB, 64, 4, 0.0f, "transformer.transformer_blocks.0.attn.to_q.dora_scale");
+    expect_refused(c, p, 1.0f, CDF_ERR_UNSUPPORTED, "DoRA");
+    write_adapter(p, QA, 4, 64, QB, 64, 4, 0.0f, NULL);
+    expect_refused(c, p, NAN, CDF_ERR_INVALID_ARG, "not a finite");
+    expect_refused(c, p, INFINITY, CDF_ERR_INVALID_ARG, "not a finite");
+    /* a key of no layer: an error naming it, or a warning with allow_unused */
+    write_adapter(p, QA, 4, 64, QB, 64, 4, 0.0f, "transformer.no_such_layer.alpha");
+    expect_refused(c, p, 1.0f, CDF_ERR_NOT_FOUND, "transformer.no_such_layer.alpha");
+    write_adapter(p, "transformer.blocks_x.lora_A.weight", 4, 64, "transformer.blocks_x.lora_B.weight", 64, 4, 0.0f, NULL);
+    expect_refused(c, p, 1.0f, CDF_ERR_NOT_FOUND, "blocks_x");
+    write_adapter(p, QA, 4, 64, QB, 64, 4, 0.0f, "transformer.no_such_layer.alpha");
+    cdf_lora_info info;
+    assert_int_equal(load_lora(c, p, 0, 1.0f, CDF_LORA_RUNTIME, true, &info), CDF_ERR_NOT_FOUND); /* rel path: not found */
+    cdf_lora_components cs = {.n = 1, .name = {"transformer"}, .c = {c}};
+    cdf_lora_params lp = cdf_lora_default_params();
+    lp.allow_unused = true;
+    assert_int_equal(cdf_lora_load_into(&cs, p, &lp, 0, &info), CDF_OK);
+    assert_int_equal(info.layers, 1);
+    assert_int_equal(info.unused_keys, 1);
+    cdf_component_lora_reset(c);
+    /* truncated file */
+    size_t len = 0;
+    char *data = tu_read_file(path_of("lora/flux_peft.safetensors"), &len);
+    assert_non_null(data);
+    assert_int_equal(tu_write_file(p, data, len / 2), 0);
+    free(data);
+    expect_refused(c, p, 1.0f, CDF_ERR_FORMAT, "LoRA file");
+    /* after all that, the model is the base model */
+    assert_true(forward_diff(c, &FLUX, "out.base") < ATOL);
+    cdf_component_free(c);
+}
+
+/* ---- key names ------------------------------------------------------------------------------ */
+static void test_key_names(void **st) {
+    (void)st;
+    char base[CDF_LORA_NAME_MAX];
+    bool kohya;
+    assert_int_equal(cdf_lora_key_split("lora_unet_single_blocks_3_linear1.lora_down.weight", base, sizeof base, &kohya),
+                     CDF_LORA_KEY_A);
+    assert_true(kohya);
+    assert_string_equal(base, "lora_unet_single_blocks_3_linear1");
+    assert_int_equal(cdf_lora_key_split("x.alpha", base, sizeof base, &kohya), CDF_LORA_KEY_ALPHA);
+    assert_int_equal(cdf_lora_key_split(".alpha", base, sizeof base, &kohya), CDF_LORA_KEY_OTHER);
+    assert_int_equal(cdf_lora_key_split("ab.lora_B.weight", base, 2, &kohya), CDF_LORA_KEY_OTHER); /* does not fit */
+    cdf_lora_target t;
+    assert_true(cdf_lora_kohya_target("lora_unet_single_blocks_3_linear1", &t));
+    assert_int_equal(t.n, 4);
+    assert_string_equal(t.module[3], "single_transformer_blocks.3.proj_mlp");
+    assert_true(cdf_lora_kohya_target("diffusion_model.double_blocks.12.txt_attn.qkv", &t));
+    assert_int_equal(t.n, 3);
+    assert_string_equal(t.module[0], "transformer_blocks.12.attn.add_q_proj");
+    assert_true(cdf_lora_kohya_target("lora_unet_final_layer_adaLN_modulation_1", &t));
+    assert_true(t.swap_halves && t.ignore_alpha);
+    assert_string_equal(t.module[0], "norm_out.linear");
+    assert_true(cdf_lora_kohya_target("lora_te1_text_model_encoder_layers_5_mlp_fc2", &t));
+    assert_string_equal(t.component, "text_encoder");
+    assert_string_equal(t.module[0], "text_model.encoder.layers.5.mlp.fc2");
+    assert_false(cdf_lora_kohya_target("lora_unet_double_blocks_1234567_img_attn_qkv", &t));
+    assert_false(cdf_lora_kohya_target("lora_unet_double_blocks__img_attn_qkv", &t));
+    assert_false(cdf_lora_kohya_target("lora_unet_double_blocks_0_vid_attn_qkv", &t));
+    assert_true(cdf_lora_diffusers_target("text_encoder_2.text_model.encoder.layers.0.self_attn.q_proj", &t));
+    assert_string_equal(t.component, "text_encoder_2");
+    assert_false(cdf_lora_diffusers_target("unet.down_blocks.0", &t));
+    assert_false(cdf_lora_diffusers_target("transformer.", &t));
+}
+
+/* ---- the CLI on a whole pipeline -------------------------------------------------------------
+ * tests/data/lora/pipe_flux1_dev_tiny_fused_0.8/transformer is the tiny FluxPipeline's
+ * transformer with pipe_flux1_dev_tiny_kohya.safetensors merged offline by diffusers (fuse_lora at
+ * 0.8, save_pretrained). Equivalence: generate with `--lora-mode fuse` on the original folder gives
+ * the latents generate gives on a folder with that transformer; run time gives them too. 1e-4:
+ * the merged weights differ from ours by float32 rounding (the delta is summed in another order),
+ * which three denoising steps carry into latents of magnitude ~2. */
+#define CLI_ATOL 1e-4
+
+static float *final_latents(const char *path, int64_t *n) {
+    cdf_tensor_map m;
+    cdf_tensor_map_init(&m);
+    assert_int_equal(cdf_tensor_map_load(&m, path, tu_cpu()), CDF_OK);
+    cdf_tensor *t = cdf_tensor_map_get(&m, "latents_final");
+    assert_non_null(t);
+    *n = cdf_tensor_numel(t);
+    float *v = cdf_tensor_read_f32(t);
+    cdf_tensor_map_clear(&m);
+    return v;
+}
+
+static int generate(const char *model, const char *extra, const char *tag) {
+    return tu_system("'%s' generate --model '%s' --prompt 'a red cube' --steps 3 --height 64 --width 64 --dtype f32 "
+                     "--seed 7 --quiet --force --output '%s/%s.png' --latents-out '%s/%s.safetensors' %s 2> '%s/%s.err'",
+                     CDF_CLI_PATH, model, tu_tmpdir(), tag, tu_tmpdir(), tag, extra, tu_tmpdir(), tag);
+}
+
+static void test_cli_fuse_matches_offline_fused_folder(void **st) {
+    (void)st;
+    const char *pipe = path_of("pipelines/flux1_dev_tiny");
+    const char *fused = tmp_path("fused_pipeline");
+    assert_int_equal(tu_system("rm -rf '%s' && mkdir -p '%s' && cd '%s' && for e in *; do [ \"$e\" = transformer ] || "
+                               "[ \"$e\" = cases ] || ln -s \"$PWD/$e\" '%s/'\"$e\"; done && ln -s '%s' '%s/transformer'",
+                               fused, fused, pipe, fused, path_of("lora/pipe_flux1_dev_tiny_fused_0.8/transformer"), fused),
+                     0);
+    char arg[1024];
+    snprintf(arg, sizeof arg, "--lora '%s:0.8' --lora-mode fuse", path_of("lora/pipe_flux1_dev_tiny_kohya.safetensors"));
+    assert_int_equal(generate(pipe, arg, "fuse"), 0);
+    snprintf(arg, sizeof arg, "--lora '%s:0.8'", path_of("lora/pipe_flux1_dev_tiny_kohya.safetensors"));
+    assert_int_equal(generate(pipe, arg, "runtime"), 0);
+    assert_int_equal(generate(fused, "", "offline"), 0);
+    assert_int_equal(generate(pipe, "", "base"), 0);
+    /* the load message counts the layers: 10 kohya modules per double block (q/k/v split) and 3
+     * per single block (linear1 split in 4) reach 14 x 2 + 6 x 2 layers */
+    size_t len;
+    char *err = tu_read_file(tmp_path("fuse.err"), &len);
+    assert_non_null(err);
+    if (!strstr(err, "kohya format): 40 layers, scale 0.8, fused")) fail_msg("load message: %s", err);
+    free(err);
+    int64_t n1, n2, n3, n4;
+    float *fz = final_latents(tmp_path("fuse.safetensors"), &n1), *rt = final_latents(tmp_path("runtime.safetensors"), &n2);
+    float *off = final_latents(tmp_path("offline.safetensors"), &n3), *base = final_latents(tmp_path("base.safetensors"), &n4);
+    assert_true(n1 == n2 && n1 == n3 && n1 == n4);
+    const double d_fuse = tu_max_abs_diff(fz, off, (size_t)n1, NULL), d_rt = tu_max_abs_diff(rt, off, (size_t)n1, NULL);
+    const double d_base = tu_max_abs_diff(base, off, (size_t)n1, NULL);
+    fprintf(stderr, "  latents vs offline-fused folder: fuse %.3g, run time %.3g (base model %.3g)\n", d_fuse, d_rt, d_base);
+    assert_true(d_fuse < CLI_ATOL);
+    assert_true(d_rt < CLI_ATOL);
+    assert_true(d_base > 100 * CLI_ATOL); /* the adapter matters */
+    free(fz);
+    free(rt);
+    free(off);
+    free(base);
+}
+
+static void test_cli_bad_lora(void **st) {
+    (void)st;
+    const char *pipe = path_of("pipelines/flux1_dev_tiny");
+    const char *bad = tmp_path("nan_lora.safetensors");
+    write_adapter(bad, QA, 4, 32, QB, 32, 4, NAN, NULL);
+    char arg[1024];
+    snprintf(arg, sizeof arg, "--lora '%s'", bad);
+    assert_int_equal(tu_system("rm -f '%s/bad.png' '%s/bad.safetensors'", tu_tmpdir(), tu_tmpdir()), 0);
+    assert_true(generate(pipe, arg, "bad") != 0);
+    assert_int_equal(access(tmp_path("bad.png"), F_OK), -1);
+    assert_int_equal(access(tmp_path("bad.safetensors"), F_OK), -1);
+    size_t len;
+    char *err = tu_read_file(tmp_path("bad.err"), &len);
+    if (!err || !strstr(err, "non-finite")) fail_msg("message: %s", err ? err : "(none)");
+    free(err);
+    snprintf(arg, sizeof arg, "--lora '%s:nan'", path_of("lora/pipe_flux1_dev_tiny_kohya.safetensors"));
+    assert_true(generate(pipe, arg, "bad") != 0);
+    assert_int_equal(access(tmp_path("bad.png"), F_OK), -1);
+    snprintf(arg, sizeof arg, "--lora '%s' --lora-mode sideways", path_of("lora/pipe_flux1_dev_tiny_kohya.safetensors"));
+    assert_true(generate(pipe, arg, "bad") != 0);
+    /* an adapter for another model: shapes fit no layer */
+    snprintf(arg, sizeof arg, "--lora '%s'", path_of("lora/flux_kohya.safetensors"));
+    assert_true(generate(pipe, arg, "bad") != 0);
+    err = tu_read_file(tmp_path("bad.err"), &len);
+    if (!err || !strstr(err, "fits no layer")) fail_msg("message: %s", err ? err : "(none)");
+    free(err);
+    assert_int_equal(access(tmp_path("bad.png"), F_OK), -1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_key_names),           cmocka_unit_test(test_flux_peft_runtime),
+        cmocka_unit_test(test_flux_peft_fused),     cmocka_unit_test(test_flux_kohya_runtime),
+        cmocka_unit_test(test_flux_kohya_fused),    cmocka_unit_test(test_sd3_runtime),
+        cmocka_unit_test(test_sd3_fused),           cmocka_unit_test(test_flux_multi_peft),
+        cmocka_unit_test(test_flux_multi_kohya),    cmocka_unit_test(test_compile_whole_scale),
+        cmocka_unit_test(test_compile_blocks_scale), cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_cli_fuse_matches_offline_fused_folder), cmocka_unit_test(test_cli_bad_lora),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""Reference data for LoRA adapters (issue #20), made with diffusers' and PEFT's own code.
+
+For the tiny golden FLUX.1-dev and SD3 transformers (tests/data/golden/{flux1_dev,sd3}) this
+writes random adapters in the file formats users meet, loads each with diffusers' loader (the
+pipeline mixin's classmethods `lora_state_dict` + `load_lora_into_transformer`, which is what
+`pipe.load_lora_weights` runs for the transformer) and records the transformer forward on the
+golden inputs:
+
+  out.base            no adapter (this torch build; the C side checks it agrees with its own run)
+  out.runtime_s1      adapter at scale 1 (PEFT run-time path: W x + b + (alpha/r) * s * B(A x))
+  out.runtime_s07     after set_adapters([name], [0.7])
+  out.fused_s07       fresh load, then transformer.fuse_lora(lora_scale=0.7)
+  out.multi           two adapters at once (this one and the "second" adapter), set_adapters weights 0.7 / 1.3
+
+Files (tests/data/lora/):
+  flux_peft.safetensors   diffusers/PEFT keys "transformer.<module>.lora_A/lora_B.weight" and
+                          network alphas "transformer.<module>.alpha" (alpha != rank, ranks vary)
+  flux_kohya.safetensors  kohya/sd-scripts keys "lora_unet_double_blocks_0_img_attn_qkv.lora_down/
+                          lora_up.weight" + ".alpha": fused qkv, single-block linear1 (q, k, v, mlp),
+                          linear2, modulation; one module without alpha
+  flux_second.safetensors a second diffusers-format adapter (no alphas) for the multi-adapter case
+  sd3_peft.safetensors    SD3 transformer adapter in diffusers/PEFT keys (no alphas: SD3's loader
+                          takes none)
+  flux.safetensors / sd3.safetensors  the outputs above, one prefix per adapter
+  flux_fused/, sd3_fused/  (written only with --fused-folders, not committed) transformer folders
+                          with the adapter merged offline at scale 0.7 (fuse_lora + save_pretrained)
+
+Deviation (documented in README.md here): diffusers' kohya converter splits `linear1` of the
+single blocks with the real FLUX.1 widths hard-coded (dims=[3072, 3072, 3072, 12288]); this script
+runs the same function with the tiny model's widths substituted in its source text, nothing else
+changed.
+
+Run:  /work/venv/bin/python tools/make-lora-golden/make_lora_golden.py [--out tests/data/lora]
+"""
+import argparse
+import inspect
+import json
+import os
+import sys
+import textwrap
+
+import torch
+from safetensors.torch import load_file, save_file
+
+import diffusers
+from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
+from diffusers.loaders import lora_conversion_utils as lcu
+from diffusers.loaders.lora_pipeline import FluxLoraLoaderMixin, SD3LoraLoaderMixin
+
+torch.set_num_threads(1)
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+GOLDEN = os.path.join(ROOT, "tests", "data", "golden")
+
+
+def gen(seed):
+    return torch.Generator("cpu").manual_seed(seed)
+
+
+def rnd(g, *shape, std=1.0):
+    return (torch.randn(*shape, generator=g) * std).float()
+
+
+_KOHYA_SRC = textwrap.dedent(inspect.getsource(lcu._convert_kohya_flux_lora_to_diffusers))
+
+
+def patch_kohya_dims(d, m):
+    """diffusers' kohya FLUX converter with the tiny model's linear1 widths."""
+    src = _KOHYA_SRC
+    old = "dims=[3072, 3072, 3072, 12288]"
+    assert src.count(old) == 1, "diffusers' converter changed: re-check the deviation"
+    src = src.replace(old, f"dims=[{d}, {d}, {d}, {m}]")
+    ns = dict(vars(lcu))
+    exec(compile(src, lcu.__file__, "exec"), ns)
+    lcu._convert_kohya_flux_lora_to_diffusers = ns["_convert_kohya_flux_lora_to_diffusers"]
+    import diffusers.loaders.lora_pipeline as lp
+    lp._convert_kohya_flux_lora_to_diffusers = ns["_convert_kohya_flux_lora_to_diffusers"]
+
+
+# ---- adapters -----------------------------------------------------------------------------
+FLUX_DOUBLE = {  # module -> (in, out) in units of D / M / F (filled per config)
+    "attn.to_q": ("D", "D"), "attn.to_k": ("D", "D"), "attn.to_v": ("D", "D"), "attn.to_out.0": ("D", "D"),
+    "attn.add_q_proj": ("D", "D"), "attn.add_k_proj": ("D", "D"), "attn.add_v_proj": ("D", "D"),
+    "attn.to_add_out": ("D", "D"), "ff.net.0.proj": ("D", "F"), "ff.net.2": ("F", "D"),
+    "ff_context.net.0.proj": ("D", "F"), "ff_context.net.2": ("F", "D"), "norm1.linear": ("D", "6D"),
+    "norm1_context.linear": ("D", "6D"),
+}
+FLUX_SINGLE = {"attn.to_q": ("D", "D"), "attn.to_k": ("D", "D"), "attn.to_v": ("D", "D"), "proj_mlp": ("D", "M"),
+               "proj_out": ("D+M", "D"), "norm.linear": ("D", "3D")}
+
+
+def flux_dims(cfg):
+    D = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+    return {"D": D, "F": 4 * D, "M": 4 * D, "6D": 6 * D, "3D": 3 * D, "D+M": 5 * D}
+
+
+def flux_peft_adapter(cfg, seed, alphas):
+    g = gen(seed)
+    dims = flux_dims(cfg)
+    sd = {}
+    mods = []
+    for i in range(cfg["num_layers"]):
+        mods += [(f"transformer_blocks.{i}.{k}", v) for k, v in FLUX_DOUBLE.items()]
+    for i in range(cfg["num_single_layers"]):
+        mods += [(f"single_transformer_blocks.{i}.{k}", v) for k, v in FLUX_SINGLE.items()]
+    mods += [("x_embedder", (cfg["in_channels"], "D")), ("context_embedder", (cfg["joint_attention_dim"], "D")),
+             ("proj_out", ("D", cfg["in_channels"])), ("norm_out.linear", ("D", "2D")),
+             ("time_text_embed.timestep_embedder.linear_1", (256, "D"))]
+    dims["2D"] = 2 * dims["D"]
+    names = [m[0] for m in mods]
+    for n, (name, (mi, mo)) in enumerate(mods):
+        fin = dims[mi] if isinstance(mi, str) else mi
+        fout = dims[mo] if isinstance(mo, str) else mo
+        # PEFT matches diffusers' alpha/rank patterns as name suffixes: the top-level
+        # "proj_out" pattern also catches "single_transformer_blocks.<i>.proj_out" (checked with
+        # peft 0.21.2), so the two get the same rank and alpha here (see README.md)
+        k = names.index("single_transformer_blocks.0.proj_out") if name == "proj_out" else n
+        r = (4, 2, 3)[k % 3]
+        sd[f"transformer.{name}.lora_A.weight"] = rnd(g, r, fin, std=fin ** -0.5)
+        sd[f"transformer.{name}.lora_B.weight"] = rnd(g, fout, r, std=0.15)
+        if alphas:
+            sd[f"transformer.{name}.alpha"] = torch.tensor(float((8.0, 1.0, 6.0)[k % 3]))
+    return sd
+
+
+def flux_kohya_adapter(cfg, seed):
+    g = gen(seed)
+    d = flux_dims(cfg)
+    D, M = d["D"], d["M"]
+    sd = {}
+
+    def add(name, fin, fout, r, alpha):
+        sd[f"{name}.lora_down.weight"] = rnd(g, r, fin, std=fin ** -0.5)
+        sd[f"{name}.lora_up.weight"] = rnd(g, fout, r, std=0.15)
+        if alpha is not None:
+            sd[f"{name}.alpha"] = torch.tensor(float(alpha))
+
+    for i in range(cfg["num_layers"]):
+        for s in ("img", "txt"):
+            add(f"lora_unet_double_blocks_{i}_{s}_attn_qkv", D, 3 * D, 4, 2.0)
+            add(f"lora_unet_double_blocks_{i}_{s}_attn_proj", D, D, 4, 8.0)
+            add(f"lora_unet_double_blocks_{i}_{s}_mlp_0", D, 4 * D, 2, None)  # no alpha: alpha = rank
+            add(f"lora_unet_double_blocks_{i}_{s}_mlp_2", 4 * D, D, 4, 4.0)
+            add(f"lora_unet_double_blocks_{i}_{s}_mod_lin", D, 6 * D, 3, 1.5)
+    for i in range(cfg["num_single_layers"]):
+        add(f"lora_unet_single_blocks_{i}_linear1", D, 3 * D + M, 4, 3.0)
+        add(f"lora_unet_single_blocks_{i}_linear2", D + M, D, 4, 4.0)
+        add(f"lora_unet_single_blocks_{i}_modulation_lin", D, 3 * D, 2, 2.0)
+    # Not written: img_in, txt_in, time_in, vector_in, guidance_in, final_layer. diffusers'
+    # converter maps them to keys without the "transformer." prefix, which its transformer loader
+    # then leaves out without an error (checked with diffusers 0.42.1): there is no reference for them.
+    return sd
+
+
+def sd3_peft_adapter(cfg, seed):
+    g = gen(seed)
+    D = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+    sd = {}
+    n = 0
+    for i in range(cfg["num_layers"]):
+        pre_only = i == cfg["num_layers"] - 1
+        mods = [("attn.to_q", D, D), ("attn.to_k", D, D), ("attn.to_v", D, D), ("attn.to_out.0", D, D),
+                ("attn.add_q_proj", D, D), ("attn.add_k_proj", D, D), ("attn.add_v_proj", D, D),
+                ("ff.net.0.proj", D, 4 * D), ("ff.net.2", 4 * D, D), ("norm1.linear", D, 6 * D)]
+        if not pre_only:
+            mods += [("attn.to_add_out", D, D), ("ff_context.net.0.proj", D, 4 * D), ("ff_context.net.2", 4 * D, D),
+                     ("norm1_context.linear", D, 6 * D)]
+        else:
+            mods += [("norm1_context.linear", D, 2 * D)]
+        for m, fin, fout in mods:
+            r = (4, 2)[n % 2]
+            n += 1
+            sd[f"transformer.transformer_blocks.{i}.{m}.lora_A.weight"] = rnd(g, r, fin, std=fin ** -0.5)
+            sd[f"transformer.transformer_blocks.{i}.{m}.lora_B.weight"] = rnd(g, fout, r, std=0.15)
+    sd["transformer.context_embedder.lora_A.weight"] = rnd(g, 4, cfg["joint_attention_dim"], std=0.15)
+    sd["transformer.context_embedder.lora_B.weight"] = rnd(g, D, 4, std=0.15)
+    sd["transformer.proj_out.lora_A.weight"] = rnd(g, 4, D, std=D ** -0.5)
+    sd["transformer.proj_out.lora_B.weight"] = rnd(g, cfg["patch_size"] ** 2 * cfg["out_channels"], 4, std=0.15)
+    return sd
+
+
+# ---- runs -----------------------------------------------------------------------------------
+def load_into(mixin, model, path, name):
+    """What pipe.load_lora_weights(path, adapter_name=name) does for the transformer."""
+    sd, alphas = mixin.lora_state_dict(path, return_alphas=True) if mixin is FluxLoraLoaderMixin else (
+        mixin.lora_state_dict(path), None)
+    if mixin is FluxLoraLoaderMixin:
+        mixin.load_lora_into_transformer(sd, network_alphas=alphas, transformer=model, adapter_name=name)
+    else:
+        mixin.load_lora_into_transformer(sd, transformer=model, adapter_name=name)
+
+
+def run_case(cls, mixin, folder, io, call, adapters, second, out, prefix, fused_dir=None):
+    def fresh():
+        m = cls.from_pretrained(folder, torch_dtype=torch.float32).eval()
+        return m
+
+    with torch.no_grad():
+        m = fresh()
+        if "base" not in out:
+            out["base"] = call(m, io)
+        load_into(mixin, m, adapters, "a")
+        out[f"{prefix}.runtime_s1"] = call(m, io)
+        m.set_adapters(["a"], [0.7])
+        out[f"{prefix}.runtime_s07"] = call(m, io)
+        if second:
+            load_into(mixin, m, second, "b")
+            m.set_adapters(["a", "b"], [0.7, 1.3])
+            out[f"{prefix}.multi"] = call(m, io)
+        m = fresh()
+        load_into(mixin, m, adapters, "a")
+        m.fuse_lora(lora_scale=0.7)
+        out[f"{prefix}.fused_s07"] = call(m, io)
+        if fused_dir:
+            m.unload_lora()
+            m.save_pretrained(fused_dir)
+
+
+def flux_call(m, io):
+    return m(hidden_states=io["hidden_states"], encoder_hidden_states=io["encoder_hidden_states"],
+             pooled_projections=io["pooled_projections"], timestep=io["timestep"], img_ids=io["img_ids"],
+             txt_ids=io["txt_ids"], guidance=io.get("guidance"), return_dict=False)[0].contiguous()
+
+
+def sd3_call(m, io):
+    return m(hidden_states=io["hidden_states"], encoder_hidden_states=io["encoder_hidden_states"],
+             pooled_projections=io["pooled_projections"], timestep=io["timestep"], return_dict=False)[0].contiguous()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "data", "lora"))
+    ap.add_argument("--fused-folders", action="store_true", help="also write the offline-fused transformer folders")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    meta = {"diffusers": diffusers.__version__, "torch": torch.__version__, "script": "tools/make-lora-golden/make_lora_golden.py"}
+    import peft
+    meta["peft"] = peft.__version__
+
+    # FLUX.1-dev
+    folder = os.path.join(GOLDEN, "flux1_dev", "transformer")
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    io = load_file(os.path.join(GOLDEN, "flux1_dev", "io.safetensors"))
+    d = flux_dims(cfg)
+    patch_kohya_dims(d["D"], d["M"])
+    files = {
+        "flux_peft": flux_peft_adapter(cfg, 1, alphas=True),
+        "flux_kohya": flux_kohya_adapter(cfg, 2),
+        "flux_second": flux_peft_adapter(cfg, 3, alphas=False),
+    }
+    for k, sd in files.items():
+        save_file(sd, os.path.join(a.out, f"{k}.safetensors"), metadata={"format": "pt"})
+    out = {}
+    second = os.path.join(a.out, "flux_second.safetensors")
+    for k in ("flux_peft", "flux_kohya"):
+        fdir = os.path.join(a.out, f"{k}_fused") if a.fused_folders else None
+        run_case(FluxTransformer2DModel, FluxLoraLoaderMixin, folder, io, flux_call, os.path.join(a.out, f"{k}.safetensors"),
+                 second, out, k, fdir)
+    save_file({f"out.{k}": v for k, v in out.items()}, os.path.join(a.out, "flux.safetensors"))
+    stats = {k: {"max_abs": float(v.abs().max()), "max_abs_diff_vs_base": float((v - out["base"]).abs().max())}
+             for k, v in out.items()}
+
+    # SD3
+    folder = os.path.join(GOLDEN, "sd3", "transformer")
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    io = load_file(os.path.join(GOLDEN, "sd3", "io.safetensors"))
+    save_file(sd3_peft_adapter(cfg, 4), os.path.join(a.out, "sd3_peft.safetensors"), metadata={"format": "pt"})
+    out3 = {}
+    run_case(SD3Transformer2DModel, SD3LoraLoaderMixin, folder, io, sd3_call, os.path.join(a.out, "sd3_peft.safetensors"),
+             None, out3, "sd3_peft", os.path.join(a.out, "sd3_peft_fused") if a.fused_folders else None)
+    save_file({f"out.{k}": v for k, v in out3.items()}, os.path.join(a.out, "sd3.safetensors"))
+    stats.update({f"sd3.{k}": {"max_abs": float(v.abs().max()), "max_abs_diff_vs_base": float((v - out3["base"]).abs().max())}
+                  for k, v in out3.items()})
+    # The tiny FluxPipeline's transformer (tests/data/pipelines/flux1_dev_tiny): a kohya adapter and
+    # that adapter merged offline by diffusers (fuse_lora at 0.8, unload_lora, save_pretrained):
+    # the folder `--lora-mode fuse` must reproduce.
+    folder = os.path.join(ROOT, "tests", "data", "pipelines", "flux1_dev_tiny", "transformer")
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    d = flux_dims(cfg)
+    patch_kohya_dims(d["D"], d["M"])
+    pipe_lora = os.path.join(a.out, "pipe_flux1_dev_tiny_kohya.safetensors")
+    save_file(flux_kohya_adapter(cfg, 5), pipe_lora, metadata={"format": "pt"})
+    with torch.no_grad():
+        m = FluxTransformer2DModel.from_pretrained(folder, torch_dtype=torch.float32).eval()
+        load_into(FluxLoraLoaderMixin, m, pipe_lora, "a")
+        m.fuse_lora(lora_scale=0.8)
+        m.unload_lora()
+        fused_dir = os.path.join(a.out, "pipe_flux1_dev_tiny_fused_0.8", "transformer")
+        m.save_pretrained(fused_dir)
+        base = FluxTransformer2DModel.from_pretrained(folder, torch_dtype=torch.float32)
+        q = "transformer_blocks.0.attn.to_q.weight"
+        meta["pipe_fused_to_q_change"] = float((m.state_dict()[q] - base.state_dict()[q]).abs().max())
+    meta["outputs"] = stats
+    json.dump(meta, open(os.path.join(a.out, "reference.json"), "w"), indent=1, sort_keys=True)
+    print(json.dumps(stats, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
