@@ -133,9 +133,12 @@ static const char *all_in_one(void) {
 }
 
 /* latents_final of a 2-step f32 generation (malloc'd, 4 * *n bytes), or NULL with the status. */
+static cdf_offload_mode g_offload = CDF_OFFLOAD_NONE; /* of the next runs */
+
 static float *run_pipe_key(const char *pipe, const char *key, const cdf_component_file *files, int nfiles, bool allow_unused,
                            size_t *n, cdf_status *st) {
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    lp.offload = g_offload;
     lp.weight_dtype = CDF_F32;
     lp.component_files = files;
     lp.num_component_files = nfiles;
@@ -220,6 +223,15 @@ static void test_same_latents(void **state) {
     if (!img) fail_msg("all-in-one: %s", cdf_last_error());
     assert_memory_equal(img, img0, n * 4);
     free(img);
+    /* under offload the components are loaded again from their files when they run */
+    for (int m = 0; m < 2; m++) {
+        g_offload = m == 0 ? CDF_OFFLOAD_MODEL : CDF_OFFLOAD_SEQUENTIAL;
+        img = run_pipe_key("pipelines/flux1_dev_tiny", "vae_decode_output", aio, 2, false, &n, &st);
+        if (!img) fail_msg("all-in-one, offload %d: %s", m, cdf_last_error());
+        assert_memory_equal(img, img0, n * 4);
+        free(img);
+    }
+    g_offload = CDF_OFFLOAD_NONE;
     free(img0);
 
     /* SD3.5-Medium from Stability's layout */
