@@ -234,6 +234,38 @@ static void test_same_latents(void **state) {
     g_offload = CDF_OFFLOAD_NONE;
     free(img0);
 
+    float *ref0 = run(NULL, 0, false, &n0, &st);
+    assert_non_null(ref0);
+    /* a text encoder file as ComfyUI ships T5 (transformers' names) carrying a tied copy of the
+     * token table, a buffer and an fp8 activation scale: used without complaint */
+    {
+        const char *t5src = "pipelines/flux1_dev_tiny/text_encoder_2/model.safetensors";
+        cdf_st_file *f = NULL;
+        assert_int_equal(cdf_st_open(tu_data(t5src), &f), CDF_OK);
+        const cdf_st_tensor *sh = cdf_st_find(f, "shared.weight");
+        assert_non_null(sh);
+        cdf_st_writer *w = cdf_st_writer_new();
+        for (int i = 0; i < cdf_st_count(f); i++) {
+            const cdf_st_tensor *t = cdf_st_tensor_at(f, i);
+            assert_int_equal(cdf_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, cdf_st_data(f, t)), CDF_OK);
+        }
+        if (!cdf_st_find(f, "encoder.embed_tokens.weight"))
+            assert_int_equal(cdf_st_writer_add(w, "encoder.embed_tokens.weight", sh->dtype, sh->ndim, sh->shape, cdf_st_data(f, sh)),
+                             CDF_OK);
+        static float one = 1;
+        assert_int_equal(cdf_st_writer_add(w, "encoder.block.0.layer.0.SelfAttention.q.scale_input", CDF_F32, 0, NULL, &one), CDF_OK);
+        const char *t5 = tmp_path("t5xxl.safetensors");
+        assert_int_equal(cdf_st_writer_save(w, t5), CDF_OK);
+        cdf_st_writer_free(w);
+        cdf_st_close(f);
+        cdf_component_file te = {"text_encoder_2", t5};
+        float *v = run(&te, 1, false, &n, &st);
+        if (!v) fail_msg("t5 file: %s", cdf_last_error());
+        assert_memory_equal(v, ref0, n * 4);
+        free(v);
+    }
+    free(ref0);
+
     /* SD3.5-Medium from Stability's layout */
     ref = run_pipe("pipelines/sd35m_tiny", NULL, 0, false, &n0, &st);
     assert_non_null(ref);

@@ -582,8 +582,9 @@ void cdf_wsrc_summary(const cdf_wsrc *s, char *buf, size_t n) {
     }
 }
 
-/* Whether source tensor `name` is another component's part of an all-in-one file: under the
- * prefix of a layout this component did not use, or of a text encoder. */
+/* Whether source tensor `name` is left out of the unused list: another component's part of an
+ * all-in-one file (under the prefix of a layout this component did not use, or of a text
+ * encoder), or something that is not a weight. */
 static bool other_component(const cdf_wsrc *s, const char *name) {
     for (int l = 0; l < N_LAYOUTS; l++)
         if (s->has[l] && !s->used_layout[l] && *s->prefix[l] && strncmp(name, s->prefix[l], strlen(s->prefix[l])) == 0)
@@ -591,7 +592,15 @@ static bool other_component(const cdf_wsrc *s, const char *name) {
     static const char *const text[] = {"text_encoders.", "cond_stage_model.", "conditioner."};
     for (size_t k = 0; k < sizeof text / sizeof *text; k++)
         if (strncmp(name, text[k], strlen(text[k])) == 0) return true;
-    return strcmp(name, "scaled_fp8") == 0; /* the fp8_scaled marker */
+    /* not weights: the fp8_scaled marker, fp8 activation scales (this loader dequantizes), buffers */
+    static const char *const suffixes[] = {".scale_input", ".position_ids"};
+    for (size_t k = 0; k < sizeof suffixes / sizeof *suffixes; k++) {
+        size_t a = strlen(name), b = strlen(suffixes[k]);
+        if (a >= b && strcmp(name + a - b, suffixes[k]) == 0) return true;
+    }
+    /* T5's token table is tied: a file holding both copies is read through one */
+    if (strcmp(name, "encoder.embed_tokens.weight") == 0 && has_raw(s, "shared.weight")) return true;
+    return strcmp(name, "scaled_fp8") == 0;
 }
 
 char *cdf_wsrc_unused(const cdf_wsrc *s, int *count) {
