@@ -199,6 +199,13 @@ static void test_same_latents(void **state) {
     assert_non_null(vq);
     assert_non_null(vd);
     assert_memory_equal(vq, vd, n * 4);
+    /* sequential offload keeps the dequantized block weights host-side: the same latents */
+    g_offload = CDF_OFFLOAD_SEQUENTIAL;
+    float *vs = run(&q, 1, false, &n, &st);
+    g_offload = CDF_OFFLOAD_NONE;
+    if (!vs) fail_msg("sequential: %s", cdf_last_error());
+    assert_memory_equal(vs, vd, n * 4);
+    free(vs);
     /* and not the f32 model's: the quantized weights are what ran (the two K-quant layers hold
      * random blocks, gguf-py having no K quantizer, so the latents are far from the f32 ones) */
     size_t worst;

@@ -100,13 +100,17 @@ size_t cdf_weights_block_prefix(const char *name) {
 static bool is_block_weight(const char *name) { return cdf_weights_block_prefix(name) > 0; }
 
 /* Sequential offload: the weight as a host-side tensor — shape and dtype as if loaded, no device
- * memory; its storage points at the checkpoint mapping and keeps the checkpoint open. */
-static cdf_tensor *host_side_weight(cdf_weights *w, const char *name, const cdf_wsrc_tensor *t, const void *src,
-                                   cdf_dtype dt) {
-    cdf_storage *st = src ? calloc(1, sizeof *st) : NULL;
+ * memory; its storage points at the checkpoint mapping and keeps the checkpoint open, or owns
+ * the host buffer the source made (dequantized, scaled or reordered values). */
+static cdf_tensor *host_side_weight(cdf_weights *w, const char *name, cdf_wsrc_tensor *t, const void *src, cdf_dtype dt) {
+    if (!src) { /* the source said why */
+        cdf_wsrc_tensor_release(t);
+        return NULL;
+    }
+    cdf_storage *st = calloc(1, sizeof *st);
     if (!st) {
-        cdf_error(src ? CDF_ERR_OUT_OF_MEMORY : CDF_ERR_FORMAT, "weight '%s' in %s: %s", name, cdf_weights_path(w),
-                  src ? "out of host memory" : "data not readable");
+        cdf_wsrc_tensor_release(t);
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "weight '%s' in %s: out of host memory", name, cdf_weights_path(w));
         return NULL;
     }
     atomic_init(&st->refcount, 1);
@@ -116,9 +120,15 @@ static cdf_tensor *host_side_weight(cdf_weights *w, const char *name, const cdf_
     st->nbytes = (size_t)numel * cdf_dtype_size(dt);
     st->host_src = src;
     st->host_dtype = t->dtype;
-    atomic_fetch_add(&w->shared->refs, 1);
-    st->owner = w->shared;
-    st->owner_release = shared_checkpoint_release;
+    if (t->owned) { /* the storage takes the buffer over */
+        st->owner = t->owned;
+        st->owner_release = free;
+        t->owned = NULL;
+    } else {
+        atomic_fetch_add(&w->shared->refs, 1);
+        st->owner = w->shared;
+        st->owner_release = shared_checkpoint_release;
+    }
     int64_t strides[CDF_MAX_DIMS];
     cdf_contiguous_strides(t->ndim, t->shape, strides);
     cdf_tensor *r = cdf_tensor_view_of(st, 0, dt, t->ndim, t->shape, strides);
@@ -152,9 +162,7 @@ static cdf_tensor *get_v(cdf_weights *w, bool optional, int force_dt, int ndim, 
         if (force_dt >= 0) dt = (cdf_dtype)force_dt;
         else dt = (t->ndim >= 2) ? w->opt.weight_dtype : CDF_F32;
     }
-    /* host-side weights point into the mapping: only zero-copy ones (dequantized or scaled
-     * values are made on the host and go to the device) */
-    if (w->opt.blocks_on_host && is_block_weight(name) && t->zero_copy)
+    if (w->opt.blocks_on_host && is_block_weight(name))
         return host_side_weight(w, name, t, cdf_wsrc_load(w->src, t, name), dt);
     const void *src = cdf_wsrc_load(w->src, t, name);
     cdf_tensor *r = src ? cdf_tensor_from_host(w->opt.device, dt, t->ndim, t->shape, src, t->dtype) : NULL;
