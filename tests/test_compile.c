@@ -260,6 +260,48 @@ static void test_graph_break_and_static_inputs(void **state) {
     cdf_scope_pop(NULL, 0);
 }
 
+/* out.y = table[ids] * 2: a gather whose ids are an input */
+static cdf_status gather_forward(void *ctx, const cdf_tensor_map *in, cdf_tensor_map *out) {
+    cdf_tensor *table = ctx;
+    return cdf_tensor_map_set(out, "out.y", cdf_scale(cdf_embedding(table, cdf_tensor_map_get(in, "ids")), 2.0f));
+}
+
+/* A replayed plan runs as one graph of the backend with this call's buffers bound; a kernel that
+ * fails inside it is reported at the next sync naming the op, and the device and the plan stay
+ * usable for the next call. */
+static void test_failure_inside_a_replayed_graph(void **state) {
+    (void)state;
+    cdf_scope_push();
+    float tv[6] = {1, 2, 3, 4, 5, 6};
+    cdf_tensor *table = cdf_tensor_from_host(tu_cpu(), CDF_F32, 2, (int64_t[]){3, 2}, tv, CDF_F32);
+    cdf_graph_cache *gc = cdf_graph_cache_new("Gather.forward", NULL);
+    int64_t good[2] = {2, 0}, bad[2] = {1, 7};
+    float y[4];
+    for (int round = 0; round < 3; round++) {
+        const int64_t *ids = round == 1 ? bad : good;
+        cdf_tensor *t = cdf_tensor_from_host(tu_cpu(), CDF_I64, 1, (int64_t[]){2}, ids, CDF_I64);
+        cdf_tensor_map in, out;
+        cdf_tensor_map_init(&in);
+        cdf_tensor_map_init(&out);
+        cdf_tensor_map_set(&in, "ids", t);
+        assert_int_equal(cdf_graph_cache_run(gc, gather_forward, table, &in, &out, NULL, 0), CDF_OK);
+        cdf_status st = cdf_tensor_read(cdf_tensor_map_get(&out, "out.y"), CDF_F32, y, sizeof y);
+        if (round == 1) {
+            assert_int_equal(st, CDF_ERR_DEVICE);
+            assert_non_null(strstr(cdf_last_error(), "queued op 'embedding' failed (node 0 of a compiled graph)"));
+            assert_non_null(strstr(cdf_last_error(), "id 7 at position 1"));
+        } else {
+            assert_int_equal(st, CDF_OK);
+            assert_true(y[0] == 10 && y[1] == 12 && y[2] == 2 && y[3] == 4);
+        }
+        cdf_tensor_map_clear(&in);
+        cdf_tensor_map_clear(&out);
+    }
+    assert_int_equal(cdf_graph_cache_size(gc), 1); /* one capture, two replays */
+    cdf_graph_cache_free(gc);
+    cdf_scope_pop(NULL, 0);
+}
+
 /* Every golden component compiles as one graph (fullgraph): text encoders, both VAEs (encode and
  * decode), every transformer. The replay matches the golden output; and the eager forward reads
  * nothing on the host (no sync for a read: the forward can run ahead of the device whole). */
@@ -405,6 +447,7 @@ int main(void) {
         cmocka_unit_test(test_flux_compiles_fullgraph),
         cmocka_unit_test(test_graph_break_and_static_inputs),
         cmocka_unit_test(test_every_component_compiles_fullgraph),
+        cmocka_unit_test(test_failure_inside_a_replayed_graph),
         cmocka_unit_test(test_dynamic_refused),
         cmocka_unit_test(test_repeated_blocks_flux),
         cmocka_unit_test(test_repeated_blocks_sd3),

@@ -102,7 +102,12 @@ int main(int argc, char **argv) {
         {"FLUX.1 width (3072), 1 double + 1 single block, 512 text tokens", MRP_FLUX, 256},
         {"FLUX.1 width (3072), 1 double + 1 single block, 512 text tokens", MRP_FLUX, 512},
     };
+    /* CDF_BENCH_CASES=sd3-256,flux-512,... runs only those cases (default: all) */
+    const char *only = getenv("CDF_BENCH_CASES");
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char tag[32];
+        snprintf(tag, sizeof tag, "%s-%d", cases[k].kind == MRP_SD3 ? "sd3" : "flux", cases[k].res);
+        if (only && *only && !strstr(only, tag)) continue;
         mrp_spec s;
         if (mrp_preset(cases[k].kind == MRP_SD3 ? "sd35-medium" : "flux1", &s)) return 1;
         s.tokenizers = tok;

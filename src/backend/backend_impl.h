@@ -48,6 +48,20 @@ typedef struct cdf_backend_iface {
     /* Whether device memory is host memory (cdf_tensor_wrap of a host pointer is allowed). */
     bool (*host_visible)(const cdf_device *dev);
 
+    /* ---- whole graphs (optional: NULL = exec/ enqueues a bound copy of each node) ----
+     * A compiled plan's nodes reference its params (placeholder tensors whose buffers each replay
+     * supplies: inputs, the arena, a repeated block's weights). graph_instantiate takes the nodes
+     * and params once (both stay owned by the plan, which frees the graph before them);
+     * graph_launch runs the whole graph in queue order with params[i]'s buffer bound to
+     * bound[i]'s. Only base addresses change between launches (same shapes, strides, offsets
+     * relative to the buffer), so a backend may patch them into an instantiated graph (the
+     * update of a CUDA graph); a launch holds references to the bound tensors until it has run.
+     * graph_free waits until no launch of the graph is pending. */
+    void *(*graph_instantiate)(cdf_device *dev, cdf_node *const *nodes, int n_nodes, cdf_tensor *const *params,
+                               int n_params);
+    cdf_status (*graph_launch)(cdf_device *dev, void *graph, cdf_tensor *const *bound);
+    void (*graph_free)(cdf_device *dev, void *graph);
+
     /* ---- execution ---- */
     /* Take ownership of node and run it asynchronously in submission order. */
     cdf_status (*enqueue)(cdf_device *dev, cdf_node *node);
@@ -97,7 +111,12 @@ void cdf_device_host_free(cdf_device *dev, void *ptr, size_t nbytes);
 /* Built-in backends. */
 extern const cdf_backend_iface cdf_cpu_backend_iface;
 
-/* Run one node with the reference/fast kernels on the host (the cpu backend's executor). */
-cdf_status cdf_cpu_execute_node(const cdf_node *node);
+/* Run one node with the reference/fast kernels on the host (the cpu backend's executor). With a
+ * binding, operands whose buffer is params[j]'s use bound[j]'s buffer instead (a graph launch). */
+typedef struct cdf_cpu_binding {
+    cdf_tensor *const *params, *const *bound;
+    int n;
+} cdf_cpu_binding;
+cdf_status cdf_cpu_execute_node(const cdf_node *node, const cdf_cpu_binding *binding);
 
 #endif

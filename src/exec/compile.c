@@ -9,10 +9,11 @@
 #include "backend/backend_impl.h"
 #include "core/error_internal.h"
 #include "exec/exec.h"
+#include "exec/memory_plan.h"
+#include "exec/weight_stream.h"
 #include "graph/fuse.h"
 #include "nn/nn.h"
 
-#define MAX_PARAMS 512 /* named inputs + block weights bound per call */
 
 cdf_compile_options cdf_compile_default_options(void) {
     return (cdf_compile_options){.backend = "cpu", .fullgraph = true, .dynamic = false};
@@ -153,133 +154,6 @@ static cdf_status graph_break(const char *what) {
     return s;
 }
 
-/* ---- memory planning ---------------------------------------------------------------------------
- * Every buffer the capture created is virtual. Each one the plan uses gets a slot in one arena:
- * its lifetime is [first node that touches it, last node that touches it] (outputs live to the
- * end: they are copied out after the graph); slots are placed largest first at the lowest offset
- * that does not collide with a slot whose lifetime overlaps. Buffers whose lifetimes do not
- * overlap share memory, so a replay needs about the live set of the forward, not its sum.
- *
- * The arena is not kept with the plan: every reference to a slot becomes a view on one
- * placeholder buffer without memory, which each replay binds to an arena allocated for that
- * replay (like the parameters, see bind_node). The arena is freed when the replay's last kernel
- * has run, so a graph holds device memory only while it runs — graphs of different shapes and
- * block classes do not each keep one, and nothing outlives the forward (as eager execution). */
-typedef struct slot {
-    cdf_storage *s;
-    int first, last;
-    size_t size, offset;
-} slot;
-
-static int by_size_desc(const void *a, const void *b) {
-    const slot *x = a, *y = b;
-    return x->size < y->size ? 1 : (x->size > y->size ? -1 : 0);
-}
-
-static int find_slot(slot *sl, int ns, const cdf_storage *s) {
-    for (int i = 0; i < ns; i++)
-        if (sl[i].s == s) return i;
-    return -1;
-}
-
-/* Rebase t (a reference to a placed slot) onto the arena placeholder: same view, its element
- * offset moved by the slot's byte offset (slots are 64-byte aligned, so any dtype divides it). */
-static cdf_status rebase_on_arena(cdf_tensor **t, const slot *sl, int ns, cdf_storage *arena) {
-    if (!*t) return CDF_OK;
-    int j = find_slot((slot *)sl, ns, (*t)->storage);
-    if (j < 0) return CDF_OK;
-    const int64_t off = (*t)->offset + (int64_t)(sl[j].offset / cdf_dtype_size((*t)->dtype));
-    cdf_tensor *r = cdf_tensor_view_of(arena, off, (*t)->dtype, (*t)->ndim, (*t)->shape, (*t)->strides);
-    if (!r) return cdf_last_status();
-    cdf_tensor_release(*t);
-    *t = r;
-    return CDF_OK;
-}
-
-/* Place the graph's virtual buffers (above) and move every reference to them onto one arena
- * placeholder; *arena_param receives a flat f32 view of the placeholder (NULL when the graph has
- * no buffers of its own), which the plan binds like a parameter. */
-static cdf_status plan_memory(cdf_node **nodes, int n, cdf_tensor **outs, int n_out, size_t *arena_bytes,
-                              cdf_tensor **arena_param) {
-    *arena_bytes = 0;
-    *arena_param = NULL;
-    int cap = 256, ns = 0;
-    slot *sl = malloc((size_t)cap * sizeof *sl);
-    if (!sl) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "compile: out of host memory planning buffers");
-    cdf_device *dev = NULL;
-    /* lifetimes of the virtual buffers the graph touches, in node order */
-    for (int i = 0; i <= n; i++) {
-        int nt = i < n ? nodes[i]->n_src + 1 : n_out;
-        for (int k = 0; k < nt; k++) {
-            const cdf_tensor *t = i < n ? (k == 0 ? nodes[i]->dst : nodes[i]->src[k - 1]) : outs[k];
-            if (!t || !t->storage->is_virtual) continue;
-            int j = find_slot(sl, ns, t->storage);
-            if (j < 0) {
-                if (ns == cap) {
-                    cap *= 2;
-                    slot *g = realloc(sl, (size_t)cap * sizeof *sl);
-                    if (!g) {
-                        free(sl);
-                        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "compile: out of host memory planning buffers");
-                    }
-                    sl = g;
-                }
-                j = ns++;
-                sl[j] = (slot){.s = t->storage, .first = i, .size = (t->storage->nbytes + 63) / 64 * 64};
-                dev = t->storage->dev;
-            }
-            sl[j].last = i; /* i == n: an output, alive until copied out */
-        }
-    }
-    qsort(sl, (size_t)ns, sizeof *sl, by_size_desc);
-    size_t total = 0;
-    for (int i = 0; i < ns; i++) {
-        /* lowest offset free of every placed slot that is alive at the same time */
-        size_t off = 0;
-        for (bool moved = true; moved;) {
-            moved = false;
-            for (int j = 0; j < i; j++) {
-                if (sl[j].last < sl[i].first || sl[i].last < sl[j].first) continue;
-                if (off < sl[j].offset + sl[j].size && sl[j].offset < off + sl[i].size) {
-                    off = sl[j].offset + sl[j].size;
-                    moved = true;
-                }
-            }
-        }
-        sl[i].offset = off;
-        if (off + sl[i].size > total) total = off + sl[i].size;
-    }
-    cdf_status st = CDF_OK;
-    if (ns > 0) {
-        cdf_storage *ph = calloc(1, sizeof *ph); /* the placeholder: no memory, bound per replay */
-        if (!ph) {
-            free(sl);
-            return cdf_error(CDF_ERR_OUT_OF_MEMORY, "compile: out of host memory planning buffers");
-        }
-        atomic_init(&ph->refcount, 1);
-        ph->dev = dev;
-        ph->nbytes = total;
-        /* the slots' buffers stay alive (and their addresses unique) until every reference moved */
-        for (int i = 0; i < ns; i++) cdf_storage_retain(sl[i].s);
-        cdf_scope_suppress(1);
-        for (int i = 0; i < n && st == CDF_OK; i++) {
-            st = rebase_on_arena(&nodes[i]->dst, sl, ns, ph);
-            for (int k = 0; k < nodes[i]->n_src && st == CDF_OK; k++) st = rebase_on_arena(&nodes[i]->src[k], sl, ns, ph);
-        }
-        for (int k = 0; k < n_out && st == CDF_OK; k++) st = rebase_on_arena(&outs[k], sl, ns, ph);
-        if (st == CDF_OK) {
-            *arena_param = cdf_tensor_view_of(ph, 0, CDF_F32, 1, (int64_t[]){(int64_t)(total / 4)}, (int64_t[]){1});
-            if (!*arena_param) st = cdf_last_status();
-        }
-        cdf_scope_suppress(-1);
-        for (int i = 0; i < ns; i++) cdf_storage_release(sl[i].s);
-        cdf_storage_release(ph); /* the views hold it now */
-        if (st == CDF_OK) *arena_bytes = total;
-    }
-    free(sl);
-    return st;
-}
-
 /* ---- plans --------------------------------------------------------------------------------- */
 typedef struct plan {
     char *key;
@@ -287,12 +161,14 @@ typedef struct plan {
     cdf_node **nodes;
     int n;
     int n_params;
-    cdf_tensor *params[MAX_PARAMS]; /* traced parameter tensors (references); with an arena, the
+    cdf_tensor *params[CDF_COMPILE_MAX_PARAMS]; /* traced parameter tensors (references); with an arena, the
                                        last one is its placeholder (plan_memory) */
     size_t arena_bytes;             /* allocated per replay (0: the graph has no buffers of its own) */
     int n_out;
     char **out_names;
     cdf_tensor **outs; /* traced outputs (views on plan buffers or parameters) */
+    void *backend_graph; /* the plan instantiated on its device (graph_instantiate), made at the first replay */
+    cdf_device *graph_dev;
 } plan;
 
 struct cdf_graph_cache {
@@ -367,6 +243,7 @@ cdf_graph_cache *cdf_graph_cache_new(const char *name, const cdf_compile_options
 }
 
 static void plan_clear(plan *p) {
+    if (p->backend_graph) p->graph_dev->iface->graph_free(p->graph_dev, p->backend_graph); /* before its nodes */
     for (int i = 0; i < p->n; i++) cdf_node_free(p->nodes[i]);
     free(p->nodes);
     for (int i = 0; i < p->n_params; i++) cdf_tensor_release(p->params[i]);
@@ -455,7 +332,7 @@ static cdf_tensor *rebased(const cdf_tensor *t, cdf_storage *to) {
 }
 
 static cdf_status unpin_params(plan *p, cdf_tensor *const *now, int np, cdf_tensor_map *traced_out) {
-    cdf_storage *from[MAX_PARAMS], *to[MAX_PARAMS];
+    cdf_storage *from[CDF_COMPILE_MAX_PARAMS], *to[CDF_COMPILE_MAX_PARAMS];
     int nm = 0;
     cdf_status s = CDF_OK;
     cdf_scope_suppress(1);
@@ -463,14 +340,11 @@ static cdf_status unpin_params(plan *p, cdf_tensor *const *now, int np, cdf_tens
         int j = 0;
         while (j < nm && from[j] != now[i]->storage) j++;
         if (j == nm) {
-            cdf_storage *ph = calloc(1, sizeof *ph);
+            cdf_storage *ph = cdf_storage_create(now[i]->storage->dev, now[i]->storage->nbytes);
             if (!ph) {
-                s = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+                s = cdf_last_status();
                 break;
             }
-            atomic_init(&ph->refcount, 1);
-            ph->dev = now[i]->storage->dev;
-            ph->nbytes = now[i]->storage->nbytes;
             from[nm] = now[i]->storage;
             to[nm++] = ph;
         }
@@ -516,7 +390,7 @@ static cdf_status unpin_params(plan *p, cdf_tensor *const *now, int np, cdf_tens
  * outputs into out. The replay's arena is allocated here (device memory, under the budget) and
  * only the replay's nodes hold it: it is freed when the last of them has run. */
 static cdf_status run_plan(plan *p, cdf_tensor *const *now_in, cdf_tensor_map *out) {
-    cdf_tensor *now[MAX_PARAMS];
+    cdf_tensor *now[CDF_COMPILE_MAX_PARAMS];
     const int n_in = p->arena_bytes ? p->n_params - 1 : p->n_params;
     for (int i = 0; i < n_in; i++) now[i] = now_in[i];
     cdf_tensor *arena = NULL;
@@ -532,10 +406,22 @@ static cdf_status run_plan(plan *p, cdf_tensor *const *now_in, cdf_tensor_map *o
     }
     cdf_scope_suppress(1);
     cdf_status s = CDF_OK;
-    for (int i = 0; i < p->n && s == CDF_OK; i++) {
-        cdf_node *b = bind_node(p->nodes[i], p->params, now, p->n_params);
-        if (!b) s = cdf_last_status();
-        else s = cdf_device_enqueue(b->dst->storage->dev, b);
+    cdf_device *dev = p->n ? p->nodes[0]->dst->storage->dev : NULL;
+    if (dev && dev->iface->graph_launch) {
+        /* the whole plan is one graph of the backend, launched with this call's buffers bound */
+        if (!p->backend_graph) {
+            p->backend_graph = dev->iface->graph_instantiate(dev, p->nodes, p->n, p->params, p->n_params);
+            p->graph_dev = dev;
+            if (!p->backend_graph) s = cdf_last_status();
+        }
+        if (s == CDF_OK) s = dev->iface->graph_launch(dev, p->backend_graph, now);
+    } else {
+        /* a backend without graphs: a bound copy of every node, one by one */
+        for (int i = 0; i < p->n && s == CDF_OK; i++) {
+            cdf_node *b = bind_node(p->nodes[i], p->params, now, p->n_params);
+            if (!b) s = cdf_last_status();
+            else s = cdf_device_enqueue(b->dst->storage->dev, b);
+        }
     }
     cdf_exec_count_kernels((uint64_t)p->n + (uint64_t)p->n_out);
     for (int i = 0; i < p->n_out && s == CDF_OK; i++) {
@@ -578,11 +464,11 @@ static bool log_compile(void) {
 cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, const cdf_tensor_map *in,
                                cdf_tensor_map *out, cdf_tensor *const *extra, int n_extra) {
     if (c->opt.dynamic) return cdf_error(CDF_ERR_UNSUPPORTED, "compile: dynamic shapes are not supported (use dynamic=false)");
-    if (in->n + n_extra >= MAX_PARAMS) /* one place stays for the arena */
-        return cdf_error(CDF_ERR_LIMIT, "compile: more than %d parameters", MAX_PARAMS - 1);
+    if (in->n + n_extra >= CDF_COMPILE_MAX_PARAMS) /* one place stays for the arena */
+        return cdf_error(CDF_ERR_LIMIT, "compile: more than %d parameters", CDF_COMPILE_MAX_PARAMS - 1);
     if (tl_cap.active) return fn(ctx, in, out); /* nested: part of the enclosing capture */
     /* parameters: named inputs (made contiguous so every call has the same layout) + extras */
-    cdf_tensor *now[MAX_PARAMS];
+    cdf_tensor *now[CDF_COMPILE_MAX_PARAMS];
     int np = 0;
     cdf_status s = CDF_OK;
     cdf_tensor_map cin;
@@ -666,7 +552,7 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
                 cdf_fuse_elementwise(cap.nodes, &cap.n, &fs);
                 size_t arena = 0;
                 cdf_tensor *arena_param = NULL;
-                s = plan_memory(cap.nodes, cap.n, traced_out.tensors, traced_out.n, &arena, &arena_param);
+                s = cdf_memory_plan(cap.nodes, cap.n, traced_out.tensors, traced_out.n, &arena, &arena_param);
                 np_.nodes = cap.nodes;
                 np_.n = cap.n;
                 cap.nodes = NULL;
@@ -761,218 +647,6 @@ cdf_block_caches *cdf_block_caches_activate(cdf_block_caches *bc) {
     return prev;
 }
 
-/* ---- sequential offload: host-side block weights, materialised per block call -------------
- * A block whose listed weights are host-side (nn/weights.c, blocks_on_host) runs like this:
- *   1. wait until the weights of the block call `window` calls ago are released (their ops
- *      have run), so at most `window` blocks' weights are on the device at once (default 2:
- *      the next block is converted while the device still runs the previous one);
- *   2. copy every host-side weight into a fresh device buffer (conversion to the load dtype);
- *   3. run the block with a binding host-side buffer -> device copy active on the thread:
- *      every op the block submits (eager, deferred or captured) gets its operands rebound
- *      (cdf_exec_bind_host_weights); with repeated-block compile the device copies are the
- *      graph's bound parameters, exactly as for resident weights;
- *   4. drop the host's references: each copy is freed by the queue when the last op reading
- *      it has run (ops hold references to their operands), which releases the group.
- * Nothing here blocks on the device except step 1. */
-
-typedef struct weight_group {
-    int refs; /* live device copies + 1 for the ring slot; under g_group_lock */
-} weight_group;
-static pthread_mutex_t g_group_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t g_group_released = PTHREAD_COND_INITIALIZER;
-
-#define MAX_WINDOW 8
-static _Thread_local weight_group *tl_ring[MAX_WINDOW];
-static _Thread_local unsigned tl_ring_pos;
-
-static void group_unref(weight_group *g) {
-    pthread_mutex_lock(&g_group_lock);
-    bool last = --g->refs == 0;
-    if (g->refs <= 1) pthread_cond_broadcast(&g_group_released);
-    pthread_mutex_unlock(&g_group_lock);
-    if (last) free(g);
-}
-
-typedef struct device_copy {
-    cdf_device *dev;
-    void *data;
-    size_t nbytes;
-    weight_group *group;
-} device_copy;
-
-static void device_copy_release(void *p) {
-    device_copy *c = p;
-    cdf_device_free(c->dev, c->data, c->nbytes);
-    group_unref(c->group);
-    free(c);
-}
-
-static int sequential_window(void) {
-    static int w;
-    if (!w) {
-        const char *v = getenv("CDIFFUSERS_SEQUENTIAL_WINDOW");
-        int x = v ? atoi(v) : 2;
-        w = x < 1 ? 1 : x > MAX_WINDOW ? MAX_WINDOW : x;
-    }
-    return w;
-}
-
-/* Wait until group g holds no device copy. A copy still referenced once the device has run
- * every queued op is held by something other than the queue (never expected): stop waiting
- * then rather than hang; the memory is accounted either way. */
-static void wait_group(cdf_device *dev, weight_group *g) {
-    pthread_mutex_lock(&g_group_lock);
-    while (g->refs > 1) {
-        cdf_queue_stats q;
-        cdf_device_queue_stats(dev, &q);
-        if (q.completed >= q.enqueued) {
-            pthread_mutex_unlock(&g_group_lock);
-            if (dev->iface->wait_idle) dev->iface->wait_idle(dev); /* the last op may still be finishing */
-            pthread_mutex_lock(&g_group_lock);
-            if (g->refs > 1) break;
-            continue;
-        }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 2000000;
-        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
-        pthread_cond_timedwait(&g_group_released, &g_group_lock, &ts);
-    }
-    pthread_mutex_unlock(&g_group_lock);
-}
-
-/* The binding active on this thread while a block with host-side weights runs. */
-typedef struct host_binding {
-    cdf_storage **host, **dev;
-    int n;
-} host_binding;
-static _Thread_local host_binding *tl_binding;
-
-cdf_status cdf_exec_bind_host_weights(cdf_node *n) {
-    for (int k = -1; k < n->n_src; k++) {
-        cdf_tensor **slot = k < 0 ? &n->dst : &n->src[k];
-        if (!*slot || !(*slot)->storage->host_src) continue;
-        const host_binding *b = tl_binding;
-        int j = 0;
-        while (b && j < b->n && b->host[j] != (*slot)->storage) j++;
-        if (k < 0 || !b || j == b->n) {
-            char d[96];
-            cdf_tensor_describe(*slot, d, sizeof d);
-            return cdf_error(CDF_ERR_INTERNAL,
-                             "%s: operand %s is a host-side block weight (sequential offload) used %s; only the weights a "
-                             "block lists to cdf_block_run are materialised",
-                             cdf_op_name(n->kind), d, k < 0 ? "as an output" : "outside its block");
-        }
-        cdf_tensor *r = cdf_tensor_view_of(b->dev[j], (*slot)->offset, (*slot)->dtype, (*slot)->ndim, (*slot)->shape,
-                                           (*slot)->strides);
-        if (!r) return cdf_last_status();
-        cdf_tensor_release(*slot);
-        *slot = r;
-    }
-    return CDF_OK;
-}
-
-static cdf_storage *materialise_weight(const cdf_storage *h, weight_group *g) {
-    cdf_storage *s = calloc(1, sizeof *s);
-    device_copy *c = calloc(1, sizeof *c);
-    if (!s || !c) {
-        free(s);
-        free(c);
-        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-        return NULL;
-    }
-    if (cdf_device_alloc(h->dev, h->nbytes, &c->data) != CDF_OK) {
-        free(s);
-        free(c);
-        return NULL;
-    }
-    c->dev = h->dev;
-    c->nbytes = h->nbytes;
-    c->group = g;
-    pthread_mutex_lock(&g_group_lock);
-    g->refs++;
-    pthread_mutex_unlock(&g_group_lock);
-    atomic_init(&s->refcount, 1);
-    s->dev = h->dev;
-    s->data = c->data;
-    s->nbytes = h->nbytes;
-    s->owner = c;
-    s->owner_release = device_copy_release;
-    return s;
-}
-
-static cdf_status run_with_host_weights(cdf_block_caches *bc, int cache, cdf_traced_fn fn, void *ctx,
-                                        const cdf_tensor_map *in, cdf_tensor_map *out, cdf_tensor *const *weights,
-                                        int n_weights) {
-    cdf_device *dev = NULL;
-    for (int i = 0; i < n_weights && !dev; i++)
-        if (weights[i] && weights[i]->storage->host_src) dev = weights[i]->storage->dev;
-    /* 1. the window: the group `window` calls back must be gone before this one is made */
-    CDF_TRY(cdf_exec_flush()); /* deferred ops may hold it */
-    const int window = sequential_window();
-    weight_group **slot = &tl_ring[tl_ring_pos % (unsigned)window];
-    if (*slot) {
-        wait_group(dev, *slot);
-        group_unref(*slot);
-        *slot = NULL;
-    }
-    weight_group *g = calloc(1, sizeof *g);
-    if (!g) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-    g->refs = 1;
-    *slot = g;
-    tl_ring_pos++;
-
-    /* 2. device copies, one per host-side buffer */
-    cdf_storage *host[MAX_PARAMS], *copy[MAX_PARAMS];
-    cdf_tensor *bound[MAX_PARAMS] = {0};
-    int nb = 0;
-    cdf_status s = n_weights > MAX_PARAMS ? cdf_error(CDF_ERR_LIMIT, "block with more than %d weights", MAX_PARAMS) : CDF_OK;
-    cdf_scope_suppress(1);
-    for (int i = 0; i < n_weights && s == CDF_OK; i++) {
-        cdf_tensor *w = weights[i];
-        if (!w || !w->storage->host_src) {
-            bound[i] = cdf_tensor_retain(w);
-            continue;
-        }
-        int j = 0;
-        while (j < nb && host[j] != w->storage) j++;
-        if (j == nb) {
-            cdf_storage *h = w->storage;
-            cdf_storage *d = materialise_weight(h, g);
-            if (!d) {
-                s = cdf_last_status();
-                break;
-            }
-            /* the checkpoint's bytes converted as the loader converts them (cdf_tensor_from_host):
-             * the same values as a resident load, bit for bit. The copy is new, so no queued op
-             * can see it yet: an unordered upload, made while the device runs the block before. */
-            s = cdf_storage_upload(d, 0, w->dtype, h->host_src, h->host_dtype, h->nbytes / cdf_dtype_size(w->dtype));
-            if (s != CDF_OK) {
-                cdf_storage_release(d);
-                break;
-            }
-            host[nb] = h;
-            copy[nb++] = d;
-        }
-        bound[i] = cdf_tensor_view_of(copy[j], w->offset, w->dtype, w->ndim, w->shape, w->strides);
-        if (!bound[i]) s = cdf_last_status();
-    }
-    cdf_scope_suppress(-1);
-
-    /* 3. the block, with the binding active */
-    if (s == CDF_OK) {
-        host_binding b = {host, copy, nb}, *prev = tl_binding;
-        tl_binding = &b;
-        if (cache >= 0) s = cdf_graph_cache_run(bc->caches[cache], fn, ctx, in, out, bound, n_weights);
-        else s = fn(ctx, in, out);
-        tl_binding = prev;
-    }
-    /* 4. the queue frees the copies once their readers have run */
-    for (int i = 0; i < n_weights && i < MAX_PARAMS; i++) cdf_tensor_release(bound[i]);
-    for (int j = 0; j < nb; j++) cdf_storage_release(copy[j]);
-    return s;
-}
-
 cdf_status cdf_block_run(const char *block_class, cdf_traced_fn fn, void *ctx, const cdf_tensor_map *in, cdf_tensor_map *out,
                          cdf_tensor *const *weights, int n_weights) {
     cdf_block_caches *bc = tl_blocks;
@@ -998,7 +672,7 @@ cdf_status cdf_block_run(const char *block_class, cdf_traced_fn fn, void *ctx, c
                 }
             }
         }
-        return run_with_host_weights(bc, i, fn, ctx, in, out, weights, n_weights);
+        return cdf_weight_stream_run(i >= 0 ? bc->caches[i] : NULL, fn, ctx, in, out, weights, n_weights);
     }
     if (!bc || tl_cap.active) return fn(ctx, in, out);
     int i = 0;

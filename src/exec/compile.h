@@ -15,6 +15,8 @@
 
 typedef struct cdf_graph_cache cdf_graph_cache;
 
+#define CDF_COMPILE_MAX_PARAMS 512 /* named inputs + block weights bound per call */
+
 /* One forward: fn(ctx, inputs, outputs) with named inputs/outputs (tensor maps). */
 struct cdf_tensor_map;
 typedef cdf_status (*cdf_traced_fn)(void *ctx, const struct cdf_tensor_map *in, struct cdf_tensor_map *out);

@@ -107,17 +107,14 @@ static cdf_tensor *host_side_weight(cdf_weights *w, const char *name, cdf_wsrc_t
         cdf_wsrc_tensor_release(t);
         return NULL;
     }
-    cdf_storage *st = calloc(1, sizeof *st);
-    if (!st) {
-        cdf_wsrc_tensor_release(t);
-        cdf_error(CDF_ERR_OUT_OF_MEMORY, "weight '%s' in %s: out of host memory", name, cdf_weights_path(w));
-        return NULL;
-    }
-    atomic_init(&st->refcount, 1);
-    st->dev = w->opt.device;
     int64_t numel = 1;
     for (int i = 0; i < t->ndim; i++) numel *= t->shape[i];
-    st->nbytes = (size_t)numel * cdf_dtype_size(dt);
+    cdf_storage *st = cdf_storage_create(w->opt.device, (size_t)numel * cdf_dtype_size(dt));
+    if (!st) {
+        cdf_wsrc_tensor_release(t);
+        cdf_error_prefix("weight '%s' in %s: ", name, cdf_weights_path(w));
+        return NULL;
+    }
     st->host_src = src;
     st->host_dtype = t->dtype;
     if (t->owned) { /* the storage takes the buffer over */

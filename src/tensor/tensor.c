@@ -46,35 +46,33 @@ static cdf_status check_shape(int ndim, const int64_t *shape, cdf_dtype dt, cons
 }
 
 /* ---- storage ------------------------------------------------------------------------- */
-cdf_storage *cdf_storage_new(cdf_device *dev, size_t nbytes) {
+cdf_storage *cdf_storage_create(cdf_device *dev, size_t nbytes) {
     cdf_storage *s = calloc(1, sizeof *s);
     if (!s) {
         cdf_error(CDF_ERR_OUT_OF_MEMORY, "host out of memory (storage header)");
         return NULL;
     }
-    if (cdf_device_alloc(dev, nbytes, &s->data) != CDF_OK) {
-        free(s);
-        return NULL;
-    }
     atomic_init(&s->refcount, 1);
     s->dev = dev;
     s->nbytes = nbytes;
-    s->device_owned = true;
+    return s;
+}
+
+cdf_storage *cdf_storage_new(cdf_device *dev, size_t nbytes) {
+    cdf_storage *s = cdf_storage_create(dev, nbytes);
+    if (s && cdf_device_alloc(dev, nbytes, &s->data) != CDF_OK) {
+        free(s);
+        return NULL;
+    }
+    if (s) s->device_owned = true;
     return s;
 }
 
 /* A buffer created while a compile capture records ops: its memory comes later from the
  * graph's arena (exec/compile.c), so capturing a forward does not hold every intermediate. */
 static cdf_storage *storage_new_virtual(cdf_device *dev, size_t nbytes) {
-    cdf_storage *s = calloc(1, sizeof *s);
-    if (!s) {
-        cdf_error(CDF_ERR_OUT_OF_MEMORY, "host out of memory (storage header)");
-        return NULL;
-    }
-    atomic_init(&s->refcount, 1);
-    s->dev = dev;
-    s->nbytes = nbytes;
-    s->is_virtual = true;
+    cdf_storage *s = cdf_storage_create(dev, nbytes);
+    if (s) s->is_virtual = true;
     return s;
 }
 
@@ -290,16 +288,9 @@ cdf_tensor *cdf_tensor_wrap(cdf_device *dev, cdf_dtype dt, int ndim, const int64
                   "cdf_tensor_from_host", dev->name);
         return NULL;
     }
-    cdf_storage *s = calloc(1, sizeof *s);
-    if (!s) {
-        cdf_error(CDF_ERR_OUT_OF_MEMORY, "host out of memory (storage header)");
-        return NULL;
-    }
-    atomic_init(&s->refcount, 1);
-    s->dev = dev;
+    cdf_storage *s = cdf_storage_create(dev, (size_t)cdf_shape_numel(ndim, shape) * cdf_dtype_size(dt));
+    if (!s) return NULL;
     s->data = data;
-    s->nbytes = (size_t)cdf_shape_numel(ndim, shape) * cdf_dtype_size(dt);
-    s->device_owned = false;
     s->owner_release = owner_release;
     s->owner = owner;
     int64_t strides[CDF_MAX_DIMS];

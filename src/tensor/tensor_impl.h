@@ -36,7 +36,11 @@ struct cdf_tensor {
     int64_t strides[CDF_MAX_DIMS]; /* in elements */
 };
 
-cdf_storage *cdf_storage_new(cdf_device *dev, size_t nbytes); /* NULL + error on OOM */
+/* The one constructor of a storage header: one reference, no memory, no owner (NULL + error
+ * when the host is out of memory); the callers below and the other layers' special buffers
+ * (placeholders, host-side weights, offload copies) fill in the rest. */
+cdf_storage *cdf_storage_create(cdf_device *dev, size_t nbytes);
+cdf_storage *cdf_storage_new(cdf_device *dev, size_t nbytes); /* + accounted device memory */
 /* Write n elements of host data (src_dt) into s at element offset `at` of dtype dt, converting
  * in host staging buffers; the bytes cross through the backend. s must not be in use by a queued
  * op (a new buffer, or queues drained). */

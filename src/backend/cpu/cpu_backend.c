@@ -23,11 +23,12 @@ bool cdf_cpu_discrete;
                             (each pending op may hold an output buffer) */
 #define CPU_ALIGN 64
 
-/* One queued item: a node to execute, or a function to call on the worker in queue order
- * (stream-ordered transfers). */
+/* One queued item: a node to execute, or a function to call on the worker in queue order (a
+ * stream-ordered transfer, a graph launch). The function runs even after an earlier error (to
+ * release what it holds) with skip set; a failure returns its status with a message in msg. */
 typedef struct cpu_item {
     cdf_node *node;
-    void (*fn)(void *);
+    cdf_status (*fn)(void *ctx, bool skip, char *msg, size_t cap);
     void *ctx;
 } cpu_item;
 
@@ -71,11 +72,11 @@ static void *cpu_worker(void *arg) {
         cdf_status s = CDF_OK;
         char msg[2048] = "";
         if (!n) {
-            it.fn(it.ctx); /* a transfer: runs (and releases its source) even after an error */
+            s = it.fn(it.ctx, skip, msg, sizeof msg);
         } else {
             if (!skip) {
                 cdf_clear_error();
-                s = cdf_cpu_execute_node(n);
+                s = cdf_cpu_execute_node(n, NULL);
                 if (s != CDF_OK) snprintf(msg, sizeof msg, "queued op '%s' failed: %s", cdf_op_name(n->kind), cdf_last_error());
             }
             cdf_node_free(n); /* drops buffer references: may free memory the host released */
@@ -221,11 +222,80 @@ typedef struct async_set {
     void *ctx;
 } async_set;
 
-static void run_async_set(void *p) {
+static cdf_status run_async_set(void *p, bool skip, char *msg, size_t cap) {
     async_set *a = p;
-    memcpy(cdf_cpu_host_ptr(a->dst), a->src, a->nbytes);
+    memcpy(cdf_cpu_host_ptr(a->dst), a->src, a->nbytes); /* harmless after an error; frees the source */
     if (a->done) a->done(a->ctx);
     free(a);
+    return CDF_OK;
+}
+
+/* ---- whole graphs: one queue item runs every node of a compiled plan with its parameters
+ * bound (no per-node copies or queue hand-offs) ---- */
+typedef struct cpu_graph {
+    cdf_node **nodes; /* borrowed from the plan */
+    int n;
+    cdf_tensor **params; /* borrowed tensors, own array (the plan's may move) */
+    int n_params;
+} cpu_graph;
+
+typedef struct cpu_launch {
+    const cpu_graph *g;
+    cdf_tensor *bound[]; /* n_params references, held until the launch has run */
+} cpu_launch;
+
+static void *cpu_graph_instantiate(cdf_device *dev, cdf_node *const *nodes, int n, cdf_tensor *const *params, int np) {
+    cpu_graph *g = calloc(1, sizeof *g);
+    if (g) {
+        g->nodes = malloc((size_t)(n ? n : 1) * sizeof *g->nodes);
+        g->params = malloc((size_t)(np ? np : 1) * sizeof *g->params);
+    }
+    if (!g || !g->nodes || !g->params) {
+        if (g) free(g->nodes), free(g->params);
+        free(g);
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (graph of %d nodes)", n);
+        return NULL;
+    }
+    memcpy(g->nodes, nodes, (size_t)n * sizeof *nodes);
+    memcpy(g->params, params, (size_t)np * sizeof *params);
+    g->n = n;
+    g->n_params = np;
+    return g;
+}
+
+static cdf_status run_launch(void *p, bool skip, char *msg, size_t cap) {
+    cpu_launch *l = p;
+    const cpu_graph *g = l->g;
+    const cdf_cpu_binding b = {g->params, l->bound, g->n_params};
+    cdf_status s = CDF_OK;
+    for (int i = 0; i < g->n && !skip && s == CDF_OK; i++) {
+        cdf_clear_error();
+        s = cdf_cpu_execute_node(g->nodes[i], &b);
+        if (s != CDF_OK)
+            snprintf(msg, cap, "queued op '%s' failed (node %d of a compiled graph): %s", cdf_op_name(g->nodes[i]->kind), i,
+                     cdf_last_error());
+    }
+    for (int j = 0; j < g->n_params; j++) cdf_tensor_release(l->bound[j]); /* may free the arena */
+    free(l);
+    return s;
+}
+
+static cdf_status cpu_graph_launch(cdf_device *dev, void *graph, cdf_tensor *const *bound) {
+    const cpu_graph *g = graph;
+    cpu_launch *l = malloc(sizeof *l + (size_t)g->n_params * sizeof l->bound[0]);
+    if (!l) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (graph launch)");
+    l->g = g;
+    for (int j = 0; j < g->n_params; j++) l->bound[j] = cdf_tensor_retain(bound[j]);
+    return queue_push(dev->impl, (cpu_item){.fn = run_launch, .ctx = l});
+}
+
+static void cpu_graph_free(cdf_device *dev, void *graph) {
+    cpu_graph *g = graph;
+    if (!g) return;
+    cpu_wait_idle(dev); /* no pending launch may still read its nodes */
+    free(g->nodes);
+    free(g->params);
+    free(g);
 }
 
 static cdf_status cpu_buffer_set_async(cdf_device *dev, void *dst, const void *src, size_t nbytes, void (*done)(void *),
@@ -313,6 +383,9 @@ const cdf_backend_iface cdf_cpu_backend_iface = {
     .event_record = cpu_event_record,
     .event_synchronize = cpu_event_synchronize,
     .host_visible = cpu_host_visible,
+    .graph_instantiate = cpu_graph_instantiate,
+    .graph_launch = cpu_graph_launch,
+    .graph_free = cpu_graph_free,
     .set_threads = cpu_set_threads,
     .queue_stats = cpu_queue_stats,
 };

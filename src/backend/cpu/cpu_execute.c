@@ -7,16 +7,39 @@
 #include "kernels/dispatch.h"
 
 #define SRC(i) (n->src[i])
-/* the host address of an operand's first element (device addresses translated: cpu_impl.h) */
-#define PTR(t) ((t) ? cdf_cpu_host_ptr(cdf_tensor_device_addr(t)) : NULL)
+/* the host address of an operand's first element (bound, then translated: cpu_impl.h) */
+#define PTR(t) operand_addr(bind, (t))
 
-cdf_status cdf_cpu_execute_node(const cdf_node *n) {
+/* The buffer an operand uses in this run: its own, or the one bound in place of a graph's
+ * parameter (the same element offset relative to the buffer's start). */
+static const cdf_storage *resolve(const cdf_cpu_binding *b, const cdf_tensor *t, int64_t *offset) {
+    *offset = t->offset;
+    for (int j = 0; b && j < b->n; j++) {
+        if (t->storage == b->params[j]->storage) {
+            *offset = t->offset - b->params[j]->offset + b->bound[j]->offset;
+            return b->bound[j]->storage;
+        }
+    }
+    return t->storage;
+}
+
+static void *operand_addr(const cdf_cpu_binding *b, const cdf_tensor *t) {
+    if (!t) return NULL;
+    int64_t off;
+    const cdf_storage *st = resolve(b, t, &off);
+    return cdf_cpu_host_ptr((char *)st->data + off * (int64_t)cdf_dtype_size(t->dtype));
+}
+
+cdf_status cdf_cpu_execute_node(const cdf_node *n, const cdf_cpu_binding *bind) {
     cdf_tensor *d = n->dst;
-    /* a buffer still virtual here is a compile-layer bug: refuse rather than touch NULL memory */
+    /* a buffer still without memory here is a compile-layer bug: refuse rather than touch NULL */
     for (int i = -1; i < n->n_src; i++) {
         const cdf_tensor *t = i < 0 ? d : n->src[i];
-        if (t && t->storage->is_virtual)
-            return cdf_error(CDF_ERR_INTERNAL, "%s: operand %d has no memory (an unplanned compile buffer)", cdf_op_name(n->kind), i);
+        int64_t off;
+        const cdf_storage *st = t ? resolve(bind, t, &off) : NULL;
+        if (st && (st->is_virtual || (!st->data && st->nbytes)))
+            return cdf_error(CDF_ERR_INTERNAL, "%s: operand %d has no memory (an unplanned or unbound compile buffer)",
+                             cdf_op_name(n->kind), i);
     }
     void *dp = PTR(d);
     switch (n->kind) {

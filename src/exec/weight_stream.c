@@ -1,0 +1,220 @@
+/* Weight streaming for sequential offload (exec/weight_stream.h). */
+#include "exec/weight_stream.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend_impl.h"
+#include "core/error_internal.h"
+#include "exec/exec.h"
+#include "nn/nn.h"
+#include "tensor/tensor_impl.h"
+
+/* ---- sequential offload: host-side block weights, materialised per block call -------------
+ * A block whose listed weights are host-side (nn/weights.c, blocks_on_host) runs like this:
+ *   1. wait until the weights of the block call `window` calls ago are released (their ops
+ *      have run), so at most `window` blocks' weights are on the device at once (default 2:
+ *      the next block is converted while the device still runs the previous one);
+ *   2. copy every host-side weight into a fresh device buffer (conversion to the load dtype);
+ *   3. run the block with a binding host-side buffer -> device copy active on the thread:
+ *      every op the block submits (eager, deferred or captured) gets its operands rebound
+ *      (cdf_exec_bind_host_weights); with repeated-block compile the device copies are the
+ *      graph's bound parameters, exactly as for resident weights;
+ *   4. drop the host's references: each copy is freed by the queue when the last op reading
+ *      it has run (ops hold references to their operands), which releases the group.
+ * Nothing here blocks on the device except step 1. */
+
+typedef struct weight_group {
+    int refs; /* live device copies + 1 for the ring slot; under g_group_lock */
+} weight_group;
+static pthread_mutex_t g_group_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_group_released = PTHREAD_COND_INITIALIZER;
+
+#define MAX_WINDOW 8
+static _Thread_local weight_group *tl_ring[MAX_WINDOW];
+static _Thread_local unsigned tl_ring_pos;
+
+static void group_unref(weight_group *g) {
+    pthread_mutex_lock(&g_group_lock);
+    bool last = --g->refs == 0;
+    if (g->refs <= 1) pthread_cond_broadcast(&g_group_released);
+    pthread_mutex_unlock(&g_group_lock);
+    if (last) free(g);
+}
+
+typedef struct device_copy {
+    cdf_device *dev;
+    void *data;
+    size_t nbytes;
+    weight_group *group;
+} device_copy;
+
+static void device_copy_release(void *p) {
+    device_copy *c = p;
+    cdf_device_free(c->dev, c->data, c->nbytes);
+    group_unref(c->group);
+    free(c);
+}
+
+static int sequential_window(void) {
+    static int w;
+    if (!w) {
+        const char *v = getenv("CDIFFUSERS_SEQUENTIAL_WINDOW");
+        int x = v ? atoi(v) : 2;
+        w = x < 1 ? 1 : x > MAX_WINDOW ? MAX_WINDOW : x;
+    }
+    return w;
+}
+
+/* Wait until group g holds no device copy. A copy still referenced once the device has run
+ * every queued op is held by something other than the queue (never expected): stop waiting
+ * then rather than hang; the memory is accounted either way. */
+static void wait_group(cdf_device *dev, weight_group *g) {
+    pthread_mutex_lock(&g_group_lock);
+    while (g->refs > 1) {
+        cdf_queue_stats q;
+        cdf_device_queue_stats(dev, &q);
+        if (q.completed >= q.enqueued) {
+            pthread_mutex_unlock(&g_group_lock);
+            if (dev->iface->wait_idle) dev->iface->wait_idle(dev); /* the last op may still be finishing */
+            pthread_mutex_lock(&g_group_lock);
+            if (g->refs > 1) break;
+            continue;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 2000000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&g_group_released, &g_group_lock, &ts);
+    }
+    pthread_mutex_unlock(&g_group_lock);
+}
+
+/* The binding active on this thread while a block with host-side weights runs. */
+typedef struct host_binding {
+    cdf_storage **host, **dev;
+    int n;
+} host_binding;
+static _Thread_local host_binding *tl_binding;
+
+cdf_status cdf_exec_bind_host_weights(cdf_node *n) {
+    for (int k = -1; k < n->n_src; k++) {
+        cdf_tensor **slot = k < 0 ? &n->dst : &n->src[k];
+        if (!*slot || !(*slot)->storage->host_src) continue;
+        const host_binding *b = tl_binding;
+        int j = 0;
+        while (b && j < b->n && b->host[j] != (*slot)->storage) j++;
+        if (k < 0 || !b || j == b->n) {
+            char d[96];
+            cdf_tensor_describe(*slot, d, sizeof d);
+            return cdf_error(CDF_ERR_INTERNAL,
+                             "%s: operand %s is a host-side block weight (sequential offload) used %s; only the weights a "
+                             "block lists to cdf_block_run are materialised",
+                             cdf_op_name(n->kind), d, k < 0 ? "as an output" : "outside its block");
+        }
+        cdf_tensor *r = cdf_tensor_view_of(b->dev[j], (*slot)->offset, (*slot)->dtype, (*slot)->ndim, (*slot)->shape,
+                                           (*slot)->strides);
+        if (!r) return cdf_last_status();
+        cdf_tensor_release(*slot);
+        *slot = r;
+    }
+    return CDF_OK;
+}
+
+static cdf_storage *materialise_weight(const cdf_storage *h, weight_group *g) {
+    cdf_storage *s = cdf_storage_create(h->dev, h->nbytes);
+    device_copy *c = s ? calloc(1, sizeof *c) : NULL;
+    if (!s || !c) {
+        free(s);
+        if (s) cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        return NULL;
+    }
+    if (cdf_device_alloc(h->dev, h->nbytes, &c->data) != CDF_OK) {
+        free(s);
+        free(c);
+        return NULL;
+    }
+    c->dev = h->dev;
+    c->nbytes = h->nbytes;
+    c->group = g;
+    pthread_mutex_lock(&g_group_lock);
+    g->refs++;
+    pthread_mutex_unlock(&g_group_lock);
+    s->data = c->data;
+    s->owner = c;
+    s->owner_release = device_copy_release;
+    return s;
+}
+
+cdf_status cdf_weight_stream_run(cdf_graph_cache *cache, cdf_traced_fn fn, void *ctx, const cdf_tensor_map *in,
+                                 cdf_tensor_map *out, cdf_tensor *const *weights, int n_weights) {
+    cdf_device *dev = NULL;
+    for (int i = 0; i < n_weights && !dev; i++)
+        if (weights[i] && weights[i]->storage->host_src) dev = weights[i]->storage->dev;
+    /* 1. the window: the group `window` calls back must be gone before this one is made */
+    CDF_TRY(cdf_exec_flush()); /* deferred ops may hold it */
+    const int window = sequential_window();
+    weight_group **slot = &tl_ring[tl_ring_pos % (unsigned)window];
+    if (*slot) {
+        wait_group(dev, *slot);
+        group_unref(*slot);
+        *slot = NULL;
+    }
+    weight_group *g = calloc(1, sizeof *g);
+    if (!g) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    g->refs = 1;
+    *slot = g;
+    tl_ring_pos++;
+
+    /* 2. device copies, one per host-side buffer */
+    cdf_storage *host[CDF_COMPILE_MAX_PARAMS], *copy[CDF_COMPILE_MAX_PARAMS];
+    cdf_tensor *bound[CDF_COMPILE_MAX_PARAMS] = {0};
+    int nb = 0;
+    cdf_status s = n_weights > CDF_COMPILE_MAX_PARAMS ? cdf_error(CDF_ERR_LIMIT, "block with more than %d weights", CDF_COMPILE_MAX_PARAMS) : CDF_OK;
+    cdf_scope_suppress(1);
+    for (int i = 0; i < n_weights && s == CDF_OK; i++) {
+        cdf_tensor *w = weights[i];
+        if (!w || !w->storage->host_src) {
+            bound[i] = cdf_tensor_retain(w);
+            continue;
+        }
+        int j = 0;
+        while (j < nb && host[j] != w->storage) j++;
+        if (j == nb) {
+            cdf_storage *h = w->storage;
+            cdf_storage *d = materialise_weight(h, g);
+            if (!d) {
+                s = cdf_last_status();
+                break;
+            }
+            /* the checkpoint's bytes converted as the loader converts them (cdf_tensor_from_host):
+             * the same values as a resident load, bit for bit. The copy is new, so no queued op
+             * can see it yet: an unordered upload, made while the device runs the block before. */
+            s = cdf_storage_upload(d, 0, w->dtype, h->host_src, h->host_dtype, h->nbytes / cdf_dtype_size(w->dtype));
+            if (s != CDF_OK) {
+                cdf_storage_release(d);
+                break;
+            }
+            host[nb] = h;
+            copy[nb++] = d;
+        }
+        bound[i] = cdf_tensor_view_of(copy[j], w->offset, w->dtype, w->ndim, w->shape, w->strides);
+        if (!bound[i]) s = cdf_last_status();
+    }
+    cdf_scope_suppress(-1);
+
+    /* 3. the block, with the binding active */
+    if (s == CDF_OK) {
+        host_binding b = {host, copy, nb}, *prev = tl_binding;
+        tl_binding = &b;
+        if (cache) s = cdf_graph_cache_run(cache, fn, ctx, in, out, bound, n_weights);
+        else s = fn(ctx, in, out);
+        tl_binding = prev;
+    }
+    /* 4. the queue frees the copies once their readers have run */
+    for (int i = 0; i < n_weights && i < CDF_COMPILE_MAX_PARAMS; i++) cdf_tensor_release(bound[i]);
+    for (int j = 0; j < nb; j++) cdf_storage_release(copy[j]);
+    return s;
+}
+

@@ -1,0 +1,143 @@
+/* The compile memory planner on hand-built graphs (exec/memory_plan.h), like ggml-alloc's tests:
+ * buffers alive at the same time never share bytes, buffers with disjoint lifetimes do, and the
+ * arena of a chain is its largest live pair. Expected sizes are worked out by hand from the
+ * placement rule (largest first, lowest free offset). */
+#include "testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "exec/memory_plan.h"
+#include "tensor/tensor_impl.h"
+
+/* A virtual buffer of n f32 elements, as a capture creates it. */
+static cdf_tensor *vbuf(int64_t n) {
+    cdf_storage *s = cdf_storage_create(tu_cpu(), (size_t)n * 4);
+    assert_non_null(s);
+    s->is_virtual = true;
+    cdf_tensor *t = cdf_tensor_view_of(s, 0, CDF_F32, 1, &n, (int64_t[]){1});
+    cdf_storage_release(s);
+    return t;
+}
+
+static cdf_node *unary(cdf_tensor *dst, cdf_tensor *src) {
+    cdf_node *n = cdf_node_new(CDF_OP_UNARY);
+    cdf_node_add_src(n, src);
+    n->dst = cdf_tensor_retain(dst);
+    return n;
+}
+
+/* Byte range of a planned reference in the arena. */
+static void range_of(const cdf_tensor *t, size_t *lo, size_t *hi) {
+    *lo = (size_t)t->offset * 4;
+    *hi = *lo + (size_t)cdf_tensor_numel(t) * 4;
+}
+
+static void test_chain(void **state) {
+    (void)state;
+    cdf_scope_push();
+    /* x (a parameter, not virtual) -> A(32) -> B(64) -> C(16) -> D(80, output); sizes in f32:
+     * bytes 128, 256, 64, 320 (already 64-aligned). Lifetimes (node index): A [0, 1], B [1, 2],
+     * C [2, 3], D [3, 4 = output]. Largest first: D @0; B (disjoint from D) @0; A overlaps B ->
+     * @256; C overlaps B and D -> @320. Arena = 384 = the largest live pair (A+B, C+D). */
+    float xv[32] = {0};
+    cdf_tensor *x = cdf_tensor_from_host(tu_cpu(), CDF_F32, 1, (int64_t[]){32}, xv, CDF_F32);
+    cdf_tensor *A = vbuf(32), *B = vbuf(64), *C = vbuf(16), *D = vbuf(80);
+    cdf_node *nodes[4] = {unary(A, x), unary(B, A), unary(C, B), unary(D, C)};
+    cdf_tensor *outs[1] = {cdf_tensor_retain(D)};
+    size_t bytes = 0;
+    cdf_tensor *arena = NULL;
+    assert_int_equal(cdf_memory_plan(nodes, 4, outs, 1, &bytes, &arena), CDF_OK);
+    assert_int_equal(bytes, 384);
+    assert_non_null(arena);
+    /* every planned reference is on the one placeholder; x is left alone */
+    const cdf_storage *ph = arena->storage;
+    assert_ptr_equal(nodes[0]->src[0]->storage, x->storage);
+    size_t lo[4], hi[4];
+    range_of(nodes[0]->dst, &lo[0], &hi[0]); /* A */
+    range_of(nodes[1]->dst, &lo[1], &hi[1]); /* B */
+    range_of(nodes[2]->dst, &lo[2], &hi[2]); /* C */
+    range_of(nodes[3]->dst, &lo[3], &hi[3]); /* D */
+    for (int i = 0; i < 4; i++) assert_ptr_equal(nodes[i]->dst->storage, ph);
+    assert_ptr_equal(outs[0]->storage, ph);
+    assert_true(lo[3] == 0 && lo[1] == 0 && lo[0] == 256 && lo[2] == 320);
+    /* each node's source is its predecessor's destination, at the same place */
+    for (int i = 1; i < 4; i++) {
+        assert_ptr_equal(nodes[i]->src[0]->storage, ph);
+        assert_int_equal(nodes[i]->src[0]->offset, nodes[i - 1]->dst->offset);
+    }
+    for (int i = 0; i < 4; i++) cdf_node_free(nodes[i]);
+    cdf_tensor_release(outs[0]);
+    cdf_tensor_release(arena);
+    cdf_scope_pop(NULL, 0);
+}
+
+/* A random DAG: every pair of buffers whose lifetimes overlap gets disjoint bytes; the arena is
+ * at least the largest live set and at most the sum of all buffers. */
+static void test_random_dags_never_overlap_live_buffers(void **state) {
+    (void)state;
+    uint64_t seed = 12345;
+    for (int round = 0; round < 50; round++) {
+        cdf_scope_push();
+        enum { N = 24 };
+        cdf_tensor *buf[N];
+        int64_t len[N];
+        for (int i = 0; i < N; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            len[i] = 1 + (int64_t)((seed >> 33) % 300);
+            buf[i] = vbuf(len[i]);
+        }
+        /* node i writes buf[i] from an earlier buffer (or nothing for i = 0: a fill) */
+        cdf_node *nodes[N];
+        int src_of[N];
+        for (int i = 0; i < N; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            src_of[i] = i == 0 ? -1 : (int)((seed >> 33) % (uint64_t)i);
+            if (src_of[i] < 0) {
+                nodes[i] = cdf_node_new(CDF_OP_FILL);
+                nodes[i]->dst = cdf_tensor_retain(buf[i]);
+            } else {
+                nodes[i] = unary(buf[i], buf[src_of[i]]);
+            }
+        }
+        cdf_tensor *outs[1] = {cdf_tensor_retain(buf[N - 1])};
+        /* lifetimes by hand: first = the writer, last = the last reader (or the end for the output) */
+        int first[N], last[N];
+        for (int i = 0; i < N; i++) first[i] = last[i] = i;
+        for (int i = 0; i < N; i++)
+            if (src_of[i] >= 0) last[src_of[i]] = i;
+        last[N - 1] = N;
+        size_t bytes = 0, sum = 0, peak = 0;
+        cdf_tensor *arena = NULL;
+        assert_int_equal(cdf_memory_plan(nodes, N, outs, 1, &bytes, &arena), CDF_OK);
+        for (int i = 0; i < N; i++) sum += (size_t)(len[i] * 4 + 63) / 64 * 64;
+        for (int t = 0; t <= N; t++) {
+            size_t live = 0;
+            for (int i = 0; i < N; i++)
+                if (first[i] <= t && t <= last[i]) live += (size_t)(len[i] * 4 + 63) / 64 * 64;
+            if (live > peak) peak = live;
+        }
+        assert_true(bytes >= peak && bytes <= sum);
+        for (int i = 0; i < N; i++)
+            for (int j = i + 1; j < N; j++) {
+                if (last[i] < first[j] || last[j] < first[i]) continue; /* never alive together */
+                size_t li, hi_, lj, hj;
+                range_of(nodes[i]->dst, &li, &hi_);
+                range_of(nodes[j]->dst, &lj, &hj);
+                assert_ptr_equal(nodes[i]->dst->storage, nodes[j]->dst->storage);
+                assert_true(hi_ <= lj || hj <= li);
+            }
+        for (int i = 0; i < N; i++) cdf_node_free(nodes[i]);
+        cdf_tensor_release(outs[0]);
+        cdf_tensor_release(arena);
+        cdf_scope_pop(NULL, 0);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chain),
+        cmocka_unit_test(test_random_dags_never_overlap_live_buffers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
