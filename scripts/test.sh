@@ -30,7 +30,7 @@ done
 # AVX-512-BF16, or without AVX2, runs): the same golden tolerances must hold on every path
 for isa in avx2 generic; do
   CDIFFUSERS_ISA=$isa ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" \
-    -R 'test_kernels|test_model_|test_pipeline|test_run_model'
+    -R 'test_kernels|test_backend_ops|test_model_|test_pipeline|test_run_model'
 done
 if [ "${CDF_SKIP_SANITIZE:-0}" != 1 ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCDF_SANITIZE=ON >/dev/null

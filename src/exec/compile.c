@@ -162,7 +162,7 @@ typedef struct plan {
     int n;
     int n_params;
     cdf_tensor *params[CDF_COMPILE_MAX_PARAMS]; /* traced parameter tensors (references); with an arena, the
-                                       last one is its placeholder (plan_memory) */
+                                       last one is its placeholder (cdf_memory_plan) */
     size_t arena_bytes;             /* allocated per replay (0: the graph has no buffers of its own) */
     int n_out;
     char **out_names;

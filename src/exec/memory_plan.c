@@ -66,7 +66,10 @@ cdf_status cdf_memory_plan(cdf_node **nodes, int n, cdf_tensor **outs, int n_out
                     sl = g;
                 }
                 j = ns++;
-                sl[j] = (slot){.s = t->storage, .first = i, .size = (t->storage->nbytes + 63) / 64 * 64};
+                /* an empty buffer still gets a slot of its own: a graph whose buffers are all empty
+                 * must not end up with an arena parameter of 0 bytes, which run_plan cannot bind */
+                const size_t nb = t->storage->nbytes ? t->storage->nbytes : 1;
+                sl[j] = (slot){.s = t->storage, .first = i, .size = (nb + 63) / 64 * 64};
                 dev = t->storage->dev;
             }
             sl[j].last = i; /* i == n: an output, alive until copied out */
