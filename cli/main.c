@@ -16,6 +16,7 @@
 #include "core/error_internal.h"
 #include "models/component.h"
 #include "batch.h" /* cli/batch.c: --image/--mask, batches, prompt files, numbered outputs */
+#include "nn/weights_source.h" /* info: a component file's format and tensor types */
 #include "devices.h"
 #include "plan.h"  /* cli/plan.c: the plan command, --memory-stats */
 
@@ -77,6 +78,14 @@ static void usage(FILE *f) {
             "                               only its shard of the transformer and text encoders; rank 0 writes\n"
             "                               (mpirun -np N cdiffusers generate ... --tp N)\n"
             "      --tp-replicate A,B       components to keep whole on every rank (e.g. text_encoder_2)\n"
+            "      --transformer FILE       the transformer's weights from one file in place of DIR/transformer's:\n"
+            "                               .safetensors (diffusers, BFL FLUX or ComfyUI model.diffusion_model.*\n"
+            "                               key names; fp8 and fp8_scaled too) or .gguf (F32..Q6_K, dequantized at\n"
+            "                               load); DIR still gives the configs, tokenizers and other components\n"
+            "      --vae FILE               the same for the VAE (diffusers key names)\n"
+            "      --text-encoder N=FILE    the same for text encoder N (1, 2, 3) or a model_index name\n"
+            "      --allow-unused-keys      load even if a --transformer/--vae/--text-encoder file holds tensors\n"
+            "                               the model does not use (listed; refused by default)\n"
             "      --lora FILE[:SCALE]      apply a LoRA adapter (diffusers/PEFT or kohya file; scale default 1);\n"
             "                               repeatable: the adapters add up\n"
             "      --lora-mode runtime|fuse runtime (default): added to the layers' outputs, weights untouched;\n"
@@ -98,7 +107,7 @@ static void usage(FILE *f) {
             "      for the execution generate would use with the same options (and CDIFFUSERS_COMPILE)\n"
             "  cdiffusers tokenize --model DIR --prompt TEXT [--max-length N]\n"
             "      DIR is a tokenizer folder or a pipeline folder (then every tokenizer_* is used)\n"
-            "  cdiffusers info --model DIR\n"
+            "  cdiffusers info --model DIR [--transformer FILE] [--vae FILE] [--text-encoder N=FILE]\n"
             "  cdiffusers devices\n"
             "      the compiled-in backends, the devices found (the first is the default), and why a backend found none\n"
             "  cdiffusers --help | --version\n"
@@ -358,6 +367,37 @@ static int apply_model_defaults(const char *dir, cdf_generate_params *gp, bool u
     return EXIT_OK;
 }
 
+/* ---- component files (--transformer, --vae, --text-encoder N=FILE) ---------------------------- */
+enum { OPT_TRANSFORMER_FILE = 1001, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE, OPT_ALLOW_UNUSED_KEYS };
+typedef struct component_files {
+    cdf_component_file files[8];
+    char keys[8][32];
+    int n;
+} component_files;
+
+/* opt: one of OPT_TRANSFORMER_FILE, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE. */
+static int add_component_file(component_files *cf, int opt, const char *arg) {
+    if (cf->n == 8) return usage_error("%s", "at most 8 component files");
+    const char *path = arg, *key = opt == OPT_TRANSFORMER_FILE ? "transformer" : "vae";
+    if (opt == OPT_TEXT_ENCODER_FILE) {
+        const char *eq = strchr(arg, '=');
+        if (!eq || eq == arg || !eq[1] || eq - arg >= 24)
+            return usage_error("--text-encoder needs N=FILE (N = 1, 2, 3 or a component name), got '%s'", arg);
+        char n[32];
+        snprintf(n, sizeof n, "%.*s", (int)(eq - arg), arg);
+        if (strcmp(n, "1") == 0) snprintf(cf->keys[cf->n], 32, "text_encoder");
+        else if (strcmp(n, "2") == 0) snprintf(cf->keys[cf->n], 32, "text_encoder_2");
+        else if (strcmp(n, "3") == 0) snprintf(cf->keys[cf->n], 32, "text_encoder_3");
+        else snprintf(cf->keys[cf->n], 32, "%s", n);
+        key = cf->keys[cf->n];
+        path = eq + 1;
+    }
+    for (int i = 0; i < cf->n; i++)
+        if (strcmp(cf->files[i].component, key) == 0) return usage_error("two weights files for '%s'", key);
+    cf->files[cf->n++] = (cdf_component_file){key, path};
+    return EXIT_OK;
+}
+
 /* ---- generate ---------------------------------------------------------------------------- */
 static int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *output = "out.png", *latents_out = NULL, *dtype = "bf16", *mem = NULL;
@@ -382,6 +422,9 @@ static int cmd_generate(int argc, char **argv) {
         {"mode", required_argument, 0, 'E'},         {"text-encoder-out-layers", required_argument, 0, 'Y'},
         {"compile-repeated-blocks", no_argument, 0, 'B'},
         {"offload", required_argument, 0, 'O'},      {"memory-stats", no_argument, 0, 'K'},
+        {"transformer", required_argument, 0, OPT_TRANSFORMER_FILE},  {"vae", required_argument, 0, OPT_VAE_FILE},
+        {"text-encoder", required_argument, 0, OPT_TEXT_ENCODER_FILE},
+        {"allow-unused-keys", no_argument, 0, OPT_ALLOW_UNUSED_KEYS},
         {"device", required_argument, 0, 'D'},
         {"lora", required_argument, 0, 'A'},         {"lora-mode", required_argument, 0, 'Z'},
         {"lora-allow-unused", no_argument, 0, 'U'},
@@ -393,6 +436,8 @@ static int cmd_generate(int argc, char **argv) {
     int c;
     long v;
     int te_layers[16];
+    component_files cf = {0};
+    bool allow_unused = false;
     enum { MAX_LORA = 16 };
     char lora_path[MAX_LORA][4096];
     float lora_scale[MAX_LORA];
@@ -469,6 +514,12 @@ static int cmd_generate(int argc, char **argv) {
         case 'R': tp_replicate = optarg; break;
         case 'O': offload = optarg; break;
         case 'K': memory_stats = true; break;
+        case OPT_ALLOW_UNUSED_KEYS: allow_unused = true; break;
+        case OPT_TRANSFORMER_FILE:
+        case OPT_VAE_FILE:
+        case OPT_TEXT_ENCODER_FILE:
+            if (add_component_file(&cf, c, optarg) != EXIT_OK) return EXIT_USAGE;
+            break;
         case 'A': {
             if (n_lora == MAX_LORA) return usage_error("%s", "at most 16 --lora adapters");
             if (strlen(optarg) >= sizeof lora_path[0]) return usage_error("%s", "--lora: the path is too long");
@@ -543,6 +594,9 @@ static int cmd_generate(int argc, char **argv) {
     else if (strcmp(dtype, "bf16") == 0) lp.weight_dtype = CDF_BF16;
     else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
     if (cdf_cli_parse_offload(offload, &lp.offload) != 0) return usage_error("--offload must be none, model or sequential, got '%s'", offload);
+    lp.component_files = cf.files;
+    lp.num_component_files = cf.n;
+    lp.allow_unused_keys = allow_unused;
     int64_t mem_bytes = -1;
     if (mem && (mem_bytes = cdf_parse_bytes(mem)) < 0)
         return usage_error("--device-memory needs a size like 8G or 512M, got '%s'", mem);
@@ -816,9 +870,26 @@ static int cmd_tokenize(int argc, char **argv) {
 }
 
 /* ---- info ---------------------------------------------------------------------------------- */
-static void info_component(const char *dir, const char *name) {
+static void info_component(const char *dir, const char *name, const component_files *cf) {
     char sub[4096];
     snprintf(sub, sizeof sub, "%s/%s", dir, name);
+    for (int i = 0; cf && i < cf->n; i++) {
+        if (strcmp(cf->files[i].component, name) != 0) continue;
+        cdf_wsrc *s;
+        cJSON *cfg = NULL;
+        const char *cls = "?";
+        if (cdf_config_load(sub, &cfg) == CDF_OK && cdf_config_class_name(cfg)) cls = cdf_config_class_name(cfg);
+        if (cdf_wsrc_open(cf->files[i].path, true, &s) != CDF_OK) {
+            printf("  %-16s %-32s (weights file unreadable: %s)\n", name, cls, cdf_last_error());
+        } else {
+            char summary[512];
+            cdf_wsrc_summary(s, summary, sizeof summary);
+            printf("  %-16s %-32s from %s (%s): %s\n", name, cls, cf->files[i].path, cdf_wsrc_format(s), summary);
+            cdf_wsrc_close(s);
+        }
+        cJSON_Delete(cfg);
+        return;
+    }
     cdf_checkpoint *ck;
     if (cdf_checkpoint_open(sub, &ck) != CDF_OK) {
         printf("  %-16s (no weights: %s)\n", name, cdf_last_error());
@@ -846,12 +917,19 @@ static void info_component(const char *dir, const char *name) {
 
 static int cmd_info(int argc, char **argv) {
     const char *model = NULL;
-    static const struct option opts[] = {{"model", required_argument, 0, 'm'}, {0, 0, 0, 0}};
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"transformer", required_argument, 0, OPT_TRANSFORMER_FILE},
+                                         {"vae", required_argument, 0, OPT_VAE_FILE},
+                                         {"text-encoder", required_argument, 0, OPT_TEXT_ENCODER_FILE},
+                                         {0, 0, 0, 0}};
     int c;
+    component_files cf = {0};
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (c == 'm') model = optarg;
-        else return EXIT_USAGE;
+        else if (c == OPT_TRANSFORMER_FILE || c == OPT_VAE_FILE || c == OPT_TEXT_ENCODER_FILE) {
+            if (add_component_file(&cf, c, optarg) != EXIT_OK) return EXIT_USAGE;
+        } else return EXIT_USAGE;
     }
     if (!model) return usage_error("%s", "info needs --model DIR");
     char path[4096];
@@ -868,7 +946,7 @@ static int cmd_info(int argc, char **argv) {
             const char *ccls = cJSON_GetArrayItem(e, 1)->valuestring;
             if (strstr(ccls, "Tokenizer")) printf("  %-16s %s\n", e->string, ccls);
             else if (strstr(ccls, "Scheduler")) printf("  %-16s %s\n", e->string, ccls);
-            else info_component(model, e->string);
+            else info_component(model, e->string, &cf);
         }
         cJSON_Delete(idx);
         return EXIT_OK;
@@ -879,7 +957,7 @@ static int cmd_info(int argc, char **argv) {
         return EXIT_FAIL;
     }
     printf("%s:\n", model);
-    info_component(model, ".");
+    info_component(model, ".", NULL);
     return EXIT_OK;
 }
 

@@ -7,8 +7,8 @@
 # usage: scripts/fuzz.sh [-t SECONDS_PER_TARGET] [-n EXECUTIONS] [TARGET...]
 #   -t N      run each target at most N seconds (default 30)
 #   -n N      stop a target after N executions (default: no limit; -t still applies)
-#   TARGET    fuzz_safetensors fuzz_checkpoint fuzz_json fuzz_tokenizer_files fuzz_prompt fuzz_cli
-#             fuzz_lora_keys
+#   TARGET    fuzz_safetensors fuzz_gguf fuzz_single_file fuzz_checkpoint fuzz_json fuzz_tokenizer_files
+#             fuzz_prompt fuzz_cli fuzz_lora_keys
 #             (default: all)
 # environment: CC (default clang-14), CDF_FUZZ_BUILD (build folder, default build-fuzz),
 #   CDF_FUZZ_WORK (corpora, findings and logs, default $CDF_FUZZ_BUILD/work; corpora grow
@@ -29,7 +29,8 @@ while getopts "t:n:h" opt; do
   esac
 done
 shift $((OPTIND - 1))
-all=(fuzz_safetensors fuzz_checkpoint fuzz_json fuzz_tokenizer_files fuzz_prompt fuzz_cli fuzz_lora_keys)
+all=(fuzz_safetensors fuzz_gguf fuzz_single_file fuzz_checkpoint fuzz_json fuzz_tokenizer_files fuzz_prompt fuzz_cli
+  fuzz_lora_keys)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
 
@@ -49,6 +50,8 @@ max_len() {
   case $1 in
     fuzz_tokenizer_files) echo 262144 ;;
     fuzz_safetensors) echo 131072 ;;
+    fuzz_gguf) echo 16384 ;;
+    fuzz_single_file) echo 16384 ;;
     fuzz_json) echo 65536 ;;
     fuzz_checkpoint) echo 16384 ;;
     fuzz_prompt) echo 512 ;;

@@ -584,7 +584,7 @@ static const bad_case k_bad[] = {
     {"shape_not_array", T1("F32", "4", "[0,16]"), 16, CDF_ERR_FORMAT, "\"shape\" is a number"},
     {"unknown_dtype", T1("Q4K", "[1]", "[0,4]"), 4, CDF_ERR_FORMAT, "unknown dtype 'Q4K' for tensor 'a'"},
     {"lowercase_dtype", T1("f32", "[1]", "[0,4]"), 4, CDF_ERR_FORMAT, "unknown dtype 'f32'"},
-    {"fp8_dtype", T1("F8_E4M3", "[4]", "[0,4]"), 4, CDF_ERR_DTYPE, "unsupported dtype F8_E4M3 for tensor 'a'"},
+    {"fp8_e8m0_dtype", T1("F8_E8M0", "[4]", "[0,4]"), 4, CDF_ERR_DTYPE, "unsupported dtype F8_E8M0 for tensor 'a'"},
     {"u32_dtype", T1("U32", "[1]", "[0,4]"), 4, CDF_ERR_DTYPE, "unsupported dtype U32"},
     {"negative_dim", T1("F32", "[2,-3]", "[0,4]"), 4, CDF_ERR_FORMAT, "shape[1] is negative"},
     {"fraction_dim", T1("F32", "[2.5]", "[0,4]"), 4, CDF_ERR_FORMAT, "shape[0] is not a non-negative integer"},

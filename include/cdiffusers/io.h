@@ -60,7 +60,7 @@ typedef struct cdf_st_tensor {
  * failed or not a regular file, errno text), CDF_ERR_FORMAT (anything
  * malformed; message names the file and the tensor), CDF_ERR_LIMIT (header > 100 MB or nested
  * deeper than CDF_JSON_MAX_DEPTH), CDF_ERR_DTYPE (a valid safetensors dtype this library does
- * not support: F8_E4M3, F8_E5M2, F8_E8M0, F4, F6_*, U16, U32, U64, C64), CDF_ERR_INVALID_ARG. */
+ * not support: F8_E8M0, F4, F6_*, U16, U32, U64, C64), CDF_ERR_INVALID_ARG. */
 cdf_status cdf_st_open(const char *path, cdf_st_file **out);
 void cdf_st_close(cdf_st_file *f); /* NULL is fine */
 
@@ -146,6 +146,86 @@ cdf_status cdf_checkpoint_find(const cdf_checkpoint *ck, const char *name,
 bool cdf_checkpoint_has(const cdf_checkpoint *ck, const char *name); /* no error recorded */
 int cdf_checkpoint_file_count(const cdf_checkpoint *ck);
 const cdf_st_file *cdf_checkpoint_file_at(const cdf_checkpoint *ck, int i);
+
+/* ------------------------------------------------------------------------------------------
+ * GGUF reader (llama.cpp / ggml's weight format; versions 2 and 3, little-endian)
+ *
+ * cdf_gguf_open maps the file read-only and validates everything before returning: the magic
+ * and version, the tensor and key/value counts against the bytes that remain, every string
+ * length and value type (arrays nest at most CDF_GGUF_MAX_ARRAY_DEPTH deep), general.alignment
+ * (a u32 power of two, default 32), every tensor's dims (1..CDF_ST_MAX_DIMS, no overflow, the
+ * row a whole number of blocks), its type (a ggml type id this library knows the block layout
+ * of; an unknown id is an error naming the tensor) and its data (offset aligned, inside the
+ * file, no two tensors overlapping, no duplicate names). After a successful open every tensor's
+ * bytes can be read through the mapping. Types are known to the reader even when they cannot be
+ * dequantized (IQ*, TQ*, ...): cdf_ggml_dequantize refuses those with a message.
+ *
+ * Shapes are given in torch order (outermost first), i.e. GGUF's ne[] reversed: a linear
+ * weight [out, in] has ne = {in, out} in the file, and blocks run along the last torch dim.
+ * ---------------------------------------------------------------------------------------- */
+#define CDF_GGUF_MAX_ARRAY_DEPTH 8
+#define CDF_GGUF_MAX_STRING_BYTES (64ull * 1024 * 1024) /* one key, name or string value */
+
+typedef struct cdf_gguf_file cdf_gguf_file;
+
+/* ggml type ids (the numbers stored in the file). */
+enum {
+    CDF_GGML_F32 = 0, CDF_GGML_F16 = 1, CDF_GGML_Q4_0 = 2, CDF_GGML_Q4_1 = 3, CDF_GGML_Q5_0 = 6,
+    CDF_GGML_Q5_1 = 7, CDF_GGML_Q8_0 = 8, CDF_GGML_Q8_1 = 9, CDF_GGML_Q2_K = 10, CDF_GGML_Q3_K = 11,
+    CDF_GGML_Q4_K = 12, CDF_GGML_Q5_K = 13, CDF_GGML_Q6_K = 14, CDF_GGML_Q8_K = 15, CDF_GGML_BF16 = 30,
+};
+
+typedef struct cdf_gguf_tensor {
+    const char *name;      /* owned by the file; valid until cdf_gguf_close */
+    uint32_t type;         /* ggml type id */
+    int ndim;
+    int64_t shape[CDF_ST_MAX_DIMS]; /* torch order */
+    uint64_t offset;       /* from the start of the data section (a multiple of the alignment) */
+    uint64_t nbytes;       /* numel / block size * type size */
+} cdf_gguf_tensor;
+
+/* Errors: CDF_ERR_NOT_FOUND, CDF_ERR_IO (as cdf_st_open), CDF_ERR_FORMAT (anything malformed or
+ * truncated; the message names the file, the byte offset and the key or tensor),
+ * CDF_ERR_UNSUPPORTED (version 1, big-endian files), CDF_ERR_LIMIT (a string over
+ * CDF_GGUF_MAX_STRING_BYTES or arrays nested too deep), CDF_ERR_INVALID_ARG. */
+cdf_status cdf_gguf_open(const char *path, cdf_gguf_file **out);
+void cdf_gguf_close(cdf_gguf_file *f); /* NULL is fine */
+const char *cdf_gguf_path(const cdf_gguf_file *f);
+uint32_t cdf_gguf_version(const cdf_gguf_file *f);
+uint64_t cdf_gguf_alignment(const cdf_gguf_file *f);
+int cdf_gguf_count(const cdf_gguf_file *f);
+/* Tensors in the file's order; NULL if i is out of range. */
+const cdf_gguf_tensor *cdf_gguf_tensor_at(const cdf_gguf_file *f, int i);
+/* NULL (no error recorded) if absent. */
+const cdf_gguf_tensor *cdf_gguf_find(const cdf_gguf_file *f, const char *name);
+int64_t cdf_gguf_numel(const cdf_gguf_tensor *t);
+/* Zero-copy pointer into the mapping (not counted); cdf_gguf_touch counts t->nbytes. */
+const void *cdf_gguf_data(const cdf_gguf_file *f, const cdf_gguf_tensor *t);
+const void *cdf_gguf_touch(const cdf_gguf_file *f, const cdf_gguf_tensor *t);
+
+/* Key/value metadata, in file order. The value type is GGUF's (0 u8 ... 8 string, 9 array,
+ * 10 u64, 11 i64, 12 f64). */
+int cdf_gguf_kv_count(const cdf_gguf_file *f);
+const char *cdf_gguf_kv_key_at(const cdf_gguf_file *f, int i);
+int cdf_gguf_kv_type(const cdf_gguf_file *f, const char *key); /* -1 if absent */
+/* A string value (NUL-terminated copy owned by the file), NULL if absent or not a string. */
+const char *cdf_gguf_get_string(const cdf_gguf_file *f, const char *key);
+/* An integer or bool value that fits int64_t; false if absent or another type. */
+bool cdf_gguf_get_int(const cdf_gguf_file *f, const char *key, int64_t *out);
+/* An array's element type and count; false if absent or not an array. */
+bool cdf_gguf_get_array_info(const cdf_gguf_file *f, const char *key, int *elem_type, uint64_t *count);
+
+/* ggml types: name ("Q4_K"; NULL for an id this library does not know), elements per block and
+ * bytes per block (false if unknown). */
+const char *cdf_ggml_type_name(uint32_t type);
+bool cdf_ggml_type_block(uint32_t type, int64_t *block_elems, int64_t *block_bytes);
+/* True for the types cdf_ggml_dequantize handles: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. */
+bool cdf_ggml_can_dequantize(uint32_t type);
+/* Decode n elements (a multiple of the type's block size) of raw blocks into f32, exactly as
+ * the gguf Python package's gguf.quants.dequantize (bit for bit). src needs no alignment.
+ * Errors: CDF_ERR_UNSUPPORTED (a type it cannot decode, named), CDF_ERR_INVALID_ARG. */
+cdf_status cdf_ggml_dequantize(uint32_t type, const void *src, int64_t n, float *dst);
 
 /* ------------------------------------------------------------------------------------------
  * safetensors writer

@@ -29,6 +29,17 @@ typedef enum cdf_offload_mode {
                               other weights + about two blocks + activations */
 } cdf_offload_mode;
 
+/* One component's weights from a single file in place of its sub-folder's: component is the
+ * model_index.json name ("transformer", "vae", "text_encoder_2", ...), path a .safetensors
+ * file (diffusers key names, or BFL FLUX names with or without ComfyUI's
+ * "model.diffusion_model." prefix, converted like diffusers' single-file loader; fp8 and
+ * fp8_scaled included) or a .gguf file (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K,
+ * dequantized to the load dtype when loaded). The sub-folder still gives config.json. */
+typedef struct cdf_component_file {
+    const char *component;
+    const char *path;
+} cdf_component_file;
+
 typedef struct cdf_pipeline_load_params {
     const char *device;       /* "cpu", "cpu:0", ...; NULL (default) = the best device available */
     cdf_dtype weight_dtype;   /* CDF_BF16 (default): bf16 weights, matmul/conv inputs rounded to bf16,
@@ -36,6 +47,10 @@ typedef struct cdf_pipeline_load_params {
     cdf_offload_mode offload; /* CDF_OFFLOAD_NONE (default). With NONE, a device budget smaller than
                                  the weights fails the load before anything is loaded
                                  (CDF_ERR_OUT_OF_MEMORY: needed vs allowed, suggests MODEL) */
+    const cdf_component_file *component_files; /* NULL / 0: every component from its folder */
+    int num_component_files;
+    bool allow_unused_keys; /* a component file's tensors the model does not read are an error
+                               (CDF_ERR_FORMAT listing them) unless this is set */
 } cdf_pipeline_load_params;
 cdf_pipeline_load_params cdf_pipeline_load_default_params(void);
 

@@ -13,6 +13,7 @@ static const struct {
     [CDF_I64] = {"i64", "I64", 8},   [CDF_I32] = {"i32", "I32", 4},    [CDF_F64] = {"f64", "F64", 8},
     [CDF_U8] = {"u8", "U8", 1},      [CDF_I8] = {"i8", "I8", 1},       [CDF_I16] = {"i16", "I16", 2},
     [CDF_BOOL] = {"bool", "BOOL", 1},
+    [CDF_F8_E4M3] = {"f8_e4m3", "F8_E4M3", 1}, [CDF_F8_E5M2] = {"f8_e5m2", "F8_E5M2", 1},
 };
 
 size_t cdf_dtype_size(cdf_dtype dt) { return (unsigned)dt < CDF_DTYPE_COUNT ? k_dtypes[dt].size : 0; }
@@ -78,6 +79,34 @@ uint16_t cdf_f32_to_f16(float f) {
     return (uint16_t)(sign | h);
 }
 
+float cdf_f8e4m3_to_f32(uint8_t b) {
+    uint32_t sign = (uint32_t)(b & 0x80u) << 24, e = (b >> 3) & 15u, m = b & 7u, u;
+    if (e == 15 && m == 7) {
+        u = sign | 0x7ff00000u; /* NaN with torch's bits */
+    } else if (e == 0) {
+        float f = (float)m * 0x1p-9f; /* subnormal: m/8 * 2^-6, exact */
+        return sign ? -f : f;
+    } else {
+        u = sign | ((e + 127u - 7u) << 23) | (m << 20);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* e5m2 is the top byte of an IEEE half: same exponent width and bias. torch converts through
+ * float arithmetic, which quiets a signalling NaN: so does this. */
+float cdf_f8e5m2_to_f32(uint8_t b) {
+    float f = cdf_f16_to_f32((uint16_t)(b << 8));
+    if ((b & 0x7cu) == 0x7cu && (b & 3u)) {
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        u |= 0x00400000u;
+        memcpy(&f, &u, 4);
+    }
+    return f;
+}
+
 /* Element i of an array that may not be aligned to its element size: src is often a tensor's
  * bytes inside a mapped safetensors file, whose data section starts wherever the header ends
  * (the format does not require padding), and dst may be any caller buffer. memcpy of a fixed
@@ -126,6 +155,8 @@ static double load_d(const void *p, cdf_dtype dt, size_t i) {
     case CDF_I8: return ((const int8_t *)p)[i];
     case CDF_U8: return ((const uint8_t *)p)[i];
     case CDF_BOOL: return ((const uint8_t *)p)[i] != 0;
+    case CDF_F8_E4M3: return cdf_f8e4m3_to_f32(((const uint8_t *)p)[i]);
+    case CDF_F8_E5M2: return cdf_f8e5m2_to_f32(((const uint8_t *)p)[i]);
     default: return 0;
     }
 }
@@ -150,6 +181,15 @@ void cdf_convert(void *dst, cdf_dtype ddt, const void *src, cdf_dtype sdt, size_
     }
     if (sdt == CDF_F16 && ddt == CDF_F32) {
         for (size_t i = 0; i < n; i++) ST(float, dst, i, cdf_f16_to_f32(LD(uint16_t, src, i)));
+        return;
+    }
+    if ((sdt == CDF_F8_E4M3 || sdt == CDF_F8_E5M2) && (ddt == CDF_F32 || ddt == CDF_BF16)) {
+        const uint8_t *b = src;
+        for (size_t i = 0; i < n; i++) {
+            float f = sdt == CDF_F8_E4M3 ? cdf_f8e4m3_to_f32(b[i]) : cdf_f8e5m2_to_f32(b[i]);
+            if (ddt == CDF_F32) ST(float, dst, i, f);
+            else ST(uint16_t, dst, i, cdf_f32_to_bf16(f)); /* exact: fp8 values fit in bf16 */
+        }
         return;
     }
     if (sdt == CDF_I64 && ddt == CDF_I32) {
@@ -181,6 +221,7 @@ void cdf_convert(void *dst, cdf_dtype ddt, const void *src, cdf_dtype sdt, size_
         case CDF_I8: ((int8_t *)dst)[i] = (int8_t)(int_src ? iv : cdf_trunc_sat(v, -128.0, 127.0)); break;
         case CDF_U8: ((uint8_t *)dst)[i] = (uint8_t)(int_src ? iv : cdf_trunc_sat(v, 0.0, 255.0)); break;
         case CDF_BOOL: ((uint8_t *)dst)[i] = int_src ? iv != 0 : v != 0; break;
+        case CDF_F8_E4M3: case CDF_F8_E5M2: ((uint8_t *)dst)[i] = 0; break; /* not supported */
         default: break;
         }
     }

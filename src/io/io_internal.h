@@ -2,6 +2,7 @@
 #ifndef CDF_IO_INTERNAL_H
 #define CDF_IO_INTERNAL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "cdiffusers/error.h"
@@ -16,6 +17,11 @@ struct cJSON;
 cdf_status cdf_json_parse_desc(const char *text, size_t len, const char *desc, const char *tag,
                               struct cJSON **out);
 cdf_status cdf_json_check_depth_desc(const char *text, size_t len, int max_depth, const char *desc);
+/* Opens `path` read-only and maps the whole file (min_bytes >= 1). Messages call it
+ * "<kind> file '<path>'"; a shorter file is CDF_ERR_FORMAT "... shorter than <min_what>
+ * (truncated?)". On failure nothing stays open. */
+cdf_status cdf_io_map_file(const char *path, const char *kind, size_t min_bytes, const char *min_what, int *fd,
+                           const uint8_t **map, size_t *size);
 /* Adds to the process-wide counter behind cdf_io_bytes_read(). */
 void cdf_io_count_bytes(uint64_t n);
 

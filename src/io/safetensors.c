@@ -47,7 +47,7 @@ void cdf_io_reset_counters(void) { atomic_store_explicit(&g_bytes_read, 0, memor
 
 /* Valid safetensors dtypes that cdiffusers has no element type for. */
 static const char *const k_unsupported_dtypes[] = {
-    "F8_E4M3", "F8_E5M2", "F8_E8M0", "F8_E4M3FN", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4", "F6_E2M3",
+    "F8_E8M0", "F8_E4M3FN", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4", "F6_E2M3",
     "F6_E3M2", "U16", "U32", "U64", "C64", "E8M0",
 };
 
@@ -346,37 +346,8 @@ cdf_status cdf_st_open(const char *path, cdf_st_file **out) {
         free(f);
         return cdf_error(CDF_ERR_OUT_OF_MEMORY, "cdf_st_open: out of memory");
     }
-    cdf_status s = CDF_OK;
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        int err = errno;
-        s = err == ENOENT ? cdf_error(CDF_ERR_NOT_FOUND, "safetensors file '%s' does not exist", path)
-                          : cdf_error(CDF_ERR_IO, "cannot open safetensors file '%s': %s", path, strerror(err));
-        goto fail;
-    }
-    struct stat st;
-    if (fstat(f->fd, &st) != 0) {
-        s = cdf_error(CDF_ERR_IO, "cannot stat safetensors file '%s': %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        s = file_error(path, CDF_ERR_IO, "not a regular file");
-        goto fail;
-    }
-    f->file_size = (size_t)st.st_size;
-    if (f->file_size < 8) {
-        s = file_error(path, CDF_ERR_FORMAT,
-                       "file is %zu bytes, shorter than the 8-byte header length field (truncated?)",
-                       f->file_size);
-        goto fail;
-    }
-    void *m = mmap(NULL, f->file_size, PROT_READ, MAP_PRIVATE, f->fd, 0);
-    if (m == MAP_FAILED) {
-        s = cdf_error(CDF_ERR_IO, "cannot mmap safetensors file '%s' (%zu bytes): %s", path,
-                      f->file_size, strerror(errno));
-        goto fail;
-    }
-    f->map = m;
+    cdf_status s = cdf_io_map_file(path, "safetensors", 8, "the 8-byte header length field", &f->fd, &f->map, &f->file_size);
+    if (s != CDF_OK) goto fail;
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | f->map[i]; /* little-endian on any host */
     if (hlen > (uint64_t)f->file_size - 8) {

@@ -24,9 +24,20 @@ typedef struct cdf_load_options {
     bool blocks_on_host;     /* sequential offload: weights of repeated blocks ("...blocks.<i>.")
                                 stay in the mapped checkpoint (no device memory); cdf_block_run
                                 materialises a block's weights just before it runs */
+    const char *weights_file; /* NULL: the component folder's weights; else a single .safetensors
+                                 or .gguf file read in their place (nn/weights_source.h); the
+                                 folder still gives config.json */
+    struct cdf_weights_report *report; /* if set, cdf_weights_free fills it */
     struct cdf_layer_index *layers; /* if set, every linear layer loaded is registered there under
                                 its module name (nn/lora.h: what LoRA adapters attach to) */
 } cdf_load_options;
+
+/* What a component's load left unread in a single weights file (names as in the file). */
+typedef struct cdf_weights_report {
+    char *unused; /* comma-separated, malloc'd (the receiver frees it); NULL if none */
+    int n_unused;
+    char format[96]; /* "GGUF, BFL FLUX keys", "safetensors", ... */
+} cdf_weights_report;
 
 cdf_load_options cdf_load_options_default(void);
 

@@ -172,6 +172,10 @@ static const char *style_name(cdf_tp_style s) {
 static cdf_status find_weight(cdf_weights *w, const char *name, int64_t out, int64_t in, const cdf_st_file **f,
                               const cdf_st_tensor **t) {
     cdf_checkpoint *ck = cdf_weights_checkpoint(w);
+    if (!ck)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "weight '%s': tensor parallelism reads slices of a diffusers folder's "
+                         "safetensors; %s is a single file in another layout or GGUF (convert it to a folder)",
+                         name, cdf_weights_path(w));
     if (!cdf_checkpoint_has(ck, name))
         return cdf_error(CDF_ERR_NOT_FOUND, "weight '%s' is missing from %s (the config requires it)", name,
                          cdf_weights_path(w));
@@ -186,6 +190,11 @@ static cdf_status find_weight(cdf_weights *w, const char *name, int64_t out, int
         return cdf_error(CDF_ERR_SHAPE, "weight '%s' in %s has shape %s but the config implies [%lld, %lld]", name,
                          cdf_weights_path(w), have, (long long)out, (long long)in);
     }
+    char scale[600];
+    snprintf(scale, sizeof scale, "%.*sscale_weight", (int)strlen(name) - 6, name);
+    if (((*t)->dtype == CDF_F8_E4M3 || (*t)->dtype == CDF_F8_E5M2) && cdf_checkpoint_has(ck, scale))
+        return cdf_error(CDF_ERR_UNSUPPORTED, "weight '%s' in %s is scaled fp8 ('%s'), which tensor parallelism does not "
+                         "read yet", name, cdf_weights_path(w), scale);
     if (!cdf_dtype_is_float((*t)->dtype))
         return cdf_error(CDF_ERR_DTYPE, "weight '%s' in %s has dtype %s; a linear layer needs a float dtype", name,
                          cdf_weights_path(w), cdf_dtype_name((*t)->dtype));

@@ -7,24 +7,26 @@
 #include "core/error_internal.h"
 #include "nn/lora.h"
 #include "nn/nn.h"
+#include "nn/weights_source.h"
 #include "tensor/tensor_impl.h"
 
 /* The open checkpoint, shared by the loader and by every host-side weight (sequential offload)
  * whose bytes are its mapping: closed when the last of them is released. */
 typedef struct shared_checkpoint {
     atomic_long refs;
-    cdf_checkpoint *ck;
+    cdf_wsrc *src;
 } shared_checkpoint;
 
 static void shared_checkpoint_release(void *p) {
     shared_checkpoint *h = p;
     if (!h || atomic_fetch_sub(&h->refs, 1) != 1) return;
-    cdf_checkpoint_close(h->ck);
+    cdf_wsrc_close(h->src);
     free(h);
 }
 
 struct cdf_weights {
-    cdf_checkpoint *ck;
+    cdf_wsrc *src; /* a folder, or opt.weights_file (weights_source.c) */
+    cdf_checkpoint *ck; /* the folder's checkpoint; NULL for a converted single file or GGUF */
     shared_checkpoint *shared;
     cdf_load_options opt;
     char *path;
@@ -48,7 +50,7 @@ cdf_status cdf_weights_open(const char *dir, const cdf_load_options *opt, cdf_we
     w->path = strdup(dir);
     w->shared = calloc(1, sizeof *w->shared);
     cdf_status s = !w->path || !w->shared ? cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory")
-                                          : cdf_checkpoint_open(dir, &w->ck);
+                                          : cdf_wsrc_open(w->opt.weights_file ? w->opt.weights_file : dir, w->opt.weights_file != NULL, &w->src);
     if (s != CDF_OK) {
         free(w->shared);
         free(w->path);
@@ -56,19 +58,25 @@ cdf_status cdf_weights_open(const char *dir, const cdf_load_options *opt, cdf_we
         return s;
     }
     atomic_init(&w->shared->refs, 1);
-    w->shared->ck = w->ck;
+    w->shared->src = w->src;
+    w->ck = cdf_wsrc_checkpoint(w->src);
     *out = w;
     return CDF_OK;
 }
 
 void cdf_weights_free(cdf_weights *w) {
     if (!w) return;
+    if (w->opt.report && w->opt.weights_file) {
+        free(w->opt.report->unused);
+        w->opt.report->unused = cdf_wsrc_unused(w->src, &w->opt.report->n_unused);
+        snprintf(w->opt.report->format, sizeof w->opt.report->format, "%s", cdf_wsrc_format(w->src));
+    }
     shared_checkpoint_release(w->shared); /* closes it unless host-side weights still map it */
     free(w->path);
     free(w);
 }
 
-const char *cdf_weights_path(const cdf_weights *w) { return w->path; }
+const char *cdf_weights_path(const cdf_weights *w) { return w->opt.weights_file ? w->opt.weights_file : w->path; }
 const cdf_load_options *cdf_weights_options(const cdf_weights *w) { return &w->opt; }
 cdf_checkpoint *cdf_weights_checkpoint(cdf_weights *w) { return w->ck; }
 uint64_t cdf_weights_loaded_bytes(const cdf_weights *w) { return w->loaded_bytes; }
@@ -92,20 +100,32 @@ size_t cdf_weights_block_prefix(const char *name) {
 static bool is_block_weight(const char *name) { return cdf_weights_block_prefix(name) > 0; }
 
 /* Sequential offload: the weight as a host-side tensor — shape and dtype as if loaded, no device
- * memory; its storage points at the checkpoint mapping and keeps the checkpoint open. */
-static cdf_tensor *host_side_weight(cdf_weights *w, const cdf_st_file *f, const cdf_st_tensor *t, cdf_dtype dt) {
-    const void *src = cdf_st_data(f, t);
-    if (!src) {
-        cdf_error(CDF_ERR_FORMAT, "weight '%s' in %s: data not readable", t->name, w->path);
+ * memory; its storage points at the checkpoint mapping and keeps the checkpoint open, or owns
+ * the host buffer the source made (dequantized, scaled or reordered values). */
+static cdf_tensor *host_side_weight(cdf_weights *w, const char *name, cdf_wsrc_tensor *t, const void *src, cdf_dtype dt) {
+    if (!src) { /* the source said why */
+        cdf_wsrc_tensor_release(t);
         return NULL;
     }
-    cdf_storage *st = cdf_storage_create(w->opt.device, (size_t)cdf_st_numel(t) * cdf_dtype_size(dt));
-    if (!st) return NULL;
+    int64_t numel = 1;
+    for (int i = 0; i < t->ndim; i++) numel *= t->shape[i];
+    cdf_storage *st = cdf_storage_create(w->opt.device, (size_t)numel * cdf_dtype_size(dt));
+    if (!st) {
+        cdf_wsrc_tensor_release(t);
+        cdf_error_prefix("weight '%s' in %s: ", name, cdf_weights_path(w));
+        return NULL;
+    }
     st->host_src = src;
     st->host_dtype = t->dtype;
-    atomic_fetch_add(&w->shared->refs, 1);
-    st->owner = w->shared;
-    st->owner_release = shared_checkpoint_release;
+    if (t->owned) { /* the storage takes the buffer over */
+        st->owner = t->owned;
+        st->owner_release = free;
+        t->owned = NULL;
+    } else {
+        atomic_fetch_add(&w->shared->refs, 1);
+        st->owner = w->shared;
+        st->owner_release = shared_checkpoint_release;
+    }
     int64_t strides[CDF_MAX_DIMS];
     cdf_contiguous_strides(t->ndim, t->shape, strides);
     cdf_tensor *r = cdf_tensor_view_of(st, 0, dt, t->ndim, t->shape, strides);
@@ -117,21 +137,21 @@ static cdf_tensor *get_v(cdf_weights *w, bool optional, int force_dt, int ndim, 
                          va_list ap) {
     char name[512];
     vsnprintf(name, sizeof name, fmt, ap);
-    const cdf_st_file *f;
-    const cdf_st_tensor *t;
-    if (!cdf_checkpoint_has(w->ck, name)) {
+    cdf_wsrc_tensor ts, *t = &ts;
+    if (!cdf_wsrc_find(w->src, name, t)) {
         if (optional) return NULL;
-        cdf_error(CDF_ERR_NOT_FOUND, "weight '%s' is missing from %s (the config requires it)", name, w->path);
+        cdf_error(CDF_ERR_NOT_FOUND, "weight '%s' is missing from %s (the config requires it)%s", name, cdf_weights_path(w),
+                  cdf_wsrc_missing_hint(w->src));
         return NULL;
     }
-    if (cdf_checkpoint_find(w->ck, name, &f, &t) != CDF_OK) return NULL;
     bool ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = shape[i] < 0 || shape[i] == t->shape[i];
     if (!ok) {
         char want[160], have[160];
         fmt_shape(want, sizeof want, ndim, shape);
         fmt_shape(have, sizeof have, t->ndim, t->shape);
-        cdf_error(CDF_ERR_SHAPE, "weight '%s' in %s has shape %s but the config implies %s", name, w->path, have, want);
+        cdf_error(CDF_ERR_SHAPE, "weight '%s' in %s has shape %s but the config implies %s", name, cdf_weights_path(w),
+                  have, want);
         return NULL;
     }
     cdf_dtype dt = t->dtype;
@@ -139,11 +159,13 @@ static cdf_tensor *get_v(cdf_weights *w, bool optional, int force_dt, int ndim, 
         if (force_dt >= 0) dt = (cdf_dtype)force_dt;
         else dt = (t->ndim >= 2) ? w->opt.weight_dtype : CDF_F32;
     }
-    if (w->opt.blocks_on_host && is_block_weight(name)) return host_side_weight(w, f, t, dt);
-    const void *src = cdf_st_touch(f, t);
-    cdf_tensor *r = cdf_tensor_from_host(w->opt.device, dt, t->ndim, t->shape, src, t->dtype);
+    if (w->opt.blocks_on_host && is_block_weight(name))
+        return host_side_weight(w, name, t, cdf_wsrc_load(w->src, t, name), dt);
+    const void *src = cdf_wsrc_load(w->src, t, name);
+    cdf_tensor *r = src ? cdf_tensor_from_host(w->opt.device, dt, t->ndim, t->shape, src, t->dtype) : NULL;
+    cdf_wsrc_tensor_release(t);
     if (!r) {
-        cdf_error_prefix("loading weight '%s' from %s: ", name, w->path);
+        if (src) cdf_error_prefix("loading weight '%s' from %s: ", name, cdf_weights_path(w));
         return NULL;
     }
     w->loaded_bytes += (uint64_t)cdf_tensor_numel(r) * cdf_dtype_size(dt);
@@ -170,7 +192,8 @@ bool cdf_weights_has(cdf_weights *w, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    return cdf_checkpoint_has(w->ck, name);
+    cdf_wsrc_tensor t;
+    return cdf_wsrc_find(w->src, name, &t);
 }
 
 /* ---- config ------------------------------------------------------------------------------ */

@@ -97,11 +97,14 @@ static cdf_status before_run(cdf_component *c, void *user) {
 cdf_load_options cdf_pipe_load_options(const cdf_pipeline *p, const char *key) {
     cdf_load_options o = p->opt;
     o.blocks_on_host = p->offload == CDF_OFFLOAD_SEQUENTIAL && key && strcmp(key, "transformer") == 0;
+    for (int i = 0; key && i < p->n_files; i++)
+        if (strcmp(p->file_key[i], key) == 0) o.weights_file = p->file_path[i];
+    o.report = (cdf_weights_report *)&p->report;
     return o;
 }
 
-cdf_status cdf_pipe_offload_adopt(cdf_pipeline *p, cdf_component *c, const char *dir) {
-    const cdf_load_options o = cdf_pipe_load_options(p, c == p->transformer ? "transformer" : NULL);
+cdf_status cdf_pipe_offload_adopt(cdf_pipeline *p, cdf_component *c, const char *dir, const char *key) {
+    const cdf_load_options o = cdf_pipe_load_options(p, key);
     CDF_TRY(cdf_component_enable_offload(c, dir, &o, before_run, p));
     if (o.blocks_on_host) CDF_TRY(cdf_component_set_blocks_on_host(c, true)); /* whole compile -> blocks */
     /* loading with offload keeps one model at a time on the device, the load included */

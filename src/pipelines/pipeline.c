@@ -61,8 +61,14 @@ static cdf_status load_component(cdf_pipeline *p, const cJSON *idx, const char *
     }
     if (!is_dir(sub)) return cdf_error(CDF_ERR_NOT_FOUND, "%s: sub-folder '%s' (%s) is missing", p->dir, key, cls);
     const cdf_load_options opt = cdf_pipe_load_options(p, key); /* offload.c: sequential keeps blocks host-side */
+    free(p->report.unused);
+    p->report = (cdf_weights_report){0};
     CDF_TRY(cdf_component_load(sub, &opt, out));
-    return cdf_pipe_offload_adopt(p, *out, sub); /* offload.c */
+    if (p->report.unused && !p->allow_unused_keys)
+        return cdf_error(CDF_ERR_FORMAT, "%s: %d tensor(s) of %s are not used by %s '%s': %s (pass --allow-unused-keys / "
+                         "allow_unused_keys to load anyway)", p->dir, p->report.n_unused, opt.weights_file, cls, key,
+                         p->report.unused);
+    return cdf_pipe_offload_adopt(p, *out, sub, key); /* offload.c */
 }
 
 static cdf_status load_tokenizer(cdf_pipeline *p, const cJSON *idx, const char *key, bool required, cdf_tokenizer **out) {
@@ -88,6 +94,11 @@ void cdf_pipeline_free(cdf_pipeline *p) {
     }
     cdf_component_free(p->transformer);
     cdf_component_free(p->vae);
+    for (int i = 0; i < p->n_files; i++) {
+        free(p->file_key[i]);
+        free(p->file_path[i]);
+    }
+    free(p->report.unused);
     free(p->dir);
     free(p);
 }
@@ -115,6 +126,32 @@ static cdf_status read_derived_config(cdf_pipeline *p) {
         p->latent_channels = in_ch;
         CDF_TRY(cdf_json_get_int(tcfg, "sample_size", 128, &sample));
         p->default_sample_size = sample;
+    }
+    return CDF_OK;
+}
+
+/* The component files named in the load parameters: each must name a component of model_index.json
+ * and an existing file. */
+static cdf_status copy_component_files(cdf_pipeline *p, const cJSON *idx, const cdf_pipeline_load_params *lp) {
+    if (lp->num_component_files < 0 || lp->num_component_files > 8 || (lp->num_component_files && !lp->component_files))
+        return cdf_error(CDF_ERR_INVALID_ARG, "component_files: %d entries (0..8 allowed)", lp->num_component_files);
+    for (int i = 0; i < lp->num_component_files; i++) {
+        const cdf_component_file *f = &lp->component_files[i];
+        const char *cls = NULL;
+        if (!f->component || !f->path) return cdf_error(CDF_ERR_INVALID_ARG, "component_files[%d] has a NULL field", i);
+        CDF_TRY(cdf_model_index_class(p->dir, idx, f->component, &cls));
+        if (!cls)
+            return cdf_error(CDF_ERR_INVALID_ARG, "%s: a weights file is given for component '%s', which %s does not have",
+                             p->dir, f->component, p->class_name);
+        struct stat st;
+        if (stat(f->path, &st) != 0 || !S_ISREG(st.st_mode))
+            return cdf_error(CDF_ERR_NOT_FOUND, "weights file '%s' for component '%s' does not exist or is not a file",
+                             f->path, f->component);
+        p->file_key[p->n_files] = strdup(f->component);
+        p->file_path[p->n_files] = strdup(f->path);
+        p->n_files++;
+        if (!p->file_key[p->n_files - 1] || !p->file_path[p->n_files - 1])
+            return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
     }
     return CDF_OK;
 }
@@ -153,6 +190,8 @@ cdf_status cdf_pipeline_load(const char *dir, const cdf_pipeline_load_params *pa
     p->opt.device = p->device;
     p->opt.weight_dtype = lp.weight_dtype;
     p->offload = lp.offload;
+    p->allow_unused_keys = lp.allow_unused_keys;
+    if (s == CDF_OK) s = copy_component_files(p, idx, &lp);
     if (s == CDF_OK) s = cdf_pipe_check_budget(p, idx); /* planner.c: fail before loading anything */
     if (s == CDF_OK) {
         snprintf(path, sizeof path, "%s/scheduler/scheduler_config.json", dir);

@@ -20,6 +20,11 @@ struct cdf_pipeline {
     char *dir;
     cdf_device *device;
     cdf_load_options opt;
+    /* cdf_pipeline_load_params.component_files, copied */
+    int n_files;
+    char *file_key[8], *file_path[8];
+    bool allow_unused_keys;
+    cdf_weights_report report; /* of the component being loaded */
     /* text side: tokenizer[i] feeds text_encoder[i] (NULL where the folder has none) */
     cdf_tokenizer *tokenizer[CDF_PIPE_MAX_TEXT];
     cdf_component *text_encoder[CDF_PIPE_MAX_TEXT];
@@ -75,7 +80,7 @@ cdf_tensor *cdf_pipe_scalar_tensor(cdf_device *dev, float v, int64_t n);
 
 /* offload.c: make a freshly loaded component offloadable (and release it with CDF_OFFLOAD_MODEL);
  * bracket generate (per-phase peaks, and with MODEL release every model at the end). */
-cdf_status cdf_pipe_offload_adopt(cdf_pipeline *p, cdf_component *c, const char *dir);
+cdf_status cdf_pipe_offload_adopt(cdf_pipeline *p, cdf_component *c, const char *dir, const char *key);
 /* The load options of component `key` (model_index name) under the pipeline's offload mode. */
 cdf_load_options cdf_pipe_load_options(const cdf_pipeline *p, const char *key);
 void cdf_pipe_generate_begin(cdf_pipeline *p);

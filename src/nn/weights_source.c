@@ -1,0 +1,624 @@
+/* Weights sources: diffusers folders, fp8-scaled safetensors, converted single files and GGUF
+ * (see weights_source.h). */
+#include "nn/weights_source.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error_internal.h"
+#include "io/io_internal.h"
+
+/* Original layouts a file may hold (an all-in-one file holds several, each under its prefix). */
+enum { LAYOUT_FLUX_BFL, LAYOUT_SD3_SAI, LAYOUT_LDM_VAE, N_LAYOUTS };
+
+struct cdf_wsrc {
+    char *path;
+    cdf_checkpoint *ck;  /* safetensors (folder or file) */
+    cdf_gguf_file *gg;   /* or GGUF */
+    bool has[N_LAYOUTS];
+    bool used_layout[N_LAYOUTS];
+    const char *prefix[N_LAYOUTS]; /* "model.diffusion_model.", "vae.", ... or "" */
+    int vae_up_blocks;   /* LDM VAE: number of decoder.up.N blocks (diffusers numbers them reversed) */
+    int sd3_last_block;
+    bool diffusers_layout; /* none of the original layouts: names are diffusers' */  /* SD3: index of the last joint block (its context modulation is swapped) */
+    char format[96];
+    bool found_any;
+    char hint[600];
+    uint8_t *used;       /* per source tensor (converted files) */
+};
+
+/* ---- raw source tensors ---- */
+
+typedef struct raw {
+    int idx; /* position, for `used` */
+    int ndim;
+    int64_t shape[CDF_ST_MAX_DIMS];
+    const uint8_t *bytes;
+    uint64_t nbytes;
+    cdf_dtype dtype; /* safetensors dtype, or the cdf dtype of an F32/F16/BF16 GGUF tensor */
+    int ggml;        /* GGUF type needing dequantization, else -1 */
+} raw;
+
+static int count_raw(const cdf_wsrc *s) { return s->gg ? cdf_gguf_count(s->gg) : cdf_checkpoint_count(s->ck); }
+
+static const char *raw_name_at(const cdf_wsrc *s, int i) {
+    return s->gg ? cdf_gguf_tensor_at(s->gg, i)->name : cdf_checkpoint_name_at(s->ck, i);
+}
+
+/* The source tensor `pfx` + `name`. */
+static bool raw_find(const cdf_wsrc *s, const char *pfx, const char *name, raw *r) {
+    char full[600];
+    snprintf(full, sizeof full, "%s%s", pfx, name);
+    memset(r, 0, sizeof *r);
+    r->ggml = -1;
+    if (s->gg) {
+        const cdf_gguf_tensor *t = cdf_gguf_find(s->gg, full);
+        if (!t) return false;
+        r->idx = (int)(t - cdf_gguf_tensor_at(s->gg, 0));
+        r->ndim = t->ndim;
+        memcpy(r->shape, t->shape, sizeof r->shape);
+        r->bytes = cdf_gguf_data(s->gg, t);
+        r->nbytes = t->nbytes;
+        switch (t->type) {
+        case CDF_GGML_F32: r->dtype = CDF_F32; break;
+        case CDF_GGML_F16: r->dtype = CDF_F16; break;
+        case CDF_GGML_BF16: r->dtype = CDF_BF16; break;
+        default: r->dtype = CDF_F32, r->ggml = (int)t->type; break;
+        }
+        return true;
+    }
+    const cdf_st_file *f;
+    const cdf_st_tensor *t;
+    if (!cdf_checkpoint_has(s->ck, full) || cdf_checkpoint_find(s->ck, full, &f, &t) != CDF_OK) return false;
+    /* names are sorted: binary search for the index */
+    int lo = 0, hi = cdf_checkpoint_count(s->ck) - 1;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (strcmp(cdf_checkpoint_name_at(s->ck, mid), full) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    r->idx = lo;
+    r->ndim = t->ndim;
+    memcpy(r->shape, t->shape, sizeof r->shape);
+    r->bytes = cdf_st_data(f, t);
+    r->nbytes = t->nbytes;
+    r->dtype = t->dtype;
+    return true;
+}
+
+/* ---- FLUX: BFL names -> diffusers names (diffusers' convert_flux_transformer_checkpoint_to_diffusers) ---- */
+
+typedef struct key_rename {
+    const char *diffusers, *bfl;
+} key_rename;
+
+/* Whole-model renames (suffix ".weight"/".bias" appended by the caller). */
+static const key_rename k_flux_top[] = {
+    {"time_text_embed.timestep_embedder.linear_1", "time_in.in_layer"},
+    {"time_text_embed.timestep_embedder.linear_2", "time_in.out_layer"},
+    {"time_text_embed.text_embedder.linear_1", "vector_in.in_layer"},
+    {"time_text_embed.text_embedder.linear_2", "vector_in.out_layer"},
+    {"time_text_embed.guidance_embedder.linear_1", "guidance_in.in_layer"},
+    {"time_text_embed.guidance_embedder.linear_2", "guidance_in.out_layer"},
+    {"context_embedder", "txt_in"},
+    {"x_embedder", "img_in"},
+    {"proj_out", "final_layer.linear"},
+};
+
+static const key_rename k_flux_double[] = {
+    {"norm1.linear", "img_mod.lin"},          {"norm1_context.linear", "txt_mod.lin"},
+    {"ff.net.0.proj", "img_mlp.0"},           {"ff.net.2", "img_mlp.2"},
+    {"ff_context.net.0.proj", "txt_mlp.0"},   {"ff_context.net.2", "txt_mlp.2"},
+    {"attn.to_out.0", "img_attn.proj"},       {"attn.to_add_out", "txt_attn.proj"},
+    {"attn.norm_q", "img_attn.norm.query_norm"}, {"attn.norm_k", "img_attn.norm.key_norm"},
+    {"attn.norm_added_q", "txt_attn.norm.query_norm"}, {"attn.norm_added_k", "txt_attn.norm.key_norm"},
+};
+
+static const key_rename k_flux_single[] = {
+    {"norm.linear", "modulation.lin"},
+    {"proj_out", "linear2"},
+    {"attn.norm_q", "norm.query_norm"},
+    {"attn.norm_k", "norm.key_norm"},
+};
+
+/* Splits "<stem>.<weight|bias>"; the BFL norms call the weight "scale". */
+static bool split_param(const char *name, char *stem, size_t n, const char **param) {
+    const char *dot = strrchr(name, '.');
+    if (!dot || (size_t)(dot - name) >= n) return false;
+    memcpy(stem, name, (size_t)(dot - name));
+    stem[dot - name] = 0;
+    *param = dot + 1;
+    return strcmp(*param, "weight") == 0 || strcmp(*param, "bias") == 0;
+}
+
+/* Block index after `prefix` ("transformer_blocks."): the rest goes to *rest. */
+static bool block_of(const char *name, const char *prefix, int *idx, const char **rest) {
+    size_t n = strlen(prefix);
+    if (strncmp(name, prefix, n) != 0) return false;
+    const char *p = name + n;
+    if (*p < '0' || *p > '9') return false;
+    int v = 0;
+    while (*p >= '0' && *p <= '9' && v < 100000) v = v * 10 + (*p++ - '0');
+    if (*p != '.') return false;
+    *idx = v;
+    *rest = p + 1;
+    return true;
+}
+
+/* Part k of n equal row chunks of the source tensor (torch.chunk of a divisible dim 0). */
+static bool set_chunk(const cdf_wsrc *s, const char *pfx, cdf_wsrc_tensor *t, int k, int n) {
+    raw r;
+    if (!raw_find(s, pfx, t->src_name, &r) || r.ndim < 1 || r.shape[0] % n) return false;
+    t->nrows = r.shape[0] / n;
+    t->row0 = k * t->nrows;
+    return true;
+}
+
+/* Where diffusers' `name` comes from in a BFL FLUX file; false if nowhere. */
+static bool flux_recipe(const cdf_wsrc *s, const char *pfx, const char *name, cdf_wsrc_tensor *t) {
+    char stem[512];
+    const char *param, *rest;
+    int i;
+    if (!split_param(name, stem, sizeof stem, &param)) return false;
+    bool norm = strstr(stem, "norm_q") || strstr(stem, "norm_k") || strstr(stem, "norm_added_");
+    const char *bparam = norm ? (strcmp(param, "weight") == 0 ? "scale" : NULL) : param;
+    if (!bparam) return false;
+    t->row0 = 0, t->nrows = -1, t->swap_halves = false;
+    if (block_of(stem, "transformer_blocks.", &i, &rest)) {
+        for (size_t k = 0; k < sizeof k_flux_double / sizeof *k_flux_double; k++)
+            if (strcmp(rest, k_flux_double[k].diffusers) == 0) {
+                snprintf(t->src_name, sizeof t->src_name, "double_blocks.%d.%s.%s", i, k_flux_double[k].bfl, bparam);
+                return true;
+            }
+        static const char *const qkv[6] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
+        for (int k = 0; k < 6; k++)
+            if (strcmp(rest, qkv[k]) == 0) {
+                snprintf(t->src_name, sizeof t->src_name, "double_blocks.%d.%s.qkv.%s", i, k < 3 ? "img_attn" : "txt_attn", bparam);
+                return set_chunk(s, pfx, t, k % 3, 3);
+            }
+        return false;
+    }
+    if (block_of(stem, "single_transformer_blocks.", &i, &rest)) {
+        for (size_t k = 0; k < sizeof k_flux_single / sizeof *k_flux_single; k++)
+            if (strcmp(rest, k_flux_single[k].diffusers) == 0) {
+                snprintf(t->src_name, sizeof t->src_name, "single_blocks.%d.%s.%s", i, k_flux_single[k].bfl, bparam);
+                return true;
+            }
+        static const char *const parts[4] = {"attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"};
+        for (int k = 0; k < 4; k++)
+            if (strcmp(rest, parts[k]) == 0) {
+                /* linear1 = [q; k; v; mlp]: inner from linear2 ([inner, inner + mlp]) rather than
+                 * diffusers' fixed 3072 */
+                char l2[512];
+                snprintf(l2, sizeof l2, "single_blocks.%d.linear2.weight", i);
+                snprintf(t->src_name, sizeof t->src_name, "single_blocks.%d.linear1.%s", i, bparam);
+                raw r2, r1;
+                if (!raw_find(s, pfx, l2, &r2) || r2.ndim != 2 || !raw_find(s, pfx, t->src_name, &r1) || r1.ndim < 1) return false;
+                int64_t inner = r2.shape[0];
+                if (r1.shape[0] <= 3 * inner) return false;
+                t->row0 = k * inner;
+                t->nrows = k < 3 ? inner : r1.shape[0] - 3 * inner;
+                return true;
+            }
+        return false;
+    }
+    if (strcmp(stem, "norm_out.linear") == 0) {
+        snprintf(t->src_name, sizeof t->src_name, "final_layer.adaLN_modulation.1.%s", bparam);
+        t->swap_halves = true; /* BFL stores (shift, scale), diffusers (scale, shift) */
+        return true;
+    }
+    for (size_t k = 0; k < sizeof k_flux_top / sizeof *k_flux_top; k++)
+        if (strcmp(stem, k_flux_top[k].diffusers) == 0) {
+            snprintf(t->src_name, sizeof t->src_name, "%s.%s", k_flux_top[k].bfl, bparam);
+            return true;
+        }
+    return false;
+}
+
+/* ---- SD3 / SD3.5: Stability's names (diffusers' convert_sd3_transformer_checkpoint_to_diffusers) ---- */
+
+static const key_rename k_sd3_top[] = {
+    {"pos_embed.proj", "x_embedder.proj"},
+    {"time_text_embed.timestep_embedder.linear_1", "t_embedder.mlp.0"},
+    {"time_text_embed.timestep_embedder.linear_2", "t_embedder.mlp.2"},
+    {"time_text_embed.text_embedder.linear_1", "y_embedder.mlp.0"},
+    {"time_text_embed.text_embedder.linear_2", "y_embedder.mlp.2"},
+    {"context_embedder", "context_embedder"},
+    {"proj_out", "final_layer.linear"},
+};
+
+static const key_rename k_sd3_block[] = {
+    {"attn.norm_q", "x_block.attn.ln_q"},          {"attn.norm_k", "x_block.attn.ln_k"},
+    {"attn.norm_added_q", "context_block.attn.ln_q"}, {"attn.norm_added_k", "context_block.attn.ln_k"},
+    {"attn2.norm_q", "x_block.attn2.ln_q"},        {"attn2.norm_k", "x_block.attn2.ln_k"},
+    {"attn.to_out.0", "x_block.attn.proj"},        {"attn.to_add_out", "context_block.attn.proj"},
+    {"attn2.to_out.0", "x_block.attn2.proj"},      {"norm1.linear", "x_block.adaLN_modulation.1"},
+    {"ff.net.0.proj", "x_block.mlp.fc1"},          {"ff.net.2", "x_block.mlp.fc2"},
+    {"ff_context.net.0.proj", "context_block.mlp.fc1"}, {"ff_context.net.2", "context_block.mlp.fc2"},
+};
+
+static bool sd3_recipe(const cdf_wsrc *s, const char *pfx, const char *name, cdf_wsrc_tensor *t) {
+    char stem[512];
+    const char *param, *rest;
+    int i;
+    t->row0 = 0, t->nrows = -1, t->swap_halves = false;
+    if (strcmp(name, "pos_embed.pos_embed") == 0) {
+        snprintf(t->src_name, sizeof t->src_name, "pos_embed");
+        return true;
+    }
+    if (!split_param(name, stem, sizeof stem, &param)) return false;
+    if (block_of(stem, "transformer_blocks.", &i, &rest)) {
+        for (size_t k = 0; k < sizeof k_sd3_block / sizeof *k_sd3_block; k++)
+            if (strcmp(rest, k_sd3_block[k].diffusers) == 0) {
+                snprintf(t->src_name, sizeof t->src_name, "joint_blocks.%d.%s.%s", i, k_sd3_block[k].bfl, param);
+                return true;
+            }
+        if (strcmp(rest, "norm1_context.linear") == 0) {
+            snprintf(t->src_name, sizeof t->src_name, "joint_blocks.%d.context_block.adaLN_modulation.1.%s", i, param);
+            t->swap_halves = i == s->sd3_last_block; /* the last block's (shift, scale) */
+            return true;
+        }
+        static const char *const qkv[9] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj",
+                                           "attn.add_v_proj", "attn2.to_q", "attn2.to_k", "attn2.to_v"};
+        static const char *const src[3] = {"x_block.attn", "context_block.attn", "x_block.attn2"};
+        for (int k = 0; k < 9; k++)
+            if (strcmp(rest, qkv[k]) == 0) {
+                snprintf(t->src_name, sizeof t->src_name, "joint_blocks.%d.%s.qkv.%s", i, src[k / 3], param);
+                return set_chunk(s, pfx, t, k % 3, 3);
+            }
+        return false;
+    }
+    if (strcmp(stem, "norm_out.linear") == 0) {
+        snprintf(t->src_name, sizeof t->src_name, "final_layer.adaLN_modulation.1.%s", param);
+        t->swap_halves = true;
+        return true;
+    }
+    for (size_t k = 0; k < sizeof k_sd3_top / sizeof *k_sd3_top; k++)
+        if (strcmp(stem, k_sd3_top[k].diffusers) == 0) {
+            snprintf(t->src_name, sizeof t->src_name, "%s.%s", k_sd3_top[k].bfl, param);
+            return true;
+        }
+    return false;
+}
+
+/* ---- LDM VAE (FLUX's ae.safetensors, "first_stage_model." / "vae." in checkpoints): diffusers'
+ * convert_ldm_vae_checkpoint ---- */
+
+static const key_rename k_vae_top[] = {
+    {"encoder.conv_norm_out", "encoder.norm_out"}, {"decoder.conv_norm_out", "decoder.norm_out"},
+    {"encoder.conv_in", "encoder.conv_in"},        {"encoder.conv_out", "encoder.conv_out"},
+    {"decoder.conv_in", "decoder.conv_in"},        {"decoder.conv_out", "decoder.conv_out"},
+    {"quant_conv", "quant_conv"},                  {"post_quant_conv", "post_quant_conv"},
+};
+
+static const key_rename k_vae_attn[] = {
+    {"group_norm", "norm"}, {"to_q", "q"}, {"to_k", "k"}, {"to_v", "v"}, {"to_out.0", "proj_out"},
+};
+
+static bool vae_recipe(const cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
+    char stem[512];
+    const char *param, *rest;
+    int i, j;
+    t->row0 = 0, t->nrows = -1, t->swap_halves = false;
+    if (!split_param(name, stem, sizeof stem, &param)) return false;
+    for (size_t k = 0; k < sizeof k_vae_top / sizeof *k_vae_top; k++)
+        if (strcmp(stem, k_vae_top[k].diffusers) == 0) {
+            snprintf(t->src_name, sizeof t->src_name, "%s.%s", k_vae_top[k].bfl, param);
+            return true;
+        }
+    const char *side = strncmp(stem, "encoder.", 8) == 0 ? "encoder" : strncmp(stem, "decoder.", 8) == 0 ? "decoder" : NULL;
+    if (!side) return false;
+    const char *p = stem + 8;
+    if (block_of(p, "mid_block.resnets.", &j, &rest)) {
+        snprintf(t->src_name, sizeof t->src_name, "%s.mid.block_%d.%s.%s", side, j + 1,
+                 strcmp(rest, "conv_shortcut") == 0 ? "nin_shortcut" : rest, param);
+        return true;
+    }
+    if (strncmp(p, "mid_block.attentions.0.", 23) == 0) {
+        for (size_t k = 0; k < sizeof k_vae_attn / sizeof *k_vae_attn; k++)
+            if (strcmp(p + 23, k_vae_attn[k].diffusers) == 0) {
+                snprintf(t->src_name, sizeof t->src_name, "%s.mid.attn_1.%s.%s", side, k_vae_attn[k].bfl, param);
+                return true; /* 1x1 conv weights: the caller drops the unit dims */
+            }
+        return false;
+    }
+    bool enc = side[0] == 'e';
+    if (!block_of(p, enc ? "down_blocks." : "up_blocks.", &i, &rest)) return false;
+    int b = enc ? i : s->vae_up_blocks - 1 - i; /* diffusers' up_blocks run in reverse */
+    if (b < 0) return false;
+    if (block_of(rest, "resnets.", &j, &rest)) {
+        snprintf(t->src_name, sizeof t->src_name, "%s.%s.%d.block.%d.%.200s.%s", side, enc ? "down" : "up", b, j,
+                 strcmp(rest, "conv_shortcut") == 0 ? "nin_shortcut" : rest, param);
+        return true;
+    }
+    if (strcmp(rest, enc ? "downsamplers.0.conv" : "upsamplers.0.conv") == 0) {
+        snprintf(t->src_name, sizeof t->src_name, "%s.%s.%d.%s.conv.%s", side, enc ? "down" : "up", b,
+                 enc ? "downsample" : "upsample", param);
+        return true;
+    }
+    return false;
+}
+
+/* ---- open ---- */
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+static bool has_raw(const cdf_wsrc *s, const char *full) {
+    return s->gg ? cdf_gguf_find(s->gg, full) != NULL : cdf_checkpoint_has(s->ck, full);
+}
+
+cdf_status cdf_wsrc_open(const char *path, bool single_file, cdf_wsrc **out) {
+    *out = NULL;
+    cdf_wsrc *s = calloc(1, sizeof *s);
+    if (!s || !(s->path = strdup(path))) {
+        free(s);
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    bool gguf = ends_with(path, ".gguf");
+    cdf_status st = gguf ? cdf_gguf_open(path, &s->gg) : cdf_checkpoint_open(path, &s->ck);
+    if (st != CDF_OK) {
+        cdf_wsrc_close(s);
+        return st;
+    }
+    /* the layouts, by the keys diffusers' infer_diffusers_model_type looks at */
+    static const struct {
+        int layout;
+        const char *key, *prefixes[3];
+    } k_detect[] = {
+        {LAYOUT_FLUX_BFL, "double_blocks.0.img_attn.norm.key_norm.scale", {"", "model.diffusion_model."}},
+        {LAYOUT_SD3_SAI, "joint_blocks.0.context_block.adaLN_modulation.1.bias", {"", "model.diffusion_model."}},
+        {LAYOUT_LDM_VAE, "encoder.down.0.block.0.conv1.weight", {"", "first_stage_model.", "vae."}},
+    };
+    for (size_t d = 0; d < sizeof k_detect / sizeof *k_detect; d++)
+        for (int p = 0; p < 3 && k_detect[d].prefixes[p]; p++) {
+            char k[160];
+            snprintf(k, sizeof k, "%s%s", k_detect[d].prefixes[p], k_detect[d].key);
+            if (has_raw(s, k)) s->has[k_detect[d].layout] = true, s->prefix[k_detect[d].layout] = k_detect[d].prefixes[p];
+        }
+    /* block counts the conversions need */
+    s->sd3_last_block = -1;
+    for (int i = 0; i < count_raw(s); i++) {
+        const char *n = raw_name_at(s, i), *rest;
+        int b;
+        if (s->has[LAYOUT_SD3_SAI] && strncmp(n, s->prefix[LAYOUT_SD3_SAI], strlen(s->prefix[LAYOUT_SD3_SAI])) == 0 &&
+            block_of(n + strlen(s->prefix[LAYOUT_SD3_SAI]), "joint_blocks.", &b, &rest) && b > s->sd3_last_block)
+            s->sd3_last_block = b;
+        if (s->has[LAYOUT_LDM_VAE] && strncmp(n, s->prefix[LAYOUT_LDM_VAE], strlen(s->prefix[LAYOUT_LDM_VAE])) == 0 &&
+            block_of(n + strlen(s->prefix[LAYOUT_LDM_VAE]), "decoder.up.", &b, &rest) && b + 1 > s->vae_up_blocks)
+            s->vae_up_blocks = b + 1;
+    }
+    static const char *const layout_names[N_LAYOUTS] = {"BFL FLUX keys", "Stability SD3 keys", "LDM VAE keys"};
+    int o = snprintf(s->format, sizeof s->format, "%s", gguf ? "GGUF" : "safetensors");
+    for (int l = 0; l < N_LAYOUTS && o > 0 && (size_t)o < sizeof s->format; l++)
+        if (s->has[l])
+            o += snprintf(s->format + o, sizeof s->format - (size_t)o, ", %s%s%s", layout_names[l], *s->prefix[l] ? " under " : "",
+                          s->prefix[l]);
+    bool original = s->has[LAYOUT_FLUX_BFL] || s->has[LAYOUT_SD3_SAI] || s->has[LAYOUT_LDM_VAE];
+    s->diffusers_layout = !original;
+    if (single_file || original || gguf) {
+        s->used = calloc((size_t)count_raw(s) + 1, 1);
+        if (!s->used) {
+            cdf_wsrc_close(s);
+            return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        }
+    }
+    *out = s;
+    return CDF_OK;
+}
+
+void cdf_wsrc_close(cdf_wsrc *s) {
+    if (!s) return;
+    cdf_checkpoint_close(s->ck);
+    cdf_gguf_close(s->gg);
+    free(s->used);
+    free(s->path);
+    free(s);
+}
+
+cdf_checkpoint *cdf_wsrc_checkpoint(cdf_wsrc *s) { return s && s->diffusers_layout ? s->ck : NULL; }
+const char *cdf_wsrc_format(const cdf_wsrc *s) { return s->format; }
+
+/* ---- lookup and load ---- */
+
+/* "<x>.weight" -> "<x>.scale_weight" (ComfyUI's fp8_scaled files). */
+static bool scale_name(const char *src, char *out, size_t n) {
+    if (!ends_with(src, ".weight")) return false;
+    snprintf(out, n, "%.*sscale_weight", (int)(strlen(src) - 6), src);
+    return true;
+}
+
+static bool is_fp8(cdf_dtype dt) { return dt == CDF_F8_E4M3 || dt == CDF_F8_E5M2; }
+
+bool cdf_wsrc_find(cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
+    memset(t, 0, sizeof *t);
+    t->nrows = -1;
+    raw r;
+    bool found = false;
+    if (s->diffusers_layout) {
+        snprintf(t->src_name, sizeof t->src_name, "%s", name);
+        found = raw_find(s, "", t->src_name, &r);
+    }
+    /* an all-in-one file holds several layouts: the first whose conversion finds the tensor */
+    for (int l = 0; l < N_LAYOUTS && !found; l++) {
+        if (!s->has[l]) continue;
+        t->prefix = s->prefix[l];
+        bool ok = l == LAYOUT_FLUX_BFL ? flux_recipe(s, t->prefix, name, t)
+                  : l == LAYOUT_SD3_SAI ? sd3_recipe(s, t->prefix, name, t)
+                                        : vae_recipe(s, name, t);
+        found = ok && raw_find(s, t->prefix, t->src_name, &r);
+        if (found) s->used_layout[l] = true;
+        /* LDM 1x1 conv attention weights [C, C, 1, 1] are diffusers' linear [C, C] */
+        if (found && l == LAYOUT_LDM_VAE && strstr(t->src_name, ".mid.attn_1.") && strstr(t->src_name, ".weight") &&
+            !strstr(t->src_name, ".norm."))
+            while (r.ndim > 2 && r.shape[r.ndim - 1] == 1) r.ndim--;
+    }
+    if (!found) return false;
+    if (!t->prefix) t->prefix = "";
+    if (s->used) s->used[r.idx] = 1;
+    s->found_any = true;
+    t->ndim = r.ndim;
+    memcpy(t->shape, r.shape, sizeof t->shape);
+    if (t->nrows >= 0) t->shape[0] = t->nrows;
+    t->dtype = r.dtype;
+    t->zero_copy = r.ggml < 0 && !t->swap_halves;
+    char sn[600];
+    raw sr;
+    if (is_fp8(r.dtype) && scale_name(t->src_name, sn, sizeof sn) && raw_find(s, t->prefix, sn, &sr)) {
+        if (s->used) s->used[sr.idx] = 1;
+        t->dtype = CDF_F32; /* scaled on the host */
+        t->zero_copy = false;
+    }
+    return true;
+}
+
+const void *cdf_wsrc_load(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *name) {
+    raw r;
+    if (!raw_find(s, t->prefix, t->src_name, &r)) {
+        cdf_error(CDF_ERR_INTERNAL, "weight '%s': source tensor '%s' vanished from %s", name, t->src_name, s->path);
+        return NULL;
+    }
+    int64_t rows = r.ndim ? r.shape[0] : 1;
+    uint64_t row_bytes = rows ? r.nbytes / (uint64_t)rows : 0;
+    int64_t row0 = t->nrows >= 0 ? t->row0 : 0, nrows = t->nrows >= 0 ? t->nrows : rows;
+    const uint8_t *bytes = r.bytes + (uint64_t)row0 * row_bytes;
+    int64_t numel = 1;
+    for (int i = 0; i < t->ndim; i++) numel *= t->shape[i];
+    cdf_io_count_bytes((uint64_t)nrows * row_bytes);
+    char sn[600];
+    raw sr;
+    bool scaled = is_fp8(r.dtype) && t->dtype == CDF_F32 && scale_name(t->src_name, sn, sizeof sn) && raw_find(s, t->prefix, sn, &sr);
+    if (t->zero_copy) return bytes;
+
+    size_t esz = cdf_dtype_size(t->dtype);
+    uint8_t *buf = malloc((size_t)numel * esz + 1);
+    if (!buf) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "weight '%s': out of host memory for %lld values", name, (long long)numel);
+        return NULL;
+    }
+    t->owned = buf;
+    if (r.ggml >= 0) {
+        if (cdf_ggml_dequantize((uint32_t)r.ggml, bytes, numel, (float *)buf) != CDF_OK) {
+            cdf_error_prefix("weight '%s' (tensor '%s%s' in %s): ", name, t->prefix, t->src_name, s->path);
+            return NULL;
+        }
+    } else if (scaled) {
+        int64_t sn_el = 1;
+        for (int i = 0; i < sr.ndim; i++) sn_el *= sr.shape[i];
+        if (sn_el != 1 || !cdf_dtype_is_float(sr.dtype)) {
+            cdf_error(CDF_ERR_FORMAT, "weight '%s': its scale '%s' in %s is not one float", name, sn, s->path);
+            return NULL;
+        }
+        float scale;
+        cdf_convert(&scale, CDF_F32, sr.bytes, sr.dtype, 1);
+        float *y = (float *)buf;
+        cdf_convert(y, CDF_F32, bytes, r.dtype, (size_t)numel);
+        for (int64_t i = 0; i < numel; i++) y[i] *= scale; /* torch: w.to(f32) * scale_weight */
+    } else {
+        memcpy(buf, bytes, (size_t)numel * esz);
+    }
+    if (t->swap_halves) {
+        /* rows [0, n/2) and [n/2, n) trade places */
+        int64_t half = nrows / 2;
+        size_t hb = (size_t)(numel / (nrows ? nrows : 1)) * esz * (size_t)half;
+        uint8_t *tmp = malloc(hb + 1);
+        if (!tmp || nrows % 2) {
+            free(tmp);
+            cdf_error(tmp ? CDF_ERR_SHAPE : CDF_ERR_OUT_OF_MEMORY, "weight '%s': cannot swap the halves of %lld rows", name,
+                      (long long)nrows);
+            return NULL;
+        }
+        memcpy(tmp, buf, hb);
+        memmove(buf, buf + hb, hb);
+        memcpy(buf + hb, tmp, hb);
+        free(tmp);
+    }
+    return buf;
+}
+
+void cdf_wsrc_tensor_release(cdf_wsrc_tensor *t) {
+    free(t->owned);
+    t->owned = NULL;
+}
+
+const char *cdf_wsrc_missing_hint(cdf_wsrc *s) {
+    if (s->found_any || !s->used) return "";
+    int n = count_raw(s);
+    int o = snprintf(s->hint, sizeof s->hint, "; none of the %d tensors of this file (%s) belong to this model: it is "
+                     "not in diffusers', BFL FLUX's, Stability SD3's or LDM's layout for it", n, s->format);
+    for (int i = 0; i < n && i < 2 && o > 0 && (size_t)o < sizeof s->hint; i++)
+        o += snprintf(s->hint + o, sizeof s->hint - (size_t)o, "%s'%s'", i ? ", " : "; it holds ", raw_name_at(s, i));
+    if (n > 2 && o > 0 && (size_t)o < sizeof s->hint) snprintf(s->hint + o, sizeof s->hint - (size_t)o, ", ...");
+    return s->hint;
+}
+
+void cdf_wsrc_summary(const cdf_wsrc *s, char *buf, size_t n) {
+    enum { MAXT = 64 };
+    int counts[MAXT] = {0}; /* ggml type ids, or cdf dtypes for safetensors */
+    uint64_t bytes = 0;
+    int total = count_raw(s);
+    for (int i = 0; i < total; i++) {
+        if (s->gg) {
+            const cdf_gguf_tensor *t = cdf_gguf_tensor_at(s->gg, i);
+            bytes += t->nbytes;
+            if (t->type < MAXT) counts[t->type]++;
+        } else {
+            const cdf_st_tensor *t;
+            if (cdf_checkpoint_tensor_at(s->ck, i, NULL, &t) != CDF_OK) continue;
+            bytes += t->nbytes;
+            if ((int)t->dtype < MAXT) counts[t->dtype]++;
+        }
+    }
+    int o = snprintf(buf, n, "%d tensors, %.2f MB", total, (double)bytes / 1e6);
+    const char *sep = ": ";
+    for (int k = 0; k < MAXT && o > 0 && (size_t)o < n; k++) {
+        if (!counts[k]) continue;
+        const char *name = s->gg ? cdf_ggml_type_name((uint32_t)k) : cdf_dtype_st_name((cdf_dtype)k);
+        o += snprintf(buf + o, n - (size_t)o, "%s%d %s", sep, counts[k], name ? name : "?");
+        sep = ", ";
+    }
+}
+
+/* Whether source tensor `name` is left out of the unused list: another component's part of an
+ * all-in-one file (under the prefix of a layout this component did not use, or of a text
+ * encoder), or something that is not a weight. */
+static bool other_component(const cdf_wsrc *s, const char *name) {
+    for (int l = 0; l < N_LAYOUTS; l++)
+        if (s->has[l] && !s->used_layout[l] && *s->prefix[l] && strncmp(name, s->prefix[l], strlen(s->prefix[l])) == 0)
+            return true;
+    static const char *const text[] = {"text_encoders.", "cond_stage_model.", "conditioner."};
+    for (size_t k = 0; k < sizeof text / sizeof *text; k++)
+        if (strncmp(name, text[k], strlen(text[k])) == 0) return true;
+    /* not weights: the fp8_scaled marker, fp8 activation scales (this loader dequantizes), buffers */
+    static const char *const suffixes[] = {".scale_input", ".position_ids"};
+    for (size_t k = 0; k < sizeof suffixes / sizeof *suffixes; k++) {
+        size_t a = strlen(name), b = strlen(suffixes[k]);
+        if (a >= b && strcmp(name + a - b, suffixes[k]) == 0) return true;
+    }
+    /* T5's token table is tied: a file holding both copies is read through one */
+    if (strcmp(name, "encoder.embed_tokens.weight") == 0 && has_raw(s, "shared.weight")) return true;
+    return strcmp(name, "scaled_fp8") == 0;
+}
+
+char *cdf_wsrc_unused(const cdf_wsrc *s, int *count) {
+    if (count) *count = 0;
+    if (!s->used) return NULL;
+    size_t len = 1, n = 0;
+    int total = count_raw(s);
+    for (int i = 0; i < total; i++)
+        if (!s->used[i] && !other_component(s, raw_name_at(s, i))) len += strlen(raw_name_at(s, i)) + 2, n++;
+    if (!n) return NULL;
+    char *out = malloc(len);
+    if (!out) return NULL;
+    out[0] = 0;
+    for (int i = 0; i < total; i++)
+        if (!s->used[i] && !other_component(s, raw_name_at(s, i))) {
+            if (out[0]) strcat(out, ", ");
+            strcat(out, raw_name_at(s, i));
+        }
+    if (count) *count = (int)n;
+    return out;
+}

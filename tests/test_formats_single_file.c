@@ -1,0 +1,384 @@
+/* A component's weights from one file: the tiny FLUX.1-dev transformer as a BFL-layout
+ * .safetensors, the same under ComfyUI's "model.diffusion_model." prefix, as GGUF F32 and as a
+ * GGUF with Q8_0/Q4_0/Q5_1/Q4_K/Q6_K weights, and the tiny SD3.5-Medium transformer in Stability's layout
+ * (tools/make-format-refs/make_single_file_refs.py, which checks the files against diffusers' own
+ * convert_flux_transformer_checkpoint_to_diffusers / convert_sd3_transformer_checkpoint_to_diffusers).
+ *
+ * - key conversion: every tensor the folder holds comes back bit-identical from each file;
+ * - latents: the same generation from the folder and from each file gives identical latents,
+ *   and the quantized GGUF gives exactly the latents of a diffusers file holding gguf-py's
+ *   dequantization of it;
+ * - bad input: missing, extra and misshapen tensors, a file of another model, a truncated GGUF,
+ *   an unknown component, a missing file: each a clear error. */
+#include "testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdiffusers/io.h"
+#include "cdiffusers/pipeline.h"
+#include "nn/nn.h"
+
+#define FS "formats/flux_single/"
+
+static const char *tmp_path(const char *name) {
+    static char buf[8][1024];
+    static int slot;
+    char *b = buf[slot++ & 7];
+    snprintf(b, 1024, "%s/%s", tu_tmpdir(), name);
+    return b;
+}
+
+/* A copy of the BFL file with a prefix on every name, one tensor left out, one extra tensor, or
+ * one tensor replaced by another shape. */
+static const char *variant_of(const char *src, const char *out, const char *prefix, const char *drop, const char *extra,
+                              const char *reshape) {
+    cdf_st_file *f = NULL;
+    assert_int_equal(cdf_st_open(tu_data(src), &f), CDF_OK);
+    cdf_st_writer *w = cdf_st_writer_new();
+    static float junk[64 * 64];
+    for (int i = 0; i < cdf_st_count(f); i++) {
+        const cdf_st_tensor *t = cdf_st_tensor_at(f, i);
+        if (drop && strcmp(t->name, drop) == 0) continue;
+        char name[512];
+        snprintf(name, sizeof name, "%s%s", prefix ? prefix : "", t->name);
+        if (reshape && strcmp(t->name, reshape) == 0)
+            assert_int_equal(cdf_st_writer_add(w, name, CDF_F32, 2, (int64_t[]){t->shape[0], t->shape[1] + 1}, junk), CDF_OK);
+        else
+            assert_int_equal(cdf_st_writer_add(w, name, t->dtype, t->ndim, t->shape, cdf_st_data(f, t)), CDF_OK);
+    }
+    if (extra) assert_int_equal(cdf_st_writer_add(w, extra, CDF_F32, 1, (int64_t[]){4}, junk), CDF_OK);
+    const char *p = tmp_path(out);
+    assert_int_equal(cdf_st_writer_save(w, p), CDF_OK);
+    cdf_st_writer_free(w);
+    cdf_st_close(f);
+    return p;
+}
+
+static const char *bfl_variant(const char *out, const char *prefix, const char *drop, const char *extra, const char *reshape) {
+    return variant_of(FS "flux_bfl.safetensors", out, prefix, drop, extra, reshape);
+}
+
+/* Every tensor of the folder comes back bit-identical from each file. */
+static void check_conversion(const char *folder, const char *const *files, int nfiles, const char *layout) {
+    cdf_checkpoint *ck = NULL;
+    assert_int_equal(cdf_checkpoint_open(folder, &ck), CDF_OK);
+    for (int k = 0; k < nfiles; k++) {
+        cdf_weights_report rep = {0};
+        cdf_load_options o = cdf_load_options_default();
+        o.device = tu_cpu();
+        o.weights_file = files[k];
+        o.report = &rep;
+        cdf_weights *w = NULL;
+        assert_int_equal(cdf_weights_open(folder, &o, &w), CDF_OK);
+        for (int i = 0; i < cdf_checkpoint_count(ck); i++) {
+            const cdf_st_file *f;
+            const cdf_st_tensor *t;
+            assert_int_equal(cdf_checkpoint_tensor_at(ck, i, &f, &t), CDF_OK);
+            cdf_tensor *x = cdf_weights_get_f32(w, t->ndim, t->shape, "%s", t->name);
+            if (!x) fail_msg("%s from %s: %s", t->name, files[k], cdf_last_error());
+            size_t n = (size_t)cdf_st_numel(t);
+            float *got = malloc(n * 4);
+            assert_int_equal(cdf_tensor_read(x, CDF_F32, got, n * 4), CDF_OK);
+            if (memcmp(got, cdf_st_data(f, t), n * 4) != 0) fail_msg("%s from %s differs from the folder's", t->name, files[k]);
+            free(got);
+            cdf_tensor_release(x);
+        }
+        cdf_weights_free(w);
+        if (rep.unused) fail_msg("%s: unused tensors %s", files[k], rep.unused);
+        assert_non_null(strstr(rep.format, layout));
+    }
+    cdf_checkpoint_close(ck);
+}
+
+static void test_key_conversion(void **state) {
+    (void)state;
+    const char *flux[] = {tu_data(FS "flux_bfl.safetensors"), bfl_variant("comfy.safetensors", "model.diffusion_model.", NULL, NULL, NULL),
+                          tu_data(FS "flux_bfl_f32.gguf")};
+    check_conversion(tu_data("pipelines/flux1_dev_tiny/transformer"), flux, 3, "BFL FLUX");
+    const char *sd3[] = {tu_data("formats/sd3_single/sd3_sai.safetensors"),
+                         variant_of("formats/sd3_single/sd3_sai.safetensors", "sd3_comfy.safetensors", "model.diffusion_model.", NULL,
+                                    NULL, NULL)};
+    check_conversion(tu_data("pipelines/sd35m_tiny/transformer"), sd3, 2, "Stability SD3");
+    const char *vae[] = {tu_data(FS "ae_ldm.safetensors"), variant_of(FS "ae_ldm.safetensors", "vae_prefixed.safetensors", "vae.", NULL,
+                                                                      NULL, NULL)};
+    check_conversion(tu_data("pipelines/flux1_dev_tiny/vae"), vae, 2, "LDM VAE");
+}
+
+/* A ComfyUI-style all-in-one file: the BFL transformer under "model.diffusion_model.", the LDM
+ * VAE under "vae." and a stand-in text encoder tensor under "text_encoders.". */
+static const char *all_in_one(void) {
+    static char path[1024];
+    if (path[0]) return path;
+    cdf_st_writer *w = cdf_st_writer_new();
+    const char *srcs[2] = {FS "flux_bfl.safetensors", FS "ae_ldm.safetensors"}, *pfx[2] = {"model.diffusion_model.", "vae."};
+    cdf_st_file *fs[2];
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(cdf_st_open(tu_data(srcs[k]), &fs[k]), CDF_OK);
+        for (int i = 0; i < cdf_st_count(fs[k]); i++) {
+            const cdf_st_tensor *t = cdf_st_tensor_at(fs[k], i);
+            char name[512];
+            snprintf(name, sizeof name, "%s%s", pfx[k], t->name);
+            assert_int_equal(cdf_st_writer_add(w, name, t->dtype, t->ndim, t->shape, cdf_st_data(fs[k], t)), CDF_OK);
+        }
+    }
+    static float te[4];
+    assert_int_equal(cdf_st_writer_add(w, "text_encoders.t5xxl.transformer.shared.weight", CDF_F32, 1, (int64_t[]){4}, te), CDF_OK);
+    snprintf(path, sizeof path, "%s", tmp_path("all_in_one.safetensors"));
+    assert_int_equal(cdf_st_writer_save(w, path), CDF_OK);
+    cdf_st_writer_free(w);
+    cdf_st_close(fs[0]);
+    cdf_st_close(fs[1]);
+    return path;
+}
+
+/* latents_final of a 2-step f32 generation (malloc'd, 4 * *n bytes), or NULL with the status. */
+static cdf_offload_mode g_offload = CDF_OFFLOAD_NONE; /* of the next runs */
+
+static float *run_pipe_key(const char *pipe, const char *key, const cdf_component_file *files, int nfiles, bool allow_unused,
+                           size_t *n, cdf_status *st) {
+    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    lp.offload = g_offload;
+    lp.weight_dtype = CDF_F32;
+    lp.component_files = files;
+    lp.num_component_files = nfiles;
+    lp.allow_unused_keys = allow_unused;
+    cdf_pipeline *p = NULL;
+    *st = cdf_pipeline_load(tu_data(pipe), &lp, &p);
+    if (*st != CDF_OK) return NULL;
+    cdf_generate_params gp = cdf_generate_default_params();
+    gp.prompt = "a red square";
+    gp.height = gp.width = 64;
+    gp.num_inference_steps = 2;
+    gp.seed = 7;
+    cdf_tensor_map cap;
+    cdf_tensor_map_init(&cap);
+    gp.capture = &cap;
+    cdf_image img;
+    *st = cdf_pipeline_generate(p, &gp, &img);
+    assert_int_equal(*st, CDF_OK);
+    cdf_image_free(&img);
+    cdf_tensor *l = cdf_tensor_map_get(&cap, key);
+    assert_non_null(l);
+    *n = (size_t)cdf_tensor_numel(l);
+    float *v = malloc(*n * 4);
+    assert_int_equal(cdf_tensor_read(l, CDF_F32, v, *n * 4), CDF_OK);
+    cdf_tensor_map_clear(&cap);
+    cdf_pipeline_free(p);
+    return v;
+}
+
+static float *run_pipe(const char *pipe, const cdf_component_file *files, int nfiles, bool allow_unused, size_t *n, cdf_status *st) {
+    return run_pipe_key(pipe, "latents_final", files, nfiles, allow_unused, n, st);
+}
+
+static float *run(const cdf_component_file *files, int nfiles, bool allow_unused, size_t *n, cdf_status *st) {
+    return run_pipe("pipelines/flux1_dev_tiny", files, nfiles, allow_unused, n, st);
+}
+
+static void test_same_latents(void **state) {
+    (void)state;
+    size_t n0, n;
+    cdf_status st;
+    float *ref = run(NULL, 0, false, &n0, &st);
+    assert_non_null(ref);
+    const char *files[] = {tu_data(FS "flux_bfl.safetensors"), bfl_variant("comfy2.safetensors", "model.diffusion_model.", NULL, NULL, NULL),
+                           tu_data(FS "flux_bfl_f32.gguf")};
+    for (size_t k = 0; k < sizeof files / sizeof *files; k++) {
+        cdf_component_file cf = {"transformer", files[k]};
+        float *v = run(&cf, 1, false, &n, &st);
+        if (!v) fail_msg("%s: %s", files[k], cdf_last_error());
+        assert_int_equal(n, n0);
+        if (memcmp(v, ref, n * 4) != 0) fail_msg("latents from %s differ from the folder's", files[k]);
+        free(v);
+    }
+    /* quantized: exactly what the dequantized weights give */
+    cdf_component_file q = {"transformer", tu_data(FS "flux_bfl_q8.gguf")};
+    cdf_component_file d = {"transformer", tu_data(FS "q8_dequant/transformer/diffusion_pytorch_model.safetensors")};
+    float *vq = run(&q, 1, false, &n, &st), *vd = run(&d, 1, false, &n, &st);
+    assert_non_null(vq);
+    assert_non_null(vd);
+    assert_memory_equal(vq, vd, n * 4);
+    /* sequential offload keeps the dequantized block weights host-side: the same latents */
+    g_offload = CDF_OFFLOAD_SEQUENTIAL;
+    float *vs = run(&q, 1, false, &n, &st);
+    g_offload = CDF_OFFLOAD_NONE;
+    if (!vs) fail_msg("sequential: %s", cdf_last_error());
+    assert_memory_equal(vs, vd, n * 4);
+    free(vs);
+    /* and not the f32 model's: the quantized weights are what ran (the two K-quant layers hold
+     * random blocks, gguf-py having no K quantizer, so the latents are far from the f32 ones) */
+    size_t worst;
+    double diff = tu_max_abs_diff(vq, ref, n, &worst);
+    print_message("  Q8_0/Q4_0/Q5_1/Q4_K/Q6_K GGUF vs f32 folder: max |latents diff| = %.3g\n", diff);
+    assert_true(diff > 0);
+    free(vq);
+    free(vd);
+    free(ref);
+
+    /* the VAE from LDM names, and transformer + VAE from one all-in-one file: the same decoded image */
+    float *img0 = run_pipe_key("pipelines/flux1_dev_tiny", "vae_decode_output", NULL, 0, false, &n0, &st);
+    assert_non_null(img0);
+    cdf_component_file ae = {"vae", tu_data(FS "ae_ldm.safetensors")};
+    float *img = run_pipe_key("pipelines/flux1_dev_tiny", "vae_decode_output", &ae, 1, false, &n, &st);
+    if (!img) fail_msg("ae: %s", cdf_last_error());
+    assert_int_equal(n, n0);
+    assert_memory_equal(img, img0, n * 4);
+    free(img);
+    cdf_component_file aio[2] = {{"transformer", all_in_one()}, {"vae", all_in_one()}};
+    img = run_pipe_key("pipelines/flux1_dev_tiny", "vae_decode_output", aio, 2, false, &n, &st);
+    if (!img) fail_msg("all-in-one: %s", cdf_last_error());
+    assert_memory_equal(img, img0, n * 4);
+    free(img);
+    /* under offload the components are loaded again from their files when they run */
+    for (int m = 0; m < 2; m++) {
+        g_offload = m == 0 ? CDF_OFFLOAD_MODEL : CDF_OFFLOAD_SEQUENTIAL;
+        img = run_pipe_key("pipelines/flux1_dev_tiny", "vae_decode_output", aio, 2, false, &n, &st);
+        if (!img) fail_msg("all-in-one, offload %d: %s", m, cdf_last_error());
+        assert_memory_equal(img, img0, n * 4);
+        free(img);
+    }
+    g_offload = CDF_OFFLOAD_NONE;
+    free(img0);
+
+    float *ref0 = run(NULL, 0, false, &n0, &st);
+    assert_non_null(ref0);
+    /* a text encoder file as ComfyUI ships T5 (transformers' names) carrying a tied copy of the
+     * token table, a buffer and an fp8 activation scale: used without complaint */
+    {
+        const char *t5src = "pipelines/flux1_dev_tiny/text_encoder_2/model.safetensors";
+        cdf_st_file *f = NULL;
+        assert_int_equal(cdf_st_open(tu_data(t5src), &f), CDF_OK);
+        const cdf_st_tensor *sh = cdf_st_find(f, "shared.weight");
+        assert_non_null(sh);
+        cdf_st_writer *w = cdf_st_writer_new();
+        for (int i = 0; i < cdf_st_count(f); i++) {
+            const cdf_st_tensor *t = cdf_st_tensor_at(f, i);
+            assert_int_equal(cdf_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, cdf_st_data(f, t)), CDF_OK);
+        }
+        if (!cdf_st_find(f, "encoder.embed_tokens.weight"))
+            assert_int_equal(cdf_st_writer_add(w, "encoder.embed_tokens.weight", sh->dtype, sh->ndim, sh->shape, cdf_st_data(f, sh)),
+                             CDF_OK);
+        static float one = 1;
+        assert_int_equal(cdf_st_writer_add(w, "encoder.block.0.layer.0.SelfAttention.q.scale_input", CDF_F32, 0, NULL, &one), CDF_OK);
+        const char *t5 = tmp_path("t5xxl.safetensors");
+        assert_int_equal(cdf_st_writer_save(w, t5), CDF_OK);
+        cdf_st_writer_free(w);
+        cdf_st_close(f);
+        cdf_component_file te = {"text_encoder_2", t5};
+        float *v = run(&te, 1, false, &n, &st);
+        if (!v) fail_msg("t5 file: %s", cdf_last_error());
+        assert_memory_equal(v, ref0, n * 4);
+        free(v);
+    }
+    free(ref0);
+
+    /* SD3.5-Medium from Stability's layout */
+    ref = run_pipe("pipelines/sd35m_tiny", NULL, 0, false, &n0, &st);
+    assert_non_null(ref);
+    cdf_component_file s3 = {"transformer", tu_data("formats/sd3_single/sd3_sai.safetensors")};
+    float *v = run_pipe("pipelines/sd35m_tiny", &s3, 1, false, &n, &st);
+    if (!v) fail_msg("sd3: %s", cdf_last_error());
+    assert_int_equal(n, n0);
+    assert_memory_equal(v, ref, n * 4);
+    free(v);
+    free(ref);
+}
+
+/* Loading with these files fails with `status` and a message holding each needle. */
+static void expect_load_error(const cdf_component_file *files, int nfiles, cdf_status status, const char *n1, const char *n2) {
+    size_t n;
+    cdf_status st;
+    float *v = run(files, nfiles, false, &n, &st);
+    assert_null(v);
+    const char *m = cdf_last_error();
+    if (st != status || !strstr(m, n1) || (n2 && !strstr(m, n2)))
+        fail_msg("got status %d '%s'; wanted %d with '%s' and '%s'", st, m, status, n1, n2 ? n2 : "");
+}
+
+static void test_bad_inputs(void **state) {
+    (void)state;
+    cdf_component_file f = {"transformer", bfl_variant("missing.safetensors", NULL, "double_blocks.1.txt_attn.qkv.weight", NULL, NULL)};
+    expect_load_error(&f, 1, CDF_ERR_NOT_FOUND, "weight 'transformer_blocks.1.attn.add_q_proj.weight' is missing", "missing.safetensors");
+
+    f.path = bfl_variant("extra.safetensors", NULL, NULL, "lora_unet.extra.alpha", NULL);
+    expect_load_error(&f, 1, CDF_ERR_FORMAT, "1 tensor(s)", "lora_unet.extra.alpha");
+    size_t n;
+    cdf_status st;
+    float *v = run(&f, 1, true, &n, &st); /* allowed on request */
+    assert_non_null(v);
+    free(v);
+
+    f.path = bfl_variant("shape.safetensors", NULL, NULL, NULL, "img_in.weight");
+    expect_load_error(&f, 1, CDF_ERR_SHAPE, "weight 'x_embedder.weight'", "has shape [32, 65]");
+
+    cdf_component_file vae = {"vae", tu_data(FS "flux_bfl.safetensors")};
+    expect_load_error(&vae, 1, CDF_ERR_NOT_FOUND, "none of the 84 tensors", "double_blocks.0");
+
+    size_t len;
+    char *g = tu_read_file(tu_data(FS "flux_bfl_f32.gguf"), &len);
+    assert_non_null(g);
+    const char *cut = tmp_path("cut.gguf");
+    assert_int_equal(tu_write_file(cut, g, len / 2), 0);
+    free(g);
+    f.path = cut;
+    expect_load_error(&f, 1, CDF_ERR_FORMAT, "cut.gguf", "truncated");
+
+    cdf_component_file u = {"unet", tu_data(FS "flux_bfl.safetensors")};
+    expect_load_error(&u, 1, CDF_ERR_INVALID_ARG, "component 'unet'", NULL);
+    cdf_component_file nf = {"transformer", "/nonexistent/x.gguf"};
+    expect_load_error(&nf, 1, CDF_ERR_NOT_FOUND, "/nonexistent/x.gguf", NULL);
+}
+
+/* The command line: exit codes, the message on stderr, no image written on failure. */
+static void test_cli(void **state) {
+    (void)state;
+    const char *dir = tu_tmpdir(), *model = tu_data("pipelines/flux1_dev_tiny");
+    const char *common = "generate --prompt 'a red square' --steps 1 --height 64 --width 64 --quiet --force";
+    int rc = tu_system("cd '%s' && '%s' %s --model '%s' --output ok.png --transformer '%s' 2>err.txt", dir, CDF_CLI_PATH, common,
+                       model, tu_data(FS "flux_bfl_q8.gguf"));
+    assert_int_equal(rc, 0);
+    const char *extra = bfl_variant("extra_cli.safetensors", NULL, NULL, "lora_unet.extra.alpha", NULL);
+    rc = tu_system("cd '%s' && '%s' %s --model '%s' --output bad.png --transformer '%s' 2>err.txt", dir, CDF_CLI_PATH, common, model,
+                   extra);
+    assert_int_equal(rc, 1);
+    char *err = tu_read_file(tmp_path("err.txt"), NULL);
+    assert_non_null(err);
+    assert_non_null(strstr(err, "lora_unet.extra.alpha"));
+    assert_non_null(strstr(err, "--allow-unused-keys"));
+    free(err);
+    assert_int_equal(tu_system("test -e '%s'", tmp_path("bad.png")), 1); /* nothing written */
+    rc = tu_system("cd '%s' && '%s' %s --model '%s' --output ok2.png --transformer '%s' --allow-unused-keys 2>err.txt", dir,
+                   CDF_CLI_PATH, common, model, extra);
+    assert_int_equal(rc, 0);
+    rc = tu_system("cd '%s' && '%s' %s --model '%s' --output bad.png --text-encoder '%s' 2>err.txt", dir, CDF_CLI_PATH, common, model,
+                   tu_data(FS "flux_bfl.safetensors"));
+    assert_int_equal(rc, 2); /* usage: N=FILE */
+    rc = tu_system("cd '%s' && '%s' %s --model '%s' --output bad.png --text-encoder '2=%s' 2>err.txt", dir, CDF_CLI_PATH, common,
+                   model, tu_data(FS "flux_bfl.safetensors"));
+    assert_int_equal(rc, 1); /* a FLUX transformer file is no T5 */
+    err = tu_read_file(tmp_path("err.txt"), NULL);
+    assert_non_null(strstr(err, "none of the 84 tensors"));
+    free(err);
+    assert_int_equal(tu_system("test -e '%s'", tmp_path("bad.png")), 1);
+
+    /* info names each component's source, its format and its tensor types */
+    rc = tu_system("'%s' info --model '%s' --transformer '%s' >'%s/info.txt' 2>&1", CDF_CLI_PATH, model, tu_data(FS "flux_bfl_q8.gguf"),
+                   dir);
+    assert_int_equal(rc, 0);
+    char *info = tu_read_file(tmp_path("info.txt"), NULL);
+    assert_non_null(info);
+    if (!strstr(info, "flux_bfl_q8.gguf (GGUF, BFL FLUX keys): 84 tensors") || !strstr(info, "50 F32, 8 Q4_0, 2 Q5_1, 22 Q8_0, 1 Q4_K, 1 Q6_K"))
+        fail_msg("info output: %s", info);
+    free(info);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_key_conversion),
+        cmocka_unit_test(test_same_latents),
+        cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_cli),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
