@@ -26,6 +26,12 @@ static uint64_t alignment(const void *p) {
     return a;
 }
 
+/* The alignment every matrix of a batch keeps: the base's and the batch stride's (in bytes). */
+static uint64_t batch_alignment(const void *p, int64_t stride_elems, size_t esize) {
+    uint64_t a = alignment(p), s = stride_elems ? alignment((const void *)(uintptr_t)(stride_elems * (int64_t)esize)) : 256;
+    return a < s ? a : s;
+}
+
 static cdf_status lt_fail(cublasStatus_t st, const char *what) {
     return cdf_error(CDF_ERR_DEVICE, "matmul: cuBLASLt %s failed (status %d)", what, (int)st);
 }
@@ -146,7 +152,9 @@ cdf_status cdf_cuda_matmul(cdf_cuda_dev *d, const cdf_node *n) {
             (uint64_t)p.m, (uint64_t)p.n, (uint64_t)p.k,
             (uint64_t)p.lt_a.ld, (uint64_t)p.lt_b.ld, (uint64_t)p.lt_d.ld,
             (uint64_t)lt_batch ^ ((uint64_t)p.lt_a.batch_stride << 20) ^ ((uint64_t)p.lt_b.batch_stride << 40),
-            alignment(b_ptr), alignment(a_ptr), alignment(c_ptr),
+            batch_alignment(b_ptr, p.lt_a.batch_stride, cdf_dtype_size(in_dt)),
+            batch_alignment(a_ptr, p.lt_b.batch_stride, cdf_dtype_size(in_dt)),
+            batch_alignment(c_ptr, p.lt_d.batch_stride, cdf_dtype_size(C->dtype)),
             epilogue_bias ? alignment(cdf_tensor_device_addr(bias)) : 0,
         };
         if (s == CDF_OK) s = pick_algo(d, key, op, la, lb, ld, &algo);
