@@ -11,8 +11,8 @@
 #       On the GPU machine, e.g. through the device tool:
 #         run(command="bash scripts/device-check.sh", carry=[".devbundle"], timeout_s=560)
 #       Builds there when it can (falls back to the carried bundle), then: `cdiffusers devices`,
-#       the host-logic + GPU smoke test (test_cuda_plan) and the device op suite
-#       (test_backend_ops, if present) with CDIFFUSERS_TEST_DEVICE=cuda, the golden components
+#       the host-logic test (test_cuda_plan), the op suite against the cpu backend (test_cuda_ops)
+#       and the lead's device op suite (test_backend_ops, if present) with CDIFFUSERS_TEST_DEVICE=cuda, the golden components
 #       and pipelines on cuda in eager/fuse/compile/blocks with offload none/model/sequential
 #       (scripts/device_check_golden.py), an out-of-memory run that must fail cleanly,
 #       compute-sanitizer (memcheck) on a short run, and, if time is left, the benchmark
@@ -27,7 +27,7 @@ if [ "${1:-}" = "--prepare" ]; then
   set -e
   cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DCDIFFUSERS_CUDA=ON -DCDF_WITH_ONEDNN=OFF -DCDF_WITH_MPI=OFF \
     -DCMAKE_CUDA_ARCHITECTURES="90-real;90-virtual" >/dev/null
-  targets=(cdiffusers_cli test_cuda_plan)
+  targets=(cdiffusers_cli test_cuda_plan test_cuda_ops)
   [ -f tests/test_backend_ops.c ] && targets+=(test_backend_ops)
   cmake --build build-device -j"${JOBS:-2}" --target "${targets[@]}"
   rm -rf .devbundle && mkdir -p .devbundle/build-device/tests .devbundle/lib
@@ -80,7 +80,7 @@ echo "==== build there" >>"$LOG"
 tb=$(date +%s)
 if timeout 300 bash -c 'cmake -S . -B build-gpu "$@" -DCMAKE_BUILD_TYPE=Release -DCDIFFUSERS_CUDA=ON \
       -DCDF_WITH_ONEDNN=OFF -DCDF_WITH_MPI=OFF -DCMAKE_CUDA_ARCHITECTURES="90-real;90-virtual" &&
-    t=(cdiffusers_cli test_cuda_plan); [ -f tests/test_backend_ops.c ] && t+=(test_backend_ops);
+    t=(cdiffusers_cli test_cuda_plan test_cuda_ops); [ -f tests/test_backend_ops.c ] && t+=(test_backend_ops);
     cmake --build build-gpu -j16 --target "${t[@]}"' _ "${GEN[@]}" >>"$LOG" 2>&1; then
   BIN="$ROOT/build-gpu"
   note "PASS  build there (CUDA on, sm_90; $(($(date +%s) - tb)) s)"
@@ -102,8 +102,8 @@ CLI="$BIN/cdiffusers"
 step "cdiffusers devices lists cuda:0" 60 bash -c "'$CLI' devices | tee /dev/stderr | grep -q '^  cuda:0'"
 
 # ---- host logic + GPU smoke, op suite ----
-export CDIFFUSERS_TEST=1 CDIFFUSERS_TEST_DEVICE=cuda
-for t in test_cuda_plan test_backend_ops; do
+export CDIFFUSERS_TEST=1 CDIFFUSERS_TEST_DEVICE=cuda CDIFFUSERS_DEVICE=cuda
+for t in test_cuda_plan test_cuda_ops test_backend_ops; do
   [ -x "$BIN/tests/$t" ] || { note "SKIP  $t (not built)"; continue; }
   step "$t on cuda" 180 "$BIN/tests/$t"
 done
