@@ -54,10 +54,22 @@ def max_diff(ours_path, golden_path, key, gkey=None):
     return (float(d.max()) if d.numel() else 0.0), ""
 
 
-def run(cmd, timeout):
+def check(label, cmd, timeout, ours, golden, key, tol):
+    """Runs cmd, compares tensor `key` of ours with golden; prints one line; returns success."""
     t = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    return p.returncode, time.time() - t, (p.stderr or "")[-600:]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        rc, err = p.returncode, (p.stderr or "")[-600:]
+    except subprocess.TimeoutExpired:
+        rc, err = -1, "timed out"
+    dt = time.time() - t
+    if rc != 0:
+        print(f"FAIL  {label}: exit {rc} ({dt:.1f} s): {err.strip()}")
+        return False
+    d, why = max_diff(ours, golden, key)
+    ok = d <= tol
+    print(f"{'PASS' if ok else 'FAIL'}  {label}: {key} max|diff| {d:.3g} (tol {tol:g}) {why} [{dt:.1f} s]")
+    return ok
 
 
 def main():
@@ -86,19 +98,8 @@ def main():
             n += 1
             cmd = [args.cli, "run-model", "--model", os.path.join(DATA, comp), "--inputs", os.path.join(DATA, io),
                    "--output", out, "--method", method, "--force", "--device", args.device] + MODES[mode] + extra
-            try:
-                rc, dt, err = run(cmd, 120)
-            except subprocess.TimeoutExpired:
-                rc, dt, err = -1, 120, "timed out"
             label = f"run-model {comp} {method} {' '.join(extra) or '--dtype bf16'} mode={mode}"
-            if rc != 0:
-                fails += 1
-                print(f"FAIL  {label}: exit {rc} ({dt:.1f} s): {err.strip()}")
-                continue
-            d, why = max_diff(out, os.path.join(DATA, io), key)
-            ok = d <= tol
-            fails += not ok
-            print(f"{'PASS' if ok else 'FAIL'}  {label}: max|diff| {d:.3g} (tol {tol:g}) {why} [{dt:.1f} s]")
+            fails += not check(label, cmd, 120, out, os.path.join(DATA, io), key, tol)
 
     for pipe, case in PIPELINES:
         folder = os.path.join(DATA, "pipelines", pipe)
@@ -124,19 +125,8 @@ def main():
                 lat = os.path.join(args.out, f"gen_{n}.safetensors")
                 n += 1
                 cmd = base + ["--output", img, "--latents-out", lat, "--offload", offload] + MODES[mode]
-                try:
-                    rc, dt, err = run(cmd, 180)
-                except subprocess.TimeoutExpired:
-                    rc, dt, err = -1, 180, "timed out"
                 label = f"generate {pipe}/{case} mode={mode} offload={offload}"
-                if rc != 0:
-                    fails += 1
-                    print(f"FAIL  {label}: exit {rc} ({dt:.1f} s): {err.strip()}")
-                    continue
-                d, why = max_diff(lat, golden, "latents_final")
-                ok = d <= 5e-4
-                fails += not ok
-                print(f"{'PASS' if ok else 'FAIL'}  {label}: latents_final max|diff| {d:.3g} (tol 5e-4) {why} [{dt:.1f} s]")
+                fails += not check(label, cmd, 180, lat, golden, "latents_final", 5e-4)
     print(f"golden on {args.device}: {n} runs, {fails} failed, {time.time() - t0:.0f} s")
     return 1 if fails else 0
 
