@@ -5,8 +5,7 @@
 #   scripts/device-check.sh --prepare
 #       On the development machine (no GPU needed): builds build-device/ (CUDA on, sm_90 + PTX;
 #       oneDNN and MPI off) and bundles its binaries and the shared libraries they need that a
-#       CUDA image may lack (cJSON, libpng, PCRE2, utf8proc, cmocka) into .devbundle/, which
-#       .git/info/exclude ignores. Carry it: the GPU machine may have no -dev packages to build.
+#       CUDA image may lack (cJSON, libpng, PCRE2, utf8proc, cmocka) into .devbundle/ (git-ignored). Carry it: the GPU machine may have no -dev packages to build.
 #   scripts/device-check.sh
 #       On the GPU machine, e.g. through the device tool:
 #         run(command="bash scripts/device-check.sh", carry=[".devbundle"], timeout_s=560)
@@ -19,6 +18,8 @@
 #       (bench/cuda/run.sh --quick). Aims to finish within 8 minutes on an H200.
 #       Writes $OUT/device-check.txt (summary: one PASS/FAIL/SKIP line per step) and
 #       $OUT/device-check.log (everything). Exit status 0 only if no step failed.
+#       DEVICE_CHECK_BUNDLE=1 skips the build there (uses .devbundle); DEVICE_CHECK_BENCH=0 skips
+#       the benchmark.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -38,7 +39,6 @@ if [ "${1:-}" = "--prepare" ]; then
     ldd "$b" | awk '/=> \//{print $3}' | grep -E 'libcjson|libpng|libpcre2|libutf8proc|libcmocka|libz\.|libgomp' || true
   done | sort -u | xargs -r -I{} cp -L {} .devbundle/lib/
   echo "$ROOT" >.devbundle/ROOT
-  grep -qx '/.devbundle/' .git/info/exclude 2>/dev/null || echo '/.devbundle/' >>"$(git rev-parse --git-path info/exclude)"
   du -sh .devbundle
   echo "device-check: bundle ready; on the GPU machine run scripts/device-check.sh with carry=[\".devbundle\"]"
   exit 0
@@ -78,17 +78,23 @@ GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 echo "==== build there" >>"$LOG"
 tb=$(date +%s)
-if timeout 300 bash -c 'cmake -S . -B build-gpu "$@" -DCMAKE_BUILD_TYPE=Release -DCDIFFUSERS_CUDA=ON \
+built=0
+if [ "${DEVICE_CHECK_BUNDLE:-0}" = 1 ]; then
+  echo "DEVICE_CHECK_BUNDLE=1: no build there" >>"$LOG"
+elif timeout 300 bash -c 'cmake -S . -B build-gpu "$@" -DCMAKE_BUILD_TYPE=Release -DCDIFFUSERS_CUDA=ON \
       -DCDF_WITH_ONEDNN=OFF -DCDF_WITH_MPI=OFF -DCMAKE_CUDA_ARCHITECTURES="90-real;90-virtual" &&
     t=(cdiffusers_cli test_cuda_plan test_cuda_ops); [ -f tests/test_backend_ops.c ] && t+=(test_backend_ops);
     cmake --build build-gpu -j16 --target "${t[@]}"' _ "${GEN[@]}" >>"$LOG" 2>&1; then
+  built=1
+fi
+if [ $built = 1 ]; then
   BIN="$ROOT/build-gpu"
   note "PASS  build there (CUDA on, sm_90; $(($(date +%s) - tb)) s)"
 elif [ -f .devbundle/ROOT ]; then
   # the binaries carry absolute paths (tests/data, the CLI) of the checkout they were built in
   PREP_ROOT="$(cat .devbundle/ROOT)"
   if [ "$PREP_ROOT" != "$ROOT" ]; then mkdir -p "$(dirname "$PREP_ROOT")" && ln -sfn "$ROOT" "$PREP_ROOT"; fi
-  ln -sfn "$ROOT/.devbundle/build-device" "$ROOT/build-device"
+  [ -e "$ROOT/build-device" ] || ln -s "$ROOT/.devbundle/build-device" "$ROOT/build-device"
   export LD_LIBRARY_PATH="$ROOT/.devbundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
   BIN="$ROOT/build-device"
   note "NOTE  no build there (missing -dev packages? see the log); using the carried bundle prepared in $PREP_ROOT"
@@ -97,6 +103,12 @@ else
   exit 1
 fi
 CLI="$BIN/cdiffusers"
+# cuBLASLt may live outside the toolkit's lib64 on that image (e.g. in the nvidia-cublas wheel)
+if ldd "$CLI" | grep -q 'libcublasLt.*not found'; then
+  lt=$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
+  [ -n "$lt" ] && export LD_LIBRARY_PATH="$(dirname "$lt"):${LD_LIBRARY_PATH:-}" && note "NOTE  cuBLASLt from $lt"
+fi
+ldd "$CLI" | grep 'not found' | tee -a "$SUMMARY"
 
 # ---- the device is there ----
 step "cdiffusers devices lists cuda:0" 60 bash -c "'$CLI' devices | tee /dev/stderr | grep -q '^  cuda:0'"
@@ -143,7 +155,9 @@ fi
 
 # ---- benchmark, with what is left of the 8 minutes ----
 left=$((450 - $(elapsed)))
-if [ -x bench/cuda/run.sh ] && [ "$left" -gt 90 ]; then
+if [ "${DEVICE_CHECK_BENCH:-1}" = 0 ]; then
+  note "SKIP  bench/cuda (DEVICE_CHECK_BENCH=0)"
+elif [ -x bench/cuda/run.sh ] && [ "$left" -gt 90 ]; then
   step "bench/cuda --quick (${left} s left)" "$left" env OUT="$OUT" CLI="$CLI" bench/cuda/run.sh --quick
 else
   note "SKIP  bench/cuda (${left} s left)"
