@@ -149,11 +149,16 @@ static void *cuda_alloc(cdf_device *dev, size_t nbytes) {
     cdf_cuda_dev *d = dev_of(dev);
     if (!nbytes || dev_ready(d) != CDF_OK) return NULL;
     void *p = NULL;
-    if (cudaMallocAsync(&p, nbytes, d->stream) != cudaSuccess) {
-        (void)cudaGetLastError(); /* out of memory is not sticky */
-        return NULL;
-    }
-    return p;
+    if (cudaMallocAsync(&p, nbytes, d->stream) == cudaSuccess) return p;
+    (void)cudaGetLastError(); /* out of memory is not sticky */
+    /* the pool keeps freed blocks (release threshold: all): give them back to the device once
+     * the queued frees have happened, then try again */
+    cudaMemPool_t pool;
+    if (cudaStreamSynchronize(d->stream) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, d->ordinal) == cudaSuccess &&
+        cudaMemPoolTrimTo(pool, 0) == cudaSuccess && cudaMallocAsync(&p, nbytes, d->stream) == cudaSuccess)
+        return p;
+    (void)cudaGetLastError();
+    return NULL;
 }
 
 static void cuda_free(cdf_device *dev, void *ptr, size_t nbytes) {
