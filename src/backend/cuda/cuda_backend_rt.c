@@ -113,11 +113,10 @@ static cdf_status dev_ready(cdf_cuda_dev *d) {
             d->workspace_size = 32u << 20; /* cuBLASLt's split-K / stream-K scratch */
             if ((e = cudaMalloc(&d->workspace, d->workspace_size)) != cudaSuccess) {
                 s = cdf_cuda_fail(e, "allocating the cuBLASLt workspace");
-            } else if ((e = cudaHostAlloc((void **)&d->err_word, sizeof *d->err_word, cudaHostAllocMapped)) != cudaSuccess ||
-                       (e = cudaHostGetDevicePointer((void **)&d->err_word_dev, d->err_word, 0)) != cudaSuccess) {
+            } else if ((e = cudaMalloc((void **)&d->err_word_dev, sizeof *d->err_word_dev)) != cudaSuccess ||
+                       (e = cudaMemsetAsync(d->err_word_dev, 0, sizeof *d->err_word_dev, d->stream)) != cudaSuccess) {
                 s = cdf_cuda_fail(e, "allocating the kernels' error word");
             } else {
-                memset(d->err_word, 0, sizeof *d->err_word);
                 for (int i = 0; i < CDF_CUDA_EVENT_RING && s == CDF_OK; i++)
                     if ((e = cudaEventCreateWithFlags(&d->events[i], cudaEventDisableTiming)) != cudaSuccess)
                         s = cdf_cuda_fail(e, "creating events");
@@ -490,12 +489,14 @@ static cdf_status drain(cdf_cuda_dev *d, cdf_device *dev, bool collect) {
         record_error(d, CDF_ERR_DEVICE, msg);
         if (!d->sticky) (void)cudaGetLastError();
     }
-    if (d->err_word && d->err_word->code) {
+    cdf_cu_error_word w = {0};
+    /* on the stream: the legacy default stream does not order with this non-blocking one */
+    if (e == cudaSuccess && cudaMemcpyAsync(&w, d->err_word_dev, sizeof w, cudaMemcpyDeviceToHost, d->stream) == cudaSuccess &&
+        cudaStreamSynchronize(d->stream) == cudaSuccess && w.code) {
         char msg[200];
-        snprintf(msg, sizeof msg, "%s: embedding: id %lld is out of range for the table", dev->name,
-                 (long long)d->err_word->value);
+        snprintf(msg, sizeof msg, "%s: embedding: id %lld is out of range for the table", dev->name, w.value);
         record_error(d, CDF_ERR_INVALID_ARG, msg);
-        if (collect) memset(d->err_word, 0, sizeof *d->err_word);
+        if (collect) (void)cudaMemsetAsync(d->err_word_dev, 0, sizeof w, d->stream);
     }
     cdf_status s = CDF_OK;
     if (collect && d->err != CDF_OK) {

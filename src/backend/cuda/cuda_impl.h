@@ -41,8 +41,7 @@ typedef struct cdf_cuda_dev {
     char err_msg[768];
     bool sticky;
     const char *last_op; /* the last op launched (named when an asynchronous fault surfaces) */
-    cdf_cu_error_word *err_word; /* mapped pinned host memory kernels may flag */
-    cdf_cu_error_word *err_word_dev;
+    cdf_cu_error_word *err_word_dev; /* device memory kernels flag bad data in (read at sync) */
     cudaEvent_t events[CDF_CUDA_EVENT_RING];
     uint64_t n_events, events_done;
     cdf_cuda_pending *pending;

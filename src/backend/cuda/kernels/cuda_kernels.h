@@ -15,9 +15,9 @@
 extern "C" {
 #endif
 
-/* A device-side error word, in mapped pinned host memory: kernels that find bad data (an
- * embedding id out of range) set code/value with atomics instead of reading out of bounds; the
- * backend checks it when it synchronises. */
+/* A device-side error word in device memory: kernels that find bad data (an embedding id out of
+ * range) set code/value with an atomic instead of reading out of bounds; the backend reads it
+ * when it synchronises. */
 typedef struct cdf_cu_error_word {
     int code;      /* 0 = none, CDF_CU_ERR_* */
     long long value;
