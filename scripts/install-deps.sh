@@ -16,6 +16,8 @@ PKGS=(
   libopenmpi-dev openmpi-bin  # tensor parallelism
   python3             # test helpers that generate data
 )
+# The CUDA toolkit (optional: the CUDA backend, -DCDIFFUSERS_CUDA=AUTO) is not installed here: the
+# machines that have it carry it in /usr/local/cuda, and without it the build skips the backend.
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

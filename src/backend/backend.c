@@ -11,7 +11,16 @@
 #define MAX_BACKENDS 8
 #define MAX_DEVICES 16
 
-static const cdf_backend_iface *const k_builtin[] = {&cdf_cpu_backend_iface};
+#ifdef CDF_HAVE_CUDA
+extern const cdf_backend_iface cdf_cuda_backend_iface; /* backend/cuda/cuda_impl.h */
+#endif
+
+static const cdf_backend_iface *const k_builtin[] = {
+    &cdf_cpu_backend_iface,
+#ifdef CDF_HAVE_CUDA
+    &cdf_cuda_backend_iface,
+#endif
+};
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static const cdf_backend_iface *g_backends[MAX_BACKENDS];

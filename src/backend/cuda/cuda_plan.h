@@ -1,0 +1,66 @@
+/* The CUDA backend's host-side planning: pure C, no CUDA headers, always compiled (so CI tests
+ * it on machines without the toolkit or a GPU).
+ *
+ *  - cdf_cuda_plan_gemm: a matmul node's operand layouts derived from the source tensors' shapes
+ *    and strides alone (no layout parameters travel in the node), mapped onto cuBLASLt's
+ *    column-major problem.
+ *  - cdf_cuda_check_node: whether the CUDA kernels can run a node (dtypes, shapes), with the
+ *    reason when not. */
+#ifndef CDF_BACKEND_CUDA_PLAN_H
+#define CDF_BACKEND_CUDA_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cdiffusers/error.h"
+#include "graph/node.h"
+
+/* One operand as the planner sees it: shape and element strides (the tensor's own). */
+typedef struct cdf_cuda_operand {
+    int ndim;
+    const int64_t *shape, *strides;
+} cdf_cuda_operand;
+
+/* A row-major matrix in memory: X [rows, cols] (after op) is stored either as itself with row
+ * stride ld, or (trans) as X^T [cols, rows] with row stride ld; batch_stride between the
+ * matrices of a batch (0 = the same matrix for every batch index). */
+typedef struct cdf_cuda_matrix {
+    bool trans;
+    int64_t ld, batch_stride;
+} cdf_cuda_matrix;
+
+/* cuBLASLt's column-major problem D[m, n] = op(A)[m, k] op(B)[k, n], per batch. The row-major
+ * C = A B is computed as C^T = B^T A^T: cuBLASLt's A is our B and its B our A; a row-major
+ * matrix with row stride ld is the column-major transpose with leading dimension ld. */
+typedef struct cdf_cuda_lt_matrix {
+    bool op_t;            /* CUBLAS_OP_T (else CUBLAS_OP_N) */
+    int64_t rows, cols;   /* of the stored column-major matrix (before op) */
+    int64_t ld, batch_stride;
+} cdf_cuda_lt_matrix;
+
+typedef struct cdf_cuda_gemm_plan {
+    int64_t batch, M, N, K;           /* row-major: C[M, N] = A[M, K] B[K, N] */
+    cdf_cuda_matrix a, b, c;          /* row-major layouts (c never transposed) */
+    int64_t m, n, k;                  /* cuBLASLt's problem: m = N, n = M, k = K */
+    cdf_cuda_lt_matrix lt_a, lt_b, lt_d;
+    /* cuBLASLt's strided batch is only used when every batch stride is non-zero; a broadcast
+     * operand (stride 0) with batch > 1 runs one call per batch index instead. */
+    bool per_batch_calls;
+} cdf_cuda_gemm_plan;
+
+/* Plan C = A @ B for a [..., M, K], b [..., K, N], c [..., M, N] with equal batch dims (the
+ * tensor API expands them). Fails with CDF_ERR_INTERNAL naming the operand when a layout is not
+ * expressible (the tensor API makes such operands contiguous first). */
+cdf_status cdf_cuda_plan_gemm(cdf_cuda_operand a, cdf_cuda_operand b, cdf_cuda_operand c, cdf_cuda_gemm_plan *out);
+
+/* The dtypes the CUDA kernels compute in (f32, bf16, f16): every op's float operands. */
+bool cdf_cuda_float_dtype(cdf_dtype dt);
+
+/* Largest head dim of the attention kernel (kernels/cuda_kernels.h: CDF_CU_ATTN_MAX_D). */
+#define CDF_CUDA_ATTN_MAX_D 512
+
+/* Whether the CUDA backend runs node n; when not, a reason in why (if why != NULL). */
+bool cdf_cuda_check_node(const cdf_node *n, char *why, size_t why_size);
+
+#endif
