@@ -29,35 +29,6 @@ void cdf_compile_set_forbid_recompile(bool forbid) { g_forbid_recompile = forbid
 /* this thread's capture (exec/capture.c) */
 #define tl_cap (*cdf_capture_state())
 
-/* Is storage s reachable only through the graph's nodes and outputs (plus `pins` references
- * the capture itself holds)? A buffer that something else also holds — a tensor the model keeps
- * between calls, say — must not share arena memory with other buffers. */
-static bool graph_only(cdf_node **nodes, int n, cdf_tensor **outs, int n_out, const cdf_storage *s, long pins) {
-    enum { MAXOBJ = 128 };
-    const cdf_tensor *obj[MAXOBJ];
-    long cnt[MAXOBJ];
-    int nobj = 0;
-    for (int i = 0; i <= n; i++) {
-        int nt = i < n ? nodes[i]->n_src + 1 : n_out;
-        for (int k = 0; k < nt; k++) {
-            const cdf_tensor *t = i < n ? (k == 0 ? nodes[i]->dst : nodes[i]->src[k - 1]) : outs[k];
-            if (!t || t->storage != s) continue;
-            int j = 0;
-            while (j < nobj && obj[j] != t) j++;
-            if (j == nobj) {
-                if (nobj == MAXOBJ) return false;
-                obj[nobj] = t;
-                cnt[nobj++] = 0;
-            }
-            cnt[j]++;
-        }
-    }
-    if (atomic_load(&((cdf_storage *)s)->refcount) != nobj + pins) return false;
-    for (int j = 0; j < nobj; j++)
-        if (atomic_load(&((cdf_tensor *)obj[j])->refcount) != cnt[j]) return false;
-    return true;
-}
-
 /* ---- plans --------------------------------------------------------------------------------- */
 typedef struct plan {
     char *key;
@@ -447,7 +418,7 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
             } else {
                 /* buffers held outside the graph get memory of their own (not arena slots) */
                 for (int v = 0; s == CDF_OK && v < cap.n_virt; v++)
-                    if (!graph_only(cap.nodes, cap.n, traced_out.tensors, traced_out.n, cap.virt[v], 1))
+                    if (!cdf_graph_holds_only(cap.nodes, cap.n, traced_out.tensors, traced_out.n, cap.virt[v], 1))
                         s = cdf_storage_materialize(cap.virt[v]);
                 /* only the graph (and the outputs) hold the captured buffers from here on, which
                  * is what the fusion pass checks before removing an intermediate */

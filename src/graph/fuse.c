@@ -11,34 +11,6 @@ static bool fusible(const cdf_node *n) {
     return n->dst->dtype == CDF_F32 && cdf_tensor_is_contiguous(n->dst);
 }
 
-/* Is every handle on storage s held only by the nodes in the list? (Then s is an intermediate
- * nobody can read after the list runs.) */
-static bool only_nodes_hold(cdf_node **nodes, int n, const cdf_storage *s) {
-    enum { MAXOBJ = 64 };
-    const cdf_tensor *obj[MAXOBJ];
-    long cnt[MAXOBJ];
-    int nobj = 0;
-    for (int i = 0; i < n; i++) {
-        if (!nodes[i]) continue;
-        for (int k = -1; k < nodes[i]->n_src; k++) {
-            const cdf_tensor *t = k < 0 ? nodes[i]->dst : nodes[i]->src[k];
-            if (!t || t->storage != s) continue;
-            int j = 0;
-            while (j < nobj && obj[j] != t) j++;
-            if (j == nobj) {
-                if (nobj == MAXOBJ) return false;
-                obj[nobj] = t;
-                cnt[nobj++] = 0;
-            }
-            cnt[j]++;
-        }
-    }
-    if (atomic_load(&((cdf_storage *)s)->refcount) != nobj) return false;
-    for (int j = 0; j < nobj; j++)
-        if (atomic_load(&((cdf_tensor *)obj[j])->refcount) != cnt[j]) return false;
-    return true;
-}
-
 static bool reads_whole(const cdf_tensor *view, const cdf_tensor *t) {
     if (view->storage != t->storage || view->offset != t->offset || view->ndim != t->ndim) return false;
     for (int d = 0; d < t->ndim; d++)
@@ -92,7 +64,7 @@ void cdf_fuse_elementwise(cdf_node **nodes, int *n_io, cdf_fuse_stats *stats) {
             if (!reads_whole(c->src[slot], mid) || c->dst->ndim != mid->ndim) break;
             bool same_shape = true;
             for (int d = 0; d < mid->ndim; d++) same_shape &= c->dst->shape[d] == mid->shape[d];
-            if (!same_shape || !only_nodes_hold(nodes, n, mid->storage)) break;
+            if (!same_shape || !cdf_graph_holds_only(nodes, n, NULL, 0, mid->storage, 0) /* nobody else reads it */) break;
             cdf_fused_step st = {0};
             if (c->kind == CDF_OP_UNARY) {
                 st = (cdf_fused_step){.binary = false, .input = -1, .op = c->p.unary.op, .p0 = c->p.unary.p0, .p1 = c->p.unary.p1};

@@ -80,3 +80,31 @@ bool cdf_matmul_operand_layout(const cdf_tensor *t, int64_t *ld, bool *trans, in
     if (!t || t->ndim < 2) return false;
     return matrix_layout(t, ld, trans) && batch_collapsible(t, t->ndim - 2, batch_stride);
 }
+
+bool cdf_graph_holds_only(cdf_node *const *nodes, int n, cdf_tensor *const *outs, int n_out, const cdf_storage *s,
+                          long pins) {
+    enum { MAXOBJ = 128 };
+    const cdf_tensor *obj[MAXOBJ];
+    long cnt[MAXOBJ];
+    int nobj = 0;
+    for (int i = 0; i <= n; i++) {
+        if (i < n && !nodes[i]) continue; /* a slot the fusion pass emptied */
+        const int nt = i < n ? nodes[i]->n_src + 1 : n_out;
+        for (int k = 0; k < nt; k++) {
+            const cdf_tensor *t = i < n ? (k == 0 ? nodes[i]->dst : nodes[i]->src[k - 1]) : outs[k];
+            if (!t || t->storage != s) continue;
+            int j = 0;
+            while (j < nobj && obj[j] != t) j++;
+            if (j == nobj) {
+                if (nobj == MAXOBJ) return false;
+                obj[nobj] = t;
+                cnt[nobj++] = 0;
+            }
+            cnt[j]++;
+        }
+    }
+    if (atomic_load(&((cdf_storage *)s)->refcount) != nobj + pins) return false;
+    for (int j = 0; j < nobj; j++)
+        if (atomic_load(&((cdf_tensor *)obj[j])->refcount) != cnt[j]) return false;
+    return true;
+}

@@ -81,6 +81,13 @@ typedef struct cdf_node {
     } p;
 } cdf_node;
 
+/* Is storage s reachable only through nodes[0..n) (NULL entries skipped) and outs[0..n_out), plus
+ * `pins` references its caller holds? Every tensor referring to it must be held only by those
+ * nodes/outputs too. What the fusion pass (an intermediate nobody else can read) and the memory
+ * planner (a buffer nothing outside the graph holds may share arena memory) both ask. */
+bool cdf_graph_holds_only(cdf_node *const *nodes, int n, cdf_tensor *const *outs, int n_out, const cdf_storage *s,
+                          long pins);
+
 /* A new node with no sources (kind set, params zeroed). */
 cdf_node *cdf_node_new(cdf_op_kind kind);
 /* Adds a source reference (NULL allowed = absent optional operand). */
