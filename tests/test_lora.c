@@ -1,6 +1,6 @@
 /* LoRA adapters (issue #20) against diffusers + PEFT: tests/data/lora (made by
  * tools/make-lora-golden/make_lora_golden.py; see its README) holds random adapters in the
- * diffusers/PEFT (with network alphas) and kohya formats for the tiny golden FLUX.1-dev and SD3
+ * diffusers/PEFT (with network alphas), kohya and XLabs formats for the tiny golden FLUX.1-dev and SD3
  * transformers, and the transformer outputs diffusers computes with them: run time at scale 1
  * and 0.7, fused at 0.7, two adapters at once.
  *
@@ -136,6 +136,10 @@ static void test_flux_peft_fused(void **st) { (void)st, fused_case(&FLUX, "flux_
 /* kohya: the 10 per double block and 3 per single block keys reach 14 x 2 + 6 x 2 layers */
 static void test_flux_kohya_runtime(void **st) { (void)st, runtime_case(&FLUX, "flux_kohya", "flux_kohya", 40); }
 static void test_flux_kohya_fused(void **st) { (void)st, fused_case(&FLUX, "flux_kohya", "flux_kohya"); }
+/* XLabs: qkv_lora1/2 (3 layers each) + proj_lora1/2 per double block, qkv_lora (3) + proj_lora
+ * per single block: 8 x 2 + 4 x 2 layers */
+static void test_flux_xlabs_runtime(void **st) { (void)st, runtime_case(&FLUX, "flux_xlabs", "flux_xlabs", 24); }
+static void test_flux_xlabs_fused(void **st) { (void)st, fused_case(&FLUX, "flux_xlabs", "flux_xlabs"); }
 /* SD3: 14 + 14 + 11 block linears + context_embedder + proj_out */
 static void test_sd3_runtime(void **st) { (void)st, runtime_case(&SD3, "sd3_peft", "sd3_peft", 41); }
 static void test_sd3_fused(void **st) { (void)st, fused_case(&SD3, "sd3_peft", "sd3_peft"); }
@@ -164,6 +168,7 @@ static void multi_case(const char *first, const char *prefix) {
 }
 static void test_flux_multi_peft(void **st) { (void)st, multi_case("flux_peft", "flux_peft"); }
 static void test_flux_multi_kohya(void **st) { (void)st, multi_case("flux_kohya", "flux_kohya"); }
+static void test_flux_multi_xlabs(void **st) { (void)st, multi_case("flux_xlabs", "flux_xlabs"); }
 
 /* Explicit compile modes (whatever the environment says): a new scale replays the graph. */
 static void compiled_case(bool blocks) {
@@ -306,6 +311,26 @@ static void test_key_names(void **st) {
     assert_string_equal(t.component, "text_encoder_2");
     assert_false(cdf_lora_diffusers_target("unet.down_blocks.0", &t));
     assert_false(cdf_lora_diffusers_target("transformer.", &t));
+    /* XLabs: ".down.weight" counts only under a ".processor." module */
+    assert_int_equal(cdf_lora_key_split("double_blocks.7.processor.qkv_lora2.up.weight", base, sizeof base, &kohya),
+                     CDF_LORA_KEY_B);
+    assert_false(kohya);
+    assert_string_equal(base, "double_blocks.7.processor.qkv_lora2");
+    assert_int_equal(cdf_lora_key_split("transformer.blocks.0.down.weight", base, sizeof base, &kohya), CDF_LORA_KEY_OTHER);
+    assert_int_equal(cdf_lora_key_split("processor.up.weight", base, sizeof base, &kohya), CDF_LORA_KEY_OTHER);
+    assert_true(cdf_lora_xlabs_target("double_blocks.7.processor.qkv_lora2", &t));
+    assert_int_equal(t.n, 3);
+    assert_string_equal(t.module[2], "transformer_blocks.7.attn.add_v_proj");
+    assert_true(cdf_lora_xlabs_target("diffusion_model.single_blocks.11.processor.proj_lora", &t));
+    assert_int_equal(t.n, 1);
+    assert_string_equal(t.module[0], "single_transformer_blocks.11.proj_out");
+    assert_true(cdf_lora_xlabs_target("single_blocks.0.processor.qkv_lora", &t));
+    assert_int_equal(t.n, 3);
+    assert_string_equal(t.module[0], "single_transformer_blocks.0.attn.to_q");
+    assert_false(cdf_lora_xlabs_target("single_blocks.0.processor.qkv_lora1", &t)); /* a double-block name */
+    assert_false(cdf_lora_xlabs_target("double_blocks.0.processor.proj_lora", &t));
+    assert_false(cdf_lora_xlabs_target("double_blocks.x.processor.proj_lora1", &t));
+    assert_false(cdf_lora_xlabs_target("double_blocks.0.proj_lora1", &t));
 }
 
 /* ---- the CLI on a whole pipeline -------------------------------------------------------------
@@ -408,7 +433,9 @@ int main(void) {
         cmocka_unit_test(test_flux_peft_fused),     cmocka_unit_test(test_flux_kohya_runtime),
         cmocka_unit_test(test_flux_kohya_fused),    cmocka_unit_test(test_sd3_runtime),
         cmocka_unit_test(test_sd3_fused),           cmocka_unit_test(test_flux_multi_peft),
-        cmocka_unit_test(test_flux_multi_kohya),    cmocka_unit_test(test_compile_whole_scale),
+        cmocka_unit_test(test_flux_multi_kohya),    cmocka_unit_test(test_flux_xlabs_runtime),
+        cmocka_unit_test(test_flux_xlabs_fused),    cmocka_unit_test(test_flux_multi_xlabs),
+        cmocka_unit_test(test_compile_whole_scale),
         cmocka_unit_test(test_compile_blocks_scale), cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_cli_fuse_matches_offline_fused_folder), cmocka_unit_test(test_cli_bad_lora),
     };

@@ -19,6 +19,9 @@ Files (tests/data/lora/):
   flux_kohya.safetensors  kohya/sd-scripts keys "lora_unet_double_blocks_0_img_attn_qkv.lora_down/
                           lora_up.weight" + ".alpha": fused qkv, single-block linear1 (q, k, v, mlp),
                           linear2, modulation; one module without alpha
+  flux_xlabs.safetensors  XLabs-AI keys "double_blocks.0.processor.qkv_lora1.down.weight" /
+                          ".up.weight" (no alphas): qkv_lora1/2 split in q/k/v, proj_lora1/2,
+                          single-block qkv_lora and proj_lora
   flux_second.safetensors a second diffusers-format adapter (no alphas) for the multi-adapter case
   sd3_peft.safetensors    SD3 transformer adapter in diffusers/PEFT keys (no alphas: SD3's loader
                           takes none)
@@ -152,6 +155,32 @@ def flux_kohya_adapter(cfg, seed):
     return sd
 
 
+def flux_xlabs_adapter(cfg, seed):
+    """XLabs-AI's x-flux keys: "double_blocks.<i>.processor.qkv_lora1.down.weight" / ".up.weight",
+    no alphas. qkv_lora1/2 (image/text) are split in three equal parts by diffusers' converter,
+    proj_lora1/2 are the attention outputs; single blocks have qkv_lora (q, k, v) and proj_lora
+    (diffusers maps it to proj_out, so it takes proj_out's D + M inputs here). The single blocks
+    use ComfyUI's "diffusion_model." prefix, which diffusers' converter also accepts."""
+    g = gen(seed)
+    d = flux_dims(cfg)
+    D, M = d["D"], d["M"]
+    sd = {}
+
+    def add(name, fin, fout, r):
+        sd[f"{name}.down.weight"] = rnd(g, r, fin, std=fin ** -0.5)
+        sd[f"{name}.up.weight"] = rnd(g, fout, r, std=0.15)
+
+    for i in range(cfg["num_layers"]):
+        add(f"double_blocks.{i}.processor.qkv_lora1", D, 3 * D, 4)
+        add(f"double_blocks.{i}.processor.qkv_lora2", D, 3 * D, 2)
+        add(f"double_blocks.{i}.processor.proj_lora1", D, D, 3)
+        add(f"double_blocks.{i}.processor.proj_lora2", D, D, 4)
+    for i in range(cfg["num_single_layers"]):
+        add(f"diffusion_model.single_blocks.{i}.processor.qkv_lora", D, 3 * D, 4)
+        add(f"diffusion_model.single_blocks.{i}.processor.proj_lora", D + M, D, 2)
+    return sd
+
+
 def sd3_peft_adapter(cfg, seed):
     g = gen(seed)
     D = cfg["num_attention_heads"] * cfg["attention_head_dim"]
@@ -247,12 +276,13 @@ def main():
         "flux_peft": flux_peft_adapter(cfg, 1, alphas=True),
         "flux_kohya": flux_kohya_adapter(cfg, 2),
         "flux_second": flux_peft_adapter(cfg, 3, alphas=False),
+        "flux_xlabs": flux_xlabs_adapter(cfg, 6),
     }
     for k, sd in files.items():
         save_file(sd, os.path.join(a.out, f"{k}.safetensors"), metadata={"format": "pt"})
     out = {}
     second = os.path.join(a.out, "flux_second.safetensors")
-    for k in ("flux_peft", "flux_kohya"):
+    for k in ("flux_peft", "flux_kohya", "flux_xlabs"):
         fdir = os.path.join(a.out, f"{k}_fused") if a.fused_folders else None
         run_case(FluxTransformer2DModel, FluxLoraLoaderMixin, folder, io, flux_call, os.path.join(a.out, f"{k}.safetensors"),
                  second, out, k, fdir)
