@@ -23,9 +23,12 @@ Files (tests/data/lora/):
                           ".up.weight" (no alphas): qkv_lora1/2 split in q/k/v, proj_lora1/2,
                           single-block qkv_lora and proj_lora
   flux_second.safetensors a second diffusers-format adapter (no alphas) for the multi-adapter case
+  flux2_dev_peft.safetensors, flux2_klein_peft.safetensors  diffusers/PEFT adapters on every
+                          linear of the tiny golden Flux2Transformer2DModel folders (no alphas)
   sd3_peft.safetensors    SD3 transformer adapter in diffusers/PEFT keys (no alphas: SD3's loader
                           takes none)
-  flux.safetensors / sd3.safetensors  the outputs above, one prefix per adapter
+  flux.safetensors / sd3.safetensors / flux2_dev.safetensors / flux2_klein.safetensors
+                          the outputs above, one prefix per adapter
   flux_fused/, sd3_fused/  (written only with --fused-folders, not committed) transformer folders
                           with the adapter merged offline at scale 0.7 (fuse_lora + save_pretrained)
 
@@ -47,9 +50,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import diffusers
-from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
+from diffusers import Flux2Transformer2DModel, FluxTransformer2DModel, SD3Transformer2DModel
 from diffusers.loaders import lora_conversion_utils as lcu
-from diffusers.loaders.lora_pipeline import FluxLoraLoaderMixin, SD3LoraLoaderMixin
+from diffusers.loaders.lora_pipeline import Flux2LoraLoaderMixin, FluxLoraLoaderMixin, SD3LoraLoaderMixin
 
 torch.set_num_threads(1)
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -208,6 +211,26 @@ def sd3_peft_adapter(cfg, seed):
     return sd
 
 
+FLUX2_RANKS = {}  # last name component -> rank (see flux2_peft_adapter)
+
+
+def flux2_peft_adapter(folder, seed):
+    """A diffusers/PEFT adapter on every nn.Linear of a Flux2Transformer2DModel (no alphas:
+    Flux2LoraLoaderMixin passes none). The rank depends only on the module's last name component:
+    PEFT matches diffusers' rank patterns as name suffixes, so modules that share one get one rank."""
+    g = gen(seed)
+    m = Flux2Transformer2DModel.from_pretrained(folder, torch_dtype=torch.float32)
+    sd = {}
+    for name, mod in m.named_modules():
+        if not isinstance(mod, torch.nn.Linear):
+            continue
+        last = name.rsplit(".", 1)[-1]
+        r = FLUX2_RANKS.setdefault(last, (4, 2, 3)[len(FLUX2_RANKS) % 3])
+        sd[f"transformer.{name}.lora_A.weight"] = rnd(g, r, mod.in_features, std=mod.in_features ** -0.5)
+        sd[f"transformer.{name}.lora_B.weight"] = rnd(g, mod.out_features, r, std=0.15)
+    return sd
+
+
 # ---- runs -----------------------------------------------------------------------------------
 def load_into(mixin, model, path, name):
     """What pipe.load_lora_weights(path, adapter_name=name) does for the transformer."""
@@ -249,6 +272,11 @@ def flux_call(m, io):
     return m(hidden_states=io["hidden_states"], encoder_hidden_states=io["encoder_hidden_states"],
              pooled_projections=io["pooled_projections"], timestep=io["timestep"], img_ids=io["img_ids"],
              txt_ids=io["txt_ids"], guidance=io.get("guidance"), return_dict=False)[0].contiguous()
+
+
+def flux2_call(m, io):
+    return m(hidden_states=io["hidden_states"], encoder_hidden_states=io["encoder_hidden_states"], timestep=io["timestep"],
+             img_ids=io["img_ids"], txt_ids=io["txt_ids"], guidance=io.get("guidance"), return_dict=False)[0].contiguous()
 
 
 def sd3_call(m, io):
@@ -301,6 +329,17 @@ def main():
     save_file({f"out.{k}": v for k, v in out3.items()}, os.path.join(a.out, "sd3.safetensors"))
     stats.update({f"sd3.{k}": {"max_abs": float(v.abs().max()), "max_abs_diff_vs_base": float((v - out3["base"]).abs().max())}
                   for k, v in out3.items()})
+    # FLUX.2 dev (guidance embedding) and klein
+    for name, seed in (("flux2_dev", 7), ("flux2_klein", 8)):
+        folder = os.path.join(GOLDEN, name, "transformer")
+        io = load_file(os.path.join(GOLDEN, name, "io.safetensors"))
+        adapter = os.path.join(a.out, f"{name}_peft.safetensors")
+        save_file(flux2_peft_adapter(folder, seed), adapter, metadata={"format": "pt"})
+        o = {}
+        run_case(Flux2Transformer2DModel, Flux2LoraLoaderMixin, folder, io, flux2_call, adapter, None, o, f"{name}_peft")
+        save_file({f"out.{k}": v for k, v in o.items()}, os.path.join(a.out, f"{name}.safetensors"))
+        stats.update({f"{name}.{k}": {"max_abs": float(v.abs().max()), "max_abs_diff_vs_base": float((v - o["base"]).abs().max())}
+                      for k, v in o.items()})
     # The tiny FluxPipeline's transformer (tests/data/pipelines/flux1_dev_tiny): a kohya adapter and
     # that adapter merged offline by diffusers (fuse_lora at 0.8, unload_lora, save_pretrained):
     # the folder `--lora-mode fuse` must reproduce.
