@@ -1,6 +1,6 @@
 /* Fuzz target: LoRA key names (models/lora_file.c). The input, split at newlines, is a list of
  * tensor names as a LoRA file's header would hold them; each goes through cdf_lora_key_split and
- * then the kohya and diffusers name mappings, as cdf_lora_file_load does.
+ * then the kohya, XLabs and diffusers name mappings, as cdf_lora_file_load does.
  *
  * Invariants: the module part is a NUL-terminated prefix of the key (kind OTHER gives ""), never
  * longer than the buffer; a mapped target has 1..CDF_LORA_MAX_TARGETS modules, each non-empty
@@ -19,6 +19,7 @@ static void write_seeds(const char *dir) {
         "diffusion_model.double_blocks.3.txt_attn.qkv.lora_down.weight\ntext_encoders.clip_l.transformer.text_model."
         "encoder.layers.0.self_attn.q_proj.lora_up.weight",
         "transformer.x.dora_scale\n.alpha\nlora_unet_double_blocks__img_attn_qkv.alpha",
+        "double_blocks.0.processor.qkv_lora1.down.weight\ndiffusion_model.single_blocks.9.processor.proj_lora.up.weight",
     };
     for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) fz_seed(dir, 0, seeds[i], strlen(seeds[i]));
 }
@@ -50,6 +51,10 @@ static void one(const char *key) {
     if (cdf_lora_kohya_target(base, &t1)) {
         check_target(&t1);
         if (!cdf_lora_kohya_target(base, &t2) || memcmp(&t1, &t2, sizeof t1) != 0) abort();
+    }
+    if (cdf_lora_xlabs_target(base, &t1)) {
+        check_target(&t1);
+        if (!cdf_lora_xlabs_target(base, &t2) || memcmp(&t1, &t2, sizeof t1) != 0) abort();
     }
     if (cdf_lora_diffusers_target(base, &t1)) {
         check_target(&t1);

@@ -1,6 +1,6 @@
 /* LoRA adapters (issue #20) against diffusers + PEFT: tests/data/lora (made by
  * tools/make-lora-golden/make_lora_golden.py; see its README) holds random adapters in the
- * diffusers/PEFT (with network alphas) and kohya formats for the tiny golden FLUX.1-dev and SD3
+ * diffusers/PEFT (with network alphas), kohya and XLabs formats for the tiny golden FLUX.1-dev and SD3
  * transformers, and the transformer outputs diffusers computes with them: run time at scale 1
  * and 0.7, fused at 0.7, two adapters at once.
  *
@@ -41,9 +41,13 @@ static const char *path_of(const char *rel) {
 typedef struct model_case {
     const char *folder; /* golden/<x> */
     const char *ref;    /* lora/<x>.safetensors */
+    double atol;        /* the golden transformer's own f32 tolerance */
 } model_case;
-static const model_case FLUX = {"golden/flux1_dev", "lora/flux.safetensors"};
-static const model_case SD3 = {"golden/sd3", "lora/sd3.safetensors"};
+static const model_case FLUX = {"golden/flux1_dev", "lora/flux.safetensors", ATOL};
+static const model_case SD3 = {"golden/sd3", "lora/sd3.safetensors", ATOL};
+/* test_model_flux2's DEV_ATOL / KLEIN_ATOL */
+static const model_case FLUX2_DEV = {"golden/flux2_dev", "lora/flux2_dev.safetensors", 1e-4};
+static const model_case FLUX2_KLEIN = {"golden/flux2_klein", "lora/flux2_klein.safetensors", 5e-5};
 
 static cdf_component *load_transformer(const model_case *mc) {
     char dir[512];
@@ -99,7 +103,7 @@ static void set_scale(cdf_component *c, int id, float s) {
 /* Run time at scale 1 then 0.7 (no recompile in between), as set_adapters does. */
 static void runtime_case(const model_case *mc, const char *adapter, const char *prefix, int expect_layers) {
     cdf_component *c = load_transformer(mc);
-    assert_true(forward_diff(c, mc, "out.base") < ATOL);
+    assert_true(forward_diff(c, mc, "out.base") < mc->atol);
     cdf_lora_info info;
     char rel[256], key[128];
     snprintf(rel, sizeof rel, "lora/%s.safetensors", adapter);
@@ -107,12 +111,12 @@ static void runtime_case(const model_case *mc, const char *adapter, const char *
     if (s != CDF_OK) fail_msg("load %s: %s", rel, cdf_last_error());
     assert_int_equal(info.layers, expect_layers);
     snprintf(key, sizeof key, "out.%s.runtime_s1", prefix);
-    assert_true(forward_diff(c, mc, key) < ATOL);
+    assert_true(forward_diff(c, mc, key) < mc->atol);
     const int graphs = cdf_component_compiled_graphs(c);
     set_scale(c, 0, 0.7f);
     cdf_compile_set_forbid_recompile(true);
     snprintf(key, sizeof key, "out.%s.runtime_s07", prefix);
-    assert_true(forward_diff(c, mc, key) < ATOL);
+    assert_true(forward_diff(c, mc, key) < mc->atol);
     cdf_compile_set_forbid_recompile(false);
     assert_int_equal(cdf_component_compiled_graphs(c), graphs);
     cdf_component_free(c);
@@ -126,7 +130,7 @@ static void fused_case(const model_case *mc, const char *adapter, const char *pr
     if (s != CDF_OK) fail_msg("load %s: %s", rel, cdf_last_error());
     assert_null(cdf_component_lora_scales(c, false)); /* nothing at run time */
     snprintf(key, sizeof key, "out.%s.fused_s07", prefix);
-    assert_true(forward_diff(c, mc, key) < ATOL);
+    assert_true(forward_diff(c, mc, key) < mc->atol);
     cdf_component_free(c);
 }
 
@@ -136,9 +140,23 @@ static void test_flux_peft_fused(void **st) { (void)st, fused_case(&FLUX, "flux_
 /* kohya: the 10 per double block and 3 per single block keys reach 14 x 2 + 6 x 2 layers */
 static void test_flux_kohya_runtime(void **st) { (void)st, runtime_case(&FLUX, "flux_kohya", "flux_kohya", 40); }
 static void test_flux_kohya_fused(void **st) { (void)st, fused_case(&FLUX, "flux_kohya", "flux_kohya"); }
+/* XLabs: qkv_lora1/2 (3 layers each) + proj_lora1/2 per double block, qkv_lora (3) + proj_lora
+ * per single block: 8 x 2 + 4 x 2 layers */
+static void test_flux_xlabs_runtime(void **st) { (void)st, runtime_case(&FLUX, "flux_xlabs", "flux_xlabs", 24); }
+static void test_flux_xlabs_fused(void **st) { (void)st, fused_case(&FLUX, "flux_xlabs", "flux_xlabs"); }
 /* SD3: 14 + 14 + 11 block linears + context_embedder + proj_out */
 static void test_sd3_runtime(void **st) { (void)st, runtime_case(&SD3, "sd3_peft", "sd3_peft", 41); }
 static void test_sd3_fused(void **st) { (void)st, fused_case(&SD3, "sd3_peft", "sd3_peft"); }
+
+/* FLUX.2 (diffusers/PEFT on every linear): per double block 8 attention + 4 feed-forward
+ * linears, per single block the fused to_qkv_mlp_proj and to_out, three shared modulations,
+ * x/context embedders, norm_out, proj_out, the time (+ guidance, dev) embedder's two linears */
+static void test_flux2_dev_runtime(void **st) { (void)st, runtime_case(&FLUX2_DEV, "flux2_dev_peft", "flux2_dev_peft", 39); }
+static void test_flux2_dev_fused(void **st) { (void)st, fused_case(&FLUX2_DEV, "flux2_dev_peft", "flux2_dev_peft"); }
+static void test_flux2_klein_runtime(void **st) {
+    (void)st, runtime_case(&FLUX2_KLEIN, "flux2_klein_peft", "flux2_klein_peft", 37);
+}
+static void test_flux2_klein_fused(void **st) { (void)st, fused_case(&FLUX2_KLEIN, "flux2_klein_peft", "flux2_klein_peft"); }
 
 /* Two adapters at once: set_adapters(["a", "b"], [0.7, 1.3]). */
 static void multi_case(const char *first, const char *prefix) {
@@ -148,22 +166,23 @@ static void multi_case(const char *first, const char *prefix) {
     assert_int_equal(load_lora(c, rel, 0, 0.7f, CDF_LORA_RUNTIME, false, NULL), CDF_OK);
     assert_int_equal(load_lora(c, "lora/flux_second.safetensors", 1, 1.3f, CDF_LORA_RUNTIME, false, NULL), CDF_OK);
     snprintf(key, sizeof key, "out.%s.multi", prefix);
-    assert_true(forward_diff(c, &FLUX, key) < ATOL);
+    assert_true(forward_diff(c, &FLUX, key) < FLUX.atol);
     /* back to the first alone at 0.7 by scaling the second to 0: no recompile */
     const int graphs = cdf_component_compiled_graphs(c);
     set_scale(c, 1, 0.0f);
     cdf_compile_set_forbid_recompile(true);
     snprintf(key, sizeof key, "out.%s.runtime_s07", prefix);
-    assert_true(forward_diff(c, &FLUX, key) < ATOL);
+    assert_true(forward_diff(c, &FLUX, key) < FLUX.atol);
     cdf_compile_set_forbid_recompile(false);
     assert_int_equal(cdf_component_compiled_graphs(c), graphs);
     /* unload: the base model again */
     cdf_component_lora_reset(c);
-    assert_true(forward_diff(c, &FLUX, "out.base") < ATOL);
+    assert_true(forward_diff(c, &FLUX, "out.base") < FLUX.atol);
     cdf_component_free(c);
 }
 static void test_flux_multi_peft(void **st) { (void)st, multi_case("flux_peft", "flux_peft"); }
 static void test_flux_multi_kohya(void **st) { (void)st, multi_case("flux_kohya", "flux_kohya"); }
+static void test_flux_multi_xlabs(void **st) { (void)st, multi_case("flux_xlabs", "flux_xlabs"); }
 
 /* Explicit compile modes (whatever the environment says): a new scale replays the graph. */
 static void compiled_case(bool blocks) {
@@ -171,12 +190,12 @@ static void compiled_case(bool blocks) {
     cdf_compile_options o = cdf_compile_default_options();
     assert_int_equal(blocks ? cdf_component_compile_repeated_blocks(c, &o) : cdf_component_compile(c, &o), CDF_OK);
     assert_int_equal(load_lora(c, "lora/flux_peft.safetensors", 0, 1.0f, CDF_LORA_RUNTIME, false, NULL), CDF_OK);
-    assert_true(forward_diff(c, &FLUX, "out.flux_peft.runtime_s1") < ATOL);
+    assert_true(forward_diff(c, &FLUX, "out.flux_peft.runtime_s1") < FLUX.atol);
     const int graphs = cdf_component_compiled_graphs(c);
     assert_true(graphs >= 1);
     set_scale(c, 0, 0.7f);
     cdf_compile_set_forbid_recompile(true);
-    assert_true(forward_diff(c, &FLUX, "out.flux_peft.runtime_s07") < ATOL);
+    assert_true(forward_diff(c, &FLUX, "out.flux_peft.runtime_s07") < FLUX.atol);
     cdf_compile_set_forbid_recompile(false);
     assert_int_equal(cdf_component_compiled_graphs(c), graphs);
     cdf_component_free(c);
@@ -252,6 +271,10 @@ static void test_bad_input(void **st) {
     expect_refused(c, p, 1.0f, CDF_ERR_NOT_FOUND, "transformer.no_such_layer.alpha");
     write_adapter(p, "transformer.blocks_x.lora_A.weight", 4, 64, "transformer.blocks_x.lora_B.weight", 64, 4, 0.0f, NULL);
     expect_refused(c, p, 1.0f, CDF_ERR_NOT_FOUND, "blocks_x");
+    /* SD3 kohya names: diffusers has no converter for them, so they are reported, not guessed */
+    write_adapter(p, "lora_unet_joint_blocks_0_x_block_attn_qkv.lora_down.weight", 4, 64,
+                  "lora_unet_joint_blocks_0_x_block_attn_qkv.lora_up.weight", 192, 4, 0.0f, NULL);
+    expect_refused(c, p, 1.0f, CDF_ERR_FORMAT, "no LoRA weights of a known module (2 tensors, e.g. lora_unet_joint_blocks_0");
     write_adapter(p, QA, 4, 64, QB, 64, 4, 0.0f, "transformer.no_such_layer.alpha");
     cdf_lora_info info;
     assert_int_equal(load_lora(c, p, 0, 1.0f, CDF_LORA_RUNTIME, true, &info), CDF_ERR_NOT_FOUND); /* rel path: not found */
@@ -270,7 +293,7 @@ static void test_bad_input(void **st) {
     free(data);
     expect_refused(c, p, 1.0f, CDF_ERR_FORMAT, "LoRA file");
     /* after all that, the model is the base model */
-    assert_true(forward_diff(c, &FLUX, "out.base") < ATOL);
+    assert_true(forward_diff(c, &FLUX, "out.base") < FLUX.atol);
     cdf_component_free(c);
 }
 
@@ -306,6 +329,26 @@ static void test_key_names(void **st) {
     assert_string_equal(t.component, "text_encoder_2");
     assert_false(cdf_lora_diffusers_target("unet.down_blocks.0", &t));
     assert_false(cdf_lora_diffusers_target("transformer.", &t));
+    /* XLabs: ".down.weight" counts only under a ".processor." module */
+    assert_int_equal(cdf_lora_key_split("double_blocks.7.processor.qkv_lora2.up.weight", base, sizeof base, &kohya),
+                     CDF_LORA_KEY_B);
+    assert_false(kohya);
+    assert_string_equal(base, "double_blocks.7.processor.qkv_lora2");
+    assert_int_equal(cdf_lora_key_split("transformer.blocks.0.down.weight", base, sizeof base, &kohya), CDF_LORA_KEY_OTHER);
+    assert_int_equal(cdf_lora_key_split("processor.up.weight", base, sizeof base, &kohya), CDF_LORA_KEY_OTHER);
+    assert_true(cdf_lora_xlabs_target("double_blocks.7.processor.qkv_lora2", &t));
+    assert_int_equal(t.n, 3);
+    assert_string_equal(t.module[2], "transformer_blocks.7.attn.add_v_proj");
+    assert_true(cdf_lora_xlabs_target("diffusion_model.single_blocks.11.processor.proj_lora", &t));
+    assert_int_equal(t.n, 1);
+    assert_string_equal(t.module[0], "single_transformer_blocks.11.proj_out");
+    assert_true(cdf_lora_xlabs_target("single_blocks.0.processor.qkv_lora", &t));
+    assert_int_equal(t.n, 3);
+    assert_string_equal(t.module[0], "single_transformer_blocks.0.attn.to_q");
+    assert_false(cdf_lora_xlabs_target("single_blocks.0.processor.qkv_lora1", &t)); /* a double-block name */
+    assert_false(cdf_lora_xlabs_target("double_blocks.0.processor.proj_lora", &t));
+    assert_false(cdf_lora_xlabs_target("double_blocks.x.processor.proj_lora1", &t));
+    assert_false(cdf_lora_xlabs_target("double_blocks.0.proj_lora1", &t));
 }
 
 /* ---- the CLI on a whole pipeline -------------------------------------------------------------
@@ -408,7 +451,11 @@ int main(void) {
         cmocka_unit_test(test_flux_peft_fused),     cmocka_unit_test(test_flux_kohya_runtime),
         cmocka_unit_test(test_flux_kohya_fused),    cmocka_unit_test(test_sd3_runtime),
         cmocka_unit_test(test_sd3_fused),           cmocka_unit_test(test_flux_multi_peft),
-        cmocka_unit_test(test_flux_multi_kohya),    cmocka_unit_test(test_compile_whole_scale),
+        cmocka_unit_test(test_flux_multi_kohya),    cmocka_unit_test(test_flux_xlabs_runtime),
+        cmocka_unit_test(test_flux_xlabs_fused),    cmocka_unit_test(test_flux_multi_xlabs),
+        cmocka_unit_test(test_flux2_dev_runtime),   cmocka_unit_test(test_flux2_dev_fused),
+        cmocka_unit_test(test_flux2_klein_runtime), cmocka_unit_test(test_flux2_klein_fused),
+        cmocka_unit_test(test_compile_whole_scale),
         cmocka_unit_test(test_compile_blocks_scale), cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_cli_fuse_matches_offline_fused_folder), cmocka_unit_test(test_cli_bad_lora),
     };

@@ -13,26 +13,7 @@
 #include "compile/compile.h"
 #include "models/component.h"
 #include "nn/nn.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static cdf_tensor *randt(cdf_device *d, int nd, const int64_t *shape, uint64_t seed, float scale) {
-    int64_t n = 1;
-    for (int i = 0; i < nd; i++) n *= shape[i];
-    float *v = malloc((size_t)n * sizeof *v);
-    uint64_t s = seed * 2654435761u + 1;
-    for (int64_t i = 0; i < n; i++) {
-        s ^= s << 13; s ^= s >> 7; s ^= s << 17;
-        v[i] = scale * (float)((double)(s >> 11) / 9007199254740992.0 * 2 - 1);
-    }
-    cdf_tensor *t = cdf_tensor_from_host(d, CDF_F32, nd, shape, v, CDF_F32);
-    free(v);
-    return t;
-}
+#include "../flux_bench_inputs.h"
 
 typedef enum { M_EAGER, M_FUSE, M_COMPILE, M_BLOCKS, M_COUNT } mode;
 static const char *mode_name[M_COUNT] = {"eager", "defer-and-fuse", "compile", "compile-repeated-blocks"};
@@ -143,22 +124,7 @@ int main(int argc, char **argv) {
             cdf_tensor_map_set(&in, "pooled_projections", randt(dev, 2, ps, 3, 1));
             cdf_tensor_map_set(&in, "timestep", cdf_tensor_full(dev, CDF_F32, 1, ts, 500.0));
         } else {
-            int64_t L = (lat / 2) * (lat / 2);
-            int64_t hs[3] = {1, L, 64}, es[3] = {1, 512, 4096}, ps[2] = {1, 768}, ts[1] = {1}, is[2] = {L, 3}, xs[2] = {512, 3};
-            cdf_tensor_map_set(&in, "hidden_states", randt(dev, 3, hs, 1, 1));
-            cdf_tensor_map_set(&in, "encoder_hidden_states", randt(dev, 3, es, 2, 1));
-            cdf_tensor_map_set(&in, "pooled_projections", randt(dev, 2, ps, 3, 1));
-            cdf_tensor_map_set(&in, "timestep", cdf_tensor_full(dev, CDF_F32, 1, ts, 0.5));
-            cdf_tensor_map_set(&in, "guidance", cdf_tensor_full(dev, CDF_F32, 1, ts, 3.5));
-            float *ids = calloc((size_t)L * 3, sizeof *ids);
-            for (int64_t r = 0; r < lat / 2; r++)
-                for (int64_t c = 0; c < lat / 2; c++) {
-                    ids[(r * (lat / 2) + c) * 3 + 1] = (float)r;
-                    ids[(r * (lat / 2) + c) * 3 + 2] = (float)c;
-                }
-            cdf_tensor_map_set(&in, "img_ids", cdf_tensor_from_host(dev, CDF_F32, 2, is, ids, CDF_F32));
-            cdf_tensor_map_set(&in, "txt_ids", cdf_tensor_zeros(dev, CDF_F32, 2, xs));
-            free(ids);
+            flux_bench_inputs(dev, cases[k].res, &in);
         }
         printf("\n### %s, %dx%d\n\n", cases[k].name, cases[k].res, cases[k].res);
         printf("| mode | warm-up s | steady s | vs eager | peak MiB | kernels/forward |\n|---|---|---|---|---|---|\n");

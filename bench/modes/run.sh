@@ -1,18 +1,23 @@
 #!/bin/sh
 # Builds bench/modes/bench_modes against the built static library and runs it.
-#   BUILD_DIR=build bench/modes/run.sh [workdir] [calls]
+#   BUILD_DIR=build bench/modes/run.sh [workdir] [calls] [more arguments of the bench]
+# BENCH=lora builds and runs bench/lora/bench_lora instead (bench/lora/run.sh).
 # The random-weight model folders are written to workdir (default /tmp/cdf_bench_modes) once.
 set -eu
+name=${BENCH:-modes}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
 lib=$build/libcdiffusers.a
 [ -f "$lib" ] || { echo "run.sh: build the library first (cmake -S $root -B $build -DCMAKE_BUILD_TYPE=Release && cmake --build $build -j2)" >&2; exit 1; }
 mpi_libs=$(pkg-config --libs ompi-c 2>/dev/null || true)
-gcc -std=gnu17 -O2 -fopenmp -I"$root/include" -I"$root/src" "$root/bench/modes/bench_modes.c" "$lib" \
-    -ldnnl $mpi_libs $(pkg-config --libs libcjson libpng libpcre2-8) -lutf8proc -lm -ldl -lpthread -o "$build/bench_modes"
+gcc -std=gnu17 -O2 -fopenmp -I"$root/include" -I"$root/src" "$root/bench/$name/bench_$name.c" "$lib" \
+    -ldnnl $mpi_libs $(pkg-config --libs libcjson libpng libpcre2-8) -lutf8proc -lm -ldl -lpthread -o "$build/bench_$name"
 echo "CPU: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1), $(nproc) cores; date: $(date -u +%Y-%m-%d)"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 cd "$root"
-mkdir -p "${1:-/tmp/cdf_bench_modes}"
-"$build/bench_modes" "${1:-/tmp/cdf_bench_modes}" tests/data/tokenizers "${2:-2}"
+work=${1:-/tmp/cdf_bench_$name}
+calls=${2:-2}
+[ $# -gt 2 ] && shift 2 || set --
+mkdir -p "$work"
+"$build/bench_$name" "$work" tests/data/tokenizers "$calls" "$@"
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -14,13 +14,24 @@ static const struct {
     const char *suffix;
     cdf_lora_key_kind kind;
     bool kohya;
+    bool xlabs; /* only under an XLabs ".processor." module (".down.weight" is too common a name) */
 } k_suffixes[] = {
-    {".lora_A.weight", CDF_LORA_KEY_A, false},    {".lora_B.weight", CDF_LORA_KEY_B, false},
-    {".lora_down.weight", CDF_LORA_KEY_A, true},  {".lora_up.weight", CDF_LORA_KEY_B, true},
-    {".alpha", CDF_LORA_KEY_ALPHA, false},         {".dora_scale", CDF_LORA_KEY_DORA, false},
-    {".lora_magnitude_vector", CDF_LORA_KEY_DORA, false},
-    {".lora_magnitude_vector.weight", CDF_LORA_KEY_DORA, false},
+    {".lora_A.weight", CDF_LORA_KEY_A, false, false},      {".lora_B.weight", CDF_LORA_KEY_B, false, false},
+    {".lora_down.weight", CDF_LORA_KEY_A, true, false},    {".lora_up.weight", CDF_LORA_KEY_B, true, false},
+    {".alpha", CDF_LORA_KEY_ALPHA, false, false},          {".dora_scale", CDF_LORA_KEY_DORA, false, false},
+    {".lora_magnitude_vector", CDF_LORA_KEY_DORA, false, false},
+    {".lora_magnitude_vector.weight", CDF_LORA_KEY_DORA, false, false},
+    {".down.weight", CDF_LORA_KEY_A, false, true},         {".up.weight", CDF_LORA_KEY_B, false, true},
 };
+
+/* The first len bytes of key hold ".processor." (XLabs' attention-processor LoRA modules). */
+static bool xlabs_module(const char *key, size_t len) {
+    static const char needle[] = ".processor.";
+    const size_t nl = sizeof needle - 1;
+    for (size_t i = 0; i + nl <= len; i++)
+        if (memcmp(key + i, needle, nl) == 0) return true;
+    return false;
+}
 
 cdf_lora_key_kind cdf_lora_key_split(const char *key, char *base, size_t n, bool *kohya) {
     if (n) base[0] = '\0';
@@ -29,6 +40,7 @@ cdf_lora_key_kind cdf_lora_key_split(const char *key, char *base, size_t n, bool
     for (size_t i = 0; i < sizeof k_suffixes / sizeof *k_suffixes; i++) {
         const size_t sl = strlen(k_suffixes[i].suffix);
         if (len <= sl || strcmp(key + len - sl, k_suffixes[i].suffix) != 0) continue;
+        if (k_suffixes[i].xlabs && !xlabs_module(key, len - sl)) continue;
         if (len - sl >= n) return CDF_LORA_KEY_OTHER;
         memcpy(base, key, len - sl);
         base[len - sl] = '\0';
@@ -56,15 +68,15 @@ bool cdf_lora_diffusers_target(const char *base, cdf_lora_target *t) {
     return false;
 }
 
-/* "<digits>_" at *p: the number (at most 6 digits), p advanced past the '_'. */
-static bool take_index(const char **p, int *out) {
+/* "<digits><end>" at *p: the number (at most 6 digits), p advanced past `end`. */
+static bool take_index(const char **p, int *out, char end) {
     const char *s = *p;
     int v = 0, d = 0;
     while (*s >= '0' && *s <= '9') {
         if (++d > 6) return false;
         v = v * 10 + (*s++ - '0');
     }
-    if (d == 0 || *s != '_') return false;
+    if (d == 0 || *s != end) return false;
     *p = s + 1;
     *out = v;
     return true;
@@ -87,7 +99,7 @@ static bool kohya_unet(const char *s, cdf_lora_target *t) {
     int i;
     if (strncmp(s, "double_blocks_", 14) == 0) {
         const char *p = s + 14;
-        if (!take_index(&p, &i)) return false;
+        if (!take_index(&p, &i, '_')) return false;
         snprintf(prefix, sizeof prefix, "transformer_blocks.%d.", i);
         const bool img = strncmp(p, "img_", 4) == 0, txt = strncmp(p, "txt_", 4) == 0;
         if (!img && !txt) return false;
@@ -107,7 +119,7 @@ static bool kohya_unet(const char *s, cdf_lora_target *t) {
     }
     if (strncmp(s, "single_blocks_", 14) == 0) {
         const char *p = s + 14;
-        if (!take_index(&p, &i)) return false;
+        if (!take_index(&p, &i, '_')) return false;
         snprintf(prefix, sizeof prefix, "single_transformer_blocks.%d.", i);
         static const char *const linear1[] = {"attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"};
         static const char *const linear2[] = {"proj_out"}, *const mod[] = {"norm.linear"};
@@ -147,7 +159,7 @@ static bool kohya_te(const char *s, cdf_lora_target *t) {
     if (strncmp(p, "text_model_encoder_layers_", 26) != 0) return false;
     p += 26;
     int i;
-    if (!take_index(&p, &i)) return false;
+    if (!take_index(&p, &i, '_')) return false;
     static const struct {
         const char *kohya, *diffusers;
     } parts[] = {{"self_attn_q_proj", "self_attn.q_proj"},     {"self_attn_k_proj", "self_attn.k_proj"},
@@ -181,6 +193,35 @@ bool cdf_lora_kohya_target(const char *base, cdf_lora_target *t) {
     if (strncmp(s, "lora_unet_", 10) == 0) return kohya_unet(s + 10, t);
     if (strncmp(s, "lora_te1_", 9) == 0) return kohya_te(s + 9, t);
     if (strncmp(s, "lora_te_", 8) == 0) return kohya_te(s + 8, t);
+    return false;
+}
+
+/* XLabs names: "[diffusion_model.]double_blocks.<i>.processor.qkv_lora1" etc. (diffusers'
+ * _convert_xlabs_flux_lora_to_diffusers: qkv_lora1/2 split in three equal row blocks over the
+ * image/text q, k, v; proj_lora1/2 the attention outputs; in single blocks qkv_lora -> q, k, v
+ * and proj_lora -> proj_out). */
+bool cdf_lora_xlabs_target(const char *base, cdf_lora_target *t) {
+    memset(t, 0, sizeof *t);
+    const char *p = base;
+    if (strncmp(p, "diffusion_model.", 16) == 0) p += 16;
+    const bool dbl = strncmp(p, "double_blocks.", 14) == 0, sgl = strncmp(p, "single_blocks.", 14) == 0;
+    if (!dbl && !sgl) return false;
+    p += 14;
+    int i;
+    if (!take_index(&p, &i, '.') || strncmp(p, "processor.", 10) != 0) return false;
+    p += 10;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "%s.%d.", dbl ? "transformer_blocks" : "single_transformer_blocks", i);
+    static const char *const qkv_img[] = {"attn.to_q", "attn.to_k", "attn.to_v"};
+    static const char *const qkv_txt[] = {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
+    static const char *const out_img[] = {"attn.to_out.0"}, *const out_txt[] = {"attn.to_add_out"};
+    static const char *const proj_out[] = {"proj_out"};
+    if (dbl && strcmp(p, "qkv_lora1") == 0) return set_targets(t, "transformer", prefix, 3, qkv_img);
+    if (dbl && strcmp(p, "qkv_lora2") == 0) return set_targets(t, "transformer", prefix, 3, qkv_txt);
+    if (dbl && strcmp(p, "proj_lora1") == 0) return set_targets(t, "transformer", prefix, 1, out_img);
+    if (dbl && strcmp(p, "proj_lora2") == 0) return set_targets(t, "transformer", prefix, 1, out_txt);
+    if (sgl && strcmp(p, "qkv_lora") == 0) return set_targets(t, "transformer", prefix, 3, qkv_img);
+    if (sgl && strcmp(p, "proj_lora") == 0) return set_targets(t, "transformer", prefix, 1, proj_out);
     return false;
 }
 
@@ -289,7 +330,7 @@ static cdf_status parse(const cdf_st_file *f, const char *path, cdf_lora_file *l
     group *g = calloc((size_t)nt + 1, sizeof *g);
     if (!g) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
     int ng = 0;
-    bool kohya = false;
+    bool kohya = false, xlabs = false;
     cdf_status s = CDF_OK;
     for (int i = 0; i < nt && s == CDF_OK; i++) {
         const cdf_st_tensor *t = cdf_st_tensor_at(f, i);
@@ -317,14 +358,25 @@ static cdf_status parse(const cdf_st_file *f, const char *path, cdf_lora_file *l
         *slot = t;
         if (kind != CDF_LORA_KEY_ALPHA) g[j].kohya |= ko;
         kohya |= ko;
+        xlabs |= strstr(t->name, "processor") != NULL;
     }
     /* as diffusers: any lora_down key makes the file kohya; within it, "transformer."-prefixed
-     * modules are PEFT names with kohya suffixes */
-    lf->format = kohya ? "kohya" : "diffusers";
+     * modules are PEFT names with kohya suffixes. Otherwise any key with "processor" makes it
+     * XLabs (whose converter passes other keys through unchanged, so diffusers names still load). */
+    xlabs &= !kohya;
+    lf->format = kohya ? "kohya" : xlabs ? "XLabs" : "diffusers";
     for (int j = 0; j < ng && s == CDF_OK; j++) {
         cdf_lora_target tg;
-        const bool known = kohya && strncmp(g[j].base, "transformer.", 12) != 0 ? cdf_lora_kohya_target(g[j].base, &tg)
-                                                                                : cdf_lora_diffusers_target(g[j].base, &tg);
+        const bool peft = strncmp(g[j].base, "transformer.", 12) == 0;
+        const bool known = kohya && !peft                               ? cdf_lora_kohya_target(g[j].base, &tg)
+                           : xlabs && strstr(g[j].base, ".processor.") ? cdf_lora_xlabs_target(g[j].base, &tg)
+                                                                        : cdf_lora_diffusers_target(g[j].base, &tg);
+        if (known && xlabs && !peft && g[j].alpha) {
+            /* diffusers' XLabs loader takes no alphas (its converter rejects or misfiles them):
+             * reported as unused rather than applied or dropped silently */
+            s = add_unused(lf, g[j].alpha->name);
+            g[j].alpha = NULL;
+        }
         if (!known || !g[j].a || !g[j].b) {
             if (known && (g[j].a || g[j].b)) {
                 s = cdf_error(CDF_ERR_FORMAT, "LoRA file %s: '%s' has %s but no %s", path, g[j].base,

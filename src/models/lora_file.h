@@ -11,6 +11,10 @@
  *    rows over their targets (qkv -> to_q/to_k/to_v, single-block linear1 -> to_q/to_k/to_v/
  *    proj_mlp) with lora_down shared; ComfyUI's "diffusion_model.double_blocks.0..." spelling
  *    and kohya text-encoder keys "lora_te1_text_model_encoder_layers_<i>_..." (text_encoder).
+ *  - XLabs (x-flux) FLUX.1: "double_blocks.<i>.processor.qkv_lora1.down.weight", ".up.weight",
+ *    no alphas (detected, as diffusers does, by "processor" in a key of a non-kohya file):
+ *    qkv_lora1/qkv_lora2 split over the image/text q, k, v, proj_lora1/2 the attention outputs,
+ *    single blocks' qkv_lora -> q, k, v and proj_lora -> proj_out.
  * DoRA ("dora_scale", "lora_magnitude_vector") is refused, never dropped. */
 #ifndef CDF_MODELS_LORA_FILE_H
 #define CDF_MODELS_LORA_FILE_H
@@ -54,6 +58,10 @@ bool cdf_lora_diffusers_target(const char *base, cdf_lora_target *t);
  * ComfyUI's dotted "diffusion_model.double_blocks.0.img_attn.qkv") -> target. false if unknown. */
 bool cdf_lora_kohya_target(const char *base, cdf_lora_target *t);
 
+/* XLabs module part ("double_blocks.0.processor.qkv_lora1", "[diffusion_model.]single_blocks.
+ * 3.processor.proj_lora") -> target. false if unknown. */
+bool cdf_lora_xlabs_target(const char *base, cdf_lora_target *t);
+
 /* ---- files ----------------------------------------------------------------------------------- */
 typedef struct cdf_lora_entry {
     cdf_lora_target target;
@@ -64,7 +72,7 @@ typedef struct cdf_lora_entry {
 } cdf_lora_entry;
 
 typedef struct cdf_lora_file {
-    const char *format; /* "diffusers", "kohya" */
+    const char *format; /* "diffusers", "kohya", "XLabs" */
     int n;
     cdf_lora_entry *e;
     int n_unused;       /* keys that are not (complete) LoRA pairs of a known module */

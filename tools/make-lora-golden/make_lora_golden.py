@@ -19,10 +19,16 @@ Files (tests/data/lora/):
   flux_kohya.safetensors  kohya/sd-scripts keys "lora_unet_double_blocks_0_img_attn_qkv.lora_down/
                           lora_up.weight" + ".alpha": fused qkv, single-block linear1 (q, k, v, mlp),
                           linear2, modulation; one module without alpha
+  flux_xlabs.safetensors  XLabs-AI keys "double_blocks.0.processor.qkv_lora1.down.weight" /
+                          ".up.weight" (no alphas): qkv_lora1/2 split in q/k/v, proj_lora1/2,
+                          single-block qkv_lora and proj_lora
   flux_second.safetensors a second diffusers-format adapter (no alphas) for the multi-adapter case
+  flux2_dev_peft.safetensors, flux2_klein_peft.safetensors  diffusers/PEFT adapters on every
+                          linear of the tiny golden Flux2Transformer2DModel folders (no alphas)
   sd3_peft.safetensors    SD3 transformer adapter in diffusers/PEFT keys (no alphas: SD3's loader
                           takes none)
-  flux.safetensors / sd3.safetensors  the outputs above, one prefix per adapter
+  flux.safetensors / sd3.safetensors / flux2_dev.safetensors / flux2_klein.safetensors
+                          the outputs above, one prefix per adapter
   flux_fused/, sd3_fused/  (written only with --fused-folders, not committed) transformer folders
                           with the adapter merged offline at scale 0.7 (fuse_lora + save_pretrained)
 
@@ -44,9 +50,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import diffusers
-from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
+from diffusers import Flux2Transformer2DModel, FluxTransformer2DModel, SD3Transformer2DModel
 from diffusers.loaders import lora_conversion_utils as lcu
-from diffusers.loaders.lora_pipeline import FluxLoraLoaderMixin, SD3LoraLoaderMixin
+from diffusers.loaders.lora_pipeline import Flux2LoraLoaderMixin, FluxLoraLoaderMixin, SD3LoraLoaderMixin
 
 torch.set_num_threads(1)
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -152,6 +158,32 @@ def flux_kohya_adapter(cfg, seed):
     return sd
 
 
+def flux_xlabs_adapter(cfg, seed):
+    """XLabs-AI's x-flux keys: "double_blocks.<i>.processor.qkv_lora1.down.weight" / ".up.weight",
+    no alphas. qkv_lora1/2 (image/text) are split in three equal parts by diffusers' converter,
+    proj_lora1/2 are the attention outputs; single blocks have qkv_lora (q, k, v) and proj_lora
+    (diffusers maps it to proj_out, so it takes proj_out's D + M inputs here). The single blocks
+    use ComfyUI's "diffusion_model." prefix, which diffusers' converter also accepts."""
+    g = gen(seed)
+    d = flux_dims(cfg)
+    D, M = d["D"], d["M"]
+    sd = {}
+
+    def add(name, fin, fout, r):
+        sd[f"{name}.down.weight"] = rnd(g, r, fin, std=fin ** -0.5)
+        sd[f"{name}.up.weight"] = rnd(g, fout, r, std=0.15)
+
+    for i in range(cfg["num_layers"]):
+        add(f"double_blocks.{i}.processor.qkv_lora1", D, 3 * D, 4)
+        add(f"double_blocks.{i}.processor.qkv_lora2", D, 3 * D, 2)
+        add(f"double_blocks.{i}.processor.proj_lora1", D, D, 3)
+        add(f"double_blocks.{i}.processor.proj_lora2", D, D, 4)
+    for i in range(cfg["num_single_layers"]):
+        add(f"diffusion_model.single_blocks.{i}.processor.qkv_lora", D, 3 * D, 4)
+        add(f"diffusion_model.single_blocks.{i}.processor.proj_lora", D + M, D, 2)
+    return sd
+
+
 def sd3_peft_adapter(cfg, seed):
     g = gen(seed)
     D = cfg["num_attention_heads"] * cfg["attention_head_dim"]
@@ -176,6 +208,26 @@ def sd3_peft_adapter(cfg, seed):
     sd["transformer.context_embedder.lora_B.weight"] = rnd(g, D, 4, std=0.15)
     sd["transformer.proj_out.lora_A.weight"] = rnd(g, 4, D, std=D ** -0.5)
     sd["transformer.proj_out.lora_B.weight"] = rnd(g, cfg["patch_size"] ** 2 * cfg["out_channels"], 4, std=0.15)
+    return sd
+
+
+FLUX2_RANKS = {}  # last name component -> rank (see flux2_peft_adapter)
+
+
+def flux2_peft_adapter(folder, seed):
+    """A diffusers/PEFT adapter on every nn.Linear of a Flux2Transformer2DModel (no alphas:
+    Flux2LoraLoaderMixin passes none). The rank depends only on the module's last name component:
+    PEFT matches diffusers' rank patterns as name suffixes, so modules that share one get one rank."""
+    g = gen(seed)
+    m = Flux2Transformer2DModel.from_pretrained(folder, torch_dtype=torch.float32)
+    sd = {}
+    for name, mod in m.named_modules():
+        if not isinstance(mod, torch.nn.Linear):
+            continue
+        last = name.rsplit(".", 1)[-1]
+        r = FLUX2_RANKS.setdefault(last, (4, 2, 3)[len(FLUX2_RANKS) % 3])
+        sd[f"transformer.{name}.lora_A.weight"] = rnd(g, r, mod.in_features, std=mod.in_features ** -0.5)
+        sd[f"transformer.{name}.lora_B.weight"] = rnd(g, mod.out_features, r, std=0.15)
     return sd
 
 
@@ -222,6 +274,11 @@ def flux_call(m, io):
              txt_ids=io["txt_ids"], guidance=io.get("guidance"), return_dict=False)[0].contiguous()
 
 
+def flux2_call(m, io):
+    return m(hidden_states=io["hidden_states"], encoder_hidden_states=io["encoder_hidden_states"], timestep=io["timestep"],
+             img_ids=io["img_ids"], txt_ids=io["txt_ids"], guidance=io.get("guidance"), return_dict=False)[0].contiguous()
+
+
 def sd3_call(m, io):
     return m(hidden_states=io["hidden_states"], encoder_hidden_states=io["encoder_hidden_states"],
              pooled_projections=io["pooled_projections"], timestep=io["timestep"], return_dict=False)[0].contiguous()
@@ -247,12 +304,13 @@ def main():
         "flux_peft": flux_peft_adapter(cfg, 1, alphas=True),
         "flux_kohya": flux_kohya_adapter(cfg, 2),
         "flux_second": flux_peft_adapter(cfg, 3, alphas=False),
+        "flux_xlabs": flux_xlabs_adapter(cfg, 6),
     }
     for k, sd in files.items():
         save_file(sd, os.path.join(a.out, f"{k}.safetensors"), metadata={"format": "pt"})
     out = {}
     second = os.path.join(a.out, "flux_second.safetensors")
-    for k in ("flux_peft", "flux_kohya"):
+    for k in ("flux_peft", "flux_kohya", "flux_xlabs"):
         fdir = os.path.join(a.out, f"{k}_fused") if a.fused_folders else None
         run_case(FluxTransformer2DModel, FluxLoraLoaderMixin, folder, io, flux_call, os.path.join(a.out, f"{k}.safetensors"),
                  second, out, k, fdir)
@@ -271,6 +329,17 @@ def main():
     save_file({f"out.{k}": v for k, v in out3.items()}, os.path.join(a.out, "sd3.safetensors"))
     stats.update({f"sd3.{k}": {"max_abs": float(v.abs().max()), "max_abs_diff_vs_base": float((v - out3["base"]).abs().max())}
                   for k, v in out3.items()})
+    # FLUX.2 dev (guidance embedding) and klein
+    for name, seed in (("flux2_dev", 7), ("flux2_klein", 8)):
+        folder = os.path.join(GOLDEN, name, "transformer")
+        io = load_file(os.path.join(GOLDEN, name, "io.safetensors"))
+        adapter = os.path.join(a.out, f"{name}_peft.safetensors")
+        save_file(flux2_peft_adapter(folder, seed), adapter, metadata={"format": "pt"})
+        o = {}
+        run_case(Flux2Transformer2DModel, Flux2LoraLoaderMixin, folder, io, flux2_call, adapter, None, o, f"{name}_peft")
+        save_file({f"out.{k}": v for k, v in o.items()}, os.path.join(a.out, f"{name}.safetensors"))
+        stats.update({f"{name}.{k}": {"max_abs": float(v.abs().max()), "max_abs_diff_vs_base": float((v - o["base"]).abs().max())}
+                      for k, v in o.items()})
     # The tiny FluxPipeline's transformer (tests/data/pipelines/flux1_dev_tiny): a kohya adapter and
     # that adapter merged offline by diffusers (fuse_lora at 0.8, unload_lora, save_pretrained):
     # the folder `--lora-mode fuse` must reproduce.
