@@ -810,7 +810,20 @@ static void shut_down(server *srv, struct MHD_Daemon *d, pthread_t worker) {
     MHD_stop_daemon(d);
 }
 
+static int serve(int argc, char **argv, sigset_t *sigs);
+
 int cdf_cli_serve(int argc, char **argv) {
+    sigset_t sigs, old;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, NULL, &old);
+    int rc = serve(argc, argv, &sigs);
+    pthread_sigmask(SIG_SETMASK, &old, NULL); /* as it was (the tool returns; a caller in-process goes on) */
+    return rc;
+}
+
+static int serve(int argc, char **argv, sigset_t *sigs) {
     static server srv_storage;
     server *srv = &srv_storage;
     memset(srv, 0, sizeof *srv);
@@ -884,12 +897,15 @@ int cdf_cli_serve(int argc, char **argv) {
     srv->model_name = slash && slash[1] ? slash + 1 : srv->model;
 
     /* where to listen: refuse a non-loopback address without a key before loading anything */
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    /* numeric addresses only (and "localhost"): no name lookup, so no DNS traffic or delay */
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICHOST},
+                    *ai = NULL;
     char portstr[8];
     snprintf(portstr, sizeof portstr, "%ld", port);
-    int gai = getaddrinfo(host, portstr, &hints, &ai);
+    int gai = getaddrinfo(strcmp(host, "localhost") == 0 ? "127.0.0.1" : host, portstr, &hints, &ai);
     if (gai != 0) {
-        fprintf(stderr, "cdiffusers serve: cannot resolve --host '%s': %s\n", host, gai_strerror(gai));
+        fprintf(stderr, "cdiffusers serve: --host must be an IPv4 or IPv6 address or localhost, got '%s' (%s)\n", host,
+                gai_strerror(gai));
         return EXIT_USAGE;
     }
     if (!is_loopback(ai->ai_addr) && !srv->api_key) {
@@ -903,11 +919,7 @@ int cdf_cli_serve(int argc, char **argv) {
     }
 
     /* signals go to the main thread only: block them before any thread starts */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    pthread_sigmask(SIG_BLOCK, sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     pthread_mutex_init(&srv->mu, NULL);
@@ -952,7 +964,7 @@ int cdf_cli_serve(int argc, char **argv) {
             cdf_pipeline_class_name(srv->pipe), strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "",
             di ? di->port : (unsigned)port, srv->qmax, srv->api_key ? ", API key required" : "");
     int sig = 0;
-    sigwait(&sigs, &sig);
+    sigwait(sigs, &sig);
     fprintf(stderr, "cdiffusers serve: %s: finishing the current step, refusing the queue, exiting\n",
             sig == SIGTERM ? "SIGTERM" : "SIGINT");
     shut_down(srv, d, worker);
