@@ -134,8 +134,26 @@ static cdf_status json_double(const cJSON *o, const char *key, double lo, double
     return CDF_OK;
 }
 
+/* A \u0000 escape inside a JSON string: cJSON would cut the string there, silently. */
+static bool has_nul_escape(const char *t, size_t n) {
+    bool in = false;
+    for (size_t i = 0; i < n; i++) {
+        if (!in) {
+            in = t[i] == '"';
+        } else if (t[i] == '"') {
+            in = false;
+        } else if (t[i] == '\\' && i + 1 < n) {
+            if (t[i + 1] == 'u' && i + 5 < n && memcmp(t + i + 2, "0000", 4) == 0) return true;
+            i++;
+        }
+    }
+    return false;
+}
+
 static cdf_status parse_object(const char *body, size_t len, cJSON **root) {
     *root = NULL;
+    if (has_nul_escape(body, len))
+        return cdf_error(CDF_ERR_FORMAT, "text fields must be UTF-8 text without NUL characters (\\u0000)");
     CDF_TRY(cdf_json_parse(body, len, "request body", root));
     if (!cJSON_IsObject(*root)) {
         cJSON_Delete(*root);
@@ -416,6 +434,18 @@ static cdf_status part_headers(const char *h, size_t n, serve_part *p) {
     return CDF_OK;
 }
 
+/* The next delimiter (CRLF "--" boundary) at or after p that is followed by "--" or by optional
+ * padding and CRLF: a boundary-like run inside a part's data is data. */
+static const uint8_t *find_delimiter(const uint8_t *p, const uint8_t *end, const char *delim, size_t dl) {
+    for (; p < end && (p = memmem(p, (size_t)(end - p), delim, dl)); p++) {
+        const uint8_t *q = p + dl;
+        if (end - q >= 2 && q[0] == '-' && q[1] == '-') return p;
+        while (q < end && (*q == ' ' || *q == '\t')) q++;
+        if (end - q >= 2 && q[0] == '\r' && q[1] == '\n') return p;
+    }
+    return NULL;
+}
+
 cdf_status serve_multipart_parse(const char *content_type, const uint8_t *body, size_t len, serve_part *parts, int max, int *n) {
     *n = 0;
     if (!content_type || strncasecmp(content_type, "multipart/form-data", 19) != 0)
@@ -428,7 +458,7 @@ cdf_status serve_multipart_parse(const char *content_type, const uint8_t *body, 
     const uint8_t *p;
     if (len >= bl - 2 && memcmp(body, boundary + 2, bl - 2) == 0) p = body + bl - 2;
     else {
-        p = memmem(body, len, boundary, bl);
+        p = find_delimiter(body, body + len, boundary, bl);
         if (!p) return cdf_error(CDF_ERR_FORMAT, "multipart: the boundary never occurs in the body");
         p += bl;
     }
@@ -449,7 +479,7 @@ cdf_status serve_multipart_parse(const char *content_type, const uint8_t *body, 
         if (hl > SERVE_MAX_PART_HEADER) return cdf_error(CDF_ERR_LIMIT, "multipart: part headers over %d bytes", SERVE_MAX_PART_HEADER);
         CDF_TRY(part_headers((const char *)p, hl, part));
         const uint8_t *data = hend + 4;
-        const uint8_t *next = memmem(data, (size_t)(end - data), boundary, bl);
+        const uint8_t *next = find_delimiter(data, end, boundary, bl);
         if (!next) return cdf_error(CDF_ERR_FORMAT, "multipart: part '%s' is not closed by the boundary", part->name);
         part->data = data;
         part->len = (size_t)(next - data);
