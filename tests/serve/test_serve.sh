@@ -4,7 +4,7 @@
 # AUTOMATIC1111 endpoints, the same PNG bytes as `cdiffusers generate`, n=2, the job API
 # (progress, ETA, cancel between steps), a client that hangs up cancels its queued job, 8
 # concurrent clients served in arrival order, a full queue (429 + Retry-After), bad requests
-# (400 with a message, the server still serving), the body limit (413), the edit endpoints
+# (400 with a message, the server still serving), the body, header and URL limits (413, 431, 414), the edit endpoints
 # (validated, then 501 until img2img exists), the API key (401), and SIGTERM during a run
 # (the running and queued requests get 503, exit status 0).
 #
@@ -125,6 +125,10 @@ expect_400 "txt2img wrong type" /sdapi/v1/txt2img '{"prompt":"x","width":"64"}' 
 expect_400 "txt2img batch limit" /sdapi/v1/txt2img '{"prompt":"x","batch_size":4,"n_iter":4}' "over the limit of 8 images"
 st=$(req "$A" POST $G -H 'Content-Type: application/json' --data-binary @<(head -c 2000000 /dev/zero | tr '\0' ' '))
 check "body over the limit -> 413 ($st)" [ "$st" = 413 ]
+st=$(req "$A" GET /health -H "X-Big: $(head -c 70000 /dev/zero | tr '\0' a)")
+check "header over the limit -> 431 ($st)" [ "$st" = 431 ]
+st=$(req "$A" GET "/health?$(head -c 70000 /dev/zero | tr '\0' a)")
+check "URL over the limit -> 414 ($st)" [ "$st" = 414 ]
 st=$(req "$A" GET /no/such/path)
 check "unknown path 404" [ "$st" = 404 ]
 st=$(req "$A" GET $G)
