@@ -12,6 +12,7 @@
  * system. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <microhttpd.h>
@@ -810,20 +811,34 @@ static void shut_down(server *srv, struct MHD_Daemon *d, pthread_t worker) {
     MHD_stop_daemon(d);
 }
 
-static int serve(int argc, char **argv, sigset_t *sigs);
+/* SIGTERM/SIGINT: the handler (any thread may run it: threads started before serve, e.g. by a
+ * sanitizer runtime, do not have them blocked) writes the signal number to a pipe the main
+ * thread reads. */
+static int g_signal_pipe[2] = {-1, -1};
+static void on_signal(int sig) {
+    unsigned char c = (unsigned char)sig;
+    ssize_t r = write(g_signal_pipe[1], &c, 1);
+    (void)r;
+}
+
+static int serve(int argc, char **argv);
 
 int cdf_cli_serve(int argc, char **argv) {
-    sigset_t sigs, old;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    pthread_sigmask(SIG_BLOCK, NULL, &old);
-    int rc = serve(argc, argv, &sigs);
-    pthread_sigmask(SIG_SETMASK, &old, NULL); /* as it was (the tool returns; a caller in-process goes on) */
+    struct sigaction old_term, old_int, old_pipe;
+    sigaction(SIGTERM, NULL, &old_term);
+    sigaction(SIGINT, NULL, &old_int);
+    sigaction(SIGPIPE, NULL, &old_pipe);
+    int rc = serve(argc, argv);
+    /* as they were (the tool returns; a caller in-process goes on) */
+    sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGPIPE, &old_pipe, NULL);
+    for (int i = 0; i < 2; i++)
+        if (g_signal_pipe[i] >= 0) close(g_signal_pipe[i]), g_signal_pipe[i] = -1;
     return rc;
 }
 
-static int serve(int argc, char **argv, sigset_t *sigs) {
+static int serve(int argc, char **argv) {
     static server srv_storage;
     server *srv = &srv_storage;
     memset(srv, 0, sizeof *srv);
@@ -918,8 +933,15 @@ static int serve(int argc, char **argv, sigset_t *sigs) {
         return EXIT_FAIL;
     }
 
-    /* signals go to the main thread only: block them before any thread starts */
-    pthread_sigmask(SIG_BLOCK, sigs, NULL);
+    if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) {
+        freeaddrinfo(ai);
+        fprintf(stderr, "cdiffusers serve: pipe: %s\n", strerror(errno));
+        return EXIT_FAIL;
+    }
+    struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     pthread_mutex_init(&srv->mu, NULL);
@@ -964,7 +986,10 @@ static int serve(int argc, char **argv, sigset_t *sigs) {
             cdf_pipeline_class_name(srv->pipe), strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "",
             di ? di->port : (unsigned)port, srv->qmax, srv->api_key ? ", API key required" : "");
     int sig = 0;
-    sigwait(sigs, &sig);
+    unsigned char sc = 0;
+    while (read(g_signal_pipe[0], &sc, 1) != 1 && errno == EINTR) {
+    }
+    sig = sc;
     fprintf(stderr, "cdiffusers serve: %s: finishing the current step, refusing the queue, exiting\n",
             sig == SIGTERM ? "SIGTERM" : "SIGINT");
     shut_down(srv, d, worker);

@@ -6,6 +6,9 @@ TMP=$(mktemp -d)
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  if [ "${failures:-0}" != 0 ]; then # the servers' own account of what went wrong
+    for f in "$TMP"/*.log; do [ -f "$f" ] && { echo "== $f"; tail -20 "$f"; }; done
+  fi
   rm -rf "$TMP"
 }
 trap cleanup EXIT
