@@ -1,5 +1,6 @@
 /* What `generate` and `serve` share: see common.h. */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +87,22 @@ void cdf_cli_model_defaults_apply(const cdf_cli_model_defaults *d, cdf_generate_
     if (gp->num_inference_steps <= 0 && d->steps > 0) gp->num_inference_steps = (int)d->steps;
     if (gp->max_sequence_length <= 0 && d->max_sequence_length > 0) gp->max_sequence_length = (int)d->max_sequence_length;
     if (gp->guidance_scale < 0 && d->guidance_scale >= 0) gp->guidance_scale = (float)d->guidance_scale;
+}
+
+int cdf_cli_usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "cdiffusers: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see cdiffusers --help)\n");
+    return 2;
+}
+
+bool cdf_cli_parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
 }
 
 int cdf_cli_parse_mode(const char *s) {

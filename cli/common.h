@@ -34,6 +34,11 @@ cdf_status cdf_cli_model_defaults_load(const char *dir, cdf_cli_model_defaults *
  * into d (negative_prompt), so d must outlive gp's use. */
 void cdf_cli_model_defaults_apply(const cdf_cli_model_defaults *d, cdf_generate_params *gp, bool user_scale);
 
+/* "cdiffusers: " + fmt with arg + the --help hint on stderr; returns the usage exit code (2). */
+int cdf_cli_usage_error(const char *fmt, const char *arg);
+/* A whole decimal integer in [lo, hi]. */
+bool cdf_cli_parse_long(const char *s, long lo, long hi, long *out);
+
 /* --mode eager|fuse|compile (see cdiffusers/exec.h). */
 enum { CDF_CLI_MODE_DEFAULT = -1, CDF_CLI_MODE_EAGER = 0, CDF_CLI_MODE_FUSE = 1, CDF_CLI_MODE_COMPILE = 2 };
 int cdf_cli_parse_mode(const char *s); /* -1 for an unknown name */

@@ -490,21 +490,32 @@ static cJSON *a1111_result(const job *j) {
     return o;
 }
 
-/* A synchronous request: queue, wait (watching the client), answer. */
-static enum MHD_Result run_sync(server *srv, struct MHD_Connection *c, serve_request *req) {
+/* Locks srv->mu and queues a job for req; NULL (unlocked, *answer set: 400, 429 or 503) when
+ * the request is refused. */
+static job *accept_job(server *srv, struct MHD_Connection *c, serve_request *req, bool async, enum MHD_Result *answer) {
     pthread_mutex_lock(&srv->mu);
-    job *j = job_new(srv, req, false);
+    job *j = job_new(srv, req, async);
     if (!j) {
         pthread_mutex_unlock(&srv->mu);
-        return send_error(c, cdf_last_status() == CDF_ERR_OUT_OF_MEMORY ? 500 : 400, cdf_last_error(), NULL);
+        *answer = send_error(c, cdf_last_status() == CDF_ERR_OUT_OF_MEMORY ? 500 : 400, cdf_last_error(), NULL);
+        return NULL;
     }
     char retry[32];
     unsigned refused = enqueue(srv, j, retry, sizeof retry);
     if (refused) {
         job_unref(j);
         pthread_mutex_unlock(&srv->mu);
-        return refuse(c, refused, retry);
+        *answer = refuse(c, refused, retry);
+        return NULL;
     }
+    return j;
+}
+
+/* A synchronous request: queue, wait (watching the client), answer. */
+static enum MHD_Result run_sync(server *srv, struct MHD_Connection *c, serve_request *req) {
+    enum MHD_Result answer;
+    job *j = accept_job(srv, c, req, false, &answer);
+    if (!j) return answer;
     while (!job_terminal(j)) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -556,19 +567,9 @@ static cJSON *job_json(server *srv, const job *j) {
 }
 
 static enum MHD_Result jobs_post(server *srv, struct MHD_Connection *c, serve_request *req) {
-    pthread_mutex_lock(&srv->mu);
-    job *j = job_new(srv, req, true);
-    if (!j) {
-        pthread_mutex_unlock(&srv->mu);
-        return send_error(c, cdf_last_status() == CDF_ERR_OUT_OF_MEMORY ? 500 : 400, cdf_last_error(), NULL);
-    }
-    char retry[32];
-    unsigned refused = enqueue(srv, j, retry, sizeof retry);
-    if (refused) {
-        job_unref(j);
-        pthread_mutex_unlock(&srv->mu);
-        return refuse(c, refused, retry);
-    }
+    enum MHD_Result answer;
+    job *j = accept_job(srv, c, req, true, &answer);
+    if (!j) return answer;
     j->tnext = srv->table; /* the table takes the handler's reference */
     srv->table = j;
     srv->kept++;
@@ -766,22 +767,6 @@ void cdf_cli_serve_usage(FILE *f) {
             "      The edit endpoints (/v1/images/edits, /sdapi/v1/img2img) check the request and answer 501 (no img2img yet).\n");
 }
 
-static int usage_error(const char *fmt, const char *arg) {
-    fprintf(stderr, "cdiffusers serve: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see cdiffusers --help)\n");
-    return EXIT_USAGE;
-}
-
-static bool parse_long(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
 static bool is_loopback(const struct sockaddr *a) {
     if (a->sa_family == AF_INET) return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
     if (a->sa_family == AF_INET6) return IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)a)->sin6_addr);
@@ -864,48 +849,48 @@ static int serve(int argc, char **argv) {
         case 'm': srv->model = optarg; break;
         case 'H': host = optarg; break;
         case 'p':
-            if (!parse_long(optarg, 0, 65535, &port)) return usage_error("--port needs a port number 0..65535, got '%s'", optarg);
+            if (!cdf_cli_parse_long(optarg, 0, 65535, &port)) return cdf_cli_usage_error("--port needs a port number 0..65535, got '%s'", optarg);
             break;
         case 'k': srv->api_key = optarg; break;
         case 'q':
-            if (!parse_long(optarg, 1, 100000, &queue)) return usage_error("--queue needs a positive integer, got '%s'", optarg);
+            if (!cdf_cli_parse_long(optarg, 1, 100000, &queue)) return cdf_cli_usage_error("--queue needs a positive integer, got '%s'", optarg);
             break;
         case 'b':
-            if (!parse_long(optarg, 1, 4096, &max_body_mb)) return usage_error("--max-body-mb needs 1..4096, got '%s'", optarg);
+            if (!cdf_cli_parse_long(optarg, 1, 4096, &max_body_mb)) return cdf_cli_usage_error("--max-body-mb needs 1..4096, got '%s'", optarg);
             break;
         case 'c':
-            if (!parse_long(optarg, 2, 10000, &conns)) return usage_error("--max-connections needs 2..10000, got '%s'", optarg);
+            if (!cdf_cli_parse_long(optarg, 2, 10000, &conns)) return cdf_cli_usage_error("--max-connections needs 2..10000, got '%s'", optarg);
             break;
         case 'd': srv->dtype = optarg; break;
         case 'O': offload = optarg; break;
         case 'M': mem = optarg; break;
         case 'E':
-            if ((srv->mode = cdf_cli_parse_mode(optarg)) < 0) return usage_error("--mode must be eager, fuse or compile, got '%s'", optarg);
+            if ((srv->mode = cdf_cli_parse_mode(optarg)) < 0) return cdf_cli_usage_error("--mode must be eager, fuse or compile, got '%s'", optarg);
             break;
         case 'B': srv->blocks = true; break;
         case 't':
-            if (!parse_long(optarg, 1, 4096, &srv->threads)) return usage_error("--threads needs a positive integer, got '%s'", optarg);
+            if (!cdf_cli_parse_long(optarg, 1, 4096, &srv->threads)) return cdf_cli_usage_error("--threads needs a positive integer, got '%s'", optarg);
             break;
         case 'h': cdf_cli_serve_usage(stdout); return EXIT_OK;
         default: return EXIT_USAGE;
         }
     }
-    if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
-    if (srv->api_key && !srv->api_key[0]) return usage_error("%s", "--api-key must not be empty");
+    if (optind < argc) return cdf_cli_usage_error("unexpected argument '%s'", argv[optind]);
+    if (srv->api_key && !srv->api_key[0]) return cdf_cli_usage_error("%s", "--api-key must not be empty");
     char default_model[4096];
     if (!srv->model) {
         if (!cdf_cli_find_default_model(default_model, sizeof default_model))
-            return usage_error("%s", "serve needs --model DIR (the default model " CDF_CLI_DEFAULT_MODEL_NAME " was not found)");
+            return cdf_cli_usage_error("%s", "serve needs --model DIR (the default model " CDF_CLI_DEFAULT_MODEL_NAME " was not found)");
         srv->model = default_model;
     }
     srv->lp = cdf_pipeline_load_default_params();
     if (strcmp(srv->dtype, "f32") == 0) srv->lp.weight_dtype = CDF_F32;
     else if (strcmp(srv->dtype, "bf16") == 0) srv->lp.weight_dtype = CDF_BF16;
-    else return usage_error("--dtype must be f32 or bf16, got '%s'", srv->dtype);
+    else return cdf_cli_usage_error("--dtype must be f32 or bf16, got '%s'", srv->dtype);
     if (cdf_cli_parse_offload(offload, &srv->lp.offload) != 0)
-        return usage_error("--offload must be none, model or sequential, got '%s'", offload);
+        return cdf_cli_usage_error("--offload must be none, model or sequential, got '%s'", offload);
     if (mem && (srv->device_memory = cdf_parse_bytes(mem)) < 0)
-        return usage_error("--device-memory needs a size like 8G or 512M, got '%s'", mem);
+        return cdf_cli_usage_error("--device-memory needs a size like 8G or 512M, got '%s'", mem);
     srv->qmax = (int)queue;
     srv->max_body = (size_t)max_body_mb << 20;
     const char *slash = strrchr(srv->model, '/');
@@ -925,7 +910,7 @@ static int serve(int argc, char **argv) {
     }
     if (!is_loopback(ai->ai_addr) && !srv->api_key) {
         freeaddrinfo(ai);
-        return usage_error("--host '%s' is not a loopback address: --api-key KEY is required to serve beyond this machine", host);
+        return cdf_cli_usage_error("--host '%s' is not a loopback address: --api-key KEY is required to serve beyond this machine", host);
     }
     if (cdf_cli_model_defaults_load(srv->model, &srv->defaults) != CDF_OK) {
         freeaddrinfo(ai);
