@@ -16,8 +16,9 @@
 #include "core/error_internal.h"
 #include "models/component.h"
 #include "batch.h" /* cli/batch.c: --image/--mask, batches, prompt files, numbered outputs */
-#include "nn/weights_source.h" /* info: a component file's format and tensor types */
+#include "common.h" /* cli/common.c: what generate shares with serve (cli/serve.c) */
 #include "devices.h"
+#include "nn/weights_source.h" /* info: a component file's format and tensor types */
 #include "plan.h"  /* cli/plan.c: the plan command, --memory-stats */
 
 /* Exit codes */
@@ -104,7 +105,10 @@ static void usage(FILE *f) {
             "                  [--max-sequence-length N] [--guidance G] [--negative-prompt TEXT] [--true-cfg-scale G]\n"
             "                  [--mode eager|fuse|compile] [--compile-repeated-blocks]\n"
             "      expected peak device memory per phase (weights + activations) without loading or running,\n"
-            "      for the execution generate would use with the same options (and CDIFFUSERS_COMPILE)\n"
+            "      for the execution generate would use with the same options (and CDIFFUSERS_COMPILE)\n",
+            CDIFFUSERS_VERSION);
+    cdf_cli_serve_usage(f);
+    fprintf(f,
             "  cdiffusers tokenize --model DIR --prompt TEXT [--max-length N]\n"
             "      DIR is a tokenizer folder or a pipeline folder (then every tokenizer_* is used)\n"
             "  cdiffusers info --model DIR [--transformer FILE] [--vae FILE] [--text-encoder N=FILE]\n"
@@ -117,8 +121,7 @@ static void usage(FILE *f) {
             "             CDIFFUSERS_CPU_DISCRETE=1 (test mode: cpu memory not addressable above the backend),\n"
             "             CDIFFUSERS_LOG=io (per-rank weight bytes read, peak memory, communication),\n"
             "             CDIFFUSERS_DIST_TIMEOUT=S (seconds a rank waits for the others, default 600)\n"
-            "exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted\n",
-            CDIFFUSERS_VERSION);
+            "exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted\n");
 }
 
 static int fail(const char *what) {
@@ -278,95 +281,6 @@ static void log_io(const tp_run *tr, cdf_device *dev, uint64_t weight_bytes) {
             (unsigned long long)ds.collectives, (unsigned long long)ds.bytes, ds.seconds);
 }
 
-/* --mode eager|fuse|compile (see cdiffusers/exec.h). Returns -1 for an unknown name. */
-enum { MODE_EAGER = 0, MODE_FUSE = 1, MODE_COMPILE = 2 };
-static int parse_mode(const char *s) {
-    if (strcmp(s, "eager") == 0) return MODE_EAGER;
-    if (strcmp(s, "fuse") == 0 || strcmp(s, "defer-and-fuse") == 0) return MODE_FUSE;
-    if (strcmp(s, "compile") == 0) return MODE_COMPILE;
-    return -1;
-}
-
-/* Applies the execution mode that does not need a loaded model (fuse); -1 = leave env default. */
-static int apply_mode(int mode) {
-    if (mode == MODE_FUSE) return cdf_set_exec_mode(CDF_EXEC_DEFER_AND_FUSE) == CDF_OK ? 0 : -1;
-    if (mode == MODE_EAGER || mode == MODE_COMPILE) return cdf_set_exec_mode(CDF_EXEC_EAGER) == CDF_OK ? 0 : -1;
-    return 0;
-}
-
-/* ---- default model ------------------------------------------------------------------------- */
-#define DEFAULT_MODEL_NAME "shapes-flux-tiny"
-
-static bool is_pipeline_dir(const char *dir) {
-    char p[4096];
-    return snprintf(p, sizeof p, "%s/model_index.json", dir) < (int)sizeof p && cdf_cli_file_exists(p);
-}
-
-/* The model `generate` uses without --model (models/shapes-flux-tiny, shipped in the repository):
- * $CDIFFUSERS_DEFAULT_MODEL, else next to the executable (build/cdiffusers -> ../models/, an
- * installed bin/cdiffusers -> ../share/cdiffusers/models/), else the source tree this binary was
- * compiled from (__FILE__ is absolute under CMake). false when none exists. */
-static bool find_default_model(char *out, size_t n) {
-    const char *env = getenv("CDIFFUSERS_DEFAULT_MODEL");
-    if (env && *env) return snprintf(out, n, "%s", env) < (int)n;
-    char exe[4096];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len > 0) {
-        exe[len] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash) *slash = '\0';
-        static const char *const rel[] = {"../models/", "../share/cdiffusers/models/", "models/"};
-        for (size_t i = 0; i < sizeof rel / sizeof *rel; i++)
-            if (snprintf(out, n, "%s/%s" DEFAULT_MODEL_NAME, exe, rel[i]) < (int)n && is_pipeline_dir(out)) return true;
-    }
-    const char *src = __FILE__; /* .../cli/main.c */
-    const char *cut = strstr(src, "/cli/main.c");
-    if (src[0] == '/' && cut && snprintf(out, n, "%.*s/models/" DEFAULT_MODEL_NAME, (int)(cut - src), src) < (int)n &&
-        is_pipeline_dir(out))
-        return true;
-    return false;
-}
-
-/* DIR/cdiffusers_defaults.json (optional): the model's own defaults for what the user did not
- * pass, e.g. {"height": 64, "width": 64, "num_inference_steps": 20, "guidance_scale": 0.0,
- * "max_sequence_length": 24, "true_cfg_scale": 3.0, "negative_prompt": ""}. user_scale: the user
- * passed --true-cfg-scale. Returns EXIT_OK, or EXIT_FAIL with the message printed. */
-static int apply_model_defaults(const char *dir, cdf_generate_params *gp, bool user_scale) {
-    char path[4096];
-    if (snprintf(path, sizeof path, "%s/cdiffusers_defaults.json", dir) >= (int)sizeof path || !cdf_cli_file_exists(path))
-        return EXIT_OK;
-    cJSON *j = NULL;
-    if (cdf_json_load_file(path, &j) != CDF_OK) return fail("reading the model's defaults");
-    int64_t h, w, steps, seq;
-    double g, cfg;
-    static char negative[1024]; /* outlives the JSON: gp->negative_prompt points here */
-    cdf_status s = cdf_json_get_int(j, "height", 0, &h);
-    if (s == CDF_OK) s = cdf_json_get_int(j, "width", 0, &w);
-    if (s == CDF_OK) s = cdf_json_get_int(j, "num_inference_steps", 0, &steps);
-    if (s == CDF_OK) s = cdf_json_get_int(j, "max_sequence_length", 0, &seq);
-    if (s == CDF_OK) s = cdf_json_get_double(j, "guidance_scale", -1.0, &g);
-    if (s == CDF_OK) s = cdf_json_get_double(j, "true_cfg_scale", 1.0, &cfg);
-    const cJSON *neg = cJSON_GetObjectItemCaseSensitive(j, "negative_prompt");
-    bool have_neg = cJSON_IsString(neg) && strlen(neg->valuestring) < sizeof negative;
-    if (have_neg) snprintf(negative, sizeof negative, "%s", neg->valuestring);
-    if (s == CDF_OK && neg && !have_neg) s = cdf_error(CDF_ERR_FORMAT, "negative_prompt must be a string shorter than %zu bytes",
-                                                       sizeof negative);
-    cJSON_Delete(j);
-    if (s != CDF_OK) return fail(path);
-    /* true CFG, field by field: a scale given alone keeps the folder's negative prompt (true CFG
-     * needs both, so dropping it would silently turn CFG off), a negative prompt given alone
-     * keeps the folder's scale; --true-cfg-scale 1 still turns it off */
-    if (!gp->negative_prompt && have_neg) gp->negative_prompt = negative;
-    if (gp->true_cfg_scale == 1.0f && !user_scale && cfg > 1.0 && isfinite(cfg)) gp->true_cfg_scale = (float)cfg;
-    /* out-of-range values are left to the pipeline's own checks, which name the parameter */
-    if (gp->height <= 0 && h > 0 && h <= 1 << 20) gp->height = (int)h;
-    if (gp->width <= 0 && w > 0 && w <= 1 << 20) gp->width = (int)w;
-    if (gp->num_inference_steps <= 0 && steps > 0 && steps <= 1000) gp->num_inference_steps = (int)steps;
-    if (gp->max_sequence_length <= 0 && seq > 0 && seq <= 512) gp->max_sequence_length = (int)seq;
-    if (gp->guidance_scale < 0 && g >= 0 && isfinite(g)) gp->guidance_scale = (float)g;
-    return EXIT_OK;
-}
-
 /* ---- component files (--transformer, --vae, --text-encoder N=FILE) ---------------------------- */
 enum { OPT_TRANSFORMER_FILE = 1001, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE, OPT_ALLOW_UNUSED_KEYS };
 typedef struct component_files {
@@ -504,7 +418,7 @@ static int cmd_generate(int argc, char **argv) {
         case 'M': mem = optarg; break;
         case 'D': g_device_name = optarg; break;
         case 'E':
-            if ((mode = parse_mode(optarg)) < 0) return usage_error("--mode must be eager, fuse or compile, got '%s'", optarg);
+            if ((mode = cdf_cli_parse_mode(optarg)) < 0) return usage_error("--mode must be eager, fuse or compile, got '%s'", optarg);
             break;
         case 'B': blocks = true; break;
         case 'q': quiet = true; break;
@@ -573,12 +487,14 @@ static int cmd_generate(int argc, char **argv) {
     if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
     char default_model[4096];
     if (!model) {
-        if (!find_default_model(default_model, sizeof default_model))
-            return usage_error("%s", "generate needs --model DIR (the default model " DEFAULT_MODEL_NAME " was not found "
+        if (!cdf_cli_find_default_model(default_model, sizeof default_model))
+            return usage_error("%s", "generate needs --model DIR (the default model " CDF_CLI_DEFAULT_MODEL_NAME " was not found "
                                "next to the executable, in the source tree, or in $CDIFFUSERS_DEFAULT_MODEL)");
         model = default_model;
     }
-    if (apply_model_defaults(model, &gp, user_true_cfg) != EXIT_OK) return EXIT_FAIL;
+    cdf_cli_model_defaults model_defaults; /* outlives gp: gp.negative_prompt may point into it */
+    if (cdf_cli_model_defaults_load(model, &model_defaults) != CDF_OK) return fail(NULL);
+    cdf_cli_model_defaults_apply(&model_defaults, &gp, user_true_cfg);
     int rc_tp = check_launch(tp);
     if (rc_tp != EXIT_OK) return rc_tp;
     if (!gp.prompt && !g.prompts_file) return usage_error("%s", "generate needs --prompt TEXT (or --prompts-file FILE)");
@@ -626,7 +542,7 @@ static int cmd_generate(int argc, char **argv) {
     }
     signal(SIGINT, on_sigint);
     cdf_pipeline *pipe = NULL;
-    if (st == CDF_OK && apply_mode(mode) != 0) {
+    if (st == CDF_OK && cdf_cli_apply_mode(mode) != CDF_OK) {
         st = cdf_last_status();
         stage = "setting the execution mode";
     }
@@ -647,13 +563,9 @@ static int cmd_generate(int argc, char **argv) {
                     info.unused_keys ? " (some keys unused, see the warning)" : "");
         }
     }
-    if (st == CDF_OK && (mode == MODE_COMPILE || blocks)) {
-        cdf_compile_options co = cdf_compile_default_options();
-        co.fullgraph = !blocks; /* blocks: a block that cannot be captured runs eagerly */
-        if ((blocks ? cdf_pipeline_compile_repeated_blocks(pipe, &co) : cdf_pipeline_compile(pipe, &co)) != CDF_OK) {
-            st = cdf_last_status();
-            stage = "compiling";
-        }
+    if (st == CDF_OK && cdf_cli_compile(pipe, mode, blocks) != CDF_OK) {
+        st = cdf_last_status();
+        stage = "compiling";
     }
     const uint64_t weight_bytes = cdf_io_bytes_read();
     if (tr.pg) {
@@ -735,7 +647,7 @@ static int cmd_run_model(int argc, char **argv) {
             if (!parse_int(optarg, 1, 4096, &threads)) return usage_error("--threads needs a positive integer, got '%s'", optarg);
             break;
         case 'E':
-            if ((mode = parse_mode(optarg)) < 0) return usage_error("--mode must be eager, fuse or compile, got '%s'", optarg);
+            if ((mode = cdf_cli_parse_mode(optarg)) < 0) return usage_error("--mode must be eager, fuse or compile, got '%s'", optarg);
             break;
         case 'G': no_fullgraph = true; break;
         case 'B': blocks = true; break;
@@ -775,9 +687,9 @@ static int cmd_run_model(int argc, char **argv) {
     if (!opt.device) st = cdf_last_status(), stage = "device";
     if (st == CDF_OK && threads) cdf_device_set_threads(opt.device, (int)threads);
     cdf_component *comp = NULL;
-    if (st == CDF_OK && apply_mode(mode) != 0) st = cdf_last_status(), stage = "setting the execution mode";
+    if (st == CDF_OK && cdf_cli_apply_mode(mode) != CDF_OK) st = cdf_last_status(), stage = "setting the execution mode";
     if (st == CDF_OK && cdf_component_load(model, &opt, &comp) != CDF_OK) st = cdf_last_status(), stage = "loading the model";
-    if (st == CDF_OK && (mode == MODE_COMPILE || blocks)) {
+    if (st == CDF_OK && (mode == CDF_CLI_MODE_COMPILE || blocks)) {
         cdf_compile_options co = cdf_compile_default_options();
         co.fullgraph = !no_fullgraph;
         if ((blocks ? cdf_component_compile_repeated_blocks(comp, &co) : cdf_component_compile(comp, &co)) != CDF_OK)
@@ -983,6 +895,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "info") == 0) return cmd_info(argc - 1, argv + 1);
     if (strcmp(cmd, "plan") == 0) return cdf_cli_plan(argc - 1, argv + 1);
     if (strcmp(cmd, "devices") == 0) return cdf_cli_devices(argc - 1, argv + 1);
+    if (strcmp(cmd, "serve") == 0) return cdf_cli_serve(argc - 1, argv + 1);
     fprintf(stderr, "cdiffusers: unknown command '%s' (see cdiffusers --help)\n", cmd);
     return EXIT_USAGE;
 }

@@ -36,6 +36,7 @@ static void write_seeds(const char *dir) {
          "--repeat", "3"},
         {"tokenize", "--model", "tok", "--prompt", "a photo of a cat", "--max-length", "8"},
         {"info", "--model", "pipe"},
+        {"serve", "--model", "p", "--host", "::1", "--port", "0", "--queue", "2", "--api-key", "k", "--max-body-mb", "1"},
         {"plan", "--model", "p", "--height", "1024", "--width", "1024", "--offload", "model", "--dtype", "bf16"},
         {"plan", "--model", "p", "--height", "4096", "--width", "16", "--max-sequence-length", "512", "--guidance", "4",
          "--negative-prompt", "n", "--true-cfg-scale", "2"},

@@ -8,7 +8,7 @@
 #   -t N      run each target at most N seconds (default 30)
 #   -n N      stop a target after N executions (default: no limit; -t still applies)
 #   TARGET    fuzz_safetensors fuzz_gguf fuzz_single_file fuzz_checkpoint fuzz_json fuzz_tokenizer_files
-#             fuzz_prompt fuzz_cli fuzz_lora_keys
+#             fuzz_prompt fuzz_cli fuzz_lora_keys fuzz_serve_json fuzz_serve_multipart
 #             (default: all)
 # environment: CC (default clang-14), CDF_FUZZ_BUILD (build folder, default build-fuzz),
 #   CDF_FUZZ_WORK (corpora, findings and logs, default $CDF_FUZZ_BUILD/work; corpora grow
@@ -30,7 +30,7 @@ while getopts "t:n:h" opt; do
 done
 shift $((OPTIND - 1))
 all=(fuzz_safetensors fuzz_gguf fuzz_single_file fuzz_checkpoint fuzz_json fuzz_tokenizer_files fuzz_prompt fuzz_cli
-  fuzz_lora_keys)
+  fuzz_lora_keys fuzz_serve_json fuzz_serve_multipart)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
 
@@ -55,6 +55,7 @@ max_len() {
     fuzz_json) echo 65536 ;;
     fuzz_checkpoint) echo 16384 ;;
     fuzz_prompt) echo 512 ;;
+    fuzz_serve_json | fuzz_serve_multipart) echo 8192 ;;
     *) echo 4096 ;;
   esac
 }

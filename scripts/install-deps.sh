@@ -9,6 +9,8 @@ PKGS=(
   libpcre2-dev        # tokenizer pre-tokenisation regexes
   libutf8proc-dev     # unicode normalisation for tokenizers
   libcmocka-dev       # unit tests
+  libmicrohttpd-dev   # HTTP server of `cdiffusers serve`
+  curl                # the server's tests (tests/serve/) talk to it with curl
   libomp-dev          # (clang's OpenMP runtime, for sanitizer/fuzz builds)
   clang-14 libclang-rt-14-dev  # libFuzzer + ASan/UBSan runtimes: scripts/fuzz.sh (run by scripts/test.sh)
   valgrind            # scripts/valgrind.sh (memcheck over the success paths, run by scripts/test.sh)

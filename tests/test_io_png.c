@@ -283,8 +283,38 @@ static void test_read_errors(void **state) {
     assert_null(img.pixels);
 }
 
+/* cdf_png_encode gives the bytes cdf_png_write puts in the file (the server relies on it to
+ * answer with what `generate` writes), text chunks included; bad arguments return nothing. */
+static void test_encode_matches_write(void **state) {
+    (void)state;
+    uint8_t px[5 * 3 * 3];
+    for (size_t i = 0; i < sizeof px; i++) px[i] = (uint8_t)(i * 37 + 11);
+    const char *keys[2] = {"parameters", "Software"};
+    const char *vals[2] = {"a fox\nNegative prompt: caf\xc3\xa9", "cdiffusers"};
+    const char *path = sub_path(fresh_dir("encode"), "a.png");
+    assert_int_equal(cdf_png_write(path, 5, 3, 3, px, keys, vals, 2, false), CDF_OK);
+    size_t flen = 0;
+    char *file = tu_read_file(path, &flen);
+    assert_non_null(file);
+    uint8_t *mem = NULL;
+    size_t mlen = 0;
+    assert_int_equal(cdf_png_encode(5, 3, 3, px, keys, vals, 2, &mem, &mlen), CDF_OK);
+    assert_int_equal(mlen, flen);
+    assert_memory_equal(mem, file, flen);
+    free(mem);
+    free(file);
+    mem = (uint8_t *)1;
+    assert_int_equal(cdf_png_encode(0, 3, 3, px, NULL, NULL, 0, &mem, &mlen), CDF_ERR_INVALID_ARG);
+    assert_null(mem);
+    assert_int_equal(mlen, 0);
+    const char *bad[1] = {" lead"};
+    assert_int_equal(cdf_png_encode(5, 3, 3, px, bad, vals, 1, &mem, &mlen), CDF_ERR_INVALID_ARG);
+    assert_non_null(strstr(cdf_last_error(), "not a valid PNG keyword"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_encode_matches_write),
         cmocka_unit_test(test_roundtrip_pixels_and_text),
         cmocka_unit_test(test_gray_and_rgba),
         cmocka_unit_test(test_overwrite),

@@ -296,6 +296,11 @@ cdf_status cdf_json_get_double_array(const struct cJSON *obj, const char *key, d
 cdf_status cdf_png_write(const char *path, int width, int height, int channels,
                          const uint8_t *pixels, const char *const *text_keys,
                          const char *const *text_values, int n_text, bool overwrite);
+/* The same PNG in memory (byte for byte what cdf_png_write puts in a file for the same
+ * arguments): *out is malloc'ed (free it), *out_len its size. Errors as cdf_png_write without
+ * the file ones; nothing is returned on failure. */
+cdf_status cdf_png_encode(int width, int height, int channels, const uint8_t *pixels, const char *const *text_keys,
+                          const char *const *text_values, int n_text, uint8_t **out, size_t *out_len);
 
 typedef struct cdf_png_image {
     int width, height, channels; /* channels 1, 2 (gray+alpha), 3 or 4; 8 bits each */

@@ -142,6 +142,11 @@ cdf_status cdf_pipeline_compile_repeated_blocks(cdf_pipeline *p, const struct cd
 
 /* The effective value the pipeline will use for each 0/negative default of params. */
 void cdf_pipeline_resolve_defaults(const cdf_pipeline *p, cdf_generate_params *params);
+/* The checks cdf_pipeline_generate makes before any work (size multiple and limit, steps,
+ * sequence length, finite guidance), on params with its defaults resolved; CDF_ERR_INVALID_ARG or
+ * CDF_ERR_LIMIT with the message generate would give. Reads only what loading fixed, so any
+ * thread may call it while another generates (e.g. a server refusing a request up front). */
+cdf_status cdf_pipeline_validate(const cdf_pipeline *p, const cdf_generate_params *params);
 
 /* ---- LoRA adapters ------------------------------------------------------------------------
  * Files in diffusers/PEFT ("transformer.<module>.lora_A.weight" + ".alpha"; what ai-toolkit

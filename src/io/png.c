@@ -44,49 +44,70 @@ static bool is_ascii(const char *s) {
     return true;
 }
 
-cdf_status cdf_png_write(const char *path, int width, int height, int channels, const uint8_t *pixels,
-                         const char *const *text_keys, const char *const *text_values, int n_text,
-                         bool overwrite) {
-    if (!path || !path[0]) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_write: empty path");
+/* libpng's output: a growing buffer in memory. */
+typedef struct png_mem {
+    uint8_t *data;
+    size_t len, cap;
+} png_mem;
+
+static void on_png_write(png_structp png, png_bytep bytes, png_size_t n) {
+    png_mem *m = png_get_io_ptr(png);
+    if (n > SIZE_MAX - m->len) png_error(png, "PNG larger than the address space");
+    if (m->len + n > m->cap) {
+        size_t cap = m->cap ? m->cap : 4096;
+        while (cap < m->len + n) cap = cap > SIZE_MAX / 2 ? m->len + n : cap * 2;
+        uint8_t *d = realloc(m->data, cap);
+        if (!d) png_error(png, "out of memory for the PNG");
+        m->data = d;
+        m->cap = cap;
+    }
+    memcpy(m->data + m->len, bytes, n);
+    m->len += n;
+}
+
+static void on_png_flush(png_structp png) { (void)png; }
+
+/* Checks the arguments; `what` names the output in messages ("cdf_png_write('x.png')"). */
+static cdf_status check_png_args(const char *what, int width, int height, int channels, const uint8_t *pixels,
+                                 const char *const *text_keys, const char *const *text_values, int n_text) {
     if (width < 1 || height < 1 || width > CDF_PNG_MAX_SIDE || height > CDF_PNG_MAX_SIDE)
-        return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_write('%s'): size %dx%d outside 1..%d", path, width,
-                         height, CDF_PNG_MAX_SIDE);
+        return cdf_error(CDF_ERR_INVALID_ARG, "%s: size %dx%d outside 1..%d", what, width, height, CDF_PNG_MAX_SIDE);
     if (channels != 1 && channels != 3 && channels != 4)
-        return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_write('%s'): %d channels (1, 3 or 4 supported)",
-                         path, channels);
-    if (!pixels) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_write('%s'): pixels is NULL", path);
+        return cdf_error(CDF_ERR_INVALID_ARG, "%s: %d channels (1, 3 or 4 supported)", what, channels);
+    if (!pixels) return cdf_error(CDF_ERR_INVALID_ARG, "%s: pixels is NULL", what);
     if (n_text < 0 || (n_text > 0 && (!text_keys || !text_values)))
-        return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_write('%s'): bad text arrays", path);
+        return cdf_error(CDF_ERR_INVALID_ARG, "%s: bad text arrays", what);
     for (int i = 0; i < n_text; i++) {
-        if (!text_keys[i] || !text_values[i])
-            return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_write('%s'): text entry %d is NULL", path, i);
+        if (!text_keys[i] || !text_values[i]) return cdf_error(CDF_ERR_INVALID_ARG, "%s: text entry %d is NULL", what, i);
         if (!valid_keyword(text_keys[i]))
             return cdf_error(CDF_ERR_INVALID_ARG,
-                             "cdf_png_write('%s'): text key '%s' is not a valid PNG keyword (1-79 "
+                             "%s: text key '%s' is not a valid PNG keyword (1-79 "
                              "printable Latin-1 characters, no leading/trailing/double spaces)",
-                             path, text_keys[i]);
+                             what, text_keys[i]);
     }
+    return CDF_OK;
+}
 
-    cdf_atomic_file *af = NULL;
-    CDF_TRY(cdf_atomic_file_open(path, overwrite, &af));
-    FILE *fp = cdf_atomic_file_stream(af);
-
+/* The one encoder behind cdf_png_write and cdf_png_encode, so a file and a buffer written with
+ * the same arguments hold the same bytes. Arguments already checked. */
+static cdf_status encode(const char *what, int width, int height, int channels, const uint8_t *pixels,
+                         const char *const *text_keys, const char *const *text_values, int n_text, png_mem *m) {
     png_err_ctx ctx = {0};
     png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &ctx, on_png_error, on_png_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     png_text *volatile texts = NULL;
     if (!png || !info) {
         png_destroy_write_struct(png ? &png : NULL, NULL);
-        cdf_atomic_file_abort(af);
-        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "cdf_png_write('%s'): cannot create libpng writer", path);
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "%s: cannot create libpng writer", what);
     }
     if (setjmp(ctx.jmp)) {
         png_destroy_write_struct(&png, &info);
         free(texts);
-        cdf_atomic_file_abort(af);
-        return cdf_error(CDF_ERR_IO, "writing PNG '%s' failed: %s", path, ctx.msg);
+        free(m->data);
+        memset(m, 0, sizeof *m);
+        return cdf_error(CDF_ERR_IO, "%s: encoding the PNG failed: %s", what, ctx.msg);
     }
-    png_init_io(png, fp);
+    png_set_write_fn(png, m, on_png_write, on_png_flush);
     int color = channels == 1 ? PNG_COLOR_TYPE_GRAY : channels == 3 ? PNG_COLOR_TYPE_RGB : PNG_COLOR_TYPE_RGBA;
     png_set_IHDR(png, info, (png_uint_32)width, (png_uint_32)height, 8, color, PNG_INTERLACE_NONE,
                  PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
@@ -115,6 +136,40 @@ cdf_status cdf_png_write(const char *path, int width, int height, int channels, 
     png_write_end(png, info);
     png_destroy_write_struct(&png, &info);
     free(texts);
+    return CDF_OK;
+}
+
+cdf_status cdf_png_encode(int width, int height, int channels, const uint8_t *pixels, const char *const *text_keys,
+                          const char *const *text_values, int n_text, uint8_t **out, size_t *out_len) {
+    if (!out || !out_len) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_encode: out is NULL");
+    *out = NULL;
+    *out_len = 0;
+    CDF_TRY(check_png_args("cdf_png_encode", width, height, channels, pixels, text_keys, text_values, n_text));
+    png_mem m = {0};
+    CDF_TRY(encode("cdf_png_encode", width, height, channels, pixels, text_keys, text_values, n_text, &m));
+    *out = m.data;
+    *out_len = m.len;
+    return CDF_OK;
+}
+
+cdf_status cdf_png_write(const char *path, int width, int height, int channels, const uint8_t *pixels,
+                         const char *const *text_keys, const char *const *text_values, int n_text,
+                         bool overwrite) {
+    if (!path || !path[0]) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_write: empty path");
+    char what[512];
+    snprintf(what, sizeof what, "cdf_png_write('%s')", path);
+    CDF_TRY(check_png_args(what, width, height, channels, pixels, text_keys, text_values, n_text));
+    cdf_atomic_file *af = NULL;
+    CDF_TRY(cdf_atomic_file_open(path, overwrite, &af));
+    png_mem m = {0};
+    cdf_status s = encode(what, width, height, channels, pixels, text_keys, text_values, n_text, &m);
+    if (s == CDF_OK && fwrite(m.data, 1, m.len, cdf_atomic_file_stream(af)) != m.len)
+        s = cdf_error(CDF_ERR_IO, "writing PNG '%s' failed: %s", path, strerror(errno));
+    free(m.data);
+    if (s != CDF_OK) {
+        cdf_atomic_file_abort(af);
+        return s;
+    }
     return cdf_atomic_file_commit(af);
 }
 

@@ -305,6 +305,12 @@ static cdf_status prepare(cdf_pipeline *p, const cdf_generate_params *params, cd
     return validate(p, gp);
 }
 
+cdf_status cdf_pipeline_validate(const cdf_pipeline *p, const cdf_generate_params *params) {
+    if (!p || !params) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_validate: NULL argument");
+    cdf_generate_params gp;
+    return prepare((cdf_pipeline *)p, params, &gp); /* prepare only reads p */
+}
+
 cdf_status cdf_pipeline_generate(cdf_pipeline *p, const cdf_generate_params *params, cdf_image *out) {
     if (!p || !params || !out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_generate: NULL argument");
     memset(out, 0, sizeof *out);

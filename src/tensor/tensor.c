@@ -89,6 +89,12 @@ void cdf_scope_pop(cdf_tensor *const *keep, int n_keep) {
             cdf_tensor_release(t);
         }
     }
+    if (s->depth == 0 && s->n == 0) { /* outermost scope closed: a thread that ends (a server's
+                                          worker) would otherwise leak its thread-local array */
+        free(s->items);
+        s->items = NULL;
+        s->cap = 0;
+    }
 }
 
 void cdf_scope_record(cdf_tensor *t) {

@@ -1,0 +1,143 @@
+/* What `generate` and `serve` share: see common.h. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cdiffusers/cdiffusers.h"
+#include "common.h"
+#include "core/error_internal.h"
+
+static bool file_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+static bool is_pipeline_dir(const char *dir) {
+    char p[4096];
+    return snprintf(p, sizeof p, "%s/model_index.json", dir) < (int)sizeof p && file_exists(p);
+}
+
+bool cdf_cli_find_default_model(char *out, size_t n) {
+    const char *env = getenv("CDIFFUSERS_DEFAULT_MODEL");
+    if (env && *env) return snprintf(out, n, "%s", env) < (int)n;
+    char exe[4096];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = '\0';
+        static const char *const rel[] = {"../models/", "../share/cdiffusers/models/", "models/"};
+        for (size_t i = 0; i < sizeof rel / sizeof *rel; i++)
+            if (snprintf(out, n, "%s/%s" CDF_CLI_DEFAULT_MODEL_NAME, exe, rel[i]) < (int)n && is_pipeline_dir(out)) return true;
+    }
+    const char *src = __FILE__; /* .../cli/common.c (absolute under CMake) */
+    const char *cut = strstr(src, "/cli/common.c");
+    if (src[0] == '/' && cut && snprintf(out, n, "%.*s/models/" CDF_CLI_DEFAULT_MODEL_NAME, (int)(cut - src), src) < (int)n &&
+        is_pipeline_dir(out))
+        return true;
+    return false;
+}
+
+cdf_status cdf_cli_model_defaults_load(const char *dir, cdf_cli_model_defaults *d) {
+    memset(d, 0, sizeof *d);
+    d->guidance_scale = -1.0;
+    d->true_cfg_scale = 1.0;
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/cdiffusers_defaults.json", dir) >= (int)sizeof path || !file_exists(path)) return CDF_OK;
+    cJSON *j = NULL;
+    if (cdf_json_load_file(path, &j) != CDF_OK) return cdf_error_prefix("reading the model's defaults: ");
+    int64_t h, w, steps, seq;
+    double g, cfg;
+    cdf_status s = cdf_json_get_int(j, "height", 0, &h);
+    if (s == CDF_OK) s = cdf_json_get_int(j, "width", 0, &w);
+    if (s == CDF_OK) s = cdf_json_get_int(j, "num_inference_steps", 0, &steps);
+    if (s == CDF_OK) s = cdf_json_get_int(j, "max_sequence_length", 0, &seq);
+    if (s == CDF_OK) s = cdf_json_get_double(j, "guidance_scale", -1.0, &g);
+    if (s == CDF_OK) s = cdf_json_get_double(j, "true_cfg_scale", 1.0, &cfg);
+    const cJSON *neg = cJSON_GetObjectItemCaseSensitive(j, "negative_prompt");
+    d->have_negative = cJSON_IsString(neg) && strlen(neg->valuestring) < sizeof d->negative_prompt;
+    if (d->have_negative) snprintf(d->negative_prompt, sizeof d->negative_prompt, "%s", neg->valuestring);
+    if (s == CDF_OK && neg && !d->have_negative)
+        s = cdf_error(CDF_ERR_FORMAT, "negative_prompt must be a string shorter than %zu bytes", sizeof d->negative_prompt);
+    cJSON_Delete(j);
+    if (s != CDF_OK) return cdf_error_prefix("%s: ", path);
+    /* out-of-range values are left to the pipeline's own checks, which name the parameter */
+    if (h > 0 && h <= 1 << 20) d->height = (long)h;
+    if (w > 0 && w <= 1 << 20) d->width = (long)w;
+    if (steps > 0 && steps <= 1000) d->steps = (long)steps;
+    if (seq > 0 && seq <= 512) d->max_sequence_length = (long)seq;
+    if (g >= 0 && isfinite(g)) d->guidance_scale = g;
+    if (cfg > 1.0 && isfinite(cfg)) d->true_cfg_scale = cfg;
+    return CDF_OK;
+}
+
+void cdf_cli_model_defaults_apply(const cdf_cli_model_defaults *d, cdf_generate_params *gp, bool user_scale) {
+    /* true CFG, field by field: a scale given alone keeps the folder's negative prompt (true CFG
+     * needs both, so dropping it would silently turn CFG off), a negative prompt given alone
+     * keeps the folder's scale; a scale of 1 given by the user still turns it off */
+    if (!gp->negative_prompt && d->have_negative) gp->negative_prompt = d->negative_prompt;
+    if (gp->true_cfg_scale == 1.0f && !user_scale && d->true_cfg_scale > 1.0) gp->true_cfg_scale = (float)d->true_cfg_scale;
+    if (gp->height <= 0 && d->height > 0) gp->height = (int)d->height;
+    if (gp->width <= 0 && d->width > 0) gp->width = (int)d->width;
+    if (gp->num_inference_steps <= 0 && d->steps > 0) gp->num_inference_steps = (int)d->steps;
+    if (gp->max_sequence_length <= 0 && d->max_sequence_length > 0) gp->max_sequence_length = (int)d->max_sequence_length;
+    if (gp->guidance_scale < 0 && d->guidance_scale >= 0) gp->guidance_scale = (float)d->guidance_scale;
+}
+
+int cdf_cli_usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "cdiffusers: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see cdiffusers --help)\n");
+    return 2;
+}
+
+bool cdf_cli_parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+int cdf_cli_parse_mode(const char *s) {
+    if (strcmp(s, "eager") == 0) return CDF_CLI_MODE_EAGER;
+    if (strcmp(s, "fuse") == 0 || strcmp(s, "defer-and-fuse") == 0) return CDF_CLI_MODE_FUSE;
+    if (strcmp(s, "compile") == 0) return CDF_CLI_MODE_COMPILE;
+    return -1;
+}
+
+cdf_status cdf_cli_apply_mode(int mode) {
+    if (mode == CDF_CLI_MODE_FUSE) return cdf_set_exec_mode(CDF_EXEC_DEFER_AND_FUSE);
+    if (mode == CDF_CLI_MODE_EAGER || mode == CDF_CLI_MODE_COMPILE) return cdf_set_exec_mode(CDF_EXEC_EAGER);
+    return CDF_OK;
+}
+
+cdf_status cdf_cli_compile(cdf_pipeline *pipe, int mode, bool repeated_blocks) {
+    if (mode != CDF_CLI_MODE_COMPILE && !repeated_blocks) return CDF_OK;
+    cdf_compile_options co = cdf_compile_default_options();
+    co.fullgraph = !repeated_blocks; /* blocks: a block that cannot be captured runs eagerly */
+    return repeated_blocks ? cdf_pipeline_compile_repeated_blocks(pipe, &co) : cdf_pipeline_compile(pipe, &co);
+}
+
+void cdf_cli_png_text_make(cdf_cli_png_text *t, const cdf_pipeline *pipe, const cdf_generate_params *gp, const char *dtype,
+                           const char *model) {
+    cdf_generate_params eff = *gp;
+    cdf_pipeline_resolve_defaults(pipe, &eff);
+    snprintf(t->parameters, sizeof t->parameters,
+             "%s\nNegative prompt: %s\nSteps: %d, Sampler: FlowMatchEulerDiscrete, CFG scale: %g, True CFG scale: %g, "
+             "Seed: %llu, Size: %dx%d, Max sequence length: %d, Dtype: %s, Model: %s, Pipeline: %s, Generator: cdiffusers %s",
+             eff.prompt ? eff.prompt : "", eff.negative_prompt ? eff.negative_prompt : "", eff.num_inference_steps,
+             eff.guidance_scale, eff.true_cfg_scale, (unsigned long long)eff.seed, eff.width, eff.height,
+             eff.max_sequence_length, dtype, model, cdf_pipeline_class_name(pipe), CDIFFUSERS_VERSION);
+    snprintf(t->software, sizeof t->software, "cdiffusers %s", CDIFFUSERS_VERSION);
+    t->keys[0] = "parameters";
+    t->keys[1] = "Software";
+    t->values[0] = t->parameters;
+    t->values[1] = t->software;
+}

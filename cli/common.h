@@ -1,0 +1,64 @@
+/* What `generate` and `serve` share (cli/common.c): the default model, a model folder's own
+ * defaults, the execution mode, and the PNG text chunks, so that a server response and a
+ * `generate` file made with the same settings hold the same bytes. */
+#ifndef CDF_CLI_COMMON_H
+#define CDF_CLI_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "cdiffusers/pipeline.h"
+
+#define CDF_CLI_DEFAULT_MODEL_NAME "shapes-flux-tiny"
+
+/* The model used without --model (models/shapes-flux-tiny, shipped in the repository):
+ * $CDIFFUSERS_DEFAULT_MODEL, else next to the executable (build/cdiffusers -> ../models/, an
+ * installed bin/cdiffusers -> ../share/cdiffusers/models/), else the source tree this binary was
+ * compiled from. false when none exists. */
+bool cdf_cli_find_default_model(char *out, size_t n);
+
+/* DIR/cdiffusers_defaults.json (optional): the model's own defaults for what the user did not
+ * pass, e.g. {"height": 64, "width": 64, "num_inference_steps": 20, "guidance_scale": 0.0,
+ * "max_sequence_length": 24, "true_cfg_scale": 3.0, "negative_prompt": ""}. */
+typedef struct cdf_cli_model_defaults {
+    long height, width, steps, max_sequence_length; /* 0 = none */
+    double guidance_scale;                           /* < 0 = none */
+    double true_cfg_scale;                           /* 1 = none */
+    bool have_negative;
+    char negative_prompt[1024];
+} cdf_cli_model_defaults;
+/* Reads the file (all "none" when it does not exist); on error the message names the file. */
+cdf_status cdf_cli_model_defaults_load(const char *dir, cdf_cli_model_defaults *out);
+/* Fills what gp leaves at its default. user_scale: the user gave true_cfg_scale. gp may point
+ * into d (negative_prompt), so d must outlive gp's use. */
+void cdf_cli_model_defaults_apply(const cdf_cli_model_defaults *d, cdf_generate_params *gp, bool user_scale);
+
+/* "cdiffusers: " + fmt with arg + the --help hint on stderr; returns the usage exit code (2). */
+int cdf_cli_usage_error(const char *fmt, const char *arg);
+/* A whole decimal integer in [lo, hi]. */
+bool cdf_cli_parse_long(const char *s, long lo, long hi, long *out);
+
+/* --mode eager|fuse|compile (see cdiffusers/exec.h). */
+enum { CDF_CLI_MODE_DEFAULT = -1, CDF_CLI_MODE_EAGER = 0, CDF_CLI_MODE_FUSE = 1, CDF_CLI_MODE_COMPILE = 2 };
+int cdf_cli_parse_mode(const char *s); /* -1 for an unknown name */
+/* The process-wide part of a mode (fuse); CDF_CLI_MODE_DEFAULT leaves the environment's. */
+cdf_status cdf_cli_apply_mode(int mode);
+/* After loading: compile the pipeline for --mode compile or --compile-repeated-blocks. */
+cdf_status cdf_cli_compile(cdf_pipeline *pipe, int mode, bool repeated_blocks);
+
+/* The PNG text chunks of an image: "parameters" (A1111-style generation settings) and
+ * "Software". keys/values point into the struct itself (do not copy it). */
+typedef struct cdf_cli_png_text {
+    const char *keys[2], *values[2];
+    char parameters[8192], software[64];
+} cdf_cli_png_text;
+/* gp: the request as generated (defaults resolved here); dtype "bf16"/"f32"; model as given. */
+void cdf_cli_png_text_make(cdf_cli_png_text *t, const cdf_pipeline *pipe, const cdf_generate_params *gp, const char *dtype,
+                           const char *model);
+
+/* `cdiffusers serve ...` (cli/serve.c; argv[0] is the program); returns the exit code. */
+int cdf_cli_serve(int argc, char **argv);
+void cdf_cli_serve_usage(FILE *f); /* its lines of the --help text */
+
+#endif
