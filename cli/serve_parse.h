@@ -36,6 +36,10 @@ typedef struct serve_request {
     uint8_t *image, *mask;    /* img2img: the PNG bytes (malloc'ed), mask optional */
     size_t image_len, mask_len;
     int image_width, image_height; /* from the image's PNG header */
+    /* how the PNG text names the inputs (as `generate` writes their paths): the multipart file
+     * names (last path component; "image.png"/"mask.png" when none), A1111: "init_image.png" and
+     * "mask.png". Only text: never a path the server opens. */
+    char image_name[256], mask_name[256];
 } serve_request;
 
 void serve_request_free(serve_request *r); /* NULL and a zeroed request are fine */
