@@ -524,13 +524,13 @@ static cJSON *a1111_result(const job *j) {
 /* Locks srv->mu and queues a job for req; NULL (unlocked, *answer set: 400, 429 or 503) when
  * the request is refused. */
 static job *accept_job(server *srv, struct MHD_Connection *c, serve_request *req, bool async, enum MHD_Result *answer) {
-    pthread_mutex_lock(&srv->mu);
+    /* outside the lock: decoding an input image must not hold up the worker's step callback */
     job *j = job_new(srv, req, async);
     if (!j) {
-        pthread_mutex_unlock(&srv->mu);
         *answer = send_error(c, cdf_last_status() == CDF_ERR_OUT_OF_MEMORY ? 500 : 400, cdf_last_error(), NULL);
         return NULL;
     }
+    pthread_mutex_lock(&srv->mu);
     char retry[32];
     unsigned refused = enqueue(srv, j, retry, sizeof retry);
     if (refused) {

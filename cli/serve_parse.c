@@ -255,8 +255,9 @@ cdf_status serve_png_size(const uint8_t *d, size_t n, const char *what, int *w, 
         return cdf_error(CDF_ERR_FORMAT, "%s is a truncated or corrupt PNG (no IHDR chunk)", what);
     uint32_t W = (uint32_t)d[16] << 24 | (uint32_t)d[17] << 16 | (uint32_t)d[18] << 8 | d[19];
     uint32_t H = (uint32_t)d[20] << 24 | (uint32_t)d[21] << 16 | (uint32_t)d[22] << 8 | d[23];
-    if (W < 1 || H < 1 || W > SERVE_MAX_SIDE || H > SERVE_MAX_SIDE)
-        return cdf_error(CDF_ERR_LIMIT, "%s is %ux%u, outside 1..%d per side", what, (unsigned)W, (unsigned)H, SERVE_MAX_SIDE);
+    if (W < 1 || H < 1 || W > SERVE_MAX_IMAGE_SIDE || H > SERVE_MAX_IMAGE_SIDE)
+        return cdf_error(CDF_ERR_LIMIT, "%s is %ux%u, outside 1..%d per side", what, (unsigned)W, (unsigned)H,
+                         SERVE_MAX_IMAGE_SIDE);
     *w = (int)W;
     *h = (int)H;
     return CDF_OK;

@@ -17,6 +17,9 @@
 #define SERVE_MAX_PARTS 32         /* multipart parts */
 #define SERVE_MAX_PART_HEADER 4096 /* bytes of one part's headers */
 #define SERVE_MAX_SIDE 65535       /* request width/height before the pipeline's own limit */
+/* An input image's (or mask's) width/height, checked from its PNG header before it is decoded:
+ * a small body must not unpack into gigabytes (the pipeline generates at most 4096 a side). */
+#define SERVE_MAX_IMAGE_SIDE 4096
 
 typedef enum serve_api { SERVE_API_OPENAI = 0, SERVE_API_A1111 = 1 } serve_api;
 
@@ -72,7 +75,8 @@ char *serve_base64_encode(const uint8_t *data, size_t n, size_t *out_len);
 /* Standard base64 (padding optional, no whitespace), after an optional "data:...;base64," prefix.
  * *out malloc'ed. */
 cdf_status serve_base64_decode(const char *s, size_t n, const char *what, uint8_t **out, size_t *out_len);
-/* A PNG's size from its header (signature + IHDR); the pixels are not decoded. */
+/* A PNG's size from its header (signature + IHDR), each side 1..SERVE_MAX_IMAGE_SIDE; the pixels
+ * are not decoded. */
 cdf_status serve_png_size(const uint8_t *data, size_t n, const char *what, int *w, int *h);
 
 #endif

@@ -74,6 +74,11 @@ static void test_png_size(void **state) {
     assert_int_equal(serve_png_size(png, n, "image", &w, &h), CDF_OK);
     assert_int_equal(w, 3);
     assert_int_equal(h, 2);
+    png[18] = 0x10; /* width 4099: over the input limit, refused before anything is decoded */
+    png[19] = 0x03;
+    assert_int_equal(serve_png_size(png, n, "image", &w, &h), CDF_ERR_LIMIT);
+    assert_non_null(strstr(cdf_last_error(), "image is 4099x2, outside 1..4096 per side"));
+    png[18] = 0;
     assert_int_equal(serve_png_size(png, 20, "image", &w, &h), CDF_ERR_FORMAT); /* cut inside IHDR */
     assert_non_null(strstr(cdf_last_error(), "truncated"));
     png[0] = 'G';
