@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common.h"
 #include "core/error_internal.h"
 #include "models/component.h"
 
@@ -141,33 +142,18 @@ cdf_status cdf_cli_gen_check_outputs(const cdf_cli_gen *g, const cdf_generate_pa
 
 static cdf_status write_image(const cdf_cli_gen *g, cdf_pipeline *pipe, const cdf_generate_params *gp, int k, int n,
                               const cdf_image *img, const char *path) {
-    cdf_generate_params eff = *gp;
-    cdf_pipeline_resolve_defaults(pipe, &eff);
     /* the seed that reproduces this image alone: its own seed from a list; with one generator the
      * seed and the image's row of the batch */
     unsigned long long seed = gp->num_seeds > 0 ? (unsigned long long)gp->seeds[k] : (unsigned long long)gp->seed;
     char batch[64] = "", init[1200] = "";
     if (gp->num_seeds == 0 && n > 1) snprintf(batch, sizeof batch, ", Batch index: %d of %d", k, n);
-    if (gp->image && strcmp(cdf_pipeline_class_name(pipe), "Flux2Pipeline") == 0) {
-        size_t used = (size_t)snprintf(init, sizeof init, ", Reference images: ");
-        for (int i = 0; i < g->n_images && used < sizeof init; i++)
-            used += (size_t)snprintf(init + used, sizeof init - used, "%s%s", i ? "; " : "", g->image_paths[i]);
-    } else if (gp->image) {
-        snprintf(init, sizeof init, ", Strength: %g, Init image: %s%s%s", (double)eff.strength, g->image_paths[0],
-                 gp->mask_image ? ", Mask: " : "", gp->mask_image ? g->mask_path : "");
-    }
-    char params[12288];
-    snprintf(params, sizeof params,
-             "%s\nNegative prompt: %s\nSteps: %d, Sampler: FlowMatchEulerDiscrete, CFG scale: %g, True CFG scale: %g, "
-             "Seed: %llu%s, Size: %dx%d%s, Max sequence length: %d, Dtype: %s, Model: %s, Pipeline: %s, Generator: cdiffusers %s",
-             eff.prompt, eff.negative_prompt ? eff.negative_prompt : "", eff.num_inference_steps, eff.guidance_scale,
-             eff.true_cfg_scale, seed, batch, eff.width, eff.height, init, eff.max_sequence_length, g->dtype, g->model,
-             cdf_pipeline_class_name(pipe), CDIFFUSERS_VERSION);
-    const char *keys[2] = {"parameters", "Software"};
-    char sw[64];
-    snprintf(sw, sizeof sw, "cdiffusers %s", CDIFFUSERS_VERSION);
-    const char *vals[2] = {params, sw};
-    CDF_TRY(cdf_png_write(path, img->width, img->height, 3, img->pixels, keys, vals, 2, g->force));
+    cdf_cli_png_init_text(init, sizeof init, pipe, gp, (const char *const *)g->image_paths, g->n_images, g->mask_path);
+    cdf_cli_png_text *text = malloc(sizeof *text);
+    if (!text) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    cdf_cli_png_text_make(text, pipe, gp, g->dtype, g->model, seed, batch, init);
+    cdf_status s = cdf_png_write(path, img->width, img->height, 3, img->pixels, text->keys, text->values, 2, g->force);
+    free(text);
+    CDF_TRY(s);
     if (!g->quiet) fprintf(stderr, "cdiffusers: wrote %s (%dx%d)\n", path, img->width, img->height);
     return CDF_OK;
 }

@@ -126,18 +126,34 @@ cdf_status cdf_cli_compile(cdf_pipeline *pipe, int mode, bool repeated_blocks) {
 }
 
 void cdf_cli_png_text_make(cdf_cli_png_text *t, const cdf_pipeline *pipe, const cdf_generate_params *gp, const char *dtype,
-                           const char *model) {
+                           const char *model, unsigned long long seed, const char *batch, const char *init) {
     cdf_generate_params eff = *gp;
     cdf_pipeline_resolve_defaults(pipe, &eff);
     snprintf(t->parameters, sizeof t->parameters,
              "%s\nNegative prompt: %s\nSteps: %d, Sampler: FlowMatchEulerDiscrete, CFG scale: %g, True CFG scale: %g, "
-             "Seed: %llu, Size: %dx%d, Max sequence length: %d, Dtype: %s, Model: %s, Pipeline: %s, Generator: cdiffusers %s",
+             "Seed: %llu%s, Size: %dx%d%s, Max sequence length: %d, Dtype: %s, Model: %s, Pipeline: %s, Generator: cdiffusers %s",
              eff.prompt ? eff.prompt : "", eff.negative_prompt ? eff.negative_prompt : "", eff.num_inference_steps,
-             eff.guidance_scale, eff.true_cfg_scale, (unsigned long long)eff.seed, eff.width, eff.height,
+             eff.guidance_scale, eff.true_cfg_scale, seed, batch ? batch : "", eff.width, eff.height, init ? init : "",
              eff.max_sequence_length, dtype, model, cdf_pipeline_class_name(pipe), CDIFFUSERS_VERSION);
     snprintf(t->software, sizeof t->software, "cdiffusers %s", CDIFFUSERS_VERSION);
     t->keys[0] = "parameters";
     t->keys[1] = "Software";
     t->values[0] = t->parameters;
     t->values[1] = t->software;
+}
+
+void cdf_cli_png_init_text(char *buf, size_t n, const cdf_pipeline *pipe, const cdf_generate_params *gp,
+                           const char *const *image_names, int n_names, const char *mask_name) {
+    buf[0] = 0;
+    if (!gp->image || n_names < 1) return;
+    if (strcmp(cdf_pipeline_class_name(pipe), "Flux2Pipeline") == 0) {
+        size_t used = (size_t)snprintf(buf, n, ", Reference images: ");
+        for (int i = 0; i < n_names && used < n; i++)
+            used += (size_t)snprintf(buf + used, n - used, "%s%s", i ? "; " : "", image_names[i]);
+        return;
+    }
+    cdf_generate_params eff = *gp;
+    cdf_pipeline_resolve_defaults(pipe, &eff);
+    snprintf(buf, n, ", Strength: %g, Init image: %s%s%s", (double)eff.strength, image_names[0],
+             gp->mask_image && mask_name ? ", Mask: " : "", gp->mask_image && mask_name ? mask_name : "");
 }

@@ -51,11 +51,18 @@ cdf_status cdf_cli_compile(cdf_pipeline *pipe, int mode, bool repeated_blocks);
  * "Software". keys/values point into the struct itself (do not copy it). */
 typedef struct cdf_cli_png_text {
     const char *keys[2], *values[2];
-    char parameters[8192], software[64];
+    char parameters[12288], software[64];
 } cdf_cli_png_text;
-/* gp: the request as generated (defaults resolved here); dtype "bf16"/"f32"; model as given. */
+/* gp: the request as generated (defaults resolved here); dtype "bf16"/"f32"; model as given;
+ * seed: the one that reproduces the image; batch (", Batch index: ...") and init (the input
+ * images, cdf_cli_png_init_text) are inserted as given, NULL = none. `generate` and `serve`
+ * write the same text, so the same request gives the same PNG bytes. */
 void cdf_cli_png_text_make(cdf_cli_png_text *t, const cdf_pipeline *pipe, const cdf_generate_params *gp, const char *dtype,
-                           const char *model);
+                           const char *model, unsigned long long seed, const char *batch, const char *init);
+/* The input images as the PNG text names them: img2img / inpainting ", Strength: S, Init
+ * image: NAME[, Mask: MASK]", FLUX.2 ", Reference images: A; B"; "" without gp->image. */
+void cdf_cli_png_init_text(char *buf, size_t n, const cdf_pipeline *pipe, const cdf_generate_params *gp,
+                           const char *const *image_names, int n_names, const char *mask_name);
 
 /* `cdiffusers serve ...` (cli/serve.c; argv[0] is the program); returns the exit code. */
 int cdf_cli_serve(int argc, char **argv);

@@ -58,6 +58,8 @@ typedef struct job {
     double created, started, finished; /* unix seconds */
     char **b64;             /* n base64 PNGs when done */
     char **infotext;        /* n PNG "parameters" texts */
+    cdf_png_image image_png, mask_png; /* img2img: the decoded request PNGs, behind gp.image/mask_image */
+    cdf_image in_image, in_mask;
     struct job *qnext, *tnext;
 } job;
 
@@ -100,6 +102,8 @@ __attribute__((noinline)) static void job_unref(job *j) {
     for (int i = 0; j->infotext && i < j->req.n; i++) free(j->infotext[i]);
     free(j->b64);
     free(j->infotext);
+    cdf_png_image_free(&j->image_png);
+    cdf_png_image_free(&j->mask_png);
     serve_request_free(&j->req);
     free(j);
 }
@@ -209,7 +213,10 @@ static cdf_status run_image(server *srv, job *j, int i) {
     size_t len = 0;
     cdf_status s = text ? CDF_OK : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
     if (s == CDF_OK) {
-        cdf_cli_png_text_make(text, srv->pipe, &gp, srv->dtype, srv->model);
+        char init[1200];
+        const char *names[1] = {j->req.image_name};
+        cdf_cli_png_init_text(init, sizeof init, srv->pipe, &gp, names, 1, j->req.mask_name);
+        cdf_cli_png_text_make(text, srv->pipe, &gp, srv->dtype, srv->model, gp.seed, NULL, init);
         s = cdf_png_encode(img.width, img.height, 3, img.pixels, text->keys, text->values, 2, &png, &len);
     }
     cdf_image_free(&img);
@@ -365,6 +372,25 @@ static uint64_t random_seed(void) {
     return v; /* A1111 seeds are 32-bit */
 }
 
+/* img2img: decode the request's PNGs (as `generate` reads --image/--mask files) into j and point
+ * gp at them; the pipeline's checks (channels, mask size, strength, steps left) follow. */
+static cdf_status job_inputs(job *j, cdf_generate_params *gp) {
+    const bool a1111 = j->req.api == SERVE_API_A1111;
+    CDF_TRY(cdf_png_read_memory(j->req.image, j->req.image_len, a1111 ? "init_images[0]" : "image", &j->image_png));
+    const cdf_png_image *ip = &j->image_png;
+    j->in_image = (cdf_image){.width = ip->width, .height = ip->height, .channels = ip->channels, .pixels = ip->pixels};
+    gp->image = &j->in_image;
+    gp->num_input_images = 1;
+    if (j->req.mask) {
+        CDF_TRY(cdf_png_read_memory(j->req.mask, j->req.mask_len, "mask", &j->mask_png));
+        const cdf_png_image *mp = &j->mask_png;
+        j->in_mask = (cdf_image){.width = mp->width, .height = mp->height, .channels = mp->channels, .pixels = mp->pixels};
+        gp->mask_image = &j->in_mask;
+    }
+    if (j->req.strength >= 0) gp->strength = (float)j->req.strength;
+    return CDF_OK;
+}
+
 /* Takes ownership of *req (zeroed on return). The generate parameters exactly as `generate`
  * builds them from the same options, then the pipeline's checks. NULL + message on a bad request. */
 static job *job_new(server *srv, serve_request *req, bool async) {
@@ -388,6 +414,10 @@ static job *job_new(server *srv, serve_request *req, bool async) {
     if (j->req.guidance >= 0) gp.guidance_scale = (float)j->req.guidance;
     if (j->req.have_true_cfg) gp.true_cfg_scale = (float)j->req.true_cfg_scale;
     cdf_cli_model_defaults_apply(&srv->defaults, &gp, j->req.have_true_cfg);
+    if (j->req.img2img && job_inputs(j, &gp) != CDF_OK) {
+        job_unref(j);
+        return NULL;
+    }
     j->seed = j->req.seed >= 0 ? (uint64_t)j->req.seed : random_seed();
     j->b64 = calloc((size_t)j->req.n, sizeof *j->b64);
     j->infotext = calloc((size_t)j->req.n, sizeof *j->infotext);
@@ -461,7 +491,7 @@ static cJSON *openai_result(const job *j) {
     return o;
 }
 
-/* AUTOMATIC1111's txt2img response: images, the parameters as understood, info (a JSON string). */
+/* AUTOMATIC1111's txt2img / img2img response: images, the parameters as understood, info (a JSON string). */
 static cJSON *a1111_result(const job *j) {
     cJSON *o = cJSON_CreateObject(), *imgs = cJSON_AddArrayToObject(o, "images");
     for (int i = 0; i < j->req.n; i++) cJSON_AddItemToArray(imgs, cJSON_CreateString(j->b64[i]));
@@ -477,6 +507,7 @@ static cJSON *a1111_result(const job *j) {
     cJSON_AddNumberToObject(p, "height", gp->height);
     cJSON_AddNumberToObject(p, "batch_size", j->req.n);
     cJSON_AddStringToObject(p, "sampler_name", "FlowMatchEulerDiscrete");
+    if (gp->image) cJSON_AddNumberToObject(p, "denoising_strength", gp->strength);
     cJSON *info = cJSON_Duplicate(p, 1);
     cJSON *all = cJSON_AddArrayToObject(info, "all_seeds"), *texts = cJSON_AddArrayToObject(info, "infotexts");
     for (int i = 0; i < j->req.n; i++) {
@@ -493,13 +524,13 @@ static cJSON *a1111_result(const job *j) {
 /* Locks srv->mu and queues a job for req; NULL (unlocked, *answer set: 400, 429 or 503) when
  * the request is refused. */
 static job *accept_job(server *srv, struct MHD_Connection *c, serve_request *req, bool async, enum MHD_Result *answer) {
-    pthread_mutex_lock(&srv->mu);
+    /* outside the lock: decoding an input image must not hold up the worker's step callback */
     job *j = job_new(srv, req, async);
     if (!j) {
-        pthread_mutex_unlock(&srv->mu);
         *answer = send_error(c, cdf_last_status() == CDF_ERR_OUT_OF_MEMORY ? 500 : 400, cdf_last_error(), NULL);
         return NULL;
     }
+    pthread_mutex_lock(&srv->mu);
     char retry[32];
     unsigned refused = enqueue(srv, j, retry, sizeof retry);
     if (refused) {
@@ -644,13 +675,6 @@ static enum MHD_Result models_get(server *srv, struct MHD_Connection *c) {
 }
 
 /* ---- routing ------------------------------------------------------------------------------------ */
-static enum MHD_Result not_yet_img2img(struct MHD_Connection *c) {
-    return send_error(c, 501,
-                      "not yet supported: needs img2img (the request is valid; image-to-image generation is not in this "
-                      "build's pipeline yet)",
-                      NULL);
-}
-
 static enum MHD_Result route(server *srv, struct MHD_Connection *c, const char *url, const char *method, request_ctx *rc) {
     const bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0, post = strcmp(method, "POST") == 0;
     if (strcmp(url, "/health") == 0 && get) return health_get(srv, c);
@@ -671,13 +695,11 @@ static enum MHD_Result route(server *srv, struct MHD_Connection *c, const char *
     if (strcmp(url, "/v1/images/edits") == 0 && post) {
         const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
         if (serve_parse_edit(ct, (const uint8_t *)body, rc->len, &req) != CDF_OK) return send_error(c, 400, cdf_last_error(), NULL);
-        serve_request_free(&req);
-        return not_yet_img2img(c);
+        return run_sync(srv, c, &req);
     }
     if (strcmp(url, "/sdapi/v1/img2img") == 0 && post) {
         if (serve_parse_a1111(body, rc->len, true, &req) != CDF_OK) return send_error(c, 400, cdf_last_error(), NULL);
-        serve_request_free(&req);
-        return not_yet_img2img(c);
+        return run_sync(srv, c, &req);
     }
     if (strcmp(url, "/v1/jobs") == 0 && post) {
         if (serve_parse_generation(body, rc->len, &req) != CDF_OK) return send_error(c, 400, cdf_last_error(), NULL);
@@ -760,11 +782,11 @@ void cdf_cli_serve_usage(FILE *f) {
             "                   [--max-body-mb 32] [--max-connections 64] [--dtype bf16|f32] [--offload none|model|sequential]\n"
             "                   [--device-memory SIZE] [--mode eager|fuse|compile] [--compile-repeated-blocks] [--threads N]\n"
             "      an HTTP server keeping the pipeline loaded: POST /v1/images/generations (OpenAI), POST /sdapi/v1/txt2img\n"
-            "      (AUTOMATIC1111), POST /v1/jobs + GET/DELETE /v1/jobs/ID (asynchronous, cancel between steps),\n"
+            "      (AUTOMATIC1111), POST /v1/images/edits (OpenAI, multipart image [+ mask]) and /sdapi/v1/img2img\n"
+            "      (img2img / inpainting), POST /v1/jobs + GET/DELETE /v1/jobs/ID (asynchronous, cancel between steps),\n"
             "      GET /v1/models, /sdapi/v1/progress, /health. One worker runs the requests in arrival order; a full\n"
             "      queue answers 429, SIGTERM stops after the current step (queued requests get 503). A host other\n"
-            "      than loopback needs --api-key (clients send Authorization: Bearer KEY). --port 0: any free port.\n"
-            "      The edit endpoints (/v1/images/edits, /sdapi/v1/img2img) check the request and answer 501 (no img2img yet).\n");
+            "      than loopback needs --api-key (clients send Authorization: Bearer KEY). --port 0: any free port.\n");
 }
 
 static bool is_loopback(const struct sockaddr *a) {

@@ -30,6 +30,14 @@ static void request_init(serve_request *r, serve_api api, bool img2img) {
     r->seed = -1;
     r->n = 1;
     r->strength = -1.0;
+    snprintf(r->image_name, sizeof r->image_name, "%s", api == SERVE_API_A1111 ? "init_image.png" : "image.png");
+    snprintf(r->mask_name, sizeof r->mask_name, "mask.png");
+}
+
+/* A multipart file name as the PNG text shows it: its last path component, if any. */
+static void take_file_name(const char *filename, char *out, size_t n) {
+    const char *slash = strrchr(filename, '/'), *base = slash ? slash + 1 : filename;
+    if (*base) snprintf(out, n, "%s", base);
 }
 
 /* ---- text --------------------------------------------------------------------------------- */
@@ -247,8 +255,9 @@ cdf_status serve_png_size(const uint8_t *d, size_t n, const char *what, int *w, 
         return cdf_error(CDF_ERR_FORMAT, "%s is a truncated or corrupt PNG (no IHDR chunk)", what);
     uint32_t W = (uint32_t)d[16] << 24 | (uint32_t)d[17] << 16 | (uint32_t)d[18] << 8 | d[19];
     uint32_t H = (uint32_t)d[20] << 24 | (uint32_t)d[21] << 16 | (uint32_t)d[22] << 8 | d[23];
-    if (W < 1 || H < 1 || W > SERVE_MAX_SIDE || H > SERVE_MAX_SIDE)
-        return cdf_error(CDF_ERR_LIMIT, "%s is %ux%u, outside 1..%d per side", what, (unsigned)W, (unsigned)H, SERVE_MAX_SIDE);
+    if (W < 1 || H < 1 || W > SERVE_MAX_IMAGE_SIDE || H > SERVE_MAX_IMAGE_SIDE)
+        return cdf_error(CDF_ERR_LIMIT, "%s is %ux%u, outside 1..%d per side", what, (unsigned)W, (unsigned)H,
+                         SERVE_MAX_IMAGE_SIDE);
     *w = (int)W;
     *h = (int)H;
     return CDF_OK;
@@ -503,8 +512,13 @@ cdf_status serve_parse_edit(const char *content_type, const uint8_t *body, size_
             if (strcmp(parts[j].name, p->name) == 0) s = cdf_error(CDF_ERR_INVALID_ARG, "field '%s' is given twice", p->name);
         if (s != CDF_OK) break;
         if (strcmp(p->name, "image") == 0 || strcmp(p->name, "image[]") == 0)
+        {
             s = take_image("image", p->data, p->len, &out->image, &out->image_len, &out->image_width, &out->image_height);
-        else if (strcmp(p->name, "mask") == 0) s = take_image("mask", p->data, p->len, &out->mask, &out->mask_len, NULL, NULL);
+            take_file_name(p->filename, out->image_name, sizeof out->image_name);
+        } else if (strcmp(p->name, "mask") == 0) {
+            s = take_image("mask", p->data, p->len, &out->mask, &out->mask_len, NULL, NULL);
+            take_file_name(p->filename, out->mask_name, sizeof out->mask_name);
+        }
         else if (strcmp(p->name, "prompt") == 0) s = take_text("prompt", txt, p->len, &out->prompt);
         else if (strcmp(p->name, "negative_prompt") == 0) s = take_text("negative_prompt", txt, p->len, &out->negative_prompt);
         else if (strcmp(p->name, "n") == 0) {

@@ -17,6 +17,9 @@
 #define SERVE_MAX_PARTS 32         /* multipart parts */
 #define SERVE_MAX_PART_HEADER 4096 /* bytes of one part's headers */
 #define SERVE_MAX_SIDE 65535       /* request width/height before the pipeline's own limit */
+/* An input image's (or mask's) width/height, checked from its PNG header before it is decoded:
+ * a small body must not unpack into gigabytes (the pipeline generates at most 4096 a side). */
+#define SERVE_MAX_IMAGE_SIDE 4096
 
 typedef enum serve_api { SERVE_API_OPENAI = 0, SERVE_API_A1111 = 1 } serve_api;
 
@@ -36,6 +39,10 @@ typedef struct serve_request {
     uint8_t *image, *mask;    /* img2img: the PNG bytes (malloc'ed), mask optional */
     size_t image_len, mask_len;
     int image_width, image_height; /* from the image's PNG header */
+    /* how the PNG text names the inputs (as `generate` writes their paths): the multipart file
+     * names (last path component; "image.png"/"mask.png" when none), A1111: "init_image.png" and
+     * "mask.png". Only text: never a path the server opens. */
+    char image_name[256], mask_name[256];
 } serve_request;
 
 void serve_request_free(serve_request *r); /* NULL and a zeroed request are fine */
@@ -68,7 +75,8 @@ char *serve_base64_encode(const uint8_t *data, size_t n, size_t *out_len);
 /* Standard base64 (padding optional, no whitespace), after an optional "data:...;base64," prefix.
  * *out malloc'ed. */
 cdf_status serve_base64_decode(const char *s, size_t n, const char *what, uint8_t **out, size_t *out_len);
-/* A PNG's size from its header (signature + IHDR); the pixels are not decoded. */
+/* A PNG's size from its header (signature + IHDR), each side 1..SERVE_MAX_IMAGE_SIDE; the pixels
+ * are not decoded. */
 cdf_status serve_png_size(const uint8_t *data, size_t n, const char *what, int *w, int *h);
 
 #endif

@@ -312,8 +312,38 @@ static void test_encode_matches_write(void **state) {
     assert_non_null(strstr(cdf_last_error(), "not a valid PNG keyword"));
 }
 
+/* cdf_png_read_memory decodes what cdf_png_read decodes from the same bytes (the server reads
+ * uploaded images with it); a non-PNG and a truncated PNG are format errors naming `what`. */
+static void test_read_memory(void **state) {
+    (void)state;
+    uint8_t px[6 * 4 * 3];
+    for (size_t i = 0; i < sizeof px; i++) px[i] = (uint8_t)(i * 53 + 7);
+    const char *keys[1] = {"parameters"}, *vals[1] = {"a fox"};
+    const char *path = sub_path(fresh_dir("readmem"), "a.png");
+    assert_int_equal(cdf_png_write(path, 6, 4, 3, px, keys, vals, 1, false), CDF_OK);
+    size_t len = 0;
+    uint8_t *data = (uint8_t *)tu_read_file(path, &len);
+    assert_non_null(data);
+    cdf_png_image f, m;
+    assert_int_equal(cdf_png_read(path, &f), CDF_OK);
+    assert_int_equal(cdf_png_read_memory(data, len, "image", &m), CDF_OK);
+    assert_true(m.width == 6 && m.height == 4 && m.channels == 3 && m.n_text == 1);
+    assert_memory_equal(m.pixels, f.pixels, sizeof px);
+    assert_memory_equal(m.pixels, px, sizeof px);
+    assert_string_equal(cdf_png_image_text(&m, "parameters"), "a fox");
+    cdf_png_image_free(&m);
+    cdf_png_image_free(&f);
+    assert_int_equal(cdf_png_read_memory(data, len / 2, "image", &m), CDF_ERR_FORMAT);
+    assert_non_null(strstr(cdf_last_error(), "image is corrupt"));
+    assert_null(m.pixels);
+    assert_int_equal(cdf_png_read_memory((const uint8_t *)"{\"a\":1}", 7, "mask", &m), CDF_ERR_FORMAT);
+    assert_non_null(strstr(cdf_last_error(), "mask is not a PNG"));
+    free(data);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_read_memory),
         cmocka_unit_test(test_encode_matches_write),
         cmocka_unit_test(test_roundtrip_pixels_and_text),
         cmocka_unit_test(test_gray_and_rgba),

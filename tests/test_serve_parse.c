@@ -74,6 +74,11 @@ static void test_png_size(void **state) {
     assert_int_equal(serve_png_size(png, n, "image", &w, &h), CDF_OK);
     assert_int_equal(w, 3);
     assert_int_equal(h, 2);
+    png[18] = 0x10; /* width 4099: over the input limit, refused before anything is decoded */
+    png[19] = 0x03;
+    assert_int_equal(serve_png_size(png, n, "image", &w, &h), CDF_ERR_LIMIT);
+    assert_non_null(strstr(cdf_last_error(), "image is 4099x2, outside 1..4096 per side"));
+    png[18] = 0;
     assert_int_equal(serve_png_size(png, 20, "image", &w, &h), CDF_ERR_FORMAT); /* cut inside IHDR */
     assert_non_null(strstr(cdf_last_error(), "truncated"));
     png[0] = 'G';
@@ -187,13 +192,14 @@ static void test_a1111_and_edit(void **state) {
     assert_int_equal(serve_parse_a1111(body, strlen(body), true, &r), CDF_OK);
     assert_true(r.img2img && r.image_len == pn && r.image_width == 3 && r.image_height == 2 && r.strength == 0.3);
     assert_memory_equal(r.image, png, pn);
+    assert_string_equal(r.image_name, "init_image.png"); /* the name the PNG text shows */
     serve_request_free(&r);
     snprintf(body, sizeof body, "{\"init_images\":[\"%s\",\"%s\"]}", b64, b64);
     assert_int_equal(serve_parse_a1111(body, strlen(body), true, &r), CDF_ERR_INVALID_ARG);
     assert_non_null(strstr(cdf_last_error(), "array of one"));
     /* OpenAI edits: multipart with the image, text fields parsed as numbers */
     char mp[2048];
-    size_t k = (size_t)sprintf(mp, "--Z\r\nContent-Disposition: form-data; name=\"image\"; filename=\"i.png\"\r\n\r\n");
+    size_t k = (size_t)sprintf(mp, "--Z\r\nContent-Disposition: form-data; name=\"image\"; filename=\"dir/i.png\"\r\n\r\n");
     memcpy(mp + k, png, pn);
     k += pn;
     k += (size_t)sprintf(mp + k, "\r\n--Z\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nred\r\n"
@@ -202,6 +208,8 @@ static void test_a1111_and_edit(void **state) {
     assert_int_equal(serve_parse_edit("multipart/form-data; boundary=Z", (uint8_t *)mp, k, &r), CDF_OK);
     assert_true(r.img2img && r.n == 2 && r.width == 64 && r.image_len == pn);
     assert_string_equal(r.prompt, "red");
+    assert_string_equal(r.image_name, "i.png"); /* the file name's last component, as `generate` shows a path */
+    assert_string_equal(r.mask_name, "mask.png");
     serve_request_free(&r);
     k = (size_t)sprintf(mp, "--Z\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nred\r\n"
                             "--Z\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nblue\r\n--Z--");

@@ -312,6 +312,9 @@ typedef struct cdf_png_image {
  * tRNS -> alpha). Errors: CDF_ERR_NOT_FOUND, CDF_ERR_IO, CDF_ERR_FORMAT (not a PNG / corrupt),
  * CDF_ERR_LIMIT (a side > CDF_PNG_MAX_SIDE). Free with cdf_png_image_free. */
 cdf_status cdf_png_read(const char *path, cdf_png_image *out);
+/* The same from a PNG in memory (data[0..len)); `what` names it in messages ("image").
+ * CDF_ERR_FORMAT also for data that ends before the image does. */
+cdf_status cdf_png_read_memory(const uint8_t *data, size_t len, const char *what, cdf_png_image *out);
 void cdf_png_image_free(cdf_png_image *img);
 /* The value of a text chunk, NULL if absent. */
 const char *cdf_png_image_text(const cdf_png_image *img, const char *key);

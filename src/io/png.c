@@ -222,47 +222,47 @@ static bool take_text(png_structp png, png_infop info, cdf_png_image *img) {
     return true;
 }
 
-cdf_status cdf_png_read(const char *path, cdf_png_image *out) {
-    if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_read: out is NULL");
-    memset(out, 0, sizeof *out);
-    if (!path) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_read: path is NULL");
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        int err = errno;
-        if (err == ENOENT) return cdf_error(CDF_ERR_NOT_FOUND, "PNG file '%s' does not exist", path);
-        return cdf_error(CDF_ERR_IO, "cannot open PNG file '%s': %s", path, strerror(err));
-    }
-    uint8_t sig[8];
-    if (fread(sig, 1, 8, fp) != 8 || png_sig_cmp(sig, 0, 8) != 0) {
-        fclose(fp);
-        return cdf_error(CDF_ERR_FORMAT, "'%s' is not a PNG file (bad signature)", path);
-    }
+/* Memory source for libpng's reader. */
+typedef struct png_src {
+    const uint8_t *data;
+    size_t len, pos;
+} png_src;
+
+static void on_png_read(png_structp png, png_bytep bytes, png_size_t n) {
+    png_src *src = png_get_io_ptr(png);
+    if (n > src->len - src->pos) png_error(png, "the data ends before the image does (truncated PNG)");
+    memcpy(bytes, src->data + src->pos, n);
+    src->pos += n;
+}
+
+/* The one decoder behind cdf_png_read and cdf_png_read_memory: from fp, or from src when fp is
+ * NULL. The 8 signature bytes are already read and checked. name says what in messages
+ * ("PNG file 'x.png'", "image"). */
+static cdf_status decode(const char *name, FILE *fp, png_src *src, cdf_png_image *out) {
     png_err_ctx ctx = {0};
     png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &ctx, on_png_error, on_png_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     png_bytep *volatile rows = NULL;
     if (!png || !info) {
         png_destroy_read_struct(png ? &png : NULL, NULL, NULL);
-        fclose(fp);
-        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "cdf_png_read('%s'): cannot create libpng reader", path);
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "%s: cannot create libpng reader", name);
     }
     if (setjmp(ctx.jmp)) {
         png_destroy_read_struct(&png, &info, NULL);
-        fclose(fp);
         free(rows);
         cdf_png_image_free(out);
-        return cdf_error(CDF_ERR_FORMAT, "PNG file '%s' is corrupt or unsupported: %s", path, ctx.msg);
+        return cdf_error(CDF_ERR_FORMAT, "%s is corrupt or unsupported: %s", name, ctx.msg);
     }
-    png_init_io(png, fp);
+    if (fp) png_init_io(png, fp);
+    else png_set_read_fn(png, src, on_png_read);
     png_set_sig_bytes(png, 8);
     png_read_info(png, info);
     png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
     if (w > CDF_PNG_MAX_SIDE || h > CDF_PNG_MAX_SIDE) {
         png_destroy_read_struct(&png, &info, NULL);
-        fclose(fp);
         cdf_png_image_free(out);
-        return cdf_error(CDF_ERR_LIMIT, "PNG file '%s' is %ux%u, over the limit of %d per side", path,
-                         (unsigned)w, (unsigned)h, CDF_PNG_MAX_SIDE);
+        return cdf_error(CDF_ERR_LIMIT, "%s is %ux%u, over the limit of %d per side", name, (unsigned)w, (unsigned)h,
+                         CDF_PNG_MAX_SIDE);
     }
     int color = png_get_color_type(png, info), depth = png_get_bit_depth(png, info);
     if (depth == 16) png_set_strip_16(png);
@@ -287,6 +287,37 @@ cdf_status cdf_png_read(const char *path, cdf_png_image *out) {
     out->channels = ch;
     png_destroy_read_struct(&png, &info, NULL);
     free(rows);
-    fclose(fp);
     return CDF_OK;
+}
+
+cdf_status cdf_png_read(const char *path, cdf_png_image *out) {
+    if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_read: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!path) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_read: path is NULL");
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        int err = errno;
+        if (err == ENOENT) return cdf_error(CDF_ERR_NOT_FOUND, "PNG file '%s' does not exist", path);
+        return cdf_error(CDF_ERR_IO, "cannot open PNG file '%s': %s", path, strerror(err));
+    }
+    uint8_t sig[8];
+    if (fread(sig, 1, 8, fp) != 8 || png_sig_cmp(sig, 0, 8) != 0) {
+        fclose(fp);
+        return cdf_error(CDF_ERR_FORMAT, "'%s' is not a PNG file (bad signature)", path);
+    }
+    char name[4200];
+    snprintf(name, sizeof name, "PNG file '%s'", path);
+    cdf_status s = decode(name, fp, NULL, out);
+    fclose(fp);
+    return s;
+}
+
+cdf_status cdf_png_read_memory(const uint8_t *data, size_t len, const char *what, cdf_png_image *out) {
+    if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_read_memory: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!what) what = "PNG data";
+    if (!data && len) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_png_read_memory: data is NULL");
+    if (len < 8 || png_sig_cmp(data, 0, 8) != 0) return cdf_error(CDF_ERR_FORMAT, "%s is not a PNG (bad signature)", what);
+    png_src src = {.data = data, .len = len, .pos = 8};
+    return decode(what, NULL, &src, out);
 }

@@ -1,13 +1,15 @@
 """Drives `cdiffusers serve` with the official openai Python client (run by test_serve_openai.sh).
 
-usage: openai_client.py BASE_URL API_KEY MODEL_NAME EXPECTED_SEED7.png INPUT.png
+usage: openai_client.py BASE_URL API_KEY MODEL_NAME EXPECTED_SEED7.png INPUT.png EXPECTED_EDIT.png
+EXPECTED_EDIT.png: `cdiffusers generate --image INPUT.png --strength 0.6 --seed 5` run on a file
+named init_image.png (the name the PNG text shows; the client uploads INPUT.png under it).
 Exits 0 when every check passes; prints what failed otherwise."""
 import base64
 import sys
 
 import openai
 
-base_url, key, model, expected_png, input_png = sys.argv[1:6]
+base_url, key, model, expected_png, input_png, expected_edit = sys.argv[1:7]
 failures = []
 
 
@@ -42,12 +44,13 @@ try:
 except openai.BadRequestError as e:
     check("size refusal names the multiple: %s" % e, "multiples of 16" in str(e))
 
-try:
-    with open(input_png, "rb") as img:
-        client.images.edit(model=model, image=img, prompt="make it red")
-    check("images.edit answers 501 until img2img exists", False)
-except openai.APIStatusError as e:
-    check("images.edit -> 501 (got %s)" % e.status_code, e.status_code == 501)
+with open(input_png, "rb") as img:
+    r = client.images.edit(model=model, image=("init_image.png", img.read(), "image/png"), prompt=prompt,
+                           response_format="b64_json", extra_body={"seed": 5, "strength": 0.6})
+check("images.edit gives 1 image", len(r.data) == 1)
+with open(expected_edit, "rb") as f:
+    check("images.edit == cdiffusers generate --image --strength 0.6 --seed 5",
+          base64.b64decode(r.data[0].b64_json) == f.read())
 
 bad = openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0)
 try:

@@ -5,7 +5,8 @@
 # (progress, ETA, cancel between steps), a client that hangs up cancels its queued job, 8
 # concurrent clients served in arrival order, a full queue (429 + Retry-After), bad requests
 # (400 with a message, the server still serving), the body, header and URL limits (413, 431, 414), the edit endpoints
-# (validated, then 501 until img2img exists), the API key (401), and SIGTERM during a run
+# (img2img and inpainting == `generate --image [--mask]`, bad images / masks / strengths -> 400), the API key
+# (401), and SIGTERM during a run
 # (the running and queued requests get 503, exit status 0).
 #
 # usage: test_serve.sh CDIFFUSERS_BINARY MODEL_DIR
@@ -137,25 +138,68 @@ st=$(post_json "$A" $G '{"prompt":"a small blue square on a black background","s
 check "still serving after bad requests" [ "$st" = 200 ]
 
 section "edit endpoints"
-# edit endpoints: validated, then 501 until the pipeline has img2img
-st=$(req "$A" POST /v1/images/edits -F "image=@$TMP/cli7.png;type=image/png" -F "prompt=make it red" -F n=1 -F size=64x64)
-check "edits valid -> 501 ($st)" [ "$st" = 501 ]
-check "edits 501 says why" grep -q "needs img2img" "$TMP/body"
-st=$(req "$A" POST /v1/images/edits -F "prompt=make it red")
+# edit endpoints: img2img and inpainting give the same PNG bytes as `generate --image [--mask]`.
+# The PNG text names the inputs as `generate` writes their paths: the uploaded file names
+# (OpenAI) or init_image.png / mask.png (A1111), so the CLI runs on files of those names.
+IMG_DIR="$(cd "$(dirname "$0")/../../docs/img2img" && pwd)"
+cp "$IMG_DIR/circle.png" "$TMP/init_image.png"
+cp "$IMG_DIR/mask-bottom-right.png" "$TMP/mask.png"
+(cd "$TMP" && "$BIN" generate --model "$MODEL" --prompt "$PROMPT" --image init_image.png --strength 0.6 --seed 5 \
+  --output cli_i2i.png --quiet &&
+  "$BIN" generate --model "$MODEL" --prompt "$PROMPT" --image init_image.png --mask mask.png --strength 1 --seed 5 \
+    --output cli_inp.png --quiet) || bad "generate --image failed"
+E=/v1/images/edits
+st=$(req "$A" POST $E -F "image=@$TMP/init_image.png;type=image/png" -F "prompt=$PROMPT" -F seed=5 -F strength=0.6 \
+  -F response_format=b64_json)
+check "edits img2img 200 ($st)" [ "$st" = 200 ]
+images "$TMP/body" | head -1 | base64 -d >"$TMP/srv_i2i.png"
+check "edits img2img PNG == generate --image PNG" cmp -s "$TMP/srv_i2i.png" "$TMP/cli_i2i.png"
+st=$(req "$A" POST $E -F "image=@$TMP/init_image.png;type=image/png" -F "mask=@$TMP/mask.png;type=image/png" \
+  -F "prompt=$PROMPT" -F seed=5 -F strength=1)
+check "edits inpainting 200 ($st)" [ "$st" = 200 ]
+images "$TMP/body" | head -1 | base64 -d >"$TMP/srv_inp.png"
+check "edits inpainting PNG == generate --image --mask PNG" cmp -s "$TMP/srv_inp.png" "$TMP/cli_inp.png"
+b64=$(base64 -w0 "$TMP/init_image.png")
+m64=$(base64 -w0 "$TMP/mask.png")
+st=$(post_json "$A" /sdapi/v1/img2img "{\"prompt\":\"$PROMPT\",\"init_images\":[\"data:image/png;base64,$b64\"],\"denoising_strength\":0.6,\"seed\":5}")
+check "A1111 img2img 200 ($st)" [ "$st" = 200 ]
+check "A1111 img2img parameters give the strength" grep -q '"denoising_strength":0.6' "$TMP/body"
+images "$TMP/body" | head -1 | base64 -d >"$TMP/a_i2i.png"
+check "A1111 img2img PNG == generate --image PNG" cmp -s "$TMP/a_i2i.png" "$TMP/cli_i2i.png"
+st=$(post_json "$A" /sdapi/v1/img2img "{\"prompt\":\"$PROMPT\",\"init_images\":[\"$b64\"],\"mask\":\"$m64\",\"denoising_strength\":1,\"seed\":5}")
+check "A1111 inpainting 200 ($st)" [ "$st" = 200 ]
+images "$TMP/body" | head -1 | base64 -d >"$TMP/a_inp.png"
+check "A1111 inpainting PNG == generate --image --mask PNG" cmp -s "$TMP/a_inp.png" "$TMP/cli_inp.png"
+# bad inputs: 400 with a message, the server keeps serving
+st=$(req "$A" POST $E -F "prompt=make it red")
 check "edits without image -> 400" [ "$st" = 400 ]
 check "edits names the image" grep -q "'image' (a PNG file) is required" "$TMP/body"
-st=$(req "$A" POST /v1/images/edits -F "image=@$MODEL/model_index.json" -F "prompt=x")
-check "edits with a non-PNG -> 400" [ "$st" = 400 ]
-st=$(req "$A" POST /v1/images/edits -F "image=@$TMP/cli7.png" -F "prompt=x" -F "n=abc")
+st=$(req "$A" POST $E -F "image=@$MODEL/model_index.json" -F "prompt=x")
+check "edits with a non-PNG -> 400 ($st)" [ "$st" = 400 ]
+check "non-PNG says so" grep -qi "png" "$TMP/body"
+st=$(req "$A" POST $E -F "image=@$TMP/init_image.png" -F "prompt=x" -F "n=abc")
 check "edits with bad n -> 400" [ "$st" = 400 ]
-st=$(req "$A" POST /v1/images/edits -H 'Content-Type: application/json' --data-binary '{"prompt":"x"}')
+st=$(req "$A" POST $E -H 'Content-Type: application/json' --data-binary '{"prompt":"x"}')
 check "edits not multipart -> 400" [ "$st" = 400 ]
-b64=$(base64 -w0 "$TMP/cli7.png")
-st=$(post_json "$A" /sdapi/v1/img2img "{\"prompt\":\"x\",\"init_images\":[\"data:image/png;base64,$b64\"],\"denoising_strength\":0.5}")
-check "img2img valid -> 501" [ "$st" = 501 ]
+OTHER="$(dirname "$0")/../data/golden/img2img/sd3_inpaint_s10_48x80/image_in.png"
+st=$(req "$A" POST $E -F "image=@$TMP/init_image.png" -F "mask=@$OTHER" -F "prompt=x" -F strength=1)
+check "edits mask of another size -> 400 ($st)" [ "$st" = 400 ]
+check "mask size message" grep -q "mask" "$TMP/body"
+st=$(req "$A" POST $E -F "image=@$TMP/init_image.png" -F "prompt=x" -F strength=0)
+check "edits strength 0 -> 400 ($st)" [ "$st" = 400 ]
+check "strength 0 message" grep -q "strength" "$TMP/body"
+st=$(req "$A" POST $E -F "image=@$TMP/init_image.png" -F "prompt=x" -F strength=1.5)
+check "edits strength 1.5 -> 400 ($st)" [ "$st" = 400 ]
+check "strength 1.5 message" grep -q "strength" "$TMP/body"
+o64=$(base64 -w0 "$OTHER")
 expect_400 "img2img bad base64" /sdapi/v1/img2img '{"prompt":"x","init_images":["@@@@"]}' "not valid base64"
 expect_400 "img2img no image" /sdapi/v1/img2img '{"prompt":"x"}' "init_images must be"
-expect_400 "img2img strength" /sdapi/v1/img2img "{\"init_images\":[\"$b64\"],\"denoising_strength\":2}" "denoising_strength"
+expect_400 "img2img non-PNG" /sdapi/v1/img2img "{\"prompt\":\"x\",\"init_images\":[\"$(base64 -w0 "$MODEL/model_index.json")\"]}" "PNG"
+expect_400 "img2img mask of another size" /sdapi/v1/img2img "{\"prompt\":\"x\",\"init_images\":[\"$b64\"],\"mask\":\"$o64\"}" "mask"
+expect_400 "img2img strength 0" /sdapi/v1/img2img "{\"init_images\":[\"$b64\"],\"denoising_strength\":0}" "strength"
+expect_400 "img2img strength 1.5" /sdapi/v1/img2img "{\"init_images\":[\"$b64\"],\"denoising_strength\":1.5}" "denoising_strength"
+st=$(post_json "$A" /sdapi/v1/img2img "{\"prompt\":\"$PROMPT\",\"init_images\":[\"$b64\"],\"denoising_strength\":0.6,\"seed\":5}")
+check "still serving after bad edits ($st)" [ "$st" = 200 ]
 
 section "job API"
 # job API: progress with an ETA, cancel between steps

@@ -29,7 +29,12 @@ fi
 echo "openai client: $("$PY" -c 'import openai; print(openai.__version__)') ($PY)"
 start_server A --api-key s3cret
 "$BIN" generate --model "$MODEL" --prompt "a large yellow triangle on a purple background" --seed 7 --output "$TMP/seed7.png" --quiet
-"$PY" "$(dirname "$0")/openai_client.py" "http://127.0.0.1:$PORT_A/v1" s3cret "$(basename "$MODEL")" "$TMP/seed7.png" "$TMP/seed7.png"
+# images.edit: the PNG text names the input as uploaded (init_image.png), so generate reads a file of that name
+cp "$(dirname "$0")/../../docs/img2img/circle.png" "$TMP/init_image.png"
+(cd "$TMP" && "$BIN" generate --model "$MODEL" --prompt "a large yellow triangle on a purple background" --image init_image.png \
+  --strength 0.6 --seed 5 --output edit5.png --quiet)
+"$PY" "$(dirname "$0")/openai_client.py" "http://127.0.0.1:$PORT_A/v1" s3cret "$(basename "$MODEL")" "$TMP/seed7.png" \
+  "$TMP/init_image.png" "$TMP/edit5.png"
 check "the openai client's checks" [ $? = 0 ]
 kill -TERM "$PID_A"
 wait "$PID_A"
