@@ -360,6 +360,7 @@ static int cmd_generate(int argc, char **argv) {
     static cdf_cli_gen g; /* static: the seed list is large */
     memset(&g, 0, sizeof g);
     optind = 1;
+    g_device_name = NULL; /* cdf_cli_main may run many times in one process (fuzz_cli): no stale argv */
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
@@ -633,6 +634,7 @@ static int cmd_run_model(int argc, char **argv) {
     };
     int c;
     optind = 1;
+    g_device_name = NULL; /* cdf_cli_main may run many times in one process (fuzz_cli): no stale argv */
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
