@@ -495,6 +495,26 @@ static void test_errors(void **state) {
     assert_int_equal(cdf_scheduler_step(s, m, x, y, 3), CDF_OK);
     assert_int_equal(cdf_scheduler_step_index(s), 2);
     cdf_scheduler_free(s);
+
+    /* A huge shift saturates the first sigmas at 1, so timesteps[0] repeats: without a begin
+     * index the first step starts at the second match and only 27 of 28 steps run before the
+     * schedule ends (diffusers raises IndexError after 27: tools/scheduler-repeat-check.py). */
+    cfg = cdf_scheduler_config_default();
+    cfg.shift = 1e7;
+    s = cdf_scheduler_new(&cfg);
+    assert_int_equal(cdf_scheduler_set_timesteps(s, 28, NULL, 0, NULL), CDF_OK);
+    assert_true(cdf_scheduler_timesteps(s)[0] == 1000.0f && cdf_scheduler_timesteps(s)[1] == 1000.0f);
+    int ran = 0;
+    while (ran < 40 && cdf_scheduler_step(s, m, x, y, 3) == CDF_OK) ran++;
+    assert_int_equal(ran, 27);
+    assert_non_null(strstr(cdf_last_error(), "past the last step"));
+    /* with set_begin_index(0), as the pipelines do, all 28 run */
+    assert_int_equal(cdf_scheduler_set_timesteps(s, 28, NULL, 0, NULL), CDF_OK);
+    assert_int_equal(cdf_scheduler_set_begin_index(s, 0), CDF_OK);
+    ran = 0;
+    while (ran < 40 && cdf_scheduler_step(s, m, x, y, 3) == CDF_OK) ran++;
+    assert_int_equal(ran, 28);
+    cdf_scheduler_free(s);
 }
 
 int main(void) {
