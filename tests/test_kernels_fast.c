@@ -45,6 +45,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/dispatch.h"
 #include "kernels/fast_onednn.h"
+#include "kernels/gemm_bf16w.h"
 #include "kernels/kernels.h"
 
 #define U32 (1.0 / 16777216.0)
@@ -55,6 +56,8 @@ static cdf_k_fast_info info;
  * bf16 cases then run through the dispatch, which must still compute the bf16 policy (A rounded
  * to bf16, f32 accumulation) with the widened-weight oneDNN f32 path or the reference kernel. */
 static bool bf16_via_dispatch;
+/* Set by the own-GEMM tests: mm_check runs cdf_k_gemm_bf16w (kernels/gemm_bf16w.c) instead. */
+static bool via_own_gemm;
 
 static bool isa_capped_by_env(void) {
     const char *a = getenv("ONEDNN_MAX_CPU_ISA"), *b = getenv("DNNL_MAX_CPU_ISA");
@@ -251,7 +254,9 @@ static double mm_ref(const mm_bufs *m, int64_t bi, int64_t i, int64_t j, bool ro
 static void mm_check(mm_bufs *m, bool round_a, bool vs_reference, const char *what) {
     const cdf_k_matmul_args *x = &m->x;
     bool handled = false;
-    if (bf16_via_dispatch && x->b_dt == CDF_BF16) {
+    if (via_own_gemm) {
+        assert_int_equal(cdf_k_gemm_bf16w(x, &handled), CDF_OK);
+    } else if (bf16_via_dispatch && x->b_dt == CDF_BF16) {
         assert_int_equal(cdf_k_matmul_dispatch(x), CDF_OK);
         handled = true;
     } else {
@@ -569,6 +574,7 @@ static void test_matmul_declines_and_dispatch(void **state) {
  * matmuls from two threads concurrently (the caches are shared and locked) and check them. */
 typedef struct thread_job {
     int id;
+    bool own; /* bf16 weights through the own GEMM (its packed-weight cache is shared too) */
     int failures, declined;
 } thread_job;
 
@@ -587,12 +593,13 @@ static void *matmul_thread(void *arg) {
         tu_fill_random(a, (size_t)(M * K), 9000 + 100 * job->id + it);
         tu_fill_random(b, (size_t)(K * N), 9050 + 100 * job->id + it);
         cdf_convert(bh, CDF_BF16, b, CDF_F32, (size_t)(K * N));
-        const bool bf16 = it % 2 && info.bf16_supported;
+        const bool bf16 = it % 2 && (info.bf16_supported || job->own);
         cdf_k_matmul_args x = {.batch = 1, .M = M, .N = N, .K = K, .a = a, .a_dt = CDF_F32, .lda = K,
                                .b = bf16 ? (const void *)bh : (const void *)b, .b_dt = bf16 ? CDF_BF16 : CDF_F32,
                                .ldb = N, .c = c, .c_dt = CDF_F32, .ldc = N, .alpha = 1.0f};
         bool handled = false;
-        if (cdf_k_matmul_fast(&x, &handled) != CDF_OK) job->failures++;
+        if ((bf16 && job->own ? cdf_k_gemm_bf16w(&x, &handled) : cdf_k_matmul_fast(&x, &handled)) != CDF_OK)
+            job->failures++;
         if (!handled) job->declined++;
         for (int64_t i = 0; i < M && handled; i++)
             for (int64_t j = 0; j < N; j++) {
@@ -614,13 +621,253 @@ static void test_matmul_threads(void **state) {
     (void)state;
     if (!need_f32()) return;
     pthread_t th[2];
-    thread_job jobs[2] = {{.id = 0}, {.id = 1}};
+    const bool own = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    thread_job jobs[2] = {{.id = 0, .own = own}, {.id = 1, .own = own}};
     for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, matmul_thread, &jobs[i]), 0);
     for (int i = 0; i < 2; i++) assert_int_equal(pthread_join(th[i], NULL), 0);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(jobs[i].declined, 0);
         assert_int_equal(jobs[i].failures, 0);
     }
+}
+
+/* ---- the own bf16-weight GEMM (kernels/gemm_bf16w.c) ------------------------------------------ */
+
+static bool need_own_gemm(void) {
+    cdf_k_fast_get_info(&info);
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+        printf("  [skip] CPU lacks AVX2/FMA: the own bf16-weight GEMM declines\n");
+        return false;
+    }
+    return true;
+}
+
+/* The bf16 policy's bounds (A rounded to bf16) over the whole size grid, both layouts of A and
+ * B, bias / alpha / beta / bf16 C / padding cycling; batches sharing the weight; bf16 A; sizes
+ * crossing its KC / NC / MC blocks; per-batch weights are declined. */
+static void test_gemm_bf16w(void **state) {
+    (void)state;
+    if (!need_own_gemm()) return;
+    via_own_gemm = true;
+    cdf_k_gemm_bf16w_reset_stats();
+    int n = 0;
+    for (int mi = 0; mi < NSIZES; mi++)
+        for (int ni = 0; ni < NSIZES; ni++)
+            for (int ki = 0; ki < NSIZES; ki++, n++) {
+                if (SIZES[mi] * SIZES[ni] * SIZES[ki] > MAX_MNK) continue;
+                mm_case cs = {.batch = 1, .M = SIZES[mi], .N = SIZES[ni], .K = SIZES[ki], .ta = (n >> 1) & 1,
+                              .tb = !(n & 1), .bias = (n % 3) == 0, .alpha = (n % 7) == 0 ? 0.25f : 1.0f,
+                              .beta = (n % 5) == 0 ? 1.0f : 0.0f, .a_dt = CDF_F32, .b_dt = CDF_BF16,
+                              .c_dt = (n % 4) == 1 ? CDF_BF16 : CDF_F32, .bias_dt = (n % 2) ? CDF_BF16 : CDF_F32,
+                              .pad = n % 3};
+                mm_bufs m;
+                mm_setup(&cs, &m, 6000 + n);
+                mm_check(&m, true, false, "own gemm");
+                mm_free(&m);
+            }
+    const mm_case more[] = {
+        {.batch = 1, .M = 97, .N = 300, .K = 520, .tb = true, .bias = true}, /* 3 KC chunks, 2 NC blocks */
+        {.batch = 1, .M = 2, .N = 530, .K = 260, .tb = true, .pad = 3},       /* columns split over threads */
+        {.batch = 3, .M = 17, .N = 64, .K = 33, .tb = true, .b_bcast = true, .pad = 2, .beta = 1.0f},
+        {.batch = 2, .M = 64, .N = 17, .K = 129, .ta = true, .b_bcast = true, .bias = true, .alpha = 0.5f},
+        {.batch = 3, .M = 9, .N = 5, .K = 64, .a_bcast = true, .b_bcast = true, .pad = 1},
+        {.batch = 1, .M = 129, .N = 64, .K = 300, .tb = true, .bias = true, .a_dt = CDF_BF16, .c_dt = CDF_BF16,
+         .bias_dt = CDF_BF16},
+    };
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
+        mm_case cs = more[i];
+        if (cs.alpha == 0.0f) cs.alpha = 1.0f;
+        if (cs.a_dt != CDF_BF16) cs.a_dt = CDF_F32, cs.c_dt = CDF_F32, cs.bias_dt = CDF_F32;
+        cs.b_dt = CDF_BF16;
+        mm_bufs m;
+        mm_setup(&cs, &m, 6500 + i);
+        mm_check(&m, true, false, "own gemm, more");
+        mm_free(&m);
+    }
+    via_own_gemm = false;
+    /* one weight per batch item, f32 weights, f16 A: not its case */
+    mm_case cs = {.batch = 2, .M = 3, .N = 4, .K = 5, .alpha = 1.0f, .a_dt = CDF_F32, .b_dt = CDF_BF16,
+                  .c_dt = CDF_F32, .bias_dt = CDF_F32};
+    mm_bufs m;
+    mm_setup(&cs, &m, 6600);
+    bool handled = true;
+    assert_int_equal(cdf_k_gemm_bf16w(&m.x, &handled), CDF_OK);
+    assert_false(handled);
+    m.x.sb = 0;
+    m.x.b_dt = CDF_F32;
+    assert_int_equal(cdf_k_gemm_bf16w(&m.x, &handled), CDF_OK);
+    assert_false(handled);
+    m.x.b_dt = CDF_BF16;
+    m.x.a_dt = CDF_F16;
+    assert_int_equal(cdf_k_gemm_bf16w(&m.x, &handled), CDF_OK);
+    assert_false(handled);
+    assert_int_equal(cdf_k_gemm_bf16w(&m.x, NULL), CDF_ERR_INVALID_ARG);
+    mm_free(&m);
+    cdf_k_gemm_bf16w_stats st;
+    cdf_k_gemm_bf16w_get_stats(&st);
+    assert_true(st.packs > 0);
+    /* at the AVX2 level the dispatch runs it for bf16 weights */
+    if (cdf_k_isa_level() == CDF_K_ISA_AVX2) {
+        cs = (mm_case){.batch = 1, .M = 33, .N = 20, .K = 40, .tb = true, .alpha = 1.0f, .a_dt = CDF_F32,
+                       .b_dt = CDF_BF16, .c_dt = CDF_F32, .bias_dt = CDF_F32};
+        mm_setup(&cs, &m, 6601);
+        cdf_k_gemm_bf16w_get_stats(&st);
+        const int64_t before = st.packs + st.hits + st.unpacked_calls;
+        assert_int_equal(cdf_k_matmul_dispatch(&m.x), CDF_OK);
+        cdf_k_gemm_bf16w_get_stats(&st);
+        assert_int_equal(st.packs + st.hits + st.unpacked_calls, before + 1);
+        mm_free(&m);
+    }
+}
+
+/* Its packed weights: packed once and reused, packed afresh when the data at the address
+ * changes, dropped by cdf_k_fast_forget_range, per call over the cap; results right throughout. */
+static void test_gemm_bf16w_cache(void **state) {
+    (void)state;
+    if (!need_own_gemm()) return;
+    via_own_gemm = true;
+    cdf_k_fast_clear();
+    cdf_k_fast_set_pack_limit((size_t)64 << 20);
+    mm_case cs = {.batch = 1, .M = 17, .N = 129, .K = 64, .tb = true, .bias = true, .alpha = 1.0f,
+                  .a_dt = CDF_F32, .b_dt = CDF_BF16, .c_dt = CDF_F32, .bias_dt = CDF_F32};
+    mm_bufs m;
+    mm_setup(&cs, &m, 6700);
+    cdf_k_gemm_bf16w_stats st;
+    cdf_k_gemm_bf16w_reset_stats();
+    mm_check(&m, true, false, "own cache first use");
+    cdf_k_gemm_bf16w_get_stats(&st);
+    assert_int_equal(st.packs, 1);
+    assert_int_equal(st.packed_weights, 1);
+    assert_int_equal(st.packed_bytes, 9 * 64 * 32); /* 9 panels of 16 columns x 64 deep, bf16 */
+    mm_check(&m, true, false, "own cache reuse");
+    cdf_k_gemm_bf16w_get_stats(&st);
+    assert_int_equal(st.packs, 1);
+    assert_int_equal(st.hits, 1);
+    uint16_t *b = m.b;
+    for (size_t i = 0; i < m.b_n; i++) b[i] = cdf_f32_to_bf16(-0.5f * cdf_bf16_to_f32(b[i]) + 0.125f);
+    mm_check(&m, true, false, "own cache after change");
+    cdf_k_gemm_bf16w_get_stats(&st);
+    assert_int_equal(st.repacks, 1);
+    assert_int_equal(st.packs, 2);
+    assert_int_equal(st.packed_weights, 1);
+    cdf_k_fast_forget_range((const char *)m.b - 64, m.b_n * 2 + 64);
+    cdf_k_gemm_bf16w_get_stats(&st);
+    assert_int_equal(st.packed_weights, 0);
+    assert_int_equal(st.packed_bytes, 0);
+    mm_check(&m, true, false, "own cache after forget");
+    cdf_k_gemm_bf16w_get_stats(&st);
+    assert_int_equal(st.packs, 3);
+    assert_int_equal(st.repacks, 1);
+    cdf_k_fast_clear();
+    cdf_k_fast_set_pack_limit(1);
+    cdf_k_gemm_bf16w_reset_stats();
+    mm_check(&m, true, false, "own cache cap full");
+    cdf_k_gemm_bf16w_get_stats(&st);
+    assert_int_equal(st.packs, 0);
+    assert_int_equal(st.packed_weights, 0);
+    assert_int_equal(st.unpacked_calls, 1);
+    cdf_k_fast_set_pack_limit((size_t)64 << 20);
+    mm_free(&m);
+    via_own_gemm = false;
+}
+
+/* ---- matmul epilogues ---------------------------------------------------------------------- */
+
+typedef struct epi_ctx {
+    const cdf_k_matmul_args *x;
+    int *calls; /* per (batch item, row): times the epilogue covered it */
+    int bad;    /* calls with an out-of-range or empty row range */
+} epi_ctx;
+
+/* Counts the rows it is given and adds 1 to them (f32 C): C must be final at that point. */
+static void epi_add_one(void *p, int64_t bi, int64_t row0, int64_t row1) {
+    epi_ctx *e = p;
+    const cdf_k_matmul_args *x = e->x;
+    if (bi < 0 || bi >= x->batch || row0 < 0 || row1 > x->M || row0 >= row1) {
+        __atomic_fetch_add(&e->bad, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (int64_t r = row0; r < row1; r++) {
+        __atomic_fetch_add(&e->calls[bi * x->M + r], 1, __ATOMIC_RELAXED);
+        float *row = (float *)x->c + bi * x->sc + r * x->ldc;
+        for (int64_t j = 0; j < x->N; j++) row[j] += 1.0f;
+    }
+}
+
+enum { EPI_REFERENCE, EPI_ONEDNN, EPI_OWN, EPI_DISPATCH };
+
+static cdf_status epi_run(int path, const cdf_k_matmul_args *x, bool *handled) {
+    *handled = true;
+    switch (path) {
+    case EPI_REFERENCE: return cdf_k_matmul(x);
+    case EPI_ONEDNN: return cdf_k_matmul_fast(x, handled);
+    case EPI_OWN: return cdf_k_gemm_bf16w(x, handled);
+    default: return cdf_k_matmul_dispatch(x);
+    }
+}
+
+/* Every path calls the epilogue over each row of C exactly once, after the row is final: the
+ * result equals the same call without it, plus 1 everywhere (padding untouched). */
+static void test_matmul_epilogue(void **state) {
+    (void)state;
+    const mm_case cases[] = {
+        {.batch = 1, .M = 300, .N = 40, .K = 17, .tb = true, .bias = true},           /* row strips */
+        {.batch = 1, .M = 5, .N = 300, .K = 64, .tb = true, .pad = 2},                /* columns split */
+        {.batch = 3, .M = 17, .N = 20, .K = 9, .b_bcast = true, .beta = 1.0f, .pad = 1}, /* batch sharing B */
+        {.batch = 2, .M = 70, .N = 9, .K = 33, .tb = true},                            /* per-batch B */
+    };
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    cdf_k_fast_get_info(&info);
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (int path = EPI_REFERENCE; path <= EPI_DISPATCH; path++)
+            for (int wdt = 0; wdt < 2; wdt++) {
+                const bool bf16 = wdt == 1;
+                if (path == EPI_OWN && (!avx2 || !bf16)) continue;
+                if (path == EPI_ONEDNN && (cdf_k_reference_only() || !info.available || (bf16 && !info.bf16_supported)))
+                    continue;
+                mm_case cs = cases[ci];
+                cs.alpha = 1.0f;
+                cs.a_dt = bf16 && path == EPI_ONEDNN ? CDF_BF16 : CDF_F32;
+                cs.b_dt = bf16 ? CDF_BF16 : CDF_F32;
+                cs.c_dt = cs.bias_dt = CDF_F32;
+                mm_bufs m;
+                mm_setup(&cs, &m, 7000 + ci);
+                bool handled;
+                assert_int_equal(epi_run(path, &m.x, &handled), CDF_OK);
+                if (!handled) { /* e.g. per-batch bf16 weights for the own GEMM */
+                    mm_free(&m);
+                    continue;
+                }
+                float *want = malloc(sizeof(float) * m.c_n);
+                int *calls = calloc((size_t)(cs.batch * cs.M), sizeof(int));
+                assert_non_null(want);
+                assert_non_null(calls);
+                memcpy(want, m.c, sizeof(float) * m.c_n);
+                mm_reset_c(&m);
+                epi_ctx e = {.x = &m.x, .calls = calls};
+                m.x.epilogue = epi_add_one;
+                m.x.epilogue_ctx = &e;
+                assert_int_equal(epi_run(path, &m.x, &handled), CDF_OK);
+                assert_true(handled);
+                assert_int_equal(e.bad, 0);
+                const float *got = m.c;
+                for (int64_t bi = 0; bi < cs.batch; bi++)
+                    for (int64_t i = 0; i < cs.M; i++) {
+                        if (calls[bi * cs.M + i] != 1)
+                            fail_msg("case %zu path %d bf16 %d: row %lld of item %lld covered %d times", ci, path, bf16,
+                                     (long long)i, (long long)bi, calls[bi * cs.M + i]);
+                        for (int64_t j = 0; j < m.x.ldc; j++) {
+                            const size_t idx = (size_t)(bi * m.x.sc + i * m.x.ldc + j);
+                            const float w = j < cs.N ? want[idx] + 1.0f : SENTINEL;
+                            if (got[idx] != w)
+                                fail_msg("case %zu path %d bf16 %d: C[%lld,%lld,%lld] = %.9g, want %.9g", ci, path,
+                                         bf16, (long long)bi, (long long)i, (long long)j, got[idx], w);
+                        }
+                    }
+                free(want);
+                free(calls);
+                mm_free(&m);
+            }
 }
 
 /* ---- conv2d --------------------------------------------------------------------------------- */
@@ -794,6 +1041,9 @@ int main(void) {
         cmocka_unit_test(test_matmul_bf16_prepack),
         cmocka_unit_test(test_matmul_declines_and_dispatch),
         cmocka_unit_test(test_matmul_threads),
+        cmocka_unit_test(test_gemm_bf16w),
+        cmocka_unit_test(test_gemm_bf16w_cache),
+        cmocka_unit_test(test_matmul_epilogue),
         cmocka_unit_test(test_conv2d_f32),
         cmocka_unit_test(test_conv2d_bf16_weights),
         cmocka_unit_test(test_conv2d_declines),

@@ -1,7 +1,7 @@
 /* Matmul throughput: fast paths (src/kernels/fast_onednn.c) vs the reference kernel, at the
  * shapes the DiT models run, plus register-only peaks of the CPU for scale.
  *
- *   bench_kernels [--quick | --verbose-probe | --attention]   (built and run by bench/kernels/run.sh)
+ *   bench_kernels [--quick | --verbose-probe | --attention | --gemm [--quick]]   (built and run by bench/kernels/run.sh)
  *
  * Linear layers are timed as the models call them: A = activations [M, K] f32, B = weight
  * [N, K] (trans_b), C f32. "bf16" = bf16 weights: the fast path rounds A to bf16 and runs
@@ -23,12 +23,21 @@
 #include "kernels/cpu_features.h"
 #include "kernels/dispatch.h"
 #include "kernels/fast_onednn.h"
+#include "kernels/gemm_bf16w.h"
 #include "kernels/kernels.h"
 #include "peak.h"
 
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU seconds of the whole process (all threads): on a shared machine, work per CPU-second is
+ * what the load does not change much, where wall time is mostly the others' load. */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -342,11 +351,139 @@ static void bench_attention_all(bool quick) {
     }
 }
 
+/* ---- own bf16-weight GEMM vs the oneDNN policy path (AVX2 level) ---------------------------- */
+
+/* The bf16 policy as the dispatch ran it before the own GEMM (dispatch.c round_matmul_a, then
+ * oneDNN f32 on its prepacked f32 copy of the weights): A rounded into a bf16 buffer per call. */
+static bool onednn_policy(const cdf_k_matmul_args *x) {
+    const int64_t n = x->M * x->K;
+    uint16_t *buf = malloc(sizeof(uint16_t) * (size_t)n);
+    if (!buf) return false;
+    const float *a = x->a;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < x->M; i++)
+        for (int64_t p = 0; p < x->K; p++) buf[i * x->K + p] = cdf_f32_to_bf16(a[i * x->lda + p]);
+    cdf_k_matmul_args r = *x;
+    r.a = buf;
+    r.a_dt = CDF_BF16;
+    r.lda = x->K;
+    bool handled = false;
+    cdf_status s = cdf_k_matmul_fast(&r, &handled);
+    free(buf);
+    return s == CDF_OK && handled;
+}
+
+static bool own_gemm(const cdf_k_matmul_args *x) {
+    bool handled = false;
+    return cdf_k_gemm_bf16w(x, &handled) == CDF_OK && handled;
+}
+
+/* The AVX2 FMA register loop on every thread: FLOP per CPU-second of the process. */
+static double peak_avx2_per_cpu_s(void) {
+    const int64_t iters = 20000000;
+    const double c0 = cpu_s();
+    int nthr = 1;
+#pragma omp parallel
+    {
+        peak_f32_fma_avx2(iters);
+#pragma omp single
+        nthr = omp_get_num_threads();
+    }
+    return (double)nthr * (double)iters * 12 * 8 * 2 / (cpu_s() - c0);
+}
+
+/* One call: wall and CPU seconds into *wall / *cpu when lower than what they hold. */
+static bool timed(bool (*f)(const cdf_k_matmul_args *), const cdf_k_matmul_args *x, double *wall, double *cpu) {
+    const double t0 = now_s(), c0 = cpu_s();
+    const bool ok = f(x);
+    const double t = now_s() - t0, c = cpu_s() - c0;
+    if (t < *wall) *wall = t;
+    if (c < *cpu) *cpu = c;
+    return ok;
+}
+
+/* Alternates the two paths `rounds` times after one warm-up call each (weights packed there);
+ * prints best wall times and their ratio, and FLOP per CPU-second (all threads, OpenMP waits
+ * included) as % of the AVX2 FMA register loop's FLOP per CPU-second measured right before. */
+static void bench_gemm_shape(const char *name, int64_t M, int64_t K, int64_t N, int rounds) {
+    float *a = malloc(sizeof(float) * (size_t)(M * K)), *c = malloc(sizeof(float) * (size_t)(M * N));
+    uint16_t *b = malloc(sizeof(uint16_t) * (size_t)(N * K));
+    float *bias = malloc(sizeof(float) * (size_t)N);
+    if (!a || !b || !c || !bias) {
+        printf("| %s | out of memory |\n", name);
+        free(a), free(b), free(c), free(bias);
+        return;
+    }
+    for (int64_t i = 0; i < M * K; i++) a[i] = frand();
+    for (int64_t i = 0; i < N * K; i++) b[i] = cdf_f32_to_bf16(frand() * 0.05f);
+    for (int64_t i = 0; i < N; i++) bias[i] = frand();
+    cdf_k_matmul_args x = {.batch = 1, .M = M, .N = N, .K = K, .a = a, .a_dt = CDF_F32, .lda = K, .b = b,
+                           .b_dt = CDF_BF16, .ldb = K, .trans_b = true, .bias = bias, .bias_dt = CDF_F32, .c = c,
+                           .c_dt = CDF_F32, .ldc = N, .alpha = 1.0f};
+    cdf_k_fast_clear();
+    cdf_k_fast_set_pack_limit((size_t)8 << 30);
+    const double peak = peak_avx2_per_cpu_s();
+    double first_d = 1e30, first_o = 1e30, cpu_first = 1e30;
+    bool ok_d = timed(onednn_policy, &x, &first_d, &cpu_first);
+    bool ok_o = timed(own_gemm, &x, &first_o, &cpu_first);
+    double best_d = 1e30, best_o = 1e30, cpu_d = 1e30, cpu_o = 1e30;
+    for (int r = 0; r < rounds && ok_d && ok_o; r++) {
+        ok_d = timed(onednn_policy, &x, &best_d, &cpu_d);
+        ok_o = timed(own_gemm, &x, &best_o, &cpu_o);
+    }
+    cdf_k_fast_stats fs;
+    cdf_k_fast_get_stats(&fs);
+    cdf_k_gemm_bf16w_stats gs;
+    cdf_k_gemm_bf16w_get_stats(&gs);
+    if (!ok_d || !ok_o) {
+        printf("| %s | failed (oneDNN %d, own %d) |\n", name, ok_d, ok_o);
+    } else {
+        const double flop = 2.0 * (double)M * (double)N * (double)K;
+        printf("| %s | %.1f | %.1f | %.0f%% | %.1f | %.1f | %.0f%% | **%.2f** | %.0f / %.0f | %.0f / %.0f |\n", name,
+               best_d * 1e3, flop / cpu_d * 1e-9, 100.0 * flop / cpu_d / peak, best_o * 1e3, flop / cpu_o * 1e-9,
+               100.0 * flop / cpu_o / peak, best_d / best_o, first_d * 1e3, first_o * 1e3,
+               (double)fs.packed_bytes / 1048576.0, (double)gs.packed_bytes / 1048576.0);
+    }
+    cdf_k_fast_clear();
+    free(a), free(b), free(c), free(bias);
+}
+
+static void bench_gemm_all(bool quick) {
+    printf("### Own bf16-weight GEMM vs oneDNN (bf16 policy at the AVX2 level), %d OpenMP threads\n\n",
+           omp_get_max_threads());
+    printf("A f32 [M, K] (rounded to bf16 by either path), weight bf16 [N, K], f32 bias, C f32. oneDNN = the\n"
+           "path before (A rounded into a bf16 buffer, oneDNN f32 matmul on its prepacked f32 copy of the\n"
+           "weight); own = gemm_bf16w.c (A rounded while packed, weight prepacked in bf16 panels). Best of\n"
+           "alternated calls after one warm-up call each (first: pack included). GFLOP/CPU-s = per CPU-second of\n"
+           "all threads (OpenMP waits included); %% peak = that over the AVX2 FMA register loop's GFLOP per\n"
+           "CPU-second on all threads, measured just before each shape.\n\n");
+    printf("| shape M x K -> N | oneDNN ms | GFLOP/CPU-s | %% peak | own ms | GFLOP/CPU-s | %% peak | own speed-up (wall) | first call ms "
+           "oneDNN / own | packed weight MiB oneDNN / own |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    struct { const char *name; int64_t M, K, N; int rounds; } shapes[] = {
+        {"SD3.5-M proj 2048x1536->1536", 2048, 1536, 1536, 5},
+        {"SD3.5-M MLP up 2048x1536->6144", 2048, 1536, 6144, 3},
+        {"SD3.5-M MLP down 2048x6144->1536", 2048, 6144, 1536, 3},
+        {"FLUX proj 4429x3072->3072", 4429, 3072, 3072, 2},
+        {"FLUX MLP up 4429x3072->12288", 4429, 3072, 12288, 1},
+        {"FLUX MLP down 4429x12288->3072", 4429, 12288, 3072, 1},
+        {"context 333x1536->6144", 333, 1536, 6144, 5},
+        {"T5 77x4096->4096", 77, 4096, 4096, 5},
+        {"CLIP 77x768->3072", 77, 768, 3072, 5},
+        {"AdaLN 2x1536->9216", 2, 1536, 9216, 5},
+    };
+    const int n = quick ? 2 : (int)(sizeof shapes / sizeof *shapes);
+    for (int i = 0; i < n; i++) bench_gemm_shape(shapes[i].name, shapes[i].M, shapes[i].K, shapes[i].N, shapes[i].rounds);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* rows appear as they are measured */
     const bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     if (argc > 1 && strcmp(argv[1], "--attention") == 0) {
         bench_attention_all(false);
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "--gemm") == 0) {
+        bench_gemm_all(argc > 2 && strcmp(argv[2], "--quick") == 0);
         return 0;
     }
     if (argc > 1 && strcmp(argv[1], "--verbose-probe") == 0) {

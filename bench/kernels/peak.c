@@ -47,6 +47,28 @@ __attribute__((target("avx512f"))) double peak_f32_fma(int64_t iters) {
     return (double)iters * 12 * 16 * 2 / t;
 }
 
+/* The same with AVX2 ymm vfmadd231ps (8 lanes): the f32 FMA peak of an AVX2-only CPU. */
+__attribute__((target("avx2,fma"))) double peak_f32_fma_avx2(int64_t iters) {
+    __m256 c[12];
+    for (int i = 0; i < 12; i++) c[i] = _mm256_set1_ps(0.01f * (float)(i + 1));
+    const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+    double t0 = now_s();
+    for (int64_t it = 0; it < iters; it++) {
+        c[0] = _mm256_fmadd_ps(c[0], a, b); c[1] = _mm256_fmadd_ps(c[1], a, b); c[2] = _mm256_fmadd_ps(c[2], a, b);
+        c[3] = _mm256_fmadd_ps(c[3], a, b); c[4] = _mm256_fmadd_ps(c[4], a, b); c[5] = _mm256_fmadd_ps(c[5], a, b);
+        c[6] = _mm256_fmadd_ps(c[6], a, b); c[7] = _mm256_fmadd_ps(c[7], a, b); c[8] = _mm256_fmadd_ps(c[8], a, b);
+        c[9] = _mm256_fmadd_ps(c[9], a, b); c[10] = _mm256_fmadd_ps(c[10], a, b); c[11] = _mm256_fmadd_ps(c[11], a, b);
+    }
+    double t = now_s() - t0;
+    __m256 s = c[0];
+    for (int i = 1; i < 12; i++) s = _mm256_add_ps(s, c[i]);
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    volatile float sink = out[0];
+    (void)sink;
+    return (double)iters * 12 * 8 * 2 / t;
+}
+
 /* vdpbf16ps: 16 lanes x 2 bf16 products, each accumulated = 4 FLOP per lane. */
 __attribute__((target("avx512f,avx512bf16"))) double peak_bf16_dp(int64_t iters) {
     __m512 c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11;

@@ -4,6 +4,7 @@
 #define CDF_BENCH_PEAK_H
 #include <stdint.h>
 double peak_f32_fma(int64_t iters);
+double peak_f32_fma_avx2(int64_t iters);
 double peak_bf16_dp(int64_t iters);
 double peak_amx_bf16(int64_t iters);
 #endif

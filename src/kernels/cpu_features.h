@@ -5,9 +5,10 @@
  * OS enabled, XCR0), and the kernel dispatch picks the best level the CPU has. The environment
  * variable CDIFFUSERS_ISA caps the level, to test or measure the fallbacks on a CPU that has more:
  *   CDIFFUSERS_ISA=generic      plain C reference kernels only (no oneDNN, no intrinsics)
- *   CDIFFUSERS_ISA=avx2         AVX2 + FMA: oneDNN capped at avx2 (f32 compute; bf16 weights are
- *                               widened and the activations rounded to bf16 first, so the result
- *                               is the bf16 policy's), f32 attention in 8-wide vectors
+ *   CDIFFUSERS_ISA=avx2         AVX2 + FMA: bf16-weight matmuls in the own GEMM (gemm_bf16w.c:
+ *                               weights widened in registers, activations rounded to bf16, so the
+ *                               result is the bf16 policy's), oneDNN capped at avx2 for the rest
+ *                               (f32 compute), f32 attention in 8-wide vectors
  *   CDIFFUSERS_ISA=avx512       AVX-512 (F/BW/DQ/VL) without the bf16 instructions: the same with
  *                               oneDNN capped at avx512_core and 16-wide attention
  *   CDIFFUSERS_ISA=avx512_bf16  + AVX512-BF16 (vdpbf16ps) / AMX-BF16: oneDNN's native bf16 kernels

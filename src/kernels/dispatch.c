@@ -7,6 +7,7 @@
 
 #include "core/error_internal.h"
 #include "kernels/cpu_features.h"
+#include "kernels/gemm_bf16w.h"
 
 bool cdf_k_reference_only(void) { return cdf_k_isa_level() < CDF_K_ISA_AVX2; }
 
@@ -55,6 +56,13 @@ cdf_status cdf_k_matmul_dispatch(const cdf_k_matmul_args *a) {
     const bool fast = cdf_k_isa_level() >= CDF_K_ISA_AVX2;
     bool handled = false;
     cdf_status s;
+    /* bf16 weights at the AVX2 level: the own GEMM (weights stay bf16, A rounded as it is packed),
+     * faster than oneDNN's f32 kernels on a widened f32 copy at the DiT shapes (bench/RESULTS.md).
+     * Above AVX2 oneDNN stays: its AVX-512 / native bf16 kernels were not measured against it. */
+    if (cdf_k_isa_level() == CDF_K_ISA_AVX2 && cdf_k_gemm_bf16w_supports(a)) {
+        s = cdf_k_gemm_bf16w(a, &handled);
+        if (s != CDF_OK || handled) return s;
+    }
     if (fast) {
         s = cdf_k_matmul_fast(a, &handled);
         if (s != CDF_OK || handled) return s;

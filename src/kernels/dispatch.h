@@ -5,7 +5,9 @@
  * even) at its input and accumulates in f32; everything else (f32 weights: the "exact" path,
  * norms, softmax, the residual stream) stays f32. Every ISA level computes this same policy:
  *   avx512_bf16  oneDNN's bf16 kernels (AVX512-BF16 / AMX), A rounded by oneDNN's reorder
- *   avx2/avx512  A rounded here, bf16 weights widened to f32 (exact), oneDNN f32 kernels
+ *   avx512       A rounded here, bf16 weights widened to f32 (exact), oneDNN f32 kernels
+ *   avx2         the own GEMM (gemm_bf16w.h): A rounded as it is packed, weights kept bf16 and
+ *                widened in registers, f32 FMA; what it does not take goes as avx512
  *   generic      A rounded here, the plain C reference kernel (bf16 A is exact in it)
  * so the levels differ only in summation order. The level is the CPU's best, capped by
  * CDIFFUSERS_ISA (kernels/cpu_features.h). */

@@ -25,6 +25,8 @@
 
 #include "core/error_internal.h"
 #include "kernels/cpu_features.h"
+#include "kernels/gemm_bf16w.h"
+#include "kernels/reference_internal.h"
 
 #ifdef CDF_HAVE_ONEDNN
 
@@ -708,6 +710,8 @@ cdf_status cdf_k_matmul_fast(const cdf_k_matmul_args *x, bool *handled) {
     else
         g.stats.matmul_declined++;
     pthread_mutex_unlock(&g.mu);
+    /* outside the lock: the epilogue is the caller's code and other matmuls may run meanwhile */
+    if (s == CDF_OK && *handled) cdf_k_matmul_run_epilogue(x);
     return s;
 }
 
@@ -920,6 +924,7 @@ void cdf_k_fast_reset_stats(void) {
 }
 
 void cdf_k_fast_forget_range(const void *ptr, size_t nbytes) {
+    cdf_k_gemm_bf16w_forget_range(ptr, nbytes); /* the own GEMM's packed weights too */
     if (!ptr || atomic_load(&g_pack_count) == 0) return;
     pthread_mutex_lock(&g_forget.mu);
     if (g_forget.count == FORGET_CAP) {
@@ -932,6 +937,7 @@ void cdf_k_fast_forget_range(const void *ptr, size_t nbytes) {
 }
 
 void cdf_k_fast_clear(void) {
+    cdf_k_gemm_bf16w_clear();
     pthread_mutex_lock(&g.mu);
     entries_clear();
     atomic_store(&g_pack_count, 0);
@@ -949,6 +955,7 @@ void cdf_k_fast_clear(void) {
 }
 
 void cdf_k_fast_set_pack_limit(size_t bytes) {
+    cdf_k_gemm_bf16w_set_pack_limit(bytes);
     pthread_mutex_lock(&g.mu);
     fast_init_locked(); /* so the environment default does not override this later */
     g.pack_limit = bytes;
@@ -980,9 +987,9 @@ void cdf_k_fast_get_stats(cdf_k_fast_stats *out) {
     if (out) memset(out, 0, sizeof *out);
 }
 void cdf_k_fast_reset_stats(void) {}
-void cdf_k_fast_forget_range(const void *ptr, size_t nbytes) { (void)ptr, (void)nbytes; }
-void cdf_k_fast_clear(void) {}
-void cdf_k_fast_set_pack_limit(size_t bytes) { (void)bytes; }
+void cdf_k_fast_forget_range(const void *ptr, size_t nbytes) { cdf_k_gemm_bf16w_forget_range(ptr, nbytes); }
+void cdf_k_fast_clear(void) { cdf_k_gemm_bf16w_clear(); }
+void cdf_k_fast_set_pack_limit(size_t bytes) { cdf_k_gemm_bf16w_set_pack_limit(bytes); }
 void cdf_k_fast_set_new_primitive_hook(void (*hook)(void)) { (void)hook; }
 
 #endif

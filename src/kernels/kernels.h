@@ -102,6 +102,9 @@ typedef struct cdf_k_matmul_args {
     const void *bias; cdf_dtype bias_dt;
     void *c; cdf_dtype c_dt; int64_t ldc, sc;
     float alpha, beta;
+    /* Optional: called once the rows [row0, row1) of batch item `bi` of C are final (from the thread that computed them; disjoint row ranges may run concurrently). NULL = none. */
+    void (*epilogue)(void *ctx, int64_t bi, int64_t row0, int64_t row1);
+    void *epilogue_ctx;
 } cdf_k_matmul_args;
 cdf_status cdf_k_matmul(const cdf_k_matmul_args *args);
 

@@ -33,6 +33,10 @@ static inline int cdf_k_is_float_storage(cdf_dtype dt) { return dt == CDF_F32 ||
         if ((v) < 0) return cdf_error(CDF_ERR_INVALID_ARG, "%s: %s = %lld is negative", fn, what, (long long)(v)); \
     } while (0)
 
+/* Calls x's epilogue (if any) over every row of every batch item of C, in row chunks shared by
+ * an OpenMP team: for the paths that finish the whole C before the epilogue can run. */
+void cdf_k_matmul_run_epilogue(const cdf_k_matmul_args *x);
+
 /* Convert n elements of a float-storage operand to f32 (contiguous). */
 static inline void cdf_k_load_row(float *dst, const void *src, cdf_dtype dt, int64_t offset, int64_t n) {
     switch (dt) {

@@ -154,6 +154,17 @@ static void gemm_matrix(const cdf_k_matmul_args *x, int64_t bi, const gemm_bufs 
     }
 }
 
+void cdf_k_matmul_run_epilogue(const cdf_k_matmul_args *x) {
+    if (!x || !x->epilogue || x->batch < 1 || x->M < 1) return;
+    enum { ROWS = 64 }; /* rows per call: small enough to share, large enough to amortise a call */
+    const int64_t chunks = (x->M + ROWS - 1) / ROWS, n = x->batch * chunks;
+#pragma omp parallel for schedule(static) if (n > 1 && (double)x->M * (double)x->N * (double)x->batch > CDF_K_PAR_MIN_WORK)
+    for (int64_t u = 0; u < n; u++) {
+        const int64_t r0 = (u % chunks) * ROWS;
+        x->epilogue(x->epilogue_ctx, u / chunks, r0, min64(x->M, r0 + ROWS));
+    }
+}
+
 cdf_status cdf_k_matmul(const cdf_k_matmul_args *x) {
     static const char *fn = "cdf_k_matmul";
     CDF_K_CHECK_PTR(fn, "args", x);
@@ -214,5 +225,6 @@ cdf_status cdf_k_matmul(const cdf_k_matmul_args *x) {
         for (int64_t bi = 0; bi < x->batch; bi++) gemm_matrix(x, bi, &bufs[0], par);
     }
     free(mem);
+    cdf_k_matmul_run_epilogue(x);
     return CDF_OK;
 }
