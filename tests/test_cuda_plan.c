@@ -249,7 +249,13 @@ static void test_check_node(void **state) {
     assert_non_null(strstr(why, "operand b"));
     n->src[1]->strides[0] = 4;
     n->src[1]->strides[1] = 1;
-    cdf_node_free(n);
+    /* a matmul carrying an elementwise epilogue (graph/fuse.c asks first): not on this backend */
+    n->p.matmul.epilogue = calloc(1, sizeof *n->p.matmul.epilogue);
+    assert_non_null(n->p.matmul.epilogue);
+    n->p.matmul.epilogue->n_steps = 1;
+    assert_false(cdf_cuda_check_node(n, why, sizeof why));
+    assert_non_null(strstr(why, "epilogue"));
+    cdf_node_free(n); /* frees the program */
     n = node_of(CDF_OP_REDUCE, ids, f, NULL, NULL);
     n->p.reduce.op = CDF_RED_ARGMAX; /* i64 output is the argmax's */
     assert_true(cdf_cuda_check_node(n, why, sizeof why));

@@ -7,7 +7,7 @@
 # tree's own sources against its own library). CDF_BENCH_CASES picks cases (e.g. sd3-256,flux-256).
 set -eu
 a=$1 b=$2 rounds=${3:-2} calls=${4:-2}
-work=/tmp/cdf_bench_modes
+work=${WORK:-/tmp/cdf_bench_modes} # WORK: the random-weight models (generated once)
 mkdir -p "$work"
 i=0
 while [ $i -lt "$rounds" ]; do

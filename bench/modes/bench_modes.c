@@ -1,8 +1,12 @@
 /* bench/modes: one transformer forward in each execution mode (eager, defer-and-fuse, compile,
  * repeated-block compile) on random-weight models of real width and reduced depth.
  * Prints warm-up (first call, includes capture/compile), steady-state time (mean of the next
- * calls), device peak memory during the steady calls, and kernels launched per forward, with
- * ratios to eager. Not a test: numbers depend on the machine and its load. */
+ * calls), device peak memory during the steady calls, kernels launched per forward and matmul
+ * epilogues made (per forward; compile modes: at the capture, for the whole forward or for each
+ * distinct block graph), with ratios to eager. With rounds > 1 the modes alternate (eager, fuse,
+ * compile, blocks, eager, ...), each round's load average is printed with its times, and the
+ * table gives medians over the rounds (the ratio column: the median of each round's ratio to
+ * that round's eager). Not a test: numbers depend on the machine and its load. */
 #define MRP_NO_MAIN
 #include "../../tools/make-random-pipeline/make_random_pipeline.c"
 
@@ -20,8 +24,28 @@ static const char *mode_name[M_COUNT] = {"eager", "defer-and-fuse", "compile", "
 
 typedef struct result {
     double warm, steady, peak_mb;
-    double kernels;
+    double kernels, epilogues;
 } result;
+
+static double load_avg(void) {
+    double l = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1) l = -1;
+        fclose(f);
+    }
+    return l;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 static int run_mode(const char *dir, mode m, const cdf_tensor_map *in, int calls, result *r) {
     cdf_device *dev = cdf_device_get("cpu");
@@ -37,12 +61,15 @@ static int run_mode(const char *dir, mode m, const cdf_tensor_map *in, int calls
     if (m == M_BLOCKS && cdf_component_compile_repeated_blocks(c, NULL) != CDF_OK) return fprintf(stderr, "%s\n", cdf_last_error()), 1;
     cdf_tensor_map out;
     cdf_tensor_map_init(&out);
+    cdf_exec_stats w0, w1;
+    cdf_exec_get_stats(&w0);
     double t0 = now_s();
     if (cdf_component_run(c, "forward", in, &out) != CDF_OK || cdf_device_synchronize(dev) != CDF_OK) {
         fprintf(stderr, "%s: %s\n", mode_name[m], cdf_last_error());
         return 1;
     }
     r->warm = now_s() - t0;
+    cdf_exec_get_stats(&w1);
     cdf_tensor_map_clear(&out);
     cdf_device_synchronize(dev);
     cdf_device_reset_peak(dev);
@@ -62,6 +89,9 @@ static int run_mode(const char *dir, mode m, const cdf_tensor_map *in, int calls
     cdf_device_memory_stats(dev, &ms);
     r->peak_mb = ms.peak_bytes / 1048576.0;
     r->kernels = (double)(s1.kernels_launched - s0.kernels_launched) / calls;
+    /* a compiled forward made its epilogues once, at the capture (the warm-up call) */
+    r->epilogues = m == M_COMPILE || m == M_BLOCKS ? (double)(w1.matmul_epilogues - w0.matmul_epilogues)
+                                                   : (double)(s1.matmul_epilogues - s0.matmul_epilogues) / calls;
     cdf_tensor_map_clear(&out);
     cdf_component_free(c);
     cdf_set_exec_mode(CDF_EXEC_EAGER);
@@ -72,6 +102,11 @@ int main(int argc, char **argv) {
     const char *work = argc > 1 ? argv[1] : "/tmp/cdf_bench_modes";
     const char *tok = argc > 2 ? argv[2] : "tests/data/tokenizers";
     int calls = argc > 3 ? atoi(argv[3]) : 2;
+    int rounds = argc > 4 ? atoi(argv[4]) : 1;
+    if (calls < 1) calls = 1;
+    if (rounds < 1) rounds = 1;
+    enum { MAX_ROUNDS = 32 };
+    if (rounds > MAX_ROUNDS) rounds = MAX_ROUNDS;
     cdf_device *dev = cdf_device_get("cpu");
     struct {
         const char *name;
@@ -126,15 +161,35 @@ int main(int argc, char **argv) {
         } else {
             flux_bench_inputs(dev, cases[k].res, &in);
         }
-        printf("\n### %s, %dx%d\n\n", cases[k].name, cases[k].res, cases[k].res);
-        printf("| mode | warm-up s | steady s | vs eager | peak MiB | kernels/forward |\n|---|---|---|---|---|---|\n");
-        result r[M_COUNT];
-        for (int m = 0; m < M_COUNT; m++) {
-            if (run_mode(tdir, (mode)m, &in, calls, &r[m])) return 1;
-            printf("| %s | %.2f | %.2f | %.2fx | %.0f | %.0f |\n", mode_name[m], r[m].warm, r[m].steady,
-                   r[0].steady / r[m].steady, r[m].peak_mb, r[m].kernels);
-            fflush(stdout);
+        printf("\n### %s, %dx%d (%d rounds of %d steady calls)\n\n", cases[k].name, cases[k].res, cases[k].res,
+               rounds, calls);
+        result r[MAX_ROUNDS][M_COUNT];
+        for (int q = 0; q < rounds; q++) {
+            printf("round %d, load %.2f:", q, load_avg());
+            for (int m = 0; m < M_COUNT; m++) {
+                if (run_mode(tdir, (mode)m, &in, calls, &r[q][m])) return 1;
+                printf(" %s %.2f s (%.2fx)%s", mode_name[m], r[q][m].steady, r[q][0].steady / r[q][m].steady,
+                       m + 1 < M_COUNT ? "," : "");
+                fflush(stdout);
+            }
+            printf("; load after %.2f\n", load_avg());
         }
+        printf("\n| mode | warm-up s | steady s | vs eager | ratio range | peak MiB | kernels/forward | matmul epilogues |\n"
+               "|---|---|---|---|---|---|---|---|\n");
+        for (int m = 0; m < M_COUNT; m++) {
+            double w[MAX_ROUNDS], st[MAX_ROUNDS], ra[MAX_ROUNDS], lo = 1e30, hi = 0;
+            for (int q = 0; q < rounds; q++) {
+                w[q] = r[q][m].warm;
+                st[q] = r[q][m].steady;
+                ra[q] = r[q][0].steady / r[q][m].steady;
+                lo = ra[q] < lo ? ra[q] : lo;
+                hi = ra[q] > hi ? ra[q] : hi;
+            }
+            printf("| %s | %.2f | %.2f | %.2fx | %.2f-%.2f | %.0f | %.0f | %.0f |\n", mode_name[m], median(w, rounds),
+                   median(st, rounds), median(ra, rounds), lo, hi, r[rounds - 1][m].peak_mb, r[rounds - 1][m].kernels,
+                   r[rounds - 1][m].epilogues);
+        }
+        fflush(stdout);
         cdf_tensor_map_clear(&in);
     }
     return 0;

@@ -1,6 +1,8 @@
 #!/bin/sh
 # Builds bench/modes/bench_modes against the built static library and runs it.
-#   BUILD_DIR=build bench/modes/run.sh [workdir] [calls] [more arguments of the bench]
+#   BUILD_DIR=build bench/modes/run.sh [workdir] [calls] [rounds]  (BENCH=lora: its own arguments)
+# rounds > 1: the modes alternate round by round (load printed per round), the table gives
+# medians (bench_modes.c). CDF_BENCH_CASES=sd3-256,flux-256 picks cases.
 # BENCH=lora builds and runs bench/lora/bench_lora instead (bench/lora/run.sh).
 # The random-weight model folders are written to workdir (default /tmp/cdf_bench_modes) once.
 set -eu

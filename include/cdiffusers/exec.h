@@ -56,6 +56,8 @@ typedef struct cdf_exec_stats {
     uint64_t compiles;         /* graphs compiled (compile mode) */
     uint64_t cache_hits;       /* compiled graphs reused */
     uint64_t graph_breaks;     /* forwards that could not be captured as one graph */
+    uint64_t matmul_epilogues; /* elementwise chains folded into a matmul (defer-and-fuse flushes and
+                                  compile captures; each also counts in fused_kernels) */
 } cdf_exec_stats;
 
 void cdf_exec_get_stats(cdf_exec_stats *out);

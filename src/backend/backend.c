@@ -300,6 +300,11 @@ void cdf_device_free(cdf_device *dev, void *ptr, size_t nbytes) {
 
 cdf_status cdf_device_enqueue(cdf_device *dev, cdf_node *node) { return dev->iface->enqueue(dev, node); }
 
+bool cdf_device_supports_node(const cdf_node *node) {
+    cdf_device *dev = node && node->dst ? node->dst->storage->dev : NULL;
+    return dev && dev->iface->supports && dev->iface->supports(dev, node);
+}
+
 /* ---- transfers -------------------------------------------------------------------------------- */
 cdf_status cdf_device_buffer_set(cdf_device *dev, void *dst, const void *src, size_t nbytes) {
     if (!nbytes) return CDF_OK;

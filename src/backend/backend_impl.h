@@ -96,6 +96,9 @@ extern cdf_status (*cdf_backend_pre_oom_hook)(void);
 cdf_status cdf_device_alloc(cdf_device *dev, size_t nbytes, void **out);
 void cdf_device_free(cdf_device *dev, void *ptr, size_t nbytes);
 cdf_status cdf_device_enqueue(cdf_device *dev, cdf_node *node);
+/* Whether the device of node's destination can run it (its backend's `supports`): what the
+ * graph passes ask before they make a node kind a backend may lack (a matmul epilogue). */
+bool cdf_device_supports_node(const cdf_node *node);
 /* Wait for the device's queue and collect its error (no exec-level flush). */
 cdf_status cdf_backend_device_synchronize(cdf_device *dev);
 /* Wait until the queue of every device is empty; returns (and clears) the first queued error

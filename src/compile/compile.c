@@ -168,15 +168,9 @@ static char *signature(const cdf_tensor_map *in) {
 static cdf_node *bind_node(const cdf_node *n, cdf_tensor *const *traced, cdf_tensor *const *now, int np) {
     cdf_node *c = cdf_node_new(n->kind);
     if (!c) return NULL;
-    c->p = n->p;
-    if (n->kind == CDF_OP_FUSED) {
-        c->p.fused.prog = malloc(sizeof *c->p.fused.prog);
-        if (!c->p.fused.prog) {
-            free(c);
-            cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-            return NULL;
-        }
-        *c->p.fused.prog = *n->p.fused.prog;
+    if (!cdf_node_copy_params(c, n)) {
+        free(c);
+        return NULL;
     }
     for (int k = -1; k < n->n_src; k++) {
         cdf_tensor *t = k < 0 ? n->dst : n->src[k], *b = t;
@@ -424,7 +418,9 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
                  * is what the fusion pass checks before removing an intermediate */
                 cdf_capture_release_virtuals(&cap);
                 cdf_fuse_stats fs = {0};
+                cdf_fuse_matmul_epilogues(cap.nodes, &cap.n, cdf_device_supports_node, &fs);
                 cdf_fuse_elementwise(cap.nodes, &cap.n, &fs);
+                cdf_exec_count_epilogues((uint64_t)fs.epilogues);
                 size_t arena = 0;
                 cdf_tensor *arena_param = NULL;
                 s = cdf_memory_plan(cap.nodes, cap.n, traced_out.tensors, traced_out.n, &arena, &arena_param);

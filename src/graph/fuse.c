@@ -1,6 +1,7 @@
-/* Elementwise fusion (see fuse.h). The fused kernel is interpreted (kernels/fused_elementwise.c),
- * so a fused chain needs no code generation: the pass is linear-ish in the pending graph and the
- * same model code yields the same chains at every denoising step. */
+/* Elementwise fusion and matmul epilogues (see fuse.h). The fused kernel is interpreted
+ * (kernels/fused_elementwise.c), so a fused chain needs no code generation: the passes are
+ * linear-ish in the pending graph and the same model code yields the same chains at every
+ * denoising step. */
 #include "graph/fuse.h"
 
 #include <stdlib.h>
@@ -16,6 +17,13 @@ static bool reads_whole(const cdf_tensor *view, const cdf_tensor *t) {
     for (int d = 0; d < t->ndim; d++)
         if (view->shape[d] != t->shape[d] || (view->shape[d] != 1 && view->strides[d] != t->strides[d])) return false;
     return true;
+}
+
+/* view is t (contiguous) under another contiguous shape with the same elements: a reshape,
+ * e.g. a linear layer's [B*L, N] product read as [B, L, N]. */
+static bool reads_reshaped(const cdf_tensor *view, const cdf_tensor *t) {
+    return view->storage == t->storage && view->offset == t->offset && cdf_tensor_is_contiguous(view) &&
+           cdf_tensor_is_contiguous(t) && cdf_shape_numel(view->ndim, view->shape) == cdf_shape_numel(t->ndim, t->shape);
 }
 
 /* The single consumer of node c's result among nodes (c, n), or -1. *slot = which source. */
@@ -36,74 +44,182 @@ static int single_consumer(cdf_node **nodes, int n, int c, int *slot) {
     return uses == 1 ? found : -1;
 }
 
+/* Does a node strictly between positions `from` and `to` write into storage s? The fused node
+ * runs at the chain's last position, so every operand it reads is read later than the node that
+ * read it before: nothing may have changed it in between. */
+static bool written_between(cdf_node *const *nodes, int from, int to, const cdf_storage *s) {
+    for (int j = from + 1; j < to; j++)
+        if (nodes[j] && nodes[j]->dst->storage == s) return true;
+    return false;
+}
+
+/* A chain being collected: the program, its inputs (input 0 = the head value) with the position
+ * of the node that read each one, and the nodes it absorbs. */
+typedef struct chain {
+    cdf_fused_program prog;
+    cdf_tensor *in[CDF_FUSE_MAX_INPUTS];
+    int read_at[CDF_FUSE_MAX_INPUTS];
+    int n_in;
+    int node[CDF_FUSE_MAX_STEPS + 1];
+    int n_nodes;
+} chain;
+
+static cdf_fused_step unary_step(const cdf_node *c) {
+    return (cdf_fused_step){.binary = false, .input = -1, .op = c->p.unary.op, .p0 = c->p.unary.p0, .p1 = c->p.unary.p1};
+}
+
+/* Extend ch from the node at `cur` (the chain's current end) with the elementwise nodes that
+ * consume its result elementwise and alone, using at most max_in inputs; returns the new end.
+ * reshape_first: the first consumer may read the head's result reshaped (a matmul's product:
+ * the chain runs over the element order both share). */
+static int grow(cdf_node **nodes, int n, chain *ch, int cur, int max_in, bool reshape_first) {
+    for (bool first = true;; first = false) {
+        int slot = -1, j = single_consumer(nodes, n, cur, &slot);
+        if (j < 0 || !fusible(nodes[j]) || ch->prog.n_steps == CDF_FUSE_MAX_STEPS) break;
+        cdf_node *c = nodes[j];
+        const cdf_tensor *mid = nodes[cur]->dst, *rd = c->src[slot];
+        if (!reads_whole(rd, mid) && !(first && reshape_first && reads_reshaped(rd, mid))) break;
+        if (c->dst->ndim != rd->ndim) break;
+        bool same_shape = true;
+        for (int d = 0; d < rd->ndim; d++) same_shape &= c->dst->shape[d] == rd->shape[d];
+        if (!same_shape || !cdf_graph_holds_only(nodes, n, NULL, 0, mid->storage, 0) /* nobody else reads it */) break;
+        cdf_fused_step st;
+        if (c->kind == CDF_OP_UNARY) {
+            st = unary_step(c);
+        } else {
+            cdf_tensor *other = c->src[1 - slot];
+            if (other->storage == mid->storage || ch->n_in == max_in) break;
+            ch->in[ch->n_in] = other;
+            ch->read_at[ch->n_in] = j;
+            st = (cdf_fused_step){.binary = true, .input = (int8_t)ch->n_in, .chain_rhs = slot == 1, .op = c->p.binary.op};
+            ch->n_in++;
+        }
+        ch->prog.steps[ch->prog.n_steps++] = st;
+        ch->node[ch->n_nodes++] = j;
+        cur = j;
+    }
+    return cur;
+}
+
+/* Inputs [first, n_in) still hold at the chain's end `last`. */
+static bool inputs_unchanged(cdf_node *const *nodes, const chain *ch, int first, int last) {
+    for (int k = first; k < ch->n_in; k++)
+        if (written_between(nodes, ch->read_at[k], last, ch->in[k]->storage)) return false;
+    return true;
+}
+
+/* Put f at the chain's end and free the chain's nodes. */
+static void replace_chain(cdf_node **nodes, const chain *ch, int last, cdf_node *f, cdf_fuse_stats *stats) {
+    for (int k = 0; k < ch->n_nodes; k++) {
+        cdf_node_free(nodes[ch->node[k]]);
+        nodes[ch->node[k]] = NULL;
+    }
+    nodes[last] = f;
+    if (stats) {
+        stats->chains++;
+        stats->nodes_fused += ch->n_nodes;
+    }
+}
+
+static void compact(cdf_node **nodes, int *n_io) {
+    int w = 0;
+    for (int i = 0; i < *n_io; i++)
+        if (nodes[i]) nodes[w++] = nodes[i];
+    *n_io = w;
+}
+
 void cdf_fuse_elementwise(cdf_node **nodes, int *n_io, cdf_fuse_stats *stats) {
     int n = *n_io;
     for (int i = 0; i < n; i++) {
         if (!fusible(nodes[i])) continue;
-        cdf_fused_program prog = {0};
-        cdf_tensor *inputs[CDF_FUSE_MAX_INPUTS];
-        int n_in = 0;
-        int chain[CDF_FUSE_MAX_STEPS], n_chain = 0;
+        chain ch = {.n_in = 0};
         /* head */
         cdf_node *h = nodes[i];
-        inputs[n_in++] = h->src[0];
+        ch.in[ch.n_in] = h->src[0];
+        ch.read_at[ch.n_in++] = i;
         if (h->kind == CDF_OP_UNARY) {
-            prog.steps[0] = (cdf_fused_step){.binary = false, .input = -1, .op = h->p.unary.op, .p0 = h->p.unary.p0, .p1 = h->p.unary.p1};
+            ch.prog.steps[0] = unary_step(h);
         } else {
-            inputs[n_in++] = h->src[1];
-            prog.steps[0] = (cdf_fused_step){.binary = true, .input = 1, .op = h->p.binary.op};
+            ch.in[ch.n_in] = h->src[1];
+            ch.read_at[ch.n_in++] = i;
+            ch.prog.steps[0] = (cdf_fused_step){.binary = true, .input = 1, .op = h->p.binary.op};
         }
-        prog.n_steps = 1;
-        chain[n_chain++] = i;
-        int cur = i;
-        for (;;) {
-            int slot = -1, j = single_consumer(nodes, n, cur, &slot);
-            if (j < 0 || !fusible(nodes[j]) || prog.n_steps == CDF_FUSE_MAX_STEPS) break;
-            cdf_node *c = nodes[j];
-            const cdf_tensor *mid = nodes[cur]->dst;
-            if (!reads_whole(c->src[slot], mid) || c->dst->ndim != mid->ndim) break;
-            bool same_shape = true;
-            for (int d = 0; d < mid->ndim; d++) same_shape &= c->dst->shape[d] == mid->shape[d];
-            if (!same_shape || !cdf_graph_holds_only(nodes, n, NULL, 0, mid->storage, 0) /* nobody else reads it */) break;
-            cdf_fused_step st = {0};
-            if (c->kind == CDF_OP_UNARY) {
-                st = (cdf_fused_step){.binary = false, .input = -1, .op = c->p.unary.op, .p0 = c->p.unary.p0, .p1 = c->p.unary.p1};
-            } else {
-                cdf_tensor *other = c->src[1 - slot];
-                if (other->storage == mid->storage || n_in == CDF_FUSE_MAX_INPUTS) break;
-                /* the chain must not read an operand produced later in the list than its head
-                 * would run... the fused node runs at j, after every producer of `other` */
-                inputs[n_in] = other;
-                st = (cdf_fused_step){.binary = true, .input = (int8_t)n_in, .chain_rhs = slot == 1, .op = c->p.binary.op};
-                n_in++;
-            }
-            prog.steps[prog.n_steps++] = st;
-            chain[n_chain++] = j;
-            cur = j;
-        }
-        if (n_chain < 2) continue;
+        ch.prog.n_steps = 1;
+        ch.node[ch.n_nodes++] = i;
+        int last = grow(nodes, n, &ch, i, CDF_FUSE_MAX_INPUTS, false);
+        if (ch.n_nodes < 2 || !inputs_unchanged(nodes, &ch, 0, last)) continue;
         cdf_node *f = cdf_node_new(CDF_OP_FUSED);
         cdf_fused_program *pp = f ? malloc(sizeof *pp) : NULL;
         if (!f || !pp) {
             free(f);
             continue; /* out of memory: leave the chain unfused (still correct) */
         }
-        *pp = prog;
+        *pp = ch.prog;
         f->p.fused.prog = pp;
-        for (int k = 0; k < n_in; k++) cdf_node_add_src(f, inputs[k]);
-        f->dst = cdf_tensor_retain(nodes[cur]->dst);
-        for (int k = 0; k < n_chain; k++) {
-            cdf_node_free(nodes[chain[k]]);
-            nodes[chain[k]] = NULL;
-        }
-        nodes[cur] = f;
-        if (stats) {
-            stats->chains++;
-            stats->nodes_fused += n_chain;
-        }
+        for (int k = 0; k < ch.n_in; k++) cdf_node_add_src(f, ch.in[k]);
+        f->dst = cdf_tensor_retain(nodes[last]->dst);
+        replace_chain(nodes, &ch, last, f, stats);
     }
-    int w = 0;
-    for (int i = 0; i < n; i++)
-        if (nodes[i]) nodes[w++] = nodes[i];
-    *n_io = w;
+    compact(nodes, n_io);
+}
+
+/* The matmul node absorbs the chain as its epilogue: sources A, B, bias slot, then the chain's
+ * inputs 1.. (node.h). The product is written straight into the chain's destination (viewed in
+ * the product's shape), whose rows the epilogue then rewrites in place, so no operand may share
+ * its storage. */
+static cdf_node *epilogue_node(const cdf_node *mm, const chain *ch, const cdf_tensor *dst) {
+    for (int k = 0; k < 3; k++)
+        if (k < mm->n_src && mm->src[k] && mm->src[k]->storage == dst->storage) return NULL;
+    for (int k = 1; k < ch->n_in; k++)
+        if (ch->in[k]->storage == dst->storage) return NULL;
+    const cdf_tensor *p = mm->dst;
+    cdf_node *f = cdf_node_new(CDF_OP_MATMUL);
+    cdf_fused_program *pp = f ? malloc(sizeof *pp) : NULL;
+    cdf_tensor *out = pp ? cdf_value_view(dst->storage, dst->offset, p->dtype, p->ndim, p->shape, p->strides) : NULL;
+    if (!out) {
+        free(pp);
+        free(f);
+        return NULL; /* out of memory: leave the chain unfused (still correct) */
+    }
+    *pp = ch->prog;
+    f->p.matmul.alpha = mm->p.matmul.alpha;
+    f->p.matmul.epilogue = pp;
+    f->p.matmul.epi_ndim = dst->ndim;
+    memcpy(f->p.matmul.epi_shape, dst->shape, sizeof dst->shape);
+    for (int k = 0; k < 3; k++) cdf_node_add_src(f, k < mm->n_src ? mm->src[k] : NULL);
+    for (int k = 1; k < ch->n_in; k++) cdf_node_add_src(f, ch->in[k]);
+    f->dst = out;
+    return f;
+}
+
+void cdf_fuse_matmul_epilogues(cdf_node **nodes, int *n_io, bool (*supports)(const cdf_node *node),
+                               cdf_fuse_stats *stats) {
+    int n = *n_io;
+    for (int i = 0; i < n; i++) {
+        cdf_node *mm = nodes[i];
+        /* the product must be f32 (the chain reads it as stored, which in place is its f32 value) */
+        if (!mm || mm->kind != CDF_OP_MATMUL || mm->p.matmul.epilogue || mm->dst->dtype != CDF_F32 ||
+            !cdf_tensor_is_contiguous(mm->dst))
+            continue;
+        chain ch = {.n_in = 1};
+        ch.in[0] = mm->dst; /* the product itself, not a source of the fused node */
+        ch.read_at[0] = i;
+        ch.node[ch.n_nodes++] = i;
+        /* 3 node sources go to A, B and the bias: the rest is left for the chain's inputs */
+        int last = grow(nodes, n, &ch, i, CDF_NODE_MAX_SRC - 2, true);
+        if (ch.prog.n_steps < 1 || !inputs_unchanged(nodes, &ch, 1, last)) continue;
+        bool moved_ok = true; /* A, B and the bias are now read at `last` */
+        for (int k = 0; k < mm->n_src && k < 3; k++)
+            if (mm->src[k] && written_between(nodes, i, last, mm->src[k]->storage)) moved_ok = false;
+        if (!moved_ok) continue;
+        cdf_node *f = epilogue_node(mm, &ch, nodes[last]->dst);
+        if (!f) continue;
+        if (supports && !supports(f)) { /* a backend without epilogues: leave it to the elementwise pass */
+            cdf_node_free(f);
+            continue;
+        }
+        replace_chain(nodes, &ch, last, f, stats);
+        if (stats) stats->epilogues++;
+    }
+    compact(nodes, n_io);
 }

@@ -8,6 +8,7 @@
 typedef struct cdf_fuse_stats {
     int chains;       /* fused kernels created */
     int nodes_fused;  /* nodes absorbed into them */
+    int epilogues;    /* of the chains: those folded into a matmul (cdf_fuse_matmul_epilogues) */
 } cdf_fuse_stats;
 
 /* Elementwise fusion: a chain of unary/binary nodes in which each intermediate result is f32,
@@ -15,5 +16,15 @@ typedef struct cdf_fuse_stats {
  * handle outside the node list refers to its storage) becomes one CDF_OP_FUSED node at the
  * position of the chain's last node. Rewrites nodes[0..*n) in place; absorbed nodes are freed. */
 void cdf_fuse_elementwise(cdf_node **nodes, int *n, cdf_fuse_stats *stats);
+
+/* Matmul epilogues: a matmul whose f32 product starts such a chain (read whole, elementwise, by
+ * its only consumer, and otherwise unreachable) becomes one matmul node carrying the chain as its
+ * epilogue program (node.h), at the chain's last position: the product is written once, into the
+ * chain's destination, and each finished row is rewritten in place by the program (the same
+ * scalar code as the plain kernels, so bit-identical to the unfused graph). supports(candidate)
+ * is asked before a chain is replaced (the device's backend: one without epilogues refuses, and
+ * the chain stays for the elementwise pass); NULL = always. Run before cdf_fuse_elementwise. */
+void cdf_fuse_matmul_epilogues(cdf_node **nodes, int *n, bool (*supports)(const cdf_node *node),
+                               cdf_fuse_stats *stats);
 
 #endif

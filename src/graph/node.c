@@ -36,7 +36,27 @@ void cdf_node_free(cdf_node *n) {
     for (int i = 0; i < n->n_src; i++) cdf_tensor_release(n->src[i]);
     cdf_tensor_release(n->dst);
     if (n->kind == CDF_OP_FUSED) free(n->p.fused.prog);
+    if (n->kind == CDF_OP_MATMUL) free(n->p.matmul.epilogue);
     free(n);
+}
+
+bool cdf_node_copy_params(cdf_node *dst, const cdf_node *src) {
+    cdf_fused_program *const *owned = src->kind == CDF_OP_FUSED    ? &src->p.fused.prog
+                                      : src->kind == CDF_OP_MATMUL ? &src->p.matmul.epilogue
+                                                                   : NULL;
+    cdf_fused_program *copy = NULL;
+    if (owned && *owned) {
+        copy = malloc(sizeof *copy);
+        if (!copy) {
+            cdf_error(CDF_ERR_OUT_OF_MEMORY, "host out of memory (op node)");
+            return false;
+        }
+        *copy = **owned;
+    }
+    dst->p = src->p;
+    if (src->kind == CDF_OP_FUSED) dst->p.fused.prog = copy;
+    if (src->kind == CDF_OP_MATMUL) dst->p.matmul.epilogue = copy;
+    return true;
 }
 
 /* The last two dims as a matrix: unit column stride (row-major) or unit row stride

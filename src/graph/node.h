@@ -65,8 +65,19 @@ typedef struct cdf_node {
         struct { cdf_unary_op op; float p0, p1; } unary;
         struct { cdf_binary_op op; } binary;
         /* dst [..., M, N] = alpha * src0 [..., M, K] @ src1 [..., K, N] (+ src2 [N]); batch dims
-         * already broadcast (expanded views); each operand satisfies cdf_matmul_operand_layout */
-        struct { float alpha; } matmul;
+         * already broadcast (expanded views); each operand satisfies cdf_matmul_operand_layout.
+         * epilogue (graph/fuse.c; owned by the node, NULL = none): the elementwise chain that
+         * followed the matmul, run on each finished row of the product in place, so that
+         * dst = epilogue(A @ B + bias, src3, src4, ...): program input 0 is the product, input
+         * k >= 1 is src[2 + k] (src2, the bias slot, may then be NULL). The chain ran over
+         * epi_shape (the product reshaped, e.g. [B*L, N] seen as [B, L, N]; same element count,
+         * both contiguous): the inputs' strides index that shape; dst keeps the product's. */
+        struct {
+            float alpha;
+            cdf_fused_program *epilogue;
+            int epi_ndim;
+            int64_t epi_shape[CDF_MAX_DIMS];
+        } matmul;
         struct { int64_t rows, cols; float scale; } softmax;
         struct { int64_t rows, cols; float eps; } norm;
         struct { int64_t n, c, s, groups; float eps; } group_norm;
@@ -87,6 +98,10 @@ typedef struct cdf_node {
  * planner (a buffer nothing outside the graph holds may share arena memory) both ask. */
 bool cdf_graph_holds_only(cdf_node *const *nodes, int n, cdf_tensor *const *outs, int n_out, const cdf_storage *s,
                           long pins);
+
+/* dst->p = src->p, with a copy of any program src owns (a fused chain, a matmul epilogue):
+ * false (dst unchanged) when out of host memory. */
+bool cdf_node_copy_params(cdf_node *dst, const cdf_node *src);
 
 /* A new node with no sources (kind set, params zeroed). */
 cdf_node *cdf_node_new(cdf_op_kind kind);

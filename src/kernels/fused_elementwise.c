@@ -15,11 +15,17 @@ static bool is_contiguous(int ndim, const int64_t *shape, const int64_t *strides
     return true;
 }
 
-/* Load len elements starting at flat index f0 of a strided input into buf (as f32). */
+/* Load len elements starting at flat index f0 of a strided input into buf (as f32). A strided
+ * input is read in runs along its last dim (a row of a broadcast gate/shift/scale [B, 1, N] is
+ * one contiguous load), then the multi-index moves on to the next row. */
 static void load_block(float *buf, const void *p, cdf_dtype dt, const int64_t *strides, bool contig, int ndim,
                        const int64_t *shape, int64_t f0, int64_t len) {
     if (contig) {
         cdf_k_load_row(buf, p, dt, f0, len);
+        return;
+    }
+    if (ndim == 0) {
+        for (int64_t i = 0; i < len; i++) buf[i] = cdf_k_ld(p, dt, 0);
         return;
     }
     int64_t idx[CDF_MAX_DIMS], off = 0, rem = f0;
@@ -28,9 +34,27 @@ static void load_block(float *buf, const void *p, cdf_dtype dt, const int64_t *s
         rem = shape[d] ? rem / shape[d] : 0;
         off += idx[d] * strides[d];
     }
-    for (int64_t i = 0; i < len; i++) {
-        buf[i] = cdf_k_ld(p, dt, off);
-        for (int d = ndim - 1; d >= 0; d--) { /* advance the multi-index by one */
+    const int last = ndim - 1;
+    const int64_t ls = strides[last];
+    for (int64_t i = 0; i < len;) {
+        int64_t run = shape[last] - idx[last];
+        if (run > len - i) run = len - i;
+        if (ls == 1) {
+            cdf_k_load_row(buf + i, p, dt, off, run);
+        } else if (ls == 0) {
+            const float v = cdf_k_ld(p, dt, off);
+            for (int64_t r = 0; r < run; r++) buf[i + r] = v;
+        } else {
+            for (int64_t r = 0; r < run; r++) buf[i + r] = cdf_k_ld(p, dt, off + r * ls);
+        }
+        i += run;
+        off += run * ls;
+        idx[last] += run;
+        if (idx[last] < shape[last]) break; /* the block ended inside this row */
+        /* next row: carry the multi-index */
+        off -= ls * shape[last];
+        idx[last] = 0;
+        for (int d = last - 1; d >= 0; d--) {
             off += strides[d];
             if (++idx[d] < shape[d]) break;
             off -= strides[d] * shape[d];
@@ -39,53 +63,118 @@ static void load_block(float *buf, const void *p, cdf_dtype dt, const int64_t *s
     }
 }
 
+/* What every block of one call shares: the program, the operands, which inputs are read. */
+typedef struct fused_call {
+    const cdf_fused_program *p;
+    void *out;
+    cdf_dtype out_dt;
+    int n_in, ndim;
+    const void *const *in;
+    const cdf_dtype *in_dt;
+    const int64_t *const *in_strides;
+    const int64_t *shape;
+    bool contig[CDF_FUSE_MAX_INPUTS], used[CDF_FUSE_MAX_INPUTS];
+} fused_call;
+
+static cdf_status prepare(fused_call *c, const char *fn) {
+    const cdf_fused_program *p = c->p;
+    if (!p || c->n_in < 1 || c->n_in > CDF_FUSE_MAX_INPUTS || p->n_steps < 1 || p->n_steps > CDF_FUSE_MAX_STEPS ||
+        c->ndim < 0 || c->ndim > CDF_MAX_DIMS)
+        return cdf_error(CDF_ERR_INVALID_ARG, "%s: malformed program", fn);
+    CDF_K_CHECK_FLOAT_DT(fn, "out", c->out_dt);
+    for (int k = 0; k < c->n_in; k++) CDF_K_CHECK_FLOAT_DT(fn, "input", c->in_dt[k]);
+    for (int s = 0; s < p->n_steps; s++)
+        if (p->steps[s].binary && (p->steps[s].input < 0 || p->steps[s].input >= c->n_in))
+            return cdf_error(CDF_ERR_INVALID_ARG, "%s: step %d reads input %d of %d", fn, s, p->steps[s].input, c->n_in);
+    for (int k = 0; k < c->n_in; k++) {
+        c->contig[k] = is_contiguous(c->ndim, c->shape, c->in_strides[k]);
+        c->used[k] = k == 0;
+    }
+    for (int s = 0; s < p->n_steps; s++)
+        if (p->steps[s].binary) c->used[p->steps[s].input] = true;
+    return CDF_OK;
+}
+
+/* Evaluate the program on the len (<= FUSE_BLOCK) elements from flat index f0. */
+static void run_block(const fused_call *c, int64_t f0, int64_t len) {
+    const cdf_fused_program *p = c->p;
+    const void *const *in = c->in;
+    const cdf_dtype *in_dt = c->in_dt;
+    const int64_t *const *in_strides = c->in_strides;
+    const int ndim = c->ndim;
+    const int64_t *shape = c->shape;
+    float v[FUSE_BLOCK], x[CDF_FUSE_MAX_INPUTS][FUSE_BLOCK];
+    for (int k = 1; k < c->n_in; k++)
+        if (c->used[k]) load_block(x[k], in[k], in_dt[k], in_strides[k], c->contig[k], ndim, shape, f0, len);
+    load_block(v, in[0], in_dt[0], in_strides[0], c->contig[0], ndim, shape, f0, len);
+    for (int s = 0; s < p->n_steps; s++) {
+        const cdf_fused_step *st = &p->steps[s];
+        if (!st->binary) {
+            cdf_k_unary_span((cdf_unary_op)st->op, v, len, st->p0, st->p1);
+        } else if (st->input == 0) {
+            /* in[0] is the chain's head; an op on it again means it is also an operand */
+            float h[FUSE_BLOCK];
+            load_block(h, in[0], in_dt[0], in_strides[0], c->contig[0], ndim, shape, f0, len);
+            for (int64_t i = 0; i < len; i++)
+                v[i] = st->chain_rhs ? cdf_k_binary_f((cdf_binary_op)st->op, h[i], v[i])
+                                     : cdf_k_binary_f((cdf_binary_op)st->op, v[i], h[i]);
+        } else {
+            const float *o = x[st->input];
+            for (int64_t i = 0; i < len; i++)
+                v[i] = st->chain_rhs ? cdf_k_binary_f((cdf_binary_op)st->op, o[i], v[i])
+                                     : cdf_k_binary_f((cdf_binary_op)st->op, v[i], o[i]);
+        }
+    }
+    cdf_k_store_row(c->out, c->out_dt, f0, v, len);
+}
+
 cdf_status cdf_k_fused_elementwise(const cdf_fused_program *p, void *out, cdf_dtype out_dt, int n_in,
                                    const void *const *in, const cdf_dtype *in_dt, const int64_t *const *in_strides,
                                    int ndim, const int64_t *shape) {
-    static const char *fn = "cdf_k_fused_elementwise";
-    if (!p || n_in < 1 || n_in > CDF_FUSE_MAX_INPUTS || p->n_steps < 1 || p->n_steps > CDF_FUSE_MAX_STEPS ||
-        ndim < 0 || ndim > CDF_MAX_DIMS)
-        return cdf_error(CDF_ERR_INVALID_ARG, "%s: malformed program", fn);
-    CDF_K_CHECK_FLOAT_DT(fn, "out", out_dt);
-    for (int k = 0; k < n_in; k++) CDF_K_CHECK_FLOAT_DT(fn, "input", in_dt[k]);
-    for (int s = 0; s < p->n_steps; s++)
-        if (p->steps[s].binary && (p->steps[s].input < 0 || p->steps[s].input >= n_in))
-            return cdf_error(CDF_ERR_INVALID_ARG, "%s: step %d reads input %d of %d", fn, s, p->steps[s].input, n_in);
+    fused_call c = {.p = p, .out = out, .out_dt = out_dt, .n_in = n_in, .ndim = ndim, .in = in, .in_dt = in_dt,
+                    .in_strides = in_strides, .shape = shape};
+    CDF_TRY(prepare(&c, "cdf_k_fused_elementwise"));
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
     if (n == 0) return CDF_OK;
-    bool contig[CDF_FUSE_MAX_INPUTS];
-    for (int k = 0; k < n_in; k++) contig[k] = is_contiguous(ndim, shape, in_strides[k]);
-    bool used[CDF_FUSE_MAX_INPUTS] = {true};
-    for (int s = 0; s < p->n_steps; s++)
-        if (p->steps[s].binary) used[p->steps[s].input] = true;
     const int64_t blocks = (n + FUSE_BLOCK - 1) / FUSE_BLOCK;
 #pragma omp parallel for schedule(static) if (n > CDF_K_PAR_MIN_WORK)
     for (int64_t b = 0; b < blocks; b++) {
-        float v[FUSE_BLOCK], x[CDF_FUSE_MAX_INPUTS][FUSE_BLOCK];
         int64_t f0 = b * FUSE_BLOCK, len = n - f0 < FUSE_BLOCK ? n - f0 : FUSE_BLOCK;
-        for (int k = 1; k < n_in; k++)
-            if (used[k]) load_block(x[k], in[k], in_dt[k], in_strides[k], contig[k], ndim, shape, f0, len);
-        load_block(v, in[0], in_dt[0], in_strides[0], contig[0], ndim, shape, f0, len);
-        for (int s = 0; s < p->n_steps; s++) {
-            const cdf_fused_step *st = &p->steps[s];
-            if (!st->binary) {
-                cdf_k_unary_span((cdf_unary_op)st->op, v, len, st->p0, st->p1);
-            } else if (st->input == 0) {
-                /* in[0] is the chain's head; an op on it again means it is also an operand */
-                float h[FUSE_BLOCK];
-                load_block(h, in[0], in_dt[0], in_strides[0], contig[0], ndim, shape, f0, len);
-                for (int64_t i = 0; i < len; i++)
-                    v[i] = st->chain_rhs ? cdf_k_binary_f((cdf_binary_op)st->op, h[i], v[i])
-                                         : cdf_k_binary_f((cdf_binary_op)st->op, v[i], h[i]);
-            } else {
-                const float *o = x[st->input];
-                for (int64_t i = 0; i < len; i++)
-                    v[i] = st->chain_rhs ? cdf_k_binary_f((cdf_binary_op)st->op, o[i], v[i])
-                                         : cdf_k_binary_f((cdf_binary_op)st->op, v[i], o[i]);
-            }
-        }
-        cdf_k_store_row(out, out_dt, f0, v, len);
+        run_block(&c, f0, len);
     }
     return CDF_OK;
+}
+
+/* ---- the program as a matmul epilogue ---- */
+
+cdf_status cdf_k_fused_epilogue_check(cdf_k_fused_epilogue *e) {
+    static const char *fn = "cdf_k_fused_epilogue";
+    if (!e || e->ndim < 0 || e->ndim > CDF_MAX_DIMS || e->batch < 0 || e->M < 0 || e->N < 0)
+        return cdf_error(CDF_ERR_INVALID_ARG, "%s: malformed arguments", fn);
+    int64_t n = 1;
+    for (int d = 0; d < e->ndim; d++) n *= e->shape[d];
+    if (n != e->batch * e->M * e->N)
+        return cdf_error(CDF_ERR_INVALID_ARG, "%s: the chain's shape holds %lld elements, the product %lld x %lld x %lld",
+                         fn, (long long)n, (long long)e->batch, (long long)e->M, (long long)e->N);
+    int64_t s = 1;
+    for (int d = e->ndim - 1; d >= 0; d--) {
+        e->c_strides[d] = s;
+        s *= e->shape[d];
+    }
+    e->in_strides[0] = e->c_strides;
+    fused_call c = {.p = e->p, .out = e->out, .out_dt = e->out_dt, .n_in = e->n_in, .ndim = e->ndim, .in = e->in,
+                    .in_dt = e->in_dt, .in_strides = e->in_strides, .shape = e->shape};
+    return prepare(&c, fn);
+}
+
+void cdf_k_fused_epilogue_rows(void *ctx, int64_t bi, int64_t row0, int64_t row1) {
+    const cdf_k_fused_epilogue *e = ctx;
+    fused_call c = {.p = e->p, .out = e->out, .out_dt = e->out_dt, .n_in = e->n_in, .ndim = e->ndim, .in = e->in,
+                    .in_dt = e->in_dt, .in_strides = e->in_strides, .shape = e->shape};
+    if (prepare(&c, "cdf_k_fused_epilogue") != CDF_OK) return; /* refused by the check before the matmul */
+    /* no OpenMP region here: the matmul calls this from its own threads, one row panel each */
+    const int64_t f1 = (bi * e->M + row1) * e->N;
+    for (int64_t f0 = (bi * e->M + row0) * e->N; f0 < f1; f0 += FUSE_BLOCK)
+        run_block(&c, f0, f1 - f0 < FUSE_BLOCK ? f1 - f0 : FUSE_BLOCK);
 }

@@ -87,6 +87,29 @@ cdf_status cdf_k_fused_elementwise(const cdf_fused_program *p, void *out, cdf_dt
                                    const void *const *in, const cdf_dtype *in_dt, const int64_t *const *in_strides,
                                    int ndim, const int64_t *shape);
 
+/* The same program as a matmul epilogue (graph/fuse.c folds the elementwise chain that follows a
+ * matmul into it): out is the matmul's C (batch x [M, N], contiguous), in[0] is C itself (read
+ * back in place, row by row as the matmul finishes them; in_strides[0] is set by the check),
+ * in[1..n_in) the chain's other operands with their strides over `shape` (0 = broadcast, e.g. a
+ * gate [B, 1, N]), the shape the chain ran over: C's elements in the same order (batch*M*N of
+ * them, e.g. [B*L, N] as [B, L, N]). Check once before the matmul; cdf_k_fused_epilogue_rows is
+ * cdf_k_matmul_args.epilogue with ctx = the struct (it opens no OpenMP region: it runs on the
+ * matmul's threads). */
+typedef struct cdf_k_fused_epilogue {
+    const cdf_fused_program *p;
+    void *out; cdf_dtype out_dt;
+    int n_in;
+    const void *in[CDF_FUSE_MAX_INPUTS];
+    cdf_dtype in_dt[CDF_FUSE_MAX_INPUTS];
+    const int64_t *in_strides[CDF_FUSE_MAX_INPUTS];
+    int ndim;
+    const int64_t *shape;
+    int64_t batch, M, N;
+    int64_t c_strides[CDF_MAX_DIMS]; /* in_strides[0]: filled by the check */
+} cdf_k_fused_epilogue;
+cdf_status cdf_k_fused_epilogue_check(cdf_k_fused_epilogue *e);
+void cdf_k_fused_epilogue_rows(void *ctx, int64_t bi, int64_t row0, int64_t row1);
+
 /* ---- matmul ---------------------------------------------------------------------------- */
 
 /* For each batch index i < batch:

@@ -81,6 +81,24 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n, const cdf_cpu_binding *bind) 
             .c = dp, .c_dt = d->dtype, .ldc = N, .sc = M * N,
             .alpha = n->p.matmul.alpha, .beta = 0.0f,
         };
+        cdf_k_fused_epilogue epi;
+        if (n->p.matmul.epilogue) {
+            /* the elementwise chain folded into this matmul (graph/fuse.c), run on C's rows in
+             * place as they are final: input 0 is C, input k >= 1 is src[2 + k] */
+            epi = (cdf_k_fused_epilogue){.p = n->p.matmul.epilogue, .out = dp, .out_dt = d->dtype, .n_in = 1,
+                                         .ndim = n->p.matmul.epi_ndim, .shape = n->p.matmul.epi_shape,
+                                         .batch = args.batch, .M = M, .N = N};
+            epi.in[0] = dp;
+            epi.in_dt[0] = d->dtype;
+            for (int k = 3; k < n->n_src && epi.n_in < CDF_FUSE_MAX_INPUTS; k++, epi.n_in++) {
+                epi.in[epi.n_in] = PTR(SRC(k));
+                epi.in_dt[epi.n_in] = SRC(k)->dtype;
+                epi.in_strides[epi.n_in] = SRC(k)->strides;
+            }
+            CDF_TRY(cdf_k_fused_epilogue_check(&epi));
+            args.epilogue = cdf_k_fused_epilogue_rows;
+            args.epilogue_ctx = &epi;
+        }
         return cdf_k_matmul_dispatch(&args);
     }
     case CDF_OP_SOFTMAX:

@@ -128,6 +128,8 @@ bool cdf_cuda_check_node(const cdf_node *n, char *why, size_t why_size) {
         if (n->p.reduce.op == CDF_RED_ARGMAX) return true;
         break;
     case CDF_OP_MATMUL: {
+        /* graph/fuse.c asks before it folds an elementwise chain into a matmul: not here (yet) */
+        if (n->p.matmul.epilogue) return refuse(why, why_size, "%s: an elementwise epilogue is not implemented", op);
         cdf_cuda_gemm_plan plan;
         if (cdf_cuda_plan_gemm(operand_of(n->src[0]), operand_of(n->src[1]), operand_of(n->dst), &plan) != CDF_OK)
             return refuse(why, why_size, "%s", cdf_last_error());
