@@ -135,11 +135,15 @@ static const char *all_in_one(void) {
 /* latents_final of a 2-step f32 generation (malloc'd, 4 * *n bytes), or NULL with the status. */
 static cdf_offload_mode g_offload = CDF_OFFLOAD_NONE; /* of the next runs */
 
+static cdf_dtype g_wdt = CDF_F32; /* the load's weight dtype */
+static bool g_decode;             /* decode GGUF blocks at load */
+
 static float *run_pipe_key(const char *pipe, const char *key, const cdf_component_file *files, int nfiles, bool allow_unused,
                            size_t *n, cdf_status *st) {
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
     lp.offload = g_offload;
-    lp.weight_dtype = CDF_F32;
+    lp.weight_dtype = g_wdt;
+    lp.decode_quantized = g_decode;
     lp.component_files = files;
     lp.num_component_files = nfiles;
     lp.allow_unused_keys = allow_unused;
@@ -206,6 +210,21 @@ static void test_same_latents(void **state) {
     if (!vs) fail_msg("sequential: %s", cdf_last_error());
     assert_memory_equal(vs, vd, n * 4);
     free(vs);
+    /* the blocks decoded at load instead of in the matmul: the same numbers */
+    g_decode = true;
+    float *vdec = run(&q, 1, false, &n, &st);
+    g_decode = false;
+    if (!vdec) fail_msg("decode at load: %s", cdf_last_error());
+    assert_memory_equal(vdec, vd, n * 4);
+    free(vdec);
+    /* bf16 weights: decoded values rounded to bf16 as the folder's f32 values are at load */
+    g_wdt = CDF_BF16;
+    float *vq16 = run(&q, 1, false, &n, &st), *vd16 = run(&d, 1, false, &n, &st);
+    g_wdt = CDF_F32;
+    if (!vq16 || !vd16) fail_msg("bf16: %s", cdf_last_error());
+    assert_memory_equal(vq16, vd16, n * 4);
+    free(vq16);
+    free(vd16);
     /* and not the f32 model's: the quantized weights are what ran (the two K-quant layers hold
      * random blocks, gguf-py having no K quantizer, so the latents are far from the f32 ones) */
     size_t worst;
@@ -296,6 +315,95 @@ static void expect_load_error(const cdf_component_file *files, int nfiles, cdf_s
         fail_msg("got status %d '%s'; wanted %d with '%s' and '%s'", st, m, status, n1, n2 ? n2 : "");
 }
 
+/* One layer read from the GGUF: its blocks stay in memory (u8 [out, row bytes]) and its forward
+ * equals that of the same layer decoded at load, bit for bit; bad quantized operands are refused. */
+static void check_layer(const char *name, int64_t in, int64_t out, uint32_t qtype, int64_t row_bytes) {
+    cdf_linear_layer lq, ld;
+    cdf_weights *w = NULL;
+    cdf_load_options o = cdf_load_options_default();
+    o.device = tu_cpu();
+    o.weights_file = tu_data(FS "flux_bfl_q8.gguf");
+    assert_int_equal(cdf_weights_open(tu_data("pipelines/flux1_dev_tiny/transformer"), &o, &w), CDF_OK);
+    if (cdf_linear_load(w, &lq, in, out, 1, "%s", name) != CDF_OK) fail_msg("%s: %s", name, cdf_last_error());
+    cdf_weights_free(w);
+    o.decode_quantized = true;
+    assert_int_equal(cdf_weights_open(tu_data("pipelines/flux1_dev_tiny/transformer"), &o, &w), CDF_OK);
+    assert_int_equal(cdf_linear_load(w, &ld, in, out, 1, "%s", name), CDF_OK);
+    cdf_weights_free(w);
+    assert_int_equal(lq.qtype, qtype);
+    assert_int_equal(cdf_tensor_dtype(lq.w), CDF_U8);
+    assert_int_equal(cdf_tensor_dim(lq.w, 0), out);
+    assert_int_equal(cdf_tensor_dim(lq.w, 1), row_bytes);
+    assert_int_equal(ld.qtype, 0);
+    assert_int_equal(cdf_tensor_dtype(ld.w), CDF_F32);
+    float x[3 * 256];
+    for (int i = 0; i < 3 * in; i++) x[i] = (float)((i * 37) % 23) / 11.0f - 1.0f;
+    cdf_tensor *xt = cdf_tensor_from_host(tu_cpu(), CDF_F32, 2, (int64_t[]){3, in}, x, CDF_F32);
+    cdf_tensor *yq = cdf_linear_fwd(&lq, xt), *yd = cdf_linear_fwd(&ld, xt);
+    if (!yq || !yd) fail_msg("%s forward: %s", name, cdf_last_error());
+    float a[3 * 256], b[3 * 256];
+    assert_int_equal(cdf_tensor_read(yq, CDF_F32, a, (size_t)(3 * out) * 4), CDF_OK);
+    assert_int_equal(cdf_tensor_read(yd, CDF_F32, b, (size_t)(3 * out) * 4), CDF_OK);
+    assert_memory_equal(a, b, (size_t)(3 * out) * 4);
+    bool nonzero = false;
+    for (int i = 0; i < 3 * out; i++) nonzero |= a[i] != 0.0f;
+    assert_true(nonzero);
+    /* decoding in place (what fusing a LoRA does first) gives the decoded layer's weights */
+    assert_int_equal(cdf_linear_decode(&lq), CDF_OK);
+    assert_int_equal(lq.qtype, 0);
+    float *wa = malloc((size_t)(in * out) * 4), *wb = malloc((size_t)(in * out) * 4);
+    assert_int_equal(cdf_tensor_read(lq.w, CDF_F32, wa, (size_t)(in * out) * 4), CDF_OK);
+    assert_int_equal(cdf_tensor_read(ld.w, CDF_F32, wb, (size_t)(in * out) * 4), CDF_OK);
+    assert_memory_equal(wa, wb, (size_t)(in * out) * 4);
+    free(wa);
+    free(wb);
+    cdf_tensor_release(xt);
+    cdf_tensor_release(yq);
+    cdf_tensor_release(yd);
+    cdf_linear_free(&lq);
+    cdf_linear_free(&ld);
+}
+
+static void test_blocks_in_memory(void **state) {
+    (void)state;
+    /* from the fused BFL qkv (rows 0..31 of img_attn.qkv), Q8_0: 32 values in 34 bytes */
+    check_layer("transformer_blocks.0.attn.to_q", 32, 32, CDF_GGML_Q8_0, 34);
+    /* AdaLayerNormContinuous's halves swapped from BFL's final_layer.adaLN_modulation (Q8_0) */
+    check_layer("norm_out.linear", 32, 64, CDF_GGML_Q8_0, 34);
+    /* K-quants: 256 values per 144-byte Q4_K block, 210-byte Q6_K block */
+    check_layer("time_text_embed.timestep_embedder.linear_1", 256, 32, CDF_GGML_Q4_K, 144);
+    check_layer("time_text_embed.guidance_embedder.linear_1", 256, 32, CDF_GGML_Q6_K, 210);
+    /* Q4_0 (18 bytes) and Q5_1 (24 bytes) per 32 values */
+    check_layer("single_transformer_blocks.1.proj_out", 160, 32, CDF_GGML_Q5_1, 5 * 24);
+
+    /* refused operands */
+    cdf_tensor *x = cdf_tensor_zeros(tu_cpu(), CDF_F32, 2, (int64_t[]){2, 48});
+    cdf_tensor *wq = cdf_tensor_zeros(tu_cpu(), CDF_U8, 2, (int64_t[]){4, 51});
+    assert_null(cdf_linear_quantized(x, wq, CDF_GGML_Q8_0, 48, CDF_F32, NULL));
+    assert_int_equal(cdf_last_status(), CDF_ERR_SHAPE);
+    assert_non_null(strstr(cdf_last_error(), "not a whole number of Q8_0 blocks"));
+    cdf_tensor *x2 = cdf_tensor_zeros(tu_cpu(), CDF_F32, 2, (int64_t[]){2, 64});
+    assert_null(cdf_linear_quantized(x2, wq, CDF_GGML_Q8_0, 64, CDF_F32, NULL)); /* 51 bytes, not 68 */
+    assert_int_equal(cdf_last_status(), CDF_ERR_SHAPE);
+    assert_null(cdf_linear_quantized(x2, wq, CDF_GGML_F32, 64, CDF_F32, NULL));
+    assert_int_equal(cdf_last_status(), CDF_ERR_UNSUPPORTED);
+    assert_null(cdf_linear_quantized(x2, wq, CDF_GGML_Q8_0, 64, CDF_F16, NULL));
+    assert_int_equal(cdf_last_status(), CDF_ERR_INVALID_ARG);
+    cdf_tensor *wq68 = cdf_tensor_zeros(tu_cpu(), CDF_U8, 2, (int64_t[]){4, 68});
+    assert_null(cdf_linear_quantized(x, wq68, CDF_GGML_Q8_0, 64, CDF_F32, NULL)); /* x has 48 features */
+    assert_int_equal(cdf_last_status(), CDF_ERR_SHAPE);
+    cdf_tensor *y = cdf_linear_quantized(x2, wq68, CDF_GGML_Q8_0, 64, CDF_F32, NULL); /* zero blocks: d = 0 */
+    assert_non_null(y);
+    float out[8];
+    assert_int_equal(cdf_tensor_read(y, CDF_F32, out, sizeof out), CDF_OK);
+    for (int i = 0; i < 8; i++) assert_true(out[i] == 0.0f);
+    cdf_tensor_release(y);
+    cdf_tensor_release(wq68);
+    cdf_tensor_release(x2);
+    cdf_tensor_release(wq);
+    cdf_tensor_release(x);
+}
+
 static void test_bad_inputs(void **state) {
     (void)state;
     cdf_component_file f = {"transformer", bfl_variant("missing.safetensors", NULL, "double_blocks.1.txt_attn.qkv.weight", NULL, NULL)};
@@ -377,6 +485,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_conversion),
         cmocka_unit_test(test_same_latents),
+        cmocka_unit_test(test_blocks_in_memory),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_cli),
     };
