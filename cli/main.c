@@ -53,6 +53,9 @@ static void usage(FILE *f) {
             "      --threads N              compute threads (default: all cores)\n"
             "      --dtype bf16|f32         bf16 (default): bf16 weights, matmul/conv inputs rounded to bf16, f32\n"
             "                               accumulation, f32 elsewhere; f32: the exact path\n"
+            "      --weight-type q8_0|f32|bf16  q8_0: quantize linear layers' weights to Q8_0 at load (as gguf-py);\n"
+            "                               f32|bf16 (= --dtype): decode a .gguf's blocks at load (default: they\n"
+            "                               stay quantized in memory, decoded inside each matmul)\n"
             "      --max-sequence-length N  T5 tokens (default Flux 512, SD3 256)\n"
             "      --text-encoder-out-layers A,B,C  FLUX.2: text encoder layers stacked into the prompt embedding\n"
             "                               (default 10,20,30)\n"
@@ -282,7 +285,24 @@ static void log_io(const tp_run *tr, cdf_device *dev, uint64_t weight_bytes) {
 }
 
 /* ---- component files (--transformer, --vae, --text-encoder N=FILE) ---------------------------- */
-enum { OPT_TRANSFORMER_FILE = 1001, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE, OPT_ALLOW_UNUSED_KEYS };
+enum { OPT_TRANSFORMER_FILE = 1001, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE, OPT_ALLOW_UNUSED_KEYS, OPT_WEIGHT_TYPE };
+
+/* --weight-type: q8_0 quantizes float linear weights at load; f32/bf16 decode GGUF blocks at load
+ * to that dtype (which must then agree with --dtype, the compute policy). 0 or usage error text. */
+static const char *parse_weight_type(const char *wt, const char *dtype, cdf_pipeline_load_params *lp) {
+    if (!wt) return NULL;
+    if (strcmp(wt, "q8_0") == 0) {
+        lp->quantize_weights = CDF_GGML_Q8_0;
+        return NULL;
+    }
+    if (strcmp(wt, "q4_k") == 0)
+        return "--weight-type q4_k: quantizing to Q4_K at load is not implemented (Q8_0 is); load a Q4_K .gguf file "
+               "with --transformer, its blocks stay in memory";
+    if (strcmp(wt, "f32") != 0 && strcmp(wt, "bf16") != 0) return "--weight-type must be q8_0, f32 or bf16";
+    if (strcmp(wt, dtype) != 0) return "--weight-type f32|bf16 decodes quantized weights to that dtype: give the same --dtype";
+    lp->decode_quantized = true;
+    return NULL;
+}
 typedef struct component_files {
     cdf_component_file files[8];
     char keys[8][32];
@@ -314,7 +334,7 @@ static int add_component_file(component_files *cf, int opt, const char *arg) {
 
 /* ---- generate ---------------------------------------------------------------------------- */
 static int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *output = "out.png", *latents_out = NULL, *dtype = "bf16", *mem = NULL;
+    const char *model = NULL, *output = "out.png", *latents_out = NULL, *dtype = "bf16", *mem = NULL, *weight_type = NULL;
     const char *tp_replicate = NULL, *offload = "none";
     bool force = false, quiet = false, memory_stats = false;
     int mode = -1;
@@ -339,6 +359,7 @@ static int cmd_generate(int argc, char **argv) {
         {"transformer", required_argument, 0, OPT_TRANSFORMER_FILE},  {"vae", required_argument, 0, OPT_VAE_FILE},
         {"text-encoder", required_argument, 0, OPT_TEXT_ENCODER_FILE},
         {"allow-unused-keys", no_argument, 0, OPT_ALLOW_UNUSED_KEYS},
+        {"weight-type", required_argument, 0, OPT_WEIGHT_TYPE},
         {"device", required_argument, 0, 'D'},
         {"lora", required_argument, 0, 'A'},         {"lora-mode", required_argument, 0, 'Z'},
         {"lora-allow-unused", no_argument, 0, 'U'},
@@ -430,6 +451,7 @@ static int cmd_generate(int argc, char **argv) {
         case 'O': offload = optarg; break;
         case 'K': memory_stats = true; break;
         case OPT_ALLOW_UNUSED_KEYS: allow_unused = true; break;
+        case OPT_WEIGHT_TYPE: weight_type = optarg; break;
         case OPT_TRANSFORMER_FILE:
         case OPT_VAE_FILE:
         case OPT_TEXT_ENCODER_FILE:
@@ -514,6 +536,8 @@ static int cmd_generate(int argc, char **argv) {
     lp.component_files = cf.files;
     lp.num_component_files = cf.n;
     lp.allow_unused_keys = allow_unused;
+    const char *wt_err = parse_weight_type(weight_type, dtype, &lp);
+    if (wt_err) return usage_error("%s", wt_err);
     int64_t mem_bytes = -1;
     if (mem && (mem_bytes = cdf_parse_bytes(mem)) < 0)
         return usage_error("--device-memory needs a size like 8G or 512M, got '%s'", mem);

@@ -12,6 +12,7 @@
  *   an unknown component, a missing file: each a clear error. */
 #include "testutil.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -137,6 +138,7 @@ static cdf_offload_mode g_offload = CDF_OFFLOAD_NONE; /* of the next runs */
 
 static cdf_dtype g_wdt = CDF_F32; /* the load's weight dtype */
 static bool g_decode;             /* decode GGUF blocks at load */
+static uint32_t g_quant;          /* quantize float weights at load */
 
 static float *run_pipe_key(const char *pipe, const char *key, const cdf_component_file *files, int nfiles, bool allow_unused,
                            size_t *n, cdf_status *st) {
@@ -144,6 +146,7 @@ static float *run_pipe_key(const char *pipe, const char *key, const cdf_componen
     lp.offload = g_offload;
     lp.weight_dtype = g_wdt;
     lp.decode_quantized = g_decode;
+    lp.quantize_weights = g_quant;
     lp.component_files = files;
     lp.num_component_files = nfiles;
     lp.allow_unused_keys = allow_unused;
@@ -404,6 +407,58 @@ static void test_blocks_in_memory(void **state) {
     cdf_tensor_release(x);
 }
 
+/* --weight-type q8_0: float linear weights become Q8_0 blocks at load (cdf_ggml_quantize, bit-exact
+ * with gguf-py: test_io_gguf), layers without whole blocks per row stay float, and a generation
+ * runs on them: latents near the f32 ones but not equal. */
+static void test_quantize_at_load(void **state) {
+    (void)state;
+    cdf_load_options o = cdf_load_options_default();
+    o.device = tu_cpu();
+    o.quantize_to = CDF_GGML_Q8_0;
+    cdf_weights *w = NULL;
+    const char *dir = tu_data("pipelines/flux1_dev_tiny/transformer");
+    assert_int_equal(cdf_weights_open(dir, &o, &w), CDF_OK);
+    cdf_linear_layer lq, lc;
+    assert_int_equal(cdf_linear_load(w, &lq, 32, 32, 1, "transformer_blocks.0.attn.to_q"), CDF_OK);
+    assert_int_equal(cdf_linear_load(w, &lc, 24, 32, 1, "context_embedder"), CDF_OK); /* 24 inputs: no whole block */
+    cdf_weights_free(w);
+    assert_int_equal(lq.qtype, CDF_GGML_Q8_0);
+    assert_int_equal(cdf_tensor_dtype(lq.w), CDF_U8);
+    assert_int_equal(cdf_tensor_dim(lq.w, 1), 34);
+    assert_int_equal(lc.qtype, 0);
+    assert_int_equal(cdf_tensor_dtype(lc.w), CDF_F32);
+    /* the blocks are the quantizer's encoding of the file's values */
+    cdf_st_file *f = NULL;
+    assert_int_equal(cdf_st_open(tu_data("pipelines/flux1_dev_tiny/transformer/diffusion_pytorch_model.safetensors"), &f), CDF_OK);
+    const cdf_st_tensor *t = cdf_st_find(f, "transformer_blocks.0.attn.to_q.weight");
+    assert_non_null(t);
+    assert_int_equal(t->dtype, CDF_F32);
+    uint8_t want[32 * 34], got[32 * 34];
+    assert_int_equal(cdf_ggml_quantize(CDF_GGML_Q8_0, cdf_st_data(f, t), 32 * 32, want), CDF_OK);
+    cdf_st_close(f);
+    assert_int_equal(cdf_tensor_read(lq.w, CDF_U8, got, sizeof got), CDF_OK);
+    assert_memory_equal(got, want, sizeof got);
+    cdf_linear_free(&lq);
+    cdf_linear_free(&lc);
+
+    size_t n0, n;
+    cdf_status st;
+    float *ref = run(NULL, 0, false, &n0, &st);
+    g_quant = CDF_GGML_Q8_0;
+    float *vq = run(NULL, 0, false, &n, &st);
+    g_quant = 0;
+    if (!vq) fail_msg("q8_0 at load: %s", cdf_last_error());
+    assert_int_equal(n, n0);
+    size_t worst;
+    double diff = tu_max_abs_diff(vq, ref, n, &worst), scale = 0;
+    for (size_t i = 0; i < n; i++) scale = fabs(ref[i]) > scale ? fabs(ref[i]) : scale;
+    print_message("  Q8_0 at load vs f32: max |latents diff| = %.3g (max |latent| %.3g)\n", diff, scale);
+    assert_true(diff > 0);            /* the quantized weights are what ran */
+    assert_true(diff < 0.05 * scale); /* 8-bit weights: a small perturbation of a 2-step generation */
+    free(vq);
+    free(ref);
+}
+
 static void test_bad_inputs(void **state) {
     (void)state;
     cdf_component_file f = {"transformer", bfl_variant("missing.safetensors", NULL, "double_blocks.1.txt_attn.qkv.weight", NULL, NULL)};
@@ -470,6 +525,23 @@ static void test_cli(void **state) {
     free(err);
     assert_int_equal(tu_system("test -e '%s'", tmp_path("bad.png")), 1);
 
+    /* --weight-type: q8_0 quantizes at load, f32/bf16 decode a .gguf at load (= --dtype), q4_k is refused */
+    rc = tu_system("cd '%s' && '%s' %s --model '%s' --output q8.png --weight-type q8_0 2>err.txt", dir, CDF_CLI_PATH, common, model);
+    assert_int_equal(rc, 0);
+    rc = tu_system("cd '%s' && '%s' %s --model '%s' --output dec.png --dtype f32 --weight-type f32 --transformer '%s' 2>err.txt", dir,
+                   CDF_CLI_PATH, common, model, tu_data(FS "flux_bfl_q8.gguf"));
+    assert_int_equal(rc, 0);
+    static const char *const bad_wt[][2] = {{"--weight-type q4_k", "not implemented"}, {"--weight-type f32", "same --dtype"},
+                                            {"--weight-type int4", "must be q8_0, f32 or bf16"}};
+    for (int k = 0; k < 3; k++) {
+        rc = tu_system("cd '%s' && '%s' %s --model '%s' --output bad.png %s 2>err.txt", dir, CDF_CLI_PATH, common, model, bad_wt[k][0]);
+        assert_int_equal(rc, 2);
+        err = tu_read_file(tmp_path("err.txt"), NULL);
+        if (!strstr(err, bad_wt[k][1])) fail_msg("%s: %s", bad_wt[k][0], err);
+        free(err);
+    }
+    assert_int_equal(tu_system("test -e '%s'", tmp_path("bad.png")), 1);
+
     /* info names each component's source, its format and its tensor types */
     rc = tu_system("'%s' info --model '%s' --transformer '%s' >'%s/info.txt' 2>&1", CDF_CLI_PATH, model, tu_data(FS "flux_bfl_q8.gguf"),
                    dir);
@@ -486,6 +558,7 @@ int main(void) {
         cmocka_unit_test(test_key_conversion),
         cmocka_unit_test(test_same_latents),
         cmocka_unit_test(test_blocks_in_memory),
+        cmocka_unit_test(test_quantize_at_load),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_cli),
     };

@@ -213,6 +213,33 @@ const char *cdf_config_class_name(const cJSON *cfg) {
 
 /* ---- building blocks ------------------------------------------------------------------------ */
 
+/* --weight-type q8_0: the float weight t read as f32 and encoded as blocks of qt (as gguf-py's
+ * quantize), in a buffer t then owns. */
+static const void *quantize_rows(cdf_weights *w, cdf_wsrc_tensor *t, const char *name, uint32_t qt, int64_t *row_bytes) {
+    int64_t be = 0, bb = 0;
+    cdf_ggml_type_block(qt, &be, &bb);
+    const int64_t n = t->shape[0] * t->shape[1];
+    *row_bytes = t->shape[1] / be * bb;
+    const void *vals = cdf_wsrc_load(w->src, t, name);
+    if (!vals) return NULL;
+    float *f32 = t->dtype == CDF_F32 ? NULL : malloc(sizeof(float) * (size_t)n + 1);
+    uint8_t *blocks = malloc((size_t)(t->shape[0] * *row_bytes) + 1);
+    cdf_status s = (!f32 && t->dtype != CDF_F32) || !blocks
+                       ? cdf_error(CDF_ERR_OUT_OF_MEMORY, "weight '%s': out of host memory to quantize it", name)
+                       : CDF_OK;
+    if (s == CDF_OK && f32) cdf_convert(f32, CDF_F32, vals, t->dtype, (size_t)n);
+    if (s == CDF_OK) s = cdf_ggml_quantize(qt, f32 ? f32 : vals, n, blocks);
+    free(f32);
+    cdf_wsrc_tensor_release(t); /* the values, if the source made them */
+    if (s != CDF_OK) {
+        free(blocks);
+        cdf_error_prefix("weight '%s' in %s: ", name, cdf_weights_path(w));
+        return NULL;
+    }
+    t->owned = blocks;
+    return blocks;
+}
+
 /* A linear layer's weight kept as its GGUF blocks (U8 [out, row bytes]; l->qtype set), when the
  * source stores it in a block type the matmul can decode and the options allow it. Returns true
  * with *wt NULL when the weight is not such a tensor (the caller loads it as values). */
@@ -222,18 +249,22 @@ static bool get_blocks(cdf_weights *w, cdf_linear_layer *l, const char *prefix, 
     snprintf(name, sizeof name, "%s.weight", prefix);
     const cdf_dtype wdt = w->opt.weight_dtype;
     cdf_wsrc_tensor t;
+    if ((wdt != CDF_F32 && wdt != CDF_BF16) || !cdf_wsrc_find(w->src, name, &t) || t.ndim != 2 || t.shape[0] != l->out ||
+        t.shape[1] != l->in)
+        return true; /* the value path loads (and checks) it */
+    /* stored blocks are kept unless decoding was asked for; float values are quantized if asked */
+    const bool keep = t.qtype >= 0 && !w->opt.decode_quantized;
+    const bool quantize = t.qtype < 0 && w->opt.quantize_to && cdf_dtype_is_float(t.dtype);
+    const uint32_t qt = keep ? (uint32_t)t.qtype : w->opt.quantize_to;
     int64_t be = 0, bb = 0;
-    if (w->opt.decode_quantized || (wdt != CDF_F32 && wdt != CDF_BF16) || !cdf_wsrc_find(w->src, name, &t) ||
-        t.qtype < 0 || !cdf_ggml_type_block((uint32_t)t.qtype, &be, &bb) || be < 2 ||
-        !cdf_ggml_can_dequantize((uint32_t)t.qtype) || t.ndim != 2 || t.shape[0] != l->out || t.shape[1] != l->in ||
-        l->in % be)
-        return true; /* not blocks this path keeps: the value path loads (and checks) it */
+    if ((!keep && !quantize) || !cdf_ggml_type_block(qt, &be, &bb) || be < 2 || !cdf_ggml_can_dequantize(qt) || l->in % be)
+        return true;
     int64_t row_bytes = 0;
-    const void *src = cdf_wsrc_load_blocks(w->src, &t, name, &row_bytes);
+    const void *src = keep ? cdf_wsrc_load_blocks(w->src, &t, name, &row_bytes) : quantize_rows(w, &t, name, qt, &row_bytes);
     if (src && row_bytes != l->in / be * bb) {
         cdf_wsrc_tensor_release(&t);
         cdf_error(CDF_ERR_FORMAT, "weight '%s' in %s: %lld bytes per row, but %lld %s values take %lld", name,
-                  cdf_weights_path(w), (long long)row_bytes, (long long)l->in, cdf_ggml_type_name((uint32_t)t.qtype),
+                  cdf_weights_path(w), (long long)row_bytes, (long long)l->in, cdf_ggml_type_name(qt),
                   (long long)(l->in / be * bb));
         return false;
     }
@@ -249,7 +280,7 @@ static bool get_blocks(cdf_weights *w, cdf_linear_layer *l, const char *prefix, 
         else if (src) cdf_error_prefix("loading weight '%s' from %s: ", name, cdf_weights_path(w));
     }
     if (!*wt) return false;
-    l->qtype = (uint32_t)t.qtype;
+    l->qtype = qt;
     l->qwdt = wdt;
     return true;
 }
