@@ -99,7 +99,8 @@ static void usage(FILE *f) {
             "      --mode eager|fuse|compile  execution mode (default eager; env CDIFFUSERS_DEFER_AND_FUSE=1 = fuse)\n"
             "      --compile-repeated-blocks  compile only the transformer's repeated blocks (one graph per block class)\n"
             "  cdiffusers run-model --model COMPONENT_DIR --inputs IN.safetensors --output OUT.safetensors\n"
-            "                       [--method forward|encode|decode] [--dtype f32|bf16] [--repeat N] [--force]\n"
+            "                       [--method forward|encode|decode] [--dtype f32|bf16] [--weight-type q8_0|f32|bf16]\n"
+            "                       [--weights FILE.safetensors|FILE.gguf] [--repeat N] [--force]\n"
             "                       [--mode eager|fuse|compile] [--no-fullgraph] [--compile-repeated-blocks]\n"
             "                       [--tp N [--tp-replicate A,B]]  (under mpirun -np N; rank 0 writes) [--device NAME]\n"
             "      one forward of one component, chosen by its config.json; inputs by diffusers' argument\n"
@@ -289,10 +290,10 @@ enum { OPT_TRANSFORMER_FILE = 1001, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE, OPT_ALL
 
 /* --weight-type: q8_0 quantizes float linear weights at load; f32/bf16 decode GGUF blocks at load
  * to that dtype (which must then agree with --dtype, the compute policy). 0 or usage error text. */
-static const char *parse_weight_type(const char *wt, const char *dtype, cdf_pipeline_load_params *lp) {
+static const char *parse_weight_type(const char *wt, const char *dtype, bool *decode, uint32_t *quantize) {
     if (!wt) return NULL;
     if (strcmp(wt, "q8_0") == 0) {
-        lp->quantize_weights = CDF_GGML_Q8_0;
+        *quantize = CDF_GGML_Q8_0;
         return NULL;
     }
     if (strcmp(wt, "q4_k") == 0)
@@ -300,7 +301,7 @@ static const char *parse_weight_type(const char *wt, const char *dtype, cdf_pipe
                "with --transformer, its blocks stay in memory";
     if (strcmp(wt, "f32") != 0 && strcmp(wt, "bf16") != 0) return "--weight-type must be q8_0, f32 or bf16";
     if (strcmp(wt, dtype) != 0) return "--weight-type f32|bf16 decodes quantized weights to that dtype: give the same --dtype";
-    lp->decode_quantized = true;
+    *decode = true;
     return NULL;
 }
 typedef struct component_files {
@@ -536,7 +537,7 @@ static int cmd_generate(int argc, char **argv) {
     lp.component_files = cf.files;
     lp.num_component_files = cf.n;
     lp.allow_unused_keys = allow_unused;
-    const char *wt_err = parse_weight_type(weight_type, dtype, &lp);
+    const char *wt_err = parse_weight_type(weight_type, dtype, &lp.decode_quantized, &lp.quantize_weights);
     if (wt_err) return usage_error("%s", wt_err);
     int64_t mem_bytes = -1;
     if (mem && (mem_bytes = cdf_parse_bytes(mem)) < 0)
@@ -641,7 +642,7 @@ static double now_ms(void) {
 
 static int cmd_run_model(int argc, char **argv) {
     const char *model = NULL, *inputs = NULL, *output = NULL, *method = "forward", *dtype = "bf16"; /* as generate */
-    const char *tp_replicate = NULL;
+    const char *tp_replicate = NULL, *weight_type = NULL, *weights_file = NULL;
     long repeat = 1, threads = 0, tp = 0;
     bool force = false, no_fullgraph = false, blocks = false;
     int mode = -1;
@@ -654,6 +655,7 @@ static int cmd_run_model(int argc, char **argv) {
         {"compile-repeated-blocks", no_argument, 0, 'B'},
         {"tp", required_argument, 0, 'P'},     {"tp-replicate", required_argument, 0, 'R'},
         {"device", required_argument, 0, 'D'}, {"help", no_argument, 0, 'h'},
+        {"weight-type", required_argument, 0, OPT_WEIGHT_TYPE}, {"weights", required_argument, 0, OPT_TRANSFORMER_FILE},
         {0, 0, 0, 0},
     };
     int c;
@@ -661,6 +663,8 @@ static int cmd_run_model(int argc, char **argv) {
     g_device_name = NULL; /* cdf_cli_main may run many times in one process (fuzz_cli): no stale argv */
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
+        case OPT_WEIGHT_TYPE: weight_type = optarg; break;
+        case OPT_TRANSFORMER_FILE: weights_file = optarg; break;
         case 'm': model = optarg; break;
         case 'i': inputs = optarg; break;
         case 'o': output = optarg; break;
@@ -697,6 +701,9 @@ static int cmd_run_model(int argc, char **argv) {
     if (strcmp(dtype, "f32") == 0) opt.weight_dtype = CDF_F32;
     else if (strcmp(dtype, "bf16") == 0) opt.weight_dtype = CDF_BF16;
     else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
+    const char *wt_err = parse_weight_type(weight_type, dtype, &opt.decode_quantized, &opt.quantize_to);
+    if (wt_err) return usage_error("%s", wt_err);
+    opt.weights_file = weights_file;
     if (!force && cdf_cli_file_exists(output)) {
         fprintf(stderr, "cdiffusers: %s already exists (use --force to overwrite)\n", output);
         return EXIT_FAIL;
@@ -714,7 +721,13 @@ static int cmd_run_model(int argc, char **argv) {
     if (st == CDF_OK && threads) cdf_device_set_threads(opt.device, (int)threads);
     cdf_component *comp = NULL;
     if (st == CDF_OK && cdf_cli_apply_mode(mode) != CDF_OK) st = cdf_last_status(), stage = "setting the execution mode";
+    cdf_weights_report rep = {0};
+    if (weights_file) opt.report = &rep; /* a file's tensors the model does not read: refused, as generate does */
     if (st == CDF_OK && cdf_component_load(model, &opt, &comp) != CDF_OK) st = cdf_last_status(), stage = "loading the model";
+    if (st == CDF_OK && rep.unused)
+        st = cdf_error(CDF_ERR_FORMAT, "%s: %d tensors the model does not read: %s", weights_file, rep.n_unused, rep.unused),
+        stage = "loading the model";
+    free(rep.unused);
     if (st == CDF_OK && (mode == CDF_CLI_MODE_COMPILE || blocks)) {
         cdf_compile_options co = cdf_compile_default_options();
         co.fullgraph = !no_fullgraph;

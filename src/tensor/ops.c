@@ -592,7 +592,7 @@ cdf_tensor *cdf_linear_quantized(cdf_tensor *x, cdf_tensor *wq, uint32_t qtype, 
     if (!x || !wq) return NULL;
     BEGIN();
     int64_t be = 0, bb = 0;
-    if (!cdf_ggml_type_block(qtype, &be, &bb) || be < 2 || !cdf_ggml_can_dequantize(qtype))
+    if (!cdf_ggml_type_block(qtype, &be, &bb) || be < 2)
         FAIL(CDF_ERR_UNSUPPORTED, "linear: ggml type %u (%s) is not a block type this library computes with", qtype,
              cdf_ggml_type_name(qtype) ? cdf_ggml_type_name(qtype) : "unknown");
     if (wdt != CDF_F32 && wdt != CDF_BF16)
