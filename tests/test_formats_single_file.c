@@ -139,6 +139,8 @@ static cdf_offload_mode g_offload = CDF_OFFLOAD_NONE; /* of the next runs */
 static cdf_dtype g_wdt = CDF_F32; /* the load's weight dtype */
 static bool g_decode;             /* decode GGUF blocks at load */
 static uint32_t g_quant;          /* quantize float weights at load */
+static const char *g_lora;        /* a LoRA adapter loaded before generating */
+static cdf_lora_mode g_lora_mode;
 
 static float *run_pipe_key(const char *pipe, const char *key, const cdf_component_file *files, int nfiles, bool allow_unused,
                            size_t *n, cdf_status *st) {
@@ -153,6 +155,15 @@ static float *run_pipe_key(const char *pipe, const char *key, const cdf_componen
     cdf_pipeline *p = NULL;
     *st = cdf_pipeline_load(tu_data(pipe), &lp, &p);
     if (*st != CDF_OK) return NULL;
+    if (g_lora) {
+        cdf_lora_params lo = cdf_lora_default_params();
+        lo.mode = g_lora_mode;
+        lo.scale = 0.8f;
+        if ((*st = cdf_pipeline_load_lora(p, g_lora, &lo, NULL)) != CDF_OK) {
+            cdf_pipeline_free(p);
+            return NULL;
+        }
+    }
     cdf_generate_params gp = cdf_generate_default_params();
     gp.prompt = "a red square";
     gp.height = gp.width = 64;
@@ -183,6 +194,28 @@ static float *run(const cdf_component_file *files, int nfiles, bool allow_unused
     return run_pipe("pipelines/flux1_dev_tiny", files, nfiles, allow_unused, n, st);
 }
 
+/* A diffusers/PEFT adapter for two of the tiny transformer's quantized layers (Q8_0 to_q of
+ * block 0, Q5_1 proj_out of single block 1), rank 2, fixed values. */
+static const char *small_adapter(void) {
+    static const struct { const char *module; int64_t in, out; } mods[] = {
+        {"transformer.transformer_blocks.0.attn.to_q", 32, 32}, {"transformer.single_transformer_blocks.1.proj_out", 160, 32}};
+    static float va[2 * 160], vb[32 * 2];
+    cdf_st_writer *w = cdf_st_writer_new();
+    for (int m = 0; m < 2; m++) {
+        for (int i = 0; i < 2 * mods[m].in; i++) va[i] = (float)((i * 7 + m) % 13) / 13.0f - 0.5f;
+        for (int i = 0; i < 2 * mods[m].out; i++) vb[i] = (float)((i * 5 + m) % 11) / 11.0f - 0.5f;
+        char a[160], b[160];
+        snprintf(a, sizeof a, "%s.lora_A.weight", mods[m].module);
+        snprintf(b, sizeof b, "%s.lora_B.weight", mods[m].module);
+        assert_int_equal(cdf_st_writer_add(w, a, CDF_F32, 2, (int64_t[]){2, mods[m].in}, va), CDF_OK);
+        assert_int_equal(cdf_st_writer_add(w, b, CDF_F32, 2, (int64_t[]){mods[m].out, 2}, vb), CDF_OK);
+    }
+    const char *p = tmp_path("small_lora.safetensors");
+    assert_int_equal(cdf_st_writer_save(w, p), CDF_OK);
+    cdf_st_writer_free(w);
+    return p;
+}
+
 static void test_same_latents(void **state) {
     (void)state;
     size_t n0, n;
@@ -200,8 +233,11 @@ static void test_same_latents(void **state) {
         free(v);
     }
     /* quantized: exactly what the dequantized weights give */
-    cdf_component_file q = {"transformer", tu_data(FS "flux_bfl_q8.gguf")};
-    cdf_component_file d = {"transformer", tu_data(FS "q8_dequant/transformer/diffusion_pytorch_model.safetensors")};
+    /* own copies: tu_data's buffers are reused by the many runs below */
+    char *qpath = strdup(tu_data(FS "flux_bfl_q8.gguf"));
+    char *dpath = strdup(tu_data(FS "q8_dequant/transformer/diffusion_pytorch_model.safetensors"));
+    cdf_component_file q = {"transformer", qpath};
+    cdf_component_file d = {"transformer", dpath};
     float *vq = run(&q, 1, false, &n, &st), *vd = run(&d, 1, false, &n, &st);
     assert_non_null(vq);
     assert_non_null(vd);
@@ -213,6 +249,7 @@ static void test_same_latents(void **state) {
     if (!vs) fail_msg("sequential: %s", cdf_last_error());
     assert_memory_equal(vs, vd, n * 4);
     free(vs);
+    size_t worst;
     /* the blocks decoded at load instead of in the matmul: the same numbers */
     g_decode = true;
     float *vdec = run(&q, 1, false, &n, &st);
@@ -220,6 +257,19 @@ static void test_same_latents(void **state) {
     if (!vdec) fail_msg("decode at load: %s", cdf_last_error());
     assert_memory_equal(vdec, vd, n * 4);
     free(vdec);
+    /* a LoRA on the quantized layers, at run time (added to the decoded product) and fused (the
+     * layer decoded first): what it gives on the dequantized file */
+    g_lora = small_adapter();
+    for (int mode = 0; mode < 2; mode++) {
+        g_lora_mode = mode ? CDF_LORA_FUSE : CDF_LORA_RUNTIME;
+        float *lq = run(&q, 1, false, &n, &st), *ld = run(&d, 1, false, &n, &st);
+        if (!lq || !ld) fail_msg("LoRA %s: %s", mode ? "fused" : "run time", cdf_last_error());
+        assert_memory_equal(lq, ld, n * 4);
+        assert_true(tu_max_abs_diff(lq, vd, n, &worst) > 0); /* the adapter changed something */
+        free(lq);
+        free(ld);
+    }
+    g_lora = NULL;
     /* bf16 weights: decoded values rounded to bf16 as the folder's f32 values are at load */
     g_wdt = CDF_BF16;
     float *vq16 = run(&q, 1, false, &n, &st), *vd16 = run(&d, 1, false, &n, &st);
@@ -230,13 +280,14 @@ static void test_same_latents(void **state) {
     free(vd16);
     /* and not the f32 model's: the quantized weights are what ran (the two K-quant layers hold
      * random blocks, gguf-py having no K quantizer, so the latents are far from the f32 ones) */
-    size_t worst;
     double diff = tu_max_abs_diff(vq, ref, n, &worst);
     print_message("  Q8_0/Q4_0/Q5_1/Q4_K/Q6_K GGUF vs f32 folder: max |latents diff| = %.3g\n", diff);
     assert_true(diff > 0);
     free(vq);
     free(vd);
     free(ref);
+    free(qpath);
+    free(dpath);
 
     /* the VAE from LDM names, and transformer + VAE from one all-in-one file: the same decoded image */
     float *img0 = run_pipe_key("pipelines/flux1_dev_tiny", "vae_decode_output", NULL, 0, false, &n0, &st);
