@@ -53,6 +53,9 @@ static void usage(FILE *f) {
             "      --threads N              compute threads (default: all cores)\n"
             "      --dtype bf16|f32         bf16 (default): bf16 weights, matmul/conv inputs rounded to bf16, f32\n"
             "                               accumulation, f32 elsewhere; f32: the exact path\n"
+            "      --weight-type q8_0|f32|bf16  q8_0: quantize linear layers' weights to Q8_0 at load (as gguf-py);\n"
+            "                               f32|bf16 (= --dtype): decode a .gguf's blocks at load (default: they\n"
+            "                               stay quantized in memory, decoded inside each matmul)\n"
             "      --max-sequence-length N  T5 tokens (default Flux 512, SD3 256)\n"
             "      --text-encoder-out-layers A,B,C  FLUX.2: text encoder layers stacked into the prompt embedding\n"
             "                               (default 10,20,30)\n"
@@ -96,7 +99,8 @@ static void usage(FILE *f) {
             "      --mode eager|fuse|compile  execution mode (default eager; env CDIFFUSERS_DEFER_AND_FUSE=1 = fuse)\n"
             "      --compile-repeated-blocks  compile only the transformer's repeated blocks (one graph per block class)\n"
             "  cdiffusers run-model --model COMPONENT_DIR --inputs IN.safetensors --output OUT.safetensors\n"
-            "                       [--method forward|encode|decode] [--dtype f32|bf16] [--repeat N] [--force]\n"
+            "                       [--method forward|encode|decode] [--dtype f32|bf16] [--weight-type q8_0|f32|bf16]\n"
+            "                       [--weights FILE.safetensors|FILE.gguf] [--repeat N] [--force]\n"
             "                       [--mode eager|fuse|compile] [--no-fullgraph] [--compile-repeated-blocks]\n"
             "                       [--tp N [--tp-replicate A,B]]  (under mpirun -np N; rank 0 writes) [--device NAME]\n"
             "      one forward of one component, chosen by its config.json; inputs by diffusers' argument\n"
@@ -282,7 +286,24 @@ static void log_io(const tp_run *tr, cdf_device *dev, uint64_t weight_bytes) {
 }
 
 /* ---- component files (--transformer, --vae, --text-encoder N=FILE) ---------------------------- */
-enum { OPT_TRANSFORMER_FILE = 1001, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE, OPT_ALLOW_UNUSED_KEYS };
+enum { OPT_TRANSFORMER_FILE = 1001, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE, OPT_ALLOW_UNUSED_KEYS, OPT_WEIGHT_TYPE };
+
+/* --weight-type: q8_0 quantizes float linear weights at load; f32/bf16 decode GGUF blocks at load
+ * to that dtype (which must then agree with --dtype, the compute policy). 0 or usage error text. */
+static const char *parse_weight_type(const char *wt, const char *dtype, bool *decode, uint32_t *quantize) {
+    if (!wt) return NULL;
+    if (strcmp(wt, "q8_0") == 0) {
+        *quantize = CDF_GGML_Q8_0;
+        return NULL;
+    }
+    if (strcmp(wt, "q4_k") == 0)
+        return "--weight-type q4_k: quantizing to Q4_K at load is not implemented (Q8_0 is); load a Q4_K .gguf file "
+               "with --transformer, its blocks stay in memory";
+    if (strcmp(wt, "f32") != 0 && strcmp(wt, "bf16") != 0) return "--weight-type must be q8_0, f32 or bf16";
+    if (strcmp(wt, dtype) != 0) return "--weight-type f32|bf16 decodes quantized weights to that dtype: give the same --dtype";
+    *decode = true;
+    return NULL;
+}
 typedef struct component_files {
     cdf_component_file files[8];
     char keys[8][32];
@@ -314,7 +335,7 @@ static int add_component_file(component_files *cf, int opt, const char *arg) {
 
 /* ---- generate ---------------------------------------------------------------------------- */
 static int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *output = "out.png", *latents_out = NULL, *dtype = "bf16", *mem = NULL;
+    const char *model = NULL, *output = "out.png", *latents_out = NULL, *dtype = "bf16", *mem = NULL, *weight_type = NULL;
     const char *tp_replicate = NULL, *offload = "none";
     bool force = false, quiet = false, memory_stats = false;
     int mode = -1;
@@ -339,6 +360,7 @@ static int cmd_generate(int argc, char **argv) {
         {"transformer", required_argument, 0, OPT_TRANSFORMER_FILE},  {"vae", required_argument, 0, OPT_VAE_FILE},
         {"text-encoder", required_argument, 0, OPT_TEXT_ENCODER_FILE},
         {"allow-unused-keys", no_argument, 0, OPT_ALLOW_UNUSED_KEYS},
+        {"weight-type", required_argument, 0, OPT_WEIGHT_TYPE},
         {"device", required_argument, 0, 'D'},
         {"lora", required_argument, 0, 'A'},         {"lora-mode", required_argument, 0, 'Z'},
         {"lora-allow-unused", no_argument, 0, 'U'},
@@ -430,6 +452,7 @@ static int cmd_generate(int argc, char **argv) {
         case 'O': offload = optarg; break;
         case 'K': memory_stats = true; break;
         case OPT_ALLOW_UNUSED_KEYS: allow_unused = true; break;
+        case OPT_WEIGHT_TYPE: weight_type = optarg; break;
         case OPT_TRANSFORMER_FILE:
         case OPT_VAE_FILE:
         case OPT_TEXT_ENCODER_FILE:
@@ -514,6 +537,8 @@ static int cmd_generate(int argc, char **argv) {
     lp.component_files = cf.files;
     lp.num_component_files = cf.n;
     lp.allow_unused_keys = allow_unused;
+    const char *wt_err = parse_weight_type(weight_type, dtype, &lp.decode_quantized, &lp.quantize_weights);
+    if (wt_err) return usage_error("%s", wt_err);
     int64_t mem_bytes = -1;
     if (mem && (mem_bytes = cdf_parse_bytes(mem)) < 0)
         return usage_error("--device-memory needs a size like 8G or 512M, got '%s'", mem);
@@ -617,7 +642,7 @@ static double now_ms(void) {
 
 static int cmd_run_model(int argc, char **argv) {
     const char *model = NULL, *inputs = NULL, *output = NULL, *method = "forward", *dtype = "bf16"; /* as generate */
-    const char *tp_replicate = NULL;
+    const char *tp_replicate = NULL, *weight_type = NULL, *weights_file = NULL;
     long repeat = 1, threads = 0, tp = 0;
     bool force = false, no_fullgraph = false, blocks = false;
     int mode = -1;
@@ -630,6 +655,7 @@ static int cmd_run_model(int argc, char **argv) {
         {"compile-repeated-blocks", no_argument, 0, 'B'},
         {"tp", required_argument, 0, 'P'},     {"tp-replicate", required_argument, 0, 'R'},
         {"device", required_argument, 0, 'D'}, {"help", no_argument, 0, 'h'},
+        {"weight-type", required_argument, 0, OPT_WEIGHT_TYPE}, {"weights", required_argument, 0, OPT_TRANSFORMER_FILE},
         {0, 0, 0, 0},
     };
     int c;
@@ -637,6 +663,8 @@ static int cmd_run_model(int argc, char **argv) {
     g_device_name = NULL; /* cdf_cli_main may run many times in one process (fuzz_cli): no stale argv */
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
+        case OPT_WEIGHT_TYPE: weight_type = optarg; break;
+        case OPT_TRANSFORMER_FILE: weights_file = optarg; break;
         case 'm': model = optarg; break;
         case 'i': inputs = optarg; break;
         case 'o': output = optarg; break;
@@ -673,6 +701,9 @@ static int cmd_run_model(int argc, char **argv) {
     if (strcmp(dtype, "f32") == 0) opt.weight_dtype = CDF_F32;
     else if (strcmp(dtype, "bf16") == 0) opt.weight_dtype = CDF_BF16;
     else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
+    const char *wt_err = parse_weight_type(weight_type, dtype, &opt.decode_quantized, &opt.quantize_to);
+    if (wt_err) return usage_error("%s", wt_err);
+    opt.weights_file = weights_file;
     if (!force && cdf_cli_file_exists(output)) {
         fprintf(stderr, "cdiffusers: %s already exists (use --force to overwrite)\n", output);
         return EXIT_FAIL;
@@ -690,7 +721,13 @@ static int cmd_run_model(int argc, char **argv) {
     if (st == CDF_OK && threads) cdf_device_set_threads(opt.device, (int)threads);
     cdf_component *comp = NULL;
     if (st == CDF_OK && cdf_cli_apply_mode(mode) != CDF_OK) st = cdf_last_status(), stage = "setting the execution mode";
+    cdf_weights_report rep = {0};
+    if (weights_file) opt.report = &rep; /* a file's tensors the model does not read: refused, as generate does */
     if (st == CDF_OK && cdf_component_load(model, &opt, &comp) != CDF_OK) st = cdf_last_status(), stage = "loading the model";
+    if (st == CDF_OK && rep.unused)
+        st = cdf_error(CDF_ERR_FORMAT, "%s: %d tensors the model does not read: %s", weights_file, rep.n_unused, rep.unused),
+        stage = "loading the model";
+    free(rep.unused);
     if (st == CDF_OK && (mode == CDF_CLI_MODE_COMPILE || blocks)) {
         cdf_compile_options co = cdf_compile_default_options();
         co.fullgraph = !no_fullgraph;

@@ -38,6 +38,7 @@
 
 #include "cdiffusers/dist.h"
 #include "cdiffusers/exec.h"
+#include "cdiffusers/io.h"
 #include "cdiffusers/tensor.h"
 #include "compile/compile.h"
 #include "nn/nn.h"
@@ -365,7 +366,7 @@ static cdf_tensor *apply_binary(cdf_binary_op op, cdf_tensor *a, cdf_tensor *b) 
  * its inputs contiguous before the capture, so the operand layouts are the eager runs' to test. */
 typedef enum api {
     A_CONTIGUOUS, A_CAST, A_CAT, A_PAD, A_ALL_REDUCE, A_FULL, A_EMBEDDING, A_UNARY, A_BINARY, A_MATMUL, A_LINEAR,
-    A_SOFTMAX, A_LAYER_NORM, A_RMS_NORM, A_GROUP_NORM, A_REDUCE, A_CONV2D, A_UPSAMPLE, A_SDPA, A_ROPE, A_ROPE_TABLES,
+    A_LINEAR_Q, A_SOFTMAX, A_LAYER_NORM, A_RMS_NORM, A_GROUP_NORM, A_REDUCE, A_CONV2D, A_UPSAMPLE, A_SDPA, A_ROPE, A_ROPE_TABLES,
     A_TIMESTEP_EMB
 } api;
 
@@ -403,6 +404,7 @@ static cdf_status invoke(const call *c, cdf_tensor *const *in, cdf_tensor **out)
     case A_BINARY: out[0] = apply_binary(c->bop, in[0], in[1]); break;
     case A_MATMUL: out[0] = cdf_matmul(in[0], in[1]); break;
     case A_LINEAR: out[0] = cdf_linear(in[0], in[1], in[2]); break;
+    case A_LINEAR_Q: out[0] = cdf_linear_quantized(in[0], in[1], (uint32_t)c->i0, c->i1, c->dt, in[2]); break;
     case A_SOFTMAX: out[0] = cdf_softmax(in[0], c->dim); break;
     case A_LAYER_NORM: out[0] = cdf_layer_norm(in[0], in[1], in[2], c->f0); break;
     case A_RMS_NORM: out[0] = cdf_rms_norm(in[0], in[1], c->f0); break;
@@ -924,6 +926,58 @@ static void test_matmul(void **state) {
             snprintf(cs, sizeof cs, "linear %s%s %s w [%lld,%lld] %s%s", shp(nx, lin[i].x), k_layout[lin[i].lx],
                      cdf_dtype_name(dx), (long long)out, (long long)in, cdf_dtype_name(dw), lin[i].bias ? " +b" : "");
             check("matmul", cs, y, odt, nx, os, want, thr_for(odt, THR_ACC));
+            case_end();
+        }
+    }
+    END_TEST();
+}
+
+/* cdf_linear_quantized: x [rows, in] @ decode(w)^T + b with w as GGUF blocks of every type the
+ * library decodes. The blocks are random bytes below 0x40 (so every f16 scale inside them is a
+ * finite number below 2); the reference decodes them with cdf_ggml_dequantize (bit-exact with
+ * gguf-py, tests/test_io_gguf.c), rounds to the weight dtype and multiplies with the reference
+ * kernel. The last case has more than one decoded panel (kernels/matmul_quant.c: 16 Mi values). */
+static void test_matmul_quantized(void **state) {
+    (void)state;
+    static const struct {
+        uint32_t q;
+        int64_t rows, in, out;
+        bool bias;
+        cdf_dtype dx, dw;
+    } cases[] = {
+        {CDF_GGML_Q8_0, 17, 64, 33, true, CDF_F32, CDF_F32},   {CDF_GGML_Q8_0, 17, 64, 33, true, CDF_F32, CDF_BF16},
+        {CDF_GGML_Q4_0, 5, 96, 7, false, CDF_F32, CDF_BF16},   {CDF_GGML_Q4_1, 5, 32, 9, true, CDF_F32, CDF_F32},
+        {CDF_GGML_Q5_0, 3, 64, 17, true, CDF_BF16, CDF_BF16},  {CDF_GGML_Q5_1, 9, 160, 32, true, CDF_F32, CDF_F32},
+        {CDF_GGML_Q2_K, 4, 256, 9, true, CDF_F32, CDF_F32},    {CDF_GGML_Q3_K, 4, 256, 9, false, CDF_F32, CDF_BF16},
+        {CDF_GGML_Q4_K, 33, 512, 65, true, CDF_F32, CDF_BF16}, {CDF_GGML_Q5_K, 4, 256, 9, true, CDF_F32, CDF_F32},
+        {CDF_GGML_Q6_K, 7, 256, 31, true, CDF_F32, CDF_F32},   {CDF_GGML_Q8_0, 0, 64, 5, true, CDF_F32, CDF_F32},
+        {CDF_GGML_Q8_0, 2, 4096, 4100, true, CDF_F32, CDF_F32}, /* two panels: 4096 rows, then 4 */
+    };
+    FOR_EACH_DEVICE {
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+            case_begin();
+            const uint32_t q = cases[i].q;
+            const int64_t rows = cases[i].rows, in = cases[i].in, out = cases[i].out;
+            int64_t be = 0, bb = 0;
+            assert_true(cdf_ggml_type_block(q, &be, &bb));
+            const int64_t rb = in / be * bb;
+            uint8_t *blocks = tmp((size_t)(out * rb));
+            for (int64_t k = 0; k < out * rb; k++) blocks[k] = (uint8_t)(urand(0, 64));
+            float *vw = tmp((size_t)(out * in) * sizeof *vw);
+            assert_int_equal(cdf_ggml_dequantize(q, blocks, out * in, vw), CDF_OK);
+            round_to(vw, out * in, cases[i].dw);
+            const cdf_dtype dx = cases[i].dx, odt = promoted(dx, cases[i].dw);
+            const int64_t xs[2] = {rows, in}, os[2] = {rows, out};
+            float *vx = rnd(rows * in, -1, 1, dx), *vb = cases[i].bias ? rnd(out, -1, 1, CDF_F32) : NULL;
+            cdf_tensor *wq = cdf_tensor_from_host(g_dev, CDF_U8, 2, (int64_t[]){out, rb}, blocks, CDF_U8);
+            cdf_tensor *y = run((call){.what = A_LINEAR_Q, .n_in = 3, .i0 = (int)q, .i1 = (int)in, .dt = cases[i].dw,
+                                       .in = {up(dx, 2, xs, vx, CONTIG), wq, vb ? up(CDF_F32, 1, &out, vb, CONTIG) : NULL}});
+            float *want = ref_matmul(1, rows, out, in, vx, dx, vw, cases[i].dw, 0, true, vb, CDF_F32, odt);
+            char cs[96];
+            snprintf(cs, sizeof cs, "linear %s [%lld,%lld] w [%lld,%lld] %s -> %s%s", cdf_ggml_type_name(q), (long long)rows,
+                     (long long)in, (long long)out, (long long)in, cdf_dtype_name(dx), cdf_dtype_name(cases[i].dw),
+                     vb ? " +b" : "");
+            check("matmul_quantized", cs, y, odt, 2, os, want, thr_for(odt, THR_ACC));
             case_end();
         }
     }
@@ -1479,7 +1533,7 @@ static void test_fused(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_copy),      cmocka_unit_test(test_fill),       cmocka_unit_test(test_embedding),
-        cmocka_unit_test(test_unary),     cmocka_unit_test(test_binary),     cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_unary),     cmocka_unit_test(test_binary),     cmocka_unit_test(test_matmul), cmocka_unit_test(test_matmul_quantized),
         cmocka_unit_test(test_softmax),   cmocka_unit_test(test_norms),      cmocka_unit_test(test_group_norm),
         cmocka_unit_test(test_reduce),    cmocka_unit_test(test_conv2d),     cmocka_unit_test(test_upsample),
         cmocka_unit_test(test_attention), cmocka_unit_test(test_rope),       cmocka_unit_test(test_fused),

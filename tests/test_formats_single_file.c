@@ -12,6 +12,7 @@
  *   an unknown component, a missing file: each a clear error. */
 #include "testutil.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,17 +136,34 @@ static const char *all_in_one(void) {
 /* latents_final of a 2-step f32 generation (malloc'd, 4 * *n bytes), or NULL with the status. */
 static cdf_offload_mode g_offload = CDF_OFFLOAD_NONE; /* of the next runs */
 
+static cdf_dtype g_wdt = CDF_F32; /* the load's weight dtype */
+static bool g_decode;             /* decode GGUF blocks at load */
+static uint32_t g_quant;          /* quantize float weights at load */
+static const char *g_lora;        /* a LoRA adapter loaded before generating */
+static cdf_lora_mode g_lora_mode;
+
 static float *run_pipe_key(const char *pipe, const char *key, const cdf_component_file *files, int nfiles, bool allow_unused,
                            size_t *n, cdf_status *st) {
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
     lp.offload = g_offload;
-    lp.weight_dtype = CDF_F32;
+    lp.weight_dtype = g_wdt;
+    lp.decode_quantized = g_decode;
+    lp.quantize_weights = g_quant;
     lp.component_files = files;
     lp.num_component_files = nfiles;
     lp.allow_unused_keys = allow_unused;
     cdf_pipeline *p = NULL;
     *st = cdf_pipeline_load(tu_data(pipe), &lp, &p);
     if (*st != CDF_OK) return NULL;
+    if (g_lora) {
+        cdf_lora_params lo = cdf_lora_default_params();
+        lo.mode = g_lora_mode;
+        lo.scale = 0.8f;
+        if ((*st = cdf_pipeline_load_lora(p, g_lora, &lo, NULL)) != CDF_OK) {
+            cdf_pipeline_free(p);
+            return NULL;
+        }
+    }
     cdf_generate_params gp = cdf_generate_default_params();
     gp.prompt = "a red square";
     gp.height = gp.width = 64;
@@ -176,6 +194,28 @@ static float *run(const cdf_component_file *files, int nfiles, bool allow_unused
     return run_pipe("pipelines/flux1_dev_tiny", files, nfiles, allow_unused, n, st);
 }
 
+/* A diffusers/PEFT adapter for two of the tiny transformer's quantized layers (Q8_0 to_q of
+ * block 0, Q5_1 proj_out of single block 1), rank 2, fixed values. */
+static const char *small_adapter(void) {
+    static const struct { const char *module; int64_t in, out; } mods[] = {
+        {"transformer.transformer_blocks.0.attn.to_q", 32, 32}, {"transformer.single_transformer_blocks.1.proj_out", 160, 32}};
+    static float va[2 * 160], vb[32 * 2];
+    cdf_st_writer *w = cdf_st_writer_new();
+    for (int m = 0; m < 2; m++) {
+        for (int i = 0; i < 2 * mods[m].in; i++) va[i] = (float)((i * 7 + m) % 13) / 13.0f - 0.5f;
+        for (int i = 0; i < 2 * mods[m].out; i++) vb[i] = (float)((i * 5 + m) % 11) / 11.0f - 0.5f;
+        char a[160], b[160];
+        snprintf(a, sizeof a, "%s.lora_A.weight", mods[m].module);
+        snprintf(b, sizeof b, "%s.lora_B.weight", mods[m].module);
+        assert_int_equal(cdf_st_writer_add(w, a, CDF_F32, 2, (int64_t[]){2, mods[m].in}, va), CDF_OK);
+        assert_int_equal(cdf_st_writer_add(w, b, CDF_F32, 2, (int64_t[]){mods[m].out, 2}, vb), CDF_OK);
+    }
+    const char *p = tmp_path("small_lora.safetensors");
+    assert_int_equal(cdf_st_writer_save(w, p), CDF_OK);
+    cdf_st_writer_free(w);
+    return p;
+}
+
 static void test_same_latents(void **state) {
     (void)state;
     size_t n0, n;
@@ -193,8 +233,11 @@ static void test_same_latents(void **state) {
         free(v);
     }
     /* quantized: exactly what the dequantized weights give */
-    cdf_component_file q = {"transformer", tu_data(FS "flux_bfl_q8.gguf")};
-    cdf_component_file d = {"transformer", tu_data(FS "q8_dequant/transformer/diffusion_pytorch_model.safetensors")};
+    /* own copies: tu_data's buffers are reused by the many runs below */
+    char *qpath = strdup(tu_data(FS "flux_bfl_q8.gguf"));
+    char *dpath = strdup(tu_data(FS "q8_dequant/transformer/diffusion_pytorch_model.safetensors"));
+    cdf_component_file q = {"transformer", qpath};
+    cdf_component_file d = {"transformer", dpath};
     float *vq = run(&q, 1, false, &n, &st), *vd = run(&d, 1, false, &n, &st);
     assert_non_null(vq);
     assert_non_null(vd);
@@ -206,15 +249,45 @@ static void test_same_latents(void **state) {
     if (!vs) fail_msg("sequential: %s", cdf_last_error());
     assert_memory_equal(vs, vd, n * 4);
     free(vs);
+    size_t worst;
+    /* the blocks decoded at load instead of in the matmul: the same numbers */
+    g_decode = true;
+    float *vdec = run(&q, 1, false, &n, &st);
+    g_decode = false;
+    if (!vdec) fail_msg("decode at load: %s", cdf_last_error());
+    assert_memory_equal(vdec, vd, n * 4);
+    free(vdec);
+    /* a LoRA on the quantized layers, at run time (added to the decoded product) and fused (the
+     * layer decoded first): what it gives on the dequantized file */
+    g_lora = small_adapter();
+    for (int mode = 0; mode < 2; mode++) {
+        g_lora_mode = mode ? CDF_LORA_FUSE : CDF_LORA_RUNTIME;
+        float *lq = run(&q, 1, false, &n, &st), *ld = run(&d, 1, false, &n, &st);
+        if (!lq || !ld) fail_msg("LoRA %s: %s", mode ? "fused" : "run time", cdf_last_error());
+        assert_memory_equal(lq, ld, n * 4);
+        assert_true(tu_max_abs_diff(lq, vd, n, &worst) > 0); /* the adapter changed something */
+        free(lq);
+        free(ld);
+    }
+    g_lora = NULL;
+    /* bf16 weights: decoded values rounded to bf16 as the folder's f32 values are at load */
+    g_wdt = CDF_BF16;
+    float *vq16 = run(&q, 1, false, &n, &st), *vd16 = run(&d, 1, false, &n, &st);
+    g_wdt = CDF_F32;
+    if (!vq16 || !vd16) fail_msg("bf16: %s", cdf_last_error());
+    assert_memory_equal(vq16, vd16, n * 4);
+    free(vq16);
+    free(vd16);
     /* and not the f32 model's: the quantized weights are what ran (the two K-quant layers hold
      * random blocks, gguf-py having no K quantizer, so the latents are far from the f32 ones) */
-    size_t worst;
     double diff = tu_max_abs_diff(vq, ref, n, &worst);
     print_message("  Q8_0/Q4_0/Q5_1/Q4_K/Q6_K GGUF vs f32 folder: max |latents diff| = %.3g\n", diff);
     assert_true(diff > 0);
     free(vq);
     free(vd);
     free(ref);
+    free(qpath);
+    free(dpath);
 
     /* the VAE from LDM names, and transformer + VAE from one all-in-one file: the same decoded image */
     float *img0 = run_pipe_key("pipelines/flux1_dev_tiny", "vae_decode_output", NULL, 0, false, &n0, &st);
@@ -296,6 +369,147 @@ static void expect_load_error(const cdf_component_file *files, int nfiles, cdf_s
         fail_msg("got status %d '%s'; wanted %d with '%s' and '%s'", st, m, status, n1, n2 ? n2 : "");
 }
 
+/* One layer read from the GGUF: its blocks stay in memory (u8 [out, row bytes]) and its forward
+ * equals that of the same layer decoded at load, bit for bit; bad quantized operands are refused. */
+static void check_layer(const char *name, int64_t in, int64_t out, uint32_t qtype, int64_t row_bytes) {
+    cdf_linear_layer lq, ld;
+    cdf_weights *w = NULL;
+    cdf_load_options o = cdf_load_options_default();
+    o.device = tu_cpu();
+    o.weights_file = tu_data(FS "flux_bfl_q8.gguf");
+    assert_int_equal(cdf_weights_open(tu_data("pipelines/flux1_dev_tiny/transformer"), &o, &w), CDF_OK);
+    if (cdf_linear_load(w, &lq, in, out, 1, "%s", name) != CDF_OK) fail_msg("%s: %s", name, cdf_last_error());
+    cdf_weights_free(w);
+    o.decode_quantized = true;
+    assert_int_equal(cdf_weights_open(tu_data("pipelines/flux1_dev_tiny/transformer"), &o, &w), CDF_OK);
+    assert_int_equal(cdf_linear_load(w, &ld, in, out, 1, "%s", name), CDF_OK);
+    cdf_weights_free(w);
+    assert_int_equal(lq.qtype, qtype);
+    assert_int_equal(cdf_tensor_dtype(lq.w), CDF_U8);
+    assert_int_equal(cdf_tensor_dim(lq.w, 0), out);
+    assert_int_equal(cdf_tensor_dim(lq.w, 1), row_bytes);
+    assert_int_equal(ld.qtype, 0);
+    assert_int_equal(cdf_tensor_dtype(ld.w), CDF_F32);
+    float x[3 * 256];
+    for (int i = 0; i < 3 * in; i++) x[i] = (float)((i * 37) % 23) / 11.0f - 1.0f;
+    cdf_tensor *xt = cdf_tensor_from_host(tu_cpu(), CDF_F32, 2, (int64_t[]){3, in}, x, CDF_F32);
+    cdf_tensor *yq = cdf_linear_fwd(&lq, xt), *yd = cdf_linear_fwd(&ld, xt);
+    if (!yq || !yd) fail_msg("%s forward: %s", name, cdf_last_error());
+    float a[3 * 256], b[3 * 256];
+    assert_int_equal(cdf_tensor_read(yq, CDF_F32, a, (size_t)(3 * out) * 4), CDF_OK);
+    assert_int_equal(cdf_tensor_read(yd, CDF_F32, b, (size_t)(3 * out) * 4), CDF_OK);
+    assert_memory_equal(a, b, (size_t)(3 * out) * 4);
+    bool nonzero = false;
+    for (int i = 0; i < 3 * out; i++) nonzero |= a[i] != 0.0f;
+    assert_true(nonzero);
+    /* decoding in place (what fusing a LoRA does first) gives the decoded layer's weights */
+    assert_int_equal(cdf_linear_decode(&lq), CDF_OK);
+    assert_int_equal(lq.qtype, 0);
+    float *wa = malloc((size_t)(in * out) * 4), *wb = malloc((size_t)(in * out) * 4);
+    assert_int_equal(cdf_tensor_read(lq.w, CDF_F32, wa, (size_t)(in * out) * 4), CDF_OK);
+    assert_int_equal(cdf_tensor_read(ld.w, CDF_F32, wb, (size_t)(in * out) * 4), CDF_OK);
+    assert_memory_equal(wa, wb, (size_t)(in * out) * 4);
+    free(wa);
+    free(wb);
+    cdf_tensor_release(xt);
+    cdf_tensor_release(yq);
+    cdf_tensor_release(yd);
+    cdf_linear_free(&lq);
+    cdf_linear_free(&ld);
+}
+
+static void test_blocks_in_memory(void **state) {
+    (void)state;
+    /* from the fused BFL qkv (rows 0..31 of img_attn.qkv), Q8_0: 32 values in 34 bytes */
+    check_layer("transformer_blocks.0.attn.to_q", 32, 32, CDF_GGML_Q8_0, 34);
+    /* AdaLayerNormContinuous's halves swapped from BFL's final_layer.adaLN_modulation (Q8_0) */
+    check_layer("norm_out.linear", 32, 64, CDF_GGML_Q8_0, 34);
+    /* K-quants: 256 values per 144-byte Q4_K block, 210-byte Q6_K block */
+    check_layer("time_text_embed.timestep_embedder.linear_1", 256, 32, CDF_GGML_Q4_K, 144);
+    check_layer("time_text_embed.guidance_embedder.linear_1", 256, 32, CDF_GGML_Q6_K, 210);
+    /* Q4_0 (18 bytes) and Q5_1 (24 bytes) per 32 values */
+    check_layer("single_transformer_blocks.1.proj_out", 160, 32, CDF_GGML_Q5_1, 5 * 24);
+
+    /* refused operands */
+    cdf_tensor *x = cdf_tensor_zeros(tu_cpu(), CDF_F32, 2, (int64_t[]){2, 48});
+    cdf_tensor *wq = cdf_tensor_zeros(tu_cpu(), CDF_U8, 2, (int64_t[]){4, 51});
+    assert_null(cdf_linear_quantized(x, wq, CDF_GGML_Q8_0, 48, CDF_F32, NULL));
+    assert_int_equal(cdf_last_status(), CDF_ERR_SHAPE);
+    assert_non_null(strstr(cdf_last_error(), "not a whole number of Q8_0 blocks"));
+    cdf_tensor *x2 = cdf_tensor_zeros(tu_cpu(), CDF_F32, 2, (int64_t[]){2, 64});
+    assert_null(cdf_linear_quantized(x2, wq, CDF_GGML_Q8_0, 64, CDF_F32, NULL)); /* 51 bytes, not 68 */
+    assert_int_equal(cdf_last_status(), CDF_ERR_SHAPE);
+    assert_null(cdf_linear_quantized(x2, wq, CDF_GGML_F32, 64, CDF_F32, NULL));
+    assert_int_equal(cdf_last_status(), CDF_ERR_UNSUPPORTED);
+    assert_null(cdf_linear_quantized(x2, wq, CDF_GGML_Q8_0, 64, CDF_F16, NULL));
+    assert_int_equal(cdf_last_status(), CDF_ERR_INVALID_ARG);
+    cdf_tensor *wq68 = cdf_tensor_zeros(tu_cpu(), CDF_U8, 2, (int64_t[]){4, 68});
+    assert_null(cdf_linear_quantized(x, wq68, CDF_GGML_Q8_0, 64, CDF_F32, NULL)); /* x has 48 features */
+    assert_int_equal(cdf_last_status(), CDF_ERR_SHAPE);
+    cdf_tensor *y = cdf_linear_quantized(x2, wq68, CDF_GGML_Q8_0, 64, CDF_F32, NULL); /* zero blocks: d = 0 */
+    assert_non_null(y);
+    float out[8];
+    assert_int_equal(cdf_tensor_read(y, CDF_F32, out, sizeof out), CDF_OK);
+    for (int i = 0; i < 8; i++) assert_true(out[i] == 0.0f);
+    cdf_tensor_release(y);
+    cdf_tensor_release(wq68);
+    cdf_tensor_release(x2);
+    cdf_tensor_release(wq);
+    cdf_tensor_release(x);
+}
+
+/* --weight-type q8_0: float linear weights become Q8_0 blocks at load (cdf_ggml_quantize, bit-exact
+ * with gguf-py: test_io_gguf), layers without whole blocks per row stay float, and a generation
+ * runs on them: latents near the f32 ones but not equal. */
+static void test_quantize_at_load(void **state) {
+    (void)state;
+    cdf_load_options o = cdf_load_options_default();
+    o.device = tu_cpu();
+    o.quantize_to = CDF_GGML_Q8_0;
+    cdf_weights *w = NULL;
+    const char *dir = tu_data("pipelines/flux1_dev_tiny/transformer");
+    assert_int_equal(cdf_weights_open(dir, &o, &w), CDF_OK);
+    cdf_linear_layer lq, lc;
+    assert_int_equal(cdf_linear_load(w, &lq, 32, 32, 1, "transformer_blocks.0.attn.to_q"), CDF_OK);
+    assert_int_equal(cdf_linear_load(w, &lc, 24, 32, 1, "context_embedder"), CDF_OK); /* 24 inputs: no whole block */
+    cdf_weights_free(w);
+    assert_int_equal(lq.qtype, CDF_GGML_Q8_0);
+    assert_int_equal(cdf_tensor_dtype(lq.w), CDF_U8);
+    assert_int_equal(cdf_tensor_dim(lq.w, 1), 34);
+    assert_int_equal(lc.qtype, 0);
+    assert_int_equal(cdf_tensor_dtype(lc.w), CDF_F32);
+    /* the blocks are the quantizer's encoding of the file's values */
+    cdf_st_file *f = NULL;
+    assert_int_equal(cdf_st_open(tu_data("pipelines/flux1_dev_tiny/transformer/diffusion_pytorch_model.safetensors"), &f), CDF_OK);
+    const cdf_st_tensor *t = cdf_st_find(f, "transformer_blocks.0.attn.to_q.weight");
+    assert_non_null(t);
+    assert_int_equal(t->dtype, CDF_F32);
+    uint8_t want[32 * 34], got[32 * 34];
+    assert_int_equal(cdf_ggml_quantize(CDF_GGML_Q8_0, cdf_st_data(f, t), 32 * 32, want), CDF_OK);
+    cdf_st_close(f);
+    assert_int_equal(cdf_tensor_read(lq.w, CDF_U8, got, sizeof got), CDF_OK);
+    assert_memory_equal(got, want, sizeof got);
+    cdf_linear_free(&lq);
+    cdf_linear_free(&lc);
+
+    size_t n0, n;
+    cdf_status st;
+    float *ref = run(NULL, 0, false, &n0, &st);
+    g_quant = CDF_GGML_Q8_0;
+    float *vq = run(NULL, 0, false, &n, &st);
+    g_quant = 0;
+    if (!vq) fail_msg("q8_0 at load: %s", cdf_last_error());
+    assert_int_equal(n, n0);
+    size_t worst;
+    double diff = tu_max_abs_diff(vq, ref, n, &worst), scale = 0;
+    for (size_t i = 0; i < n; i++) scale = fabs(ref[i]) > scale ? fabs(ref[i]) : scale;
+    print_message("  Q8_0 at load vs f32: max |latents diff| = %.3g (max |latent| %.3g)\n", diff, scale);
+    assert_true(diff > 0);            /* the quantized weights are what ran */
+    assert_true(diff < 0.05 * scale); /* 8-bit weights: a small perturbation of a 2-step generation */
+    free(vq);
+    free(ref);
+}
+
 static void test_bad_inputs(void **state) {
     (void)state;
     cdf_component_file f = {"transformer", bfl_variant("missing.safetensors", NULL, "double_blocks.1.txt_attn.qkv.weight", NULL, NULL)};
@@ -362,6 +576,23 @@ static void test_cli(void **state) {
     free(err);
     assert_int_equal(tu_system("test -e '%s'", tmp_path("bad.png")), 1);
 
+    /* --weight-type: q8_0 quantizes at load, f32/bf16 decode a .gguf at load (= --dtype), q4_k is refused */
+    rc = tu_system("cd '%s' && '%s' %s --model '%s' --output q8.png --weight-type q8_0 2>err.txt", dir, CDF_CLI_PATH, common, model);
+    assert_int_equal(rc, 0);
+    rc = tu_system("cd '%s' && '%s' %s --model '%s' --output dec.png --dtype f32 --weight-type f32 --transformer '%s' 2>err.txt", dir,
+                   CDF_CLI_PATH, common, model, tu_data(FS "flux_bfl_q8.gguf"));
+    assert_int_equal(rc, 0);
+    static const char *const bad_wt[][2] = {{"--weight-type q4_k", "not implemented"}, {"--weight-type f32", "same --dtype"},
+                                            {"--weight-type int4", "must be q8_0, f32 or bf16"}};
+    for (int k = 0; k < 3; k++) {
+        rc = tu_system("cd '%s' && '%s' %s --model '%s' --output bad.png %s 2>err.txt", dir, CDF_CLI_PATH, common, model, bad_wt[k][0]);
+        assert_int_equal(rc, 2);
+        err = tu_read_file(tmp_path("err.txt"), NULL);
+        if (!strstr(err, bad_wt[k][1])) fail_msg("%s: %s", bad_wt[k][0], err);
+        free(err);
+    }
+    assert_int_equal(tu_system("test -e '%s'", tmp_path("bad.png")), 1);
+
     /* info names each component's source, its format and its tensor types */
     rc = tu_system("'%s' info --model '%s' --transformer '%s' >'%s/info.txt' 2>&1", CDF_CLI_PATH, model, tu_data(FS "flux_bfl_q8.gguf"),
                    dir);
@@ -377,6 +608,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_conversion),
         cmocka_unit_test(test_same_latents),
+        cmocka_unit_test(test_blocks_in_memory),
+        cmocka_unit_test(test_quantize_at_load),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_cli),
     };

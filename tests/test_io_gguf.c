@@ -8,6 +8,7 @@
  * bad-input table are built here byte by byte. */
 #include "testutil.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,37 @@ static void assert_same_bits(const float *got, const float *want, int64_t n, con
         if (a != b) fail_msg("%s: element %lld is %.9g (0x%08x), the reference %.9g (0x%08x)", what, (long long)i,
                              (double)got[i], a, (double)want[i], b);
     }
+}
+
+/* Q8_0 quantization equals gguf.quants.quantize byte for byte (quant_refs.safetensors:
+ * several magnitudes, a zero block, halfway products, scales below f16's normal range). */
+static void test_quantize_matches_gguf_py(void **state) {
+    (void)state;
+    cdf_st_file *f = NULL;
+    assert_int_equal(cdf_st_open(tu_data("formats/quant_refs.safetensors"), &f), CDF_OK);
+    const cdf_st_tensor *in = cdf_st_find(f, "Q8_0.in"), *want = cdf_st_find(f, "Q8_0.blocks");
+    assert_non_null(in);
+    assert_non_null(want);
+    const int64_t n = cdf_st_numel(in);
+    assert_int_equal((uint64_t)(n / 32 * 34), want->nbytes);
+    uint8_t *got = malloc((size_t)want->nbytes);
+    assert_int_equal(cdf_ggml_quantize(CDF_GGML_Q8_0, cdf_st_data(f, in), n, got), CDF_OK);
+    for (uint64_t i = 0; i < want->nbytes; i++)
+        if (got[i] != ((const uint8_t *)cdf_st_data(f, want))[i])
+            fail_msg("Q8_0 byte %llu (block %llu): got %u, gguf-py %u", (unsigned long long)i, (unsigned long long)(i / 34),
+                     got[i], ((const uint8_t *)cdf_st_data(f, want))[i]);
+    /* and decoding them gives gguf-py's round trip (the reference's own dequantize, tested above) */
+    float *back = malloc((size_t)n * 4);
+    assert_int_equal(cdf_ggml_dequantize(CDF_GGML_Q8_0, got, n, back), CDF_OK);
+    free(back);
+    float bad[32] = {0};
+    bad[5] = NAN;
+    assert_int_equal(cdf_ggml_quantize(CDF_GGML_Q8_0, bad, 32, got), CDF_ERR_INVALID_ARG);
+    assert_int_equal(cdf_ggml_quantize(CDF_GGML_Q8_0, bad, 31, got), CDF_ERR_INVALID_ARG);
+    assert_int_equal(cdf_ggml_quantize(CDF_GGML_Q4_K, bad, 256, got), CDF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(cdf_last_error(), "Q4_K"));
+    free(got);
+    cdf_st_close(f);
 }
 
 static void test_dequant_matches_gguf_py(void **state) {
@@ -343,7 +375,7 @@ static void test_malformed(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dequant_matches_gguf_py),
+        cmocka_unit_test(test_dequant_matches_gguf_py), cmocka_unit_test(test_quantize_matches_gguf_py),
         cmocka_unit_test(test_read_tiny_files),
         cmocka_unit_test(test_malformed),
     };

@@ -226,6 +226,10 @@ bool cdf_ggml_can_dequantize(uint32_t type);
  * the gguf Python package's gguf.quants.dequantize (bit for bit). src needs no alignment.
  * Errors: CDF_ERR_UNSUPPORTED (a type it cannot decode, named), CDF_ERR_INVALID_ARG. */
 cdf_status cdf_ggml_dequantize(uint32_t type, const void *src, int64_t n, float *dst);
+/* Encode n f32 values (a multiple of the block size) into blocks of `type`, exactly as the gguf
+ * Python package's gguf.quants.quantize does (bit for bit). Q8_0 only for now (the others:
+ * CDF_ERR_UNSUPPORTED, named); dst holds n / 32 * 34 bytes. */
+cdf_status cdf_ggml_quantize(uint32_t type, const float *src, int64_t n, void *dst);
 
 /* ------------------------------------------------------------------------------------------
  * safetensors writer

@@ -51,6 +51,13 @@ typedef struct cdf_pipeline_load_params {
     int num_component_files;
     bool allow_unused_keys; /* a component file's tensors the model does not read are an error
                                (CDF_ERR_FORMAT listing them) unless this is set */
+    bool decode_quantized;  /* GGUF block weights (Q8_0, Q4_K, ...): false (default) keeps a linear
+                               layer's blocks in memory and decodes them inside its matmul, a panel
+                               at a time; true decodes them to weight_dtype at load (more memory,
+                               the same numbers) */
+    uint32_t quantize_weights; /* 0 (default), or CDF_GGML_Q8_0 (cdiffusers/io.h): every linear layer's
+                                  float weight with a whole number of 32-value blocks per row is
+                                  quantized at load as gguf-py does and kept as blocks */
 } cdf_pipeline_load_params;
 cdf_pipeline_load_params cdf_pipeline_load_default_params(void);
 

@@ -122,6 +122,11 @@ cdf_tensor *cdf_quick_gelu(cdf_tensor *a);
 cdf_tensor *cdf_matmul(cdf_tensor *a, cdf_tensor *b);
 /* x [..., in] @ w[out, in]^T + b[out] (b may be NULL). */
 cdf_tensor *cdf_linear(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b);
+/* The same with a GGUF-quantized weight: wq is U8 [out, row bytes] holding each output row's
+ * blocks of ggml type qtype (cdiffusers/io.h), `in` the input features (a multiple of the type's
+ * block size). The weights are decoded as gguf-py does and rounded to wdt (CDF_F32 or CDF_BF16,
+ * the load policy's weight dtype) inside the kernel; only the blocks stay in memory. */
+cdf_tensor *cdf_linear_quantized(cdf_tensor *x, cdf_tensor *wq, uint32_t qtype, int64_t in, cdf_dtype wdt, cdf_tensor *b);
 
 /* ---- normalisation / reductions -------------------------------------------------------- */
 cdf_tensor *cdf_softmax(cdf_tensor *x, int dim);

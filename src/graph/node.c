@@ -12,7 +12,7 @@ static const char *k_op_names[CDF_OP_COUNT] = {
     [CDF_OP_GROUP_NORM] = "group_norm", [CDF_OP_REDUCE] = "reduce",   [CDF_OP_CONV2D] = "conv2d",
     [CDF_OP_UPSAMPLE] = "upsample_nearest", [CDF_OP_ATTENTION] = "attention", [CDF_OP_ROPE] = "rope",
     [CDF_OP_TIMESTEP_EMB] = "timestep_embedding", [CDF_OP_FUSED] = "fused_elementwise", [CDF_OP_ROPE_TABLE] = "rope_table",
-    [CDF_OP_ALL_REDUCE] = "all_reduce",
+    [CDF_OP_ALL_REDUCE] = "all_reduce", [CDF_OP_MATMUL_Q] = "matmul_quantized",
 };
 
 const char *cdf_op_name(cdf_op_kind k) { return (unsigned)k < CDF_OP_COUNT ? k_op_names[k] : "?"; }

@@ -32,6 +32,7 @@ typedef enum cdf_op_kind {
     CDF_OP_FUSED,         /* an elementwise chain (graph/fuse.c): dst = program(src...) */
     CDF_OP_ROPE_TABLE,    /* dst [2, L, width] = (cos, sin) from positions src0 [L, n_axes] */
     CDF_OP_ALL_REDUCE,    /* dst = sum over the ranks of src0 (a collective: p.all_reduce) */
+    CDF_OP_MATMUL_Q,      /* dst = src0 @ dequant(src1)^T (+ src2 bias): a GGUF-quantized weight */
     CDF_OP_COUNT
 } cdf_op_kind;
 
@@ -89,6 +90,11 @@ typedef struct cdf_node {
         struct { cdf_fused_program *prog; } fused; /* owned by the node */
         struct { int n_axes; int64_t axes_dim[CDF_MAX_DIMS]; double theta; } rope_table;
         struct { void *comm; cdf_collective_reduce_fn reduce; } all_reduce; /* comm not owned */
+        /* dst [M, N] (contiguous) = src0 [M, K] (contiguous) @ W^T (+ src2 [N]), where W [N, K] is
+         * src1, a contiguous U8 [N, row bytes] holding GGUF blocks of ggml type qtype, decoded as
+         * gguf-py does and rounded to wdt (the load policy's weight dtype), so that the layer
+         * computes what the same weights dequantized into a file and loaded would */
+        struct { int qtype; int64_t k; cdf_dtype wdt; } matmul_q;
     } p;
 } cdf_node;
 

@@ -9,6 +9,7 @@
 #include "cdiffusers/io.h"
 #include "core/error_internal.h"
 
+#include <math.h>
 #include <string.h>
 
 #ifdef __clang__
@@ -217,5 +218,40 @@ cdf_status cdf_ggml_dequantize(uint32_t type, const void *src, int64_t n, float 
                          (long long)n, be, type);
     const uint8_t *s = src;
     for (int64_t i = 0; i < n / be; i++) fn(s + i * bb, dst + i * be);
+    return CDF_OK;
+}
+
+/* ---- quantization (what `--weight-type q8_0` does at load) ---------------------------------- */
+
+/* gguf-py's np_roundf: half away from zero, as floor(a) + floor(2 (a - floor(a))) in f32. */
+static float roundf_gguf(float n) {
+    float a = fabsf(n), fl = floorf(a);
+    float b = fl + floorf(2.0f * (a - fl));
+    return n < 0 ? -b : (n > 0 ? b : 0.0f);
+}
+
+/* Q8_0 as gguf-py's Q8_0.quantize_blocks: d = max|x| / 127, q = roundf(x * (1 / d)), d as f16. */
+static void q_q8_0(const float *x, uint8_t *b) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    const float d = amax / 127.0f;
+    const float id = d == 0.0f ? 0.0f : 1.0f / d;
+    const uint16_t h = cdf_f32_to_f16(d);
+    b[0] = (uint8_t)(h & 0xFF);
+    b[1] = (uint8_t)(h >> 8);
+    for (int i = 0; i < 32; i++) b[2 + i] = (uint8_t)(int8_t)roundf_gguf(x[i] * id);
+}
+
+cdf_status cdf_ggml_quantize(uint32_t type, const float *src, int64_t n, void *dst) {
+    if (type != CDF_GGML_Q8_0)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "quantizing to ggml type %s is not supported (Q8_0 is)",
+                         cdf_ggml_type_name(type) ? cdf_ggml_type_name(type) : "unknown");
+    if (n < 0 || n % 32 || (n && (!src || !dst)))
+        return cdf_error(CDF_ERR_INVALID_ARG, "quantizing %lld values to Q8_0: not a whole number of 32-value blocks",
+                         (long long)n);
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(src[i]))
+            return cdf_error(CDF_ERR_INVALID_ARG, "quantizing to Q8_0: value %lld is %g (not finite)", (long long)i, (double)src[i]);
+    for (int64_t k = 0; k < n / 32; k++) q_q8_0(src + 32 * k, (uint8_t *)dst + 34 * k);
     return CDF_OK;
 }

@@ -131,6 +131,22 @@ typedef struct cdf_k_matmul_args {
 } cdf_k_matmul_args;
 cdf_status cdf_k_matmul(const cdf_k_matmul_args *args);
 
+/* ---- matmul on GGUF-quantized weights --------------------------------------------------- */
+
+/* C[M,N] = A[M,K] @ W^T (+ bias[N]) where W [N,K] is stored as ggml blocks of type qtype, row by
+ * row (K a multiple of the block size; each row K / block_elems blocks). The weights are decoded
+ * panel by panel exactly as cdf_ggml_dequantize does (gguf-py's numbers), rounded to w_dt (F32 or
+ * BF16), and multiplied by cdf_k_matmul_dispatch: the result is what the same decoded weights
+ * loaded as w_dt give, while only one panel of them exists unpacked at a time. A, C contiguous. */
+typedef struct cdf_k_matmul_q_args {
+    int64_t M, N, K;
+    const void *a; cdf_dtype a_dt;
+    const void *w; uint32_t qtype; cdf_dtype w_dt;
+    const void *bias; cdf_dtype bias_dt;
+    void *c; cdf_dtype c_dt;
+} cdf_k_matmul_q_args;
+cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *args);
+
 /* ---- normalisation / softmax / reductions -------------------------------------------- */
 
 /* Row-wise over [rows, cols] contiguous: out = softmax(in * scale) along cols (max-subtracted). */

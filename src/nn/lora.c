@@ -289,7 +289,7 @@ cdf_tensor *cdf_lora_linear_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
     if (!x) return NULL;
     const cdf_lora_link *k = l->lora;
     cdf_scope_push();
-    cdf_tensor *y = l->tp ? cdf_tp_linear_rowwise_fwd(l, x) : cdf_linear(x, l->w, l->b);
+    cdf_tensor *y = cdf_linear_base_fwd(l, x);
     /* x [.., in] -> A x [.., R] -> per-rank scales -> B (.) [.., out] */
     cdf_tensor *d = cdf_linear(cdf_mul(cdf_linear(x, k->a, NULL), k->slot->t), k->b, NULL);
     cdf_tensor *r = y && d ? cdf_add(y, d) : NULL;
@@ -304,6 +304,7 @@ cdf_status cdf_lora_fuse(cdf_linear_layer *l, cdf_tensor *a, cdf_tensor *b, floa
     if (l->w->storage->host_src)
         return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA %s: fusing into a host-side weight (sequential offload) is not supported; "
                          "use the run-time mode", what);
+    CDF_TRY(cdf_linear_decode(l)); /* every value changes: the layer stops keeping blocks */
     cdf_scope_push();
     const cdf_dtype dt = cdf_tensor_dtype(l->w);
     cdf_tensor *w32 = dt == CDF_F32 ? l->w : cdf_cast(l->w, CDF_F32);

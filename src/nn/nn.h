@@ -30,6 +30,11 @@ typedef struct cdf_load_options {
     struct cdf_weights_report *report; /* if set, cdf_weights_free fills it */
     struct cdf_layer_index *layers; /* if set, every linear layer loaded is registered there under
                                 its module name (nn/lora.h: what LoRA adapters attach to) */
+    bool decode_quantized;   /* decode GGUF block weights at load (weight_dtype values in memory);
+                                by default a linear layer's blocks stay as they are in the file and
+                                its matmul decodes them a panel at a time (cdf_linear_quantized) */
+    uint32_t quantize_to;    /* 0, or CDF_GGML_Q8_0: a linear layer whose float weight has a whole
+                                number of blocks per row is quantized at load and kept as blocks */
 } cdf_load_options;
 
 /* What a component's load left unread in a single weights file (names as in the file). */
@@ -90,6 +95,10 @@ typedef struct cdf_linear_layer {
     /* LoRA adapters applied at run time (nn/lora.h), NULL when none: the forward adds their
      * low-rank product to the output; w itself is never modified in this mode. */
     struct cdf_lora_link *lora;
+    /* 0: w is a float weight. Else the GGUF block type w keeps (cdiffusers/io.h): w is U8
+     * [out, row bytes] and the forward decodes it to qwdt inside the matmul. */
+    uint32_t qtype;
+    cdf_dtype qwdt;
 } cdf_linear_layer;
 
 /* Loads "<prefix>.weight" [out, in] and, if bias, "<prefix>.bias" [out]. bias: 1 = required,
@@ -97,14 +106,21 @@ typedef struct cdf_linear_layer {
 cdf_status cdf_linear_load(cdf_weights *w, cdf_linear_layer *l, int64_t in, int64_t out, int bias, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 void cdf_linear_free(cdf_linear_layer *l);
+/* A layer that keeps GGUF blocks (qtype != 0) gets its weight decoded to qwdt values in place
+ * (what fusing a LoRA into it needs); a no-op for a float layer. */
+cdf_status cdf_linear_decode(cdf_linear_layer *l);
 /* Forward of a row-wise shard: this rank's partial x @ w^T (+ bias on rank 0 only), summed over
  * the ranks with an all-reduce. Defined in nn/sharded.c. */
 cdf_tensor *cdf_tp_linear_rowwise_fwd(const cdf_linear_layer *l, cdf_tensor *x);
 /* The forward of a layer with run-time LoRA adapters (nn/lora.c). */
 cdf_tensor *cdf_lora_linear_fwd(const cdf_linear_layer *l, cdf_tensor *x);
+/* The layer's own product, without its run-time LoRA adapters. */
+static inline cdf_tensor *cdf_linear_base_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
+    if (l->tp) return cdf_tp_linear_rowwise_fwd(l, x);
+    return l->qtype ? cdf_linear_quantized(x, l->w, l->qtype, l->in, l->qwdt, l->b) : cdf_linear(x, l->w, l->b);
+}
 static inline cdf_tensor *cdf_linear_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
-    if (l->lora) return cdf_lora_linear_fwd(l, x);
-    return l->tp ? cdf_tp_linear_rowwise_fwd(l, x) : cdf_linear(x, l->w, l->b);
+    return l->lora ? cdf_lora_linear_fwd(l, x) : cdf_linear_base_fwd(l, x);
 }
 
 typedef struct cdf_norm_layer {

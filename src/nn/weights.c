@@ -212,6 +212,104 @@ const char *cdf_config_class_name(const cJSON *cfg) {
 }
 
 /* ---- building blocks ------------------------------------------------------------------------ */
+
+/* --weight-type q8_0: the float weight t read as f32 and encoded as blocks of qt (as gguf-py's
+ * quantize), in a buffer t then owns. */
+static const void *quantize_rows(cdf_weights *w, cdf_wsrc_tensor *t, const char *name, uint32_t qt, int64_t *row_bytes) {
+    int64_t be = 0, bb = 0;
+    cdf_ggml_type_block(qt, &be, &bb);
+    const int64_t n = t->shape[0] * t->shape[1];
+    *row_bytes = t->shape[1] / be * bb;
+    const void *vals = cdf_wsrc_load(w->src, t, name);
+    if (!vals) return NULL;
+    float *f32 = t->dtype == CDF_F32 ? NULL : malloc(sizeof(float) * (size_t)n + 1);
+    uint8_t *blocks = malloc((size_t)(t->shape[0] * *row_bytes) + 1);
+    cdf_status s = (!f32 && t->dtype != CDF_F32) || !blocks
+                       ? cdf_error(CDF_ERR_OUT_OF_MEMORY, "weight '%s': out of host memory to quantize it", name)
+                       : CDF_OK;
+    if (s == CDF_OK && f32) cdf_convert(f32, CDF_F32, vals, t->dtype, (size_t)n);
+    if (s == CDF_OK) s = cdf_ggml_quantize(qt, f32 ? f32 : vals, n, blocks);
+    free(f32);
+    cdf_wsrc_tensor_release(t); /* the values, if the source made them */
+    if (s != CDF_OK) {
+        free(blocks);
+        cdf_error_prefix("weight '%s' in %s: ", name, cdf_weights_path(w));
+        return NULL;
+    }
+    t->owned = blocks;
+    return blocks;
+}
+
+/* A linear layer's weight kept as its GGUF blocks (U8 [out, row bytes]; l->qtype set), when the
+ * source stores it in a block type the matmul can decode and the options allow it. Returns true
+ * with *wt NULL when the weight is not such a tensor (the caller loads it as values). */
+static bool get_blocks(cdf_weights *w, cdf_linear_layer *l, const char *prefix, cdf_tensor **wt) {
+    *wt = NULL;
+    char name[512];
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    const cdf_dtype wdt = w->opt.weight_dtype;
+    cdf_wsrc_tensor t;
+    if ((wdt != CDF_F32 && wdt != CDF_BF16) || !cdf_wsrc_find(w->src, name, &t) || t.ndim != 2 || t.shape[0] != l->out ||
+        t.shape[1] != l->in)
+        return true; /* the value path loads (and checks) it */
+    /* stored blocks are kept unless decoding was asked for; float values are quantized if asked */
+    const bool keep = t.qtype >= 0 && !w->opt.decode_quantized;
+    const bool quantize = t.qtype < 0 && w->opt.quantize_to && cdf_dtype_is_float(t.dtype);
+    const uint32_t qt = keep ? (uint32_t)t.qtype : w->opt.quantize_to;
+    int64_t be = 0, bb = 0;
+    if ((!keep && !quantize) || !cdf_ggml_type_block(qt, &be, &bb) || be < 2 || !cdf_ggml_can_dequantize(qt) || l->in % be)
+        return true;
+    int64_t row_bytes = 0;
+    const void *src = keep ? cdf_wsrc_load_blocks(w->src, &t, name, &row_bytes) : quantize_rows(w, &t, name, qt, &row_bytes);
+    if (src && row_bytes != l->in / be * bb) {
+        cdf_wsrc_tensor_release(&t);
+        cdf_error(CDF_ERR_FORMAT, "weight '%s' in %s: %lld bytes per row, but %lld %s values take %lld", name,
+                  cdf_weights_path(w), (long long)row_bytes, (long long)l->in, cdf_ggml_type_name(qt),
+                  (long long)(l->in / be * bb));
+        return false;
+    }
+    t.ndim = 2;
+    t.shape[1] = row_bytes;
+    t.dtype = CDF_U8;
+    if (w->opt.blocks_on_host && is_block_weight(name)) {
+        *wt = host_side_weight(w, name, &t, src, CDF_U8);
+    } else {
+        *wt = src ? cdf_tensor_from_host(w->opt.device, CDF_U8, 2, t.shape, src, CDF_U8) : NULL;
+        cdf_wsrc_tensor_release(&t);
+        if (*wt) w->loaded_bytes += (uint64_t)(t.shape[0] * row_bytes);
+        else if (src) cdf_error_prefix("loading weight '%s' from %s: ", name, cdf_weights_path(w));
+    }
+    if (!*wt) return false;
+    l->qtype = qt;
+    l->qwdt = wdt;
+    return true;
+}
+
+cdf_status cdf_linear_decode(cdf_linear_layer *l) {
+    if (!l->qtype) return CDF_OK;
+    const int64_t rows = l->w->shape[0], row_bytes = l->w->shape[1];
+    uint8_t *blocks = malloc((size_t)(rows * row_bytes) + 1);
+    float *vals = malloc(sizeof(float) * (size_t)(rows * l->in) + 1);
+    cdf_status s = !blocks || !vals ? cdf_error(CDF_ERR_OUT_OF_MEMORY, "decoding a %lld x %lld quantized weight: out of host memory",
+                                                (long long)rows, (long long)l->in)
+                                    : cdf_tensor_read(l->w, CDF_U8, blocks, (size_t)(rows * row_bytes));
+    if (s == CDF_OK) s = cdf_ggml_dequantize(l->qtype, blocks, rows * l->in, vals);
+    cdf_tensor *nw = NULL;
+    if (s == CDF_OK) {
+        cdf_scope_suppress(1);
+        nw = cdf_tensor_from_host(cdf_tensor_device(l->w), l->qwdt, 2, (int64_t[]){rows, l->in}, vals, CDF_F32);
+        cdf_scope_suppress(-1);
+        if (!nw) s = cdf_last_status();
+    }
+    free(blocks);
+    free(vals);
+    if (s != CDF_OK) return s;
+    cdf_tensor_release(l->w);
+    l->w = nw;
+    l->qtype = 0;
+    return CDF_OK;
+}
+
 cdf_status cdf_linear_load(cdf_weights *w, cdf_linear_layer *l, int64_t in, int64_t out, int bias, const char *fmt, ...) {
     char prefix[480];
     va_list ap;
@@ -222,7 +320,11 @@ cdf_status cdf_linear_load(cdf_weights *w, cdf_linear_layer *l, int64_t in, int6
     l->in = in;
     l->out = out;
     int64_t ws[2] = {out, in}, bs[1] = {out};
-    l->w = cdf_weights_get(w, 2, ws, "%s.weight", prefix);
+    cdf_scope_suppress(1); /* a loaded weight belongs to the model (as in cdf_weights_get) */
+    bool ok = get_blocks(w, l, prefix, &l->w);
+    cdf_scope_suppress(-1);
+    if (!ok) return cdf_last_status();
+    if (!l->w) l->w = cdf_weights_get(w, 2, ws, "%s.weight", prefix);
     if (!l->w) return cdf_last_status();
     if (bias == 1) l->b = cdf_weights_get(w, 1, bs, "%s.bias", prefix);
     else if (bias == -1) l->b = cdf_weights_get_opt(w, 1, bs, "%s.bias", prefix);

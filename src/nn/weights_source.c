@@ -464,6 +464,7 @@ bool cdf_wsrc_find(cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
     memcpy(t->shape, r.shape, sizeof t->shape);
     if (t->nrows >= 0) t->shape[0] = t->nrows;
     t->dtype = r.dtype;
+    t->qtype = r.ggml;
     t->zero_copy = r.ggml < 0 && !t->swap_halves;
     char sn[600];
     raw sr;
@@ -472,6 +473,22 @@ bool cdf_wsrc_find(cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
         t->dtype = CDF_F32; /* scaled on the host */
         t->zero_copy = false;
     }
+    return true;
+}
+
+/* rows [0, n/2) and [n/2, n) of buf (n rows of row_bytes) trade places */
+static bool swap_row_halves(uint8_t *buf, int64_t nrows, size_t row_bytes, const char *name) {
+    size_t hb = row_bytes * (size_t)(nrows / 2);
+    uint8_t *tmp = nrows % 2 ? NULL : malloc(hb + 1);
+    if (!tmp) {
+        cdf_error(nrows % 2 ? CDF_ERR_SHAPE : CDF_ERR_OUT_OF_MEMORY, "weight '%s': cannot swap the halves of %lld rows", name,
+                  (long long)nrows);
+        return false;
+    }
+    memcpy(tmp, buf, hb);
+    memmove(buf, buf + hb, hb);
+    memcpy(buf + hb, tmp, hb);
+    free(tmp);
     return true;
 }
 
@@ -520,23 +537,31 @@ const void *cdf_wsrc_load(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *name) {
     } else {
         memcpy(buf, bytes, (size_t)numel * esz);
     }
-    if (t->swap_halves) {
-        /* rows [0, n/2) and [n/2, n) trade places */
-        int64_t half = nrows / 2;
-        size_t hb = (size_t)(numel / (nrows ? nrows : 1)) * esz * (size_t)half;
-        uint8_t *tmp = malloc(hb + 1);
-        if (!tmp || nrows % 2) {
-            free(tmp);
-            cdf_error(tmp ? CDF_ERR_SHAPE : CDF_ERR_OUT_OF_MEMORY, "weight '%s': cannot swap the halves of %lld rows", name,
-                      (long long)nrows);
-            return NULL;
-        }
-        memcpy(tmp, buf, hb);
-        memmove(buf, buf + hb, hb);
-        memcpy(buf + hb, tmp, hb);
-        free(tmp);
-    }
+    if (t->swap_halves && !swap_row_halves(buf, nrows, (size_t)(numel / (nrows ? nrows : 1)) * esz, name)) return NULL;
     return buf;
+}
+
+const void *cdf_wsrc_load_blocks(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *name, int64_t *row_bytes) {
+    raw r;
+    if (t->qtype < 0 || !raw_find(s, t->prefix, t->src_name, &r)) {
+        cdf_error(CDF_ERR_INTERNAL, "weight '%s': source tensor '%s' has no blocks in %s", name, t->src_name, s->path);
+        return NULL;
+    }
+    const int64_t rows = r.ndim ? r.shape[0] : 1;
+    const uint64_t rb = rows ? r.nbytes / (uint64_t)rows : 0;
+    const int64_t row0 = t->nrows >= 0 ? t->row0 : 0, nrows = t->nrows >= 0 ? t->nrows : rows;
+    const uint8_t *bytes = r.bytes + (uint64_t)row0 * rb;
+    *row_bytes = (int64_t)rb;
+    cdf_io_count_bytes((uint64_t)nrows * rb);
+    if (!t->swap_halves) return bytes;
+    uint8_t *buf = malloc((size_t)(nrows * (int64_t)rb) + 1);
+    if (!buf) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "weight '%s': out of host memory for %lld rows of blocks", name, (long long)nrows);
+        return NULL;
+    }
+    memcpy(buf, bytes, (size_t)(nrows * (int64_t)rb));
+    t->owned = buf;
+    return swap_row_halves(buf, nrows, (size_t)rb, name) ? buf : NULL;
 }
 
 void cdf_wsrc_tensor_release(cdf_wsrc_tensor *t) {

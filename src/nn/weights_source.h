@@ -21,6 +21,8 @@ typedef struct cdf_wsrc_tensor {
     int64_t shape[CDF_ST_MAX_DIMS];
     cdf_dtype dtype;   /* of the values cdf_wsrc_load returns (f32 for dequantized ones) */
     bool zero_copy;    /* cdf_wsrc_load returns mapped bytes that live as long as the source */
+    int qtype;         /* GGUF block type the values are stored in (cdf_wsrc_load decodes them;
+                          cdf_wsrc_load_blocks gives the blocks), -1 for plain values */
     /* private */
     char src_name[512];
     const char *prefix;  /* of src_name in the file */
@@ -44,6 +46,9 @@ bool cdf_wsrc_find(cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t);
 /* The values (t->dtype, contiguous); NULL with an error on failure. Valid until
  * cdf_wsrc_tensor_release (owned buffers) or cdf_wsrc_close (mapped bytes). */
 const void *cdf_wsrc_load(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *name);
+/* The stored blocks of a quantized tensor (t->qtype >= 0), dim-0 rows whole: *row_bytes per row,
+ * t->shape[0] rows, contiguous. Mapped bytes, or a buffer owned by t (rows reordered). */
+const void *cdf_wsrc_load_blocks(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *name, int64_t *row_bytes);
 void cdf_wsrc_tensor_release(cdf_wsrc_tensor *t);
 
 /* For a missing-weight message: when nothing has been found in a single file yet, a sentence

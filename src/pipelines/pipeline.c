@@ -189,6 +189,8 @@ cdf_status cdf_pipeline_load(const char *dir, const cdf_pipeline_load_params *pa
     p->opt = cdf_load_options_default();
     p->opt.device = p->device;
     p->opt.weight_dtype = lp.weight_dtype;
+    p->opt.decode_quantized = lp.decode_quantized;
+    p->opt.quantize_to = lp.quantize_weights;
     p->offload = lp.offload;
     p->allow_unused_keys = lp.allow_unused_keys;
     if (s == CDF_OK) s = copy_component_files(p, idx, &lp);

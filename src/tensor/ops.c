@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cdiffusers/io.h"
 #include "core/error_internal.h"
 #include "exec/exec.h"
 #include "tensor/tensor_impl.h"
@@ -584,6 +585,59 @@ cdf_tensor *cdf_linear(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b) {
     oshape[x->ndim - 1] = w->shape[0];
     cdf_tensor *y = cdf_reshape(y2, x->ndim, oshape);
     REL(y2);
+    RETURN(y);
+}
+
+cdf_tensor *cdf_linear_quantized(cdf_tensor *x, cdf_tensor *wq, uint32_t qtype, int64_t in, cdf_dtype wdt, cdf_tensor *b) {
+    if (!x || !wq) return NULL;
+    BEGIN();
+    int64_t be = 0, bb = 0;
+    if (!cdf_ggml_type_block(qtype, &be, &bb) || be < 2)
+        FAIL(CDF_ERR_UNSUPPORTED, "linear: ggml type %u (%s) is not a block type this library computes with", qtype,
+             cdf_ggml_type_name(qtype) ? cdf_ggml_type_name(qtype) : "unknown");
+    if (wdt != CDF_F32 && wdt != CDF_BF16)
+        FAIL(CDF_ERR_INVALID_ARG, "linear: quantized weights decode to f32 or bf16, not %s", cdf_dtype_name(wdt));
+    if (in <= 0 || in % be)
+        FAIL(CDF_ERR_SHAPE, "linear: %lld input features are not a whole number of %s blocks (%lld)", (long long)in,
+             cdf_ggml_type_name(qtype), (long long)be);
+    if (wq->dtype != CDF_U8 || wq->ndim != 2 || wq->shape[1] != in / be * bb)
+        FAIL(CDF_ERR_SHAPE, "linear: quantized weight %s is not u8 [out, %lld] (%lld %s blocks of %lld bytes per row)",
+             desc(wq), (long long)(in / be * bb), (long long)(in / be), cdf_ggml_type_name(qtype), (long long)bb);
+    const int64_t N = wq->shape[0];
+    if (x->ndim < 1 || x->shape[x->ndim - 1] != in)
+        FAIL(CDF_ERR_SHAPE, "linear: input %s does not match a quantized weight of %lld input features", desc(x), (long long)in);
+    if (b && (b->ndim != 1 || b->shape[0] != N)) FAIL(CDF_ERR_SHAPE, "linear: bias %s does not match %lld outputs", desc(b), (long long)N);
+    int64_t s2[2] = {cdf_tensor_numel(x) / in, in};
+    cdf_tensor *x2 = cdf_reshape(x, 2, s2);
+    cdf_tensor *xc = x2 ? cdf_contiguous(x2) : NULL;
+    cdf_tensor *wc = cdf_contiguous(wq);
+    cdf_tensor *bc = b ? cdf_contiguous(b) : NULL;
+    REL(x2);
+    cdf_tensor *out = NULL;
+    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
+    if (xc && wc && (!b || bc)) {
+        int64_t os[2] = {s2[0], N};
+        out = cdf_tensor_alloc(dev_of(x), promote(x->dtype, wdt), 2, os);
+        cdf_node *n = out ? cdf_node_new(CDF_OP_MATMUL_Q) : NULL;
+        if (n) {
+            n->p.matmul_q.qtype = (int)qtype;
+            n->p.matmul_q.k = in;
+            n->p.matmul_q.wdt = wdt;
+            s = submit(n, out, xc, wc, bc, NULL);
+        }
+    }
+    REL(xc);
+    REL(wc);
+    REL(bc);
+    if (s != CDF_OK) {
+        REL(out);
+        RETURN(NULL);
+    }
+    int64_t oshape[CDF_MAX_DIMS];
+    memcpy(oshape, x->shape, x->ndim * sizeof *oshape);
+    oshape[x->ndim - 1] = N;
+    cdf_tensor *y = cdf_reshape(out, x->ndim, oshape);
+    REL(out);
     RETURN(y);
 }
 

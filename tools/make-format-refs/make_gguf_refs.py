@@ -14,8 +14,11 @@ from cdiffusers. Writes into tests/data/formats/:
   tiny_v2.gguf              the same bytes with version 2 (v2 and v3 differ only in the version
                             field for little-endian files)
   tiny_align64.gguf         the same tensors with general.alignment = 64
+  quant_refs.safetensors    "Q8_0.in" (F32 values: random rows of several magnitudes, an all-zero
+                            block, halfway products, subnormal scales) and "Q8_0.blocks" (U8,
+                            gguf.quants.quantize of them): the quantize-at-load reference
 
-Usage: /work/venv/bin/python tools/make-format-refs/make_gguf_refs.py [OUT_DIR]
+Usage: /work/venv/bin/python tools/make-format-refs/make_gguf_refs.py [--only-quant] [OUT_DIR]
 """
 import os
 import sys
@@ -134,9 +137,24 @@ def expect_from_reader(path, shapes):
     return out
 
 
+def write_quant_refs(out, rng):
+    rows = [rng.standard_normal(32 * 8) * s for s in (1e-3, 0.05, 1.0, 30.0)]
+    zero = np.zeros(32)
+    # 127 * k / 2 steps: x * (1 / d) lands on .5 exactly for many of them (round half away from 0)
+    half = np.array([127.0] + [(k + 0.5) for k in range(-15, 16)])
+    tiny = rng.standard_normal(32) * 1e-7  # d below f16's normal range
+    x = np.concatenate(rows + [zero, half, -half, tiny]).astype(np.float32)
+    blocks = gguf.quants.quantize(x.reshape(1, -1), Q.Q8_0).reshape(-1)
+    save_file({"Q8_0.in": x, "Q8_0.blocks": np.ascontiguousarray(blocks)}, os.path.join(out, "quant_refs.safetensors"))
+
+
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "../../tests/data/formats")
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    out = args[0] if args else os.path.join(os.path.dirname(__file__), "../../tests/data/formats")
     os.makedirs(out, exist_ok=True)
+    write_quant_refs(out, np.random.default_rng(21))
+    if "--only-quant" in sys.argv:
+        return
     rng = np.random.default_rng(19)
     write_dequant_refs(out, rng)
     p3 = os.path.join(out, "tiny_v3.gguf")

@@ -186,6 +186,16 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n, const cdf_cpu_binding *bind) 
         if (!n->p.all_reduce.reduce) return cdf_error(CDF_ERR_INTERNAL, "all_reduce: node has no reduce function");
         return n->p.all_reduce.reduce(n->p.all_reduce.comm, dp, cdf_shape_numel(d->ndim, d->shape), d->dtype);
     }
+    case CDF_OP_MATMUL_Q: {
+        cdf_tensor *x = SRC(0), *b = SRC(2);
+        cdf_k_matmul_q_args a = {
+            .M = x->shape[0], .N = d->shape[1], .K = n->p.matmul_q.k,
+            .a = PTR(x), .a_dt = x->dtype,
+            .w = PTR(SRC(1)), .qtype = (uint32_t)n->p.matmul_q.qtype, .w_dt = n->p.matmul_q.wdt,
+            .bias = PTR(b), .bias_dt = b ? b->dtype : CDF_F32, .c = dp, .c_dt = d->dtype,
+        };
+        return cdf_k_matmul_q(&a);
+    }
     case CDF_OP_COUNT: break;
     }
     return cdf_error(CDF_ERR_INTERNAL, "cpu backend: unknown op kind %d", (int)n->kind);

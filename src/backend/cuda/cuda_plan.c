@@ -135,6 +135,8 @@ bool cdf_cuda_check_node(const cdf_node *n, char *why, size_t why_size) {
             return refuse(why, why_size, "%s", cdf_last_error());
         break;
     }
+    case CDF_OP_MATMUL_Q:
+        return refuse(why, why_size, "%s: GGUF-quantized weights have no kernel on this backend yet (--weight-type f32 or bf16 decodes them at load)", op);
     case CDF_OP_ATTENTION: {
         const int64_t d = n->src[0]->shape[3], dv = n->src[2]->shape[3];
         if (d > CDF_CUDA_ATTN_MAX_D || dv > CDF_CUDA_ATTN_MAX_D)
