@@ -176,8 +176,10 @@ typedef struct cdf_lora_info {
 cdf_status cdf_pipeline_load_lora(cdf_pipeline *p, const char *path, const cdf_lora_params *params, cdf_lora_info *info);
 /* Change a run-time adapter's scale (finite). A fused adapter's scale is fixed: CDF_ERR_UNSUPPORTED. */
 cdf_status cdf_pipeline_set_lora_scale(cdf_pipeline *p, int adapter, float scale);
-/* Remove every run-time adapter. Fused adapters cannot be taken out (reload the pipeline):
- * CDF_ERR_UNSUPPORTED, nothing removed. */
+/* Remove every adapter. Fused ones are taken out of the weights as diffusers' unfuse_lora does
+ * (W -= scale * (alpha/r) * B A with the same product that was added, computed in f32 and
+ * stored in W's dtype): the weights are the original ones up to one rounding per element (f32:
+ * the outputs agree with the adapter-free model to the golden tolerances; see README). */
 cdf_status cdf_pipeline_unload_lora(cdf_pipeline *p);
 int cdf_pipeline_lora_count(const cdf_pipeline *p);
 

@@ -25,6 +25,8 @@ struct cdf_component {
      * the scale tensors as graph parameters */
     struct cdf_layer_index *layers;
     struct cdf_lora_scales *lora_scales;
+    /* fused adapters, for undoing them (NULL if none) */
+    struct cdf_lora_fused_log *lora_fused;
 };
 
 /* component_compile.c */

@@ -115,6 +115,7 @@ void cdf_component_free(cdf_component *c) {
     c->cls->free(c->impl); /* frees the layers' LoRA links, then the scales they point at */
     cdf_layer_index_free(c->layers);
     cdf_lora_scales_free(c->lora_scales);
+    cdf_lora_fused_log_free(c->lora_fused);
     cJSON_Delete(c->cfg);
     free(c);
 }
@@ -146,6 +147,14 @@ void cdf_component_lora_reset(cdf_component *c) {
     for (int i = 0; i < cdf_layer_index_count(c->layers); i++) cdf_lora_detach(cdf_layer_index_at(c->layers, i, NULL));
     cdf_lora_scales_free(c->lora_scales);
     c->lora_scales = NULL;
+}
+
+cdf_lora_fused_log **cdf_component_lora_fused(cdf_component *c) { return c ? &c->lora_fused : NULL; }
+
+cdf_status cdf_component_lora_unfuse(cdf_component *c) {
+    if (!c || !c->lora_fused) return CDF_OK;
+    cdf_component_weights_changed(c);
+    return cdf_lora_fused_log_undo(&c->lora_fused, c->layers);
 }
 
 const char *cdf_component_class_name(const cdf_component *c) { return c ? c->class_name : NULL; }

@@ -60,4 +60,20 @@ cdf_status cdf_lora_fuse(cdf_linear_layer *l, cdf_tensor *a, cdf_tensor *b, floa
 /* Remove every run-time adapter from l (nothing if none). */
 void cdf_lora_detach(cdf_linear_layer *l);
 
+/* ---- undoing fused adapters ---------------------------------------------------------------- */
+/* What was fused where, so that it can be taken out again (diffusers' unfuse_lora, which PEFT
+ * does by subtracting the same delta: W <- W - s B A). The layers are found again by module name
+ * at undo time, so the log stays valid across anything that rebuilds the layer objects. The A/B
+ * tensors are kept (references): rank x (in + out) per layer, small next to W. */
+typedef struct cdf_lora_fused_log cdf_lora_fused_log;
+/* Record that `layer` got scale * b @ a (references taken). */
+cdf_status cdf_lora_fused_log_add(cdf_lora_fused_log **log, const char *layer, cdf_tensor *a, cdf_tensor *b, float scale);
+/* Subtract every recorded delta, the last fused first, each computed exactly as cdf_lora_fuse
+ * computed it (the negated product: W + (-s B) A), from the layers of ix; then empty the log.
+ * W + d - d is W up to one rounding of W's dtype per element (bit-exact only where that sum
+ * rounds back). A layer that is gone is an error naming it (the rest are still undone). */
+cdf_status cdf_lora_fused_log_undo(cdf_lora_fused_log **log, const cdf_layer_index *ix);
+int cdf_lora_fused_log_count(const cdf_lora_fused_log *log);
+void cdf_lora_fused_log_free(cdf_lora_fused_log *log); /* NULL is fine */
+
 #endif

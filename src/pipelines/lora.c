@@ -137,8 +137,13 @@ static cdf_status apply(const match *ms, int nm, const cdf_lora_params *lp, int 
             cdf_tensor *a, *b;
             s = make_pair(cdf_tensor_device(m->layer[k]->w), m, k, &a, &b);
             if (s != CDF_OK) break;
-            s = lp->mode == CDF_LORA_RUNTIME ? cdf_lora_attach(sc, m->layer[k], id, a, b, what)
-                                              : cdf_lora_fuse(m->layer[k], a, b, lp->scale, what);
+            if (lp->mode == CDF_LORA_RUNTIME) s = cdf_lora_attach(sc, m->layer[k], id, a, b, what);
+            else {
+                s = cdf_lora_fuse(m->layer[k], a, b, lp->scale, what);
+                /* kept for unload (unfuse); fails only out of host memory */
+                if (s == CDF_OK)
+                    s = cdf_lora_fused_log_add(cdf_component_lora_fused(m->c), m->e->target.module[k], a, b, lp->scale);
+            }
             cdf_tensor_release(a);
             cdf_tensor_release(b);
             if (s == CDF_OK) (*layers)++;
@@ -221,14 +226,17 @@ cdf_status cdf_pipeline_set_lora_scale(cdf_pipeline *p, int adapter, float scale
 
 cdf_status cdf_pipeline_unload_lora(cdf_pipeline *p) {
     if (!p) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_unload_lora: pipeline is NULL");
-    for (int i = 0; i < p->n_lora; i++)
-        if (p->lora_mode[i] == CDF_LORA_FUSE)
-            return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA unload: adapter %d is fused into the weights (reload the pipeline to "
-                             "remove it)", i);
+    if (p->tracking) return cdf_error(CDF_ERR_INVALID_ARG, "LoRA unload: cannot unload adapters during generate");
+    /* fused adapters: unfuse (diffusers' unfuse_lora + unload_lora_weights), then run-time ones */
     const cdf_lora_components cs = pipeline_components(p);
-    for (int i = 0; i < cs.n; i++) cdf_component_lora_reset(cs.c[i]);
+    cdf_status s = CDF_OK;
+    for (int i = 0; i < cs.n; i++) {
+        cdf_status e = cdf_component_lora_unfuse(cs.c[i]);
+        if (s == CDF_OK) s = e;
+        cdf_component_lora_reset(cs.c[i]);
+    }
     p->n_lora = 0;
-    return CDF_OK;
+    return s;
 }
 
 int cdf_pipeline_lora_count(const cdf_pipeline *p) { return p ? p->n_lora : 0; }
