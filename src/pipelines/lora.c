@@ -161,7 +161,11 @@ cdf_status cdf_lora_load_into(const cdf_lora_components *cs, const char *path, c
         return cdf_error(CDF_ERR_INVALID_ARG, "LoRA %s: unknown mode %d (runtime = 0, fuse = 1)", path, (int)lp.mode);
     if (id < 0 || id >= CDF_LORA_MAX_ADAPTERS) return cdf_error(CDF_ERR_LIMIT, "LoRA %s: at most %d adapters", path, CDF_LORA_MAX_ADAPTERS);
     cdf_lora_file *lf = NULL;
-    CDF_TRY(cdf_lora_file_load(path, &lf));
+    /* the key names depend on the model (FLUX.2's kohya names map to other modules than FLUX.1's) */
+    const cdf_component *tr = component_named(cs, "transformer");
+    const char *cls = tr ? cdf_component_class_name(tr) : NULL;
+    const cdf_lora_family fam = cls && strcmp(cls, "Flux2Transformer2DModel") == 0 ? CDF_LORA_FAMILY_FLUX2 : CDF_LORA_FAMILY_DEFAULT;
+    CDF_TRY(cdf_lora_file_load(path, fam, &lf));
     match *ms = calloc((size_t)lf->n + 1, sizeof *ms);
     const char **extra = calloc((size_t)lf->n + 1, sizeof *extra);
     char(*names)[2 * CDF_LORA_NAME_MAX + 48] = calloc((size_t)lf->n + 1, sizeof *names);

@@ -231,6 +231,70 @@ def flux2_peft_adapter(folder, seed):
     return sd
 
 
+# FLUX.2 kohya / ai-toolkit: original (BFL) module names -> diffusers modules, as diffusers'
+# _convert_kohya_flux2_lora_to_diffusers / _convert_non_diffusers_flux2_lora_to_diffusers map them
+FLUX2_DOUBLE_ORIG = {  # part -> diffusers modules (several: lora_B rows split in order)
+    "img_attn.qkv": ["attn.to_q", "attn.to_k", "attn.to_v"], "txt_attn.qkv": ["attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"],
+    "img_attn.proj": ["attn.to_out.0"], "txt_attn.proj": ["attn.to_add_out"], "img_mlp.0": ["ff.linear_in"],
+    "img_mlp.2": ["ff.linear_out"], "txt_mlp.0": ["ff_context.linear_in"], "txt_mlp.2": ["ff_context.linear_out"],
+}
+FLUX2_SINGLE_ORIG = {"linear1": ["attn.to_qkv_mlp_proj"], "linear2": ["attn.to_out"]}
+FLUX2_EXTRA_KOHYA = {"img_in": "x_embedder", "txt_in": "context_embedder",
+                     "time_in_in_layer": "time_guidance_embed.timestep_embedder.linear_1",
+                     "time_in_out_layer": "time_guidance_embed.timestep_embedder.linear_2", "final_layer_linear": "proj_out"}
+FLUX2_EXTRA_AITK = {"img_in": "x_embedder", "txt_in": "context_embedder",
+                    "time_in.in_layer": "time_guidance_embed.timestep_embedder.linear_1",
+                    "time_in.out_layer": "time_guidance_embed.timestep_embedder.linear_2",
+                    "guidance_in.in_layer": "time_guidance_embed.guidance_embedder.linear_1",
+                    "guidance_in.out_layer": "time_guidance_embed.guidance_embedder.linear_2",
+                    "final_layer.linear": "proj_out", "final_layer.adaLN_modulation.1": "norm_out.linear",
+                    "single_stream_modulation.lin": "single_stream_modulation.linear",
+                    "double_stream_modulation_img.lin": "double_stream_modulation_img.linear",
+                    "double_stream_modulation_txt.lin": "double_stream_modulation_txt.linear"}
+
+
+def flux2_orig_adapter(folder, seed, kohya):
+    """A FLUX.2 adapter in kohya ("lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight" +
+    ".alpha", one module in four without) or ai-toolkit ("diffusion_model.double_blocks.0.img_attn.qkv.
+    lora_A.weight", no alphas: diffusers' converter rejects them) names on every module its
+    converter knows. ai-toolkit: the last double block in diffusers' own block names, which that
+    converter passes through ("diffusion_model.transformer_blocks.1.attn.to_q")."""
+    g = gen(seed)
+    m = Flux2Transformer2DModel.from_pretrained(folder, torch_dtype=torch.float32)
+    lin = {n: mod for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)}
+    cfg = m.config
+    mods = []  # (file module name, diffusers modules)
+    for i in range(cfg.num_layers):
+        for part, tgt in FLUX2_DOUBLE_ORIG.items():
+            full = [f"transformer_blocks.{i}.{t}" for t in tgt]
+            if kohya:
+                mods.append((f"lora_unet_double_blocks_{i}_{part.replace('.', '_')}", full))
+            elif i == cfg.num_layers - 1:
+                mods += [(f"diffusion_model.{f}", [f]) for f in full]
+            else:
+                mods.append((f"diffusion_model.double_blocks.{i}.{part}", full))
+    for i in range(cfg.num_single_layers):
+        for part, tgt in FLUX2_SINGLE_ORIG.items():
+            full = [f"single_transformer_blocks.{i}.{t}" for t in tgt]
+            mods.append((f"lora_unet_single_blocks_{i}_{part}" if kohya else f"diffusion_model.single_blocks.{i}.{part}", full))
+    for orig, tgt in (FLUX2_EXTRA_KOHYA if kohya else FLUX2_EXTRA_AITK).items():
+        if tgt in lin:
+            mods.append((f"lora_unet_{orig}" if kohya else f"diffusion_model.{orig}", [tgt]))
+    sd = {}
+    for n, (name, full) in enumerate(mods):
+        fin = lin[full[0]].in_features
+        fout = sum(lin[f].out_features for f in full)
+        r = (4, 2, 3)[n % 3]
+        A, B = rnd(g, r, fin, std=fin ** -0.5), rnd(g, fout, r, std=0.15)
+        if kohya:
+            sd[f"{name}.lora_down.weight"], sd[f"{name}.lora_up.weight"] = A, B
+            if n % 4:
+                sd[f"{name}.alpha"] = torch.tensor(float((8.0, 1.0, 6.0)[n % 3]))
+        else:
+            sd[f"{name}.lora_A.weight"], sd[f"{name}.lora_B.weight"] = A, B
+    return sd
+
+
 # ---- runs -----------------------------------------------------------------------------------
 def load_into(mixin, model, path, name):
     """What pipe.load_lora_weights(path, adapter_name=name) does for the transformer."""
@@ -461,6 +525,11 @@ def main():
         save_file(flux2_peft_adapter(folder, seed), adapter, metadata={"format": "pt"})
         o = {}
         run_case(Flux2Transformer2DModel, Flux2LoraLoaderMixin, folder, io, flux2_call, adapter, None, o, f"{name}_peft")
+        if name == "flux2_dev":  # kohya and ai-toolkit names (dev: the guidance embedder too)
+            for kind, kseed in (("kohya", 9), ("aitk", 10)):
+                adapter = os.path.join(a.out, f"{name}_{kind}.safetensors")
+                save_file(flux2_orig_adapter(folder, kseed, kind == "kohya"), adapter, metadata={"format": "pt"})
+                run_case(Flux2Transformer2DModel, Flux2LoraLoaderMixin, folder, io, flux2_call, adapter, None, o, f"{name}_{kind}")
         save_file({f"out.{k}": v for k, v in o.items()}, os.path.join(a.out, f"{name}.safetensors"))
         stats.update({f"{name}.{k}": {"max_abs": float(v.abs().max()), "max_abs_diff_vs_base": float((v - o["base"]).abs().max())}
                       for k, v in o.items()})
