@@ -163,6 +163,33 @@ static void fused_case(const pcase *pc) {
     ctx_close(&c);
 }
 
+/* Offload: adapters survive the models' release and re-materialisation (they are logged on the
+ * component and re-applied each time; the A/B matrices stay resident). Same references, same
+ * tolerances. `late`: offload switched on after the adapter is loaded. */
+static void offload_case(const pcase *pc, cdf_offload_mode om, cdf_lora_mode mode, bool late) {
+    ctx c;
+    ctx_open(&c, pc);
+    char k[128];
+    if (!late) assert_int_equal(cdf_pipeline_set_offload(c.pipe, om), CDF_OK);
+    const float scale = mode == CDF_LORA_FUSE ? 0.7f : 1.0f;
+    load(&c, pc, mode, scale);
+    if (late) assert_int_equal(cdf_pipeline_set_offload(c.pipe, om), CDF_OK);
+    snprintf(k, sizeof k, "%s.%s", pc->adapter, mode == CDF_LORA_FUSE ? "fused_s07" : "runtime_s1");
+    check(&c, k);
+    check(&c, k); /* the models were released after the first run and come back with the adapter */
+    cdf_pipeline_memory_stats ms;
+    cdf_pipeline_last_memory_stats(c.pipe, &ms);
+    assert_true(ms.materialisations >= 2); /* text encoder(s) and transformer re-read in that run */
+    if (mode == CDF_LORA_RUNTIME) {
+        assert_int_equal(cdf_pipeline_set_lora_scale(c.pipe, 0, 0.7f), CDF_OK);
+        snprintf(k, sizeof k, "%s.runtime_s07", pc->adapter);
+        check(&c, k);
+    }
+    assert_int_equal(cdf_pipeline_unload_lora(c.pipe), CDF_OK);
+    check(&c, "base");
+    ctx_close(&c);
+}
+
 /* 3 CLIP layers x 6 linears (+ the transformer's to_q in the PEFT file) */
 static const pcase FLUX_PEFT = {"flux", "pipe_flux_te_peft", 19};
 static const pcase FLUX_KOHYA = {"flux", "pipe_flux_te_kohya", 18};
@@ -174,12 +201,48 @@ static void test_flux_te_kohya_runtime(void **st) { (void)st, runtime_case(&FLUX
 static void test_flux_te_kohya_fused(void **st) { (void)st, fused_case(&FLUX_KOHYA); }
 static void test_sd3_te_runtime(void **st) { (void)st, runtime_case(&SD3_PEFT); }
 static void test_sd3_te_fused(void **st) { (void)st, fused_case(&SD3_PEFT); }
+static void test_model_offload_runtime(void **st) { (void)st, offload_case(&FLUX_PEFT, CDF_OFFLOAD_MODEL, CDF_LORA_RUNTIME, false); }
+static void test_model_offload_fused(void **st) { (void)st, offload_case(&SD3_PEFT, CDF_OFFLOAD_MODEL, CDF_LORA_FUSE, false); }
+static void test_model_offload_after_load(void **st) { (void)st, offload_case(&FLUX_KOHYA, CDF_OFFLOAD_MODEL, CDF_LORA_FUSE, true); }
+/* the FLUX PEFT file holds transformer_blocks.0.attn.to_q: a block layer with host-side weights */
+static void test_sequential_offload_runtime(void **st) {
+    (void)st, offload_case(&FLUX_PEFT, CDF_OFFLOAD_SEQUENTIAL, CDF_LORA_RUNTIME, false);
+}
+static void test_sequential_offload_runtime_after_load(void **st) {
+    (void)st, offload_case(&SD3_PEFT, CDF_OFFLOAD_SEQUENTIAL, CDF_LORA_RUNTIME, true);
+}
+
+/* Fusing into host-side block weights is refused, before anything changes. */
+static void test_sequential_offload_fuse_refused(void **st) {
+    (void)st;
+    ctx c;
+    ctx_open(&c, &FLUX_PEFT);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/lora/%s.safetensors", CDF_TEST_DATA, FLUX_PEFT.adapter);
+    cdf_lora_params lp = cdf_lora_default_params();
+    lp.mode = CDF_LORA_FUSE;
+    assert_int_equal(cdf_pipeline_set_offload(c.pipe, CDF_OFFLOAD_SEQUENTIAL), CDF_OK);
+    assert_int_equal(cdf_pipeline_load_lora(c.pipe, path, &lp, NULL), CDF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(cdf_last_error(), "run-time mode"));
+    assert_int_equal(cdf_pipeline_lora_count(c.pipe), 0);
+    /* fused first, then sequential offload: refused too, the adapter still applies */
+    assert_int_equal(cdf_pipeline_set_offload(c.pipe, CDF_OFFLOAD_NONE), CDF_OK);
+    lp.scale = 0.7f;
+    assert_int_equal(cdf_pipeline_load_lora(c.pipe, path, &lp, NULL), CDF_OK);
+    assert_int_equal(cdf_pipeline_set_offload(c.pipe, CDF_OFFLOAD_SEQUENTIAL), CDF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(cdf_last_error(), "fused"));
+    check(&c, "pipe_flux_te_peft.fused_s07");
+    ctx_close(&c);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_flux_te_peft_runtime), cmocka_unit_test(test_flux_te_peft_fused),
         cmocka_unit_test(test_flux_te_kohya_runtime), cmocka_unit_test(test_flux_te_kohya_fused),
         cmocka_unit_test(test_sd3_te_runtime),        cmocka_unit_test(test_sd3_te_fused),
+        cmocka_unit_test(test_model_offload_runtime), cmocka_unit_test(test_model_offload_fused),
+        cmocka_unit_test(test_model_offload_after_load), cmocka_unit_test(test_sequential_offload_runtime),
+        cmocka_unit_test(test_sequential_offload_runtime_after_load), cmocka_unit_test(test_sequential_offload_fuse_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

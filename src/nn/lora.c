@@ -334,18 +334,19 @@ cdf_status cdf_lora_fuse(cdf_linear_layer *l, cdf_tensor *a, cdf_tensor *b, floa
 /* ---- fused log ------------------------------------------------------------------------------ */
 typedef struct fused_rec {
     char *layer;
+    int adapter;
     cdf_tensor *a, *b;
     float scale;
 } fused_rec;
 
-struct cdf_lora_fused_log {
+struct cdf_lora_log {
     int n, cap;
     fused_rec *r;
 };
 
-cdf_status cdf_lora_fused_log_add(cdf_lora_fused_log **log, const char *layer, cdf_tensor *a, cdf_tensor *b, float scale) {
+cdf_status cdf_lora_log_add(cdf_lora_log **log, const char *layer, int adapter, cdf_tensor *a, cdf_tensor *b, float scale) {
     if (!*log && !(*log = calloc(1, sizeof **log))) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-    cdf_lora_fused_log *g = *log;
+    cdf_lora_log *g = *log;
     if (g->n == g->cap) {
         const int cap = g->cap ? 2 * g->cap : 64;
         fused_rec *r = realloc(g->r, (size_t)cap * sizeof *r);
@@ -355,7 +356,7 @@ cdf_status cdf_lora_fused_log_add(cdf_lora_fused_log **log, const char *layer, c
     }
     char *name = strdup(layer);
     if (!name) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-    g->r[g->n++] = (fused_rec){name, cdf_tensor_retain(a), cdf_tensor_retain(b), scale};
+    g->r[g->n++] = (fused_rec){name, adapter, cdf_tensor_retain(a), cdf_tensor_retain(b), scale};
     return CDF_OK;
 }
 
@@ -365,8 +366,8 @@ static void rec_free(fused_rec *r) {
     cdf_tensor_release(r->b);
 }
 
-cdf_status cdf_lora_fused_log_undo(cdf_lora_fused_log **log, const cdf_layer_index *ix) {
-    cdf_lora_fused_log *g = *log;
+cdf_status cdf_lora_log_unfuse(cdf_lora_log **log, const cdf_layer_index *ix) {
+    cdf_lora_log *g = *log;
     cdf_status s = CDF_OK;
     for (int i = g ? g->n - 1 : -1; i >= 0; i--) {
         fused_rec *r = &g->r[i];
@@ -380,14 +381,26 @@ cdf_status cdf_lora_fused_log_undo(cdf_lora_fused_log **log, const cdf_layer_ind
         rec_free(r);
         g->n = i; /* freed */
     }
-    cdf_lora_fused_log_free(g);
+    cdf_lora_log_free(g);
     *log = NULL;
     return s;
 }
 
-int cdf_lora_fused_log_count(const cdf_lora_fused_log *log) { return log ? log->n : 0; }
+cdf_status cdf_lora_log_replay(const cdf_lora_log *log, const cdf_layer_index *ix, cdf_lora_scales *sc) {
+    for (int i = 0; log && i < log->n; i++) {
+        const fused_rec *r = &log->r[i];
+        cdf_linear_layer *l = cdf_layer_index_find(ix, r->layer, NULL);
+        if (!l) return cdf_error(CDF_ERR_NOT_FOUND, "LoRA: re-applying an adapter: layer %s is gone", r->layer);
+        char what[CDF_LORA_NAME_MAX_WHAT];
+        snprintf(what, sizeof what, "re-applying to %s", r->layer);
+        CDF_TRY(sc ? cdf_lora_attach(sc, l, r->adapter, r->a, r->b, what) : cdf_lora_fuse(l, r->a, r->b, r->scale, what));
+    }
+    return CDF_OK;
+}
 
-void cdf_lora_fused_log_free(cdf_lora_fused_log *log) {
+int cdf_lora_log_count(const cdf_lora_log *log) { return log ? log->n : 0; }
+
+void cdf_lora_log_free(cdf_lora_log *log) {
     if (!log) return;
     for (int i = 0; i < log->n; i++) rec_free(&log->r[i]);
     free(log->r);
