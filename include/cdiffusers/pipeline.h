@@ -155,7 +155,8 @@ cdf_status cdf_pipeline_validate(const cdf_pipeline *p, const cdf_generate_param
  * lora_state_dict does. Run time (default): PEFT's y = W x + b + scale * (alpha/r) * B(A x), W
  * untouched, the scale changes without reloading or recompiling. Fuse: W += scale * (alpha/r) *
  * B A once at load (diffusers' fuse_lora), fastest, the scale is fixed. Several adapters can be
- * loaded; their contributions add up. Not with offload or tensor parallelism (refused). */
+ * loaded; their contributions add up. With offload they are re-applied whenever a model is
+ * materialised again (fuse + sequential offload is refused). Not with tensor parallelism (refused). */
 typedef enum cdf_lora_mode { CDF_LORA_RUNTIME = 0, CDF_LORA_FUSE = 1 } cdf_lora_mode;
 typedef struct cdf_lora_params {
     float scale;        /* 1 */
