@@ -1,6 +1,7 @@
 /* Fuzz target: LoRA key names (models/lora_file.c). The input, split at newlines, is a list of
  * tensor names as a LoRA file's header would hold them; each goes through cdf_lora_key_split and
- * then the kohya, XLabs and diffusers name mappings, as cdf_lora_file_load does.
+ * then the kohya, XLabs, FLUX.2 kohya / ai-toolkit and diffusers name mappings, as
+ * cdf_lora_file_load does.
  *
  * Invariants: the module part is a NUL-terminated prefix of the key (kind OTHER gives ""), never
  * longer than the buffer; a mapped target has 1..CDF_LORA_MAX_TARGETS modules, each non-empty
@@ -20,6 +21,8 @@ static void write_seeds(const char *dir) {
         "encoder.layers.0.self_attn.q_proj.lora_up.weight",
         "transformer.x.dora_scale\n.alpha\nlora_unet_double_blocks__img_attn_qkv.alpha",
         "double_blocks.0.processor.qkv_lora1.down.weight\ndiffusion_model.single_blocks.9.processor.proj_lora.up.weight",
+        "diffusion_model.double_blocks.1.txt_mlp.2.lora_A.weight\ndiffusion_model.sformer_blocks.0.attn.to_q.lora_B.weight\n"
+        "diffusion_model.double_stream_modulation_img.lin.lora_A.weight\nlora_unet_single_blocks_7_linear1.lora_down.weight",
     };
     for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) fz_seed(dir, 0, seeds[i], strlen(seeds[i]));
 }
@@ -48,14 +51,13 @@ static void one(const char *key) {
     }
     if (strncmp(key, base, strlen(base)) != 0) abort();
     cdf_lora_target t1, t2;
-    if (cdf_lora_kohya_target(base, &t1)) {
-        check_target(&t1);
-        if (!cdf_lora_kohya_target(base, &t2) || memcmp(&t1, &t2, sizeof t1) != 0) abort();
-    }
-    if (cdf_lora_xlabs_target(base, &t1)) {
-        check_target(&t1);
-        if (!cdf_lora_xlabs_target(base, &t2) || memcmp(&t1, &t2, sizeof t1) != 0) abort();
-    }
+    static bool (*const mappers[])(const char *, cdf_lora_target *) = {
+        cdf_lora_kohya_target, cdf_lora_xlabs_target, cdf_lora_kohya_flux2_target, cdf_lora_aitk_flux2_target};
+    for (size_t i = 0; i < sizeof mappers / sizeof *mappers; i++)
+        if (mappers[i](base, &t1)) {
+            check_target(&t1);
+            if (!mappers[i](base, &t2) || memcmp(&t1, &t2, sizeof t1) != 0) abort();
+        }
     if (cdf_lora_diffusers_target(base, &t1)) {
         check_target(&t1);
         if (t1.n != 1) abort();

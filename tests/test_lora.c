@@ -131,6 +131,11 @@ static void fused_case(const model_case *mc, const char *adapter, const char *pr
     assert_null(cdf_component_lora_scales(c, false)); /* nothing at run time */
     snprintf(key, sizeof key, "out.%s.fused_s07", prefix);
     assert_true(forward_diff(c, mc, key) < mc->atol);
+    /* unfused (what cdf_pipeline_unload_lora does; diffusers' unfuse_lora): the base model again */
+    assert_int_equal(cdf_component_lora_unfuse(c), CDF_OK);
+    assert_true(forward_diff(c, mc, "out.base") < mc->atol);
+    assert_int_equal(cdf_component_lora_unfuse(c), CDF_OK); /* nothing left to undo */
+    assert_true(forward_diff(c, mc, "out.base") < mc->atol);
     cdf_component_free(c);
 }
 
@@ -157,6 +162,17 @@ static void test_flux2_klein_runtime(void **st) {
     (void)st, runtime_case(&FLUX2_KLEIN, "flux2_klein_peft", "flux2_klein_peft", 37);
 }
 static void test_flux2_klein_fused(void **st) { (void)st, fused_case(&FLUX2_KLEIN, "flux2_klein_peft", "flux2_klein_peft"); }
+/* FLUX.2 kohya names (diffusers' _convert_kohya_flux2_lora_to_diffusers): per double block
+ * img/txt qkv (3 + 3), proj (2), mlp_0/2 (4); per single block linear1 (the fused
+ * to_qkv_mlp_proj) and linear2; img_in, txt_in, time_in x 2, final_layer_linear */
+static void test_flux2_dev_kohya_runtime(void **st) { (void)st, runtime_case(&FLUX2_DEV, "flux2_dev_kohya", "flux2_dev_kohya", 33); }
+static void test_flux2_dev_kohya_fused(void **st) { (void)st, fused_case(&FLUX2_DEV, "flux2_dev_kohya", "flux2_dev_kohya"); }
+/* ai-toolkit names (_convert_non_diffusers_flux2_lora_to_diffusers): block 0 in BFL names (12),
+ * block 1 in diffusers' names passed through (12), single blocks (4), 11 others (guidance_in,
+ * final_layer.adaLN_modulation.1, the shared modulations too) */
+static void test_flux2_dev_aitk_runtime(void **st) { (void)st, runtime_case(&FLUX2_DEV, "flux2_dev_aitk", "flux2_dev_aitk", 39); }
+static void test_flux2_dev_aitk_fused(void **st) { (void)st, fused_case(&FLUX2_DEV, "flux2_dev_aitk", "flux2_dev_aitk"); }
+
 
 /* Two adapters at once: set_adapters(["a", "b"], [0.7, 1.3]). */
 static void multi_case(const char *first, const char *prefix) {
@@ -297,6 +313,29 @@ static void test_bad_input(void **st) {
     cdf_component_free(c);
 }
 
+/* FLUX.2 names diffusers' converters do not take are refused, not guessed. */
+static void test_flux2_names_refused(void **st) {
+    (void)st;
+    cdf_component *c = load_transformer(&FLUX2_DEV);
+    const char *p = tmp_path("lora_flux2_bad.safetensors");
+    /* kohya suffixes under ComfyUI's prefix: FLUX.1's converter renames them, FLUX.2's keeps only
+     * lora_unet_ names (diffusers ends with an empty adapter) */
+    write_adapter(p, "diffusion_model.double_blocks.0.img_attn.proj.lora_down.weight", 4, 64,
+                  "diffusion_model.double_blocks.0.img_attn.proj.lora_up.weight", 64, 4, 0.0f, NULL);
+    expect_refused(c, p, 1.0f, CDF_ERR_FORMAT, "no LoRA weights of a known module (2 tensors, e.g. diffusion_model.double");
+    /* kohya FLUX.1 modulation names: FLUX.2's converter drops them with a warning */
+    write_adapter(p, "lora_unet_double_blocks_0_img_attn_proj.lora_down.weight", 4, 64,
+                  "lora_unet_double_blocks_0_img_attn_proj.lora_up.weight", 64, 4, 0.0f, "lora_unet_double_blocks_0_img_mod_lin.alpha");
+    expect_refused(c, p, 1.0f, CDF_ERR_NOT_FOUND, "lora_unet_double_blocks_0_img_mod_lin.alpha");
+    /* ai-toolkit with an alpha: diffusers' converter rejects the file */
+    write_adapter(p, "diffusion_model.double_blocks.0.img_attn.proj.lora_A.weight", 4, 64,
+                  "diffusion_model.double_blocks.0.img_attn.proj.lora_B.weight", 64, 4, 0.0f,
+                  "diffusion_model.double_blocks.0.img_attn.proj.alpha");
+    expect_refused(c, p, 1.0f, CDF_ERR_NOT_FOUND, "diffusion_model.double_blocks.0.img_attn.proj.alpha");
+    assert_true(forward_diff(c, &FLUX2_DEV, "out.base") < FLUX2_DEV.atol);
+    cdf_component_free(c);
+}
+
 /* ---- key names ------------------------------------------------------------------------------ */
 static void test_key_names(void **st) {
     (void)st;
@@ -349,6 +388,26 @@ static void test_key_names(void **st) {
     assert_false(cdf_lora_xlabs_target("double_blocks.0.processor.proj_lora", &t));
     assert_false(cdf_lora_xlabs_target("double_blocks.x.processor.proj_lora1", &t));
     assert_false(cdf_lora_xlabs_target("double_blocks.0.proj_lora1", &t));
+    /* FLUX.2 */
+    assert_true(cdf_lora_kohya_flux2_target("lora_unet_single_blocks_3_linear1", &t));
+    assert_int_equal(t.n, 1);
+    assert_string_equal(t.module[0], "single_transformer_blocks.3.attn.to_qkv_mlp_proj");
+    assert_true(cdf_lora_kohya_flux2_target("lora_unet_double_blocks_1_txt_mlp_2", &t));
+    assert_string_equal(t.module[0], "transformer_blocks.1.ff_context.linear_out");
+    assert_true(cdf_lora_kohya_flux2_target("lora_unet_double_blocks_0_img_attn_qkv", &t));
+    assert_int_equal(t.n, 3);
+    assert_false(cdf_lora_kohya_flux2_target("lora_unet_guidance_in_in_layer", &t)); /* not in diffusers' kohya map */
+    assert_false(cdf_lora_kohya_flux2_target("lora_unet_double_blocks_0_img_mod_lin", &t));
+    assert_true(cdf_lora_aitk_flux2_target("diffusion_model.double_blocks.2.txt_attn.qkv", &t));
+    assert_int_equal(t.n, 3);
+    assert_string_equal(t.module[2], "transformer_blocks.2.attn.add_v_proj");
+    assert_true(cdf_lora_aitk_flux2_target("diffusion_model.sformer_blocks.0.attn.to_q", &t));
+    assert_string_equal(t.module[0], "transformer_blocks.0.attn.to_q");
+    assert_true(cdf_lora_aitk_flux2_target("diffusion_model.final_layer.adaLN_modulation.1", &t));
+    assert_true(!t.swap_halves);
+    assert_string_equal(t.module[0], "norm_out.linear");
+    assert_false(cdf_lora_aitk_flux2_target("diffusion_model.double_blocks.0.img_attn_qkv", &t));
+    assert_false(cdf_lora_aitk_flux2_target("double_blocks.0.img_attn.qkv", &t));
 }
 
 /* ---- the CLI on a whole pipeline -------------------------------------------------------------
@@ -455,6 +514,9 @@ int main(void) {
         cmocka_unit_test(test_flux_xlabs_fused),    cmocka_unit_test(test_flux_multi_xlabs),
         cmocka_unit_test(test_flux2_dev_runtime),   cmocka_unit_test(test_flux2_dev_fused),
         cmocka_unit_test(test_flux2_klein_runtime), cmocka_unit_test(test_flux2_klein_fused),
+        cmocka_unit_test(test_flux2_dev_kohya_runtime), cmocka_unit_test(test_flux2_dev_kohya_fused),
+        cmocka_unit_test(test_flux2_dev_aitk_runtime), cmocka_unit_test(test_flux2_dev_aitk_fused),
+        cmocka_unit_test(test_flux2_names_refused),
         cmocka_unit_test(test_compile_whole_scale),
         cmocka_unit_test(test_compile_blocks_scale), cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_cli_fuse_matches_offline_fused_folder), cmocka_unit_test(test_cli_bad_lora),

@@ -88,6 +88,16 @@ struct cdf_layer_index *cdf_component_layers(cdf_component *c);
 struct cdf_lora_scales *cdf_component_lora_scales(cdf_component *c, bool create);
 /* Remove every run-time adapter and drop the compiled graphs (they captured the old layers). */
 void cdf_component_lora_reset(cdf_component *c);
+/* The logs of adapters fused into this component's weights / attached at run time (nn/lora.h),
+ * for adding to. */
+struct cdf_lora_log **cdf_component_lora_log(cdf_component *c, bool fused);
+/* After a (re-)materialisation: apply the logged adapters to the new layers (fused first, then
+ * the run-time ones, each in load order). */
+cdf_status cdf_component_lora_replay(cdf_component *c);
+/* Take every fused adapter out of the weights again (diffusers' unfuse_lora: W -= s B A, the
+ * last fused first) and drop the compiled graphs; a released (offloaded) model only forgets
+ * them (its next materialisation reads the original weights). Nothing to do is CDF_OK. */
+cdf_status cdf_component_lora_unfuse(cdf_component *c);
 /* Drop compiled graphs after the weights changed in place of the old ones (fused LoRA). */
 void cdf_component_weights_changed(cdf_component *c);
 

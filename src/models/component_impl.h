@@ -25,6 +25,9 @@ struct cdf_component {
      * the scale tensors as graph parameters */
     struct cdf_layer_index *layers;
     struct cdf_lora_scales *lora_scales;
+    /* the adapters applied, fused and at run time (NULL if none): fused ones for undoing them,
+     * both for re-applying them when offload re-materialises the model */
+    struct cdf_lora_log *lora_fused, *lora_runtime;
 };
 
 /* component_compile.c */

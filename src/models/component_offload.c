@@ -66,6 +66,14 @@ static cdf_status materialise(offload_state *st) {
     if (s != CDF_OK) return cdf_error_prefix("re-materialising %s from %s: ", st->owner->class_name, st->dir);
     st->inner_impl = impl;
     st->loads++;
+    /* the adapters the released model had (pipelines/lora.c logs them) */
+    s = cdf_component_lora_replay(st->owner);
+    if (s != CDF_OK) {
+        cdf_layer_index_clear(st->owner->layers);
+        st->inner->free(impl);
+        st->inner_impl = NULL;
+        return cdf_error_prefix("re-materialising %s from %s: ", st->owner->class_name, st->dir);
+    }
     cdf_device_memory_stats(dev, &after);
     st->resident_bytes = after.current_bytes > before.current_bytes ? after.current_bytes - before.current_bytes : 0;
     return CDF_OK;

@@ -225,6 +225,109 @@ bool cdf_lora_xlabs_target(const char *base, cdf_lora_target *t) {
     return false;
 }
 
+/* ---- FLUX.2 (Flux2LoraLoaderMixin.lora_state_dict) ------------------------------------------ */
+static bool flux2_double(const char *part, char sep, cdf_lora_target *t, const char *prefix) {
+    /* part is "img_attn<sep>qkv" etc. with sep '_' (kohya) or '.' (ai-toolkit) */
+    static const char *const qkv_img[] = {"attn.to_q", "attn.to_k", "attn.to_v"};
+    static const char *const qkv_txt[] = {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
+    static const struct {
+        const char *orig, *diffusers;
+    } one[] = {{"img_attn#proj", "attn.to_out.0"},   {"txt_attn#proj", "attn.to_add_out"},
+               {"img_mlp#0", "ff.linear_in"},        {"img_mlp#2", "ff.linear_out"},
+               {"txt_mlp#0", "ff_context.linear_in"}, {"txt_mlp#2", "ff_context.linear_out"}};
+    char want[32];
+    for (int k = 0; k < 2; k++) {
+        snprintf(want, sizeof want, "%s_attn%cqkv", k ? "txt" : "img", sep);
+        if (strcmp(part, want) == 0) return set_targets(t, "transformer", prefix, 3, k ? qkv_txt : qkv_img);
+    }
+    for (size_t k = 0; k < sizeof one / sizeof *one; k++) {
+        snprintf(want, sizeof want, "%s", one[k].orig);
+        *strchr(want, '#') = sep;
+        if (strcmp(part, want) == 0) return set_targets(t, "transformer", prefix, 1, &one[k].diffusers);
+    }
+    return false;
+}
+
+static bool flux2_blocks(const char *s, char sep, cdf_lora_target *t) {
+    char prefix[64], head[32];
+    int i;
+    for (int dbl = 0; dbl < 2; dbl++) {
+        snprintf(head, sizeof head, "%s_blocks%c", dbl ? "double" : "single", sep);
+        const size_t hl = strlen(head);
+        if (strncmp(s, head, hl) != 0) continue;
+        const char *p = s + hl;
+        if (!take_index(&p, &i, sep)) return false;
+        if (dbl) {
+            snprintf(prefix, sizeof prefix, "transformer_blocks.%d.", i);
+            return flux2_double(p, sep, t, prefix);
+        }
+        snprintf(prefix, sizeof prefix, "single_transformer_blocks.%d.", i);
+        static const char *const l1[] = {"attn.to_qkv_mlp_proj"}, *const l2[] = {"attn.to_out"};
+        if (strcmp(p, "linear1") == 0) return set_targets(t, "transformer", prefix, 1, l1);
+        if (strcmp(p, "linear2") == 0) return set_targets(t, "transformer", prefix, 1, l2);
+        return false;
+    }
+    return false;
+}
+
+bool cdf_lora_kohya_flux2_target(const char *base, cdf_lora_target *t) {
+    memset(t, 0, sizeof *t);
+    if (strncmp(base, "lora_unet_", 10) != 0) return false;
+    const char *s = base + 10;
+    if (flux2_blocks(s, '_', t)) return true;
+    static const struct {
+        const char *kohya, *diffusers;
+    } other[] = {
+        {"img_in", "x_embedder"},
+        {"txt_in", "context_embedder"},
+        {"time_in_in_layer", "time_guidance_embed.timestep_embedder.linear_1"},
+        {"time_in_out_layer", "time_guidance_embed.timestep_embedder.linear_2"},
+        {"final_layer_linear", "proj_out"},
+    };
+    for (size_t k = 0; k < sizeof other / sizeof *other; k++)
+        if (strcmp(s, other[k].kohya) == 0) return set_targets(t, "transformer", "", 1, &other[k].diffusers);
+    memset(t, 0, sizeof *t);
+    return false;
+}
+
+bool cdf_lora_aitk_flux2_target(const char *base, cdf_lora_target *t) {
+    memset(t, 0, sizeof *t);
+    if (strncmp(base, "diffusion_model.", 16) != 0) return false;
+    const char *s = base + 16;
+    /* diffusers' block names already (and the "sformer_blocks." alias of some exports) */
+    static const struct {
+        const char *from, *to;
+    } pass[] = {{"single_transformer_blocks.", "single_transformer_blocks."},
+                {"transformer_blocks.", "transformer_blocks."},
+                {"sformer_blocks.", "transformer_blocks."}};
+    for (size_t k = 0; k < sizeof pass / sizeof *pass; k++) {
+        const size_t fl = strlen(pass[k].from);
+        if (strncmp(s, pass[k].from, fl) != 0) continue;
+        const char *rest = s + fl;
+        return set_targets(t, "transformer", pass[k].to, 1, &rest);
+    }
+    if (flux2_blocks(s, '.', t)) return true;
+    static const struct {
+        const char *orig, *diffusers;
+    } other[] = {
+        {"img_in", "x_embedder"},
+        {"txt_in", "context_embedder"},
+        {"time_in.in_layer", "time_guidance_embed.timestep_embedder.linear_1"},
+        {"time_in.out_layer", "time_guidance_embed.timestep_embedder.linear_2"},
+        {"guidance_in.in_layer", "time_guidance_embed.guidance_embedder.linear_1"},
+        {"guidance_in.out_layer", "time_guidance_embed.guidance_embedder.linear_2"},
+        {"final_layer.linear", "proj_out"},
+        {"final_layer.adaLN_modulation.1", "norm_out.linear"}, /* no scale/shift swap here (unlike FLUX.1 kohya) */
+        {"single_stream_modulation.lin", "single_stream_modulation.linear"},
+        {"double_stream_modulation_img.lin", "double_stream_modulation_img.linear"},
+        {"double_stream_modulation_txt.lin", "double_stream_modulation_txt.linear"},
+    };
+    for (size_t k = 0; k < sizeof other / sizeof *other; k++)
+        if (strcmp(s, other[k].orig) == 0) return set_targets(t, "transformer", "", 1, &other[k].diffusers);
+    memset(t, 0, sizeof *t);
+    return false;
+}
+
 /* ---- files ---------------------------------------------------------------------------------- */
 typedef struct group {
     char base[CDF_LORA_NAME_MAX];
@@ -325,7 +428,7 @@ static cdf_status build_entry(const cdf_st_file *f, const group *g, const cdf_lo
     return CDF_OK;
 }
 
-static cdf_status parse(const cdf_st_file *f, const char *path, cdf_lora_file *lf) {
+static cdf_status parse(const cdf_st_file *f, const char *path, cdf_lora_family family, cdf_lora_file *lf) {
     const int nt = cdf_st_count(f);
     group *g = calloc((size_t)nt + 1, sizeof *g);
     if (!g) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
@@ -362,15 +465,29 @@ static cdf_status parse(const cdf_st_file *f, const char *path, cdf_lora_file *l
     }
     /* as diffusers: any lora_down key makes the file kohya; within it, "transformer."-prefixed
      * modules are PEFT names with kohya suffixes. Otherwise any key with "processor" makes it
-     * XLabs (whose converter passes other keys through unchanged, so diffusers names still load). */
-    xlabs &= !kohya;
-    lf->format = kohya ? "kohya" : xlabs ? "XLabs" : "diffusers";
+     * XLabs (whose converter passes other keys through unchanged, so diffusers names still load).
+     * FLUX.2 (Flux2LoraLoaderMixin): kohya as well (its own converter, which keeps nothing but
+     * "lora_unet_" names), no XLabs, and a key starting "diffusion_model." makes the file
+     * ai-toolkit's (whose converter rejects anything else, alphas included). */
+    const bool flux2 = family == CDF_LORA_FAMILY_FLUX2;
+    bool aitk = false;
+    for (int j = 0; flux2 && !kohya && j < ng; j++) aitk |= strncmp(g[j].base, "diffusion_model.", 16) == 0;
+    xlabs &= !kohya && !flux2;
+    lf->format = kohya ? "kohya" : xlabs ? "XLabs" : aitk ? "ai-toolkit" : "diffusers";
     for (int j = 0; j < ng && s == CDF_OK; j++) {
         cdf_lora_target tg;
         const bool peft = strncmp(g[j].base, "transformer.", 12) == 0;
-        const bool known = kohya && !peft                               ? cdf_lora_kohya_target(g[j].base, &tg)
-                           : xlabs && strstr(g[j].base, ".processor.") ? cdf_lora_xlabs_target(g[j].base, &tg)
-                                                                        : cdf_lora_diffusers_target(g[j].base, &tg);
+        bool known;
+        if (flux2 && kohya) known = cdf_lora_kohya_flux2_target(g[j].base, &tg);
+        else if (aitk) known = cdf_lora_aitk_flux2_target(g[j].base, &tg);
+        else
+            known = kohya && !peft                               ? cdf_lora_kohya_target(g[j].base, &tg)
+                    : xlabs && strstr(g[j].base, ".processor.") ? cdf_lora_xlabs_target(g[j].base, &tg)
+                                                                 : cdf_lora_diffusers_target(g[j].base, &tg);
+        if (known && aitk && g[j].alpha) {
+            s = add_unused(lf, g[j].alpha->name); /* diffusers' ai-toolkit FLUX.2 converter takes no alphas */
+            g[j].alpha = NULL;
+        }
         if (known && xlabs && !peft && g[j].alpha) {
             /* diffusers' XLabs loader takes no alphas (its converter rejects or misfiles them):
              * reported as unused rather than applied or dropped silently */
@@ -404,13 +521,13 @@ static cdf_status parse(const cdf_st_file *f, const char *path, cdf_lora_file *l
     return s;
 }
 
-cdf_status cdf_lora_file_load(const char *path, cdf_lora_file **out) {
+cdf_status cdf_lora_file_load(const char *path, cdf_lora_family family, cdf_lora_file **out) {
     *out = NULL;
     cdf_st_file *f = NULL;
     cdf_status s = cdf_st_open(path, &f);
     if (s != CDF_OK) return cdf_error_prefix("LoRA file: ");
     cdf_lora_file *lf = calloc(1, sizeof *lf);
-    s = lf ? parse(f, path, lf) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    s = lf ? parse(f, path, family, lf) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
     cdf_st_close(f);
     if (s != CDF_OK) {
         cdf_lora_file_free(lf);

@@ -62,6 +62,17 @@ bool cdf_lora_kohya_target(const char *base, cdf_lora_target *t);
  * 3.processor.proj_lora") -> target. false if unknown. */
 bool cdf_lora_xlabs_target(const char *base, cdf_lora_target *t);
 
+/* FLUX.2 names as diffusers' Flux2LoraLoaderMixin converts them (lora_conversion_utils.py):
+ * kohya "lora_unet_double_blocks_0_img_attn_qkv" (_convert_kohya_flux2_lora_to_diffusers:
+ * double-block attention and MLPs, single-block linear1 -> the fused attn.to_qkv_mlp_proj, not
+ * split, linear2 -> attn.to_out, img_in, txt_in, time_in, final_layer_linear; nothing else:
+ * diffusers drops the rest with a warning, cdiffusers reports them unused) and ai-toolkit
+ * "diffusion_model.double_blocks.0.img_attn.qkv" (_convert_non_diffusers_flux2_lora_to_diffusers:
+ * the same plus guidance_in, final_layer.adaLN_modulation.1 (no swap), the shared modulations,
+ * and diffusers block names passed through). false if unknown. */
+bool cdf_lora_kohya_flux2_target(const char *base, cdf_lora_target *t);
+bool cdf_lora_aitk_flux2_target(const char *base, cdf_lora_target *t);
+
 /* ---- files ----------------------------------------------------------------------------------- */
 typedef struct cdf_lora_entry {
     cdf_lora_target target;
@@ -72,7 +83,7 @@ typedef struct cdf_lora_entry {
 } cdf_lora_entry;
 
 typedef struct cdf_lora_file {
-    const char *format; /* "diffusers", "kohya", "XLabs" */
+    const char *format; /* "diffusers", "kohya", "XLabs", "ai-toolkit" */
     int n;
     cdf_lora_entry *e;
     int n_unused;       /* keys that are not (complete) LoRA pairs of a known module */
@@ -82,7 +93,11 @@ typedef struct cdf_lora_file {
 /* Read and validate a LoRA safetensors file: every lora_A has its lora_B and the ranks agree,
  * tensors are 2-D float (alphas scalar float), every value is finite. Errors name the file and
  * the key. Keys that map to no known module are listed in `unused` (the caller decides). */
-cdf_status cdf_lora_file_load(const char *path, cdf_lora_file **out);
+typedef enum cdf_lora_family {
+    CDF_LORA_FAMILY_DEFAULT = 0, /* FLUX.1 and SD3: diffusers/PEFT, kohya FLUX.1, XLabs */
+    CDF_LORA_FAMILY_FLUX2,       /* Flux2Transformer2DModel: diffusers/PEFT, kohya and ai-toolkit FLUX.2 */
+} cdf_lora_family;
+cdf_status cdf_lora_file_load(const char *path, cdf_lora_family family, cdf_lora_file **out);
 void cdf_lora_file_free(cdf_lora_file *f);
 
 #endif

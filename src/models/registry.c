@@ -115,6 +115,8 @@ void cdf_component_free(cdf_component *c) {
     c->cls->free(c->impl); /* frees the layers' LoRA links, then the scales they point at */
     cdf_layer_index_free(c->layers);
     cdf_lora_scales_free(c->lora_scales);
+    cdf_lora_log_free(c->lora_fused);
+    cdf_lora_log_free(c->lora_runtime);
     cJSON_Delete(c->cfg);
     free(c);
 }
@@ -146,6 +148,34 @@ void cdf_component_lora_reset(cdf_component *c) {
     for (int i = 0; i < cdf_layer_index_count(c->layers); i++) cdf_lora_detach(cdf_layer_index_at(c->layers, i, NULL));
     cdf_lora_scales_free(c->lora_scales);
     c->lora_scales = NULL;
+    cdf_lora_log_free(c->lora_runtime);
+    c->lora_runtime = NULL;
+}
+
+cdf_lora_log **cdf_component_lora_log(cdf_component *c, bool fused) {
+    return c ? (fused ? &c->lora_fused : &c->lora_runtime) : NULL;
+}
+
+cdf_status cdf_component_lora_unfuse(cdf_component *c) {
+    if (!c || !c->lora_fused) return CDF_OK;
+    if (!cdf_component_is_loaded(c)) { /* released: the next load reads the original weights */
+        cdf_lora_log_free(c->lora_fused);
+        c->lora_fused = NULL;
+        return CDF_OK;
+    }
+    cdf_component_weights_changed(c);
+    return cdf_lora_log_unfuse(&c->lora_fused, c->layers);
+}
+
+cdf_status cdf_component_lora_replay(cdf_component *c) {
+    if (!c) return CDF_OK;
+    CDF_TRY(cdf_lora_log_replay(c->lora_fused, c->layers, NULL));
+    if (c->lora_runtime) {
+        cdf_lora_scales *sc = cdf_component_lora_scales(c, true);
+        if (!sc) return cdf_last_status();
+        CDF_TRY(cdf_lora_log_replay(c->lora_runtime, c->layers, sc));
+    }
+    return CDF_OK;
 }
 
 const char *cdf_component_class_name(const cdf_component *c) { return c ? c->class_name : NULL; }

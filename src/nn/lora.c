@@ -9,6 +9,8 @@
 #include "core/error_internal.h"
 #include "tensor/tensor_impl.h"
 
+#define CDF_LORA_NAME_MAX_WHAT 320
+
 /* ---- layer index ---------------------------------------------------------------------------- */
 struct cdf_layer_index {
     int n, cap;
@@ -297,14 +299,8 @@ cdf_tensor *cdf_lora_linear_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
     return r;
 }
 
-cdf_status cdf_lora_fuse(cdf_linear_layer *l, cdf_tensor *a, cdf_tensor *b, float scale, const char *what) {
-    CDF_TRY(check_shapes(l, a, b, what));
-    if (!isfinite(scale)) return cdf_error(CDF_ERR_INVALID_ARG, "LoRA %s: scale %g is not a finite number", what, (double)scale);
-    if (l->tp) return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA %s: the layer is a tensor-parallel shard (not supported)", what);
-    if (l->w->storage->host_src)
-        return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA %s: fusing into a host-side weight (sequential offload) is not supported; "
-                         "use the run-time mode", what);
-    CDF_TRY(cdf_linear_decode(l)); /* every value changes: the layer stops keeping blocks */
+/* l->w <- l->w + scale * b @ a in f32, stored back in l->w's dtype. */
+static cdf_status add_delta(cdf_linear_layer *l, cdf_tensor *a, cdf_tensor *b, float scale, const char *what) {
     cdf_scope_push();
     const cdf_dtype dt = cdf_tensor_dtype(l->w);
     cdf_tensor *w32 = dt == CDF_F32 ? l->w : cdf_cast(l->w, CDF_F32);
@@ -318,4 +314,96 @@ cdf_status cdf_lora_fuse(cdf_linear_layer *l, cdf_tensor *a, cdf_tensor *b, floa
     cdf_tensor_release(l->w);
     l->w = nw;
     return CDF_OK;
+}
+
+static cdf_status check_fusable(const cdf_linear_layer *l, float scale, const char *what) {
+    if (!isfinite(scale)) return cdf_error(CDF_ERR_INVALID_ARG, "LoRA %s: scale %g is not a finite number", what, (double)scale);
+    if (l->tp) return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA %s: the layer is a tensor-parallel shard (not supported)", what);
+    if (l->w->storage->host_src)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA %s: fusing into a host-side weight (sequential offload) is not supported; "
+                         "use the run-time mode", what);
+    return CDF_OK;
+}
+
+cdf_status cdf_lora_fuse(cdf_linear_layer *l, cdf_tensor *a, cdf_tensor *b, float scale, const char *what) {
+    CDF_TRY(check_shapes(l, a, b, what));
+    CDF_TRY(check_fusable(l, scale, what));
+    CDF_TRY(cdf_linear_decode(l)); /* every value changes: the layer stops keeping blocks */
+    return add_delta(l, a, b, scale, what);
+}
+
+/* ---- fused log ------------------------------------------------------------------------------ */
+typedef struct fused_rec {
+    char *layer;
+    int adapter;
+    cdf_tensor *a, *b;
+    float scale;
+} fused_rec;
+
+struct cdf_lora_log {
+    int n, cap;
+    fused_rec *r;
+};
+
+cdf_status cdf_lora_log_add(cdf_lora_log **log, const char *layer, int adapter, cdf_tensor *a, cdf_tensor *b, float scale) {
+    if (!*log && !(*log = calloc(1, sizeof **log))) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    cdf_lora_log *g = *log;
+    if (g->n == g->cap) {
+        const int cap = g->cap ? 2 * g->cap : 64;
+        fused_rec *r = realloc(g->r, (size_t)cap * sizeof *r);
+        if (!r) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        g->r = r;
+        g->cap = cap;
+    }
+    char *name = strdup(layer);
+    if (!name) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    g->r[g->n++] = (fused_rec){name, adapter, cdf_tensor_retain(a), cdf_tensor_retain(b), scale};
+    return CDF_OK;
+}
+
+static void rec_free(fused_rec *r) {
+    free(r->layer);
+    cdf_tensor_release(r->a);
+    cdf_tensor_release(r->b);
+}
+
+cdf_status cdf_lora_log_unfuse(cdf_lora_log **log, const cdf_layer_index *ix) {
+    cdf_lora_log *g = *log;
+    cdf_status s = CDF_OK;
+    for (int i = g ? g->n - 1 : -1; i >= 0; i--) {
+        fused_rec *r = &g->r[i];
+        cdf_linear_layer *l = cdf_layer_index_find(ix, r->layer, NULL);
+        char what[CDF_LORA_NAME_MAX_WHAT];
+        snprintf(what, sizeof what, "unfusing %s", r->layer);
+        /* -(s B) is exactly the negation of s B, so the product is exactly the delta fused */
+        cdf_status e = l ? add_delta(l, r->a, r->b, -r->scale, what)
+                         : cdf_error(CDF_ERR_NOT_FOUND, "LoRA unfuse: layer %s is gone", r->layer);
+        if (s == CDF_OK) s = e;
+        rec_free(r);
+        g->n = i; /* freed */
+    }
+    cdf_lora_log_free(g);
+    *log = NULL;
+    return s;
+}
+
+cdf_status cdf_lora_log_replay(const cdf_lora_log *log, const cdf_layer_index *ix, cdf_lora_scales *sc) {
+    for (int i = 0; log && i < log->n; i++) {
+        const fused_rec *r = &log->r[i];
+        cdf_linear_layer *l = cdf_layer_index_find(ix, r->layer, NULL);
+        if (!l) return cdf_error(CDF_ERR_NOT_FOUND, "LoRA: re-applying an adapter: layer %s is gone", r->layer);
+        char what[CDF_LORA_NAME_MAX_WHAT];
+        snprintf(what, sizeof what, "re-applying to %s", r->layer);
+        CDF_TRY(sc ? cdf_lora_attach(sc, l, r->adapter, r->a, r->b, what) : cdf_lora_fuse(l, r->a, r->b, r->scale, what));
+    }
+    return CDF_OK;
+}
+
+int cdf_lora_log_count(const cdf_lora_log *log) { return log ? log->n : 0; }
+
+void cdf_lora_log_free(cdf_lora_log *log) {
+    if (!log) return;
+    for (int i = 0; i < log->n; i++) rec_free(&log->r[i]);
+    free(log->r);
+    free(log);
 }

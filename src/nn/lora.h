@@ -60,4 +60,25 @@ cdf_status cdf_lora_fuse(cdf_linear_layer *l, cdf_tensor *a, cdf_tensor *b, floa
 /* Remove every run-time adapter from l (nothing if none). */
 void cdf_lora_detach(cdf_linear_layer *l);
 
+/* ---- what was applied where: undo (unfuse) and replay (offload) ----------------------------- */
+/* A log of applied adapters by module name: fused ones so that they can be taken out again
+ * (diffusers' unfuse_lora, which PEFT does by subtracting the same delta: W <- W - s B A), and
+ * both kinds so that a model re-materialised by offload (new layer objects, weights read again
+ * from its files) gets them again. The layers are found by module name each time. The A/B
+ * tensors are kept (references, shared with the run-time links): rank x (in + out) per layer,
+ * small next to W; they stay resident on the device while the model is offloaded. */
+typedef struct cdf_lora_log cdf_lora_log;
+/* Record that `layer` got adapter `adapter` (run time) or scale * b @ a (fused); references taken. */
+cdf_status cdf_lora_log_add(cdf_lora_log **log, const char *layer, int adapter, cdf_tensor *a, cdf_tensor *b, float scale);
+/* Apply every record again in order to the layers of ix: attached as run-time adapters to sc, or
+ * fused (sc NULL). The same inputs in the same order: the same weights and links as before. */
+cdf_status cdf_lora_log_replay(const cdf_lora_log *log, const cdf_layer_index *ix, cdf_lora_scales *sc);
+/* Subtract every recorded delta, the last fused first, each computed exactly as cdf_lora_fuse
+ * computed it (the negated product: W + (-s B) A), from the layers of ix; then empty the log.
+ * W + d - d is W up to one rounding of W's dtype per element (bit-exact only where that sum
+ * rounds back). A layer that is gone is an error naming it (the rest are still undone). */
+cdf_status cdf_lora_log_unfuse(cdf_lora_log **log, const cdf_layer_index *ix);
+int cdf_lora_log_count(const cdf_lora_log *log);
+void cdf_lora_log_free(cdf_lora_log *log); /* NULL is fine */
+
 #endif

@@ -137,8 +137,11 @@ static cdf_status apply(const match *ms, int nm, const cdf_lora_params *lp, int 
             cdf_tensor *a, *b;
             s = make_pair(cdf_tensor_device(m->layer[k]->w), m, k, &a, &b);
             if (s != CDF_OK) break;
-            s = lp->mode == CDF_LORA_RUNTIME ? cdf_lora_attach(sc, m->layer[k], id, a, b, what)
-                                              : cdf_lora_fuse(m->layer[k], a, b, lp->scale, what);
+            const bool rt = lp->mode == CDF_LORA_RUNTIME;
+            s = rt ? cdf_lora_attach(sc, m->layer[k], id, a, b, what) : cdf_lora_fuse(m->layer[k], a, b, lp->scale, what);
+            /* kept for unload (unfuse) and for offload's re-materialised models; fails only out
+             * of host memory */
+            if (s == CDF_OK) s = cdf_lora_log_add(cdf_component_lora_log(m->c, !rt), m->e->target.module[k], id, a, b, lp->scale);
             cdf_tensor_release(a);
             cdf_tensor_release(b);
             if (s == CDF_OK) (*layers)++;
@@ -156,11 +159,20 @@ cdf_status cdf_lora_load_into(const cdf_lora_components *cs, const char *path, c
         return cdf_error(CDF_ERR_INVALID_ARG, "LoRA %s: unknown mode %d (runtime = 0, fuse = 1)", path, (int)lp.mode);
     if (id < 0 || id >= CDF_LORA_MAX_ADAPTERS) return cdf_error(CDF_ERR_LIMIT, "LoRA %s: at most %d adapters", path, CDF_LORA_MAX_ADAPTERS);
     cdf_lora_file *lf = NULL;
-    CDF_TRY(cdf_lora_file_load(path, &lf));
+    /* the key names depend on the model (FLUX.2's kohya names map to other modules than FLUX.1's) */
+    const cdf_component *tr = component_named(cs, "transformer");
+    const char *cls = tr ? cdf_component_class_name(tr) : NULL;
+    const cdf_lora_family fam = cls && strcmp(cls, "Flux2Transformer2DModel") == 0 ? CDF_LORA_FAMILY_FLUX2 : CDF_LORA_FAMILY_DEFAULT;
+    CDF_TRY(cdf_lora_file_load(path, fam, &lf));
     match *ms = calloc((size_t)lf->n + 1, sizeof *ms);
     const char **extra = calloc((size_t)lf->n + 1, sizeof *extra);
     char(*names)[2 * CDF_LORA_NAME_MAX + 48] = calloc((size_t)lf->n + 1, sizeof *names);
     cdf_status s = ms && extra && names ? CDF_OK : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    /* offload: only the models the file names come back (their layers are matched by name) */
+    for (int i = 0; i < lf->n && s == CDF_OK && cs->materialise; i++) {
+        cdf_component *c = component_named(cs, lf->e[i].target.component);
+        if (c) s = cdf_component_ensure_loaded(c);
+    }
     int nm = 0, ne = 0;
     for (int i = 0; i < lf->n && s == CDF_OK; i++) {
         int r = resolve(cs, path, &lf->e[i], &ms[nm]);
@@ -187,18 +199,26 @@ cdf_status cdf_lora_load_into(const cdf_lora_components *cs, const char *path, c
 
 cdf_status cdf_pipeline_load_lora(cdf_pipeline *p, const char *path, const cdf_lora_params *params, cdf_lora_info *info) {
     if (!p || !path) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_load_lora: pipeline or path is NULL");
-    if (p->offload != CDF_OFFLOAD_NONE)
-        return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA %s: adapters with offload are not supported (a released model would lose "
-                         "them); load without offload", path);
+    const cdf_lora_mode mode = params ? params->mode : CDF_LORA_RUNTIME;
+    if (p->offload == CDF_OFFLOAD_SEQUENTIAL && mode == CDF_LORA_FUSE)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA %s: fusing with sequential offload is not supported (the transformer's "
+                         "block weights stay host-side); use the run-time mode", path);
     if (p->tracking) return cdf_error(CDF_ERR_INVALID_ARG, "LoRA %s: cannot load an adapter during generate", path);
     if (p->n_lora >= (int)(sizeof p->lora_mode / sizeof *p->lora_mode))
         return cdf_error(CDF_ERR_LIMIT, "LoRA %s: at most %d adapters", path, (int)(sizeof p->lora_mode / sizeof *p->lora_mode));
-    const cdf_lora_components cs = pipeline_components(p);
+    cdf_lora_components cs = pipeline_components(p);
+    /* with offload the models the file names are materialised for the load, the adapters logged
+     * on their components (replayed at every later materialisation), and the models released
+     * again */
+    cs.materialise = p->offload != CDF_OFFLOAD_NONE;
     cdf_status s = cdf_lora_load_into(&cs, path, params, p->n_lora, info);
     /* a failure while applying (out of memory) can leave part of a run-time adapter attached:
      * the id stays taken so that unload removes it */
-    const cdf_lora_mode mode = params ? params->mode : CDF_LORA_RUNTIME;
     if (s == CDF_OK || (mode == CDF_LORA_RUNTIME && cdf_last_status() == CDF_ERR_OUT_OF_MEMORY)) p->lora_mode[p->n_lora++] = mode;
+    if (p->offload != CDF_OFFLOAD_NONE) {
+        const cdf_status r = cdf_pipeline_set_offload(p, p->offload);
+        if (s == CDF_OK) s = r;
+    }
     return s;
 }
 
@@ -221,14 +241,17 @@ cdf_status cdf_pipeline_set_lora_scale(cdf_pipeline *p, int adapter, float scale
 
 cdf_status cdf_pipeline_unload_lora(cdf_pipeline *p) {
     if (!p) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_unload_lora: pipeline is NULL");
-    for (int i = 0; i < p->n_lora; i++)
-        if (p->lora_mode[i] == CDF_LORA_FUSE)
-            return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA unload: adapter %d is fused into the weights (reload the pipeline to "
-                             "remove it)", i);
+    if (p->tracking) return cdf_error(CDF_ERR_INVALID_ARG, "LoRA unload: cannot unload adapters during generate");
+    /* fused adapters: unfuse (diffusers' unfuse_lora + unload_lora_weights), then run-time ones */
     const cdf_lora_components cs = pipeline_components(p);
-    for (int i = 0; i < cs.n; i++) cdf_component_lora_reset(cs.c[i]);
+    cdf_status s = CDF_OK;
+    for (int i = 0; i < cs.n; i++) {
+        cdf_status e = cdf_component_lora_unfuse(cs.c[i]);
+        if (s == CDF_OK) s = e;
+        cdf_component_lora_reset(cs.c[i]);
+    }
     p->n_lora = 0;
-    return CDF_OK;
+    return s;
 }
 
 int cdf_pipeline_lora_count(const cdf_pipeline *p) { return p ? p->n_lora : 0; }

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "core/error_internal.h"
+#include "nn/lora.h"
 #include "pipelines/pipeline_impl.h"
 
 static cdf_component **components(cdf_pipeline *p, int *n) {
@@ -160,9 +161,12 @@ cdf_status cdf_pipeline_set_offload(cdf_pipeline *p, cdf_offload_mode mode) {
     if (mode != CDF_OFFLOAD_NONE && mode != CDF_OFFLOAD_MODEL && mode != CDF_OFFLOAD_SEQUENTIAL)
         return cdf_error(CDF_ERR_INVALID_ARG, "unknown offload mode %d (none = 0, model = 1, sequential = 2)", (int)mode);
     if (p->tracking) return cdf_error(CDF_ERR_INVALID_ARG, "cannot change the offload mode during generate");
-    if (mode != CDF_OFFLOAD_NONE && p->n_lora > 0)
-        return cdf_error(CDF_ERR_UNSUPPORTED, "offload with LoRA adapters loaded is not supported (a released model would "
-                         "lose them)");
+    /* run-time adapters and fused ones are logged on their components and re-applied whenever a
+     * model is materialised again (pipelines/lora.c); fusing into host-side block weights is not
+     * done */
+    if (mode == CDF_OFFLOAD_SEQUENTIAL && p->transformer && cdf_lora_log_count(*cdf_component_lora_log(p->transformer, true)))
+        return cdf_error(CDF_ERR_UNSUPPORTED, "sequential offload with a LoRA adapter fused into the transformer is not "
+                         "supported (its block weights stay host-side); unload it or load it in run-time mode");
     p->offload = mode;
     /* the transformer's blocks: host-side with SEQUENTIAL (this releases it if that changes) */
     if (p->transformer) CDF_TRY(cdf_component_set_blocks_on_host(p->transformer, mode == CDF_OFFLOAD_SEQUENTIAL));

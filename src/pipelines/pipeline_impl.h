@@ -95,6 +95,7 @@ typedef struct cdf_lora_components {
     int n;
     const char *name[4]; /* "transformer", "text_encoder", ... */
     cdf_component *c[4]; /* NULL = absent */
+    bool materialise;    /* offload: load the released models the file names before matching */
 } cdf_lora_components;
 cdf_status cdf_lora_load_into(const cdf_lora_components *cs, const char *path, const cdf_lora_params *params, int id,
                               cdf_lora_info *info);

@@ -231,6 +231,70 @@ def flux2_peft_adapter(folder, seed):
     return sd
 
 
+# FLUX.2 kohya / ai-toolkit: original (BFL) module names -> diffusers modules, as diffusers'
+# _convert_kohya_flux2_lora_to_diffusers / _convert_non_diffusers_flux2_lora_to_diffusers map them
+FLUX2_DOUBLE_ORIG = {  # part -> diffusers modules (several: lora_B rows split in order)
+    "img_attn.qkv": ["attn.to_q", "attn.to_k", "attn.to_v"], "txt_attn.qkv": ["attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"],
+    "img_attn.proj": ["attn.to_out.0"], "txt_attn.proj": ["attn.to_add_out"], "img_mlp.0": ["ff.linear_in"],
+    "img_mlp.2": ["ff.linear_out"], "txt_mlp.0": ["ff_context.linear_in"], "txt_mlp.2": ["ff_context.linear_out"],
+}
+FLUX2_SINGLE_ORIG = {"linear1": ["attn.to_qkv_mlp_proj"], "linear2": ["attn.to_out"]}
+FLUX2_EXTRA_KOHYA = {"img_in": "x_embedder", "txt_in": "context_embedder",
+                     "time_in_in_layer": "time_guidance_embed.timestep_embedder.linear_1",
+                     "time_in_out_layer": "time_guidance_embed.timestep_embedder.linear_2", "final_layer_linear": "proj_out"}
+FLUX2_EXTRA_AITK = {"img_in": "x_embedder", "txt_in": "context_embedder",
+                    "time_in.in_layer": "time_guidance_embed.timestep_embedder.linear_1",
+                    "time_in.out_layer": "time_guidance_embed.timestep_embedder.linear_2",
+                    "guidance_in.in_layer": "time_guidance_embed.guidance_embedder.linear_1",
+                    "guidance_in.out_layer": "time_guidance_embed.guidance_embedder.linear_2",
+                    "final_layer.linear": "proj_out", "final_layer.adaLN_modulation.1": "norm_out.linear",
+                    "single_stream_modulation.lin": "single_stream_modulation.linear",
+                    "double_stream_modulation_img.lin": "double_stream_modulation_img.linear",
+                    "double_stream_modulation_txt.lin": "double_stream_modulation_txt.linear"}
+
+
+def flux2_orig_adapter(folder, seed, kohya):
+    """A FLUX.2 adapter in kohya ("lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight" +
+    ".alpha", one module in four without) or ai-toolkit ("diffusion_model.double_blocks.0.img_attn.qkv.
+    lora_A.weight", no alphas: diffusers' converter rejects them) names on every module its
+    converter knows. ai-toolkit: the last double block in diffusers' own block names, which that
+    converter passes through ("diffusion_model.transformer_blocks.1.attn.to_q")."""
+    g = gen(seed)
+    m = Flux2Transformer2DModel.from_pretrained(folder, torch_dtype=torch.float32)
+    lin = {n: mod for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)}
+    cfg = m.config
+    mods = []  # (file module name, diffusers modules)
+    for i in range(cfg.num_layers):
+        for part, tgt in FLUX2_DOUBLE_ORIG.items():
+            full = [f"transformer_blocks.{i}.{t}" for t in tgt]
+            if kohya:
+                mods.append((f"lora_unet_double_blocks_{i}_{part.replace('.', '_')}", full))
+            elif i == cfg.num_layers - 1:
+                mods += [(f"diffusion_model.{f}", [f]) for f in full]
+            else:
+                mods.append((f"diffusion_model.double_blocks.{i}.{part}", full))
+    for i in range(cfg.num_single_layers):
+        for part, tgt in FLUX2_SINGLE_ORIG.items():
+            full = [f"single_transformer_blocks.{i}.{t}" for t in tgt]
+            mods.append((f"lora_unet_single_blocks_{i}_{part}" if kohya else f"diffusion_model.single_blocks.{i}.{part}", full))
+    for orig, tgt in (FLUX2_EXTRA_KOHYA if kohya else FLUX2_EXTRA_AITK).items():
+        if tgt in lin:
+            mods.append((f"lora_unet_{orig}" if kohya else f"diffusion_model.{orig}", [tgt]))
+    sd = {}
+    for n, (name, full) in enumerate(mods):
+        fin = lin[full[0]].in_features
+        fout = sum(lin[f].out_features for f in full)
+        r = (4, 2, 3)[n % 3]
+        A, B = rnd(g, r, fin, std=fin ** -0.5), rnd(g, fout, r, std=0.15)
+        if kohya:
+            sd[f"{name}.lora_down.weight"], sd[f"{name}.lora_up.weight"] = A, B
+            if n % 4:
+                sd[f"{name}.alpha"] = torch.tensor(float((8.0, 1.0, 6.0)[n % 3]))
+        else:
+            sd[f"{name}.lora_A.weight"], sd[f"{name}.lora_B.weight"] = A, B
+    return sd
+
+
 # ---- runs -----------------------------------------------------------------------------------
 def load_into(mixin, model, path, name):
     """What pipe.load_lora_weights(path, adapter_name=name) does for the transformer."""
@@ -282,6 +346,130 @@ def flux2_call(m, io):
 def sd3_call(m, io):
     return m(hidden_states=io["hidden_states"], encoder_hidden_states=io["encoder_hidden_states"],
              pooled_projections=io["pooled_projections"], timestep=io["timestep"], return_dict=False)[0].contiguous()
+
+
+# ---- text encoders, whole pipelines ----------------------------------------------------------
+# Which text encoders diffusers 0.42 loads LoRA into (lora_pipeline.py): FluxLoraLoaderMixin
+# `_lora_loadable_modules = ["transformer", "text_encoder"]` (CLIP-L only: its kohya/ComfyUI
+# converter drops `text_encoders.t5xxl.*` and `text_projection` keys), SD3LoraLoaderMixin
+# ["transformer", "text_encoder", "text_encoder_2"] (CLIP-L and CLIP-G, not T5),
+# Flux2LoraLoaderMixin ["transformer"] only.
+TE_PIPE_STEPS = 3
+
+
+def te_adapter(pipe, components, seed, kohya=False, alphas=False):
+    """Random adapters on every nn.Linear of the CLIP encoder layers of `components` (not
+    text_projection: a bare parameter in cdiffusers' CLIP and filtered by diffusers' converters).
+    kohya: sd-scripts names "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down..."."""
+    g = gen(seed)
+    sd = {}
+    n = 0
+    for comp in components:
+        enc = getattr(pipe, comp)
+        for name, mod in enc.named_modules():
+            if not isinstance(mod, torch.nn.Linear) or "encoder.layers." not in name:
+                continue
+            # files name the modules as transformers 4 did ("text_model.encoder..."); transformers 5
+            # dropped the wrapper and diffusers' text-encoder loader strips the prefix again
+            name = name if name.startswith("text_model.") else "text_model." + name
+            r = (4, 2, 3)[n % 3]
+            alpha = (6.0, 1.0, 3.0)[n % 3]
+            n += 1
+            A = rnd(g, r, mod.in_features, std=mod.in_features ** -0.5)
+            B = rnd(g, mod.out_features, r, std=0.3)
+            if kohya:
+                k = "lora_te1_" + name.replace(".", "_")
+                sd[f"{k}.lora_down.weight"], sd[f"{k}.lora_up.weight"] = A, B
+                if n % 4:  # one in four without alpha (alpha = rank)
+                    sd[f"{k}.alpha"] = torch.tensor(alpha)
+            else:
+                sd[f"{comp}.{name}.lora_A.weight"], sd[f"{comp}.{name}.lora_B.weight"] = A, B
+                if alphas:
+                    # one alpha for every module (ranks still vary, so alpha / rank does): with
+                    # transformers 5 diffusers strips "text_model." from the text encoder's LoRA
+                    # keys but not from its network alphas, so PEFT's alpha_pattern names match no
+                    # module and every module gets the most common alpha (diffusers 0.42.1, peft
+                    # 0.21.2); cdiffusers applies each module's own alpha (see README.md)
+                    sd[f"{comp}.{name}.alpha"] = torch.tensor(6.0)
+    return sd
+
+
+def te_run(pipe, call):
+    """prompt embeddings and the latents after the loop (pipeline call with output_type="latent")."""
+    out = {}
+    with torch.no_grad():
+        if isinstance(pipe, diffusers.FluxPipeline):
+            pe, pooled, _ = pipe.encode_prompt(prompt=call["prompt"], prompt_2=None,
+                                               max_sequence_length=call["max_sequence_length"])
+            out["prompt_embeds"], out["pooled_prompt_embeds"] = pe, pooled
+        else:
+            pe, npe, pooled, npooled = pipe.encode_prompt(
+                prompt=call["prompt"], prompt_2=None, prompt_3=None, negative_prompt=call.get("negative_prompt"),
+                do_classifier_free_guidance=call["guidance_scale"] > 1, max_sequence_length=call["max_sequence_length"])
+            out["prompt_embeds"], out["pooled_prompt_embeds"] = pe, pooled
+            out["negative_prompt_embeds"], out["negative_pooled_prompt_embeds"] = npe, npooled
+        kw = {k: v for k, v in call.items() if k != "seed"}
+        lat = pipe(**kw, generator=torch.Generator("cpu").manual_seed(call["seed"]), output_type="latent").images
+        out["latents_final"] = lat
+    return {k: v.contiguous().float() for k, v in out.items()}
+
+
+def text_encoder_pipeline_cases(out_dir):
+    """FluxPipeline (tests/data/pipelines/flux1_dev_tiny) and StableDiffusion3Pipeline (sd35m_tiny)
+    with text-encoder adapters loaded by pipe.load_lora_weights: run time at 1 and (set_adapters)
+    0.7, fused at 0.7 (pipe.fuse_lora), and fused then unfuse_lora + unload_lora_weights."""
+    P = os.path.join(ROOT, "tests", "data", "pipelines")
+    cases = {
+        # name: (pipeline class, folder, adapter files (kind), call)
+        "flux": (diffusers.FluxPipeline, "flux1_dev_tiny",
+                 dict(prompt="A capybara wearing a tiny astronaut helmet, studio photo", height=64, width=64,
+                      num_inference_steps=TE_PIPE_STEPS, guidance_scale=3.5, max_sequence_length=64, seed=1234)),
+        "sd3": (diffusers.StableDiffusion3Pipeline, "sd35m_tiny",
+                dict(prompt="A capybara holding a sign that reads Hello World", negative_prompt="blurry, low quality, distorted",
+                     height=64, width=64, num_inference_steps=TE_PIPE_STEPS, guidance_scale=4.5, max_sequence_length=64,
+                     seed=0)),
+    }
+    info = {}
+    for name, (cls, folder, call) in cases.items():
+        path = os.path.join(P, folder)
+        pipe = cls.from_pretrained(path, torch_dtype=torch.float32)
+        pipe.set_progress_bar_config(disable=True)
+        if name == "flux":
+            # a transformer module next to the text encoder's keeps the mixed-file path honest
+            tsd = flux_peft_adapter(json.load(open(os.path.join(path, "transformer", "config.json"))), 21, alphas=False)
+            tsd = {k: v for k, v in tsd.items() if "transformer_blocks.0.attn.to_q." in k and "single" not in k}
+            adapters = {"pipe_flux_te_peft": {**te_adapter(pipe, ["text_encoder"], 22, alphas=True), **tsd},
+                        "pipe_flux_te_kohya": te_adapter(pipe, ["text_encoder"], 23, kohya=True)}
+        else:
+            adapters = {"pipe_sd3_te_peft": te_adapter(pipe, ["text_encoder", "text_encoder_2"], 24)}
+        res = {"base": te_run(pipe, call)}
+        for aname, sd in adapters.items():
+            f = os.path.join(out_dir, f"{aname}.safetensors")
+            save_file(sd, f, metadata={"format": "pt"})
+            pipe = cls.from_pretrained(path, torch_dtype=torch.float32)
+            pipe.set_progress_bar_config(disable=True)
+            pipe.load_lora_weights(f, adapter_name="a")
+            res[f"{aname}.runtime_s1"] = te_run(pipe, call)
+            pipe.set_adapters(["a"], [0.7])
+            res[f"{aname}.runtime_s07"] = te_run(pipe, call)
+            pipe = cls.from_pretrained(path, torch_dtype=torch.float32)
+            pipe.set_progress_bar_config(disable=True)
+            pipe.load_lora_weights(f, adapter_name="a")
+            # every loadable component: FluxLoraLoaderMixin.fuse_lora's default is ["transformer"]
+            # (its text encoder would stay a run-time adapter at scale 1)
+            pipe.fuse_lora(components=list(pipe._lora_loadable_modules), lora_scale=0.7)
+            res[f"{aname}.fused_s07"] = te_run(pipe, call)
+            # cdf_pipeline_unload_lora after a fuse: unfuse_lora (PEFT subtracts the merged delta)
+            # and unload_lora_weights (drops the adapter layers): the base model again, up to rounding
+            pipe.unfuse_lora()
+            pipe.unload_lora_weights()
+            res[f"{aname}.unloaded"] = te_run(pipe, call)
+        flat = {f"{k}.{t}": v for k, d in res.items() for t, v in d.items()}
+        save_file(flat, os.path.join(out_dir, f"pipe_{name}_te.safetensors"))
+        info[name] = {"call": call, "folder": f"tests/data/pipelines/{folder}",
+                      "max_abs_diff_vs_base": {k: {t: float((v - res["base"][t]).abs().max()) for t, v in d.items()}
+                                               for k, d in res.items() if k != "base"}}
+    return info
 
 
 def main():
@@ -337,6 +525,11 @@ def main():
         save_file(flux2_peft_adapter(folder, seed), adapter, metadata={"format": "pt"})
         o = {}
         run_case(Flux2Transformer2DModel, Flux2LoraLoaderMixin, folder, io, flux2_call, adapter, None, o, f"{name}_peft")
+        if name == "flux2_dev":  # kohya and ai-toolkit names (dev: the guidance embedder too)
+            for kind, kseed in (("kohya", 9), ("aitk", 10)):
+                adapter = os.path.join(a.out, f"{name}_{kind}.safetensors")
+                save_file(flux2_orig_adapter(folder, kseed, kind == "kohya"), adapter, metadata={"format": "pt"})
+                run_case(Flux2Transformer2DModel, Flux2LoraLoaderMixin, folder, io, flux2_call, adapter, None, o, f"{name}_{kind}")
         save_file({f"out.{k}": v for k, v in o.items()}, os.path.join(a.out, f"{name}.safetensors"))
         stats.update({f"{name}.{k}": {"max_abs": float(v.abs().max()), "max_abs_diff_vs_base": float((v - o["base"]).abs().max())}
                       for k, v in o.items()})
@@ -359,6 +552,7 @@ def main():
         base = FluxTransformer2DModel.from_pretrained(folder, torch_dtype=torch.float32)
         q = "transformer_blocks.0.attn.to_q.weight"
         meta["pipe_fused_to_q_change"] = float((m.state_dict()[q] - base.state_dict()[q]).abs().max())
+    meta["text_encoder_pipelines"] = text_encoder_pipeline_cases(a.out)
     meta["outputs"] = stats
     json.dump(meta, open(os.path.join(a.out, "reference.json"), "w"), indent=1, sort_keys=True)
     print(json.dumps(stats, indent=1))
