@@ -18,15 +18,17 @@
 
 #include "testutil.h"
 
+#include "cdiffusers/cdiffusers.h"
 #include "cdiffusers/io.h"
 #include "models/component.h"
 #include "models/vae.h"
+#include "pipelines/pipeline_impl.h"
 
 #define VAE_ATOL 2e-5
 #define DISTINCT 1e-2
 
 static cdf_tensor *io_get(const cdf_tensor_map *io, const char *c, const char *name) {
-    char key[160];
+    char key[400];
     snprintf(key, sizeof key, "%s.%s", c, name);
     cdf_tensor *t = cdf_tensor_map_get(io, key);
     if (!t) fail_msg("vae_tiling io has no '%s'", key);
@@ -219,6 +221,136 @@ static void test_tiled_peak_memory(void **state) {
     cJSON_Delete(cfg);
 }
 
+/* ---- the pipelines (cdf_generate_params.vae_tiling) ------------------------------------------
+ * A golden pipeline case run with tiles of 32 pixels: its VAE output must equal diffusers' tiled
+ * decode of diffusers' own decode input for that case (pipe_<pipeline>_<case> in io.safetensors).
+ * Tolerance 5e-4, the pipeline tests' tolerance for vae_decode_output (the latents reaching the
+ * VAE carry up to ~1e-4 from the timestep table, see test_pipeline.c). */
+static void pipeline_request(const char *pipeline, const char *c, cdf_generate_params *gp, cJSON **js) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s/cases/%s/expected.json", tu_data("pipelines"), pipeline, c);
+    char *txt = tu_read_file(path, NULL);
+    assert_non_null(txt);
+    *js = cJSON_Parse(txt);
+    free(txt);
+    assert_non_null(*js);
+    const cJSON *call = cJSON_GetObjectItem(*js, "call");
+    *gp = cdf_generate_default_params();
+    gp->prompt = cJSON_GetObjectItem(call, "prompt")->valuestring;
+    const cJSON *neg = cJSON_GetObjectItem(call, "negative_prompt");
+    gp->negative_prompt = cJSON_IsString(neg) ? neg->valuestring : NULL;
+    gp->height = cJSON_GetObjectItem(call, "height")->valueint;
+    gp->width = cJSON_GetObjectItem(call, "width")->valueint;
+    gp->num_inference_steps = cJSON_GetObjectItem(call, "num_inference_steps")->valueint;
+    gp->guidance_scale = (float)cJSON_GetObjectItem(call, "guidance_scale")->valuedouble;
+    gp->max_sequence_length = cJSON_GetObjectItem(call, "max_sequence_length")->valueint;
+    gp->seed = (uint64_t)cJSON_GetObjectItem(call, "seed")->valuedouble;
+}
+
+/* Generates and compares the VAE output with the tiled reference (tiled = true) or with the
+ * case's untiled golden output. */
+static void generate_and_check(cdf_pipeline *pipe, const char *pipeline, const char *c, cdf_generate_params *gp, bool tiled) {
+    cdf_tensor_map io, gold, cap;
+    cdf_tensor_map_init(&cap);
+    gp->capture = &cap;
+    cdf_image img;
+    /* the references are loaded after: on the device they would count against a budget */
+    if (cdf_pipeline_generate(pipe, gp, &img) != CDF_OK) fail_msg("generate %s/%s: %s", pipeline, c, cdf_last_error());
+    char rel[256], key[200], label[200];
+    tu_load_map(&io, "vae_tiling/io.safetensors");
+    snprintf(rel, sizeof rel, "pipelines/%s/cases/%s/expected.safetensors", pipeline, c);
+    tu_load_map(&gold, rel);
+    snprintf(key, sizeof key, "pipe_%s_%s", pipeline, c);
+    cdf_tensor *untiled = cdf_tensor_map_get(&gold, "vae_decode_output");
+    cdf_tensor *want = tiled ? io_get(&io, key, "tiled") : untiled;
+    snprintf(label, sizeof label, "%s/%s %s", pipeline, c, tiled ? "tiled" : "untiled");
+    const double d = tu_diff_tensors(cdf_tensor_map_get(&cap, "vae_decode_output"), want, label);
+    const double du = tu_diff_tensors(untiled, io_get(&io, key, "tiled"), label);
+    printf("  %-44s vae_decode_output max|diff| = %.3g (diffusers tiled vs untiled %.3g)\n", label, d, du);
+    assert_true(d <= 5e-4);
+    assert_true(du > DISTINCT);
+    cdf_image_free(&img);
+    cdf_tensor_map_clear(&cap);
+    cdf_tensor_map_clear(&gold);
+    cdf_tensor_map_clear(&io);
+}
+
+static cdf_pipeline *load_pipeline(const char *pipeline) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", tu_data("pipelines"), pipeline);
+    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    lp.weight_dtype = CDF_F32; /* the golden pipelines ran in f32 */
+    cdf_pipeline *pipe = NULL;
+    if (cdf_pipeline_load(dir, &lp, &pipe) != CDF_OK) fail_msg("load %s: %s", dir, cdf_last_error());
+    return pipe;
+}
+
+static void test_pipelines_tiled(void **state) {
+    (void)state;
+    static const char *const cases[][2] = {{"flux1_schnell_tiny", "64x64"}, {"sd35m_tiny", "64x64_neg"}};
+    for (int i = 0; i < 2; i++) {
+        cdf_pipeline *pipe = load_pipeline(cases[i][0]);
+        cJSON *js;
+        cdf_generate_params gp;
+        pipeline_request(cases[i][0], cases[i][1], &gp, &js);
+        gp.vae_tiling = CDF_VAE_TILING_ON;
+        gp.vae_tile_size = 32;
+        generate_and_check(pipe, cases[i][0], cases[i][1], &gp, true);
+        /* the tile size must keep the output the image's size: multiples of 4 latents */
+        gp.vae_tile_size = 24;
+        cdf_image img;
+        assert_int_equal(cdf_pipeline_generate(pipe, &gp, &img), CDF_ERR_INVALID_ARG);
+        printf("  tile 24: %s\n", cdf_last_error());
+        assert_non_null(strstr(cdf_last_error(), "multiple of 32"));
+        cJSON_Delete(js);
+        cdf_pipeline_free(pipe);
+    }
+}
+
+/* AUTO: untiled without a budget; with a decode budget the untiled plan exceeds and the tiled
+ * plan meets, the pipeline tiles (tiles of 32: the VAE's sample_size 64 is the whole image) and
+ * the output is diffusers' tiled one. The planner's decode activations are smaller tiled. */
+static void test_pipeline_auto_tiling(void **state) {
+    (void)state;
+    const char *pipeline = "flux1_schnell_tiny", *c = "64x64";
+    cdf_pipeline *pipe = load_pipeline(pipeline);
+    cJSON *js;
+    cdf_generate_params gp;
+    pipeline_request(pipeline, c, &gp, &js);
+    generate_and_check(pipe, pipeline, c, &gp, false); /* AUTO, no budget */
+
+    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    lp.weight_dtype = CDF_F32;
+    cdf_memory_plan untiled, tiled;
+    cdf_generate_params g = gp;
+    g.vae_tiling = CDF_VAE_TILING_OFF;
+    assert_int_equal(cdf_pipeline_plan_memory(tu_data("pipelines/flux1_schnell_tiny"), &lp, &g, &untiled), CDF_OK);
+    g.vae_tiling = CDF_VAE_TILING_ON;
+    g.vae_tile_size = 32;
+    assert_int_equal(cdf_pipeline_plan_memory(tu_data("pipelines/flux1_schnell_tiny"), &lp, &g, &tiled), CDF_OK);
+    const uint64_t ua = untiled.phase[CDF_PHASE_DECODE].activation_bytes, ta = tiled.phase[CDF_PHASE_DECODE].activation_bytes;
+    printf("  planned decode activations: untiled %llu, tiles of 32: %llu bytes\n", (unsigned long long)ua, (unsigned long long)ta);
+    assert_true(ta < ua);
+    const uint64_t up = untiled.phase[CDF_PHASE_DECODE].peak_bytes, tp = tiled.phase[CDF_PHASE_DECODE].peak_bytes;
+    pipe->phase_limit_active = true;
+    memset(pipe->phase_limit, 0, sizeof pipe->phase_limit);
+    pipe->phase_limit[CDF_PHASE_DECODE] = tp + (up - tp) / 2;
+    generate_and_check(pipe, pipeline, c, &gp, true);
+    /* OFF never tiles: the same budget then gives the untiled output or runs out of memory */
+    gp.vae_tiling = CDF_VAE_TILING_OFF;
+    cdf_tensor_map cap;
+    cdf_tensor_map_init(&cap);
+    gp.capture = &cap;
+    cdf_image img;
+    cdf_status s = cdf_pipeline_generate(pipe, &gp, &img);
+    assert_true(s == CDF_OK || s == CDF_ERR_OUT_OF_MEMORY);
+    if (s == CDF_OK) cdf_image_free(&img);
+    cdf_tensor_map_clear(&cap);
+    pipe->phase_limit_active = false;
+    cJSON_Delete(js);
+    cdf_pipeline_free(pipe);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_autoencoder_kl),
@@ -226,6 +358,8 @@ int main(void) {
         cmocka_unit_test(test_small_input_not_tiled),
         cmocka_unit_test(test_bad_tiling_inputs),
         cmocka_unit_test(test_tiled_peak_memory),
+        cmocka_unit_test(test_pipelines_tiled),
+        cmocka_unit_test(test_pipeline_auto_tiling),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -56,6 +56,45 @@ CASES = [
 ]
 
 
+# The pipelines' decode with tiling: diffusers' own decode input of a golden pipeline case (what
+# FluxPipeline / StableDiffusion3Pipeline hand vae.decode, tests/data/pipelines/
+# <pipeline>/cases/<case>/expected.safetensors "vae_decode_input") decoded by that pipeline's VAE
+# with enable_tiling() and tiles of 32 pixels (4 latents, the VAEs downscale by 8): what the
+# pipeline returns after pipe.vae.enable_tiling(); pipe.vae.tile_sample_min_size = 32;
+# pipe.vae.tile_latent_min_size = 4. Keys "pipe_<pipeline>_<case>.{z,tiled,tile_*}".
+PIPE_CASES = [
+    ("flux1_schnell_tiny", "64x64", AutoencoderKL),
+    ("sd35m_tiny", "64x64_neg", AutoencoderKL),
+]
+PIPES = os.path.join(ROOT, "tests", "data", "pipelines")
+
+
+def pipe_cases(tensors, meta):
+    from safetensors.torch import load_file
+    for pipeline, case, cls in PIPE_CASES:
+        key = f"pipe_{pipeline}_{case}"
+        vae = cls.from_pretrained(os.path.join(PIPES, pipeline, "vae")).eval()
+        z = load_file(os.path.join(PIPES, pipeline, "cases", case, "expected.safetensors"))["vae_decode_input"]
+        vae.enable_tiling()
+        vae.tile_sample_min_size, vae.tile_latent_min_size = 32, 4
+        with torch.no_grad():
+            tiled = vae.decode(z).sample
+            vae.disable_tiling()
+            untiled = vae.decode(z).sample
+        # the untiled decode is the case's own "vae_decode_output" (not stored twice)
+        tensors[f"{key}.z"], tensors[f"{key}.tiled"] = z, tiled
+        for name, v, dt in (("tile_sample_min_size", 32, torch.int64), ("tile_latent_min_size", 4, torch.int64),
+                            ("tile_overlap_factor", vae.tile_overlap_factor, torch.float64)):
+            tensors[f"{key}.{name}"] = torch.tensor([v], dtype=dt)
+        info = {"model": os.path.relpath(os.path.join(PIPES, pipeline, "vae"), ROOT), "class": cls.__name__,
+                "method": "decode", "input": f"tests/data/pipelines/{pipeline}/cases/{case}/expected.safetensors vae_decode_input",
+                "input_shape": list(z.shape), "tile_sample_min_size": 32, "tile_latent_min_size": 4,
+                "tile_overlap_factor": vae.tile_overlap_factor,
+                "max_abs_tiled_vs_untiled": float((tiled - untiled).abs().max()), "output_shape": list(tiled.shape)}
+        meta["cases"][key] = info
+        print(key, json.dumps(info))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     tensors, meta = {}, {"diffusers": diffusers.__version__, "torch": torch.__version__, "threads": 1, "cases": {}}
@@ -106,6 +145,7 @@ def main():
         tensors[f"{case}.tile_overlap_factor"] = torch.tensor([info["tile_overlap_factor"]], dtype=torch.float64)
         meta["cases"][case] = info
         print(case, json.dumps(info))
+    pipe_cases(tensors, meta)
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(OUT, "io.safetensors"), metadata={"format": "pt"})
     os.chmod(os.path.join(OUT, "io.safetensors"), 0o644)
     with open(os.path.join(OUT, "io.json"), "w") as f:
