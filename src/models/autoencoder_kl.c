@@ -676,26 +676,26 @@ static bool tiling_applies(const cdf_vae_tiling *t, cdf_tensor *x, int64_t limit
     return t && t->enabled && x && (cdf_tensor_dim(x, 2) > limit || cdf_tensor_dim(x, 3) > limit);
 }
 
-cdf_tensor *cdf_autoencoder_kl_decode_tiled(const cdf_autoencoder_kl *m, cdf_tensor *z, const cdf_vae_tiling *t) {
+/* fn over the whole input, or tiled when t is on and the input is larger than tile_in a side. */
+static cdf_tensor *maybe_tiled(const cdf_autoencoder_kl *m, cdf_tensor *x, int64_t channels, const char *what,
+                               const cdf_vae_tiling *t, bool decode, tile_fn fn) {
     if (t && t->enabled && cdf_vae_tiling_validate(t) != CDF_OK) return NULL;
     cdf_scope_push();
-    cdf_tensor *zz = check_input(z, m->config.latent_channels, "the latent z");
-    cdf_tensor *r = tiling_applies(t, zz, t ? t->tile_latent_min_size : 0)
-                        ? tiled_forward(m, zz, t->tile_latent_min_size, t->tile_sample_min_size, t->tile_overlap_factor, decode_tile)
-                        : (zz ? decode_tile(m, zz) : NULL);
+    cdf_tensor *xx = check_input(x, channels, what);
+    const int64_t tile_in = !t ? 0 : decode ? t->tile_latent_min_size : t->tile_sample_min_size;
+    const int64_t tile_out = !t ? 0 : decode ? t->tile_sample_min_size : t->tile_latent_min_size;
+    cdf_tensor *r = tiling_applies(t, xx, tile_in) ? tiled_forward(m, xx, tile_in, tile_out, t->tile_overlap_factor, fn)
+                                                   : (xx ? fn(m, xx) : NULL);
     cdf_scope_pop(&r, 1);
     return r;
 }
 
+cdf_tensor *cdf_autoencoder_kl_decode_tiled(const cdf_autoencoder_kl *m, cdf_tensor *z, const cdf_vae_tiling *t) {
+    return maybe_tiled(m, z, m->config.latent_channels, "the latent z", t, true, decode_tile);
+}
+
 cdf_tensor *cdf_autoencoder_kl_encode_moments_tiled(const cdf_autoencoder_kl *m, cdf_tensor *x, const cdf_vae_tiling *t) {
-    if (t && t->enabled && cdf_vae_tiling_validate(t) != CDF_OK) return NULL;
-    cdf_scope_push();
-    cdf_tensor *xx = check_input(x, m->config.in_channels, "the image x");
-    cdf_tensor *r = tiling_applies(t, xx, t ? t->tile_sample_min_size : 0)
-                        ? tiled_forward(m, xx, t->tile_sample_min_size, t->tile_latent_min_size, t->tile_overlap_factor, encode_tile)
-                        : (xx ? encode_tile(m, xx) : NULL);
-    cdf_scope_pop(&r, 1);
-    return r;
+    return maybe_tiled(m, x, m->config.in_channels, "the image x", t, false, encode_tile);
 }
 
 cdf_tensor *cdf_autoencoder_kl_encode_moments(const cdf_autoencoder_kl *m, cdf_tensor *x) {

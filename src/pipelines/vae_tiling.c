@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "core/error_internal.h"
-#include "models/vae.h"
 #include "pipelines/pipeline_impl.h"
 #include "pipelines/planner.h"
 
