@@ -70,9 +70,11 @@ void cdf_pipe_vae_tiling_resolve(cdf_pipeline *p, const cdf_generate_params *gp)
         return;
     }
     if (untiled <= limit) return;
-    /* from the sample size down, halving, in multiples of 4 latents (the first that fits: small
-     * tiles are slow, most of each is overlap) */
-    const int64_t mult = 4 * (int64_t)p->vae_scale_factor, smallest = mult;
+    /* from the sample size down, halving, in multiples of 4 latents, the first that fits; not
+     * below a quarter of the sample size (FLUX/SD3: 256 pixels): smaller tiles see too little
+     * context and their seams show (bench/RESULTS.md, "VAE tiling") */
+    const int64_t mult = 4 * (int64_t)p->vae_scale_factor;
+    const int64_t smallest = sample / 4 > mult ? (sample / 4 + mult - 1) / mult * mult : mult;
     const int64_t longest = (gp->height > gp->width ? gp->height : gp->width);
     int64_t tile = sample - sample % mult, fits = 0;
     uint64_t need = untiled;
