@@ -78,6 +78,12 @@ static void usage(FILE *f) {
             "                               weights exceed the budget; model: one model on the device at a time;\n"
             "                               sequential: model, and the transformer's blocks one (or two) at a time\n"
             "      --memory-stats           print the measured device peak of each phase to stderr\n"
+            "      --vae-tiling auto|on|off decode (and encode) the image in overlapping tiles, as diffusers'\n"
+            "                               vae.enable_tiling(): the VAE's memory stops growing with the image\n"
+            "                               (the picture differs slightly). auto (default): only when the planner\n"
+            "                               says the untiled decode would not fit --device-memory (noted on stderr)\n"
+            "      --vae-tile-size PX       tile size in pixels (default: the VAE config's sample_size, e.g. 1024:\n"
+            "                               use 512 to tile a 1024x1024 image)\n"
             "      --tp N                   tensor parallelism over the N processes of an MPI job: each rank loads\n"
             "                               only its shard of the transformer and text encoders; rank 0 writes\n"
             "                               (mpirun -np N cdiffusers generate ... --tp N)\n"
@@ -107,7 +113,8 @@ static void usage(FILE *f) {
             "      names, outputs as out.<name>. With --repeat N prints forward_ms=<ms> per forward to stderr.\n"
             "  cdiffusers plan --model DIR [--height H --width W] [--offload none|model|sequential] [--dtype f32|bf16]\n"
             "                  [--max-sequence-length N] [--guidance G] [--negative-prompt TEXT] [--true-cfg-scale G]\n"
-            "                  [--mode eager|fuse|compile] [--compile-repeated-blocks]\n"
+            "                  [--mode eager|fuse|compile] [--compile-repeated-blocks] [--vae-tiling auto|on|off]\n"
+            "                  [--vae-tile-size PX]\n"
             "      expected peak device memory per phase (weights + activations) without loading or running,\n"
             "      for the execution generate would use with the same options (and CDIFFUSERS_COMPILE)\n",
             CDIFFUSERS_VERSION);
@@ -286,7 +293,8 @@ static void log_io(const tp_run *tr, cdf_device *dev, uint64_t weight_bytes) {
 }
 
 /* ---- component files (--transformer, --vae, --text-encoder N=FILE) ---------------------------- */
-enum { OPT_TRANSFORMER_FILE = 1001, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE, OPT_ALLOW_UNUSED_KEYS, OPT_WEIGHT_TYPE };
+enum { OPT_TRANSFORMER_FILE = 1001, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE, OPT_ALLOW_UNUSED_KEYS, OPT_WEIGHT_TYPE, OPT_VAE_TILING,
+       OPT_VAE_TILE_SIZE };
 
 /* --weight-type: q8_0 quantizes float linear weights at load; f32/bf16 decode GGUF blocks at load
  * to that dtype (which must then agree with --dtype, the compute policy). 0 or usage error text. */
@@ -339,7 +347,7 @@ static int cmd_generate(int argc, char **argv) {
     const char *tp_replicate = NULL, *offload = "none";
     bool force = false, quiet = false, memory_stats = false;
     int mode = -1;
-    bool blocks = false, user_true_cfg = false, user_strength = false;
+    bool blocks = false, user_true_cfg = false, user_strength = false, user_vae_tiling = false;
     long threads = 0, tp = 0;
     cdf_generate_params gp = cdf_generate_default_params();
     gp.prompt = NULL;
@@ -361,6 +369,7 @@ static int cmd_generate(int argc, char **argv) {
         {"text-encoder", required_argument, 0, OPT_TEXT_ENCODER_FILE},
         {"allow-unused-keys", no_argument, 0, OPT_ALLOW_UNUSED_KEYS},
         {"weight-type", required_argument, 0, OPT_WEIGHT_TYPE},
+        {"vae-tiling", required_argument, 0, OPT_VAE_TILING}, {"vae-tile-size", required_argument, 0, OPT_VAE_TILE_SIZE},
         {"device", required_argument, 0, 'D'},
         {"lora", required_argument, 0, 'A'},         {"lora-mode", required_argument, 0, 'Z'},
         {"lora-allow-unused", no_argument, 0, 'U'},
@@ -453,6 +462,18 @@ static int cmd_generate(int argc, char **argv) {
         case 'K': memory_stats = true; break;
         case OPT_ALLOW_UNUSED_KEYS: allow_unused = true; break;
         case OPT_WEIGHT_TYPE: weight_type = optarg; break;
+        case OPT_VAE_TILING:
+            if (strcmp(optarg, "auto") == 0) gp.vae_tiling = CDF_VAE_TILING_AUTO;
+            else if (strcmp(optarg, "on") == 0) gp.vae_tiling = CDF_VAE_TILING_ON;
+            else if (strcmp(optarg, "off") == 0) gp.vae_tiling = CDF_VAE_TILING_OFF;
+            else return usage_error("--vae-tiling needs auto, on or off, got '%s'", optarg);
+            user_vae_tiling = true;
+            break;
+        case OPT_VAE_TILE_SIZE:
+            if (!parse_int(optarg, 1, 4096, &v)) return usage_error("--vae-tile-size needs a number of pixels, got '%s'", optarg);
+            gp.vae_tile_size = (int)v;
+            if (!user_vae_tiling) gp.vae_tiling = CDF_VAE_TILING_ON; /* a tile size asks for tiles */
+            break;
         case OPT_TRANSFORMER_FILE:
         case OPT_VAE_FILE:
         case OPT_TEXT_ENCODER_FILE:

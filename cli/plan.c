@@ -76,7 +76,8 @@ int cdf_cli_plan(int argc, char **argv) {
         {"dtype", required_argument, 0, 'd'},  {"max-sequence-length", required_argument, 0, 'L'},
         {"guidance", required_argument, 0, 'g'}, {"negative-prompt", required_argument, 0, 'n'},
         {"true-cfg-scale", required_argument, 0, 'T'}, {"mode", required_argument, 0, 'M'},
-        {"compile-repeated-blocks", no_argument, 0, 'B'}, {0, 0, 0, 0},
+        {"compile-repeated-blocks", no_argument, 0, 'B'}, {"vae-tiling", required_argument, 0, 'V'},
+        {"vae-tile-size", required_argument, 0, 'S'}, {0, 0, 0, 0},
     };
     /* as generate runs: CDIFFUSERS_COMPILE=blocks compiles the blocks, =1 / fullgraph the whole
      * model (which sequential offload turns into repeated-block compile) */
@@ -116,6 +117,16 @@ int cdf_cli_plan(int argc, char **argv) {
             else return usage_error("--mode must be eager, fuse or compile, got '%s'", optarg);
             break;
         case 'B': blocks = true; break;
+        case 'V': /* auto plans the untiled decode (generate tiles only when that does not fit) */
+            if (strcmp(optarg, "on") == 0) gp.vae_tiling = CDF_VAE_TILING_ON;
+            else if (strcmp(optarg, "off") == 0 || strcmp(optarg, "auto") == 0) gp.vae_tiling = CDF_VAE_TILING_OFF;
+            else return usage_error("--vae-tiling needs auto, on or off, got '%s'", optarg);
+            break;
+        case 'S':
+            if (!parse_long(optarg, 1, 4096, &v)) return usage_error("--vae-tile-size needs a number of pixels, got '%s'", optarg);
+            gp.vae_tile_size = (int)v;
+            gp.vae_tiling = CDF_VAE_TILING_ON;
+            break;
         default: return PLAN_USAGE;
         }
     }

@@ -296,7 +296,12 @@ static bool generate_with_phase_budget(cdf_pipeline *p, const cdf_generate_param
 
 /* Every phase, or only the one with the largest planned peak (all_phases false: with NONE the
  * resident weights dominate every phase and are exact, see the weights test). */
-static void check_plan(const char *dir, cdf_offload_mode mode, const cdf_generate_params *gp, bool all_phases) {
+static void check_plan(const char *dir, cdf_offload_mode mode, const cdf_generate_params *gp_in, bool all_phases) {
+    /* the untiled decode's plan is checked: under a decode budget below it, the default (AUTO)
+     * VAE tiling would tile and succeed (tests/test_vae_tiling.c checks that) */
+    cdf_generate_params g = *gp_in;
+    g.vae_tiling = CDF_VAE_TILING_OFF;
+    const cdf_generate_params *gp = &g;
     const cdf_memory_plan plan = plan_of(dir, mode, gp);
     cdf_pipeline *p = NULL;
     cdf_pipeline_load_params lp = load_params(mode, CDF_F32);

@@ -390,7 +390,8 @@ static void check_plan(const char *dir, cdf_offload_mode mode, compile_variant v
     const char *env = compile_env();
     const bool blocks = variant == API_BLOCKS || (env && (strcmp(env, "blocks") == 0 || mode == CDF_OFFLOAD_SEQUENTIAL));
     const bool upper_bound_only = !blocks && env; /* whole-model compile */
-    const cdf_generate_params gp = request(dir);
+    cdf_generate_params gp = request(dir);
+    gp.vae_tiling = CDF_VAE_TILING_OFF; /* the untiled decode's plan (AUTO would tile under a budget below it) */
     const cdf_memory_plan plan = plan_exec(dir, mode, &gp, blocks ? CDF_PLAN_REPEATED_BLOCKS : CDF_PLAN_EAGER);
     cdf_pipeline *p = load(dir, mode);
     if (variant == API_BLOCKS) apply_variant(p, API_BLOCKS);

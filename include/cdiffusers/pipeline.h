@@ -113,6 +113,15 @@ typedef struct cdf_generate_params {
     int num_images;
     const uint64_t *seeds;
     int num_seeds;
+    /* VAE tiling (diffusers' pipe.vae.enable_tiling()): decode (and img2img's encode) in
+     * overlapping tiles blended together, so the VAE's peak memory stops growing with the image;
+     * the picture differs slightly from the untiled one, exactly as diffusers' tiled output does.
+     * AUTO (default): untiled, unless the device has a budget (--device-memory) and the planner
+     * says the untiled decode would not fit in what is free; then tiles that fit, with a note on
+     * stderr. ON: always (tiles of vae_tile_size pixels; 0 = the VAE config's sample_size, as
+     * enable_tiling() does; an image no larger than one tile is not tiled). OFF: never. */
+    int vae_tiling;    /* cdf_vae_tiling_mode */
+    int vae_tile_size; /* pixels, a multiple of 4 x the VAE's downscaling factor; 0 = default */
     cdf_step_callback callback;
     void *callback_user;
     /* If non-NULL: receives intermediates under the golden keys (noise, latents_initial,
@@ -121,6 +130,7 @@ typedef struct cdf_generate_params {
     void *capture;
 } cdf_generate_params;
 cdf_generate_params cdf_generate_default_params(void);
+typedef enum cdf_vae_tiling_mode { CDF_VAE_TILING_AUTO = 0, CDF_VAE_TILING_ON = 1, CDF_VAE_TILING_OFF = 2 } cdf_vae_tiling_mode;
 
 struct cdf_image {
     int width, height, channels; /* channels = 3 for generated images */

@@ -10,6 +10,7 @@
  * inside a fresh scope and then releases the previous one: the peak is the input of a step, its
  * temporaries and its result, as in PyTorch's eager execution. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +77,7 @@ cdf_vae_config cdf_vae_config_kl_defaults(void) {
     c.scaling_factor = 0.18215;
     c.has_shift_factor = false;
     c.shift_factor = 0.0;
+    c.sample_size = 32;
     return c;
 }
 
@@ -141,6 +143,16 @@ cdf_status cdf_vae_config_parse(const cJSON *cfg, const cdf_vae_config *defaults
         CDF_TRY(cdf_json_get_double(cfg, "shift_factor", 0.0, &c.shift_factor));
         c.has_shift_factor = true;
     }
+    /* sample_size: an int or a list (diffusers then uses its first entry) */
+    const cJSON *ss = cJSON_GetObjectItemCaseSensitive(cfg, "sample_size");
+    if (ss && cJSON_IsArray(ss)) {
+        ss = ss->child;
+        if (!ss || !cJSON_IsNumber(ss))
+            return cdf_error(CDF_ERR_FORMAT, "%s: \"sample_size\" must be an integer or a list of integers", source);
+        c.sample_size = (int64_t)ss->valuedouble;
+    } else {
+        CDF_TRY(cdf_json_get_int(cfg, "sample_size", c.sample_size, &c.sample_size));
+    }
     CDF_TRY(cdf_vae_config_validate(&c, source));
     *out = c;
     return CDF_OK;
@@ -162,6 +174,7 @@ cdf_status cdf_vae_config_validate(const cdf_vae_config *c, const char *source) 
     if (c->n_blocks < 1 || c->n_blocks > CDF_VAE_MAX_BLOCKS)
         return cdf_error(CDF_ERR_FORMAT, "%s: block_out_channels has %d entries (need 1..%d)", source, c->n_blocks,
                          CDF_VAE_MAX_BLOCKS);
+    CDF_TRY(check_size(source, "sample_size", c->sample_size, 1, 1 << 20));
     if (!(c->scaling_factor > 0))
         return cdf_error(CDF_ERR_FORMAT, "%s: scaling_factor = %g must be positive", source, c->scaling_factor);
     for (int pass = 0; pass < 2; pass++) {
@@ -468,18 +481,229 @@ static cdf_tensor *check_input(cdf_tensor *t, int64_t channels, const char *what
     return cdf_tensor_dtype(t) == CDF_F32 ? cdf_contiguous(t) : cdf_cast(t, CDF_F32);
 }
 
-cdf_tensor *cdf_autoencoder_kl_encode_moments(const cdf_autoencoder_kl *m, cdf_tensor *x) {
-    cdf_tensor *h = cdf_tensor_retain(check_input(x, m->config.in_channels, "the image x"));
+/* ==== tiling (diffusers AutoencoderKL.tiled_decode / _tiled_encode) ============================ */
+
+cdf_vae_tiling cdf_vae_tiling_with_size(const cdf_vae_config *c, int64_t sample) {
+    cdf_vae_tiling t = {.enabled = true, .tile_sample_min_size = sample, .tile_overlap_factor = 0.25};
+    /* int(sample_size / (2 ** (len(block_out_channels) - 1))): a float division, truncated */
+    t.tile_latent_min_size = (int64_t)((double)sample / ldexp(1.0, c->n_blocks - 1));
+    return t;
+}
+
+cdf_vae_tiling cdf_vae_tiling_default(const cdf_vae_config *c) { return cdf_vae_tiling_with_size(c, c->sample_size); }
+
+/* Python's int(size * factor) on doubles (truncation toward zero; sizes are positive). */
+static int64_t py_int_mul(int64_t size, double factor) { return (int64_t)((double)size * factor); }
+
+cdf_status cdf_vae_tiling_validate(const cdf_vae_tiling *t) {
+    if (!t || !t->enabled) return CDF_OK;
+    if (t->tile_sample_min_size < 1 || t->tile_sample_min_size > (1 << 20))
+        return cdf_error(CDF_ERR_INVALID_ARG, "VAE tiling: tile_sample_min_size = %lld is out of range [1, %d]",
+                         (long long)t->tile_sample_min_size, 1 << 20);
+    if (t->tile_latent_min_size < 1 || t->tile_latent_min_size > (1 << 20))
+        return cdf_error(CDF_ERR_INVALID_ARG,
+                         "VAE tiling: tile_latent_min_size = %lld is out of range [1, %d] (a sample tile of %lld pixels "
+                         "smaller than the VAE's downscaling factor?)",
+                         (long long)t->tile_latent_min_size, 1 << 20, (long long)t->tile_sample_min_size);
+    if (!(t->tile_overlap_factor >= 0.0 && t->tile_overlap_factor < 1.0))
+        return cdf_error(CDF_ERR_INVALID_ARG, "VAE tiling: tile_overlap_factor = %g must be in [0, 1)", t->tile_overlap_factor);
+    /* range(0, size, overlap_size) needs a positive step on both sides */
+    const double keep = 1.0 - t->tile_overlap_factor;
+    if (py_int_mul(t->tile_latent_min_size, keep) < 1 || py_int_mul(t->tile_sample_min_size, keep) < 1)
+        return cdf_error(CDF_ERR_INVALID_ARG,
+                         "VAE tiling: tiles of %lld pixels / %lld latents with overlap %g leave no step between tiles",
+                         (long long)t->tile_sample_min_size, (long long)t->tile_latent_min_size, t->tile_overlap_factor);
+    return CDF_OK;
+}
+
+/* One optional one-element input, read on the host (a static input of the component). */
+static cdf_status tiling_input(const cdf_tensor_map *in, const char *name, const char *model, bool *present, double *v) {
+    cdf_tensor *t = cdf_tensor_map_get(in, name);
+    *present = t != NULL;
+    if (!t) return CDF_OK;
+    if (cdf_tensor_numel(t) != 1)
+        return cdf_error(CDF_ERR_SHAPE, "%s: input '%s' must have one element (it has %lld)", model, name,
+                         (long long)cdf_tensor_numel(t));
+    CDF_TRY(cdf_tensor_read(t, CDF_F64, v, sizeof *v));
+    if (!isfinite(*v)) return cdf_error(CDF_ERR_INVALID_ARG, "%s: input '%s' is not finite", model, name);
+    return CDF_OK;
+}
+
+static cdf_status tiling_size_input(double v, const char *name, const char *model, int64_t *out) {
+    if (!(v >= 1 && v <= (double)(1 << 20)) || v != floor(v))
+        return cdf_error(CDF_ERR_INVALID_ARG, "%s: input '%s' = %g must be a whole number in [1, %d]", model, name, v, 1 << 20);
+    *out = (int64_t)v;
+    return CDF_OK;
+}
+
+cdf_status cdf_vae_tiling_from_inputs(const cdf_vae_config *c, const cdf_tensor_map *in, const char *model, cdf_vae_tiling *t) {
+    memset(t, 0, sizeof *t);
+    bool has_s, has_l, has_f;
+    double vs = 0, vl = 0, vf = 0;
+    CDF_TRY(tiling_input(in, "tile_sample_min_size", model, &has_s, &vs));
+    CDF_TRY(tiling_input(in, "tile_latent_min_size", model, &has_l, &vl));
+    CDF_TRY(tiling_input(in, "tile_overlap_factor", model, &has_f, &vf));
+    if (!has_s) {
+        if (has_l || has_f)
+            return cdf_error(CDF_ERR_INVALID_ARG, "%s: tile_latent_min_size / tile_overlap_factor need tile_sample_min_size "
+                             "(which switches tiling on)", model);
+        return CDF_OK;
+    }
+    int64_t sample = 0;
+    CDF_TRY(tiling_size_input(vs, "tile_sample_min_size", model, &sample));
+    *t = cdf_vae_tiling_with_size(c, sample);
+    if (has_l) CDF_TRY(tiling_size_input(vl, "tile_latent_min_size", model, &t->tile_latent_min_size));
+    if (has_f) t->tile_overlap_factor = vf;
+    cdf_status s = cdf_vae_tiling_validate(t);
+    if (s != CDF_OK) cdf_error_prefix("%s: ", model);
+    return s;
+}
+
+/* blend_v (dim 2) / blend_h (dim 3): the first e rows/columns of b become
+ * a[-e + y] * (1 - y / e) + b[y] * (y / e), e = min(a's extent, b's extent, blend_extent). The
+ * weights are Python floats (double), which torch applies to float32 tensors as float32 scalars:
+ * two float32 products and a float32 sum, as here. Returns b blended (recorded in the scope). */
+static cdf_tensor *blend(cdf_tensor *a, cdf_tensor *b, int dim, int64_t blend_extent) {
+    const int64_t na = cdf_tensor_dim(a, dim), nb = cdf_tensor_dim(b, dim);
+    int64_t e = na < nb ? na : nb;
+    if (blend_extent < e) e = blend_extent;
+    if (e <= 0) return b;
+    float *w = malloc(2 * (size_t)e * sizeof *w);
+    if (!w) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (VAE tile blend)");
+        return NULL;
+    }
+    for (int64_t y = 0; y < e; y++) {
+        w[y] = (float)(1.0 - (double)y / (double)e); /* weight of a */
+        w[e + y] = (float)((double)y / (double)e);   /* weight of b */
+    }
+    int64_t shape[4] = {1, 1, 1, 1};
+    shape[dim] = e;
+    cdf_device *dev = cdf_tensor_device(b);
+    cdf_tensor *wa = cdf_tensor_from_host(dev, CDF_F32, 4, shape, w, CDF_F32);
+    cdf_tensor *wb = wa ? cdf_tensor_from_host(dev, CDF_F32, 4, shape, w + e, CDF_F32) : NULL;
+    free(w);
+    if (!wb) return NULL;
+    cdf_tensor *parts[2] = {cdf_add(cdf_mul(cdf_narrow(a, dim, na - e, e), wa), cdf_mul(cdf_narrow(b, dim, 0, e), wb)), NULL};
+    if (e == nb) return parts[0];
+    parts[1] = cdf_narrow(b, dim, e, nb - e);
+    return cdf_cat(parts, 2, dim);
+}
+
+typedef cdf_tensor *(*tile_fn)(const cdf_autoencoder_kl *m, cdf_tensor *tile);
+
+/* vae.decode of one latent tile: post_quant_conv (if any), then the decoder. */
+static cdf_tensor *decode_tile(const cdf_autoencoder_kl *m, cdf_tensor *z) {
+    cdf_tensor *h = cdf_tensor_retain(z);
+    if (m->has_post_quant_conv) STEP(h, cdf_conv_fwd(&m->post_quant_conv, h));
+    STEP(h, cdf_vae_decoder_forward(&m->decoder, h));
+    return to_scope(h);
+}
+
+/* The encoder's moments of one image tile: the encoder, then quant_conv (if any). */
+static cdf_tensor *encode_tile(const cdf_autoencoder_kl *m, cdf_tensor *x) {
+    cdf_tensor *h = cdf_tensor_retain(x);
     STEP(h, cdf_vae_encoder_forward(&m->encoder, h));
     if (m->has_quant_conv) STEP(h, cdf_conv_fwd(&m->quant_conv, h));
     return to_scope(h);
 }
 
+/* The loop shared by tiled_decode and _tiled_encode: tiles of `tile_in` input rows/columns start
+ * every int(tile_in * (1 - overlap)) (the last ones are cut by the edge), each runs through `fn`
+ * on its own, then in raster order each output tile is blended into by the tile above and the
+ * tile to its left (both already blended: diffusers blends the tiles of its lists in place),
+ * cropped to its first tile_out - int(tile_out * overlap) rows/columns and concatenated. Only the
+ * running tile's activations and the (small) finished output tiles are alive at a time. */
+static cdf_tensor *tiled_forward(const cdf_autoencoder_kl *m, cdf_tensor *x, int64_t tile_in, int64_t tile_out, double overlap,
+                                 tile_fn fn) {
+    const int64_t H = cdf_tensor_dim(x, 2), W = cdf_tensor_dim(x, 3);
+    const int64_t step = py_int_mul(tile_in, 1.0 - overlap), blend_extent = py_int_mul(tile_out, overlap);
+    const int64_t row_limit = tile_out - blend_extent;
+    const int64_t nr = (H + step - 1) / step, nc = (W + step - 1) / step;
+    if (nr * nc > 65536) {
+        cdf_error(CDF_ERR_LIMIT, "VAE tiling: %lldx%lld tiles (at most 65536); use larger tiles", (long long)nr, (long long)nc);
+        return NULL;
+    }
+    cdf_tensor **tiles = calloc((size_t)(nr * nc + nc + nr), sizeof *tiles);
+    if (!tiles) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (VAE tiles)");
+        return NULL;
+    }
+    cdf_tensor **row_parts = tiles + nr * nc, **rows = row_parts + nc;
+    cdf_tensor *result = NULL;
+    bool ok = true;
+    for (int64_t i = 0; ok && i < nr; i++)
+        for (int64_t j = 0; ok && j < nc; j++) {
+            const int64_t y0 = i * step, x0 = j * step;
+            const int64_t th = H - y0 < tile_in ? H - y0 : tile_in, tw = W - x0 < tile_in ? W - x0 : tile_in;
+            cdf_tensor *h = NULL;
+            STEP(h, cdf_contiguous(cdf_narrow(cdf_narrow(x, 2, y0, th), 3, x0, tw)));
+            STEP(h, fn(m, h));
+            h = settle(h); /* one tile's activations at a time, also in eager */
+            tiles[i * nc + j] = h;
+            ok = h != NULL;
+        }
+    for (int64_t i = 0; ok && i < nr; i++) {
+        cdf_scope_push(); /* the crops (views) of this row */
+        for (int64_t j = 0; ok && j < nc; j++) {
+            cdf_tensor **t = &tiles[i * nc + j];
+            if (i > 0) STEP(*t, blend(tiles[(i - 1) * nc + j], *t, 2, blend_extent));
+            if (j > 0 && *t) STEP(*t, blend(tiles[i * nc + j - 1], *t, 3, blend_extent));
+            if (!*t) {
+                ok = false;
+                break;
+            }
+            const int64_t ch = cdf_tensor_dim(*t, 2) < row_limit ? cdf_tensor_dim(*t, 2) : row_limit;
+            const int64_t cw = cdf_tensor_dim(*t, 3) < row_limit ? cdf_tensor_dim(*t, 3) : row_limit;
+            row_parts[j] = cdf_narrow(cdf_narrow(*t, 2, 0, ch), 3, 0, cw);
+        }
+        if (ok) rows[i] = cdf_tensor_retain(cdf_cat(row_parts, (int)nc, 3));
+        cdf_scope_pop(NULL, 0);
+        ok = ok && rows[i];
+        /* the row above is no longer needed once this row is blended */
+        for (int64_t j = 0; i > 0 && j < nc; j++) {
+            cdf_tensor_release(tiles[(i - 1) * nc + j]);
+            tiles[(i - 1) * nc + j] = NULL;
+        }
+    }
+    if (ok) STEP(result, cdf_cat(rows, (int)nr, 2));
+    for (int64_t k = 0; k < nr * nc + nr; k++) cdf_tensor_release(k < nr * nc ? tiles[k] : rows[k - nr * nc]);
+    free(tiles);
+    return result ? to_scope(result) : NULL;
+}
+
+static bool tiling_applies(const cdf_vae_tiling *t, cdf_tensor *x, int64_t limit) {
+    return t && t->enabled && x && (cdf_tensor_dim(x, 2) > limit || cdf_tensor_dim(x, 3) > limit);
+}
+
+/* fn over the whole input, or tiled when t is on and the input is larger than tile_in a side. */
+static cdf_tensor *maybe_tiled(const cdf_autoencoder_kl *m, cdf_tensor *x, int64_t channels, const char *what,
+                               const cdf_vae_tiling *t, bool decode, tile_fn fn) {
+    if (t && t->enabled && cdf_vae_tiling_validate(t) != CDF_OK) return NULL;
+    cdf_scope_push();
+    cdf_tensor *xx = check_input(x, channels, what);
+    const int64_t tile_in = !t ? 0 : decode ? t->tile_latent_min_size : t->tile_sample_min_size;
+    const int64_t tile_out = !t ? 0 : decode ? t->tile_sample_min_size : t->tile_latent_min_size;
+    cdf_tensor *r = tiling_applies(t, xx, tile_in) ? tiled_forward(m, xx, tile_in, tile_out, t->tile_overlap_factor, fn)
+                                                   : (xx ? fn(m, xx) : NULL);
+    cdf_scope_pop(&r, 1);
+    return r;
+}
+
+cdf_tensor *cdf_autoencoder_kl_decode_tiled(const cdf_autoencoder_kl *m, cdf_tensor *z, const cdf_vae_tiling *t) {
+    return maybe_tiled(m, z, m->config.latent_channels, "the latent z", t, true, decode_tile);
+}
+
+cdf_tensor *cdf_autoencoder_kl_encode_moments_tiled(const cdf_autoencoder_kl *m, cdf_tensor *x, const cdf_vae_tiling *t) {
+    return maybe_tiled(m, x, m->config.in_channels, "the image x", t, false, encode_tile);
+}
+
+cdf_tensor *cdf_autoencoder_kl_encode_moments(const cdf_autoencoder_kl *m, cdf_tensor *x) {
+    return cdf_autoencoder_kl_encode_moments_tiled(m, x, NULL);
+}
+
 cdf_tensor *cdf_autoencoder_kl_decode(const cdf_autoencoder_kl *m, cdf_tensor *z) {
-    cdf_tensor *h = cdf_tensor_retain(check_input(z, m->config.latent_channels, "the latent z"));
-    if (m->has_post_quant_conv) STEP(h, cdf_conv_fwd(&m->post_quant_conv, h));
-    STEP(h, cdf_vae_decoder_forward(&m->decoder, h));
-    return to_scope(h);
+    return cdf_autoencoder_kl_decode_tiled(m, z, NULL);
 }
 
 cdf_status cdf_vae_posterior(cdf_tensor *moments, cdf_tensor **mean, cdf_tensor **logvar, cdf_tensor **std) {
@@ -558,10 +782,12 @@ static void kl_free(void *impl) {
 
 static cdf_status kl_run(void *impl, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out) {
     const cdf_autoencoder_kl *m = impl;
+    cdf_vae_tiling tiling;
+    CDF_TRY(cdf_vae_tiling_from_inputs(&m->config, in, "AutoencoderKL", &tiling));
     if (strcmp(method, "decode") == 0) {
         cdf_tensor *z = cdf_input(in, "z", "AutoencoderKL.decode");
         if (!z) return cdf_last_status();
-        cdf_tensor *sample = cdf_autoencoder_kl_decode(m, z);
+        cdf_tensor *sample = cdf_autoencoder_kl_decode_tiled(m, z, &tiling);
         if (!sample) return cdf_last_status() ? cdf_last_status() : cdf_error(CDF_ERR_INTERNAL, "AutoencoderKL.decode failed");
         return cdf_tensor_map_set(out, "out.decode_sample", sample);
     }
@@ -569,7 +795,7 @@ static cdf_status kl_run(void *impl, const char *method, const cdf_tensor_map *i
         cdf_tensor *x = cdf_input(in, "x", "AutoencoderKL.encode");
         if (!x) return cdf_last_status();
         cdf_tensor *mean, *logvar, *std;
-        CDF_TRY(cdf_vae_posterior(cdf_autoencoder_kl_encode_moments(m, x), &mean, &logvar, &std));
+        CDF_TRY(cdf_vae_posterior(cdf_autoencoder_kl_encode_moments_tiled(m, x, &tiling), &mean, &logvar, &std));
         CDF_TRY(cdf_tensor_map_set(out, "out.encode_mean", mean));
         CDF_TRY(cdf_tensor_map_set(out, "out.encode_logvar", logvar));
         return cdf_tensor_map_set(out, "out.encode_std", std);
@@ -582,4 +808,5 @@ const cdf_component_class cdf_autoencoder_kl_class = {
     .load = kl_load,
     .free = kl_free,
     .run = kl_run,
+    .static_inputs = (const char *const[]){CDF_VAE_TILING_INPUTS, NULL},
 };

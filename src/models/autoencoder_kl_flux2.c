@@ -36,6 +36,7 @@ static cdf_vae_config flux2_defaults(void) {
     for (int i = 0; i < 4; i++) c.block_out_channels[i] = c.decoder_block_out_channels[i] = ch[i];
     c.use_quant_conv = c.use_post_quant_conv = true;
     c.scaling_factor = 1.0; /* the class has no scaling factor; Flux2Pipeline normalises with `bn` */
+    c.sample_size = 1024;
     return c;
 }
 
@@ -307,8 +308,16 @@ cdf_tensor *cdf_flux2_vae_bn_denormalize(const cdf_flux2_vae *v, cdf_tensor *x) 
 
 /* ==== pipeline entry points ====================================================================== */
 
+static cdf_tensor *decode_packed_tiled(const cdf_flux2_vae *v, cdf_tensor *packed, cdf_tensor *ids, const cdf_vae_tiling *tiling,
+                                       cdf_tensor **decode_latents);
+
 cdf_tensor *cdf_flux2_vae_decode_packed(const cdf_flux2_vae *v, cdf_tensor *packed, cdf_tensor *ids,
                                         cdf_tensor **decode_latents) {
+    return decode_packed_tiled(v, packed, ids, NULL, decode_latents);
+}
+
+static cdf_tensor *decode_packed_tiled(const cdf_flux2_vae *v, cdf_tensor *packed, cdf_tensor *ids, const cdf_vae_tiling *tiling,
+                                       cdf_tensor **decode_latents) {
     if (decode_latents) *decode_latents = NULL;
     if (!v) {
         cdf_error(CDF_ERR_INVALID_ARG, "%s: decode_packed: the VAE is NULL", MODEL);
@@ -317,7 +326,7 @@ cdf_tensor *cdf_flux2_vae_decode_packed(const cdf_flux2_vae *v, cdf_tensor *pack
     cdf_tensor *z = cdf_flux2_unpatchify_latents(cdf_flux2_vae_bn_denormalize(v, cdf_flux2_unpack_latents_with_ids(packed, ids)));
     if (!z) return NULL;
     if (decode_latents) *decode_latents = z;
-    return cdf_autoencoder_kl_decode(&v->kl, z);
+    return cdf_autoencoder_kl_decode_tiled(&v->kl, z, tiling);
 }
 
 cdf_tensor *cdf_flux2_vae_encode_latents(const cdf_flux2_vae *v, cdf_tensor *image) {
@@ -340,6 +349,8 @@ cdf_tensor *cdf_flux2_vae_encode_latents(const cdf_flux2_vae *v, cdf_tensor *ima
  * logvar / std and the pipeline's normalised latents (out.pipeline_encode_latents). */
 static cdf_status flux2_vae_run(void *impl, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out) {
     const cdf_flux2_vae *v = impl;
+    cdf_vae_tiling tiling; /* AutoencoderKLFlux2 tiles exactly as AutoencoderKL does */
+    CDF_TRY(cdf_vae_tiling_from_inputs(&v->kl.config, in, MODEL, &tiling));
     if (strcmp(method, "decode") == 0) {
         cdf_tensor *z = cdf_input_opt(in, "z"), *packed = cdf_input_opt(in, "packed_latents"),
                    *unpacked = cdf_input_opt(in, "unpacked_latents");
@@ -352,13 +363,13 @@ static cdf_status flux2_vae_run(void *impl, const char *method, const cdf_tensor
                 return cdf_error(CDF_ERR_SHAPE, "%s.decode: input 'unpacked_latents' must be [B, %lld, h, w] (4 x latent channels)",
                                  MODEL, (long long)v->bn_channels);
             cdf_tensor *latents = cdf_flux2_unpatchify_latents(cdf_flux2_vae_bn_denormalize(v, unpacked));
-            cdf_tensor *sample = latents ? cdf_autoencoder_kl_decode(&v->kl, latents) : NULL;
+            cdf_tensor *sample = latents ? cdf_autoencoder_kl_decode_tiled(&v->kl, latents, &tiling) : NULL;
             if (!sample) return status_or_internal();
             CDF_TRY(cdf_tensor_map_set(out, "out.pipeline_decode_latents", latents));
             CDF_TRY(cdf_tensor_map_set(out, "out.pipeline_decode_sample", sample));
         }
         if (z) {
-            cdf_tensor *sample = cdf_autoencoder_kl_decode(&v->kl, z);
+            cdf_tensor *sample = cdf_autoencoder_kl_decode_tiled(&v->kl, z, &tiling);
             if (!sample) return status_or_internal();
             CDF_TRY(cdf_tensor_map_set(out, "out.decode_sample", sample));
         }
@@ -366,7 +377,7 @@ static cdf_status flux2_vae_run(void *impl, const char *method, const cdf_tensor
             cdf_tensor *ids = cdf_input(in, "packed_ids", MODEL ".decode (with packed_latents)");
             if (!ids) return cdf_last_status();
             cdf_tensor *latents = NULL;
-            cdf_tensor *sample = cdf_flux2_vae_decode_packed(v, packed, ids, &latents);
+            cdf_tensor *sample = decode_packed_tiled(v, packed, ids, &tiling, &latents);
             if (!sample) return status_or_internal();
             CDF_TRY(cdf_tensor_map_set(out, "out.pipeline_decode_latents", latents));
             CDF_TRY(cdf_tensor_map_set(out, "out.pipeline_decode_sample", sample));
@@ -377,7 +388,7 @@ static cdf_status flux2_vae_run(void *impl, const char *method, const cdf_tensor
         cdf_tensor *x = cdf_input(in, "x", MODEL ".encode");
         if (!x) return cdf_last_status();
         cdf_tensor *mean, *logvar, *std;
-        CDF_TRY(cdf_vae_posterior(cdf_autoencoder_kl_encode_moments(&v->kl, x), &mean, &logvar, &std));
+        CDF_TRY(cdf_vae_posterior(cdf_autoencoder_kl_encode_moments_tiled(&v->kl, x, &tiling), &mean, &logvar, &std));
         CDF_TRY(cdf_tensor_map_set(out, "out.encode_mean", mean));
         CDF_TRY(cdf_tensor_map_set(out, "out.encode_logvar", logvar));
         CDF_TRY(cdf_tensor_map_set(out, "out.encode_std", std));
@@ -398,5 +409,5 @@ const cdf_component_class cdf_autoencoder_kl_flux2_class = {
     .free = flux2_vae_free,
     .run = flux2_vae_run,
     /* the token positions decide the grid the tokens are scattered into (its size too) */
-    .static_inputs = (const char *const[]){"packed_ids", NULL},
+    .static_inputs = (const char *const[]){"packed_ids", CDF_VAE_TILING_INPUTS, NULL},
 };

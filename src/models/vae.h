@@ -42,6 +42,8 @@ typedef struct cdf_vae_config {
     double scaling_factor;
     bool has_shift_factor; /* shift_factor may be null in config.json (SD 1.x/XL VAEs) */
     double shift_factor;
+    int64_t sample_size; /* config sample_size (its first entry when a list): the tile size of
+                            diffusers' enable_tiling() */
 } cdf_vae_config;
 
 /* AutoencoderKL.__init__ defaults (diffusers autoencoder_kl.py). */
@@ -130,6 +132,39 @@ cdf_status cdf_vae_posterior(cdf_tensor *moments, cdf_tensor **mean, cdf_tensor 
 /* The building blocks, for a caller that assembles its own encoder/decoder. */
 cdf_tensor *cdf_vae_encoder_forward(const cdf_vae_encoder *e, cdf_tensor *x);
 cdf_tensor *cdf_vae_decoder_forward(const cdf_vae_decoder *d, cdf_tensor *z);
+
+/* ---- tiling (diffusers' enable_tiling(): AutoencoderKL / AutoencoderKLFlux2 tiled_decode and
+ * _tiled_encode) ------------------------------------------------------------------------------
+ * The image is split into tiles of tile_sample_min_size pixels (tile_latent_min_size latent
+ * rows/columns) that overlap by tile_overlap_factor, each is run through the whole encoder /
+ * decoder on its own, and every tile is blended into the one above and the one to its left
+ * (linear ramps over int(tile * overlap) rows/columns of the output, in raster order, each tile
+ * already blended with its own neighbours) before the tiles are cropped and concatenated. Only
+ * one tile's activations exist at a time, so the peak no longer grows with the image. The result
+ * differs from the untiled one (each tile sees only its own context); it equals diffusers' tiled
+ * output. As in diffusers, an input no larger than one tile is not tiled. */
+typedef struct cdf_vae_tiling {
+    bool enabled;
+    int64_t tile_sample_min_size; /* pixels */
+    int64_t tile_latent_min_size; /* latent rows / columns */
+    double tile_overlap_factor;   /* 0.25 */
+} cdf_vae_tiling;
+/* enable_tiling() on this config: sample = config sample_size, latent =
+ * int(sample / 2^(n_blocks - 1)), overlap 0.25 (enabled = true). */
+cdf_vae_tiling cdf_vae_tiling_default(const cdf_vae_config *c);
+/* The same with the sample tile set to `sample` pixels (the latent tile derived the same way). */
+cdf_vae_tiling cdf_vae_tiling_with_size(const cdf_vae_config *c, int64_t sample);
+/* Sizes positive, overlap in [0, 1) with a positive step between tiles; the message names the value. */
+cdf_status cdf_vae_tiling_validate(const cdf_vae_tiling *t);
+/* The component inputs that switch tiling on (static inputs: the values are read on the host and
+ * key the compiled graph): "tile_sample_min_size" (pixels; present = tiling on),
+ * "tile_latent_min_size" (default derived from it) and "tile_overlap_factor" (default 0.25),
+ * each a one-element tensor. Absent: *t = {enabled = false}. */
+#define CDF_VAE_TILING_INPUTS "tile_sample_min_size", "tile_latent_min_size", "tile_overlap_factor"
+cdf_status cdf_vae_tiling_from_inputs(const cdf_vae_config *c, const cdf_tensor_map *in, const char *model, cdf_vae_tiling *t);
+/* decode / encode_moments with tiling (t NULL or disabled: the untiled forward). */
+cdf_tensor *cdf_autoencoder_kl_decode_tiled(const cdf_autoencoder_kl *m, cdf_tensor *z, const cdf_vae_tiling *t);
+cdf_tensor *cdf_autoencoder_kl_encode_moments_tiled(const cdf_autoencoder_kl *m, cdf_tensor *x, const cdf_vae_tiling *t);
 
 /* ---- entry points for the pipelines ------------------------------------------------------
  * The component class ("AutoencoderKL"); a pipeline can call its .load(dir, cfg, opt, &impl)

@@ -78,6 +78,7 @@ cdf_status cdf_pipe_encode_image(cdf_pipeline *p, const cdf_generate_params *gp,
     cdf_tensor_map_init(&out);
     cdf_tensor *mean = NULL, *std = NULL;
     cdf_status s = cdf_tensor_map_set(&in, "x", x);
+    if (s == CDF_OK) s = cdf_pipe_vae_tiling_inputs(p, &in);
     if (s == CDF_OK) s = cdf_component_run(p->vae, "encode", &in, &out);
     if (s == CDF_OK && (!(mean = cdf_pipe_take(&out, "out.encode_mean")) || !(std = cdf_pipe_take(&out, "out.encode_std"))))
         s = status_or_internal();

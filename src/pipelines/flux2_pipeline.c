@@ -181,6 +181,7 @@ static cdf_status encode_references(cdf_pipeline *p, const cdf_generate_params *
         cdf_tensor_map_clear(&in);
         cdf_tensor_map_clear(&out);
         s = x ? cdf_tensor_map_set(&in, "x", x) : status_or_internal();
+        if (s == CDF_OK) s = cdf_pipe_vae_tiling_inputs(p, &in);
         if (s == CDF_OK) s = cdf_component_run(p->vae, "encode", &in, &out);
         if (s == CDF_OK && !(lat = take(&out, "out.pipeline_encode_latents"))) s = status_or_internal();
         if (s != CDF_OK) {
@@ -304,6 +305,7 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
      * inside the VAE */
     cdf_tensor *dec_in = NULL, *decoded = NULL;
     s = cdf_tensor_map_set(&in, "unpacked_latents", cdf_flux2_unpack_latents_with_ids(latents, img_ids));
+    if (s == CDF_OK) s = cdf_pipe_vae_tiling_inputs(p, &in);
     if (s == CDF_OK) s = cdf_component_run(p->vae, "decode", &in, &outm);
     if (s == CDF_OK && (!(dec_in = take(&outm, "out.pipeline_decode_latents")) || !(decoded = take(&outm, "out.pipeline_decode_sample"))))
         s = status_or_internal();

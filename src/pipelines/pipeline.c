@@ -264,6 +264,7 @@ static cdf_status validate(const cdf_pipeline *p, const cdf_generate_params *gp)
     if (!isfinite(gp->guidance_scale) || !isfinite(gp->true_cfg_scale))
         return cdf_error(CDF_ERR_INVALID_ARG, "guidance scales must be finite numbers");
     CDF_TRY(cdf_pipe_check_inputs(gp, p->kind == CDF_PIPE_FLUX2)); /* image_input.c */
+    CDF_TRY(cdf_pipe_vae_tiling_check(p, gp));
     if (gp->image && p->kind != CDF_PIPE_FLUX2 && cdf_pipe_t_start(gp->num_inference_steps, gp->strength) >= gp->num_inference_steps)
         return cdf_error(CDF_ERR_INVALID_ARG, "strength %g leaves no denoising step of %d", (double)gp->strength,
                          gp->num_inference_steps);
@@ -286,6 +287,7 @@ static cdf_status generate_one(cdf_pipeline *p, const cdf_generate_params *gp, i
     p->batch_row = row;
     p->batch_rows = rows;
     cdf_pipe_generate_begin(p); /* offload.c: per-phase peaks */
+    cdf_pipe_vae_tiling_resolve(p, gp);
     cdf_scope_push();
     cdf_status s = p->kind == CDF_PIPE_FLUX    ? cdf_flux_generate(p, gp, out)
                    : p->kind == CDF_PIPE_FLUX2 ? cdf_flux2_generate(p, gp, out)
@@ -396,7 +398,8 @@ cdf_tensor *cdf_pipe_vae_decode(cdf_pipeline *p, cdf_tensor *latents, bool with_
     cdf_tensor_map_init(&in);
     cdf_tensor_map_init(&out);
     cdf_tensor *r = NULL;
-    if (cdf_tensor_map_set(&in, "z", z) == CDF_OK && cdf_component_run(p->vae, "decode", &in, &out) == CDF_OK) {
+    if (cdf_tensor_map_set(&in, "z", z) == CDF_OK && cdf_pipe_vae_tiling_inputs(p, &in) == CDF_OK &&
+        cdf_component_run(p->vae, "decode", &in, &out) == CDF_OK) {
         r = cdf_tensor_map_get(&out, "out.decode_sample");
         if (r) {
             r = cdf_tensor_retain(r);

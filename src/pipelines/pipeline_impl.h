@@ -55,6 +55,8 @@ struct cdf_pipeline {
     /* the batch row being generated (cdf_pipeline_generate_images): with one generator, image k
      * takes the k-th (1, ...) slice of the noise */
     int64_t batch_row, batch_rows;
+    /* the running request's VAE tile in pixels (0: untiled), set by cdf_pipe_vae_tiling_resolve */
+    int64_t vae_tile;
 };
 
 /* The class of model_index.json's entry `key` (["library", "Class"]): *cls = NULL when the
@@ -71,6 +73,12 @@ cdf_status cdf_pipe_to_image(cdf_tensor *decoded, cdf_image *out, cdf_tensor **i
 /* x / scaling_factor + shift_factor (as float32 ops, like torch) then vae.decode; without the
  * shift when !with_shift (what StableDiffusion3InpaintPipeline does). */
 cdf_tensor *cdf_pipe_vae_decode(cdf_pipeline *p, cdf_tensor *latents, bool with_shift, cdf_tensor **decode_input);
+/* vae_tiling.c: the request's vae_tiling / vae_tile_size checked (validate); resolved into
+ * p->vae_tile before a generate (AUTO asks the planner against the device budget and says on
+ * stderr when it tiles); the VAE component inputs for it, added to a decode / encode call. */
+cdf_status cdf_pipe_vae_tiling_check(const cdf_pipeline *p, const cdf_generate_params *gp);
+void cdf_pipe_vae_tiling_resolve(cdf_pipeline *p, const cdf_generate_params *gp);
+cdf_status cdf_pipe_vae_tiling_inputs(cdf_pipeline *p, cdf_tensor_map *in);
 /* latents + (sigma_next - sigma) * v in float32. */
 cdf_tensor *cdf_pipe_euler_step(cdf_tensor *latents, cdf_tensor *v, float sigma, float sigma_next);
 /* u + g * (c - u). */

@@ -203,6 +203,10 @@ cdf_status cdf_plan_model_info_from_config(const char *cls, const cJSON *cfg, cd
         m->layers_per_block = geti(cfg, "layers_per_block", 1);
         m->latent_channels = geti(cfg, "latent_channels", 4);
         m->vae_scale_factor = 1 << (n - 1);
+        m->out_channels = geti(cfg, "out_channels", 3);
+        const cJSON *ss = cJSON_GetObjectItemCaseSensitive(cfg, "sample_size");
+        if (cJSON_IsArray(ss)) ss = ss->child;
+        m->sample_size = cJSON_IsNumber(ss) ? (int64_t)ss->valuedouble : flux2 ? 1024 : 32;
     } else {
         m->kind = CDF_PLAN_OTHER;
     }
@@ -364,6 +368,18 @@ static double vae_decode_elems(const cdf_plan_model_info *m, double B, double h,
     return B * peak;
 }
 
+/* Tiled decode (autoencoder_kl.c tiled_forward): one tile's decode at a time, plus the finished
+ * output tiles (each tile's full output is kept until the row below is blended: two rows of
+ * tiles) and the concatenated rows and result (twice the image). */
+static double vae_tiled_decode_elems(const cdf_plan_model_info *m, double B, int64_t h, int64_t w, int64_t tile) {
+    if (tile <= 0 || (h <= tile && w <= tile)) return vae_decode_elems(m, B, (double)h, (double)w);
+    const int64_t step = (int64_t)((double)tile * 0.75) > 0 ? (int64_t)((double)tile * 0.75) : 1;
+    const double f = (double)m->vae_scale_factor, ch = (double)(m->out_channels > 0 ? m->out_channels : 3);
+    const double nc = (double)((w + step - 1) / step), tile_px = (double)tile * f * (double)tile * f;
+    const double th = (double)(h < tile ? h : tile), tw = (double)(w < tile ? w : tile);
+    return vae_decode_elems(m, B, th, tw) + B * ch * (2.0 * nc * tile_px + 2.0 * (double)h * f * (double)w * f);
+}
+
 void cdf_plan_activation_bytes_by_family(const cdf_plan_model_info *m, const cdf_plan_shape *s, uint64_t out[2]) {
     const double B = s->batch > 0 ? (double)s->batch : 1.0;
     double fam[2] = {0, 0};
@@ -386,7 +402,7 @@ void cdf_plan_activation_bytes_by_family(const cdf_plan_model_info *m, const cdf
         fam[0] = s->repeated_blocks ? sd3_blocks_elems(m, B, T, N) : sd3_elems(m, B, T, N);
         break;
     }
-    case CDF_PLAN_VAE: fam[0] = vae_decode_elems(m, B, (double)s->latent_h, (double)s->latent_w); break;
+    case CDF_PLAN_VAE: fam[0] = vae_tiled_decode_elems(m, B, s->latent_h, s->latent_w, s->vae_tile_latent); break;
     case CDF_PLAN_MISTRAL: fam[0] = mistral_elems(m, B, (double)s->text_tokens); break;
     case CDF_PLAN_OTHER: break;
     }
@@ -657,6 +673,9 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
         case CDF_PLAN_VAE:
             sh.latent_h = lh;
             sh.latent_w = lw;
+            /* tiling on (AUTO plans the untiled decode: it tiles only when that does not fit) */
+            if (gp.vae_tiling == CDF_VAE_TILING_ON)
+                sh.vae_tile_latent = (gp.vae_tile_size > 0 ? gp.vae_tile_size : c->info.sample_size) / vsf;
             break;
         case CDF_PLAN_OTHER: break;
         }

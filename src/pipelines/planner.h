@@ -45,6 +45,7 @@ typedef struct cdf_plan_model_info {
     int64_t channels[8];  /* block_out_channels */
     int64_t layers_per_block, latent_channels;
     int vae_scale_factor; /* 2^(n_blocks - 1) */
+    int64_t sample_size, out_channels; /* the tile of enable_tiling(); image channels */
 } cdf_plan_model_info;
 
 /* The shapes of one forward: batch, text tokens (text encoders; the transformer's context:
@@ -55,6 +56,8 @@ typedef struct cdf_plan_shape {
     /* the transformer runs with repeated-block compile: each block is a graph whose buffers
      * share one arena by lifetime, allocated for the block's run (compile/compile.c) */
     bool repeated_blocks;
+    /* VAE decode in tiles of this many latent rows/columns (overlap 0.25; 0 = untiled) */
+    int64_t vae_tile_latent;
 } cdf_plan_shape;
 
 cdf_status cdf_plan_model_info_from_config(const char *class_name, const struct cJSON *cfg, cdf_plan_model_info *out);
