@@ -37,7 +37,7 @@ other processes used meanwhile ("foreign cores") and every ratio peer s / cdiffu
 Nothing is downloaded. --work receives the models (about 7.5 GB, plus 9 GB of sd.cpp files);
 delete it when done.
 
-    python3 bench/peers/bench_peers.py --harness /work/shared/tools/peers --build build \
+    /work/venv/bin/python bench/peers/bench_peers.py --harness /work/shared/tools/peers --build build \
         --work /work/peers --python /work/venv/bin/python --sd-cli /work/peers/sdcpp/build/bin/sd-cli \
         --cases flux,vae,sd35m --rounds 1 --repeat 1
 """
