@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""cdiffusers against diffusers on PyTorch (CPU), the same work side by side in one run.
+"""cdiffusers against its peers on the CPU, the same work side by side in one run.
 
-Cases (random weights, real widths, bf16, batch as a pipeline would run it):
+Cases (random weights, real widths, batch as a pipeline would run it):
   sd35m  SD3.5-Medium transformer (24 blocks, 13 with dual attention), 512x512 with CFG:
          batch 2, 1024 image + 333 text tokens (77 CLIP + 256 T5, diffusers' default)
   flux   FLUX.1 transformer at its real width (3072, 24 heads) with REDUCED depth:
@@ -10,28 +10,41 @@ Cases (random weights, real widths, bf16, batch as a pipeline would run it):
   vae    AutoencoderKL decode (FLUX.1 / SD3 VAE config: 16 latent channels, 128-256-512-512),
          latent 64x64 -> 512x512 image, batch 1
 
-The two sides are interleaved (cdiffusers, then PyTorch, per case, per round) on the same
-machine, so each round gives a same-run ratio even when other processes load the machine; the
-CPU time other processes used during each measurement is printed ("foreign cores").
+Sides (--sides; each case runs every side once per round, the order rotating from round to
+round so drift in the machine's load does not always favour the same side):
+  cdf-bf16, cdf-f32   `cdiffusers run-model --mode compile --dtype bf16|f32 --repeat N+1`: the
+                      first forward includes compile, the figure is the median of the other N
+  torch-eager         current diffusers on current PyTorch (torch_side.py, run by --python),
+                      eager, attention through scaled_dot_product_attention (diffusers' default)
+  torch-compile       the same under torch.compile (inductor, freezing on); the first pass
+                      (compile) is reported apart
+  sdcpp               stable-diffusion.cpp's sd-cli (the shared harness's bench_sdcpp.py) on
+                      random-weight single-file checkpoints (make_sdcpp_random_ckpt.py): seconds
+                      per sampling step with --cfg-scale 1 = one transformer forward. sd.cpp
+                      always feeds SD3 154 text tokens and FLUX 256, and runs SD3 CFG as two
+                      batch-1 forwards, so its ratio is taken per FLOP (its own token count's
+                      analytic FLOPs); its VAE figure is sd-cli's decode (same VAE
+                      architecture, latent of the same size) in the latest sd35m or flux run.
+PyTorch runs in its best dtype on this CPU: bf16 where the CPU has native bf16 (avx512_bf16 or
+amx_bf16 in /proc/cpuinfo), else f32 (--torch-dtype overrides). Both PyTorch sides load the SAME
+random weights and inputs as cdiffusers (the folders tools/make-random-pipeline writes).
 
-cdiffusers side: `cdiffusers run-model --mode compile --dtype bf16 --repeat N`; the first
-forward_ms line includes compile, the steady state is the median of the others.
-PyTorch side: the shared harness (`bench_diffusers_dit.py` from --harness, median of its timed
-passes after one warmup) for the transformers, `diffusers_vae.py` (next to this file) for the VAE.
-Both sides are charged the same FLOP count (dit_flops.py from the harness; the VAE count is
-analytic here and checked against the hook count of the PyTorch run).
+Printed: CPU model and flags that matter, cdiffusers' ISA level (`cdiffusers devices`), the
+measured instruction peaks of this CPU (peak_main.c: f32 FMA, bf16 dot, AMX where present), and
+per case and round every side's seconds, peak RSS, TFLOP/s, % of the f32-FMA peak, the CPU time
+other processes used meanwhile ("foreign cores") and every ratio peer s / cdiffusers s.
 
-Nothing is downloaded. The random-weight component folders are written by
-tools/make-random-pipeline into --work (about 7.5 GB; delete them when done).
+Nothing is downloaded. --work receives the models (about 7.5 GB, plus 9 GB of sd.cpp files);
+delete it when done.
 
-    /usr/bin/python3 bench/peers/bench_peers.py --diffusers-src /work/peers/diffusers/src \
-        --harness /work/shared/tools/peers --build build-peers --work /work/peers --rounds 2
+    /work/venv/bin/python bench/peers/bench_peers.py --harness /work/shared/tools/peers --build build \
+        --work /work/peers --python /work/venv/bin/python --sd-cli /work/peers/sdcpp/build/bin/sd-cli \
+        --cases flux,vae,sd35m --rounds 1 --repeat 1
 """
 import argparse
 import json
 import os
 import re
-import resource
 import shutil
 import statistics
 import struct
@@ -99,16 +112,16 @@ def write_safetensors(path, tensors):
             f.write(b)
 
 
-def make_inputs(case, path, seed=0):
+def make_inputs(case, path, seed=0, res=512):
     rng = np.random.default_rng(seed)
     if case == "sd35m":
-        B, lat, txt = 2, 64, 333
+        B, lat, txt = 2, res // 8, 333
         t = dict(hidden_states=rng.standard_normal((B, 16, lat, lat)),
                  encoder_hidden_states=rng.standard_normal((B, txt, 4096)),
                  pooled_projections=rng.standard_normal((B, 2048)),
                  timestep=np.full((B,), 500.0))
     elif case == "flux":
-        B, h, txt = 1, 32, 512
+        B, h, txt = 1, res // 16, 512
         ids = np.zeros((h, h, 3))
         ids[..., 1] = np.arange(h)[:, None]
         ids[..., 2] = np.arange(h)[None, :]
@@ -118,7 +131,7 @@ def make_inputs(case, path, seed=0):
                  timestep=np.full((B,), 0.5), guidance=np.full((B,), 3.5),
                  img_ids=ids.reshape(-1, 3), txt_ids=np.zeros((txt, 3)))
     else:
-        t = dict(z=rng.standard_normal((1, 16, 64, 64)))
+        t = dict(z=rng.standard_normal((1, 16, res // 8, res // 8)))
     write_safetensors(path, t)
 
 
@@ -177,77 +190,144 @@ def measured(args, what, fn):
     return best
 
 
-def cdf_case(args, case, models, inputs):
+
+def cdf_case(args, case, models, inputs, dtype):
     model_dir = {"sd35m": f"{models}/sd35m/transformer", "flux": f"{models}/flux_2d4s/transformer",
                  "vae": f"{models}/sd35m/vae"}[case]
+    out = f"{args.work}/out_{case}_cdf_{dtype}.safetensors"
     cmd = [args.cdiffusers, "run-model", "--model", model_dir, "--inputs", inputs,
-           "--output", f"{args.work}/out_{case}.safetensors", "--force", "--repeat", str(args.repeat + 1),
-           "--mode", args.mode, "--dtype", "bf16", "--threads", str(args.threads)]
+           "--output", out, "--force", "--repeat", str(args.repeat + 1),
+           "--mode", args.mode, "--dtype", dtype, "--threads", str(args.threads)]
     if case == "vae":
         cmd += ["--method", "decode"]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     for kv in args.cdf_env:
         k, _, v = kv.partition("=")
         env[k] = v
-    text, rc, wall, rss, foreign, util = run_child(cmd, env, f"{args.work}/log_cdf_{case}.txt")
+    log = f"{args.work}/log_cdf_{dtype}_{case}.txt"
+    text, rc, wall, rss, foreign, util = run_child(cmd, env, log)
     if rc != 0:
-        raise SystemExit(f"cdiffusers failed on {case} (exit {rc}); log: {args.work}/log_cdf_{case}.txt\n{text[-2000:]}")
+        raise SystemExit(f"cdiffusers failed on {case} (exit {rc}); log: {log}\n{text[-2000:]}")
     ms = [float(x) for x in re.findall(r"forward_ms=([0-9.]+)", text)]
-    return dict(sec=statistics.median(ms[1:]) / 1e3, first_sec=ms[0] / 1e3, all_sec=[m / 1e3 for m in ms[1:]],
+    steady = ms[1:] or ms
+    return dict(sec=statistics.median(steady) / 1e3, first_sec=ms[0] / 1e3, all_sec=[m / 1e3 for m in steady],
                 rss_gib=rss, wall=wall, foreign=foreign, util=util)
 
 
-def torch_case(args, case, shim):
-    env = dict(os.environ, PYTHONPATH=shim + (":" + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
-               # the harness's "tuned" malloc setting (faster for PyTorch: no mmap/munmap per tensor)
-               MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_="100000000000")
-    common = ["--diffusers-src", args.diffusers_src, "--threads", str(args.threads), "--repeats", str(args.torch_repeats)]
-    if case == "vae":
-        cmd = [args.python, f"{HERE}/diffusers_vae.py", "--harness", args.harness, "--res", "512"] + common
-    else:
-        cmd = [args.python, f"{args.harness}/bench_diffusers_dit.py", "--model", case, "--dtype", "bf16", "--res", "512"]
-        cmd += ["--batch", "2", "--text-len", "333"] if case == "sd35m" else \
-               ["--batch", "1", "--text-len", "512", "--flux-double", str(FLUX_DOUBLE), "--flux-single", str(FLUX_SINGLE)]
-        cmd += common
-    text, rc, wall, rss, foreign, util = run_child(cmd, env, f"{args.work}/log_torch_{case}.txt")
+def torch_case(args, case, models, inputs, mode):
+    model_dir = {"sd35m": f"{models}/sd35m/transformer", "flux": f"{models}/flux_2d4s/transformer",
+                 "vae": f"{models}/sd35m/vae"}[case]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
+               TORCHINDUCTOR_CACHE_DIR=f"{args.work}/inductor-cache")
+    cmd = [args.python, f"{HERE}/torch_side.py", "--case", case, "--model-dir", model_dir, "--inputs", inputs,
+           "--dtype", args.torch_dtype, "--mode", mode, "--threads", str(args.threads),
+           "--repeats", str(args.torch_repeats), "--warmup", str(1 if mode == "compile" else args.torch_warmup),
+           "--save", f"{args.work}/out_{case}_torch_{mode}_{args.torch_dtype}.safetensors"]
+    log = f"{args.work}/log_torch_{mode}_{case}.txt"
+    text, rc, wall, rss, foreign, util = run_child(cmd, env, log)
     m = re.search(r"^RESULT (.*)$", text, re.M)
     if rc != 0 or not m:
-        raise SystemExit(f"PyTorch side failed on {case} (exit {rc}); log: {args.work}/log_torch_{case}.txt\n{text[-2000:]}")
+        raise SystemExit(f"PyTorch side failed on {case} (exit {rc}); log: {log}\n{text[-2000:]}")
     rec = json.loads(m.group(1))
-    return dict(sec=rec["sec_median"], all_sec=rec.get("sec_all"), rss_gib=rss, wall=wall, foreign=foreign, util=util,
-                rec=rec)
+    return dict(sec=rec["sec_median"], first_sec=rec["first_sec"], all_sec=rec["sec_all"], rss_gib=rss, wall=wall,
+                foreign=foreign, util=util)
 
 
-def case_flops(case, harness):
+SDCPP_TXT = {"sd35m": 154, "flux": 256}
+
+
+def sdcpp_ckpt(args):
+    """Random-weight sd.cpp files (dit/clip_l[/clip_g]/vae), written once by the harness's writer
+    from its lists of the tensors sd.cpp 97d2990 requests."""
+    out = {}
+    for arch, exp in (("sd35m", "expected_sd35m.tsv"), ("flux", "expected_flux_2d4s.tsv")):
+        if arch not in args.cases.split(","):
+            continue
+        d = f"{args.work}/sdcpp_{arch}_{args.sdcpp_dtype}"
+        if not os.path.isfile(f"{d}/.done"):
+            print(f"[setup] writing random sd.cpp {arch} {args.sdcpp_dtype} files into {d}", flush=True)
+            subprocess.run([args.python, f"{args.harness}/make_sdcpp_random_ckpt.py", "full", "--arch", arch,
+                            "--dtype", args.sdcpp_dtype, "--expected", f"{args.harness}/expected/{exp}",
+                            "--outdir", d], check=True, stdout=subprocess.DEVNULL)
+            open(f"{d}/.done", "w").close()
+        out[arch] = d
+    return out
+
+
+def sdcpp_case(args, case, ckpts):
+    """One sd-cli run: --steps 1+repeat at --res, --cfg-scale 1 (one forward per step); the
+    first step (graph allocation) is not counted. Returns per-forward seconds and the VAE
+    decode seconds of the same run."""
+    arch = "sd35m" if case in ("sd35m", "vae") else "flux"
+    cmd = [args.python, f"{args.harness}/bench_sdcpp.py", "--sd-cli", args.sd_cli, "--ckpt-dir", ckpts[arch],
+           "--arch", arch, "--res", str(args.res), "--threads", str(args.threads), "--steps", str(1 + max(1, args.repeat)),
+           "--label", args.sdcpp_dtype, "--keep-logs", f"{args.work}/sdcpp-logs"]
+    log = f"{args.work}/log_sdcpp_{arch}.txt"
+    text, rc, wall, rss, foreign, util = run_child(cmd, dict(os.environ), log)
+    m = re.search(r"^RESULT (.*)$", text, re.M)
+    if not m:
+        raise SystemExit(f"sd.cpp side failed on {case}; log: {log}\n{text[-2000:]}")
+    rec = json.loads(m.group(1))
+    if rec["rc"] != 0 or not rec.get("sec_per_forward"):
+        raise SystemExit(f"sd-cli failed on {case} (exit {rec['rc']}); logs in {args.work}/sdcpp-logs\n{text[-2000:]}")
+    steps = [v for k, v in sorted(rec["step_sec_all"].items(), key=lambda kv: int(kv[0])) if int(kv[0]) > 1]
+    return dict(sec=rec["sec_per_forward"], all_sec=steps, decode_sec=rec.get("decode_sec"),
+                flops=rec["flops_per_forward"], txt=rec["text_tokens"], rss_gib=rss, wall=wall,
+                foreign=rec["foreign_cpu_cores_whole_run"], util=util)
+
+
+def case_flops(case, harness, res=512):
     sys.path.insert(0, harness)
     import dit_flops
+    img = (res // 16) ** 2
     if case == "sd35m":
-        return sum(dit_flops.sd35m_flops(1024, 333, 2))
+        return sum(dit_flops.sd35m_flops(img, 333, 2))
     if case == "flux":
-        return sum(dit_flops.flux_flops(1024, 512, 1, n_double=FLUX_DOUBLE, n_single=FLUX_SINGLE))
-    return vae_decode_flops(64)
+        return sum(dit_flops.flux_flops(img, 512, 1, n_double=FLUX_DOUBLE, n_single=FLUX_SINGLE))
+    return vae_decode_flops(res // 8)
 
 
-LABELS = {"sd35m": "SD3.5-M transformer, 512², CFG (B=2, 1024+333 tokens)",
-          "flux": "FLUX.1 width, 2 double + 4 single blocks, 512² (1024+512 tokens)",
-          "vae": "AutoencoderKL decode 64² latent -> 512²"}
+def label(case, res):
+    img = (res // 16) ** 2
+    return {"sd35m": f"SD3.5-M transformer, {res}², CFG (B=2, {img}+333 tokens)",
+            "flux": f"FLUX.1 width, 2 double + 4 single blocks, {res}² ({img}+512 tokens)",
+            "vae": f"AutoencoderKL decode {res // 8}² latent -> {res}²"}[case]
+
+
+def cpu_info():
+    model, flags = "?", set()
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name") and model == "?":
+            model = line.split(":", 1)[1].strip()
+        elif line.startswith("flags") and not flags:
+            flags = set(line.split(":", 1)[1].split())
+    return model, flags
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--diffusers-src", required=True, help="a diffusers checkout's src/ directory (never downloaded)")
-    ap.add_argument("--harness", required=True, help="the shared peer harness folder (bench_diffusers_dit.py, dit_flops.py)")
+    ap.add_argument("--harness", required=True,
+                    help="the shared peer harness folder (dit_flops.py, bench_sdcpp.py, make_sdcpp_random_ckpt.py, expected/)")
     ap.add_argument("--build", default="build", help="cdiffusers build dir (cdiffusers; make-random-pipeline is built there)")
-    ap.add_argument("--work", default="/tmp/cdf-peers", help="random-weight models, inputs, logs (~7.5 GB)")
+    ap.add_argument("--work", default="/tmp/cdf-peers", help="random-weight models, inputs, logs, outputs")
     ap.add_argument("--cases", default="sd35m,flux,vae")
-    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (cdiffusers, PyTorch) per case")
-    ap.add_argument("--repeat", type=int, default=3, help="cdiffusers steady-state forwards (after the compile one)")
-    ap.add_argument("--torch-repeats", type=int, default=3, help="PyTorch timed passes (after one warmup)")
+    ap.add_argument("--sides", default="cdf-bf16,cdf-f32,torch-eager,torch-compile,sdcpp")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds over all sides per case")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="steady-state forwards of cdiffusers (after the compile one) and sd.cpp steps (after the first)")
+    ap.add_argument("--torch-repeats", type=int, default=1, help="PyTorch timed passes")
+    ap.add_argument("--torch-warmup", type=int, default=1, help="PyTorch eager warmup passes (compile always has one)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--res", type=int, default=512, help="image side (the issue's cases: 512)")
     ap.add_argument("--mode", default="compile", help="cdiffusers execution mode (compile, fuse, eager)")
     ap.add_argument("--cdf-env", action="append", default=[], metavar="K=V",
-                    help="environment for the cdiffusers runs, e.g. CDIFFUSERS_KERNELS=fast (repeatable)")
-    ap.add_argument("--python", default="/usr/bin/python3", help="python with torch (Debian's python3-torch 1.13)")
+                    help="environment for the cdiffusers runs, e.g. CDIFFUSERS_ISA=avx2 (repeatable)")
+    ap.add_argument("--python", default="/work/venv/bin/python", help="python with current torch + diffusers")
+    ap.add_argument("--torch-dtype", choices=["auto", "f32", "bf16"], default="auto",
+                    help="auto: bf16 where the CPU has avx512_bf16 or amx_bf16, else f32")
+    ap.add_argument("--sd-cli", default=None, help="stable-diffusion.cpp's sd-cli (built from its public source)")
+    ap.add_argument("--sdcpp-dtype", choices=["auto", "bf16", "f16"], default="auto",
+                    help="auto: bf16 where the CPU has avx512_bf16, else f16 (F16C)")
     ap.add_argument("--out", default=None, help="append the per-round records as JSON lines")
     ap.add_argument("--max-foreign", type=float, default=0.4,
                     help="CPU cores other processes may use before/while a side is measured (default 0.4)")
@@ -260,14 +340,25 @@ def main():
     if not os.access(args.cdiffusers, os.X_OK):
         raise SystemExit(f"{args.cdiffusers} not built (cmake --build {build} --target cdiffusers_cli)")
     args.harness = os.path.abspath(args.harness)
-    args.diffusers_src = os.path.abspath(args.diffusers_src)
-    for f in (f"{args.harness}/bench_diffusers_dit.py", f"{args.harness}/torch113_compat.py", f"{args.harness}/dit_flops.py",
-              f"{args.diffusers_src}/diffusers/models/transformers/transformer_sd3.py"):
+    for f in (f"{args.harness}/dit_flops.py", f"{args.harness}/bench_sdcpp.py", f"{args.harness}/make_sdcpp_random_ckpt.py"):
         if not os.path.isfile(f):
-            raise SystemExit(f"missing {f} (check --harness / --diffusers-src)")
+            raise SystemExit(f"missing {f} (check --harness)")
+    sides = args.sides.split(",")
+    for s in sides:
+        if s not in ("cdf-bf16", "cdf-f32", "torch-eager", "torch-compile", "sdcpp"):
+            raise SystemExit(f"unknown side {s}")
+    if "sdcpp" in sides and not (args.sd_cli and os.access(args.sd_cli, os.X_OK)):
+        raise SystemExit("--sd-cli (an executable sd-cli) is needed for the sdcpp side")
     os.makedirs(args.work, exist_ok=True)
     models = f"{args.work}/models"
     cases = args.cases.split(",")
+
+    cpu, flags = cpu_info()
+    native_bf16 = bool(flags & {"avx512_bf16", "amx_bf16"})
+    if args.torch_dtype == "auto":
+        args.torch_dtype = "bf16" if native_bf16 else "f32"
+    if args.sdcpp_dtype == "auto":
+        args.sdcpp_dtype = "bf16" if "avx512_bf16" in flags else "f16"
 
     # random-weight models (regenerated only when the spec changes)
     mrp = os.path.join(build, "make-random-pipeline")
@@ -288,67 +379,103 @@ def main():
         for te in ("text_encoder", "text_encoder_2", "text_encoder_3"):  # not used here
             shutil.rmtree(f"{d}/{te}", ignore_errors=True)
         open(f"{d}/.spec", "w").write(spec)
+    ckpts = sdcpp_ckpt(args) if "sdcpp" in sides else {}
 
-    # diffusers checks that 'filelock' is installed (package metadata only; it is never imported
-    # by the model code); Debian's python has no filelock, so give the child a metadata stub
-    shim = f"{args.work}/pyshim"
-    os.makedirs(f"{shim}/filelock-0.0.0.dist-info", exist_ok=True)
-    with open(f"{shim}/filelock-0.0.0.dist-info/METADATA", "w") as f:
-        f.write("Metadata-Version: 2.1\nName: filelock\nVersion: 0.0.0\n")
-
-    cpu = "?"
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    print(f"machine: {cpu}, {os.cpu_count()} CPUs; threads per side: {args.threads}; date: "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load before: {os.getloadavg()}", flush=True)
-    print(f"cdiffusers: {args.cdiffusers} --mode {args.mode} --dtype bf16; env {args.cdf_env or 'default'}", flush=True)
+    # what the machine is and what cdiffusers makes of it
+    dev = subprocess.run([args.cdiffusers, "devices"], capture_output=True, text=True).stdout
+    m = re.search(r"isa=(\S+)", dev)
+    isa = m.group(1) if m else "?"
+    for kv in args.cdf_env:
+        if kv.startswith("CDIFFUSERS_ISA="):
+            isa += f" (capped by {kv})"
+    peak_bin = f"{args.work}/peak"
+    subprocess.run(["gcc", "-O2", "-fopenmp", "-o", peak_bin, f"{HERE}/peak_main.c", f"{ROOT}/bench/kernels/peak.c"], check=True)
+    wait_quiet(args, "peaks")
+    peaks = json.loads(subprocess.run([peak_bin, str(args.threads)], capture_output=True, text=True, check=True).stdout)
+    fma_key = "f32_fma_avx512" if "f32_fma_avx512" in peaks else "f32_fma_avx2"
+    peak_fma = peaks[fma_key]["gflops_1thread"] * args.threads * 1e9  # per-thread best x threads
+    print(f"machine: {cpu}, {os.cpu_count()} CPUs; native bf16: {'yes' if native_bf16 else 'no'} "
+          f"(avx512_bf16 {'avx512_bf16' in flags}, amx_bf16 {'amx_bf16' in flags}); threads per side: {args.threads}; "
+          f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load before: {os.getloadavg()}", flush=True)
+    print(f"cdiffusers: ISA level {isa}; {args.cdiffusers} --mode {args.mode}; env {args.cdf_env or 'default'}", flush=True)
+    print(f"PyTorch dtype: {args.torch_dtype}; python {args.python}; sd.cpp weights: {args.sdcpp_dtype}", flush=True)
+    print(f"measured peaks (GFLOP/s, best single thread / {args.threads} threads at once, under the current load): "
+          f"{json.dumps(peaks)}", flush=True)
 
     results = {c: [] for c in cases}
     out_f = open(args.out, "a") if args.out else None
+    sdcpp_decode = None  # sd-cli's VAE decode in the latest transformer run (the vae case's sd.cpp figure)
     for r in range(args.rounds):
+        order = sides[r % len(sides):] + sides[:r % len(sides)]
         for case in cases:
-            inp = f"{args.work}/in_{case}.safetensors"
+            inp = f"{args.work}/in_{case}_{args.res}.safetensors"
             if not os.path.isfile(inp):
-                make_inputs(case, inp)
-            flops = case_flops(case, args.harness)
-            c = measured(args, f"{case} cdiffusers", lambda: cdf_case(args, case, models, inp))
-            print(f"[round {r + 1}] {case} cdiffusers: {c['sec']:.3f} s steady (first incl. compile {c['first_sec']:.2f} s; "
-                  f"all {[round(x, 3) for x in c['all_sec']]}), peak RSS {c['rss_gib']:.2f} GiB, "
-                  f"{flops / c['sec'] / 1e12:.3f} TFLOP/s, foreign cores {c['foreign']:.2f} (try {c['tries']})", flush=True)
-            t = measured(args, f"{case} PyTorch", lambda: torch_case(args, case, shim))
-            extra = ""
-            if case == "vae":
-                hooked = t["rec"]["flops_hooked"]
-                extra = f", hooked FLOPs {hooked / 1e9:.1f} G vs analytic {flops / 1e9:.1f} G"
-            print(f"[round {r + 1}] {case} PyTorch:    {t['sec']:.3f} s (all {[round(x, 3) for x in t['all_sec'] or []]}), "
-                  f"peak RSS {t['rss_gib']:.2f} GiB, {flops / t['sec'] / 1e12:.3f} TFLOP/s, foreign cores "
-                  f"{t['foreign']:.2f} (try {t['tries']}){extra}; ratio PyTorch/cdiffusers {t['sec'] / c['sec']:.2f}x", flush=True)
-            rec = dict(round=r + 1, case=case, flops=flops, loadavg=os.getloadavg(), cdiffusers=c,
-                       torch={k: v for k, v in t.items() if k != "rec"}, torch_record=t["rec"])
+                make_inputs(case, inp, res=args.res)
+            flops = case_flops(case, args.harness, args.res)
+            row = {}
+            for side in order:
+                what = f"{case} {side}"
+                if side.startswith("cdf-"):
+                    x = measured(args, what, lambda: cdf_case(args, case, models, inp, side[4:]))
+                elif side.startswith("torch-"):
+                    x = measured(args, what, lambda: torch_case(args, case, models, inp, side[6:]))
+                elif case == "vae":
+                    if sdcpp_decode is None or not sdcpp_decode.get("decode_sec"):
+                        print(f"  [{what}] no sd.cpp transformer run yet: its decode figure comes from such a run "
+                              f"(list sd35m or flux before vae)", flush=True)
+                        continue
+                    x = dict(sdcpp_decode, sec=sdcpp_decode["decode_sec"], all_sec=[sdcpp_decode["decode_sec"]],
+                             flops=flops, tries=sdcpp_decode["tries"])
+                else:
+                    x = measured(args, what, lambda: sdcpp_case(args, case, ckpts))
+                    sdcpp_decode = x  # SD3 and FLUX.1 share the VAE architecture (16 latent channels)
+                fl = x.get("flops", flops)
+                x["tflops"] = fl / x["sec"] / 1e12
+                x["pct_fma_peak"] = 100 * fl / x["sec"] / peak_fma
+                row[side] = x
+                first = f", first {x['first_sec']:.2f} s" if "first_sec" in x else ""
+                tok = f", {x['txt']} text tokens, {fl / 1e9:.0f} GFLOP" if side == "sdcpp" and case != "vae" else ""
+                print(f"[round {r + 1}] {case} {side}: {x['sec']:.3f} s{first} (all {[round(v, 3) for v in x['all_sec']]}"
+                      f"{tok}), peak RSS {x['rss_gib']:.2f} GiB, {x['tflops']:.3f} TFLOP/s = {x['pct_fma_peak']:.0f}% of the "
+                      f"{fma_key} peak, foreign cores {x['foreign']:.2f} (try {x['tries']})", flush=True)
+            ratios = {}
+            for base in ("cdf-bf16", "cdf-f32"):
+                if base not in row:
+                    continue
+                for side, x in row.items():
+                    if side.startswith("cdf-") and side <= base:
+                        continue
+                    # per FLOP: sd.cpp runs its own token count; for the others flops is the same
+                    ratios[f"{side}/{base}"] = (x["sec"] * flops / x.get("flops", flops)) / row[base]["sec"]
+            print(f"[round {r + 1}] {case} ratios (peer s / cdiffusers s; sd.cpp per FLOP): "
+                  + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()), flush=True)
+            rec = dict(round=r + 1, case=case, flops=flops, loadavg=os.getloadavg(), cpu=cpu, isa=isa, peaks=peaks,
+                       torch_dtype=args.torch_dtype, sdcpp_dtype=args.sdcpp_dtype, sides=row, ratios=ratios)
             results[case].append(rec)
             if out_f:
                 out_f.write(json.dumps(rec) + "\n")
                 out_f.flush()
 
     print()
-    print("| case | GFLOP | cdiffusers s | PyTorch s | speed-up (PyTorch s / cdiffusers s) per round | "
-          "cdiffusers TFLOP/s | PyTorch TFLOP/s | peak RSS GiB cdf / torch | foreign cores cdf / torch |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    cols = [s for s in sides]
+    print("| case | GFLOP | " + " | ".join(f"{s} s" for s in cols) + " | ratios per round (peer s / cdiffusers s) | "
+          + "TFLOP/s (% f32-FMA peak) " + " / ".join(cols) + " | peak RSS GiB " + " / ".join(cols)
+          + " | foreign cores " + " / ".join(cols) + " |")
+    print("|---" * (6 + len(cols)) + "|")
     for case in cases:
         rs = results[case]
         if not rs:
             continue
-        cs = statistics.median(x["cdiffusers"]["sec"] for x in rs)
-        ts = statistics.median(x["torch"]["sec"] for x in rs)
-        ratios = ", ".join(f"{x['torch']['sec'] / x['cdiffusers']['sec']:.2f}x" for x in rs)
-        fl = rs[0]["flops"]
-        fc = "/".join("%.1f" % x["cdiffusers"]["foreign"] for x in rs)
-        ft = "/".join("%.1f" % x["torch"]["foreign"] for x in rs)
-        print(f"| {LABELS[case]} | {fl / 1e9:.0f} | {cs:.2f} | {ts:.2f} | {ratios} | {fl / cs / 1e12:.3f} | {fl / ts / 1e12:.3f} | "
-              f"{max(x['cdiffusers']['rss_gib'] for x in rs):.2f} / {max(x['torch']['rss_gib'] for x in rs):.2f} | "
-              f"{fc} / {ft} |")
+        def med(side, key="sec"):
+            v = [x["sides"][side][key] for x in rs if side in x["sides"]]
+            return statistics.median(v) if v else None
+        secs = " | ".join("%.2f" % med(s) if med(s) is not None else "-" for s in cols)
+        ratios = "; ".join(", ".join(f"{k} {v:.2f}x" for k, v in x["ratios"].items()) for x in rs)
+        tf = " / ".join("%.3f (%.0f%%)" % (med(s, "tflops"), med(s, "pct_fma_peak")) if med(s) is not None else "-" for s in cols)
+        rss = " / ".join("%.2f" % max(x["sides"][s]["rss_gib"] for x in rs if s in x["sides"]) if med(s) is not None else "-"
+                         for s in cols)
+        fc = " / ".join(",".join("%.1f" % x["sides"][s]["foreign"] for x in rs if s in x["sides"]) or "-" for s in cols)
+        print(f"| {label(case, args.res)} | {rs[0]['flops'] / 1e9:.0f} | {secs} | {ratios} | {tf} | {rss} | {fc} |")
     print(f"\nload after: {os.getloadavg()}")
 
 

@@ -22,6 +22,14 @@ cdf_status cdf_json_check_depth_desc(const char *text, size_t len, int max_depth
  * (truncated?)". On failure nothing stays open. */
 cdf_status cdf_io_map_file(const char *path, const char *kind, size_t min_bytes, const char *min_what, int *fd,
                            const uint8_t **map, size_t *size);
+/* Lets the kernel take back the pages of [p, p + n) inside a mapping cdf_io_map_file made, once
+ * their bytes have been copied elsewhere (the weights on the device): without it every page a
+ * load reads stays resident in the process until the file is unmapped, so loading a model holds
+ * it twice (the copy + the mapped file) at the peak. Only pages wholly inside the range are
+ * dropped (a neighbouring tensor may still be read from a shared page). Safe for any range of
+ * those mappings: they are read-only and private, never written, so a later read faults the
+ * file's bytes back in. Advisory: a failure changes nothing but the resident size. */
+void cdf_io_drop_pages(const void *p, size_t n);
 /* Adds to the process-wide counter behind cdf_io_bytes_read(). */
 void cdf_io_count_bytes(uint64_t n);
 

@@ -3,6 +3,7 @@
 #include "io/io_internal.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -42,4 +43,12 @@ cdf_status cdf_io_map_file(const char *path, const char *kind, size_t min_bytes,
     *map = m;
     *size = (size_t)st.st_size;
     return CDF_OK;
+}
+
+void cdf_io_drop_pages(const void *p, size_t n) {
+    long page = sysconf(_SC_PAGESIZE);
+    if (!p || page <= 0) return;
+    uintptr_t a = (uintptr_t)p, end = a + n, ps = (uintptr_t)page;
+    uintptr_t lo = (a + ps - 1) / ps * ps, hi = end / ps * ps;
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }

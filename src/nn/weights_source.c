@@ -508,7 +508,12 @@ const void *cdf_wsrc_load(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *name) {
     char sn[600];
     raw sr;
     bool scaled = is_fp8(r.dtype) && t->dtype == CDF_F32 && scale_name(t->src_name, sn, sizeof sn) && raw_find(s, t->prefix, sn, &sr);
-    if (t->zero_copy) return bytes;
+    const uint64_t src_bytes = (uint64_t)nrows * row_bytes;
+    if (t->zero_copy) {
+        t->mapped = bytes;
+        t->mapped_bytes = src_bytes;
+        return bytes;
+    }
 
     size_t esz = cdf_dtype_size(t->dtype);
     uint8_t *buf = malloc((size_t)numel * esz + 1);
@@ -537,6 +542,7 @@ const void *cdf_wsrc_load(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *name) {
     } else {
         memcpy(buf, bytes, (size_t)numel * esz);
     }
+    cdf_io_drop_pages(bytes, (size_t)src_bytes); /* copied: the mapped pages are not needed here again */
     if (t->swap_halves && !swap_row_halves(buf, nrows, (size_t)(numel / (nrows ? nrows : 1)) * esz, name)) return NULL;
     return buf;
 }
@@ -567,6 +573,8 @@ const void *cdf_wsrc_load_blocks(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *na
 void cdf_wsrc_tensor_release(cdf_wsrc_tensor *t) {
     free(t->owned);
     t->owned = NULL;
+    if (t->mapped) cdf_io_drop_pages(t->mapped, (size_t)t->mapped_bytes);
+    t->mapped = NULL;
 }
 
 const char *cdf_wsrc_missing_hint(cdf_wsrc *s) {

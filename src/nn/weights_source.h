@@ -29,6 +29,8 @@ typedef struct cdf_wsrc_tensor {
     int64_t row0, nrows; /* dim-0 slice of the source tensor (nrows -1: all) */
     bool swap_halves;
     void *owned;
+    const void *mapped;    /* zero-copy values: their pages, dropped by cdf_wsrc_tensor_release */
+    uint64_t mapped_bytes;
 } cdf_wsrc_tensor;
 
 /* A folder or a diffusers-layout .safetensors file (cdf_checkpoint_open) or, for a path ending
@@ -44,11 +46,16 @@ const char *cdf_wsrc_format(const cdf_wsrc *s);
 /* Looks the diffusers name up: false (no error recorded) if the source has no such tensor. */
 bool cdf_wsrc_find(cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t);
 /* The values (t->dtype, contiguous); NULL with an error on failure. Valid until
- * cdf_wsrc_tensor_release (owned buffers) or cdf_wsrc_close (mapped bytes). */
+ * cdf_wsrc_tensor_release (owned buffers) or cdf_wsrc_close (mapped bytes). Values copied out of
+ * the file's mapping release the mapped pages they were read from at once. */
 const void *cdf_wsrc_load(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *name);
 /* The stored blocks of a quantized tensor (t->qtype >= 0), dim-0 rows whole: *row_bytes per row,
  * t->shape[0] rows, contiguous. Mapped bytes, or a buffer owned by t (rows reordered). */
 const void *cdf_wsrc_load_blocks(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *name, int64_t *row_bytes);
+/* Frees an owned buffer and, for mapped (zero-copy) values, lets the kernel drop their pages from
+ * this process (cdf_io_drop_pages): call it once the values are copied. Mapped bytes stay
+ * readable until cdf_wsrc_close (a later read faults them in again), so a caller that keeps
+ * pointing at them (sequential offload's host-side weights) simply does not call it. */
 void cdf_wsrc_tensor_release(cdf_wsrc_tensor *t);
 
 /* For a missing-weight message: when nothing has been found in a single file yet, a sentence
