@@ -2,7 +2,6 @@
 #include "kernels/dispatch.h"
 
 #include <omp.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,43 +52,9 @@ static uint16_t *round_matmul_a(const cdf_k_matmul_args *x, cdf_k_matmul_args *r
     return buf;
 }
 
-/* ---- epilogue fallback (epi branch) --------------------------------------------------------
- * A matmul path that does not call args->epilogue itself (the gemm branch makes every path call
- * it per finished row panel) gets it here after the whole product, in row chunks spread over the
- * threads. The paths run with the epilogue wrapped in a watch, so this never calls it twice: it
- * runs only when no path called it at all. */
-typedef struct epilogue_watch {
-    void (*fn)(void *ctx, int64_t bi, int64_t row0, int64_t row1);
-    void *ctx;
-    atomic_bool called;
-} epilogue_watch;
-
-static void epilogue_watched(void *ctx, int64_t bi, int64_t row0, int64_t row1) {
-    epilogue_watch *w = ctx;
-    atomic_store_explicit(&w->called, true, memory_order_relaxed);
-    w->fn(w->ctx, bi, row0, row1);
-}
-
-static cdf_status matmul_with_epilogue(const cdf_k_matmul_args *a) {
-    epilogue_watch w = {.fn = a->epilogue, .ctx = a->epilogue_ctx};
-    atomic_init(&w.called, false);
-    cdf_k_matmul_args x = *a;
-    x.epilogue = epilogue_watched;
-    x.epilogue_ctx = &w;
-    cdf_status s = cdf_k_matmul_dispatch(&x);
-    if (s != CDF_OK || atomic_load(&w.called) || a->M < 1 || a->N < 1) return s;
-    enum { ROWS = 16 };
-    const int64_t chunks = (a->M + ROWS - 1) / ROWS, total = a->batch * chunks;
-#pragma omp parallel for schedule(static) if ((double)total * ROWS * (double)a->N > 32768)
-    for (int64_t t = 0; t < total; t++) {
-        const int64_t bi = t / chunks, r0 = t % chunks * ROWS;
-        a->epilogue(a->epilogue_ctx, bi, r0, r0 + ROWS < a->M ? r0 + ROWS : a->M);
-    }
-    return CDF_OK;
-}
-
+/* The epilogue (args->epilogue) is each path's to call: the own GEMM per finished row panel, the
+ * reference and oneDNN paths after the product (cdf_k_matmul_run_epilogue). */
 cdf_status cdf_k_matmul_dispatch(const cdf_k_matmul_args *a) {
-    if (a && a->epilogue && a->epilogue != epilogue_watched) return matmul_with_epilogue(a); /* epi fallback */
     const bool fast = cdf_k_isa_level() >= CDF_K_ISA_AVX2;
     bool handled = false;
     cdf_status s;
