@@ -564,6 +564,16 @@ cdf_tensor *cdf_matmul(cdf_tensor *a, cdf_tensor *b) {
     return matmul_impl(a, b, NULL, "matmul");
 }
 
+/* y2 [rows, out] of a linear layer back in x's leading dims: [..., out]. Takes y2's reference. */
+static cdf_tensor *linear_unflatten(cdf_tensor *x, cdf_tensor *y2, int64_t out) {
+    int64_t oshape[CDF_MAX_DIMS];
+    memcpy(oshape, x->shape, x->ndim * sizeof *oshape);
+    oshape[x->ndim - 1] = out;
+    cdf_tensor *y = cdf_reshape(y2, x->ndim, oshape);
+    REL(y2);
+    return y;
+}
+
 cdf_tensor *cdf_linear(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b) {
     if (!x || !w) return NULL;
     BEGIN();
@@ -580,12 +590,7 @@ cdf_tensor *cdf_linear(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b) {
     REL(x2);
     REL(wt);
     if (!y2) RETURN(NULL);
-    int64_t oshape[CDF_MAX_DIMS];
-    memcpy(oshape, x->shape, x->ndim * sizeof *oshape);
-    oshape[x->ndim - 1] = w->shape[0];
-    cdf_tensor *y = cdf_reshape(y2, x->ndim, oshape);
-    REL(y2);
-    RETURN(y);
+    RETURN(linear_unflatten(x, y2, w->shape[0]));
 }
 
 cdf_tensor *cdf_linear_quantized(cdf_tensor *x, cdf_tensor *wq, uint32_t qtype, int64_t in, cdf_dtype wdt, cdf_tensor *b) {
@@ -633,12 +638,7 @@ cdf_tensor *cdf_linear_quantized(cdf_tensor *x, cdf_tensor *wq, uint32_t qtype, 
         REL(out);
         RETURN(NULL);
     }
-    int64_t oshape[CDF_MAX_DIMS];
-    memcpy(oshape, x->shape, x->ndim * sizeof *oshape);
-    oshape[x->ndim - 1] = N;
-    cdf_tensor *y = cdf_reshape(out, x->ndim, oshape);
-    REL(out);
-    RETURN(y);
+    RETURN(linear_unflatten(x, out, N));
 }
 
 /* ---- normalisation / reductions ------------------------------------------------------- */
