@@ -559,13 +559,18 @@ const void *cdf_wsrc_load_blocks(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *na
     const uint8_t *bytes = r.bytes + (uint64_t)row0 * rb;
     *row_bytes = (int64_t)rb;
     cdf_io_count_bytes((uint64_t)nrows * rb);
-    if (!t->swap_halves) return bytes;
+    if (!t->swap_halves) { /* mapped, like zero-copy values: their pages go at cdf_wsrc_tensor_release */
+        t->mapped = bytes;
+        t->mapped_bytes = (uint64_t)nrows * rb;
+        return bytes;
+    }
     uint8_t *buf = malloc((size_t)(nrows * (int64_t)rb) + 1);
     if (!buf) {
         cdf_error(CDF_ERR_OUT_OF_MEMORY, "weight '%s': out of host memory for %lld rows of blocks", name, (long long)nrows);
         return NULL;
     }
     memcpy(buf, bytes, (size_t)(nrows * (int64_t)rb));
+    cdf_io_drop_pages(bytes, (size_t)(nrows * (int64_t)rb)); /* copied */
     t->owned = buf;
     return swap_row_halves(buf, nrows, (size_t)rb, name) ? buf : NULL;
 }
