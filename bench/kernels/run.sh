@@ -1,7 +1,7 @@
 #!/bin/sh
 # Builds bench/kernels/bench_kernels against a built static library and runs it.
 #
-#   bench/kernels/run.sh [--quick | --attention]   (--attention: only the flash-attention table)
+#   bench/kernels/run.sh [--quick | --attention [--no-reference]]   (--attention: only the flash-attention table)
 #
 # BUILD_DIR (default: build) is the CMake build directory holding libcdiffusers.a, configured
 # with oneDNN found (a Release build: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release). The
