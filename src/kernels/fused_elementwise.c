@@ -15,7 +15,11 @@ static bool is_contiguous(int ndim, const int64_t *shape, const int64_t *strides
     return true;
 }
 
-/* Load len elements starting at flat index f0 of a strided input into buf (as f32). */
+/* Load len elements starting at flat index f0 of a strided input into buf (as f32). A strided
+ * input is taken in runs along its last dimension: a row (stride 1) is one cdf_k_load_row, a
+ * broadcast (stride 0, e.g. an AdaLN shift/scale [B, 1, C] over the tokens of [B, L, C] has it
+ * on L, a bias on a [.., C, HW] layout on HW) one value repeated; only other strides go element
+ * by element. */
 static void load_block(float *buf, const void *p, cdf_dtype dt, const int64_t *strides, bool contig, int ndim,
                        const int64_t *shape, int64_t f0, int64_t len) {
     if (contig) {
@@ -28,9 +32,25 @@ static void load_block(float *buf, const void *p, cdf_dtype dt, const int64_t *s
         rem = shape[d] ? rem / shape[d] : 0;
         off += idx[d] * strides[d];
     }
-    for (int64_t i = 0; i < len; i++) {
-        buf[i] = cdf_k_ld(p, dt, off);
-        for (int d = ndim - 1; d >= 0; d--) { /* advance the multi-index by one */
+    const int last = ndim - 1;
+    for (int64_t i = 0; i < len;) {
+        int64_t run = shape[last] - idx[last];
+        if (run > len - i) run = len - i;
+        if (strides[last] == 1) {
+            cdf_k_load_row(buf + i, p, dt, off, run);
+        } else if (strides[last] == 0) {
+            const float v = cdf_k_ld(p, dt, off);
+            for (int64_t k = 0; k < run; k++) buf[i + k] = v;
+        } else {
+            for (int64_t k = 0; k < run; k++) buf[i + k] = cdf_k_ld(p, dt, off + k * strides[last]);
+        }
+        i += run;
+        idx[last] += run;
+        off += run * strides[last];
+        if (idx[last] < shape[last]) break; /* the block ended inside this row */
+        off -= strides[last] * shape[last];
+        idx[last] = 0;
+        for (int d = last - 1; d >= 0; d--) { /* carry into the outer dimensions */
             off += strides[d];
             if (++idx[d] < shape[d]) break;
             off -= strides[d] * shape[d];
