@@ -24,6 +24,41 @@
 #include "kernels/simd_impl.h" /* VF, VI, vld, vst, vset1, vhmax, vhsum, vexp2 */
 #define BK (KV_VECS * VW)
 
+/* The 6 x 2 register block of both products, on twelve named accumulators a00..a51 (named, so
+ * the compiler keeps them in registers): a_r0 += s_r[i] x0, a_r1 += s_r[i] x1 for the six rows
+ * r (one broadcast load per row), and loading / storing the block at p with a row stride. */
+#define AF_RANK1_6X2(x0, x1, s0, s1, s2, s3, s4, s5, i)                                                            \
+    do {                                                                                                       \
+        VF b_ = AF_NAME(vset1)(s0[i]);                                                                         \
+        a00 += b_ * x0, a01 += b_ * x1;                                                                        \
+        b_ = AF_NAME(vset1)(s1[i]);                                                                            \
+        a10 += b_ * x0, a11 += b_ * x1;                                                                        \
+        b_ = AF_NAME(vset1)(s2[i]);                                                                            \
+        a20 += b_ * x0, a21 += b_ * x1;                                                                        \
+        b_ = AF_NAME(vset1)(s3[i]);                                                                            \
+        a30 += b_ * x0, a31 += b_ * x1;                                                                        \
+        b_ = AF_NAME(vset1)(s4[i]);                                                                            \
+        a40 += b_ * x0, a41 += b_ * x1;                                                                        \
+        b_ = AF_NAME(vset1)(s5[i]);                                                                            \
+        a50 += b_ * x0, a51 += b_ * x1;                                                                        \
+    } while (0)
+#define AF_LOAD_6X2(p, ld)                                                                                         \
+    VF a00 = AF_NAME(vld)(p), a01 = AF_NAME(vld)((p) + VW);                                                    \
+    VF a10 = AF_NAME(vld)((p) + (ld)), a11 = AF_NAME(vld)((p) + (ld) + VW);                                    \
+    VF a20 = AF_NAME(vld)((p) + 2 * (ld)), a21 = AF_NAME(vld)((p) + 2 * (ld) + VW);                            \
+    VF a30 = AF_NAME(vld)((p) + 3 * (ld)), a31 = AF_NAME(vld)((p) + 3 * (ld) + VW);                            \
+    VF a40 = AF_NAME(vld)((p) + 4 * (ld)), a41 = AF_NAME(vld)((p) + 4 * (ld) + VW);                            \
+    VF a50 = AF_NAME(vld)((p) + 5 * (ld)), a51 = AF_NAME(vld)((p) + 5 * (ld) + VW)
+#define AF_STORE_6X2(p, ld)                                                                                        \
+    do {                                                                                                       \
+        AF_NAME(vst)(p, a00), AF_NAME(vst)((p) + VW, a01);                                                     \
+        AF_NAME(vst)((p) + (ld), a10), AF_NAME(vst)((p) + (ld) + VW, a11);                                     \
+        AF_NAME(vst)((p) + 2 * (ld), a20), AF_NAME(vst)((p) + 2 * (ld) + VW, a21);                             \
+        AF_NAME(vst)((p) + 3 * (ld), a30), AF_NAME(vst)((p) + 3 * (ld) + VW, a31);                             \
+        AF_NAME(vst)((p) + 4 * (ld), a40), AF_NAME(vst)((p) + 4 * (ld) + VW, a41);                             \
+        AF_NAME(vst)((p) + 5 * (ld), a50), AF_NAME(vst)((p) + 5 * (ld) + VW, a51);                             \
+    } while (0)
+
 static int64_t AF_NAME(dvpad)(int64_t dv) { return (dv + VW * CV - 1) / (VW * CV) * (VW * CV); }
 
 /* Scratch per thread (floats) for chunks of up to qc query rows and spans of up to ks keys
@@ -77,26 +112,10 @@ static void AF_NAME(tile)(const cdf_k_attention_args *x, int64_t bi, int64_t hi,
             const float *kp = kt + c * VW;
             for (int64_t e = 0; e < d; e++, kp += BK) {
                 const VF k0 = AF_NAME(vld)(kp), k1 = AF_NAME(vld)(kp + VW);
-                VF b = AF_NAME(vset1)(q0p[e]);
-                a00 += b * k0, a01 += b * k1;
-                b = AF_NAME(vset1)(q1p[e]);
-                a10 += b * k0, a11 += b * k1;
-                b = AF_NAME(vset1)(q2p[e]);
-                a20 += b * k0, a21 += b * k1;
-                b = AF_NAME(vset1)(q3p[e]);
-                a30 += b * k0, a31 += b * k1;
-                b = AF_NAME(vset1)(q4p[e]);
-                a40 += b * k0, a41 += b * k1;
-                b = AF_NAME(vset1)(q5p[e]);
-                a50 += b * k0, a51 += b * k1;
+                AF_RANK1_6X2(k0, k1, q0p, q1p, q2p, q3p, q4p, q5p, e);
             }
             float *sp = s + r * BK + c * VW;
-            AF_NAME(vst)(sp, a00), AF_NAME(vst)(sp + VW, a01);
-            AF_NAME(vst)(sp + BK, a10), AF_NAME(vst)(sp + BK + VW, a11);
-            AF_NAME(vst)(sp + 2 * BK, a20), AF_NAME(vst)(sp + 2 * BK + VW, a21);
-            AF_NAME(vst)(sp + 3 * BK, a30), AF_NAME(vst)(sp + 3 * BK + VW, a31);
-            AF_NAME(vst)(sp + 4 * BK, a40), AF_NAME(vst)(sp + 4 * BK + VW, a41);
-            AF_NAME(vst)(sp + 5 * BK, a50), AF_NAME(vst)(sp + 5 * BK + VW, a51);
+            AF_STORE_6X2(sp, BK);
         }
     }
 
@@ -163,34 +182,13 @@ static void AF_NAME(tile)(const cdf_k_attention_args *x, int64_t bi, int64_t hi,
         const float *p0 = s + r * BK, *p1 = p0 + BK, *p2 = p1 + BK, *p3 = p2 + BK, *p4 = p3 + BK, *p5 = p4 + BK;
         for (int64_t e0 = 0; e0 < dvp; e0 += 2 * VW) {
             float *op = o + r * dvp + e0;
-            VF a00 = AF_NAME(vld)(op), a01 = AF_NAME(vld)(op + VW);
-            VF a10 = AF_NAME(vld)(op + dvp), a11 = AF_NAME(vld)(op + dvp + VW);
-            VF a20 = AF_NAME(vld)(op + 2 * dvp), a21 = AF_NAME(vld)(op + 2 * dvp + VW);
-            VF a30 = AF_NAME(vld)(op + 3 * dvp), a31 = AF_NAME(vld)(op + 3 * dvp + VW);
-            VF a40 = AF_NAME(vld)(op + 4 * dvp), a41 = AF_NAME(vld)(op + 4 * dvp + VW);
-            VF a50 = AF_NAME(vld)(op + 5 * dvp), a51 = AF_NAME(vld)(op + 5 * dvp + VW);
+            AF_LOAD_6X2(op, dvp);
             const float *vp = vt + e0;
             for (int64_t j = 0; j < nk; j++, vp += dvp) {
                 const VF v0 = AF_NAME(vld)(vp), v1 = AF_NAME(vld)(vp + VW);
-                VF b = AF_NAME(vset1)(p0[j]);
-                a00 += b * v0, a01 += b * v1;
-                b = AF_NAME(vset1)(p1[j]);
-                a10 += b * v0, a11 += b * v1;
-                b = AF_NAME(vset1)(p2[j]);
-                a20 += b * v0, a21 += b * v1;
-                b = AF_NAME(vset1)(p3[j]);
-                a30 += b * v0, a31 += b * v1;
-                b = AF_NAME(vset1)(p4[j]);
-                a40 += b * v0, a41 += b * v1;
-                b = AF_NAME(vset1)(p5[j]);
-                a50 += b * v0, a51 += b * v1;
+                AF_RANK1_6X2(v0, v1, p0, p1, p2, p3, p4, p5, j);
             }
-            AF_NAME(vst)(op, a00), AF_NAME(vst)(op + VW, a01);
-            AF_NAME(vst)(op + dvp, a10), AF_NAME(vst)(op + dvp + VW, a11);
-            AF_NAME(vst)(op + 2 * dvp, a20), AF_NAME(vst)(op + 2 * dvp + VW, a21);
-            AF_NAME(vst)(op + 3 * dvp, a30), AF_NAME(vst)(op + 3 * dvp + VW, a31);
-            AF_NAME(vst)(op + 4 * dvp, a40), AF_NAME(vst)(op + 4 * dvp + VW, a41);
-            AF_NAME(vst)(op + 5 * dvp, a50), AF_NAME(vst)(op + 5 * dvp + VW, a51);
+            AF_STORE_6X2(op, dvp);
         }
     }
 }
@@ -238,6 +236,9 @@ static void AF_NAME(chunk)(const cdf_k_attention_args *x, int64_t bi, int64_t hi
 #undef VF
 #undef VI
 #undef BK
+#undef AF_RANK1_6X2
+#undef AF_LOAD_6X2
+#undef AF_STORE_6X2
 #undef AF_NAME
 #undef AF_CAT
 #undef AF_CAT2
