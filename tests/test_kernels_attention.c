@@ -9,8 +9,10 @@
  * softmax (missing max subtraction, a dropped tile, a mis-scaled row) misses by orders of
  * magnitude. bf16 outputs add half a bf16 ulp.
  *
- * Cases: sequence lengths that are not multiples of the key tile (16/32/64 keys) or the query
- * block (64 rows): 1, 5, 17, 63, 65, 130, 200 ...; head dims 1, 17, 64, 128 and dv != d; strided
+ * Cases: sequence lengths that are not multiples of the key tile (32/64 keys), the query block
+ * (48 rows) or the 6-row register block: 1, 5, 17, 63, 65, 130, 200 ... (with 2+ threads the small
+ * cases are split into several query chunks per head; the 4100-token case has 3 query chunks and 3
+ * packed key spans); head dims 1, 17, 64, 128 and dv != d; strided
  * q/k/v (the [B, L, H, D] layout of a fused QKV projection); bf16 q/k/v/out; masks: additive f32
  * [B, 1, Lq, Lk] with -inf entries and a fully masked row (must give zeros), key padding
  * [B, 1, 1, Lk] (query stride 0), bf16 mask, a transposed mask (key stride != 1); a 4100-token

@@ -10,7 +10,9 @@
  * use x sigmoid(2u), the same function without the cancellation, and get the tight bound. Special values
  * follow the scalar definitions (NaN in, NaN out; +-inf as cdf_k_unary_f gives them). And the
  * result of an element must not depend on the span it is computed in (the fused kernels use
- * other block sizes than the unfused ones and must stay bit-identical to them). */
+ * other block sizes than the unfused ones and must stay bit-identical to them). The fused kernel
+ * reads strided operands (broadcasts: stride 0 on the last or a middle dimension, transposed,
+ * gapped rows, bf16) exactly as an element-by-element walk does. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,6 +22,7 @@
 #include "testutil.h"
 
 #include "kernels/cpu_features.h"
+#include "kernels/kernels.h"
 #include "kernels/reference_internal.h"
 
 static double truth(cdf_unary_op op, double x) {
@@ -141,8 +144,54 @@ static void test_span_independent(void **state) {
         }
 }
 
+/* out = (in0 * in1 + in2) for [4, 7, 300] (blocks of the kernel cross rows and matrices), each
+ * input with its own strides; want from an element-by-element walk of the same strides */
+static void test_fused_strided_inputs(void **state) {
+    (void)state;
+    enum { A = 4, B = 7, C = 300, N = A * B * C };
+    const int64_t shape[3] = {A, B, C};
+    static float buf0[2 * N], buf1[N], buf2[N], out[N];
+    uint16_t *buf0h = malloc(sizeof(uint16_t) * 2 * N);
+    assert_non_null(buf0h);
+    for (int i = 0; i < 2 * N; i++) buf0[i] = (float)((i * 37) % 1001) * 0.01f - 5.0f;
+    for (int i = 0; i < N; i++) buf1[i] = (float)((i * 13) % 97) * 0.03f - 1.0f, buf2[i] = (float)(i % 11) - 5.0f;
+    for (int i = 0; i < 2 * N; i++) buf0h[i] = cdf_f32_to_bf16(buf0[i]);
+    static const struct {
+        int64_t s0[3], s1[3], s2[3];
+        bool bf16;
+    } cases[] = {
+        {{B * C, C, 1}, {C, 0, 1}, {0, 0, 1}, false},             /* AdaLN scale [A,1,C], bias [C] */
+        {{B * C, C, 1}, {B, 1, 0}, {0, 1, 0}, false},             /* stride 0 on the last dimension */
+        {{1, A, A * B}, {B * C, C, 1}, {C, 0, 1}, false},         /* transposed head input */
+        {{2 * B * C, 2 * C, 1}, {B * C, C, 1}, {0, C, 1}, false}, /* gapped rows */
+        {{2 * B * C, 2 * C, 2}, {C, 0, 1}, {0, 0, 0}, true},      /* every other element, bf16; a scalar */
+    };
+    cdf_fused_program prog = {.n_steps = 2,
+                              .steps = {{.binary = true, .input = 1, .op = CDF_BIN_MUL},
+                                        {.binary = true, .input = 2, .op = CDF_BIN_ADD}}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const void *in[3] = {cases[c].bf16 ? (const void *)buf0h : (const void *)buf0, buf1, buf2};
+        const cdf_dtype dts[3] = {cases[c].bf16 ? CDF_BF16 : CDF_F32, CDF_F32, CDF_F32};
+        const int64_t *st[3] = {cases[c].s0, cases[c].s1, cases[c].s2};
+        assert_int_equal(cdf_k_fused_elementwise(&prog, out, CDF_F32, 3, in, dts, st, 3, shape), CDF_OK);
+        for (int64_t a = 0; a < A; a++)
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t k = 0; k < C; k++) {
+                    float v[3];
+                    for (int t = 0; t < 3; t++)
+                        v[t] = cdf_k_ld(in[t], dts[t], a * st[t][0] + b * st[t][1] + k * st[t][2]);
+                    const float want = v[0] * v[1] + v[2], got = out[(a * B + b) * C + k];
+                    if (memcmp(&want, &got, sizeof got) != 0)
+                        fail_msg("case %zu: element [%lld,%lld,%lld] is %g, want %g", c, (long long)a, (long long)b,
+                                 (long long)k, (double)got, (double)want);
+                }
+    }
+    free(buf0h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fused_strided_inputs),
         cmocka_unit_test(test_against_double),
         cmocka_unit_test(test_special_values),
         cmocka_unit_test(test_span_independent),

@@ -1,7 +1,7 @@
 /* Matmul throughput: fast paths (src/kernels/fast_onednn.c) vs the reference kernel, at the
  * shapes the DiT models run, plus register-only peaks of the CPU for scale.
  *
- *   bench_kernels [--quick | --verbose-probe | --attention | --gemm [--quick]]   (built and run by bench/kernels/run.sh)
+ *   bench_kernels [--quick | --verbose-probe | --attention [--no-reference] | --gemm [--quick]]   (built and run by bench/kernels/run.sh)
  *
  * Linear layers are timed as the models call them: A = activations [M, K] f32, B = weight
  * [N, K] (trans_b), C f32. "bf16" = bf16 weights: the fast path rounds A to bf16 and runs
@@ -243,20 +243,29 @@ typedef struct att_shape {
     bool reference; /* also time the reference kernel (one call) */
 } att_shape;
 
-/* best of repeated calls of the fast kernel at `isa` (< 0: the reference kernel, one call) */
-static double time_attention(const cdf_k_attention_args *a, int isa, double min_s) {
+static double cpu_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* best of repeated calls of the fast kernel at `isa` (< 0: the reference kernel, one call);
+ * *cpu_s: the least process CPU time of a call (all threads; a descheduled thread costs none) */
+static double time_attention(const cdf_k_attention_args *a, int isa, double min_s, double *cpu_s) {
     double best = 1e30, spent = 0.0;
+    *cpu_s = 1e30;
     for (int rep = 0; rep < 50 && (rep < 2 || spent < min_s); rep++) {
-        double t0 = now_s();
+        double t0 = now_s(), c0 = cpu_now_s();
         bool handled = true;
         if (isa < 0)
             cdf_k_attention(a);
         else
             cdf_k_attention_fast_at(a, (cdf_k_isa)isa, &handled);
-        double t = now_s() - t0;
+        double t = now_s() - t0, c = cpu_now_s() - c0;
         if (!handled) return -1.0;
         spent += t;
         if (t < best) best = t;
+        if (c < *cpu_s) *cpu_s = c;
         if (isa < 0) break;
     }
     return best;
@@ -264,7 +273,7 @@ static double time_attention(const cdf_k_attention_args *a, int isa, double min_
 
 /* Self-attention over L tokens (image + text, as SD3/FLUX joint attention), q/k/v f32 in the
  * [B, L, H, D] layout the models' fused projections produce, no mask. FLOP = 4 B H L^2 D. */
-static void bench_attention(const att_shape *s, bool quick) {
+static void bench_attention(const att_shape *s, bool quick, bool no_ref, double peak, double peak_cpu) {
     const int64_t n = s->b * s->l * s->h * s->d;
     float *q = malloc(sizeof(float) * (size_t)n), *k = malloc(sizeof(float) * (size_t)n);
     float *v = malloc(sizeof(float) * (size_t)n), *o = malloc(sizeof(float) * (size_t)n);
@@ -282,18 +291,24 @@ static void bench_attention(const att_shape *s, bool quick) {
                               .out = o, .out_dt = CDF_F32, .scale = 0.125f};
     const double flop = 4.0 * (double)s->b * (double)s->h * (double)s->l * (double)s->l * (double)s->d;
     const double min_s = quick ? 0.3 : 1.0;
-    const double t_ref = s->reference && !quick ? time_attention(&a, -1, 0) : -1.0;
+    double c_ref;
+    const double t_ref = s->reference && !quick && !no_ref ? time_attention(&a, -1, 0, &c_ref) : -1.0;
     const cdf_k_isa native = cdf_k_isa_native();
     const double lxl_mb = 4.0 * (double)s->b * (double)s->h * (double)s->l * (double)s->l / 1048576.0;
     if (t_ref > 0)
         printf("| %s | reference (plain C) | %.1f | %.3f | 1.00 | |\n", s->name, t_ref * 1e3, flop / t_ref * 1e-12);
     for (int isa = CDF_K_ISA_AVX2; isa <= (int)native && isa <= CDF_K_ISA_AVX512; isa++) {
-        const double t = time_attention(&a, isa, min_s);
+        double c;
+        const double t = time_attention(&a, isa, min_s, &c);
         if (t < 0) continue;
         char ratio[32] = "";
         if (t_ref > 0) snprintf(ratio, sizeof ratio, "%.2f", t_ref / t);
-        printf("| %s | fast f32 %s | %.1f | %.3f | %s | L x L scores would be %.0f MB; none allocated |\n", s->name,
-               cdf_k_isa_name((cdf_k_isa)isa), t * 1e3, flop / t * 1e-12, ratio, lxl_mb);
+        char pk[160] = "";
+        if (peak > 0)
+            snprintf(pk, sizeof pk, "%.0f%% of the f32 FMA peak; per CPU-second %.3f TFLOP/s = %.0f%% of the 1-thread peak; ",
+                     100.0 * flop / t / peak, flop / c * 1e-12, 100.0 * flop / c / peak_cpu);
+        printf("| %s | fast f32 %s | %.1f | %.3f | %s | %sL x L scores would be %.0f MB; none allocated |\n", s->name,
+               cdf_k_isa_name((cdf_k_isa)isa), t * 1e3, flop / t * 1e-12, ratio, pk, lxl_mb);
     }
     free(q), free(k), free(v), free(o);
 }
@@ -307,6 +322,11 @@ static void print_peaks(const cdf_k_fast_info *info) {
 #pragma omp parallel reduction(+ : all)
         all += peak_f32_fma(iters);
         printf("| f32 FMA (AVX-512 vfmadd231ps) | %.3f | %.3f |\n", one * 1e-12, all * 1e-12);
+    } else if (cdf_k_isa_native() >= CDF_K_ISA_AVX2) {
+        one = peak_f32_fma_avx2(iters);
+#pragma omp parallel reduction(+ : all)
+        all += peak_f32_fma_avx2(iters);
+        printf("| f32 FMA (AVX2 vfmadd231ps) | %.3f | %.3f |\n", one * 1e-12, all * 1e-12);
     }
     if (info->avx512_bf16) {
         all = 0.0;
@@ -328,7 +348,7 @@ static void print_peaks(const cdf_k_fast_info *info) {
     printf("\n(%d OpenMP threads for the all-threads column)\n", nthr);
 }
 
-static void bench_attention_all(bool quick) {
+static void bench_attention_all(bool quick, bool no_ref) {
     const att_shape atts[] = {
         {"SD3.5-M 512x512 CFG: B2 H24 L1357 (1024+333) D64", 2, 24, 1357, 64, true},
         {"FLUX 512x512: B1 H24 L1536 (1024+512) D128", 1, 24, 1536, 128, true},
@@ -342,12 +362,22 @@ static void bench_attention_all(bool quick) {
         const cdf_k_cpu_features *f = cdf_k_cpu();
 #pragma omp parallel reduction(+ : fma, dp)
         {
-            if (f->avx512_core) fma += peak_f32_fma(20000000);
+            if (f->avx512_core)
+                fma += peak_f32_fma(20000000);
+            else if (cdf_k_isa_native() >= CDF_K_ISA_AVX2)
+                fma += peak_f32_fma_avx2(20000000);
             if (f->avx512_bf16) dp += peak_bf16_dp(20000000);
         }
-        printf("| (all-thread peaks just before: f32 FMA %.3f, bf16 vdpbf16ps %.3f TFLOP/s) | | | | | |\n", fma * 1e-12,
-               dp * 1e-12);
-        bench_attention(&atts[i], quick);
+        /* and the 1-thread f32 FMA peak per CPU-second, for the per-CPU-second figures */
+        peak_use_cpu_time(1);
+        const double fma_cpu = f->avx512_core                       ? peak_f32_fma(20000000)
+                               : cdf_k_isa_native() >= CDF_K_ISA_AVX2 ? peak_f32_fma_avx2(20000000)
+                                                                      : 0.0;
+        peak_use_cpu_time(0);
+        printf("| (all-thread peaks just before: f32 FMA (%s) %.3f, bf16 vdpbf16ps %.3f TFLOP/s; f32 FMA per CPU-second "
+               "of one thread %.3f) | | | | | |\n",
+               f->avx512_core ? "AVX-512" : "AVX2", fma * 1e-12, dp * 1e-12, fma_cpu * 1e-12);
+        bench_attention(&atts[i], quick, no_ref, fma, fma_cpu);
     }
 }
 
@@ -479,7 +509,7 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* rows appear as they are measured */
     const bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     if (argc > 1 && strcmp(argv[1], "--attention") == 0) {
-        bench_attention_all(false);
+        bench_attention_all(false, argc > 2 && strcmp(argv[2], "--no-reference") == 0);
         return 0;
     }
     if (argc > 1 && strcmp(argv[1], "--gemm") == 0) {
@@ -529,6 +559,6 @@ int main(int argc, char **argv) {
     printf("\n### Conv2d (NCHW, stride 1, pad 1, f32 input)\n\n| shape | weights | path | ms | TFLOP/s | x ref | oneDNN impl / notes |\n"
            "|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < (quick ? 1 : sizeof convs / sizeof *convs); i++) bench_conv(&convs[i], quick);
-    bench_attention_all(quick);
+    bench_attention_all(quick, false);
     return 0;
 }

@@ -1,8 +1,8 @@
 #!/bin/sh
 # Builds bench/kernels/bench_kernels against a built static library and runs it.
 #
-#   bench/kernels/run.sh [--quick | --attention | --gemm [--quick]]   (--attention: only the flash-attention
-#   table; --gemm: only the own bf16-weight GEMM against oneDNN, AVX2 level)
+#   bench/kernels/run.sh [--quick | --attention [--no-reference] | --gemm [--quick]]   (--attention: only the
+#   flash-attention table; --gemm: only the own bf16-weight GEMM against oneDNN, AVX2 level)
 #
 # BUILD_DIR (default: build) is the CMake build directory holding libcdiffusers.a, configured
 # with oneDNN found (a Release build: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release). The

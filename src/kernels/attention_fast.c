@@ -1,12 +1,14 @@
 /* Vectorised flash attention (f32 compute) for the AVX2 and AVX-512 levels: the contract of
  * cdf_k_attention (kernels.h) with the same tiled online-softmax algorithm, written with GCC
  * vector extensions and compiled per ISA (attention_fast_impl.h). The L x L score matrix never
- * exists: per thread one AF_BQ x BK tile of scores, the query block and its output accumulator
- * (AF_BQ rows), one K and one V tile — bounded memory whatever the sequence length.
+ * exists: per thread one AF_BQ x BK tile of scores, a chunk of query rows with their output
+ * accumulators and a packed span of K and V (attention_fast_impl.h) — bounded memory whatever the
+ * sequence lengths.
  *
- * Numerics: f32 products and sums like the reference kernel, a polynomial exp (~2 ulp) instead
- * of libm's expf, different summation order (keys are summed across vector lanes). Differences
- * from the reference are a few f32 ulps of the output scale (tests/test_kernels_fast.c). */
+ * Numerics: f32 products and sums like the reference kernel, the scores in log2 units (q scaled
+ * by scale log2(e) once, as it loads) and a polynomial 2^x (~2 ulp) instead of libm's expf,
+ * different summation order (keys are summed across vector lanes). Differences from the reference
+ * are a few f32 ulps of the output scale (tests/test_kernels_attention.c). */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -20,7 +22,10 @@
 #define AF_HAVE_X86 1
 #endif
 
-enum { AF_BQ = 64 }; /* query rows per block: one K/V tile is reused by this many rows */
+/* AF_BQ: query rows per block (one K/V tile is reused by this many rows); AF_QC, AF_KS: the most
+ * query rows per work item and keys per packed span (bounding the scratch: (AF_QC + AF_KS) (d + dv)
+ * floats per thread, 4 MB at d = dv = 128) */
+enum { AF_BQ = 48, AF_RB = 6, AF_QC = 2016, AF_KS = 2048 }; /* AF_RB: rows per register block, divides AF_BQ */
 
 #ifdef AF_HAVE_X86
 
@@ -71,24 +76,34 @@ cdf_status cdf_k_attention_fast_at(const cdf_k_attention_args *x, cdf_k_isa isa,
     if (x->b < 1 || x->h < 1 || x->lq < 1 || x->lk < 1 || x->d < 1 || x->dv < 1) return CDF_OK;
     if (!x->q || !x->k || !x->v || !x->out) return CDF_OK;
     const bool wide = isa >= CDF_K_ISA_AVX512;
-    const size_t per = wide ? scratch_floats_avx512(x->d, x->dv) : scratch_floats_avx2(x->d, x->dv);
+    const int64_t bk = wide ? 64 : 32; /* BK of the level (KV_VECS * VW) */
     const int nthr = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
+    /* query chunks: as few as bound the memory (AF_QC rows) and still give every thread ~4 items;
+     * key spans: as few as bound the memory (AF_KS keys), of near-equal lengths */
+    const int64_t bh = x->b * x->h, qblocks = (x->lq + AF_BQ - 1) / AF_BQ;
+    int64_t nch = (x->lq + AF_QC - 1) / AF_QC;
+    const int64_t want = (4 * (int64_t)nthr + bh - 1) / bh;
+    if (nch < want) nch = want < qblocks ? want : qblocks;
+    const int64_t qc = ((x->lq + nch - 1) / nch + AF_BQ - 1) / AF_BQ * AF_BQ;
+    nch = (x->lq + qc - 1) / qc;
+    const int64_t nsp = (x->lk + AF_KS - 1) / AF_KS;
+    const int64_t ks = ((x->lk + nsp - 1) / nsp + bk - 1) / bk * bk;
+    const size_t per = wide ? scratch_floats_avx512(x->d, x->dv, qc, ks) : scratch_floats_avx2(x->d, x->dv, qc, ks);
     float *mem = aligned_alloc(64, ((sizeof(float) * per * (size_t)nthr) + 63) & ~(size_t)63);
     if (!mem) return CDF_OK; /* the reference needs less memory */
-    const int64_t qblocks = (x->lq + AF_BQ - 1) / AF_BQ;
-    const int64_t items = x->b * x->h * qblocks;
+    const int64_t items = bh * nch;
     const double work = 2.0 * (double)x->b * (double)x->h * (double)x->lq * (double)x->lk * (double)(x->d + x->dv);
 #pragma omp parallel if (work > CDF_K_PAR_MIN_WORK && items > 1)
     {
         float *w = mem + per * (size_t)omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < items; u++) {
-            const int64_t bh = u / qblocks, q0 = (u % qblocks) * AF_BQ;
-            const int64_t nq = x->lq - q0 < AF_BQ ? x->lq - q0 : AF_BQ;
+            const int64_t i = u / nch, q0 = (u % nch) * qc;
+            const int64_t nq = x->lq - q0 < qc ? x->lq - q0 : qc;
             if (wide)
-                block_avx512(x, bh / x->h, bh % x->h, q0, nq, w);
+                chunk_avx512(x, i / x->h, i % x->h, q0, nq, qc, ks, w);
             else
-                block_avx2(x, bh / x->h, bh % x->h, q0, nq, w);
+                chunk_avx2(x, i / x->h, i % x->h, q0, nq, qc, ks, w);
         }
     }
     free(mem);

@@ -3,7 +3,7 @@
  * name suffix SFX inside a `#pragma GCC target`, includes this, and #undefs VF and VI when done.
  * No include guard: it is included once per ISA. GCC vector extensions keep one source for AVX2
  * (8 lanes) and AVX-512 (16 lanes). Defines, suffixed _SFX: types vf, vi, vfu and vld, vst, vset1,
- * vselect, vexp. */
+ * vselect, vmax, vhmax, vhsum, vexp, vexp2. */
 
 #ifndef SV_NAME /* kept for the whole translation unit: VF and VI expand through it */
 #define SV_CAT2(a, b) a##_##b
@@ -21,7 +21,14 @@ typedef float SV_NAME(vfu) __attribute__((vector_size(VW * 4), aligned(4), may_a
 
 static inline VF SV_NAME(vld)(const float *p) { return *(const SV_NAME(vfu) *)p; }
 static inline void SV_NAME(vst)(float *p, VF v) { *(SV_NAME(vfu) *)p = v; }
-static inline VF SV_NAME(vset1)(float x) { return (VF){0} + x; }
+/* every lane x; spelled out, not as {0} + x: that is a real addition (0 + -0 = +0), which GCC keeps
+ * as a scalar add plus a register broadcast, two FP-pipe instructions where a broadcast load is
+ * none (it was half the instructions of the attention kernel's inner loops) */
+#if VW == 16
+static inline VF SV_NAME(vset1)(float x) { return (VF){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+#else
+static inline VF SV_NAME(vset1)(float x) { return (VF){x, x, x, x, x, x, x, x}; }
+#endif
 /* m ? a : b per lane (m: all-ones or all-zeros lanes, as vector comparisons give) */
 static inline VF SV_NAME(vselect)(VI m, VF a, VF b) { return (VF)(((VI)a & m) | ((VI)b & ~m)); }
 
@@ -55,4 +62,58 @@ static inline VF SV_NAME(vexp)(VF z) {
     y = SV_NAME(vselect)(under, SV_NAME(vset1)(0.0f), y);
     y = SV_NAME(vselect)(over, SV_NAME(vset1)(__builtin_inff()), y);
     return SV_NAME(vselect)(nan, z, y);
+}
+
+/* max(a, b) per lane; a NaN in b is taken (a NaN score reaches the softmax sums either way) */
+static inline VF SV_NAME(vmax)(VF a, VF b) { return SV_NAME(vselect)(a >= b, a, b); }
+
+/* the largest lane / the sum of the lanes, by halving shuffles (log2(VW) steps, not VW scalar ops) */
+#if VW == 16
+#define SV_HALVES(OP)                                                                                              \
+    v = OP(v, __builtin_shuffle(v, (VI){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));                  \
+    v = OP(v, __builtin_shuffle(v, (VI){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}));                  \
+    v = OP(v, __builtin_shuffle(v, (VI){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}));                  \
+    v = OP(v, __builtin_shuffle(v, (VI){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}))
+#elif VW == 8
+#define SV_HALVES(OP)                                                                                              \
+    v = OP(v, __builtin_shuffle(v, (VI){4, 5, 6, 7, 0, 1, 2, 3}));                                                \
+    v = OP(v, __builtin_shuffle(v, (VI){2, 3, 0, 1, 6, 7, 4, 5}));                                                \
+    v = OP(v, __builtin_shuffle(v, (VI){1, 0, 3, 2, 5, 4, 7, 6}))
+#else
+#error "simd_impl.h: VW must be 8 or 16"
+#endif
+#define SV_ADD(a, b) ((a) + (b))
+static inline float SV_NAME(vhmax)(VF v) {
+    SV_HALVES(SV_NAME(vmax));
+    return v[0];
+}
+static inline float SV_NAME(vhsum)(VF v) {
+    SV_HALVES(SV_ADD);
+    return v[0];
+}
+#undef SV_ADD
+#undef SV_HALVES
+
+/* 2^z for the softmax's z = s - max(s) <= 0 (also -inf, NaN), relative error < 0.9 ulp (checked
+ * over [-126, 0]): z < -126 (incl. -inf) gives exactly 0 (a masked key contributes nothing), NaN
+ * gives NaN. The reduction z = n + r, |r| <= 1/2, is exact (n = round(z) by the 1.5 * 2^23 shift);
+ * 2^r by a degree-6 polynomial fitted for relative error on [-1/2, 1/2] (1.9e-9: the f32 rounding
+ * of the Horner steps dominates), times 2^n built in the exponent field. About half the
+ * instructions of vexp: no ln2 split, no clamps above 0, NaN carried by the product. */
+static inline VF SV_NAME(vexp2)(VF z) {
+    const VI under = z < SV_NAME(vset1)(-126.0f);
+    const VF x = SV_NAME(vselect)(under, SV_NAME(vset1)(-126.0f), z);
+    const VF shift = SV_NAME(vset1)(12582912.0f);
+    const VF t = x + shift;
+    const VF r = x - (t - shift);
+    VF p = SV_NAME(vset1)(1.534580806037411e-4f);
+    p = p * r + 1.3399932067841291e-3f;
+    p = p * r + 9.618489071726799e-3f;
+    p = p * r + 5.550328642129898e-2f;
+    p = p * r + 0.24022646248340607f;
+    p = p * r + 0.6931471824645996f;
+    p = p * r + 1.0f;
+    /* 2^n as a float: n + 127 in the exponent field, n in [-126, 0] here (NaN: any bits, p is NaN) */
+    const VF scale = (VF)(((VI)t - (VI)shift + 127) << 23);
+    return (VF)((VI)(p * scale) & ~under);
 }
