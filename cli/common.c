@@ -117,7 +117,9 @@ cdf_cli_run_opts cdf_cli_run_opts_default(void) {
     return (cdf_cli_run_opts){.dtype = "bf16", .offload = "none", .mode = CDF_CLI_MODE_DEFAULT};
 }
 
-int cdf_cli_run_option(int c, const char *arg, cdf_cli_run_opts *o) {
+/* 1: c is one of the shared options (taken into o); 0: it is not; -1: a bad value (the usage
+ * error printed). */
+static int run_option(int c, const char *arg, cdf_cli_run_opts *o) {
     switch (c) {
     case 'm': o->model = arg; return 1;
     case 'd': o->dtype = arg; return 1;
@@ -134,6 +136,13 @@ int cdf_cli_run_option(int c, const char *arg, cdf_cli_run_opts *o) {
         return 1;
     default: return 0;
     }
+}
+
+int cdf_cli_next_option(int argc, char **argv, const struct option *opts, cdf_cli_run_opts *o) {
+    int c, r;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1)
+        if ((r = run_option(c, optarg, o)) <= 0) return r < 0 ? '?' : c;
+    return -1;
 }
 
 bool cdf_cli_run_opts_dtype(const cdf_cli_run_opts *o, cdf_dtype *out) {

@@ -359,10 +359,7 @@ static int cmd_generate(int argc, char **argv) {
     memset(&g, 0, sizeof g);
     optind = 1;
     g_device_name = NULL; /* cdf_cli_main may run many times in one process (fuzz_cli): no stale argv */
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        const int shared = cdf_cli_run_option(c, optarg, &ro);
-        if (shared < 0) return EXIT_USAGE;
-        if (shared) continue;
+    while ((c = cdf_cli_next_option(argc, argv, opts, &ro)) != -1) {
         switch (c) {
         case 'p': gp.prompt = optarg; break;
         case 'n': gp.negative_prompt = optarg; break;
@@ -620,10 +617,7 @@ static int cmd_run_model(int argc, char **argv) {
     int c;
     optind = 1;
     g_device_name = NULL; /* cdf_cli_main may run many times in one process (fuzz_cli): no stale argv */
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        const int shared = cdf_cli_run_option(c, optarg, &ro);
-        if (shared < 0) return EXIT_USAGE;
-        if (shared) continue;
+    while ((c = cdf_cli_next_option(argc, argv, opts, &ro)) != -1) {
         switch (c) {
         case 'i': inputs = optarg; break;
         case 'o': output = optarg; break;

@@ -862,10 +862,7 @@ static int serve(int argc, char **argv) {
     };
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        const int shared = cdf_cli_run_option(c, optarg, &ro);
-        if (shared < 0) return EXIT_USAGE;
-        if (shared) continue;
+    while ((c = cdf_cli_next_option(argc, argv, opts, &ro)) != -1) {
         switch (c) {
         case 'H': host = optarg; break;
         case 'p':
