@@ -73,3 +73,11 @@ void cdf_lower_attention(const cdf_node *n, cdf_k_attention_args *a) {
         .out_dt = n->dst->dtype, .scale = n->p.attention.scale,
     };
 }
+
+void cdf_lower_inputs(const cdf_node *n, cdf_lowered_inputs *in) {
+    in->n = n->n_src;
+    for (int i = 0; i < n->n_src; i++) {
+        in->dtype[i] = n->src[i]->dtype;
+        in->strides[i] = n->src[i]->strides;
+    }
+}

@@ -41,4 +41,12 @@ void cdf_lower_conv2d(const cdf_node *n, cdf_k_conv2d_args *a);
  * 0) -> everything but the five pointers (q, k, v, mask, out: NULL). */
 void cdf_lower_attention(const cdf_node *n, cdf_k_attention_args *a);
 
+/* A fused elementwise node's inputs (dtypes and strides; the addresses are the caller's). */
+typedef struct cdf_lowered_inputs {
+    int n;
+    cdf_dtype dtype[CDF_NODE_MAX_SRC];
+    const int64_t *strides[CDF_NODE_MAX_SRC];
+} cdf_lowered_inputs;
+void cdf_lower_inputs(const cdf_node *n, cdf_lowered_inputs *in);
+
 #endif

@@ -130,15 +130,11 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n, const cdf_cpu_binding *bind) 
         return cdf_k_timestep_embedding(dp, PTR(SRC(0)), SRC(0)->shape[0], n->p.temb.dim, n->p.temb.flip,
                                         n->p.temb.shift, n->p.temb.scale, n->p.temb.max_period);
     case CDF_OP_FUSED: {
+        cdf_lowered_inputs li;
         const void *in[CDF_NODE_MAX_SRC];
-        cdf_dtype dt[CDF_NODE_MAX_SRC];
-        const int64_t *st[CDF_NODE_MAX_SRC];
-        for (int i = 0; i < n->n_src; i++) {
-            in[i] = PTR(SRC(i));
-            dt[i] = SRC(i)->dtype;
-            st[i] = SRC(i)->strides;
-        }
-        return cdf_k_fused_elementwise(n->p.fused.prog, dp, d->dtype, n->n_src, in, dt, st, d->ndim, d->shape);
+        cdf_lower_inputs(n, &li);
+        for (int i = 0; i < n->n_src; i++) in[i] = PTR(SRC(i));
+        return cdf_k_fused_elementwise(n->p.fused.prog, dp, d->dtype, li.n, in, li.dtype, li.strides, d->ndim, d->shape);
     }
     case CDF_OP_ROPE_TABLE:
         return cdf_k_rope_table(dp, PTR(SRC(0)), SRC(0)->shape[0], n->p.rope_table.n_axes, n->p.rope_table.axes_dim,

@@ -353,15 +353,11 @@ static cdf_status execute(cdf_cuda_dev *d, cdf_device *dev, const cdf_node *n) {
         return launch_status(cdf_cu_fused(st, &prog, dp, dt->dtype, 2, in, idt, ist, dt->ndim, dt->shape), n);
     }
     case CDF_OP_FUSED: {
+        cdf_lowered_inputs li;
         const void *in[CDF_NODE_MAX_SRC];
-        cdf_dtype idt[CDF_NODE_MAX_SRC];
-        const int64_t *ist[CDF_NODE_MAX_SRC];
-        for (int i = 0; i < n->n_src; i++) {
-            in[i] = PTR(SRC(i));
-            idt[i] = SRC(i)->dtype;
-            ist[i] = SRC(i)->strides;
-        }
-        return launch_status(cdf_cu_fused(st, n->p.fused.prog, dp, dt->dtype, n->n_src, in, idt, ist, dt->ndim, dt->shape), n);
+        cdf_lower_inputs(n, &li);
+        for (int i = 0; i < n->n_src; i++) in[i] = PTR(SRC(i));
+        return launch_status(cdf_cu_fused(st, n->p.fused.prog, dp, dt->dtype, li.n, in, li.dtype, li.strides, dt->ndim, dt->shape), n);
     }
     case CDF_OP_MATMUL:
         return cdf_cuda_matmul(d, n);
