@@ -88,17 +88,16 @@ static void queued_upload_done(void *p) {
     free(u);
 }
 
-/* One stream-ordered piece: src (stage_bytes > 0: a staging buffer the upload owns) to dst. */
-static cdf_status queue_piece(cdf_storage *s, char *dst, const void *src, size_t nbytes, void *stage, size_t stage_bytes,
-                              cdf_storage *keep) {
+/* A stream-ordered copy of src to dst; staged: src is a staging buffer the upload owns. */
+static cdf_status queue_upload(cdf_storage *s, char *dst, void *src, size_t nbytes, bool staged, cdf_storage *keep) {
     queued_upload *u = malloc(sizeof *u);
     if (!u) {
-        cdf_device_host_free(s->dev, stage, stage_bytes);
+        if (staged) cdf_device_host_free(s->dev, src, nbytes);
         return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (queued upload)");
     }
     cdf_storage_retain(s);
     if (keep) cdf_storage_retain(keep);
-    *u = (queued_upload){s, keep, stage, stage_bytes};
+    *u = (queued_upload){s, keep, staged ? src : NULL, staged ? nbytes : 0};
     /* on failure the backend has called queued_upload_done already */
     cdf_status st = s->dev->iface->buffer_set_async(s->dev, dst, src, nbytes, queued_upload_done, u);
     return st == CDF_OK ? CDF_OK : cdf_error_prefix("queued copy of %zu bytes to %s: ", nbytes, s->dev->name);
@@ -107,18 +106,15 @@ static cdf_status queue_piece(cdf_storage *s, char *dst, const void *src, size_t
 cdf_status cdf_storage_upload_async(cdf_storage *s, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n,
                                     cdf_storage *keep) {
     if (!s->dev->iface->buffer_set_async) return cdf_storage_upload(s, at, dt, src, src_dt, n);
-    const size_t dsz = cdf_dtype_size(dt), ssz = cdf_dtype_size(src_dt);
+    const size_t dsz = cdf_dtype_size(dt);
     if (!n) return CDF_OK;
     CDF_TRY(check_upload(s, at, dsz, n));
     char *dst = (char *)s->data + at * dsz;
-    if (dt == src_dt) return queue_piece(s, dst, src, n * dsz, NULL, 0, keep);
-    const size_t chunk = n < UPLOAD_CHUNK_ELEMS ? n : UPLOAD_CHUNK_ELEMS;
-    for (size_t o = 0; o < n; o += chunk) {
-        const size_t c = n - o < chunk ? n - o : chunk;
-        void *stage = cdf_device_host_alloc(s->dev, c * dsz);
-        if (!stage) return cdf_last_status();
-        cdf_convert(stage, dt, (const char *)src + o * ssz, src_dt, c);
-        CDF_TRY(queue_piece(s, dst + o * dsz, stage, c * dsz, stage, c * dsz, NULL));
-    }
-    return CDF_OK;
+    if (dt == src_dt) return queue_upload(s, dst, (void *)src, n * dsz, false, keep);
+    /* one staging buffer for the whole upload (pinned allocations are costly on an accelerator),
+     * held by the queue until copied */
+    void *stage = cdf_device_host_alloc(s->dev, n * dsz);
+    if (!stage) return cdf_last_status();
+    cdf_convert(stage, dt, src, src_dt, n);
+    return queue_upload(s, dst, stage, n * dsz, true, NULL);
 }
