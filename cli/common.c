@@ -10,6 +10,7 @@
 
 #include "cdiffusers/cdiffusers.h"
 #include "common.h"
+#include "plan.h" /* cdf_cli_parse_offload */
 #include "core/error_internal.h"
 
 static bool file_exists(const char *p) {
@@ -110,6 +111,55 @@ int cdf_cli_parse_mode(const char *s) {
     if (strcmp(s, "fuse") == 0 || strcmp(s, "defer-and-fuse") == 0) return CDF_CLI_MODE_FUSE;
     if (strcmp(s, "compile") == 0) return CDF_CLI_MODE_COMPILE;
     return -1;
+}
+
+cdf_cli_run_opts cdf_cli_run_opts_default(void) {
+    return (cdf_cli_run_opts){.dtype = "bf16", .offload = "none", .mode = CDF_CLI_MODE_DEFAULT};
+}
+
+/* 1: c is one of the shared options (taken into o); 0: it is not; -1: a bad value (the usage
+ * error printed). */
+static int run_option(int c, const char *arg, cdf_cli_run_opts *o) {
+    switch (c) {
+    case 'm': o->model = arg; return 1;
+    case 'd': o->dtype = arg; return 1;
+    case 'O': o->offload = arg; return 1;
+    case 'M': o->device_memory = arg; return 1;
+    case 'B': o->blocks = true; return 1;
+    case 't':
+        if (!cdf_cli_parse_long(arg, 1, 4096, &o->threads))
+            return cdf_cli_usage_error("--threads needs a positive integer, got '%s'", arg), -1;
+        return 1;
+    case 'E':
+        if ((o->mode = cdf_cli_parse_mode(arg)) < 0)
+            return cdf_cli_usage_error("--mode must be eager, fuse or compile, got '%s'", arg), -1;
+        return 1;
+    default: return 0;
+    }
+}
+
+int cdf_cli_next_option(int argc, char **argv, const struct option *opts, cdf_cli_run_opts *o) {
+    int c, r;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1)
+        if ((r = run_option(c, optarg, o)) <= 0) return r < 0 ? '?' : c;
+    return -1;
+}
+
+bool cdf_cli_run_opts_dtype(const cdf_cli_run_opts *o, cdf_dtype *out) {
+    if (strcmp(o->dtype, "f32") == 0) *out = CDF_F32;
+    else if (strcmp(o->dtype, "bf16") == 0) *out = CDF_BF16;
+    else return cdf_cli_usage_error("--dtype must be f32 or bf16, got '%s'", o->dtype), false;
+    return true;
+}
+
+bool cdf_cli_run_opts_load(const cdf_cli_run_opts *o, cdf_pipeline_load_params *lp, int64_t *device_memory) {
+    if (!cdf_cli_run_opts_dtype(o, &lp->weight_dtype)) return false;
+    if (cdf_cli_parse_offload(o->offload, &lp->offload) != 0)
+        return cdf_cli_usage_error("--offload must be none, model or sequential, got '%s'", o->offload), false;
+    *device_memory = -1;
+    if (o->device_memory && (*device_memory = cdf_parse_bytes(o->device_memory)) < 0)
+        return cdf_cli_usage_error("--device-memory needs a size like 8G or 512M, got '%s'", o->device_memory), false;
+    return true;
 }
 
 cdf_status cdf_cli_apply_mode(int mode) {

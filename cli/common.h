@@ -4,6 +4,7 @@
 #ifndef CDF_CLI_COMMON_H
 #define CDF_CLI_COMMON_H
 
+#include <getopt.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -46,6 +47,36 @@ int cdf_cli_parse_mode(const char *s); /* -1 for an unknown name */
 cdf_status cdf_cli_apply_mode(int mode);
 /* After loading: compile the pipeline for --mode compile or --compile-repeated-blocks. */
 cdf_status cdf_cli_compile(cdf_pipeline *pipe, int mode, bool repeated_blocks);
+
+/* The options of the commands that load weights and run them (generate, run-model, serve): one
+ * spelling, one check and one message each. A command's getopt_long table lists
+ * CDF_CLI_RUN_OPTIONS (and CDF_CLI_LOAD_OPTIONS where it loads a whole pipeline) beside its
+ * own options and is read with cdf_cli_next_option. */
+typedef struct cdf_cli_run_opts {
+    const char *model;         /* NULL: not given */
+    const char *dtype;         /* "bf16" (default) or "f32" */
+    const char *offload;       /* "none" (default), "model" or "sequential" */
+    const char *device_memory; /* NULL: not given */
+    int mode;                  /* CDF_CLI_MODE_* (default: CDF_CLI_MODE_DEFAULT) */
+    bool blocks;               /* --compile-repeated-blocks */
+    long threads;              /* 0: the device's default */
+} cdf_cli_run_opts;
+cdf_cli_run_opts cdf_cli_run_opts_default(void);
+#define CDF_CLI_RUN_OPTIONS                                                                   \
+    {"model", required_argument, 0, 'm'}, {"dtype", required_argument, 0, 'd'},               \
+        {"threads", required_argument, 0, 't'}, {"mode", required_argument, 0, 'E'},          \
+        {"compile-repeated-blocks", no_argument, 0, 'B'}
+#define CDF_CLI_LOAD_OPTIONS {"offload", required_argument, 0, 'O'}, {"device-memory", required_argument, 0, 'M'}
+/* getopt_long over a command's table (the caller sets optind = 1 before the first call), the
+ * shared options taken into o:
+ * returns the next other option, -1 at the end, or '?' (as getopt_long for an unknown option)
+ * after printing the usage error of a bad shared value. */
+int cdf_cli_next_option(int argc, char **argv, const struct option *opts, cdf_cli_run_opts *o);
+/* --dtype as a weight dtype: false (the usage error printed) for anything but f32 / bf16. */
+bool cdf_cli_run_opts_dtype(const cdf_cli_run_opts *o, cdf_dtype *out);
+/* --dtype, --offload and --device-memory (bytes, -1 = not given) into a pipeline's load
+ * parameters: false (the usage error printed) on a bad value. */
+bool cdf_cli_run_opts_load(const cdf_cli_run_opts *o, cdf_pipeline_load_params *lp, int64_t *device_memory);
 
 /* The PNG text chunks of an image: "parameters" (A1111-style generation settings) and
  * "Software". keys/values point into the struct itself (do not copy it). */

@@ -343,28 +343,26 @@ static int add_component_file(component_files *cf, int opt, const char *arg) {
 
 /* ---- generate ---------------------------------------------------------------------------- */
 static int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *output = "out.png", *latents_out = NULL, *dtype = "bf16", *mem = NULL, *weight_type = NULL;
-    const char *tp_replicate = NULL, *offload = "none";
+    const char *output = "out.png", *latents_out = NULL, *tp_replicate = NULL, *weight_type = NULL;
+    cdf_cli_run_opts ro = cdf_cli_run_opts_default();
     bool force = false, quiet = false, memory_stats = false;
-    int mode = -1;
-    bool blocks = false, user_true_cfg = false, user_strength = false, user_vae_tiling = false;
-    long threads = 0, tp = 0;
+    bool user_true_cfg = false, user_strength = false, user_vae_tiling = false;
+    long tp = 0;
     cdf_generate_params gp = cdf_generate_default_params();
     gp.prompt = NULL;
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},        {"prompt", required_argument, 0, 'p'},
+        CDF_CLI_RUN_OPTIONS,                         CDF_CLI_LOAD_OPTIONS,
+        {"prompt", required_argument, 0, 'p'},
         {"negative-prompt", required_argument, 0, 'n'}, {"height", required_argument, 0, 'H'},
         {"width", required_argument, 0, 'W'},        {"steps", required_argument, 0, 's'},
         {"guidance", required_argument, 0, 'g'},     {"true-cfg-scale", required_argument, 0, 'T'},
         {"seed", required_argument, 0, 'S'},         {"output", required_argument, 0, 'o'},
-        {"force", no_argument, 0, 'f'},              {"threads", required_argument, 0, 't'},
-        {"dtype", required_argument, 0, 'd'},        {"max-sequence-length", required_argument, 0, 'L'},
-        {"latents-out", required_argument, 0, 'l'},  {"device-memory", required_argument, 0, 'M'},
+        {"force", no_argument, 0, 'f'},              {"max-sequence-length", required_argument, 0, 'L'},
+        {"latents-out", required_argument, 0, 'l'},
         {"quiet", no_argument, 0, 'q'},              {"help", no_argument, 0, 'h'},
         {"tp", required_argument, 0, 'P'},           {"tp-replicate", required_argument, 0, 'R'},
-        {"mode", required_argument, 0, 'E'},         {"text-encoder-out-layers", required_argument, 0, 'Y'},
-        {"compile-repeated-blocks", no_argument, 0, 'B'},
-        {"offload", required_argument, 0, 'O'},      {"memory-stats", no_argument, 0, 'K'},
+        {"text-encoder-out-layers", required_argument, 0, 'Y'},
+        {"memory-stats", no_argument, 0, 'K'},
         {"transformer", required_argument, 0, OPT_TRANSFORMER_FILE},  {"vae", required_argument, 0, OPT_VAE_FILE},
         {"text-encoder", required_argument, 0, OPT_TEXT_ENCODER_FILE},
         {"allow-unused-keys", no_argument, 0, OPT_ALLOW_UNUSED_KEYS},
@@ -392,9 +390,8 @@ static int cmd_generate(int argc, char **argv) {
     memset(&g, 0, sizeof g);
     optind = 1;
     g_device_name = NULL; /* cdf_cli_main may run many times in one process (fuzz_cli): no stale argv */
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = cdf_cli_next_option(argc, argv, opts, &ro)) != -1) {
         switch (c) {
-        case 'm': model = optarg; break;
         case 'p': gp.prompt = optarg; break;
         case 'n': gp.negative_prompt = optarg; break;
         case 'H':
@@ -432,10 +429,6 @@ static int cmd_generate(int argc, char **argv) {
         }
         case 'o': output = optarg; break;
         case 'f': force = true; break;
-        case 't':
-            if (!parse_int(optarg, 1, 4096, &threads)) return usage_error("--threads needs a positive integer, got '%s'", optarg);
-            break;
-        case 'd': dtype = optarg; break;
         case 'L':
             if (!parse_int(optarg, 1, 512, &v)) return usage_error("--max-sequence-length needs an integer between 1 and 512, got '%s'", optarg);
             gp.max_sequence_length = (int)v;
@@ -447,18 +440,12 @@ static int cmd_generate(int argc, char **argv) {
                                    optarg);
             gp.text_encoder_out_layers = te_layers;
             break;
-        case 'M': mem = optarg; break;
         case 'D': g_device_name = optarg; break;
-        case 'E':
-            if ((mode = cdf_cli_parse_mode(optarg)) < 0) return usage_error("--mode must be eager, fuse or compile, got '%s'", optarg);
-            break;
-        case 'B': blocks = true; break;
         case 'q': quiet = true; break;
         case 'P':
             if (!parse_int(optarg, 1, 4096, &tp)) return usage_error("--tp needs a positive number of ranks, got '%s'", optarg);
             break;
         case 'R': tp_replicate = optarg; break;
-        case 'O': offload = optarg; break;
         case 'K': memory_stats = true; break;
         case OPT_ALLOW_UNUSED_KEYS: allow_unused = true; break;
         case OPT_WEIGHT_TYPE: weight_type = optarg; break;
@@ -531,12 +518,13 @@ static int cmd_generate(int argc, char **argv) {
     }
     if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
     char default_model[4096];
-    if (!model) {
+    if (!ro.model) {
         if (!cdf_cli_find_default_model(default_model, sizeof default_model))
             return usage_error("%s", "generate needs --model DIR (the default model " CDF_CLI_DEFAULT_MODEL_NAME " was not found "
                                "next to the executable, in the source tree, or in $CDIFFUSERS_DEFAULT_MODEL)");
-        model = default_model;
+        ro.model = default_model;
     }
+    const char *model = ro.model, *dtype = ro.dtype;
     cdf_cli_model_defaults model_defaults; /* outlives gp: gp.negative_prompt may point into it */
     if (cdf_cli_model_defaults_load(model, &model_defaults) != CDF_OK) return fail(NULL);
     cdf_cli_model_defaults_apply(&model_defaults, &gp, user_true_cfg);
@@ -551,18 +539,13 @@ static int cmd_generate(int argc, char **argv) {
         return usage_error("%s", "--num-images and --batch-seeds disagree (--batch-seeds alone makes one image per seed)");
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
     lp.device = g_device_name;
-    if (strcmp(dtype, "f32") == 0) lp.weight_dtype = CDF_F32;
-    else if (strcmp(dtype, "bf16") == 0) lp.weight_dtype = CDF_BF16;
-    else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
-    if (cdf_cli_parse_offload(offload, &lp.offload) != 0) return usage_error("--offload must be none, model or sequential, got '%s'", offload);
+    int64_t mem_bytes;
+    if (!cdf_cli_run_opts_load(&ro, &lp, &mem_bytes)) return EXIT_USAGE;
     lp.component_files = cf.files;
     lp.num_component_files = cf.n;
     lp.allow_unused_keys = allow_unused;
     const char *wt_err = parse_weight_type(weight_type, dtype, &lp.decode_quantized, &lp.quantize_weights);
     if (wt_err) return usage_error("%s", wt_err);
-    int64_t mem_bytes = -1;
-    if (mem && (mem_bytes = cdf_parse_bytes(mem)) < 0)
-        return usage_error("--device-memory needs a size like 8G or 512M, got '%s'", mem);
 
     /* From here on, with --tp every rank must reach the agreement below: a failure is held in
      * `st` (with the stage it happened in), not returned, so that no rank is left waiting. */
@@ -584,12 +567,12 @@ static int cmd_generate(int argc, char **argv) {
         stage = "device";
     }
     if (st == CDF_OK) {
-        if (threads) cdf_device_set_threads(dev, (int)threads);
+        if (ro.threads) cdf_device_set_threads(dev, (int)ro.threads);
         if (mem_bytes >= 0) cdf_device_set_memory_limit(dev, (uint64_t)mem_bytes);
     }
     signal(SIGINT, on_sigint);
     cdf_pipeline *pipe = NULL;
-    if (st == CDF_OK && cdf_cli_apply_mode(mode) != CDF_OK) {
+    if (st == CDF_OK && cdf_cli_apply_mode(ro.mode) != CDF_OK) {
         st = cdf_last_status();
         stage = "setting the execution mode";
     }
@@ -610,7 +593,7 @@ static int cmd_generate(int argc, char **argv) {
                     info.unused_keys ? " (some keys unused, see the warning)" : "");
         }
     }
-    if (st == CDF_OK && cdf_cli_compile(pipe, mode, blocks) != CDF_OK) {
+    if (st == CDF_OK && cdf_cli_compile(pipe, ro.mode, ro.blocks) != CDF_OK) {
         st = cdf_last_status();
         stage = "compiling";
     }
@@ -662,18 +645,17 @@ static double now_ms(void) {
 }
 
 static int cmd_run_model(int argc, char **argv) {
-    const char *model = NULL, *inputs = NULL, *output = NULL, *method = "forward", *dtype = "bf16"; /* as generate */
+    const char *inputs = NULL, *output = NULL, *method = "forward";
     const char *tp_replicate = NULL, *weight_type = NULL, *weights_file = NULL;
-    long repeat = 1, threads = 0, tp = 0;
-    bool force = false, no_fullgraph = false, blocks = false;
-    int mode = -1;
+    cdf_cli_run_opts ro = cdf_cli_run_opts_default(); /* as generate */
+    long repeat = 1, tp = 0;
+    bool force = false, no_fullgraph = false;
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},  {"inputs", required_argument, 0, 'i'},
+        CDF_CLI_RUN_OPTIONS,
+        {"inputs", required_argument, 0, 'i'},
         {"output", required_argument, 0, 'o'}, {"method", required_argument, 0, 'x'},
-        {"dtype", required_argument, 0, 'd'},  {"repeat", required_argument, 0, 'r'},
-        {"threads", required_argument, 0, 't'}, {"force", no_argument, 0, 'f'},
-        {"mode", required_argument, 0, 'E'},   {"no-fullgraph", no_argument, 0, 'G'},
-        {"compile-repeated-blocks", no_argument, 0, 'B'},
+        {"repeat", required_argument, 0, 'r'}, {"force", no_argument, 0, 'f'},
+        {"no-fullgraph", no_argument, 0, 'G'},
         {"tp", required_argument, 0, 'P'},     {"tp-replicate", required_argument, 0, 'R'},
         {"device", required_argument, 0, 'D'}, {"help", no_argument, 0, 'h'},
         {"weight-type", required_argument, 0, OPT_WEIGHT_TYPE}, {"weights", required_argument, 0, OPT_TRANSFORMER_FILE},
@@ -682,26 +664,17 @@ static int cmd_run_model(int argc, char **argv) {
     int c;
     optind = 1;
     g_device_name = NULL; /* cdf_cli_main may run many times in one process (fuzz_cli): no stale argv */
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = cdf_cli_next_option(argc, argv, opts, &ro)) != -1) {
         switch (c) {
         case OPT_WEIGHT_TYPE: weight_type = optarg; break;
         case OPT_TRANSFORMER_FILE: weights_file = optarg; break;
-        case 'm': model = optarg; break;
         case 'i': inputs = optarg; break;
         case 'o': output = optarg; break;
         case 'x': method = optarg; break;
-        case 'd': dtype = optarg; break;
         case 'r':
             if (!parse_int(optarg, 1, 100000, &repeat)) return usage_error("--repeat needs a positive integer, got '%s'", optarg);
             break;
-        case 't':
-            if (!parse_int(optarg, 1, 4096, &threads)) return usage_error("--threads needs a positive integer, got '%s'", optarg);
-            break;
-        case 'E':
-            if ((mode = cdf_cli_parse_mode(optarg)) < 0) return usage_error("--mode must be eager, fuse or compile, got '%s'", optarg);
-            break;
         case 'G': no_fullgraph = true; break;
-        case 'B': blocks = true; break;
         case 'P':
             if (!parse_int(optarg, 1, 4096, &tp)) return usage_error("--tp needs a positive number of ranks, got '%s'", optarg);
             break;
@@ -713,16 +686,15 @@ static int cmd_run_model(int argc, char **argv) {
         }
     }
     if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
+    const char *model = ro.model;
     if (!model || !inputs || !output) return usage_error("%s", "run-model needs --model, --inputs and --output");
     int rc_tp = check_launch(tp);
     if (rc_tp != EXIT_OK) return rc_tp;
     if (strcmp(method, "forward") && strcmp(method, "encode") && strcmp(method, "decode"))
         return usage_error("--method must be forward, encode or decode, got '%s'", method);
     cdf_load_options opt = cdf_load_options_default();
-    if (strcmp(dtype, "f32") == 0) opt.weight_dtype = CDF_F32;
-    else if (strcmp(dtype, "bf16") == 0) opt.weight_dtype = CDF_BF16;
-    else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
-    const char *wt_err = parse_weight_type(weight_type, dtype, &opt.decode_quantized, &opt.quantize_to);
+    if (!cdf_cli_run_opts_dtype(&ro, &opt.weight_dtype)) return EXIT_USAGE;
+    const char *wt_err = parse_weight_type(weight_type, ro.dtype, &opt.decode_quantized, &opt.quantize_to);
     if (wt_err) return usage_error("%s", wt_err);
     opt.weights_file = weights_file;
     if (!force && cdf_cli_file_exists(output)) {
@@ -739,9 +711,9 @@ static int cmd_run_model(int argc, char **argv) {
     const char *stage = NULL;
     opt.device = cli_device();
     if (!opt.device) st = cdf_last_status(), stage = "device";
-    if (st == CDF_OK && threads) cdf_device_set_threads(opt.device, (int)threads);
+    if (st == CDF_OK && ro.threads) cdf_device_set_threads(opt.device, (int)ro.threads);
     cdf_component *comp = NULL;
-    if (st == CDF_OK && cdf_cli_apply_mode(mode) != CDF_OK) st = cdf_last_status(), stage = "setting the execution mode";
+    if (st == CDF_OK && cdf_cli_apply_mode(ro.mode) != CDF_OK) st = cdf_last_status(), stage = "setting the execution mode";
     cdf_weights_report rep = {0};
     if (weights_file) opt.report = &rep; /* a file's tensors the model does not read: refused, as generate does */
     if (st == CDF_OK && cdf_component_load(model, &opt, &comp) != CDF_OK) st = cdf_last_status(), stage = "loading the model";
@@ -749,10 +721,10 @@ static int cmd_run_model(int argc, char **argv) {
         st = cdf_error(CDF_ERR_FORMAT, "%s: %d tensors the model does not read: %s", weights_file, rep.n_unused, rep.unused),
         stage = "loading the model";
     free(rep.unused);
-    if (st == CDF_OK && (mode == CDF_CLI_MODE_COMPILE || blocks)) {
+    if (st == CDF_OK && (ro.mode == CDF_CLI_MODE_COMPILE || ro.blocks)) {
         cdf_compile_options co = cdf_compile_default_options();
         co.fullgraph = !no_fullgraph;
-        if ((blocks ? cdf_component_compile_repeated_blocks(comp, &co) : cdf_component_compile(comp, &co)) != CDF_OK)
+        if ((ro.blocks ? cdf_component_compile_repeated_blocks(comp, &co) : cdf_component_compile(comp, &co)) != CDF_OK)
             st = cdf_last_status(), stage = "compiling";
     }
     cdf_tensor_map in, out;

@@ -849,26 +849,21 @@ static int serve(int argc, char **argv) {
     static server srv_storage;
     server *srv = &srv_storage;
     memset(srv, 0, sizeof *srv);
-    const char *host = "127.0.0.1", *offload = "none", *mem = NULL;
+    const char *host = "127.0.0.1";
     long port = 8080, queue = 16, max_body_mb = 32, conns = 64;
-    srv->dtype = "bf16";
-    srv->mode = CDF_CLI_MODE_DEFAULT;
-    srv->device_memory = -1;
+    cdf_cli_run_opts ro = cdf_cli_run_opts_default(); /* as generate */
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},        {"host", required_argument, 0, 'H'},
+        CDF_CLI_RUN_OPTIONS,                         CDF_CLI_LOAD_OPTIONS,
+        {"host", required_argument, 0, 'H'},
         {"port", required_argument, 0, 'p'},         {"api-key", required_argument, 0, 'k'},
         {"queue", required_argument, 0, 'q'},        {"max-body-mb", required_argument, 0, 'b'},
-        {"max-connections", required_argument, 0, 'c'}, {"dtype", required_argument, 0, 'd'},
-        {"offload", required_argument, 0, 'O'},      {"device-memory", required_argument, 0, 'M'},
-        {"mode", required_argument, 0, 'E'},         {"compile-repeated-blocks", no_argument, 0, 'B'},
-        {"threads", required_argument, 0, 't'},      {"help", no_argument, 0, 'h'},
+        {"max-connections", required_argument, 0, 'c'}, {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = cdf_cli_next_option(argc, argv, opts, &ro)) != -1) {
         switch (c) {
-        case 'm': srv->model = optarg; break;
         case 'H': host = optarg; break;
         case 'p':
             if (!cdf_cli_parse_long(optarg, 0, 65535, &port)) return cdf_cli_usage_error("--port needs a port number 0..65535, got '%s'", optarg);
@@ -883,16 +878,6 @@ static int serve(int argc, char **argv) {
         case 'c':
             if (!cdf_cli_parse_long(optarg, 2, 10000, &conns)) return cdf_cli_usage_error("--max-connections needs 2..10000, got '%s'", optarg);
             break;
-        case 'd': srv->dtype = optarg; break;
-        case 'O': offload = optarg; break;
-        case 'M': mem = optarg; break;
-        case 'E':
-            if ((srv->mode = cdf_cli_parse_mode(optarg)) < 0) return cdf_cli_usage_error("--mode must be eager, fuse or compile, got '%s'", optarg);
-            break;
-        case 'B': srv->blocks = true; break;
-        case 't':
-            if (!cdf_cli_parse_long(optarg, 1, 4096, &srv->threads)) return cdf_cli_usage_error("--threads needs a positive integer, got '%s'", optarg);
-            break;
         case 'h': cdf_cli_serve_usage(stdout); return EXIT_OK;
         default: return EXIT_USAGE;
         }
@@ -900,19 +885,18 @@ static int serve(int argc, char **argv) {
     if (optind < argc) return cdf_cli_usage_error("unexpected argument '%s'", argv[optind]);
     if (srv->api_key && !srv->api_key[0]) return cdf_cli_usage_error("%s", "--api-key must not be empty");
     char default_model[4096];
-    if (!srv->model) {
+    if (!ro.model) {
         if (!cdf_cli_find_default_model(default_model, sizeof default_model))
             return cdf_cli_usage_error("%s", "serve needs --model DIR (the default model " CDF_CLI_DEFAULT_MODEL_NAME " was not found)");
-        srv->model = default_model;
+        ro.model = default_model;
     }
+    srv->model = ro.model;
+    srv->dtype = ro.dtype;
+    srv->mode = ro.mode;
+    srv->blocks = ro.blocks;
+    srv->threads = ro.threads;
     srv->lp = cdf_pipeline_load_default_params();
-    if (strcmp(srv->dtype, "f32") == 0) srv->lp.weight_dtype = CDF_F32;
-    else if (strcmp(srv->dtype, "bf16") == 0) srv->lp.weight_dtype = CDF_BF16;
-    else return cdf_cli_usage_error("--dtype must be f32 or bf16, got '%s'", srv->dtype);
-    if (cdf_cli_parse_offload(offload, &srv->lp.offload) != 0)
-        return cdf_cli_usage_error("--offload must be none, model or sequential, got '%s'", offload);
-    if (mem && (srv->device_memory = cdf_parse_bytes(mem)) < 0)
-        return cdf_cli_usage_error("--device-memory needs a size like 8G or 512M, got '%s'", mem);
+    if (!cdf_cli_run_opts_load(&ro, &srv->lp, &srv->device_memory)) return EXIT_USAGE;
     srv->qmax = (int)queue;
     srv->max_body = (size_t)max_body_mb << 20;
     const char *slash = strrchr(srv->model, '/');

@@ -74,12 +74,17 @@ static cdf_status take_text(const char *key, const char *s, size_t n, char **out
 }
 
 /* ---- numbers from text (multipart fields) ------------------------------------------------- */
-static cdf_status text_int(const char *key, const char *s, size_t n, int64_t lo, int64_t hi, int64_t *out) {
-    char buf[32];
-    if (n == 0 || n >= sizeof buf) return cdf_error(CDF_ERR_FORMAT, "'%s' must be an integer", key);
+/* The field as a C string in buf: false for an empty one or one of size bytes or more. */
+static bool field_cstr(const char *s, size_t n, char *buf, size_t size) {
+    if (n == 0 || n >= size) return false;
     memcpy(buf, s, n);
     buf[n] = 0;
-    char *end;
+    return true;
+}
+
+static cdf_status text_int(const char *key, const char *s, size_t n, int64_t lo, int64_t hi, int64_t *out) {
+    char buf[32], *end;
+    if (!field_cstr(s, n, buf, sizeof buf)) return cdf_error(CDF_ERR_FORMAT, "'%s' must be an integer", key);
     errno = 0;
     long long v = strtoll(buf, &end, 10);
     if (errno || *end || end == buf || isspace((unsigned char)buf[0])) return cdf_error(CDF_ERR_FORMAT, "'%s' must be an integer, got '%s'", key, buf);
@@ -89,13 +94,10 @@ static cdf_status text_int(const char *key, const char *s, size_t n, int64_t lo,
 }
 
 static cdf_status text_double(const char *key, const char *s, size_t n, double lo, double hi, double *out) {
-    char buf[64];
-    if (n == 0 || n >= sizeof buf) return cdf_error(CDF_ERR_FORMAT, "'%s' must be a number", key);
-    memcpy(buf, s, n);
-    buf[n] = 0;
-    char *end;
+    char buf[64], *end;
+    if (!field_cstr(s, n, buf, sizeof buf)) return cdf_error(CDF_ERR_FORMAT, "'%s' must be a number", key);
     errno = 0;
-    double v = strtod(buf, &end);
+    const double v = strtod(buf, &end);
     if (errno || *end || end == buf || !isfinite(v) || isspace((unsigned char)buf[0]))
         return cdf_error(CDF_ERR_FORMAT, "'%s' must be a finite number, got '%s'", key, buf);
     if (v < lo || v > hi) return cdf_error(CDF_ERR_INVALID_ARG, "'%s' must be between %g and %g (got %g)", key, lo, hi, v);

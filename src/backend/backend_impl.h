@@ -39,7 +39,8 @@ typedef struct cdf_backend_iface {
      * collecting their error: the caller synchronises first when it wants it). */
     cdf_status (*buffer_get)(cdf_device *dev, void *dst, const void *src, size_t nbytes);
     /* Host -> device bytes, ordered after every op enqueued so far (stream-ordered); src must
-     * stay valid until done(ctx) is called, on any thread, once the bytes are on the device. */
+     * stay valid until done(ctx) is called, on any thread, once the bytes are on the device.
+     * done is called exactly once: also when the call fails (before it returns). */
     cdf_status (*buffer_set_async)(cdf_device *dev, void *dst, const void *src, size_t nbytes, void (*done)(void *),
                                    void *ctx);
     /* Events: a marker after every op enqueued so far; event_synchronize waits until the
@@ -123,6 +124,14 @@ cdf_status cdf_storage_materialize(cdf_storage *s);
  * in host staging buffers; the bytes cross through the backend. s must not be in use by a queued
  * op (a new buffer, or queues drained). */
 cdf_status cdf_storage_upload(cdf_storage *s, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n);
+/* The same, stream-ordered where the backend has buffer_set_async (else as cdf_storage_upload):
+ * the bytes land after every op enqueued on s's device so far and before every op enqueued
+ * after, and the call returns without waiting for the device. A conversion is done here, into
+ * staging buffers the queue frees once copied; an unconverted upload reads src when the queue
+ * reaches it, so keep (a storage owning src, or NULL when src outlives the queue) is held until
+ * then, as is s. */
+cdf_status cdf_storage_upload_async(cdf_storage *s, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n,
+                                    cdf_storage *keep);
 
 /* Built-in backends. */
 extern const cdf_backend_iface cdf_cpu_backend_iface;

@@ -45,13 +45,18 @@ cdf_status cdf_storage_materialize(cdf_storage *s) {
  * in cache (and to bound the staging memory). */
 #define UPLOAD_CHUNK_ELEMS ((size_t)1 << 18)
 
-cdf_status cdf_storage_upload(cdf_storage *s, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n) {
-    const size_t dsz = cdf_dtype_size(dt), ssz = cdf_dtype_size(src_dt);
-    if (!n) return CDF_OK;
+static cdf_status check_upload(const cdf_storage *s, size_t at, size_t dsz, size_t n) {
     if (s->is_virtual || !s->data)
         return cdf_error(CDF_ERR_INTERNAL, "upload into a buffer without device memory");
     if ((at + n) * dsz > s->nbytes)
         return cdf_error(CDF_ERR_INTERNAL, "upload of %zu elements at %zu overruns a %zu-byte buffer", n, at, s->nbytes);
+    return CDF_OK;
+}
+
+cdf_status cdf_storage_upload(cdf_storage *s, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n) {
+    const size_t dsz = cdf_dtype_size(dt), ssz = cdf_dtype_size(src_dt);
+    if (!n) return CDF_OK;
+    CDF_TRY(check_upload(s, at, dsz, n));
     char *dst = (char *)s->data + at * dsz;
     if (dt == src_dt) return cdf_device_buffer_set(s->dev, dst, src, n * dsz);
     const size_t chunk = n < UPLOAD_CHUNK_ELEMS ? n : UPLOAD_CHUNK_ELEMS;
@@ -67,3 +72,49 @@ cdf_status cdf_storage_upload(cdf_storage *s, size_t at, cdf_dtype dt, const voi
     return st;
 }
 
+
+/* What a queued upload holds until the backend has copied it (its done callback). */
+typedef struct queued_upload {
+    cdf_storage *dst, *keep; /* references: the destination, the source's owner (or NULL) */
+    void *stage;             /* a staging buffer of stage_bytes (or NULL) */
+    size_t stage_bytes;
+} queued_upload;
+
+static void queued_upload_done(void *p) {
+    queued_upload *u = p;
+    cdf_device_host_free(u->dst->dev, u->stage, u->stage_bytes);
+    cdf_storage_release(u->keep);
+    cdf_storage_release(u->dst); /* may free the buffer: nothing else may hold it any more */
+    free(u);
+}
+
+/* A stream-ordered copy of src to dst; staged: src is a staging buffer the upload owns. */
+static cdf_status queue_upload(cdf_storage *s, char *dst, void *src, size_t nbytes, bool staged, cdf_storage *keep) {
+    queued_upload *u = malloc(sizeof *u);
+    if (!u) {
+        if (staged) cdf_device_host_free(s->dev, src, nbytes);
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (queued upload)");
+    }
+    cdf_storage_retain(s);
+    if (keep) cdf_storage_retain(keep);
+    *u = (queued_upload){s, keep, staged ? src : NULL, staged ? nbytes : 0};
+    /* on failure the backend has called queued_upload_done already */
+    cdf_status st = s->dev->iface->buffer_set_async(s->dev, dst, src, nbytes, queued_upload_done, u);
+    return st == CDF_OK ? CDF_OK : cdf_error_prefix("queued copy of %zu bytes to %s: ", nbytes, s->dev->name);
+}
+
+cdf_status cdf_storage_upload_async(cdf_storage *s, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n,
+                                    cdf_storage *keep) {
+    if (!s->dev->iface->buffer_set_async) return cdf_storage_upload(s, at, dt, src, src_dt, n);
+    const size_t dsz = cdf_dtype_size(dt);
+    if (!n) return CDF_OK;
+    CDF_TRY(check_upload(s, at, dsz, n));
+    char *dst = (char *)s->data + at * dsz;
+    if (dt == src_dt) return queue_upload(s, dst, (void *)src, n * dsz, false, keep);
+    /* one staging buffer for the whole upload (pinned allocations are costly on an accelerator),
+     * held by the queue until copied */
+    void *stage = cdf_device_host_alloc(s->dev, n * dsz);
+    if (!stage) return cdf_last_status();
+    cdf_convert(stage, dt, src, src_dt, n);
+    return queue_upload(s, dst, stage, n * dsz, true, NULL);
+}

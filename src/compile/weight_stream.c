@@ -17,14 +17,18 @@
  *   1. wait until the weights of the block call `window` calls ago are released (their ops
  *      have run), so at most `window` blocks' weights are on the device at once (default 2:
  *      the next block is converted while the device still runs the previous one);
- *   2. copy every host-side weight into a fresh device buffer (conversion to the load dtype);
+ *   2. copy every host-side weight into a fresh device buffer (conversion to the load dtype),
+ *      queued on the device's stream;
  *   3. run the block with a binding host-side buffer -> device copy active on the thread:
  *      every op the block submits (eager, deferred or captured) gets its operands rebound
  *      (cdf_exec_bind_host_weights); with repeated-block compile the device copies are the
  *      graph's bound parameters, exactly as for resident weights;
  *   4. drop the host's references: each copy is freed by the queue when the last op reading
  *      it has run (ops hold references to their operands), which releases the group.
- * Nothing here blocks on the device except step 1. */
+ * Nothing here blocks on the device except step 1: the uploads of step 2 are queued on the
+ * device's stream (cdf_storage_upload_async; the backend's buffer_set_async) ahead of the
+ * block's ops, so the next block's weights are converted and queued while the device computes
+ * the current one, and stream order puts each upload before its first use. */
 
 typedef struct weight_group {
     int refs; /* live device copies + 1 for the ring slot; under g_group_lock */
@@ -190,9 +194,11 @@ cdf_status cdf_weight_stream_run(cdf_graph_cache *cache, cdf_traced_fn fn, void 
                 break;
             }
             /* the checkpoint's bytes converted as the loader converts them (cdf_tensor_from_host):
-             * the same values as a resident load, bit for bit. The copy is new, so no queued op
-             * can see it yet: an unordered upload, made while the device runs the block before. */
-            s = cdf_storage_upload(d, 0, w->dtype, h->host_src, h->host_dtype, h->nbytes / cdf_dtype_size(w->dtype));
+             * the same values as a resident load, bit for bit. Stream-ordered: queued before the
+             * block's ops (which the queue runs after it), so the host goes on converting and
+             * queueing while the device still runs the blocks before; h (the checkpoint's
+             * owner) and d stay referenced until the copy has run. */
+            s = cdf_storage_upload_async(d, 0, w->dtype, h->host_src, h->host_dtype, h->nbytes / cdf_dtype_size(w->dtype), h);
             if (s != CDF_OK) {
                 cdf_storage_release(d);
                 break;

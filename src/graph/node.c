@@ -59,46 +59,49 @@ bool cdf_node_copy_params(cdf_node *dst, const cdf_node *src) {
     return true;
 }
 
-/* The last two dims as a matrix: unit column stride (row-major) or unit row stride
- * (column-major), with a leading dimension that does not overlap rows/columns. */
-static bool matrix_layout(const cdf_tensor *t, int64_t *ld, bool *trans) {
-    const int r = t->ndim - 2, c = t->ndim - 1;
-    if (t->strides[c] == 1 || t->shape[c] == 1) {
-        *ld = t->shape[r] == 1 ? (t->shape[c] > 0 ? t->shape[c] : 1) : t->strides[r];
-        if (*ld < t->shape[c]) *ld = t->shape[c];
-        *trans = false;
-        return t->shape[r] == 1 || t->strides[r] >= t->shape[c];
+/* The last two dims [rows, cols] as a matrix: unit column stride (row-major) or unit row stride
+ * (column-major), with a leading dimension (>= 1) that does not overlap rows/columns. */
+static bool matrix_layout(const int64_t *shape, const int64_t *strides, int r, cdf_matrix_layout *m) {
+    const int c = r + 1;
+    const int64_t rows = shape[r], cols = shape[c];
+    if (strides[c] == 1 || cols == 1) { /* rows of contiguous elements (a single row: any row stride) */
+        m->trans = false;
+        m->ld = rows == 1 ? cols : strides[r];
+        if (rows != 1 && strides[r] < cols) return false;
+        if (m->ld < 1) m->ld = 1;
+        return true;
     }
-    if (t->strides[r] == 1 || t->shape[r] == 1) {
-        *ld = t->shape[c] == 1 ? (t->shape[r] > 0 ? t->shape[r] : 1) : t->strides[c];
-        if (*ld < t->shape[r]) *ld = t->shape[r];
-        *trans = true;
-        return t->shape[c] == 1 || t->strides[c] >= t->shape[r];
+    if (strides[r] == 1 || rows == 1) { /* columns of contiguous elements: the transpose is row-major */
+        m->trans = true;
+        m->ld = cols == 1 ? rows : strides[c];
+        if (cols != 1 && strides[c] < rows) return false;
+        if (m->ld < 1) m->ld = 1;
+        return true;
     }
     return false;
 }
 
 /* The batch dims [0, nb) as one stride: at most one non-trivial dim, or several forming one
  * arithmetic progression (a contiguous chain), or none (stride 0). */
-static bool batch_collapsible(const cdf_tensor *t, int nb, int64_t *stride) {
+static bool batch_collapsible(const int64_t *shape, const int64_t *strides, int nb, int64_t *stride) {
     int64_t inner_stride = -1, expect = -1;
     for (int i = nb - 1; i >= 0; i--) {
-        if (t->shape[i] == 1) continue;
+        if (shape[i] == 1) continue;
         if (inner_stride < 0) {
-            inner_stride = t->strides[i];
-            expect = t->strides[i] * t->shape[i];
+            inner_stride = strides[i];
+            expect = strides[i] * shape[i];
             continue;
         }
-        if (t->strides[i] != expect) return false;
-        expect *= t->shape[i];
+        if (strides[i] != expect) return false;
+        expect *= shape[i];
     }
     *stride = inner_stride < 0 ? 0 : inner_stride;
     return true;
 }
 
-bool cdf_matmul_operand_layout(const cdf_tensor *t, int64_t *ld, bool *trans, int64_t *batch_stride) {
-    if (!t || t->ndim < 2) return false;
-    return matrix_layout(t, ld, trans) && batch_collapsible(t, t->ndim - 2, batch_stride);
+bool cdf_matmul_operand_layout(int ndim, const int64_t *shape, const int64_t *strides, cdf_matrix_layout *m) {
+    if (ndim < 2 || ndim > CDF_MAX_DIMS) return false;
+    return matrix_layout(shape, strides, ndim - 2, m) && batch_collapsible(shape, strides, ndim - 2, &m->batch_stride);
 }
 
 bool cdf_graph_holds_only(cdf_node *const *nodes, int n, cdf_tensor *const *outs, int n_out, const cdf_storage *s,

@@ -39,11 +39,16 @@ typedef enum cdf_op_kind {
 const char *cdf_op_name(cdf_op_kind k);
 
 /* The layout every matmul operand has (the tensor API makes a contiguous copy otherwise), which
- * any BLAS-style kernel can take: t [b..., R, C] is a matrix with one unit stride among its last
- * two dims (row-major: *trans = false, *ld = row stride; column-major: *trans = true, *ld =
- * column stride) and batch dims that collapse into one stride (*batch_stride, 0 = the same matrix
- * for every batch entry). A backend lowers the node from these. */
-bool cdf_matmul_operand_layout(const cdf_tensor *t, int64_t *ld, bool *trans, int64_t *batch_stride);
+ * any BLAS-style kernel can take: [b..., R, C] (shape, element strides) is a matrix with one unit
+ * stride among its last two dims (row-major: trans = false, ld = row stride; column-major: trans
+ * = true, ld = column stride; ld >= 1 and never overlapping rows/columns) and batch dims that
+ * collapse into one stride (batch_stride, 0 = the same matrix for every batch entry). The
+ * backends lower the node from these (backend/lower.h). */
+typedef struct cdf_matrix_layout {
+    bool trans;
+    int64_t ld, batch_stride;
+} cdf_matrix_layout;
+bool cdf_matmul_operand_layout(int ndim, const int64_t *shape, const int64_t *strides, cdf_matrix_layout *m);
 
 #define CDF_NODE_MAX_SRC CDF_FUSE_MAX_INPUTS
 

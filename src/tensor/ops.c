@@ -523,15 +523,14 @@ static cdf_tensor *matmul_impl(cdf_tensor *a, cdf_tensor *b, cdf_tensor *bias, c
         RETURN(NULL);
     }
     /* operands in a matrix layout (graph/node.h), copied to contiguous otherwise */
-    int64_t ld, bs;
-    bool tr;
-    if (!cdf_matmul_operand_layout(ea, &ld, &tr, &bs)) {
+    cdf_matrix_layout lay;
+    if (!cdf_matmul_operand_layout(ea->ndim, ea->shape, ea->strides, &lay)) {
         cdf_tensor *c = cdf_contiguous(ea);
         REL(ea);
         ea = c;
         if (!ea) { REL(eb); REL(bc); RETURN(NULL); }
     }
-    if (!cdf_matmul_operand_layout(eb, &ld, &tr, &bs)) {
+    if (!cdf_matmul_operand_layout(eb->ndim, eb->shape, eb->strides, &lay)) {
         cdf_tensor *c = cdf_contiguous(eb);
         REL(eb);
         eb = c;

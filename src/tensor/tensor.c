@@ -213,43 +213,52 @@ cdf_status cdf_tensor_read(const cdf_tensor *t, cdf_dtype as, void *dst, size_t 
     return read_to_host(t, as, dst, (size_t)n);
 }
 
+/* A contiguous copy of t on its own device (*out; the caller releases it), made by a copy op run
+ * at once: not through exec/, since this copy is part of a read, never recorded or deferred. */
+static cdf_status device_contiguous_copy(const cdf_tensor *t, size_t n, cdf_storage **out) {
+    cdf_device *dev = t->storage->dev;
+    *out = NULL;
+    cdf_storage *tmp = cdf_storage_new(dev, n * cdf_dtype_size(t->dtype));
+    if (!tmp) return cdf_last_status();
+    cdf_node *node = cdf_node_new(CDF_OP_COPY);
+    if (!node) {
+        cdf_storage_release(tmp);
+        return cdf_last_status();
+    }
+    int64_t strides[CDF_MAX_DIMS];
+    cdf_contiguous_strides(t->ndim, t->shape, strides);
+    cdf_scope_suppress(1); /* the node alone owns its view */
+    node->dst = cdf_tensor_view_of(tmp, 0, t->dtype, t->ndim, t->shape, strides);
+    cdf_scope_suppress(-1);
+    cdf_node_add_src(node, (cdf_tensor *)t);
+    cdf_status s = node->dst ? cdf_device_enqueue(dev, node) : cdf_last_status();
+    if (s != CDF_OK) cdf_node_free(node); /* not taken by the device */
+    if (s == CDF_OK) s = cdf_backend_device_synchronize(dev);
+    if (s != CDF_OK) {
+        cdf_storage_release(tmp);
+        return s;
+    }
+    *out = tmp;
+    return CDF_OK;
+}
+
 /* t's elements, in row-major order, into host memory as dtype `as`. Only the backend touches
- * device memory: a strided view is first made contiguous by a copy op on the device, then the
- * bytes are fetched and converted on the host. The caller has synchronised t. */
+ * device memory: a strided view is first made contiguous on the device, then the bytes are
+ * fetched and converted on the host. The caller has synchronised t. */
 static cdf_status read_to_host(const cdf_tensor *t, cdf_dtype as, void *dst, size_t n) {
     cdf_device *dev = t->storage->dev;
-    const size_t esz = cdf_dtype_size(t->dtype);
+    const size_t nbytes = n * cdf_dtype_size(t->dtype);
     cdf_storage *tmp = NULL;
-    const void *src = cdf_tensor_device_addr(t);
-    if (!cdf_tensor_is_contiguous(t)) {
-        tmp = cdf_storage_new(dev, n * esz);
-        cdf_node *node = tmp ? cdf_node_new(CDF_OP_COPY) : NULL;
-        int64_t strides[CDF_MAX_DIMS];
-        cdf_contiguous_strides(t->ndim, t->shape, strides);
-        node ? (void)0 : cdf_storage_release(tmp);
-        if (!node) return cdf_last_status();
-        cdf_scope_suppress(1); /* the node alone owns its view */
-        node->dst = cdf_tensor_view_of(tmp, 0, t->dtype, t->ndim, t->shape, strides);
-        cdf_scope_suppress(-1);
-        cdf_node_add_src(node, (cdf_tensor *)t);
-        /* not through exec/: this copy is part of the read, never recorded or deferred */
-        cdf_status s = node->dst ? cdf_device_enqueue(dev, node) : cdf_last_status();
-        if (s == CDF_OK) s = cdf_backend_device_synchronize(dev);
-        else cdf_node_free(node);
-        if (s != CDF_OK) {
-            cdf_storage_release(tmp);
-            return s;
-        }
-        src = tmp->data;
-    }
+    if (!cdf_tensor_is_contiguous(t)) CDF_TRY(device_contiguous_copy(t, n, &tmp));
+    const void *src = tmp ? tmp->data : cdf_tensor_device_addr(t);
     cdf_status s;
     if (as == t->dtype) {
-        s = cdf_device_buffer_get(dev, dst, src, n * esz);
-    } else {
-        void *stage = cdf_device_host_alloc(dev, n * esz);
-        s = stage ? cdf_device_buffer_get(dev, stage, src, n * esz) : cdf_last_status();
+        s = cdf_device_buffer_get(dev, dst, src, nbytes);
+    } else { /* fetched into a host staging buffer, converted from there */
+        void *stage = cdf_device_host_alloc(dev, nbytes);
+        s = stage ? cdf_device_buffer_get(dev, stage, src, nbytes) : cdf_last_status();
         if (s == CDF_OK) cdf_convert(dst, as, stage, t->dtype, n);
-        cdf_device_host_free(dev, stage, n * esz);
+        cdf_device_host_free(dev, stage, nbytes);
     }
     cdf_storage_release(tmp);
     return s;

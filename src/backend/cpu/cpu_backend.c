@@ -301,7 +301,10 @@ static void cpu_graph_free(cdf_device *dev, void *graph) {
 static cdf_status cpu_buffer_set_async(cdf_device *dev, void *dst, const void *src, size_t nbytes, void (*done)(void *),
                                        void *ctx) {
     async_set *a = malloc(sizeof *a);
-    if (!a) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (queued copy)");
+    if (!a) {
+        if (done) done(ctx);
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (queued copy)");
+    }
     *a = (async_set){dst, src, nbytes, done, ctx};
     return queue_push(dev->impl, (cpu_item){.fn = run_async_set, .ctx = a});
 }

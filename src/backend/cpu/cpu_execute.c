@@ -1,8 +1,10 @@
 /* The cpu backend's executor: one node -> one kernel call. Source operands arrive with their
  * own strides; the tensor API guarantees the layouts each kernel documents (contiguous where
- * required), so this file only resolves pointers and forwards parameters. */
+ * required), so this file only resolves pointers and forwards parameters (matmul, conv2d and
+ * attention through the lowering the backends share, backend/lower.h). */
 #include "backend/backend_impl.h"
 #include "backend/cpu/cpu_impl.h"
+#include "backend/lower.h"
 #include "core/error_internal.h"
 #include "kernels/dispatch.h"
 
@@ -66,19 +68,17 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n, const cdf_cpu_binding *bind) 
         return cdf_k_binary(n->p.binary.op, dp, d->dtype, PTR(SRC(0)), SRC(0)->dtype, SRC(0)->strides, PTR(SRC(1)),
                             SRC(1)->dtype, SRC(1)->strides, d->ndim, d->shape);
     case CDF_OP_MATMUL: {
-        /* lowered from the operands' layouts (graph/node.h): dst is contiguous [..., M, N] */
+        /* dst is contiguous [..., M, N] (a fresh tensor of the tensor API) */
+        cdf_lowered_matmul L;
+        cdf_status s = cdf_lower_matmul(n, &L);
+        if (s != CDF_OK) return s;
         cdf_tensor *a = SRC(0), *b = SRC(1);
-        const int64_t M = d->shape[d->ndim - 2], N = d->shape[d->ndim - 1], K = a->shape[a->ndim - 1];
-        int64_t lda, ldb, sa, sb;
-        bool ta, tb;
-        if (!cdf_matmul_operand_layout(a, &lda, &ta, &sa) || !cdf_matmul_operand_layout(b, &ldb, &tb, &sb))
-            return cdf_error(CDF_ERR_INTERNAL, "matmul: an operand is not in a matrix layout");
         cdf_k_matmul_args args = {
-            .batch = cdf_shape_numel(d->ndim - 2, d->shape), .M = M, .N = N, .K = K,
-            .a = PTR(a), .a_dt = a->dtype, .lda = lda, .sa = sa, .trans_a = ta,
-            .b = PTR(b), .b_dt = b->dtype, .ldb = ldb, .sb = sb, .trans_b = tb,
+            .batch = L.batch, .M = L.M, .N = L.N, .K = L.K,
+            .a = PTR(a), .a_dt = a->dtype, .lda = L.a.ld, .sa = L.a.batch_stride, .trans_a = L.a.trans,
+            .b = PTR(b), .b_dt = b->dtype, .ldb = L.b.ld, .sb = L.b.batch_stride, .trans_b = L.b.trans,
             .bias = PTR(SRC(2)), .bias_dt = SRC(2) ? SRC(2)->dtype : CDF_F32,
-            .c = dp, .c_dt = d->dtype, .ldc = N, .sc = M * N,
+            .c = dp, .c_dt = d->dtype, .ldc = L.N, .sc = L.M * L.N,
             .alpha = n->p.matmul.alpha, .beta = 0.0f,
         };
         cdf_k_fused_epilogue epi;
@@ -122,16 +122,9 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n, const cdf_cpu_binding *bind) 
         return cdf_k_reduce(n->p.reduce.op, dp, d->dtype, PTR(SRC(0)), SRC(0)->dtype, n->p.reduce.outer,
                             n->p.reduce.red, n->p.reduce.inner);
     case CDF_OP_CONV2D: {
-        cdf_tensor *x = SRC(0), *w = SRC(1), *b = SRC(2);
-        const cdf_conv2d_params *p = &n->p.conv.p;
-        cdf_k_conv2d_args a = {
-            .n = x->shape[0], .cin = x->shape[1], .h = x->shape[2], .w = x->shape[3],
-            .cout = w->shape[0], .kh = w->shape[2], .kw = w->shape[3],
-            .stride_h = p->stride_h, .stride_w = p->stride_w, .pad_h = p->pad_h, .pad_w = p->pad_w,
-            .dil_h = p->dil_h, .dil_w = p->dil_w, .groups = p->groups,
-            .x = PTR(x), .x_dt = x->dtype, .weight = PTR(w), .w_dt = w->dtype,
-            .bias = PTR(b), .b_dt = b ? b->dtype : CDF_F32, .out = dp, .out_dt = d->dtype,
-        };
+        cdf_k_conv2d_args a;
+        cdf_lower_conv2d(n, &a);
+        a.x = PTR(SRC(0)); a.weight = PTR(SRC(1)); a.bias = PTR(SRC(2)); a.out = dp;
         return cdf_k_conv2d_dispatch(&a);
     }
     case CDF_OP_UPSAMPLE: {
@@ -141,18 +134,9 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n, const cdf_cpu_binding *bind) 
         return cdf_k_upsample_nearest(dp, d->dtype, PTR(x), x->dtype, nc, h, w, n->p.upsample.fh, n->p.upsample.fw);
     }
     case CDF_OP_ATTENTION: {
-        cdf_tensor *q = SRC(0), *k = SRC(1), *v = SRC(2), *m = SRC(3);
-        cdf_k_attention_args a = {
-            .b = q->shape[0], .h = q->shape[1], .lq = q->shape[2], .lk = k->shape[2], .d = q->shape[3],
-            .dv = v->shape[3],
-            .q = PTR(q), .q_dt = q->dtype, .q_sb = q->strides[0], .q_sh = q->strides[1], .q_sl = q->strides[2],
-            .k = PTR(k), .k_dt = k->dtype, .k_sb = k->strides[0], .k_sh = k->strides[1], .k_sl = k->strides[2],
-            .v = PTR(v), .v_dt = v->dtype, .v_sb = v->strides[0], .v_sh = v->strides[1], .v_sl = v->strides[2],
-            .mask = PTR(m), .mask_dt = m ? m->dtype : CDF_F32,
-            .m_sb = m ? m->strides[0] : 0, .m_sh = m ? m->strides[1] : 0,
-            .m_sq = m ? m->strides[2] : 0, .m_sk = m ? m->strides[3] : 0,
-            .out = dp, .out_dt = d->dtype, .scale = n->p.attention.scale,
-        };
+        cdf_k_attention_args a;
+        cdf_lower_attention(n, &a);
+        a.q = PTR(SRC(0)); a.k = PTR(SRC(1)); a.v = PTR(SRC(2)); a.mask = PTR(SRC(3)); a.out = dp;
         return cdf_k_attention_dispatch(&a);
     }
     case CDF_OP_ROPE: {
@@ -164,15 +148,11 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n, const cdf_cpu_binding *bind) 
         return cdf_k_timestep_embedding(dp, PTR(SRC(0)), SRC(0)->shape[0], n->p.temb.dim, n->p.temb.flip,
                                         n->p.temb.shift, n->p.temb.scale, n->p.temb.max_period);
     case CDF_OP_FUSED: {
+        cdf_lowered_inputs li;
         const void *in[CDF_NODE_MAX_SRC];
-        cdf_dtype dt[CDF_NODE_MAX_SRC];
-        const int64_t *st[CDF_NODE_MAX_SRC];
-        for (int i = 0; i < n->n_src; i++) {
-            in[i] = PTR(SRC(i));
-            dt[i] = SRC(i)->dtype;
-            st[i] = SRC(i)->strides;
-        }
-        return cdf_k_fused_elementwise(n->p.fused.prog, dp, d->dtype, n->n_src, in, dt, st, d->ndim, d->shape);
+        cdf_lower_inputs(n, &li);
+        for (int i = 0; i < n->n_src; i++) in[i] = PTR(SRC(i));
+        return cdf_k_fused_elementwise(n->p.fused.prog, dp, d->dtype, li.n, in, li.dtype, li.strides, d->ndim, d->shape);
     }
     case CDF_OP_ROPE_TABLE:
         return cdf_k_rope_table(dp, PTR(SRC(0)), SRC(0)->shape[0], n->p.rope_table.n_axes, n->p.rope_table.axes_dim,

@@ -19,6 +19,7 @@
 
 #include "backend/cuda/cuda_impl.h"
 #include "backend/cuda/cuda_plan.h"
+#include "backend/lower.h"
 #include "core/error_internal.h"
 
 #define MAX_CUDA_DEVICES 16
@@ -352,15 +353,11 @@ static cdf_status execute(cdf_cuda_dev *d, cdf_device *dev, const cdf_node *n) {
         return launch_status(cdf_cu_fused(st, &prog, dp, dt->dtype, 2, in, idt, ist, dt->ndim, dt->shape), n);
     }
     case CDF_OP_FUSED: {
+        cdf_lowered_inputs li;
         const void *in[CDF_NODE_MAX_SRC];
-        cdf_dtype idt[CDF_NODE_MAX_SRC];
-        const int64_t *ist[CDF_NODE_MAX_SRC];
-        for (int i = 0; i < n->n_src; i++) {
-            in[i] = PTR(SRC(i));
-            idt[i] = SRC(i)->dtype;
-            ist[i] = SRC(i)->strides;
-        }
-        return launch_status(cdf_cu_fused(st, n->p.fused.prog, dp, dt->dtype, n->n_src, in, idt, ist, dt->ndim, dt->shape), n);
+        cdf_lower_inputs(n, &li);
+        for (int i = 0; i < n->n_src; i++) in[i] = PTR(SRC(i));
+        return launch_status(cdf_cu_fused(st, n->p.fused.prog, dp, dt->dtype, li.n, in, li.dtype, li.strides, dt->ndim, dt->shape), n);
     }
     case CDF_OP_MATMUL:
         return cdf_cuda_matmul(d, n);
@@ -385,16 +382,9 @@ static cdf_status execute(cdf_cuda_dev *d, cdf_device *dev, const cdf_node *n) {
         return launch_status(cdf_cu_reduce(st, n->p.reduce.op, dp, dt->dtype, PTR(SRC(0)), SRC(0)->dtype, n->p.reduce.outer,
                                            n->p.reduce.red, n->p.reduce.inner), n);
     case CDF_OP_CONV2D: {
-        cdf_tensor *x = SRC(0), *w = SRC(1), *b = SRC(2);
-        const cdf_conv2d_params *p = &n->p.conv.p;
-        cdf_k_conv2d_args a = {
-            .n = x->shape[0], .cin = x->shape[1], .h = x->shape[2], .w = x->shape[3],
-            .cout = w->shape[0], .kh = w->shape[2], .kw = w->shape[3],
-            .stride_h = p->stride_h, .stride_w = p->stride_w, .pad_h = p->pad_h, .pad_w = p->pad_w,
-            .dil_h = p->dil_h, .dil_w = p->dil_w, .groups = p->groups,
-            .x = PTR(x), .x_dt = x->dtype, .weight = PTR(w), .w_dt = w->dtype,
-            .bias = PTR(b), .b_dt = b ? b->dtype : CDF_F32, .out = dp, .out_dt = dt->dtype,
-        };
+        cdf_k_conv2d_args a;
+        cdf_lower_conv2d(n, &a);
+        a.x = PTR(SRC(0)); a.weight = PTR(SRC(1)); a.bias = PTR(SRC(2)); a.out = dp;
         return launch_status(cdf_cu_conv2d(st, &a), n);
     }
     case CDF_OP_UPSAMPLE: {
@@ -405,17 +395,9 @@ static cdf_status execute(cdf_cuda_dev *d, cdf_device *dev, const cdf_node *n) {
                                                      n->p.upsample.fw), n);
     }
     case CDF_OP_ATTENTION: {
-        cdf_tensor *q = SRC(0), *k = SRC(1), *v = SRC(2), *m = SRC(3);
-        cdf_k_attention_args a = {
-            .b = q->shape[0], .h = q->shape[1], .lq = q->shape[2], .lk = k->shape[2], .d = q->shape[3], .dv = v->shape[3],
-            .q = PTR(q), .q_dt = q->dtype, .q_sb = q->strides[0], .q_sh = q->strides[1], .q_sl = q->strides[2],
-            .k = PTR(k), .k_dt = k->dtype, .k_sb = k->strides[0], .k_sh = k->strides[1], .k_sl = k->strides[2],
-            .v = PTR(v), .v_dt = v->dtype, .v_sb = v->strides[0], .v_sh = v->strides[1], .v_sl = v->strides[2],
-            .mask = PTR(m), .mask_dt = m ? m->dtype : CDF_F32,
-            .m_sb = m ? m->strides[0] : 0, .m_sh = m ? m->strides[1] : 0,
-            .m_sq = m ? m->strides[2] : 0, .m_sk = m ? m->strides[3] : 0,
-            .out = dp, .out_dt = dt->dtype, .scale = n->p.attention.scale,
-        };
+        cdf_k_attention_args a;
+        cdf_lower_attention(n, &a);
+        a.q = PTR(SRC(0)); a.k = PTR(SRC(1)); a.v = PTR(SRC(2)); a.mask = PTR(SRC(3)); a.out = dp;
         return launch_status(cdf_cu_attention(st, &a), n);
     }
     case CDF_OP_ROPE: {

@@ -6,80 +6,18 @@
 
 #include "core/error_internal.h"
 
-/* The batch stride of dims [0, nb): those of extent 1 do not count; the others must form one
- * arithmetic chain (contiguous batch, or all 0 = broadcast). */
-static bool batch_stride(cdf_cuda_operand t, int nb, int64_t *stride) {
-    int64_t inner = -1, expect = -1;
-    for (int i = nb - 1; i >= 0; i--) {
-        if (t.shape[i] == 1) continue;
-        if (inner < 0) {
-            inner = t.strides[i];
-            expect = t.strides[i] * t.shape[i];
-            continue;
-        }
-        if (t.strides[i] != expect) return false;
-        expect *= t.shape[i];
-    }
-    *stride = inner < 0 ? 0 : inner;
-    return true;
-}
-
-/* The row-major layout of the last two dims [rows, cols]. */
-static bool matrix_layout(cdf_cuda_operand t, cdf_cuda_matrix *m) {
-    const int64_t rows = t.shape[t.ndim - 2], cols = t.shape[t.ndim - 1];
-    const int64_t rs = t.strides[t.ndim - 2], cs = t.strides[t.ndim - 1];
-    const int64_t min_ld_rows = cols > 1 ? cols : 1, min_ld_cols = rows > 1 ? rows : 1;
-    if (cs == 1 || cols == 1) { /* rows of contiguous elements (a single row: any row stride) */
-        m->trans = false;
-        m->ld = rows == 1 ? min_ld_rows : rs;
-        if (m->ld >= min_ld_rows) return true;
-    }
-    if (rs == 1 || rows == 1) { /* columns of contiguous elements: the transpose is row-major */
-        m->trans = true;
-        m->ld = cols == 1 ? min_ld_cols : cs;
-        if (m->ld >= min_ld_cols) return true;
-    }
-    return false;
-}
-
-static cdf_status plan_operand(const char *name, cdf_cuda_operand t, int nb, cdf_cuda_matrix *m) {
-    if (!matrix_layout(t, m))
-        return cdf_error(CDF_ERR_INTERNAL, "cuda matmul: operand %s (strides %lld, %lld) is neither row- nor column-major",
-                         name, (long long)t.strides[t.ndim - 2], (long long)t.strides[t.ndim - 1]);
-    if (!batch_stride(t, nb, &m->batch_stride))
-        return cdf_error(CDF_ERR_INTERNAL, "cuda matmul: the batch dims of operand %s are not one strided chain", name);
-    return CDF_OK;
-}
-
 cdf_status cdf_cuda_plan_gemm(cdf_cuda_operand a, cdf_cuda_operand b, cdf_cuda_operand c, cdf_cuda_gemm_plan *p) {
     *p = (cdf_cuda_gemm_plan){0};
-    if (a.ndim < 2 || a.ndim != b.ndim || a.ndim != c.ndim || a.ndim > CDF_MAX_DIMS)
-        return cdf_error(CDF_ERR_INTERNAL, "cuda matmul: operand ranks %d, %d, %d", a.ndim, b.ndim, c.ndim);
-    const int nb = a.ndim - 2;
-    p->M = a.shape[nb];
-    p->K = a.shape[nb + 1];
-    p->N = b.shape[nb + 1];
-    if (b.shape[nb] != p->K || c.shape[nb] != p->M || c.shape[nb + 1] != p->N)
-        return cdf_error(CDF_ERR_INTERNAL, "cuda matmul: shapes do not chain ([%lld, %lld] @ [%lld, %lld] -> [%lld, %lld])",
-                         (long long)p->M, (long long)p->K, (long long)b.shape[nb], (long long)p->N,
-                         (long long)c.shape[nb], (long long)c.shape[nb + 1]);
-    p->batch = 1;
-    for (int i = 0; i < nb; i++) {
-        if (a.shape[i] != c.shape[i] || b.shape[i] != c.shape[i])
-            return cdf_error(CDF_ERR_INTERNAL, "cuda matmul: batch dim %d differs (%lld, %lld, %lld)", i,
-                             (long long)a.shape[i], (long long)b.shape[i], (long long)c.shape[i]);
-        p->batch *= c.shape[i];
-    }
-    cdf_status s;
-    if ((s = plan_operand("a", a, nb, &p->a)) != CDF_OK) return s;
-    if ((s = plan_operand("b", b, nb, &p->b)) != CDF_OK) return s;
-    if ((s = plan_operand("c", c, nb, &p->c)) != CDF_OK) return s;
-    if (p->c.trans && p->M > 1 && p->N > 1)
-        return cdf_error(CDF_ERR_INTERNAL, "cuda matmul: the output is column-major");
-    if (p->c.trans) { /* a single row or column: the same bytes as a row-major one */
-        p->c.trans = false;
-        p->c.ld = p->N;
-    }
+    cdf_lowered_matmul L;
+    cdf_status s = cdf_lower_matmul_operands(a, b, c, &L);
+    if (s != CDF_OK) return s;
+    p->batch = L.batch;
+    p->M = L.M;
+    p->N = L.N;
+    p->K = L.K;
+    p->a = L.a;
+    p->b = L.b;
+    p->c = L.c;
     /* column-major: D^T = C [N x M per column-major], A_lt = B, B_lt = A */
     p->m = p->N;
     p->n = p->M;
@@ -106,10 +44,6 @@ static bool refuse(char *why, size_t n, const char *fmt, ...) {
     return false;
 }
 
-static cdf_cuda_operand operand_of(const cdf_tensor *t) {
-    return (cdf_cuda_operand){.ndim = t->ndim, .shape = t->shape, .strides = t->strides};
-}
-
 bool cdf_cuda_check_node(const cdf_node *n, char *why, size_t why_size) {
     if ((unsigned)n->kind >= CDF_OP_COUNT) return refuse(why, why_size, "unknown op kind %d", (int)n->kind);
     const char *op = cdf_op_name(n->kind);
@@ -130,8 +64,8 @@ bool cdf_cuda_check_node(const cdf_node *n, char *why, size_t why_size) {
     case CDF_OP_MATMUL: {
         /* graph/fuse.c asks before it folds an elementwise chain into a matmul: not here (yet) */
         if (n->p.matmul.epilogue) return refuse(why, why_size, "%s: an elementwise epilogue is not implemented", op);
-        cdf_cuda_gemm_plan plan;
-        if (cdf_cuda_plan_gemm(operand_of(n->src[0]), operand_of(n->src[1]), operand_of(n->dst), &plan) != CDF_OK)
+        cdf_lowered_matmul plan;
+        if (cdf_lower_matmul(n, &plan) != CDF_OK)
             return refuse(why, why_size, "%s", cdf_last_error());
         break;
     }

@@ -2,7 +2,7 @@
  * it on machines without the toolkit or a GPU).
  *
  *  - cdf_cuda_plan_gemm: a matmul node's operand layouts derived from the source tensors' shapes
- *    and strides alone (no layout parameters travel in the node), mapped onto cuBLASLt's
+ *    and strides alone (the backends' shared lowering, backend/lower.h), mapped onto cuBLASLt's
  *    column-major problem.
  *  - cdf_cuda_check_node: whether the CUDA kernels can run a node (dtypes, shapes), with the
  *    reason when not. */
@@ -14,21 +14,10 @@
 #include <stdint.h>
 
 #include "cdiffusers/error.h"
-#include "graph/node.h"
+#include "backend/lower.h"
 
 /* One operand as the planner sees it: shape and element strides (the tensor's own). */
-typedef struct cdf_cuda_operand {
-    int ndim;
-    const int64_t *shape, *strides;
-} cdf_cuda_operand;
-
-/* A row-major matrix in memory: X [rows, cols] (after op) is stored either as itself with row
- * stride ld, or (trans) as X^T [cols, rows] with row stride ld; batch_stride between the
- * matrices of a batch (0 = the same matrix for every batch index). */
-typedef struct cdf_cuda_matrix {
-    bool trans;
-    int64_t ld, batch_stride;
-} cdf_cuda_matrix;
+typedef cdf_lower_operand cdf_cuda_operand;
 
 /* cuBLASLt's column-major problem D[m, n] = op(A)[m, k] op(B)[k, n], per batch. The row-major
  * C = A B is computed as C^T = B^T A^T: cuBLASLt's A is our B and its B our A; a row-major
@@ -41,7 +30,7 @@ typedef struct cdf_cuda_lt_matrix {
 
 typedef struct cdf_cuda_gemm_plan {
     int64_t batch, M, N, K;           /* row-major: C[M, N] = A[M, K] B[K, N] */
-    cdf_cuda_matrix a, b, c;          /* row-major layouts (c never transposed) */
+    cdf_matrix_layout a, b, c;        /* row-major layouts (c never transposed): backend/lower.h */
     int64_t m, n, k;                  /* cuBLASLt's problem: m = N, n = M, k = K */
     cdf_cuda_lt_matrix lt_a, lt_b, lt_d;
     /* cuBLASLt's strided batch is only used when every batch stride is non-zero; a broadcast
@@ -50,8 +39,8 @@ typedef struct cdf_cuda_gemm_plan {
 } cdf_cuda_gemm_plan;
 
 /* Plan C = A @ B for a [..., M, K], b [..., K, N], c [..., M, N] with equal batch dims (the
- * tensor API expands them). Fails with CDF_ERR_INTERNAL naming the operand when a layout is not
- * expressible (the tensor API makes such operands contiguous first). */
+ * tensor API expands them). Fails as cdf_lower_matmul_operands does (CDF_ERR_INTERNAL naming the
+ * operand when a layout is not expressible: the tensor API makes such operands contiguous). */
 cdf_status cdf_cuda_plan_gemm(cdf_cuda_operand a, cdf_cuda_operand b, cdf_cuda_operand c, cdf_cuda_gemm_plan *out);
 
 /* The dtypes the CUDA kernels compute in (f32, bf16, f16): every op's float operands. */
