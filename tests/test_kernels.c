@@ -18,6 +18,7 @@
 
 #include "cdiffusers/dtype.h"
 #include "cdiffusers/error.h"
+#include "cdiffusers/io.h"
 #include "kernels/kernels.h"
 
 #define U32 (1.0 / 16777216.0) /* f32 unit roundoff 2^-24 */
@@ -627,6 +628,51 @@ static void test_matmul_batch_dtypes(void **state) {
     mm_case big = {.batch = 1, .M = 200, .N = 600, .K = 300, .tb = true, .bias = true, .alpha = 1.0f, .beta = 0.0f,
                    .adt = CDF_F32, .bdt = CDF_F32, .cdt = CDF_F32};
     run_matmul_case(&big);
+}
+
+/* Matmul on Q8_0 blocks (cdf_k_matmul_q) over a layer larger than one decode panel (16 Mi
+ * values: N = 4100 rows of K = 4096 is 4096 rows + 4), f32 and bf16 decoding, called again with
+ * a smaller and a larger layer (the cached panel buffer is reused, then replaced). Every value
+ * is a small multiple of 1/8 so every product and partial sum is exact in f32: the result must
+ * equal the integer reference exactly, whatever the kernel's summation order. */
+static void run_matmul_q8(int64_t M, int64_t N, int64_t K, cdf_dtype w_dt) {
+    const int64_t nb = K / 32;
+    uint8_t *w = malloc((size_t)(N * nb * 34));
+    float *a = malloc(sizeof(float) * (size_t)(M * K)), *bias = malloc(sizeof(float) * (size_t)N);
+    float *c = malloc(sizeof(float) * (size_t)(M * N));
+    assert_non_null(w), assert_non_null(a), assert_non_null(bias), assert_non_null(c);
+    uint32_t x = 12345u + (uint32_t)N;
+#define NEXT() (x = x * 1664525u + 1013904223u, (int)(x >> 24))
+    for (int64_t i = 0; i < N * nb; i++) {
+        uint8_t *blk = w + i * 34;
+        blk[0] = 0x00, blk[1] = 0x38; /* f16 0.5 */
+        for (int j = 0; j < 32; j++) blk[2 + j] = (uint8_t)(int8_t)(NEXT() % 255 - 127);
+    }
+    for (int64_t i = 0; i < M * K; i++) a[i] = (float)(NEXT() % 17 - 8) * 0.25f;
+    for (int64_t n = 0; n < N; n++) bias[n] = (float)(NEXT() % 9 - 4);
+    cdf_k_matmul_q_args args = {.M = M, .N = N, .K = K, .a = a, .a_dt = CDF_F32, .w = w, .qtype = CDF_GGML_Q8_0,
+                                .w_dt = w_dt, .bias = bias, .bias_dt = CDF_F32, .c = c, .c_dt = CDF_F32};
+    assert_int_equal(cdf_k_matmul_q(&args), CDF_OK);
+    int64_t wrong = 0;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double ref = bias[n];
+            for (int64_t k = 0; k < K; k++)
+                ref += (double)a[m * K + k] * 0.5 * (double)(int8_t)w[(n * nb + k / 32) * 34 + 2 + k % 32];
+            if ((double)c[m * N + n] != ref && wrong++ < 3)
+                print_error("w %s: c[%lld, %lld] = %.9g, expected %.9g\n", cdf_dtype_name(w_dt), (long long)m, (long long)n,
+                            (double)c[m * N + n], ref);
+        }
+#undef NEXT
+    assert_int_equal(wrong, 0);
+    free(w), free(a), free(bias), free(c);
+}
+
+static void test_matmul_quantized_panels(void **state) {
+    (void)state;
+    run_matmul_q8(3, 4100, 4096, CDF_F32);
+    run_matmul_q8(2, 64, 256, CDF_BF16);  /* smaller: the cached buffer serves it */
+    run_matmul_q8(3, 4100, 4096, CDF_BF16);
 }
 
 static void test_matmul_errors(void **state) {
@@ -1247,6 +1293,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_shapes_and_flags),
         cmocka_unit_test(test_matmul_batch_dtypes),
         cmocka_unit_test(test_matmul_errors),
+        cmocka_unit_test(test_matmul_quantized_panels),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_layer_rms_norm),
         cmocka_unit_test(test_group_norm),

@@ -5,6 +5,7 @@
  * computes bit for bit what its dequantized file computes, and the panel (at most
  * PANEL_ELEMS values) is the only unpacked copy: the model's weights stay quantized. Decoding
  * costs O(N*K) against the product's O(M*N*K), negligible at the DiT's M of 1000-4000 tokens. */
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "cdiffusers/io.h"
@@ -12,9 +13,43 @@
 #include "kernels/dispatch.h"
 #include "kernels/fast_onednn.h"
 #include "kernels/kernels.h"
+#include "kernels/reference_internal.h"
 
 /* 16 Mi values (64 MiB of f32) per panel: whole layers of SD3.5-M / FLUX fit in one to three. */
 #define PANEL_ELEMS ((int64_t)16 << 20)
+
+/* The panel buffer is kept between calls: a fresh 32-64 MiB allocation per layer per forward is
+ * a fresh mmap whose every page faults on first touch. One buffer is cached (the backend's
+ * queue runs one matmul at a time; a concurrent caller allocates its own) and kept for the
+ * process's life: at most one panel, PANEL_ELEMS values. */
+static pthread_mutex_t g_panel_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *g_panel;
+static size_t g_panel_bytes;
+
+static void *panel_take(size_t bytes) {
+    pthread_mutex_lock(&g_panel_lock);
+    void *p = g_panel;
+    const size_t have = g_panel_bytes;
+    g_panel = NULL, g_panel_bytes = 0;
+    pthread_mutex_unlock(&g_panel_lock);
+    if (p && have >= bytes) return p;
+    free(p);
+    return malloc(bytes);
+}
+
+/* p holds at least bytes; the larger of it and a buffer cached meanwhile is kept. */
+static void panel_give(void *p, size_t bytes) {
+    pthread_mutex_lock(&g_panel_lock);
+    if (g_panel_bytes > bytes) {
+        pthread_mutex_unlock(&g_panel_lock);
+        free(p);
+        return;
+    }
+    void *old = g_panel;
+    g_panel = p, g_panel_bytes = bytes;
+    pthread_mutex_unlock(&g_panel_lock);
+    free(old);
+}
 
 cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *a) {
     const char *fn = "cdf_k_matmul_q";
@@ -31,33 +66,41 @@ cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *a) {
     const int64_t row_bytes = a->K / be * bb;
     int64_t panel = a->N * a->K <= PANEL_ELEMS ? a->N : PANEL_ELEMS / a->K;
     if (panel < 1) panel = 1;
-    float *dec = malloc(sizeof(float) * (size_t)(panel * a->K));
-    uint16_t *half = a->w_dt == CDF_BF16 ? malloc(sizeof(uint16_t) * (size_t)(panel * a->K)) : NULL;
-    if (!dec || (a->w_dt == CDF_BF16 && !half)) {
-        free(dec);
-        free(half);
+    const size_t wsz = cdf_dtype_size(a->w_dt), panel_bytes = (size_t)(panel * a->K) * wsz;
+    void *buf = panel_take(panel_bytes);
+    if (!buf)
         return cdf_error(CDF_ERR_OUT_OF_MEMORY, "%s: cannot allocate a %lld x %lld panel of decoded weights", fn,
                          (long long)panel, (long long)a->K);
-    }
     const size_t csz = cdf_dtype_size(a->c_dt), bsz = a->bias ? cdf_dtype_size(a->bias_dt) : 0;
     const uint8_t *w = a->w;
     cdf_status st = CDF_OK;
     for (int64_t n0 = 0; n0 < a->N && st == CDF_OK; n0 += panel) {
         const int64_t np = a->N - n0 < panel ? a->N - n0 : panel;
         int bad = 0;
-#pragma omp parallel for schedule(static) reduction(| : bad) if (np * a->K > 65536)
-        for (int64_t r = 0; r < np; r++) {
-            float *row = dec + r * a->K;
-            if (cdf_ggml_dequantize(a->qtype, w + (n0 + r) * row_bytes, a->K, row) != CDF_OK) bad = 1;
-            if (half)
-                for (int64_t k = 0; k < a->K; k++) half[r * a->K + k] = cdf_f32_to_bf16(row[k]);
+#pragma omp parallel reduction(| : bad) if (np * a->K > 65536)
+        {
+            /* bf16 panels: each row decodes into this thread's f32 row, then narrows into the panel */
+            float *tmp = a->w_dt == CDF_BF16 ? malloc(sizeof(float) * (size_t)a->K) : NULL;
+            if (a->w_dt == CDF_BF16 && !tmp) bad = 2;
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < np; r++) {
+                if (bad) continue;
+                float *row = tmp ? tmp : (float *)buf + r * a->K;
+                if (cdf_ggml_dequantize(a->qtype, w + (n0 + r) * row_bytes, a->K, row) != CDF_OK) bad = 1;
+                else if (tmp) cdf_k_store_row(buf, CDF_BF16, r * a->K, row, a->K);
+            }
+            free(tmp);
+        }
+        if (bad & 2) {
+            st = cdf_error(CDF_ERR_OUT_OF_MEMORY, "%s: cannot allocate a decode row of %lld values", fn, (long long)a->K);
+            break;
         }
         if (bad) {
             st = cdf_error(CDF_ERR_INTERNAL, "%s: decoding %s rows %lld..%lld failed", fn, cdf_ggml_type_name(a->qtype),
                            (long long)n0, (long long)(n0 + np));
             break;
         }
-        const void *b = half ? (const void *)half : (const void *)dec;
+        const void *b = buf;
         cdf_k_matmul_args m = {
             .batch = 1, .M = a->M, .N = np, .K = a->K,
             .a = a->a, .a_dt = a->a_dt, .lda = a->K, .sa = 0, .trans_a = false,
@@ -68,9 +111,8 @@ cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *a) {
         };
         st = cdf_k_matmul_dispatch(&m);
         /* the next panel reuses this buffer: no prepacked copy of it may survive */
-        cdf_k_fast_forget_range(b, (size_t)(np * a->K) * (half ? sizeof(uint16_t) : sizeof(float)));
+        cdf_k_fast_forget_range(b, (size_t)(np * a->K) * wsz);
     }
-    free(dec);
-    free(half);
+    panel_give(buf, panel_bytes);
     return st;
 }
