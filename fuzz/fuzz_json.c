@@ -41,7 +41,9 @@ static void write_seeds(const char *dir) {
     };
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) fz_seed_file(dir, -1, files[i], 1 << 16);
     static const char *tiny[] = {"{}", "[]", "{\"a\": [1, 2.5, -3], \"b\": {\"c\": null, \"d\": true, \"e\": \"x\"}}",
-                                 "{\"n\": 9007199254740993, \"m\": -1e308, \"o\": 1e999}"};
+                                 "{\"n\": 9007199254740993, \"m\": -1e308, \"o\": 1e999}",
+                                 /* findings 13 and 14 (docs/ROBUSTNESS.md): saturated first sigmas, shift 0 */
+                                 "{\"base_shift\": 15, \"use_dynamic_shifting\": true}", "{\"shift\": 0.0}"};
     for (size_t i = 0; i < sizeof tiny / sizeof *tiny; i++) fz_seed(dir, -1, tiny[i], strlen(tiny[i]));
 }
 

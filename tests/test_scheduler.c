@@ -487,6 +487,34 @@ static void test_errors(void **state) {
     cdf_scheduler_free(s);
     cdf_scheduler_free(NULL);
 
+    /* fuzz_json finding 14: shift 0 (or below) makes the first training sigma 0/0 = NaN in
+     * diffusers; refused at validation, and set_shift(0) refused at set_timesteps */
+    cfg = cdf_scheduler_config_default();
+    for (int k = 0; k < 2; k++) {
+        cfg.shift = k ? -2.0 : 0.0;
+        assert_int_equal(cdf_scheduler_config_validate(&cfg), CDF_ERR_INVALID_ARG);
+        assert_non_null(strstr(cdf_last_error(), "shift must be > 0"));
+        assert_null(cdf_scheduler_new(&cfg));
+    }
+    cfg = cdf_scheduler_config_default();
+    s = cdf_scheduler_new(&cfg);
+    cdf_scheduler_set_shift(s, 0.0);
+    assert_int_equal(cdf_scheduler_set_timesteps(s, 4, NULL, 0, NULL), CDF_ERR_INVALID_ARG);
+    assert_non_null(strstr(cdf_last_error(), "shift must be > 0"));
+    assert_int_equal(cdf_scheduler_num_sigmas(s), 1000); /* the previous schedule stays */
+    cdf_scheduler_free(s);
+    /* a linear time shift mu / (mu + (1/t - 1)) with mu = 0: one step has t = 1, so 0 / 0; the
+     * sigma is not a number and the schedule is refused */
+    cfg = cdf_scheduler_config_default();
+    cfg.use_dynamic_shifting = 1;
+    cfg.time_shift_type = CDF_TIME_SHIFT_LINEAR;
+    s = cdf_scheduler_new(&cfg);
+    mu = 0.0;
+    assert_int_equal(cdf_scheduler_set_timesteps(s, 1, NULL, 0, &mu), CDF_ERR_INVALID_ARG);
+    assert_non_null(strstr(cdf_last_error(), "sigma 0 of 1 is"));
+    assert_int_equal(cdf_scheduler_num_sigmas(s), 1000);
+    cdf_scheduler_free(s);
+
     /* duplicate timesteps: diffusers' lookup takes the second match */
     cfg = cdf_scheduler_config_default();
     s = cdf_scheduler_new(&cfg);

@@ -76,6 +76,11 @@ cdf_status cdf_scheduler_config_validate(const cdf_scheduler_config *c) {
     if (c->num_train_timesteps > MAX_TRAIN_TIMESTEPS)
         return cdf_error(CDF_ERR_LIMIT, "scheduler config: num_train_timesteps %lld exceeds the limit %d", (long long)c->num_train_timesteps, MAX_TRAIN_TIMESTEPS);
     if (!isfinite(c->shift)) return cdf_error(CDF_ERR_INVALID_ARG, "scheduler config: shift is not finite");
+    /* shift * s / (1 + (shift - 1) * s) over s in (0, 1]: 0 makes the first sigma 0/0, a negative
+     * shift divides by zero inside the range or turns sigmas negative. diffusers computes NaNs. */
+    if (!(c->shift > 0.0))
+        return cdf_error(CDF_ERR_INVALID_ARG, "scheduler config: shift must be > 0, got %g (it would make NaN or negative sigmas)",
+                         c->shift);
     if (c->time_shift_type != CDF_TIME_SHIFT_EXPONENTIAL && c->time_shift_type != CDF_TIME_SHIFT_LINEAR)
         return cdf_error(CDF_ERR_INVALID_ARG, "scheduler config: time_shift_type must be exponential or linear (got %d)", (int)c->time_shift_type);
     if (c->has_shift_terminal && !isfinite(c->shift_terminal))
@@ -377,6 +382,8 @@ cdf_status cdf_scheduler_set_timesteps(cdf_scheduler *s, int num_steps, const fl
     if (c->use_dynamic_shifting && !mu)
         return cdf_error(CDF_ERR_INVALID_ARG, "%s: mu must be passed when use_dynamic_shifting is true", fn);
     if (mu && c->use_dynamic_shifting && !isfinite(*mu)) return cdf_error(CDF_ERR_INVALID_ARG, "%s: mu is not finite", fn);
+    if (!c->use_dynamic_shifting && !(s->shift > 0.0))
+        return cdf_error(CDF_ERR_INVALID_ARG, "%s: shift must be > 0, got %g (set_shift)", fn, s->shift);
 
     const int64_t N = num_steps;
     float *sig = malloc((size_t)(N + 1) * sizeof(float));
@@ -426,6 +433,16 @@ cdf_status cdf_scheduler_set_timesteps(cdf_scheduler *s, int num_steps, const fl
         }
     }
     free(work);
+    /* what the checks above cannot rule out (a linear time shift whose mu cancels 1/t - 1, a
+     * stretch of a degenerate schedule): a sigma that is not a number is refused, not stepped */
+    for (int64_t i = 0; i < N; i++)
+        if (!isfinite(sig[i])) {
+            const float bad = sig[i];
+            free(sig);
+            free(ts);
+            return cdf_error(CDF_ERR_INVALID_ARG, "%s: the schedule's sigma %lld of %lld is %g (shift %g, mu %g)", fn, (long long)i,
+                             (long long)N, (double)bad, s->shift, mu ? *mu : 0.0);
+        }
 
     /* torch float32: timesteps = sigmas * T; optional inversion; terminal sigma appended. */
     const float Tf = (float)c->num_train_timesteps;
