@@ -373,6 +373,7 @@ def main():
             subprocess.run(["gcc", "-std=gnu17", "-O2", "-o", mrp, f"{ROOT}/tools/make-random-pipeline/make_random_pipeline.c",
                             "-lm"], check=True)
         shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(models, exist_ok=True)  # make-random-pipeline makes only the last level
         print(f"[setup] writing random {name} into {d}", flush=True)
         subprocess.run([mrp] + MODEL_SPECS[name] + ["--out", d, "--tokenizers", f"{ROOT}/tests/data/tokenizers"], check=True,
                        stdout=subprocess.DEVNULL)
