@@ -1,5 +1,5 @@
 /* Measured instruction-throughput peaks of this CPU for bench_peers.py: f32 FMA at the widest
- * vector width the CPU has (AVX-512 from bench/kernels/peak.c, else the AVX2 loop below), bf16
+ * vector width the CPU has (AVX-512 or AVX2, both from bench/kernels/peak.c), bf16
  * dot products (AVX512-BF16) and AMX-BF16 tiles where present. Prints one JSON object: GFLOP/s
  * of one thread, and of --threads threads running the loop at the same time (on a loaded
  * machine the second figure shows what this process actually gets).
@@ -16,31 +16,6 @@
 #include <unistd.h>
 
 #include "../kernels/peak.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* AVX2: 12 independent 8-wide FMA chains (latency 4-5 cycles x 2 ports on Zen 3 / Intel) */
-__attribute__((target("avx2,fma"))) static double peak_f32_fma_avx2(int64_t iters) {
-    __m256 c[12];
-    for (int i = 0; i < 12; i++) c[i] = _mm256_set1_ps(0.01f * (float)(i + 1));
-    const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-    double t0 = now_s();
-    for (int64_t it = 0; it < iters; it++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; i++) c[i] = _mm256_fmadd_ps(c[i], a, b);
-    }
-    double t = now_s() - t0;
-    __m256 s = c[0];
-    for (int i = 1; i < 12; i++) s = _mm256_add_ps(s, c[i]);
-    float v[8];
-    _mm256_storeu_ps(v, s);
-    if (v[0] == 12345.f) puts("");  /* keeps the chains alive */
-    return (double)iters * 12 * 8 * 2 / t;
-}
 
 typedef double (*peak_fn)(int64_t);
 
