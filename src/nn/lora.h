@@ -50,12 +50,16 @@ int cdf_lora_scales_tensors(const cdf_lora_scales *sc, cdf_tensor **out, int max
 
 /* ---- attaching ---------------------------------------------------------------------------- */
 /* Run-time: add adapter `adapter` to layer l. a: [r, l->in] f32, b: [l->out, r] f32 with the
- * alpha/r factor already applied (references are taken). Errors: shapes (naming `what`), a
- * tensor-parallel layer, the same adapter twice on one layer. */
+ * alpha/r factor already applied (references are taken). For a tensor-parallel shard these are
+ * the shard's slices (cdf_linear_shard_in_cols / _out_rows of the whole-layer pair): a colwise
+ * shard keeps all of A and its rows of B, a rowwise one its columns of A and all of B (its
+ * partial product joins the layer's all-reduce). Errors: shapes (naming `what`), the same
+ * adapter twice on one layer. */
 cdf_status cdf_lora_attach(cdf_lora_scales *sc, cdf_linear_layer *l, int adapter, cdf_tensor *a, cdf_tensor *b,
                            const char *what);
 /* Fused: l->w <- l->w + scale * b @ a, in f32, stored in l->w's dtype (a new tensor replaces
- * l->w; compiled graphs that captured the old one must be dropped by the caller). */
+ * l->w; compiled graphs that captured the old one must be dropped by the caller). A shard takes
+ * its slices as for attach: the product is its slice of the whole delta. */
 cdf_status cdf_lora_fuse(cdf_linear_layer *l, cdf_tensor *a, cdf_tensor *b, float scale, const char *what);
 /* Remove every run-time adapter from l (nothing if none). */
 void cdf_lora_detach(cdf_linear_layer *l);
