@@ -372,21 +372,39 @@ static void rec_free(fused_rec *r) {
     cdf_tensor_release(r->b);
 }
 
-cdf_status cdf_lora_log_unfuse(cdf_lora_log **log, const cdf_layer_index *ix) {
+cdf_status cdf_lora_log_unfuse(cdf_lora_log **log, const cdf_layer_index *ix, cdf_lora_restore_fn restore, void *ctx) {
     cdf_lora_log *g = *log;
     cdf_status s = CDF_OK;
+    /* restored[i]: record i's layer has its original weight back (whatever was fused into it) */
+    bool *restored = g && g->n ? calloc((size_t)g->n, sizeof *restored) : NULL;
+    for (int i = 0; restore && restored && i < g->n; i++) {
+        int first = 0;
+        while (strcmp(g->r[first].layer, g->r[i].layer) != 0) first++;
+        if (first < i) {
+            restored[i] = restored[first];
+            continue;
+        }
+        cdf_linear_layer *l = cdf_layer_index_find(ix, g->r[i].layer, NULL);
+        if (!l) continue; /* reported below */
+        restored[i] = restore(ctx, l, g->r[i].layer) == CDF_OK;
+        if (!restored[i])
+            fprintf(stderr, "cdiffusers: warning: LoRA unfuse: %s: %s; subtracting the fused delta instead (the weights are "
+                    "the originals up to one rounding)\n", g->r[i].layer, cdf_last_error());
+    }
     for (int i = g ? g->n - 1 : -1; i >= 0; i--) {
         fused_rec *r = &g->r[i];
         cdf_linear_layer *l = cdf_layer_index_find(ix, r->layer, NULL);
         char what[CDF_LORA_NAME_MAX_WHAT];
         snprintf(what, sizeof what, "unfusing %s", r->layer);
         /* -(s B) is exactly the negation of s B, so the product is exactly the delta fused */
-        cdf_status e = l ? add_delta(l, r->a, r->b, -r->scale, what)
-                         : cdf_error(CDF_ERR_NOT_FOUND, "LoRA unfuse: layer %s is gone", r->layer);
+        cdf_status e = !l                           ? cdf_error(CDF_ERR_NOT_FOUND, "LoRA unfuse: layer %s is gone", r->layer)
+                       : restored && restored[i]    ? CDF_OK
+                                                    : add_delta(l, r->a, r->b, -r->scale, what);
         if (s == CDF_OK) s = e;
         rec_free(r);
         g->n = i; /* freed */
     }
+    free(restored);
     cdf_lora_log_free(g);
     *log = NULL;
     return s;

@@ -77,11 +77,16 @@ cdf_status cdf_lora_log_add(cdf_lora_log **log, const char *layer, int adapter, 
 /* Apply every record again in order to the layers of ix: attached as run-time adapters to sc, or
  * fused (sc NULL). The same inputs in the same order: the same weights and links as before. */
 cdf_status cdf_lora_log_replay(const cdf_lora_log *log, const cdf_layer_index *ix, cdf_lora_scales *sc);
-/* Subtract every recorded delta, the last fused first, each computed exactly as cdf_lora_fuse
- * computed it (the negated product: W + (-s B) A), from the layers of ix; then empty the log.
- * W + d - d is W up to one rounding of W's dtype per element (bit-exact only where that sum
- * rounds back). A layer that is gone is an error naming it (the rest are still undone). */
-cdf_status cdf_lora_log_unfuse(cdf_lora_log **log, const cdf_layer_index *ix);
+/* Take every fused adapter out of the layers of ix, then empty the log. Each layer the log names
+ * is first given to restore (when not NULL), which puts back the weight the layer had before any
+ * fuse — bit for bit, by reading it again from its files (models/registry.c; a tensor-parallel
+ * shard reads its own slice, cdf_linear_reload_weight). Where there is no restore or it fails
+ * (a warning says why), the recorded deltas are subtracted, the last fused first, each computed
+ * exactly as cdf_lora_fuse computed it (the negated product: W + (-s B) A): W + d - d is W up to
+ * one rounding of W's dtype per element. A layer that is gone is an error naming it (the rest
+ * are still undone). */
+typedef cdf_status (*cdf_lora_restore_fn)(void *ctx, cdf_linear_layer *l, const char *layer);
+cdf_status cdf_lora_log_unfuse(cdf_lora_log **log, const cdf_layer_index *ix, cdf_lora_restore_fn restore, void *ctx);
 int cdf_lora_log_count(const cdf_lora_log *log);
 void cdf_lora_log_free(cdf_lora_log *log); /* NULL is fine */
 

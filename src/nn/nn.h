@@ -275,6 +275,11 @@ int64_t cdf_linear_full_out(const cdf_linear_layer *l);
  * along that dimension. */
 void cdf_linear_shard_out_rows(const cdf_linear_layer *l, const float *src, int64_t width, float *dst);
 void cdf_linear_shard_in_cols(const cdf_linear_layer *l, const float *src, int64_t rows, float *dst);
+/* Read l's weight again from w as it was loaded (the same slice for a tensor-parallel shard,
+ * the same dtype, blocks for a layer that keeps GGUF blocks) and put it in place of l->w (bias
+ * and run-time adapters untouched): what undoing a fused LoRA exactly needs. w must be opened
+ * like the layer's model was (the same folder or file and load options, no layer index). */
+cdf_status cdf_linear_reload_weight(cdf_weights *w, cdf_linear_layer *l, const char *prefix);
 /* After loading: CDF_ERR_INTERNAL if a rule of the plan matched no layer (a typo in a plan). */
 cdf_status cdf_tp_check_plan_used(const cdf_tp *tp);
 

@@ -529,6 +529,38 @@ void cdf_linear_shard_in_cols(const cdf_linear_layer *l, const float *src, int64
     }
 }
 
+cdf_status cdf_linear_reload_weight(cdf_weights *w, cdf_linear_layer *l, const char *prefix) {
+    if (!w || !l || !prefix) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_linear_reload_weight: bad arguments");
+    if (cdf_weights_options(w)->layers)
+        return cdf_error(CDF_ERR_INVALID_ARG, "cdf_linear_reload_weight: the weights must be opened without a layer index");
+    cdf_linear_layer t;
+    memset(&t, 0, sizeof t);
+    const cdf_linear_shard *s = &l->shard;
+    if (s->style == CDF_TP_REPLICATE) {
+        CDF_TRY(cdf_linear_load(w, &t, l->in, l->out, 0, "%s", prefix)); /* whole: as any model loads it */
+    } else {
+        char name[512];
+        const cdf_st_file *f;
+        const cdf_st_tensor *st;
+        snprintf(name, sizeof name, "%s.weight", prefix);
+        CDF_TRY(find_weight(w, name, cdf_linear_full_out(l), cdf_linear_full_in(l), &f, &st));
+        /* the readers need only the rank and the size */
+        const cdf_tp tp = {.rank = s->rank, .size = s->size};
+        t.w = splits_out(s) ? read_row_parts(w, &tp, f, st, s->n_parts, s->parts, name)
+                            : read_col_parts(w, &tp, f, st, s->n_parts, s->parts, name);
+        if (!t.w) return cdf_last_status();
+    }
+    if (cdf_tensor_dim(t.w, 0) != cdf_tensor_dim(l->w, 0) || (!t.qtype && cdf_tensor_dim(t.w, 1) != l->in)) {
+        cdf_linear_free(&t);
+        return cdf_error(CDF_ERR_SHAPE, "re-reading '%s' from %s: it no longer has the layer's shape", prefix, cdf_weights_path(w));
+    }
+    cdf_tensor_release(l->w);
+    l->w = t.w;
+    l->qtype = t.qtype;
+    l->qwdt = t.qwdt;
+    return CDF_OK;
+}
+
 /* ---- forward ----------------------------------------------------------------------------------- */
 cdf_tensor *cdf_tp_linear_rowwise_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
     if (!x) return NULL;
