@@ -66,7 +66,8 @@ void cdf_lora_detach(cdf_linear_layer *l);
 
 /* ---- what was applied where: undo (unfuse) and replay (offload) ----------------------------- */
 /* A log of applied adapters by module name: fused ones so that they can be taken out again
- * (diffusers' unfuse_lora, which PEFT does by subtracting the same delta: W <- W - s B A), and
+ * (diffusers' unfuse_lora; PEFT subtracts the same delta, W <- W - s B A, which cdiffusers does
+ * only where it cannot read the original weight again), and
  * both kinds so that a model re-materialised by offload (new layer objects, weights read again
  * from its files) gets them again. The layers are found by module name each time. The A/B
  * tensors are kept (references, shared with the run-time links): rank x (in + out) per layer,
