@@ -504,6 +504,109 @@ static void test_cli_bad_lora(void **st) {
     assert_int_equal(access(tmp_path("bad.png"), F_OK), -1);
 }
 
+/* ---- unloading a fused adapter gives the loaded weights back bit for bit ---------------------- */
+/* Every indexed layer's weight as stored (raw bytes in its dtype, blocks for a quantized layer). */
+typedef struct raw_weights {
+    int n;
+    void **w;
+    size_t *bytes;
+    uint32_t *qtype;
+} raw_weights;
+
+static raw_weights raw_take(cdf_component *c) {
+    cdf_layer_index *ix = cdf_component_layers(c);
+    raw_weights r = {.n = cdf_layer_index_count(ix)};
+    r.w = calloc((size_t)r.n + 1, sizeof *r.w);
+    r.bytes = calloc((size_t)r.n + 1, sizeof *r.bytes);
+    r.qtype = calloc((size_t)r.n + 1, sizeof *r.qtype);
+    for (int i = 0; i < r.n; i++) {
+        cdf_linear_layer *l = cdf_layer_index_at(ix, i, NULL);
+        r.bytes[i] = (size_t)cdf_tensor_numel(l->w) * cdf_dtype_size(cdf_tensor_dtype(l->w));
+        r.w[i] = malloc(r.bytes[i]);
+        r.qtype[i] = l->qtype;
+        assert_int_equal(cdf_tensor_read(l->w, cdf_tensor_dtype(l->w), r.w[i], r.bytes[i]), CDF_OK);
+    }
+    return r;
+}
+
+static void raw_free(raw_weights *r) {
+    for (int i = 0; i < r->n; i++) free(r->w[i]);
+    free(r->w), free(r->bytes), free(r->qtype);
+}
+
+/* layers whose stored weight differs */
+static int raw_diff(const raw_weights *a, const raw_weights *b) {
+    assert_int_equal(a->n, b->n);
+    int d = 0;
+    for (int i = 0; i < a->n; i++)
+        d += a->qtype[i] != b->qtype[i] || a->bytes[i] != b->bytes[i] || memcmp(a->w[i], b->w[i], a->bytes[i]) != 0;
+    return d;
+}
+
+/* A GGUF whose linear layers keep Q8_0 blocks: fusing decodes the touched layers; the unload reads
+ * their blocks again (not W + d - d in the decoded dtype, which would leave them decoded and one
+ * rounding off) */
+static void test_unfuse_restores_quantized_blocks(void **st) {
+    (void)st;
+    cdf_load_options o = cdf_load_options_default();
+    o.device = tu_cpu();
+    o.weight_dtype = CDF_F32;
+    o.weights_file = path_of("formats/flux_single/flux_bfl_q8.gguf");
+    cdf_component *c = NULL;
+    if (cdf_component_load(path_of("pipelines/flux1_dev_tiny/transformer"), &o, &c) != CDF_OK) fail_msg("%s", cdf_last_error());
+    raw_weights before = raw_take(c);
+    int quantized = 0;
+    for (int i = 0; i < before.n; i++) quantized += before.qtype[i] != 0;
+    assert_true(quantized > 0);
+    assert_int_equal(load_lora(c, "lora/pipe_flux1_dev_tiny_kohya.safetensors", 0, 0.8f, CDF_LORA_FUSE, false, NULL), CDF_OK);
+    raw_weights fused = raw_take(c);
+    const int changed = raw_diff(&before, &fused);
+    int decoded = 0;
+    for (int i = 0; i < fused.n; i++) decoded += before.qtype[i] != 0 && fused.qtype[i] == 0;
+    print_message("  %d of %d layers quantized, %d changed by the fuse (%d decoded)\n", quantized, before.n, changed, decoded);
+    assert_true(changed > 0 && decoded > 0);
+    assert_int_equal(cdf_component_lora_unfuse(c), CDF_OK);
+    raw_weights back = raw_take(c);
+    assert_int_equal(raw_diff(&before, &back), 0);
+    raw_free(&before), raw_free(&fused), raw_free(&back);
+    cdf_component_free(c);
+}
+
+/* The model's files are gone by the unload: the deltas are subtracted instead (a warning says
+ * so), the weights within one rounding of the originals and the output the base's again */
+static void test_unfuse_without_files_subtracts(void **st) {
+    (void)st;
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/sd3_copy", tu_tmpdir());
+    assert_int_equal(tu_system("mkdir -p '%s' && cp '%s'/* '%s'/", dir, path_of("golden/sd3/transformer"), dir), 0);
+    cdf_load_options o = cdf_load_options_default();
+    o.device = tu_cpu();
+    o.weight_dtype = CDF_F32;
+    cdf_component *c = NULL;
+    if (cdf_component_load(dir, &o, &c) != CDF_OK) fail_msg("%s", cdf_last_error());
+    raw_weights before = raw_take(c);
+    assert_int_equal(load_lora(c, "lora/sd3_peft.safetensors", 0, 0.7f, CDF_LORA_FUSE, false, NULL), CDF_OK);
+    raw_weights fused = raw_take(c);
+    assert_int_equal(tu_system("rm -f '%s'/*.safetensors", dir), 0);
+    assert_int_equal(cdf_component_lora_unfuse(c), CDF_OK);
+    raw_weights back = raw_take(c);
+    int64_t off = 0, beyond = 0;
+    for (int i = 0; i < before.n; i++)
+        for (size_t j = 0; j < before.bytes[i] / 4; j++) {
+            const float a = ((float *)before.w[i])[j], b = ((float *)back.w[i])[j], f = ((float *)fused.w[i])[j];
+            if (a == b) continue;
+            off++;
+            /* W' = W + d rounds at |W'|'s scale, W' - d at |W|'s: half an ulp of each */
+            if (fabs((double)a - b) > ldexp(fabs(f) + fabs(a), -24)) beyond++;
+        }
+    print_message("  subtracted: %lld elements not bit-equal, %lld beyond a rounding\n", (long long)off, (long long)beyond);
+    assert_true(off > 0); /* it did subtract (a re-read would be exact) */
+    assert_int_equal(beyond, 0);
+    assert_true(forward_diff(c, &SD3, "out.base") < SD3.atol);
+    raw_free(&before), raw_free(&fused), raw_free(&back);
+    cdf_component_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_names),           cmocka_unit_test(test_flux_peft_runtime),
@@ -520,6 +623,7 @@ int main(void) {
         cmocka_unit_test(test_compile_whole_scale),
         cmocka_unit_test(test_compile_blocks_scale), cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_cli_fuse_matches_offline_fused_folder), cmocka_unit_test(test_cli_bad_lora),
+        cmocka_unit_test(test_unfuse_restores_quantized_blocks), cmocka_unit_test(test_unfuse_without_files_subtracts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

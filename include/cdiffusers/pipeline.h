@@ -173,7 +173,8 @@ cdf_status cdf_pipeline_validate(const cdf_pipeline *p, const cdf_generate_param
  * untouched, the scale changes without reloading or recompiling. Fuse: W += scale * (alpha/r) *
  * B A once at load (diffusers' fuse_lora), fastest, the scale is fixed. Several adapters can be
  * loaded; their contributions add up. With offload they are re-applied whenever a model is
- * materialised again (fuse + sequential offload is refused). Not with tensor parallelism (refused). */
+ * materialised again (fuse + sequential offload is refused). With tensor parallelism (cdf_tp_enable)
+ * each rank applies its slice of every adapter to its shard, in both modes. */
 typedef enum cdf_lora_mode { CDF_LORA_RUNTIME = 0, CDF_LORA_FUSE = 1 } cdf_lora_mode;
 typedef struct cdf_lora_params {
     float scale;        /* 1 */
@@ -194,10 +195,12 @@ typedef struct cdf_lora_info {
 cdf_status cdf_pipeline_load_lora(cdf_pipeline *p, const char *path, const cdf_lora_params *params, cdf_lora_info *info);
 /* Change a run-time adapter's scale (finite). A fused adapter's scale is fixed: CDF_ERR_UNSUPPORTED. */
 cdf_status cdf_pipeline_set_lora_scale(cdf_pipeline *p, int adapter, float scale);
-/* Remove every adapter. Fused ones are taken out of the weights as diffusers' unfuse_lora does
- * (W -= scale * (alpha/r) * B A with the same product that was added, computed in f32 and
- * stored in W's dtype): the weights are the original ones up to one rounding per element (f32:
- * the outputs agree with the adapter-free model to the golden tolerances; see README). */
+/* Remove every adapter. Fused ones are taken out of the weights (diffusers' unfuse_lora): each
+ * fused layer's weight is read again from the files the model was loaded from (a tensor-parallel
+ * rank reads only its slice), so the weights are the loaded ones bit for bit. Only if that read
+ * fails (the files are gone) is the delta subtracted instead (W -= scale * (alpha/r) * B A, the
+ * same product that was added, in f32, stored in W's dtype; a warning on stderr): the original
+ * weights up to one rounding per element. */
 cdf_status cdf_pipeline_unload_lora(cdf_pipeline *p);
 int cdf_pipeline_lora_count(const cdf_pipeline *p);
 

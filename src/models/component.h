@@ -94,9 +94,12 @@ struct cdf_lora_log **cdf_component_lora_log(cdf_component *c, bool fused);
 /* After a (re-)materialisation: apply the logged adapters to the new layers (fused first, then
  * the run-time ones, each in load order). */
 cdf_status cdf_component_lora_replay(cdf_component *c);
-/* Take every fused adapter out of the weights again (diffusers' unfuse_lora: W -= s B A, the
- * last fused first) and drop the compiled graphs; a released (offloaded) model only forgets
- * them (its next materialisation reads the original weights). Nothing to do is CDF_OK. */
+/* Take every fused adapter out of the weights again (diffusers' unfuse_lora) and drop the
+ * compiled graphs: each fused layer's weight is read again from the folder/file and with the
+ * load options the component was loaded with (its own slice for a tensor-parallel shard), bit for
+ * bit; where that fails, W -= s B A, the last fused first (a warning; one rounding). A released
+ * (offloaded) model only forgets them (its next materialisation reads the original weights).
+ * Nothing to do is CDF_OK. */
 cdf_status cdf_component_lora_unfuse(cdf_component *c);
 /* Drop compiled graphs after the weights changed in place of the old ones (fused LoRA). */
 void cdf_component_weights_changed(cdf_component *c);

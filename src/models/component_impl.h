@@ -7,6 +7,7 @@
 
 #include "cdiffusers/exec.h"
 #include "models/component.h"
+#include "nn/nn.h"
 
 struct cdf_component {
     const cdf_component_class *cls;
@@ -28,6 +29,10 @@ struct cdf_component {
     /* the adapters applied, fused and at run time (NULL if none): fused ones for undoing them,
      * both for re-applying them when offload re-materialises the model */
     struct cdf_lora_log *lora_fused, *lora_runtime;
+    /* where the weights came from and how they were loaded (no layer index, no report): undoing
+     * a fused adapter reads a layer's original weight again (cdf_component_lora_unfuse) */
+    char *dir, *weights_file;
+    cdf_load_options load_opt;
 };
 
 /* component_compile.c */

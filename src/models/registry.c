@@ -79,11 +79,21 @@ cdf_status cdf_component_load(const char *dir, const cdf_load_options *opt, cdf_
     c->layers = cdf_layer_index_new();
     cdf_load_options o = opt ? *opt : cdf_load_options_default();
     o.layers = c->layers;
-    s = c->layers ? cls->load(dir, cfg, &o, &c->impl) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    c->load_opt = o;
+    c->load_opt.layers = NULL;
+    c->load_opt.report = NULL;
+    c->load_opt.blocks_on_host = false; /* a fused layer is never host-side (refused) */
+    c->dir = strdup(dir);
+    c->weights_file = o.weights_file ? strdup(o.weights_file) : NULL;
+    c->load_opt.weights_file = c->weights_file;
+    s = !c->layers || !c->dir || (o.weights_file && !c->weights_file) ? cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory")
+                                                                     : cls->load(dir, cfg, &o, &c->impl);
     if (s != CDF_OK) {
         cdf_error_prefix("loading %s from %s: ", name, dir);
         cdf_layer_index_free(c->layers);
         cJSON_Delete(cfg);
+        free(c->dir);
+        free(c->weights_file);
         free(c);
         return s;
     }
@@ -118,6 +128,8 @@ void cdf_component_free(cdf_component *c) {
     cdf_lora_log_free(c->lora_fused);
     cdf_lora_log_free(c->lora_runtime);
     cJSON_Delete(c->cfg);
+    free(c->dir);
+    free(c->weights_file);
     free(c);
 }
 
@@ -156,6 +168,10 @@ cdf_lora_log **cdf_component_lora_log(cdf_component *c, bool fused) {
     return c ? (fused ? &c->lora_fused : &c->lora_runtime) : NULL;
 }
 
+static cdf_status restore_weight(void *w, cdf_linear_layer *l, const char *layer) {
+    return cdf_linear_reload_weight(w, l, layer);
+}
+
 cdf_status cdf_component_lora_unfuse(cdf_component *c) {
     if (!c || !c->lora_fused) return CDF_OK;
     if (!cdf_component_is_loaded(c)) { /* released: the next load reads the original weights */
@@ -164,7 +180,17 @@ cdf_status cdf_component_lora_unfuse(cdf_component *c) {
         return CDF_OK;
     }
     cdf_component_weights_changed(c);
-    return cdf_lora_log_unfuse(&c->lora_fused, c->layers);
+    /* exact: every fused layer's weight is read again from the files the model was loaded from
+     * (a tensor-parallel shard reads only its slice); subtracting the deltas (up to one rounding)
+     * only where that fails */
+    cdf_weights *w = NULL;
+    if (cdf_weights_open(c->dir, &c->load_opt, &w) != CDF_OK) {
+        fprintf(stderr, "cdiffusers: warning: LoRA unfuse: %s\n", cdf_last_error());
+        w = NULL;
+    }
+    cdf_status s = cdf_lora_log_unfuse(&c->lora_fused, c->layers, w ? restore_weight : NULL, w);
+    cdf_weights_free(w);
+    return s;
 }
 
 cdf_status cdf_component_lora_replay(cdf_component *c) {

@@ -249,7 +249,6 @@ cdf_status cdf_lora_attach(cdf_lora_scales *sc, cdf_linear_layer *l, int adapter
     if (!sc || !l || adapter < 0 || adapter >= CDF_LORA_MAX_ADAPTERS)
         return cdf_error(CDF_ERR_INVALID_ARG, "LoRA %s: bad arguments", what);
     CDF_TRY(check_shapes(l, a, b, what));
-    if (l->tp) return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA %s: the layer is a tensor-parallel shard (not supported)", what);
     cdf_lora_link *old = l->lora;
     if (old && old->n_parts == CDF_LORA_MAX_ADAPTERS)
         return cdf_error(CDF_ERR_LIMIT, "LoRA %s: more than %d adapters on one layer", what, CDF_LORA_MAX_ADAPTERS);
@@ -287,19 +286,26 @@ cdf_status cdf_lora_attach(cdf_lora_scales *sc, cdf_linear_layer *l, int adapter
     return CDF_OK;
 }
 
+cdf_tensor *cdf_lora_delta_fwd(const cdf_lora_link *k, cdf_tensor *x) {
+    /* x [.., in] -> A x [.., R] -> per-rank scales -> B (.) [.., out] */
+    return x ? cdf_linear(cdf_mul(cdf_linear(x, k->a, NULL), k->slot->t), k->b, NULL) : NULL;
+}
+
 cdf_tensor *cdf_lora_linear_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
     if (!x) return NULL;
-    const cdf_lora_link *k = l->lora;
+    if (l->tp) return cdf_tp_linear_rowwise_fwd(l, x); /* adds the adapters before its all-reduce */
     cdf_scope_push();
     cdf_tensor *y = cdf_linear_base_fwd(l, x);
-    /* x [.., in] -> A x [.., R] -> per-rank scales -> B (.) [.., out] */
-    cdf_tensor *d = cdf_linear(cdf_mul(cdf_linear(x, k->a, NULL), k->slot->t), k->b, NULL);
+    cdf_tensor *d = cdf_lora_delta_fwd(l->lora, x);
     cdf_tensor *r = y && d ? cdf_add(y, d) : NULL;
     cdf_scope_pop(r ? &r : NULL, r ? 1 : 0);
     return r;
 }
 
-/* l->w <- l->w + scale * b @ a in f32, stored back in l->w's dtype. */
+/* l->w <- l->w + scale * b @ a in f32, stored back in l->w's dtype. For a tensor-parallel shard a
+ * and b are already cut to it (pipelines/lora.c): colwise b holds its rows, rowwise a its
+ * columns, so the product is exactly this shard's slice of the whole delta and no rank ever
+ * holds more of it. */
 static cdf_status add_delta(cdf_linear_layer *l, cdf_tensor *a, cdf_tensor *b, float scale, const char *what) {
     cdf_scope_push();
     const cdf_dtype dt = cdf_tensor_dtype(l->w);
@@ -318,7 +324,6 @@ static cdf_status add_delta(cdf_linear_layer *l, cdf_tensor *a, cdf_tensor *b, f
 
 static cdf_status check_fusable(const cdf_linear_layer *l, float scale, const char *what) {
     if (!isfinite(scale)) return cdf_error(CDF_ERR_INVALID_ARG, "LoRA %s: scale %g is not a finite number", what, (double)scale);
-    if (l->tp) return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA %s: the layer is a tensor-parallel shard (not supported)", what);
     if (l->w->storage->host_src)
         return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA %s: fusing into a host-side weight (sequential offload) is not supported; "
                          "use the run-time mode", what);
@@ -367,21 +372,39 @@ static void rec_free(fused_rec *r) {
     cdf_tensor_release(r->b);
 }
 
-cdf_status cdf_lora_log_unfuse(cdf_lora_log **log, const cdf_layer_index *ix) {
+cdf_status cdf_lora_log_unfuse(cdf_lora_log **log, const cdf_layer_index *ix, cdf_lora_restore_fn restore, void *ctx) {
     cdf_lora_log *g = *log;
     cdf_status s = CDF_OK;
+    /* restored[i]: record i's layer has its original weight back (whatever was fused into it) */
+    bool *restored = g && g->n ? calloc((size_t)g->n, sizeof *restored) : NULL;
+    for (int i = 0; restore && restored && i < g->n; i++) {
+        int first = 0;
+        while (strcmp(g->r[first].layer, g->r[i].layer) != 0) first++;
+        if (first < i) {
+            restored[i] = restored[first];
+            continue;
+        }
+        cdf_linear_layer *l = cdf_layer_index_find(ix, g->r[i].layer, NULL);
+        if (!l) continue; /* reported below */
+        restored[i] = restore(ctx, l, g->r[i].layer) == CDF_OK;
+        if (!restored[i])
+            fprintf(stderr, "cdiffusers: warning: LoRA unfuse: %s: %s; subtracting the fused delta instead (the weights are "
+                    "the originals up to one rounding)\n", g->r[i].layer, cdf_last_error());
+    }
     for (int i = g ? g->n - 1 : -1; i >= 0; i--) {
         fused_rec *r = &g->r[i];
         cdf_linear_layer *l = cdf_layer_index_find(ix, r->layer, NULL);
         char what[CDF_LORA_NAME_MAX_WHAT];
         snprintf(what, sizeof what, "unfusing %s", r->layer);
         /* -(s B) is exactly the negation of s B, so the product is exactly the delta fused */
-        cdf_status e = l ? add_delta(l, r->a, r->b, -r->scale, what)
-                         : cdf_error(CDF_ERR_NOT_FOUND, "LoRA unfuse: layer %s is gone", r->layer);
+        cdf_status e = !l                           ? cdf_error(CDF_ERR_NOT_FOUND, "LoRA unfuse: layer %s is gone", r->layer)
+                       : restored && restored[i]    ? CDF_OK
+                                                    : add_delta(l, r->a, r->b, -r->scale, what);
         if (s == CDF_OK) s = e;
         rec_free(r);
         g->n = i; /* freed */
     }
+    free(restored);
     cdf_lora_log_free(g);
     *log = NULL;
     return s;

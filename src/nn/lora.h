@@ -50,19 +50,24 @@ int cdf_lora_scales_tensors(const cdf_lora_scales *sc, cdf_tensor **out, int max
 
 /* ---- attaching ---------------------------------------------------------------------------- */
 /* Run-time: add adapter `adapter` to layer l. a: [r, l->in] f32, b: [l->out, r] f32 with the
- * alpha/r factor already applied (references are taken). Errors: shapes (naming `what`), a
- * tensor-parallel layer, the same adapter twice on one layer. */
+ * alpha/r factor already applied (references are taken). For a tensor-parallel shard these are
+ * the shard's slices (cdf_linear_shard_in_cols / _out_rows of the whole-layer pair): a colwise
+ * shard keeps all of A and its rows of B, a rowwise one its columns of A and all of B (its
+ * partial product joins the layer's all-reduce). Errors: shapes (naming `what`), the same
+ * adapter twice on one layer. */
 cdf_status cdf_lora_attach(cdf_lora_scales *sc, cdf_linear_layer *l, int adapter, cdf_tensor *a, cdf_tensor *b,
                            const char *what);
 /* Fused: l->w <- l->w + scale * b @ a, in f32, stored in l->w's dtype (a new tensor replaces
- * l->w; compiled graphs that captured the old one must be dropped by the caller). */
+ * l->w; compiled graphs that captured the old one must be dropped by the caller). A shard takes
+ * its slices as for attach: the product is its slice of the whole delta. */
 cdf_status cdf_lora_fuse(cdf_linear_layer *l, cdf_tensor *a, cdf_tensor *b, float scale, const char *what);
 /* Remove every run-time adapter from l (nothing if none). */
 void cdf_lora_detach(cdf_linear_layer *l);
 
 /* ---- what was applied where: undo (unfuse) and replay (offload) ----------------------------- */
 /* A log of applied adapters by module name: fused ones so that they can be taken out again
- * (diffusers' unfuse_lora, which PEFT does by subtracting the same delta: W <- W - s B A), and
+ * (diffusers' unfuse_lora; PEFT subtracts the same delta, W <- W - s B A, which cdiffusers does
+ * only where it cannot read the original weight again), and
  * both kinds so that a model re-materialised by offload (new layer objects, weights read again
  * from its files) gets them again. The layers are found by module name each time. The A/B
  * tensors are kept (references, shared with the run-time links): rank x (in + out) per layer,
@@ -73,11 +78,16 @@ cdf_status cdf_lora_log_add(cdf_lora_log **log, const char *layer, int adapter, 
 /* Apply every record again in order to the layers of ix: attached as run-time adapters to sc, or
  * fused (sc NULL). The same inputs in the same order: the same weights and links as before. */
 cdf_status cdf_lora_log_replay(const cdf_lora_log *log, const cdf_layer_index *ix, cdf_lora_scales *sc);
-/* Subtract every recorded delta, the last fused first, each computed exactly as cdf_lora_fuse
- * computed it (the negated product: W + (-s B) A), from the layers of ix; then empty the log.
- * W + d - d is W up to one rounding of W's dtype per element (bit-exact only where that sum
- * rounds back). A layer that is gone is an error naming it (the rest are still undone). */
-cdf_status cdf_lora_log_unfuse(cdf_lora_log **log, const cdf_layer_index *ix);
+/* Take every fused adapter out of the layers of ix, then empty the log. Each layer the log names
+ * is first given to restore (when not NULL), which puts back the weight the layer had before any
+ * fuse — bit for bit, by reading it again from its files (models/registry.c; a tensor-parallel
+ * shard reads its own slice, cdf_linear_reload_weight). Where there is no restore or it fails
+ * (a warning says why), the recorded deltas are subtracted, the last fused first, each computed
+ * exactly as cdf_lora_fuse computed it (the negated product: W + (-s B) A): W + d - d is W up to
+ * one rounding of W's dtype per element. A layer that is gone is an error naming it (the rest
+ * are still undone). */
+typedef cdf_status (*cdf_lora_restore_fn)(void *ctx, cdf_linear_layer *l, const char *layer);
+cdf_status cdf_lora_log_unfuse(cdf_lora_log **log, const cdf_layer_index *ix, cdf_lora_restore_fn restore, void *ctx);
 int cdf_lora_log_count(const cdf_lora_log *log);
 void cdf_lora_log_free(cdf_lora_log *log); /* NULL is fine */
 

@@ -84,6 +84,20 @@ const char *cdf_config_class_name(const struct cJSON *cfg);
 
 /* ---- building blocks -------------------------------------------------------------------- */
 struct cdf_tp;
+/* Which slice of the whole layer a tensor-parallel shard holds (filled by the cdf_tp_linear_load*
+ * loaders, nn/sharded.c): what a LoRA adapter, given for the whole layer, is cut to. The split
+ * dimension (output features for the colwise styles, input features for the rowwise ones) is the
+ * concatenation of n_parts parts of the given whole widths; this rank holds features
+ * [rank*p_i/size, (rank+1)*p_i/size) of every part i, concatenated in part order. style 0
+ * (CDF_TP_REPLICATE): the whole layer. */
+#define CDF_LINEAR_MAX_PARTS 8
+typedef struct cdf_linear_shard {
+    int style; /* cdf_tp_style */
+    int rank, size;
+    int n_parts;
+    int64_t parts[CDF_LINEAR_MAX_PARTS];
+} cdf_linear_shard;
+
 typedef struct cdf_linear_layer {
     cdf_tensor *w; /* [out, in] */
     cdf_tensor *b; /* [out] or NULL */
@@ -92,8 +106,12 @@ typedef struct cdf_linear_layer {
      * this rank's input columns, and the forward sums the ranks' partial outputs. NULL for a
      * whole layer (then the forward is plain cdf_linear). Borrowed from the model. */
     const struct cdf_tp *tp;
+    /* The slice of the whole layer this one holds (colwise and rowwise shards alike). in/out
+     * above are the shard's; cdf_linear_full_in/out give the whole layer's. */
+    cdf_linear_shard shard;
     /* LoRA adapters applied at run time (nn/lora.h), NULL when none: the forward adds their
-     * low-rank product to the output; w itself is never modified in this mode. */
+     * low-rank product to the output (a row-wise shard adds its partial product before the
+     * all-reduce, so the sum holds it once); w itself is never modified in this mode. */
     struct cdf_lora_link *lora;
     /* 0: w is a float weight. Else the GGUF block type w keeps (cdiffusers/io.h): w is U8
      * [out, row bytes] and the forward decodes it to qwdt inside the matmul. */
@@ -109,17 +127,21 @@ void cdf_linear_free(cdf_linear_layer *l);
 /* A layer that keeps GGUF blocks (qtype != 0) gets its weight decoded to qwdt values in place
  * (what fusing a LoRA into it needs); a no-op for a float layer. */
 cdf_status cdf_linear_decode(cdf_linear_layer *l);
-/* Forward of a row-wise shard: this rank's partial x @ w^T (+ bias on rank 0 only), summed over
- * the ranks with an all-reduce. Defined in nn/sharded.c. */
+/* Forward of a row-wise shard: this rank's partial x @ w^T (+ bias on rank 0 only, + the partial
+ * product of its run-time LoRA adapters), summed over the ranks with one all-reduce. Defined in
+ * nn/sharded.c. */
 cdf_tensor *cdf_tp_linear_rowwise_fwd(const cdf_linear_layer *l, cdf_tensor *x);
-/* The forward of a layer with run-time LoRA adapters (nn/lora.c). */
+/* The forward of a (not row-wise) layer with run-time LoRA adapters (nn/lora.c). */
 cdf_tensor *cdf_lora_linear_fwd(const cdf_linear_layer *l, cdf_tensor *x);
-/* The layer's own product, without its run-time LoRA adapters. */
+/* The run-time LoRA term alone: x [.., in] -> [.., out] (nn/lora.c). */
+cdf_tensor *cdf_lora_delta_fwd(const struct cdf_lora_link *k, cdf_tensor *x);
+/* The layer's own local product, without run-time LoRA adapters (and, for a row-wise shard,
+ * before the all-reduce). */
 static inline cdf_tensor *cdf_linear_base_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
-    if (l->tp) return cdf_tp_linear_rowwise_fwd(l, x);
     return l->qtype ? cdf_linear_quantized(x, l->w, l->qtype, l->in, l->qwdt, l->b) : cdf_linear(x, l->w, l->b);
 }
 static inline cdf_tensor *cdf_linear_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
+    if (l->tp) return cdf_tp_linear_rowwise_fwd(l, x);
     return l->lora ? cdf_lora_linear_fwd(l, x) : cdf_linear_base_fwd(l, x);
 }
 
@@ -243,6 +265,21 @@ cdf_status cdf_tp_linear_load_packed(cdf_weights *w, const cdf_tp *tp, cdf_linea
 cdf_status cdf_tp_linear_load_packed_out(cdf_weights *w, const cdf_tp *tp, cdf_linear_layer *l, int64_t in, int n_parts,
                                          const int64_t *out_parts, int bias, const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));
+/* The whole layer's widths (l->in / l->out for a layer that is not a shard). */
+int64_t cdf_linear_full_in(const cdf_linear_layer *l);
+int64_t cdf_linear_full_out(const cdf_linear_layer *l);
+/* This shard's slice of a host f32 matrix given for the whole layer (a LoRA pair: lora_A
+ * [rank, full_in] -> [rank, l->in], lora_B [full_out, rank] -> [l->out, rank]): the rows of src
+ * [full_out, width] this layer's outputs are, into dst [l->out, width]; the columns of src
+ * [rows, full_in] its inputs are, into dst [rows, l->in]. A plain copy where the layer is whole
+ * along that dimension. */
+void cdf_linear_shard_out_rows(const cdf_linear_layer *l, const float *src, int64_t width, float *dst);
+void cdf_linear_shard_in_cols(const cdf_linear_layer *l, const float *src, int64_t rows, float *dst);
+/* Read l's weight again from w as it was loaded (the same slice for a tensor-parallel shard,
+ * the same dtype, blocks for a layer that keeps GGUF blocks) and put it in place of l->w (bias
+ * and run-time adapters untouched): what undoing a fused LoRA exactly needs. w must be opened
+ * like the layer's model was (the same folder or file and load options, no layer index). */
+cdf_status cdf_linear_reload_weight(cdf_weights *w, cdf_linear_layer *l, const char *prefix);
 /* After loading: CDF_ERR_INTERNAL if a rule of the plan matched no layer (a typo in a plan). */
 cdf_status cdf_tp_check_plan_used(const cdf_tp *tp);
 

@@ -21,7 +21,7 @@
 #include "tensor/tensor_impl.h"
 
 #define MAX_RULES 64
-#define MAX_PARTS 8
+#define MAX_PARTS CDF_LINEAR_MAX_PARTS
 
 struct cdf_tp {
     cdf_process_group *pg;
@@ -312,6 +312,7 @@ static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer
     if (style == CDF_TP_COLWISE) {
         const int64_t n = out / tp->size;
         l->out = n;
+        l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .n_parts = 1, .parts = {out}};
         l->w = read_rows(w, f, t, tp->rank * n, n, name);
         if (!l->w) return cdf_last_status();
         snprintf(name, sizeof name, "%s.bias", prefix);
@@ -332,6 +333,8 @@ static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer
     }
     /* rowwise / packed: this rank's input columns; the bias stays whole (added once, by rank 0) */
     l->in = in / tp->size;
+    l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .n_parts = n_parts};
+    memcpy(l->shard.parts, parts, (size_t)n_parts * sizeof *parts);
     l->w = read_col_parts(w, tp, f, t, n_parts, parts, name);
     if (!l->w) return cdf_last_status();
     int64_t bs[1] = {out};
@@ -440,6 +443,8 @@ static cdf_status load_packed_out_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_l
     CDF_TRY(find_weight(w, name, out, in, &f, &t));
     l->in = in;
     l->out = out / tp->size;
+    l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .n_parts = n_parts};
+    memcpy(l->shard.parts, parts, (size_t)n_parts * sizeof *parts);
     if (!(l->w = read_row_parts(w, tp, f, t, n_parts, parts, name))) return cdf_last_status();
     snprintf(name, sizeof name, "%s.bias", prefix);
     if (bias == 1 || (bias == -1 && cdf_checkpoint_has(cdf_weights_checkpoint(w), name))) {
@@ -475,6 +480,87 @@ cdf_status cdf_tp_linear_load_packed_out(cdf_weights *w, const cdf_tp *tp, cdf_l
     return s;
 }
 
+/* ---- the slice a shard holds (what LoRA adapters are cut to) ---------------------------------- */
+static bool splits_out(const cdf_linear_shard *s) { return s->style == CDF_TP_COLWISE || s->style == CDF_TP_PACKED_COLWISE; }
+static bool splits_in(const cdf_linear_shard *s) { return s->style == CDF_TP_ROWWISE || s->style == CDF_TP_PACKED_ROWWISE; }
+
+static int64_t whole(const cdf_linear_shard *s) {
+    int64_t n = 0;
+    for (int i = 0; i < s->n_parts; i++) n += s->parts[i];
+    return n;
+}
+
+int64_t cdf_linear_full_in(const cdf_linear_layer *l) { return splits_in(&l->shard) ? whole(&l->shard) : l->in; }
+int64_t cdf_linear_full_out(const cdf_linear_layer *l) { return splits_out(&l->shard) ? whole(&l->shard) : l->out; }
+
+/* Both walk the parts of the split dimension: part i (starting at off_i in the whole layer)
+ * gives this rank its indices [off_i + rank*n_i, + n_i), n_i = p_i/size, placed after those of
+ * the parts before it — the order the loaders stacked the shard's weight in. */
+void cdf_linear_shard_out_rows(const cdf_linear_layer *l, const float *src, int64_t width, float *dst) {
+    const cdf_linear_shard *s = &l->shard;
+    if (!splits_out(s)) {
+        memcpy(dst, src, (size_t)(l->out * width) * sizeof *dst);
+        return;
+    }
+    int64_t off = 0, d = 0;
+    for (int i = 0; i < s->n_parts; i++) {
+        const int64_t n = s->parts[i] / s->size;
+        memcpy(dst + d * width, src + (off + s->rank * n) * width, (size_t)(n * width) * sizeof *dst);
+        off += s->parts[i];
+        d += n;
+    }
+}
+
+void cdf_linear_shard_in_cols(const cdf_linear_layer *l, const float *src, int64_t rows, float *dst) {
+    const cdf_linear_shard *s = &l->shard;
+    if (!splits_in(s)) {
+        memcpy(dst, src, (size_t)(rows * l->in) * sizeof *dst);
+        return;
+    }
+    const int64_t full = whole(s);
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t off = 0, d = 0;
+        for (int i = 0; i < s->n_parts; i++) {
+            const int64_t n = s->parts[i] / s->size;
+            memcpy(dst + r * l->in + d, src + r * full + off + s->rank * n, (size_t)n * sizeof *dst);
+            off += s->parts[i];
+            d += n;
+        }
+    }
+}
+
+cdf_status cdf_linear_reload_weight(cdf_weights *w, cdf_linear_layer *l, const char *prefix) {
+    if (!w || !l || !prefix) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_linear_reload_weight: bad arguments");
+    if (cdf_weights_options(w)->layers)
+        return cdf_error(CDF_ERR_INVALID_ARG, "cdf_linear_reload_weight: the weights must be opened without a layer index");
+    cdf_linear_layer t;
+    memset(&t, 0, sizeof t);
+    const cdf_linear_shard *s = &l->shard;
+    if (s->style == CDF_TP_REPLICATE) {
+        CDF_TRY(cdf_linear_load(w, &t, l->in, l->out, 0, "%s", prefix)); /* whole: as any model loads it */
+    } else {
+        char name[512];
+        const cdf_st_file *f;
+        const cdf_st_tensor *st;
+        snprintf(name, sizeof name, "%s.weight", prefix);
+        CDF_TRY(find_weight(w, name, cdf_linear_full_out(l), cdf_linear_full_in(l), &f, &st));
+        /* the readers need only the rank and the size */
+        const cdf_tp tp = {.rank = s->rank, .size = s->size};
+        t.w = splits_out(s) ? read_row_parts(w, &tp, f, st, s->n_parts, s->parts, name)
+                            : read_col_parts(w, &tp, f, st, s->n_parts, s->parts, name);
+        if (!t.w) return cdf_last_status();
+    }
+    if (cdf_tensor_dim(t.w, 0) != cdf_tensor_dim(l->w, 0) || (!t.qtype && cdf_tensor_dim(t.w, 1) != l->in)) {
+        cdf_linear_free(&t);
+        return cdf_error(CDF_ERR_SHAPE, "re-reading '%s' from %s: it no longer has the layer's shape", prefix, cdf_weights_path(w));
+    }
+    cdf_tensor_release(l->w);
+    l->w = t.w;
+    l->qtype = t.qtype;
+    l->qwdt = t.qwdt;
+    return CDF_OK;
+}
+
 /* ---- forward ----------------------------------------------------------------------------------- */
 cdf_tensor *cdf_tp_linear_rowwise_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
     if (!x) return NULL;
@@ -483,6 +569,13 @@ cdf_tensor *cdf_tp_linear_rowwise_fwd(const cdf_linear_layer *l, cdf_tensor *x) 
      * compile (a host-side all-reduce would be a graph break and a host sync per layer) */
     cdf_scope_push();
     cdf_tensor *y = cdf_linear(x, l->w, tp->rank == 0 ? l->b : NULL);
+    /* run-time LoRA: this rank holds the columns of A its inputs are and all of B, so
+     * B (s * A_r x_r) is its partial of B (s * A x): added before the all-reduce, the sum holds the
+     * adapter once (as it holds the bias once), and no second collective is needed */
+    if (y && l->lora) {
+        cdf_tensor *d = cdf_lora_delta_fwd(l->lora, x);
+        y = d ? cdf_add(y, d) : NULL;
+    }
     cdf_tensor *r = y ? cdf_all_reduce_sum(y, tp->pg) : NULL;
     if (!r && y) cdf_error_prefix("%s: ", tp->component);
     cdf_scope_pop(r ? &r : NULL, r ? 1 : 0);

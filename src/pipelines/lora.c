@@ -29,7 +29,8 @@ static cdf_lora_components pipeline_components(cdf_pipeline *p) {
                                  .c = {p->transformer, p->text_encoder[0], p->text_encoder[1], p->text_encoder[2]}};
 }
 
-/* An entry resolved to its layers: layer[k] gets rows [row0[k], row0[k] + layer[k]->out) of B. */
+/* An entry resolved to its layers: layer[k] gets rows [row0[k], row0[k] + full_out(layer[k])) of B
+ * (of which a tensor-parallel shard keeps its own, make_pair). */
 typedef struct match {
     const cdf_lora_entry *e;
     cdf_component *c;
@@ -47,30 +48,26 @@ static int resolve(const cdf_lora_components *cs, const char *path, const cdf_lo
     cdf_layer_index *ix = cdf_component_layers(m->c);
     int64_t rows = 0;
     for (int k = 0; k < e->target.n; k++) {
-        bool sharded = false;
-        cdf_linear_layer *l = cdf_layer_index_find(ix, e->target.module[k], &sharded);
+        /* a tensor-parallel shard is matched by the whole layer's widths (the file's) */
+        cdf_linear_layer *l = cdf_layer_index_find(ix, e->target.module[k], NULL);
         if (!l) return 0;
-        if (sharded) {
-            cdf_error(CDF_ERR_UNSUPPORTED, "LoRA file %s: '%s' targets %s.%s, a tensor-parallel shard (LoRA with tensor "
-                      "parallelism is not supported)", path, e->source, e->target.component, e->target.module[k]);
-            return -1;
-        }
-        if (l->in != e->in) {
+        if (cdf_linear_full_in(l) != e->in) {
             cdf_error(CDF_ERR_SHAPE, "LoRA file %s: '%s' (lora_A [%lld, %lld]) fits no layer: %s.%s takes %lld input features",
                       path, e->source, (long long)e->rank, (long long)e->in, e->target.component, e->target.module[k],
-                      (long long)l->in);
+                      (long long)cdf_linear_full_in(l));
             return -1;
         }
         m->layer[k] = l;
         m->row0[k] = rows;
-        rows += l->out;
+        rows += cdf_linear_full_out(l);
     }
     m->n = e->target.n;
     if (rows != e->out) {
         char list[600] = "";
         for (int k = 0; k < m->n; k++) {
             size_t o = strlen(list);
-            snprintf(list + o, sizeof list - o, "%s%s (%lld)", k ? " + " : "", e->target.module[k], (long long)m->layer[k]->out);
+            snprintf(list + o, sizeof list - o, "%s%s (%lld)", k ? " + " : "", e->target.module[k],
+                     (long long)cdf_linear_full_out(m->layer[k]));
         }
         cdf_error(CDF_ERR_SHAPE, "LoRA file %s: '%s' (lora_B [%lld, %lld]) fits no layer: %s.%s has %lld output features", path,
                   e->source, (long long)e->out, (long long)e->rank, e->target.component, list, (long long)rows);
@@ -100,18 +97,28 @@ static cdf_status unused_error(const char *path, const cdf_lora_file *lf, const 
                      "them): %s", path, total, total == 1 ? "" : "s", list);
 }
 
-/* Device tensors of entry m->e for target k: A [r, in], B rows of target k times alpha/r. */
+/* Device tensors of entry m->e for target k: A [r, in], B rows of target k times alpha/r — of a
+ * tensor-parallel shard, only its slices (columns of A for a rowwise shard, rows of B for a
+ * colwise one): the device never holds more of the adapter than the shard uses. */
 static cdf_status make_pair(cdf_device *dev, const match *m, int k, cdf_tensor **a, cdf_tensor **b) {
     const cdf_lora_entry *e = m->e;
-    const int64_t out = m->layer[k]->out;
+    const cdf_linear_layer *l = m->layer[k];
+    const int64_t out = l->out, in = l->in;
     float *bk = malloc((size_t)(out * e->rank) * sizeof *bk);
-    if (!bk) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-    const float *src = e->b + m->row0[k] * e->rank;
-    for (int64_t i = 0; i < out * e->rank; i++) bk[i] = src[i] * e->mult;
-    const int64_t as[2] = {e->rank, e->in}, bs[2] = {out, e->rank};
-    *a = cdf_tensor_from_host(dev, CDF_F32, 2, as, e->a, CDF_F32);
+    float *ak = malloc((size_t)(e->rank * in) * sizeof *ak);
+    if (!bk || !ak) {
+        free(bk);
+        free(ak);
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    cdf_linear_shard_out_rows(l, e->b + m->row0[k] * e->rank, e->rank, bk);
+    for (int64_t i = 0; i < out * e->rank; i++) bk[i] *= e->mult;
+    cdf_linear_shard_in_cols(l, e->a, e->rank, ak);
+    const int64_t as[2] = {e->rank, in}, bs[2] = {out, e->rank};
+    *a = cdf_tensor_from_host(dev, CDF_F32, 2, as, ak, CDF_F32);
     *b = *a ? cdf_tensor_from_host(dev, CDF_F32, 2, bs, bk, CDF_F32) : NULL;
     free(bk);
+    free(ak);
     if (!*b) {
         cdf_tensor_release(*a);
         *a = NULL;
