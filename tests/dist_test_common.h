@@ -1,4 +1,4 @@
-/* Helpers shared by the tensor-parallel tests (test_dist.c, test_dist_failures.c): how they start
+/* Helpers shared by the tensor-parallel tests (test_dist*.c): how they start
  * mpirun, and small file/string utilities. Header-only (static functions). */
 #ifndef CDF_DIST_TEST_COMMON_H
 #define CDF_DIST_TEST_COMMON_H
@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cdiffusers/dist.h"
 #include "cdiffusers/io.h"
@@ -59,6 +60,23 @@ static inline const char *tmp_path(const char *name) {
     char *b = buf[slot++ & 7];
     snprintf(b, 1024, "%s/%s", tu_tmpdir(), name);
     return b;
+}
+
+/* Runs this test binary again as 2 MPI ranks with --mpi-worker (its main's worker branch),
+ * prints the whole log (print_message cuts long text), fails the test unless mpirun exits 0
+ * and each rank printed `ok_line`. */
+static inline void run_self_as_two_ranks(const char *log_name, const char *ok_line) {
+    char self[1024];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    assert_true(n > 0);
+    self[n] = '\0';
+    const char *out = tmp_path(log_name);
+    int rc = tu_system(MPIRUN " -np 2%s '%s' --mpi-worker > '%s' 2>&1", mpi_env(), self, out);
+    char *log = tu_read_file(out, NULL);
+    fputs(log ? log : "(no output)\n", stdout);
+    assert_int_equal(rc, 0);
+    assert_int_equal(count_substr(log, ok_line), 2);
+    free(log);
 }
 
 /* Tensor parallelism in a compiled mode: runs `cdiffusers generate <args> <mode> --tp 2 --output OUT

@@ -157,17 +157,7 @@ static int mpi_worker(void) {
 static void test_collectives_over_mpi(void **state) {
     (void)state;
     if (!have_mpi()) skip();
-    char self[1024];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    assert_true(n > 0);
-    self[n] = '\0';
-    const char *out = tmp_path("worker.txt");
-    int rc = tu_system(MPIRUN " -np 2%s '%s' --mpi-worker > '%s' 2>&1", mpi_env(), self, out);
-    char *log = tu_read_file(out, NULL);
-    print_message("%s", log ? log : "(no output)\n");
-    assert_int_equal(rc, 0);
-    assert_int_equal(count_substr(log, "collectives ok"), 2);
-    free(log);
+    run_self_as_two_ranks("worker.txt", "collectives ok");
 }
 
 /* ---- in-process: local and offline groups --------------------------------------------------- */

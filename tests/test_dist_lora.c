@@ -369,17 +369,7 @@ static int mpi_worker(void) {
 static void test_transformers_tp2_lora(void **state) {
     (void)state;
     if (!have_mpi()) skip();
-    char self[1024];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    assert_true(n > 0);
-    self[n] = '\0';
-    const char *out = tmp_path("lora_worker.txt");
-    int rc = tu_system(MPIRUN " -np 2%s '%s' --mpi-worker > '%s' 2>&1", mpi_env(), self, out);
-    char *log = tu_read_file(out, NULL);
-    fputs(log ? log : "(no output)\n", stdout); /* whole: print_message cuts long text */
-    assert_int_equal(rc, 0);
-    assert_int_equal(count_substr(log, "lora tp ok"), 2);
-    free(log);
+    run_self_as_two_ranks("lora_worker.txt", "lora tp ok");
 }
 
 /* ---- whole pipelines through the CLI ------------------------------------------------------------ */
