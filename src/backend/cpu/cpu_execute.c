@@ -87,7 +87,7 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n, const cdf_cpu_binding *bind) 
              * place as they are final: input 0 is C, input k >= 1 is src[2 + k] */
             epi = (cdf_k_fused_epilogue){.p = n->p.matmul.epilogue, .out = dp, .out_dt = d->dtype, .n_in = 1,
                                          .ndim = n->p.matmul.epi_ndim, .shape = n->p.matmul.epi_shape,
-                                         .batch = args.batch, .M = M, .N = N};
+                                         .batch = args.batch, .M = L.M, .N = L.N};
             epi.in[0] = dp;
             epi.in_dt[0] = d->dtype;
             for (int k = 3; k < n->n_src && epi.n_in < CDF_FUSE_MAX_INPUTS; k++, epi.n_in++) {
