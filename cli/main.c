@@ -53,7 +53,8 @@ static void usage(FILE *f) {
             "      --threads N              compute threads (default: all cores)\n"
             "      --dtype bf16|f32         bf16 (default): bf16 weights, matmul/conv inputs rounded to bf16, f32\n"
             "                               accumulation, f32 elsewhere; f32: the exact path\n"
-            "      --weight-type q8_0|f32|bf16  q8_0: quantize linear layers' weights to Q8_0 at load (as gguf-py);\n"
+            "      --weight-type q8_0|q4_k|f32|bf16  q8_0 / q4_k: quantize linear layers' weights at load (as\n"
+            "                               gguf-py's Q8_0 / ggml's Q4_K encoders);\n"
             "                               f32|bf16 (= --dtype): decode a .gguf's blocks at load (default: they\n"
             "                               stay quantized in memory, decoded inside each matmul)\n"
             "      --max-sequence-length N  T5 tokens (default Flux 512, SD3 256)\n"
@@ -105,7 +106,7 @@ static void usage(FILE *f) {
             "      --mode eager|fuse|compile  execution mode (default eager; env CDIFFUSERS_DEFER_AND_FUSE=1 = fuse)\n"
             "      --compile-repeated-blocks  compile only the transformer's repeated blocks (one graph per block class)\n"
             "  cdiffusers run-model --model COMPONENT_DIR --inputs IN.safetensors --output OUT.safetensors\n"
-            "                       [--method forward|encode|decode] [--dtype f32|bf16] [--weight-type q8_0|f32|bf16]\n"
+            "                       [--method forward|encode|decode] [--dtype f32|bf16] [--weight-type q8_0|q4_k|f32|bf16]\n"
             "                       [--weights FILE.safetensors|FILE.gguf] [--repeat N] [--force]\n"
             "                       [--mode eager|fuse|compile] [--no-fullgraph] [--compile-repeated-blocks]\n"
             "                       [--tp N [--tp-replicate A,B]]  (under mpirun -np N; rank 0 writes) [--device NAME]\n"
@@ -296,18 +297,15 @@ static void log_io(const tp_run *tr, cdf_device *dev, uint64_t weight_bytes) {
 enum { OPT_TRANSFORMER_FILE = 1001, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE, OPT_ALLOW_UNUSED_KEYS, OPT_WEIGHT_TYPE, OPT_VAE_TILING,
        OPT_VAE_TILE_SIZE };
 
-/* --weight-type: q8_0 quantizes float linear weights at load; f32/bf16 decode GGUF blocks at load
- * to that dtype (which must then agree with --dtype, the compute policy). 0 or usage error text. */
+/* --weight-type: q8_0 / q4_k quantize float linear weights at load; f32/bf16 decode GGUF blocks at
+ * load to that dtype (which must then agree with --dtype, the compute policy). 0 or usage error text. */
 static const char *parse_weight_type(const char *wt, const char *dtype, bool *decode, uint32_t *quantize) {
     if (!wt) return NULL;
-    if (strcmp(wt, "q8_0") == 0) {
-        *quantize = CDF_GGML_Q8_0;
+    if (strcmp(wt, "q8_0") == 0 || strcmp(wt, "q4_k") == 0) {
+        *quantize = wt[1] == '8' ? CDF_GGML_Q8_0 : CDF_GGML_Q4_K;
         return NULL;
     }
-    if (strcmp(wt, "q4_k") == 0)
-        return "--weight-type q4_k: quantizing to Q4_K at load is not implemented (Q8_0 is); load a Q4_K .gguf file "
-               "with --transformer, its blocks stay in memory";
-    if (strcmp(wt, "f32") != 0 && strcmp(wt, "bf16") != 0) return "--weight-type must be q8_0, f32 or bf16";
+    if (strcmp(wt, "f32") != 0 && strcmp(wt, "bf16") != 0) return "--weight-type must be q8_0, q4_k, f32 or bf16";
     if (strcmp(wt, dtype) != 0) return "--weight-type f32|bf16 decodes quantized weights to that dtype: give the same --dtype";
     *decode = true;
     return NULL;

@@ -226,9 +226,12 @@ bool cdf_ggml_can_dequantize(uint32_t type);
  * the gguf Python package's gguf.quants.dequantize (bit for bit). src needs no alignment.
  * Errors: CDF_ERR_UNSUPPORTED (a type it cannot decode, named), CDF_ERR_INVALID_ARG. */
 cdf_status cdf_ggml_dequantize(uint32_t type, const void *src, int64_t n, float *dst);
-/* Encode n f32 values (a multiple of the block size) into blocks of `type`, exactly as the gguf
- * Python package's gguf.quants.quantize does (bit for bit). Q8_0 only for now (the others:
- * CDF_ERR_UNSUPPORTED, named); dst holds n / 32 * 34 bytes. */
+/* Encode n finite f32 values (a multiple of the block size) into blocks of `type`, bit for bit as
+ * the reference encoders do: Q8_0 as the gguf Python package's gguf.quants.quantize (dst holds
+ * n / 32 * 34 bytes); Q4_K as ggml's quantize_row_q4_K_ref, which is what llama-quantize writes
+ * without an importance matrix (gguf-py has no Q4_K encoder; dst holds n / 256 * 144 bytes).
+ * Errors: CDF_ERR_UNSUPPORTED (any other type, named), CDF_ERR_INVALID_ARG (n not a whole number
+ * of blocks, a NaN or infinite value). */
 cdf_status cdf_ggml_quantize(uint32_t type, const float *src, int64_t n, void *dst);
 
 /* ------------------------------------------------------------------------------------------
