@@ -17,6 +17,7 @@
 #include "models/component.h"
 #include "batch.h" /* cli/batch.c: --image/--mask, batches, prompt files, numbered outputs */
 #include "common.h" /* cli/common.c: what generate shares with serve (cli/serve.c) */
+#include "convert.h" /* cli/convert.c: the convert command */
 #include "devices.h"
 #include "nn/weights_source.h" /* info: a component file's format and tensor types */
 #include "plan.h"  /* cli/plan.c: the plan command, --memory-stats */
@@ -124,6 +125,10 @@ static void usage(FILE *f) {
             "  cdiffusers tokenize --model DIR --prompt TEXT [--max-length N]\n"
             "      DIR is a tokenizer folder or a pipeline folder (then every tokenizer_* is used)\n"
             "  cdiffusers info --model DIR [--transformer FILE] [--vae FILE] [--text-encoder N=FILE]\n"
+            "  cdiffusers convert --model DIR [--component NAME] [--transformer|--vae|--weights FILE]\n"
+            "                     --output OUT.gguf [--type f32|bf16|q8_0|q4_k] [--force]\n"
+            "      one component (default transformer) as a GGUF v3 file in diffusers names that --transformer\n"
+            "      loads back; q8_0/q4_k quantize linear weights as --weight-type does, other tensors stay float\n"
             "  cdiffusers devices\n"
             "      the compiled-in backends, the devices found (the first is the default), and why a backend found none\n"
             "  cdiffusers --help | --version\n"
@@ -924,6 +929,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 1, argv + 1);
     if (strcmp(cmd, "info") == 0) return cmd_info(argc - 1, argv + 1);
     if (strcmp(cmd, "plan") == 0) return cdf_cli_plan(argc - 1, argv + 1);
+    if (strcmp(cmd, "convert") == 0) return cdf_cli_convert(argc - 1, argv + 1);
     if (strcmp(cmd, "devices") == 0) return cdf_cli_devices(argc - 1, argv + 1);
     if (strcmp(cmd, "serve") == 0) return cdf_cli_serve(argc - 1, argv + 1);
     fprintf(stderr, "cdiffusers: unknown command '%s' (see cdiffusers --help)\n", cmd);
