@@ -116,7 +116,7 @@ static void usage(FILE *f) {
             "  cdiffusers plan --model DIR [--height H --width W] [--offload none|model|sequential] [--dtype f32|bf16]\n"
             "                  [--max-sequence-length N] [--guidance G] [--negative-prompt TEXT] [--true-cfg-scale G]\n"
             "                  [--mode eager|fuse|compile] [--compile-repeated-blocks] [--vae-tiling auto|on|off]\n"
-            "                  [--vae-tile-size PX]\n"
+            "                  [--vae-tile-size PX] [--transformer FILE] [--vae FILE] [--weight-type q8_0|q4_k|f32|bf16]\n"
             "      expected peak device memory per phase (weights + activations) without loading or running,\n"
             "      for the execution generate would use with the same options (and CDIFFUSERS_COMPILE)\n",
             CDIFFUSERS_VERSION);
