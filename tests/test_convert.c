@@ -7,6 +7,7 @@
  *   Q8_0 / Q4_K file: its blocks are the load-time encoder's, and the generation equals the
  *   folder's under --weight-type q8_0 / q4_k bit for bit (the option then only reaches the text
  *   encoders, which it quantizes in both runs);
+ *   the same for the tiny SD3.5 and FLUX.2 transformers (F32, Q8_0);
  * - failures: an output folder that does not exist, an existing output without overwrite, a
  *   file-size limit hit mid-write (the command line under `ulimit -f`), a bad type, a missing
  *   component: a clear error each, and no partial file left behind. */
@@ -108,7 +109,7 @@ static void test_writer_reads_back(void **state) {
 }
 
 /* latents_final of a 2-step f32 generation of the tiny FLUX.1 pipeline (malloc'd, *n floats). */
-static float *generate(const char *transformer_file, uint32_t quantize, size_t *n) {
+static float *generate_model(const char *model, const char *transformer_file, uint32_t quantize, size_t *n) {
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
     lp.device = "cpu";
     lp.weight_dtype = CDF_F32;
@@ -116,12 +117,14 @@ static float *generate(const char *transformer_file, uint32_t quantize, size_t *
     cdf_component_file cf = {"transformer", transformer_file};
     if (transformer_file) lp.component_files = &cf, lp.num_component_files = 1;
     cdf_pipeline *p = NULL;
-    if (cdf_pipeline_load(tu_data(MODEL), &lp, &p) != CDF_OK) fail_msg("load: %s", cdf_last_error());
+    if (cdf_pipeline_load(tu_data(model), &lp, &p) != CDF_OK) fail_msg("load: %s", cdf_last_error());
     cdf_generate_params gp = cdf_generate_default_params();
     gp.prompt = "a red square";
     gp.height = gp.width = 64;
     gp.num_inference_steps = 2;
     gp.seed = 7;
+    static const int out_layers[] = {1, 2, 3}; /* FLUX.2: the tiny Mistral has 4 layers */
+    if (strstr(model, "flux2")) gp.text_encoder_out_layers = out_layers, gp.num_text_encoder_out_layers = 3;
     cdf_tensor_map cap;
     cdf_tensor_map_init(&cap);
     gp.capture = &cap;
@@ -136,6 +139,10 @@ static float *generate(const char *transformer_file, uint32_t quantize, size_t *
     cdf_tensor_map_clear(&cap);
     cdf_pipeline_free(p);
     return v;
+}
+
+static float *generate(const char *transformer_file, uint32_t quantize, size_t *n) {
+    return generate_model(MODEL, transformer_file, quantize, n);
 }
 
 static const char *convert(const char *out, uint32_t type, const char *weights_file, cdf_convert_report *r) {
@@ -255,6 +262,32 @@ static void test_round_trips(void **state) {
     free(folder);
 }
 
+/* The SD3.5 and FLUX.2 transformers: F32 and Q8_0 files round-trip the same way. */
+static void test_round_trips_sd3_flux2(void **state) {
+    (void)state;
+    static const char *const models[] = {"pipelines/sd35m_tiny", "pipelines/flux2_dev_tiny"};
+    for (int m = 0; m < 2; m++) {
+        size_t n0, n;
+        float *folder = generate_model(models[m], NULL, 0, &n0), *q8_folder = generate_model(models[m], NULL, CDF_GGML_Q8_0, &n);
+        cdf_convert_params p = cdf_convert_default_params();
+        p.model = tu_data(models[m]);
+        for (int q = 0; q < 2; q++) {
+            p.type = q ? CDF_GGML_Q8_0 : CDF_GGML_F32;
+            p.output = tmp_path(q ? "m_q8.gguf" : "m_f32.gguf");
+            p.overwrite = true;
+            cdf_convert_report r;
+            if (cdf_convert_to_gguf(&p, &r) != CDF_OK) fail_msg("%s: %s", models[m], cdf_last_error());
+            assert_true(q ? r.quantized > 0 : r.quantized == 0);
+            float *v = generate_model(models[m], p.output, q ? CDF_GGML_Q8_0 : 0, &n);
+            assert_int_equal(n, n0);
+            assert_memory_equal(v, q ? q8_folder : folder, n * 4);
+            free(v);
+        }
+        free(folder);
+        free(q8_folder);
+    }
+}
+
 static void test_failures(void **state) {
     (void)state;
     cdf_convert_params p = cdf_convert_default_params();
@@ -314,6 +347,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_writer_reads_back),
         cmocka_unit_test(test_round_trips),
+        cmocka_unit_test(test_round_trips_sd3_flux2),
         cmocka_unit_test(test_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
