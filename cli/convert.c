@@ -1,5 +1,6 @@
 /* `cdiffusers convert --model DIR [--component NAME] [--transformer|--vae|--weights FILE]
- *  --output OUT.gguf --type f32|bf16|q8_0|q4_k [--force] [--quiet]`: cdf_convert_to_gguf. */
+ *  --output OUT.gguf --type f32|bf16|q8_0|q4_k [--force] [--quiet]`: cdf_convert_to_gguf;
+ *  `--format diffusers --output DIR [--type f32|bf16]`: cdf_convert_to_diffusers. */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,7 +21,7 @@ int cdf_cli_convert(int argc, char **argv) {
         {0, 0, 0, 0}};
     cdf_convert_params p = cdf_convert_default_params();
     const char *type = NULL, *file_for = NULL;
-    bool quiet = false;
+    bool quiet = false, diffusers = false;
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -39,8 +40,9 @@ int cdf_cli_convert(int argc, char **argv) {
         case O_FORCE: p.overwrite = true; break;
         case O_QUIET: quiet = true; break;
         case O_FORMAT:
-            if (strcmp(optarg, "gguf") != 0)
-                return cdf_cli_usage_error("convert --format %s: only gguf is implemented", optarg);
+            if (strcmp(optarg, "gguf") != 0 && strcmp(optarg, "diffusers") != 0)
+                return cdf_cli_usage_error("convert --format %s: must be gguf or diffusers", optarg);
+            diffusers = optarg[0] == 'd';
             break;
         default: return cdf_cli_usage_error("convert: unknown option%s", "");
         }
@@ -54,11 +56,13 @@ int cdf_cli_convert(int argc, char **argv) {
     else if (strcmp(type, "q8_0") == 0) p.type = CDF_GGML_Q8_0;
     else if (strcmp(type, "q4_k") == 0) p.type = CDF_GGML_Q4_K;
     else return cdf_cli_usage_error("convert --type %s: must be f32, bf16, q8_0 or q4_k", type);
+    if (diffusers && p.type != CDF_GGML_F32 && p.type != CDF_GGML_BF16)
+        return cdf_cli_usage_error("convert --format diffusers --type %s: a diffusers folder takes f32 or bf16", type);
     /* a file-size limit (ulimit -f) becomes a write error (EFBIG) that removes the temporary,
      * instead of a SIGXFSZ that would kill the process and leave it behind */
     signal(SIGXFSZ, SIG_IGN);
     cdf_convert_report r;
-    cdf_status s = cdf_convert_to_gguf(&p, &r);
+    cdf_status s = diffusers ? cdf_convert_to_diffusers(&p, &r) : cdf_convert_to_gguf(&p, &r);
     if (s != CDF_OK) {
         fprintf(stderr, "cdiffusers: convert: %s\n", cdf_last_error());
         return 1;

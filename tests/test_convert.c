@@ -8,6 +8,8 @@
  *   folder's under --weight-type q8_0 / q4_k bit for bit (the option then only reaches the text
  *   encoders, which it quantizes in both runs);
  *   the same for the tiny SD3.5 and FLUX.2 transformers (F32, Q8_0);
+ * - --format diffusers: the BFL file as a sharded diffusers folder in a copy of the pipeline gives
+ *   the folder's latents;
  * - failures: an output folder that does not exist, an existing output without overwrite, a
  *   file-size limit hit mid-write (the command line under `ulimit -f`), a bad type, a missing
  *   component: a clear error each, and no partial file left behind. */
@@ -288,6 +290,71 @@ static void test_round_trips_sd3_flux2(void **state) {
     }
 }
 
+/* --format diffusers: the transformer of the BFL-layout file as a sharded diffusers folder (small
+ * shards so there are several, with the index), put into a copy of the pipeline folder in place of
+ * the original transformer: the same latents. */
+static void test_diffusers_folder(void **state) {
+    (void)state;
+    size_t n0, n;
+    float *folder = generate(NULL, 0, &n0);
+    cdf_convert_params p = cdf_convert_default_params();
+    p.model = tu_data(MODEL);
+    p.weights_file = tu_data("formats/flux_single/flux_bfl.safetensors");
+    p.output = tmp_path("pipe/transformer");
+    p.max_shard_bytes = 100000;
+    assert_int_equal(tu_system("mkdir -p '%s/pipe' && cd '%s' && for f in *; do [ \"$f\" = transformer ] || ln -s \"$PWD/$f\" '%s/pipe/'; done",
+                               tu_tmpdir(), tu_data(MODEL), tu_tmpdir()),
+                     0);
+    cdf_convert_report r;
+    if (cdf_convert_to_diffusers(&p, &r) != CDF_OK) fail_msg("%s", cdf_last_error());
+    assert_int_equal(r.tensors, 112);
+    assert_int_equal(tu_system("test -f '%s/diffusion_pytorch_model.safetensors.index.json' && test -f '%s/config.json' && "
+                               "ls '%s' | grep -c 'diffusion_pytorch_model-0000[0-9]-of-0000[0-9].safetensors' | grep -qv '^[01]$'",
+                               p.output, p.output, p.output),
+                     0);
+    /* generate from the new pipeline folder */
+    char pipe[1024];
+    snprintf(pipe, sizeof pipe, "%s/pipe", tu_tmpdir());
+    cdf_pipeline_load_params l2 = cdf_pipeline_load_default_params();
+    l2.device = "cpu";
+    l2.weight_dtype = CDF_F32;
+    cdf_pipeline *pl = NULL;
+    if (cdf_pipeline_load(pipe, &l2, &pl) != CDF_OK) fail_msg("load: %s", cdf_last_error());
+    cdf_generate_params gp = cdf_generate_default_params();
+    gp.prompt = "a red square";
+    gp.height = gp.width = 64;
+    gp.num_inference_steps = 2;
+    gp.seed = 7;
+    cdf_tensor_map cap;
+    cdf_tensor_map_init(&cap);
+    gp.capture = &cap;
+    cdf_image img;
+    assert_int_equal(cdf_pipeline_generate(pl, &gp, &img), CDF_OK);
+    cdf_image_free(&img);
+    cdf_tensor *l = cdf_tensor_map_get(&cap, "latents_final");
+    assert_non_null(l);
+    n = (size_t)cdf_tensor_numel(l);
+    assert_int_equal(n, n0);
+    float *v = malloc(n * 4);
+    assert_int_equal(cdf_tensor_read(l, CDF_F32, v, n * 4), CDF_OK);
+    cdf_tensor_map_clear(&cap);
+    cdf_pipeline_free(pl);
+    assert_memory_equal(v, folder, n * 4);
+    free(v);
+    free(folder);
+    /* an existing folder is not replaced; block types do not go into safetensors */
+    assert_int_equal(cdf_convert_to_diffusers(&p, NULL), CDF_ERR_IO);
+    assert_non_null(strstr(cdf_last_error(), "already exists"));
+    p.output = tmp_path("pipe/q8");
+    p.type = CDF_GGML_Q8_0;
+    assert_int_equal(cdf_convert_to_diffusers(&p, NULL), CDF_ERR_INVALID_ARG);
+    p.type = CDF_GGML_F32;
+    p.output = tmp_path("nodir/sub/t");
+    assert_int_equal(cdf_convert_to_diffusers(&p, NULL), CDF_ERR_IO);
+    assert_int_equal(count_files("nodir"), 0);
+    assert_int_equal(tu_system("ls '%s/pipe' | grep -q tmp", tu_tmpdir()), 1); /* no temporary left */
+}
+
 static void test_failures(void **state) {
     (void)state;
     cdf_convert_params p = cdf_convert_default_params();
@@ -348,6 +415,7 @@ int main(void) {
         cmocka_unit_test(test_writer_reads_back),
         cmocka_unit_test(test_round_trips),
         cmocka_unit_test(test_round_trips_sd3_flux2),
+        cmocka_unit_test(test_diffusers_folder),
         cmocka_unit_test(test_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -39,7 +39,9 @@ typedef struct cdf_convert_params {
                                  in their place (the folder still gives config.json) */
     const char *output;       /* the .gguf file to write */
     uint32_t type;            /* CDF_GGML_F32 (default), CDF_GGML_BF16, CDF_GGML_Q8_0, CDF_GGML_Q4_K */
-    bool overwrite;           /* replace an existing output (else it is an error) */
+    bool overwrite;           /* replace an existing output file (else it is an error; folders are
+                                 never replaced) */
+    uint64_t max_shard_bytes; /* cdf_convert_to_diffusers: the largest safetensors shard; 0 = 4 GiB */
 } cdf_convert_params;
 cdf_convert_params cdf_convert_default_params(void);
 
@@ -61,6 +63,16 @@ typedef struct cdf_convert_report {
  *   CDF_ERR_OUT_OF_MEMORY host memory.
  * The message (cdf_last_error) names the file and tensor concerned. */
 cdf_status cdf_convert_to_gguf(const cdf_convert_params *params, cdf_convert_report *report);
+
+/* The same tensors as a diffusers component folder at params->output: config.json (copied) and
+ * diffusion_pytorch_model.safetensors (model.safetensors for the transformers text encoders), or
+ * shards of at most max_shard_bytes each ("-00001-of-0000N") with their .index.json, which the
+ * loader reads as it reads diffusers' own. type: CDF_GGML_F32 or CDF_GGML_BF16 (2+ dims BF16, 1-d
+ * F32) only. Useful to turn a single file (BFL, Stability, GGUF) into a folder. Built in a
+ * temporary folder next to the output and renamed into place; an existing output is refused
+ * (CDF_ERR_IO). Host memory: one shard. Return codes as cdf_convert_to_gguf (report->quantized 0,
+ * file_bytes the tensors' bytes). */
+cdf_status cdf_convert_to_diffusers(const cdf_convert_params *params, cdf_convert_report *report);
 
 #ifdef __cplusplus
 }
