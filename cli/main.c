@@ -17,6 +17,7 @@
 #include "models/component.h"
 #include "batch.h" /* cli/batch.c: --image/--mask, batches, prompt files, numbered outputs */
 #include "common.h" /* cli/common.c: what generate shares with serve (cli/serve.c) */
+#include "convert.h" /* cli/convert.c: the convert command */
 #include "devices.h"
 #include "nn/weights_source.h" /* info: a component file's format and tensor types */
 #include "plan.h"  /* cli/plan.c: the plan command, --memory-stats */
@@ -53,7 +54,8 @@ static void usage(FILE *f) {
             "      --threads N              compute threads (default: all cores)\n"
             "      --dtype bf16|f32         bf16 (default): bf16 weights, matmul/conv inputs rounded to bf16, f32\n"
             "                               accumulation, f32 elsewhere; f32: the exact path\n"
-            "      --weight-type q8_0|f32|bf16  q8_0: quantize linear layers' weights to Q8_0 at load (as gguf-py);\n"
+            "      --weight-type q8_0|q4_k|f32|bf16  q8_0 / q4_k: quantize linear layers' weights at load (as\n"
+            "                               gguf-py's Q8_0 / ggml's Q4_K encoders);\n"
             "                               f32|bf16 (= --dtype): decode a .gguf's blocks at load (default: they\n"
             "                               stay quantized in memory, decoded inside each matmul)\n"
             "      --max-sequence-length N  T5 tokens (default Flux 512, SD3 256)\n"
@@ -105,7 +107,7 @@ static void usage(FILE *f) {
             "      --mode eager|fuse|compile  execution mode (default eager; env CDIFFUSERS_DEFER_AND_FUSE=1 = fuse)\n"
             "      --compile-repeated-blocks  compile only the transformer's repeated blocks (one graph per block class)\n"
             "  cdiffusers run-model --model COMPONENT_DIR --inputs IN.safetensors --output OUT.safetensors\n"
-            "                       [--method forward|encode|decode] [--dtype f32|bf16] [--weight-type q8_0|f32|bf16]\n"
+            "                       [--method forward|encode|decode] [--dtype f32|bf16] [--weight-type q8_0|q4_k|f32|bf16]\n"
             "                       [--weights FILE.safetensors|FILE.gguf] [--repeat N] [--force]\n"
             "                       [--mode eager|fuse|compile] [--no-fullgraph] [--compile-repeated-blocks]\n"
             "                       [--tp N [--tp-replicate A,B]]  (under mpirun -np N; rank 0 writes) [--device NAME]\n"
@@ -114,7 +116,7 @@ static void usage(FILE *f) {
             "  cdiffusers plan --model DIR [--height H --width W] [--offload none|model|sequential] [--dtype f32|bf16]\n"
             "                  [--max-sequence-length N] [--guidance G] [--negative-prompt TEXT] [--true-cfg-scale G]\n"
             "                  [--mode eager|fuse|compile] [--compile-repeated-blocks] [--vae-tiling auto|on|off]\n"
-            "                  [--vae-tile-size PX]\n"
+            "                  [--vae-tile-size PX] [--transformer FILE] [--vae FILE] [--weight-type q8_0|q4_k|f32|bf16]\n"
             "      expected peak device memory per phase (weights + activations) without loading or running,\n"
             "      for the execution generate would use with the same options (and CDIFFUSERS_COMPILE)\n",
             CDIFFUSERS_VERSION);
@@ -123,6 +125,11 @@ static void usage(FILE *f) {
             "  cdiffusers tokenize --model DIR --prompt TEXT [--max-length N]\n"
             "      DIR is a tokenizer folder or a pipeline folder (then every tokenizer_* is used)\n"
             "  cdiffusers info --model DIR [--transformer FILE] [--vae FILE] [--text-encoder N=FILE]\n"
+            "  cdiffusers convert --model DIR [--component NAME] [--transformer|--vae|--weights FILE]\n"
+            "                     --output OUT.gguf [--type f32|bf16|q8_0|q4_k] [--force] [--format gguf|diffusers]\n"
+            "      one component (default transformer) as a GGUF v3 file in diffusers names that --transformer\n"
+            "      loads back; q8_0/q4_k quantize linear weights as --weight-type does, other tensors stay float;\n"
+            "      --format diffusers --output DIR: a diffusers component folder (f32|bf16 safetensors)\n"
             "  cdiffusers devices\n"
             "      the compiled-in backends, the devices found (the first is the default), and why a backend found none\n"
             "  cdiffusers --help | --version\n"
@@ -296,18 +303,15 @@ static void log_io(const tp_run *tr, cdf_device *dev, uint64_t weight_bytes) {
 enum { OPT_TRANSFORMER_FILE = 1001, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE, OPT_ALLOW_UNUSED_KEYS, OPT_WEIGHT_TYPE, OPT_VAE_TILING,
        OPT_VAE_TILE_SIZE };
 
-/* --weight-type: q8_0 quantizes float linear weights at load; f32/bf16 decode GGUF blocks at load
- * to that dtype (which must then agree with --dtype, the compute policy). 0 or usage error text. */
+/* --weight-type: q8_0 / q4_k quantize float linear weights at load; f32/bf16 decode GGUF blocks at
+ * load to that dtype (which must then agree with --dtype, the compute policy). 0 or usage error text. */
 static const char *parse_weight_type(const char *wt, const char *dtype, bool *decode, uint32_t *quantize) {
     if (!wt) return NULL;
-    if (strcmp(wt, "q8_0") == 0) {
-        *quantize = CDF_GGML_Q8_0;
+    if (strcmp(wt, "q8_0") == 0 || strcmp(wt, "q4_k") == 0) {
+        *quantize = wt[1] == '8' ? CDF_GGML_Q8_0 : CDF_GGML_Q4_K;
         return NULL;
     }
-    if (strcmp(wt, "q4_k") == 0)
-        return "--weight-type q4_k: quantizing to Q4_K at load is not implemented (Q8_0 is); load a Q4_K .gguf file "
-               "with --transformer, its blocks stay in memory";
-    if (strcmp(wt, "f32") != 0 && strcmp(wt, "bf16") != 0) return "--weight-type must be q8_0, f32 or bf16";
+    if (strcmp(wt, "f32") != 0 && strcmp(wt, "bf16") != 0) return "--weight-type must be q8_0, q4_k, f32 or bf16";
     if (strcmp(wt, dtype) != 0) return "--weight-type f32|bf16 decodes quantized weights to that dtype: give the same --dtype";
     *decode = true;
     return NULL;
@@ -926,6 +930,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 1, argv + 1);
     if (strcmp(cmd, "info") == 0) return cmd_info(argc - 1, argv + 1);
     if (strcmp(cmd, "plan") == 0) return cdf_cli_plan(argc - 1, argv + 1);
+    if (strcmp(cmd, "convert") == 0) return cdf_cli_convert(argc - 1, argv + 1);
     if (strcmp(cmd, "devices") == 0) return cdf_cli_devices(argc - 1, argv + 1);
     if (strcmp(cmd, "serve") == 0) return cdf_cli_serve(argc - 1, argv + 1);
     fprintf(stderr, "cdiffusers: unknown command '%s' (see cdiffusers --help)\n", cmd);

@@ -77,8 +77,13 @@ int cdf_cli_plan(int argc, char **argv) {
         {"guidance", required_argument, 0, 'g'}, {"negative-prompt", required_argument, 0, 'n'},
         {"true-cfg-scale", required_argument, 0, 'T'}, {"mode", required_argument, 0, 'M'},
         {"compile-repeated-blocks", no_argument, 0, 'B'}, {"vae-tiling", required_argument, 0, 'V'},
-        {"vae-tile-size", required_argument, 0, 'S'}, {0, 0, 0, 0},
+        {"vae-tile-size", required_argument, 0, 'S'}, {"transformer", required_argument, 0, 'F'},
+        {"vae", required_argument, 0, 'E'},     {"weight-type", required_argument, 0, 'Q'}, {0, 0, 0, 0},
     };
+    /* --transformer / --vae FILE (a .gguf is planned from its own tensors), --weight-type as generate */
+    cdf_component_file files[2];
+    int n_files = 0;
+    const char *weight_type = NULL;
     /* as generate runs: CDIFFUSERS_COMPILE=blocks compiles the blocks, =1 / fullgraph the whole
      * model (which sequential offload turns into repeated-block compile) */
     const char *env = getenv("CDIFFUSERS_COMPILE");
@@ -127,6 +132,9 @@ int cdf_cli_plan(int argc, char **argv) {
             gp.vae_tile_size = (int)v;
             gp.vae_tiling = CDF_VAE_TILING_ON;
             break;
+        case 'F':
+        case 'E': files[n_files < 2 ? n_files++ : 1] = (cdf_component_file){c == 'F' ? "transformer" : "vae", optarg}; break;
+        case 'Q': weight_type = optarg; break;
         default: return PLAN_USAGE;
         }
     }
@@ -137,6 +145,14 @@ int cdf_cli_plan(int argc, char **argv) {
     else if (strcmp(dtype, "bf16") == 0) lp.weight_dtype = CDF_BF16;
     else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);
     if (cdf_cli_parse_offload(offload, &lp.offload) != 0) return usage_error("--offload must be none, model or sequential, got '%s'", offload);
+    lp.component_files = files;
+    lp.num_component_files = n_files;
+    if (weight_type && (strcmp(weight_type, "q8_0") == 0 || strcmp(weight_type, "q4_k") == 0))
+        lp.quantize_weights = weight_type[1] == '8' ? CDF_GGML_Q8_0 : CDF_GGML_Q4_K;
+    else if (weight_type && strcmp(weight_type, dtype) == 0)
+        lp.decode_quantized = true;
+    else if (weight_type)
+        return usage_error("--weight-type must be q8_0, q4_k, or the --dtype (decode blocks at load), got '%s'", weight_type);
     if (whole && lp.offload == CDF_OFFLOAD_SEQUENTIAL) blocks = true;
     const cdf_plan_execution exec = blocks ? CDF_PLAN_REPEATED_BLOCKS : CDF_PLAN_EAGER;
     cdf_memory_plan plan;

@@ -510,6 +510,96 @@ static void test_quantize_at_load(void **state) {
     free(ref);
 }
 
+/* --weight-type q4_k: float linear weights with whole 256-value blocks per row become Q4_K blocks
+ * at load (cdf_ggml_quantize, byte-exact with ggml's encoder: test_io_gguf). In the tiny FLUX.1
+ * transformer only the timestep and guidance embedders' first layers (256 inputs) have whole
+ * blocks; the others (32-160 inputs) stay f32.
+ *  - exact: the generation equals, bit for bit, the one from a diffusers file holding those two
+ *    weights replaced by the decoded Q4_K blocks (the quantized matmul decodes exactly as the
+ *    dequantizer and multiplies through the same path);
+ *  - near f32: max |latents diff| < 0.1 * max |latent|. Why that much: Q4_K's rms error is about 7-8%
+ *    of a gaussian row's rms (q4k_refs rows), ~20x Q8_0's, whose test allows 5%; but the error only
+ *    enters through the time/guidance embedding (which modulates every block), not every matmul,
+ *    over 2 steps, so a few percent is expected and 10% still rejects a wrong encoding (a wrong
+ *    scale or nibble order moves the embedding by its own size). */
+static void test_quantize_q4_k_at_load(void **state) {
+    (void)state;
+    static const char *const q_names[] = {"time_text_embed.timestep_embedder.linear_1",
+                                          "time_text_embed.guidance_embedder.linear_1"};
+    cdf_load_options o = cdf_load_options_default();
+    o.device = tu_cpu();
+    o.quantize_to = CDF_GGML_Q4_K;
+    cdf_weights *w = NULL;
+    const char *tdir = tu_data("pipelines/flux1_dev_tiny/transformer");
+    assert_int_equal(cdf_weights_open(tdir, &o, &w), CDF_OK);
+    cdf_linear_layer lq, lf;
+    assert_int_equal(cdf_linear_load(w, &lq, 256, 32, 1, q_names[0]), CDF_OK);
+    assert_int_equal(cdf_linear_load(w, &lf, 32, 32, 1, "transformer_blocks.0.attn.to_q"), CDF_OK); /* 32 inputs */
+    cdf_weights_free(w);
+    assert_int_equal(lq.qtype, CDF_GGML_Q4_K);
+    assert_int_equal(cdf_tensor_dtype(lq.w), CDF_U8);
+    assert_int_equal(cdf_tensor_dim(lq.w, 1), 144);
+    assert_int_equal(lf.qtype, 0);
+    assert_int_equal(cdf_tensor_dtype(lf.w), CDF_F32);
+
+    /* the loaded blocks are the encoder's; the reference file holds their decoded values */
+    cdf_st_file *f = NULL;
+    assert_int_equal(cdf_st_open(tu_data("pipelines/flux1_dev_tiny/transformer/diffusion_pytorch_model.safetensors"), &f), CDF_OK);
+    cdf_st_writer *wr = cdf_st_writer_new();
+    static uint8_t blocks[2][32 * 144];
+    static float dec[2][32 * 256];
+    int replaced = 0;
+    for (int i = 0; i < cdf_st_count(f); i++) {
+        const cdf_st_tensor *t = cdf_st_tensor_at(f, i);
+        const void *data = cdf_st_data(f, t);
+        for (int k = 0; k < 2; k++) {
+            char wn[256];
+            snprintf(wn, sizeof wn, "%s.weight", q_names[k]);
+            if (strcmp(t->name, wn) != 0) continue;
+            assert_int_equal(t->dtype, CDF_F32);
+            assert_int_equal(cdf_st_numel(t), 32 * 256);
+            assert_int_equal(cdf_ggml_quantize(CDF_GGML_Q4_K, data, 32 * 256, blocks[k]), CDF_OK);
+            assert_int_equal(cdf_ggml_dequantize(CDF_GGML_Q4_K, blocks[k], 32 * 256, dec[k]), CDF_OK);
+            data = dec[k];
+            replaced++;
+        }
+        assert_int_equal(cdf_st_writer_add(wr, t->name, t->dtype, t->ndim, t->shape, data), CDF_OK);
+    }
+    assert_int_equal(replaced, 2);
+    const char *dq_path = tmp_path("q4k_decoded.safetensors");
+    assert_int_equal(cdf_st_writer_save(wr, dq_path), CDF_OK);
+    cdf_st_writer_free(wr);
+    cdf_st_close(f);
+    uint8_t got[32 * 144];
+    assert_int_equal(cdf_tensor_read(lq.w, CDF_U8, got, sizeof got), CDF_OK);
+    assert_memory_equal(got, blocks[0], sizeof got);
+    cdf_linear_free(&lq);
+    cdf_linear_free(&lf);
+
+    size_t n0, n1, n;
+    cdf_status st;
+    float *ref = run(NULL, 0, false, &n0, &st);
+    cdf_component_file dq = {"transformer", dq_path};
+    float *vd = run(&dq, 1, false, &n1, &st);
+    if (!vd) fail_msg("decoded Q4_K file: %s", cdf_last_error());
+    g_quant = CDF_GGML_Q4_K;
+    float *vq = run(NULL, 0, false, &n, &st);
+    g_quant = 0;
+    if (!vq) fail_msg("q4_k at load: %s", cdf_last_error());
+    assert_int_equal(n, n0);
+    assert_int_equal(n1, n0);
+    assert_memory_equal(vq, vd, n * 4); /* bit for bit the decoded weights' generation */
+    size_t worst;
+    double diff = tu_max_abs_diff(vq, ref, n, &worst), scale = 0;
+    for (size_t i = 0; i < n; i++) scale = fabs(ref[i]) > scale ? fabs(ref[i]) : scale;
+    print_message("  Q4_K at load vs f32: max |latents diff| = %.3g (max |latent| %.3g)\n", diff, scale);
+    assert_true(diff > 0);           /* the quantized weights are what ran */
+    assert_true(diff < 0.1 * scale); /* see above */
+    free(vq);
+    free(vd);
+    free(ref);
+}
+
 static void test_bad_inputs(void **state) {
     (void)state;
     cdf_component_file f = {"transformer", bfl_variant("missing.safetensors", NULL, "double_blocks.1.txt_attn.qkv.weight", NULL, NULL)};
@@ -576,14 +666,17 @@ static void test_cli(void **state) {
     free(err);
     assert_int_equal(tu_system("test -e '%s'", tmp_path("bad.png")), 1);
 
-    /* --weight-type: q8_0 quantizes at load, f32/bf16 decode a .gguf at load (= --dtype), q4_k is refused */
+    /* --weight-type: q8_0 / q4_k quantize at load, f32/bf16 decode a .gguf at load (= --dtype) */
     rc = tu_system("cd '%s' && '%s' %s --model '%s' --output q8.png --weight-type q8_0 2>err.txt", dir, CDF_CLI_PATH, common, model);
+    assert_int_equal(rc, 0);
+    rc = tu_system("cd '%s' && '%s' %s --model '%s' --output q4k.png --weight-type q4_k 2>err.txt", dir, CDF_CLI_PATH, common, model);
     assert_int_equal(rc, 0);
     rc = tu_system("cd '%s' && '%s' %s --model '%s' --output dec.png --dtype f32 --weight-type f32 --transformer '%s' 2>err.txt", dir,
                    CDF_CLI_PATH, common, model, tu_data(FS "flux_bfl_q8.gguf"));
     assert_int_equal(rc, 0);
-    static const char *const bad_wt[][2] = {{"--weight-type q4_k", "not implemented"}, {"--weight-type f32", "same --dtype"},
-                                            {"--weight-type int4", "must be q8_0, f32 or bf16"}};
+    static const char *const bad_wt[][2] = {{"--weight-type q5_k", "must be q8_0, q4_k, f32 or bf16"},
+                                            {"--weight-type f32", "same --dtype"},
+                                            {"--weight-type int4", "must be q8_0, q4_k, f32 or bf16"}};
     for (int k = 0; k < 3; k++) {
         rc = tu_system("cd '%s' && '%s' %s --model '%s' --output bad.png %s 2>err.txt", dir, CDF_CLI_PATH, common, model, bad_wt[k][0]);
         assert_int_equal(rc, 2);
@@ -610,6 +703,7 @@ int main(void) {
         cmocka_unit_test(test_same_latents),
         cmocka_unit_test(test_blocks_in_memory),
         cmocka_unit_test(test_quantize_at_load),
+        cmocka_unit_test(test_quantize_q4_k_at_load),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_cli),
     };

@@ -63,8 +63,77 @@ static void test_quantize_matches_gguf_py(void **state) {
     bad[5] = NAN;
     assert_int_equal(cdf_ggml_quantize(CDF_GGML_Q8_0, bad, 32, got), CDF_ERR_INVALID_ARG);
     assert_int_equal(cdf_ggml_quantize(CDF_GGML_Q8_0, bad, 31, got), CDF_ERR_INVALID_ARG);
-    assert_int_equal(cdf_ggml_quantize(CDF_GGML_Q4_K, bad, 256, got), CDF_ERR_UNSUPPORTED);
-    assert_non_null(strstr(cdf_last_error(), "Q4_K"));
+    assert_int_equal(cdf_ggml_quantize(CDF_GGML_Q5_K, bad, 256, got), CDF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(cdf_last_error(), "Q5_K"));
+    free(got);
+    cdf_st_close(f);
+}
+
+/* Q4_K quantization equals ggml's quantize_row_q4_K_ref byte for byte (q4k_refs.safetensors,
+ * made by tools/make-format-refs/make_q4k_refs.py from ggml's own C code, since gguf-py has no
+ * Q4_K encoder): gaussian rows of several magnitudes, weight-like rows with outliers, zero,
+ * constant, all-positive and all-negative blocks, sub-blocks whose coded scale rounds to 0,
+ * narrow sub-blocks far from 0, f16-subnormal scales, rounding ties. */
+static void test_quantize_q4_k_matches_ggml(void **state) {
+    (void)state;
+    cdf_st_file *f = NULL;
+    assert_int_equal(cdf_st_open(tu_data("formats/q4k_refs.safetensors"), &f), CDF_OK);
+    const cdf_st_tensor *in = cdf_st_find(f, "Q4_K.in"), *want = cdf_st_find(f, "Q4_K.blocks");
+    assert_non_null(in);
+    assert_non_null(want);
+    const int64_t n = cdf_st_numel(in), nb = n / 256;
+    assert_int_equal((uint64_t)(nb * 144), want->nbytes);
+    const float *x = cdf_st_data(f, in);
+    const uint8_t *ref = cdf_st_data(f, want);
+    uint8_t *got = malloc((size_t)want->nbytes);
+    assert_int_equal(cdf_ggml_quantize(CDF_GGML_Q4_K, x, n, got), CDF_OK);
+    for (uint64_t i = 0; i < want->nbytes; i++)
+        if (got[i] != ref[i])
+            fail_msg("Q4_K byte %llu (block %llu, offset %llu): got %u, ggml %u", (unsigned long long)i,
+                     (unsigned long long)(i / 144), (unsigned long long)(i % 144), got[i], ref[i]);
+
+    /* Error bound of the decoded blocks (the dequantizer is gguf-py's, tested above). Q4_K codes
+     * element x of sub-block j as q = clamp(round((x + m_j) / s_j), 0, 15) with the coded step
+     * s_j = d * sc_j and offset m_j = dmin * mn_j, and decodes s_j * q - m_j. So:
+     *  - where the rounding was not clamped, |y - x| <= s_j / 2 (plus f32 rounding of the decode,
+     *    allowed as 1e-6 relative);
+     *  - everywhere, |y - x| <= s_j / 2 + dmin / 2 + 7.5 d: the fitted grid is coded with 6-bit
+     *    step and offset multiples, which moves the offset by at most dmin / 2 and each of the up
+     *    to 15 levels by at most d / 2, so a value the fitted grid covered falls off the coded grid
+     *    by at most that much (clamped outliers included).
+     * Blocks whose d or dmin is an f16 subnormal are left out of the second bound: there the f16
+     * scale, not the encoder, loses the precision (a block of 1e-6 values decodes to its offset). */
+    float *y = malloc((size_t)n * 4);
+    assert_int_equal(cdf_ggml_dequantize(CDF_GGML_Q4_K, got, n, y), CDF_OK);
+    int bounded_blocks = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = got + 144 * b, *s = blk + 4;
+        const float d = cdf_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)), dmin = cdf_f16_to_f32((uint16_t)(blk[2] | blk[3] << 8));
+        const bool normal = (d == 0.0f || d >= 6.1035156e-05f) && (dmin == 0.0f || dmin >= 6.1035156e-05f);
+        bounded_blocks += normal;
+        for (int j = 0; j < 8; j++) {
+            const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0x0F) | (s[j - 4] >> 6) << 4;
+            const int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+            const float step = d * (float)sc, off = dmin * (float)mn;
+            for (int l = 0; l < 32; l++) {
+                const int64_t e = 256 * b + 32 * j + l;
+                const float err = fabsf(y[e] - x[e]), slop = 1e-6f * fabsf(x[e]);
+                const double t = step > 0 ? ((double)x[e] + off) / step : -1.0;
+                if (step > 0 && t >= -0.5 && t <= 15.5 && err > 0.5f * step * (1.0f + 1e-6f) + slop)
+                    fail_msg("Q4_K block %lld element %d: |%.9g - %.9g| > half step %.9g", (long long)b, 32 * j + l,
+                             (double)y[e], (double)x[e], 0.5 * step);
+                if (normal && err > 0.5f * step + 0.5f * dmin + 7.5f * d + slop)
+                    fail_msg("Q4_K block %lld element %d: |%.9g - %.9g| over the coding bound (d %g, dmin %g, step %g)",
+                             (long long)b, 32 * j + l, (double)y[e], (double)x[e], (double)d, (double)dmin, (double)step);
+            }
+        }
+    }
+    assert_true(bounded_blocks >= 20); /* the bound was applied, not skipped */
+    free(y);
+    float bad[256] = {0};
+    bad[200] = INFINITY;
+    assert_int_equal(cdf_ggml_quantize(CDF_GGML_Q4_K, bad, 256, got), CDF_ERR_INVALID_ARG);
+    assert_int_equal(cdf_ggml_quantize(CDF_GGML_Q4_K, bad, 128, got), CDF_ERR_INVALID_ARG); /* half a block */
     free(got);
     cdf_st_close(f);
 }
@@ -376,6 +445,7 @@ static void test_malformed(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dequant_matches_gguf_py), cmocka_unit_test(test_quantize_matches_gguf_py),
+        cmocka_unit_test(test_quantize_q4_k_matches_ggml),
         cmocka_unit_test(test_read_tiny_files),
         cmocka_unit_test(test_malformed),
     };

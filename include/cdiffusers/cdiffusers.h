@@ -14,6 +14,7 @@
 #include "cdiffusers/error.h"
 #include "cdiffusers/exec.h"
 #include "cdiffusers/io.h"
+#include "cdiffusers/convert.h"
 #include "cdiffusers/pipeline.h"
 #include "cdiffusers/rng.h"
 #include "cdiffusers/scheduler.h"

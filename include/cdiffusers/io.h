@@ -226,10 +226,48 @@ bool cdf_ggml_can_dequantize(uint32_t type);
  * the gguf Python package's gguf.quants.dequantize (bit for bit). src needs no alignment.
  * Errors: CDF_ERR_UNSUPPORTED (a type it cannot decode, named), CDF_ERR_INVALID_ARG. */
 cdf_status cdf_ggml_dequantize(uint32_t type, const void *src, int64_t n, float *dst);
-/* Encode n f32 values (a multiple of the block size) into blocks of `type`, exactly as the gguf
- * Python package's gguf.quants.quantize does (bit for bit). Q8_0 only for now (the others:
- * CDF_ERR_UNSUPPORTED, named); dst holds n / 32 * 34 bytes. */
+/* Encode n finite f32 values (a multiple of the block size) into blocks of `type`, bit for bit as
+ * the reference encoders do: Q8_0 as the gguf Python package's gguf.quants.quantize (dst holds
+ * n / 32 * 34 bytes); Q4_K as ggml's quantize_row_q4_K_ref, which is what llama-quantize writes
+ * without an importance matrix (gguf-py has no Q4_K encoder; dst holds n / 256 * 144 bytes).
+ * Errors: CDF_ERR_UNSUPPORTED (any other type, named), CDF_ERR_INVALID_ARG (n not a whole number
+ * of blocks, a NaN or infinite value). */
 cdf_status cdf_ggml_quantize(uint32_t type, const float *src, int64_t n, void *dst);
+
+/* ------------------------------------------------------------------------------------------
+ * GGUF writer (version 3, little-endian), as gguf-py's GGUFWriter lays files out: header, the
+ * key/values in the order set, the tensor infos in the order added, zero padding to the
+ * alignment, then each tensor's bytes at its aligned offset (zero padding between them). The file
+ * is written to a temporary next to the target and renamed into place (cdf_atomic_file): a
+ * failure leaves no partial output. Tensor data is not copied at add: either the pointer given
+ * stays valid until save, or (data NULL) save asks `fill` for the tensor's bytes, one tensor at a
+ * time, so a converter never holds more than one converted tensor.
+ * ---------------------------------------------------------------------------------------- */
+typedef struct cdf_gguf_writer cdf_gguf_writer;
+/* Writes tensor `index`'s nbytes bytes into buf (called in add order during save). */
+typedef cdf_status (*cdf_gguf_fill_fn)(void *ctx, int index, void *buf, uint64_t nbytes);
+
+/* alignment: a power of two, 0 = GGUF's default 32 (other values are stored as general.alignment).
+ * NULL if out of memory. */
+cdf_gguf_writer *cdf_gguf_writer_new(uint32_t alignment);
+void cdf_gguf_writer_free(cdf_gguf_writer *w); /* NULL is fine */
+/* Metadata (keys unique: a repeated key is CDF_ERR_INVALID_ARG). */
+cdf_status cdf_gguf_writer_set_string(cdf_gguf_writer *w, const char *key, const char *value);
+cdf_status cdf_gguf_writer_set_u32(cdf_gguf_writer *w, const char *key, uint32_t value);
+/* A tensor of ggml type `type`, shape in torch order (the file gets it reversed); the last dim
+ * must be a whole number of the type's blocks. data: the bytes (numel / block * block bytes), or
+ * NULL to have save call fill. Errors: CDF_ERR_INVALID_ARG (empty or repeated name, unknown
+ * type, bad shape, rows not whole blocks), CDF_ERR_OUT_OF_MEMORY. */
+cdf_status cdf_gguf_writer_add(cdf_gguf_writer *w, const char *name, uint32_t type, int ndim, const int64_t *shape,
+                               const void *data);
+int cdf_gguf_writer_count(const cdf_gguf_writer *w);
+/* Bytes the file will take. */
+uint64_t cdf_gguf_writer_file_size(const cdf_gguf_writer *w);
+/* Write the file. overwrite: replace an existing file (else CDF_ERR_IO naming it). Errors:
+ * CDF_ERR_IO (cannot create or write: the message names the path and why; nothing is left at
+ * path), a status from fill (its message kept), CDF_ERR_INVALID_ARG (a tensor without data and no
+ * fill), CDF_ERR_OUT_OF_MEMORY. */
+cdf_status cdf_gguf_writer_save(const cdf_gguf_writer *w, const char *path, bool overwrite, cdf_gguf_fill_fn fill, void *ctx);
 
 /* ------------------------------------------------------------------------------------------
  * safetensors writer

@@ -55,9 +55,10 @@ typedef struct cdf_pipeline_load_params {
                                layer's blocks in memory and decodes them inside its matmul, a panel
                                at a time; true decodes them to weight_dtype at load (more memory,
                                the same numbers) */
-    uint32_t quantize_weights; /* 0 (default), or CDF_GGML_Q8_0 (cdiffusers/io.h): every linear layer's
-                                  float weight with a whole number of 32-value blocks per row is
-                                  quantized at load as gguf-py does and kept as blocks */
+    uint32_t quantize_weights; /* 0 (default), CDF_GGML_Q8_0 or CDF_GGML_Q4_K (cdiffusers/io.h):
+                                  every linear layer's float weight with a whole number of blocks
+                                  (32 / 256 values) per row is quantized at load (cdf_ggml_quantize)
+                                  and kept as blocks; other layers stay float */
 } cdf_pipeline_load_params;
 cdf_pipeline_load_params cdf_pipeline_load_default_params(void);
 

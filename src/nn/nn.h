@@ -33,8 +33,13 @@ typedef struct cdf_load_options {
     bool decode_quantized;   /* decode GGUF block weights at load (weight_dtype values in memory);
                                 by default a linear layer's blocks stay as they are in the file and
                                 its matmul decodes them a panel at a time (cdf_linear_quantized) */
-    uint32_t quantize_to;    /* 0, or CDF_GGML_Q8_0: a linear layer whose float weight has a whole
-                                number of blocks per row is quantized at load and kept as blocks */
+    uint32_t quantize_to;    /* 0, CDF_GGML_Q8_0 or CDF_GGML_Q4_K: a linear layer whose float weight
+                                has a whole number of blocks per row is quantized at load and kept
+                                as blocks */
+    /* if set, called with the diffusers name of every tensor the load reads (linear: read as a
+       linear layer's [out, in] weight); `cdiffusers convert` lists a component's tensors with it */
+    void (*on_read)(void *ctx, const char *name, bool linear);
+    void *on_read_ctx;
 } cdf_load_options;
 
 /* What a component's load left unread in a single weights file (names as in the file). */

@@ -154,6 +154,7 @@ static cdf_tensor *get_v(cdf_weights *w, bool optional, int force_dt, int ndim, 
                   have, want);
         return NULL;
     }
+    if (w->opt.on_read) w->opt.on_read(w->opt.on_read_ctx, name, false);
     cdf_dtype dt = t->dtype;
     if (cdf_dtype_is_float(dt)) {
         if (force_dt >= 0) dt = (cdf_dtype)force_dt;
@@ -252,6 +253,7 @@ static bool get_blocks(cdf_weights *w, cdf_linear_layer *l, const char *prefix, 
     if ((wdt != CDF_F32 && wdt != CDF_BF16) || !cdf_wsrc_find(w->src, name, &t) || t.ndim != 2 || t.shape[0] != l->out ||
         t.shape[1] != l->in)
         return true; /* the value path loads (and checks) it */
+    if (w->opt.on_read) w->opt.on_read(w->opt.on_read_ctx, name, true);
     /* stored blocks are kept unless decoding was asked for; float values are quantized if asked */
     const bool keep = t.qtype >= 0 && !w->opt.decode_quantized;
     const bool quantize = t.qtype < 0 && w->opt.quantize_to && cdf_dtype_is_float(t.dtype);

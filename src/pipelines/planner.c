@@ -53,18 +53,68 @@ static bool never_loaded(const char *name) {
     return false;
 }
 
-static uint64_t tensor_device_bytes(const cdf_st_tensor *t, cdf_dtype weight_dtype) {
+bool cdf_plan_is_linear_weight(const char *class_name, const char *name, int ndim) {
+    if (!class_name || ndim != 2 || !ends_with(name, ".weight") || never_loaded(name)) return false;
+    /* the transformers load every 2-d weight through a linear layer (no embedding tables) */
+    if (strcmp(class_name, "FluxTransformer2DModel") == 0 || strcmp(class_name, "SD3Transformer2DModel") == 0 ||
+        strcmp(class_name, "Flux2Transformer2DModel") == 0)
+        return true;
+    /* the text encoders (clip_text.c, t5_encoder.c, mistral3_text.c): every 2-d weight but the
+     * embedding tables (token, position, T5's relative bias) and CLIP's text projection */
+    if (strncmp(class_name, "CLIPTextModel", 13) == 0 || strcmp(class_name, "T5EncoderModel") == 0 ||
+        strcmp(class_name, "Mistral3ForConditionalGeneration") == 0)
+        return !strstr(name, "embed") && !strstr(name, "relative_attention_bias") && strcmp(name, "shared.weight") != 0 &&
+               !strstr(name, "text_projection");
+    if (strncmp(class_name, "AutoencoderKL", 13) == 0) { /* the mid-block attention (autoencoder_kl.c; + Flux2) */
+        static const char *const a[] = {".to_q.weight", ".to_k.weight", ".to_v.weight", ".to_out.0.weight",
+                                        ".query.weight", ".key.weight", ".value.weight", ".proj_attn.weight"};
+        for (size_t i = 0; i < sizeof a / sizeof *a; i++)
+            if (strstr(name, ".attentions.") && ends_with(name, a[i])) return true;
+    }
+    return false;
+}
+
+/* One stored tensor: its name, shape, float dtype (or ggml block type) and stored bytes. */
+typedef struct plan_tensor {
+    const char *name;
+    int ndim;
+    const int64_t *shape;
+    cdf_dtype dtype; /* safetensors dtype; F32/F16/BF16 for GGUF floats */
+    int ggml;        /* a GGUF block type, else -1 */
+    uint64_t nbytes;
+} plan_tensor;
+
+/* Device bytes one stored tensor takes once loaded (the loaders' rules): float tensors of 2+ dims
+ * at weight_dtype, 1-d ones at f32, the exceptions below; a linear layer's weight as blocks when
+ * a GGUF file stores it so (kept, unless decoded at load) or --weight-type quantizes it. */
+static uint64_t tensor_device_bytes(const plan_tensor *t, cdf_dtype weight_dtype, const cdf_plan_weights_opts *o) {
     if (never_loaded(t->name) || ends_with(t->name, "num_batches_tracked")) return 0; /* BatchNorm's counter (FLUX.2 VAE) */
-    if (!cdf_dtype_is_float(t->dtype)) return t->nbytes;
+    int64_t numel = 1;
+    for (int i = 0; i < t->ndim; i++) numel *= t->shape[i];
+    const bool blocks_ok = weight_dtype == CDF_F32 || weight_dtype == CDF_BF16; /* nn/weights.c get_blocks */
+    const bool linear = o && blocks_ok && cdf_plan_is_linear_weight(o->class_name, t->name, t->ndim);
+    cdf_dtype src = t->dtype;
+    if (t->ggml >= 0) {
+        int64_t be = 0;
+        if (linear && !o->decode_quantized && cdf_ggml_type_block((uint32_t)t->ggml, &be, NULL) && be >= 2 &&
+            cdf_ggml_can_dequantize((uint32_t)t->ggml) && t->shape[1] % be == 0)
+            return t->nbytes; /* kept as the file's blocks */
+        src = CDF_F32;        /* decoded at load */
+    }
+    if (!cdf_dtype_is_float(src)) return t->nbytes;
     /* the loaders' exceptions (see clip_text.c, t5_encoder.c, sd3_transformer.c) */
     /* T5 keeps block 0's bucket table on the device in f32 (the other blocks' copies are unused) */
     if (ends_with(t->name, "relative_attention_bias.weight"))
         return strcmp(t->name, "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight") == 0
-                   ? (uint64_t)cdf_st_numel(t) * sizeof(float)
+                   ? (uint64_t)numel * sizeof(float)
                    : 0;
+    int64_t qe = 0, qb = 0;
+    if (linear && t->ggml < 0 && o->quantize_to && cdf_ggml_type_block(o->quantize_to, &qe, &qb) && qe >= 2 &&
+        t->shape[1] % qe == 0)
+        return (uint64_t)(numel / qe * qb); /* quantized at load (--weight-type) */
     cdf_dtype dt = t->ndim >= 2 ? weight_dtype : CDF_F32;
     if (ends_with(t->name, "position_embedding.weight") || ends_with(t->name, "pos_embed.pos_embed")) dt = CDF_F32;
-    return (uint64_t)cdf_st_numel(t) * cdf_dtype_size(dt);
+    return (uint64_t)numel * cdf_dtype_size(dt);
 }
 
 cdf_status cdf_plan_weight_bytes(const char *dir, cdf_dtype weight_dtype, uint64_t *out) {
@@ -75,29 +125,46 @@ cdf_status cdf_plan_weight_bytes(const char *dir, cdf_dtype weight_dtype, uint64
 }
 
 cdf_status cdf_plan_block_bytes(const char *dir, cdf_dtype weight_dtype, cdf_plan_blocks *out) {
+    return cdf_plan_block_bytes_opts(dir, weight_dtype, NULL, out);
+}
+
+cdf_status cdf_plan_block_bytes_opts(const char *dir, cdf_dtype weight_dtype, const cdf_plan_weights_opts *o,
+                                     cdf_plan_blocks *out) {
     memset(out, 0, sizeof *out);
+    const bool gguf = o && o->file && ends_with(o->file, ".gguf");
     cdf_checkpoint *ck = NULL;
-    CDF_TRY(cdf_checkpoint_open(dir, &ck));
+    cdf_gguf_file *gf = NULL;
+    CDF_TRY(gguf ? cdf_gguf_open(o->file, &gf) : cdf_checkpoint_open(dir, &ck));
     /* per block: its prefix ("transformer_blocks.3") and bytes */
     enum { MAXB = 1024 };
     char(*names)[96] = calloc(MAXB, sizeof *names);
     uint64_t *bytes = calloc(MAXB, sizeof *bytes);
     int nb = 0;
     cdf_status s = names && bytes ? CDF_OK : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-    const int n = cdf_checkpoint_count(ck);
+    const int n = gguf ? cdf_gguf_count(gf) : cdf_checkpoint_count(ck);
     for (int i = 0; i < n && s == CDF_OK; i++) {
-        const cdf_st_file *f;
-        const cdf_st_tensor *t;
-        if (cdf_checkpoint_tensor_at(ck, i, &f, &t) != CDF_OK) continue;
-        const uint64_t b = tensor_device_bytes(t, weight_dtype);
+        plan_tensor pt = {.ggml = -1};
+        if (gguf) {
+            const cdf_gguf_tensor *g = cdf_gguf_tensor_at(gf, i);
+            pt = (plan_tensor){g->name, g->ndim, g->shape, CDF_F32, -1, g->nbytes};
+            if (g->type == CDF_GGML_F16) pt.dtype = CDF_F16;
+            else if (g->type == CDF_GGML_BF16) pt.dtype = CDF_BF16;
+            else if (g->type != CDF_GGML_F32) pt.ggml = (int)g->type;
+        } else {
+            const cdf_st_file *f;
+            const cdf_st_tensor *t;
+            if (cdf_checkpoint_tensor_at(ck, i, &f, &t) != CDF_OK) continue;
+            pt = (plan_tensor){t->name, t->ndim, t->shape, t->dtype, -1, t->nbytes};
+        }
+        const uint64_t b = tensor_device_bytes(&pt, weight_dtype, o);
         out->total_bytes += b;
-        const size_t pl = cdf_weights_block_prefix(t->name);
+        const size_t pl = cdf_weights_block_prefix(pt.name);
         if (!pl || pl >= sizeof names[0]) continue;
         int j = 0;
-        while (j < nb && (strncmp(names[j], t->name, pl) != 0 || names[j][pl] != 0)) j++;
+        while (j < nb && (strncmp(names[j], pt.name, pl) != 0 || names[j][pl] != 0)) j++;
         if (j == nb) {
             if (nb == MAXB) continue;
-            memcpy(names[nb], t->name, pl);
+            memcpy(names[nb], pt.name, pl);
             names[nb][pl] = 0;
             nb++;
         }
@@ -113,6 +180,7 @@ cdf_status cdf_plan_block_bytes(const char *dir, cdf_dtype weight_dtype, cdf_pla
     free(names);
     free(bytes);
     cdf_checkpoint_close(ck);
+    cdf_gguf_close(gf);
     return s;
 }
 
@@ -447,7 +515,15 @@ typedef struct plan_pipeline {
 
 /* The components cdf_pipeline_load loads for this pipeline class, with their weights (headers
  * only) and configs. */
-static cdf_status plan_collect(const char *dir, const cJSON *idx, cdf_dtype wdt, plan_pipeline *pp) {
+/* The load options the weights depend on besides the dtype (component files, quantization). */
+typedef struct plan_load {
+    const char *file_key[8], *file_path[8];
+    int n_files;
+    uint32_t quantize_to;
+    bool decode_quantized;
+} plan_load;
+
+static cdf_status plan_collect(const char *dir, const cJSON *idx, cdf_dtype wdt, const plan_load *pl, plan_pipeline *pp) {
     memset(pp, 0, sizeof *pp);
     const char *cls = NULL;
     CDF_TRY(cdf_json_get_string(idx, "_class_name", NULL, &cls));
@@ -479,7 +555,11 @@ static cdf_status plan_collect(const char *dir, const cJSON *idx, cdf_dtype wdt,
         cJSON_Delete(cfg);
         if (s != CDF_OK) return s;
         c->info.weight_dtype = wdt;
-        CDF_TRY(cdf_plan_block_bytes(sub, wdt, &c->blocks));
+        cdf_plan_weights_opts wo = {.class_name = c->class_name, .quantize_to = pl->quantize_to,
+                                    .decode_quantized = pl->decode_quantized};
+        for (int k = 0; k < pl->n_files; k++)
+            if (strcmp(pl->file_key[k], keys[i]) == 0) wo.file = pl->file_path[k];
+        CDF_TRY(cdf_plan_block_bytes_opts(sub, wdt, &wo, &c->blocks));
         c->weights = c->blocks.total_bytes;
         pp->n++;
     }
@@ -499,7 +579,9 @@ cdf_status cdf_pipe_check_budget(cdf_pipeline *p, const cJSON *idx) {
     cdf_device_memory_stats(p->device, &st);
     if (!st.limit_bytes) return CDF_OK;
     plan_pipeline pp;
-    if (plan_collect(p->dir, idx, p->opt.weight_dtype, &pp) != CDF_OK) {
+    plan_load pl = {.n_files = p->n_files, .quantize_to = p->opt.quantize_to, .decode_quantized = p->opt.decode_quantized};
+    for (int i = 0; i < p->n_files && i < 8; i++) pl.file_key[i] = p->file_key[i], pl.file_path[i] = p->file_path[i];
+    if (plan_collect(p->dir, idx, p->opt.weight_dtype, &pl, &pp) != CDF_OK) {
         /* a broken folder: let the loaders report it in their own words */
         cdf_clear_error();
         return CDF_OK;
@@ -606,7 +688,10 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
     cJSON *idx = NULL;
     CDF_TRY(cdf_json_load_file(path, &idx));
     plan_pipeline pp;
-    cdf_status s = plan_collect(dir, idx, lp.weight_dtype, &pp);
+    plan_load pl = {.quantize_to = lp.quantize_weights, .decode_quantized = lp.decode_quantized};
+    for (int i = 0; i < lp.num_component_files && i < 8 && lp.component_files; i++)
+        pl.file_key[pl.n_files] = lp.component_files[i].component, pl.file_path[pl.n_files++] = lp.component_files[i].path;
+    cdf_status s = plan_collect(dir, idx, lp.weight_dtype, &pl, &pp);
     cJSON_Delete(idx);
     CDF_TRY(s);
 

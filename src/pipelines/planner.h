@@ -83,6 +83,24 @@ typedef struct cdf_plan_blocks {
     int n_blocks;
 } cdf_plan_blocks;
 cdf_status cdf_plan_block_bytes(const char *dir, cdf_dtype weight_dtype, cdf_plan_blocks *out);
+/* What the load does to the weights besides the dtype: a GGUF file read in place of the folder's
+ * (its block weights kept as blocks by linear layers, the rest decoded), --weight-type's
+ * quantization, decoding at load. */
+typedef struct cdf_plan_weights_opts {
+    const char *class_name; /* the component's class: which 2-d weights its linear layers read */
+    const char *file;       /* NULL, or the component's file (a .gguf is planned from its own tensors;
+                               other files from the folder's, as before) */
+    uint32_t quantize_to;   /* cdf_pipeline_load_params.quantize_weights */
+    bool decode_quantized;
+} cdf_plan_weights_opts;
+/* cdf_plan_block_bytes with o (NULL: a plain folder load): quantized linear weights count their
+ * block bytes exactly (numel / block * block bytes). */
+cdf_status cdf_plan_block_bytes_opts(const char *dir, cdf_dtype weight_dtype, const cdf_plan_weights_opts *o,
+                                     cdf_plan_blocks *out);
+/* True if a model of class_name loads the 2-d tensor `name` as a linear layer's [out, in] weight
+ * (cdf_linear_load: the weights GGUF blocks stay blocks for, and --weight-type quantizes);
+ * tests/test_memory_plan.c checks it against what the loaders actually read. */
+bool cdf_plan_is_linear_weight(const char *class_name, const char *name, int ndim);
 
 /* "12.3 MiB" */
 void cdf_plan_format_bytes(char *buf, size_t n, uint64_t bytes);
