@@ -54,14 +54,6 @@ static inline int count_substr(const char *hay, const char *needle) {
     return n;
 }
 
-static inline const char *tmp_path(const char *name) {
-    static char buf[8][1024];
-    static int slot;
-    char *b = buf[slot++ & 7];
-    snprintf(b, 1024, "%s/%s", tu_tmpdir(), name);
-    return b;
-}
-
 /* Runs this test binary again as 2 MPI ranks with --mpi-worker (its main's worker branch),
  * prints the whole log (print_message cuts long text), fails the test unless mpirun exits 0
  * and each rank printed `ok_line`. */
@@ -70,7 +62,7 @@ static inline void run_self_as_two_ranks(const char *log_name, const char *ok_li
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     assert_true(n > 0);
     self[n] = '\0';
-    const char *out = tmp_path(log_name);
+    const char *out = tu_tmp_path(log_name);
     int rc = tu_system(MPIRUN " -np 2%s '%s' --mpi-worker > '%s' 2>&1", mpi_env(), self, out);
     char *log = tu_read_file(out, NULL);
     fputs(log ? log : "(no output)\n", stdout);

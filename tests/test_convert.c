@@ -26,14 +26,6 @@
 
 #define MODEL "pipelines/flux1_dev_tiny"
 
-static const char *tmp_path(const char *name) {
-    static char buf[8][1024];
-    static int slot;
-    char *b = buf[slot++ & 7];
-    snprintf(b, 1024, "%s/%s", tu_tmpdir(), name);
-    return b;
-}
-
 /* Files in the temporary folder whose name starts with `prefix` (temporaries are "<name>.tmp.*"). */
 static int count_files(const char *prefix) {
     DIR *d = opendir(tu_tmpdir());
@@ -67,7 +59,7 @@ static void test_writer_reads_back(void **state) {
     assert_int_equal(cdf_gguf_writer_add(w, "z.weight", CDF_GGML_F32, 2, (int64_t[]){0, 4}, a), CDF_ERR_INVALID_ARG);
     assert_int_equal(cdf_gguf_writer_add(w, "t.weight", 99, 1, (int64_t[]){4}, a), CDF_ERR_INVALID_ARG);
     assert_int_equal(cdf_gguf_writer_count(w), 3);
-    const char *path = tmp_path("w.gguf");
+    const char *path = tu_tmp_path("w.gguf");
     assert_int_equal(cdf_gguf_writer_save(w, path, false, NULL, NULL), CDF_OK);
     size_t len;
     char *bytes = tu_read_file(path, &len);
@@ -105,7 +97,7 @@ static void test_writer_reads_back(void **state) {
     w = cdf_gguf_writer_new(0);
     assert_int_equal(cdf_gguf_writer_add(w, "a.weight", CDF_GGML_F32, 1, (int64_t[]){4}, NULL), CDF_OK);
     assert_int_equal(cdf_gguf_writer_save(w, path, true, NULL, NULL), CDF_ERR_INVALID_ARG); /* no data, no fill */
-    assert_int_equal(cdf_gguf_writer_save(w, tmp_path("nodir/x.gguf"), false, NULL, NULL), CDF_ERR_INVALID_ARG);
+    assert_int_equal(cdf_gguf_writer_save(w, tu_tmp_path("nodir/x.gguf"), false, NULL, NULL), CDF_ERR_INVALID_ARG);
     cdf_gguf_writer_free(w);
     assert_int_equal(count_files("w.gguf"), 1);
 }
@@ -150,7 +142,7 @@ static float *generate(const char *transformer_file, uint32_t quantize, size_t *
 static const char *convert(const char *out, uint32_t type, const char *weights_file, cdf_convert_report *r) {
     cdf_convert_params p = cdf_convert_default_params();
     p.model = tu_data(MODEL);
-    p.output = tmp_path(out);
+    p.output = tu_tmp_path(out);
     p.type = type;
     p.weights_file = weights_file;
     if (cdf_convert_to_gguf(&p, r) != CDF_OK) fail_msg("convert to %s: %s", out, cdf_last_error());
@@ -235,7 +227,7 @@ static void test_round_trips(void **state) {
     cdf_convert_params p = cdf_convert_default_params();
     p.model = tu_data(MODEL);
     p.weights_file = q8;
-    p.output = tmp_path("t_q8_again.gguf");
+    p.output = tu_tmp_path("t_q8_again.gguf");
     p.type = CDF_GGML_Q8_0;
     assert_int_equal(cdf_convert_to_gguf(&p, &r), CDF_OK);
     size_t la, lb;
@@ -275,7 +267,7 @@ static void test_round_trips_sd3_flux2(void **state) {
         p.model = tu_data(models[m]);
         for (int q = 0; q < 2; q++) {
             p.type = q ? CDF_GGML_Q8_0 : CDF_GGML_F32;
-            p.output = tmp_path(q ? "m_q8.gguf" : "m_f32.gguf");
+            p.output = tu_tmp_path(q ? "m_q8.gguf" : "m_f32.gguf");
             p.overwrite = true;
             cdf_convert_report r;
             if (cdf_convert_to_gguf(&p, &r) != CDF_OK) fail_msg("%s: %s", models[m], cdf_last_error());
@@ -300,7 +292,7 @@ static void test_diffusers_folder(void **state) {
     cdf_convert_params p = cdf_convert_default_params();
     p.model = tu_data(MODEL);
     p.weights_file = tu_data("formats/flux_single/flux_bfl.safetensors");
-    p.output = tmp_path("pipe/transformer");
+    p.output = tu_tmp_path("pipe/transformer");
     p.max_shard_bytes = 100000;
     assert_int_equal(tu_system("mkdir -p '%s/pipe' && cd '%s' && for f in *; do [ \"$f\" = transformer ] || ln -s \"$PWD/$f\" '%s/pipe/'; done",
                                tu_tmpdir(), tu_data(MODEL), tu_tmpdir()),
@@ -345,11 +337,11 @@ static void test_diffusers_folder(void **state) {
     /* an existing folder is not replaced; block types do not go into safetensors */
     assert_int_equal(cdf_convert_to_diffusers(&p, NULL), CDF_ERR_IO);
     assert_non_null(strstr(cdf_last_error(), "already exists"));
-    p.output = tmp_path("pipe/q8");
+    p.output = tu_tmp_path("pipe/q8");
     p.type = CDF_GGML_Q8_0;
     assert_int_equal(cdf_convert_to_diffusers(&p, NULL), CDF_ERR_INVALID_ARG);
     p.type = CDF_GGML_F32;
-    p.output = tmp_path("nodir/sub/t");
+    p.output = tu_tmp_path("nodir/sub/t");
     assert_int_equal(cdf_convert_to_diffusers(&p, NULL), CDF_ERR_IO);
     assert_int_equal(count_files("nodir"), 0);
     assert_int_equal(tu_system("ls '%s/pipe' | grep -q tmp", tu_tmpdir()), 1); /* no temporary left */
@@ -361,12 +353,12 @@ static void test_failures(void **state) {
     p.model = tu_data(MODEL);
     p.type = CDF_GGML_F32;
 
-    p.output = tmp_path("missing/out.gguf");
+    p.output = tu_tmp_path("missing/out.gguf");
     assert_int_equal(cdf_convert_to_gguf(&p, NULL), CDF_ERR_IO);
     assert_non_null(strstr(cdf_last_error(), "does not exist"));
     assert_int_equal(count_files("missing"), 0);
 
-    p.output = tmp_path("exists.gguf");
+    p.output = tu_tmp_path("exists.gguf");
     assert_int_equal(tu_write_file(p.output, "keep", 4), 0);
     assert_int_equal(cdf_convert_to_gguf(&p, NULL), CDF_ERR_IO);
     char *kept = tu_read_file(p.output, NULL);
@@ -374,7 +366,7 @@ static void test_failures(void **state) {
     free(kept);
     assert_int_equal(count_files("exists.gguf"), 1); /* and no temporary left */
 
-    p.output = tmp_path("bad.gguf");
+    p.output = tu_tmp_path("bad.gguf");
     p.type = CDF_GGML_Q5_K;
     assert_int_equal(cdf_convert_to_gguf(&p, NULL), CDF_ERR_INVALID_ARG);
     assert_non_null(strstr(cdf_last_error(), "Q5_K"));
@@ -394,7 +386,7 @@ static void test_failures(void **state) {
     int rc = tu_system("cd '%s' && (ulimit -f 128; '%s' convert --model '%s' --output cut.gguf --type f32) 2>err.txt", dir,
                        CDF_CLI_PATH, model);
     assert_int_equal(rc, 1);
-    char *err = tu_read_file(tmp_path("err.txt"), NULL);
+    char *err = tu_read_file(tu_tmp_path("err.txt"), NULL);
     assert_non_null(err);
     if (!strstr(err, "cut.gguf") || !strstr(err, "too large")) fail_msg("stderr: %s", err);
     free(err);
@@ -407,7 +399,7 @@ static void test_failures(void **state) {
     rc = tu_system("cd '%s' && '%s' convert --model '%s' --output ok.gguf --type q8_0 --quiet 2>err.txt", dir, CDF_CLI_PATH,
                    model);
     assert_int_equal(rc, 0);
-    assert_int_equal(count_type(tmp_path("ok.gguf"), CDF_GGML_Q8_0), 48);
+    assert_int_equal(count_type(tu_tmp_path("ok.gguf"), CDF_GGML_Q8_0), 48);
 }
 
 int main(void) {

@@ -63,20 +63,20 @@ static void test_failures_end_the_job(void **state) {
     job jobs[NJOBS] = {{.name = "not divisible"}, {.name = "rank 1 cannot load"}, {.name = "rank 1 killed"},
                        {.name = "rank 1 hangs"}, {.name = "rank 1 MPI error"}};
     /* T5 (3 heads) sharded over 2 ranks */
-    snprintf(jobs[0].cmd, sizeof jobs[0].cmd, MPIRUN " -np 2%s %s --output %s", mpi_env_no_leak_check(), base, tmp_path("f0.png"));
+    snprintf(jobs[0].cmd, sizeof jobs[0].cmd, MPIRUN " -np 2%s %s --output %s", mpi_env_no_leak_check(), base, tu_tmp_path("f0.png"));
     /* rank 1's memory budget is too small for its share of the weights */
     snprintf(jobs[1].cmd, sizeof jobs[1].cmd,
              MPIRUN " -np 1%s %s --tp-replicate text_encoder_2 --output %s : -np 1%s -x CDIFFUSERS_CPU_MEMORY_LIMIT=1M %s "
-             "--tp-replicate text_encoder_2 --output %s", mpi_env_no_leak_check(), base, tmp_path("f1.png"), mpi_env_no_leak_check(), base, tmp_path("f1.png"));
+             "--tp-replicate text_encoder_2 --output %s", mpi_env_no_leak_check(), base, tu_tmp_path("f1.png"), mpi_env_no_leak_check(), base, tu_tmp_path("f1.png"));
     /* rank 1 dies at its 20th collective (mid-denoising: load + text encoders take fewer) */
     snprintf(jobs[2].cmd, sizeof jobs[2].cmd, MPIRUN " -np 2%s -x CDIFFUSERS_DIST_FAULT=1:kill:20 %s --tp-replicate text_encoder_2 "
-             "--output %s", mpi_env_no_leak_check(), base, tmp_path("f2.png"));
+             "--output %s", mpi_env_no_leak_check(), base, tu_tmp_path("f2.png"));
     /* rank 1 stops at its 20th collective; rank 0's watchdog ends the job */
     snprintf(jobs[3].cmd, sizeof jobs[3].cmd, MPIRUN " -np 2%s -x CDIFFUSERS_DIST_FAULT=1:hang:20 -x CDIFFUSERS_DIST_TIMEOUT=2 %s "
-             "--tp-replicate text_encoder_2 --output %s", mpi_env_no_leak_check(), base, tmp_path("f3.png"));
+             "--tp-replicate text_encoder_2 --output %s", mpi_env_no_leak_check(), base, tu_tmp_path("f3.png"));
     /* rank 1's 20th collective (a queued all-reduce of the compiled transformer) fails */
     snprintf(jobs[4].cmd, sizeof jobs[4].cmd, MPIRUN " -np 2%s -x CDIFFUSERS_DIST_FAULT=1:fail:20 -x CDIFFUSERS_DIST_TIMEOUT=2 %s "
-             "--tp-replicate text_encoder_2 --mode compile --output %s", mpi_env_no_leak_check(), base, tmp_path("f4.png"));
+             "--tp-replicate text_encoder_2 --mode compile --output %s", mpi_env_no_leak_check(), base, tu_tmp_path("f4.png"));
     /* the jobs mostly wait (for a watchdog, for the launcher): run them side by side, each
      * timing itself */
     char script[40000];
@@ -106,7 +106,7 @@ static void test_failures_end_the_job(void **state) {
     for (int i = 0; i < NJOBS; i++) {
         char f[16];
         snprintf(f, sizeof f, "f%d.png", i);
-        assert_int_not_equal(access(tmp_path(f), F_OK), 0); /* nothing written */
+        assert_int_not_equal(access(tu_tmp_path(f), F_OK), 0); /* nothing written */
     }
     /* every rank names the component, the key and the sizes */
     assert_int_equal(count_substr(jobs[0].log, "text_encoder_2 (T5EncoderModel) has num_heads = 3, which is not divisible by 2"), 2);
@@ -130,7 +130,7 @@ static void test_launch_mistakes(void **state) {
     snprintf(pipe, sizeof pipe, "%s/flux1_dev_tiny", tu_data("pipelines"));
     snprintf(log, sizeof log, "%s/launch.log", tu_tmpdir());
     /* --tp 2 in a plain process */
-    int rc = tu_system("'%s' generate --model '%s' --prompt x --tp 2 --output %s 2> '%s'", CDF_CLI_PATH, pipe, tmp_path("l0.png"), log);
+    int rc = tu_system("'%s' generate --model '%s' --prompt x --tp 2 --output %s 2> '%s'", CDF_CLI_PATH, pipe, tu_tmp_path("l0.png"), log);
     char *txt = tu_read_file(log, NULL);
     print_message("  %s", txt ? txt : "");
     if (cdf_dist_backend_available("mpi")) {
@@ -144,21 +144,21 @@ static void test_launch_mistakes(void **state) {
     if (!have_mpi()) return;
     /* two ranks without --tp would both compute and write the whole image */
     rc = tu_system(MPIRUN " -np 2%s '%s' generate --model '%s' --prompt x --output %s 2> '%s'", mpi_env(), CDF_CLI_PATH, pipe,
-                   tmp_path("l1.png"), log);
+                   tu_tmp_path("l1.png"), log);
     txt = tu_read_file(log, NULL);
     assert_int_not_equal(rc, 0);
     assert_non_null(strstr(txt, "--tp is not given"));
     free(txt);
     /* --tp 3 with 2 ranks */
     rc = tu_system(MPIRUN " -np 2%s '%s' generate --model '%s' --prompt x --tp 3 --output %s 2> '%s'", mpi_env(), CDF_CLI_PATH,
-                   pipe, tmp_path("l2.png"), log);
+                   pipe, tu_tmp_path("l2.png"), log);
     txt = tu_read_file(log, NULL);
     assert_int_not_equal(rc, 0);
     assert_non_null(strstr(txt, "--tp 3 but the MPI launcher started 2 processes"));
     free(txt);
-    assert_int_not_equal(access(tmp_path("l0.png"), F_OK), 0);
-    assert_int_not_equal(access(tmp_path("l1.png"), F_OK), 0);
-    assert_int_not_equal(access(tmp_path("l2.png"), F_OK), 0);
+    assert_int_not_equal(access(tu_tmp_path("l0.png"), F_OK), 0);
+    assert_int_not_equal(access(tu_tmp_path("l1.png"), F_OK), 0);
+    assert_int_not_equal(access(tu_tmp_path("l2.png"), F_OK), 0);
 }
 
 int main(void) {

@@ -295,17 +295,17 @@ static void test_not_divisible(void **state) {
 
 /* Runs `cdiffusers <cmd> <args> --output A [--latents-out B]` once alone and once as 2 ranks
  * (MPMD: rank 1 gets its own output names, so that "writes nothing" can be seen); fails the test
- * on a non-zero exit. Paths are tmp_path(tag + suffix). Logs are returned (free them). */
+ * on a non-zero exit. Paths are tu_tmp_path(tag + suffix). Logs are returned (free them). */
 static void run_one_and_tp(const char *cmd, const char *args, const char *tag, bool latents, char **log_one, char **log_tp) {
     char o1[300], l1[300], ot[300], lt[300], o2[300], l2[300], g1[300], gt[300];
-    snprintf(o1, sizeof o1, "%s", tmp_path(tag)), strcat(o1, "_one.out");
-    snprintf(ot, sizeof ot, "%s", tmp_path(tag)), strcat(ot, "_tp.out");
-    snprintf(o2, sizeof o2, "%s", tmp_path(tag)), strcat(o2, "_rank1.out");
-    snprintf(l1, sizeof l1, "%s", tmp_path(tag)), strcat(l1, "_one.lat");
-    snprintf(lt, sizeof lt, "%s", tmp_path(tag)), strcat(lt, "_tp.lat");
-    snprintf(l2, sizeof l2, "%s", tmp_path(tag)), strcat(l2, "_rank1.lat");
-    snprintf(g1, sizeof g1, "%s", tmp_path(tag)), strcat(g1, "_one.log");
-    snprintf(gt, sizeof gt, "%s", tmp_path(tag)), strcat(gt, "_tp.log");
+    snprintf(o1, sizeof o1, "%s", tu_tmp_path(tag)), strcat(o1, "_one.out");
+    snprintf(ot, sizeof ot, "%s", tu_tmp_path(tag)), strcat(ot, "_tp.out");
+    snprintf(o2, sizeof o2, "%s", tu_tmp_path(tag)), strcat(o2, "_rank1.out");
+    snprintf(l1, sizeof l1, "%s", tu_tmp_path(tag)), strcat(l1, "_one.lat");
+    snprintf(lt, sizeof lt, "%s", tu_tmp_path(tag)), strcat(lt, "_tp.lat");
+    snprintf(l2, sizeof l2, "%s", tu_tmp_path(tag)), strcat(l2, "_rank1.lat");
+    snprintf(g1, sizeof g1, "%s", tu_tmp_path(tag)), strcat(g1, "_one.log");
+    snprintf(gt, sizeof gt, "%s", tu_tmp_path(tag)), strcat(gt, "_tp.log");
     char lat_one[400] = "", lat_tp[400] = "", lat_r1[400] = "";
     if (latents) {
         snprintf(lat_one, sizeof lat_one, " --latents-out '%s'", l1);
@@ -335,7 +335,7 @@ static const char *out_path(const char *tag, const char *suffix) {
     static char b[2][400];
     static int slot;
     char *p = b[slot++ & 1];
-    snprintf(p, 400, "%s%s", tmp_path(tag), suffix);
+    snprintf(p, 400, "%s%s", tu_tmp_path(tag), suffix);
     return p;
 }
 
@@ -482,8 +482,8 @@ static void test_run_model_tp2(void **state) {
         cdf_tensor_map_set(&want, "prompt_embeds", cdf_contiguous(cdf_narrow(cdf_tensor_map_get(&g, "prompt_embeds"), 0, 0, 2))),
         CDF_OK);
     char te_in[400], te_want[400]; /* copies: tmp_path's buffers are reused */
-    snprintf(te_in, sizeof te_in, "%s", tmp_path("flux2_te_in.safetensors"));
-    snprintf(te_want, sizeof te_want, "%s", tmp_path("flux2_te_want.safetensors"));
+    snprintf(te_in, sizeof te_in, "%s", tu_tmp_path("flux2_te_in.safetensors"));
+    snprintf(te_want, sizeof te_want, "%s", tu_tmp_path("flux2_te_want.safetensors"));
     assert_int_equal(cdf_tensor_map_save(&in, te_in, true), CDF_OK);
     assert_int_equal(cdf_tensor_map_save(&want, te_want, false), CDF_OK);
     cdf_scope_pop(NULL, 0);

@@ -22,14 +22,6 @@
 
 #define FS "formats/flux_single/"
 
-static const char *tmp_path(const char *name) {
-    static char buf[8][1024];
-    static int slot;
-    char *b = buf[slot++ & 7];
-    snprintf(b, 1024, "%s/%s", tu_tmpdir(), name);
-    return b;
-}
-
 /* A copy of the BFL file with a prefix on every name, one tensor left out, one extra tensor, or
  * one tensor replaced by another shape. */
 static const char *variant_of(const char *src, const char *out, const char *prefix, const char *drop, const char *extra,
@@ -49,7 +41,7 @@ static const char *variant_of(const char *src, const char *out, const char *pref
             assert_int_equal(cdf_st_writer_add(w, name, t->dtype, t->ndim, t->shape, cdf_st_data(f, t)), CDF_OK);
     }
     if (extra) assert_int_equal(cdf_st_writer_add(w, extra, CDF_F32, 1, (int64_t[]){4}, junk), CDF_OK);
-    const char *p = tmp_path(out);
+    const char *p = tu_tmp_path(out);
     assert_int_equal(cdf_st_writer_save(w, p), CDF_OK);
     cdf_st_writer_free(w);
     cdf_st_close(f);
@@ -125,7 +117,7 @@ static const char *all_in_one(void) {
     }
     static float te[4];
     assert_int_equal(cdf_st_writer_add(w, "text_encoders.t5xxl.transformer.shared.weight", CDF_F32, 1, (int64_t[]){4}, te), CDF_OK);
-    snprintf(path, sizeof path, "%s", tmp_path("all_in_one.safetensors"));
+    snprintf(path, sizeof path, "%s", tu_tmp_path("all_in_one.safetensors"));
     assert_int_equal(cdf_st_writer_save(w, path), CDF_OK);
     cdf_st_writer_free(w);
     cdf_st_close(fs[0]);
@@ -210,7 +202,7 @@ static const char *small_adapter(void) {
         assert_int_equal(cdf_st_writer_add(w, a, CDF_F32, 2, (int64_t[]){2, mods[m].in}, va), CDF_OK);
         assert_int_equal(cdf_st_writer_add(w, b, CDF_F32, 2, (int64_t[]){mods[m].out, 2}, vb), CDF_OK);
     }
-    const char *p = tmp_path("small_lora.safetensors");
+    const char *p = tu_tmp_path("small_lora.safetensors");
     assert_int_equal(cdf_st_writer_save(w, p), CDF_OK);
     cdf_st_writer_free(w);
     return p;
@@ -334,7 +326,7 @@ static void test_same_latents(void **state) {
                              CDF_OK);
         static float one = 1;
         assert_int_equal(cdf_st_writer_add(w, "encoder.block.0.layer.0.SelfAttention.q.scale_input", CDF_F32, 0, NULL, &one), CDF_OK);
-        const char *t5 = tmp_path("t5xxl.safetensors");
+        const char *t5 = tu_tmp_path("t5xxl.safetensors");
         assert_int_equal(cdf_st_writer_save(w, t5), CDF_OK);
         cdf_st_writer_free(w);
         cdf_st_close(f);
@@ -566,7 +558,7 @@ static void test_quantize_q4_k_at_load(void **state) {
         assert_int_equal(cdf_st_writer_add(wr, t->name, t->dtype, t->ndim, t->shape, data), CDF_OK);
     }
     assert_int_equal(replaced, 2);
-    const char *dq_path = tmp_path("q4k_decoded.safetensors");
+    const char *dq_path = tu_tmp_path("q4k_decoded.safetensors");
     assert_int_equal(cdf_st_writer_save(wr, dq_path), CDF_OK);
     cdf_st_writer_free(wr);
     cdf_st_close(f);
@@ -622,7 +614,7 @@ static void test_bad_inputs(void **state) {
     size_t len;
     char *g = tu_read_file(tu_data(FS "flux_bfl_f32.gguf"), &len);
     assert_non_null(g);
-    const char *cut = tmp_path("cut.gguf");
+    const char *cut = tu_tmp_path("cut.gguf");
     assert_int_equal(tu_write_file(cut, g, len / 2), 0);
     free(g);
     f.path = cut;
@@ -646,12 +638,12 @@ static void test_cli(void **state) {
     rc = tu_system("cd '%s' && '%s' %s --model '%s' --output bad.png --transformer '%s' 2>err.txt", dir, CDF_CLI_PATH, common, model,
                    extra);
     assert_int_equal(rc, 1);
-    char *err = tu_read_file(tmp_path("err.txt"), NULL);
+    char *err = tu_read_file(tu_tmp_path("err.txt"), NULL);
     assert_non_null(err);
     assert_non_null(strstr(err, "lora_unet.extra.alpha"));
     assert_non_null(strstr(err, "--allow-unused-keys"));
     free(err);
-    assert_int_equal(tu_system("test -e '%s'", tmp_path("bad.png")), 1); /* nothing written */
+    assert_int_equal(tu_system("test -e '%s'", tu_tmp_path("bad.png")), 1); /* nothing written */
     rc = tu_system("cd '%s' && '%s' %s --model '%s' --output ok2.png --transformer '%s' --allow-unused-keys 2>err.txt", dir,
                    CDF_CLI_PATH, common, model, extra);
     assert_int_equal(rc, 0);
@@ -661,10 +653,10 @@ static void test_cli(void **state) {
     rc = tu_system("cd '%s' && '%s' %s --model '%s' --output bad.png --text-encoder '2=%s' 2>err.txt", dir, CDF_CLI_PATH, common,
                    model, tu_data(FS "flux_bfl.safetensors"));
     assert_int_equal(rc, 1); /* a FLUX transformer file is no T5 */
-    err = tu_read_file(tmp_path("err.txt"), NULL);
+    err = tu_read_file(tu_tmp_path("err.txt"), NULL);
     assert_non_null(strstr(err, "none of the 84 tensors"));
     free(err);
-    assert_int_equal(tu_system("test -e '%s'", tmp_path("bad.png")), 1);
+    assert_int_equal(tu_system("test -e '%s'", tu_tmp_path("bad.png")), 1);
 
     /* --weight-type: q8_0 / q4_k quantize at load, f32/bf16 decode a .gguf at load (= --dtype) */
     rc = tu_system("cd '%s' && '%s' %s --model '%s' --output q8.png --weight-type q8_0 2>err.txt", dir, CDF_CLI_PATH, common, model);
@@ -680,17 +672,17 @@ static void test_cli(void **state) {
     for (int k = 0; k < 3; k++) {
         rc = tu_system("cd '%s' && '%s' %s --model '%s' --output bad.png %s 2>err.txt", dir, CDF_CLI_PATH, common, model, bad_wt[k][0]);
         assert_int_equal(rc, 2);
-        err = tu_read_file(tmp_path("err.txt"), NULL);
+        err = tu_read_file(tu_tmp_path("err.txt"), NULL);
         if (!strstr(err, bad_wt[k][1])) fail_msg("%s: %s", bad_wt[k][0], err);
         free(err);
     }
-    assert_int_equal(tu_system("test -e '%s'", tmp_path("bad.png")), 1);
+    assert_int_equal(tu_system("test -e '%s'", tu_tmp_path("bad.png")), 1);
 
     /* info names each component's source, its format and its tensor types */
     rc = tu_system("'%s' info --model '%s' --transformer '%s' >'%s/info.txt' 2>&1", CDF_CLI_PATH, model, tu_data(FS "flux_bfl_q8.gguf"),
                    dir);
     assert_int_equal(rc, 0);
-    char *info = tu_read_file(tmp_path("info.txt"), NULL);
+    char *info = tu_read_file(tu_tmp_path("info.txt"), NULL);
     assert_non_null(info);
     if (!strstr(info, "flux_bfl_q8.gguf (GGUF, BFL FLUX keys): 84 tensors") || !strstr(info, "50 F32, 8 Q4_0, 2 Q5_1, 22 Q8_0, 1 Q4_K, 1 Q6_K"))
         fail_msg("info output: %s", info);

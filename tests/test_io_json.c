@@ -12,16 +12,8 @@
 
 #include "cdiffusers/io.h"
 
-static const char *tmp_path(const char *name) {
-    static char buf[8][1024];
-    static int slot;
-    char *b = buf[slot++ & 7];
-    snprintf(b, 1024, "%s/%s", tu_tmpdir(), name);
-    return b;
-}
-
 static const char *write_json(const char *name, const char *text) {
-    const char *p = tmp_path(name);
+    const char *p = tu_tmp_path(name);
     assert_int_equal(tu_write_file(p, text, strlen(text)), 0);
     return p;
 }
@@ -210,7 +202,7 @@ static void test_load_errors(void **state) {
 
     /* missing file, folder */
     j = (cJSON *)(uintptr_t)1;
-    ASSERT_ERR(cdf_json_load_file(tmp_path("missing.json"), &j), CDF_ERR_NOT_FOUND, "does not exist");
+    ASSERT_ERR(cdf_json_load_file(tu_tmp_path("missing.json"), &j), CDF_ERR_NOT_FOUND, "does not exist");
     assert_null(j);
     ASSERT_ERR(cdf_json_load_file(tu_tmpdir(), &j), CDF_ERR_IO, "is a folder");
 
@@ -227,7 +219,7 @@ static void test_load_errors(void **state) {
     cJSON_Delete(j);
 
     /* size limit: a sparse file just over 64 MB is refused without reading it */
-    p = tmp_path("huge.json");
+    p = tu_tmp_path("huge.json");
     int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     assert_true(fd >= 0);
     assert_int_equal(ftruncate(fd, (off_t)CDF_JSON_MAX_FILE_BYTES + 1), 0);

@@ -20,14 +20,6 @@
 
 /* ---------- helpers ---------- */
 
-static const char *tmp_path(const char *name) {
-    static char buf[8][1024];
-    static int slot;
-    char *b = buf[slot++ & 7];
-    snprintf(b, 1024, "%s/%s", tu_tmpdir(), name);
-    return b;
-}
-
 static void make_dir(const char *path) {
     assert_int_equal(mkdir(path, 0755) == 0 || errno == EEXIST, 1);
 }
@@ -115,7 +107,7 @@ static void test_roundtrip_all_dtypes(void **state) {
     assert_int_equal(cdf_st_writer_set_metadata(w, "format", "pt"), CDF_OK);
     assert_int_equal(cdf_st_writer_set_metadata(w, "note", "first"), CDF_OK);
     assert_int_equal(cdf_st_writer_set_metadata(w, "note", meta_val), CDF_OK); /* replaces */
-    const char *path = tmp_path("roundtrip.safetensors");
+    const char *path = tu_tmp_path("roundtrip.safetensors");
     assert_int_equal(cdf_st_writer_save(w, path), CDF_OK);
     cdf_st_writer_free(w);
     assert_int_equal(count_temp_files(tu_tmpdir()), 0);
@@ -182,7 +174,7 @@ static void test_roundtrip_all_dtypes(void **state) {
  * space padding to 8). */
 static void test_writer_exact_bytes(void **state) {
     (void)state;
-    const char *path = tmp_path("exact.safetensors");
+    const char *path = tu_tmp_path("exact.safetensors");
     float v[6] = {0, 1, 2, 3, 4, 5};
     int64_t shape[3] = {1, 2, 3};
     cdf_st_writer *w = cdf_st_writer_new();
@@ -235,7 +227,7 @@ static void rewrite_identical(const char *golden) {
     }
     const char *k, *v;
     for (int i = 0; cdf_st_metadata_at(f, i, &k, &v); i++) assert_int_equal(cdf_st_writer_set_metadata(w, k, v), CDF_OK);
-    const char *out = tmp_path("rewrite.safetensors");
+    const char *out = tu_tmp_path("rewrite.safetensors");
     assert_int_equal(cdf_st_writer_save(w, out), CDF_OK);
     cdf_st_writer_free(w);
     cdf_st_close(f);
@@ -365,7 +357,7 @@ static void test_slices_and_counter(void **state) {
     assert_int_equal(cdf_st_writer_add(w, "t3", CDF_BF16, 3, (int64_t[]){4, 3, 5}, t3), CDF_OK);
     assert_int_equal(cdf_st_writer_add(w, "v1", CDF_I16, 1, (int64_t[]){7}, v1), CDF_OK);
     assert_int_equal(cdf_st_writer_add(w, "s", CDF_F64, 0, NULL, &scalar), CDF_OK);
-    const char *path = tmp_path("slices.safetensors");
+    const char *path = tu_tmp_path("slices.safetensors");
     assert_int_equal(cdf_st_writer_save(w, path), CDF_OK);
     cdf_st_writer_free(w);
 
@@ -557,7 +549,7 @@ static void test_checkpoint_sharded(void **state) {
     make_dir(dir);
     assert_int_equal(cdf_checkpoint_open(dir, &ck), CDF_ERR_NOT_FOUND);
     assert_non_null(strstr(cdf_last_error(), "no safetensors weights"));
-    assert_int_equal(cdf_checkpoint_open(tmp_path("does-not-exist"), &ck), CDF_ERR_NOT_FOUND);
+    assert_int_equal(cdf_checkpoint_open(tu_tmp_path("does-not-exist"), &ck), CDF_ERR_NOT_FOUND);
 }
 
 /* ---------- malformed files ---------- */
@@ -679,7 +671,7 @@ static void test_malformed_table(void **state) {
     /* not a file / missing */
     assert_int_equal(cdf_st_open(tu_tmpdir(), &f), CDF_ERR_IO);
     assert_non_null(strstr(cdf_last_error(), "not a regular file"));
-    assert_int_equal(cdf_st_open(tmp_path("missing.safetensors"), &f), CDF_ERR_NOT_FOUND);
+    assert_int_equal(cdf_st_open(tu_tmp_path("missing.safetensors"), &f), CDF_ERR_NOT_FOUND);
     assert_non_null(strstr(cdf_last_error(), "does not exist"));
     assert_int_equal(cdf_st_open(NULL, &f), CDF_ERR_INVALID_ARG);
 
@@ -776,7 +768,7 @@ static void test_writer_errors(void **state) {
     assert_int_equal(cdf_st_writer_save(w, p), CDF_ERR_IO);
     assert_non_null(strstr(cdf_last_error(), "no_such_dir' does not exist"));
     /* a path under a regular file */
-    const char *reg = tmp_path("regular_file");
+    const char *reg = tu_tmp_path("regular_file");
     assert_int_equal(tu_write_file(reg, "x", 1), 0);
     snprintf(p, sizeof p, "%s/w.safetensors", reg);
     assert_int_equal(cdf_st_writer_save(w, p), CDF_ERR_IO);

@@ -220,14 +220,6 @@ static void test_compile_whole_scale(void **st) { (void)st, compiled_case(false)
 static void test_compile_blocks_scale(void **st) { (void)st, compiled_case(true); }
 
 /* ---- bad input ---------------------------------------------------------------------------- */
-static const char *tmp_path(const char *name) {
-    static char buf[4][1024];
-    static int slot;
-    char *b = buf[slot++ & 3];
-    snprintf(b, 1024, "%s/%s", tu_tmpdir(), name);
-    return b;
-}
-
 /* A one-module adapter for transformer_blocks.0.attn.to_q of the FLUX model (64 -> 64). */
 static void write_adapter(const char *path, const char *key_a, int64_t ra, int64_t in, const char *key_b, int64_t out,
                           int64_t rb, float poison, const char *extra_key) {
@@ -266,7 +258,7 @@ static void expect_refused(cdf_component *c, const char *path, float scale, cdf_
 static void test_bad_input(void **st) {
     (void)st;
     cdf_component *c = load_transformer(&FLUX);
-    const char *p = tmp_path("lora_bad.safetensors");
+    const char *p = tu_tmp_path("lora_bad.safetensors");
     write_adapter(p, QA, 4, 64, QB, 64, 3, 0.0f, NULL);
     expect_refused(c, p, 1.0f, CDF_ERR_SHAPE, "rank mismatch");
     write_adapter(p, QA, 4, 65, QB, 64, 4, 0.0f, NULL);
@@ -317,7 +309,7 @@ static void test_bad_input(void **st) {
 static void test_flux2_names_refused(void **st) {
     (void)st;
     cdf_component *c = load_transformer(&FLUX2_DEV);
-    const char *p = tmp_path("lora_flux2_bad.safetensors");
+    const char *p = tu_tmp_path("lora_flux2_bad.safetensors");
     /* kohya suffixes under ComfyUI's prefix: FLUX.1's converter renames them, FLUX.2's keeps only
      * lora_unet_ names (diffusers ends with an empty adapter) */
     write_adapter(p, "diffusion_model.double_blocks.0.img_attn.proj.lora_down.weight", 4, 64,
@@ -440,7 +432,7 @@ static int generate(const char *model, const char *extra, const char *tag) {
 static void test_cli_fuse_matches_offline_fused_folder(void **st) {
     (void)st;
     const char *pipe = path_of("pipelines/flux1_dev_tiny");
-    const char *fused = tmp_path("fused_pipeline");
+    const char *fused = tu_tmp_path("fused_pipeline");
     assert_int_equal(tu_system("rm -rf '%s' && mkdir -p '%s' && cd '%s' && for e in *; do [ \"$e\" = transformer ] || "
                                "[ \"$e\" = cases ] || ln -s \"$PWD/$e\" '%s/'\"$e\"; done && ln -s '%s' '%s/transformer'",
                                fused, fused, pipe, fused, path_of("lora/pipe_flux1_dev_tiny_fused_0.8/transformer"), fused),
@@ -455,13 +447,13 @@ static void test_cli_fuse_matches_offline_fused_folder(void **st) {
     /* the load message counts the layers: 10 kohya modules per double block (q/k/v split) and 3
      * per single block (linear1 split in 4) reach 14 x 2 + 6 x 2 layers */
     size_t len;
-    char *err = tu_read_file(tmp_path("fuse.err"), &len);
+    char *err = tu_read_file(tu_tmp_path("fuse.err"), &len);
     assert_non_null(err);
     if (!strstr(err, "kohya format): 40 layers, scale 0.8, fused")) fail_msg("load message: %s", err);
     free(err);
     int64_t n1, n2, n3, n4;
-    float *fz = final_latents(tmp_path("fuse.safetensors"), &n1), *rt = final_latents(tmp_path("runtime.safetensors"), &n2);
-    float *off = final_latents(tmp_path("offline.safetensors"), &n3), *base = final_latents(tmp_path("base.safetensors"), &n4);
+    float *fz = final_latents(tu_tmp_path("fuse.safetensors"), &n1), *rt = final_latents(tu_tmp_path("runtime.safetensors"), &n2);
+    float *off = final_latents(tu_tmp_path("offline.safetensors"), &n3), *base = final_latents(tu_tmp_path("base.safetensors"), &n4);
     assert_true(n1 == n2 && n1 == n3 && n1 == n4);
     const double d_fuse = tu_max_abs_diff(fz, off, (size_t)n1, NULL), d_rt = tu_max_abs_diff(rt, off, (size_t)n1, NULL);
     const double d_base = tu_max_abs_diff(base, off, (size_t)n1, NULL);
@@ -478,30 +470,30 @@ static void test_cli_fuse_matches_offline_fused_folder(void **st) {
 static void test_cli_bad_lora(void **st) {
     (void)st;
     const char *pipe = path_of("pipelines/flux1_dev_tiny");
-    const char *bad = tmp_path("nan_lora.safetensors");
+    const char *bad = tu_tmp_path("nan_lora.safetensors");
     write_adapter(bad, QA, 4, 32, QB, 32, 4, NAN, NULL);
     char arg[1024];
     snprintf(arg, sizeof arg, "--lora '%s'", bad);
     assert_int_equal(tu_system("rm -f '%s/bad.png' '%s/bad.safetensors'", tu_tmpdir(), tu_tmpdir()), 0);
     assert_true(generate(pipe, arg, "bad") != 0);
-    assert_int_equal(access(tmp_path("bad.png"), F_OK), -1);
-    assert_int_equal(access(tmp_path("bad.safetensors"), F_OK), -1);
+    assert_int_equal(access(tu_tmp_path("bad.png"), F_OK), -1);
+    assert_int_equal(access(tu_tmp_path("bad.safetensors"), F_OK), -1);
     size_t len;
-    char *err = tu_read_file(tmp_path("bad.err"), &len);
+    char *err = tu_read_file(tu_tmp_path("bad.err"), &len);
     if (!err || !strstr(err, "non-finite")) fail_msg("message: %s", err ? err : "(none)");
     free(err);
     snprintf(arg, sizeof arg, "--lora '%s:nan'", path_of("lora/pipe_flux1_dev_tiny_kohya.safetensors"));
     assert_true(generate(pipe, arg, "bad") != 0);
-    assert_int_equal(access(tmp_path("bad.png"), F_OK), -1);
+    assert_int_equal(access(tu_tmp_path("bad.png"), F_OK), -1);
     snprintf(arg, sizeof arg, "--lora '%s' --lora-mode sideways", path_of("lora/pipe_flux1_dev_tiny_kohya.safetensors"));
     assert_true(generate(pipe, arg, "bad") != 0);
     /* an adapter for another model: shapes fit no layer */
     snprintf(arg, sizeof arg, "--lora '%s'", path_of("lora/flux_kohya.safetensors"));
     assert_true(generate(pipe, arg, "bad") != 0);
-    err = tu_read_file(tmp_path("bad.err"), &len);
+    err = tu_read_file(tu_tmp_path("bad.err"), &len);
     if (!err || !strstr(err, "fits no layer")) fail_msg("message: %s", err ? err : "(none)");
     free(err);
-    assert_int_equal(access(tmp_path("bad.png"), F_OK), -1);
+    assert_int_equal(access(tu_tmp_path("bad.png"), F_OK), -1);
 }
 
 /* ---- unloading a fused adapter gives the loaded weights back bit for bit ---------------------- */

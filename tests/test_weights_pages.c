@@ -1,7 +1,8 @@
 /* Loading weights does not keep the checkpoint's pages resident: once a weight is copied to the
  * device, the pages of the file mapping it was read from leave the process (cdf_io_drop_pages),
  * so a model is not held twice (copy + mapped file) at the end of its load. Reads after the drop
- * still see the file's bytes. Resident sizes come from /proc/self/smaps (Linux). */
+ * still see the file's bytes. The same holds for GGUF blocks a linear layer keeps quantized.
+ * Resident sizes come from /proc/self/smaps (Linux). */
 #include "testutil.h"
 
 #include <stdint.h>
@@ -90,9 +91,51 @@ static void test_loaded_weight_pages_dropped(void **state) {
     free(v);
 }
 
+/* The same for a GGUF layer whose Q8_0 blocks stay in memory (cdf_linear_load without
+ * decode_quantized): the blocks are copied to the device and the file's pages leave the process. */
+static void test_quantized_block_pages_dropped(void **state) {
+    (void)state;
+    char dir[1024], file[1100];
+    snprintf(dir, sizeof dir, "%s/pages_dropped_gguf", tu_tmpdir());
+    mkdir(dir, 0755);
+    snprintf(file, sizeof file, "%s/big.gguf", dir);
+    enum { OUT = 1024, IN = 4096, ROW = IN / 32 * 34 }; /* 4.25 MiB of Q8_0 blocks */
+    uint8_t *q = malloc((size_t)OUT * ROW);
+    assert_non_null(q);
+    for (size_t i = 0; i < (size_t)OUT * ROW; i++) q[i] = (uint8_t)(i * 2654435761u >> 24);
+    for (size_t b = 0; b < (size_t)OUT * ROW; b += 34) q[b] = 0x00, q[b + 1] = 0x2c; /* finite f16 scale 1/16 */
+    cdf_gguf_writer *wr = cdf_gguf_writer_new(0);
+    assert_non_null(wr);
+    assert_int_equal(cdf_gguf_writer_add(wr, "big.weight", CDF_GGML_Q8_0, 2, (int64_t[]){OUT, IN}, q), CDF_OK);
+    assert_int_equal(cdf_gguf_writer_save(wr, file, true, NULL, NULL), CDF_OK);
+    cdf_gguf_writer_free(wr);
+
+    cdf_load_options o = cdf_load_options_default();
+    o.device = tu_cpu();
+    o.weight_dtype = CDF_BF16;
+    o.weights_file = file;
+    cdf_weights *w = NULL;
+    if (cdf_weights_open(dir, &o, &w) != CDF_OK) fail_msg("open: %s", cdf_last_error());
+    cdf_linear_layer l;
+    if (cdf_linear_load(w, &l, IN, OUT, 0, "big") != CDF_OK) fail_msg("linear: %s", cdf_last_error());
+    assert_int_equal(l.qtype, CDF_GGML_Q8_0); /* kept as blocks */
+    long after = mapped_rss_kb(file);
+    if (after < 0 || after > 64) fail_msg("mapped GGUF resident after loading its blocks: %ld kB (of %d)", after, OUT * ROW / 1024);
+    /* the device copy holds the file's blocks */
+    uint8_t *got = malloc((size_t)OUT * ROW);
+    assert_non_null(got);
+    assert_int_equal(cdf_tensor_read(l.w, CDF_U8, got, (size_t)OUT * ROW), CDF_OK);
+    assert_memory_equal(got, q, (size_t)OUT * ROW);
+    cdf_linear_free(&l);
+    cdf_weights_free(w);
+    free(got);
+    free(q);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_loaded_weight_pages_dropped),
+        cmocka_unit_test(test_quantized_block_pages_dropped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,6 +15,14 @@ const char *tu_data(const char *rel) {
     return b;
 }
 
+const char *tu_tmp_path(const char *name) {
+    static char buf[8][4096];
+    static int slot;
+    char *b = buf[slot++ & 7];
+    snprintf(b, 4096, "%s/%s", tu_tmpdir(), name);
+    return b;
+}
+
 char *tu_read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;

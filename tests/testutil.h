@@ -16,6 +16,8 @@ char *tu_read_file(const char *path, size_t *len);
 int tu_write_file(const char *path, const void *data, size_t len);
 /* A fresh empty temporary directory (removed at exit); returns its path. */
 const char *tu_tmpdir(void);
+/* "<tu_tmpdir()>/<name>" in a static rotating buffer (8 slots). */
+const char *tu_tmp_path(const char *name);
 /* max |a-b| over n floats; also the index of the worst element. */
 double tu_max_abs_diff(const float *a, const float *b, size_t n, size_t *worst);
 /* Fill with deterministic pseudo-random values in [-1, 1) (xorshift; seed != 0). */

@@ -270,7 +270,7 @@ def sdcpp_case(args, case, ckpts):
     rec = json.loads(m.group(1))
     if rec["rc"] != 0 or not rec.get("sec_per_forward"):
         raise SystemExit(f"sd-cli failed on {case} (exit {rec['rc']}); logs in {args.work}/sdcpp-logs\n{text[-2000:]}")
-    steps = [v for k, v in sorted(rec["step_sec_all"].items(), key=lambda kv: int(kv[0])) if int(kv[0]) > 1]
+    steps = [v for k, v in sorted(rec["step_sec_all"].items(), key=lambda kv: int(kv[0])) if int(k) > 1]
     return dict(sec=rec["sec_per_forward"], all_sec=steps, decode_sec=rec.get("decode_sec"),
                 flops=rec["flops_per_forward"], txt=rec["text_tokens"], rss_gib=rss, wall=wall,
                 foreign=rec["foreign_cpu_cores_whole_run"], util=util)
