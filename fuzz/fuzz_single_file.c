@@ -22,7 +22,8 @@ static const char *const k_names[] = {
     "single_transformer_blocks.0.attn.to_v.bias", "single_transformer_blocks.0.proj_mlp.weight",
     "single_transformer_blocks.0.proj_mlp.bias", "single_transformer_blocks.0.proj_out.weight",
     "single_transformer_blocks.0.norm.linear.weight", "single_transformer_blocks.0.attn.norm_k.weight",
-    "lin.weight", "other.weight",
+    "lin.weight", "other.weight", "text_projection.weight", "text_model.embeddings.position_embedding.weight",
+    "shared.weight", "encoder.block.0.layer.0.SelfAttention.q.weight",
     /* SD3 names that differ from FLUX's conversions */
     "pos_embed.pos_embed", "pos_embed.proj.weight", "transformer_blocks.0.attn2.to_k.weight",
     "transformer_blocks.0.attn2.norm_q.weight", "transformer_blocks.0.norm1_context.linear.weight",
@@ -114,7 +115,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fz_join(fz_tmp(), gguf ? "in.gguf" : "in.safetensors");
     fz_write(path, data, size);
     cdf_wsrc *s = NULL;
-    if (FZ_TRY(cdf_wsrc_open(path, true, &s)) != CDF_OK) {
+    /* the text encoder part of an all-in-one file, chosen by the input's length */
+    static const char *const parts[] = {NULL, "clip_l", "clip_g", "t5xxl"};
+    if (FZ_TRY(cdf_wsrc_open(path, true, parts[size % 4], &s)) != CDF_OK) {
         FZ_CHECK(s == NULL);
         FZ_CHECK_MESSAGE();
         return 0;

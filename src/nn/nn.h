@@ -27,6 +27,9 @@ typedef struct cdf_load_options {
     const char *weights_file; /* NULL: the component folder's weights; else a single .safetensors
                                  or .gguf file read in their place (nn/weights_source.h); the
                                  folder still gives config.json */
+    const char *weights_part; /* a text encoder's part of an all-in-one weights_file: "clip_l",
+                                 "clip_g" or "t5xxl" ("text_encoders.<part>.transformer."), NULL
+                                 for other components */
     struct cdf_weights_report *report; /* if set, cdf_weights_free fills it */
     struct cdf_layer_index *layers; /* if set, every linear layer loaded is registered there under
                                 its module name (nn/lora.h: what LoRA adapters attach to) */
@@ -46,7 +49,7 @@ typedef struct cdf_load_options {
 typedef struct cdf_weights_report {
     char *unused; /* comma-separated, malloc'd (the receiver frees it); NULL if none */
     int n_unused;
-    char format[96]; /* "GGUF, BFL FLUX keys", "safetensors", ... */
+    char format[192]; /* "GGUF, BFL FLUX keys", "safetensors", ... */
 } cdf_weights_report;
 
 cdf_load_options cdf_load_options_default(void);

@@ -50,7 +50,8 @@ cdf_status cdf_weights_open(const char *dir, const cdf_load_options *opt, cdf_we
     w->path = strdup(dir);
     w->shared = calloc(1, sizeof *w->shared);
     cdf_status s = !w->path || !w->shared ? cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory")
-                                          : cdf_wsrc_open(w->opt.weights_file ? w->opt.weights_file : dir, w->opt.weights_file != NULL, &w->src);
+                                          : cdf_wsrc_open(w->opt.weights_file ? w->opt.weights_file : dir, w->opt.weights_file != NULL,
+                                                         w->opt.weights_part, &w->src);
     if (s != CDF_OK) {
         free(w->shared);
         free(w->path);

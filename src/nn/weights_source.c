@@ -20,9 +20,18 @@ struct cdf_wsrc {
     bool used_layout[N_LAYOUTS];
     const char *prefix[N_LAYOUTS]; /* "model.diffusion_model.", "vae.", ... or "" */
     int vae_up_blocks;   /* LDM VAE: number of decoder.up.N blocks (diffusers numbers them reversed) */
-    int sd3_last_block;
-    bool diffusers_layout; /* none of the original layouts: names are diffusers' */  /* SD3: index of the last joint block (its context modulation is swapped) */
-    char format[96];
+    int sd3_last_block;    /* SD3: index of the last joint block (its context modulation is swapped) */
+    bool diffusers_layout; /* none of the original layouts: names are diffusers' */
+    /* A text encoder of an all-in-one file ("text_encoders.clip_l.transformer." ...): its names
+     * are transformers' under that prefix (diffusers' convert_ldm_clip_checkpoint /
+     * convert_sd3_t5_checkpoint_to_diffusers only strip it); "" when this source serves another
+     * component or the file has no such part. */
+    char te_prefix[64];
+    char te_parts[96];      /* the text encoders the file holds, for messages ("clip_l, t5xxl") */
+    char te_wanted[16];     /* the part this source was opened for */
+    bool te_identity_proj;  /* clip_l: text_projection.weight is the identity (see cdf_wsrc_find) */
+    int64_t te_hidden;      /* clip_l: width of its position embedding */
+    char format[192];
     bool found_any;
     char hint[600];
     uint8_t *used;       /* per source tensor (converted files) */
@@ -351,7 +360,35 @@ static bool has_raw(const cdf_wsrc *s, const char *full) {
     return s->gg ? cdf_gguf_find(s->gg, full) != NULL : cdf_checkpoint_has(s->ck, full);
 }
 
-cdf_status cdf_wsrc_open(const char *path, bool single_file, cdf_wsrc **out) {
+/* The text encoder parts of an all-in-one file (ComfyUI's / Stability's "text_encoders.<part>.
+ * transformer." prefixes) and, when `part` is one of them, this source's prefix. */
+static void find_text_parts(cdf_wsrc *s, const char *part) {
+    snprintf(s->te_wanted, sizeof s->te_wanted, "%s", part ? part : "");
+    static const char *const parts[] = {"clip_l", "clip_g", "t5xxl"};
+    for (size_t k = 0; k < sizeof parts / sizeof *parts; k++) {
+        char pfx[64];
+        snprintf(pfx, sizeof pfx, "text_encoders.%s.transformer.", parts[k]);
+        bool found = false;
+        /* names are sorted (safetensors) or few (GGUF): a scan of the names is cheap */
+        for (int i = 0; i < count_raw(s) && !found; i++) found = strncmp(raw_name_at(s, i), pfx, strlen(pfx)) == 0;
+        if (!found) continue;
+        size_t o = strlen(s->te_parts);
+        snprintf(s->te_parts + o, sizeof s->te_parts - o, "%s%s", o ? ", " : "", parts[k]);
+        if (part && strcmp(part, parts[k]) == 0) snprintf(s->te_prefix, sizeof s->te_prefix, "%s", pfx);
+    }
+    /* diffusers (create_diffusers_clip_model_from_ldm) gives SD3's CLIP-L the identity as its
+     * text_projection, whatever the file holds: SD3 was trained on its unprojected pooled output */
+    if (part && strcmp(part, "clip_l") == 0 && s->te_prefix[0]) {
+        char k[160];
+        snprintf(k, sizeof k, "%stext_model.embeddings.position_embedding.weight", s->te_prefix);
+        raw r;
+        /* (a width beyond any CLIP's is left to the shape check: the model then misses the tensor) */
+        if (raw_find(s, "", k, &r) && r.ndim == 2 && r.shape[1] > 0 && r.shape[1] <= 65536)
+            s->te_identity_proj = true, s->te_hidden = r.shape[1];
+    }
+}
+
+cdf_status cdf_wsrc_open(const char *path, bool single_file, const char *part, cdf_wsrc **out) {
     *out = NULL;
     cdf_wsrc *s = calloc(1, sizeof *s);
     if (!s || !(s->path = strdup(path))) {
@@ -397,7 +434,10 @@ cdf_status cdf_wsrc_open(const char *path, bool single_file, cdf_wsrc **out) {
         if (s->has[l])
             o += snprintf(s->format + o, sizeof s->format - (size_t)o, ", %s%s%s", layout_names[l], *s->prefix[l] ? " under " : "",
                           s->prefix[l]);
-    bool original = s->has[LAYOUT_FLUX_BFL] || s->has[LAYOUT_SD3_SAI] || s->has[LAYOUT_LDM_VAE];
+    find_text_parts(s, part);
+    if (s->te_parts[0] && (size_t)o < sizeof s->format)
+        snprintf(s->format + o, sizeof s->format - (size_t)o, ", text encoders %s", s->te_parts);
+    bool original = s->has[LAYOUT_FLUX_BFL] || s->has[LAYOUT_SD3_SAI] || s->has[LAYOUT_LDM_VAE] || s->te_parts[0];
     s->diffusers_layout = !original;
     if (single_file || original || gguf) {
         s->used = calloc((size_t)count_raw(s) + 1, 1);
@@ -442,8 +482,23 @@ bool cdf_wsrc_find(cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
         snprintf(t->src_name, sizeof t->src_name, "%s", name);
         found = raw_find(s, "", t->src_name, &r);
     }
+    if (s->te_prefix[0]) { /* a text encoder's part of an all-in-one file: only that part */
+        t->prefix = s->te_prefix;
+        if (s->te_identity_proj && strcmp(name, "text_projection.weight") == 0) {
+            snprintf(t->src_name, sizeof t->src_name, "%s", name);
+            t->identity = true;
+            t->ndim = 2;
+            t->shape[0] = t->shape[1] = s->te_hidden;
+            t->dtype = CDF_F32;
+            t->qtype = -1;
+            s->found_any = true;
+            return true;
+        }
+        snprintf(t->src_name, sizeof t->src_name, "%s", name);
+        found = raw_find(s, t->prefix, t->src_name, &r);
+    }
     /* an all-in-one file holds several layouts: the first whose conversion finds the tensor */
-    for (int l = 0; l < N_LAYOUTS && !found; l++) {
+    for (int l = 0; l < N_LAYOUTS && !found && !s->te_prefix[0]; l++) {
         if (!s->has[l]) continue;
         t->prefix = s->prefix[l];
         bool ok = l == LAYOUT_FLUX_BFL ? flux_recipe(s, t->prefix, name, t)
@@ -494,6 +549,18 @@ static bool swap_row_halves(uint8_t *buf, int64_t nrows, size_t row_bytes, const
 
 const void *cdf_wsrc_load(cdf_wsrc *s, cdf_wsrc_tensor *t, const char *name) {
     raw r;
+    if (t->identity) { /* [n, n] f32, made here: no source tensor */
+        const int64_t n = t->shape[0];
+        float *eye = calloc((size_t)(n * n) + 1, sizeof *eye);
+        if (!eye) {
+            cdf_error(CDF_ERR_OUT_OF_MEMORY, "weight '%s': out of host memory for the %lld x %lld identity", name, (long long)n,
+                      (long long)n);
+            return NULL;
+        }
+        for (int64_t i = 0; i < n; i++) eye[i * n + i] = 1.0f;
+        t->owned = eye;
+        return eye;
+    }
     if (!raw_find(s, t->prefix, t->src_name, &r)) {
         cdf_error(CDF_ERR_INTERNAL, "weight '%s': source tensor '%s' vanished from %s", name, t->src_name, s->path);
         return NULL;
@@ -585,6 +652,15 @@ void cdf_wsrc_tensor_release(cdf_wsrc_tensor *t) {
 const char *cdf_wsrc_missing_hint(cdf_wsrc *s) {
     if (s->found_any || !s->used) return "";
     int n = count_raw(s);
+    if (s->te_parts[0] && !s->te_prefix[0]) { /* an all-in-one file without this component's part */
+        if (s->te_wanted[0])
+            snprintf(s->hint, sizeof s->hint, "; this all-in-one file (%s) holds the text encoders %s but no \"text_encoders.%s."
+                     "transformer.\" part", s->format, s->te_parts, s->te_wanted);
+        else if (!s->has[LAYOUT_FLUX_BFL] && !s->has[LAYOUT_SD3_SAI] && !s->has[LAYOUT_LDM_VAE])
+            snprintf(s->hint, sizeof s->hint, "; this file holds only the text encoders %s (under \"text_encoders.<name>."
+                     "transformer.\"), none of which is this component", s->te_parts);
+        if (s->hint[0]) return s->hint;
+    }
     int o = snprintf(s->hint, sizeof s->hint, "; none of the %d tensors of this file (%s) belong to this model: it is "
                      "not in diffusers', BFL FLUX's, Stability SD3's or LDM's layout for it", n, s->format);
     for (int i = 0; i < n && i < 2 && o > 0 && (size_t)o < sizeof s->hint; i++)
@@ -627,7 +703,26 @@ static bool other_component(const cdf_wsrc *s, const char *name) {
     for (int l = 0; l < N_LAYOUTS; l++)
         if (s->has[l] && !s->used_layout[l] && *s->prefix[l] && strncmp(name, s->prefix[l], strlen(s->prefix[l])) == 0)
             return true;
-    static const char *const text[] = {"text_encoders.", "cond_stage_model.", "conditioner."};
+    const size_t tp = strlen(s->te_prefix);
+    if (tp && strncmp(name, s->te_prefix, tp) == 0) {
+        /* this text encoder's own part: what diffusers drops is not unused (CLIP-L's own
+         * text_projection, replaced by the identity or absent from CLIPTextModel; CLIP's
+         * logit_scale; a tokenizer's bytes), nor is T5's tied copy of its token table */
+        const char *rest = name + tp;
+        if (strcmp(rest, "text_projection.weight") == 0 && strstr(s->te_prefix, ".clip_l.")) return true;
+        if (strcmp(rest, "logit_scale") == 0) return true;
+        if (strcmp(rest, "spiece_model") == 0) return true; /* ComfyUI keeps the tokenizer's sentencepiece model here */
+        if (strcmp(rest, "encoder.embed_tokens.weight") == 0) {
+            char k[160];
+            snprintf(k, sizeof k, "%sshared.weight", s->te_prefix);
+            if (has_raw(s, k)) return true;
+        }
+    } else if (tp || strncmp(name, "text_encoders.", 14) == 0) {
+        /* another component's part: the text encoders' (for the transformer or the VAE), or, for
+         * a text encoder, everything outside its own part */
+        return true;
+    }
+    static const char *const text[] = {"cond_stage_model.", "conditioner."};
     for (size_t k = 0; k < sizeof text / sizeof *text; k++)
         if (strncmp(name, text[k], strlen(text[k])) == 0) return true;
     /* not weights: the fp8_scaled marker, fp8 activation scales (this loader dequantizes), buffers */

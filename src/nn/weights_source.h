@@ -2,7 +2,8 @@
  * .safetensors file in diffusers layout), or a single-file checkpoint in another layout
  * (.safetensors or .gguf, BFL FLUX or Stability SD3/SD3.5 transformer key names with or without
  * ComfyUI's "model.diffusion_model." prefix, LDM VAE names bare or under "first_stage_model." /
- * "vae."; an all-in-one file may hold several) whose tensors are renamed, split and reordered the way
+ * "vae."; text encoders under ComfyUI's / Stability's "text_encoders.{clip_l,clip_g,t5xxl}.transformer."
+ * prefixes; an all-in-one file may hold several) whose tensors are renamed, split and reordered the way
  * diffusers' single_file_utils converts them, with sizes taken from the tensors' shapes.
  *
  * A tensor comes back either as a zero-copy view of mapped bytes (a plain safetensors tensor,
@@ -28,6 +29,7 @@ typedef struct cdf_wsrc_tensor {
     const char *prefix;  /* of src_name in the file */
     int64_t row0, nrows; /* dim-0 slice of the source tensor (nrows -1: all) */
     bool swap_halves;
+    bool identity;       /* no source tensor: the [n, n] identity (SD3 CLIP-L's text_projection) */
     void *owned;
     const void *mapped;    /* zero-copy values: their pages, dropped by cdf_wsrc_tensor_release */
     uint64_t mapped_bytes;
@@ -35,8 +37,11 @@ typedef struct cdf_wsrc_tensor {
 
 /* A folder or a diffusers-layout .safetensors file (cdf_checkpoint_open) or, for a path ending
  * in .gguf or a .safetensors file in another layout, a converted single file. single_file: the
- * path is a component file given in place of a folder's (its unused tensors are tracked). */
-cdf_status cdf_wsrc_open(const char *path, bool single_file, cdf_wsrc **out);
+ * path is a component file given in place of a folder's (its unused tensors are tracked).
+ * part: for a text encoder, which one of an all-in-one file's "text_encoders.<part>.transformer."
+ * parts it is ("clip_l", "clip_g", "t5xxl"); NULL for other components. A file without
+ * text_encoders.* names ignores it. */
+cdf_status cdf_wsrc_open(const char *path, bool single_file, const char *part, cdf_wsrc **out);
 void cdf_wsrc_close(cdf_wsrc *s);
 /* The checkpoint behind a diffusers-layout source (NULL for converted files and GGUF). */
 cdf_checkpoint *cdf_wsrc_checkpoint(cdf_wsrc *s);
