@@ -20,6 +20,7 @@
 #include "convert.h" /* cli/convert.c: the convert command */
 #include "devices.h"
 #include "nn/weights_source.h" /* info: a component file's format and tensor types */
+#include "pipelines/pipeline_impl.h" /* info: cdf_pipe_text_part */
 #include "plan.h"  /* cli/plan.c: the plan command, --memory-stats */
 
 /* Exit codes */
@@ -43,6 +44,12 @@ static void usage(FILE *f) {
             "  cdiffusers generate [--model DIR] --prompt TEXT [options]\n"
             "      --model DIR              FluxPipeline/SD3/FLUX.2 folder (default: the bundled models/shapes-flux-tiny;\n"
             "                               DIR/cdiffusers_defaults.json, if present, sets the defaults below)\n"
+            "      --model FILE             an all-in-one .safetensors (ComfyUI / Stability: transformer, VAE, text\n"
+            "                               encoders) of FLUX.1-dev/-schnell, SD3-Medium, SD3.5-Medium/-Large, with\n"
+            "                               the configs shipped for it (models/configs); what it lacks: --vae FILE,\n"
+            "                               --text-encoder N=FILE\n"
+            "      --config DIR             with --model FILE: configs and tokenizers from this diffusers folder\n"
+            "                               (its weights are not read), as diffusers' from_single_file(config=)\n"
             "      --negative-prompt TEXT   negative prompt (SD3 CFG; Flux true CFG with --true-cfg-scale)\n"
             "      --height H --width W     image size (multiples of 16; default: the model's)\n"
             "      --steps N                denoising steps (default 28)\n"
@@ -117,6 +124,7 @@ static void usage(FILE *f) {
             "                  [--max-sequence-length N] [--guidance G] [--negative-prompt TEXT] [--true-cfg-scale G]\n"
             "                  [--mode eager|fuse|compile] [--compile-repeated-blocks] [--vae-tiling auto|on|off]\n"
             "                  [--vae-tile-size PX] [--transformer FILE] [--vae FILE] [--weight-type q8_0|q4_k|f32|bf16]\n"
+            "                  [--config DIR]  (--model FILE: an all-in-one file, as generate)\n"
             "      expected peak device memory per phase (weights + activations) without loading or running,\n"
             "      for the execution generate would use with the same options (and CDIFFUSERS_COMPILE)\n",
             CDIFFUSERS_VERSION);
@@ -124,7 +132,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "  cdiffusers tokenize --model DIR --prompt TEXT [--max-length N]\n"
             "      DIR is a tokenizer folder or a pipeline folder (then every tokenizer_* is used)\n"
-            "  cdiffusers info --model DIR [--transformer FILE] [--vae FILE] [--text-encoder N=FILE]\n"
+            "  cdiffusers info --model DIR|FILE [--config DIR] [--transformer FILE] [--vae FILE] [--text-encoder N=FILE]\n"
             "  cdiffusers convert --model DIR [--component NAME] [--transformer|--vae|--weights FILE]\n"
             "                     --output OUT.gguf [--type f32|bf16|q8_0|q4_k] [--force] [--format gguf|diffusers]\n"
             "      one component (default transformer) as a GGUF v3 file in diffusers names that --transformer\n"
@@ -301,7 +309,7 @@ static void log_io(const tp_run *tr, cdf_device *dev, uint64_t weight_bytes) {
 
 /* ---- component files (--transformer, --vae, --text-encoder N=FILE) ---------------------------- */
 enum { OPT_TRANSFORMER_FILE = 1001, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE, OPT_ALLOW_UNUSED_KEYS, OPT_WEIGHT_TYPE, OPT_VAE_TILING,
-       OPT_VAE_TILE_SIZE };
+       OPT_VAE_TILE_SIZE, OPT_CONFIG };
 
 /* --weight-type: q8_0 / q4_k quantize float linear weights at load; f32/bf16 decode GGUF blocks at
  * load to that dtype (which must then agree with --dtype, the compute policy). 0 or usage error text. */
@@ -348,6 +356,7 @@ static int add_component_file(component_files *cf, int opt, const char *arg) {
 /* ---- generate ---------------------------------------------------------------------------- */
 static int cmd_generate(int argc, char **argv) {
     const char *output = "out.png", *latents_out = NULL, *tp_replicate = NULL, *weight_type = NULL;
+    const char *config = NULL; /* --config DIR: configs and tokenizers for --model FILE */
     cdf_cli_run_opts ro = cdf_cli_run_opts_default();
     bool force = false, quiet = false, memory_stats = false;
     bool user_true_cfg = false, user_strength = false, user_vae_tiling = false;
@@ -371,6 +380,7 @@ static int cmd_generate(int argc, char **argv) {
         {"text-encoder", required_argument, 0, OPT_TEXT_ENCODER_FILE},
         {"allow-unused-keys", no_argument, 0, OPT_ALLOW_UNUSED_KEYS},
         {"weight-type", required_argument, 0, OPT_WEIGHT_TYPE},
+        {"config", required_argument, 0, OPT_CONFIG},
         {"vae-tiling", required_argument, 0, OPT_VAE_TILING}, {"vae-tile-size", required_argument, 0, OPT_VAE_TILE_SIZE},
         {"device", required_argument, 0, 'D'},
         {"lora", required_argument, 0, 'A'},         {"lora-mode", required_argument, 0, 'Z'},
@@ -453,6 +463,7 @@ static int cmd_generate(int argc, char **argv) {
         case 'K': memory_stats = true; break;
         case OPT_ALLOW_UNUSED_KEYS: allow_unused = true; break;
         case OPT_WEIGHT_TYPE: weight_type = optarg; break;
+        case OPT_CONFIG: config = optarg; break;
         case OPT_VAE_TILING:
             if (strcmp(optarg, "auto") == 0) gp.vae_tiling = CDF_VAE_TILING_AUTO;
             else if (strcmp(optarg, "on") == 0) gp.vae_tiling = CDF_VAE_TILING_ON;
@@ -530,7 +541,7 @@ static int cmd_generate(int argc, char **argv) {
     }
     const char *model = ro.model, *dtype = ro.dtype;
     cdf_cli_model_defaults model_defaults; /* outlives gp: gp.negative_prompt may point into it */
-    if (cdf_cli_model_defaults_load(model, &model_defaults) != CDF_OK) return fail(NULL);
+    if (cdf_cli_model_defaults_load(config ? config : model, &model_defaults) != CDF_OK) return fail(NULL);
     cdf_cli_model_defaults_apply(&model_defaults, &gp, user_true_cfg);
     int rc_tp = check_launch(tp);
     if (rc_tp != EXIT_OK) return rc_tp;
@@ -548,6 +559,7 @@ static int cmd_generate(int argc, char **argv) {
     lp.component_files = cf.files;
     lp.num_component_files = cf.n;
     lp.allow_unused_keys = allow_unused;
+    lp.config = config;
     const char *wt_err = parse_weight_type(weight_type, dtype, &lp.decode_quantized, &lp.quantize_weights);
     if (wt_err) return usage_error("%s", wt_err);
 
@@ -827,7 +839,8 @@ static void info_component(const char *dir, const char *name, const component_fi
         cJSON *cfg = NULL;
         const char *cls = "?";
         if (cdf_config_load(sub, &cfg) == CDF_OK && cdf_config_class_name(cfg)) cls = cdf_config_class_name(cfg);
-        if (cdf_wsrc_open(cf->files[i].path, true, &s) != CDF_OK) {
+        const char *part = cdf_pipe_text_part(name, strcmp(cls, "T5EncoderModel") == 0); /* of an all-in-one file */
+        if (cdf_wsrc_open(cf->files[i].path, true, part, &s) != CDF_OK) {
             printf("  %-16s %-32s (weights file unreadable: %s)\n", name, cls, cdf_last_error());
         } else {
             char summary[512];
@@ -864,8 +877,9 @@ static void info_component(const char *dir, const char *name, const component_fi
 }
 
 static int cmd_info(int argc, char **argv) {
-    const char *model = NULL;
+    const char *model = NULL, *config = NULL;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"config", required_argument, 0, OPT_CONFIG},
                                          {"transformer", required_argument, 0, OPT_TRANSFORMER_FILE},
                                          {"vae", required_argument, 0, OPT_VAE_FILE},
                                          {"text-encoder", required_argument, 0, OPT_TEXT_ENCODER_FILE},
@@ -875,12 +889,27 @@ static int cmd_info(int argc, char **argv) {
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (c == 'm') model = optarg;
+        else if (c == OPT_CONFIG) config = optarg;
         else if (c == OPT_TRANSFORMER_FILE || c == OPT_VAE_FILE || c == OPT_TEXT_ENCODER_FILE) {
             if (add_component_file(&cf, c, optarg) != EXIT_OK) return EXIT_USAGE;
         } else return EXIT_USAGE;
     }
     if (!model) return usage_error("%s", "info needs --model DIR");
-    char path[4096];
+    char path[4200];
+    struct stat mst;
+    const char *file = NULL; /* an all-in-one file: its recognised model, then the config folder's listing */
+    if (stat(model, &mst) == 0 && S_ISREG(mst.st_mode)) {
+        static char cfg_dir[4096];
+        char known[64];
+        if (cdf_pipeline_single_file_model(model, config, known, sizeof known, cfg_dir, sizeof cfg_dir) != CDF_OK)
+            return fail("reading the single file");
+        printf("%s: %s%s, configs and tokenizers from %s\n", model, known[0] ? "recognised as " : "an all-in-one file",
+               known, cfg_dir);
+        file = model;
+        model = cfg_dir;
+    } else if (config) {
+        return usage_error("--config DIR goes with --model FILE (an all-in-one file), not the folder '%s'", model);
+    }
     snprintf(path, sizeof path, "%s/model_index.json", model);
     cJSON *idx = NULL;
     if (cdf_cli_file_exists(path)) {
@@ -894,7 +923,12 @@ static int cmd_info(int argc, char **argv) {
             const char *ccls = cJSON_GetArrayItem(e, 1)->valuestring;
             if (strstr(ccls, "Tokenizer")) printf("  %-16s %s\n", e->string, ccls);
             else if (strstr(ccls, "Scheduler")) printf("  %-16s %s\n", e->string, ccls);
-            else info_component(model, e->string, &cf);
+            else {
+                bool given = false; /* a component the user gave its own file for; else the all-in-one file's */
+                for (int i = 0; i < cf.n; i++) given = given || strcmp(cf.files[i].component, e->string) == 0;
+                if (file && !given && cf.n < 8) cf.files[cf.n++] = (cdf_component_file){e->string, file};
+                info_component(model, e->string, &cf);
+            }
         }
         cJSON_Delete(idx);
         return EXIT_OK;

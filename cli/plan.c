@@ -78,12 +78,13 @@ int cdf_cli_plan(int argc, char **argv) {
         {"true-cfg-scale", required_argument, 0, 'T'}, {"mode", required_argument, 0, 'M'},
         {"compile-repeated-blocks", no_argument, 0, 'B'}, {"vae-tiling", required_argument, 0, 'V'},
         {"vae-tile-size", required_argument, 0, 'S'}, {"transformer", required_argument, 0, 'F'},
-        {"vae", required_argument, 0, 'E'},     {"weight-type", required_argument, 0, 'Q'}, {0, 0, 0, 0},
+        {"vae", required_argument, 0, 'E'},     {"weight-type", required_argument, 0, 'Q'},
+        {"config", required_argument, 0, 'C'},  {0, 0, 0, 0},
     };
     /* --transformer / --vae FILE (a .gguf is planned from its own tensors), --weight-type as generate */
     cdf_component_file files[2];
     int n_files = 0;
-    const char *weight_type = NULL;
+    const char *weight_type = NULL, *config = NULL; /* --config DIR: with --model FILE */
     /* as generate runs: CDIFFUSERS_COMPILE=blocks compiles the blocks, =1 / fullgraph the whole
      * model (which sequential offload turns into repeated-block compile) */
     const char *env = getenv("CDIFFUSERS_COMPILE");
@@ -135,11 +136,12 @@ int cdf_cli_plan(int argc, char **argv) {
         case 'F':
         case 'E': files[n_files < 2 ? n_files++ : 1] = (cdf_component_file){c == 'F' ? "transformer" : "vae", optarg}; break;
         case 'Q': weight_type = optarg; break;
+        case 'C': config = optarg; break;
         default: return PLAN_USAGE;
         }
     }
     if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
-    if (!model) return usage_error("%s", "plan needs --model DIR");
+    if (!model) return usage_error("%s", "plan needs --model DIR (or --model FILE, an all-in-one file)");
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
     if (strcmp(dtype, "f32") == 0) lp.weight_dtype = CDF_F32;
     else if (strcmp(dtype, "bf16") == 0) lp.weight_dtype = CDF_BF16;
@@ -147,6 +149,7 @@ int cdf_cli_plan(int argc, char **argv) {
     if (cdf_cli_parse_offload(offload, &lp.offload) != 0) return usage_error("--offload must be none, model or sequential, got '%s'", offload);
     lp.component_files = files;
     lp.num_component_files = n_files;
+    lp.config = config;
     if (weight_type && (strcmp(weight_type, "q8_0") == 0 || strcmp(weight_type, "q4_k") == 0))
         lp.quantize_weights = weight_type[1] == '8' ? CDF_GGML_Q8_0 : CDF_GGML_Q4_K;
     else if (weight_type && strcmp(weight_type, dtype) == 0)

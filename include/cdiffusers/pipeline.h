@@ -4,6 +4,7 @@
 #define CDIFFUSERS_PIPELINE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "cdiffusers/dtype.h"
@@ -59,11 +60,29 @@ typedef struct cdf_pipeline_load_params {
                                   every linear layer's float weight with a whole number of blocks
                                   (32 / 256 values) per row is quantized at load (cdf_ggml_quantize)
                                   and kept as blocks; other layers stay float */
+    const char *config;     /* cdf_pipeline_load's path a single all-in-one file: a diffusers folder
+                               giving model_index.json, the configs and the tokenizers (its weights
+                               are not read), as diffusers' from_single_file(config=); NULL (default):
+                               the configs shipped for the model the file is recognised as
+                               (models/configs/<name>, found through $CDIFFUSERS_CONFIGS or the
+                               source tree). Must be NULL with a folder. */
 } cdf_pipeline_load_params;
 cdf_pipeline_load_params cdf_pipeline_load_default_params(void);
 
-/* Load a pipeline folder. Errors name the folder/sub-folder/file that is wrong. */
+/* Load a pipeline folder, or one all-in-one file holding every component (ComfyUI's
+ * "model.diffusion_model." / "vae." / "text_encoders.<clip_l|clip_g|t5xxl>.transformer." or
+ * Stability's "first_stage_model." layout; params->config or the shipped configs give the rest;
+ * component_files may supply what the file lacks). Errors name the folder/sub-folder/file that
+ * is wrong; a file that lacks a component names the component and the option that supplies it. */
 cdf_status cdf_pipeline_load(const char *dir, const cdf_pipeline_load_params *params, cdf_pipeline **out);
+/* What cdf_pipeline_load of a single file would use, from the headers alone: the known model
+ * the file is recognised as ("flux1-dev", "flux1-schnell", "sd3-medium", "sd3.5-medium",
+ * "sd3.5-large", "flux2-dev"; "" if none and config is given) and the config folder, after
+ * checking the file's shapes against that config (CDF_ERR_SHAPE), that it holds every
+ * component (CDF_ERR_NOT_FOUND) and that it is a known model (CDF_ERR_UNSUPPORTED). config:
+ * NULL or a diffusers folder, as cdf_pipeline_load_params.config. */
+cdf_status cdf_pipeline_single_file_model(const char *path, const char *config, char *model, size_t model_n, char *config_dir,
+                                          size_t dir_n);
 void cdf_pipeline_free(cdf_pipeline *p);
 /* "FluxPipeline", "StableDiffusion3Pipeline", "Flux2Pipeline". */
 const char *cdf_pipeline_class_name(const cdf_pipeline *p);

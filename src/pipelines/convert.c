@@ -18,6 +18,7 @@
 #include "models/component.h"
 #include "nn/nn.h"
 #include "nn/weights_source.h"
+#include "pipelines/pipeline_impl.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -150,6 +151,20 @@ static bool is_file(const char *p) {
 
 /* Checks the parameters, finds the component folder (dir) and lists what its model reads (pass 1),
  * then opens the weights source for pass 2. */
+/* A text encoder's part of an all-in-one weights file: by its key, the second one T5 when its
+ * config says so (FLUX.1) and CLIP-G otherwise (SD3). */
+static const char *text_part(const char *dir, const char *comp) {
+    cJSON *cfg = NULL;
+    if (cdf_config_load(dir, &cfg) != CDF_OK) {
+        cdf_clear_error(); /* the load reports it */
+        return NULL;
+    }
+    const char *cls = cdf_config_class_name(cfg);
+    const bool t5 = cls && strcmp(cls, "T5EncoderModel") == 0;
+    cJSON_Delete(cfg);
+    return cdf_pipe_text_part(comp, t5);
+}
+
 static cdf_status collect(const cdf_convert_params *p, bool gguf, conv *c, char *dir, size_t dir_n, char *class_name,
                           size_t class_n) {
     if (!p || !p->model || !p->model[0] || !p->output || !p->output[0])
@@ -187,6 +202,7 @@ static cdf_status collect(const cdf_convert_params *p, bool gguf, conv *c, char 
     o.weight_dtype = CDF_F32;
     o.blocks_on_host = true; /* repeated blocks' weights stay in the mapping */
     o.weights_file = p->weights_file;
+    o.weights_part = text_part(dir, comp);
     o.on_read = on_read;
     o.on_read_ctx = c;
     cdf_component *model = NULL;
@@ -195,7 +211,7 @@ static cdf_status collect(const cdf_convert_params *p, bool gguf, conv *c, char 
     cdf_component_free(model);
     if (s == CDF_OK && c->oom) s = cdf_error(CDF_ERR_OUT_OF_MEMORY, "convert: out of host memory listing the tensors");
     if (s == CDF_OK && c->n == 0) s = cdf_error(CDF_ERR_FORMAT, "convert: the component in '%s' read no tensors", dir);
-    if (s == CDF_OK) s = cdf_wsrc_open(p->weights_file ? p->weights_file : dir, p->weights_file != NULL, &c->src);
+    if (s == CDF_OK) s = cdf_wsrc_open(p->weights_file ? p->weights_file : dir, p->weights_file != NULL, o.weights_part, &c->src);
     /* pass 2 needs every tensor's type and shape up front */
     for (int i = 0; s == CDF_OK && i < c->n; i++) {
         cdf_wsrc_tensor t;

@@ -100,6 +100,7 @@ cdf_load_options cdf_pipe_load_options(const cdf_pipeline *p, const char *key) {
     o.blocks_on_host = p->offload == CDF_OFFLOAD_SEQUENTIAL && key && strcmp(key, "transformer") == 0;
     for (int i = 0; key && i < p->n_files; i++)
         if (strcmp(p->file_key[i], key) == 0) o.weights_file = p->file_path[i];
+    if (o.weights_file) o.weights_part = cdf_pipe_text_part(key, p->kind == CDF_PIPE_FLUX);
     o.report = (cdf_weights_report *)&p->report;
     return o;
 }

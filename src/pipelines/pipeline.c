@@ -156,10 +156,30 @@ static cdf_status copy_component_files(cdf_pipeline *p, const cJSON *idx, const 
     return CDF_OK;
 }
 
+static cdf_status load_folder(const char *dir, const cdf_pipeline_load_params *params, cdf_pipeline **out);
+
 cdf_status cdf_pipeline_load(const char *dir, const cdf_pipeline_load_params *params, cdf_pipeline **out) {
+    if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_load: out is NULL");
     *out = NULL;
     cdf_pipeline_load_params lp = params ? *params : cdf_pipeline_load_default_params();
     if (!dir) return cdf_error(CDF_ERR_INVALID_ARG, "pipeline folder is NULL");
+    struct stat st;
+    if (stat(dir, &st) == 0 && S_ISREG(st.st_mode)) { /* one all-in-one file: single_file.c */
+        cdf_pipe_single_file *sf = calloc(1, sizeof *sf);
+        if (!sf) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        cdf_pipeline_load_params fl;
+        cdf_status s = cdf_pipe_single_file_params(dir, &lp, sf, &fl);
+        if (s == CDF_OK) s = load_folder(sf->config_dir, &fl, out);
+        free(sf);
+        return s;
+    }
+    if (lp.config)
+        return cdf_error(CDF_ERR_INVALID_ARG, "a config folder ('%s') goes with a single-file model; '%s' is a folder", lp.config, dir);
+    return load_folder(dir, &lp, out);
+}
+
+static cdf_status load_folder(const char *dir, const cdf_pipeline_load_params *params, cdf_pipeline **out) {
+    cdf_pipeline_load_params lp = *params;
     if (!is_dir(dir)) return cdf_error(CDF_ERR_NOT_FOUND, "model folder '%s' does not exist or is not a folder", dir);
     char path[4096];
     snprintf(path, sizeof path, "%s/model_index.json", dir);

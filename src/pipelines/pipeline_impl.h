@@ -62,6 +62,25 @@ struct cdf_pipeline {
 /* The class of model_index.json's entry `key` (["library", "Class"]): *cls = NULL when the
  * component is absent (key missing, null, or [null, null]); any other shape is CDF_ERR_FORMAT,
  * naming the entry (the loader and the planner both read the index through this). */
+/* single_file.c: a whole pipeline from one all-in-one file. The text encoder part of an
+ * all-in-one file a component reads ("clip_l", "clip_g", "t5xxl"; NULL for others):
+ * text_encoder CLIP-L, text_encoder_2 T5-XXL (FLUX.1) or CLIP-G (SD3), text_encoder_3 T5-XXL. */
+const char *cdf_pipe_text_part(const char *key, bool second_is_t5);
+typedef struct cdf_pipe_single_file {
+    char model[32];          /* the known model recognised ("flux1-dev", ...), "" if none */
+    char config_dir[4096];   /* configs and tokenizers: the given folder or the shipped one */
+    char keys[5][16];        /* the components the file gives */
+    int n;
+    cdf_component_file files[8]; /* the user's component files, then the file for each key */
+} cdf_pipe_single_file;
+/* Recognises the file, finds its configs and checks the file's shapes against them and that it
+ * holds every component the pipeline needs and `given` does not supply (headers only). */
+cdf_status cdf_pipe_single_file_resolve(const char *path, const char *config, const cdf_component_file *given, int n_given,
+                                        cdf_pipe_single_file *out);
+/* lp with the file as every component's weights (out->component_files points into sf). */
+cdf_status cdf_pipe_single_file_params(const char *path, const cdf_pipeline_load_params *lp, cdf_pipe_single_file *sf,
+                                       cdf_pipeline_load_params *out);
+
 cdf_status cdf_model_index_class(const char *dir, const cJSON *idx, const char *key, const char **cls);
 
 /* Shared steps */

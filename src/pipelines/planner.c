@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cdiffusers/io.h"
 #include "core/error_internal.h"
@@ -89,6 +90,12 @@ typedef struct plan_tensor {
  * a GGUF file stores it so (kept, unless decoded at load) or --weight-type quantizes it. */
 static uint64_t tensor_device_bytes(const plan_tensor *t, cdf_dtype weight_dtype, const cdf_plan_weights_opts *o) {
     if (never_loaded(t->name) || ends_with(t->name, "num_batches_tracked")) return 0; /* BatchNorm's counter (FLUX.2 VAE) */
+    /* what an all-in-one file's text encoder part holds besides the weights (weights_source.c
+     * leaves them unread): CLIP's logit_scale, ComfyUI's tokenizer bytes, and the CLIP-L
+     * text_projection a CLIPTextModel has no use for */
+    if (strcmp(t->name, "logit_scale") == 0 || strcmp(t->name, "spiece_model") == 0 ||
+        (o && o->class_name && strcmp(o->class_name, "CLIPTextModel") == 0 && strcmp(t->name, "text_projection.weight") == 0))
+        return 0;
     int64_t numel = 1;
     for (int i = 0; i < t->ndim; i++) numel *= t->shape[i];
     const bool blocks_ok = weight_dtype == CDF_F32 || weight_dtype == CDF_BF16; /* nn/weights.c get_blocks */
@@ -113,7 +120,9 @@ static uint64_t tensor_device_bytes(const plan_tensor *t, cdf_dtype weight_dtype
         t->shape[1] % qe == 0)
         return (uint64_t)(numel / qe * qb); /* quantized at load (--weight-type) */
     cdf_dtype dt = t->ndim >= 2 ? weight_dtype : CDF_F32;
-    if (ends_with(t->name, "position_embedding.weight") || ends_with(t->name, "pos_embed.pos_embed")) dt = CDF_F32;
+    if (ends_with(t->name, "position_embedding.weight") || ends_with(t->name, "pos_embed.pos_embed") ||
+        strcmp(t->name, "pos_embed") == 0 /* Stability's name of it */)
+        dt = CDF_F32;
     return (uint64_t)numel * cdf_dtype_size(dt);
 }
 
@@ -134,15 +143,35 @@ cdf_status cdf_plan_block_bytes_opts(const char *dir, cdf_dtype weight_dtype, co
     const bool gguf = o && o->file && ends_with(o->file, ".gguf");
     cdf_checkpoint *ck = NULL;
     cdf_gguf_file *gf = NULL;
-    CDF_TRY(gguf ? cdf_gguf_open(o->file, &gf) : cdf_checkpoint_open(dir, &ck));
+    CDF_TRY(gguf ? cdf_gguf_open(o->file, &gf) : cdf_checkpoint_open(o && o->file ? o->file : dir, &ck));
+    const int n = gguf ? cdf_gguf_count(gf) : cdf_checkpoint_count(ck);
+    /* an all-in-one file: only this component's part (its prefix; bare names outside the other
+     * components' prefixes) */
+    static const char *const parts[] = {"text_encoders.", "model.diffusion_model.", "vae.", "first_stage_model."};
+    char pfx[64] = "";
+    for (int i = 0; o && o->file && i < n && !pfx[0]; i++) {
+        const char *nm = gguf ? cdf_gguf_tensor_at(gf, i)->name : cdf_checkpoint_name_at(ck, i);
+        char te[64];
+        snprintf(te, sizeof te, "text_encoders.%s.transformer.", o->text_part ? o->text_part : "-");
+        if (o->text_part && strncmp(nm, te, strlen(te)) == 0) snprintf(pfx, sizeof pfx, "%s", te);
+        else if (o->key && strcmp(o->key, "transformer") == 0 && strncmp(nm, parts[1], strlen(parts[1])) == 0)
+            snprintf(pfx, sizeof pfx, "%s", parts[1]);
+        else if (o->key && strcmp(o->key, "vae") == 0)
+            for (int k = 2; k < 4 && !pfx[0]; k++)
+                if (strncmp(nm, parts[k], strlen(parts[k])) == 0) snprintf(pfx, sizeof pfx, "%s", parts[k]);
+    }
     /* per block: its prefix ("transformer_blocks.3") and bytes */
     enum { MAXB = 1024 };
     char(*names)[96] = calloc(MAXB, sizeof *names);
     uint64_t *bytes = calloc(MAXB, sizeof *bytes);
     int nb = 0;
     cdf_status s = names && bytes ? CDF_OK : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-    const int n = gguf ? cdf_gguf_count(gf) : cdf_checkpoint_count(ck);
     for (int i = 0; i < n && s == CDF_OK; i++) {
+        const char *nm = gguf ? cdf_gguf_tensor_at(gf, i)->name : cdf_checkpoint_name_at(ck, i);
+        bool mine = strncmp(nm, pfx, strlen(pfx)) == 0;
+        for (size_t k = 0; !pfx[0] && k < sizeof parts / sizeof *parts; k++)
+            if (o && o->file && strncmp(nm, parts[k], strlen(parts[k])) == 0) mine = false;
+        if (!mine) continue;
         plan_tensor pt = {.ggml = -1};
         if (gguf) {
             const cdf_gguf_tensor *g = cdf_gguf_tensor_at(gf, i);
@@ -156,6 +185,7 @@ cdf_status cdf_plan_block_bytes_opts(const char *dir, cdf_dtype weight_dtype, co
             if (cdf_checkpoint_tensor_at(ck, i, &f, &t) != CDF_OK) continue;
             pt = (plan_tensor){t->name, t->ndim, t->shape, t->dtype, -1, t->nbytes};
         }
+        pt.name += strlen(pfx);
         const uint64_t b = tensor_device_bytes(&pt, weight_dtype, o);
         out->total_bytes += b;
         const size_t pl = cdf_weights_block_prefix(pt.name);
@@ -556,7 +586,8 @@ static cdf_status plan_collect(const char *dir, const cJSON *idx, cdf_dtype wdt,
         if (s != CDF_OK) return s;
         c->info.weight_dtype = wdt;
         cdf_plan_weights_opts wo = {.class_name = c->class_name, .quantize_to = pl->quantize_to,
-                                    .decode_quantized = pl->decode_quantized};
+                                    .decode_quantized = pl->decode_quantized, .key = keys[i],
+                                    .text_part = cdf_pipe_text_part(keys[i], pp->kind == PK_FLUX)};
         for (int k = 0; k < pl->n_files; k++)
             if (strcmp(pl->file_key[k], keys[i]) == 0) wo.file = pl->file_path[k];
         CDF_TRY(cdf_plan_block_bytes_opts(sub, wdt, &wo, &c->blocks));
@@ -681,7 +712,17 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
     if (exec != CDF_PLAN_EAGER && exec != CDF_PLAN_REPEATED_BLOCKS)
         return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_plan_memory: unknown execution %d", (int)exec);
     if (!dir) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_plan_memory: folder is NULL");
-    const cdf_pipeline_load_params lp = lp_in ? *lp_in : cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = lp_in ? *lp_in : cdf_pipeline_load_default_params();
+    struct stat fst;
+    if (stat(dir, &fst) == 0 && S_ISREG(fst.st_mode)) { /* one all-in-one file: its configs' folder, the file as every component */
+        cdf_pipe_single_file *sf = calloc(1, sizeof *sf);
+        if (!sf) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        cdf_pipeline_load_params fl;
+        cdf_status s = cdf_pipe_single_file_params(dir, &lp, sf, &fl);
+        if (s == CDF_OK) s = cdf_pipeline_plan_memory_exec(sf->config_dir, &fl, gp_in, exec, out);
+        free(sf);
+        return s;
+    }
     cdf_generate_params gp = gp_in ? *gp_in : cdf_generate_default_params();
     char path[4096];
     snprintf(path, sizeof path, "%s/model_index.json", dir);

@@ -88,8 +88,10 @@ cdf_status cdf_plan_block_bytes(const char *dir, cdf_dtype weight_dtype, cdf_pla
  * quantization, decoding at load. */
 typedef struct cdf_plan_weights_opts {
     const char *class_name; /* the component's class: which 2-d weights its linear layers read */
-    const char *file;       /* NULL, or the component's file (a .gguf is planned from its own tensors;
-                               other files from the folder's, as before) */
+    const char *file;       /* NULL, or the component's file, planned from its own tensors (of an
+                               all-in-one file: those of this component's part) */
+    const char *key;        /* the component's model_index name ("transformer", "vae", ...) */
+    const char *text_part;  /* a text encoder's part of an all-in-one file ("clip_l", ...), or NULL */
     uint32_t quantize_to;   /* cdf_pipeline_load_params.quantize_weights */
     bool decode_quantized;
 } cdf_plan_weights_opts;
