@@ -357,6 +357,45 @@ static void test_shard_gguf_blocks(void **state) {
     free(va), free(vb), free(vc);
 }
 
+/* A folder's "fp8_scaled" weight (tests/data/formats/fp8_scaled: lin.weight [8, 16] F8_E4M3 with
+ * lin.scale_weight) sharded both ways: each rank's slice equals that slice of the whole layer as
+ * a single process loads it (weight.to(f32) * scale_weight, checked against torch in
+ * test_formats_fp8). */
+static void test_shard_fp8_scaled(void **state) {
+    (void)state;
+    static const cdf_tp_rule cols[] = {{"lin", CDF_TP_COLWISE}, {NULL, CDF_TP_REPLICATE}};
+    static const cdf_tp_rule rows[] = {{"lin", CDF_TP_ROWWISE}, {NULL, CDF_TP_REPLICATE}};
+    const char *dir = tu_data("formats/fp8_scaled");
+    cdf_load_options o = cdf_load_options_default();
+    o.device = tu_cpu();
+    cdf_weights *w;
+    assert_int_equal(cdf_weights_open(dir, &o, &w), CDF_OK);
+    cdf_linear_layer whole;
+    assert_int_equal(cdf_linear_load(w, &whole, 16, 8, 1, "lin"), CDF_OK);
+    float *ref = cdf_tensor_read_f32(whole.w);
+    cdf_linear_free(&whole);
+    cdf_weights_free(w);
+    for (int rank = 0; rank < 2; rank++)
+        for (int k = 0; k < 2; k++) {
+            cdf_process_group *pg;
+            cdf_tp *tp;
+            assert_int_equal(cdf_dist_init_offline(rank, 2, &pg), CDF_OK);
+            assert_int_equal(cdf_tp_new(pg, "transformer", "test plan", k ? rows : cols, &tp), CDF_OK);
+            assert_int_equal(cdf_weights_open(dir, &o, &w), CDF_OK);
+            cdf_linear_layer l;
+            assert_int_equal(cdf_tp_linear_load(w, tp, &l, 16, 8, 1, "lin"), CDF_OK);
+            float *g = cdf_tensor_read_f32(l.w);
+            if (k) expect_block(g, 8, ref, 16, 8, 8, rank * 8, 0, 0); /* columns rank*8.. */
+            else expect_block(g, 16, ref, 16, 4, 16, 0, 0, rank * 4); /* rows rank*4.. */
+            free(g);
+            cdf_linear_free(&l);
+            cdf_weights_free(w);
+            cdf_tp_free(tp);
+            cdf_dist_finalize(pg);
+        }
+    free(ref);
+}
+
 static void test_shard_slices_and_bytes(void **state) {
     (void)state;
     const char *dir = tu_data("pipelines/flux1_dev_tiny/transformer");
@@ -889,7 +928,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--mpi-worker") == 0) return mpi_worker();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_local_and_offline_groups),
-        cmocka_unit_test(test_shard_slices_and_bytes), cmocka_unit_test(test_shard_gguf_blocks),
+        cmocka_unit_test(test_shard_slices_and_bytes), cmocka_unit_test(test_shard_gguf_blocks), cmocka_unit_test(test_shard_fp8_scaled),
         cmocka_unit_test(test_component_sharding_offline),
         cmocka_unit_test(test_collectives_over_mpi),
         cmocka_unit_test(test_flux_tp2_equals_single_process),

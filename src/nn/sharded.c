@@ -172,7 +172,8 @@ static const char *style_name(cdf_tp_style s) {
 
 /* ---- where a shard's bytes come from ----------------------------------------------------------
  * A diffusers folder's safetensors tensor is read slice by slice (only the slice's bytes). A
- * single file or GGUF given in place of the folder is read through the weights source, converted
+ * single file or GGUF given in place of the folder, and a folder's "fp8_scaled" weight (whose
+ * values are weight * scale_weight), are read through the weights source, converted
  * as a whole-layer load converts it: rows by slice as well (a fused qkv's to_q is a row range of
  * the file's qkv), columns cut from the whole converted tensor. A weight the file stores as GGUF
  * blocks stays blocks when every cut falls on a block boundary — rows always do, columns when each
@@ -234,7 +235,14 @@ static cdf_status src_open(cdf_weights *w, const char *name, int ndim, int64_t o
     s->rows = out;
     s->width = ndim == 2 ? in : 1;
     cdf_checkpoint *ck = cdf_weights_checkpoint(w);
-    if (!ck) {
+    char scale[600];
+    snprintf(scale, sizeof scale, "%.*sscale_weight", (int)strlen(name) - 6, name);
+    const cdf_st_file *sf;
+    const cdf_st_tensor *st;
+    /* a folder's "fp8_scaled" weight: read through the source too, which applies the scale */
+    const bool scaled = ck && cdf_checkpoint_has(ck, name) && cdf_checkpoint_has(ck, scale) &&
+                        cdf_checkpoint_find(ck, name, &sf, &st) == CDF_OK && (st->dtype == CDF_F8_E4M3 || st->dtype == CDF_F8_E5M2);
+    if (!ck || scaled) {
         s->ws = cdf_weights_source(w);
         if (!cdf_wsrc_find(s->ws, name, &s->wt))
             return cdf_error(CDF_ERR_NOT_FOUND, "weight '%s' is missing from %s (the config requires it)%s", name,
@@ -258,11 +266,6 @@ static cdf_status src_open(cdf_weights *w, const char *name, int ndim, int64_t o
     CDF_TRY(cdf_checkpoint_find(ck, name, &s->f, &s->t));
     if (s->t->ndim != ndim || s->t->shape[0] != out || (ndim == 2 && s->t->shape[1] != in))
         return shape_error(s, s->t->ndim, s->t->shape, ndim, out, in);
-    char scale[600];
-    snprintf(scale, sizeof scale, "%.*sscale_weight", (int)strlen(name) - 6, name);
-    if ((s->t->dtype == CDF_F8_E4M3 || s->t->dtype == CDF_F8_E5M2) && cdf_checkpoint_has(ck, scale))
-        return cdf_error(CDF_ERR_UNSUPPORTED, "weight '%s' in %s is scaled fp8 ('%s'), which tensor parallelism does not "
-                         "read yet from a folder", name, cdf_weights_path(w), scale);
     if (!cdf_dtype_is_float(s->t->dtype))
         return cdf_error(CDF_ERR_DTYPE, "weight '%s' in %s has dtype %s; a linear layer needs a float dtype", name,
                          cdf_weights_path(w), cdf_dtype_name(s->t->dtype));
