@@ -41,6 +41,46 @@
 #define TP_VS_SINGLE_TOL 1e-4
 #define GOLDEN_LATENT_TOL 5e-4
 
+/* ---- shards of a GGUF file (a single file in place of the folder) ------------------------------- */
+/* Q8_0 weights in diffusers' names: a colwise layer keeps its rows' blocks (and reads only them),
+ * a rowwise one keeps its columns' blocks when its cut falls on a block boundary (128 inputs: 64
+ * per rank, two blocks) and is decoded otherwise (96 inputs: 48 per rank); either way each rank's
+ * slice equals the same slice of gguf-py's dequantization (cdf_ggml_dequantize), and a forward
+ * of the colwise shard equals those rows of the whole layer's product (in-process); the rowwise
+ * block shard's forward over two real ranks sums to the whole layer's (the MPI worker). */
+static float *q8_blocks(int64_t rows, int64_t cols, uint32_t seed, uint8_t **blocks) {
+    float *v = malloc(sizeof(float) * (size_t)(rows * cols));
+    *blocks = malloc((size_t)(rows * cols / 32 * 34));
+    if (!v || !*blocks) abort();
+    for (int64_t i = 0; i < rows * cols; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        v[i] = (float)((int)(seed >> 20) % 201 - 100) / 37.0f;
+    }
+    if (cdf_ggml_quantize(CDF_GGML_Q8_0, v, rows * cols, *blocks) != CDF_OK ||
+        cdf_ggml_dequantize(CDF_GGML_Q8_0, *blocks, rows * cols, v) != CDF_OK) /* the reference values */
+        abort();
+    return v;
+}
+
+enum { OA = 6, IA = 128, OB = 4, IB = 128, OC = 4, IC = 96 };
+
+/* Writes the test's GGUF (a: [OA, IA] Q8_0 + bias, b: [OB, IB], c: [OC, IC]) to path; v*: the
+ * dequantized values of each weight (malloc'd), bias_a: a's bias [OA]. */
+static bool write_shards_gguf(const char *path, float **va, float **vb, float **vc, float *bias_a) {
+    uint8_t *ba, *bb, *bc;
+    *va = q8_blocks(OA, IA, 1, &ba), *vb = q8_blocks(OB, IB, 2, &bb), *vc = q8_blocks(OC, IC, 3, &bc);
+    for (int i = 0; i < OA; i++) bias_a[i] = (float)i - 2.5f;
+    cdf_gguf_writer *gw = cdf_gguf_writer_new(0);
+    const bool ok = gw && cdf_gguf_writer_add(gw, "a.weight", CDF_GGML_Q8_0, 2, (int64_t[]){OA, IA}, ba) == CDF_OK &&
+                    cdf_gguf_writer_add(gw, "a.bias", CDF_GGML_F32, 1, (int64_t[]){OA}, bias_a) == CDF_OK &&
+                    cdf_gguf_writer_add(gw, "b.weight", CDF_GGML_Q8_0, 2, (int64_t[]){OB, IB}, bb) == CDF_OK &&
+                    cdf_gguf_writer_add(gw, "c.weight", CDF_GGML_Q8_0, 2, (int64_t[]){OC, IC}, bc) == CDF_OK &&
+                    cdf_gguf_writer_save(gw, path, true, NULL, NULL) == CDF_OK;
+    cdf_gguf_writer_free(gw);
+    free(ba), free(bb), free(bc);
+    return ok;
+}
+
 /* ---- MPI worker: this executable started as one rank of `mpirun -np 2 <self> --mpi-worker` ---- */
 #define CHECK(cond)                                                                                                    \
     do {                                                                                                               \
@@ -147,6 +187,41 @@ static int mpi_worker(void) {
     /* + the two agreements' status messages */
     const uint64_t tensor_bytes = 6 * 4 + 3 * 8 + 6 * 4 + 2 * 6 * 4 + 4 * 4 + 2 * 4;
     CHECK(st.bytes > tensor_bytes && st.bytes < tensor_bytes + 4096);
+
+    /* a GGUF layer split by input columns with its Q8_0 blocks kept (64 columns a rank): each
+     * rank's partial product of the decoded blocks, summed by the forward's all-reduce, is the
+     * whole layer's product of gguf-py's values */
+    {
+        static const cdf_tp_rule plan[] = {{"b", CDF_TP_ROWWISE}, {NULL, CDF_TP_REPLICATE}};
+        char path[1100];
+        snprintf(path, sizeof path, "%s/worker_q8_rank%d.gguf", tu_tmpdir(), rank);
+        float *va, *vb, *vc, bias_a[OA], xb[IB];
+        CHECK(write_shards_gguf(path, &va, &vb, &vc, bias_a));
+        cdf_tp *tp = NULL;
+        cdf_weights *w = NULL;
+        cdf_load_options o = cdf_load_options_default();
+        o.device = dev;
+        o.weights_file = path;
+        CHECK(cdf_tp_new(pg, "transformer", "test plan", plan, &tp) == CDF_OK);
+        CHECK(cdf_weights_open(tu_tmpdir(), &o, &w) == CDF_OK);
+        cdf_linear_layer l;
+        CHECK(cdf_tp_linear_load(w, tp, &l, IB, OB, 0, "b") == CDF_OK);
+        CHECK(l.qtype == CDF_GGML_Q8_0 && l.in == IB / 2);
+        for (int k = 0; k < IB; k++) xb[k] = (float)(k % 5) - 2.0f;
+        cdf_tensor *xs = cdf_tensor_from_host(dev, CDF_F32, 2, (int64_t[]){1, IB / 2}, xb + rank * IB / 2, CDF_F32);
+        float *yb = cdf_tensor_read_f32(cdf_linear_fwd(&l, xs));
+        CHECK(yb != NULL);
+        for (int r = 0; yb && r < OB; r++) {
+            double ref = 0;
+            for (int k = 0; k < IB; k++) ref += (double)vb[r * IB + k] * xb[k];
+            CHECK(fabs(yb[r] - ref) <= 1e-4 * (1 + fabs(ref)));
+        }
+        free(yb);
+        cdf_linear_free(&l);
+        cdf_weights_free(w);
+        cdf_tp_free(tp);
+        free(va), free(vb), free(vc);
+    }
     cdf_scope_pop(NULL, 0);
     CHECK(cdf_dist_barrier(pg) == CDF_OK);
     cdf_dist_finalize(pg);
@@ -219,6 +294,106 @@ static void expect_block(const float *got, int64_t got_cols, const float *full, 
         for (int64_t c = 0; c < ncols; c++)
             if (got[r * got_cols + dst_col0 + c] != full[(src_row0 + r) * full_cols + src_col0 + c])
                 fail_msg("element (%lld, %lld) differs from the file", (long long)r, (long long)(dst_col0 + c));
+}
+
+static void test_shard_gguf_blocks(void **state) {
+    (void)state;
+    float *va, *vb, *vc, bias_a[OA];
+    const char *path = tu_tmp_path("shards_q8.gguf");
+    assert_true(write_shards_gguf(path, &va, &vb, &vc, bias_a));
+    static const cdf_tp_rule plan[] = {{"a", CDF_TP_COLWISE}, {"b", CDF_TP_ROWWISE}, {"c", CDF_TP_ROWWISE}, {NULL, CDF_TP_REPLICATE}};
+    for (int rank = 0; rank < 2; rank++) {
+        cdf_process_group *pg;
+        cdf_tp *tp;
+        cdf_weights *w;
+        assert_int_equal(cdf_dist_init_offline(rank, 2, &pg), CDF_OK);
+        assert_int_equal(cdf_tp_new(pg, "transformer", "test plan", plan, &tp), CDF_OK);
+        cdf_load_options o = cdf_load_options_default();
+        o.device = tu_cpu();
+        o.weights_file = path;
+        assert_int_equal(cdf_weights_open(tu_tmpdir(), &o, &w), CDF_OK);
+        cdf_linear_layer l;
+
+        cdf_io_reset_counters();
+        assert_int_equal(cdf_tp_linear_load(w, tp, &l, IA, OA, 1, "a"), CDF_OK);
+        assert_int_equal(cdf_io_bytes_read(), (OA / 2) * (IA / 32 * 34) + (OA / 2) * 4); /* its rows' blocks and bias */
+        assert_int_equal(l.qtype, CDF_GGML_Q8_0);
+        assert_int_equal(l.out, OA / 2);
+        cdf_scope_push();
+        float x[IA];
+        for (int k = 0; k < IA; k++) x[k] = (float)(k % 7) - 3.0f;
+        cdf_tensor *xt = cdf_tensor_from_host(tu_cpu(), CDF_F32, 2, (int64_t[]){1, IA}, x, CDF_F32);
+        float *y = cdf_tensor_read_f32(cdf_linear_fwd(&l, xt));
+        assert_non_null(y);
+        for (int r = 0; r < OA / 2; r++) {
+            const int row = rank * OA / 2 + r;
+            double ref = bias_a[row];
+            for (int k = 0; k < IA; k++) ref += (double)va[row * IA + k] * x[k];
+            assert_float_equal(y[r], ref, 1e-4 * (1 + fabs(ref)));
+        }
+        free(y);
+        cdf_scope_pop(NULL, 0);
+        cdf_linear_free(&l);
+
+        assert_int_equal(cdf_tp_linear_load(w, tp, &l, IB, OB, 0, "b"), CDF_OK);
+        assert_int_equal(l.qtype, CDF_GGML_Q8_0); /* 64 columns a rank: whole blocks */
+        assert_int_equal(l.in, IB / 2);
+        assert_int_equal(cdf_linear_decode(&l), CDF_OK);
+        float *g = cdf_tensor_read_f32(l.w);
+        expect_block(g, IB / 2, vb, IB, OB, IB / 2, rank * IB / 2, 0, 0);
+        free(g);
+        cdf_linear_free(&l);
+
+        assert_int_equal(cdf_tp_linear_load(w, tp, &l, IC, OC, 0, "c"), CDF_OK);
+        assert_int_equal(l.qtype, 0); /* 48 columns a rank cut blocks: decoded */
+        g = cdf_tensor_read_f32(l.w);
+        expect_block(g, IC / 2, vc, IC, OC, IC / 2, rank * IC / 2, 0, 0);
+        free(g);
+        cdf_linear_free(&l);
+        cdf_weights_free(w);
+        cdf_tp_free(tp);
+        cdf_dist_finalize(pg);
+    }
+    free(va), free(vb), free(vc);
+}
+
+/* A folder's "fp8_scaled" weight (tests/data/formats/fp8_scaled: lin.weight [8, 16] F8_E4M3 with
+ * lin.scale_weight) sharded both ways: each rank's slice equals that slice of the whole layer as
+ * a single process loads it (weight.to(f32) * scale_weight, checked against torch in
+ * test_formats_fp8). */
+static void test_shard_fp8_scaled(void **state) {
+    (void)state;
+    static const cdf_tp_rule cols[] = {{"lin", CDF_TP_COLWISE}, {NULL, CDF_TP_REPLICATE}};
+    static const cdf_tp_rule rows[] = {{"lin", CDF_TP_ROWWISE}, {NULL, CDF_TP_REPLICATE}};
+    const char *dir = tu_data("formats/fp8_scaled");
+    cdf_load_options o = cdf_load_options_default();
+    o.device = tu_cpu();
+    cdf_weights *w;
+    assert_int_equal(cdf_weights_open(dir, &o, &w), CDF_OK);
+    cdf_linear_layer whole;
+    assert_int_equal(cdf_linear_load(w, &whole, 16, 8, 1, "lin"), CDF_OK);
+    float *ref = cdf_tensor_read_f32(whole.w);
+    cdf_linear_free(&whole);
+    cdf_weights_free(w);
+    for (int rank = 0; rank < 2; rank++)
+        for (int k = 0; k < 2; k++) {
+            cdf_process_group *pg;
+            cdf_tp *tp;
+            assert_int_equal(cdf_dist_init_offline(rank, 2, &pg), CDF_OK);
+            assert_int_equal(cdf_tp_new(pg, "transformer", "test plan", k ? rows : cols, &tp), CDF_OK);
+            assert_int_equal(cdf_weights_open(dir, &o, &w), CDF_OK);
+            cdf_linear_layer l;
+            assert_int_equal(cdf_tp_linear_load(w, tp, &l, 16, 8, 1, "lin"), CDF_OK);
+            float *g = cdf_tensor_read_f32(l.w);
+            if (k) expect_block(g, 8, ref, 16, 8, 8, rank * 8, 0, 0); /* columns rank*8.. */
+            else expect_block(g, 16, ref, 16, 4, 16, 0, 0, rank * 4); /* rows rank*4.. */
+            free(g);
+            cdf_linear_free(&l);
+            cdf_weights_free(w);
+            cdf_tp_free(tp);
+            cdf_dist_finalize(pg);
+        }
+    free(ref);
 }
 
 static void test_shard_slices_and_bytes(void **state) {
@@ -593,6 +768,55 @@ static void test_sd3_tp2_equals_single_process(void **state) {
     run_tp_case("sd35m_tiny", "64x64_neg", "text_encoder_3", sharded, modes, 1);
 }
 
+/* Quantized weights over 2 ranks: the tiny FLUX.1 pipeline with its transformer from a GGUF file
+ * of mixed block types in BFL names (tests/data/formats/flux_single/flux_bfl_q8.gguf), eager and
+ * compiled, and the folder quantized at load (--weight-type q8_0): 2 ranks equal one process
+ * with the same weights (a colwise shard holds its rows' blocks; the tiny model's rowwise cuts
+ * fall inside blocks, so those shards hold the decoded values of the whole layer's blocks), and
+ * each rank of the GGUF runs reads fewer weight bytes than the one process. */
+static void test_quantized_tp2_equals_single_process(void **state) {
+    (void)state;
+    if (!have_mpi()) skip();
+    static const struct {
+        bool gguf;
+        const char *extra;
+    } runs[] = {{true, ""}, {true, "--mode compile"}, {false, "--weight-type q8_0"}};
+    char one_lat[1100], tp_lat[1100], log_one[1100], log_tp[1100];
+    snprintf(one_lat, sizeof one_lat, "%s", tu_tmp_path("quant_one.safetensors"));
+    snprintf(tp_lat, sizeof tp_lat, "%s", tu_tmp_path("quant_tp.safetensors"));
+    snprintf(log_one, sizeof log_one, "%s", tu_tmp_path("quant_one.log"));
+    snprintf(log_tp, sizeof log_tp, "%s", tu_tmp_path("quant_tp.log"));
+    for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+        char args[3000];
+        snprintf(args, sizeof args,
+                 "--model '%s' %s%s%s --prompt 'a red square' --height 64 --width 64 --steps 2 --seed 3 --threads 1 "
+                 "--quiet --dtype f32 --force --output '%s' %s",
+                 tu_data("pipelines/flux1_dev_tiny"), runs[k].gguf ? "--transformer '" : "",
+                 runs[k].gguf ? tu_data("formats/flux_single/flux_bfl_q8.gguf") : "", runs[k].gguf ? "'" : "",
+                 tu_tmp_path("quant_tp.png"), runs[k].extra);
+        assert_int_equal(tu_system("CDIFFUSERS_LOG=io '%s' generate %s --latents-out '%s' 2> '%s'", CDF_CLI_PATH, args, one_lat,
+                                   log_one), 0);
+        int rc = tu_system(MPIRUN " -np 2%s -x CDIFFUSERS_LOG=io '%s' generate %s --latents-out '%s' --tp 2 "
+                           "--tp-replicate text_encoder_2 2> '%s'",
+                           mpi_env(), CDF_CLI_PATH, args, tp_lat, log_tp);
+        char *l1 = tu_read_file(log_one, NULL), *l2 = tu_read_file(log_tp, NULL);
+        if (rc != 0) fail_msg("2-rank run '%s' failed (%d): %s", args, rc, l2 ? l2 : "");
+        int64_t n1, n2;
+        float *f1 = st_tensor(one_lat, "latents_final", &n1), *f2 = st_tensor(tp_lat, "latents_final", &n2);
+        assert_int_equal(n1, n2);
+        const double d = tu_max_abs_diff(f1, f2, (size_t)n1, NULL);
+        io_line one[1] = {{0}}, tp[2] = {{0}, {0}};
+        assert_int_equal(parse_io(l1, one, 1), 1);
+        assert_int_equal(parse_io(l2, tp, 2), 2);
+        print_message("  %s %s: |tp - one| = %.3g (tol %.0e); weight bytes read: one process %llu, ranks %llu / %llu\n",
+                      runs[k].gguf ? "GGUF transformer" : "folder", runs[k].extra, d, TP_VS_SINGLE_TOL, one[0].weight_bytes,
+                      tp[0].weight_bytes, tp[1].weight_bytes);
+        assert_true(d <= TP_VS_SINGLE_TOL);
+        for (int r = 0; runs[k].gguf && r < 2; r++) assert_true(tp[r].weight_bytes < one[0].weight_bytes);
+        free(f1), free(f2), free(l1), free(l2);
+    }
+}
+
 /* Inpainting (FluxInpaintPipeline golden case) over 2 ranks: the VAE encode, the start latents and
  * the per-step blend go through the sharded transformer the same way; latents and image within
  * the TP tolerance of one process and of diffusers'. */
@@ -704,12 +928,12 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--mpi-worker") == 0) return mpi_worker();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_local_and_offline_groups),
-        cmocka_unit_test(test_shard_slices_and_bytes),
+        cmocka_unit_test(test_shard_slices_and_bytes), cmocka_unit_test(test_shard_gguf_blocks), cmocka_unit_test(test_shard_fp8_scaled),
         cmocka_unit_test(test_component_sharding_offline),
         cmocka_unit_test(test_collectives_over_mpi),
         cmocka_unit_test(test_flux_tp2_equals_single_process),
         cmocka_unit_test(test_sd3_tp2_equals_single_process),
-        cmocka_unit_test(test_inpaint_tp2_equals_single_process),
+        cmocka_unit_test(test_quantized_tp2_equals_single_process), cmocka_unit_test(test_inpaint_tp2_equals_single_process),
         cmocka_unit_test(test_t5_tp2_run_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -19,6 +19,8 @@
 #include "cdiffusers/dtype.h"
 #include "cdiffusers/error.h"
 #include "cdiffusers/io.h"
+#include "kernels/fast_onednn.h"
+#include "kernels/gemm_bf16w.h"
 #include "kernels/kernels.h"
 
 #define U32 (1.0 / 16777216.0) /* f32 unit roundoff 2^-24 */
@@ -670,9 +672,19 @@ static void run_matmul_q8(int64_t M, int64_t N, int64_t K, cdf_dtype w_dt) {
 
 static void test_matmul_quantized_panels(void **state) {
     (void)state;
+    cdf_k_fast_stats f0, f1;
+    cdf_k_gemm_bf16w_stats g0, g1;
+    cdf_k_fast_get_stats(&f0);
+    cdf_k_gemm_bf16w_get_stats(&g0);
     run_matmul_q8(3, 4100, 4096, CDF_F32);
     run_matmul_q8(2, 64, 256, CDF_BF16);  /* smaller: the cached buffer serves it */
     run_matmul_q8(3, 4100, 4096, CDF_BF16);
+    run_matmul_q8(1100, 64, 256, CDF_BF16); /* rows enough for oneDNN's per-call reorder of B */
+    /* the decode panel is overwritten by the next panel: it is never kept prepacked */
+    cdf_k_fast_get_stats(&f1);
+    cdf_k_gemm_bf16w_get_stats(&g1);
+    assert_int_equal(f1.packs, f0.packs);
+    assert_int_equal(g1.packs, g0.packs);
 }
 
 static void test_matmul_errors(void **state) {

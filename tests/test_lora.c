@@ -172,6 +172,10 @@ static void test_flux2_dev_kohya_fused(void **st) { (void)st, fused_case(&FLUX2_
  * final_layer.adaLN_modulation.1, the shared modulations too) */
 static void test_flux2_dev_aitk_runtime(void **st) { (void)st, runtime_case(&FLUX2_DEV, "flux2_dev_aitk", "flux2_dev_aitk", 39); }
 static void test_flux2_dev_aitk_fused(void **st) { (void)st, fused_case(&FLUX2_DEV, "flux2_dev_aitk", "flux2_dev_aitk"); }
+/* the same adapter as PEFT saves it ("base_model.model." for "diffusion_model."): diffusers gives
+ * the ai-toolkit file's outputs bit for bit (make_lora_golden.py asserts it), so they are the reference */
+static void test_flux2_dev_peftbm_runtime(void **st) { (void)st, runtime_case(&FLUX2_DEV, "flux2_dev_peftbm", "flux2_dev_aitk", 39); }
+static void test_flux2_dev_peftbm_fused(void **st) { (void)st, fused_case(&FLUX2_DEV, "flux2_dev_peftbm", "flux2_dev_aitk"); }
 
 
 /* Two adapters at once: set_adapters(["a", "b"], [0.7, 1.3]). */
@@ -611,6 +615,7 @@ int main(void) {
         cmocka_unit_test(test_flux2_klein_runtime), cmocka_unit_test(test_flux2_klein_fused),
         cmocka_unit_test(test_flux2_dev_kohya_runtime), cmocka_unit_test(test_flux2_dev_kohya_fused),
         cmocka_unit_test(test_flux2_dev_aitk_runtime), cmocka_unit_test(test_flux2_dev_aitk_fused),
+        cmocka_unit_test(test_flux2_dev_peftbm_runtime), cmocka_unit_test(test_flux2_dev_peftbm_fused),
         cmocka_unit_test(test_flux2_names_refused),
         cmocka_unit_test(test_compile_whole_scale),
         cmocka_unit_test(test_compile_blocks_scale), cmocka_unit_test(test_bad_input),

@@ -699,7 +699,7 @@ cdf_status cdf_k_matmul_fast(const cdf_k_matmul_args *x, bool *handled) {
          * reorder into oneDNN's blocked layout pays for itself (f32 4429 x 1536 x 1536: ~1.7x;
          * bf16 4429 x 6144 x 1536: ~2x over oneDNN copying plain B blocks itself); with few
          * rows the reorder would cost as much as the product. */
-        const bool may_pack = x->b_dt == CDF_BF16 && sh.bb == 1 && g.pack_limit > 0;
+        const bool may_pack = x->b_dt == CDF_BF16 && sh.bb == 1 && g.pack_limit > 0 && !x->b_transient;
         const bool b_any = widen_b || (sh.bb == 1 && (may_pack || sh.M >= REORDER_B_MIN_M));
         entry *e = mm_entry(x, &sh, cdt, b_any, may_pack);
         if (e && e->usable) s = mm_run(e, x, handled);

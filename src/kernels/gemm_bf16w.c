@@ -296,7 +296,7 @@ static const uint32_t *packed_weight(const cdf_k_matmul_args *x, pack **held, ui
         gc.stats.repacks++;
         break;
     }
-    const bool cache = (size_t)gc.stats.packed_bytes + bytes <= gc.limit;
+    const bool cache = !x->b_transient && (size_t)gc.stats.packed_bytes + bytes <= gc.limit;
     pthread_mutex_unlock(&gc.mu);
 
     uint32_t *data = aligned_alloc(64, (bytes + 63) & ~(size_t)63);

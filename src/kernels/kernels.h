@@ -125,6 +125,9 @@ typedef struct cdf_k_matmul_args {
     const void *bias; cdf_dtype bias_dt;
     void *c; cdf_dtype c_dt; int64_t ldc, sc;
     float alpha, beta;
+    /* B's memory is overwritten right after the call (a panel of decoded quantized weights): no
+     * prepacked copy of it is kept (it would be packed, checksummed and dropped per call). */
+    bool b_transient;
     /* Optional: called once the rows [row0, row1) of batch item `bi` of C are final (from the thread that computed them; disjoint row ranges may run concurrently). NULL = none. */
     void (*epilogue)(void *ctx, int64_t bi, int64_t row0, int64_t row1);
     void *epilogue_ctx;

@@ -107,10 +107,11 @@ cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *a) {
             .b = b, .b_dt = a->w_dt, .ldb = a->K, .sb = 0, .trans_b = true,
             .bias = a->bias ? (const char *)a->bias + (size_t)n0 * bsz : NULL, .bias_dt = a->bias_dt,
             .c = (char *)a->c + (size_t)n0 * csz, .c_dt = a->c_dt, .ldc = a->N, .sc = 0,
-            .alpha = 1.0f, .beta = 0.0f,
+            .alpha = 1.0f, .beta = 0.0f, .b_transient = true,
         };
         st = cdf_k_matmul_dispatch(&m);
-        /* the next panel reuses this buffer: no prepacked copy of it may survive */
+        /* the next panel reuses this buffer: b_transient keeps the matmuls from prepacking it;
+         * should a copy exist anyway, it must not survive */
         cdf_k_fast_forget_range(b, (size_t)(np * a->K) * wsz);
     }
     panel_give(buf, panel_bytes);

@@ -470,10 +470,19 @@ static cdf_status parse(const cdf_st_file *f, const char *path, cdf_lora_family 
      * "lora_unet_" names), no XLabs, and a key starting "diffusion_model." makes the file
      * ai-toolkit's (whose converter rejects anything else, alphas included). */
     const bool flux2 = family == CDF_LORA_FAMILY_FLUX2;
-    bool aitk = false;
+    bool aitk = false, peft_saved = false;
+    /* FLUX.2 files saved by PEFT itself ("base_model.model.double_blocks.0..."): diffusers renames
+     * the prefix to "diffusion_model." before anything else, so they are ai-toolkit files */
+    for (int j = 0; flux2 && !kohya && j < ng; j++)
+        if (strncmp(g[j].base, "base_model.model.", 17) == 0) {
+            char renamed[CDF_LORA_NAME_MAX];
+            snprintf(renamed, sizeof renamed, "diffusion_model.%s", g[j].base + 17);
+            memcpy(g[j].base, renamed, sizeof renamed);
+            peft_saved = true;
+        }
     for (int j = 0; flux2 && !kohya && j < ng; j++) aitk |= strncmp(g[j].base, "diffusion_model.", 16) == 0;
     xlabs &= !kohya && !flux2;
-    lf->format = kohya ? "kohya" : xlabs ? "XLabs" : aitk ? "ai-toolkit" : "diffusers";
+    lf->format = kohya ? "kohya" : xlabs ? "XLabs" : peft_saved ? "PEFT (base_model.model.)" : aitk ? "ai-toolkit" : "diffusers";
     for (int j = 0; j < ng && s == CDF_OK; j++) {
         cdf_lora_target tg;
         const bool peft = strncmp(g[j].base, "transformer.", 12) == 0;

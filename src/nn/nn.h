@@ -62,6 +62,8 @@ void cdf_weights_free(cdf_weights *w);
 const char *cdf_weights_path(const cdf_weights *w);
 const cdf_load_options *cdf_weights_options(const cdf_weights *w);
 cdf_checkpoint *cdf_weights_checkpoint(cdf_weights *w);
+/* The source behind w (nn/weights_source.h): a folder, or a converted single file / GGUF. */
+struct cdf_wsrc *cdf_weights_source(cdf_weights *w);
 
 /* The tensor `name` (printf-style), which must have exactly `shape` (ndim dims; a dim of -1
  * accepts any size). Missing tensor: CDF_ERR_NOT_FOUND naming it and the folder; other shape:

@@ -9,7 +9,8 @@
  *            replicated and added by rank 0 only, so the sum holds it once.
  *   packed   rowwise where the input is cat(part_0, part_1, ...): columns r*p_i/N.. of every
  *            part, concatenated in part order — what each rank's cat(local parts) lines up with.
- * Only the bytes of the slice are read from the file. */
+ * Only the bytes of the slice are read from a folder's files; a single file or GGUF in place of the
+ * folder is read through its converted view (see "where a shard's bytes come from" below). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "core/error_internal.h"
 #include "nn/lora.h"
 #include "nn/nn.h"
+#include "nn/weights_source.h"
 #include "tensor/tensor_impl.h"
 
 #define MAX_RULES 64
@@ -168,111 +170,349 @@ static const char *style_name(cdf_tp_style s) {
     }
 }
 
-/* Find `name` and check that it is [out, in]. */
-static cdf_status find_weight(cdf_weights *w, const char *name, int64_t out, int64_t in, const cdf_st_file **f,
-                              const cdf_st_tensor **t) {
-    cdf_checkpoint *ck = cdf_weights_checkpoint(w);
-    if (!ck)
-        return cdf_error(CDF_ERR_UNSUPPORTED, "weight '%s': tensor parallelism reads slices of a diffusers folder's "
-                         "safetensors; %s is a single file in another layout or GGUF (convert it to a folder)",
-                         name, cdf_weights_path(w));
-    if (!cdf_checkpoint_has(ck, name))
-        return cdf_error(CDF_ERR_NOT_FOUND, "weight '%s' is missing from %s (the config requires it)", name,
-                         cdf_weights_path(w));
-    CDF_TRY(cdf_checkpoint_find(ck, name, f, t));
-    if ((*t)->ndim != 2 || (*t)->shape[0] != out || (*t)->shape[1] != in) {
-        char have[96] = "[";
-        for (int i = 0; i < (*t)->ndim; i++) {
-            size_t o = strlen(have);
-            snprintf(have + o, sizeof have - o, "%s%lld", i ? ", " : "", (long long)(*t)->shape[i]);
-        }
-        strncat(have, "]", sizeof have - strlen(have) - 1);
-        return cdf_error(CDF_ERR_SHAPE, "weight '%s' in %s has shape %s but the config implies [%lld, %lld]", name,
-                         cdf_weights_path(w), have, (long long)out, (long long)in);
+/* ---- where a shard's bytes come from ----------------------------------------------------------
+ * A diffusers folder's safetensors tensor is read slice by slice (only the slice's bytes). A
+ * single file or GGUF given in place of the folder, and a folder's "fp8_scaled" weight (whose
+ * values are weight * scale_weight), are read through the weights source, converted
+ * as a whole-layer load converts it: rows by slice as well (a fused qkv's to_q is a row range of
+ * the file's qkv), columns cut from the whole converted tensor. A weight the file stores as GGUF
+ * blocks stays blocks when every cut falls on a block boundary — rows always do, columns when each
+ * part's slice starts and ends on one — so a rank holds its rows' (or its columns') blocks;
+ * otherwise it is decoded like any value. */
+typedef struct shard_src {
+    const char *name;
+    cdf_weights *w;
+    const cdf_st_file *f;  /* folder */
+    const cdf_st_tensor *t;
+    cdf_wsrc *ws;          /* or a converted file */
+    cdf_wsrc_tensor wt;
+    const void *whole;     /* the converted file's whole tensor, once a column cut needed it */
+    cdf_wsrc_tensor whole_t;
+    int ndim;
+    int64_t rows, width;   /* [rows, width] values (1-D: width 1) */
+    cdf_dtype dtype;       /* of the values read */
+    uint32_t qtype;        /* != 0: the file's blocks may be kept (be values in bb bytes) */
+    int64_t be, bb;
+    uint32_t quantize_to;  /* != 0: float values are quantized at load (--weight-type), qbe values in qbb bytes */
+    int64_t qbe, qbb;
+} shard_src;
+
+static void src_close(shard_src *s) {
+    if (s->whole) cdf_wsrc_tensor_release(&s->whole_t);
+    s->whole = NULL;
+}
+
+static cdf_status shape_error(const shard_src *s, int ndim, const int64_t *shape, int want_ndim, int64_t out, int64_t in) {
+    char have[96] = "[";
+    for (int i = 0; i < ndim; i++) {
+        size_t o = strlen(have);
+        snprintf(have + o, sizeof have - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
     }
+    strncat(have, "]", sizeof have - strlen(have) - 1);
+    if (want_ndim == 1)
+        return cdf_error(CDF_ERR_SHAPE, "weight '%s' in %s must be [%lld] (it is %s)", s->name, cdf_weights_path(s->w),
+                         (long long)out, have);
+    return cdf_error(CDF_ERR_SHAPE, "weight '%s' in %s has shape %s but the config implies [%lld, %lld]", s->name,
+                     cdf_weights_path(s->w), have, (long long)out, (long long)in);
+}
+
+/* `--weight-type q8_0|q4_k`: a float weight is quantized after its slice is read, as a whole
+ * layer is at load (cdf_linear_load), when the slice's rows are whole blocks at the whole layer's
+ * block boundaries (then its blocks are the whole layer's blocks of that slice). */
+static void set_quantize(shard_src *s) {
+    const cdf_load_options *o = cdf_weights_options(s->w);
+    if (s->ndim == 2 && !s->qtype && o->quantize_to && (o->weight_dtype == CDF_F32 || o->weight_dtype == CDF_BF16) &&
+        cdf_dtype_is_float(s->dtype) && cdf_ggml_type_block(o->quantize_to, &s->qbe, &s->qbb) && s->qbe >= 2)
+        s->quantize_to = o->quantize_to;
+}
+
+/* Opens `name`, which must be [out, in] (ndim 2) or [out] (ndim 1). */
+static cdf_status src_open(cdf_weights *w, const char *name, int ndim, int64_t out, int64_t in, shard_src *s) {
+    memset(s, 0, sizeof *s);
+    s->name = name;
+    s->w = w;
+    s->ndim = ndim;
+    s->rows = out;
+    s->width = ndim == 2 ? in : 1;
+    cdf_checkpoint *ck = cdf_weights_checkpoint(w);
     char scale[600];
     snprintf(scale, sizeof scale, "%.*sscale_weight", (int)strlen(name) - 6, name);
-    if (((*t)->dtype == CDF_F8_E4M3 || (*t)->dtype == CDF_F8_E5M2) && cdf_checkpoint_has(ck, scale))
-        return cdf_error(CDF_ERR_UNSUPPORTED, "weight '%s' in %s is scaled fp8 ('%s'), which tensor parallelism does not "
-                         "read yet", name, cdf_weights_path(w), scale);
-    if (!cdf_dtype_is_float((*t)->dtype))
+    const cdf_st_file *sf;
+    const cdf_st_tensor *st;
+    /* a folder's "fp8_scaled" weight: read through the source too, which applies the scale */
+    const bool scaled = ck && cdf_checkpoint_has(ck, name) && cdf_checkpoint_has(ck, scale) &&
+                        cdf_checkpoint_find(ck, name, &sf, &st) == CDF_OK && (st->dtype == CDF_F8_E4M3 || st->dtype == CDF_F8_E5M2);
+    if (!ck || scaled) {
+        s->ws = cdf_weights_source(w);
+        if (!cdf_wsrc_find(s->ws, name, &s->wt))
+            return cdf_error(CDF_ERR_NOT_FOUND, "weight '%s' is missing from %s (the config requires it)%s", name,
+                             cdf_weights_path(w), cdf_wsrc_missing_hint(s->ws));
+        if (s->wt.ndim != ndim || s->wt.shape[0] != out || (ndim == 2 && s->wt.shape[1] != in))
+            return shape_error(s, s->wt.ndim, s->wt.shape, ndim, out, in);
+        if (!cdf_dtype_is_float(s->wt.dtype))
+            return cdf_error(CDF_ERR_DTYPE, "weight '%s' in %s has dtype %s; a linear layer needs a float dtype", name,
+                             cdf_weights_path(w), cdf_dtype_name(s->wt.dtype));
+        s->dtype = s->wt.dtype;
+        const cdf_load_options *o = cdf_weights_options(w);
+        if (ndim == 2 && s->wt.qtype >= 0 && !o->decode_quantized && (o->weight_dtype == CDF_F32 || o->weight_dtype == CDF_BF16) &&
+            cdf_ggml_type_block((uint32_t)s->wt.qtype, &s->be, &s->bb) && s->be >= 2 &&
+            cdf_ggml_can_dequantize((uint32_t)s->wt.qtype) && in % s->be == 0)
+            s->qtype = (uint32_t)s->wt.qtype;
+        set_quantize(s);
+        return CDF_OK;
+    }
+    if (!cdf_checkpoint_has(ck, name))
+        return cdf_error(CDF_ERR_NOT_FOUND, "weight '%s' is missing from %s (the config requires it)", name, cdf_weights_path(w));
+    CDF_TRY(cdf_checkpoint_find(ck, name, &s->f, &s->t));
+    if (s->t->ndim != ndim || s->t->shape[0] != out || (ndim == 2 && s->t->shape[1] != in))
+        return shape_error(s, s->t->ndim, s->t->shape, ndim, out, in);
+    if (!cdf_dtype_is_float(s->t->dtype))
         return cdf_error(CDF_ERR_DTYPE, "weight '%s' in %s has dtype %s; a linear layer needs a float dtype", name,
-                         cdf_weights_path(w), cdf_dtype_name((*t)->dtype));
+                         cdf_weights_path(w), cdf_dtype_name(s->t->dtype));
+    s->dtype = s->t->dtype;
+    set_quantize(s);
     return CDF_OK;
 }
 
-/* Host bytes -> a device tensor in the load policy's dtype (2-D: weight_dtype; 1-D: f32). */
-static cdf_tensor *to_device(cdf_weights *w, int ndim, const int64_t *shape, const void *data, cdf_dtype src_dt,
-                             const char *name) {
-    const cdf_load_options *o = cdf_weights_options(w);
-    cdf_dtype dt = ndim >= 2 ? o->weight_dtype : CDF_F32;
+/* Bytes of one row of n values (or of their blocks). */
+static size_t row_bytes(const shard_src *s, bool blocks, int64_t n) {
+    return blocks ? (size_t)(n / s->be * s->bb) : (size_t)n * cdf_dtype_size(s->dtype);
+}
+
+/* The converted file's whole tensor (values, or blocks), loaded once per source. */
+static const uint8_t *src_whole(shard_src *s, bool blocks) {
+    if (!s->whole) {
+        s->whole_t = s->wt;
+        int64_t rb = 0;
+        s->whole = blocks ? cdf_wsrc_load_blocks(s->ws, &s->whole_t, s->name, &rb) : cdf_wsrc_load(s->ws, &s->whole_t, s->name);
+        if (s->whole && blocks && (size_t)rb != row_bytes(s, true, s->width)) {
+            cdf_error(CDF_ERR_FORMAT, "weight '%s' in %s: %lld bytes per row, but %lld %s values take %zu", s->name,
+                      cdf_weights_path(s->w), (long long)rb, (long long)s->width, cdf_ggml_type_name(s->qtype),
+                      row_bytes(s, true, s->width));
+            cdf_wsrc_tensor_release(&s->whole_t);
+            s->whole = NULL;
+        }
+    }
+    return s->whole;
+}
+
+/* Rows [row0, row0 + n) into dst (n rows of row_bytes(s, blocks, width)). */
+static cdf_status src_read_rows(shard_src *s, bool blocks, int64_t row0, int64_t n, uint8_t *dst) {
+    if (s->t) return cdf_st_read_rows(s->f, s->t, row0, n, dst);
+    const size_t rb = row_bytes(s, blocks, s->width);
+    if (s->wt.swap_halves) { /* the rows are reordered as a whole: take them from the whole tensor */
+        const uint8_t *all = src_whole(s, blocks);
+        if (!all) return cdf_last_status();
+        memcpy(dst, all + (size_t)row0 * rb, (size_t)n * rb);
+        return CDF_OK;
+    }
+    cdf_wsrc_tensor t = s->wt; /* the same source rows, narrowed: only the slice is read */
+    t.row0 = (s->wt.nrows >= 0 ? s->wt.row0 : 0) + row0;
+    t.nrows = n;
+    t.shape[0] = n;
+    int64_t got = 0;
+    const void *p = blocks ? cdf_wsrc_load_blocks(s->ws, &t, s->name, &got) : cdf_wsrc_load(s->ws, &t, s->name);
+    if (!p) return cdf_last_status();
+    if (blocks && (size_t)got != rb) {
+        cdf_wsrc_tensor_release(&t);
+        return cdf_error(CDF_ERR_FORMAT, "weight '%s' in %s: %lld bytes per row, but %lld %s values take %zu", s->name,
+                         cdf_weights_path(s->w), (long long)got, (long long)s->width, cdf_ggml_type_name(s->qtype), rb);
+    }
+    memcpy(dst, p, (size_t)n * rb);
+    cdf_wsrc_tensor_release(&t);
+    return CDF_OK;
+}
+
+/* Columns [col0, col0 + n) of every row into dst (rows of row_bytes(s, blocks, n)). */
+static cdf_status src_read_cols(shard_src *s, bool blocks, int64_t col0, int64_t n, uint8_t *dst) {
+    if (s->t) return cdf_st_read_cols(s->f, s->t, col0, n, dst);
+    /* (s->whole may be preset by read_col_parts_requantized: then no file is read) */
+    const uint8_t *all = src_whole(s, blocks);
+    if (!all) return cdf_last_status();
+    const size_t rb = row_bytes(s, blocks, s->width), off = row_bytes(s, blocks, col0), nb = row_bytes(s, blocks, n);
+    for (int64_t r = 0; r < s->rows; r++) memcpy(dst + (size_t)r * nb, all + (size_t)r * rb + off, nb);
+    return CDF_OK;
+}
+
+/* Host bytes -> a device tensor: values in the load policy's dtype (2-D: weight_dtype; 1-D:
+ * f32), or blocks as U8 [rows, row bytes]. */
+static cdf_tensor *to_device(const shard_src *s, bool blocks, int64_t rows, int64_t cols, const void *data) {
+    const cdf_load_options *o = cdf_weights_options(s->w);
+    const int64_t shape[2] = {rows, blocks ? (int64_t)row_bytes(s, true, cols) : cols};
+    const cdf_dtype dt = blocks ? CDF_U8 : s->ndim >= 2 ? o->weight_dtype : CDF_F32;
     cdf_scope_suppress(1); /* the weight belongs to the model, not to the loader's scope */
-    cdf_tensor *r = cdf_tensor_from_host(o->device, dt, ndim, shape, data, src_dt);
+    cdf_tensor *r = cdf_tensor_from_host(o->device, dt, s->ndim, shape, data, blocks ? CDF_U8 : s->dtype);
     cdf_scope_suppress(-1);
-    if (!r) cdf_error_prefix("loading weight '%s' from %s: ", name, cdf_weights_path(w));
+    if (!r) cdf_error_prefix("loading weight '%s' from %s: ", s->name, cdf_weights_path(s->w));
     return r;
 }
 
-/* Rows [row0, row0 + n) of a 1-D or 2-D tensor, as a device tensor. */
-static cdf_tensor *read_rows(cdf_weights *w, const cdf_st_file *f, const cdf_st_tensor *t, int64_t row0, int64_t n,
-                             const char *name) {
-    const int64_t width = t->ndim == 2 ? t->shape[1] : 1;
-    const size_t bytes = (size_t)(n * width) * cdf_dtype_size(t->dtype);
-    void *buf = malloc(bytes ? bytes : 1);
+/* Values [rows, cols] quantized to s->quantize_to (whole blocks per row), as blocks on the device. */
+static cdf_tensor *quantized_to_device(const shard_src *s, int64_t rows, int64_t cols, const void *vals) {
+    const size_t n = (size_t)(rows * cols);
+    float *f32 = s->dtype == CDF_F32 ? NULL : malloc(sizeof(float) * n + 1);
+    uint8_t *blocks = malloc((size_t)(rows * (cols / s->qbe * s->qbb)) + 1);
+    cdf_tensor *r = NULL;
+    if ((s->dtype != CDF_F32 && !f32) || !blocks) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "weight '%s': out of host memory to quantize its shard", s->name);
+    } else {
+        if (f32) cdf_convert(f32, CDF_F32, vals, s->dtype, n);
+        if (cdf_ggml_quantize(s->quantize_to, f32 ? f32 : vals, (int64_t)n, blocks) == CDF_OK) {
+            shard_src q = *s; /* the blocks of the quantized type */
+            q.be = s->qbe, q.bb = s->qbb;
+            r = to_device(&q, true, rows, cols, blocks);
+        } else {
+            cdf_error_prefix("weight '%s' in %s: ", s->name, cdf_weights_path(s->w));
+        }
+    }
+    free(f32);
+    free(blocks);
+    return r;
+}
+
+/* How a shard's weight is held: values, the file's blocks, or values quantized at load. */
+typedef enum { HOLD_VALUES, HOLD_BLOCKS, HOLD_QUANTIZED } hold;
+
+/* The shard's weight as a linear layer holds it: w, and the block type when it holds blocks. */
+static cdf_status set_weight(cdf_linear_layer *l, const shard_src *s, hold h, cdf_tensor *t) {
+    if (!t) return cdf_last_status();
+    l->w = t;
+    if (h != HOLD_VALUES) {
+        l->qtype = h == HOLD_BLOCKS ? s->qtype : s->quantize_to;
+        l->qwdt = cdf_weights_options(s->w)->weight_dtype;
+    }
+    return CDF_OK;
+}
+
+/* For every part i: rows [off_i + rank*part_i/size, + part_i/size) of the 1-D or 2-D source,
+ * stacked in part order into one device tensor of sum(part_i)/size rows (one part: a colwise
+ * shard). Rows are contiguous in the file, so each part is one counted slice read. */
+static cdf_tensor *read_row_parts(shard_src *s, const cdf_tp *tp, int n_parts, const int64_t *parts, hold h) {
+    const bool blocks = h == HOLD_BLOCKS;
+    const size_t rb = row_bytes(s, blocks, s->width);
+    int64_t local = 0;
+    for (int i = 0; i < n_parts; i++) local += parts[i] / tp->size;
+    uint8_t *buf = malloc((size_t)local * rb + 1);
     if (!buf) {
-        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory reading rows of '%s' (%zu bytes)", name, bytes);
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory reading rows of '%s' (%lld x %lld)", s->name, (long long)local,
+                  (long long)s->width);
         return NULL;
     }
-    cdf_tensor *r = NULL;
-    if (cdf_st_read_rows(f, t, row0, n, buf) == CDF_OK) {
-        int64_t shape[2] = {n, width};
-        r = to_device(w, t->ndim, shape, buf, t->dtype, name);
+    cdf_status st = CDF_OK;
+    int64_t off = 0, dst_row = 0;
+    for (int i = 0; i < n_parts && st == CDF_OK; i++) {
+        const int64_t n = parts[i] / tp->size;
+        st = src_read_rows(s, blocks, off + tp->rank * n, n, buf + (size_t)dst_row * rb);
+        off += parts[i];
+        dst_row += n;
     }
+    cdf_tensor *r = st != CDF_OK          ? NULL
+                    : h == HOLD_QUANTIZED ? quantized_to_device(s, local, s->width, buf)
+                                          : to_device(s, blocks, local, s->width, buf);
     free(buf);
     return r;
 }
 
-/* For every part i: columns [off_i + rank*part_i/size, + part_i/size) of the 2-D tensor t,
+/* Whether the column cuts of read_col_parts fall on boundaries of be-value blocks. */
+static bool cuts_on_blocks(int64_t be, const cdf_tp *tp, int n_parts, const int64_t *parts) {
+    int64_t off = 0;
+    for (int i = 0; i < n_parts; i++) {
+        const int64_t n = parts[i] / tp->size;
+        if ((off + tp->rank * n) % be || n % be) return false;
+        off += parts[i];
+    }
+    return true;
+}
+
+/* How a shard of s is held: its rows (split_rows) or its columns (parts). */
+static hold hold_for(const shard_src *s, bool split_rows, const cdf_tp *tp, int n_parts, const int64_t *parts) {
+    if (s->qtype && (split_rows || cuts_on_blocks(s->be, tp, n_parts, parts))) return HOLD_BLOCKS;
+    if (s->quantize_to && s->width % s->qbe == 0 && (split_rows || cuts_on_blocks(s->qbe, tp, n_parts, parts)))
+        return HOLD_QUANTIZED;
+    return HOLD_VALUES;
+}
+
+/* For every part i: columns [off_i + rank*part_i/size, + part_i/size) of the 2-D source,
  * concatenated in part order into one [rows, sum(part_i)/size] device tensor. */
-static cdf_tensor *read_col_parts(cdf_weights *w, const cdf_tp *tp, const cdf_st_file *f, const cdf_st_tensor *t,
-                                  int n_parts, const int64_t *parts, const char *name) {
-    const int64_t rows = t->shape[0];
-    const size_t esz = cdf_dtype_size(t->dtype);
+static cdf_tensor *read_col_parts(shard_src *s, const cdf_tp *tp, int n_parts, const int64_t *parts, hold h);
+
+/* Under --weight-type, a column slice whose cuts fall inside blocks cannot hold blocks; it holds
+ * the values the whole layer's blocks decode to (quantized whole rows, decoded, cut), so that
+ * the ranks compute with the weights one process would: the whole tensor is read for it. */
+static cdf_tensor *read_col_parts_requantized(shard_src *s, const cdf_tp *tp, int n_parts, const int64_t *parts) {
+    const size_t n = (size_t)(s->rows * s->width);
+    uint8_t *vals = malloc(n * cdf_dtype_size(s->dtype) + 1), *blocks = malloc(n / (size_t)s->qbe * (size_t)s->qbb + 1);
+    float *f32 = malloc(n * sizeof(float) + 1);
+    cdf_tensor *r = NULL;
+    if (!vals || !blocks || !f32) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "weight '%s': out of host memory to quantize it", s->name);
+    } else if (src_read_rows(s, false, 0, s->rows, vals) == CDF_OK) {
+        cdf_convert(f32, CDF_F32, vals, s->dtype, n);
+        if (cdf_ggml_quantize(s->quantize_to, f32, (int64_t)n, blocks) == CDF_OK &&
+            cdf_ggml_dequantize(s->quantize_to, blocks, (int64_t)n, f32) == CDF_OK) {
+            shard_src d = *s; /* the decoded whole tensor as the source of the cut */
+            d.f = NULL, d.t = NULL, d.ws = NULL, d.dtype = CDF_F32, d.quantize_to = 0;
+            d.whole = f32;
+            r = read_col_parts(&d, tp, n_parts, parts, HOLD_VALUES);
+        } else {
+            cdf_error_prefix("weight '%s' in %s: ", s->name, cdf_weights_path(s->w));
+        }
+    }
+    free(vals), free(blocks), free(f32);
+    return r;
+}
+
+static cdf_tensor *read_col_parts(shard_src *s, const cdf_tp *tp, int n_parts, const int64_t *parts, hold h) {
+    if (h == HOLD_VALUES && s->quantize_to && s->width % s->qbe == 0) return read_col_parts_requantized(s, tp, n_parts, parts);
+    const bool blocks = h == HOLD_BLOCKS;
     int64_t local = 0, max_part = 0;
     for (int i = 0; i < n_parts; i++) {
         local += parts[i] / tp->size;
         if (parts[i] / tp->size > max_part) max_part = parts[i] / tp->size;
     }
-    char *out = malloc((size_t)(rows * local) * esz + 1);
-    char *tmp = n_parts > 1 ? malloc((size_t)(rows * max_part) * esz + 1) : NULL;
+    const size_t lb = row_bytes(s, blocks, local);
+    uint8_t *out = malloc((size_t)s->rows * lb + 1);
+    uint8_t *tmp = n_parts > 1 ? malloc((size_t)s->rows * row_bytes(s, blocks, max_part) + 1) : NULL;
     if (!out || (n_parts > 1 && !tmp)) {
         free(out);
         free(tmp);
-        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory reading columns of '%s'", name);
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory reading columns of '%s'", s->name);
         return NULL;
     }
-    cdf_status s = CDF_OK;
-    int64_t off = 0, dst_col = 0;
-    for (int i = 0; i < n_parts && s == CDF_OK; i++) {
+    cdf_status st = CDF_OK;
+    int64_t off = 0;
+    size_t dst = 0;
+    for (int i = 0; i < n_parts && st == CDF_OK; i++) {
         const int64_t n = parts[i] / tp->size, col0 = off + tp->rank * n;
+        const size_t nb = row_bytes(s, blocks, n);
         if (n_parts == 1) {
-            s = cdf_st_read_cols(f, t, col0, n, out);
+            st = src_read_cols(s, blocks, col0, n, out);
         } else {
-            s = cdf_st_read_cols(f, t, col0, n, tmp);
-            for (int64_t r = 0; s == CDF_OK && r < rows; r++)
-                memcpy(out + (size_t)(r * local + dst_col) * esz, tmp + (size_t)(r * n) * esz, (size_t)n * esz);
+            st = src_read_cols(s, blocks, col0, n, tmp);
+            for (int64_t r = 0; st == CDF_OK && r < s->rows; r++) memcpy(out + (size_t)r * lb + dst, tmp + (size_t)r * nb, nb);
         }
         off += parts[i];
-        dst_col += n;
+        dst += nb;
     }
-    cdf_tensor *r = NULL;
-    if (s == CDF_OK) {
-        int64_t shape[2] = {rows, local};
-        r = to_device(w, 2, shape, out, t->dtype, name);
-    }
+    cdf_tensor *r = st != CDF_OK          ? NULL
+                    : h == HOLD_QUANTIZED ? quantized_to_device(s, s->rows, local, out)
+                                          : to_device(s, blocks, s->rows, local, out);
     free(out);
     free(tmp);
     return r;
+}
+
+/* The bias of a layer whose outputs are split: this rank's rows of every part. */
+static cdf_status load_split_bias(cdf_weights *w, const cdf_tp *tp, cdf_linear_layer *l, int bias, int n_parts,
+                                  const int64_t *parts, int64_t out, const char *prefix) {
+    char name[512];
+    snprintf(name, sizeof name, "%s.bias", prefix);
+    if (bias == 0 || (bias == -1 && !cdf_weights_has(w, "%s", name))) return CDF_OK;
+    shard_src b;
+    cdf_status st = src_open(w, name, 1, out, 1, &b);
+    if (st == CDF_OK && !(l->b = read_row_parts(&b, tp, n_parts, parts, HOLD_VALUES))) st = cdf_last_status();
+    src_close(&b);
+    return st;
 }
 
 static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer *l, int n_parts, const int64_t *parts,
@@ -303,49 +543,37 @@ static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer
                              "not divisible by %d", tp->size, tp->component, prefix, (long long)parts[i], tp->size);
 
     char name[512];
-    const cdf_st_file *f;
-    const cdf_st_tensor *t;
     snprintf(name, sizeof name, "%s.weight", prefix);
-    CDF_TRY(find_weight(w, name, out, in, &f, &t));
+    shard_src src;
+    cdf_status st = src_open(w, name, 2, out, in, &src);
     l->in = in;
     l->out = out;
-    if (style == CDF_TP_COLWISE) {
-        const int64_t n = out / tp->size;
-        l->out = n;
+    if (st == CDF_OK && style == CDF_TP_COLWISE) {
+        l->out = out / tp->size;
         l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .n_parts = 1, .parts = {out}};
-        l->w = read_rows(w, f, t, tp->rank * n, n, name);
-        if (!l->w) return cdf_last_status();
-        snprintf(name, sizeof name, "%s.bias", prefix);
-        if (bias == 1 || (bias == -1 && cdf_checkpoint_has(cdf_weights_checkpoint(w), name))) {
-            const cdf_st_file *bf;
-            const cdf_st_tensor *bt;
-            cdf_status s = cdf_checkpoint_find(cdf_weights_checkpoint(w), name, &bf, &bt);
-            if (s == CDF_OK && (bt->ndim != 1 || bt->shape[0] != out))
-                s = cdf_error(CDF_ERR_SHAPE, "weight '%s' in %s must be [%lld]", name, cdf_weights_path(w), (long long)out);
-            if (s == CDF_OK && !(l->b = read_rows(w, bf, bt, tp->rank * n, n, name))) s = cdf_last_status();
-            if (s != CDF_OK) {
-                cdf_linear_free(l);
-                return s;
-            }
-        }
-        cdf_layer_index_add(cdf_weights_options(w)->layers, prefix, l, true);
-        return CDF_OK;
+        const int64_t whole_out[1] = {out};
+        const hold h = hold_for(&src, true, tp, 1, whole_out);
+        st = set_weight(l, &src, h, read_row_parts(&src, tp, 1, whole_out, h));
+        if (st == CDF_OK) st = load_split_bias(w, tp, l, bias, 1, whole_out, out, prefix);
+    } else if (st == CDF_OK) {
+        /* rowwise / packed: this rank's input columns; the bias stays whole (added once, by rank 0) */
+        l->in = in / tp->size;
+        l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .n_parts = n_parts};
+        memcpy(l->shard.parts, parts, (size_t)n_parts * sizeof *parts);
+        const hold h = hold_for(&src, false, tp, n_parts, parts);
+        st = set_weight(l, &src, h, read_col_parts(&src, tp, n_parts, parts, h));
+        int64_t bs[1] = {out};
+        if (st == CDF_OK && bias == 1) l->b = cdf_weights_get(w, 1, bs, "%s.bias", prefix);
+        else if (st == CDF_OK && bias == -1) l->b = cdf_weights_get_opt(w, 1, bs, "%s.bias", prefix);
+        if (st == CDF_OK && ((bias == 1 && !l->b) || (bias == -1 && !l->b && cdf_weights_has(w, "%s.bias", prefix))))
+            st = cdf_last_status() != CDF_OK ? cdf_last_status() : CDF_ERR_INTERNAL;
+        l->tp = tp;
     }
-    /* rowwise / packed: this rank's input columns; the bias stays whole (added once, by rank 0) */
-    l->in = in / tp->size;
-    l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .n_parts = n_parts};
-    memcpy(l->shard.parts, parts, (size_t)n_parts * sizeof *parts);
-    l->w = read_col_parts(w, tp, f, t, n_parts, parts, name);
-    if (!l->w) return cdf_last_status();
-    int64_t bs[1] = {out};
-    if (bias == 1) l->b = cdf_weights_get(w, 1, bs, "%s.bias", prefix);
-    else if (bias == -1) l->b = cdf_weights_get_opt(w, 1, bs, "%s.bias", prefix);
-    if ((bias == 1 && !l->b) || (bias == -1 && !l->b && cdf_weights_has(w, "%s.bias", prefix))) {
-        cdf_status s = cdf_last_status() != CDF_OK ? cdf_last_status() : CDF_ERR_INTERNAL;
+    src_close(&src);
+    if (st != CDF_OK) {
         cdf_linear_free(l);
-        return s;
+        return st;
     }
-    l->tp = tp;
     cdf_layer_index_add(cdf_weights_options(w)->layers, prefix, l, true);
     return CDF_OK;
 }
@@ -387,38 +615,6 @@ cdf_status cdf_tp_linear_load_packed(cdf_weights *w, const cdf_tp *tp, cdf_linea
 }
 
 /* ---- packed outputs (PackedColwiseParallel) ------------------------------------------------------- */
-/* For every part i: rows [off_i + rank*part_i/size, + part_i/size) of the 1-D or 2-D tensor t,
- * stacked in part order into one device tensor of sum(part_i)/size rows. Rows are contiguous in
- * the file, so each part is one counted slice read straight into its place. */
-static cdf_tensor *read_row_parts(cdf_weights *w, const cdf_tp *tp, const cdf_st_file *f, const cdf_st_tensor *t,
-                                  int n_parts, const int64_t *parts, const char *name) {
-    const int64_t width = t->ndim == 2 ? t->shape[1] : 1;
-    const size_t esz = cdf_dtype_size(t->dtype);
-    int64_t local = 0;
-    for (int i = 0; i < n_parts; i++) local += parts[i] / tp->size;
-    char *buf = malloc((size_t)(local * width) * esz + 1);
-    if (!buf) {
-        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory reading rows of '%s' (%lld x %lld)", name, (long long)local,
-                  (long long)width);
-        return NULL;
-    }
-    cdf_status s = CDF_OK;
-    int64_t off = 0, dst_row = 0;
-    for (int i = 0; i < n_parts && s == CDF_OK; i++) {
-        const int64_t n = parts[i] / tp->size;
-        s = cdf_st_read_rows(f, t, off + tp->rank * n, n, buf + (size_t)(dst_row * width) * esz);
-        off += parts[i];
-        dst_row += n;
-    }
-    cdf_tensor *r = NULL;
-    if (s == CDF_OK) {
-        int64_t shape[2] = {local, width};
-        r = to_device(w, t->ndim, shape, buf, t->dtype, name);
-    }
-    free(buf);
-    return r;
-}
-
 static cdf_status load_packed_out_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer *l, int64_t in, int n_parts,
                                        const int64_t *parts, int bias, const char *prefix) {
     cdf_tp *tp = (cdf_tp *)tp_c; /* hit counters only */
@@ -437,27 +633,20 @@ static cdf_status load_packed_out_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_l
             return cdf_error(CDF_ERR_UNSUPPORTED, "tensor parallelism over %d ranks: %s.%s has an output part of %lld "
                              "features, not divisible by %d", tp->size, tp->component, prefix, (long long)parts[i], tp->size);
     char name[512];
-    const cdf_st_file *f;
-    const cdf_st_tensor *t;
     snprintf(name, sizeof name, "%s.weight", prefix);
-    CDF_TRY(find_weight(w, name, out, in, &f, &t));
+    shard_src src;
+    cdf_status st = src_open(w, name, 2, out, in, &src);
     l->in = in;
     l->out = out / tp->size;
     l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .n_parts = n_parts};
     memcpy(l->shard.parts, parts, (size_t)n_parts * sizeof *parts);
-    if (!(l->w = read_row_parts(w, tp, f, t, n_parts, parts, name))) return cdf_last_status();
-    snprintf(name, sizeof name, "%s.bias", prefix);
-    if (bias == 1 || (bias == -1 && cdf_checkpoint_has(cdf_weights_checkpoint(w), name))) {
-        const cdf_st_file *bf;
-        const cdf_st_tensor *bt;
-        cdf_status s = cdf_checkpoint_find(cdf_weights_checkpoint(w), name, &bf, &bt);
-        if (s == CDF_OK && (bt->ndim != 1 || bt->shape[0] != out))
-            s = cdf_error(CDF_ERR_SHAPE, "weight '%s' in %s must be [%lld]", name, cdf_weights_path(w), (long long)out);
-        if (s == CDF_OK && !(l->b = read_row_parts(w, tp, bf, bt, n_parts, parts, name))) s = cdf_last_status();
-        if (s != CDF_OK) {
-            cdf_linear_free(l);
-            return s;
-        }
+    const hold h = hold_for(&src, true, tp, n_parts, parts);
+    if (st == CDF_OK) st = set_weight(l, &src, h, read_row_parts(&src, tp, n_parts, parts, h));
+    src_close(&src);
+    if (st == CDF_OK) st = load_split_bias(w, tp, l, bias, n_parts, parts, out, prefix);
+    if (st != CDF_OK) {
+        cdf_linear_free(l);
+        return st;
     }
     cdf_layer_index_add(cdf_weights_options(w)->layers, prefix, l, true);
     return CDF_OK;
@@ -540,15 +729,18 @@ cdf_status cdf_linear_reload_weight(cdf_weights *w, cdf_linear_layer *l, const c
         CDF_TRY(cdf_linear_load(w, &t, l->in, l->out, 0, "%s", prefix)); /* whole: as any model loads it */
     } else {
         char name[512];
-        const cdf_st_file *f;
-        const cdf_st_tensor *st;
         snprintf(name, sizeof name, "%s.weight", prefix);
-        CDF_TRY(find_weight(w, name, cdf_linear_full_out(l), cdf_linear_full_in(l), &f, &st));
-        /* the readers need only the rank and the size */
+        shard_src src;
+        cdf_status st = src_open(w, name, 2, cdf_linear_full_out(l), cdf_linear_full_in(l), &src);
+        /* the readers need only the rank and the size; blocks come back as the load kept them */
         const cdf_tp tp = {.rank = s->rank, .size = s->size};
-        t.w = splits_out(s) ? read_row_parts(w, &tp, f, st, s->n_parts, s->parts, name)
-                            : read_col_parts(w, &tp, f, st, s->n_parts, s->parts, name);
-        if (!t.w) return cdf_last_status();
+        const hold h = hold_for(&src, splits_out(s), &tp, s->n_parts, s->parts);
+        if (st == CDF_OK)
+            st = set_weight(&t, &src, h,
+                            splits_out(s) ? read_row_parts(&src, &tp, s->n_parts, s->parts, h)
+                                          : read_col_parts(&src, &tp, s->n_parts, s->parts, h));
+        src_close(&src);
+        if (st != CDF_OK) return st;
     }
     if (cdf_tensor_dim(t.w, 0) != cdf_tensor_dim(l->w, 0) || (!t.qtype && cdf_tensor_dim(t.w, 1) != l->in)) {
         cdf_linear_free(&t);
@@ -568,7 +760,8 @@ cdf_tensor *cdf_tp_linear_rowwise_fwd(const cdf_linear_layer *l, cdf_tensor *x) 
     /* partial products summed by the all-reduce op: queued with the other ops and captured by
      * compile (a host-side all-reduce would be a graph break and a host sync per layer) */
     cdf_scope_push();
-    cdf_tensor *y = cdf_linear(x, l->w, tp->rank == 0 ? l->b : NULL);
+    cdf_tensor *b = tp->rank == 0 ? l->b : NULL;
+    cdf_tensor *y = l->qtype ? cdf_linear_quantized(x, l->w, l->qtype, l->in, l->qwdt, b) : cdf_linear(x, l->w, b);
     /* run-time LoRA: this rank holds the columns of A its inputs are and all of B, so
      * B (s * A_r x_r) is its partial of B (s * A x): added before the all-reduce, the sum holds the
      * adapter once (as it holds the bias once), and no second collective is needed */

@@ -80,6 +80,7 @@ void cdf_weights_free(cdf_weights *w) {
 const char *cdf_weights_path(const cdf_weights *w) { return w->opt.weights_file ? w->opt.weights_file : w->path; }
 const cdf_load_options *cdf_weights_options(const cdf_weights *w) { return &w->opt; }
 cdf_checkpoint *cdf_weights_checkpoint(cdf_weights *w) { return w->ck; }
+cdf_wsrc *cdf_weights_source(cdf_weights *w) { return w->src; }
 uint64_t cdf_weights_loaded_bytes(const cdf_weights *w) { return w->loaded_bytes; }
 
 static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {

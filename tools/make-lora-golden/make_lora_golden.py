@@ -25,6 +25,10 @@ Files (tests/data/lora/):
   flux_second.safetensors a second diffusers-format adapter (no alphas) for the multi-adapter case
   flux2_dev_peft.safetensors, flux2_klein_peft.safetensors  diffusers/PEFT adapters on every
                           linear of the tiny golden Flux2Transformer2DModel folders (no alphas)
+  flux2_dev_kohya / _aitk / _peftbm.safetensors  FLUX.2-dev adapters in kohya, ai-toolkit
+                          ("diffusion_model.double_blocks.0.img_attn.qkv") and PEFT-saved
+                          ("base_model.model." in place of "diffusion_model.", which
+                          Flux2LoraLoaderMixin.lora_state_dict renames back) names
   sd3_peft.safetensors    SD3 transformer adapter in diffusers/PEFT keys (no alphas: SD3's loader
                           takes none)
   flux.safetensors / sd3.safetensors / flux2_dev.safetensors / flux2_klein.safetensors
@@ -526,10 +530,22 @@ def main():
         o = {}
         run_case(Flux2Transformer2DModel, Flux2LoraLoaderMixin, folder, io, flux2_call, adapter, None, o, f"{name}_peft")
         if name == "flux2_dev":  # kohya and ai-toolkit names (dev: the guidance embedder too)
-            for kind, kseed in (("kohya", 9), ("aitk", 10)):
+            for kind, kseed in (("kohya", 9), ("aitk", 10), ("peftbm", 10)):
                 adapter = os.path.join(a.out, f"{name}_{kind}.safetensors")
-                save_file(flux2_orig_adapter(folder, kseed, kind == "kohya"), adapter, metadata={"format": "pt"})
-                run_case(Flux2Transformer2DModel, Flux2LoraLoaderMixin, folder, io, flux2_call, adapter, None, o, f"{name}_{kind}")
+                sd = flux2_orig_adapter(folder, kseed, kind == "kohya")
+                if kind == "peftbm":  # PEFT's save_pretrained spelling of the ai-toolkit adapter
+                    sd = {"base_model.model." + k[len("diffusion_model."):]: v for k, v in sd.items()}
+                save_file(sd, adapter, metadata={"format": "pt"})
+                if kind != "peftbm":
+                    run_case(Flux2Transformer2DModel, Flux2LoraLoaderMixin, folder, io, flux2_call, adapter, None, o,
+                             f"{name}_{kind}")
+                    continue
+                # diffusers must give the ai-toolkit adapter's outputs bit for bit (the test reuses
+                # them); its outputs are not saved, so the committed ones stay as they were made
+                bm = {}
+                run_case(Flux2Transformer2DModel, Flux2LoraLoaderMixin, folder, io, flux2_call, adapter, None, bm, "bm")
+                for s in ("runtime_s1", "runtime_s07", "fused_s07"):
+                    assert torch.equal(bm[f"bm.{s}"], o[f"{name}_aitk.{s}"]), f"base_model.model. spelling differs at {s}"
         save_file({f"out.{k}": v for k, v in o.items()}, os.path.join(a.out, f"{name}.safetensors"))
         stats.update({f"{name}.{k}": {"max_abs": float(v.abs().max()), "max_abs_diff_vs_base": float((v - o["base"]).abs().max())}
                       for k, v in o.items()})
