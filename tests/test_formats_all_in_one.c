@@ -145,24 +145,7 @@ static float *run(const char *model, const char *config, const cdf_component_fil
     cdf_pipeline *p = NULL;
     *st = cdf_pipeline_load(model, &lp, &p);
     if (*st != CDF_OK) return NULL;
-    cdf_generate_params gp = cdf_generate_default_params();
-    gp.prompt = "a red square";
-    gp.height = gp.width = 64;
-    gp.num_inference_steps = 2;
-    gp.seed = 7;
-    cdf_tensor_map cap;
-    cdf_tensor_map_init(&cap);
-    gp.capture = &cap;
-    cdf_image img;
-    *st = cdf_pipeline_generate(p, &gp, &img);
-    assert_int_equal(*st, CDF_OK);
-    cdf_image_free(&img);
-    cdf_tensor *l = cdf_tensor_map_get(&cap, "latents_final");
-    assert_non_null(l);
-    *n = (size_t)cdf_tensor_numel(l);
-    float *v = malloc(*n * 4);
-    assert_int_equal(cdf_tensor_read(l, CDF_F32, v, *n * 4), CDF_OK);
-    cdf_tensor_map_clear(&cap);
+    float *v = tu_generate_capture(p, "latents_final", n);
     cdf_pipeline_free(p);
     return v;
 }
@@ -231,13 +214,6 @@ static void test_sd3_same_latents(void **state) {
 
 /* ---- planning an all-in-one file ---- */
 
-static uint64_t current_bytes(void) {
-    assert_int_equal(cdf_device_synchronize(tu_cpu()), CDF_OK);
-    cdf_memory_stats st;
-    cdf_device_memory_stats(tu_cpu(), &st);
-    return st.current_bytes;
-}
-
 /* The planner counts exactly the device bytes each component's load from the file takes. */
 static void check_plan(const char *dir, const char *aio, const char *const *keys, const char *const *parts, int n) {
     for (int k = 0; k < n; k++)
@@ -249,10 +225,10 @@ static void check_plan(const char *dir, const char *aio, const char *const *keys
             o.weight_dtype = d ? CDF_BF16 : CDF_F32;
             o.weights_file = aio;
             o.weights_part = parts[k];
-            const uint64_t before = current_bytes();
+            const uint64_t before = tu_device_bytes();
             cdf_component *c = NULL;
             if (cdf_component_load(sub, &o, &c) != CDF_OK) fail_msg("%s from %s: %s", keys[k], aio, cdf_last_error());
-            const uint64_t loaded = current_bytes() - before;
+            const uint64_t loaded = tu_device_bytes() - before;
             char cls[64];
             snprintf(cls, sizeof cls, "%s", cdf_component_class_name(c));
             cdf_component_free(c);

@@ -156,24 +156,7 @@ static float *run_pipe_key(const char *pipe, const char *key, const cdf_componen
             return NULL;
         }
     }
-    cdf_generate_params gp = cdf_generate_default_params();
-    gp.prompt = "a red square";
-    gp.height = gp.width = 64;
-    gp.num_inference_steps = 2;
-    gp.seed = 7;
-    cdf_tensor_map cap;
-    cdf_tensor_map_init(&cap);
-    gp.capture = &cap;
-    cdf_image img;
-    *st = cdf_pipeline_generate(p, &gp, &img);
-    assert_int_equal(*st, CDF_OK);
-    cdf_image_free(&img);
-    cdf_tensor *l = cdf_tensor_map_get(&cap, key);
-    assert_non_null(l);
-    *n = (size_t)cdf_tensor_numel(l);
-    float *v = malloc(*n * 4);
-    assert_int_equal(cdf_tensor_read(l, CDF_F32, v, *n * 4), CDF_OK);
-    cdf_tensor_map_clear(&cap);
+    float *v = tu_generate_capture(p, key, n);
     cdf_pipeline_free(p);
     return v;
 }

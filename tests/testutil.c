@@ -1,5 +1,7 @@
 #include "testutil.h"
 
+#include "cdiffusers/pipeline.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,4 +125,35 @@ double tu_diff_tensors(cdf_tensor *got, cdf_tensor *want, const char *what) {
     free(g);
     free(w);
     return d;
+}
+
+uint64_t tu_device_bytes(void) {
+    assert_int_equal(cdf_device_synchronize(tu_cpu()), CDF_OK);
+    cdf_memory_stats st;
+    cdf_device_memory_stats(tu_cpu(), &st);
+    return st.current_bytes;
+}
+
+float *tu_generate_capture(struct cdf_pipeline *p, const char *key, size_t *n) {
+    cdf_generate_params gp = cdf_generate_default_params();
+    gp.prompt = "a red square";
+    gp.height = gp.width = 64;
+    gp.num_inference_steps = 2;
+    gp.seed = 7;
+    static const int out_layers[] = {1, 2, 3}; /* FLUX.2: the tiny Mistral has 4 layers */
+    if (strcmp(cdf_pipeline_class_name(p), "Flux2Pipeline") == 0) gp.text_encoder_out_layers = out_layers, gp.num_text_encoder_out_layers = 3;
+    cdf_tensor_map cap;
+    cdf_tensor_map_init(&cap);
+    gp.capture = &cap;
+    cdf_image img;
+    if (cdf_pipeline_generate(p, &gp, &img) != CDF_OK) fail_msg("generate: %s", cdf_last_error());
+    cdf_image_free(&img);
+    cdf_tensor *l = cdf_tensor_map_get(&cap, key);
+    if (!l) fail_msg("generate captured no '%s'", key);
+    *n = (size_t)cdf_tensor_numel(l);
+    float *v = malloc(*n * 4 + 4);
+    assert_non_null(v);
+    assert_int_equal(cdf_tensor_read(l, CDF_F32, v, *n * 4), CDF_OK);
+    cdf_tensor_map_clear(&cap);
+    return v;
 }

@@ -37,4 +37,12 @@ void tu_load_map(cdf_tensor_map *m, const char *rel);
 cdf_component *tu_load_component(const char *dir, cdf_dtype weight_dtype);
 /* max |got - want| after checking both exist and have the same shape (fails otherwise). */
 double tu_diff_tensors(cdf_tensor *got, cdf_tensor *want, const char *what);
+/* Device bytes the cpu device holds now (after a synchronize). */
+uint64_t tu_device_bytes(void);
+/* The formats tests' generation: "a red square", 64x64, 2 steps, seed 7 (FLUX.2: text encoder
+ * layers 1, 2, 3 of the tiny Mistral), of a loaded pipeline;
+ * the f32 values of the intermediate `key` ("latents_final", "vae_decode_output", ...),
+ * malloc'd, *n of them (fails the test on error). */
+struct cdf_pipeline;
+float *tu_generate_capture(struct cdf_pipeline *p, const char *key, size_t *n);
 #endif
