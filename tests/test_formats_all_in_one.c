@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cdiffusers/convert.h"
 #include "cdiffusers/device.h"
 #include "cdiffusers/io.h"
 #include "cdiffusers/pipeline.h"
@@ -176,6 +177,20 @@ static void test_flux_same_latents(void **state) {
     /* each text encoder's part alone, beside the folder */
     cdf_component_file te[2] = {{"text_encoder", aio}, {"text_encoder_2", aio}};
     expect_same(ref, n0, dir, NULL, te, 2, CDF_OFFLOAD_NONE, "FLUX folder + --text-encoder 1=AIO 2=AIO");
+    /* convert reads a text encoder's part: CLIP-L and T5 from the all-in-one file to GGUF, loaded back */
+    cdf_component_file conv[2] = {{"text_encoder", NULL}, {"text_encoder_2", NULL}};
+    char outs[2][1024];
+    for (int k = 0; k < 2; k++) {
+        cdf_convert_params cp = cdf_convert_default_params();
+        cp.model = dir;
+        cp.component = conv[k].component;
+        cp.weights_file = aio;
+        snprintf(outs[k], sizeof outs[k], "%s/%s_from_aio.gguf", tu_tmpdir(), conv[k].component);
+        cp.output = outs[k];
+        if (cdf_convert_to_gguf(&cp, NULL) != CDF_OK) fail_msg("convert %s: %s", cp.component, cdf_last_error());
+        conv[k].path = outs[k];
+    }
+    expect_same(ref, n0, dir, NULL, conv, 2, CDF_OFFLOAD_NONE, "FLUX folder + text encoders converted from the all-in-one file");
     /* a file without the VAE: --vae FILE supplies it */
     const char *novae = flux_aio("flux_novae.safetensors", 1);
     cdf_component_file vae = {"vae", tu_data("formats/flux_single/ae_ldm.safetensors")};

@@ -149,8 +149,6 @@ static bool is_file(const char *p) {
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* Checks the parameters, finds the component folder (dir) and lists what its model reads (pass 1),
- * then opens the weights source for pass 2. */
 /* A text encoder's part of an all-in-one weights file: by its key, the second one T5 when its
  * config says so (FLUX.1) and CLIP-G otherwise (SD3). */
 static const char *text_part(const char *dir, const char *comp) {
@@ -165,6 +163,8 @@ static const char *text_part(const char *dir, const char *comp) {
     return cdf_pipe_text_part(comp, t5);
 }
 
+/* Checks the parameters, finds the component folder (dir) and lists what its model reads (pass 1),
+ * then opens the weights source for pass 2. */
 static cdf_status collect(const cdf_convert_params *p, bool gguf, conv *c, char *dir, size_t dir_n, char *class_name,
                           size_t class_n) {
     if (!p || !p->model || !p->model[0] || !p->output || !p->output[0])
