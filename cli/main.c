@@ -899,14 +899,12 @@ static int cmd_info(int argc, char **argv) {
     struct stat mst;
     const char *file = NULL; /* an all-in-one file: its recognised model, then the config folder's listing */
     if (stat(model, &mst) == 0 && S_ISREG(mst.st_mode)) {
-        static char cfg_dir[4096];
-        char known[64];
-        if (cdf_pipeline_single_file_model(model, config, known, sizeof known, cfg_dir, sizeof cfg_dir) != CDF_OK)
-            return fail("reading the single file");
-        printf("%s: %s%s, configs and tokenizers from %s\n", model, known[0] ? "recognised as " : "an all-in-one file",
-               known, cfg_dir);
+        static cdf_pipe_single_file sf; /* what the file is, with the components given beside it */
+        if (cdf_pipe_single_file_resolve(model, config, cf.files, cf.n, &sf) != CDF_OK) return fail("reading the single file");
+        printf("%s: %s%s, configs and tokenizers from %s\n", model, sf.model[0] ? "recognised as " : "an all-in-one file",
+               sf.model, sf.config_dir);
         file = model;
-        model = cfg_dir;
+        model = sf.config_dir;
     } else if (config) {
         return usage_error("--config DIR goes with --model FILE (an all-in-one file), not the folder '%s'", model);
     }
