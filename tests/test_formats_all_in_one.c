@@ -488,6 +488,13 @@ static void test_cli(void **state) {
     if (rc != 0 || !strstr(info, "text encoders clip_l, t5xxl") || !strstr(info, "text_encoder_2"))
         fail_msg("info: exit %d: %s", rc, info);
     free(info);
+    /* what the file lacks, given beside it */
+    rc = tu_system("'%s' info --model '%s' --config '%s' --vae '%s' >'%s/info.txt' 2>&1", CDF_CLI_PATH,
+                   flux_aio("cli_novae.safetensors", 1), tiny, tu_data("formats/flux_single/ae_ldm.safetensors"), dir);
+    info = tu_read_file(tu_tmp_path("info.txt"), NULL);
+    if (rc != 0 || !strstr(info, "from ") || !strstr(info, "ae_ldm.safetensors (safetensors, LDM VAE keys)"))
+        fail_msg("info with --vae: exit %d: %s", rc, info);
+    free(info);
     rc = tu_system("'%s' info --model '%s' >'%s/info.txt' 2>&1", CDF_CLI_PATH, tu_tmp_path("flux1-schnell.safetensors"), dir);
     info = tu_read_file(tu_tmp_path("info.txt"), NULL);
     if (rc != 0 || !strstr(info, "recognised as flux1-schnell")) fail_msg("info: exit %d: %s", rc, info);
