@@ -48,6 +48,18 @@ static int64_t weights_of(cdf_k_pack_kind kind) {
     return st.packed_weights;
 }
 
+/* Gets k's copy and releases it: after `calls` fills in all, its bytes are stamp `want`. */
+static void get_expect(const cdf_k_pack_key *k, stamp *s, int calls, int want) {
+    cdf_k_pack *held;
+    const unsigned char *d = cdf_k_pack_get(k, fill_stamp, s, &held);
+    assert_non_null(d);
+    assert_non_null(held);
+    assert_int_equal(s->calls, calls);
+    assert_int_equal(d[0], want);
+    assert_int_equal(d[s->bytes - 1], want);
+    cdf_k_pack_release(held);
+}
+
 static void test_reuse_repack_forget(void **state) {
     (void)state;
     cdf_k_pack_clear();
@@ -58,34 +70,18 @@ static void test_reuse_repack_forget(void **state) {
     cdf_k_pack *held;
     const cdf_k_pack_key k = key_at(CDF_K_PACK_OWN_GEMM, g_weight + 128, 256, lay, 7);
 
-    const unsigned char *d = cdf_k_pack_get(&k, fill_stamp, &s, &held);
-    assert_non_null(d);
-    assert_non_null(held);
-    assert_int_equal(s.calls, 1);
-    assert_int_equal(d[0], 1);
-    assert_int_equal(d[255], 1);
-    cdf_k_pack_release(held);
-
-    /* same key: the cached copy */
-    d = cdf_k_pack_get(&k, fill_stamp, &s, &held);
-    assert_int_equal(s.calls, 1);
-    assert_int_equal(d[0], 1);
-    cdf_k_pack_release(held);
+    get_expect(&k, &s, 1, 1);
+    get_expect(&k, &s, 1, 1); /* same key: the cached copy */
 
     /* another layout of the same source is another copy */
     const cdf_k_pack_key k2 = key_at(CDF_K_PACK_OWN_GEMM, g_weight + 128, 256, other_lay, 7);
-    d = cdf_k_pack_get(&k2, fill_stamp, &s, &held);
-    assert_int_equal(s.calls, 2);
-    cdf_k_pack_release(held);
+    get_expect(&k2, &s, 2, 2);
     assert_int_equal(weights_of(CDF_K_PACK_OWN_GEMM), 2);
 
     /* other data at the address (the checksum differs): packed afresh, the old copy dropped */
     cdf_k_pack_key changed = k;
     changed.sum = 8;
-    d = cdf_k_pack_get(&changed, fill_stamp, &s, &held);
-    assert_int_equal(s.calls, 3);
-    assert_int_equal(d[0], 3);
-    cdf_k_pack_release(held);
+    get_expect(&changed, &s, 3, 3);
     cdf_k_pack_stats st;
     cdf_k_pack_get_stats(CDF_K_PACK_OWN_GEMM, &st);
     assert_int_equal(st.packs, 3);
@@ -97,7 +93,7 @@ static void test_reuse_repack_forget(void **state) {
 
     /* the buffer holding the source is freed while a kernel uses the copy: it leaves the cache at
      * once, stays readable until released */
-    d = cdf_k_pack_get(&changed, fill_stamp, &s, &held);
+    const unsigned char *d = cdf_k_pack_get(&changed, fill_stamp, &s, &held);
     assert_int_equal(s.calls, 3);
     cdf_k_pack_forget_range(g_weight, 129); /* covers the source's first byte only */
     assert_int_equal(weights_of(CDF_K_PACK_OWN_GEMM), 0);
@@ -107,10 +103,7 @@ static void test_reuse_repack_forget(void **state) {
 
     /* a new buffer at that address with data agreeing on every sample (same checksum): a fresh
      * copy, never the freed buffer's */
-    d = cdf_k_pack_get(&changed, fill_stamp, &s, &held);
-    assert_int_equal(s.calls, 4);
-    assert_int_equal(d[0], 4);
-    cdf_k_pack_release(held);
+    get_expect(&changed, &s, 4, 4);
 
     /* a range ending just before the source leaves it */
     cdf_k_pack_forget_range(g_weight, 128);
