@@ -104,6 +104,13 @@ static inline char *run_tp_compiled(const char *args, const char *mode, const ch
 }
 
 
+/* Rank `rank` of an offline 2-rank group and a tensor-parallel context over it with `plan` (the
+ * in-process sharding tests: loads need only the rank and the size). */
+static inline void offline_tp(int rank, const cdf_tp_rule *plan, cdf_process_group **pg, cdf_tp **tp) {
+    assert_int_equal(cdf_dist_init_offline(rank, 2, pg), CDF_OK);
+    assert_int_equal(cdf_tp_new(*pg, "transformer", "test plan", plan, tp), CDF_OK);
+}
+
 /* ---- reading the jobs' results --------------------------------------------------------------- */
 static inline bool ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);

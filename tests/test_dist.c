@@ -306,8 +306,7 @@ static void test_shard_gguf_blocks(void **state) {
         cdf_process_group *pg;
         cdf_tp *tp;
         cdf_weights *w;
-        assert_int_equal(cdf_dist_init_offline(rank, 2, &pg), CDF_OK);
-        assert_int_equal(cdf_tp_new(pg, "transformer", "test plan", plan, &tp), CDF_OK);
+        offline_tp(rank, plan, &pg, &tp);
         cdf_load_options o = cdf_load_options_default();
         o.device = tu_cpu();
         o.weights_file = path;
@@ -379,8 +378,7 @@ static void test_shard_fp8_scaled(void **state) {
         for (int k = 0; k < 2; k++) {
             cdf_process_group *pg;
             cdf_tp *tp;
-            assert_int_equal(cdf_dist_init_offline(rank, 2, &pg), CDF_OK);
-            assert_int_equal(cdf_tp_new(pg, "transformer", "test plan", k ? rows : cols, &tp), CDF_OK);
+            offline_tp(rank, k ? rows : cols, &pg, &tp);
             assert_int_equal(cdf_weights_open(dir, &o, &w), CDF_OK);
             cdf_linear_layer l;
             assert_int_equal(cdf_tp_linear_load(w, tp, &l, 16, 8, 1, "lin"), CDF_OK);
@@ -418,8 +416,7 @@ static void test_shard_slices_and_bytes(void **state) {
         cdf_process_group *pg;
         cdf_tp *tp;
         cdf_weights *w;
-        assert_int_equal(cdf_dist_init_offline(rank, 2, &pg), CDF_OK);
-        assert_int_equal(cdf_tp_new(pg, "transformer", "test plan", plan, &tp), CDF_OK);
+        offline_tp(rank, plan, &pg, &tp);
         assert_int_equal(cdf_tp_style_for(tp, "transformer_blocks.7.attn.to_q"), CDF_TP_COLWISE);
         assert_int_equal(cdf_tp_style_for(tp, "transformer_blocks.attn.to_q"), CDF_TP_REPLICATE); /* '*' is one component */
         assert_int_equal(cdf_tp_style_for(tp, "x.transformer_blocks.7.attn.to_q"), CDF_TP_REPLICATE);

@@ -155,8 +155,7 @@ static void test_packed_colwise_slices(void **state) {
         cdf_process_group *pg;
         cdf_tp *tp;
         cdf_weights *w;
-        assert_int_equal(cdf_dist_init_offline(rank, 2, &pg), CDF_OK);
-        assert_int_equal(cdf_tp_new(pg, "transformer", "test plan", plan, &tp), CDF_OK);
+        offline_tp(rank, plan, &pg, &tp);
         assert_int_equal(cdf_weights_open(dir, NULL, &w), CDF_OK);
         cdf_linear_layer l;
 

@@ -47,6 +47,7 @@
 #include "kernels/fast_onednn.h"
 #include "kernels/gemm_bf16w.h"
 #include "kernels/kernels.h"
+#include "kernels/pack_cache.h"
 
 #define U32 (1.0 / 16777216.0)
 #define SENTINEL 12345.0f
@@ -464,7 +465,7 @@ static void test_matmul_bf16_prepack(void **state) {
         return;
     }
     cdf_k_fast_clear();
-    cdf_k_fast_set_pack_limit((size_t)64 << 20);
+    cdf_k_pack_set_limit((size_t)64 << 20);
     mm_case cs = {.batch = 1, .M = 17, .N = 129, .K = 64, .tb = true, .bias = true, .alpha = 1.0f,
                   .a_dt = CDF_F32, .b_dt = CDF_BF16, .c_dt = CDF_F32, .bias_dt = CDF_F32};
     mm_bufs m;
@@ -493,7 +494,7 @@ static void test_matmul_bf16_prepack(void **state) {
 
     /* a freed buffer's copy is dropped (before the next lookup); the next use packs again. The
      * range covers b: a view inside a freed buffer loses its copy too. */
-    cdf_k_fast_forget_range((const char *)m.b - 64, m.b_n * 2 + 64);
+    cdf_k_pack_forget_range((const char *)m.b - 64, m.b_n * 2 + 64);
     mm_check(&m, true, false, "prepack after forget");
     cdf_k_fast_get_stats(&st);
     assert_int_equal(st.packs, 2);
@@ -502,7 +503,7 @@ static void test_matmul_bf16_prepack(void **state) {
 
     /* a cap too small for the copy: the weights are reordered per call, results stay right */
     cdf_k_fast_clear();
-    cdf_k_fast_set_pack_limit(1);
+    cdf_k_pack_set_limit(1);
     cdf_k_fast_reset_stats();
     mm_check(&m, true, false, "prepack cap full");
     cdf_k_fast_get_stats(&st);
@@ -511,7 +512,7 @@ static void test_matmul_bf16_prepack(void **state) {
     assert_int_equal(st.unpacked_reorders, 1);
 
     /* cap 0 (prepacking off): few rows use B as it is, many rows reorder it per call */
-    cdf_k_fast_set_pack_limit(0);
+    cdf_k_pack_set_limit(0);
     cdf_k_fast_reset_stats();
     mm_check(&m, true, false, "no prepack, 17 rows");
     cdf_k_fast_get_stats(&st);
@@ -525,7 +526,7 @@ static void test_matmul_bf16_prepack(void **state) {
     cdf_k_fast_get_stats(&st);
     assert_int_equal(st.packs, 0);
     assert_int_equal(st.unpacked_reorders, 1);
-    cdf_k_fast_set_pack_limit((size_t)64 << 20);
+    cdf_k_pack_set_limit((size_t)64 << 20);
     mm_free(&m);
 }
 
@@ -721,13 +722,13 @@ static void test_gemm_bf16w(void **state) {
 }
 
 /* Its packed weights: packed once and reused, packed afresh when the data at the address
- * changes, dropped by cdf_k_fast_forget_range, per call over the cap; results right throughout. */
+ * changes, dropped by cdf_k_pack_forget_range, per call over the cap; results right throughout. */
 static void test_gemm_bf16w_cache(void **state) {
     (void)state;
     if (!need_own_gemm()) return;
     via_own_gemm = true;
     cdf_k_fast_clear();
-    cdf_k_fast_set_pack_limit((size_t)64 << 20);
+    cdf_k_pack_set_limit((size_t)64 << 20);
     mm_case cs = {.batch = 1, .M = 17, .N = 129, .K = 64, .tb = true, .bias = true, .alpha = 1.0f,
                   .a_dt = CDF_F32, .b_dt = CDF_BF16, .c_dt = CDF_F32, .bias_dt = CDF_F32};
     mm_bufs m;
@@ -750,7 +751,7 @@ static void test_gemm_bf16w_cache(void **state) {
     assert_int_equal(st.repacks, 1);
     assert_int_equal(st.packs, 2);
     assert_int_equal(st.packed_weights, 1);
-    cdf_k_fast_forget_range((const char *)m.b - 64, m.b_n * 2 + 64);
+    cdf_k_pack_forget_range((const char *)m.b - 64, m.b_n * 2 + 64);
     cdf_k_gemm_bf16w_get_stats(&st);
     assert_int_equal(st.packed_weights, 0);
     assert_int_equal(st.packed_bytes, 0);
@@ -759,14 +760,14 @@ static void test_gemm_bf16w_cache(void **state) {
     assert_int_equal(st.packs, 3);
     assert_int_equal(st.repacks, 1);
     cdf_k_fast_clear();
-    cdf_k_fast_set_pack_limit(1);
+    cdf_k_pack_set_limit(1);
     cdf_k_gemm_bf16w_reset_stats();
     mm_check(&m, true, false, "own cache cap full");
     cdf_k_gemm_bf16w_get_stats(&st);
     assert_int_equal(st.packs, 0);
     assert_int_equal(st.packed_weights, 0);
     assert_int_equal(st.unpacked_calls, 1);
-    cdf_k_fast_set_pack_limit((size_t)64 << 20);
+    cdf_k_pack_set_limit((size_t)64 << 20);
     mm_free(&m);
     via_own_gemm = false;
 }

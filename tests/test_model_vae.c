@@ -94,26 +94,36 @@ static void check_decode_encode(cdf_component *c, const cdf_tensor_map *io, cons
     cdf_tensor_map_clear(&out);
 }
 
-static void test_decode_encode_f32(void **state) {
-    (void)state;
+/* check_decode_encode of the folder kl16(dir) loaded with weight_dtype against kl16(io_file). */
+static void check_folder(const char *io_file, const char *dir, cdf_dtype weight_dtype, const char *what, double atol) {
     cdf_tensor_map io;
-    load_io(&io, kl16("io.safetensors"));
-    cdf_component *c = load_component(kl16("vae"), CDF_F32);
-    check_decode_encode(c, &io, "f32", VAE_ATOL);
+    load_io(&io, kl16(io_file));
+    cdf_component *c = load_component(kl16(dir), weight_dtype);
+    check_decode_encode(c, &io, what, atol);
     cdf_component_free(c);
     cdf_tensor_map_clear(&io);
+}
+
+/* The f32 folder's AutoencoderKL as the pipelines hold it (the class's impl; its config in *cfg,
+ * cJSON_Delete it after cdf_autoencoder_kl_class.free). */
+static void *load_kl16_impl(cJSON **cfg) {
+    assert_int_equal(cdf_config_load(kl16("vae"), cfg), CDF_OK);
+    cdf_load_options o = opts(CDF_F32);
+    void *impl = NULL;
+    if (cdf_autoencoder_kl_class.load(kl16("vae"), *cfg, &o, &impl) != CDF_OK) fail_msg("%s", cdf_last_error());
+    return impl;
+}
+
+static void test_decode_encode_f32(void **state) {
+    (void)state;
+    check_folder("io.safetensors", "vae", CDF_F32, "f32", VAE_ATOL);
 }
 
 /* bf16 folder, weights upcast to f32: the reference computed exactly this (from_pretrained(bf16
  * folder).float()), so the f32 tolerance applies. */
 static void test_bf16_folder_upcast(void **state) {
     (void)state;
-    cdf_tensor_map io;
-    load_io(&io, kl16("io_bf16.safetensors"));
-    cdf_component *c = load_component(kl16("vae_bf16"), CDF_F32);
-    check_decode_encode(c, &io, "bf16 weights upcast", VAE_ATOL);
-    cdf_component_free(c);
-    cdf_tensor_map_clear(&io);
+    check_folder("io_bf16.safetensors", "vae_bf16", CDF_F32, "bf16 weights upcast", VAE_ATOL);
 }
 
 /* bf16 folder, weights kept in bf16 on the device: every stored value is already a bf16 number,
@@ -124,12 +134,7 @@ static void test_bf16_folder_upcast(void **state) {
 #define VAE_BF16_COMPUTE_ATOL 0.063
 static void test_bf16_folder_bf16_storage(void **state) {
     (void)state;
-    cdf_tensor_map io;
-    load_io(&io, kl16("io_bf16.safetensors"));
-    cdf_component *c = load_component(kl16("vae_bf16"), CDF_BF16);
-    check_decode_encode(c, &io, "bf16 weights, bf16 storage", VAE_BF16_COMPUTE_ATOL);
-    cdf_component_free(c);
-    cdf_tensor_map_clear(&io);
+    check_folder("io_bf16.safetensors", "vae_bf16", CDF_BF16, "bf16 weights, bf16 storage", VAE_BF16_COMPUTE_ATOL);
 }
 
 /* fp32 folder with bf16 storage: the >= 2-D weights are rounded to bf16 (round-to-nearest-even,
@@ -171,10 +176,7 @@ static void test_pipeline_entry_points(void **state) {
     cdf_tensor_map io;
     load_io(&io, kl16("io.safetensors"));
     cJSON *cfg = NULL;
-    assert_int_equal(cdf_config_load(kl16("vae"), &cfg), CDF_OK);
-    cdf_load_options o = opts(CDF_F32);
-    void *impl = NULL;
-    if (cdf_autoencoder_kl_class.load(kl16("vae"), cfg, &o, &impl) != CDF_OK) fail_msg("%s", cdf_last_error());
+    void *impl = load_kl16_impl(&cfg);
     /* README: scaling_factor 0.3611, shift_factor 0.1159 (the FLUX.1 values) */
     assert_true(cdf_vae_scaling_factor(impl) == 0.3611);
     assert_true(cdf_vae_shift_factor(impl) == 0.1159);
@@ -224,10 +226,7 @@ static void test_decode_peak_memory(void **state) {
     cdf_tensor_map io;
     load_io(&io, kl16("io.safetensors"));
     cJSON *cfg = NULL;
-    assert_int_equal(cdf_config_load(kl16("vae"), &cfg), CDF_OK);
-    cdf_load_options o = opts(CDF_F32);
-    void *impl = NULL;
-    if (cdf_autoencoder_kl_class.load(kl16("vae"), cfg, &o, &impl) != CDF_OK) fail_msg("%s", cdf_last_error());
+    void *impl = load_kl16_impl(&cfg);
     cdf_device *dev = cdf_device_default();
     cdf_scope_push();
     cdf_tensor *z = io_get(&io, "z");

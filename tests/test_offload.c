@@ -25,56 +25,18 @@
 #include "pipelines/pipeline_impl.h"
 #include "pipelines/planner.h"
 
-#define MRP_NO_MAIN
-#include "../tools/make-random-pipeline/make_random_pipeline.c"
+#include "offload_test_common.h"
 
 static char g_flux[600], g_sd3[600];
 
-/* FLUX.1 architecture: CLIP 3 MB, T5 4 MB, transformer 7 MB (the largest), VAE 0.3 MB. */
-static void flux_spec(mrp_spec *s) {
-    s->tokenizers = tu_data("tokenizers");
-    assert_int_equal(mrp_preset("tiny-flux", s), 0);
-    const char *sets[] = {"clip_l.hidden=16", "clip_l.intermediate=64", "clip_l.layers=2", "t5.d_model=32", "t5.d_kv=16",
-                          "t5.heads=2",       "t5.d_ff=64",             "flux.heads=4",    "flux.head_dim=32",
-                          "flux.layers=2",    "flux.single_layers=2",   "seed=7"};
-    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) assert_int_equal(mrp_set(s, sets[i]), 0);
-}
-
-/* SD3.5 architecture (dual attention, qk norm), widths 16 / 24 / 48 / 64. */
-static void sd3_spec(mrp_spec *s) {
-    s->tokenizers = tu_data("tokenizers");
-    assert_int_equal(mrp_preset("tiny-sd3", s), 0);
-    const char *sets[] = {"clip_l.hidden=16", "clip_l.projection=16", "clip_l.intermediate=64", "clip_g.hidden=24",
-                          "clip_g.projection=24", "clip_g.intermediate=96", "t5.d_model=48", "t5.d_kv=24", "t5.heads=2",
-                          "t5.d_ff=96", "sd3.heads=2", "sd3.head_dim=32", "sd3.layers=3", "sd3.dual_layers=1", "seed=11"};
-    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) assert_int_equal(mrp_set(s, sets[i]), 0);
-}
+/* SD3.5 architecture (dual attention, qk norm), widths 16 / 24 / 48 / 64: the transformer's
+ * settings (the text encoders': ot_sd3_text_sets). */
+static const char *const k_sd3_sets[] = {"sd3.heads=2", "sd3.head_dim=32", "sd3.layers=3", "sd3.dual_layers=1", "seed=11"};
 
 static int setup(void **state) {
     (void)state;
-    mrp_spec s;
-    snprintf(g_flux, sizeof g_flux, "%s/flux_random", tu_tmpdir());
-    snprintf(g_sd3, sizeof g_sd3, "%s/sd3_random", tu_tmpdir());
-    flux_spec(&s);
-    if (mrp_write_pipeline(&s, g_flux)) {
-        fprintf(stderr, "make-random-pipeline: %s\n", mrp_last_error());
-        return -1;
-    }
-    sd3_spec(&s);
-    if (mrp_write_pipeline(&s, g_sd3)) {
-        fprintf(stderr, "make-random-pipeline: %s\n", mrp_last_error());
-        return -1;
-    }
-    return 0;
-}
-
-static cdf_device *dev(void) { return tu_cpu(); }
-
-static uint64_t current_bytes(void) {
-    assert_int_equal(cdf_device_synchronize(dev()), CDF_OK);
-    cdf_memory_stats st;
-    cdf_device_memory_stats(dev(), &st);
-    return st.current_bytes;
+    return ot_write_pipelines("flux_random", g_flux, sizeof g_flux, "sd3_random", g_sd3, sizeof g_sd3, k_sd3_sets,
+                              sizeof k_sd3_sets / sizeof *k_sd3_sets);
 }
 
 static cdf_generate_params request(int size) {
@@ -281,19 +243,6 @@ static void test_offload_outputs_bit_identical(void **state) {
 }
 
 /* ---- planner ------------------------------------------------------------------------------------ */
-static bool generate_with_phase_budget(cdf_pipeline *p, const cdf_generate_params *gp, int ph, uint64_t limit) {
-    p->phase_limit_active = true;
-    memset(p->phase_limit, 0, sizeof p->phase_limit);
-    p->phase_limit[ph] = limit;
-    cdf_image img;
-    cdf_status s = cdf_pipeline_generate(p, gp, &img);
-    p->phase_limit_active = false;
-    if (s == CDF_OK) cdf_image_free(&img);
-    else if (s != CDF_ERR_OUT_OF_MEMORY) print_message("unexpected failure: %s\n", cdf_last_error());
-    assert_true(s == CDF_OK || s == CDF_ERR_OUT_OF_MEMORY);
-    return s == CDF_OK;
-}
-
 /* Every phase, or only the one with the largest planned peak (all_phases false: with NONE the
  * resident weights dominate every phase and are exact, see the weights test). */
 static void check_plan(const char *dir, cdf_offload_mode mode, const cdf_generate_params *gp_in, bool all_phases) {

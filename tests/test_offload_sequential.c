@@ -28,56 +28,18 @@
 #include "pipelines/pipeline_impl.h"
 #include "pipelines/planner.h"
 
-#define MRP_NO_MAIN
-#include "../tools/make-random-pipeline/make_random_pipeline.c"
+#include "offload_test_common.h"
 
 static char g_flux[600], g_sd3[600];
 
-/* FLUX.1 architecture: CLIP 1.5 MB, T5 3 MB, transformer 7 MB (4 blocks), VAE 0.3 MB. */
-static void flux_spec(mrp_spec *s) {
-    s->tokenizers = tu_data("tokenizers");
-    assert_int_equal(mrp_preset("tiny-flux", s), 0);
-    const char *sets[] = {"clip_l.hidden=16", "clip_l.intermediate=64", "clip_l.layers=2", "t5.d_model=32", "t5.d_kv=16",
-                          "t5.heads=2",       "t5.d_ff=64",             "flux.heads=4",    "flux.head_dim=32",
-                          "flux.layers=2",    "flux.single_layers=2",   "seed=7"};
-    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) assert_int_equal(mrp_set(s, sets[i]), 0);
-}
-
-/* SD3.5 architecture (dual attention, qk norm), transformer width 128 over 5 blocks (12 MB). */
-static void sd3_spec(mrp_spec *s) {
-    s->tokenizers = tu_data("tokenizers");
-    assert_int_equal(mrp_preset("tiny-sd3", s), 0);
-    const char *sets[] = {"clip_l.hidden=16", "clip_l.projection=16", "clip_l.intermediate=64", "clip_g.hidden=24",
-                          "clip_g.projection=24", "clip_g.intermediate=96", "t5.d_model=48", "t5.d_kv=24", "t5.heads=2",
-                          "t5.d_ff=96", "sd3.heads=2", "sd3.head_dim=64", "sd3.layers=5", "sd3.dual_layers=2", "seed=11"};
-    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) assert_int_equal(mrp_set(s, sets[i]), 0);
-}
+/* SD3.5 architecture (dual attention, qk norm), transformer width 128 over 5 blocks (12 MB): its
+ * settings (the text encoders': ot_sd3_text_sets). */
+static const char *const k_sd3_sets[] = {"sd3.heads=2", "sd3.head_dim=64", "sd3.layers=5", "sd3.dual_layers=2", "seed=11"};
 
 static int setup(void **state) {
     (void)state;
-    mrp_spec s;
-    snprintf(g_flux, sizeof g_flux, "%s/seq_flux_random", tu_tmpdir());
-    snprintf(g_sd3, sizeof g_sd3, "%s/seq_sd3_random", tu_tmpdir());
-    flux_spec(&s);
-    if (mrp_write_pipeline(&s, g_flux)) {
-        fprintf(stderr, "make-random-pipeline: %s\n", mrp_last_error());
-        return -1;
-    }
-    sd3_spec(&s);
-    if (mrp_write_pipeline(&s, g_sd3)) {
-        fprintf(stderr, "make-random-pipeline: %s\n", mrp_last_error());
-        return -1;
-    }
-    return 0;
-}
-
-static cdf_device *dev(void) { return tu_cpu(); }
-
-static uint64_t current_bytes(void) {
-    assert_int_equal(cdf_device_synchronize(dev()), CDF_OK);
-    cdf_memory_stats st;
-    cdf_device_memory_stats(dev(), &st);
-    return st.current_bytes;
+    return ot_write_pipelines("seq_flux_random", g_flux, sizeof g_flux, "seq_sd3_random", g_sd3, sizeof g_sd3, k_sd3_sets,
+                              sizeof k_sd3_sets / sizeof *k_sd3_sets);
 }
 
 static const char *flux2_dir(void) { return tu_data("pipelines/flux2_dev_tiny"); }
@@ -364,19 +326,6 @@ static void test_block_graphs_do_not_pin_weights(void **state) {
 }
 
 /* ---- planner ------------------------------------------------------------------------------------ */
-static bool generate_with_phase_budget(cdf_pipeline *p, const cdf_generate_params *gp, int ph, uint64_t limit) {
-    p->phase_limit_active = true;
-    memset(p->phase_limit, 0, sizeof p->phase_limit);
-    p->phase_limit[ph] = limit;
-    cdf_image img;
-    cdf_status s = cdf_pipeline_generate(p, gp, &img);
-    p->phase_limit_active = false;
-    if (s == CDF_OK) cdf_image_free(&img);
-    else if (s != CDF_ERR_OUT_OF_MEMORY) print_message("unexpected failure: %s\n", cdf_last_error());
-    assert_true(s == CDF_OK || s == CDF_ERR_OUT_OF_MEMORY);
-    return s == CDF_OK;
-}
-
 /* Every phase, within 10%. The plan is for the execution the pipeline runs: as loaded, the environment's
  * (CDIFFUSERS_COMPILE=blocks: repeated-block compile; =1 / fullgraph: whole-model compile, which
  * sequential offload turns into repeated-block compile), or repeated-block compile by the API.

@@ -25,6 +25,7 @@
 #include "kernels/fast_onednn.h"
 #include "kernels/gemm_bf16w.h"
 #include "kernels/kernels.h"
+#include "kernels/pack_cache.h"
 #include "peak.h"
 
 static double now_s(void) {
@@ -112,7 +113,7 @@ static void bench_shape(const shape *s, bool quick) {
         double first = 0.0;
         double t_ref = time_matmul(&x, RUN_REFERENCE, false, 0.0, ref_reps, &first);
         cdf_k_fast_clear();
-        cdf_k_fast_set_pack_limit((size_t)8 << 30);
+        cdf_k_pack_set_limit((size_t)8 << 30);
         double first_packed = 0.0;
         double t_fast = time_matmul(&x, RUN_FAST, true, min_s, 20, &first_packed);
         cdf_k_fast_stats st;
@@ -127,12 +128,12 @@ static void bench_shape(const shape *s, bool quick) {
                st.last_impl, first_packed * 1e3);
         if (bf16) { /* the same without a prepacked copy: weights reordered on every call */
             cdf_k_fast_clear();
-            cdf_k_fast_set_pack_limit(0);
+            cdf_k_pack_set_limit(0);
             double first_np = 0.0, t_np = time_matmul(&x, RUN_FAST, true, min_s, 20, &first_np);
             if (t_np > 0)
                 printf("| %s | %s | fast (no prepack) | %.2f | %.3f | %.2f | |\n", s->name, wname, t_np * 1e3,
                        flop / t_np * 1e-12, t_ref / t_np);
-            cdf_k_fast_set_pack_limit((size_t)8 << 30);
+            cdf_k_pack_set_limit((size_t)8 << 30);
         }
         fflush(stdout);
     }
@@ -451,7 +452,7 @@ static void bench_gemm_shape(const char *name, int64_t M, int64_t K, int64_t N, 
                            .b_dt = CDF_BF16, .ldb = K, .trans_b = true, .bias = bias, .bias_dt = CDF_F32, .c = c,
                            .c_dt = CDF_F32, .ldc = N, .alpha = 1.0f};
     cdf_k_fast_clear();
-    cdf_k_fast_set_pack_limit((size_t)8 << 30);
+    cdf_k_pack_set_limit((size_t)8 << 30);
     const double peak = peak_avx2_per_cpu_s();
     double first_d = 1e30, first_o = 1e30, cpu_first = 1e30;
     bool ok_d = timed(onednn_policy, &x, &first_d, &cpu_first);

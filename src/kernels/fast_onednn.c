@@ -3,8 +3,8 @@
  *
  * Structure
  *  - state: engine + stream, CPU features, a primitive cache (hash of a plain key struct ->
- *    primitives and the memory descriptors they were made for), a prepacked-weight cache and
- *    a few growable workspaces; all behind one mutex.
+ *    primitives and the memory descriptors they were made for) and a few growable workspaces;
+ *    all behind one mutex. Prepacked weights live in the shared cache (kernels/pack_cache.h).
  *  - matmul: A, B, C are described to oneDNN with their own strides (transposes and batch
  *    broadcast included). A is first converted to the compute dtype by a oneDNN reorder when
  *    its dtype differs (f32 -> bf16 rounds to nearest even); B is prepacked or reordered when
@@ -25,7 +25,7 @@
 
 #include "core/error_internal.h"
 #include "kernels/cpu_features.h"
-#include "kernels/gemm_bf16w.h"
+#include "kernels/pack_cache.h"
 #include "kernels/reference_internal.h"
 
 #ifdef CDF_HAVE_ONEDNN
@@ -34,7 +34,6 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -71,20 +70,9 @@ enum {
     N_BUCKETS = 256,
     MAX_ENTRIES = 4096,     /* primitive entries before the cache is flushed */
     N_WS = 4,               /* workspace slots */
-    PACK_SAMPLES = 64,      /* sampled elements in a weight checksum */
 };
 #define WS_KEEP_BYTES ((size_t)256 << 20) /* larger workspaces are freed after each call */
-#define DEFAULT_PACK_MB 2048
 #define REORDER_B_MIN_M 1024 /* rows from which an uncached B is reordered per call (see matmul) */
-
-typedef struct pack_entry {
-    struct pack_entry *next;
-    const void *src;
-    dnnl_memory_desc_t user_md, packed_md;
-    uint64_t sum;
-    void *data;
-    size_t bytes;
-} pack_entry;
 
 struct entry;
 
@@ -96,8 +84,6 @@ static struct {
     dnnl_stream_t stream;
     struct entry *buckets[N_BUCKETS];
     int64_t n_entries;
-    pack_entry *packs;
-    size_t pack_limit;
     void *ws[N_WS];
     size_t ws_size[N_WS];
     cdf_k_fast_stats stats;
@@ -107,9 +93,6 @@ static void fast_init_locked(void) {
     if (g.init) return;
     g.init = -1;
     detect_cpu(&g.caps);
-    const char *env = getenv("CDIFFUSERS_PREPACK_MB");
-    long long mb = env && *env ? atoll(env) : DEFAULT_PACK_MB;
-    g.pack_limit = mb > 0 ? (size_t)mb << 20 : 0;
     /* CDIFFUSERS_ISA caps the level (kernels/cpu_features.h): oneDNN is capped to match, so a
      * forced fallback really runs the fallback's code (set before oneDNN's first primitive) */
     const cdf_k_isa level = cdf_k_isa_level();
@@ -224,139 +207,54 @@ static size_t md_span_elems(const dnnl_memory_desc_t *md) {
     return last + 1;
 }
 
-/* FNV-1a over PACK_SAMPLES elements spread evenly over the n-element span of the user weight
- * (the first and last elements always included; gaps of a strided layout may be sampled too). */
-static uint64_t sample_sum(const void *src, size_t n, size_t elsz) {
-    const unsigned char *p = src;
-    uint64_t h = 1469598103934665603ull ^ n;
-    for (int i = 0; i < PACK_SAMPLES && n > 0; i++) {
-        size_t idx = (size_t)((unsigned __int128)(n - 1) * (unsigned)i / (PACK_SAMPLES - 1));
-        uint32_t v = 0;
-        memcpy(&v, p + idx * elsz, elsz < 4 ? elsz : 4);
-        for (int k = 0; k < 4; k++) {
-            h ^= (v >> (8 * k)) & 0xffu;
-            h *= 1099511628211ull;
-        }
-    }
-    return h;
+/* A weight's layouts, as the prepack cache's layout tag: the user's and the primitive's. */
+typedef struct w_layout {
+    dnnl_memory_desc_t user_md, md;
+} w_layout;
+
+static bool w_layout_eq(const void *a, const void *b) {
+    const w_layout *x = a, *y = b;
+    return dnnl_memory_desc_equal(&x->user_md, &y->user_md) && dnnl_memory_desc_equal(&x->md, &y->md);
 }
 
-static void pack_free(pack_entry *p) {
-    g.stats.packed_bytes -= (int64_t)p->bytes;
-    g.stats.packed_weights--;
-    free(p->data);
-    free(p);
+/* Fills a prepacked copy: the weights reordered into the primitive's layout (under g.mu). */
+typedef struct reorder_fill {
+    dnnl_primitive_t reorder;
+    const w_layout *w;
+    const void *src;
+    dnnl_status_t st;
+} reorder_fill;
+
+static bool fill_reorder(void *ctx, void *dst) {
+    reorder_fill *f = ctx;
+    f->st = run_reorder(f->reorder, &f->w->user_md, f->src, &f->w->md, dst);
+    return f->st == dnnl_success;
 }
 
-/* Buffers freed since the last lookup (cdf_k_fast_forget_range). The backend frees buffers from
- * the host thread too, which must not wait on g.mu while a primitive runs: the ranges are noted
- * under their own short lock and dropped from the cache before the next lookup. */
-#define FORGET_CAP 4096
-static struct {
-    pthread_mutex_t mu;
-    const char *lo[FORGET_CAP];
-    size_t n[FORGET_CAP];
-    int count;
-    bool overflow; /* more frees than slots: drop every copy */
-} g_forget = {.mu = PTHREAD_MUTEX_INITIALIZER};
-static atomic_int g_pack_count; /* copies in the cache: frees skip the note when there are none */
-
-static void drop_packs_locked(bool (*match)(const pack_entry *, const void *), const void *arg) {
-    pack_entry **pp = &g.packs;
-    while (*pp) {
-        pack_entry *p = *pp;
-        if (match(p, arg)) {
-            *pp = p->next;
-            atomic_fetch_sub(&g_pack_count, 1);
-            pack_free(p);
-        } else {
-            pp = &p->next;
-        }
-    }
-}
-
-static bool match_all(const pack_entry *p, const void *arg) { return true; }
-static bool match_forgotten(const pack_entry *p, const void *arg) {
-    const char *s = p->src;
-    for (int i = 0; i < g_forget.count; i++)
-        if (s >= g_forget.lo[i] && s < g_forget.lo[i] + g_forget.n[i]) return true;
-    return false;
-}
-
-/* Under g.mu: apply the frees noted since the last lookup. */
-static void apply_forgets_locked(void) {
-    pthread_mutex_lock(&g_forget.mu);
-    if (g_forget.overflow) drop_packs_locked(match_all, NULL);
-    else if (g_forget.count) drop_packs_locked(match_forgotten, NULL);
-    g_forget.count = 0;
-    g_forget.overflow = false;
-    pthread_mutex_unlock(&g_forget.mu);
-}
-
-/* The prepacked copy of `src` (laid out as user_md) in packed_md, made with `reorder`; NULL with
- * *st = success when the cap leaves no room (the caller reorders per call), NULL with an error
- * status when oneDNN failed. */
-static void *pack_get(const void *src, const dnnl_memory_desc_t *user_md, const dnnl_memory_desc_t *packed_md,
-                      dnnl_primitive_t reorder, dnnl_status_t *st) {
+/* The weights operand for a run: the user pointer, the prepacked copy (*held set: release it
+ * after the run), or a per-call reorder into workspace `slot` (the cap leaves no room, or the
+ * weights may not be cached). NULL = failure (*st says which; success + NULL = out of memory). */
+static const void *weights_for_run(const void *user, const w_layout *w, dnnl_primitive_t reorder, bool may_pack,
+                                   int slot, cdf_k_pack **held, dnnl_status_t *st) {
     *st = dnnl_success;
-    const size_t elsz = user_md->data_type == dnnl_bf16 ? 2 : 4;
-    apply_forgets_locked();
-    const uint64_t sum = sample_sum(src, md_span_elems(user_md), elsz);
-    for (pack_entry *p = g.packs; p; p = p->next) {
-        if (p->src != src || !dnnl_memory_desc_equal(&p->user_md, user_md) ||
-            !dnnl_memory_desc_equal(&p->packed_md, packed_md))
-            continue;
-        if (p->sum != sum) { /* the address now holds other data: refresh the copy */
-            *st = run_reorder(reorder, user_md, src, packed_md, p->data);
-            if (*st != dnnl_success) return NULL;
-            p->sum = sum;
-            g.stats.repacks++;
-        }
-        return p->data;
-    }
-    const size_t bytes = dnnl_memory_desc_get_size(packed_md);
-    if ((size_t)g.stats.packed_bytes + bytes > g.pack_limit) return NULL;
-    pack_entry *p = calloc(1, sizeof *p);
-    void *data = p ? aligned_alloc(64, (bytes + 63) & ~(size_t)63) : NULL;
-    if (!data) {
-        free(p);
-        return NULL; /* no memory for a copy: per-call reorder instead */
-    }
-    *st = run_reorder(reorder, user_md, src, packed_md, data);
-    if (*st != dnnl_success) {
-        free(data);
-        free(p);
-        return NULL;
-    }
-    p->src = src;
-    p->user_md = *user_md;
-    p->packed_md = *packed_md;
-    p->sum = sum;
-    p->data = data;
-    p->bytes = bytes;
-    p->next = g.packs;
-    g.packs = p;
-    atomic_fetch_add(&g_pack_count, 1);
-    g.stats.packs++;
-    g.stats.packed_weights++;
-    g.stats.packed_bytes += (int64_t)bytes;
-    return data;
-}
-
-/* The weights operand for a run: the user pointer, the prepacked copy, or a per-call reorder
- * into workspace `slot`. NULL = failure (*st says which; success + NULL = out of memory). */
-static const void *weights_for_run(const void *user, const dnnl_memory_desc_t *user_md,
-                                   const dnnl_memory_desc_t *prim_md, dnnl_primitive_t reorder, bool may_pack, int slot,
-                                   dnnl_status_t *st) {
-    *st = dnnl_success;
+    *held = NULL;
     if (!reorder) return user;
     if (may_pack) {
-        void *p = pack_get(user, user_md, prim_md, reorder, st);
-        if (p || *st != dnnl_success) return p;
+        const int64_t span = (int64_t)md_span_elems(&w->user_md);
+        const cdf_k_pack_key key = {.kind = CDF_K_PACK_ONEDNN, .src = user, .bytes = dnnl_memory_desc_get_size(&w->md),
+                                    .layout = w, .layout_size = sizeof *w, .layout_eq = w_layout_eq,
+                                    .sum = cdf_k_pack_checksum(user, w->user_md.data_type == dnnl_bf16 ? 2 : 4, 1,
+                                                               span, span)};
+        reorder_fill f = {.reorder = reorder, .w = w, .src = user, .st = dnnl_success};
+        const void *p = cdf_k_pack_get(&key, fill_reorder, &f, held);
+        if (p || f.st != dnnl_success) {
+            *st = f.st;
+            return p;
+        }
     }
-    void *tmp = ws_get(slot, dnnl_memory_desc_get_size(prim_md));
+    void *tmp = ws_get(slot, dnnl_memory_desc_get_size(&w->md));
     if (!tmp) return NULL;
-    *st = run_reorder(reorder, user_md, user, prim_md, tmp);
+    *st = run_reorder(reorder, &w->user_md, user, &w->md, tmp);
     if (*st != dnnl_success) return NULL;
     g.stats.unpacked_reorders++;
     return tmp;
@@ -383,7 +281,7 @@ typedef struct entry {
     dnnl_memory_desc_t src_user_md, src_md;
     dnnl_primitive_t src_reorder;
     /* weights: user layout -> primitive layout (NULL = use as is) */
-    dnnl_memory_desc_t w_user_md, w_md;
+    w_layout w;
     dnnl_primitive_t w_reorder;
     bool w_may_pack;
     /* bias as an f32 [N] / [Cout] vector */
@@ -551,8 +449,8 @@ static bool mm_try(entry *e, const cdf_k_matmul_args *x, const mm_shape *s, dnnl
     } else {
         e->src_md = e->src_user_md;
     }
-    if (!md3(&e->w_user_md, nd, s->bb, s->K, s->N, dnnl_dt(x->b_dt), s->b_str, false)) return false;
-    dnnl_memory_desc_t w_req = e->w_user_md;
+    if (!md3(&e->w.user_md, nd, s->bb, s->K, s->N, dnnl_dt(x->b_dt), s->b_str, false)) return false;
+    dnnl_memory_desc_t w_req = e->w.user_md;
     if (b_any && !md3(&w_req, nd, s->bb, s->K, s->N, cdt, NULL, true)) return false;
     if (!md3(&e->dst_user_md, nd, s->batch, s->M, s->N, dnnl_dt(x->c_dt), s->c_str, false)) return false;
     e->dst_md = e->dst_user_md;
@@ -576,10 +474,10 @@ static bool mm_try(entry *e, const cdf_k_matmul_args *x, const mm_shape *s, dnnl
     if (po) dnnl_post_ops_destroy(po);
     if (attr) dnnl_primitive_attr_destroy(attr);
     if (!ok) return false;
-    e->w_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    e->w.md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     dnnl_primitive_desc_destroy(pd);
     if (a_dense && !(e->src_reorder = make_reorder(&e->src_user_md, &e->src_md))) return false;
-    if (!dnnl_memory_desc_equal(&e->w_md, &e->w_user_md) && !(e->w_reorder = make_reorder(&e->w_user_md, &e->w_md)))
+    if (!dnnl_memory_desc_equal(&e->w.md, &e->w.user_md) && !(e->w_reorder = make_reorder(&e->w.user_md, &e->w.md)))
         return false;
     return true;
 }
@@ -635,6 +533,8 @@ static cdf_status dnnl_fail(const char *what, dnnl_status_t st) {
     return cdf_error(CDF_ERR_DEVICE, "%s: oneDNN execution failed (dnnl status %d)", what, (int)st);
 }
 
+static cdf_status mm_exec(entry *e, const cdf_k_matmul_args *x, const void *a, const void *b, bool *handled);
+
 static cdf_status mm_run(entry *e, const cdf_k_matmul_args *x, bool *handled) {
     static const char *fn = "cdf_k_matmul_fast";
     dnnl_status_t st = dnnl_success;
@@ -647,22 +547,30 @@ static cdf_status mm_run(entry *e, const cdf_k_matmul_args *x, bool *handled) {
         if (st != dnnl_success) return dnnl_fail(fn, st);
         a = buf;
     }
-    const void *b = weights_for_run(x->b, &e->w_user_md, &e->w_md, e->w_reorder, e->w_may_pack, 1, &st);
+    cdf_k_pack *held;
+    const void *b = weights_for_run(x->b, &e->w, e->w_reorder, e->w_may_pack, 1, &held, &st);
     if (st != dnnl_success) return dnnl_fail(fn, st);
     if (!b) return CDF_OK;
+    const cdf_status s = mm_exec(e, x, a, b, handled);
+    cdf_k_pack_release(held);
+    return s;
+}
+
+/* mm_run with A and B in the primitive's layouts. */
+static cdf_status mm_exec(entry *e, const cdf_k_matmul_args *x, const void *a, const void *b, bool *handled) {
     const float *bias = NULL;
     if (e->has_bias && !(bias = bias_f32(x->bias, x->bias_dt, x->N, x->alpha))) return CDF_OK;
 
     exec_args ea = {0};
-    bool ok = args_add(&ea, DNNL_ARG_SRC, &e->src_md, a) && args_add(&ea, DNNL_ARG_WEIGHTS, &e->w_md, b) &&
+    bool ok = args_add(&ea, DNNL_ARG_SRC, &e->src_md, a) && args_add(&ea, DNNL_ARG_WEIGHTS, &e->w.md, b) &&
               args_add(&ea, DNNL_ARG_DST, &e->dst_md, x->c);
     if (ok && e->has_bias) ok = args_add(&ea, DNNL_ARG_BIAS, &e->bias_md, bias);
     if (!ok) {
         args_free(&ea);
         return CDF_OK;
     }
-    st = run_prim(e->prim, &ea);
-    if (st != dnnl_success) return dnnl_fail(fn, st);
+    const dnnl_status_t st = run_prim(e->prim, &ea);
+    if (st != dnnl_success) return dnnl_fail("cdf_k_matmul_fast", st);
     set_last_impl(e);
     *handled = true;
     return CDF_OK;
@@ -699,7 +607,7 @@ cdf_status cdf_k_matmul_fast(const cdf_k_matmul_args *x, bool *handled) {
          * reorder into oneDNN's blocked layout pays for itself (f32 4429 x 1536 x 1536: ~1.7x;
          * bf16 4429 x 6144 x 1536: ~2x over oneDNN copying plain B blocks itself); with few
          * rows the reorder would cost as much as the product. */
-        const bool may_pack = x->b_dt == CDF_BF16 && sh.bb == 1 && g.pack_limit > 0 && !x->b_transient;
+        const bool may_pack = x->b_dt == CDF_BF16 && sh.bb == 1 && cdf_k_pack_limit() > 0 && !x->b_transient;
         const bool b_any = widen_b || (sh.bb == 1 && (may_pack || sh.M >= REORDER_B_MIN_M));
         entry *e = mm_entry(x, &sh, cdt, b_any, may_pack);
         if (e && e->usable) s = mm_run(e, x, handled);
@@ -761,7 +669,7 @@ static entry *conv_entry(const cdf_k_conv2d_args *x, dnnl_data_type_t cdt, int64
     /* the f32 accumulator leaves the primitive as f32; the reorder back rounds once to bf16 */
     bool ok = dnnl_memory_desc_init_by_strides(&e->src_user_md, 4, src_d, dnnl_dt(x->x_dt), src_str) == dnnl_success &&
               dnnl_memory_desc_init_by_tag(&e->dst_user_md, 4, dst_d, dnnl_dt(x->out_dt), dnnl_nchw) == dnnl_success &&
-              dnnl_memory_desc_init_by_tag(&e->w_user_md, w_nd, w_d, dnnl_dt(x->w_dt), g_ == 1 ? dnnl_oihw : dnnl_goihw) ==
+              dnnl_memory_desc_init_by_tag(&e->w.user_md, w_nd, w_d, dnnl_dt(x->w_dt), g_ == 1 ? dnnl_oihw : dnnl_goihw) ==
                   dnnl_success &&
               dnnl_memory_desc_init_by_tag(&src_any, 4, src_d, cdt, dnnl_format_tag_any) == dnnl_success &&
               dnnl_memory_desc_init_by_tag(&w_any, w_nd, w_d, cdt, dnnl_format_tag_any) == dnnl_success &&
@@ -777,13 +685,13 @@ static entry *conv_entry(const cdf_k_conv2d_args *x, dnnl_data_type_t cdt, int64
     if (ok) ok = make_prim(e, &desc, NULL, &pd);
     if (ok) {
         e->src_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
-        e->w_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+        e->w.md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
         e->dst_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
         dnnl_primitive_desc_destroy(pd);
         if (!dnnl_memory_desc_equal(&e->src_md, &e->src_user_md))
             ok = (e->src_reorder = make_reorder(&e->src_user_md, &e->src_md)) != NULL;
-        if (ok && !dnnl_memory_desc_equal(&e->w_md, &e->w_user_md))
-            ok = (e->w_reorder = make_reorder(&e->w_user_md, &e->w_md)) != NULL;
+        if (ok && !dnnl_memory_desc_equal(&e->w.md, &e->w.user_md))
+            ok = (e->w_reorder = make_reorder(&e->w.user_md, &e->w.md)) != NULL;
         if (ok && !dnnl_memory_desc_equal(&e->dst_md, &e->dst_user_md))
             ok = (e->dst_reorder = make_reorder(&e->dst_md, &e->dst_user_md)) != NULL;
     }
@@ -796,6 +704,8 @@ static entry *conv_entry(const cdf_k_conv2d_args *x, dnnl_data_type_t cdt, int64
     return e;
 }
 
+static cdf_status conv_exec(entry *e, const cdf_k_conv2d_args *x, const void *src, const void *w, bool *handled);
+
 static cdf_status conv_run(entry *e, const cdf_k_conv2d_args *x, bool *handled) {
     static const char *fn = "cdf_k_conv2d_fast";
     dnnl_status_t st = dnnl_success;
@@ -807,25 +717,33 @@ static cdf_status conv_run(entry *e, const cdf_k_conv2d_args *x, bool *handled) 
         if (st != dnnl_success) return dnnl_fail(fn, st);
         src = buf;
     }
-    const void *w = weights_for_run(x->weight, &e->w_user_md, &e->w_md, e->w_reorder, e->w_may_pack, 1, &st);
+    cdf_k_pack *held;
+    const void *w = weights_for_run(x->weight, &e->w, e->w_reorder, e->w_may_pack, 1, &held, &st);
     if (st != dnnl_success) return dnnl_fail(fn, st);
     if (!w) return CDF_OK;
+    const cdf_status s = conv_exec(e, x, src, w, handled);
+    cdf_k_pack_release(held);
+    return s;
+}
+
+/* conv_run with the input and weights in the primitive's layouts. */
+static cdf_status conv_exec(entry *e, const cdf_k_conv2d_args *x, const void *src, const void *w, bool *handled) {
     const float *bias = NULL;
     if (e->has_bias && !(bias = bias_f32(x->bias, x->b_dt, x->cout, 1.0f))) return CDF_OK;
     void *dst = x->out;
     if (e->dst_reorder && !(dst = ws_get(3, dnnl_memory_desc_get_size(&e->dst_md)))) return CDF_OK;
 
     exec_args ea = {0};
-    bool ok = args_add(&ea, DNNL_ARG_SRC, &e->src_md, src) && args_add(&ea, DNNL_ARG_WEIGHTS, &e->w_md, w) &&
+    bool ok = args_add(&ea, DNNL_ARG_SRC, &e->src_md, src) && args_add(&ea, DNNL_ARG_WEIGHTS, &e->w.md, w) &&
               args_add(&ea, DNNL_ARG_DST, &e->dst_md, dst);
     if (ok && e->has_bias) ok = args_add(&ea, DNNL_ARG_BIAS, &e->bias_md, bias);
     if (!ok) {
         args_free(&ea);
         return CDF_OK;
     }
-    st = run_prim(e->prim, &ea);
+    dnnl_status_t st = run_prim(e->prim, &ea);
     if (st == dnnl_success && e->dst_reorder) st = run_reorder(e->dst_reorder, &e->dst_md, dst, &e->dst_user_md, x->out);
-    if (st != dnnl_success) return dnnl_fail(fn, st);
+    if (st != dnnl_success) return dnnl_fail("cdf_k_conv2d_fast", st);
     set_last_impl(e);
     *handled = true;
     return CDF_OK;
@@ -906,59 +824,43 @@ void cdf_k_fast_get_info(cdf_k_fast_info *out) {
     pthread_mutex_unlock(&g.mu);
 }
 
+/* The prepack counters are the cache's; oneDNN's "packs" has always counted first copies only
+ * (a copy made again for changed data at a known address is a repack). */
+static void pack_stats_into(cdf_k_fast_stats *out) {
+    cdf_k_pack_stats ps;
+    cdf_k_pack_get_stats(CDF_K_PACK_ONEDNN, &ps);
+    out->packed_weights = ps.packed_weights;
+    out->packed_bytes = ps.packed_bytes;
+    out->packs = ps.packs - ps.refreshes;
+    out->repacks = ps.repacks;
+}
+
 void cdf_k_fast_get_stats(cdf_k_fast_stats *out) {
     if (!out) return;
     pthread_mutex_lock(&g.mu);
     *out = g.stats;
     pthread_mutex_unlock(&g.mu);
+    pack_stats_into(out);
 }
 
 void cdf_k_fast_reset_stats(void) {
     pthread_mutex_lock(&g.mu);
-    cdf_k_fast_stats keep = g.stats;
+    const int64_t primitives = g.stats.primitives; /* describes the cache, not a counter */
     memset(&g.stats, 0, sizeof g.stats);
-    g.stats.primitives = keep.primitives; /* these describe the caches, not counters */
-    g.stats.packed_weights = keep.packed_weights;
-    g.stats.packed_bytes = keep.packed_bytes;
+    g.stats.primitives = primitives;
     pthread_mutex_unlock(&g.mu);
-}
-
-void cdf_k_fast_forget_range(const void *ptr, size_t nbytes) {
-    cdf_k_gemm_bf16w_forget_range(ptr, nbytes); /* the own GEMM's packed weights too */
-    if (!ptr || atomic_load(&g_pack_count) == 0) return;
-    pthread_mutex_lock(&g_forget.mu);
-    if (g_forget.count == FORGET_CAP) {
-        g_forget.overflow = true;
-    } else {
-        g_forget.lo[g_forget.count] = ptr;
-        g_forget.n[g_forget.count++] = nbytes ? nbytes : 1;
-    }
-    pthread_mutex_unlock(&g_forget.mu);
+    cdf_k_pack_reset_stats(CDF_K_PACK_ONEDNN);
 }
 
 void cdf_k_fast_clear(void) {
-    cdf_k_gemm_bf16w_clear();
+    cdf_k_pack_clear();
     pthread_mutex_lock(&g.mu);
     entries_clear();
-    atomic_store(&g_pack_count, 0);
-    while (g.packs) {
-        pack_entry *p = g.packs;
-        g.packs = p->next;
-        pack_free(p);
-    }
     for (int i = 0; i < N_WS; i++) {
         free(g.ws[i]);
         g.ws[i] = NULL;
         g.ws_size[i] = 0;
     }
-    pthread_mutex_unlock(&g.mu);
-}
-
-void cdf_k_fast_set_pack_limit(size_t bytes) {
-    cdf_k_gemm_bf16w_set_pack_limit(bytes);
-    pthread_mutex_lock(&g.mu);
-    fast_init_locked(); /* so the environment default does not override this later */
-    g.pack_limit = bytes;
     pthread_mutex_unlock(&g.mu);
 }
 
@@ -987,9 +889,7 @@ void cdf_k_fast_get_stats(cdf_k_fast_stats *out) {
     if (out) memset(out, 0, sizeof *out);
 }
 void cdf_k_fast_reset_stats(void) {}
-void cdf_k_fast_forget_range(const void *ptr, size_t nbytes) { cdf_k_gemm_bf16w_forget_range(ptr, nbytes); }
-void cdf_k_fast_clear(void) { cdf_k_gemm_bf16w_clear(); }
-void cdf_k_fast_set_pack_limit(size_t bytes) { cdf_k_gemm_bf16w_set_pack_limit(bytes); }
+void cdf_k_fast_clear(void) { cdf_k_pack_clear(); }
 void cdf_k_fast_set_new_primitive_hook(void (*hook)(void)) { (void)hook; }
 
 #endif

@@ -22,20 +22,15 @@
  * shape. oneDNN's ISA is capped to the CDIFFUSERS_ISA level (avx2 / avx512_core).
  *
  * Weight prepacking. Constant weights are reordered once into oneDNN's blocked layout and the
- * copy is cached, keyed by (data pointer, dims, strides, dtype, target layout):
+ * copy is kept in the prepack cache shared with the own GEMM (kernels/pack_cache.h: its
+ * lifetime, checksum and cap), keyed by (data pointer, user layout, target layout):
  *  - matmul: only bf16 B with one matrix for the whole batch (batch stride 0 or batch 1);
  *    other B (f32, or per-batch) is never cached: with >= 1024 rows (M) it is reordered per
  *    call, with fewer it is handed to oneDNN as it is;
  *  - conv2d: always (conv weights are module parameters).
- * A copy lives as long as the buffer it was made from: the cpu backend reports every free
- * (cdf_k_fast_forget_range), so a freed-and-reused address never meets a stale copy. As a second
- * defence every use re-checks a checksum of 64 sampled elements (a mismatch repacks), and the total is capped
- * (CDIFFUSERS_PREPACK_MB, default 2048; 0 disables prepacking): past the cap, weights are
- * reordered per call instead. Residual risk, for memory the backend did not allocate only
- * (cdf_tensor_wrap of host memory, whose release the backend never sees): a different weight
- * of identical shape at the same address agreeing on all 64 samples would reuse the old copy.
+ * Past the cap (CDIFFUSERS_PREPACK_MB), weights are reordered per call instead.
  *
- * Threading: one mutex guards the caches and is held while a primitive runs (oneDNN's shared
+ * Threading: one mutex guards the primitive cache and is held while a primitive runs (oneDNN's shared
  * scratchpad is not safe for concurrent execution). oneDNN (Debian build) uses the same
  * libgomp OpenMP runtime as the rest of the library, so its parallel regions share our thread
  * count (omp_get_max_threads) instead of adding a second pool. */
@@ -67,24 +62,18 @@ typedef struct cdf_k_fast_stats {
     int64_t primitives;      /* cached primitive entries, including "declined" ones */
     int64_t packed_weights;  /* weights currently held prepacked */
     int64_t packed_bytes;    /* their bytes */
-    int64_t packs, repacks;  /* prepack reorders done; repacks = checksum changed at a known address */
+    int64_t packs, repacks;  /* first prepack reorders; repacks = checksum changed at a known address */
     int64_t unpacked_reorders; /* per-call weight reorders (prepack cap reached or not eligible) */
     char last_impl[64];      /* oneDNN implementation of the last primitive run, e.g. "brg:avx512_core_bf16" */
 } cdf_k_fast_stats;
 void cdf_k_fast_get_stats(cdf_k_fast_stats *out);
 void cdf_k_fast_reset_stats(void);
 
-/* Drop the prepacked copies of weights inside [ptr, ptr + nbytes): the cpu backend calls it for
- * every buffer it frees, so a copy never outlives its buffer. Cheap and non-blocking (applied
- * before the next lookup); a no-op while nothing is prepacked. */
-void cdf_k_fast_forget_range(const void *ptr, size_t nbytes);
-/* Drop every cache: primitives, prepacked weights, workspaces. */
+/* Drop every cache: primitives, prepacked weights (every kernel's), workspaces. */
 void cdf_k_fast_clear(void);
 /* Called after each new oneDNN primitive (a call that can construct oneDNN's lazily built
  * statics, whose destructors exit() runs): the cpu backend sets it to re-register its
  * at-exit drain, so that the drain runs before those destructors (cpu_backend.c). */
 void cdf_k_fast_set_new_primitive_hook(void (*hook)(void));
-/* Cap on prepacked weight bytes (0 disables prepacking); existing copies are kept. */
-void cdf_k_fast_set_pack_limit(size_t bytes);
 
 #endif

@@ -23,20 +23,21 @@
  * strip then runs right after it, while it is in cache), else a 2-D grid of row x column tiles
  * (the epilogue then runs after a barrier, over row chunks). One OpenMP region per call.
  *
- * The packed copies live in a cache keyed by the weight's address, shape and a sampled checksum,
- * dropped when the backend frees the buffer (cdf_k_fast_forget_range calls
- * cdf_k_gemm_bf16w_forget_range) and bounded by the same cap as oneDNN's prepack cache
- * (CDIFFUSERS_PREPACK_MB, cdf_k_fast_set_pack_limit); over the cap the weight is packed per call. */
+ * The packed copies live in the prepack cache shared with oneDNN's copies (kernels/pack_cache.h),
+ * keyed by the weight's address and layout and checked by a sampled checksum, dropped when the
+ * backend frees the buffer and bounded by its one cap (CDIFFUSERS_PREPACK_MB); over the cap the
+ * weight is packed per call. */
 #include "kernels/gemm_bf16w.h"
 
 #include <math.h>
 #include <omp.h>
-#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error_internal.h"
 #include "kernels/cpu_features.h"
+#include "kernels/pack_cache.h"
 #include "kernels/reference_internal.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -50,9 +51,7 @@ enum {
     KC = 256, /* depth per pass over a block (B micro-panel 8 KiB: stays in L1 across the rows) */
     NC = 256, /* columns per block (block buffer MC x NC f32 and B block KC x NC bf16 in L2) */
     MC = 96,  /* rows per task at most (multiple of MR) */
-    PACK_SAMPLES = 64,
 };
-#define DEFAULT_PACK_MB 2048
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -208,161 +207,57 @@ static void gemm_tile(const cdf_k_matmul_args *x, const uint32_t *bp, int64_t bi
 
 #endif /* GB_HAVE_X86 */
 
-/* ---- the packed-weight cache ----------------------------------------------------------------- */
+/* ---- the packed weight ------------------------------------------------------------------------ */
 
-typedef struct pack {
-    struct pack *next;
-    const void *src;
-    int64_t N, K, ldb;
-    bool trans_b;
-    uint64_t sum;
-    uint32_t *data;
-    size_t bytes;
-    int refs;  /* calls using it now */
-    bool dead; /* unlinked (forgotten or stale): freed when the last user is done */
-} pack;
+/* The cache's layout tag of a packed weight (zeroed padding: compared with memcmp). */
+typedef struct panel_layout {
+    int64_t N, K, ldb, trans_b;
+} panel_layout;
 
-static struct {
-    pthread_mutex_t mu;
-    bool init;
-    size_t limit;
-    pack *list;
-    cdf_k_gemm_bf16w_stats stats;
-} gc = {.mu = PTHREAD_MUTEX_INITIALIZER};
+static atomic_llong g_unpacked_calls; /* the cache counts the rest (kernels/pack_cache.h) */
 
-static void cache_init_locked(void) {
-    if (gc.init) return;
-    gc.init = true;
-    const char *env = getenv("CDIFFUSERS_PREPACK_MB");
-    long long mb = env && *env ? atoll(env) : DEFAULT_PACK_MB;
-    gc.limit = mb > 0 ? (size_t)mb << 20 : 0;
+static bool fill_panels(void *ctx, void *dst) {
+    const cdf_k_matmul_args *x = ctx;
+    pack_b(x->b, x->N, x->K, x->ldb, x->trans_b, dst);
+    return true;
 }
 
-/* FNV-1a over PACK_SAMPLES elements spread over the weight's rows (first and last included). */
-static uint64_t sample_sum(const uint16_t *b, int64_t rows, int64_t cols, int64_t ld) {
-    uint64_t h = 1469598103934665603ull ^ (uint64_t)(rows * cols);
-    for (int i = 0; i < PACK_SAMPLES; i++) {
-        const int64_t e = (int64_t)((unsigned __int128)(rows * cols - 1) * (unsigned)i / (PACK_SAMPLES - 1));
-        const uint16_t v = b[(e / cols) * ld + e % cols];
-        h = (h ^ (v & 0xffu)) * 1099511628211ull;
-        h = (h ^ (v >> 8)) * 1099511628211ull;
-    }
-    return h;
-}
-
-static void pack_unlink_locked(pack **pp) {
-    pack *p = *pp;
-    *pp = p->next;
-    p->dead = true;
-    gc.stats.packed_weights--;
-    gc.stats.packed_bytes -= (int64_t)p->bytes;
-    if (p->refs == 0) {
-        free(p->data);
-        free(p);
-    }
-}
-
-static void pack_release(pack *p) {
-    if (!p) return;
-    pthread_mutex_lock(&gc.mu);
-    if (--p->refs == 0 && p->dead) {
-        free(p->data);
-        free(p);
-    }
-    pthread_mutex_unlock(&gc.mu);
-}
-
-/* The packed weight for x: a cached copy (*held set, release with pack_release) or, over the
- * cap, a per-call copy (*owned set, free it). NULL when out of memory. */
-static const uint32_t *packed_weight(const cdf_k_matmul_args *x, pack **held, uint32_t **owned) {
+/* The packed weight for x: the cached copy (*held set, cdf_k_pack_release it) or, when the cap
+ * leaves no room, a copy for this call (*owned set, free it). NULL when out of memory. */
+static const uint32_t *packed_weight(const cdf_k_matmul_args *x, cdf_k_pack **held, uint32_t **owned) {
     *held = NULL;
     *owned = NULL;
-    const int64_t rows = x->trans_b ? x->N : x->K, cols = x->trans_b ? x->K : x->N;
-    const uint64_t sum = sample_sum(x->b, rows, cols, x->ldb);
     const size_t bytes = packed_bytes(x->N, x->K);
-    pthread_mutex_lock(&gc.mu);
-    cache_init_locked();
-    for (pack **pp = &gc.list; *pp; pp = &(*pp)->next) {
-        pack *p = *pp;
-        if (p->src != x->b || p->N != x->N || p->K != x->K || p->ldb != x->ldb || p->trans_b != x->trans_b) continue;
-        if (p->sum == sum) {
-            p->refs++;
-            gc.stats.hits++;
-            pthread_mutex_unlock(&gc.mu);
-            *held = p;
-            return p->data;
-        }
-        pack_unlink_locked(pp); /* other data at that address now: pack afresh */
-        gc.stats.repacks++;
-        break;
+    /* a transient B (overwritten right after the call) is never looked up nor cached */
+    if (!x->b_transient) {
+        const int64_t rows = x->trans_b ? x->N : x->K, cols = x->trans_b ? x->K : x->N;
+        const panel_layout lay = {.N = x->N, .K = x->K, .ldb = x->ldb, .trans_b = x->trans_b};
+        const cdf_k_pack_key key = {.kind = CDF_K_PACK_OWN_GEMM, .src = x->b, .bytes = bytes, .layout = &lay,
+                                    .layout_size = sizeof lay,
+                                    .sum = cdf_k_pack_checksum(x->b, 2, rows, cols, x->ldb)};
+        const uint32_t *cached = cdf_k_pack_get(&key, fill_panels, (void *)x, held);
+        if (cached) return cached;
     }
-    const bool cache = !x->b_transient && (size_t)gc.stats.packed_bytes + bytes <= gc.limit;
-    pthread_mutex_unlock(&gc.mu);
-
     uint32_t *data = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (!data) return NULL;
     pack_b(x->b, x->N, x->K, x->ldb, x->trans_b, data);
-    pack *p = cache ? calloc(1, sizeof *p) : NULL;
-    pthread_mutex_lock(&gc.mu);
-    if (!p) {
-        gc.stats.unpacked_calls++;
-        pthread_mutex_unlock(&gc.mu);
-        *owned = data;
-        return data;
-    }
-    *p = (pack){.next = gc.list, .src = x->b, .N = x->N, .K = x->K, .ldb = x->ldb, .trans_b = x->trans_b,
-                .sum = sum, .data = data, .bytes = bytes, .refs = 1};
-    gc.list = p;
-    gc.stats.packs++;
-    gc.stats.packed_weights++;
-    gc.stats.packed_bytes += (int64_t)bytes;
-    pthread_mutex_unlock(&gc.mu);
-    *held = p;
+    atomic_fetch_add(&g_unpacked_calls, 1);
+    *owned = data;
     return data;
-}
-
-void cdf_k_gemm_bf16w_forget_range(const void *ptr, size_t nbytes) {
-    if (!ptr) return;
-    const char *lo = ptr;
-    if (nbytes == 0) nbytes = 1;
-    pthread_mutex_lock(&gc.mu);
-    for (pack **pp = &gc.list; *pp;) {
-        const char *s = (*pp)->src;
-        if (s >= lo && s < lo + nbytes)
-            pack_unlink_locked(pp);
-        else
-            pp = &(*pp)->next;
-    }
-    pthread_mutex_unlock(&gc.mu);
-}
-
-void cdf_k_gemm_bf16w_clear(void) {
-    pthread_mutex_lock(&gc.mu);
-    while (gc.list) pack_unlink_locked(&gc.list);
-    pthread_mutex_unlock(&gc.mu);
-}
-
-void cdf_k_gemm_bf16w_set_pack_limit(size_t bytes) {
-    pthread_mutex_lock(&gc.mu);
-    cache_init_locked();
-    gc.limit = bytes;
-    pthread_mutex_unlock(&gc.mu);
 }
 
 void cdf_k_gemm_bf16w_get_stats(cdf_k_gemm_bf16w_stats *out) {
     if (!out) return;
-    pthread_mutex_lock(&gc.mu);
-    *out = gc.stats;
-    pthread_mutex_unlock(&gc.mu);
+    cdf_k_pack_stats ps;
+    cdf_k_pack_get_stats(CDF_K_PACK_OWN_GEMM, &ps);
+    *out = (cdf_k_gemm_bf16w_stats){.packs = ps.packs, .repacks = ps.repacks, .hits = ps.hits,
+                                    .unpacked_calls = atomic_load(&g_unpacked_calls),
+                                    .packed_weights = ps.packed_weights, .packed_bytes = ps.packed_bytes};
 }
 
 void cdf_k_gemm_bf16w_reset_stats(void) {
-    pthread_mutex_lock(&gc.mu);
-    const cdf_k_gemm_bf16w_stats keep = gc.stats;
-    memset(&gc.stats, 0, sizeof gc.stats);
-    gc.stats.packed_weights = keep.packed_weights; /* these describe the cache, not counters */
-    gc.stats.packed_bytes = keep.packed_bytes;
-    pthread_mutex_unlock(&gc.mu);
+    cdf_k_pack_reset_stats(CDF_K_PACK_OWN_GEMM);
+    atomic_store(&g_unpacked_calls, 0);
 }
 
 /* ---- entry ----------------------------------------------------------------------------------- */
@@ -415,7 +310,7 @@ cdf_status cdf_k_gemm_bf16w(const cdf_k_matmul_args *x, bool *handled) {
     const int64_t tasks = batch * strips * col_tiles;
     if (tasks < nthr) nthr = (int)tasks;
 
-    pack *held;
+    cdf_k_pack *held;
     uint32_t *owned;
     const uint32_t *bp = packed_weight(x, &held, &owned);
     if (!bp) return CDF_OK; /* out of memory for the panels: the other paths need less */
@@ -423,7 +318,7 @@ cdf_status cdf_k_gemm_bf16w(const cdf_k_matmul_args *x, bool *handled) {
     const size_t per = (ap_n + t_n + 15) & ~(size_t)15;
     float *mem = aligned_alloc(64, sizeof(float) * per * (size_t)nthr);
     if (!mem) {
-        pack_release(held);
+        cdf_k_pack_release(held);
         free(owned);
         return CDF_OK;
     }
@@ -448,7 +343,7 @@ cdf_status cdf_k_gemm_bf16w(const cdf_k_matmul_args *x, bool *handled) {
         }
     }
     free(mem);
-    pack_release(held);
+    cdf_k_pack_release(held);
     free(owned);
     *handled = true;
 #else

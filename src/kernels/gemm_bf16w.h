@@ -19,14 +19,11 @@ bool cdf_k_gemm_bf16w_supports(const cdf_k_matmul_args *x);
  * whatever CDIFFUSERS_ISA says: the dispatch decides when to call it. */
 cdf_status cdf_k_gemm_bf16w(const cdf_k_matmul_args *x, bool *handled);
 
-/* The cache of packed weights (see gemm_bf16w.c). */
+/* Its packed weights (kept in the shared prepack cache, kernels/pack_cache.h). */
 typedef struct cdf_k_gemm_bf16w_stats {
     int64_t packs, repacks, hits, unpacked_calls; /* counters */
     int64_t packed_weights, packed_bytes;         /* the cache now */
 } cdf_k_gemm_bf16w_stats;
-void cdf_k_gemm_bf16w_forget_range(const void *ptr, size_t nbytes);
-void cdf_k_gemm_bf16w_clear(void);
-void cdf_k_gemm_bf16w_set_pack_limit(size_t bytes);
 void cdf_k_gemm_bf16w_get_stats(cdf_k_gemm_bf16w_stats *out);
 void cdf_k_gemm_bf16w_reset_stats(void);
 

@@ -11,8 +11,8 @@
 #include "cdiffusers/io.h"
 #include "core/error_internal.h"
 #include "kernels/dispatch.h"
-#include "kernels/fast_onednn.h"
 #include "kernels/kernels.h"
+#include "kernels/pack_cache.h"
 #include "kernels/reference_internal.h"
 
 /* 16 Mi values (64 MiB of f32) per panel: whole layers of SD3.5-M / FLUX fit in one to three. */
@@ -112,7 +112,7 @@ cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *a) {
         st = cdf_k_matmul_dispatch(&m);
         /* the next panel reuses this buffer: b_transient keeps the matmuls from prepacking it;
          * should a copy exist anyway, it must not survive */
-        cdf_k_fast_forget_range(b, (size_t)(np * a->K) * wsz);
+        cdf_k_pack_forget_range(b, (size_t)(np * a->K) * wsz);
     }
     panel_give(buf, panel_bytes);
     return st;

@@ -1,6 +1,6 @@
 /* The tensor API's ops: argument checks and shape inference at the call, then one op node per
- * kernel handed to exec/. Internal temporaries are released by hand; only the returned tensor
- * is recorded in the caller's scope. */
+ * kernel handed to exec/ (submit_op: submit, release the op's temporaries, free the output on
+ * failure). Only the returned tensor is recorded in the caller's scope. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +53,24 @@ static cdf_status submit(cdf_node *n, cdf_tensor *dst, cdf_tensor *s0, cdf_tenso
     return cdf_exec_submit(n);
 }
 
+/* The tail of an op: submits n over the sources -> out (n is NULL when a step before failed:
+ * an operand, the output or the node), drops the op's references to the sources (temporaries
+ * made for the node, which holds its own) and returns out; NULL, with out released, when
+ * anything failed (the message is the failing step's). */
+static cdf_tensor *submit_op(cdf_node *n, cdf_tensor *out, cdf_tensor *s0, cdf_tensor *s1, cdf_tensor *s2,
+                             cdf_tensor *s3) {
+    const cdf_status s = n ? submit(n, out, s0, s1, s2, s3) : CDF_ERR_OUT_OF_MEMORY;
+    REL(s0);
+    REL(s1);
+    REL(s2);
+    REL(s3);
+    if (s != CDF_OK) {
+        REL(out);
+        return NULL;
+    }
+    return out;
+}
+
 static bool is_float(cdf_dtype dt) { return dt == CDF_F32 || dt == CDF_BF16 || dt == CDF_F16; }
 
 static cdf_dtype promote(cdf_dtype a, cdf_dtype b) {
@@ -67,13 +85,8 @@ cdf_tensor *cdf_contiguous(cdf_tensor *t) {
     BEGIN();
     if (cdf_tensor_is_contiguous(t)) RETURN(clone_view(t));
     cdf_tensor *out = cdf_tensor_alloc(dev_of(t), t->dtype, t->ndim, t->shape);
-    if (!out) RETURN(NULL);
-    cdf_node *n = cdf_node_new(CDF_OP_COPY);
-    if (!n || submit(n, out, t, NULL, NULL, NULL) != CDF_OK) {
-        REL(out);
-        RETURN(NULL);
-    }
-    RETURN(out);
+    cdf_node *n = out ? cdf_node_new(CDF_OP_COPY) : NULL;
+    RETURN(submit_op(n, out, cdf_tensor_retain(t), NULL, NULL, NULL));
 }
 
 cdf_tensor *cdf_cast(cdf_tensor *t, cdf_dtype dt) {
@@ -82,13 +95,8 @@ cdf_tensor *cdf_cast(cdf_tensor *t, cdf_dtype dt) {
     if (!cdf_dtype_size(dt)) FAIL(CDF_ERR_DTYPE, "cast: invalid dtype %d", (int)dt);
     if (dt == t->dtype) RETURN(clone_view(t));
     cdf_tensor *out = cdf_tensor_alloc(dev_of(t), dt, t->ndim, t->shape);
-    if (!out) RETURN(NULL);
-    cdf_node *n = cdf_node_new(CDF_OP_COPY);
-    if (!n || submit(n, out, t, NULL, NULL, NULL) != CDF_OK) {
-        REL(out);
-        RETURN(NULL);
-    }
-    RETURN(out);
+    cdf_node *n = out ? cdf_node_new(CDF_OP_COPY) : NULL;
+    RETURN(submit_op(n, out, cdf_tensor_retain(t), NULL, NULL, NULL));
 }
 
 /* Can `t` be viewed with `shape` without copying? Computes strides if so (torch's algorithm:
@@ -381,14 +389,7 @@ cdf_tensor *cdf_embedding(cdf_tensor *table, cdf_tensor *ids) {
     cdf_tensor *tc = cdf_contiguous(table), *ic = cdf_contiguous(ids);
     cdf_tensor *out = (tc && ic) ? cdf_tensor_alloc(dev_of(table), table->dtype, ids->ndim + 1, shape) : NULL;
     cdf_node *nd = out ? cdf_node_new(CDF_OP_EMBEDDING) : NULL;
-    cdf_status s = nd ? submit(nd, out, tc, ic, NULL, NULL) : cdf_last_status();
-    REL(tc);
-    REL(ic);
-    if (s != CDF_OK) {
-        REL(out);
-        RETURN(NULL);
-    }
-    RETURN(out);
+    RETURN(submit_op(nd, out, tc, ic, NULL, NULL));
 }
 
 /* ---- elementwise --------------------------------------------------------------------------- */
@@ -400,19 +401,12 @@ static cdf_tensor *unary(cdf_tensor *a, cdf_unary_op op, float p0, float p1) {
     cdf_tensor *c = is_float(a->dtype) ? cdf_contiguous(a) : cdf_cast(a, CDF_F32); /* ints compute as f32 */
     cdf_tensor *out = c ? cdf_tensor_alloc(dev_of(a), dt, a->ndim, a->shape) : NULL;
     cdf_node *n = out ? cdf_node_new(CDF_OP_UNARY) : NULL;
-    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
     if (n) {
         n->p.unary.op = op;
         n->p.unary.p0 = p0;
         n->p.unary.p1 = p1;
-        s = submit(n, out, c, NULL, NULL, NULL);
     }
-    REL(c);
-    if (s != CDF_OK) {
-        REL(out);
-        RETURN(NULL);
-    }
-    RETURN(out);
+    RETURN(submit_op(n, out, c, NULL, NULL, NULL));
 }
 
 cdf_tensor *cdf_scale(cdf_tensor *a, float s) { return unary(a, CDF_UN_SCALE, s, 0); }
@@ -474,18 +468,8 @@ static cdf_tensor *binary(cdf_tensor *a, cdf_tensor *b, cdf_binary_op op, const 
     cdf_tensor *va = cdf_tensor_view_of(a->storage, a->offset, a->dtype, nd, shape, sa);
     cdf_tensor *vb = cdf_tensor_view_of(b->storage, b->offset, b->dtype, nd, shape, sb);
     cdf_node *n = (va && vb) ? cdf_node_new(CDF_OP_BINARY) : NULL;
-    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
-    if (n) {
-        n->p.binary.op = op;
-        s = submit(n, out, va, vb, NULL, NULL);
-    }
-    REL(va);
-    REL(vb);
-    if (s != CDF_OK) {
-        REL(out);
-        RETURN(NULL);
-    }
-    RETURN(out);
+    if (n) n->p.binary.op = op;
+    RETURN(submit_op(n, out, va, vb, NULL, NULL));
 }
 
 cdf_tensor *cdf_add(cdf_tensor *a, cdf_tensor *b) { return binary(a, b, CDF_BIN_ADD, "add"); }
@@ -543,19 +527,8 @@ static cdf_tensor *matmul_impl(cdf_tensor *a, cdf_tensor *b, cdf_tensor *bias, c
     cdf_dtype odt = promote(a->dtype, b->dtype);
     cdf_tensor *out = cdf_tensor_alloc(dev_of(a), odt, nd + 2, oshape);
     cdf_node *n = out ? cdf_node_new(CDF_OP_MATMUL) : NULL;
-    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
-    if (n) {
-        n->p.matmul.alpha = 1.0f;
-        s = submit(n, out, ea, eb, bc, NULL);
-    }
-    REL(ea);
-    REL(eb);
-    REL(bc);
-    if (s != CDF_OK) {
-        REL(out);
-        RETURN(NULL);
-    }
-    RETURN(out);
+    if (n) n->p.matmul.alpha = 1.0f;
+    RETURN(submit_op(n, out, ea, eb, bc, NULL));
 }
 
 cdf_tensor *cdf_matmul(cdf_tensor *a, cdf_tensor *b) {
@@ -617,27 +590,16 @@ cdf_tensor *cdf_linear_quantized(cdf_tensor *x, cdf_tensor *wq, uint32_t qtype, 
     cdf_tensor *wc = cdf_contiguous(wq);
     cdf_tensor *bc = b ? cdf_contiguous(b) : NULL;
     REL(x2);
-    cdf_tensor *out = NULL;
-    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
-    if (xc && wc && (!b || bc)) {
-        int64_t os[2] = {s2[0], N};
-        out = cdf_tensor_alloc(dev_of(x), promote(x->dtype, wdt), 2, os);
-        cdf_node *n = out ? cdf_node_new(CDF_OP_MATMUL_Q) : NULL;
-        if (n) {
-            n->p.matmul_q.qtype = (int)qtype;
-            n->p.matmul_q.k = in;
-            n->p.matmul_q.wdt = wdt;
-            s = submit(n, out, xc, wc, bc, NULL);
-        }
+    const int64_t os[2] = {s2[0], N};
+    cdf_tensor *out = xc && wc && (!b || bc) ? cdf_tensor_alloc(dev_of(x), promote(x->dtype, wdt), 2, os) : NULL;
+    cdf_node *n = out ? cdf_node_new(CDF_OP_MATMUL_Q) : NULL;
+    if (n) {
+        n->p.matmul_q.qtype = (int)qtype;
+        n->p.matmul_q.k = in;
+        n->p.matmul_q.wdt = wdt;
     }
-    REL(xc);
-    REL(wc);
-    REL(bc);
-    if (s != CDF_OK) {
-        REL(out);
-        RETURN(NULL);
-    }
-    RETURN(linear_unflatten(x, out, N));
+    out = submit_op(n, out, xc, wc, bc, NULL);
+    RETURN(out ? linear_unflatten(x, out, N) : NULL);
 }
 
 /* ---- normalisation / reductions ------------------------------------------------------- */
@@ -653,18 +615,13 @@ cdf_tensor *cdf_softmax(cdf_tensor *x, int dim) {
     if (!c) RETURN(NULL);
     cdf_tensor *out = cdf_tensor_alloc(dev_of(x), is_float(x->dtype) ? x->dtype : CDF_F32, c->ndim, c->shape);
     cdf_node *n = out ? cdf_node_new(CDF_OP_SOFTMAX) : NULL;
-    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
     if (n) {
         n->p.softmax.cols = c->shape[c->ndim - 1];
         n->p.softmax.rows = n->p.softmax.cols ? cdf_tensor_numel(c) / n->p.softmax.cols : 0;
         n->p.softmax.scale = 1.0f;
-        s = submit(n, out, c, NULL, NULL, NULL);
     }
-    REL(c);
-    if (s != CDF_OK) {
-        REL(out);
-        RETURN(NULL);
-    }
+    out = submit_op(n, out, c, NULL, NULL, NULL);
+    if (!out) RETURN(NULL);
     cdf_tensor *back = cdf_transpose(out, d, x->ndim - 1);
     REL(out);
     RETURN(back);
@@ -680,21 +637,12 @@ static cdf_tensor *row_norm(cdf_op_kind kind, cdf_tensor *x, cdf_tensor *w, cdf_
     cdf_tensor *c = cdf_contiguous(x), *wc = w ? cdf_contiguous(w) : NULL, *bc = b ? cdf_contiguous(b) : NULL;
     cdf_tensor *out = c ? cdf_tensor_alloc(dev_of(x), is_float(x->dtype) ? x->dtype : CDF_F32, x->ndim, x->shape) : NULL;
     cdf_node *n = out ? cdf_node_new(kind) : NULL;
-    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
     if (n) {
         n->p.norm.cols = cols;
         n->p.norm.rows = cols ? cdf_tensor_numel(x) / cols : 0;
         n->p.norm.eps = eps;
-        s = submit(n, out, c, wc, bc, NULL);
     }
-    REL(c);
-    REL(wc);
-    REL(bc);
-    if (s != CDF_OK) {
-        REL(out);
-        RETURN(NULL);
-    }
-    RETURN(out);
+    RETURN(submit_op(n, out, c, wc, bc, NULL));
 }
 
 cdf_tensor *cdf_layer_norm(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b, float eps) {
@@ -718,23 +666,14 @@ cdf_tensor *cdf_group_norm(cdf_tensor *x, int groups, cdf_tensor *w, cdf_tensor 
     cdf_tensor *c = cdf_contiguous(x), *wc = w ? cdf_contiguous(w) : NULL, *bc = b ? cdf_contiguous(b) : NULL;
     cdf_tensor *out = c ? cdf_tensor_alloc(dev_of(x), is_float(x->dtype) ? x->dtype : CDF_F32, x->ndim, x->shape) : NULL;
     cdf_node *n = out ? cdf_node_new(CDF_OP_GROUP_NORM) : NULL;
-    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
     if (n) {
         n->p.group_norm.n = x->shape[0];
         n->p.group_norm.c = C;
         n->p.group_norm.s = cdf_shape_numel(x->ndim - 2, x->shape + 2);
         n->p.group_norm.groups = groups;
         n->p.group_norm.eps = eps;
-        s = submit(n, out, c, wc, bc, NULL);
     }
-    REL(c);
-    REL(wc);
-    REL(bc);
-    if (s != CDF_OK) {
-        REL(out);
-        RETURN(NULL);
-    }
-    RETURN(out);
+    RETURN(submit_op(n, out, c, wc, bc, NULL));
 }
 
 static cdf_tensor *reduce(cdf_tensor *x, int dim, bool keepdim, cdf_reduce_op op, const char *who) {
@@ -760,20 +699,13 @@ static cdf_tensor *reduce(cdf_tensor *x, int dim, bool keepdim, cdf_reduce_op op
     const cdf_dtype odt = op == CDF_RED_ARGMAX ? CDF_I64 : is_float(x->dtype) ? x->dtype : CDF_F32;
     cdf_tensor *out = cdf_tensor_alloc(dev_of(x), odt, nd, shape);
     cdf_node *n = out ? cdf_node_new(CDF_OP_REDUCE) : NULL;
-    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
     if (n) {
         n->p.reduce.op = op;
         n->p.reduce.outer = cdf_shape_numel(d, x->shape);
         n->p.reduce.red = x->shape[d];
         n->p.reduce.inner = cdf_shape_numel(x->ndim - d - 1, x->shape + d + 1);
-        s = submit(n, out, c, NULL, NULL, NULL);
     }
-    REL(c);
-    if (s != CDF_OK) {
-        REL(out);
-        RETURN(NULL);
-    }
-    RETURN(out);
+    RETURN(submit_op(n, out, c, NULL, NULL, NULL));
 }
 
 cdf_tensor *cdf_sum(cdf_tensor *x, int dim, bool keepdim) { return reduce(x, dim, keepdim, CDF_RED_SUM, "sum"); }
@@ -806,19 +738,8 @@ cdf_tensor *cdf_conv2d(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b, const cdf_co
     int64_t oshape[4] = {x->shape[0], cout, oh, ow};
     cdf_tensor *out = (xc && wc) ? cdf_tensor_alloc(dev_of(x), promote(x->dtype, w->dtype), 4, oshape) : NULL;
     cdf_node *n = out ? cdf_node_new(CDF_OP_CONV2D) : NULL;
-    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
-    if (n) {
-        n->p.conv.p = p;
-        s = submit(n, out, xc, wc, bc, NULL);
-    }
-    REL(xc);
-    REL(wc);
-    REL(bc);
-    if (s != CDF_OK) {
-        REL(out);
-        RETURN(NULL);
-    }
-    RETURN(out);
+    if (n) n->p.conv.p = p;
+    RETURN(submit_op(n, out, xc, wc, bc, NULL));
 }
 
 cdf_tensor *cdf_upsample_nearest(cdf_tensor *x, int fh, int fw) {
@@ -832,18 +753,11 @@ cdf_tensor *cdf_upsample_nearest(cdf_tensor *x, int fh, int fw) {
     shape[x->ndim - 1] *= fw;
     cdf_tensor *out = c ? cdf_tensor_alloc(dev_of(x), x->dtype, x->ndim, shape) : NULL;
     cdf_node *n = out ? cdf_node_new(CDF_OP_UPSAMPLE) : NULL;
-    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
     if (n) {
         n->p.upsample.fh = fh;
         n->p.upsample.fw = fw;
-        s = submit(n, out, c, NULL, NULL, NULL);
     }
-    REL(c);
-    if (s != CDF_OK) {
-        REL(out);
-        RETURN(NULL);
-    }
-    RETURN(out);
+    RETURN(submit_op(n, out, c, NULL, NULL, NULL));
 }
 
 /* ---- attention / positional ------------------------------------------------------------- */
@@ -870,20 +784,8 @@ cdf_tensor *cdf_sdpa(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v, cdf_tensor *ma
     int64_t oshape[4] = {B, H, Lq, v->shape[3]};
     cdf_tensor *out = (qc && kc && vc && (!mask || mc)) ? cdf_tensor_alloc(dev_of(q), q->dtype, 4, oshape) : NULL;
     cdf_node *n = out ? cdf_node_new(CDF_OP_ATTENTION) : NULL;
-    cdf_status s = cdf_last_status() ? cdf_last_status() : CDF_ERR_OUT_OF_MEMORY;
-    if (n) {
-        n->p.attention.scale = scale > 0 ? scale : 1.0f / sqrtf((float)q->shape[3]);
-        s = submit(n, out, qc, kc, vc, mc);
-    }
-    REL(qc);
-    REL(kc);
-    REL(vc);
-    REL(mc);
-    if (s != CDF_OK) {
-        REL(out);
-        RETURN(NULL);
-    }
-    RETURN(out);
+    if (n) n->p.attention.scale = scale > 0 ? scale : 1.0f / sqrtf((float)q->shape[3]);
+    RETURN(submit_op(n, out, qc, kc, vc, mc));
 }
 
 cdf_tensor *cdf_rope(cdf_tensor *x, cdf_tensor *cos_t, cdf_tensor *sin_t) {
@@ -903,15 +805,7 @@ cdf_tensor *cdf_rope(cdf_tensor *x, cdf_tensor *cos_t, cdf_tensor *sin_t) {
     REL(sc);
     cdf_tensor *out = (xc && cc2 && sc2) ? cdf_tensor_alloc(dev_of(x), x->dtype, 4, x->shape) : NULL;
     cdf_node *n = out ? cdf_node_new(CDF_OP_ROPE) : NULL;
-    cdf_status s = n ? submit(n, out, xc, cc2, sc2, NULL) : CDF_ERR_OUT_OF_MEMORY;
-    REL(xc);
-    REL(cc2);
-    REL(sc2);
-    if (s != CDF_OK) {
-        REL(out);
-        RETURN(NULL);
-    }
-    RETURN(out);
+    RETURN(submit_op(n, out, xc, cc2, sc2, NULL));
 }
 
 cdf_tensor *cdf_timestep_embedding(cdf_tensor *t, int dim, bool flip_sin_to_cos, float downscale_freq_shift,
@@ -924,21 +818,14 @@ cdf_tensor *cdf_timestep_embedding(cdf_tensor *t, int dim, bool flip_sin_to_cos,
     int64_t oshape[2] = {t->shape[0], dim};
     cdf_tensor *out = tc ? cdf_tensor_alloc(dev_of(t), CDF_F32, 2, oshape) : NULL;
     cdf_node *n = out ? cdf_node_new(CDF_OP_TIMESTEP_EMB) : NULL;
-    cdf_status s = CDF_ERR_OUT_OF_MEMORY;
     if (n) {
         n->p.temb.dim = dim;
         n->p.temb.flip = flip_sin_to_cos;
         n->p.temb.shift = downscale_freq_shift;
         n->p.temb.scale = scale;
         n->p.temb.max_period = max_period;
-        s = submit(n, out, tc, NULL, NULL, NULL);
     }
-    REL(tc);
-    if (s != CDF_OK) {
-        REL(out);
-        RETURN(NULL);
-    }
-    RETURN(out);
+    RETURN(submit_op(n, out, tc, NULL, NULL, NULL));
 }
 
 cdf_status cdf_rope_tables(cdf_tensor *pos, int n_axes, const int64_t *axes_dim, double theta, cdf_tensor **cos_out,

@@ -16,6 +16,7 @@
 #include "core/error_internal.h"
 #include "kernels/cpu_features.h"
 #include "kernels/fast_onednn.h"
+#include "kernels/pack_cache.h"
 
 bool cdf_cpu_discrete;
 
@@ -159,8 +160,8 @@ static void *cpu_alloc(cdf_device *dev, size_t nbytes) {
 static void cpu_free(cdf_device *dev, void *ptr, size_t nbytes) {
     void *p = cdf_cpu_host_ptr(ptr);
     /* prepacked copies of a weight in this buffer die with it: a later buffer at the same
-     * address must never meet them (kernels/fast_onednn.h) */
-    cdf_k_fast_forget_range(p, nbytes);
+     * address must never meet them (kernels/pack_cache.h) */
+    cdf_k_pack_forget_range(p, nbytes);
     free(p);
 }
 
