@@ -73,6 +73,40 @@ static void write_seeds(const char *dir) {
         }
         seed_writer(dir, w);
     }
+    /* an all-in-one file's text encoders: CLIP-L (width 8, with its own projection and
+     * logit_scale), CLIP-G, T5 with both copies of its token table; seeds of every length
+     * modulo 4 open it for each part */
+    {
+        static const struct {
+            const char *name;
+            int ndim;
+            int64_t s0, s1;
+        } t[] = {
+            {"text_encoders.clip_l.transformer.text_model.embeddings.position_embedding.weight", 2, 4, 8},
+            {"text_encoders.clip_l.transformer.text_projection.weight", 2, 8, 8},
+            {"text_encoders.clip_l.transformer.logit_scale", 1, 1, 0},
+            {"text_encoders.clip_g.transformer.text_model.embeddings.position_embedding.weight", 2, 4, 12},
+            {"text_encoders.clip_g.transformer.text_projection.weight", 2, 12, 12},
+            {"text_encoders.t5xxl.transformer.shared.weight", 2, 6, 4},
+            {"text_encoders.t5xxl.transformer.encoder.embed_tokens.weight", 2, 6, 4},
+            {"text_encoders.t5xxl.transformer.encoder.block.0.layer.0.SelfAttention.q.weight", 2, 4, 4},
+            {"model.diffusion_model.img_in.weight", 2, 4, 4},
+        };
+        for (int pad = 0; pad < 4; pad++) {
+            cdf_st_writer *w = cdf_st_writer_new();
+            static float v[256];
+            for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+                int64_t shape[2] = {t[i].s0, t[i].s1};
+                cdf_st_writer_add(w, t[i].name, CDF_F32, t[i].ndim, shape, v);
+            }
+            for (int k = 0; k < pad; k++) { /* a different length: a different part */
+                char name[32];
+                snprintf(name, sizeof name, "x%d", k);
+                cdf_st_writer_add(w, name, CDF_F32, 1, (int64_t[]){1}, v);
+            }
+            seed_writer(dir, w);
+        }
+    }
     fz_seed_file(dir, -1, "formats/tiny_v3.gguf", 1 << 16);
     fz_seed_file(dir, -1, "formats/flux_single/ae_ldm.safetensors", 1 << 19); /* the tiny LDM VAE */
     /* a small BFL FLUX file: inner 4, mlp 8 */
