@@ -42,6 +42,7 @@
 #include "testutil.h"
 
 #include "cdiffusers/dtype.h"
+#include "cdiffusers/io.h"
 #include "kernels/cpu_features.h"
 #include "kernels/dispatch.h"
 #include "kernels/fast_onednn.h"
@@ -528,6 +529,163 @@ static void test_matmul_bf16_prepack(void **state) {
     assert_int_equal(st.unpacked_reorders, 1);
     cdf_k_pack_set_limit((size_t)64 << 20);
     mm_free(&m);
+}
+
+/* ---- quantized weights decoded into oneDNN's layout ------------------------------------------ */
+
+/* cdf_k_matmul_q with bf16 decoding, where oneDNN runs it, writes the decoded rows straight into
+ * the primitive's weight layout (cdf_k_matmul_fast_filled) instead of a plain panel that oneDNN
+ * then reorders. Its result must equal bit for bit the plain path's: the gguf decode of every row
+ * rounded to bf16 into a plain [N, K] matrix, multiplied panel by panel (matmul_quant.c's
+ * PANEL_ELEMS = 16 Mi values) through cdf_k_matmul_dispatch as a transient B. Weights are random
+ * Q8_0 and Q4_K (varied f16 scales) and A random, so every misplaced weight element changes the
+ * result; N = 100 leaves padding in oneDNN's 64-wide blocks. M below REORDER_B_MIN_M (1024)
+ * mostly keeps B's plain layout, M above it gets oneDNN's blocked layout. At a level where oneDNN
+ * does not run the panel (avx2: the own GEMM; f32 A without native bf16: declined) the plain path
+ * runs and the same equality holds trivially. */
+static void q_direct_case(uint32_t qtype, int64_t M, int64_t N, int64_t K, cdf_dtype a_dt, uint64_t seed) {
+    int64_t be = 0, bb = 0;
+    assert_true(cdf_ggml_type_block(qtype, &be, &bb));
+    const int64_t nb = K / be;
+    uint8_t *w = malloc((size_t)(N * nb * bb));
+    float *af = malloc(sizeof(float) * (size_t)(M * K)), *bias = malloc(sizeof(float) * (size_t)N);
+    float *row = malloc(sizeof(float) * (size_t)K);
+    uint16_t *wb = malloc(sizeof(uint16_t) * (size_t)(N * K));
+    void *a = malloc(cdf_dtype_size(a_dt) * (size_t)(M * K));
+    float *c = malloc(sizeof(float) * (size_t)(M * N)), *c_ref = malloc(sizeof(float) * (size_t)(M * N));
+    assert_true(w && af && bias && row && wb && a && c && c_ref);
+    uint64_t x = seed;
+#define NEXT() (x = x * 6364136223846793005ull + 1442695040888963407ull, (uint32_t)(x >> 33))
+    /* random blocks whose f16 scales (Q8_0: d; Q4_K: d, dmin) lie in [2^-8, 2^-6) */
+    for (int64_t i = 0; i < N * nb; i++) {
+        uint8_t *blk = w + i * bb;
+        for (int64_t j = 0; j < bb; j++) blk[j] = (uint8_t)NEXT();
+        for (int j = 0; j < (qtype == CDF_GGML_Q4_K ? 2 : 1); j++) {
+            const uint16_t d = (uint16_t)(0x1C00 + NEXT() % 0x800);
+            blk[2 * j] = (uint8_t)(d & 0xff), blk[2 * j + 1] = (uint8_t)(d >> 8);
+        }
+    }
+    for (int64_t i = 0; i < M * K; i++) af[i] = (float)((int)(NEXT() % 20001) - 10000) * 1e-4f;
+    for (int64_t n = 0; n < N; n++) bias[n] = (float)((int)(NEXT() % 2001) - 1000) * 1e-3f;
+    cdf_convert(a, a_dt, af, CDF_F32, (size_t)(M * K));
+#undef NEXT
+    for (int64_t n = 0; n < N; n++) {
+        assert_int_equal(cdf_ggml_dequantize(qtype, w + n * nb * bb, K, row), CDF_OK);
+        for (int64_t k = 0; k < K; k++) wb[n * K + k] = cdf_f32_to_bf16(row[k]);
+    }
+    const int64_t panel_elems = (int64_t)16 << 20, panel = N * K <= panel_elems ? N : panel_elems / K;
+    for (int64_t n0 = 0; n0 < N; n0 += panel) {
+        const int64_t np = N - n0 < panel ? N - n0 : panel;
+        cdf_k_matmul_args r = {.batch = 1, .M = M, .N = np, .K = K, .a = a, .a_dt = a_dt, .lda = K,
+                               .b = wb + n0 * K, .b_dt = CDF_BF16, .ldb = K, .trans_b = true,
+                               .bias = bias + n0, .bias_dt = CDF_F32, .c = c_ref + n0, .c_dt = CDF_F32, .ldc = N,
+                               .alpha = 1.0f, .b_transient = true};
+        assert_int_equal(cdf_k_matmul_dispatch(&r), CDF_OK);
+    }
+    const int64_t n_panels = (N + panel - 1) / panel;
+
+    cdf_k_fast_stats s0, s1;
+    cdf_k_fast_get_stats(&s0);
+    cdf_k_matmul_q_args q = {.M = M, .N = N, .K = K, .a = a, .a_dt = a_dt, .w = w, .qtype = qtype,
+                             .w_dt = CDF_BF16, .bias = bias, .bias_dt = CDF_F32, .c = c, .c_dt = CDF_F32};
+    assert_int_equal(cdf_k_matmul_q(&q), CDF_OK);
+    cdf_k_fast_get_stats(&s1);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < M * N; i++)
+        if (memcmp(&c[i], &c_ref[i], sizeof(float)) != 0 && wrong++ < 3)
+            print_error("%s M %lld N %lld K %lld A %s: c[%lld, %lld] = %.9g, plain panel gives %.9g\n",
+                        cdf_ggml_type_name(qtype), (long long)M,
+                        (long long)N, (long long)K, cdf_dtype_name(a_dt), (long long)(i / N), (long long)(i % N),
+                        (double)c[i], (double)c_ref[i]);
+    assert_int_equal(wrong, 0);
+
+    /* the direct path must be the one that ran where oneDNN takes the panel: one fill per panel,
+     * and no per-call reorder of a plain panel */
+    cdf_k_fast_get_info(&info);
+    const bool direct = info.available && cdf_k_isa_level() > CDF_K_ISA_AVX2 && (info.bf16_supported || a_dt == CDF_BF16);
+    assert_int_equal(s1.direct_fills - s0.direct_fills, direct ? n_panels : 0);
+    if (direct) assert_int_equal(s1.unpacked_reorders, s0.unpacked_reorders);
+    free(w), free(af), free(bias), free(row), free(wb), free(a), free(c), free(c_ref);
+}
+
+/* A plain bf16 B [N, K] (row-major, op(B) = B^T) written at the layout's offsets. */
+typedef struct plain_b {
+    const uint16_t *b;
+    int64_t N, K;
+    int calls;
+} plain_b;
+
+static cdf_status fill_plain_b(void *ctx, void *dst, const cdf_k_fast_b_layout *l) {
+    plain_b *p = ctx;
+    assert_int_equal(l->N, p->N);
+    assert_int_equal(l->K, p->K);
+    for (int64_t n = 0; n < l->N; n++)
+        for (int64_t k = 0; k < l->K; k++) {
+            char *d = (char *)dst + l->off_n[n] + l->off_k[k];
+            const uint16_t v = p->b[n * p->K + k];
+            if (l->dt == CDF_BF16) memcpy(d, &v, 2);
+            else *(float *)d = cdf_bf16_to_f32(v);
+        }
+    p->calls++;
+    return CDF_OK;
+}
+
+/* cdf_k_matmul_fast_filled itself, with an odd K (quantized weights never have one): oneDNN's
+ * bf16 layout pairs k values, and the padding element of the last pair is read by the kernel, so
+ * it must be zero. The workspace it lands in is first filled with NaN by a K = 64 call, so a
+ * padding element left unwritten poisons the outputs. */
+static void test_matmul_fast_filled_padding(void **state) {
+    (void)state;
+    if (!need_bf16() || bf16_via_dispatch) return;
+    const int64_t M = 1100, N = 100, K = 41;
+    float *a = malloc(sizeof(float) * (size_t)(M * K)), *c = malloc(sizeof(float) * (size_t)(M * N));
+    float *c_ref = malloc(sizeof(float) * (size_t)(M * N));
+    uint16_t *b = malloc(sizeof(uint16_t) * (size_t)(N * 64)), *nan_b = malloc(sizeof(uint16_t) * (size_t)(N * 64));
+    assert_true(a && c && c_ref && b && nan_b);
+    for (int64_t i = 0; i < M * K; i++) a[i] = (float)((int)(i * 7919 % 2001) - 1000) * 1e-3f;
+    for (int64_t i = 0; i < N * 64; i++) b[i] = cdf_f32_to_bf16((float)((int)(i * 104729 % 201) - 100) * 1e-2f), nan_b[i] = 0x7fc0;
+    cdf_k_matmul_args x = {.batch = 1, .M = M, .N = N, .K = 64, .a = a, .a_dt = CDF_F32, .lda = 64, .b_dt = CDF_BF16,
+                           .ldb = 64, .trans_b = true, .c = c, .c_dt = CDF_F32, .ldc = N, .alpha = 1.0f,
+                           .b_transient = true};
+    float *a64 = calloc((size_t)(M * 64), sizeof(float));
+    assert_non_null(a64);
+    x.a = a64;
+    plain_b p = {.b = nan_b, .N = N, .K = 64};
+    bool handled = false;
+    assert_int_equal(cdf_k_matmul_fast_filled(&x, fill_plain_b, &p, &handled), CDF_OK); /* workspace: NaN */
+    assert_true(handled);
+    x.a = a, x.K = K, x.lda = K, x.ldb = K;
+    p = (plain_b){.b = b, .N = N, .K = K};
+    handled = false;
+    assert_int_equal(cdf_k_matmul_fast_filled(&x, fill_plain_b, &p, &handled), CDF_OK);
+    assert_true(handled);
+    assert_int_equal(p.calls, 1);
+    cdf_k_matmul_args r = x;
+    r.b = b, r.c = c_ref;
+    assert_int_equal(cdf_k_matmul_dispatch(&r), CDF_OK);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < M * N; i++)
+        if (memcmp(&c[i], &c_ref[i], sizeof(float)) != 0 && wrong++ < 3)
+            print_error("filled K = 41: c[%lld] = %.9g, plain B gives %.9g\n", (long long)i, (double)c[i], (double)c_ref[i]);
+    assert_int_equal(wrong, 0);
+    free(a), free(a64), free(c), free(c_ref), free(b), free(nan_b);
+}
+
+static void test_matmul_q_direct_layout(void **state) {
+    (void)state;
+    cdf_k_fast_stats s0, s1;
+    cdf_k_fast_get_stats(&s0);
+    const uint32_t q8 = CDF_GGML_Q8_0;
+    q_direct_case(q8, 3, 100, 96, CDF_F32, 1);
+    q_direct_case(q8, 1100, 100, 96, CDF_F32, 2);    /* blocked layout, N padded */
+    q_direct_case(q8, 1024, 300, 256, CDF_BF16, 3);  /* bf16 A (widened f32 B where bf16 is emulated) */
+    q_direct_case(q8, 17, 100, 3072, CDF_BF16, 4);
+    q_direct_case(q8, 1030, 100, 3072, CDF_F32, 5);
+    q_direct_case(q8, 2, 4100, 4096, CDF_F32, 6);    /* two panels: 4096 rows + 4 */
+    q_direct_case(q8, 1030, 4100, 4096, CDF_F32, 7);
+    q_direct_case(CDF_GGML_Q4_K, 1100, 70, 1280, CDF_F32, 8); /* 256-value blocks, K past one decode tile */
+    cdf_k_fast_get_stats(&s1);
+    assert_int_equal(s1.packs, s0.packs); /* decoded panels are never kept prepacked */
 }
 
 /* What the fast path must leave to the reference, and that dispatch goes through it. */
@@ -1041,6 +1199,8 @@ int main(void) {
         cmocka_unit_test(test_matmul_bf16_rounding_is_rne),
         cmocka_unit_test(test_matmul_bf16_prepack),
         cmocka_unit_test(test_matmul_declines_and_dispatch),
+        cmocka_unit_test(test_matmul_q_direct_layout),
+        cmocka_unit_test(test_matmul_fast_filled_padding),
         cmocka_unit_test(test_matmul_threads),
         cmocka_unit_test(test_gemm_bf16w),
         cmocka_unit_test(test_gemm_bf16w_cache),

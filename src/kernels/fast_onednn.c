@@ -284,6 +284,11 @@ typedef struct entry {
     w_layout w;
     dnnl_primitive_t w_reorder;
     bool w_may_pack;
+    /* weights written in place by a caller (cdf_k_matmul_fast_filled): 0 = not looked at yet,
+     * 1 = w.md described by w_off, -1 = a layout not handled */
+    int w_fill;
+    int64_t *w_off; /* [w_kp + w_np] byte offsets of k (padded) then n (padded) */
+    int64_t w_kp, w_np;
     /* bias as an f32 [N] / [Cout] vector */
     dnnl_memory_desc_t bias_md;
     bool has_bias;
@@ -303,6 +308,7 @@ static uint64_t key_hash(const key *k) {
 }
 
 static void entry_free(entry *e) {
+    free(e->w_off);
     if (e->prim) dnnl_primitive_destroy(e->prim);
     if (e->src_reorder) dnnl_primitive_destroy(e->src_reorder);
     if (e->w_reorder) dnnl_primitive_destroy(e->w_reorder);
@@ -484,6 +490,7 @@ static bool mm_try(entry *e, const cdf_k_matmul_args *x, const mm_shape *s, dnnl
 
 static void entry_reset(entry *e) {
     key k = e->k;
+    free(e->w_off);
     if (e->prim) dnnl_primitive_destroy(e->prim);
     if (e->src_reorder) dnnl_primitive_destroy(e->src_reorder);
     if (e->w_reorder) dnnl_primitive_destroy(e->w_reorder);
@@ -535,7 +542,96 @@ static cdf_status dnnl_fail(const char *what, dnnl_status_t st) {
 
 static cdf_status mm_exec(entry *e, const cdf_k_matmul_args *x, const void *a, const void *b, bool *handled);
 
-static cdf_status mm_run(entry *e, const cdf_k_matmul_args *x, bool *handled) {
+/* A caller's writer of B (cdf_k_matmul_fast_filled). */
+typedef struct b_filler {
+    cdf_k_fast_b_fill fill;
+    void *ctx;
+} b_filler;
+
+/* Byte offset of index i along dimension d of a blocked descriptor, every other index 0. oneDNN
+ * places an element at offset0 + sum over dimensions of (outer index * stride) + its position in
+ * the inner blocks (memory_desc_wrapper::off_v); with offset0 = 0 and no padded offsets that is a
+ * sum of one term per dimension, this one. */
+static int64_t blk_dim_off(const dnnl_memory_desc_t *md, int d, int64_t i) {
+    const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
+    int64_t off = 0, blk_stride = 1;
+    for (int j = b->inner_nblks - 1; j >= 0; j--) {
+        if (b->inner_idxs[j] == d) {
+            off += i % b->inner_blks[j] * blk_stride;
+            i /= b->inner_blks[j];
+        }
+        blk_stride *= b->inner_blks[j];
+    }
+    return (off + i * b->strides[d]) * (int64_t)(md->data_type == dnnl_bf16 ? 2 : 4);
+}
+
+/* e->w_fill: whether the primitive's B layout (2-D [K, N]) can be written through offset tables,
+ * which are made here once. Anything not understood (compensation, padded offsets, other
+ * formats) is refused: the caller then writes plain B, reordered as usual. */
+static bool w_fill_ready(entry *e) {
+    if (e->w_fill) return e->w_fill > 0;
+    e->w_fill = -1;
+    const dnnl_memory_desc_t *md = &e->w.md;
+    if (md->ndims != 2 || md->format_kind != dnnl_blocked || md->offset0 != 0 ||
+        md->extra.flags != dnnl_memory_extra_flag_none || (md->data_type != dnnl_bf16 && md->data_type != dnnl_f32))
+        return false;
+    for (int d = 0; d < 2; d++)
+        if (md->padded_offsets[d] != 0 || md->padded_dims[d] < md->dims[d]) return false;
+    const int64_t kp = md->padded_dims[0], np = md->padded_dims[1];
+    const int64_t esz = md->data_type == dnnl_bf16 ? 2 : 4, size = (int64_t)dnnl_memory_desc_get_size(md);
+    int64_t *off = malloc(sizeof(int64_t) * (size_t)(kp + np));
+    if (!off) return false;
+    int64_t max_k = 0, max_n = 0;
+    for (int64_t k = 0; k < kp; k++) {
+        off[k] = blk_dim_off(md, 0, k);
+        if (off[k] < 0) max_k = size;
+        else if (off[k] > max_k) max_k = off[k];
+    }
+    for (int64_t n = 0; n < np; n++) {
+        off[kp + n] = blk_dim_off(md, 1, n);
+        if (off[kp + n] < 0) max_n = size;
+        else if (off[kp + n] > max_n) max_n = off[kp + n];
+    }
+    if (max_k + max_n + esz > size) { /* not the layout it seems: every element must lie inside */
+        free(off);
+        return false;
+    }
+    e->w_off = off;
+    e->w_kp = kp;
+    e->w_np = np;
+    e->w_fill = 1;
+    return true;
+}
+
+/* The weights written by the caller into workspace 1 in the primitive's layout, the padding
+ * (elements past K or N, which the primitive may read) zeroed first. NULL: out of memory (*cs
+ * CDF_OK) or the fill's error (*cs). */
+static const void *weights_filled(entry *e, const b_filler *f, cdf_status *cs) {
+    *cs = CDF_OK;
+    const dnnl_memory_desc_t *md = &e->w.md;
+    char *buf = ws_get(1, dnnl_memory_desc_get_size(md));
+    if (!buf) return NULL;
+    const int64_t K = md->dims[0], N = md->dims[1], kp = e->w_kp, np = e->w_np;
+    const int64_t *off_k = e->w_off, *off_n = e->w_off + kp;
+    const size_t esz = md->data_type == dnnl_bf16 ? 2 : 4;
+    for (int64_t n = 0; n < np; n++)
+        for (int64_t k = n < N ? K : 0; k < kp; k++) memset(buf + off_k[k] + off_n[n], 0, esz);
+    cdf_k_fast_b_layout l = {.K = K, .N = N, .off_k = off_k, .off_n = off_n,
+                             .dt = md->data_type == dnnl_bf16 ? CDF_BF16 : CDF_F32, .k_run = 1};
+    const int64_t runs[2] = {K, 2};
+    for (int i = 0; i < 2 && l.k_run == 1; i++) {
+        bool ok = runs[i] > 1 && K % runs[i] == 0;
+        for (int64_t k = 0; k < K && ok; k++) ok = off_k[k] == off_k[k - k % runs[i]] + k % runs[i] * (int64_t)esz;
+        if (ok) l.k_run = runs[i];
+    }
+    *cs = f->fill(f->ctx, buf, &l);
+    if (*cs != CDF_OK) return NULL;
+    g.stats.direct_fills++;
+    return buf;
+}
+
+/* f: B is written by the caller into the primitive's layout instead of read from x->b. */
+static cdf_status mm_run(entry *e, const cdf_k_matmul_args *x, const b_filler *f, bool *handled) {
     static const char *fn = "cdf_k_matmul_fast";
     dnnl_status_t st = dnnl_success;
     /* A: converted / made dense into workspace 0 when the primitive wants that */
@@ -547,9 +643,16 @@ static cdf_status mm_run(entry *e, const cdf_k_matmul_args *x, bool *handled) {
         if (st != dnnl_success) return dnnl_fail(fn, st);
         a = buf;
     }
-    cdf_k_pack *held;
-    const void *b = weights_for_run(x->b, &e->w, e->w_reorder, e->w_may_pack, 1, &held, &st);
-    if (st != dnnl_success) return dnnl_fail(fn, st);
+    cdf_k_pack *held = NULL;
+    const void *b;
+    if (f) {
+        cdf_status cs;
+        b = weights_filled(e, f, &cs);
+        if (cs != CDF_OK) return cs;
+    } else {
+        b = weights_for_run(x->b, &e->w, e->w_reorder, e->w_may_pack, 1, &held, &st);
+        if (st != dnnl_success) return dnnl_fail(fn, st);
+    }
     if (!b) return CDF_OK;
     const cdf_status s = mm_exec(e, x, a, b, handled);
     cdf_k_pack_release(held);
@@ -576,12 +679,14 @@ static cdf_status mm_exec(entry *e, const cdf_k_matmul_args *x, const void *a, c
     return CDF_OK;
 }
 
-cdf_status cdf_k_matmul_fast(const cdf_k_matmul_args *x, bool *handled) {
+/* cdf_k_matmul_fast, with B written by f when f is set (x->b then unused). */
+static cdf_status mm_fast(const cdf_k_matmul_args *x, const b_filler *f, bool *handled) {
     if (!handled) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_k_matmul_fast: handled is NULL");
     *handled = false;
     if (!x) return CDF_OK;
     /* only well-formed, non-empty problems in supported dtypes; the reference reports the rest */
-    if (x->batch < 1 || x->M < 1 || x->N < 1 || x->K < 1 || !x->a || !x->b || !x->c) return CDF_OK;
+    if (x->batch < 1 || x->M < 1 || x->N < 1 || x->K < 1 || !x->a || !(x->b || f) || !x->c) return CDF_OK;
+    if (f && (x->batch != 1 || x->b_dt != CDF_BF16)) return CDF_OK;
     if (!f32_or_bf16(x->a_dt) || !f32_or_bf16(x->b_dt) || !f32_or_bf16(x->c_dt)) return CDF_OK;
     if (x->bias && !f32_or_bf16(x->bias_dt)) return CDF_OK;
     if (x->beta != 0.0f && x->beta != 1.0f) return CDF_OK;
@@ -607,10 +712,10 @@ cdf_status cdf_k_matmul_fast(const cdf_k_matmul_args *x, bool *handled) {
          * reorder into oneDNN's blocked layout pays for itself (f32 4429 x 1536 x 1536: ~1.7x;
          * bf16 4429 x 6144 x 1536: ~2x over oneDNN copying plain B blocks itself); with few
          * rows the reorder would cost as much as the product. */
-        const bool may_pack = x->b_dt == CDF_BF16 && sh.bb == 1 && cdf_k_pack_limit() > 0 && !x->b_transient;
+        const bool may_pack = x->b_dt == CDF_BF16 && sh.bb == 1 && cdf_k_pack_limit() > 0 && !x->b_transient && !f;
         const bool b_any = widen_b || (sh.bb == 1 && (may_pack || sh.M >= REORDER_B_MIN_M));
         entry *e = mm_entry(x, &sh, cdt, b_any, may_pack);
-        if (e && e->usable) s = mm_run(e, x, handled);
+        if (e && e->usable && (!f || w_fill_ready(e))) s = mm_run(e, x, f, handled);
         ws_trim();
     }
     if (*handled)
@@ -621,6 +726,14 @@ cdf_status cdf_k_matmul_fast(const cdf_k_matmul_args *x, bool *handled) {
     /* outside the lock: the epilogue is the caller's code and other matmuls may run meanwhile */
     if (s == CDF_OK && *handled) cdf_k_matmul_run_epilogue(x);
     return s;
+}
+
+cdf_status cdf_k_matmul_fast(const cdf_k_matmul_args *x, bool *handled) { return mm_fast(x, NULL, handled); }
+
+cdf_status cdf_k_matmul_fast_filled(const cdf_k_matmul_args *x, cdf_k_fast_b_fill fill, void *ctx, bool *handled) {
+    if (!fill) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_k_matmul_fast_filled: no fill");
+    const b_filler f = {.fill = fill, .ctx = ctx};
+    return mm_fast(x, &f, handled);
 }
 
 /* ---- conv2d ---------------------------------------------------------------------------- */
@@ -869,6 +982,13 @@ void cdf_k_fast_clear(void) {
 cdf_status cdf_k_matmul_fast(const cdf_k_matmul_args *x, bool *handled) {
     (void)x;
     if (!handled) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_k_matmul_fast: handled is NULL");
+    *handled = false;
+    return CDF_OK;
+}
+
+cdf_status cdf_k_matmul_fast_filled(const cdf_k_matmul_args *x, cdf_k_fast_b_fill fill, void *ctx, bool *handled) {
+    (void)x, (void)fill, (void)ctx;
+    if (!handled) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_k_matmul_fast_filled: handled is NULL");
     *handled = false;
     return CDF_OK;
 }

@@ -28,7 +28,9 @@
  *    other B (f32, or per-batch) is never cached: with >= 1024 rows (M) it is reordered per
  *    call, with fewer it is handed to oneDNN as it is;
  *  - conv2d: always (conv weights are module parameters).
- * Past the cap (CDIFFUSERS_PREPACK_MB), weights are reordered per call instead.
+ * Past the cap (CDIFFUSERS_PREPACK_MB), weights are reordered per call instead. Weights made
+ * per call (decoded quantized panels, cdf_k_matmul_fast_filled) are written by their maker
+ * straight into the primitive's layout: neither cached nor reordered.
  *
  * Threading: one mutex guards the primitive cache and is held while a primitive runs (oneDNN's shared
  * scratchpad is not safe for concurrent execution). oneDNN (Debian build) uses the same
@@ -64,10 +66,30 @@ typedef struct cdf_k_fast_stats {
     int64_t packed_bytes;    /* their bytes */
     int64_t packs, repacks;  /* first prepack reorders; repacks = checksum changed at a known address */
     int64_t unpacked_reorders; /* per-call weight reorders (prepack cap reached or not eligible) */
+    int64_t direct_fills;    /* weights written by the caller straight into the primitive's layout */
     char last_impl[64];      /* oneDNN implementation of the last primitive run, e.g. "brg:avx512_core_bf16" */
 } cdf_k_fast_stats;
 void cdf_k_fast_get_stats(cdf_k_fast_stats *out);
 void cdf_k_fast_reset_stats(void);
+
+/* Weights written by the caller into the primitive's own layout (no reorder): op(B)'s element
+ * (k, n) goes to byte offset off_k[k] + off_n[n] of dst, as a dt value. Every blocked layout's
+ * offset is such a sum; its padding is already zero when the fill is called. */
+typedef struct cdf_k_fast_b_layout {
+    int64_t K, N;                 /* op(B) [K, N] */
+    const int64_t *off_k, *off_n; /* [K], [N] */
+    cdf_dtype dt;                 /* CDF_BF16, or CDF_F32 (bf16 values widened: the exact reorder) */
+    int64_t k_run;                /* off_k[k + i] = off_k[k] + i * element size for i < k_run and k a
+                                   * multiple of k_run: K (each n's values contiguous), 2 (oneDNN's
+                                   * bf16 k pairs) or 1 */
+} cdf_k_fast_b_layout;
+typedef cdf_status (*cdf_k_fast_b_fill)(void *ctx, void *dst, const cdf_k_fast_b_layout *l);
+/* cdf_k_matmul_fast for a batch-1 x whose B (x->b unused) has bf16 values that `fill` writes
+ * into the primitive's weight buffer: the same primitive and the same weight values as
+ * cdf_k_matmul_fast on those values in x's B layout, so the same result bit for bit, without the
+ * per-call reorder of B. Declines (*handled = false, fill not called) where cdf_k_matmul_fast
+ * would, and for weight layouts it cannot describe by offsets; a fill's error is returned. */
+cdf_status cdf_k_matmul_fast_filled(const cdf_k_matmul_args *x, cdf_k_fast_b_fill fill, void *ctx, bool *handled);
 
 /* Drop every cache: primitives, prepacked weights (every kernel's), workspaces. */
 void cdf_k_fast_clear(void);

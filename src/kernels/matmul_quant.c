@@ -1,16 +1,25 @@
 /* Matmul on GGUF-quantized weights: decode a panel of weight rows, multiply, next panel.
  *
  * Why panels of decoded rows and not a kernel on the blocks: the decoded panel goes through
- * the same matmul dispatch as a plain weight (oneDNN / the ISA chain), so a quantized layer
- * computes bit for bit what its dequantized file computes, and the panel (at most
- * PANEL_ELEMS values) is the only unpacked copy: the model's weights stay quantized. Decoding
- * costs O(N*K) against the product's O(M*N*K), negligible at the DiT's M of 1000-4000 tokens. */
+ * the same matmul as a plain weight (oneDNN / the ISA chain), so a quantized layer computes bit
+ * for bit what its dequantized file computes, and the panel (at most PANEL_ELEMS values) is the
+ * only unpacked copy: the model's weights stay quantized. Decoding costs O(N*K) against the
+ * product's O(M*N*K), negligible at the DiT's M of 1000-4000 tokens.
+ *
+ * Where oneDNN runs a bf16 panel (above the AVX2 level), the rows are decoded straight into the
+ * primitive's own weight layout (cdf_k_matmul_fast_filled): a plain panel would be reordered
+ * into that layout on every call (bf16 weights are reordered once and kept; a panel is
+ * overwritten by the next), a second pass over the panel. Elsewhere (f32 panels, the AVX2 and
+ * generic levels, a layout the fill does not handle) the plain panel goes through the dispatch. */
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cdiffusers/io.h"
 #include "core/error_internal.h"
+#include "kernels/cpu_features.h"
 #include "kernels/dispatch.h"
+#include "kernels/fast_onednn.h"
 #include "kernels/kernels.h"
 #include "kernels/pack_cache.h"
 #include "kernels/reference_internal.h"
@@ -51,6 +60,99 @@ static void panel_give(void *p, size_t bytes) {
     free(old);
 }
 
+/* Rows [n0, n0 + np) of the quantized weights, decoded. */
+typedef struct q_rows {
+    const uint8_t *w; /* the layer's first row */
+    uint32_t qtype;
+    int64_t be, bb, row_bytes, n0, np, K; /* be, bb: elements and bytes per block */
+} q_rows;
+
+/* bad: 2 = out of memory, 1 = a row failed to decode */
+static cdf_status decode_error(const q_rows *q, int bad) {
+    if (bad & 2)
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "cdf_k_matmul_q: cannot allocate a decode buffer for rows of %lld values",
+                         (long long)q->K);
+    return cdf_error(CDF_ERR_INTERNAL, "cdf_k_matmul_q: decoding %s rows %lld..%lld failed", cdf_ggml_type_name(q->qtype),
+                     (long long)q->n0, (long long)(q->n0 + q->np));
+}
+
+/* Decodes the rows into a plain panel [np, K] of w_dt (bf16: rounded to nearest even). */
+static cdf_status decode_rows(const q_rows *q, void *dst, cdf_dtype w_dt) {
+    const int64_t np = q->np, K = q->K;
+    int bad = 0;
+#pragma omp parallel reduction(| : bad) if (np * K > 65536)
+    {
+        /* bf16 panels: each row decodes into this thread's f32 row, then narrows into the panel */
+        float *tmp = w_dt == CDF_BF16 ? malloc(sizeof(float) * (size_t)K) : NULL;
+        if (w_dt == CDF_BF16 && !tmp) bad = 2;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < np; r++) {
+            if (bad) continue;
+            float *row = tmp ? tmp : (float *)dst + r * K;
+            if (cdf_ggml_dequantize(q->qtype, q->w + (q->n0 + r) * q->row_bytes, K, row) != CDF_OK) bad = 1;
+            else if (tmp) cdf_k_store_row(dst, CDF_BF16, r * K, row, K);
+        }
+        free(tmp);
+    }
+    return bad ? decode_error(q, bad) : CDF_OK;
+}
+
+/* Tiles of the direct decode: TILE_ROWS rows x TILE_K values (a multiple of every block size,
+ * 32 and 256). oneDNN's layouts put a few k of 16-64 consecutive rows in one cache line (bf16
+ * [K, N] row-major: 32 rows; blocked 16a64b2a: 2 k of 32 rows), so a row at a time would come
+ * back to each line again and again (K / 2 lines per row, evicted in between for large K); a
+ * tile of 32 rows writes whole lines while they are cached (64 KiB of f32 decode per thread). */
+enum { TILE_ROWS = 32, TILE_K = 512 };
+
+/* Decodes the rows into oneDNN's weight buffer at l's offsets (cdf_k_matmul_fast_filled), as
+ * l->dt: bf16 values are the f32 decode rounded to nearest even as cdf_k_store_row rounds a
+ * plain panel (an f32 layout gets them widened back, exactly), so the primitive sees the values
+ * a reorder of the plain panel would give it. */
+static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) {
+    const q_rows *q = ctx;
+    if (l->N != q->np || l->K != q->K)
+        return cdf_error(CDF_ERR_INTERNAL, "cdf_k_matmul_q: weight layout [%lld, %lld] for a %lld x %lld panel",
+                         (long long)l->K, (long long)l->N, (long long)q->K, (long long)q->np);
+    const int64_t np = q->np, K = q->K, kt = TILE_K < K ? TILE_K : K;
+    /* work items: (row tile, k chunk), a thread's run of items mostly the chunks of one tile */
+    const int64_t n_kc = (K + kt - 1) / kt, n_items = (np + TILE_ROWS - 1) / TILE_ROWS * n_kc;
+    char *out = dst;
+    int bad = 0;
+#pragma omp parallel reduction(| : bad) if (np * K > 65536)
+    {
+        float *tile = malloc(sizeof(float) * (size_t)(TILE_ROWS * kt)); /* [TILE_ROWS, kt] */
+        uint16_t *rb = malloc(sizeof(uint16_t) * (size_t)kt);           /* one tile row, rounded */
+        if (!tile || !rb) bad = 2;
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < n_items; t++) {
+            if (bad) continue;
+            const int64_t r0 = t / n_kc * TILE_ROWS, nr = np - r0 < TILE_ROWS ? np - r0 : TILE_ROWS;
+            const int64_t k0 = t % n_kc * kt, nk = K - k0 < kt ? K - k0 : kt;
+            for (int64_t i = 0; i < nr && !bad; i++) {
+                const uint8_t *src = q->w + (q->n0 + r0 + i) * q->row_bytes + k0 / q->be * q->bb;
+                if (cdf_ggml_dequantize(q->qtype, src, nk, tile + i * kt) != CDF_OK) bad = 1;
+            }
+            if (bad) continue;
+            for (int64_t i = 0; i < nr; i++) {
+                char *d = out + l->off_n[r0 + i];
+                const int64_t *ok = l->off_k + k0; /* k0 is a multiple of k_run (K, or 2 | kt) */
+                cdf_k_store_row(rb, CDF_BF16, 0, tile + i * kt, nk);
+                if (l->dt == CDF_F32)
+                    for (int64_t k = 0; k < nk; k++) *(float *)(d + ok[k]) = cdf_bf16_to_f32(rb[k]);
+                else if (l->k_run == K) /* the plain [N, K] panel's layout */
+                    memcpy(d + ok[0], rb, sizeof(uint16_t) * (size_t)nk);
+                else if (l->k_run == 2)
+                    for (int64_t k = 0; k < nk; k += 2) memcpy(d + ok[k], rb + k, 2 * sizeof(uint16_t));
+                else
+                    for (int64_t k = 0; k < nk; k++) memcpy(d + ok[k], rb + k, sizeof(uint16_t));
+            }
+        }
+        free(tile);
+        free(rb);
+    }
+    return bad ? decode_error(q, bad) : CDF_OK;
+}
+
 cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *a) {
     const char *fn = "cdf_k_matmul_q";
     if (!a) return cdf_error(CDF_ERR_INVALID_ARG, "%s: no arguments", fn);
@@ -67,53 +169,41 @@ cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *a) {
     int64_t panel = a->N * a->K <= PANEL_ELEMS ? a->N : PANEL_ELEMS / a->K;
     if (panel < 1) panel = 1;
     const size_t wsz = cdf_dtype_size(a->w_dt), panel_bytes = (size_t)(panel * a->K) * wsz;
-    void *buf = panel_take(panel_bytes);
-    if (!buf)
-        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "%s: cannot allocate a %lld x %lld panel of decoded weights", fn,
-                         (long long)panel, (long long)a->K);
+    /* oneDNN is what cdf_k_matmul_dispatch runs first on a bf16 B above the AVX2 level */
+    const bool try_direct = a->w_dt == CDF_BF16 && cdf_k_isa_level() > CDF_K_ISA_AVX2;
+    void *buf = NULL; /* the plain panel, taken when first needed */
     const size_t csz = cdf_dtype_size(a->c_dt), bsz = a->bias ? cdf_dtype_size(a->bias_dt) : 0;
     const uint8_t *w = a->w;
     cdf_status st = CDF_OK;
     for (int64_t n0 = 0; n0 < a->N && st == CDF_OK; n0 += panel) {
         const int64_t np = a->N - n0 < panel ? a->N - n0 : panel;
-        int bad = 0;
-#pragma omp parallel reduction(| : bad) if (np * a->K > 65536)
-        {
-            /* bf16 panels: each row decodes into this thread's f32 row, then narrows into the panel */
-            float *tmp = a->w_dt == CDF_BF16 ? malloc(sizeof(float) * (size_t)a->K) : NULL;
-            if (a->w_dt == CDF_BF16 && !tmp) bad = 2;
-#pragma omp for schedule(static)
-            for (int64_t r = 0; r < np; r++) {
-                if (bad) continue;
-                float *row = tmp ? tmp : (float *)buf + r * a->K;
-                if (cdf_ggml_dequantize(a->qtype, w + (n0 + r) * row_bytes, a->K, row) != CDF_OK) bad = 1;
-                else if (tmp) cdf_k_store_row(buf, CDF_BF16, r * a->K, row, a->K);
-            }
-            free(tmp);
-        }
-        if (bad & 2) {
-            st = cdf_error(CDF_ERR_OUT_OF_MEMORY, "%s: cannot allocate a decode row of %lld values", fn, (long long)a->K);
-            break;
-        }
-        if (bad) {
-            st = cdf_error(CDF_ERR_INTERNAL, "%s: decoding %s rows %lld..%lld failed", fn, cdf_ggml_type_name(a->qtype),
-                           (long long)n0, (long long)(n0 + np));
-            break;
-        }
-        const void *b = buf;
+        const q_rows q = {.w = w, .qtype = a->qtype, .be = be, .bb = bb, .row_bytes = row_bytes, .n0 = n0, .np = np, .K = a->K};
         cdf_k_matmul_args m = {
             .batch = 1, .M = a->M, .N = np, .K = a->K,
             .a = a->a, .a_dt = a->a_dt, .lda = a->K, .sa = 0, .trans_a = false,
-            .b = b, .b_dt = a->w_dt, .ldb = a->K, .sb = 0, .trans_b = true,
+            .b = NULL, .b_dt = a->w_dt, .ldb = a->K, .sb = 0, .trans_b = true,
             .bias = a->bias ? (const char *)a->bias + (size_t)n0 * bsz : NULL, .bias_dt = a->bias_dt,
             .c = (char *)a->c + (size_t)n0 * csz, .c_dt = a->c_dt, .ldc = a->N, .sc = 0,
             .alpha = 1.0f, .beta = 0.0f, .b_transient = true,
         };
+        if (try_direct) {
+            bool handled = false;
+            st = cdf_k_matmul_fast_filled(&m, fill_rows, (void *)&q, &handled);
+            if (st != CDF_OK || handled) continue;
+        }
+        if (!buf && !(buf = panel_take(panel_bytes))) {
+            st = cdf_error(CDF_ERR_OUT_OF_MEMORY, "%s: cannot allocate a %lld x %lld panel of decoded weights", fn,
+                           (long long)panel, (long long)a->K);
+            break;
+        }
+        st = decode_rows(&q, buf, a->w_dt);
+        if (st != CDF_OK) break;
+        m.b = buf;
         st = cdf_k_matmul_dispatch(&m);
         /* the next panel reuses this buffer: b_transient keeps the matmuls from prepacking it;
          * should a copy exist anyway, it must not survive */
-        cdf_k_pack_forget_range(b, (size_t)(np * a->K) * wsz);
+        cdf_k_pack_forget_range(buf, (size_t)(np * a->K) * wsz);
     }
-    panel_give(buf, panel_bytes);
+    if (buf) panel_give(buf, panel_bytes);
     return st;
 }
