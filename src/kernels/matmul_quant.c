@@ -121,7 +121,7 @@ static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) 
 #pragma omp parallel reduction(| : bad) if (np * K > 65536)
     {
         float *tile = malloc(sizeof(float) * (size_t)(TILE_ROWS * kt)); /* [TILE_ROWS, kt] */
-        uint16_t *rb = malloc(sizeof(uint16_t) * (size_t)kt);           /* one tile row, rounded */
+        uint16_t *rb = malloc(sizeof(uint16_t) * (size_t)(TILE_ROWS * kt)); /* the tile, rounded */
         if (!tile || !rb) bad = 2;
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < n_items; t++) {
@@ -133,18 +133,36 @@ static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) 
                 if (cdf_ggml_dequantize(q->qtype, src, nk, tile + i * kt) != CDF_OK) bad = 1;
             }
             if (bad) continue;
+            const int64_t *ok = l->off_k + k0; /* k0 is a multiple of k_run (K, or 2 | kt) */
+            for (int64_t i = 0; i < nr; i++) cdf_k_store_row(rb + i * kt, CDF_BF16, 0, tile + i * kt, nk);
+            /* blocked bf16 layouts keep a block's rows side by side for each k (run): then the
+             * tile goes out k by k, each k's rows as one contiguous run, instead of row by row
+             * with a jump per k (oneDNN's pair layout: 4 bytes per row, 64 rows a block) */
+            const int64_t run = l->k_run == 2 ? 2 : 1, step = run * (int64_t)sizeof(uint16_t);
+            bool rows_adjacent = l->dt == CDF_BF16 && l->k_run != K && nr > 1;
+            for (int64_t i = 1; rows_adjacent && i < nr; i++) rows_adjacent = l->off_n[r0 + i] - l->off_n[r0] == i * step;
+            if (rows_adjacent) {
+                char *d0 = out + l->off_n[r0];
+                for (int64_t k = 0; k < nk; k += run) {
+                    char *d = d0 + ok[k];
+                    if (run == 2)
+                        for (int64_t i = 0; i < nr; i++) memcpy(d + i * 4, rb + i * kt + k, 4);
+                    else
+                        for (int64_t i = 0; i < nr; i++) memcpy(d + i * 2, rb + i * kt + k, 2);
+                }
+                continue;
+            }
             for (int64_t i = 0; i < nr; i++) {
                 char *d = out + l->off_n[r0 + i];
-                const int64_t *ok = l->off_k + k0; /* k0 is a multiple of k_run (K, or 2 | kt) */
-                cdf_k_store_row(rb, CDF_BF16, 0, tile + i * kt, nk);
+                const uint16_t *rbi = rb + i * kt;
                 if (l->dt == CDF_F32)
-                    for (int64_t k = 0; k < nk; k++) *(float *)(d + ok[k]) = cdf_bf16_to_f32(rb[k]);
+                    for (int64_t k = 0; k < nk; k++) *(float *)(d + ok[k]) = cdf_bf16_to_f32(rbi[k]);
                 else if (l->k_run == K) /* the plain [N, K] panel's layout */
-                    memcpy(d + ok[0], rb, sizeof(uint16_t) * (size_t)nk);
+                    memcpy(d + ok[0], rbi, sizeof(uint16_t) * (size_t)nk);
                 else if (l->k_run == 2)
-                    for (int64_t k = 0; k < nk; k += 2) memcpy(d + ok[k], rb + k, 2 * sizeof(uint16_t));
+                    for (int64_t k = 0; k < nk; k += 2) memcpy(d + ok[k], rbi + k, 2 * sizeof(uint16_t));
                 else
-                    for (int64_t k = 0; k < nk; k++) memcpy(d + ok[k], rb + k, sizeof(uint16_t));
+                    for (int64_t k = 0; k < nk; k++) memcpy(d + ok[k], rbi + k, sizeof(uint16_t));
             }
         }
         free(tile);
