@@ -97,6 +97,27 @@ static cdf_status decode_rows(const q_rows *q, void *dst, cdf_dtype w_dt) {
     return bad ? decode_error(q, bad) : CDF_OK;
 }
 
+/* Q8_0 blocks straight to bf16: each value (float)q * d in f32, rounded to nearest even with
+ * cdf_f32_to_bf16's rule — the values cdf_ggml_dequantize + cdf_k_store_row give, in one pass
+ * the compiler vectorises (per-ISA clones; a product of two floats is the same IEEE operation
+ * in a vector lane, and nothing here can contract into an FMA). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"), optimize("tree-vectorize")))
+#endif
+static void q8_0_to_bf16(const uint8_t *src, int64_t n, uint16_t *dst) {
+    for (int64_t b = 0; b < n / 32; b++) {
+        const uint8_t *blk = src + b * 34;
+        const float d = cdf_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+        uint16_t *y = dst + b * 32;
+        for (int i = 0; i < 32; i++) {
+            const float f = (float)(int8_t)blk[2 + i] * d;
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            y[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        }
+    }
+}
+
 /* Tiles of the direct decode: TILE_ROWS rows x TILE_K values (a multiple of every block size,
  * 32 and 256). oneDNN's layouts put a few k of 16-64 consecutive rows in one cache line (bf16
  * [K, N] row-major: 32 rows; blocked 16a64b2a: 2 k of 32 rows), so a row at a time would come
@@ -130,11 +151,12 @@ static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) 
             const int64_t k0 = t % n_kc * kt, nk = K - k0 < kt ? K - k0 : kt;
             for (int64_t i = 0; i < nr && !bad; i++) {
                 const uint8_t *src = q->w + (q->n0 + r0 + i) * q->row_bytes + k0 / q->be * q->bb;
-                if (cdf_ggml_dequantize(q->qtype, src, nk, tile + i * kt) != CDF_OK) bad = 1;
+                if (q->qtype == CDF_GGML_Q8_0) q8_0_to_bf16(src, nk, rb + i * kt);
+                else if (cdf_ggml_dequantize(q->qtype, src, nk, tile + i * kt) != CDF_OK) bad = 1;
+                else cdf_k_store_row(rb + i * kt, CDF_BF16, 0, tile + i * kt, nk);
             }
             if (bad) continue;
             const int64_t *ok = l->off_k + k0; /* k0 is a multiple of k_run (K, or 2 | kt) */
-            for (int64_t i = 0; i < nr; i++) cdf_k_store_row(rb + i * kt, CDF_BF16, 0, tile + i * kt, nk);
             /* blocked bf16 layouts keep a block's rows side by side for each k (run): then the
              * tile goes out k by k, each k's rows as one contiguous run, instead of row by row
              * with a jump per k (oneDNN's pair layout: 4 bytes per row, 64 rows a block) */
