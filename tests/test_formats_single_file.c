@@ -610,6 +610,38 @@ static void test_bad_inputs(void **state) {
 }
 
 /* The command line: exit codes, the message on stderr, no image written on failure. */
+/* GGUF writers that count dims up to the last non-unit one (stable-diffusion.cpp's convert) store
+ * SD3's pos_embed [1, N, C] as [N, C]: a weight whose shape differs from the config's only by
+ * leading unit dims loads with the config's shape; any other difference is still an error. */
+static void test_gguf_dropped_unit_dims(void **state) {
+    (void)state;
+    float v[24];
+    for (int i = 0; i < 24; i++) v[i] = (float)i - 7.5f;
+    const char *path = tu_tmp_path("unit_dims.gguf");
+    cdf_gguf_writer *gw = cdf_gguf_writer_new(0);
+    assert_int_equal(cdf_gguf_writer_add(gw, "pos_embed.pos_embed", CDF_GGML_F32, 2, (int64_t[]){4, 6}, v), CDF_OK);
+    assert_int_equal(cdf_gguf_writer_save(gw, path, true, NULL, NULL), CDF_OK);
+    cdf_gguf_writer_free(gw);
+    cdf_load_options o = cdf_load_options_default();
+    o.device = tu_cpu();
+    o.weights_file = path;
+    cdf_weights *w;
+    assert_int_equal(cdf_weights_open(tu_tmpdir(), &o, &w), CDF_OK);
+    cdf_tensor *t = cdf_weights_get(w, 3, (int64_t[]){1, 4, 6}, "pos_embed.pos_embed");
+    if (!t) fail_msg("%s", cdf_last_error());
+    assert_int_equal(cdf_tensor_ndim(t), 3);
+    assert_int_equal(cdf_tensor_dim(t, 0), 1);
+    float *got = cdf_tensor_read_f32(t);
+    for (int i = 0; i < 24; i++) assert_true(got[i] == v[i]);
+    free(got);
+    cdf_tensor_release(t);
+    assert_null(cdf_weights_get(w, 3, (int64_t[]){2, 2, 6}, "pos_embed.pos_embed"));
+    assert_int_equal(cdf_last_status(), CDF_ERR_SHAPE);
+    assert_null(cdf_weights_get(w, 3, (int64_t[]){1, 6, 4}, "pos_embed.pos_embed"));
+    assert_int_equal(cdf_last_status(), CDF_ERR_SHAPE);
+    cdf_weights_free(w);
+}
+
 static void test_cli(void **state) {
     (void)state;
     const char *dir = tu_tmpdir(), *model = tu_data("pipelines/flux1_dev_tiny");
@@ -680,6 +712,7 @@ int main(void) {
         cmocka_unit_test(test_quantize_at_load),
         cmocka_unit_test(test_quantize_q4_k_at_load),
         cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_gguf_dropped_unit_dims),
         cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

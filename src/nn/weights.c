@@ -135,6 +135,19 @@ static cdf_tensor *host_side_weight(cdf_weights *w, const char *name, cdf_wsrc_t
     return r;
 }
 
+/* Whether the shapes are equal once leading unit dims are dropped from both (no -1 in want). */
+static bool leading_ones_only(int nwant, const int64_t *want, int nhave, const int64_t *have) {
+    int a = 0, b = 0;
+    for (int i = 0; i < nwant; i++)
+        if (want[i] < 0) return false;
+    while (a < nwant && want[a] == 1) a++;
+    while (b < nhave && have[b] == 1) b++;
+    if (nwant - a != nhave - b || nwant > CDF_ST_MAX_DIMS) return false;
+    for (int i = 0; a + i < nwant; i++)
+        if (want[a + i] != have[b + i]) return false;
+    return true;
+}
+
 static cdf_tensor *get_v(cdf_weights *w, bool optional, int force_dt, int ndim, const int64_t *shape, const char *fmt,
                          va_list ap) {
     char name[512];
@@ -148,6 +161,14 @@ static cdf_tensor *get_v(cdf_weights *w, bool optional, int force_dt, int ndim, 
     }
     bool ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = shape[i] < 0 || shape[i] == t->shape[i];
+    if (!ok && leading_ones_only(ndim, shape, t->ndim, t->shape)) {
+        /* e.g. SD3's pos_embed [1, 147456, 1536] stored as [147456, 1536]: ggml counts a tensor's
+         * dims up to its last non-unit one, so GGUF writers (stable-diffusion.cpp's convert) drop
+         * leading unit dims; the values are laid out the same */
+        t->ndim = ndim;
+        memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+        ok = true;
+    }
     if (!ok) {
         char want[160], have[160];
         fmt_shape(want, sizeof want, ndim, shape);
