@@ -46,75 +46,64 @@ static void seed_writer(const char *dir, cdf_st_writer *w) {
     free(d);
 }
 
+/* A seed tensor: name, rank, first two dims (a third dim, if any, is 4). */
+typedef struct seed_tensor {
+    const char *name;
+    int ndim;
+    int64_t s0, s1;
+} seed_tensor;
+
+/* One seed file of the n tensors (f32 zeros), plus `pad` one-element tensors "x0".. (a different
+ * file length, which the fuzzer maps to a different component part). */
+static void seed_table(const char *dir, const seed_tensor *t, size_t n, int pad) {
+    static float v[256];
+    cdf_st_writer *w = cdf_st_writer_new();
+    for (size_t i = 0; i < n; i++) {
+        int64_t shape[3] = {t[i].s0, t[i].s1, 4};
+        cdf_st_writer_add(w, t[i].name, CDF_F32, t[i].ndim, shape, v);
+    }
+    for (int k = 0; k < pad; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "x%d", k);
+        cdf_st_writer_add(w, name, CDF_F32, 1, (int64_t[]){1}, v);
+    }
+    seed_writer(dir, w);
+}
+
 static void write_seeds(const char *dir) {
     fz_seed_file(dir, -1, "formats/fp8_scaled/model.safetensors", 1 << 16);
     /* a small SD3 file: two joint blocks, the last with (shift, scale) context modulation */
-    {
-        static const struct {
-            const char *name;
-            int ndim;
-            int64_t s0, s1;
-        } t[] = {
-            {"joint_blocks.0.context_block.adaLN_modulation.1.bias", 1, 24, 0},
-            {"joint_blocks.0.context_block.adaLN_modulation.1.weight", 2, 24, 4},
-            {"joint_blocks.1.context_block.adaLN_modulation.1.bias", 1, 8, 0},
-            {"joint_blocks.1.context_block.adaLN_modulation.1.weight", 2, 8, 4},
-            {"joint_blocks.0.x_block.attn2.qkv.weight", 2, 12, 4},
-            {"joint_blocks.0.x_block.attn2.ln_q.weight", 1, 2, 0},
-            {"joint_blocks.0.context_block.mlp.fc2.weight", 2, 4, 8},
-            {"pos_embed", 3, 1, 16},
-            {"x_embedder.proj.weight", 2, 4, 4},
-        };
-        cdf_st_writer *w = cdf_st_writer_new();
-        static float v[128];
-        for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
-            int64_t shape[3] = {t[i].s0, t[i].s1, 4};
-            cdf_st_writer_add(w, t[i].name, CDF_F32, t[i].ndim, shape, v);
-        }
-        seed_writer(dir, w);
-    }
+    static const seed_tensor sd3[] = {
+        {"joint_blocks.0.context_block.adaLN_modulation.1.bias", 1, 24, 0},
+        {"joint_blocks.0.context_block.adaLN_modulation.1.weight", 2, 24, 4},
+        {"joint_blocks.1.context_block.adaLN_modulation.1.bias", 1, 8, 0},
+        {"joint_blocks.1.context_block.adaLN_modulation.1.weight", 2, 8, 4},
+        {"joint_blocks.0.x_block.attn2.qkv.weight", 2, 12, 4},
+        {"joint_blocks.0.x_block.attn2.ln_q.weight", 1, 2, 0},
+        {"joint_blocks.0.context_block.mlp.fc2.weight", 2, 4, 8},
+        {"pos_embed", 3, 1, 16},
+        {"x_embedder.proj.weight", 2, 4, 4},
+    };
+    seed_table(dir, sd3, sizeof sd3 / sizeof *sd3, 0);
     /* an all-in-one file's text encoders: CLIP-L (width 8, with its own projection and
      * logit_scale), CLIP-G, T5 with both copies of its token table; seeds of every length
      * modulo 4 open it for each part */
-    {
-        static const struct {
-            const char *name;
-            int ndim;
-            int64_t s0, s1;
-        } t[] = {
-            {"text_encoders.clip_l.transformer.text_model.embeddings.position_embedding.weight", 2, 4, 8},
-            {"text_encoders.clip_l.transformer.text_projection.weight", 2, 8, 8},
-            {"text_encoders.clip_l.transformer.logit_scale", 1, 1, 0},
-            {"text_encoders.clip_g.transformer.text_model.embeddings.position_embedding.weight", 2, 4, 12},
-            {"text_encoders.clip_g.transformer.text_projection.weight", 2, 12, 12},
-            {"text_encoders.t5xxl.transformer.shared.weight", 2, 6, 4},
-            {"text_encoders.t5xxl.transformer.encoder.embed_tokens.weight", 2, 6, 4},
-            {"text_encoders.t5xxl.transformer.encoder.block.0.layer.0.SelfAttention.q.weight", 2, 4, 4},
-            {"model.diffusion_model.img_in.weight", 2, 4, 4},
-        };
-        for (int pad = 0; pad < 4; pad++) {
-            cdf_st_writer *w = cdf_st_writer_new();
-            static float v[256];
-            for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
-                int64_t shape[2] = {t[i].s0, t[i].s1};
-                cdf_st_writer_add(w, t[i].name, CDF_F32, t[i].ndim, shape, v);
-            }
-            for (int k = 0; k < pad; k++) { /* a different length: a different part */
-                char name[32];
-                snprintf(name, sizeof name, "x%d", k);
-                cdf_st_writer_add(w, name, CDF_F32, 1, (int64_t[]){1}, v);
-            }
-            seed_writer(dir, w);
-        }
-    }
+    static const seed_tensor te[] = {
+        {"text_encoders.clip_l.transformer.text_model.embeddings.position_embedding.weight", 2, 4, 8},
+        {"text_encoders.clip_l.transformer.text_projection.weight", 2, 8, 8},
+        {"text_encoders.clip_l.transformer.logit_scale", 1, 1, 0},
+        {"text_encoders.clip_g.transformer.text_model.embeddings.position_embedding.weight", 2, 4, 12},
+        {"text_encoders.clip_g.transformer.text_projection.weight", 2, 12, 12},
+        {"text_encoders.t5xxl.transformer.shared.weight", 2, 6, 4},
+        {"text_encoders.t5xxl.transformer.encoder.embed_tokens.weight", 2, 6, 4},
+        {"text_encoders.t5xxl.transformer.encoder.block.0.layer.0.SelfAttention.q.weight", 2, 4, 4},
+        {"model.diffusion_model.img_in.weight", 2, 4, 4},
+    };
+    for (int pad = 0; pad < 4; pad++) seed_table(dir, te, sizeof te / sizeof *te, pad);
     fz_seed_file(dir, -1, "formats/tiny_v3.gguf", 1 << 16);
     fz_seed_file(dir, -1, "formats/flux_single/ae_ldm.safetensors", 1 << 19); /* the tiny LDM VAE */
     /* a small BFL FLUX file: inner 4, mlp 8 */
-    static const struct {
-        const char *name;
-        int ndim;
-        int64_t s0, s1;
-    } t[] = {
+    static const seed_tensor t[] = {
         {"double_blocks.0.img_attn.norm.key_norm.scale", 1, 2, 0}, {"double_blocks.0.img_attn.norm.query_norm.scale", 1, 2, 0},
         {"double_blocks.0.img_attn.qkv.weight", 2, 12, 4},       {"double_blocks.0.img_attn.qkv.bias", 1, 12, 0},
         {"double_blocks.0.txt_attn.qkv.weight", 2, 12, 4},       {"double_blocks.0.img_mod.lin.weight", 2, 24, 4},
