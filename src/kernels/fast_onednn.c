@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "core/error_internal.h"
+#include "core/host_memory.h"
 #include "kernels/cpu_features.h"
 #include "kernels/pack_cache.h"
 #include "kernels/reference_internal.h"
@@ -130,9 +131,9 @@ static bool bf16_ok(void) {
 static void *ws_get(int slot, size_t bytes) {
     if (bytes == 0) bytes = 64;
     if (g.ws_size[slot] >= bytes) return g.ws[slot];
-    free(g.ws[slot]);
+    cdf_host_free_large(g.ws[slot], g.ws_size[slot]);
     size_t rounded = (bytes + 63) & ~(size_t)63;
-    g.ws[slot] = aligned_alloc(64, rounded);
+    g.ws[slot] = cdf_host_alloc_large(rounded); /* huge pages: core/host_memory.h */
     g.ws_size[slot] = g.ws[slot] ? rounded : 0;
     return g.ws[slot];
 }
@@ -140,7 +141,7 @@ static void *ws_get(int slot, size_t bytes) {
 static void ws_trim(void) {
     for (int i = 0; i < N_WS; i++)
         if (g.ws_size[i] > WS_KEEP_BYTES) {
-            free(g.ws[i]);
+            cdf_host_free_large(g.ws[i], g.ws_size[i]);
             g.ws[i] = NULL;
             g.ws_size[i] = 0;
         }
@@ -970,7 +971,7 @@ void cdf_k_fast_clear(void) {
     pthread_mutex_lock(&g.mu);
     entries_clear();
     for (int i = 0; i < N_WS; i++) {
-        free(g.ws[i]);
+        cdf_host_free_large(g.ws[i], g.ws_size[i]);
         g.ws[i] = NULL;
         g.ws_size[i] = 0;
     }

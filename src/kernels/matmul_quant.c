@@ -17,6 +17,7 @@
 
 #include "cdiffusers/io.h"
 #include "core/error_internal.h"
+#include "core/host_memory.h"
 #include "kernels/cpu_features.h"
 #include "kernels/dispatch.h"
 #include "kernels/fast_onednn.h"
@@ -35,29 +36,32 @@ static pthread_mutex_t g_panel_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *g_panel;
 static size_t g_panel_bytes;
 
-static void *panel_take(size_t bytes) {
+/* A buffer of at least bytes; *have says how large it is (to give it back). */
+static void *panel_take(size_t bytes, size_t *have) {
     pthread_mutex_lock(&g_panel_lock);
     void *p = g_panel;
-    const size_t have = g_panel_bytes;
+    *have = g_panel_bytes;
     g_panel = NULL, g_panel_bytes = 0;
     pthread_mutex_unlock(&g_panel_lock);
-    if (p && have >= bytes) return p;
-    free(p);
-    return malloc(bytes);
+    if (p && *have >= bytes) return p;
+    cdf_host_free_large(p, *have);
+    *have = bytes;
+    return cdf_host_alloc_large(bytes); /* huge pages: core/host_memory.h */
 }
 
-/* p holds at least bytes; the larger of it and a buffer cached meanwhile is kept. */
+/* p holds bytes; the larger of it and a buffer cached meanwhile is kept. */
 static void panel_give(void *p, size_t bytes) {
     pthread_mutex_lock(&g_panel_lock);
     if (g_panel_bytes > bytes) {
         pthread_mutex_unlock(&g_panel_lock);
-        free(p);
+        cdf_host_free_large(p, bytes);
         return;
     }
     void *old = g_panel;
+    const size_t old_bytes = g_panel_bytes;
     g_panel = p, g_panel_bytes = bytes;
     pthread_mutex_unlock(&g_panel_lock);
-    free(old);
+    cdf_host_free_large(old, old_bytes);
 }
 
 /* Rows [n0, n0 + np) of the quantized weights, decoded. */
@@ -212,6 +216,7 @@ cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *a) {
     /* oneDNN is what cdf_k_matmul_dispatch runs first on a bf16 B above the AVX2 level */
     const bool try_direct = a->w_dt == CDF_BF16 && cdf_k_isa_level() > CDF_K_ISA_AVX2;
     void *buf = NULL; /* the plain panel, taken when first needed */
+    size_t buf_bytes = 0;
     const size_t csz = cdf_dtype_size(a->c_dt), bsz = a->bias ? cdf_dtype_size(a->bias_dt) : 0;
     const uint8_t *w = a->w;
     cdf_status st = CDF_OK;
@@ -231,7 +236,7 @@ cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *a) {
             st = cdf_k_matmul_fast_filled(&m, fill_rows, (void *)&q, &handled);
             if (st != CDF_OK || handled) continue;
         }
-        if (!buf && !(buf = panel_take(panel_bytes))) {
+        if (!buf && !(buf = panel_take(panel_bytes, &buf_bytes))) {
             st = cdf_error(CDF_ERR_OUT_OF_MEMORY, "%s: cannot allocate a %lld x %lld panel of decoded weights", fn,
                            (long long)panel, (long long)a->K);
             break;
@@ -244,6 +249,6 @@ cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *a) {
          * should a copy exist anyway, it must not survive */
         cdf_k_pack_forget_range(buf, (size_t)(np * a->K) * wsz);
     }
-    if (buf) panel_give(buf, panel_bytes);
+    if (buf) panel_give(buf, buf_bytes);
     return st;
 }

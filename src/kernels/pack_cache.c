@@ -6,6 +6,8 @@
  * two per-kernel lists it replaces cost. */
 #include "kernels/pack_cache.h"
 
+#include "core/host_memory.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -50,7 +52,7 @@ static void init_locked(void) {
 }
 
 static void pack_free(cdf_k_pack *p) {
-    free(p->data);
+    cdf_host_free_large(p->data, p->bytes);
     free(p);
 }
 
@@ -99,9 +101,10 @@ const void *cdf_k_pack_get(const cdf_k_pack_key *key, cdf_k_pack_fill_fn fill, v
 
     /* filled outside the lock: packing a large weight must not hold up frees or other lookups */
     cdf_k_pack *p = malloc(offsetof(cdf_k_pack, layout) + key->layout_size);
-    void *data = p ? aligned_alloc(64, (key->bytes + 63) & ~(size_t)63) : NULL;
+    /* huge pages: a copy is megabytes, written once right here (core/host_memory.h) */
+    void *data = p ? cdf_host_alloc_large(key->bytes) : NULL;
     if (!data || !fill(ctx, data)) {
-        free(data);
+        cdf_host_free_large(data, key->bytes);
         free(p);
         return NULL;
     }

@@ -14,6 +14,7 @@
 #include "backend/backend_impl.h"
 #include "backend/cpu/cpu_impl.h"
 #include "core/error_internal.h"
+#include "core/host_memory.h"
 #include "kernels/cpu_features.h"
 #include "kernels/fast_onednn.h"
 #include "kernels/pack_cache.h"
@@ -22,7 +23,6 @@ bool cdf_cpu_discrete;
 
 #define CPU_QUEUE_CAP 512 /* pending ops before enqueue blocks: bounds how far the host runs ahead
                             (each pending op may hold an output buffer) */
-#define CPU_ALIGN 64
 
 /* One queued item: a node to execute, or a function to call on the worker in queue order (a
  * stream-ordered transfer, a graph launch). The function runs even after an earlier error (to
@@ -152,17 +152,17 @@ static cdf_status cpu_init(int *n_devices, const char **why) {
 }
 
 static void *cpu_alloc(cdf_device *dev, size_t nbytes) {
-    size_t sz = (nbytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
-    if (sz == 0) sz = CPU_ALIGN;
-    return cdf_cpu_device_ptr(aligned_alloc(CPU_ALIGN, sz));
+    /* large buffers on huge pages (core/host_memory.h says why) */
+    return cdf_cpu_device_ptr(cdf_host_alloc_large(nbytes));
 }
 
 static void cpu_free(cdf_device *dev, void *ptr, size_t nbytes) {
     void *p = cdf_cpu_host_ptr(ptr);
+    if (!p) return;
     /* prepacked copies of a weight in this buffer die with it: a later buffer at the same
      * address must never meet them (kernels/pack_cache.h) */
     cdf_k_pack_forget_range(p, nbytes);
-    free(p);
+    cdf_host_free_large(p, nbytes);
 }
 
 static cdf_status queue_push(cpu_queue *q, cpu_item it) {
