@@ -38,7 +38,7 @@ static void test_small_and_large_shapes(void **state) {
     fill(p, n, 7);
     assert_int_equal(p[n - 1], 7);
     cdf_host_free_large(p, n);
-    if (cdf_host_keeps_freed()) assert_int_equal(cdf_host_kept_bytes(), 6 * MIB); /* rounded to huge pages */
+    if (cdf_host_keeps_freed()) assert_int_equal(cdf_host_kept_bytes(), 6 * MIB); /* rounded to 2 MiB units */
     else assert_int_equal(cdf_host_kept_bytes(), 0);
     cdf_host_release_kept();
     assert_int_equal(cdf_host_kept_bytes(), 0);

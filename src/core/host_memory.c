@@ -1,6 +1,6 @@
-/* Large host buffers on huge pages, kept for reuse: see core/host_memory.h.
+/* Large host buffers, kept for reuse: see core/host_memory.h.
  *
- * Kept memory is a set of address ranges, each a whole number of aligned huge pages that were
+ * Kept memory is a set of address ranges, each a whole number of aligned 2 MiB units that were
  * mapped and touched before. A request takes the best-fitting range (its head; the rest stays
  * kept), a free returns its range and merges it with kept neighbours, so a freed 108 MiB
  * buffer serves later 6 or 18 MiB requests and six freed 18 MiB buffers a 108 MiB one when they
@@ -51,7 +51,7 @@ static size_t small_rounded(size_t nbytes) {
     return sz == 0 ? SMALL_ALIGN : sz;
 }
 
-/* A large buffer spans whole huge pages (the unused tail is never touched, so never backed). */
+/* A large buffer spans whole 2 MiB units (the unused tail is never touched, so never backed). */
 static size_t large_len(size_t nbytes) {
     return (nbytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
 }
@@ -167,16 +167,18 @@ size_t cdf_host_kept_bytes(void) {
     return t;
 }
 
-static void *map_huge(size_t len) {
-    /* over-map by one huge page and trim both ends, so the buffer starts on a huge-page
-     * boundary (THP only backs whole aligned 2 MiB ranges) */
+/* A fresh mapping starting on a 2 MiB boundary (over-mapped by one unit, both ends trimmed):
+ * where transparent huge pages are on for every mapping ("always") the kernel can back it with
+ * them. They are not requested (MADV_HUGEPAGE): on the 2-vCPU VMs measured, zeroing fresh huge
+ * pages cost 3-4x the system time of 4 KiB pages under load, for no user-time gain
+ * (bench/RESULTS.md "Host buffers"). */
+static void *map_aligned(size_t len) {
     uint8_t *raw = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) return NULL;
     uint8_t *p = (uint8_t *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
     if (p > raw) munmap(raw, (size_t)(p - raw));
     const size_t tail = (size_t)(raw + len + HUGE_PAGE - (p + len));
     if (tail) munmap(p + len, tail);
-    (void)madvise(p, len, MADV_HUGEPAGE); /* advice: without THP the pages are 4 KiB, as before */
     return p;
 }
 
@@ -186,10 +188,10 @@ void *cdf_host_alloc_large(size_t nbytes) {
     const size_t len = large_len(nbytes);
     void *p = take_kept(len);
     if (p) return p;
-    p = map_huge(len);
+    p = map_aligned(len);
     if (!p && cdf_host_kept_bytes() > 0) { /* the kept ranges are what is in the way */
         cdf_host_release_kept();
-        p = map_huge(len);
+        p = map_aligned(len);
     }
     return p;
 }

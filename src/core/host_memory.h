@@ -1,22 +1,19 @@
-/* Large host buffers on huge pages.
+/* Large host buffers, kept for reuse.
  *
- * The cpu device's buffers and the prepacked weight copies are megabytes to gigabytes, written
- * once right after they are allocated. glibc maps such sizes afresh at 4 KiB pages, so every
- * eager forward faulted its activations in page by page: on a 2-vCPU VM that system time was
- * as large as the kernels' own (FLUX.1 width 2+4 blocks, 512², bf16: 12-25 s per eager forward
- * with 3.7 M page faults, 6.8-7.4 s with 0.64 M on huge pages; bench/RESULTS.md "Host buffers").
- * Buffers of CDF_HOST_LARGE_MIN bytes or more get their own mapping starting on a 2 MiB
- * boundary with transparent huge pages requested (madvise: the kernel's default THP mode);
- * smaller ones come from malloc. Either way the memory is 64-byte aligned.
+ * The cpu device's buffers, the prepacked weight copies and the matmul workspaces are megabytes
+ * to gigabytes. glibc maps such sizes afresh and unmaps them on free, and every fresh page is
+ * zeroed by the kernel on first touch: an eager forward allocates all its activations anew, and
+ * on the 2-vCPU VMs measured that zeroing (clear_page) was 40% of an eager FLUX.1-width forward's
+ * profile (bench/RESULTS.md "Host buffers"). So buffers of CDF_HOST_LARGE_MIN bytes or more get
+ * their own mapping (2 MiB-aligned, whole 2 MiB units), and a freed one is kept, up to
+ * CDIFFUSERS_HOST_CACHE_MB (default 1024, at most 1/16 of the machine's memory; 0 keeps none),
+ * for later requests: best fit, split, merged with freed neighbours (host_memory.c). Smaller
+ * buffers come from malloc. Either way the memory is 64-byte aligned.
  *
- * Fresh pages are zeroed by the kernel on first touch, which on these VMs cost as much again
- * (clear_page was 40% of an eager forward's profile even on huge pages), so a freed large
- * buffer is kept, up to CDIFFUSERS_HOST_CACHE_MB (default 1024; 0 = keep none), for the next
- * request of the same length: an eager forward asks for the same sizes every time. The kept
- * mappings cost resident memory but no device-budget bytes (the backend accounts live
- * buffers); they are unmapped oldest first beyond the cap, and all of them before a new
- * mapping is refused. Builds with AddressSanitizer keep none. Reused memory is not zeroed:
- * device memory never promised zeros. */
+ * Kept ranges cost resident memory but no device-budget bytes (the backend accounts live
+ * buffers); they are unmapped oldest first beyond the cap, and all of them before a new mapping
+ * is refused. Builds with AddressSanitizer keep none. Reused memory is not zeroed: device memory
+ * never promised zeros. */
 #ifndef CDF_CORE_HOST_MEMORY_H
 #define CDF_CORE_HOST_MEMORY_H
 

@@ -133,7 +133,7 @@ static void *ws_get(int slot, size_t bytes) {
     if (g.ws_size[slot] >= bytes) return g.ws[slot];
     cdf_host_free_large(g.ws[slot], g.ws_size[slot]);
     size_t rounded = (bytes + 63) & ~(size_t)63;
-    g.ws[slot] = cdf_host_alloc_large(rounded); /* huge pages: core/host_memory.h */
+    g.ws[slot] = cdf_host_alloc_large(rounded); /* kept for reuse: core/host_memory.h */
     g.ws_size[slot] = g.ws[slot] ? rounded : 0;
     return g.ws[slot];
 }

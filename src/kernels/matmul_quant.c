@@ -46,7 +46,7 @@ static void *panel_take(size_t bytes, size_t *have) {
     if (p && *have >= bytes) return p;
     cdf_host_free_large(p, *have);
     *have = bytes;
-    return cdf_host_alloc_large(bytes); /* huge pages: core/host_memory.h */
+    return cdf_host_alloc_large(bytes); /* kept for reuse: core/host_memory.h */
 }
 
 /* p holds bytes; the larger of it and a buffer cached meanwhile is kept. */

@@ -101,7 +101,7 @@ const void *cdf_k_pack_get(const cdf_k_pack_key *key, cdf_k_pack_fill_fn fill, v
 
     /* filled outside the lock: packing a large weight must not hold up frees or other lookups */
     cdf_k_pack *p = malloc(offsetof(cdf_k_pack, layout) + key->layout_size);
-    /* huge pages: a copy is megabytes, written once right here (core/host_memory.h) */
+    /* a copy is megabytes: from the kept large buffers (core/host_memory.h) */
     void *data = p ? cdf_host_alloc_large(key->bytes) : NULL;
     if (!data || !fill(ctx, data)) {
         cdf_host_free_large(data, key->bytes);

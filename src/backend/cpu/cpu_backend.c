@@ -152,7 +152,7 @@ static cdf_status cpu_init(int *n_devices, const char **why) {
 }
 
 static void *cpu_alloc(cdf_device *dev, size_t nbytes) {
-    /* large buffers on huge pages (core/host_memory.h says why) */
+    /* large buffers kept for reuse (core/host_memory.h says why) */
     return cdf_cpu_device_ptr(cdf_host_alloc_large(nbytes));
 }
 
