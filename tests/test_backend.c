@@ -1,19 +1,25 @@
 /* The device interface (backend/backend_impl.h): listing and info, transfers through the
  * backend (uploads with conversion, reads of strided views with conversion), stream-ordered
- * copies and events, and the discrete test mode of the cpu backend. ctest runs this file twice:
+ * copies and events, a copy stream joined to the compute stream by events (ordering, a failed
+ * copy, freeing a stream with work pending), and the discrete test mode of the cpu backend.
+ * ctest runs this file twice:
  * as test_backend and as test_backend_discrete (CDIFFUSERS_CPU_DISCRETE=1), where every device
  * address must fault when dereferenced above the backend. Expected values come from index
  * arithmetic and bf16 rounding done here. */
 #include "testutil.h"
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend/backend_impl.h"
+#include "backend/cpu/cpu_impl.h"
 #include "cdiffusers/exec.h"
+#include "core/error_internal.h"
 #include "cdiffusers/tensor.h"
 #include "tensor/tensor_impl.h"
 
@@ -127,7 +133,8 @@ static void test_async_set_is_stream_ordered(void **state) {
     done_flag df = {0};
     /* the backend orders after what was enqueued: deferred ops (defer-and-fuse) go first */
     assert_int_equal(cdf_exec_flush(), CDF_OK);
-    assert_int_equal(dev->iface->buffer_set_async(dev, t->storage->data, host, sizeof(float) << 16, on_done, &df), CDF_OK);
+    assert_int_equal(dev->iface->buffer_set_async(dev, NULL, t->storage->data, host, sizeof(float) << 16, on_done, &df),
+                     CDF_OK);
     uint64_t ev = dev->iface->event_record(dev);
     dev->iface->event_synchronize(dev, ev);
     assert_int_equal(df.calls, 1); /* passed the marker: the upload ran and released its source */
@@ -138,6 +145,173 @@ static void test_async_set_is_stream_ordered(void **state) {
     }
     free(a);
     free(b);
+    free(host);
+    cdf_scope_pop(NULL, 0);
+}
+
+/* ---- a copy stream joined by events ------------------------------------------------------------
+ * The cpu backend's copy-test hook slows every queued copy down (or fails it), so that an op of
+ * the compute stream not held back by a wait for the copy's event would read the old bytes. */
+enum { CS_N = 4096 };
+static atomic_int g_copy_delay_ms;
+static atomic_int g_copies_started;
+static cdf_status slow_copy(size_t nbytes) {
+    (void)nbytes;
+    atomic_fetch_add(&g_copies_started, 1);
+    usleep((useconds_t)atomic_load(&g_copy_delay_ms) * 1000);
+    return CDF_OK;
+}
+static cdf_status failing_copy(size_t nbytes) {
+    (void)nbytes;
+    return cdf_error(CDF_ERR_IO, "injected copy failure");
+}
+
+/* teardown: a failed test must not leave its hook on for the next one */
+static int no_hook(void **state) {
+    (void)state;
+    cdf_cpu_copy_test_hook = NULL;
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* cs_values[i] = i + 0.5: what the copies write (the buffers hold 1.0 before) */
+static float *cs_values(void) {
+    float *v = malloc(CS_N * sizeof *v);
+    for (int i = 0; i < CS_N; i++) v[i] = (float)i + 0.5f;
+    return v;
+}
+
+static void test_copy_stream_is_joined_by_events(void **state) {
+    (void)state;
+    cdf_scope_push();
+    cdf_device *dev = cpu();
+    int64_t s[1] = {CS_N};
+    cdf_tensor *t = cdf_tensor_full(dev, CDF_F32, 1, s, 1.0);
+    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
+    cdf_stream *st = dev->iface->stream_new(dev);
+    cdf_event *ev = dev->iface->event_new(dev);
+    assert_non_null(st);
+    assert_non_null(ev);
+    float *host = cs_values();
+    done_flag df = {0};
+    atomic_store(&g_copy_delay_ms, 500);
+    atomic_store(&g_copies_started, 0);
+    cdf_cpu_copy_test_hook = slow_copy;
+    assert_int_equal(dev->iface->buffer_set_async(dev, st, t->storage->data, host, CS_N * sizeof(float), on_done, &df), CDF_OK);
+    assert_int_equal(dev->iface->event_record_on(dev, ev, st), CDF_OK);
+    /* the wait is the compute stream's, not the host's: it returns while the copy still runs */
+    double t0 = now_s();
+    assert_int_equal(dev->iface->stream_wait_event(dev, NULL, ev), CDF_OK);
+    assert_true(now_s() - t0 < 0.25);
+    cdf_tensor *sum = cdf_add(t, t); /* compute stream, after the wait: sees the copied bytes */
+    assert_int_equal(cdf_exec_flush(), CDF_OK);
+    while (atomic_load(&g_copies_started) == 0) usleep(1000);
+    assert_int_equal(df.calls, 0); /* the copy is still running, beside the compute stream */
+    float *got = cdf_tensor_read_f32(sum);
+    assert_non_null(got);
+    for (int i = 0; i < CS_N; i++) assert_float_equal(got[i], 2.0f * host[i], 0);
+    assert_int_equal(df.calls, 1);
+    free(got);
+    /* an event the host waits for: passed once the stream has run up to it */
+    atomic_store(&g_copy_delay_ms, 100);
+    assert_int_equal(dev->iface->buffer_set_async(dev, st, t->storage->data, host, 8, on_done, &df), CDF_OK);
+    assert_int_equal(dev->iface->event_record_on(dev, ev, st), CDF_OK);
+    dev->iface->event_host_wait(dev, ev);
+    assert_int_equal(df.calls, 2);
+    cdf_cpu_copy_test_hook = NULL;
+    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
+    dev->iface->event_free(dev, ev);
+    dev->iface->stream_free(dev, st);
+    free(host);
+    cdf_scope_pop(NULL, 0);
+}
+
+static void test_failed_copy_is_reported_at_the_sync(void **state) {
+    (void)state;
+    cdf_scope_push();
+    cdf_device *dev = cpu();
+    int64_t s[1] = {CS_N};
+    cdf_tensor *t = cdf_tensor_full(dev, CDF_F32, 1, s, 1.0);
+    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
+    cdf_stream *st = dev->iface->stream_new(dev);
+    cdf_event *ev = dev->iface->event_new(dev);
+    float *host = cs_values();
+    done_flag df = {0};
+    cdf_cpu_copy_test_hook = failing_copy;
+    /* queued: the failure happens on the device, after the call has returned */
+    assert_int_equal(dev->iface->buffer_set_async(dev, st, t->storage->data, host, CS_N * sizeof(float), on_done, &df), CDF_OK);
+    assert_int_equal(dev->iface->event_record_on(dev, ev, st), CDF_OK);
+    assert_int_equal(dev->iface->stream_wait_event(dev, NULL, ev), CDF_OK);
+    cdf_tensor *sum = cdf_add(t, t); /* skipped: it would read bytes the copy never wrote */
+    assert_non_null(sum);
+    assert_int_equal(cdf_device_synchronize(dev), CDF_ERR_DEVICE);
+    char want[128];
+    snprintf(want, sizeof want, "queued copy of %zu bytes to cpu:0 (copy stream", CS_N * sizeof(float));
+    assert_non_null(strstr(cdf_last_error(), want));
+    assert_non_null(strstr(cdf_last_error(), "injected copy failure"));
+    assert_int_equal(df.calls, 1); /* the source was released all the same */
+    cdf_cpu_copy_test_hook = NULL;
+    /* the device stays usable: the error was collected, the failed copy wrote nothing, and the
+     * stream copies again */
+    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
+    float *got = cdf_tensor_read_f32(t);
+    for (int i = 0; i < CS_N; i++) assert_float_equal(got[i], 1.0f, 0);
+    free(got);
+    assert_int_equal(dev->iface->buffer_set_async(dev, st, t->storage->data, host, CS_N * sizeof(float), on_done, &df), CDF_OK);
+    assert_int_equal(dev->iface->event_record_on(dev, ev, st), CDF_OK);
+    assert_int_equal(dev->iface->stream_wait_event(dev, NULL, ev), CDF_OK);
+    got = cdf_tensor_read_f32(cdf_add(t, t));
+    assert_non_null(got);
+    for (int i = 0; i < CS_N; i++) assert_float_equal(got[i], 2.0f * host[i], 0);
+    free(got);
+    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
+    dev->iface->event_free(dev, ev);
+    dev->iface->stream_free(dev, st);
+    free(host);
+    cdf_scope_pop(NULL, 0);
+}
+
+static void test_stream_free_with_pending_work(void **state) {
+    (void)state;
+    cdf_scope_push();
+    cdf_device *dev = cpu();
+    enum { K = 3 };
+    int64_t s[1] = {CS_N};
+    cdf_tensor *t[K];
+    for (int k = 0; k < K; k++) t[k] = cdf_tensor_full(dev, CDF_F32, 1, s, 1.0);
+    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
+    cdf_stream *st = dev->iface->stream_new(dev);
+    cdf_event *ev = dev->iface->event_new(dev);
+    float *host = cs_values();
+    done_flag df = {0};
+    atomic_store(&g_copy_delay_ms, 100);
+    cdf_cpu_copy_test_hook = slow_copy;
+    for (int k = 0; k < K; k++)
+        assert_int_equal(dev->iface->buffer_set_async(dev, st, t[k]->storage->data, host, CS_N * sizeof(float), on_done, &df),
+                         CDF_OK);
+    assert_int_equal(dev->iface->event_record_on(dev, ev, st), CDF_OK);
+    assert_int_equal(dev->iface->stream_wait_event(dev, NULL, ev), CDF_OK); /* the compute stream waits for it */
+    /* freeing the stream lets its pending copies run first, and the compute stream's wait for
+     * its event ends once it is gone */
+    dev->iface->stream_free(dev, st);
+    assert_int_equal(df.calls, K);
+    cdf_cpu_copy_test_hook = NULL;
+    for (int k = 0; k < K; k++) {
+        float *got = cdf_tensor_read_f32(cdf_add(t[k], t[k]));
+        assert_non_null(got);
+        for (int i = 0; i < CS_N; i++) assert_float_equal(got[i], 2.0f * host[i], 0);
+        free(got);
+    }
+    /* an event of a freed stream has passed: a wait for it returns */
+    assert_int_equal(dev->iface->stream_wait_event(dev, NULL, ev), CDF_OK);
+    dev->iface->event_host_wait(dev, ev);
+    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
+    dev->iface->event_free(dev, ev);
     free(host);
     cdf_scope_pop(NULL, 0);
 }
@@ -184,6 +358,9 @@ int main(void) {
         cmocka_unit_test(test_upload_converts_and_reads_back),
         cmocka_unit_test(test_strided_reads_convert_on_the_host),
         cmocka_unit_test(test_async_set_is_stream_ordered),
+        cmocka_unit_test_teardown(test_copy_stream_is_joined_by_events, no_hook),
+        cmocka_unit_test_teardown(test_failed_copy_is_reported_at_the_sync, no_hook),
+        cmocka_unit_test_teardown(test_stream_free_with_pending_work, no_hook),
         cmocka_unit_test(test_device_memory_is_not_host_memory_in_discrete_mode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

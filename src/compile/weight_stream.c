@@ -198,7 +198,7 @@ cdf_status cdf_weight_stream_run(cdf_graph_cache *cache, cdf_traced_fn fn, void 
              * block's ops (which the queue runs after it), so the host goes on converting and
              * queueing while the device still runs the blocks before; h (the checkpoint's
              * owner) and d stay referenced until the copy has run. */
-            s = cdf_storage_upload_async(d, 0, w->dtype, h->host_src, h->host_dtype, h->nbytes / cdf_dtype_size(w->dtype), h);
+            s = cdf_storage_upload_async(d, NULL, 0, w->dtype, h->host_src, h->host_dtype, h->nbytes / cdf_dtype_size(w->dtype), h);
             if (s != CDF_OK) {
                 cdf_storage_release(d);
                 break;
