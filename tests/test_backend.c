@@ -179,34 +179,70 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* cs_values[i] = i + 0.5: what the copies write (the buffers hold 1.0 before) */
-static float *cs_values(void) {
-    float *v = malloc(CS_N * sizeof *v);
-    for (int i = 0; i < CS_N; i++) v[i] = (float)i + 0.5f;
-    return v;
+/* A stream and an event of the cpu device, n buffers of CS_N floats holding 1.0 (synchronised),
+ * and the values the copies write: host[i] = i + 0.5. */
+typedef struct cs_fixture {
+    cdf_device *dev;
+    cdf_stream *st;
+    cdf_event *ev;
+    float *host;
+} cs_fixture;
+
+static cs_fixture cs_setup(cdf_tensor **t, int n) {
+    cs_fixture f = {.dev = cpu()};
+    int64_t s[1] = {CS_N};
+    for (int k = 0; k < n; k++) t[k] = cdf_tensor_full(f.dev, CDF_F32, 1, s, 1.0);
+    assert_int_equal(cdf_device_synchronize(f.dev), CDF_OK);
+    f.st = f.dev->iface->stream_new(f.dev);
+    f.ev = f.dev->iface->event_new(f.dev);
+    assert_non_null(f.st);
+    assert_non_null(f.ev);
+    f.host = malloc(CS_N * sizeof *f.host);
+    for (int i = 0; i < CS_N; i++) f.host[i] = (float)i + 0.5f;
+    return f;
+}
+
+static void cs_teardown(cs_fixture *f) {
+    assert_int_equal(cdf_device_synchronize(f->dev), CDF_OK);
+    f->dev->iface->event_free(f->dev, f->ev);
+    if (f->st) f->dev->iface->stream_free(f->dev, f->st);
+    free(f->host);
+}
+
+/* Queue a copy of the values into t on the stream (returns at once). */
+static void cs_copy(cs_fixture *f, cdf_tensor *t, done_flag *df) {
+    assert_int_equal(f->dev->iface->buffer_set_async(f->dev, f->st, t->storage->data, f->host, CS_N * sizeof(float),
+                                                     on_done, df),
+                     CDF_OK);
+}
+
+/* The compute stream waits for everything queued on the stream so far. */
+static void cs_join(cs_fixture *f) {
+    assert_int_equal(f->dev->iface->event_record_on(f->dev, f->ev, f->st), CDF_OK);
+    assert_int_equal(f->dev->iface->stream_wait_event(f->dev, NULL, f->ev), CDF_OK);
+}
+
+/* t + t, computed on the compute stream, is twice the copied values. */
+static void cs_expect_doubled(const cs_fixture *f, cdf_tensor *t) {
+    float *got = cdf_tensor_read_f32(cdf_add(t, t));
+    assert_non_null(got);
+    for (int i = 0; i < CS_N; i++) assert_float_equal(got[i], 2.0f * f->host[i], 0);
+    free(got);
 }
 
 static void test_copy_stream_is_joined_by_events(void **state) {
     (void)state;
     cdf_scope_push();
-    cdf_device *dev = cpu();
-    int64_t s[1] = {CS_N};
-    cdf_tensor *t = cdf_tensor_full(dev, CDF_F32, 1, s, 1.0);
-    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
-    cdf_stream *st = dev->iface->stream_new(dev);
-    cdf_event *ev = dev->iface->event_new(dev);
-    assert_non_null(st);
-    assert_non_null(ev);
-    float *host = cs_values();
+    cdf_tensor *t;
+    cs_fixture f = cs_setup(&t, 1);
     done_flag df = {0};
     atomic_store(&g_copy_delay_ms, 500);
     atomic_store(&g_copies_started, 0);
     cdf_cpu_copy_test_hook = slow_copy;
-    assert_int_equal(dev->iface->buffer_set_async(dev, st, t->storage->data, host, CS_N * sizeof(float), on_done, &df), CDF_OK);
-    assert_int_equal(dev->iface->event_record_on(dev, ev, st), CDF_OK);
+    cs_copy(&f, t, &df);
     /* the wait is the compute stream's, not the host's: it returns while the copy still runs */
     double t0 = now_s();
-    assert_int_equal(dev->iface->stream_wait_event(dev, NULL, ev), CDF_OK);
+    cs_join(&f);
     assert_true(now_s() - t0 < 0.25);
     cdf_tensor *sum = cdf_add(t, t); /* compute stream, after the wait: sees the copied bytes */
     assert_int_equal(cdf_exec_flush(), CDF_OK);
@@ -214,42 +250,32 @@ static void test_copy_stream_is_joined_by_events(void **state) {
     assert_int_equal(df.calls, 0); /* the copy is still running, beside the compute stream */
     float *got = cdf_tensor_read_f32(sum);
     assert_non_null(got);
-    for (int i = 0; i < CS_N; i++) assert_float_equal(got[i], 2.0f * host[i], 0);
+    for (int i = 0; i < CS_N; i++) assert_float_equal(got[i], 2.0f * f.host[i], 0);
     assert_int_equal(df.calls, 1);
     free(got);
     /* an event the host waits for: passed once the stream has run up to it */
     atomic_store(&g_copy_delay_ms, 100);
-    assert_int_equal(dev->iface->buffer_set_async(dev, st, t->storage->data, host, 8, on_done, &df), CDF_OK);
-    assert_int_equal(dev->iface->event_record_on(dev, ev, st), CDF_OK);
-    dev->iface->event_host_wait(dev, ev);
+    cs_copy(&f, t, &df);
+    assert_int_equal(f.dev->iface->event_record_on(f.dev, f.ev, f.st), CDF_OK);
+    f.dev->iface->event_host_wait(f.dev, f.ev);
     assert_int_equal(df.calls, 2);
     cdf_cpu_copy_test_hook = NULL;
-    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
-    dev->iface->event_free(dev, ev);
-    dev->iface->stream_free(dev, st);
-    free(host);
+    cs_teardown(&f);
     cdf_scope_pop(NULL, 0);
 }
 
 static void test_failed_copy_is_reported_at_the_sync(void **state) {
     (void)state;
     cdf_scope_push();
-    cdf_device *dev = cpu();
-    int64_t s[1] = {CS_N};
-    cdf_tensor *t = cdf_tensor_full(dev, CDF_F32, 1, s, 1.0);
-    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
-    cdf_stream *st = dev->iface->stream_new(dev);
-    cdf_event *ev = dev->iface->event_new(dev);
-    float *host = cs_values();
+    cdf_tensor *t;
+    cs_fixture f = cs_setup(&t, 1);
     done_flag df = {0};
     cdf_cpu_copy_test_hook = failing_copy;
-    /* queued: the failure happens on the device, after the call has returned */
-    assert_int_equal(dev->iface->buffer_set_async(dev, st, t->storage->data, host, CS_N * sizeof(float), on_done, &df), CDF_OK);
-    assert_int_equal(dev->iface->event_record_on(dev, ev, st), CDF_OK);
-    assert_int_equal(dev->iface->stream_wait_event(dev, NULL, ev), CDF_OK);
+    cs_copy(&f, t, &df); /* queued: the failure happens on the device, after the call has returned */
+    cs_join(&f);
     cdf_tensor *sum = cdf_add(t, t); /* skipped: it would read bytes the copy never wrote */
     assert_non_null(sum);
-    assert_int_equal(cdf_device_synchronize(dev), CDF_ERR_DEVICE);
+    assert_int_equal(cdf_device_synchronize(f.dev), CDF_ERR_DEVICE);
     char want[128];
     snprintf(want, sizeof want, "queued copy of %zu bytes to cpu:0 (copy stream", CS_N * sizeof(float));
     assert_non_null(strstr(cdf_last_error(), want));
@@ -258,61 +284,39 @@ static void test_failed_copy_is_reported_at_the_sync(void **state) {
     cdf_cpu_copy_test_hook = NULL;
     /* the device stays usable: the error was collected, the failed copy wrote nothing, and the
      * stream copies again */
-    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
+    assert_int_equal(cdf_device_synchronize(f.dev), CDF_OK);
     float *got = cdf_tensor_read_f32(t);
     for (int i = 0; i < CS_N; i++) assert_float_equal(got[i], 1.0f, 0);
     free(got);
-    assert_int_equal(dev->iface->buffer_set_async(dev, st, t->storage->data, host, CS_N * sizeof(float), on_done, &df), CDF_OK);
-    assert_int_equal(dev->iface->event_record_on(dev, ev, st), CDF_OK);
-    assert_int_equal(dev->iface->stream_wait_event(dev, NULL, ev), CDF_OK);
-    got = cdf_tensor_read_f32(cdf_add(t, t));
-    assert_non_null(got);
-    for (int i = 0; i < CS_N; i++) assert_float_equal(got[i], 2.0f * host[i], 0);
-    free(got);
-    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
-    dev->iface->event_free(dev, ev);
-    dev->iface->stream_free(dev, st);
-    free(host);
+    cs_copy(&f, t, &df);
+    cs_join(&f);
+    cs_expect_doubled(&f, t);
+    cs_teardown(&f);
     cdf_scope_pop(NULL, 0);
 }
 
 static void test_stream_free_with_pending_work(void **state) {
     (void)state;
     cdf_scope_push();
-    cdf_device *dev = cpu();
     enum { K = 3 };
-    int64_t s[1] = {CS_N};
     cdf_tensor *t[K];
-    for (int k = 0; k < K; k++) t[k] = cdf_tensor_full(dev, CDF_F32, 1, s, 1.0);
-    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
-    cdf_stream *st = dev->iface->stream_new(dev);
-    cdf_event *ev = dev->iface->event_new(dev);
-    float *host = cs_values();
+    cs_fixture f = cs_setup(t, K);
     done_flag df = {0};
     atomic_store(&g_copy_delay_ms, 100);
     cdf_cpu_copy_test_hook = slow_copy;
-    for (int k = 0; k < K; k++)
-        assert_int_equal(dev->iface->buffer_set_async(dev, st, t[k]->storage->data, host, CS_N * sizeof(float), on_done, &df),
-                         CDF_OK);
-    assert_int_equal(dev->iface->event_record_on(dev, ev, st), CDF_OK);
-    assert_int_equal(dev->iface->stream_wait_event(dev, NULL, ev), CDF_OK); /* the compute stream waits for it */
+    for (int k = 0; k < K; k++) cs_copy(&f, t[k], &df);
+    cs_join(&f); /* the compute stream waits for the stream's event */
     /* freeing the stream lets its pending copies run first, and the compute stream's wait for
      * its event ends once it is gone */
-    dev->iface->stream_free(dev, st);
+    f.dev->iface->stream_free(f.dev, f.st);
+    f.st = NULL;
     assert_int_equal(df.calls, K);
     cdf_cpu_copy_test_hook = NULL;
-    for (int k = 0; k < K; k++) {
-        float *got = cdf_tensor_read_f32(cdf_add(t[k], t[k]));
-        assert_non_null(got);
-        for (int i = 0; i < CS_N; i++) assert_float_equal(got[i], 2.0f * host[i], 0);
-        free(got);
-    }
+    for (int k = 0; k < K; k++) cs_expect_doubled(&f, t[k]);
     /* an event of a freed stream has passed: a wait for it returns */
-    assert_int_equal(dev->iface->stream_wait_event(dev, NULL, ev), CDF_OK);
-    dev->iface->event_host_wait(dev, ev);
-    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
-    dev->iface->event_free(dev, ev);
-    free(host);
+    assert_int_equal(f.dev->iface->stream_wait_event(f.dev, NULL, f.ev), CDF_OK);
+    f.dev->iface->event_host_wait(f.dev, f.ev);
+    cs_teardown(&f);
     cdf_scope_pop(NULL, 0);
 }
 
