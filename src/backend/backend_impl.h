@@ -97,8 +97,9 @@ typedef struct cdf_backend_iface {
      * stream waiting for an event waits on the device (the host does not block; the wait takes
      * effect when the stream reaches it in its order). Errors are the device's, whichever stream
      * they happen on: the first since the last sync is recorded with its message (a failed copy
-     * names the copy and its stream), later work on every stream is skipped, and synchronize
-     * reports and clears it (the device stays usable). synchronize, wait_idle and buffer_get wait
+     * names the copy and its stream), later ops on every stream are skipped (a transfer may
+     * still run: it only fills its own destination), and synchronize reports and clears it (the
+     * device stays usable). synchronize, wait_idle and buffer_get wait
      * for every stream of the device. Every st argument may be NULL: the compute stream. */
     /* A new in-order stream (for transfers); NULL + cdf_error when none can be made. */
     cdf_stream *(*stream_new)(cdf_device *dev);
