@@ -1,19 +1,25 @@
 /* The device interface (backend/backend_impl.h): listing and info, transfers through the
  * backend (uploads with conversion, reads of strided views with conversion), stream-ordered
- * copies and events, and the discrete test mode of the cpu backend. ctest runs this file twice:
+ * copies and events, a copy stream joined to the compute stream by events (ordering, a failed
+ * copy, freeing a stream with work pending), and the discrete test mode of the cpu backend.
+ * ctest runs this file twice:
  * as test_backend and as test_backend_discrete (CDIFFUSERS_CPU_DISCRETE=1), where every device
  * address must fault when dereferenced above the backend. Expected values come from index
  * arithmetic and bf16 rounding done here. */
 #include "testutil.h"
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend/backend_impl.h"
+#include "backend/cpu/cpu_impl.h"
 #include "cdiffusers/exec.h"
+#include "core/error_internal.h"
 #include "cdiffusers/tensor.h"
 #include "tensor/tensor_impl.h"
 
@@ -127,7 +133,8 @@ static void test_async_set_is_stream_ordered(void **state) {
     done_flag df = {0};
     /* the backend orders after what was enqueued: deferred ops (defer-and-fuse) go first */
     assert_int_equal(cdf_exec_flush(), CDF_OK);
-    assert_int_equal(dev->iface->buffer_set_async(dev, t->storage->data, host, sizeof(float) << 16, on_done, &df), CDF_OK);
+    assert_int_equal(dev->iface->buffer_set_async(dev, NULL, t->storage->data, host, sizeof(float) << 16, on_done, &df),
+                     CDF_OK);
     uint64_t ev = dev->iface->event_record(dev);
     dev->iface->event_synchronize(dev, ev);
     assert_int_equal(df.calls, 1); /* passed the marker: the upload ran and released its source */
@@ -139,6 +146,177 @@ static void test_async_set_is_stream_ordered(void **state) {
     free(a);
     free(b);
     free(host);
+    cdf_scope_pop(NULL, 0);
+}
+
+/* ---- a copy stream joined by events ------------------------------------------------------------
+ * The cpu backend's copy-test hook slows every queued copy down (or fails it), so that an op of
+ * the compute stream not held back by a wait for the copy's event would read the old bytes. */
+enum { CS_N = 4096 };
+static atomic_int g_copy_delay_ms;
+static atomic_int g_copies_started;
+static cdf_status slow_copy(size_t nbytes) {
+    (void)nbytes;
+    atomic_fetch_add(&g_copies_started, 1);
+    usleep((useconds_t)atomic_load(&g_copy_delay_ms) * 1000);
+    return CDF_OK;
+}
+static cdf_status failing_copy(size_t nbytes) {
+    (void)nbytes;
+    return cdf_error(CDF_ERR_IO, "injected copy failure");
+}
+
+/* teardown: a failed test must not leave its hook on for the next one */
+static int no_hook(void **state) {
+    (void)state;
+    cdf_cpu_copy_test_hook = NULL;
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A stream and an event of the cpu device, n buffers of CS_N floats holding 1.0 (synchronised),
+ * and the values the copies write: host[i] = i + 0.5. */
+typedef struct cs_fixture {
+    cdf_device *dev;
+    cdf_stream *st;
+    cdf_event *ev;
+    float *host;
+} cs_fixture;
+
+static cs_fixture cs_setup(cdf_tensor **t, int n) {
+    cs_fixture f = {.dev = cpu()};
+    int64_t s[1] = {CS_N};
+    for (int k = 0; k < n; k++) t[k] = cdf_tensor_full(f.dev, CDF_F32, 1, s, 1.0);
+    assert_int_equal(cdf_device_synchronize(f.dev), CDF_OK);
+    f.st = f.dev->iface->stream_new(f.dev);
+    f.ev = f.dev->iface->event_new(f.dev);
+    assert_non_null(f.st);
+    assert_non_null(f.ev);
+    f.host = malloc(CS_N * sizeof *f.host);
+    for (int i = 0; i < CS_N; i++) f.host[i] = (float)i + 0.5f;
+    return f;
+}
+
+static void cs_teardown(cs_fixture *f) {
+    assert_int_equal(cdf_device_synchronize(f->dev), CDF_OK);
+    f->dev->iface->event_free(f->dev, f->ev);
+    if (f->st) f->dev->iface->stream_free(f->dev, f->st);
+    free(f->host);
+}
+
+/* Queue a copy of the values into t on the stream (returns at once). */
+static void cs_copy(cs_fixture *f, cdf_tensor *t, done_flag *df) {
+    assert_int_equal(f->dev->iface->buffer_set_async(f->dev, f->st, t->storage->data, f->host, CS_N * sizeof(float),
+                                                     on_done, df),
+                     CDF_OK);
+}
+
+/* The compute stream waits for everything queued on the stream so far. */
+static void cs_join(cs_fixture *f) {
+    assert_int_equal(f->dev->iface->event_record_on(f->dev, f->ev, f->st), CDF_OK);
+    assert_int_equal(f->dev->iface->stream_wait_event(f->dev, NULL, f->ev), CDF_OK);
+}
+
+/* t + t, computed on the compute stream, is twice the copied values. */
+static void cs_expect_doubled(const cs_fixture *f, cdf_tensor *t) {
+    float *got = cdf_tensor_read_f32(cdf_add(t, t));
+    assert_non_null(got);
+    for (int i = 0; i < CS_N; i++) assert_float_equal(got[i], 2.0f * f->host[i], 0);
+    free(got);
+}
+
+static void test_copy_stream_is_joined_by_events(void **state) {
+    (void)state;
+    cdf_scope_push();
+    cdf_tensor *t;
+    cs_fixture f = cs_setup(&t, 1);
+    done_flag df = {0};
+    atomic_store(&g_copy_delay_ms, 500);
+    atomic_store(&g_copies_started, 0);
+    cdf_cpu_copy_test_hook = slow_copy;
+    cs_copy(&f, t, &df);
+    /* the wait is the compute stream's, not the host's: it returns while the copy still runs */
+    double t0 = now_s();
+    cs_join(&f);
+    assert_true(now_s() - t0 < 0.25);
+    cdf_tensor *sum = cdf_add(t, t); /* compute stream, after the wait: sees the copied bytes */
+    assert_int_equal(cdf_exec_flush(), CDF_OK);
+    while (atomic_load(&g_copies_started) == 0) usleep(1000);
+    assert_int_equal(df.calls, 0); /* the copy is still running, beside the compute stream */
+    float *got = cdf_tensor_read_f32(sum);
+    assert_non_null(got);
+    for (int i = 0; i < CS_N; i++) assert_float_equal(got[i], 2.0f * f.host[i], 0);
+    assert_int_equal(df.calls, 1);
+    free(got);
+    /* an event the host waits for: passed once the stream has run up to it */
+    atomic_store(&g_copy_delay_ms, 100);
+    cs_copy(&f, t, &df);
+    assert_int_equal(f.dev->iface->event_record_on(f.dev, f.ev, f.st), CDF_OK);
+    f.dev->iface->event_host_wait(f.dev, f.ev);
+    assert_int_equal(df.calls, 2);
+    cdf_cpu_copy_test_hook = NULL;
+    cs_teardown(&f);
+    cdf_scope_pop(NULL, 0);
+}
+
+static void test_failed_copy_is_reported_at_the_sync(void **state) {
+    (void)state;
+    cdf_scope_push();
+    cdf_tensor *t;
+    cs_fixture f = cs_setup(&t, 1);
+    done_flag df = {0};
+    cdf_cpu_copy_test_hook = failing_copy;
+    cs_copy(&f, t, &df); /* queued: the failure happens on the device, after the call has returned */
+    cs_join(&f);
+    cdf_tensor *sum = cdf_add(t, t); /* skipped: it would read bytes the copy never wrote */
+    assert_non_null(sum);
+    assert_int_equal(cdf_device_synchronize(f.dev), CDF_ERR_DEVICE);
+    char want[128];
+    snprintf(want, sizeof want, "queued copy of %zu bytes to cpu:0 (copy stream", CS_N * sizeof(float));
+    assert_non_null(strstr(cdf_last_error(), want));
+    assert_non_null(strstr(cdf_last_error(), "injected copy failure"));
+    assert_int_equal(df.calls, 1); /* the source was released all the same */
+    cdf_cpu_copy_test_hook = NULL;
+    /* the device stays usable: the error was collected, the failed copy wrote nothing, and the
+     * stream copies again */
+    assert_int_equal(cdf_device_synchronize(f.dev), CDF_OK);
+    float *got = cdf_tensor_read_f32(t);
+    for (int i = 0; i < CS_N; i++) assert_float_equal(got[i], 1.0f, 0);
+    free(got);
+    cs_copy(&f, t, &df);
+    cs_join(&f);
+    cs_expect_doubled(&f, t);
+    cs_teardown(&f);
+    cdf_scope_pop(NULL, 0);
+}
+
+static void test_stream_free_with_pending_work(void **state) {
+    (void)state;
+    cdf_scope_push();
+    enum { K = 3 };
+    cdf_tensor *t[K];
+    cs_fixture f = cs_setup(t, K);
+    done_flag df = {0};
+    atomic_store(&g_copy_delay_ms, 100);
+    cdf_cpu_copy_test_hook = slow_copy;
+    for (int k = 0; k < K; k++) cs_copy(&f, t[k], &df);
+    cs_join(&f); /* the compute stream waits for the stream's event */
+    /* freeing the stream lets its pending copies run first, and the compute stream's wait for
+     * its event ends once it is gone */
+    f.dev->iface->stream_free(f.dev, f.st);
+    f.st = NULL;
+    assert_int_equal(df.calls, K);
+    cdf_cpu_copy_test_hook = NULL;
+    for (int k = 0; k < K; k++) cs_expect_doubled(&f, t[k]);
+    /* an event of a freed stream has passed: a wait for it returns */
+    assert_int_equal(f.dev->iface->stream_wait_event(f.dev, NULL, f.ev), CDF_OK);
+    f.dev->iface->event_host_wait(f.dev, f.ev);
+    cs_teardown(&f);
     cdf_scope_pop(NULL, 0);
 }
 
@@ -184,6 +362,9 @@ int main(void) {
         cmocka_unit_test(test_upload_converts_and_reads_back),
         cmocka_unit_test(test_strided_reads_convert_on_the_host),
         cmocka_unit_test(test_async_set_is_stream_ordered),
+        cmocka_unit_test_teardown(test_copy_stream_is_joined_by_events, no_hook),
+        cmocka_unit_test_teardown(test_failed_copy_is_reported_at_the_sync, no_hook),
+        cmocka_unit_test_teardown(test_stream_free_with_pending_work, no_hook),
         cmocka_unit_test(test_device_memory_is_not_host_memory_in_discrete_mode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

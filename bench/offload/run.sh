@@ -6,7 +6,9 @@
 # where none must be refused up front and model must run; under planned/1.1, where model should
 # fail (the planner's peak is within 10% of what the run needs); and under the sequential plan
 # / 0.9 (below the transformer alone), where model must be refused and sequential must run, and
-# sequential plan / 1.1, where sequential should fail.
+# sequential plan / 1.1, where sequential should fail. Sequential without a budget runs twice:
+# with the copy stream (the next block's uploads beside the compute) and without
+# (CDIFFUSERS_COPY_STREAM=0: on the compute stream, as before it existed).
 #
 #   BUILD_DIR=build-offload bench/offload/run.sh [generator --set options...]
 #
@@ -59,14 +61,15 @@ peak_seq=$("$cli" plan --model "$model" $req --offload sequential | sed -n 's/^e
 budget_seq=$((peak_seq * 10 / 9))
 below_seq=$((peak_seq * 10 / 11))
 
-run() { # label, extra args (RUNS=sequential: only the runs whose label has that word)
+run() { # label, extra args (RUNS=sequential: only the runs whose label has that word; RUN_ENV:
+         # VAR=value words for the run's environment)
     label=$1
     shift
     case "$label" in *"${RUNS:-}"*) ;; *) return 0 ;; esac
     out=$work/err.txt
     set +e
     # shellcheck disable=SC2086
-    /usr/bin/time -f "TIME %e %M" "$cli" generate --model "$model" --prompt "a photo of a cat" $req --steps "$steps" \
+    env ${RUN_ENV:-} /usr/bin/time -f "TIME %e %M" "$cli" generate --model "$model" --prompt "a photo of a cat" $req --steps "$steps" \
         --negative-prompt "blurry" --output "$work/out.png" --force --quiet --memory-stats "$@" 2> "$out"
     rc=$?
     set -e
@@ -89,6 +92,11 @@ run "none, budget $budget B" --offload none --device-memory "$budget"
 run "model, budget $budget B (planned / 0.9)" --offload model --device-memory "$budget"
 run "model, budget $below B (planned / 1.1)" --offload model --device-memory "$below"
 run "sequential, no budget" --offload sequential
+# the same without the copy stream (the uploads queued on the compute stream, in order with the
+# compute): the copy stream's effect, in the same run
+RUN_ENV=CDIFFUSERS_COPY_STREAM=0
+run "sequential, no budget, no copy stream" --offload sequential
+RUN_ENV=
 run "model, budget $budget_seq B (sequential plan / 0.9)" --offload model --device-memory "$budget_seq"
 run "sequential, budget $budget_seq B (sequential plan / 0.9)" --offload sequential --device-memory "$budget_seq"
 run "sequential, budget $below_seq B (sequential plan / 1.1)" --offload sequential --device-memory "$below_seq"

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "backend/backend_impl.h"
 #include "core/error_internal.h"
@@ -121,12 +122,17 @@ cdf_status cdf_backend_load(const char *name) {
     return cdf_error(CDF_ERR_NOT_FOUND, "unknown backend '%s' (built-in backends: %s)", name, known);
 }
 
+/* Whether environment variable name switches something off (0, false, off). */
+static bool env_off(const char *name) {
+    const char *v = getenv(name);
+    return v && (strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0 || strcasecmp(v, "off") == 0);
+}
+
 /* Autoload: register every built-in backend when the library loads, unless
  * CDIFFUSERS_BACKEND_AUTOLOAD=0. This object is always linked (cdf_device_get lives here), so
  * the constructor runs for the static library too. */
 __attribute__((constructor)) static void cdf_backend_autoload(void) {
-    const char *v = getenv("CDIFFUSERS_BACKEND_AUTOLOAD");
-    if (v && (strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0 || strcasecmp(v, "off") == 0)) return;
+    if (env_off("CDIFFUSERS_BACKEND_AUTOLOAD")) return;
     pthread_mutex_lock(&g_lock);
     for (size_t i = 0; i < sizeof k_builtin / sizeof *k_builtin; i++) (void)load_locked(k_builtin[i]);
     pthread_mutex_unlock(&g_lock);
@@ -247,7 +253,7 @@ static void fmt_bytes(char *buf, size_t n, uint64_t b) {
 
 cdf_status (*cdf_backend_pre_oom_hook)(void);
 
-cdf_status cdf_device_alloc(cdf_device *dev, size_t nbytes, void **out) {
+cdf_status cdf_device_alloc_on(cdf_device *dev, cdf_stream *st, size_t nbytes, void **out) {
     *out = NULL;
     uint64_t limit = atomic_load(&dev->limit_bytes);
     unsigned long long cur = atomic_load(&dev->current_bytes);
@@ -277,7 +283,7 @@ cdf_status cdf_device_alloc(cdf_device *dev, size_t nbytes, void **out) {
         }
         if (atomic_compare_exchange_weak(&dev->current_bytes, &cur, cur + nbytes)) break;
     }
-    void *p = dev->iface->alloc(dev, nbytes);
+    void *p = st && dev->iface->stream_alloc ? dev->iface->stream_alloc(dev, st, nbytes) : dev->iface->alloc(dev, nbytes);
     if (!p && nbytes) {
         atomic_fetch_sub(&dev->current_bytes, nbytes);
         char req[32];
@@ -291,6 +297,8 @@ cdf_status cdf_device_alloc(cdf_device *dev, size_t nbytes, void **out) {
     *out = p;
     return CDF_OK;
 }
+
+cdf_status cdf_device_alloc(cdf_device *dev, size_t nbytes, void **out) { return cdf_device_alloc_on(dev, NULL, nbytes, out); }
 
 void cdf_device_free(cdf_device *dev, void *ptr, size_t nbytes) {
     if (!ptr && !nbytes) return;
@@ -329,6 +337,49 @@ void cdf_device_host_free(cdf_device *dev, void *ptr, size_t nbytes) {
     if (dev->iface->host_free) dev->iface->host_free(dev, ptr, nbytes);
     else free(ptr);
 }
+
+/* ---- streams and events ----------------------------------------------------------------------- */
+/* Each device's copy stream, made on first use (by index into g_devices). */
+static cdf_stream *g_copy_stream[MAX_DEVICES];
+static bool g_copy_stream_tried[MAX_DEVICES];
+
+cdf_stream *cdf_device_copy_stream(cdf_device *dev) {
+    if (!dev || !dev->iface->stream_new || env_off("CDIFFUSERS_COPY_STREAM")) return NULL;
+    const int i = (int)(dev - g_devices);
+    pthread_mutex_lock(&g_lock);
+    if (!g_copy_stream_tried[i]) {
+        g_copy_stream_tried[i] = true;
+        g_copy_stream[i] = dev->iface->stream_new(dev);
+        if (!g_copy_stream[i]) /* the compute stream carries the copies, as it always could */
+            fprintf(stderr, "cdiffusers: %s: no copy stream (%s); transfers use the compute stream\n", dev->name,
+                    cdf_last_error());
+    }
+    cdf_stream *st = g_copy_stream[i];
+    pthread_mutex_unlock(&g_lock);
+    return st;
+}
+
+cdf_event *cdf_device_event_new(cdf_device *dev) {
+    if (!dev->iface->event_new) {
+        cdf_error(CDF_ERR_UNSUPPORTED, "%s: the %s backend has no events", dev->name, dev->iface->name);
+        return NULL;
+    }
+    return dev->iface->event_new(dev);
+}
+
+void cdf_device_event_free(cdf_device *dev, cdf_event *ev) {
+    if (ev) dev->iface->event_free(dev, ev);
+}
+
+cdf_status cdf_device_event_record(cdf_device *dev, cdf_event *ev, cdf_stream *st) {
+    return dev->iface->event_record_on(dev, ev, st);
+}
+
+cdf_status cdf_device_stream_wait(cdf_device *dev, cdf_stream *st, cdf_event *ev) {
+    return dev->iface->stream_wait_event(dev, st, ev);
+}
+
+void cdf_device_event_wait(cdf_device *dev, cdf_event *ev) { dev->iface->event_host_wait(dev, ev); }
 
 /* ---- listing ---------------------------------------------------------------------------------- */
 int cdf_device_count(void) { return g_n_devices; }

@@ -1,8 +1,13 @@
-/* Private backend interface: registry -> backend -> device -> queue -> buffer.
+/* Private backend interface: registry -> backend -> device -> stream -> buffer.
  *
  * A backend is a vtable plus a list of devices. A CUDA or PJRT backend implements the same
  * vtable; nothing above exec/ knows which backend runs an op. Memory accounting and the
- * budget are done here, generically, around the backend's raw alloc/free. */
+ * budget are done here, generically, around the backend's raw alloc/free.
+ *
+ * A device has one compute stream (an in-order queue: every op, graph launch and transfer
+ * below that takes no stream, or a NULL one, runs on it) and may hand out more streams (a copy
+ * stream for transfers that run beside the compute); streams are ordered among themselves only
+ * by events (see "streams and events"). */
 #ifndef CDF_BACKEND_IMPL_H
 #define CDF_BACKEND_IMPL_H
 
@@ -12,6 +17,12 @@
 #include "cdiffusers/device.h"
 #include "graph/node.h"
 #include "graph/value.h"
+
+/* Opaque handles a backend hands out and only it dereferences (each backend casts them to its
+ * own types): an in-order stream of a device other than its compute stream, and an event, a
+ * point recorded in a stream's order. */
+typedef struct cdf_stream cdf_stream;
+typedef struct cdf_event cdf_event;
 
 typedef struct cdf_backend_iface {
     const char *name; /* device type, e.g. "cpu" */
@@ -38,13 +49,15 @@ typedef struct cdf_backend_iface {
     /* Device -> host bytes, ordered after every op enqueued so far (waits for them, without
      * collecting their error: the caller synchronises first when it wants it). */
     cdf_status (*buffer_get)(cdf_device *dev, void *dst, const void *src, size_t nbytes);
-    /* Host -> device bytes, ordered after every op enqueued so far (stream-ordered); src must
-     * stay valid until done(ctx) is called, on any thread, once the bytes are on the device.
-     * done is called exactly once: also when the call fails (before it returns). */
-    cdf_status (*buffer_set_async)(cdf_device *dev, void *dst, const void *src, size_t nbytes, void (*done)(void *),
-                                   void *ctx);
-    /* Events: a marker after every op enqueued so far; event_synchronize waits until the
-     * device has passed it (ops after it may still be running). */
+    /* Host -> device bytes in the order of stream st (NULL: the compute stream, after every op
+     * enqueued so far); src must stay valid until done(ctx) is called, on any thread, once the
+     * bytes are on the device. done is called exactly once: also when the call fails (before it
+     * returns) and when the copy fails on the device (then the device's next synchronize
+     * reports the copy). */
+    cdf_status (*buffer_set_async)(cdf_device *dev, cdf_stream *st, void *dst, const void *src, size_t nbytes,
+                                   void (*done)(void *), void *ctx);
+    /* Markers of the compute stream: a marker after every op enqueued so far; event_synchronize
+     * waits until the device has passed it (ops after it may still be running). */
     uint64_t (*event_record)(cdf_device *dev);
     void (*event_synchronize)(cdf_device *dev, uint64_t event);
     /* Whether device memory is host memory (cdf_tensor_wrap of a host pointer is allowed). */
@@ -75,7 +88,39 @@ typedef struct cdf_backend_iface {
     /* Whether this device can execute the node (shapes/dtypes). */
     bool (*supports)(cdf_device *dev, const cdf_node *node);
     void (*set_threads)(cdf_device *dev, int n);
+    /* Items enqueued and completed over all the device's streams (a cross-stream wait is one). */
     void (*queue_stats)(const cdf_device *dev, cdf_queue_stats *out);
+
+    /* ---- streams and events (optional: NULL stream_new = the compute stream is the only one; a
+     * backend with stream_new has every member below but stream_alloc) ----
+     * Like CUDA streams: two streams run beside each other, and only an event orders them; a
+     * stream waiting for an event waits on the device (the host does not block; the wait takes
+     * effect when the stream reaches it in its order). Errors are the device's, whichever stream
+     * they happen on: the first since the last sync is recorded with its message (a failed copy
+     * names the copy and its stream), later ops on every stream are skipped (a transfer may
+     * still run: it only fills its own destination), and synchronize reports and clears it (the
+     * device stays usable). synchronize, wait_idle and buffer_get wait
+     * for every stream of the device. Every st argument may be NULL: the compute stream. */
+    /* A new in-order stream (for transfers); NULL + cdf_error when none can be made. */
+    cdf_stream *(*stream_new)(cdf_device *dev);
+    /* Waits until the stream's queued work has run (or been skipped after an error, which stays
+     * the device's), then frees it. Events recorded on it count as passed afterwards. */
+    void (*stream_free)(cdf_device *dev, cdf_stream *st);
+    /* Device memory usable in st's order (a stream-ordered allocator allocates on st: its
+     * memory may be in use by earlier work of another stream); NULL member = alloc. No
+     * accounting (cdf_device_alloc_on does it); freed with free. */
+    void *(*stream_alloc)(cdf_device *dev, cdf_stream *st, size_t nbytes);
+    /* An event, not yet recorded (a wait on it is passed at once); NULL + cdf_error. */
+    cdf_event *(*event_new)(cdf_device *dev);
+    /* Frees ev; waits already enqueued on it keep their point. */
+    void (*event_free)(cdf_device *dev, cdf_event *ev);
+    /* Record ev at the current end of st: it is passed once everything enqueued on st so far
+     * has run. Recording it again moves it (waits already enqueued keep the old point). */
+    cdf_status (*event_record_on)(cdf_device *dev, cdf_event *ev, cdf_stream *st);
+    /* Everything enqueued on st after this call runs after ev's point (device-side wait). */
+    cdf_status (*stream_wait_event)(cdf_device *dev, cdf_stream *st, cdf_event *ev);
+    /* The host waits until ev's point has passed (without collecting errors). */
+    void (*event_host_wait)(cdf_device *dev, cdf_event *ev);
 } cdf_backend_iface;
 
 struct cdf_device {
@@ -113,6 +158,20 @@ cdf_status cdf_device_buffer_get(cdf_device *dev, void *dst, const void *src, si
 void *cdf_device_host_alloc(cdf_device *dev, size_t nbytes); /* NULL + error on failure */
 void cdf_device_host_free(cdf_device *dev, void *ptr, size_t nbytes);
 
+/* Streams and events through the device's backend (see the iface; st NULL = the compute
+ * stream). The device's copy stream, made on first use and kept for the process: NULL when
+ * the backend has no streams, making one failed, or CDIFFUSERS_COPY_STREAM=0 (then callers
+ * use the compute stream, as when no copy stream existed). */
+cdf_stream *cdf_device_copy_stream(cdf_device *dev);
+/* cdf_device_alloc, the memory usable in st's order (the iface's stream_alloc). */
+cdf_status cdf_device_alloc_on(cdf_device *dev, cdf_stream *st, size_t nbytes, void **out);
+/* NULL (with an error) when the backend has no events or none can be made. */
+cdf_event *cdf_device_event_new(cdf_device *dev);
+void cdf_device_event_free(cdf_device *dev, cdf_event *ev);
+cdf_status cdf_device_event_record(cdf_device *dev, cdf_event *ev, cdf_stream *st);
+cdf_status cdf_device_stream_wait(cdf_device *dev, cdf_stream *st, cdf_event *ev);
+void cdf_device_event_wait(cdf_device *dev, cdf_event *ev);
+
 /* Storages backed by a device (backend/storage.c). */
 cdf_storage *cdf_storage_new(cdf_device *dev, size_t nbytes); /* accounted device memory; NULL + error */
 /* A buffer created while a compile capture records ops: no memory until the memory planner
@@ -125,13 +184,15 @@ cdf_status cdf_storage_materialize(cdf_storage *s);
  * op (a new buffer, or queues drained). */
 cdf_status cdf_storage_upload(cdf_storage *s, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n);
 /* The same, stream-ordered where the backend has buffer_set_async (else as cdf_storage_upload):
- * the bytes land after every op enqueued on s's device so far and before every op enqueued
- * after, and the call returns without waiting for the device. A conversion is done here, into
+ * the bytes land in the order of stream st (NULL: the compute stream, after every op enqueued
+ * on s's device so far and before every op enqueued after; another stream: after its earlier
+ * work, and ops of the compute stream see them only behind a wait on an event recorded after
+ * it), and the call returns without waiting for the device. A conversion is done here, into
  * staging buffers the queue frees once copied; an unconverted upload reads src when the queue
  * reaches it, so keep (a storage owning src, or NULL when src outlives the queue) is held until
  * then, as is s. */
-cdf_status cdf_storage_upload_async(cdf_storage *s, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n,
-                                    cdf_storage *keep);
+cdf_status cdf_storage_upload_async(cdf_storage *s, cdf_stream *st, size_t at, cdf_dtype dt, const void *src,
+                                    cdf_dtype src_dt, size_t n, cdf_storage *keep);
 
 /* Built-in backends. */
 extern const cdf_backend_iface cdf_cpu_backend_iface;

@@ -89,7 +89,8 @@ static void queued_upload_done(void *p) {
 }
 
 /* A stream-ordered copy of src to dst; staged: src is a staging buffer the upload owns. */
-static cdf_status queue_upload(cdf_storage *s, char *dst, void *src, size_t nbytes, bool staged, cdf_storage *keep) {
+static cdf_status queue_upload(cdf_storage *s, cdf_stream *st, char *dst, void *src, size_t nbytes, bool staged,
+                               cdf_storage *keep) {
     queued_upload *u = malloc(sizeof *u);
     if (!u) {
         if (staged) cdf_device_host_free(s->dev, src, nbytes);
@@ -99,22 +100,22 @@ static cdf_status queue_upload(cdf_storage *s, char *dst, void *src, size_t nbyt
     if (keep) cdf_storage_retain(keep);
     *u = (queued_upload){s, keep, staged ? src : NULL, staged ? nbytes : 0};
     /* on failure the backend has called queued_upload_done already */
-    cdf_status st = s->dev->iface->buffer_set_async(s->dev, dst, src, nbytes, queued_upload_done, u);
-    return st == CDF_OK ? CDF_OK : cdf_error_prefix("queued copy of %zu bytes to %s: ", nbytes, s->dev->name);
+    cdf_status r = s->dev->iface->buffer_set_async(s->dev, st, dst, src, nbytes, queued_upload_done, u);
+    return r == CDF_OK ? CDF_OK : cdf_error_prefix("queued copy of %zu bytes to %s: ", nbytes, s->dev->name);
 }
 
-cdf_status cdf_storage_upload_async(cdf_storage *s, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n,
-                                    cdf_storage *keep) {
+cdf_status cdf_storage_upload_async(cdf_storage *s, cdf_stream *st, size_t at, cdf_dtype dt, const void *src,
+                                    cdf_dtype src_dt, size_t n, cdf_storage *keep) {
     if (!s->dev->iface->buffer_set_async) return cdf_storage_upload(s, at, dt, src, src_dt, n);
     const size_t dsz = cdf_dtype_size(dt);
     if (!n) return CDF_OK;
     CDF_TRY(check_upload(s, at, dsz, n));
     char *dst = (char *)s->data + at * dsz;
-    if (dt == src_dt) return queue_upload(s, dst, (void *)src, n * dsz, false, keep);
+    if (dt == src_dt) return queue_upload(s, st, dst, (void *)src, n * dsz, false, keep);
     /* one staging buffer for the whole upload (pinned allocations are costly on an accelerator),
      * held by the queue until copied */
     void *stage = cdf_device_host_alloc(s->dev, n * dsz);
     if (!stage) return cdf_last_status();
     cdf_convert(stage, dt, src, src_dt, n);
-    return queue_upload(s, dst, stage, n * dsz, true, NULL);
+    return queue_upload(s, st, dst, stage, n * dsz, true, NULL);
 }

@@ -14,24 +14,30 @@
 
 /* ---- sequential offload: host-side block weights, materialised per block call -------------
  * A block whose listed weights are host-side (nn/weights.c, blocks_on_host) runs like this:
- *   1. wait until the weights of the block call `window` calls ago are released (their ops
- *      have run), so at most `window` blocks' weights are on the device at once (default 2:
- *      the next block is converted while the device still runs the previous one);
- *   2. copy every host-side weight into a fresh device buffer (conversion to the load dtype),
- *      queued on the device's stream;
+ *   1. mark the end of the previous block call's ops with an event on the compute stream, and
+ *      wait until the compute has passed the event of the block call `window` calls ago (its
+ *      ops have run and dropped its weights), so at most `window` blocks' weights are on the
+ *      device at once (default 2: the next block is uploaded while the device still runs the
+ *      previous one);
+ *   2. copy every host-side weight into a fresh device buffer (conversion to the load dtype on
+ *      the host), queued on the device's copy stream (cdf_device_copy_stream: it runs beside
+ *      the compute; without one, on the compute stream), then record an event after them on
+ *      the copy stream and make the compute stream wait for it (on the device: the host goes
+ *      on), so the block's first op runs after its last upload;
  *   3. run the block with a binding host-side buffer -> device copy active on the thread:
  *      every op the block submits (eager, deferred or captured) gets its operands rebound
  *      (cdf_exec_bind_host_weights); with repeated-block compile the device copies are the
  *      graph's bound parameters, exactly as for resident weights;
- *   4. drop the host's references: each copy is freed by the queue when the last op reading
- *      it has run (ops hold references to their operands), which releases the group.
- * Nothing here blocks on the device except step 1: the uploads of step 2 are queued on the
- * device's stream (cdf_storage_upload_async; the backend's buffer_set_async) ahead of the
- * block's ops, so the next block's weights are converted and queued while the device computes
- * the current one, and stream order puts each upload before its first use. */
+ *   4. drop the host's references: each copy is freed when the last op reading it has run
+ *      (ops hold references to their operands; on a stream-ordered allocator the free is
+ *      ordered after them on the compute stream), which releases the group.
+ * Nothing here blocks on the device except step 1: the next block's weights are converted and
+ * uploaded while the device computes the current one. */
 
 typedef struct weight_group {
     int refs; /* live device copies + 1 for the ring slot; under g_group_lock */
+    cdf_device *dev;
+    cdf_event *done; /* on the compute stream after the block call's ops (NULL: not yet, or none) */
 } weight_group;
 static pthread_mutex_t g_group_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_group_released = PTHREAD_COND_INITIALIZER;
@@ -127,7 +133,8 @@ cdf_status cdf_exec_bind_host_weights(cdf_node *n) {
     return CDF_OK;
 }
 
-static cdf_storage *materialise_weight(const cdf_storage *h, weight_group *g) {
+/* A device buffer for h's bytes, usable in the order of stream st (the copy stream or NULL). */
+static cdf_storage *materialise_weight(const cdf_storage *h, weight_group *g, cdf_stream *st) {
     cdf_storage *s = cdf_storage_create(h->dev, h->nbytes);
     device_copy *c = s ? calloc(1, sizeof *c) : NULL;
     if (!s || !c) {
@@ -135,7 +142,7 @@ static cdf_storage *materialise_weight(const cdf_storage *h, weight_group *g) {
         if (s) cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
         return NULL;
     }
-    if (cdf_device_alloc(h->dev, h->nbytes, &c->data) != CDF_OK) {
+    if (cdf_device_alloc_on(h->dev, st, h->nbytes, &c->data) != CDF_OK) {
         free(s);
         free(c);
         return NULL;
@@ -157,20 +164,43 @@ cdf_status cdf_weight_stream_run(cdf_graph_cache *cache, cdf_traced_fn fn, void 
     cdf_device *dev = NULL;
     for (int i = 0; i < n_weights && !dev; i++)
         if (weights[i] && weights[i]->storage->host_src) dev = weights[i]->storage->dev;
+    for (int i = 0; i < n_weights; i++)
+        if (weights[i] && weights[i]->storage->host_src && weights[i]->storage->dev != dev)
+            return cdf_error(CDF_ERR_INTERNAL, "a block's host-side weights are on two devices (%s, %s)", dev->name,
+                             weights[i]->storage->dev->name);
     /* 1. the window: the group `window` calls back must be gone before this one is made */
-    CDF_TRY(cdf_exec_flush()); /* deferred ops may hold it */
+    CDF_TRY(cdf_exec_flush()); /* deferred ops may hold it; the previous call's ops are now all queued */
     const int window = sequential_window();
+    weight_group *last = tl_ring_pos ? tl_ring[(tl_ring_pos - 1) % (unsigned)window] : NULL;
+    if (last && !last->done) {
+        /* without an event (none could be made) step 1 waits on the references alone */
+        last->done = cdf_device_event_new(last->dev);
+        if (last->done && cdf_device_event_record(last->dev, last->done, NULL) != CDF_OK) {
+            cdf_device_event_free(last->dev, last->done);
+            last->done = NULL;
+        }
+    }
     weight_group **slot = &tl_ring[tl_ring_pos % (unsigned)window];
     if (*slot) {
-        wait_group(dev, *slot);
+        pthread_mutex_lock(&g_group_lock);
+        const bool held = (*slot)->refs > 1; /* some copy of it not yet released */
+        pthread_mutex_unlock(&g_group_lock);
+        if ((*slot)->done) {
+            if (held) cdf_device_event_wait((*slot)->dev, (*slot)->done);
+            cdf_device_event_free((*slot)->dev, (*slot)->done);
+            (*slot)->done = NULL;
+        }
+        wait_group((*slot)->dev, *slot); /* their last readers have run: at once, but for a straggler */
         group_unref(*slot);
         *slot = NULL;
     }
     weight_group *g = calloc(1, sizeof *g);
     if (!g) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
     g->refs = 1;
+    g->dev = dev;
     *slot = g;
     tl_ring_pos++;
+    cdf_stream *copies = cdf_device_copy_stream(dev); /* NULL: the compute stream */
 
     /* 2. device copies, one per host-side buffer */
     cdf_storage *host[CDF_COMPILE_MAX_PARAMS], *copy[CDF_COMPILE_MAX_PARAMS];
@@ -188,28 +218,36 @@ cdf_status cdf_weight_stream_run(cdf_graph_cache *cache, cdf_traced_fn fn, void 
         while (j < nb && host[j] != w->storage) j++;
         if (j == nb) {
             cdf_storage *h = w->storage;
-            cdf_storage *d = materialise_weight(h, g);
+            cdf_storage *d = materialise_weight(h, g, copies);
             if (!d) {
                 s = cdf_last_status();
                 break;
             }
             /* the checkpoint's bytes converted as the loader converts them (cdf_tensor_from_host):
-             * the same values as a resident load, bit for bit. Stream-ordered: queued before the
-             * block's ops (which the queue runs after it), so the host goes on converting and
-             * queueing while the device still runs the blocks before; h (the checkpoint's
-             * owner) and d stay referenced until the copy has run. */
-            s = cdf_storage_upload_async(d, 0, w->dtype, h->host_src, h->host_dtype, h->nbytes / cdf_dtype_size(w->dtype), h);
-            if (s != CDF_OK) {
-                cdf_storage_release(d);
-                break;
-            }
+             * the same values as a resident load, bit for bit. Queued on the copy stream, so the
+             * host goes on converting and queueing while the device still runs the blocks before;
+             * h (the checkpoint's owner) and d stay referenced until the copy has run. */
+            s = cdf_storage_upload_async(d, copies, 0, w->dtype, h->host_src, h->host_dtype,
+                                         h->nbytes / cdf_dtype_size(w->dtype), h);
+            /* released at 4., behind the join below even when the upload failed: its memory
+             * may belong to the copy stream's order (a stream-ordered allocator) */
             host[nb] = h;
             copy[nb++] = d;
+            if (s != CDF_OK) break;
         }
         bound[i] = cdf_tensor_view_of(copy[j], w->offset, w->dtype, w->ndim, w->shape, w->strides);
         if (!bound[i]) s = cdf_last_status();
     }
     cdf_scope_suppress(-1);
+    /* the block's first op (everything the compute stream gets from now on, the copies' frees
+     * included) after the uploads */
+    if (copies && nb) {
+        cdf_event *up = cdf_device_event_new(dev);
+        cdf_status j = up ? cdf_device_event_record(dev, up, copies) : cdf_last_status();
+        if (j == CDF_OK) j = cdf_device_stream_wait(dev, NULL, up);
+        cdf_device_event_free(dev, up);
+        if (s == CDF_OK) s = j;
+    }
 
     /* 3. the block, with the binding active */
     if (s == CDF_OK) {

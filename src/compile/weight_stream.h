@@ -3,9 +3,10 @@
  * through cdf_weight_stream_run: a device copy of each of its weights is made (converted as a
  * resident load converts it) just before the block, bound in place of the host-side tensor for
  * the block's ops (cdf_exec_bind_host_weights), and released after; at most a window of blocks'
- * copies exists at once (CDIFFUSERS_SEQUENTIAL_WINDOW). Uploads are queued on the device's
- * stream ahead of the block's ops (converted on the host first): the host converts and queues
- * the next block's weights while the device still computes the current one. */
+ * copies exists at once (CDIFFUSERS_SEQUENTIAL_WINDOW). Uploads are queued on the device's copy
+ * stream (converted on the host first) and the compute stream waits for them, on the device,
+ * before the block's first op: the next block's weights are converted and uploaded while the
+ * device still computes the current one. */
 #ifndef CDF_EXEC_WEIGHT_STREAM_H
 #define CDF_EXEC_WEIGHT_STREAM_H
 

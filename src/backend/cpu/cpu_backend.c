@@ -1,6 +1,9 @@
-/* The cpu backend: host memory, and an in-order asynchronous queue served by one worker thread.
- * Kernels parallelise internally with OpenMP on that worker, so the host thread is free to keep
- * issuing ops while the device computes (the TPU/CUDA stream model). With
+/* The cpu backend: host memory, and in-order asynchronous streams each served by its own worker
+ * thread: the compute stream (every op; kernels parallelise internally with OpenMP on its
+ * worker, so the host thread is free to keep issuing ops while the device computes: the
+ * TPU/CUDA stream model) and, on request, copy streams whose workers run transfers beside the
+ * compute (sequential offload's prefetch). Streams are joined by events: a stream waiting for
+ * another's event holds a wait item that its worker blocks on only when it reaches it. With
  * CDIFFUSERS_CPU_DISCRETE=1 its memory is not addressable from above the backend (cpu_impl.h). */
 #include <omp.h>
 #include <stdatomic.h>
@@ -20,53 +23,119 @@
 #include "kernels/pack_cache.h"
 
 bool cdf_cpu_discrete;
+cdf_status (*cdf_cpu_copy_test_hook)(size_t nbytes);
 
-#define CPU_QUEUE_CAP 512 /* pending ops before enqueue blocks: bounds how far the host runs ahead
-                            (each pending op may hold an output buffer) */
+#define CPU_QUEUE_CAP 512 /* pending items per stream before enqueue blocks: bounds how far the host
+                            runs ahead (each pending op may hold an output buffer) */
+#define CPU_MAX_STREAMS 8 /* copy streams per device */
 
-/* One queued item: a node to execute, or a function to call on the worker in queue order (a
- * stream-ordered transfer, a graph launch). The function runs even after an earlier error (to
- * release what it holds) with skip set; a failure returns its status with a message in msg. */
+/* One queued item: a node to execute, a function to call on the worker in stream order (a
+ * transfer, a graph launch), or (neither) a wait until stream wait_stream has completed
+ * wait_mark items. A function runs even after an earlier error (to release what it holds) with
+ * skip set; a failure returns its status with a message in msg. */
 typedef struct cpu_item {
     cdf_node *node;
     cdf_status (*fn)(void *ctx, bool skip, char *msg, size_t cap);
     void *ctx;
+    uint64_t wait_stream, wait_mark;
 } cpu_item;
 
-typedef struct cpu_queue {
-    pthread_mutex_t lock;
-    pthread_cond_t not_empty, not_full, idle, progress;
+struct cpu_device;
+
+/* An in-order stream: a ring of items its worker runs one after the other. */
+typedef struct cpu_stream {
+    struct cpu_device *dev;
+    uint64_t id; /* 0: the compute stream; copy streams count up from 1, never reused */
+    pthread_cond_t not_empty, not_full;
     cpu_item ring[CPU_QUEUE_CAP];
     int head, count;
-    bool running; /* worker is executing a node */
-    uint64_t enqueued, completed, syncs;
-    /* first error since the last sync; later ops are skipped until it is collected */
+    bool running; /* the worker is executing an item */
+    bool stop;    /* stream_free: the worker exits once the ring is empty */
+    uint64_t enqueued, completed;
+    pthread_t worker;
+} cpu_stream;
+
+/* The device: its streams share one lock, one error and the progress/idle signals, so that a
+ * wait item can watch another stream and a sync can wait for all of them. */
+typedef struct cpu_device {
+    pthread_mutex_t lock;
+    pthread_cond_t idle;     /* broadcast when a stream runs dry */
+    pthread_cond_t progress; /* broadcast after every item of every stream */
+    cpu_stream compute;
+    cpu_stream *copies[CPU_MAX_STREAMS]; /* live copy streams (NULL: free slot) */
+    uint64_t next_id;
+    /* first error since the last sync, on any stream; later items are skipped until it is
+     * collected */
     cdf_status err;
     char err_msg[2048];
     int threads;
-    pthread_t worker;
+    uint64_t syncs;
     bool exiting; /* the process is exiting (cpu_drain_at_exit): run nothing more */
-} cpu_queue;
+} cpu_device;
 
-static cpu_queue g_cpu_queue;
+static cpu_device g_cpu;
+
+/* The live stream with this id, NULL once freed (its items have all run then). Under lock. */
+static cpu_stream *stream_by_id(cpu_device *d, uint64_t id) {
+    if (id == 0) return &d->compute;
+    for (int i = 0; i < CPU_MAX_STREAMS; i++)
+        if (d->copies[i] && d->copies[i]->id == id) return d->copies[i];
+    return NULL;
+}
+
+static bool stream_idle(const cpu_stream *q) { return q->count == 0 && !q->running; }
+
+static bool all_idle(const cpu_device *d) {
+    if (!stream_idle(&d->compute)) return false;
+    for (int i = 0; i < CPU_MAX_STREAMS; i++)
+        if (d->copies[i] && !stream_idle(d->copies[i])) return false;
+    return true;
+}
+
+/* Whether the point (stream id, mark) has passed: that stream completed mark items, or is gone. */
+static bool point_passed(cpu_device *d, uint64_t id, uint64_t mark) {
+    const cpu_stream *o = stream_by_id(d, id);
+    return !o || o->completed >= mark;
+}
+
+/* An item of q has finished (under lock). */
+static void item_finished(cpu_device *d, cpu_stream *q) {
+    q->completed++;
+    q->running = false;
+    pthread_cond_broadcast(&d->progress);
+    if (q->count == 0) pthread_cond_broadcast(&d->idle);
+}
 
 static void *cpu_worker(void *arg) {
-    cpu_queue *q = arg;
+    cpu_stream *q = arg;
+    cpu_device *d = q->dev;
     int applied_threads = -1;
     for (;;) {
-        pthread_mutex_lock(&q->lock);
-        while (q->count == 0) pthread_cond_wait(&q->not_empty, &q->lock);
+        pthread_mutex_lock(&d->lock);
+        while (q->count == 0 && !q->stop) pthread_cond_wait(&q->not_empty, &d->lock);
+        if (q->count == 0) { /* stopped and drained (stream_free) */
+            pthread_mutex_unlock(&d->lock);
+            return NULL;
+        }
         cpu_item it = q->ring[q->head];
         cdf_node *n = it.node;
         q->head = (q->head + 1) % CPU_QUEUE_CAP;
         q->count--;
         q->running = true;
-        bool skip = q->err != CDF_OK || q->exiting;
-        int want_threads = q->threads;
+        bool skip = d->err != CDF_OK || d->exiting;
+        int want_threads = d->threads;
         pthread_cond_signal(&q->not_full);
-        pthread_mutex_unlock(&q->lock);
+        if (!n && !it.fn) {
+            /* a wait for another stream's event: kept after an error too (a later transfer on
+             * this stream must still not overtake what the other stream does) */
+            while (!d->exiting && !point_passed(d, it.wait_stream, it.wait_mark)) pthread_cond_wait(&d->progress, &d->lock);
+            item_finished(d, q);
+            pthread_mutex_unlock(&d->lock);
+            continue;
+        }
+        pthread_mutex_unlock(&d->lock);
 
-        if (want_threads != applied_threads) {
+        if (q->id == 0 && want_threads != applied_threads) {
             if (want_threads > 0) omp_set_num_threads(want_threads);
             applied_threads = want_threads;
         }
@@ -83,22 +152,19 @@ static void *cpu_worker(void *arg) {
             cdf_node_free(n); /* drops buffer references: may free memory the host released */
         }
 
-        pthread_mutex_lock(&q->lock);
-        if (s != CDF_OK && q->err == CDF_OK) {
+        pthread_mutex_lock(&d->lock);
+        if (s != CDF_OK && d->err == CDF_OK) {
             /* the kernel's own status is in the message; the sync reports a device error */
-            q->err = CDF_ERR_DEVICE;
-            memcpy(q->err_msg, msg, sizeof msg);
+            d->err = CDF_ERR_DEVICE;
+            memcpy(d->err_msg, msg, sizeof msg);
         }
-        q->completed++;
-        q->running = false;
-        pthread_cond_broadcast(&q->progress);
-        if (q->count == 0) pthread_cond_broadcast(&q->idle);
-        pthread_mutex_unlock(&q->lock);
+        item_finished(d, q);
+        pthread_mutex_unlock(&d->lock);
     }
     return NULL;
 }
 
-/* At process exit, let the queue finish first: exit() runs the libraries' destructors (oneDNN's
+/* At process exit, let the streams finish first: exit() runs the libraries' destructors (oneDNN's
  * lazily built statics among them) while the detached worker could still be inside a kernel
  * that uses them — a program that frees its last outputs without a sync and returns from main
  * crashed that way now and then (SIGSEGV in dnnl_primitive_desc_create, "malloc_consolidate():
@@ -107,17 +173,24 @@ static void *cpu_worker(void *arg) {
  * primitive (the calls that build those statics): it then runs before their destructors. After
  * it, queued work is dropped unexecuted. */
 static void cpu_drain_at_exit(void) {
-    cpu_queue *q = &g_cpu_queue;
-    if (pthread_equal(pthread_self(), q->worker)) return; /* a kernel called exit() */
+    cpu_device *d = &g_cpu;
+    pthread_t self = pthread_self();
+    if (pthread_equal(self, d->compute.worker)) return; /* a kernel called exit() */
     /* bounded: a collective waiting for a rank that died must not keep the process alive */
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += 10;
-    pthread_mutex_lock(&q->lock);
-    while (q->count > 0 || q->running)
-        if (pthread_cond_timedwait(&q->idle, &q->lock, &until) != 0) break;
-    q->exiting = true;
-    pthread_mutex_unlock(&q->lock);
+    pthread_mutex_lock(&d->lock);
+    for (int i = 0; i < CPU_MAX_STREAMS; i++)
+        if (d->copies[i] && pthread_equal(self, d->copies[i]->worker)) { /* a transfer's callback */
+            pthread_mutex_unlock(&d->lock);
+            return;
+        }
+    while (!all_idle(d))
+        if (pthread_cond_timedwait(&d->idle, &d->lock, &until) != 0) break;
+    d->exiting = true;
+    pthread_cond_broadcast(&d->progress); /* wait items give up */
+    pthread_mutex_unlock(&d->lock);
 }
 
 static void cpu_register_exit_drain(void) {
@@ -125,28 +198,35 @@ static void cpu_register_exit_drain(void) {
     if (atomic_fetch_add(&registered, 1) < 1024) atexit(cpu_drain_at_exit); /* a few per model shape */
 }
 
-static cdf_status cpu_init(int *n_devices, const char **why) {
-    cpu_queue *q = &g_cpu_queue;
-    const char *disc = getenv("CDIFFUSERS_CPU_DISCRETE");
-    cdf_cpu_discrete = disc && (strcmp(disc, "1") == 0 || strcasecmp(disc, "on") == 0 || strcasecmp(disc, "true") == 0);
-    pthread_mutex_init(&q->lock, NULL);
+static void stream_init(cpu_device *d, cpu_stream *q, uint64_t id) {
+    q->dev = d;
+    q->id = id;
     pthread_cond_init(&q->not_empty, NULL);
     pthread_cond_init(&q->not_full, NULL);
-    pthread_cond_init(&q->idle, NULL);
-    pthread_cond_init(&q->progress, NULL);
-    q->threads = 0;
+}
+
+static cdf_status cpu_init(int *n_devices, const char **why) {
+    cpu_device *d = &g_cpu;
+    const char *disc = getenv("CDIFFUSERS_CPU_DISCRETE");
+    cdf_cpu_discrete = disc && (strcmp(disc, "1") == 0 || strcasecmp(disc, "on") == 0 || strcasecmp(disc, "true") == 0);
+    pthread_mutex_init(&d->lock, NULL);
+    pthread_cond_init(&d->idle, NULL);
+    pthread_cond_init(&d->progress, NULL);
+    stream_init(d, &d->compute, 0);
+    d->next_id = 1;
+    d->threads = 0;
     const char *t = getenv("CDIFFUSERS_NUM_THREADS");
-    if (t && atoi(t) > 0) q->threads = atoi(t);
+    if (t && atoi(t) > 0) d->threads = atoi(t);
     cdf_k_fast_set_new_primitive_hook(cpu_register_exit_drain);
     /* the worker must not keep the process alive or be joined: detach it */
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int rc = pthread_create(&q->worker, &attr, cpu_worker, q);
+    int rc = pthread_create(&d->compute.worker, &attr, cpu_worker, &d->compute);
     pthread_attr_destroy(&attr);
     if (rc != 0) return cdf_error(CDF_ERR_DEVICE, "cannot start the cpu queue thread: %s", strerror(rc));
     cpu_register_exit_drain();
-    if (!cdf_backend_add_device(&cdf_cpu_backend_iface, 0, q)) return cdf_error(CDF_ERR_LIMIT, "device table full");
+    if (!cdf_backend_add_device(&cdf_cpu_backend_iface, 0, d)) return cdf_error(CDF_ERR_LIMIT, "device table full");
     *n_devices = 1;
     return CDF_OK;
 }
@@ -165,41 +245,46 @@ static void cpu_free(cdf_device *dev, void *ptr, size_t nbytes) {
     cdf_host_free_large(p, nbytes);
 }
 
-static cdf_status queue_push(cpu_queue *q, cpu_item it) {
-    pthread_mutex_lock(&q->lock);
-    while (q->count == CPU_QUEUE_CAP) pthread_cond_wait(&q->not_full, &q->lock);
+static cdf_status queue_push(cpu_stream *q, cpu_item it) {
+    cpu_device *d = q->dev;
+    pthread_mutex_lock(&d->lock);
+    while (q->count == CPU_QUEUE_CAP) pthread_cond_wait(&q->not_full, &d->lock);
     q->ring[(q->head + q->count) % CPU_QUEUE_CAP] = it;
     q->count++;
     q->enqueued++;
     pthread_cond_signal(&q->not_empty);
-    pthread_mutex_unlock(&q->lock);
+    pthread_mutex_unlock(&d->lock);
     return CDF_OK;
 }
 
+static cpu_stream *stream_of(cdf_device *dev, cdf_stream *st) {
+    return st ? (cpu_stream *)st : &((cpu_device *)dev->impl)->compute;
+}
+
 static cdf_status cpu_enqueue(cdf_device *dev, cdf_node *node) {
-    return queue_push(dev->impl, (cpu_item){.node = node});
+    return queue_push(stream_of(dev, NULL), (cpu_item){.node = node});
 }
 
 static cdf_status cpu_synchronize(cdf_device *dev) {
-    cpu_queue *q = dev->impl;
-    pthread_mutex_lock(&q->lock);
-    q->syncs++;
-    while (q->count > 0 || q->running) pthread_cond_wait(&q->idle, &q->lock);
-    cdf_status s = q->err;
+    cpu_device *d = dev->impl;
+    pthread_mutex_lock(&d->lock);
+    d->syncs++;
+    while (!all_idle(d)) pthread_cond_wait(&d->idle, &d->lock);
+    cdf_status s = d->err;
     char msg[2048];
-    memcpy(msg, q->err_msg, sizeof msg);
-    q->err = CDF_OK;
-    q->err_msg[0] = 0;
-    pthread_mutex_unlock(&q->lock);
+    memcpy(msg, d->err_msg, sizeof msg);
+    d->err = CDF_OK;
+    d->err_msg[0] = 0;
+    pthread_mutex_unlock(&d->lock);
     if (s != CDF_OK) return cdf_error(s, "%s", msg);
     return CDF_OK;
 }
 
 static void cpu_wait_idle(cdf_device *dev) {
-    cpu_queue *q = dev->impl;
-    pthread_mutex_lock(&q->lock);
-    while (q->count > 0 || q->running) pthread_cond_wait(&q->idle, &q->lock);
-    pthread_mutex_unlock(&q->lock);
+    cpu_device *d = dev->impl;
+    pthread_mutex_lock(&d->lock);
+    while (!all_idle(d)) pthread_cond_wait(&d->idle, &d->lock);
+    pthread_mutex_unlock(&d->lock);
 }
 
 static bool cpu_supports(cdf_device *dev, const cdf_node *node) { return true; }
@@ -221,14 +306,28 @@ typedef struct async_set {
     size_t nbytes;
     void (*done)(void *);
     void *ctx;
+    const char *dev_name;
+    uint64_t stream; /* the stream's id, for the message of a failed copy */
 } async_set;
 
 static cdf_status run_async_set(void *p, bool skip, char *msg, size_t cap) {
     async_set *a = p;
-    memcpy(cdf_cpu_host_ptr(a->dst), a->src, a->nbytes); /* harmless after an error; frees the source */
-    if (a->done) a->done(a->ctx);
+    cdf_status s = CDF_OK;
+    if (!skip && cdf_cpu_copy_test_hook) {
+        cdf_clear_error();
+        s = cdf_cpu_copy_test_hook(a->nbytes);
+    }
+    /* after an earlier error the bytes are copied all the same (harmless: nothing waits for
+     * them that is not skipped); a failed copy writes none */
+    if (s == CDF_OK) memcpy(cdf_cpu_host_ptr(a->dst), a->src, a->nbytes);
+    else if (a->stream == 0)
+        snprintf(msg, cap, "queued copy of %zu bytes to %s (compute stream) failed: %s", a->nbytes, a->dev_name, cdf_last_error());
+    else
+        snprintf(msg, cap, "queued copy of %zu bytes to %s (copy stream %llu) failed: %s", a->nbytes, a->dev_name,
+                 (unsigned long long)a->stream, cdf_last_error());
+    if (a->done) a->done(a->ctx); /* frees the source */
     free(a);
-    return CDF_OK;
+    return s;
 }
 
 /* ---- whole graphs: one queue item runs every node of a compiled plan with its parameters
@@ -287,7 +386,7 @@ static cdf_status cpu_graph_launch(cdf_device *dev, void *graph, cdf_tensor *con
     if (!l) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (graph launch)");
     l->g = g;
     for (int j = 0; j < g->n_params; j++) l->bound[j] = cdf_tensor_retain(bound[j]);
-    return queue_push(dev->impl, (cpu_item){.fn = run_launch, .ctx = l});
+    return queue_push(stream_of(dev, NULL), (cpu_item){.fn = run_launch, .ctx = l});
 }
 
 static void cpu_graph_free(cdf_device *dev, void *graph) {
@@ -299,31 +398,126 @@ static void cpu_graph_free(cdf_device *dev, void *graph) {
     free(g);
 }
 
-static cdf_status cpu_buffer_set_async(cdf_device *dev, void *dst, const void *src, size_t nbytes, void (*done)(void *),
-                                       void *ctx) {
+static cdf_status cpu_buffer_set_async(cdf_device *dev, cdf_stream *st, void *dst, const void *src, size_t nbytes,
+                                       void (*done)(void *), void *ctx) {
     async_set *a = malloc(sizeof *a);
     if (!a) {
         if (done) done(ctx);
         return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (queued copy)");
     }
-    *a = (async_set){dst, src, nbytes, done, ctx};
-    return queue_push(dev->impl, (cpu_item){.fn = run_async_set, .ctx = a});
+    cpu_stream *q = stream_of(dev, st);
+    *a = (async_set){dst, src, nbytes, done, ctx, dev->name, q->id};
+    return queue_push(q, (cpu_item){.fn = run_async_set, .ctx = a});
 }
 
 static uint64_t cpu_event_record(cdf_device *dev) {
-    cpu_queue *q = dev->impl;
-    pthread_mutex_lock(&q->lock);
-    uint64_t e = q->enqueued;
-    pthread_mutex_unlock(&q->lock);
+    cpu_device *d = dev->impl;
+    pthread_mutex_lock(&d->lock);
+    uint64_t e = d->compute.enqueued;
+    pthread_mutex_unlock(&d->lock);
     return e;
 }
 
 static void cpu_event_synchronize(cdf_device *dev, uint64_t event) {
-    cpu_queue *q = dev->impl;
-    pthread_mutex_lock(&q->lock);
+    cpu_device *d = dev->impl;
+    pthread_mutex_lock(&d->lock);
     /* in order: the items up to the marker are done when `completed` reaches it */
-    while (q->completed < event) pthread_cond_wait(&q->progress, &q->lock);
-    pthread_mutex_unlock(&q->lock);
+    while (d->compute.completed < event) pthread_cond_wait(&d->progress, &d->lock);
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* ---- copy streams and events ---- */
+static cdf_stream *cpu_stream_new(cdf_device *dev) {
+    cpu_device *d = dev->impl;
+    cpu_stream *q = calloc(1, sizeof *q);
+    if (!q) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (a stream of %s)", dev->name);
+        return NULL;
+    }
+    pthread_mutex_lock(&d->lock);
+    int slot = 0;
+    while (slot < CPU_MAX_STREAMS && d->copies[slot]) slot++;
+    if (slot == CPU_MAX_STREAMS) {
+        pthread_mutex_unlock(&d->lock);
+        free(q);
+        cdf_error(CDF_ERR_LIMIT, "%s: more than %d streams besides the compute stream", dev->name, CPU_MAX_STREAMS);
+        return NULL;
+    }
+    stream_init(d, q, d->next_id++);
+    d->copies[slot] = q; /* idle until its first item: a sync meanwhile does not wait for it */
+    pthread_mutex_unlock(&d->lock);
+    /* joinable: stream_free joins it; never waited for at exit (cpu_drain_at_exit drains it) */
+    int rc = pthread_create(&q->worker, NULL, cpu_worker, q);
+    if (rc != 0) {
+        pthread_mutex_lock(&d->lock);
+        d->copies[slot] = NULL;
+        pthread_mutex_unlock(&d->lock);
+        free(q);
+        cdf_error(CDF_ERR_DEVICE, "%s: cannot start a stream's thread: %s", dev->name, strerror(rc));
+        return NULL;
+    }
+    return (cdf_stream *)q;
+}
+
+static void cpu_stream_free(cdf_device *dev, cdf_stream *st) {
+    cpu_stream *q = (cpu_stream *)st;
+    if (!q) return;
+    cpu_device *d = dev->impl;
+    pthread_mutex_lock(&d->lock);
+    while (!stream_idle(q)) pthread_cond_wait(&d->idle, &d->lock);
+    for (int i = 0; i < CPU_MAX_STREAMS; i++)
+        if (d->copies[i] == q) d->copies[i] = NULL;
+    q->stop = true;
+    pthread_cond_signal(&q->not_empty);
+    pthread_cond_broadcast(&d->progress); /* its events are passed now */
+    pthread_mutex_unlock(&d->lock);
+    pthread_join(q->worker, NULL);
+    pthread_cond_destroy(&q->not_empty);
+    pthread_cond_destroy(&q->not_full);
+    free(q);
+}
+
+/* An event: the point "stream `stream` has completed `mark` items" (mark 0: never recorded). */
+typedef struct cpu_event {
+    uint64_t stream, mark;
+} cpu_event;
+
+static cdf_event *cpu_event_new(cdf_device *dev) {
+    cpu_event *e = calloc(1, sizeof *e);
+    if (!e) cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (an event of %s)", dev->name);
+    return (cdf_event *)e;
+}
+
+static void cpu_event_free(cdf_device *dev, cdf_event *ev) { free(ev); }
+
+static cdf_status cpu_event_record_on(cdf_device *dev, cdf_event *ev, cdf_stream *st) {
+    cpu_device *d = dev->impl;
+    cpu_stream *q = stream_of(dev, st);
+    cpu_event *e = (cpu_event *)ev;
+    pthread_mutex_lock(&d->lock);
+    e->stream = q->id;
+    e->mark = q->enqueued;
+    pthread_mutex_unlock(&d->lock);
+    return CDF_OK;
+}
+
+static cdf_status cpu_stream_wait_event(cdf_device *dev, cdf_stream *st, cdf_event *ev) {
+    cpu_device *d = dev->impl;
+    cpu_stream *q = stream_of(dev, st);
+    const cpu_event e = *(cpu_event *)ev;
+    pthread_mutex_lock(&d->lock);
+    /* a point of the same stream is behind anything enqueued later anyway */
+    bool needed = e.stream != q->id && !point_passed(d, e.stream, e.mark);
+    pthread_mutex_unlock(&d->lock);
+    return needed ? queue_push(q, (cpu_item){.wait_stream = e.stream, .wait_mark = e.mark}) : CDF_OK;
+}
+
+static void cpu_event_host_wait(cdf_device *dev, cdf_event *ev) {
+    cpu_device *d = dev->impl;
+    const cpu_event e = *(cpu_event *)ev;
+    pthread_mutex_lock(&d->lock);
+    while (!point_passed(d, e.stream, e.mark)) pthread_cond_wait(&d->progress, &d->lock);
+    pthread_mutex_unlock(&d->lock);
 }
 
 static bool cpu_host_visible(const cdf_device *dev) { return !cdf_cpu_discrete; }
@@ -356,19 +550,24 @@ static void cpu_device_info(const cdf_device *dev, cdf_device_info *out) {
 }
 
 static void cpu_set_threads(cdf_device *dev, int n) {
-    cpu_queue *q = dev->impl;
-    pthread_mutex_lock(&q->lock);
-    q->threads = n;
-    pthread_mutex_unlock(&q->lock);
+    cpu_device *d = dev->impl;
+    pthread_mutex_lock(&d->lock);
+    d->threads = n;
+    pthread_mutex_unlock(&d->lock);
 }
 
 static void cpu_queue_stats(const cdf_device *dev, cdf_queue_stats *out) {
-    cpu_queue *q = dev->impl;
-    pthread_mutex_lock(&q->lock);
-    out->enqueued = q->enqueued;
-    out->completed = q->completed;
-    out->syncs = q->syncs;
-    pthread_mutex_unlock(&q->lock);
+    cpu_device *d = dev->impl;
+    pthread_mutex_lock(&d->lock);
+    out->enqueued = d->compute.enqueued;
+    out->completed = d->compute.completed;
+    for (int i = 0; i < CPU_MAX_STREAMS; i++)
+        if (d->copies[i]) {
+            out->enqueued += d->copies[i]->enqueued;
+            out->completed += d->copies[i]->completed;
+        }
+    out->syncs = d->syncs;
+    pthread_mutex_unlock(&d->lock);
 }
 
 const cdf_backend_iface cdf_cpu_backend_iface = {
@@ -392,4 +591,11 @@ const cdf_backend_iface cdf_cpu_backend_iface = {
     .graph_free = cpu_graph_free,
     .set_threads = cpu_set_threads,
     .queue_stats = cpu_queue_stats,
+    .stream_new = cpu_stream_new,
+    .stream_free = cpu_stream_free,
+    .event_new = cpu_event_new,
+    .event_free = cpu_event_free,
+    .event_record_on = cpu_event_record_on,
+    .stream_wait_event = cpu_stream_wait_event,
+    .event_host_wait = cpu_event_host_wait,
 };

@@ -10,11 +10,21 @@
 #define CDF_BACKEND_CPU_IMPL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+
+#include "cdiffusers/error.h"
 
 #define CDF_CPU_DISCRETE_TAG ((uintptr_t)1 << 62)
 
 extern bool cdf_cpu_discrete; /* set once at backend init */
+
+/* Tests only (NULL otherwise): called by a stream's worker before each queued host->device copy
+ * (buffer_set_async) it runs, with the copy's size. A slow hook makes a copy stream slow, so a
+ * missing cross-stream wait shows as stale bytes; a failing one (status + cdf_error) makes the
+ * copy fail on the device: its bytes are not written and the device's next sync reports it. Set
+ * it while the device is idle. */
+extern cdf_status (*cdf_cpu_copy_test_hook)(size_t nbytes);
 
 /* The host address of a cpu device address (identity unless in discrete mode). */
 static inline void *cdf_cpu_host_ptr(const void *dev_ptr) {

@@ -1,9 +1,12 @@
 /* The CUDA backend: the device interface (backend_impl.h) over the CUDA runtime.
  *
- * One in-order stream per device carries everything: kernels, cuBLASLt calls, stream-ordered
- * allocations and frees (cudaMallocAsync / cudaFreeAsync from the device's memory pool, so a
- * buffer the host releases while queued kernels still read it is reused only after them) and
- * transfers. A node is launched when it is enqueued and freed at once: the buffers it holds are
+ * One in-order stream per device, the compute stream, carries kernels, cuBLASLt calls,
+ * stream-ordered allocations and frees (cudaMallocAsync / cudaFreeAsync from the device's memory
+ * pool, so a buffer the host releases while queued kernels still read it is reused only after
+ * them) and transfers given no stream. Copy streams (stream_new: cudaStreams) carry transfers
+ * beside the compute, joined to it by cudaEvents (cudaStreamWaitEvent); memory a copy stream
+ * writes first is allocated on that stream (stream_alloc), so the pool orders its reuse after
+ * the compute stream's frees. The copy streams are not yet run on a GPU. A node is launched when it is enqueued and freed at once: the buffers it holds are
  * released in stream order. Errors: a launch that fails is recorded with the op's name and
  * reported at the next synchronize; a fault inside a running kernel surfaces at the next wait
  * and is sticky (the context is unusable: the message says so and names the last op launched;
@@ -145,20 +148,35 @@ static void device_info(const cdf_device *dev, cdf_device_info *out) {
 
 /* ---- memory -------------------------------------------------------------------------------- */
 
-static void *cuda_alloc(cdf_device *dev, size_t nbytes) {
-    cdf_cuda_dev *d = dev_of(dev);
+/* The stream of a handle: NULL is the compute stream. */
+static cudaStream_t stream_of(const cdf_cuda_dev *d, cdf_stream *st) { return st ? (cudaStream_t)st : d->stream; }
+
+/* Memory usable in the order of stream s (allocated on it). */
+static void *alloc_on(cdf_cuda_dev *d, cudaStream_t s, size_t nbytes) {
     if (!nbytes || dev_ready(d) != CDF_OK) return NULL;
     void *p = NULL;
-    if (cudaMallocAsync(&p, nbytes, d->stream) == cudaSuccess) return p;
+    if (cudaMallocAsync(&p, nbytes, s) == cudaSuccess) return p;
     (void)cudaGetLastError(); /* out of memory is not sticky */
     /* the pool keeps freed blocks (release threshold: all): give them back to the device once
-     * the queued frees have happened, then try again */
+     * the queued frees (all on the compute stream) have happened, then try again */
     cudaMemPool_t pool;
     if (cudaStreamSynchronize(d->stream) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, d->ordinal) == cudaSuccess &&
-        cudaMemPoolTrimTo(pool, 0) == cudaSuccess && cudaMallocAsync(&p, nbytes, d->stream) == cudaSuccess)
+        cudaMemPoolTrimTo(pool, 0) == cudaSuccess && cudaMallocAsync(&p, nbytes, s) == cudaSuccess)
         return p;
     (void)cudaGetLastError();
     return NULL;
+}
+
+static void *cuda_alloc(cdf_device *dev, size_t nbytes) {
+    cdf_cuda_dev *d = dev_of(dev);
+    return alloc_on(d, d->stream, nbytes);
+}
+
+/* Freed on the compute stream like every buffer (cudaFreeAsync may be on another stream than the
+ * allocation): after the kernels that read it, which run after a wait for the copy. */
+static void *cuda_stream_alloc(cdf_device *dev, cdf_stream *st, size_t nbytes) {
+    cdf_cuda_dev *d = dev_of(dev);
+    return alloc_on(d, stream_of(d, st), nbytes);
 }
 
 static void cuda_free(cdf_device *dev, void *ptr, size_t nbytes) {
@@ -227,20 +245,28 @@ static cdf_status cuda_buffer_get(cdf_device *dev, void *dst, const void *src, s
     return e == cudaSuccess ? CDF_OK : cdf_cuda_fail(e, "device-to-host copy");
 }
 
-static cdf_status cuda_buffer_set_async(cdf_device *dev, void *dst, const void *src, size_t nbytes, void (*done)(void *),
-                                        void *ctx) {
+static cdf_status cuda_buffer_set_async(cdf_device *dev, cdf_stream *st, void *dst, const void *src, size_t nbytes,
+                                        void (*done)(void *), void *ctx) {
     cdf_cuda_dev *d = dev_of(dev);
     cdf_status s = dev_ready(d);
-    if (s != CDF_OK) return s;
+    if (s != CDF_OK) {
+        if (done) done(ctx);
+        return s;
+    }
     run_pending(d, false);
     cdf_cuda_pending *p = calloc(1, sizeof *p);
-    if (!p) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory queueing a copy to %s", dev->name);
-    cudaError_t e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, d->stream);
+    if (!p) {
+        if (done) done(ctx);
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory queueing a copy to %s", dev->name);
+    }
+    cudaStream_t cs = stream_of(d, st);
+    cudaError_t e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, cs);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->event, cudaEventDisableTiming);
-    if (e == cudaSuccess) e = cudaEventRecord(p->event, d->stream);
+    if (e == cudaSuccess) e = cudaEventRecord(p->event, cs);
     if (e != cudaSuccess) {
+        if (p->event) (void)cudaEventDestroy(p->event);
         free(p);
-        (void)cudaStreamSynchronize(d->stream); /* the copy may be in flight: src must outlive it */
+        (void)cudaStreamSynchronize(cs); /* the copy may be in flight: src must outlive it */
         if (done) done(ctx);
         return cdf_cuda_fail(e, "asynchronous host-to-device copy");
     }
@@ -282,6 +308,106 @@ static void cuda_event_synchronize(cdf_device *dev, uint64_t event) {
 }
 
 static bool cuda_host_visible(const cdf_device *dev) { return false; }
+
+/* Record the first error (the caller holds d->lock). */
+static void record_error(cdf_cuda_dev *d, cdf_status s, const char *msg) {
+    if (d->err != CDF_OK) return;
+    d->err = s;
+    snprintf(d->err_msg, sizeof d->err_msg, "%s", msg);
+}
+
+/* ---- copy streams and events ----------------------------------------------------------------
+ * A stream handle is its cudaStream_t, an event handle its cudaEvent_t. */
+static cdf_stream *cuda_stream_new(cdf_device *dev) {
+    cdf_cuda_dev *d = dev_of(dev);
+    if (dev_ready(d) != CDF_OK) return NULL;
+    cudaStream_t cs;
+    cudaError_t e = cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        cdf_cuda_fail(e, "creating a copy stream");
+        return NULL;
+    }
+    pthread_mutex_lock(&d->lock);
+    int i = 0;
+    while (i < CDF_CUDA_MAX_STREAMS && d->copies[i]) i++;
+    if (i < CDF_CUDA_MAX_STREAMS) d->copies[i] = cs;
+    pthread_mutex_unlock(&d->lock);
+    if (i == CDF_CUDA_MAX_STREAMS) {
+        (void)cudaStreamDestroy(cs);
+        cdf_error(CDF_ERR_LIMIT, "%s: more than %d streams besides the compute stream", dev->name, CDF_CUDA_MAX_STREAMS);
+        return NULL;
+    }
+    return (cdf_stream *)cs;
+}
+
+/* Wait for copy stream cs; a failure is recorded as the device's error (caller: no lock held). */
+static void sync_copy_stream(cdf_cuda_dev *d, cdf_device *dev, cudaStream_t cs) {
+    cudaError_t e = cudaStreamSynchronize(cs);
+    if (e == cudaSuccess) return;
+    char msg[700];
+    pthread_mutex_lock(&d->lock);
+    d->sticky = d->sticky || is_sticky(e);
+    snprintf(msg, sizeof msg, "%s: a copy on a copy stream failed: %s (%s)%s", dev->name, cudaGetErrorName(e),
+             cudaGetErrorString(e), d->sticky ? "; the CUDA context is unusable, restart the process" : "");
+    record_error(d, CDF_ERR_DEVICE, msg);
+    pthread_mutex_unlock(&d->lock);
+    if (!d->sticky) (void)cudaGetLastError();
+}
+
+static void cuda_stream_free(cdf_device *dev, cdf_stream *st) {
+    cdf_cuda_dev *d = dev_of(dev);
+    if (!st) return;
+    cudaStream_t cs = (cudaStream_t)st;
+    (void)cudaSetDevice(d->ordinal);
+    sync_copy_stream(d, dev, cs);
+    run_pending(d, false); /* the done() of its copies */
+    pthread_mutex_lock(&d->lock);
+    for (int i = 0; i < CDF_CUDA_MAX_STREAMS; i++)
+        if (d->copies[i] == cs) d->copies[i] = NULL;
+    pthread_mutex_unlock(&d->lock);
+    if (cudaStreamDestroy(cs) != cudaSuccess) (void)cudaGetLastError();
+}
+
+static cdf_event *cuda_event_new(cdf_device *dev) {
+    cdf_cuda_dev *d = dev_of(dev);
+    if (dev_ready(d) != CDF_OK) return NULL;
+    cudaEvent_t ev;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        cdf_cuda_fail(e, "creating an event");
+        return NULL;
+    }
+    return (cdf_event *)ev;
+}
+
+/* A recorded event still pending is released by CUDA once it completes; enqueued waits keep it. */
+static void cuda_event_free(cdf_device *dev, cdf_event *ev) {
+    (void)cudaSetDevice(dev_of(dev)->ordinal);
+    if (cudaEventDestroy((cudaEvent_t)ev) != cudaSuccess) (void)cudaGetLastError();
+}
+
+static cdf_status cuda_event_record_on(cdf_device *dev, cdf_event *ev, cdf_stream *st) {
+    cdf_cuda_dev *d = dev_of(dev);
+    CDF_TRY(dev_ready(d));
+    cudaError_t e = cudaEventRecord((cudaEvent_t)ev, stream_of(d, st));
+    return e == cudaSuccess ? CDF_OK : cdf_cuda_fail(e, "recording an event");
+}
+
+static cdf_status cuda_stream_wait_event(cdf_device *dev, cdf_stream *st, cdf_event *ev) {
+    cdf_cuda_dev *d = dev_of(dev);
+    CDF_TRY(dev_ready(d));
+    cudaError_t e = cudaStreamWaitEvent(stream_of(d, st), (cudaEvent_t)ev, 0);
+    return e == cudaSuccess ? CDF_OK : cdf_cuda_fail(e, "a stream's wait for an event");
+}
+
+static void cuda_event_host_wait(cdf_device *dev, cdf_event *ev) {
+    cdf_cuda_dev *d = dev_of(dev);
+    (void)cudaSetDevice(d->ordinal);
+    if (cudaEventSynchronize((cudaEvent_t)ev) != cudaSuccess) (void)cudaGetLastError(); /* reported at the sync */
+    run_pending(d, false);
+}
 
 /* ---- execution ------------------------------------------------------------------------------ */
 
@@ -420,13 +546,6 @@ static cdf_status execute(cdf_cuda_dev *d, cdf_device *dev, const cdf_node *n) {
     return cdf_error(CDF_ERR_INTERNAL, "cuda backend: unknown op kind %d", (int)n->kind);
 }
 
-/* Record the first error (the caller holds d->lock). */
-static void record_error(cdf_cuda_dev *d, cdf_status s, const char *msg) {
-    if (d->err != CDF_OK) return;
-    d->err = s;
-    snprintf(d->err_msg, sizeof d->err_msg, "%s", msg);
-}
-
 static cdf_status cuda_enqueue(cdf_device *dev, cdf_node *node) {
     cdf_cuda_dev *d = dev_of(dev);
     cdf_status s = dev_ready(d);
@@ -457,6 +576,12 @@ static cdf_status cuda_enqueue(cdf_device *dev, cdf_node *node) {
 /* Wait for the stream; returns the first error (recorded, a fault of a running kernel, or a
  * kernel's error word) and clears it unless the context is lost. */
 static cdf_status drain(cdf_cuda_dev *d, cdf_device *dev, bool collect) {
+    cudaStream_t copies[CDF_CUDA_MAX_STREAMS];
+    pthread_mutex_lock(&d->lock);
+    memcpy(copies, d->copies, sizeof copies);
+    pthread_mutex_unlock(&d->lock);
+    for (int i = 0; i < CDF_CUDA_MAX_STREAMS; i++)
+        if (copies[i]) sync_copy_stream(d, dev, copies[i]);
     cudaError_t e = cudaStreamSynchronize(d->stream);
     run_pending(d, true);
     pthread_mutex_lock(&d->lock);
@@ -538,4 +663,12 @@ const cdf_backend_iface cdf_cuda_backend_iface = {
     .supports = cuda_supports,
     .set_threads = cuda_set_threads,
     .queue_stats = cuda_queue_stats,
+    .stream_new = cuda_stream_new,
+    .stream_free = cuda_stream_free,
+    .stream_alloc = cuda_stream_alloc,
+    .event_new = cuda_event_new,
+    .event_free = cuda_event_free,
+    .event_record_on = cuda_event_record_on,
+    .stream_wait_event = cuda_stream_wait_event,
+    .event_host_wait = cuda_event_host_wait,
 };

@@ -9,6 +9,7 @@
 #include "backend/cuda/kernels/cuda_kernels.h"
 
 #define CDF_CUDA_EVENT_RING 64
+#define CDF_CUDA_MAX_STREAMS 8 /* copy streams per device */
 #define CDF_CUDA_GEMM_CACHE 256
 
 /* A cached cuBLASLt heuristic: the algorithm chosen for one problem (types, shape, layouts,
@@ -31,7 +32,8 @@ typedef struct cdf_cuda_pending {
 
 typedef struct cdf_cuda_dev {
     int ordinal;
-    cudaStream_t stream; /* the device's one in-order stream: every kernel, copy and free */
+    cudaStream_t stream; /* the compute stream: every kernel, free, and copy given no stream */
+    cudaStream_t copies[CDF_CUDA_MAX_STREAMS]; /* streams handed out by stream_new (NULL: free slot) */
     cublasLtHandle_t lt;
     void *workspace;
     size_t workspace_size;
