@@ -1,8 +1,10 @@
 /* A component's weights from one file: the tiny FLUX.1-dev transformer as a BFL-layout
  * .safetensors, the same under ComfyUI's "model.diffusion_model." prefix, as GGUF F32 and as a
- * GGUF with Q8_0/Q4_0/Q5_1/Q4_K/Q6_K weights, and the tiny SD3.5-Medium transformer in Stability's layout
- * (tools/make-format-refs/make_single_file_refs.py, which checks the files against diffusers' own
- * convert_flux_transformer_checkpoint_to_diffusers / convert_sd3_transformer_checkpoint_to_diffusers).
+ * GGUF with Q8_0/Q4_0/Q5_1/Q4_K/Q6_K weights, the tiny SD3.5-Medium transformer in Stability's layout
+ * and the tiny FLUX.2-dev transformer in BFL's FLUX.2 layout (safetensors, bare and prefixed, GGUF F32
+ * written here, GGUF Q8_0/Q4_0/Q5_1) (tools/make-format-refs/make_single_file_refs.py, which checks
+ * the files against diffusers' own convert_flux_transformer_checkpoint_to_diffusers /
+ * convert_sd3_transformer_checkpoint_to_diffusers / convert_flux2_transformer_checkpoint_to_diffusers).
  *
  * - key conversion: every tensor the folder holds comes back bit-identical from each file;
  * - latents: the same generation from the folder and from each file gives identical latents,
