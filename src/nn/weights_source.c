@@ -164,36 +164,62 @@ static bool set_chunk(const cdf_wsrc *s, const char *pfx, cdf_wsrc_tensor *t, in
     return true;
 }
 
+#define N_OF(tab) (sizeof tab / sizeof *tab)
+
+/* BFL's name of diffusers' `rest` in `tab`, or NULL. */
+static const char *bfl_name(const key_rename *tab, size_t n, const char *rest) {
+    for (size_t k = 0; k < n; k++)
+        if (strcmp(rest, tab[k].diffusers) == 0) return tab[k].bfl;
+    return NULL;
+}
+
+/* The parameter's BFL name: the q/k norms' weight is "scale" (NULL for any other norm param). */
+static const char *bfl_param(const char *stem, const char *param) {
+    bool norm = strstr(stem, "norm_q") || strstr(stem, "norm_k") || strstr(stem, "norm_added_");
+    return norm ? (strcmp(param, "weight") == 0 ? "scale" : NULL) : param;
+}
+
+/* Diffusers' `rest` of double block i in a BFL file (FLUX.1 and FLUX.2 alike): renamed by `tab`,
+ * or a third of the img / txt fused qkv (torch.chunk(qkv, 3, dim=0)). */
+static bool bfl_double(const cdf_wsrc *s, const char *pfx, int i, const char *rest, const char *bparam, const key_rename *tab,
+                       size_t n, cdf_wsrc_tensor *t) {
+    const char *b = bfl_name(tab, n, rest);
+    if (b) {
+        snprintf(t->src_name, sizeof t->src_name, "double_blocks.%d.%s.%s", i, b, bparam);
+        return true;
+    }
+    static const char *const qkv[6] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
+    for (int k = 0; k < 6; k++)
+        if (strcmp(rest, qkv[k]) == 0) {
+            snprintf(t->src_name, sizeof t->src_name, "double_blocks.%d.%s.qkv.%s", i, k < 3 ? "img_attn" : "txt_attn", bparam);
+            return set_chunk(s, pfx, t, k % 3, 3);
+        }
+    return false;
+}
+
+/* Diffusers' `stem` outside the blocks, renamed by `tab`. */
+static bool bfl_top(const key_rename *tab, size_t n, const char *stem, const char *param, cdf_wsrc_tensor *t) {
+    const char *b = bfl_name(tab, n, stem);
+    if (b) snprintf(t->src_name, sizeof t->src_name, "%s.%s", b, param);
+    return b != NULL;
+}
+
 /* Where diffusers' `name` comes from in a BFL FLUX file; false if nowhere. */
 static bool flux_recipe(const cdf_wsrc *s, const char *pfx, const char *name, cdf_wsrc_tensor *t) {
     char stem[512];
-    const char *param, *rest;
+    const char *param, *rest, *b;
     int i;
     if (!split_param(name, stem, sizeof stem, &param)) return false;
-    bool norm = strstr(stem, "norm_q") || strstr(stem, "norm_k") || strstr(stem, "norm_added_");
-    const char *bparam = norm ? (strcmp(param, "weight") == 0 ? "scale" : NULL) : param;
+    const char *bparam = bfl_param(stem, param);
     if (!bparam) return false;
     t->row0 = 0, t->nrows = -1, t->swap_halves = false;
-    if (block_of(stem, "transformer_blocks.", &i, &rest)) {
-        for (size_t k = 0; k < sizeof k_flux_double / sizeof *k_flux_double; k++)
-            if (strcmp(rest, k_flux_double[k].diffusers) == 0) {
-                snprintf(t->src_name, sizeof t->src_name, "double_blocks.%d.%s.%s", i, k_flux_double[k].bfl, bparam);
-                return true;
-            }
-        static const char *const qkv[6] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
-        for (int k = 0; k < 6; k++)
-            if (strcmp(rest, qkv[k]) == 0) {
-                snprintf(t->src_name, sizeof t->src_name, "double_blocks.%d.%s.qkv.%s", i, k < 3 ? "img_attn" : "txt_attn", bparam);
-                return set_chunk(s, pfx, t, k % 3, 3);
-            }
-        return false;
-    }
+    if (block_of(stem, "transformer_blocks.", &i, &rest))
+        return bfl_double(s, pfx, i, rest, bparam, k_flux_double, N_OF(k_flux_double), t);
     if (block_of(stem, "single_transformer_blocks.", &i, &rest)) {
-        for (size_t k = 0; k < sizeof k_flux_single / sizeof *k_flux_single; k++)
-            if (strcmp(rest, k_flux_single[k].diffusers) == 0) {
-                snprintf(t->src_name, sizeof t->src_name, "single_blocks.%d.%s.%s", i, k_flux_single[k].bfl, bparam);
-                return true;
-            }
+        if ((b = bfl_name(k_flux_single, N_OF(k_flux_single), rest))) {
+            snprintf(t->src_name, sizeof t->src_name, "single_blocks.%d.%s.%s", i, b, bparam);
+            return true;
+        }
         static const char *const parts[4] = {"attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"};
         for (int k = 0; k < 4; k++)
             if (strcmp(rest, parts[k]) == 0) {
@@ -217,12 +243,7 @@ static bool flux_recipe(const cdf_wsrc *s, const char *pfx, const char *name, cd
         t->swap_halves = true; /* BFL stores (shift, scale), diffusers (scale, shift) */
         return true;
     }
-    for (size_t k = 0; k < sizeof k_flux_top / sizeof *k_flux_top; k++)
-        if (strcmp(stem, k_flux_top[k].diffusers) == 0) {
-            snprintf(t->src_name, sizeof t->src_name, "%s.%s", k_flux_top[k].bfl, bparam);
-            return true;
-        }
-    return false;
+    return bfl_top(k_flux_top, N_OF(k_flux_top), stem, bparam, t);
 }
 
 /* ---- FLUX.2: BFL names -> diffusers names (diffusers' convert_flux2_transformer_checkpoint_to_diffusers) ----
@@ -260,38 +281,18 @@ static const key_rename k_flux2_single[] = {
 
 static bool flux2_recipe(const cdf_wsrc *s, const char *pfx, const char *name, cdf_wsrc_tensor *t) {
     char stem[512];
-    const char *param, *rest;
+    const char *param, *rest, *b;
     int i;
     if (!split_param(name, stem, sizeof stem, &param)) return false;
+    const char *bparam = bfl_param(stem, param); /* diffusers renames "scale" inside blocks only */
+    if (!bparam) return false;
     t->row0 = 0, t->nrows = -1, t->swap_halves = false;
-    /* the block norms' weight is BFL's "scale" (diffusers renames it inside blocks only) */
-    const char *bparam = strstr(stem, "norm_q") || strstr(stem, "norm_k") || strstr(stem, "norm_added_")
-                             ? (strcmp(param, "weight") == 0 ? "scale" : NULL)
-                             : param;
-    if (block_of(stem, "transformer_blocks.", &i, &rest)) {
-        if (!bparam) return false;
-        for (size_t k = 0; k < sizeof k_flux2_double / sizeof *k_flux2_double; k++)
-            if (strcmp(rest, k_flux2_double[k].diffusers) == 0) {
-                snprintf(t->src_name, sizeof t->src_name, "double_blocks.%d.%s.%s", i, k_flux2_double[k].bfl, bparam);
-                return true;
-            }
-        static const char *const qkv[6] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
-        for (int k = 0; k < 6; k++)
-            if (strcmp(rest, qkv[k]) == 0) {
-                /* torch.chunk(qkv, 3, dim=0) */
-                snprintf(t->src_name, sizeof t->src_name, "double_blocks.%d.%s.qkv.%s", i, k < 3 ? "img_attn" : "txt_attn", bparam);
-                return set_chunk(s, pfx, t, k % 3, 3);
-            }
-        return false;
-    }
+    if (block_of(stem, "transformer_blocks.", &i, &rest))
+        return bfl_double(s, pfx, i, rest, bparam, k_flux2_double, N_OF(k_flux2_double), t);
     if (block_of(stem, "single_transformer_blocks.", &i, &rest)) {
-        if (!bparam) return false;
-        for (size_t k = 0; k < sizeof k_flux2_single / sizeof *k_flux2_single; k++)
-            if (strcmp(rest, k_flux2_single[k].diffusers) == 0) {
-                snprintf(t->src_name, sizeof t->src_name, "single_blocks.%d.%s.%s", i, k_flux2_single[k].bfl, bparam);
-                return true;
-            }
-        return false;
+        if (!(b = bfl_name(k_flux2_single, N_OF(k_flux2_single), rest))) return false;
+        snprintf(t->src_name, sizeof t->src_name, "single_blocks.%d.%s.%s", i, b, bparam);
+        return true;
     }
     if (strcmp(stem, "norm_out.linear") == 0) {
         /* diffusers swaps (shift, scale) -> (scale, shift) for the weight only (FLUX.2 has no bias) */
@@ -300,12 +301,7 @@ static bool flux2_recipe(const cdf_wsrc *s, const char *pfx, const char *name, c
         t->swap_halves = true;
         return true;
     }
-    for (size_t k = 0; k < sizeof k_flux2_top / sizeof *k_flux2_top; k++)
-        if (strcmp(stem, k_flux2_top[k].diffusers) == 0) {
-            snprintf(t->src_name, sizeof t->src_name, "%s.%s", k_flux2_top[k].bfl, param);
-            return true;
-        }
-    return false;
+    return bfl_top(k_flux2_top, N_OF(k_flux2_top), stem, param, t);
 }
 
 /* ---- SD3 / SD3.5: Stability's names (diffusers' convert_sd3_transformer_checkpoint_to_diffusers) ---- */
