@@ -1,6 +1,6 @@
 /* Fuzz target: a component file in place of a folder's weights (nn/weights_source.c): the input
  * is the file (GGUF when it starts with "GGUF", else safetensors), opened as a single-file
- * source; diffusers names of FLUX and SD3 transformers and of a VAE are looked up, converted (renames, qkv and
+ * source; diffusers names of FLUX.1, FLUX.2 and SD3 transformers and of a VAE are looked up, converted (renames, qkv and
  * linear1 row splits from the shapes, swapped halves, dequantization, fp8 scales) and loaded.
  *
  * Invariants: a found tensor's shape has 1..8 non-negative dims whose product the load returns
@@ -28,6 +28,11 @@ static const char *const k_names[] = {
     "pos_embed.pos_embed", "pos_embed.proj.weight", "transformer_blocks.0.attn2.to_k.weight",
     "transformer_blocks.0.attn2.norm_q.weight", "transformer_blocks.0.norm1_context.linear.weight",
     "transformer_blocks.1.norm1_context.linear.bias", "transformer_blocks.0.ff_context.net.2.weight",
+    /* FLUX.2 names */
+    "time_guidance_embed.timestep_embedder.linear_1.weight", "double_stream_modulation_img.linear.weight",
+    "single_stream_modulation.linear.weight", "transformer_blocks.0.ff.linear_in.weight",
+    "transformer_blocks.0.ff_context.linear_out.weight", "single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight",
+    "single_transformer_blocks.0.attn.to_out.weight",
     /* LDM VAE names */
     "encoder.conv_in.weight", "encoder.conv_norm_out.bias", "encoder.down_blocks.0.resnets.0.conv1.weight",
     "encoder.down_blocks.0.downsamplers.0.conv.weight", "encoder.mid_block.resnets.1.norm2.bias",
@@ -102,6 +107,16 @@ static void write_seeds(const char *dir) {
     for (int pad = 0; pad < 4; pad++) seed_table(dir, te, sizeof te / sizeof *te, pad);
     fz_seed_file(dir, -1, "formats/tiny_v3.gguf", 1 << 16);
     fz_seed_file(dir, -1, "formats/flux_single/ae_ldm.safetensors", 1 << 19); /* the tiny LDM VAE */
+    fz_seed_file(dir, -1, "formats/flux2_single/flux2_bfl_q8.gguf", 1 << 19);  /* the tiny FLUX.2, Q8_0/Q4_0/Q5_1 */
+    /* a small BFL FLUX.2 file: inner 4, no biases */
+    static const seed_tensor f2[] = {
+        {"single_stream_modulation.lin.weight", 2, 12, 4},       {"double_stream_modulation_img.lin.weight", 2, 24, 4},
+        {"double_blocks.0.img_attn.norm.key_norm.scale", 1, 2, 0}, {"double_blocks.0.img_attn.qkv.weight", 2, 12, 4},
+        {"double_blocks.0.txt_mlp.2.weight", 2, 4, 8},           {"single_blocks.0.linear1.weight", 2, 28, 4},
+        {"single_blocks.0.linear2.weight", 2, 4, 12},            {"final_layer.adaLN_modulation.1.weight", 2, 8, 4},
+        {"time_in.in_layer.weight", 2, 4, 8},
+    };
+    seed_table(dir, f2, sizeof f2 / sizeof *f2, 0);
     /* a small BFL FLUX file: inner 4, mlp 8 */
     static const seed_tensor t[] = {
         {"double_blocks.0.img_attn.norm.key_norm.scale", 1, 2, 0}, {"double_blocks.0.img_attn.norm.query_norm.scale", 1, 2, 0},

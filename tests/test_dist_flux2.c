@@ -429,6 +429,38 @@ static void test_generate_tp2(void **state) {
     free(log2);
 }
 
+/* The transformer from single files over 2 ranks (weights_source.c converts, sharded.c cuts the
+ * converted tensors): BFL's FLUX.2 layout gives the folder's 2-rank latents bit for bit, its
+ * Q8_0/Q4_0/Q5_1 GGUF (row-wise layers cut on block boundaries) those of the diffusers file
+ * holding gguf-py's dequantization of it, and that diffusers-layout file, read straight from its
+ * checkpoint by the shards, counts its tensors as used (no "unused tensors" refusal). */
+static void test_generate_tp2_single_file(void **state) {
+    (void)state;
+    if (!have_mpi()) skip();
+    char *files[4] = {NULL, strdup(tu_data("formats/flux2_single/flux2_bfl.safetensors")),
+                      strdup(tu_data("formats/flux2_single/flux2_bfl_q8.gguf")),
+                      strdup(tu_data("formats/flux2_single/q8_dequant/transformer/diffusion_pytorch_model.safetensors"))};
+    float *lat[4];
+    int64_t n[4];
+    for (int k = 0; k < 4; k++) {
+        char tr[1300] = "", lp[400], log[400];
+        if (files[k]) snprintf(tr, sizeof tr, " --transformer '%s'", files[k]);
+        snprintf(lp, sizeof lp, "%s", out_path("flux2_sf", k == 0 ? "_0.lat" : k == 1 ? "_1.lat" : k == 2 ? "_2.lat" : "_3.lat"));
+        snprintf(log, sizeof log, "%s", out_path("flux2_sf", ".log"));
+        int rc = tu_system(MPIRUN " -np 2%s '%s' generate --model '%s'%s --prompt 'a red square' --height 64 --width 64 --steps 2 "
+                                  "--seed 3 --text-encoder-out-layers 1,2,3 --threads 1 --quiet --dtype f32 --tp 2 --force "
+                                  "--output '%s' --latents-out '%s' 2> '%s'",
+                           mpi_env(), CDF_CLI_PATH, pipe_dir(), tr, out_path("flux2_sf", ".png"), lp, log);
+        if (rc != 0) fail_msg("2 ranks, transformer %s: rc %d: %s", files[k] ? files[k] : "(folder)", rc, tu_read_file(log, NULL));
+        lat[k] = st_tensor(lp, "latents_final", &n[k]);
+        assert_int_equal(n[k], n[0]);
+    }
+    assert_memory_equal(lat[1], lat[0], (size_t)n[0] * 4);
+    assert_memory_equal(lat[2], lat[3], (size_t)n[0] * 4);
+    assert_true(tu_max_abs_diff(lat[2], lat[0], (size_t)n[0], NULL) > 0); /* the quantized weights ran */
+    for (int k = 0; k < 4; k++) free(lat[k]), free(files[k]);
+}
+
 /* Max |a - b| of tensor `key` of two safetensors files (b's tensor may be named key_b). */
 static double file_diff(const char *a, const char *key_a, const char *b, const char *key_b) {
     int64_t na, nb;
@@ -509,6 +541,7 @@ int main(void) {
         cmocka_unit_test(test_component_bytes_offline),
         cmocka_unit_test(test_not_divisible),
         cmocka_unit_test(test_generate_tp2),
+        cmocka_unit_test(test_generate_tp2_single_file),
         cmocka_unit_test(test_run_model_tp2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,8 +1,10 @@
 /* A component's weights from one file: the tiny FLUX.1-dev transformer as a BFL-layout
  * .safetensors, the same under ComfyUI's "model.diffusion_model." prefix, as GGUF F32 and as a
- * GGUF with Q8_0/Q4_0/Q5_1/Q4_K/Q6_K weights, and the tiny SD3.5-Medium transformer in Stability's layout
- * (tools/make-format-refs/make_single_file_refs.py, which checks the files against diffusers' own
- * convert_flux_transformer_checkpoint_to_diffusers / convert_sd3_transformer_checkpoint_to_diffusers).
+ * GGUF with Q8_0/Q4_0/Q5_1/Q4_K/Q6_K weights, the tiny SD3.5-Medium transformer in Stability's layout
+ * and the tiny FLUX.2-dev transformer in BFL's FLUX.2 layout (safetensors, bare and prefixed, GGUF F32
+ * written here, GGUF Q8_0/Q4_0/Q5_1) (tools/make-format-refs/make_single_file_refs.py, which checks
+ * the files against diffusers' own convert_flux_transformer_checkpoint_to_diffusers /
+ * convert_sd3_transformer_checkpoint_to_diffusers / convert_flux2_transformer_checkpoint_to_diffusers).
  *
  * - key conversion: every tensor the folder holds comes back bit-identical from each file;
  * - latents: the same generation from the folder and from each file gives identical latents,
@@ -333,15 +335,20 @@ static void test_same_latents(void **state) {
     free(ref);
 }
 
-/* Loading with these files fails with `status` and a message holding each needle. */
-static void expect_load_error(const cdf_component_file *files, int nfiles, cdf_status status, const char *n1, const char *n2) {
+/* Loading `pipe` with these files fails with `status` and a message holding each needle. */
+static void expect_pipe_load_error(const char *pipe, const cdf_component_file *files, int nfiles, cdf_status status, const char *n1,
+                                   const char *n2) {
     size_t n;
     cdf_status st;
-    float *v = run(files, nfiles, false, &n, &st);
+    float *v = run_pipe(pipe, files, nfiles, false, &n, &st);
     assert_null(v);
     const char *m = cdf_last_error();
     if (st != status || !strstr(m, n1) || (n2 && !strstr(m, n2)))
         fail_msg("got status %d '%s'; wanted %d with '%s' and '%s'", st, m, status, n1, n2 ? n2 : "");
+}
+
+static void expect_load_error(const cdf_component_file *files, int nfiles, cdf_status status, const char *n1, const char *n2) {
+    expect_pipe_load_error("pipelines/flux1_dev_tiny", files, nfiles, status, n1, n2);
 }
 
 /* One layer read from the GGUF: its blocks stay in memory (u8 [out, row bytes]) and its forward
@@ -609,6 +616,161 @@ static void test_bad_inputs(void **state) {
     expect_load_error(&nf, 1, CDF_ERR_NOT_FOUND, "/nonexistent/x.gguf", NULL);
 }
 
+/* ---- FLUX.2-dev in BFL's layout (formats/flux2_single, made and checked against diffusers'
+ * convert_flux2_transformer_checkpoint_to_diffusers by tools/make-format-refs/make_single_file_refs.py) ---- */
+
+#define F2S "formats/flux2_single/"
+#define F2_PIPE "pipelines/flux2_dev_tiny"
+
+/* The BFL file as GGUF F32, written here by cdiffusers' GGUF writer (names and values as they are). */
+static const char *flux2_f32_gguf(void) {
+    static char path[1024];
+    if (path[0]) return path;
+    cdf_st_file *f = NULL;
+    assert_int_equal(cdf_st_open(tu_data(F2S "flux2_bfl.safetensors"), &f), CDF_OK);
+    cdf_gguf_writer *gw = cdf_gguf_writer_new(0);
+    for (int i = 0; i < cdf_st_count(f); i++) {
+        const cdf_st_tensor *t = cdf_st_tensor_at(f, i);
+        assert_int_equal(t->dtype, CDF_F32);
+        assert_int_equal(cdf_gguf_writer_add(gw, t->name, CDF_GGML_F32, t->ndim, t->shape, cdf_st_data(f, t)), CDF_OK);
+    }
+    snprintf(path, sizeof path, "%s", tu_tmp_path("flux2_bfl_f32.gguf"));
+    assert_int_equal(cdf_gguf_writer_save(gw, path, true, NULL, NULL), CDF_OK);
+    cdf_gguf_writer_free(gw);
+    cdf_st_close(f);
+    return path;
+}
+
+static const char *flux2_variant(const char *out, const char *prefix, const char *drop, const char *extra, const char *reshape) {
+    return variant_of(F2S "flux2_bfl.safetensors", out, prefix, drop, extra, reshape);
+}
+
+/* Every tensor of the folder from the BFL file (bare, under ComfyUI's prefix, as GGUF F32), and
+ * the pipeline's latents from each bit for bit the folder's. */
+static void test_flux2_bfl(void **state) {
+    (void)state;
+    char *files[3] = {strdup(tu_data(F2S "flux2_bfl.safetensors")),
+                      strdup(flux2_variant("flux2_comfy.safetensors", "model.diffusion_model.", NULL, NULL, NULL)),
+                      strdup(flux2_f32_gguf())};
+    check_conversion(tu_data(F2_PIPE "/transformer"), (const char *const *)files, 3, "BFL FLUX.2 keys");
+    size_t n0, n;
+    cdf_status st;
+    float *ref = run_pipe(F2_PIPE, NULL, 0, false, &n0, &st);
+    assert_non_null(ref);
+    for (int k = 0; k < 3; k++) {
+        cdf_component_file cf = {"transformer", files[k]};
+        float *v = run_pipe(F2_PIPE, &cf, 1, false, &n, &st);
+        if (!v) fail_msg("%s: %s", files[k], cdf_last_error());
+        assert_int_equal(n, n0);
+        if (memcmp(v, ref, n * 4) != 0) fail_msg("FLUX.2 latents from %s differ from the folder's", files[k]);
+        free(v);
+        free(files[k]);
+    }
+    /* quantized (city96-style: Q8_0 / Q4_0 / Q5_1 weights, F32 norms): exactly the latents of
+     * the diffusers file holding gguf-py's dequantization of it (as the FLUX.1 GGUF above) */
+    char *qpath = strdup(tu_data(F2S "flux2_bfl_q8.gguf"));
+    char *dpath = strdup(tu_data(F2S "q8_dequant/transformer/diffusion_pytorch_model.safetensors"));
+    cdf_component_file q = {"transformer", qpath}, d = {"transformer", dpath};
+    float *vq = run_pipe(F2_PIPE, &q, 1, false, &n, &st);
+    if (!vq) fail_msg("%s: %s", qpath, cdf_last_error());
+    float *vd = run_pipe(F2_PIPE, &d, 1, false, &n, &st);
+    if (!vd) fail_msg("%s: %s", dpath, cdf_last_error());
+    assert_int_equal(n, n0);
+    assert_memory_equal(vq, vd, n * 4);
+    /* the blocks decoded at load: the same numbers */
+    g_decode = true;
+    float *vdec = run_pipe(F2_PIPE, &q, 1, false, &n, &st);
+    g_decode = false;
+    if (!vdec) fail_msg("decode at load: %s", cdf_last_error());
+    assert_memory_equal(vdec, vd, n * 4);
+    size_t worst;
+    double diff = tu_max_abs_diff(vq, ref, n, &worst);
+    print_message("  FLUX.2 Q8_0/Q4_0/Q5_1 GGUF vs f32 folder: max |latents diff| = %.3g\n", diff);
+    assert_true(diff > 0); /* the quantized weights are what ran */
+    free(vdec);
+    free(vq);
+    free(vd);
+    free(ref);
+    free(qpath);
+    free(dpath);
+}
+
+static void test_flux2_bad_inputs(void **state) {
+    (void)state;
+    cdf_component_file f = {"transformer", flux2_variant("f2_missing.safetensors", NULL, "double_blocks.1.txt_attn.qkv.weight", NULL, NULL)};
+    expect_pipe_load_error(F2_PIPE, &f, 1, CDF_ERR_NOT_FOUND, "weight 'transformer_blocks.1.attn.add_q_proj.weight' is missing",
+                           "f2_missing.safetensors");
+    f.path = flux2_variant("f2_missing_mod.safetensors", NULL, "single_stream_modulation.lin.weight", NULL, NULL);
+    /* without its FLUX.2 marker the file reads as FLUX.1 keys: nothing FLUX.2 needs beyond the blocks is found */
+    expect_pipe_load_error(F2_PIPE, &f, 1, CDF_ERR_NOT_FOUND, "is missing", "f2_missing_mod.safetensors");
+    f.path = flux2_variant("f2_extra.safetensors", NULL, NULL, "final_layer.adaLN_modulation.1.bias", NULL);
+    expect_pipe_load_error(F2_PIPE, &f, 1, CDF_ERR_FORMAT, "1 tensor(s)", "final_layer.adaLN_modulation.1.bias");
+    f.path = flux2_variant("f2_shape.safetensors", NULL, NULL, NULL, "img_in.weight");
+    expect_pipe_load_error(F2_PIPE, &f, 1, CDF_ERR_SHAPE, "weight 'x_embedder.weight'", "has shape [64, 33]");
+    f.path = flux2_variant("f2_shape2.safetensors", NULL, NULL, NULL, "single_blocks.0.linear2.weight");
+    expect_pipe_load_error(F2_PIPE, &f, 1, CDF_ERR_SHAPE, "single_transformer_blocks.0.attn.to_out", "[64, 257]");
+    /* a FLUX.2 file is no FLUX.1 transformer, and the other way round */
+    f.path = tu_data(F2S "flux2_bfl.safetensors");
+    expect_load_error(&f, 1, CDF_ERR_SHAPE, "weight 'x_embedder.weight'", "flux2_bfl.safetensors");
+    f.path = tu_data(FS "flux_bfl.safetensors");
+    expect_pipe_load_error(F2_PIPE, &f, 1, CDF_ERR_NOT_FOUND, "is missing", "flux_bfl.safetensors");
+    /* --model FILE alone: refused, saying what to do and what is not shipped */
+    char model[64], dir[1024];
+    assert_int_equal(cdf_pipeline_single_file_model(tu_data(F2S "flux2_bfl.safetensors"), NULL, model, sizeof model, dir, sizeof dir),
+                     CDF_ERR_UNSUPPORTED);
+    const char *m = cdf_last_error();
+    if (!strstr(m, "FLUX.2-dev transformer single file") || !strstr(m, "--transformer FILE") || !strstr(m, "tokenizer"))
+        fail_msg("--model FILE message: %s", m);
+}
+
+/* The command line: the FLUX.2 transformer from its GGUF, `info` on it, and --model FILE refused. */
+static void test_flux2_cli(void **state) {
+    (void)state;
+    const char *dir = tu_tmpdir();
+    char *model = strdup(tu_data(F2_PIPE)), *q8 = strdup(tu_data(F2S "flux2_bfl_q8.gguf"));
+    const char *common = "generate --prompt 'a red square' --steps 1 --height 64 --width 64 --text-encoder-out-layers 1,2,3 --quiet --force";
+    int rc = tu_system("cd '%s' && '%s' %s --model '%s' --output f2.png --transformer '%s' 2>err.txt", dir, CDF_CLI_PATH, common, model, q8);
+    if (rc != 0) fail_msg("generate with the FLUX.2 GGUF: rc %d: %s", rc, tu_read_file(tu_tmp_path("err.txt"), NULL));
+    assert_int_equal(tu_system("test -s '%s'", tu_tmp_path("f2.png")), 0);
+    rc = tu_system("'%s' info --model '%s' --transformer '%s' >'%s/f2info.txt' 2>&1", CDF_CLI_PATH, model, q8, dir);
+    assert_int_equal(rc, 0);
+    char *info = tu_read_file(tu_tmp_path("f2info.txt"), NULL);
+    assert_non_null(info);
+    /* 43 tensors: 11 outside the blocks, 12 per double block, 4 per single block (gguf-py's reader
+     * counts 13 F32, 20 Q8_0, 8 Q4_0, 2 Q5_1) */
+    if (!strstr(info, "flux2_bfl_q8.gguf (GGUF, BFL FLUX.2 keys): 43 tensors") || !strstr(info, "13 F32, 8 Q4_0, 2 Q5_1, 20 Q8_0"))
+        fail_msg("info output: %s", info);
+    free(info);
+    rc = tu_system("cd '%s' && '%s' %s --model '%s' --output bad2.png 2>err.txt", dir, CDF_CLI_PATH, common, q8);
+    assert_int_equal(rc, 1);
+    char *err = tu_read_file(tu_tmp_path("err.txt"), NULL);
+    if (!strstr(err, "FLUX.2-dev transformer single file") || !strstr(err, "--model DIR --transformer FILE")) fail_msg("stderr: %s", err);
+    free(err);
+    assert_int_equal(tu_system("test -e '%s'", tu_tmp_path("bad2.png")), 1);
+    /* --model FILE --config DIR: the folder gives the configs, the other components from their
+     * files (the Mistral file carries its unused vision tower and lm_head), and the file's shapes
+     * are checked against the config's */
+    const char *bfl = tu_data(F2S "flux2_bfl.safetensors");
+    char *others = malloc(4096);
+    snprintf(others, 4096, "--text-encoder '1=%s/text_encoder/model.safetensors' --vae '%s/vae/diffusion_pytorch_model.safetensors' "
+             "--allow-unused-keys", model, model);
+    rc = tu_system("cd '%s' && '%s' %s --model '%s' --config '%s' %s --output cfg.png 2>err.txt", dir, CDF_CLI_PATH, common, bfl, model,
+                   others);
+    if (rc != 0) fail_msg("--model FILE --config DIR: rc %d: %s", rc, tu_read_file(tu_tmp_path("err.txt"), NULL));
+    rc = tu_system("cd '%s' && rm -rf cfg3 && cp -rL '%s' cfg3 && sed -i 's/\"num_single_layers\": 2/\"num_single_layers\": 3/' "
+                   "cfg3/transformer/config.json && grep -q '\"num_single_layers\": 3' cfg3/transformer/config.json", dir, model);
+    assert_int_equal(rc, 0);
+    rc = tu_system("cd '%s' && '%s' %s --model '%s' --config cfg3 %s --output bad3.png 2>err.txt", dir, CDF_CLI_PATH, common, bfl, others);
+    assert_int_equal(rc, 1);
+    err = tu_read_file(tu_tmp_path("err.txt"), NULL);
+    if (!strstr(err, "the number of single_blocks is 2") || !strstr(err, "num_single_layers 3")) fail_msg("stderr: %s", err);
+    free(err);
+    assert_int_equal(tu_system("test -e '%s'", tu_tmp_path("bad3.png")), 1);
+    free(others);
+    free(model);
+    free(q8);
+}
+
 /* The command line: exit codes, the message on stderr, no image written on failure. */
 /* GGUF writers that count dims up to the last non-unit one (stable-diffusion.cpp's convert) store
  * SD3's pos_embed [1, N, C] as [N, C]: a weight whose shape differs from the config's only by
@@ -713,6 +875,9 @@ int main(void) {
         cmocka_unit_test(test_quantize_q4_k_at_load),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_gguf_dropped_unit_dims),
+        cmocka_unit_test(test_flux2_bfl),
+        cmocka_unit_test(test_flux2_bad_inputs),
+        cmocka_unit_test(test_flux2_cli),
         cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -264,6 +264,10 @@ static cdf_status src_open(cdf_weights *w, const char *name, int ndim, int64_t o
     if (!cdf_checkpoint_has(ck, name))
         return cdf_error(CDF_ERR_NOT_FOUND, "weight '%s' is missing from %s (the config requires it)", name, cdf_weights_path(w));
     CDF_TRY(cdf_checkpoint_find(ck, name, &s->f, &s->t));
+    /* read from the checkpoint directly: a component file in diffusers' names still counts it
+     * as used (else its unused list names every sharded weight) */
+    cdf_wsrc_tensor seen;
+    (void)cdf_wsrc_find(cdf_weights_source(w), name, &seen);
     if (s->t->ndim != ndim || s->t->shape[0] != out || (ndim == 2 && s->t->shape[1] != in))
         return shape_error(s, s->t->ndim, s->t->shape, ndim, out, in);
     if (!cdf_dtype_is_float(s->t->dtype))

@@ -10,7 +10,7 @@
 #include "io/io_internal.h"
 
 /* Original layouts a file may hold (an all-in-one file holds several, each under its prefix). */
-enum { LAYOUT_FLUX_BFL, LAYOUT_SD3_SAI, LAYOUT_LDM_VAE, N_LAYOUTS };
+enum { LAYOUT_FLUX_BFL, LAYOUT_FLUX2_BFL, LAYOUT_SD3_SAI, LAYOUT_LDM_VAE, N_LAYOUTS };
 
 struct cdf_wsrc {
     char *path;
@@ -164,36 +164,62 @@ static bool set_chunk(const cdf_wsrc *s, const char *pfx, cdf_wsrc_tensor *t, in
     return true;
 }
 
+#define N_OF(tab) (sizeof tab / sizeof *tab)
+
+/* BFL's name of diffusers' `rest` in `tab`, or NULL. */
+static const char *bfl_name(const key_rename *tab, size_t n, const char *rest) {
+    for (size_t k = 0; k < n; k++)
+        if (strcmp(rest, tab[k].diffusers) == 0) return tab[k].bfl;
+    return NULL;
+}
+
+/* The parameter's BFL name: the q/k norms' weight is "scale" (NULL for any other norm param). */
+static const char *bfl_param(const char *stem, const char *param) {
+    bool norm = strstr(stem, "norm_q") || strstr(stem, "norm_k") || strstr(stem, "norm_added_");
+    return norm ? (strcmp(param, "weight") == 0 ? "scale" : NULL) : param;
+}
+
+/* Diffusers' `rest` of double block i in a BFL file (FLUX.1 and FLUX.2 alike): renamed by `tab`,
+ * or a third of the img / txt fused qkv (torch.chunk(qkv, 3, dim=0)). */
+static bool bfl_double(const cdf_wsrc *s, const char *pfx, int i, const char *rest, const char *bparam, const key_rename *tab,
+                       size_t n, cdf_wsrc_tensor *t) {
+    const char *b = bfl_name(tab, n, rest);
+    if (b) {
+        snprintf(t->src_name, sizeof t->src_name, "double_blocks.%d.%s.%s", i, b, bparam);
+        return true;
+    }
+    static const char *const qkv[6] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
+    for (int k = 0; k < 6; k++)
+        if (strcmp(rest, qkv[k]) == 0) {
+            snprintf(t->src_name, sizeof t->src_name, "double_blocks.%d.%s.qkv.%s", i, k < 3 ? "img_attn" : "txt_attn", bparam);
+            return set_chunk(s, pfx, t, k % 3, 3);
+        }
+    return false;
+}
+
+/* Diffusers' `stem` outside the blocks, renamed by `tab`. */
+static bool bfl_top(const key_rename *tab, size_t n, const char *stem, const char *param, cdf_wsrc_tensor *t) {
+    const char *b = bfl_name(tab, n, stem);
+    if (b) snprintf(t->src_name, sizeof t->src_name, "%s.%s", b, param);
+    return b != NULL;
+}
+
 /* Where diffusers' `name` comes from in a BFL FLUX file; false if nowhere. */
 static bool flux_recipe(const cdf_wsrc *s, const char *pfx, const char *name, cdf_wsrc_tensor *t) {
     char stem[512];
-    const char *param, *rest;
+    const char *param, *rest, *b;
     int i;
     if (!split_param(name, stem, sizeof stem, &param)) return false;
-    bool norm = strstr(stem, "norm_q") || strstr(stem, "norm_k") || strstr(stem, "norm_added_");
-    const char *bparam = norm ? (strcmp(param, "weight") == 0 ? "scale" : NULL) : param;
+    const char *bparam = bfl_param(stem, param);
     if (!bparam) return false;
     t->row0 = 0, t->nrows = -1, t->swap_halves = false;
-    if (block_of(stem, "transformer_blocks.", &i, &rest)) {
-        for (size_t k = 0; k < sizeof k_flux_double / sizeof *k_flux_double; k++)
-            if (strcmp(rest, k_flux_double[k].diffusers) == 0) {
-                snprintf(t->src_name, sizeof t->src_name, "double_blocks.%d.%s.%s", i, k_flux_double[k].bfl, bparam);
-                return true;
-            }
-        static const char *const qkv[6] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
-        for (int k = 0; k < 6; k++)
-            if (strcmp(rest, qkv[k]) == 0) {
-                snprintf(t->src_name, sizeof t->src_name, "double_blocks.%d.%s.qkv.%s", i, k < 3 ? "img_attn" : "txt_attn", bparam);
-                return set_chunk(s, pfx, t, k % 3, 3);
-            }
-        return false;
-    }
+    if (block_of(stem, "transformer_blocks.", &i, &rest))
+        return bfl_double(s, pfx, i, rest, bparam, k_flux_double, N_OF(k_flux_double), t);
     if (block_of(stem, "single_transformer_blocks.", &i, &rest)) {
-        for (size_t k = 0; k < sizeof k_flux_single / sizeof *k_flux_single; k++)
-            if (strcmp(rest, k_flux_single[k].diffusers) == 0) {
-                snprintf(t->src_name, sizeof t->src_name, "single_blocks.%d.%s.%s", i, k_flux_single[k].bfl, bparam);
-                return true;
-            }
+        if ((b = bfl_name(k_flux_single, N_OF(k_flux_single), rest))) {
+            snprintf(t->src_name, sizeof t->src_name, "single_blocks.%d.%s.%s", i, b, bparam);
+            return true;
+        }
         static const char *const parts[4] = {"attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"};
         for (int k = 0; k < 4; k++)
             if (strcmp(rest, parts[k]) == 0) {
@@ -217,12 +243,65 @@ static bool flux_recipe(const cdf_wsrc *s, const char *pfx, const char *name, cd
         t->swap_halves = true; /* BFL stores (shift, scale), diffusers (scale, shift) */
         return true;
     }
-    for (size_t k = 0; k < sizeof k_flux_top / sizeof *k_flux_top; k++)
-        if (strcmp(stem, k_flux_top[k].diffusers) == 0) {
-            snprintf(t->src_name, sizeof t->src_name, "%s.%s", k_flux_top[k].bfl, bparam);
-            return true;
-        }
-    return false;
+    return bfl_top(k_flux_top, N_OF(k_flux_top), stem, bparam, t);
+}
+
+/* ---- FLUX.2: BFL names -> diffusers names (diffusers' convert_flux2_transformer_checkpoint_to_diffusers) ----
+ * No biases anywhere in FLUX.2. The three modulations are one layer each, shared by all blocks
+ * of their kind; the single blocks' linear1 / linear2 are diffusers' fused to_qkv_mlp_proj /
+ * to_out as they are (renamed, not split); only the double blocks' qkv is split. */
+
+static const key_rename k_flux2_top[] = {
+    {"x_embedder", "img_in"},
+    {"context_embedder", "txt_in"},
+    {"time_guidance_embed.timestep_embedder.linear_1", "time_in.in_layer"},
+    {"time_guidance_embed.timestep_embedder.linear_2", "time_in.out_layer"},
+    {"time_guidance_embed.guidance_embedder.linear_1", "guidance_in.in_layer"},
+    {"time_guidance_embed.guidance_embedder.linear_2", "guidance_in.out_layer"},
+    {"double_stream_modulation_img.linear", "double_stream_modulation_img.lin"},
+    {"double_stream_modulation_txt.linear", "double_stream_modulation_txt.lin"},
+    {"single_stream_modulation.linear", "single_stream_modulation.lin"},
+    {"proj_out", "final_layer.linear"},
+};
+
+static const key_rename k_flux2_double[] = {
+    {"attn.norm_q", "img_attn.norm.query_norm"},       {"attn.norm_k", "img_attn.norm.key_norm"},
+    {"attn.to_out.0", "img_attn.proj"},                {"ff.linear_in", "img_mlp.0"},
+    {"ff.linear_out", "img_mlp.2"},                    {"attn.norm_added_q", "txt_attn.norm.query_norm"},
+    {"attn.norm_added_k", "txt_attn.norm.key_norm"},   {"attn.to_add_out", "txt_attn.proj"},
+    {"ff_context.linear_in", "txt_mlp.0"},             {"ff_context.linear_out", "txt_mlp.2"},
+};
+
+static const key_rename k_flux2_single[] = {
+    {"attn.to_qkv_mlp_proj", "linear1"},
+    {"attn.to_out", "linear2"},
+    {"attn.norm_q", "norm.query_norm"},
+    {"attn.norm_k", "norm.key_norm"},
+};
+
+static bool flux2_recipe(const cdf_wsrc *s, const char *pfx, const char *name, cdf_wsrc_tensor *t) {
+    char stem[512];
+    const char *param, *rest, *b;
+    int i;
+    if (!split_param(name, stem, sizeof stem, &param)) return false;
+    const char *bparam = bfl_param(stem, param); /* diffusers renames "scale" inside blocks only */
+    if (!bparam) return false;
+    t->row0 = 0, t->nrows = -1, t->swap_halves = false;
+    if (block_of(stem, "transformer_blocks.", &i, &rest))
+        return bfl_double(s, pfx, i, rest, bparam, k_flux2_double, N_OF(k_flux2_double), t);
+    if (block_of(stem, "single_transformer_blocks.", &i, &rest)) {
+        if (!(b = bfl_name(k_flux2_single, N_OF(k_flux2_single), rest))) return false;
+        snprintf(t->src_name, sizeof t->src_name, "single_blocks.%d.%s.%s", i, b, bparam);
+        return true;
+    }
+    if (strcmp(stem, "norm_out.linear") == 0) {
+        /* diffusers swaps (shift, scale) -> (scale, shift) for the weight only (FLUX.2 has no bias) */
+        if (strcmp(param, "weight") != 0) return false;
+        snprintf(t->src_name, sizeof t->src_name, "final_layer.adaLN_modulation.1.weight");
+        t->swap_halves = true;
+        return true;
+    }
+    return bfl_top(k_flux2_top, N_OF(k_flux2_top), stem, param, t);
 }
 
 /* ---- SD3 / SD3.5: Stability's names (diffusers' convert_sd3_transformer_checkpoint_to_diffusers) ---- */
@@ -407,6 +486,7 @@ cdf_status cdf_wsrc_open(const char *path, bool single_file, const char *part, c
         const char *key, *prefixes[3];
     } k_detect[] = {
         {LAYOUT_FLUX_BFL, "double_blocks.0.img_attn.norm.key_norm.scale", {"", "model.diffusion_model."}},
+        {LAYOUT_FLUX2_BFL, "single_stream_modulation.lin.weight", {"", "model.diffusion_model."}},
         {LAYOUT_SD3_SAI, "joint_blocks.0.context_block.adaLN_modulation.1.bias", {"", "model.diffusion_model."}},
         {LAYOUT_LDM_VAE, "encoder.down.0.block.0.conv1.weight", {"", "first_stage_model.", "vae."}},
     };
@@ -416,6 +496,10 @@ cdf_status cdf_wsrc_open(const char *path, bool single_file, const char *part, c
             snprintf(k, sizeof k, "%s%s", k_detect[d].prefixes[p], k_detect[d].key);
             if (has_raw(s, k)) s->has[k_detect[d].layout] = true, s->prefix[k_detect[d].layout] = k_detect[d].prefixes[p];
         }
+    /* FLUX.2's blocks carry FLUX.1's key too: its shared modulation tells them apart (as in
+     * infer_diffusers_model_type, where flux2 is tested before flux) */
+    if (s->has[LAYOUT_FLUX2_BFL] && s->has[LAYOUT_FLUX_BFL] && strcmp(s->prefix[LAYOUT_FLUX2_BFL], s->prefix[LAYOUT_FLUX_BFL]) == 0)
+        s->has[LAYOUT_FLUX_BFL] = false;
     /* block counts the conversions need */
     s->sd3_last_block = -1;
     for (int i = 0; i < count_raw(s); i++) {
@@ -428,7 +512,8 @@ cdf_status cdf_wsrc_open(const char *path, bool single_file, const char *part, c
             block_of(n + strlen(s->prefix[LAYOUT_LDM_VAE]), "decoder.up.", &b, &rest) && b + 1 > s->vae_up_blocks)
             s->vae_up_blocks = b + 1;
     }
-    static const char *const layout_names[N_LAYOUTS] = {"BFL FLUX keys", "Stability SD3 keys", "LDM VAE keys"};
+    static const char *const layout_names[N_LAYOUTS] = {"BFL FLUX keys", "BFL FLUX.2 keys", "Stability SD3 keys",
+                                                         "LDM VAE keys"};
     int o = snprintf(s->format, sizeof s->format, "%s", gguf ? "GGUF" : "safetensors");
     for (int l = 0; l < N_LAYOUTS && o > 0 && (size_t)o < sizeof s->format; l++)
         if (s->has[l])
@@ -437,7 +522,8 @@ cdf_status cdf_wsrc_open(const char *path, bool single_file, const char *part, c
     find_text_parts(s, part);
     if (s->te_parts[0] && (size_t)o < sizeof s->format)
         snprintf(s->format + o, sizeof s->format - (size_t)o, ", text encoders %s", s->te_parts);
-    bool original = s->has[LAYOUT_FLUX_BFL] || s->has[LAYOUT_SD3_SAI] || s->has[LAYOUT_LDM_VAE] || s->te_parts[0];
+    bool original = s->te_parts[0];
+    for (int l = 0; l < N_LAYOUTS; l++) original |= s->has[l];
     s->diffusers_layout = !original;
     if (single_file || original || gguf) {
         s->used = calloc((size_t)count_raw(s) + 1, 1);
@@ -501,9 +587,10 @@ bool cdf_wsrc_find(cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
     for (int l = 0; l < N_LAYOUTS && !found && !s->te_prefix[0]; l++) {
         if (!s->has[l]) continue;
         t->prefix = s->prefix[l];
-        bool ok = l == LAYOUT_FLUX_BFL ? flux_recipe(s, t->prefix, name, t)
-                  : l == LAYOUT_SD3_SAI ? sd3_recipe(s, t->prefix, name, t)
-                                        : vae_recipe(s, name, t);
+        bool ok = l == LAYOUT_FLUX_BFL    ? flux_recipe(s, t->prefix, name, t)
+                  : l == LAYOUT_FLUX2_BFL ? flux2_recipe(s, t->prefix, name, t)
+                  : l == LAYOUT_SD3_SAI   ? sd3_recipe(s, t->prefix, name, t)
+                                          : vae_recipe(s, name, t);
         found = ok && raw_find(s, t->prefix, t->src_name, &r);
         if (found) s->used_layout[l] = true;
         /* LDM 1x1 conv attention weights [C, C, 1, 1] are diffusers' linear [C, C] */
@@ -656,13 +743,13 @@ const char *cdf_wsrc_missing_hint(cdf_wsrc *s) {
         if (s->te_wanted[0])
             snprintf(s->hint, sizeof s->hint, "; this all-in-one file (%s) holds the text encoders %s but no \"text_encoders.%s."
                      "transformer.\" part", s->format, s->te_parts, s->te_wanted);
-        else if (!s->has[LAYOUT_FLUX_BFL] && !s->has[LAYOUT_SD3_SAI] && !s->has[LAYOUT_LDM_VAE])
+        else if (!s->has[LAYOUT_FLUX_BFL] && !s->has[LAYOUT_FLUX2_BFL] && !s->has[LAYOUT_SD3_SAI] && !s->has[LAYOUT_LDM_VAE])
             snprintf(s->hint, sizeof s->hint, "; this file holds only the text encoders %s (under \"text_encoders.<name>."
                      "transformer.\"), none of which is this component", s->te_parts);
         if (s->hint[0]) return s->hint;
     }
     int o = snprintf(s->hint, sizeof s->hint, "; none of the %d tensors of this file (%s) belong to this model: it is "
-                     "not in diffusers', BFL FLUX's, Stability SD3's or LDM's layout for it", n, s->format);
+                     "not in diffusers', BFL FLUX.1's or FLUX.2's, Stability SD3's or LDM's layout for it", n, s->format);
     for (int i = 0; i < n && i < 2 && o > 0 && (size_t)o < sizeof s->hint; i++)
         o += snprintf(s->hint + o, sizeof s->hint - (size_t)o, "%s'%s'", i ? ", " : "; it holds ", raw_name_at(s, i));
     if (n > 2 && o > 0 && (size_t)o < sizeof s->hint) snprintf(s->hint + o, sizeof s->hint - (size_t)o, ", ...");

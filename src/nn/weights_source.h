@@ -1,6 +1,6 @@
 /* Where cdf_weights finds a tensor by its diffusers name: a diffusers checkpoint folder (or one
  * .safetensors file in diffusers layout), or a single-file checkpoint in another layout
- * (.safetensors or .gguf, BFL FLUX or Stability SD3/SD3.5 transformer key names with or without
+ * (.safetensors or .gguf, BFL FLUX.1 / FLUX.2 or Stability SD3/SD3.5 transformer key names with or without
  * ComfyUI's "model.diffusion_model." prefix, LDM VAE names bare or under "first_stage_model." /
  * "vae."; text encoders under ComfyUI's / Stability's "text_encoders.{clip_l,clip_g,t5xxl}.transformer."
  * prefixes; an all-in-one file may hold several) whose tensors are renamed, split and reordered the way

@@ -186,7 +186,7 @@ static cdf_status check_transformer(const sf_file *f, const sf_contents *c, cons
     const char *p = c->tpfx;
     int64_t head = 0;
     cdf_status s = cdf_json_get_int(cfg, "attention_head_dim", 0, &head);
-    if (s == CDF_OK && c->tkind == CDF_PIPE_FLUX) {
+    if (s == CDF_OK && (c->tkind == CDF_PIPE_FLUX || c->tkind == CDF_PIPE_FLUX2)) {
         s = expect(f, dir, "transformer", cfg, "num_attention_heads", head, sf_dim(f, p, "img_in.weight", 0),
                    "the transformer's width (img_in.weight)");
         if (s == CDF_OK) s = expect(f, dir, "transformer", cfg, "in_channels", 1, sf_dim(f, p, "img_in.weight", 1), "img_in's input width");
@@ -195,7 +195,7 @@ static cdf_status check_transformer(const sf_file *f, const sf_contents *c, cons
             s = expect(f, dir, "transformer", cfg, "num_single_layers", 1, sf_blocks(f, p, "single_blocks."), "the number of single_blocks");
         if (s == CDF_OK)
             s = expect(f, dir, "transformer", cfg, "joint_attention_dim", 1, sf_dim(f, p, "txt_in.weight", 1), "txt_in's input width");
-        if (s == CDF_OK)
+        if (s == CDF_OK && c->tkind == CDF_PIPE_FLUX) /* FLUX.2 has no pooled text input */
             s = expect(f, dir, "transformer", cfg, "pooled_projection_dim", 1, sf_dim(f, p, "vector_in.in_layer.weight", 1),
                        "vector_in's input width");
         bool ge = false;
@@ -315,7 +315,8 @@ static const char *option_for(const char *key) {
 }
 
 static const char *what_for(const char *key, int part) {
-    if (strcmp(key, "transformer") == 0) return "transformer (BFL FLUX or Stability SD3 keys, bare or under \"model.diffusion_model.\")";
+    if (strcmp(key, "transformer") == 0)
+        return "transformer (BFL FLUX.1 / FLUX.2 or Stability SD3 keys, bare or under \"model.diffusion_model.\")";
     if (strcmp(key, "vae") == 0) return "VAE (LDM keys under \"vae.\" or \"first_stage_model.\")";
     return part == 0 ? "CLIP-L text encoder (\"text_encoders.clip_l.transformer.\")"
            : part == 1 ? "CLIP-G text encoder (\"text_encoders.clip_g.transformer.\")"
@@ -341,9 +342,12 @@ cdf_status cdf_pipe_single_file_resolve(const char *path, const char *config, co
                       "SD3-Medium, SD3.5-Medium, SD3.5-Large, FLUX.2-dev): %s; pass its diffusers folder as --config DIR "
                       "(C API: cdf_pipeline_load_params.config)", path, why);
     } else if (strcmp(model, "flux2-dev") == 0) {
-        s = cdf_error(CDF_ERR_UNSUPPORTED, "%s is a FLUX.2-dev single file: its Black Forest Labs key layout cannot be loaded yet, "
-                      "and its Mistral tokenizer (17 MB) is not shipped: use the diffusers folder (--model DIR, or --config DIR "
-                      "with the transformer in diffusers' names)", path);
+        /* the shipped models/configs/flux2-dev holds the transformer's and the VAE's configs only */
+        s = cdf_error(CDF_ERR_UNSUPPORTED, "%s is a FLUX.2-dev transformer single file: load it with a FLUX.2 diffusers folder, "
+                      "--model DIR --transformer FILE (C API: component_files {\"transformer\", path}) or --model FILE "
+                      "--config DIR; it cannot run alone: the shipped models/configs/flux2-dev holds only the transformer and "
+                      "VAE configs, not the model_index.json, the scheduler and Mistral text encoder configs or the Mistral "
+                      "tokenizer (17 MB)", path);
     } else {
         s = shipped_dir(model, out->config_dir, sizeof out->config_dir);
     }
@@ -374,7 +378,9 @@ cdf_status cdf_pipe_single_file_resolve(const char *path, const char *config, co
         if (user) continue; /* the user's file: checked by its own load */
         if (!holds) {
             s = cdf_error(CDF_ERR_NOT_FOUND, "%s holds no %s for the pipeline's '%s': pass it with %s (C API: component_files "
-                          "{\"%s\", path})", path, what_for(keys[k], part), keys[k], option_for(keys[k]), keys[k]);
+                          "{\"%s\", path})", path,
+                          c.tkind == CDF_PIPE_FLUX2 && part >= 0 ? "Mistral3 text encoder (transformers' names)" : what_for(keys[k], part),
+                          keys[k], option_for(keys[k]), keys[k]);
             break;
         }
         if (strcmp(keys[k], "transformer") == 0) s = check_transformer(&f, &c, out->config_dir);

@@ -23,6 +23,27 @@ Stability's key names (joint_blocks.N.{x,context}_block..., fused qkv, the last 
 modulation and the final one in (shift, scale) order), checked the same way against diffusers'
 `convert_sd3_transformer_checkpoint_to_diffusers` (run unchanged).
 
+tests/data/formats/flux2_single/: the tiny FLUX.2-dev test transformer
+(tests/data/pipelines/flux2_dev_tiny/transformer: 2 double and 2 single blocks, no biases) in
+BFL's FLUX.2 key names:
+
+  flux2_bfl.safetensors   fused img/txt qkv, single blocks' linear1 / linear2 as diffusers'
+                          to_qkv_mlp_proj / to_out (same layout, renamed), the modulations shared
+                          by all blocks (double_stream_modulation_img/_txt.lin,
+                          single_stream_modulation.lin), final_layer.adaLN_modulation.1 in
+                          (shift, scale) order, time_in / guidance_in / txt_in / img_in
+  flux2_bfl_q8.gguf       the same as city96's FLUX.2 GGUFs hold it: original names, 2-D weights
+                          quantized by gguf.quants.quantize (Q8_0; the feed-forward weights Q4_0,
+                          the single blocks' linear2 Q5_1), the 1-D norm scales F32
+  q8_dequant/transformer  a diffusers folder holding gguf.quants.dequantize of flux2_bfl_q8.gguf
+                          converted by diffusers (config copied)
+
+checked against diffusers' own `convert_flux2_transformer_checkpoint_to_diffusers` (run
+unchanged: it takes its widths from the tensors). That function handles bare names only (under
+"model.diffusion_model." its block handlers misread the block index), so no prefixed FLUX.2
+file is made here. The F32 GGUF of this model is written by the tests themselves (cdiffusers'
+GGUF writer, from flux2_bfl.safetensors): it would be a third 1.7 MB copy of the same values.
+
 The BFL file is checked against diffusers' own
 `single_file_utils.convert_flux_transformer_checkpoint_to_diffusers`: converting it (and the
 same dict under ComfyUI's "model.diffusion_model." prefix) must give back exactly the diffusers
@@ -88,6 +109,48 @@ def diffusers_to_bfl(sd, n_double, n_single):
             out[f"single_blocks.{i}.linear1.{p}"] = torch.cat(
                 [sd[pre + f"attn.to_{x}.{p}"] for x in "qkv"] + [sd[pre + f"proj_mlp.{p}"]])
             out[f"single_blocks.{i}.linear2.{p}"] = sd[pre + f"proj_out.{p}"]
+        out[f"single_blocks.{i}.norm.query_norm.scale"] = sd[pre + "attn.norm_q.weight"]
+        out[f"single_blocks.{i}.norm.key_norm.scale"] = sd[pre + "attn.norm_k.weight"]
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def diffusers_to_bfl_flux2(sd, n_double, n_single):
+    """The inverse of diffusers' FLUX.2 conversion, written from it."""
+    out = {}
+    top = {
+        "x_embedder": "img_in",
+        "context_embedder": "txt_in",
+        "time_guidance_embed.timestep_embedder.linear_1": "time_in.in_layer",
+        "time_guidance_embed.timestep_embedder.linear_2": "time_in.out_layer",
+        "time_guidance_embed.guidance_embedder.linear_1": "guidance_in.in_layer",
+        "time_guidance_embed.guidance_embedder.linear_2": "guidance_in.out_layer",
+        "double_stream_modulation_img.linear": "double_stream_modulation_img.lin",
+        "double_stream_modulation_txt.linear": "double_stream_modulation_txt.lin",
+        "single_stream_modulation.linear": "single_stream_modulation.lin",
+        "proj_out": "final_layer.linear",
+    }
+    for d, b in top.items():
+        for p in ("weight", "bias"):
+            if f"{d}.{p}" in sd:
+                out[f"{b}.{p}"] = sd[f"{d}.{p}"]
+    scale, shift = sd["norm_out.linear.weight"].chunk(2, dim=0)
+    out["final_layer.adaLN_modulation.1.weight"] = torch.cat([shift, scale], dim=0)
+    dbl = {"attn.to_out.0": "img_attn.proj", "ff.linear_in": "img_mlp.0", "ff.linear_out": "img_mlp.2",
+           "attn.to_add_out": "txt_attn.proj", "ff_context.linear_in": "txt_mlp.0", "ff_context.linear_out": "txt_mlp.2"}
+    dnorm = {"attn.norm_q": "img_attn.norm.query_norm", "attn.norm_k": "img_attn.norm.key_norm",
+             "attn.norm_added_q": "txt_attn.norm.query_norm", "attn.norm_added_k": "txt_attn.norm.key_norm"}
+    for i in range(n_double):
+        pre = f"transformer_blocks.{i}."
+        for d, b in dbl.items():
+            out[f"double_blocks.{i}.{b}.weight"] = sd[pre + f"{d}.weight"]
+        for d, b in dnorm.items():
+            out[f"double_blocks.{i}.{b}.scale"] = sd[pre + f"{d}.weight"]
+        out[f"double_blocks.{i}.img_attn.qkv.weight"] = torch.cat([sd[pre + f"attn.to_{x}.weight"] for x in "qkv"])
+        out[f"double_blocks.{i}.txt_attn.qkv.weight"] = torch.cat([sd[pre + f"attn.add_{x}_proj.weight"] for x in "qkv"])
+    for i in range(n_single):
+        pre = f"single_transformer_blocks.{i}."
+        out[f"single_blocks.{i}.linear1.weight"] = sd[pre + "attn.to_qkv_mlp_proj.weight"]
+        out[f"single_blocks.{i}.linear2.weight"] = sd[pre + "attn.to_out.weight"]
         out[f"single_blocks.{i}.norm.query_norm.scale"] = sd[pre + "attn.norm_q.weight"]
         out[f"single_blocks.{i}.norm.key_norm.scale"] = sd[pre + "attn.norm_k.weight"]
     return {k: v.contiguous() for k, v in out.items()}
@@ -204,12 +267,22 @@ def k_blocks(shape, qt):
     return raw.reshape(shape[0], shape[1] // bs * ts)
 
 
-def write_gguf(path, bfl, quantize):
-    w = gguf.GGUFWriter(path, arch="flux")
+def quant_type_flux2(name, t):
+    if t.ndim != 2 or t.shape[1] % 32:
+        return None
+    if "linear2" in name:
+        return Q.Q5_1
+    if "_mlp." in name:
+        return Q.Q4_0
+    return Q.Q8_0
+
+
+def write_gguf(path, bfl, quantize, qtype=quant_type, arch="flux"):
+    w = gguf.GGUFWriter(path, arch=arch)
     deq = {}
     for k in sorted(bfl):
         a = bfl[k].numpy()
-        qt = quant_type(k, a) if quantize else None
+        qt = qtype(k, a) if quantize else None
         if qt is None:
             w.add_tensor(k, a)
             deq[k] = bfl[k]
@@ -266,7 +339,22 @@ def main():
     same(single_file_utils.convert_ldm_vae_checkpoint({"vae." + k: v for k, v in ldm.items()}, vae_cfg), vae)
     same(single_file_utils.convert_ldm_vae_checkpoint({"first_stage_model." + k: v for k, v in ldm.items()}, vae_cfg), vae)
     save_file(ldm, os.path.join(out, "ae_ldm.safetensors"))
-    print("wrote", out)
+    flux2_dir = os.path.join(root, "tests/data/pipelines/flux2_dev_tiny/transformer")
+    f2_cfg = json.load(open(os.path.join(flux2_dir, "config.json")))
+    f2 = load_file(os.path.join(flux2_dir, "diffusion_pytorch_model.safetensors"))
+    f2_bfl = diffusers_to_bfl_flux2(f2, f2_cfg["num_layers"], f2_cfg["num_single_layers"])
+    assert "single_stream_modulation.lin.weight" in f2_bfl  # what infer_diffusers_model_type looks for
+    same(single_file_utils.convert_flux2_transformer_checkpoint_to_diffusers(dict(f2_bfl)), f2)
+    f2_out = os.path.join(root, "tests/data/formats/flux2_single")
+    os.makedirs(f2_out, exist_ok=True)
+    save_file(f2_bfl, os.path.join(f2_out, "flux2_bfl.safetensors"))
+    f2_deq = write_gguf(os.path.join(f2_out, "flux2_bfl_q8.gguf"), f2_bfl, True, quant_type_flux2, "flux2")
+    f2_qdir = os.path.join(f2_out, "q8_dequant/transformer")
+    os.makedirs(f2_qdir, exist_ok=True)
+    save_file(single_file_utils.convert_flux2_transformer_checkpoint_to_diffusers(dict(f2_deq)),
+              os.path.join(f2_qdir, "diffusion_pytorch_model.safetensors"))
+    shutil.copy(os.path.join(flux2_dir, "config.json"), os.path.join(f2_qdir, "config.json"))
+    print("wrote", out, f2_out)
 
 
 if __name__ == "__main__":
