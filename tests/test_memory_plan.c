@@ -134,10 +134,91 @@ static void test_random_dags_never_overlap_live_buffers(void **state) {
     }
 }
 
+/* ---- cdf_memory_peak: the peak of an allocation log ----------------------------------------- */
+#define AL(i, b) ((cdf_mem_event){CDF_MEM_ALLOC, (i), (b)})
+#define RL(i) ((cdf_mem_event){CDF_MEM_RELEASE, (i), 0})
+
+static void test_peak_of_hand_built_logs(void **state) {
+    (void)state;
+    uint64_t peak = 1, end = 1;
+    /* live: A 100 -> +B 300 -> -A 200 -> +C 250 -> -B 50 -> +D 350 -> -D 50 */
+    const cdf_mem_event a[] = {AL(1, 100), AL(2, 200), RL(1), AL(3, 50), RL(2), AL(4, 300), RL(4)};
+    assert_int_equal(cdf_memory_peak(a, 7, &peak, &end), CDF_OK);
+    assert_int_equal(peak, 350);
+    assert_int_equal(end, 50);
+    /* a RELEASE counts the size its id was allocated with, not its own field; an id may be reused
+     * once released: 64, then 0, then 128 + 32 */
+    const cdf_mem_event b[] = {AL(7, 64), (cdf_mem_event){CDF_MEM_RELEASE, 7, 999}, AL(7, 128), AL(8, 32)};
+    assert_int_equal(cdf_memory_peak(b, 4, &peak, &end), CDF_OK);
+    assert_int_equal(peak, 160);
+    assert_int_equal(end, 160);
+    /* a chain x_i -> x_{i+1}, each released after its successor exists: sizes 10, 40, 20, 30, 5
+     * peak at the largest neighbouring pair, 40 + 20 = 60 */
+    const cdf_mem_event c[] = {AL(0, 10), AL(1, 40), RL(0), AL(2, 20), RL(1), AL(3, 30), RL(2), AL(4, 5), RL(3)};
+    assert_int_equal(cdf_memory_peak(c, 9, &peak, NULL), CDF_OK);
+    assert_int_equal(peak, 60);
+    /* empty log */
+    assert_int_equal(cdf_memory_peak(NULL, 0, &peak, &end), CDF_OK);
+    assert_int_equal(peak, 0);
+    assert_int_equal(end, 0);
+}
+
+static void test_peak_rejects_broken_logs(void **state) {
+    (void)state;
+    uint64_t peak = 0;
+    const cdf_mem_event unknown[] = {AL(1, 8), RL(2)};
+    assert_int_equal(cdf_memory_peak(unknown, 2, &peak, NULL), CDF_ERR_INVALID_ARG);
+    assert_non_null(strstr(cdf_last_error(), "event 1 releases id 2"));
+    const cdf_mem_event twice[] = {AL(1, 8), AL(1, 8)};
+    assert_int_equal(cdf_memory_peak(twice, 2, &peak, NULL), CDF_ERR_INVALID_ARG);
+    const cdf_mem_event double_free[] = {AL(1, 8), RL(1), RL(1)};
+    assert_int_equal(cdf_memory_peak(double_free, 3, &peak, NULL), CDF_ERR_INVALID_ARG);
+}
+
+/* Random logs over few ids (many collisions and reuses, so the live table's deletions are
+ * exercised) against a plain list of live buffers. */
+static void test_peak_matches_a_live_list(void **state) {
+    (void)state;
+    srand(17);
+    enum { N = 4000, IDS = 300 };
+    cdf_mem_event *ev = malloc(N * sizeof *ev);
+    uint64_t *size_of = calloc(IDS, sizeof *size_of); /* 0 = not live */
+    assert_non_null(ev);
+    assert_non_null(size_of);
+    for (int round = 0; round < 20; round++) {
+        memset(size_of, 0, IDS * sizeof *size_of);
+        uint64_t live = 0, want_peak = 0;
+        for (int i = 0; i < N; i++) {
+            /* ids spread over a large range so that their hashes collide in the table */
+            const uint64_t k = (uint64_t)(rand() % IDS);
+            const uint64_t id = k * 4096u + 64u;
+            if (size_of[k]) {
+                ev[i] = RL(id);
+                live -= size_of[k];
+                size_of[k] = 0;
+            } else {
+                size_of[k] = 1 + (uint64_t)(rand() % 1000);
+                ev[i] = AL(id, size_of[k]);
+                live += size_of[k];
+                if (live > want_peak) want_peak = live;
+            }
+        }
+        uint64_t peak = 0, end = 0;
+        assert_int_equal(cdf_memory_peak(ev, N, &peak, &end), CDF_OK);
+        assert_int_equal(peak, want_peak);
+        assert_int_equal(end, live);
+    }
+    free(ev);
+    free(size_of);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain),
         cmocka_unit_test(test_random_dags_never_overlap_live_buffers),
+        cmocka_unit_test(test_peak_of_hand_built_logs),
+        cmocka_unit_test(test_peak_rejects_broken_logs),
+        cmocka_unit_test(test_peak_matches_a_live_list),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

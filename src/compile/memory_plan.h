@@ -14,6 +14,7 @@
 #define CDF_EXEC_MEMORY_PLAN_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "graph/node.h"
 
@@ -24,5 +25,23 @@
  * alone. Independent of capture: a test can build the nodes by hand (tests/test_memory_plan.c). */
 cdf_status cdf_memory_plan(cdf_node **nodes, int n, cdf_tensor **outs, int n_out, size_t *arena_bytes,
                            cdf_tensor **arena_param);
+
+/* ---- the peak of an allocation log ----------------------------------------------------------
+ * What a forward holds at its busiest point, from the order in which its buffers were allocated
+ * and released (the planner records such a log by running the forward over virtual buffers: see
+ * exec/capture.h, cdf_measure_begin). Live bytes rise by an ALLOC's size and fall by the size its
+ * id was allocated with at the matching RELEASE; the peak is the largest live total after any
+ * ALLOC. Ids are any 64-bit values and may be reused once released. Pure: no device, no nodes. */
+typedef enum { CDF_MEM_ALLOC = 0, CDF_MEM_RELEASE = 1 } cdf_mem_event_kind;
+typedef struct cdf_mem_event {
+    cdf_mem_event_kind kind;
+    uint64_t id;
+    uint64_t bytes; /* ALLOC: the buffer's size; RELEASE: ignored (the ALLOC's size counts) */
+} cdf_mem_event;
+
+/* *peak: the largest live total; *live_at_end (may be NULL): bytes still live after the last
+ * event (buffers the forward returns). A RELEASE of an id that is not live, or an ALLOC of one
+ * that is, is CDF_ERR_INVALID_ARG naming the event's index (the log is broken). */
+cdf_status cdf_memory_peak(const cdf_mem_event *ev, size_t n, uint64_t *peak, uint64_t *live_at_end);
 
 #endif
