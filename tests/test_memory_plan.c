@@ -180,18 +180,18 @@ static void test_peak_rejects_broken_logs(void **state) {
 static void test_peak_matches_a_live_list(void **state) {
     (void)state;
     srand(17);
-    enum { N = 4000, IDS = 300 };
+    enum { N = 60, IDS = 40 }; /* short logs: a small table, so probe chains collide */
     cdf_mem_event *ev = malloc(N * sizeof *ev);
     uint64_t *size_of = calloc(IDS, sizeof *size_of); /* 0 = not live */
     assert_non_null(ev);
     assert_non_null(size_of);
-    for (int round = 0; round < 20; round++) {
+    for (int round = 0; round < 5000; round++) {
         memset(size_of, 0, IDS * sizeof *size_of);
-        uint64_t live = 0, want_peak = 0;
+        /* random distinct ids: their home slots collide (evenly spaced ones would not) */
+        uint64_t pool[IDS];
+        for (int k = 0; k < IDS; k++) pool[k] = ((uint64_t)rand() << 33) ^ ((uint64_t)rand() << 11) ^ (uint64_t)k;        uint64_t live = 0, want_peak = 0;
         for (int i = 0; i < N; i++) {
-            /* ids spread over a large range so that their hashes collide in the table */
-            const uint64_t k = (uint64_t)(rand() % IDS);
-            const uint64_t id = k * 4096u + 64u;
+            const uint64_t k = (uint64_t)(rand() % IDS), id = pool[k];
             if (size_of[k]) {
                 ev[i] = RL(id);
                 live -= size_of[k];
