@@ -189,7 +189,8 @@ static void test_peak_matches_a_live_list(void **state) {
         memset(size_of, 0, IDS * sizeof *size_of);
         /* random distinct ids: their home slots collide (evenly spaced ones would not) */
         uint64_t pool[IDS];
-        for (int k = 0; k < IDS; k++) pool[k] = ((uint64_t)rand() << 33) ^ ((uint64_t)rand() << 11) ^ (uint64_t)k;        uint64_t live = 0, want_peak = 0;
+        for (int k = 0; k < IDS; k++) pool[k] = ((uint64_t)rand() << 40) ^ ((uint64_t)rand() << 8) ^ (uint64_t)k; /* low byte k */
+        uint64_t live = 0, want_peak = 0;
         for (int i = 0; i < N; i++) {
             const uint64_t k = (uint64_t)(rand() % IDS), id = pool[k];
             if (size_of[k]) {

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "exec/capture.h" /* cdf_mem_event */
 #include "graph/node.h"
 
 /* Place the virtual buffers nodes[0..n) and outs[0..n_out) touch (above) and move every
@@ -32,12 +33,6 @@ cdf_status cdf_memory_plan(cdf_node **nodes, int n, cdf_tensor **outs, int n_out
  * exec/capture.h, cdf_measure_begin). Live bytes rise by an ALLOC's size and fall by the size its
  * id was allocated with at the matching RELEASE; the peak is the largest live total after any
  * ALLOC. Ids are any 64-bit values and may be reused once released. Pure: no device, no nodes. */
-typedef enum { CDF_MEM_ALLOC = 0, CDF_MEM_RELEASE = 1 } cdf_mem_event_kind;
-typedef struct cdf_mem_event {
-    cdf_mem_event_kind kind;
-    uint64_t id;
-    uint64_t bytes; /* ALLOC: the buffer's size; RELEASE: ignored (the ALLOC's size counts) */
-} cdf_mem_event;
 
 /* *peak: the largest live total; *live_at_end (may be NULL): bytes still live after the last
  * event (buffers the forward returns). A RELEASE of an id that is not live, or an ALLOC of one
