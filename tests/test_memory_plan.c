@@ -135,30 +135,44 @@ static void test_random_dags_never_overlap_live_buffers(void **state) {
 }
 
 /* ---- cdf_memory_peak: the peak of an allocation log ----------------------------------------- */
-#define AL(i, b) ((cdf_mem_event){CDF_MEM_ALLOC, (i), (b)})
-#define RL(i) ((cdf_mem_event){CDF_MEM_RELEASE, (i), 0})
+#define AL(i, b) ((cdf_mem_event){CDF_MEM_ALLOC, (i), (b), 0})
+#define ALT(i, b, tag) ((cdf_mem_event){CDF_MEM_ALLOC, (i), (b), (tag)})
+#define RL(i) ((cdf_mem_event){CDF_MEM_RELEASE, (i), 0, 0})
 
 static void test_peak_of_hand_built_logs(void **state) {
     (void)state;
     uint64_t peak = 1, end = 1;
     /* live: A 100 -> +B 300 -> -A 200 -> +C 250 -> -B 50 -> +D 350 -> -D 50 */
     const cdf_mem_event a[] = {AL(1, 100), AL(2, 200), RL(1), AL(3, 50), RL(2), AL(4, 300), RL(4)};
-    assert_int_equal(cdf_memory_peak(a, 7, &peak, &end), CDF_OK);
+    assert_int_equal(cdf_memory_peak(a, 7, &peak, &end, NULL), CDF_OK);
     assert_int_equal(peak, 350);
     assert_int_equal(end, 50);
     /* a RELEASE counts the size its id was allocated with, not its own field; an id may be reused
      * once released: 64, then 0, then 128 + 32 */
-    const cdf_mem_event b[] = {AL(7, 64), (cdf_mem_event){CDF_MEM_RELEASE, 7, 999}, AL(7, 128), AL(8, 32)};
-    assert_int_equal(cdf_memory_peak(b, 4, &peak, &end), CDF_OK);
+    const cdf_mem_event b[] = {AL(7, 64), (cdf_mem_event){CDF_MEM_RELEASE, 7, 999, 0}, AL(7, 128), AL(8, 32)};
+    assert_int_equal(cdf_memory_peak(b, 4, &peak, &end, NULL), CDF_OK);
     assert_int_equal(peak, 160);
     assert_int_equal(end, 160);
     /* a chain x_i -> x_{i+1}, each released after its successor exists: sizes 10, 40, 20, 30, 5
      * peak at the largest neighbouring pair, 40 + 20 = 60 */
     const cdf_mem_event c[] = {AL(0, 10), AL(1, 40), RL(0), AL(2, 20), RL(1), AL(3, 30), RL(2), AL(4, 5), RL(3)};
-    assert_int_equal(cdf_memory_peak(c, 9, &peak, NULL), CDF_OK);
+    assert_int_equal(cdf_memory_peak(c, 9, &peak, NULL, NULL), CDF_OK);
     assert_int_equal(peak, 60);
+    /* tags: the peak while each tag's allocations are made. live: [t0] 100, [t1] 150, -> 50 (the
+     * t0 buffer goes), [t2] 250, -> 200, [t1] 230, [t0] 260 */
+    const cdf_mem_event d[] = {ALT(1, 100, 0), ALT(2, 50, 1), RL(1), ALT(3, 200, 2), RL(2), ALT(4, 30, 1), ALT(5, 30, 0)};
+    uint64_t tags[CDF_MEM_TAGS];
+    assert_int_equal(cdf_memory_peak(d, 7, &peak, &end, tags), CDF_OK);
+    assert_int_equal(peak, 260);
+    assert_int_equal(end, 260);
+    assert_int_equal(tags[0], 260);
+    assert_int_equal(tags[1], 230);
+    assert_int_equal(tags[2], 250);
+    assert_int_equal(tags[3], 0);
+    const cdf_mem_event bad_tag[] = {ALT(1, 8, CDF_MEM_TAGS)};
+    assert_int_equal(cdf_memory_peak(bad_tag, 1, &peak, NULL, NULL), CDF_ERR_INVALID_ARG);
     /* empty log */
-    assert_int_equal(cdf_memory_peak(NULL, 0, &peak, &end), CDF_OK);
+    assert_int_equal(cdf_memory_peak(NULL, 0, &peak, &end, NULL), CDF_OK);
     assert_int_equal(peak, 0);
     assert_int_equal(end, 0);
 }
@@ -167,12 +181,12 @@ static void test_peak_rejects_broken_logs(void **state) {
     (void)state;
     uint64_t peak = 0;
     const cdf_mem_event unknown[] = {AL(1, 8), RL(2)};
-    assert_int_equal(cdf_memory_peak(unknown, 2, &peak, NULL), CDF_ERR_INVALID_ARG);
+    assert_int_equal(cdf_memory_peak(unknown, 2, &peak, NULL, NULL), CDF_ERR_INVALID_ARG);
     assert_non_null(strstr(cdf_last_error(), "event 1 releases id 2"));
     const cdf_mem_event twice[] = {AL(1, 8), AL(1, 8)};
-    assert_int_equal(cdf_memory_peak(twice, 2, &peak, NULL), CDF_ERR_INVALID_ARG);
+    assert_int_equal(cdf_memory_peak(twice, 2, &peak, NULL, NULL), CDF_ERR_INVALID_ARG);
     const cdf_mem_event double_free[] = {AL(1, 8), RL(1), RL(1)};
-    assert_int_equal(cdf_memory_peak(double_free, 3, &peak, NULL), CDF_ERR_INVALID_ARG);
+    assert_int_equal(cdf_memory_peak(double_free, 3, &peak, NULL, NULL), CDF_ERR_INVALID_ARG);
 }
 
 /* Random logs over few ids (many collisions and reuses, so the live table's deletions are
@@ -205,7 +219,7 @@ static void test_peak_matches_a_live_list(void **state) {
             }
         }
         uint64_t peak = 0, end = 0;
-        assert_int_equal(cdf_memory_peak(ev, N, &peak, &end), CDF_OK);
+        assert_int_equal(cdf_memory_peak(ev, N, &peak, &end, NULL), CDF_OK);
         assert_int_equal(peak, want_peak);
         assert_int_equal(end, live);
     }

@@ -136,10 +136,11 @@ static size_t live_find(const live_slot *t, size_t cap, uint64_t id) {
     return h;
 }
 
-cdf_status cdf_memory_peak(const cdf_mem_event *ev, size_t n, uint64_t *peak, uint64_t *live_at_end) {
+cdf_status cdf_memory_peak(const cdf_mem_event *ev, size_t n, uint64_t *peak, uint64_t *live_at_end, uint64_t *tag_peaks) {
     if (!peak || (n && !ev)) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_memory_peak: NULL argument");
     *peak = 0;
     if (live_at_end) *live_at_end = 0;
+    uint64_t tp[CDF_MEM_TAGS] = {0};
     size_t cap = 16;
     while (cap < 2 * n + 2) cap *= 2; /* at most n ids live at once: load factor <= 1/2 */
     live_slot *t = malloc(cap * sizeof *t);
@@ -156,9 +157,14 @@ cdf_status cdf_memory_peak(const cdf_mem_event *ev, size_t n, uint64_t *peak, ui
                                (unsigned long long)ev[i].id);
                 break;
             }
+            if (ev[i].tag < 0 || ev[i].tag >= CDF_MEM_TAGS) {
+                st = cdf_error(CDF_ERR_INVALID_ARG, "allocation log: event %zu has tag %d (0..%d)", i, ev[i].tag, CDF_MEM_TAGS - 1);
+                break;
+            }
             t[h] = (live_slot){ev[i].id, ev[i].bytes == UINT64_MAX ? UINT64_MAX - 1 : ev[i].bytes};
             live += t[h].bytes;
             if (live > top) top = live;
+            if (live > tp[ev[i].tag]) tp[ev[i].tag] = live;
         } else if (ev[i].kind == CDF_MEM_RELEASE) {
             if (!is_live) {
                 st = cdf_error(CDF_ERR_INVALID_ARG, "allocation log: event %zu releases id %llu, which is not live", i,
@@ -185,5 +191,7 @@ cdf_status cdf_memory_peak(const cdf_mem_event *ev, size_t n, uint64_t *peak, ui
     if (st != CDF_OK) return st;
     *peak = top;
     if (live_at_end) *live_at_end = live;
+    if (tag_peaks)
+        for (int k = 0; k < CDF_MEM_TAGS; k++) tag_peaks[k] = tp[k];
     return CDF_OK;
 }

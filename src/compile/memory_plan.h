@@ -35,8 +35,10 @@ cdf_status cdf_memory_plan(cdf_node **nodes, int n, cdf_tensor **outs, int n_out
  * ALLOC. Ids are any 64-bit values and may be reused once released. Pure: no device, no nodes. */
 
 /* *peak: the largest live total; *live_at_end (may be NULL): bytes still live after the last
- * event (buffers the forward returns). A RELEASE of an id that is not live, or an ALLOC of one
- * that is, is CDF_ERR_INVALID_ARG naming the event's index (the log is broken). */
-cdf_status cdf_memory_peak(const cdf_mem_event *ev, size_t n, uint64_t *peak, uint64_t *live_at_end);
+ * event (buffers the forward returns); tag_peaks (may be NULL; CDF_MEM_TAGS entries): per tag,
+ * the largest live total right after an ALLOC with that tag (0 for a tag no ALLOC has). A
+ * RELEASE of an id that is not live, an ALLOC of one that is, or a tag out of range is
+ * CDF_ERR_INVALID_ARG naming the event's index (the log is broken). */
+cdf_status cdf_memory_peak(const cdf_mem_event *ev, size_t n, uint64_t *peak, uint64_t *live_at_end, uint64_t *tag_peaks);
 
 #endif

@@ -34,7 +34,7 @@ static void measure_log(cdf_mem_event_kind kind, uint64_t id, uint64_t bytes) {
         tl_cap.log = p;
         tl_cap.cap_log = cap;
     }
-    tl_cap.log[tl_cap.n_log++] = (cdf_mem_event){kind, id, bytes};
+    tl_cap.log[tl_cap.n_log++] = (cdf_mem_event){kind, id, bytes, tl_cap.tag};
 }
 
 /* owner_release of a measured buffer: it holds no memory, only the log hears of it (a buffer
@@ -55,6 +55,12 @@ cdf_status cdf_measure_begin(void) {
 }
 
 bool cdf_measuring(void) { return tl_cap.active && tl_cap.measure; }
+
+int cdf_measure_set_tag(int tag) {
+    const int prev = tl_cap.tag;
+    tl_cap.tag = tag >= 0 && tag < CDF_MEM_TAGS ? tag : 0;
+    return prev;
+}
 
 cdf_status cdf_measure_end(cdf_mem_event **log, size_t *n) {
     *log = NULL;

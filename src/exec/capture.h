@@ -23,7 +23,9 @@ typedef struct cdf_mem_event {
     cdf_mem_event_kind kind;
     uint64_t id;
     uint64_t bytes; /* ALLOC: the buffer's size; RELEASE: ignored (the ALLOC's size counts) */
+    int tag;        /* ALLOC: what was running, 0..CDF_MEM_TAGS-1 (cdf_measure_set_tag) */
 } cdf_mem_event;
+#define CDF_MEM_TAGS 4
 
 typedef struct cdf_capture {
     bool active, broken, fullgraph;
@@ -31,6 +33,7 @@ typedef struct cdf_capture {
     uint64_t session; /* the measure session the log belongs to */
     cdf_mem_event *log;
     size_t n_log, cap_log;
+    int tag; /* given to the ALLOCs logged now */
     const char *who;
     cdf_node **nodes;
     int n, cap;
@@ -74,6 +77,9 @@ void cdf_capture_release_virtuals(cdf_capture *c);
  * made before the session (inputs) are allowed. Not nestable, and not inside a compile capture. */
 cdf_status cdf_measure_begin(void);
 bool cdf_measuring(void);
+/* Tag the allocations logged from now on (0..CDF_MEM_TAGS-1; the session starts at 0); returns the
+ * previous tag. cdf_block_run tags a repeated block's allocations by its family (compile/compile.c). */
+int cdf_measure_set_tag(int tag);
 /* End the session: *log receives its events (malloc'd, the caller frees; NULL when none) and *n
  * their count. Returns the first failure of the session (a host read, an untracked buffer). */
 cdf_status cdf_measure_end(cdf_mem_event **log, size_t *n);
