@@ -14,9 +14,8 @@
 #define CDF_EXEC_MEMORY_PLAN_H
 
 #include <stddef.h>
-#include <stdint.h>
 
-#include "exec/capture.h" /* cdf_mem_event */
+#include "compile/memory_peak.h"
 #include "graph/node.h"
 
 /* Place the virtual buffers nodes[0..n) and outs[0..n_out) touch (above) and move every
@@ -26,19 +25,5 @@
  * alone. Independent of capture: a test can build the nodes by hand (tests/test_memory_plan.c). */
 cdf_status cdf_memory_plan(cdf_node **nodes, int n, cdf_tensor **outs, int n_out, size_t *arena_bytes,
                            cdf_tensor **arena_param);
-
-/* ---- the peak of an allocation log ----------------------------------------------------------
- * What a forward holds at its busiest point, from the order in which its buffers were allocated
- * and released (the planner records such a log by running the forward over virtual buffers: see
- * exec/capture.h, cdf_measure_begin). Live bytes rise by an ALLOC's size and fall by the size its
- * id was allocated with at the matching RELEASE; the peak is the largest live total after any
- * ALLOC. Ids are any 64-bit values and may be reused once released. Pure: no device, no nodes. */
-
-/* *peak: the largest live total; *live_at_end (may be NULL): bytes still live after the last
- * event (buffers the forward returns); tag_peaks (may be NULL; CDF_MEM_TAGS entries): per tag,
- * the largest live total right after an ALLOC with that tag (0 for a tag no ALLOC has). A
- * RELEASE of an id that is not live, an ALLOC of one that is, or a tag out of range is
- * CDF_ERR_INVALID_ARG naming the event's index (the log is broken). */
-cdf_status cdf_memory_peak(const cdf_mem_event *ev, size_t n, uint64_t *peak, uint64_t *live_at_end, uint64_t *tag_peaks);
 
 #endif

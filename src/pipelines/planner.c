@@ -24,7 +24,11 @@
 #include <sys/stat.h>
 
 #include "cdiffusers/io.h"
+#include "compile/memory_peak.h"
 #include "core/error_internal.h"
+#include "models/component.h"
+#include "models/mistral3_text.h"
+#include "pipelines/flux2_pipeline.h"
 #include "nn/nn.h"
 #include "pipelines/pipeline_impl.h"
 #include "pipelines/planner.h"
@@ -605,6 +609,166 @@ static void device_type_upper(const cdf_device *dev, char *buf, size_t n) {
         if (*q >= 'a' && *q <= 'z') *q = (char)(*q - 'a' + 'A');
 }
 
+/* ---- measured activations ------------------------------------------------------------------ */
+/* The activation peak of a component's forward, measured: the component is loaded with
+ * shapes_only weights (buffers without memory, sized from the checkpoint headers; no weight byte
+ * is read) and its forward runs in measure mode (exec/capture.h: no kernel runs, every buffer is
+ * virtual, each allocation and final release is logged); compile/memory_plan.c's cdf_memory_peak
+ * turns the log into the peak of live bytes, per block family. What the forward allocates is
+ * what eager holds once the queue has drained (the allocator drains it before declaring
+ * out-of-memory), so the ±10% checks of tests/test_offload*.c hold for it as for a run. */
+static cdf_tensor *zeros_in(cdf_device *dev, cdf_dtype dt, int ndim, const int64_t *shape) {
+    const size_t n = (size_t)cdf_shape_numel(ndim, shape) * cdf_dtype_size(dt);
+    void *buf = calloc(n ? n : 1, 1);
+    if (!buf) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        return NULL;
+    }
+    cdf_tensor *t = cdf_tensor_from_host(dev, dt, ndim, shape, buf, dt);
+    free(buf);
+    return t;
+}
+
+static cdf_status set_in(cdf_tensor_map *in, const char *name, cdf_tensor *t) {
+    if (!t) return cdf_last_status() ? cdf_last_status() : cdf_error(CDF_ERR_INTERNAL, "planner: input '%s'", name);
+    return cdf_tensor_map_set(in, name, t);
+}
+
+/* The inputs the pipelines give c's forward for shape sh (flux_pipeline.c, sd3_pipeline.c,
+ * pipeline.c's decode), with zero values: a measurement needs their shapes only (the values a
+ * forward reads on the host, ids and tile sizes, are real). *method: "forward" or "decode". */
+static cdf_status measured_inputs(const plan_component *c, const cJSON *cfg, const cdf_plan_shape *sh, cdf_device *dev,
+                                  const cdf_generate_params *gp, cdf_tensor_map *in, const char **method) {
+    const int64_t B = sh->batch > 0 ? sh->batch : 1, T = sh->text_tokens;
+    *method = "forward";
+    switch (c->info.kind) {
+    case CDF_PLAN_CLIP:
+    case CDF_PLAN_T5: return set_in(in, "input_ids", zeros_in(dev, CDF_I64, 2, (int64_t[]){1, T}));
+    case CDF_PLAN_FLUX: {
+        const int64_t N = (sh->latent_h / 2) * (sh->latent_w / 2), joint = geti(cfg, "joint_attention_dim", 4096);
+        CDF_TRY(set_in(in, "hidden_states", zeros_in(dev, CDF_F32, 3, (int64_t[]){B, N, c->info.in_channels})));
+        CDF_TRY(set_in(in, "encoder_hidden_states", zeros_in(dev, CDF_F32, 3, (int64_t[]){B, T, joint})));
+        CDF_TRY(set_in(in, "pooled_projections", zeros_in(dev, CDF_F32, 2, (int64_t[]){B, geti(cfg, "pooled_projection_dim", 768)})));
+        CDF_TRY(set_in(in, "timestep", zeros_in(dev, CDF_F32, 1, (int64_t[]){B})));
+        CDF_TRY(set_in(in, "img_ids", zeros_in(dev, CDF_F32, 2, (int64_t[]){N, 3})));
+        CDF_TRY(set_in(in, "txt_ids", zeros_in(dev, CDF_F32, 2, (int64_t[]){T, 3})));
+        const cJSON *g = cJSON_GetObjectItemCaseSensitive(cfg, "guidance_embeds");
+        if (cJSON_IsTrue(g)) CDF_TRY(set_in(in, "guidance", zeros_in(dev, CDF_F32, 1, (int64_t[]){B})));
+        return CDF_OK;
+    }
+    case CDF_PLAN_MISTRAL: { /* flux2_pipeline.c encode_prompt: the request's layers (read on the host) */
+        int64_t lv[CDF_FLUX2_MAX_OUT_LAYERS] = CDF_FLUX2_TEXT_LAYERS_DEFAULT, nl = 3;
+        if (gp->num_text_encoder_out_layers > 0 && gp->text_encoder_out_layers &&
+            gp->num_text_encoder_out_layers <= CDF_FLUX2_MAX_OUT_LAYERS) {
+            nl = gp->num_text_encoder_out_layers;
+            for (int64_t k = 0; k < nl; k++) lv[k] = gp->text_encoder_out_layers[k];
+        }
+        CDF_TRY(set_in(in, "input_ids", zeros_in(dev, CDF_I64, 2, (int64_t[]){1, T})));
+        CDF_TRY(set_in(in, "attention_mask", zeros_in(dev, CDF_I64, 2, (int64_t[]){1, T})));
+        return set_in(in, "text_encoder_out_layers", cdf_tensor_from_host(dev, CDF_I64, 1, &nl, lv, CDF_I64));
+    }
+    case CDF_PLAN_FLUX2: { /* flux2_pipeline.c flux2_predict: ids [1, rows, 4] */
+        const int64_t p = c->info.patch > 0 ? c->info.patch : 1, N = (sh->latent_h / 2) * (sh->latent_w / 2) / (p * p);
+        CDF_TRY(set_in(in, "hidden_states", zeros_in(dev, CDF_F32, 3, (int64_t[]){B, N, c->info.in_channels})));
+        CDF_TRY(set_in(in, "encoder_hidden_states", zeros_in(dev, CDF_F32, 3, (int64_t[]){B, T, c->info.joint_dim})));
+        CDF_TRY(set_in(in, "timestep", zeros_in(dev, CDF_F32, 1, (int64_t[]){B})));
+        CDF_TRY(set_in(in, "img_ids", zeros_in(dev, CDF_I64, 3, (int64_t[]){1, N, 4})));
+        CDF_TRY(set_in(in, "txt_ids", zeros_in(dev, CDF_I64, 3, (int64_t[]){1, T, 4})));
+        const cJSON *g = cJSON_GetObjectItemCaseSensitive(cfg, "guidance_embeds");
+        if (cJSON_IsTrue(g)) CDF_TRY(set_in(in, "guidance", zeros_in(dev, CDF_F32, 1, (int64_t[]){B})));
+        return CDF_OK;
+    }
+    case CDF_PLAN_SD3:
+        CDF_TRY(set_in(in, "hidden_states", zeros_in(dev, CDF_F32, 4, (int64_t[]){B, c->info.in_channels, sh->latent_h, sh->latent_w})));
+        CDF_TRY(set_in(in, "encoder_hidden_states",
+                       zeros_in(dev, CDF_F32, 3, (int64_t[]){B, T, geti(cfg, "joint_attention_dim", 4096)})));
+        CDF_TRY(set_in(in, "pooled_projections", zeros_in(dev, CDF_F32, 2, (int64_t[]){B, geti(cfg, "pooled_projection_dim", 2048)})));
+        return set_in(in, "timestep", zeros_in(dev, CDF_F32, 1, (int64_t[]){B}));
+    case CDF_PLAN_VAE: {
+        *method = "decode";
+        if (strcmp(c->class_name, "AutoencoderKLFlux2") == 0) /* flux2_pipeline.c: the 2x2-patchified latents */
+            CDF_TRY(set_in(in, "unpacked_latents",
+                           zeros_in(dev, CDF_F32, 4, (int64_t[]){1, 4 * c->info.latent_channels, sh->latent_h / 2, sh->latent_w / 2})));
+        else
+            CDF_TRY(set_in(in, "z", zeros_in(dev, CDF_F32, 4, (int64_t[]){1, c->info.latent_channels, sh->latent_h, sh->latent_w})));
+        if (sh->vae_tile_latent <= 0) return CDF_OK;
+        const int64_t tile = sh->vae_tile_latent * (c->info.vae_scale_factor > 0 ? c->info.vae_scale_factor : 8);
+        return set_in(in, "tile_sample_min_size", cdf_tensor_from_host(dev, CDF_I64, 1, (int64_t[]){1}, &tile, CDF_I64));
+    }
+    default: return cdf_error(CDF_ERR_UNSUPPORTED, "planner: no measured forward for %s", c->class_name);
+    }
+}
+
+/* Whether c's activations are measured (above) for this execution; otherwise the formulas further
+ * up give them. Not measured, and why:
+ *  - repeated-block compile (CDF_PLAN_REPEATED_BLOCKS): each block runs as a graph whose buffers
+ *    share one arena placed by compile/memory_plan.c, which a measured eager forward does not
+ *    model; the *_blocks_elems formulas give the arenas (CDF_PLAN_OTHER: nothing is known). */
+static bool activations_measured(const plan_component *c, const cdf_plan_shape *sh) {
+    const cdf_plan_model_kind k = c->info.kind;
+    if (sh->repeated_blocks && (k == CDF_PLAN_FLUX || k == CDF_PLAN_FLUX2 || k == CDF_PLAN_SD3)) return false;
+    return k != CDF_PLAN_OTHER;
+}
+
+/* Measure c's forward at shape sh (see above): fam[0] the peak outside single-stream blocks (or
+ * the whole peak), fam[1] the peak while a single-stream block runs (0 when the model has none),
+ * the split cdf_plan_activation_bytes_by_family makes. */
+static cdf_status measure_activations(const char *dir, const plan_component *c, const plan_load *pl, bool flux_pipe,
+                                      cdf_dtype wdt, const cdf_plan_shape *sh, const cdf_generate_params *gp, uint64_t fam[2]) {
+    char sub[4096];
+    snprintf(sub, sizeof sub, "%s/%s", dir, c->key);
+    cdf_load_options opt = cdf_load_options_default();
+    opt.device = cdf_device_default();
+    if (!opt.device) return cdf_last_status();
+    opt.weight_dtype = wdt;
+    opt.shapes_only = true;
+    opt.decode_quantized = true; /* activations do not depend on how a weight is stored */
+    for (int k = 0; k < pl->n_files; k++)
+        if (strcmp(pl->file_key[k], c->key) == 0) opt.weights_file = pl->file_path[k], opt.weights_part = cdf_pipe_text_part(c->key, flux_pipe);
+    cdf_component *comp = NULL;
+    /* loading runs in a measurement too: a loader's ops (casts, concatenations) must not run on
+     * weights without memory; its log is dropped */
+    cdf_mem_event *log = NULL;
+    size_t n = 0;
+    CDF_TRY(cdf_measure_begin());
+    cdf_status s = cdf_component_load(sub, &opt, &comp);
+    cdf_status e = cdf_measure_end(&log, &n);
+    free(log);
+    log = NULL;
+    if (s == CDF_OK) s = e;
+    if (s != CDF_OK) {
+        cdf_component_free(comp);
+        return cdf_error_prefix("planner: measuring %s (%s): ", c->key, c->class_name);
+    }
+    cdf_tensor_map in, out;
+    cdf_tensor_map_init(&in);
+    cdf_tensor_map_init(&out);
+    const char *method = "forward";
+    cdf_scope_push();
+    s = measured_inputs(c, cdf_component_config(comp), sh, opt.device, gp, &in, &method);
+    if (s == CDF_OK && (s = cdf_measure_begin()) == CDF_OK) {
+        cdf_scope_push();
+        s = cdf_component_run(comp, method, &in, &out);
+        cdf_tensor_map_clear(&out);
+        cdf_scope_pop(NULL, 0);
+        e = cdf_measure_end(&log, &n);
+        if (s == CDF_OK) s = e;
+    }
+    cdf_tensor_map_clear(&in);
+    cdf_scope_pop(NULL, 0);
+    cdf_component_free(comp);
+    uint64_t peak = 0, tags[CDF_MEM_TAGS] = {0};
+    if (s == CDF_OK) s = cdf_memory_peak(log, n, &peak, NULL, tags);
+    free(log);
+    if (s != CDF_OK) return cdf_error_prefix("planner: measuring %s (%s): ", c->key, c->class_name);
+    /* tags (compile.c cdf_block_run): 0 outside blocks, 1 double-stream blocks, 2 single-stream */
+    const uint64_t outside = tags[0];
+    fam[0] = tags[1] > outside ? tags[1] : outside;
+    fam[1] = tags[2] ? (tags[2] > outside ? tags[2] : outside) : 0;
+    if (!tags[1] && !tags[2]) fam[0] = peak;
+    return CDF_OK;
+}
+
 cdf_status cdf_pipe_check_budget(cdf_pipeline *p, const cJSON *idx) {
     cdf_memory_stats st;
     cdf_device_memory_stats(p->device, &st);
@@ -808,7 +972,10 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
         snprintf(out->component[i].name, sizeof out->component[i].name, "%s", c->key);
         snprintf(out->component[i].class_name, sizeof out->component[i].class_name, "%s", c->class_name);
         out->component[i].weights_bytes = c->weights;
-        cdf_plan_activation_bytes_by_family(&c->info, &sh, fam_act[i]);
+        if (activations_measured(c, &sh))
+            CDF_TRY(measure_activations(dir, c, &pl, pp.kind == PK_FLUX, lp.weight_dtype, &sh, &gp, fam_act[i]));
+        else
+            cdf_plan_activation_bytes_by_family(&c->info, &sh, fam_act[i]);
         out->component[i].activation_bytes = fam_act[i][0] > fam_act[i][1] ? fam_act[i][0] : fam_act[i][1];
         out->component[i].activation_known = c->info.kind != CDF_PLAN_OTHER;
         out->total_weights_bytes += c->weights;
