@@ -1,22 +1,26 @@
-/* The device-memory planner: weights from checkpoint headers, activations from per-model
- * formulas, both per pipeline phase (text encoding, denoising, VAE decode) and offload mode.
- * Nothing is loaded or run: config.json files and safetensors headers are all it reads.
+/* The device-memory planner: weights from checkpoint headers, activations measured, both per
+ * pipeline phase (text encoding, denoising, VAE decode) and offload mode. Nothing is loaded or
+ * run for real: config.json files and safetensors/GGUF headers are all it reads.
  *
- * The activation formulas count, for each architecture, the tensors alive at the forward's peak
- * as the model code in src/models holds them (each block's intermediates live in the block's
- * scope until the block ends; the VAE replaces its activation step by step). The constants were
- * calibrated against measured needs with bench/offload/calibrate.c; bench/RESULTS.md ("Offload")
- * has the table. If a model's forward changes its memory behaviour, rerun the calibration.
+ * Activations (eager execution, every component class): each component's forward runs over
+ * virtual buffers at the request's shapes (measure_activations below): the loaders build the
+ * model with shapes_only weights, exec/capture.h's measure mode logs every buffer the forward
+ * allocates and releases while no kernel runs, and compile/memory_plan.c's cdf_memory_peak
+ * takes the peak of live bytes from the log. Nodes are dropped as they are submitted, i.e.
+ * operands die when eager's queue would have run their last op: the live set the allocator sees
+ * when it drains the queue before declaring out-of-memory, which is what a budget measures.
  *
- * Execution modes: the eager formulas are eager's live sets; defer-and-fuse needs the same under
- * a budget (the allocator runs the pending graph before failing). With repeated-block compile
- * (CDF_PLAN_REPEATED_BLOCKS) each transformer block is a graph whose buffers are placed by
- * lifetime in one arena, allocated for that block's run and freed after it: the transformer
- * then needs the largest block class's arena plus the block's inputs and outputs, which the
- * *_blocks_elems formulas below model (each arena is the live set of the graph's busiest point:
- * a buffer dies at its last use, not at the block's end). Whole-model compile is not modelled
- * separately: its one arena per forward is at most the eager live set, so the eager plan is an
- * upper bound there. */
+ * Repeated-block compile (CDF_PLAN_REPEATED_BLOCKS) keeps formulas (the *_blocks_elems below):
+ * each transformer block is a graph whose buffers are placed by lifetime in one arena, allocated
+ * for that block's run and freed after it, which a measured eager forward does not reproduce;
+ * the transformer then needs the largest block class's arena plus the block's inputs and
+ * outputs (each arena is the live set of the graph's busiest point: a buffer dies at its last
+ * use, not at the block's end). They were calibrated against the graphs' arenas with
+ * bench/offload/calibrate.c. Whole-model compile is not modelled separately: its one arena per
+ * forward is at most the eager live set, so the eager plan is an upper bound there.
+ *
+ * The per-class formulas for eager execution this planner had before are gone: the measurement
+ * replaced them, and bench/offload/calibrate.c compares the measured peaks with real runs. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -315,54 +319,9 @@ cdf_status cdf_plan_model_info_from_config(const char *cls, const cJSON *cfg, cd
     return CDF_OK;
 }
 
-/* ---- activations -------------------------------------------------------------------------------- */
-/* Counts below are in f32 elements (activations are f32 whatever the weight dtype): the tensors
- * alive at the forward's peak allocation, read off the model code (the comments name them) and
- * checked against bench/offload/calibrate.c. */
-
-/* CLIPTextModel: every layer's output moves to the forward's scope (the pipeline reads the
- * penultimate one), so the outputs of all earlier layers are alive during the last layer, whose
- * own intermediates are ln1, q, k, v, attention, its [S, H] copy, out_proj, residual, ln2,
- * fc1 [S, I], act [S, I], fc2, residual (11 H + 2 I). Plus the token lookup and the embeddings'
- * sum (the first "layer output"), the causal mask [S, S] and the token ids. */
-static double clip_elems(const cdf_plan_model_info *m, double B, double S) {
-    double e = B * S * ((double)(m->layers + 12) * m->width + 2.0 * m->mlp) + S * S;
-    if (m->weight_dtype != CDF_F32) e += B * S * m->width * 0.5; /* the bf16 lookup before its f32 cast */
-    return e + B * S * 2; /* i64 ids */
-}
-
-/* T5EncoderModel: the position bias [heads, L, L] lives for the whole forward; every block's
- * output moves to the forward's scope; the last block holds rms, q, k, v, attention, its copy,
- * o, residual, rms, wi_0, act, wi_1, product, wo, residual (6 D + 5 inner + 4 F). */
-static double t5_elems(const cdf_plan_model_info *m, double B, double L) {
-    const double inner = (double)m->heads * m->head_dim;
-    double e = B * L * ((double)(m->layers + 6) * m->width + 5.0 * inner + 4.0 * m->mlp) + (double)m->heads * L * L;
-    if (m->weight_dtype != CDF_F32) e += B * L * m->width * 0.5; /* the bf16 lookup before its f32 cast */
-    return e + B * L * 2;
-}
-
-/* FluxTransformer2DModel, L = text + image tokens. A double block holds per stream: layer norm +
- * modulation (3), q/k projections and their RMSNorms, v (5), output projection (1), gated
- * residual (2), norm + modulation (3), MLP in [F] + GELU [F], MLP out (1), gated residual (2):
- * 17 D + 2 F; jointly the concatenated q, k, v (3), the two rotated q, k (2), attention output
- * and its contiguous copy (2): 7 D; plus the previous state (1 D). A single block: 16 D + 3 M +
- * the previous state. The rotary tables are [L, head_dim] cos and sin. */
-static void flux_elems(const cdf_plan_model_info *m, double B, double Lt, double Li, double fam[2]) {
-    const double L = Lt + Li, D = (double)m->width, F = (double)m->mlp;
-    fam[0] = m->layers > 0 ? B * L * (25.0 * D + 2.0 * F) + 2.0 * L * m->head_dim : 0;
-    fam[1] = m->single_layers > 0 ? B * L * (17.0 * D + 3.0 * F) + 2.0 * L * m->head_dim : 0;
-}
-
-/* Flux2Transformer2DModel (flux2_transformer.c), L = text + image tokens, F the SwiGLU width.
- * As FLUX.1 (above) with the SwiGLU feed-forward: a double block's MLP holds in [2F], SiLU [F]
- * and the product [F] per stream (4 F instead of 2 F); a single block's fused projection
- * [3D + 2F], SiLU [F], product [F] and the cat [D + F] (16 D + 5 F), + the previous state. The
- * modulation linears run once per forward, outside the blocks ([B, 6D], not per token). */
-static void flux2_elems(const cdf_plan_model_info *m, double B, double Lt, double Li, double fam[2]) {
-    const double L = Lt + Li, D = (double)m->width, F = (double)m->mlp;
-    fam[0] = m->layers > 0 ? B * L * (25.0 * D + 4.0 * F) + 2.0 * L * m->head_dim : 0;
-    fam[1] = m->single_layers > 0 ? B * L * (17.0 * D + 5.0 * F) + 2.0 * L * m->head_dim : 0;
-}
+/* ---- activations: repeated-block compile ------------------------------------------------------ */
+/* Counts below are in f32 elements (activations are f32 whatever the weight dtype). Eager
+ * execution is measured instead (measure_activations further down). */
 
 /* The same three transformers with repeated-block compile: per block class, the arena (the live
  * set at the graph's busiest point, per batch element) is the largest of
@@ -405,108 +364,16 @@ static double sd3_blocks_elems(const cdf_plan_model_info *m, double B, double T,
     return B * (a + 2.0 * L * D + 2.0 * N * D + 40.0 * L + 40.0 * D);
 }
 
-/* SD3Transformer2DModel, N image tokens, T text tokens, L = N + T. A joint block
- * holds per stream layer norm + modulation (3), q/k projections + RMSNorms and v (5), output
- * projection (1), gated residual (2), feed-forward norm + modulation (3), in [4D] + GELU [4D],
- * out (1), gated residual (2); jointly the concatenated q, k, v, the attention output and its
- * copy (5); a dual-attention block adds on the image stream its second modulation (2), the
- * self-attention's q, k (+ norms), v, output, copy, projection (8) and gated residual (2).
- * Plus the previous state, the patch embedding's outputs held by the forward's scope and ~40
- * elements per token that do not scale with the width (measured, not traced to a tensor). */
-static double sd3_elems(const cdf_plan_model_info *m, double B, double T, double N) {
-    const double L = N + T, D = (double)m->width, F = (double)m->mlp;
-    double e = B * (L * (17.0 * D + 2.0 * F + 5.0 * D + 1.0 * D + 40.0) + 2.0 * N * D + 40.0 * D);
-    if (m->dual_layers > 0) e += B * N * 12.0 * D;
-    return e;
-}
-
-/* Mistral language model (mistral3_text.c), S tokens: the additive causal + padding mask
- * [B, 1, S, S] and the RoPE tables [S, head_dim] x 2 for the whole forward; the running state and
- * the three hidden states FLUX.2 keeps (4 H); and one layer's scope: per token the input norm,
- * o_proj, residual, post-attention norm, down_proj and residual (6 H); q's projection and RoPE
- * (negated half, cat, two products, sum: 5.5 q), k's the same on the kv heads and v (6.5 kv),
- * the grouped k and v copied out to every query head (2 q, when kv < q), the attention output and
- * its [S, heads * d] copy (2 q); SwiGLU's gate, SiLU, up and product (4 F). The ids (int64). */
-static double mistral_elems(const cdf_plan_model_info *m, double B, double S) {
-    const double H = (double)m->width, F = (double)m->mlp, d = (double)m->head_dim;
-    const double q = (double)m->heads * d, kvh = m->kv_heads > 0 ? (double)m->kv_heads : (double)m->heads, kv = kvh * d;
-    const double repeat = kvh < (double)m->heads ? 2.0 : 0.0;
-    return B * S * (10.0 * H + q * (7.5 + repeat) + 6.5 * kv + 4.0 * F + 2.0) + B * S * S + 2.0 * S * d;
-}
-
-/* AutoencoderKL decode, simulated step by step as autoencoder_kl.c runs it: each STEP holds the
- * block's input, the previous activation, the step's temporaries and its result. */
-static double vae_decode_elems(const cdf_plan_model_info *m, double B, double h, double w) {
-    const int n = m->n_blocks;
-    double peak = 0, P = h * w; /* pixels at the current resolution */
-#define VAE_PEAK(x)                                                                                                \
-    do {                                                                                                           \
-        double v_ = (x);                                                                                           \
-        if (v_ > peak) peak = v_;                                                                                  \
-    } while (0)
-    double c = (double)m->channels[n - 1];
-    VAE_PEAK(c * P); /* conv_in */
-    /* mid block: resnet (3 c), attention (x, its input, q, k, v, attention output: 6 c), resnet */
-    VAE_PEAK(3 * c * P);
-    VAE_PEAK(6 * c * P);
-    for (int i = 0; i < n; i++) {
-        double prev = c;
-        c = (double)m->channels[n - 1 - i];
-        for (int j = 0; j < m->layers_per_block + 1; j++) {
-            double in = j == 0 ? prev : c;
-            VAE_PEAK(3 * in * P);          /* norm1 + act: x, norm, act */
-            VAE_PEAK((2 * in + c) * P);    /* conv1 */
-            VAE_PEAK((in + 3 * c) * P);    /* norm2 + act */
-            VAE_PEAK((in + 3 * c) * P);    /* conv2 / residual (+ shortcut) */
-        }
-        if (i < n - 1) {
-            VAE_PEAK((c + 8 * c) * P); /* upsample x2 (4 P) + conv (4 P) + the input */
-            P *= 4;
-        }
-    }
-    VAE_PEAK(3 * c * P);                 /* conv_norm_out + SiLU */
-    VAE_PEAK(c * P + 3 * P);             /* conv_out */
-#undef VAE_PEAK
-    return B * peak;
-}
-
-/* Tiled decode (autoencoder_kl.c tiled_forward): one tile's decode at a time, plus the finished
- * output tiles (each tile's full output is kept until the row below is blended: two rows of
- * tiles) and the concatenated rows and result (twice the image). */
-static double vae_tiled_decode_elems(const cdf_plan_model_info *m, double B, int64_t h, int64_t w, int64_t tile) {
-    if (tile <= 0 || (h <= tile && w <= tile)) return vae_decode_elems(m, B, (double)h, (double)w);
-    const int64_t step = (int64_t)((double)tile * 0.75) > 0 ? (int64_t)((double)tile * 0.75) : 1;
-    const double f = (double)m->vae_scale_factor, ch = (double)(m->out_channels > 0 ? m->out_channels : 3);
-    const double nc = (double)((w + step - 1) / step), tile_px = (double)tile * f * (double)tile * f;
-    const double th = (double)(h < tile ? h : tile), tw = (double)(w < tile ? w : tile);
-    return vae_decode_elems(m, B, th, tw) + B * ch * (2.0 * nc * tile_px + 2.0 * (double)h * f * (double)w * f);
-}
-
 void cdf_plan_activation_bytes_by_family(const cdf_plan_model_info *m, const cdf_plan_shape *s, uint64_t out[2]) {
     const double B = s->batch > 0 ? (double)s->batch : 1.0;
     double fam[2] = {0, 0};
-    switch (m->kind) {
-    case CDF_PLAN_CLIP: fam[0] = clip_elems(m, B, (double)s->text_tokens); break;
-    case CDF_PLAN_T5: fam[0] = t5_elems(m, B, (double)s->text_tokens); break;
-    case CDF_PLAN_FLUX:
-    case CDF_PLAN_FLUX2: {
+    if (s->repeated_blocks && (m->kind == CDF_PLAN_FLUX || m->kind == CDF_PLAN_FLUX2)) {
         const double p = m->patch > 0 ? (double)m->patch : 1.0;
         const double T = (double)s->text_tokens, N = (double)((s->latent_h / 2) * (s->latent_w / 2)) / (p * p);
-        const bool swiglu = m->kind == CDF_PLAN_FLUX2;
-        if (s->repeated_blocks) flux_blocks_elems(m, B, T, N, swiglu, fam);
-        else if (swiglu) flux2_elems(m, B, T, N, fam);
-        else flux_elems(m, B, T, N, fam);
-        break;
-    }
-    case CDF_PLAN_SD3: {
+        flux_blocks_elems(m, B, T, N, m->kind == CDF_PLAN_FLUX2, fam);
+    } else if (s->repeated_blocks && m->kind == CDF_PLAN_SD3) {
         const double p = m->patch > 0 ? (double)m->patch : 2.0;
-        const double T = (double)s->text_tokens, N = (double)(s->latent_h * s->latent_w) / (p * p);
-        fam[0] = s->repeated_blocks ? sd3_blocks_elems(m, B, T, N) : sd3_elems(m, B, T, N);
-        break;
-    }
-    case CDF_PLAN_VAE: fam[0] = vae_tiled_decode_elems(m, B, s->latent_h, s->latent_w, s->vae_tile_latent); break;
-    case CDF_PLAN_MISTRAL: fam[0] = mistral_elems(m, B, (double)s->text_tokens); break;
-    case CDF_PLAN_OTHER: break;
+        fam[0] = sd3_blocks_elems(m, B, (double)s->text_tokens, (double)(s->latent_h * s->latent_w) / (p * p));
     }
     out[0] = (uint64_t)(fam[0] * 4.0);
     out[1] = (uint64_t)(fam[1] * 4.0);
@@ -713,17 +580,15 @@ static bool activations_measured(const plan_component *c, const cdf_plan_shape *
 /* Measure c's forward at shape sh (see above): fam[0] the peak outside single-stream blocks (or
  * the whole peak), fam[1] the peak while a single-stream block runs (0 when the model has none),
  * the split cdf_plan_activation_bytes_by_family makes. */
-static cdf_status measure_activations(const char *dir, const plan_component *c, const plan_load *pl, bool flux_pipe,
+static cdf_status measure_activations(const char *sub, const plan_component *c, const plan_load *pl, bool flux_pipe,
                                       cdf_dtype wdt, const cdf_plan_shape *sh, const cdf_generate_params *gp, uint64_t fam[2]) {
-    char sub[4096];
-    snprintf(sub, sizeof sub, "%s/%s", dir, c->key);
     cdf_load_options opt = cdf_load_options_default();
     opt.device = cdf_device_default();
     if (!opt.device) return cdf_last_status();
     opt.weight_dtype = wdt;
     opt.shapes_only = true;
     opt.decode_quantized = true; /* activations do not depend on how a weight is stored */
-    for (int k = 0; k < pl->n_files; k++)
+    for (int k = 0; pl && k < pl->n_files; k++)
         if (strcmp(pl->file_key[k], c->key) == 0) opt.weights_file = pl->file_path[k], opt.weights_part = cdf_pipe_text_part(c->key, flux_pipe);
     cdf_component *comp = NULL;
     /* loading runs in a measurement too: a loader's ops (casts, concatenations) must not run on
@@ -767,6 +632,25 @@ static cdf_status measure_activations(const char *dir, const plan_component *c, 
     fam[1] = tags[2] ? (tags[2] > outside ? tags[2] : outside) : 0;
     if (!tags[1] && !tags[2]) fam[0] = peak;
     return CDF_OK;
+}
+
+cdf_status cdf_plan_measure_activation_bytes(const char *dir, cdf_dtype weight_dtype, const cdf_plan_shape *s, uint64_t out[2]) {
+    out[0] = out[1] = 0;
+    plan_component c = {.key = "component"};
+    cJSON *cfg = NULL;
+    CDF_TRY(cdf_config_load(dir, &cfg));
+    const char *cls = cdf_config_class_name(cfg);
+    snprintf(c.class_name, sizeof c.class_name, "%s", cls ? cls : "?");
+    cdf_status st = cdf_plan_model_info_from_config(c.class_name, cfg, &c.info);
+    cJSON_Delete(cfg);
+    CDF_TRY(st);
+    c.info.weight_dtype = weight_dtype;
+    if (!activations_measured(&c, s)) {
+        cdf_plan_activation_bytes_by_family(&c.info, s, out);
+        return CDF_OK;
+    }
+    const cdf_generate_params gp = cdf_generate_default_params();
+    return measure_activations(dir, &c, NULL, false, weight_dtype, s, &gp, out);
 }
 
 cdf_status cdf_pipe_check_budget(cdf_pipeline *p, const cJSON *idx) {
@@ -972,8 +856,10 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
         snprintf(out->component[i].name, sizeof out->component[i].name, "%s", c->key);
         snprintf(out->component[i].class_name, sizeof out->component[i].class_name, "%s", c->class_name);
         out->component[i].weights_bytes = c->weights;
+        char sub[4096];
+        snprintf(sub, sizeof sub, "%s/%s", dir, c->key);
         if (activations_measured(c, &sh))
-            CDF_TRY(measure_activations(dir, c, &pl, pp.kind == PK_FLUX, lp.weight_dtype, &sh, &gp, fam_act[i]));
+            CDF_TRY(measure_activations(sub, c, &pl, pp.kind == PK_FLUX, lp.weight_dtype, &sh, &gp, fam_act[i]));
         else
             cdf_plan_activation_bytes_by_family(&c->info, &sh, fam_act[i]);
         out->component[i].activation_bytes = fam_act[i][0] > fam_act[i][1] ? fam_act[i][0] : fam_act[i][1];
