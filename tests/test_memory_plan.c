@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "compile/memory_plan.h"
+#include "exec/capture.h"
 #include "tensor/tensor_impl.h"
 
 /* A virtual buffer of n f32 elements, as a capture creates it. */
@@ -227,6 +228,54 @@ static void test_peak_matches_a_live_list(void **state) {
     free(size_of);
 }
 
+/* ---- measure mode (exec/capture.h): a forward over virtual buffers, logged --------------------- */
+static void test_measured_forward_logs_eager_lifetimes(void **state) {
+    (void)state;
+    float xv[256];
+    for (int i = 0; i < 256; i++) xv[i] = (float)i;
+    cdf_scope_push();
+    cdf_tensor *x = cdf_tensor_from_host(tu_cpu(), CDF_F32, 1, (int64_t[]){256}, xv, CDF_F32); /* 1 KiB, real */
+    assert_non_null(x);
+    assert_int_equal(cdf_device_synchronize(tu_cpu()), CDF_OK);
+    cdf_memory_stats st0, st1;
+    cdf_device_memory_stats(tu_cpu(), &st0);
+    assert_int_equal(cdf_measure_begin(), CDF_OK);
+    assert_int_equal(cdf_measure_begin(), CDF_ERR_INVALID_ARG); /* not nestable */
+    cdf_scope_push();
+    cdf_scope_push();
+    cdf_tensor *a = cdf_scale(x, 2.0f); /* a: 1 KiB */
+    cdf_tensor *b = cdf_silu(a);        /* b: 1 KiB, a + b live */
+    cdf_scope_pop(&b, 1);               /* a released: its op was dropped, nothing else holds it */
+    cdf_tensor *c = cdf_add(b, b);      /* b + c live */
+    assert_non_null(c);
+    float v[256] = {0};
+    assert_int_equal(cdf_tensor_read(x, CDF_F32, v, sizeof v), CDF_OK); /* an input: it has values */
+    assert_true(v[255] == 255.0f);
+    cdf_device_memory_stats(tu_cpu(), &st1);
+    assert_int_equal(st1.current_bytes, st0.current_bytes); /* virtual: no device memory */
+    cdf_scope_pop(NULL, 0);
+    cdf_mem_event *log = NULL;
+    size_t n = 0;
+    assert_int_equal(cdf_measure_end(&log, &n), CDF_OK);
+    /* ALLOC a, ALLOC b, RELEASE a, ALLOC c, then b and c released */
+    assert_int_equal(n, 6);
+    uint64_t peak = 0, end = 1;
+    assert_int_equal(cdf_memory_peak(log, n, &peak, &end, NULL), CDF_OK);
+    assert_int_equal(peak, 2048); /* a + b, then b + c: never all three (1 KiB each) */
+    assert_int_equal(end, 0);
+    free(log);
+    /* a host read of a computed (virtual) buffer ends the measurement with an error naming it */
+    assert_int_equal(cdf_measure_begin(), CDF_OK);
+    cdf_scope_push();
+    cdf_tensor *d = cdf_scale(x, 3.0f);
+    assert_int_equal(cdf_tensor_read(d, CDF_F32, v, sizeof v), CDF_ERR_GRAPH_BREAK);
+    cdf_scope_pop(NULL, 0);
+    assert_int_equal(cdf_measure_end(&log, &n), CDF_ERR_GRAPH_BREAK);
+    assert_non_null(strstr(cdf_last_error(), "reads a computed"));
+    assert_null(log);
+    cdf_scope_pop(NULL, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain),
@@ -234,6 +283,7 @@ int main(void) {
         cmocka_unit_test(test_peak_of_hand_built_logs),
         cmocka_unit_test(test_peak_rejects_broken_logs),
         cmocka_unit_test(test_peak_matches_a_live_list),
+        cmocka_unit_test(test_measured_forward_logs_eager_lifetimes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -484,15 +484,21 @@ static void device_type_upper(const cdf_device *dev, char *buf, size_t n) {
  * turns the log into the peak of live bytes, per block family. What the forward allocates is
  * what eager holds once the queue has drained (the allocator drains it before declaring
  * out-of-memory), so the ±10% checks of tests/test_offload*.c hold for it as for a run. */
-static cdf_tensor *zeros_in(cdf_device *dev, cdf_dtype dt, int ndim, const int64_t *shape) {
-    const size_t n = (size_t)cdf_shape_numel(ndim, shape) * cdf_dtype_size(dt);
-    void *buf = calloc(n ? n : 1, 1);
-    if (!buf) {
-        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+/* An input the forward only needs the shape of: a virtual buffer (no device memory, no values),
+ * made in a measurement of its own whose log is dropped, so the forward's log leaves it out. The
+ * planner runs during generate too (vae_tiling.c's AUTO decision, under a budget): its inputs
+ * must not take device memory. */
+static cdf_tensor *shape_in(cdf_device *dev, cdf_dtype dt, int ndim, const int64_t *shape) {
+    if (cdf_measure_begin() != CDF_OK) return NULL;
+    cdf_tensor *t = cdf_tensor_empty(dev, dt, ndim, shape);
+    cdf_mem_event *log = NULL;
+    size_t n = 0;
+    const cdf_status s = cdf_measure_end(&log, &n);
+    free(log);
+    if (s != CDF_OK) {
+        cdf_tensor_release(t);
         return NULL;
     }
-    cdf_tensor *t = cdf_tensor_from_host(dev, dt, ndim, shape, buf, dt);
-    free(buf);
     return t;
 }
 
@@ -502,25 +508,26 @@ static cdf_status set_in(cdf_tensor_map *in, const char *name, cdf_tensor *t) {
 }
 
 /* The inputs the pipelines give c's forward for shape sh (flux_pipeline.c, sd3_pipeline.c,
- * pipeline.c's decode), with zero values: a measurement needs their shapes only (the values a
- * forward reads on the host, ids and tile sizes, are real). *method: "forward" or "decode". */
+ * flux2_pipeline.c, pipeline.c's decode): shapes only, except the few values a forward reads on
+ * the host (Mistral's layer list, the VAE's tile size: real, a few bytes). *method: "forward" or
+ * "decode". */
 static cdf_status measured_inputs(const plan_component *c, const cJSON *cfg, const cdf_plan_shape *sh, cdf_device *dev,
                                   const cdf_generate_params *gp, cdf_tensor_map *in, const char **method) {
     const int64_t B = sh->batch > 0 ? sh->batch : 1, T = sh->text_tokens;
     *method = "forward";
     switch (c->info.kind) {
     case CDF_PLAN_CLIP:
-    case CDF_PLAN_T5: return set_in(in, "input_ids", zeros_in(dev, CDF_I64, 2, (int64_t[]){1, T}));
+    case CDF_PLAN_T5: return set_in(in, "input_ids", shape_in(dev, CDF_I64, 2, (int64_t[]){1, T}));
     case CDF_PLAN_FLUX: {
         const int64_t N = (sh->latent_h / 2) * (sh->latent_w / 2), joint = geti(cfg, "joint_attention_dim", 4096);
-        CDF_TRY(set_in(in, "hidden_states", zeros_in(dev, CDF_F32, 3, (int64_t[]){B, N, c->info.in_channels})));
-        CDF_TRY(set_in(in, "encoder_hidden_states", zeros_in(dev, CDF_F32, 3, (int64_t[]){B, T, joint})));
-        CDF_TRY(set_in(in, "pooled_projections", zeros_in(dev, CDF_F32, 2, (int64_t[]){B, geti(cfg, "pooled_projection_dim", 768)})));
-        CDF_TRY(set_in(in, "timestep", zeros_in(dev, CDF_F32, 1, (int64_t[]){B})));
-        CDF_TRY(set_in(in, "img_ids", zeros_in(dev, CDF_F32, 2, (int64_t[]){N, 3})));
-        CDF_TRY(set_in(in, "txt_ids", zeros_in(dev, CDF_F32, 2, (int64_t[]){T, 3})));
+        CDF_TRY(set_in(in, "hidden_states", shape_in(dev, CDF_F32, 3, (int64_t[]){B, N, c->info.in_channels})));
+        CDF_TRY(set_in(in, "encoder_hidden_states", shape_in(dev, CDF_F32, 3, (int64_t[]){B, T, joint})));
+        CDF_TRY(set_in(in, "pooled_projections", shape_in(dev, CDF_F32, 2, (int64_t[]){B, geti(cfg, "pooled_projection_dim", 768)})));
+        CDF_TRY(set_in(in, "timestep", shape_in(dev, CDF_F32, 1, (int64_t[]){B})));
+        CDF_TRY(set_in(in, "img_ids", shape_in(dev, CDF_F32, 2, (int64_t[]){N, 3})));
+        CDF_TRY(set_in(in, "txt_ids", shape_in(dev, CDF_F32, 2, (int64_t[]){T, 3})));
         const cJSON *g = cJSON_GetObjectItemCaseSensitive(cfg, "guidance_embeds");
-        if (cJSON_IsTrue(g)) CDF_TRY(set_in(in, "guidance", zeros_in(dev, CDF_F32, 1, (int64_t[]){B})));
+        if (cJSON_IsTrue(g)) CDF_TRY(set_in(in, "guidance", shape_in(dev, CDF_F32, 1, (int64_t[]){B})));
         return CDF_OK;
     }
     case CDF_PLAN_MISTRAL: { /* flux2_pipeline.c encode_prompt: the request's layers (read on the host) */
@@ -530,34 +537,34 @@ static cdf_status measured_inputs(const plan_component *c, const cJSON *cfg, con
             nl = gp->num_text_encoder_out_layers;
             for (int64_t k = 0; k < nl; k++) lv[k] = gp->text_encoder_out_layers[k];
         }
-        CDF_TRY(set_in(in, "input_ids", zeros_in(dev, CDF_I64, 2, (int64_t[]){1, T})));
-        CDF_TRY(set_in(in, "attention_mask", zeros_in(dev, CDF_I64, 2, (int64_t[]){1, T})));
+        CDF_TRY(set_in(in, "input_ids", shape_in(dev, CDF_I64, 2, (int64_t[]){1, T})));
+        CDF_TRY(set_in(in, "attention_mask", shape_in(dev, CDF_I64, 2, (int64_t[]){1, T})));
         return set_in(in, "text_encoder_out_layers", cdf_tensor_from_host(dev, CDF_I64, 1, &nl, lv, CDF_I64));
     }
     case CDF_PLAN_FLUX2: { /* flux2_pipeline.c flux2_predict: ids [1, rows, 4] */
         const int64_t p = c->info.patch > 0 ? c->info.patch : 1, N = (sh->latent_h / 2) * (sh->latent_w / 2) / (p * p);
-        CDF_TRY(set_in(in, "hidden_states", zeros_in(dev, CDF_F32, 3, (int64_t[]){B, N, c->info.in_channels})));
-        CDF_TRY(set_in(in, "encoder_hidden_states", zeros_in(dev, CDF_F32, 3, (int64_t[]){B, T, c->info.joint_dim})));
-        CDF_TRY(set_in(in, "timestep", zeros_in(dev, CDF_F32, 1, (int64_t[]){B})));
-        CDF_TRY(set_in(in, "img_ids", zeros_in(dev, CDF_I64, 3, (int64_t[]){1, N, 4})));
-        CDF_TRY(set_in(in, "txt_ids", zeros_in(dev, CDF_I64, 3, (int64_t[]){1, T, 4})));
+        CDF_TRY(set_in(in, "hidden_states", shape_in(dev, CDF_F32, 3, (int64_t[]){B, N, c->info.in_channels})));
+        CDF_TRY(set_in(in, "encoder_hidden_states", shape_in(dev, CDF_F32, 3, (int64_t[]){B, T, c->info.joint_dim})));
+        CDF_TRY(set_in(in, "timestep", shape_in(dev, CDF_F32, 1, (int64_t[]){B})));
+        CDF_TRY(set_in(in, "img_ids", shape_in(dev, CDF_I64, 3, (int64_t[]){1, N, 4})));
+        CDF_TRY(set_in(in, "txt_ids", shape_in(dev, CDF_I64, 3, (int64_t[]){1, T, 4})));
         const cJSON *g = cJSON_GetObjectItemCaseSensitive(cfg, "guidance_embeds");
-        if (cJSON_IsTrue(g)) CDF_TRY(set_in(in, "guidance", zeros_in(dev, CDF_F32, 1, (int64_t[]){B})));
+        if (cJSON_IsTrue(g)) CDF_TRY(set_in(in, "guidance", shape_in(dev, CDF_F32, 1, (int64_t[]){B})));
         return CDF_OK;
     }
     case CDF_PLAN_SD3:
-        CDF_TRY(set_in(in, "hidden_states", zeros_in(dev, CDF_F32, 4, (int64_t[]){B, c->info.in_channels, sh->latent_h, sh->latent_w})));
+        CDF_TRY(set_in(in, "hidden_states", shape_in(dev, CDF_F32, 4, (int64_t[]){B, c->info.in_channels, sh->latent_h, sh->latent_w})));
         CDF_TRY(set_in(in, "encoder_hidden_states",
-                       zeros_in(dev, CDF_F32, 3, (int64_t[]){B, T, geti(cfg, "joint_attention_dim", 4096)})));
-        CDF_TRY(set_in(in, "pooled_projections", zeros_in(dev, CDF_F32, 2, (int64_t[]){B, geti(cfg, "pooled_projection_dim", 2048)})));
-        return set_in(in, "timestep", zeros_in(dev, CDF_F32, 1, (int64_t[]){B}));
+                       shape_in(dev, CDF_F32, 3, (int64_t[]){B, T, geti(cfg, "joint_attention_dim", 4096)})));
+        CDF_TRY(set_in(in, "pooled_projections", shape_in(dev, CDF_F32, 2, (int64_t[]){B, geti(cfg, "pooled_projection_dim", 2048)})));
+        return set_in(in, "timestep", shape_in(dev, CDF_F32, 1, (int64_t[]){B}));
     case CDF_PLAN_VAE: {
         *method = "decode";
         if (strcmp(c->class_name, "AutoencoderKLFlux2") == 0) /* flux2_pipeline.c: the 2x2-patchified latents */
             CDF_TRY(set_in(in, "unpacked_latents",
-                           zeros_in(dev, CDF_F32, 4, (int64_t[]){1, 4 * c->info.latent_channels, sh->latent_h / 2, sh->latent_w / 2})));
+                           shape_in(dev, CDF_F32, 4, (int64_t[]){1, 4 * c->info.latent_channels, sh->latent_h / 2, sh->latent_w / 2})));
         else
-            CDF_TRY(set_in(in, "z", zeros_in(dev, CDF_F32, 4, (int64_t[]){1, c->info.latent_channels, sh->latent_h, sh->latent_w})));
+            CDF_TRY(set_in(in, "z", shape_in(dev, CDF_F32, 4, (int64_t[]){1, c->info.latent_channels, sh->latent_h, sh->latent_w})));
         if (sh->vae_tile_latent <= 0) return CDF_OK;
         const int64_t tile = sh->vae_tile_latent * (c->info.vae_scale_factor > 0 ? c->info.vae_scale_factor : 8);
         return set_in(in, "tile_sample_min_size", cdf_tensor_from_host(dev, CDF_I64, 1, (int64_t[]){1}, &tile, CDF_I64));
