@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "compile/memory_plan.h"
+#include "exec/capture.h"
 #include "tensor/tensor_impl.h"
 
 /* A virtual buffer of n f32 elements, as a capture creates it. */
@@ -134,10 +135,155 @@ static void test_random_dags_never_overlap_live_buffers(void **state) {
     }
 }
 
+/* ---- cdf_memory_peak: the peak of an allocation log ----------------------------------------- */
+#define AL(i, b) ((cdf_mem_event){CDF_MEM_ALLOC, (i), (b), 0})
+#define ALT(i, b, tag) ((cdf_mem_event){CDF_MEM_ALLOC, (i), (b), (tag)})
+#define RL(i) ((cdf_mem_event){CDF_MEM_RELEASE, (i), 0, 0})
+
+static void test_peak_of_hand_built_logs(void **state) {
+    (void)state;
+    uint64_t peak = 1, end = 1;
+    /* live: A 100 -> +B 300 -> -A 200 -> +C 250 -> -B 50 -> +D 350 -> -D 50 */
+    const cdf_mem_event a[] = {AL(1, 100), AL(2, 200), RL(1), AL(3, 50), RL(2), AL(4, 300), RL(4)};
+    assert_int_equal(cdf_memory_peak(a, 7, &peak, &end, NULL), CDF_OK);
+    assert_int_equal(peak, 350);
+    assert_int_equal(end, 50);
+    /* a RELEASE counts the size its id was allocated with, not its own field; an id may be reused
+     * once released: 64, then 0, then 128 + 32 */
+    const cdf_mem_event b[] = {AL(7, 64), (cdf_mem_event){CDF_MEM_RELEASE, 7, 999, 0}, AL(7, 128), AL(8, 32)};
+    assert_int_equal(cdf_memory_peak(b, 4, &peak, &end, NULL), CDF_OK);
+    assert_int_equal(peak, 160);
+    assert_int_equal(end, 160);
+    /* a chain x_i -> x_{i+1}, each released after its successor exists: sizes 10, 40, 20, 30, 5
+     * peak at the largest neighbouring pair, 40 + 20 = 60 */
+    const cdf_mem_event c[] = {AL(0, 10), AL(1, 40), RL(0), AL(2, 20), RL(1), AL(3, 30), RL(2), AL(4, 5), RL(3)};
+    assert_int_equal(cdf_memory_peak(c, 9, &peak, NULL, NULL), CDF_OK);
+    assert_int_equal(peak, 60);
+    /* tags: the peak while each tag's allocations are made. live: [t0] 100, [t1] 150, -> 50 (the
+     * t0 buffer goes), [t2] 250, -> 200, [t1] 230, [t0] 260 */
+    const cdf_mem_event d[] = {ALT(1, 100, 0), ALT(2, 50, 1), RL(1), ALT(3, 200, 2), RL(2), ALT(4, 30, 1), ALT(5, 30, 0)};
+    uint64_t tags[CDF_MEM_TAGS];
+    assert_int_equal(cdf_memory_peak(d, 7, &peak, &end, tags), CDF_OK);
+    assert_int_equal(peak, 260);
+    assert_int_equal(end, 260);
+    assert_int_equal(tags[0], 260);
+    assert_int_equal(tags[1], 230);
+    assert_int_equal(tags[2], 250);
+    assert_int_equal(tags[3], 0);
+    const cdf_mem_event bad_tag[] = {ALT(1, 8, CDF_MEM_TAGS)};
+    assert_int_equal(cdf_memory_peak(bad_tag, 1, &peak, NULL, NULL), CDF_ERR_INVALID_ARG);
+    /* empty log */
+    assert_int_equal(cdf_memory_peak(NULL, 0, &peak, &end, NULL), CDF_OK);
+    assert_int_equal(peak, 0);
+    assert_int_equal(end, 0);
+}
+
+static void test_peak_rejects_broken_logs(void **state) {
+    (void)state;
+    uint64_t peak = 0;
+    const cdf_mem_event unknown[] = {AL(1, 8), RL(2)};
+    assert_int_equal(cdf_memory_peak(unknown, 2, &peak, NULL, NULL), CDF_ERR_INVALID_ARG);
+    assert_non_null(strstr(cdf_last_error(), "event 1 releases id 2"));
+    const cdf_mem_event twice[] = {AL(1, 8), AL(1, 8)};
+    assert_int_equal(cdf_memory_peak(twice, 2, &peak, NULL, NULL), CDF_ERR_INVALID_ARG);
+    const cdf_mem_event double_free[] = {AL(1, 8), RL(1), RL(1)};
+    assert_int_equal(cdf_memory_peak(double_free, 3, &peak, NULL, NULL), CDF_ERR_INVALID_ARG);
+}
+
+/* Random logs over few ids (many collisions and reuses, so the live table's deletions are
+ * exercised) against a plain list of live buffers. */
+static void test_peak_matches_a_live_list(void **state) {
+    (void)state;
+    srand(17);
+    enum { N = 60, IDS = 40 }; /* short logs: a small table, so probe chains collide */
+    cdf_mem_event *ev = malloc(N * sizeof *ev);
+    uint64_t *size_of = calloc(IDS, sizeof *size_of); /* 0 = not live */
+    assert_non_null(ev);
+    assert_non_null(size_of);
+    for (int round = 0; round < 5000; round++) {
+        memset(size_of, 0, IDS * sizeof *size_of);
+        /* random distinct ids: their home slots collide (evenly spaced ones would not) */
+        uint64_t pool[IDS];
+        for (int k = 0; k < IDS; k++) pool[k] = ((uint64_t)rand() << 40) ^ ((uint64_t)rand() << 8) ^ (uint64_t)k; /* low byte k */
+        uint64_t live = 0, want_peak = 0;
+        for (int i = 0; i < N; i++) {
+            const uint64_t k = (uint64_t)(rand() % IDS), id = pool[k];
+            if (size_of[k]) {
+                ev[i] = RL(id);
+                live -= size_of[k];
+                size_of[k] = 0;
+            } else {
+                size_of[k] = 1 + (uint64_t)(rand() % 1000);
+                ev[i] = AL(id, size_of[k]);
+                live += size_of[k];
+                if (live > want_peak) want_peak = live;
+            }
+        }
+        uint64_t peak = 0, end = 0;
+        assert_int_equal(cdf_memory_peak(ev, N, &peak, &end, NULL), CDF_OK);
+        assert_int_equal(peak, want_peak);
+        assert_int_equal(end, live);
+    }
+    free(ev);
+    free(size_of);
+}
+
+/* ---- measure mode (exec/capture.h): a forward over virtual buffers, logged --------------------- */
+static void test_measured_forward_logs_eager_lifetimes(void **state) {
+    (void)state;
+    float xv[256];
+    for (int i = 0; i < 256; i++) xv[i] = (float)i;
+    cdf_scope_push();
+    cdf_tensor *x = cdf_tensor_from_host(tu_cpu(), CDF_F32, 1, (int64_t[]){256}, xv, CDF_F32); /* 1 KiB, real */
+    assert_non_null(x);
+    assert_int_equal(cdf_device_synchronize(tu_cpu()), CDF_OK);
+    cdf_memory_stats st0, st1;
+    cdf_device_memory_stats(tu_cpu(), &st0);
+    assert_int_equal(cdf_measure_begin(), CDF_OK);
+    assert_int_equal(cdf_measure_begin(), CDF_ERR_INVALID_ARG); /* not nestable */
+    cdf_scope_push();
+    cdf_scope_push();
+    cdf_tensor *a = cdf_scale(x, 2.0f); /* a: 1 KiB */
+    cdf_tensor *b = cdf_silu(a);        /* b: 1 KiB, a + b live */
+    cdf_scope_pop(&b, 1);               /* a released: its op was dropped, nothing else holds it */
+    cdf_tensor *c = cdf_add(b, b);      /* b + c live */
+    assert_non_null(c);
+    float v[256] = {0};
+    assert_int_equal(cdf_tensor_read(x, CDF_F32, v, sizeof v), CDF_OK); /* an input: it has values */
+    assert_true(v[255] == 255.0f);
+    cdf_device_memory_stats(tu_cpu(), &st1);
+    assert_int_equal(st1.current_bytes, st0.current_bytes); /* virtual: no device memory */
+    cdf_scope_pop(NULL, 0);
+    cdf_mem_event *log = NULL;
+    size_t n = 0;
+    assert_int_equal(cdf_measure_end(&log, &n), CDF_OK);
+    /* ALLOC a, ALLOC b, RELEASE a, ALLOC c, then b and c released */
+    assert_int_equal(n, 6);
+    uint64_t peak = 0, end = 1;
+    assert_int_equal(cdf_memory_peak(log, n, &peak, &end, NULL), CDF_OK);
+    assert_int_equal(peak, 2048); /* a + b, then b + c: never all three (1 KiB each) */
+    assert_int_equal(end, 0);
+    free(log);
+    /* a host read of a computed (virtual) buffer ends the measurement with an error naming it */
+    assert_int_equal(cdf_measure_begin(), CDF_OK);
+    cdf_scope_push();
+    cdf_tensor *d = cdf_scale(x, 3.0f);
+    assert_int_equal(cdf_tensor_read(d, CDF_F32, v, sizeof v), CDF_ERR_GRAPH_BREAK);
+    cdf_scope_pop(NULL, 0);
+    assert_int_equal(cdf_measure_end(&log, &n), CDF_ERR_GRAPH_BREAK);
+    assert_non_null(strstr(cdf_last_error(), "reads a computed"));
+    assert_null(log);
+    cdf_scope_pop(NULL, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain),
         cmocka_unit_test(test_random_dags_never_overlap_live_buffers),
+        cmocka_unit_test(test_peak_of_hand_built_logs),
+        cmocka_unit_test(test_peak_rejects_broken_logs),
+        cmocka_unit_test(test_peak_matches_a_live_list),
+        cmocka_unit_test(test_measured_forward_logs_eager_lifetimes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

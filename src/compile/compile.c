@@ -545,6 +545,15 @@ cdf_status cdf_block_run(const char *block_class, cdf_traced_fn fn, void *ctx, c
         }
         return cdf_weight_stream_run(i >= 0 ? bc->caches[i] : NULL, fn, ctx, in, out, weights, n_weights);
     }
+    if (cdf_measuring()) {
+        /* the planner's measured forward: tag the block's allocations by block family, as the
+         * planner's weights count blocks (cdf_plan_blocks.largest_in_family: [0] double-stream,
+         * [1] single-stream) -> tags 1 and 2; 0 is outside any block */
+        const int prev = cdf_measure_set_tag(strstr(block_class, "Single") ? 2 : 1);
+        const cdf_status s = fn(ctx, in, out);
+        cdf_measure_set_tag(prev);
+        return s;
+    }
     if (!bc || tl_cap.active) return fn(ctx, in, out);
     int i = 0;
     while (i < bc->n && strcmp(bc->names[i], block_class) != 0) i++;

@@ -121,3 +121,77 @@ cdf_status cdf_memory_plan(cdf_node **nodes, int n, cdf_tensor **outs, int n_out
     return st;
 }
 
+
+/* ---- the peak of an allocation log (compile/memory_plan.h) ------------------------------------ */
+/* Open addressing over the live ids: a slot is empty when its size is UINT64_MAX. */
+typedef struct live_slot {
+    uint64_t id, bytes;
+} live_slot;
+
+static size_t live_home(uint64_t id, size_t cap) { return (size_t)((id * 0x9E3779B97F4A7C15ull) >> 17) & (cap - 1); }
+
+static size_t live_find(const live_slot *t, size_t cap, uint64_t id) {
+    size_t h = live_home(id, cap);
+    while (t[h].bytes != UINT64_MAX && t[h].id != id) h = (h + 1) & (cap - 1);
+    return h;
+}
+
+cdf_status cdf_memory_peak(const cdf_mem_event *ev, size_t n, uint64_t *peak, uint64_t *live_at_end, uint64_t *tag_peaks) {
+    if (!peak || (n && !ev)) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_memory_peak: NULL argument");
+    *peak = 0;
+    if (live_at_end) *live_at_end = 0;
+    uint64_t tp[CDF_MEM_TAGS] = {0};
+    size_t cap = 16;
+    while (cap < 2 * n + 2) cap *= 2; /* at most n ids live at once: load factor <= 1/2 */
+    live_slot *t = malloc(cap * sizeof *t);
+    if (!t) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "cdf_memory_peak: out of host memory");
+    for (size_t i = 0; i < cap; i++) t[i].bytes = UINT64_MAX;
+    uint64_t live = 0, top = 0;
+    cdf_status st = CDF_OK;
+    for (size_t i = 0; i < n && st == CDF_OK; i++) {
+        size_t h = live_find(t, cap, ev[i].id);
+        const bool is_live = t[h].bytes != UINT64_MAX;
+        if (ev[i].kind == CDF_MEM_ALLOC) {
+            if (is_live) {
+                st = cdf_error(CDF_ERR_INVALID_ARG, "allocation log: event %zu allocates id %llu, which is live", i,
+                               (unsigned long long)ev[i].id);
+                break;
+            }
+            if (ev[i].tag < 0 || ev[i].tag >= CDF_MEM_TAGS) {
+                st = cdf_error(CDF_ERR_INVALID_ARG, "allocation log: event %zu has tag %d (0..%d)", i, ev[i].tag, CDF_MEM_TAGS - 1);
+                break;
+            }
+            t[h] = (live_slot){ev[i].id, ev[i].bytes == UINT64_MAX ? UINT64_MAX - 1 : ev[i].bytes};
+            live += t[h].bytes;
+            if (live > top) top = live;
+            if (live > tp[ev[i].tag]) tp[ev[i].tag] = live;
+        } else if (ev[i].kind == CDF_MEM_RELEASE) {
+            if (!is_live) {
+                st = cdf_error(CDF_ERR_INVALID_ARG, "allocation log: event %zu releases id %llu, which is not live", i,
+                               (unsigned long long)ev[i].id);
+                break;
+            }
+            live -= t[h].bytes;
+            /* backward-shift deletion keeps every probe chain intact: an entry after the hole
+             * moves into it unless its home slot lies cyclically in (hole, entry] */
+            for (size_t j = h;;) {
+                j = (j + 1) & (cap - 1);
+                if (t[j].bytes == UINT64_MAX) break;
+                const size_t k = live_home(t[j].id, cap);
+                if (h <= j ? (h < k && k <= j) : (h < k || k <= j)) continue;
+                t[h] = t[j];
+                h = j;
+            }
+            t[h].bytes = UINT64_MAX;
+        } else {
+            st = cdf_error(CDF_ERR_INVALID_ARG, "allocation log: event %zu has kind %d", i, (int)ev[i].kind);
+        }
+    }
+    free(t);
+    if (st != CDF_OK) return st;
+    *peak = top;
+    if (live_at_end) *live_at_end = live;
+    if (tag_peaks)
+        for (int k = 0; k < CDF_MEM_TAGS; k++) tag_peaks[k] = tp[k];
+    return CDF_OK;
+}

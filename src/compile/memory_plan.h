@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 
+#include "compile/memory_peak.h"
 #include "graph/node.h"
 
 /* Place the virtual buffers nodes[0..n) and outs[0..n_out) touch (above) and move every

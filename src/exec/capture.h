@@ -9,13 +9,31 @@
 #ifndef CDF_EXEC_CAPTURE_H
 #define CDF_EXEC_CAPTURE_H
 
+#include <stdint.h>
+
 #include "graph/node.h"
 #include "graph/value.h"
 
 #define CDF_MAX_STATIC_INPUTS 4
 
+/* One event of a measured forward's allocation log (cdf_measure_begin below); the peak of a log is
+ * compile/memory_plan.h's cdf_memory_peak. */
+typedef enum { CDF_MEM_ALLOC = 0, CDF_MEM_RELEASE = 1 } cdf_mem_event_kind;
+typedef struct cdf_mem_event {
+    cdf_mem_event_kind kind;
+    uint64_t id;
+    uint64_t bytes; /* ALLOC: the buffer's size; RELEASE: ignored (the ALLOC's size counts) */
+    int tag;        /* ALLOC: what was running, 0..CDF_MEM_TAGS-1 (cdf_measure_set_tag) */
+} cdf_mem_event;
+#define CDF_MEM_TAGS 4
+
 typedef struct cdf_capture {
     bool active, broken, fullgraph;
+    bool measure;     /* measure mode (below): nodes are dropped, allocations logged */
+    uint64_t session; /* the measure session the log belongs to */
+    cdf_mem_event *log;
+    size_t n_log, cap_log;
+    int tag; /* given to the ALLOCs logged now */
     const char *who;
     cdf_node **nodes;
     int n, cap;
@@ -47,5 +65,23 @@ cdf_status cdf_capture_graph_break(const char *what);
 cdf_status cdf_capture_materialize_all(cdf_capture *c);
 cdf_status cdf_capture_launch_all(cdf_node **nodes, int n);
 void cdf_capture_release_virtuals(cdf_capture *c);
+
+/* ---- measure mode (the memory planner, pipelines/planner.c) ------------------------------------
+ * Between cdf_measure_begin and cdf_measure_end this thread runs forwards without running them:
+ * every buffer allocated is virtual (no device memory; a host upload into one is skipped), every
+ * op node is dropped at submit instead of being executed (so its operands are released at once,
+ * as eager execution releases them once the queue has run the node: the live set the allocator
+ * sees when it drains the queue before declaring out-of-memory), and each buffer's creation and
+ * final release are logged with its size. A host read of a virtual buffer is an error naming it
+ * (a forward whose shape depends on computed values cannot be measured); reads of real buffers
+ * made before the session (inputs) are allowed. Not nestable, and not inside a compile capture. */
+cdf_status cdf_measure_begin(void);
+bool cdf_measuring(void);
+/* Tag the allocations logged from now on (0..CDF_MEM_TAGS-1; the session starts at 0); returns the
+ * previous tag. cdf_block_run tags a repeated block's allocations by its family (compile/compile.c). */
+int cdf_measure_set_tag(int tag);
+/* End the session: *log receives its events (malloc'd, the caller frees; NULL when none) and *n
+ * their count. Returns the first failure of the session (a host read, an untracked buffer). */
+cdf_status cdf_measure_end(cdf_mem_event **log, size_t *n);
 
 #endif

@@ -43,6 +43,10 @@ typedef struct cdf_load_options {
        linear layer's [out, in] weight); `cdiffusers convert` lists a component's tensors with it */
     void (*on_read)(void *ctx, const char *name, bool linear);
     void *on_read_ctx;
+    bool shapes_only; /* the memory planner's measured forwards (exec/capture.h): every weight is a
+                         buffer without memory or values, of the shape and dtype a load would give
+                         it; no weight bytes are read (headers only). Such a model can only be run
+                         in a measurement. GGUF blocks and --weight-type are not kept (values). */
 } cdf_load_options;
 
 /* What a component's load left unread in a single weights file (names as in the file). */

@@ -135,6 +135,23 @@ static cdf_tensor *host_side_weight(cdf_weights *w, const char *name, cdf_wsrc_t
     return r;
 }
 
+/* opt.shapes_only: the weight as a buffer without memory (the planner's measured forwards never
+ * run a kernel on it); nothing is read from the checkpoint but its header. */
+static cdf_tensor *shapes_only_weight(cdf_weights *w, cdf_wsrc_tensor *t, cdf_dtype dt) {
+    int64_t shape[CDF_ST_MAX_DIMS], strides[CDF_ST_MAX_DIMS];
+    const int ndim = t->ndim;
+    memcpy(shape, t->shape, sizeof(int64_t) * (size_t)ndim);
+    cdf_wsrc_tensor_release(t);
+    cdf_storage *st = cdf_storage_create(w->opt.device, (size_t)cdf_shape_numel(ndim, shape) * cdf_dtype_size(dt));
+    if (!st) return NULL;
+    st->is_virtual = true;
+    cdf_contiguous_strides(ndim, shape, strides);
+    cdf_tensor *r = cdf_tensor_view_of(st, 0, dt, ndim, shape, strides);
+    cdf_storage_release(st);
+    if (r) w->loaded_bytes += (uint64_t)cdf_tensor_numel(r) * cdf_dtype_size(dt);
+    return r;
+}
+
 /* Whether the shapes are equal once leading unit dims are dropped from both (no -1 in want). */
 static bool leading_ones_only(int nwant, const int64_t *want, int nhave, const int64_t *have) {
     int a = 0, b = 0;
@@ -183,6 +200,7 @@ static cdf_tensor *get_v(cdf_weights *w, bool optional, int force_dt, int ndim, 
         if (force_dt >= 0) dt = (cdf_dtype)force_dt;
         else dt = (t->ndim >= 2) ? w->opt.weight_dtype : CDF_F32;
     }
+    if (w->opt.shapes_only) return shapes_only_weight(w, t, dt);
     if (w->opt.blocks_on_host && is_block_weight(name))
         return host_side_weight(w, name, t, cdf_wsrc_load(w->src, t, name), dt);
     const void *src = cdf_wsrc_load(w->src, t, name);

@@ -1,22 +1,26 @@
-/* The device-memory planner: weights from checkpoint headers, activations from per-model
- * formulas, both per pipeline phase (text encoding, denoising, VAE decode) and offload mode.
- * Nothing is loaded or run: config.json files and safetensors headers are all it reads.
+/* The device-memory planner: weights from checkpoint headers, activations measured, both per
+ * pipeline phase (text encoding, denoising, VAE decode) and offload mode. Nothing is loaded or
+ * run for real: config.json files and safetensors/GGUF headers are all it reads.
  *
- * The activation formulas count, for each architecture, the tensors alive at the forward's peak
- * as the model code in src/models holds them (each block's intermediates live in the block's
- * scope until the block ends; the VAE replaces its activation step by step). The constants were
- * calibrated against measured needs with bench/offload/calibrate.c; bench/RESULTS.md ("Offload")
- * has the table. If a model's forward changes its memory behaviour, rerun the calibration.
+ * Activations (eager execution, every component class): each component's forward runs over
+ * virtual buffers at the request's shapes (measure_activations below): the loaders build the
+ * model with shapes_only weights, exec/capture.h's measure mode logs every buffer the forward
+ * allocates and releases while no kernel runs, and compile/memory_plan.c's cdf_memory_peak
+ * takes the peak of live bytes from the log. Nodes are dropped as they are submitted, i.e.
+ * operands die when eager's queue would have run their last op: the live set the allocator sees
+ * when it drains the queue before declaring out-of-memory, which is what a budget measures.
  *
- * Execution modes: the eager formulas are eager's live sets; defer-and-fuse needs the same under
- * a budget (the allocator runs the pending graph before failing). With repeated-block compile
- * (CDF_PLAN_REPEATED_BLOCKS) each transformer block is a graph whose buffers are placed by
- * lifetime in one arena, allocated for that block's run and freed after it: the transformer
- * then needs the largest block class's arena plus the block's inputs and outputs, which the
- * *_blocks_elems formulas below model (each arena is the live set of the graph's busiest point:
- * a buffer dies at its last use, not at the block's end). Whole-model compile is not modelled
- * separately: its one arena per forward is at most the eager live set, so the eager plan is an
- * upper bound there. */
+ * Repeated-block compile (CDF_PLAN_REPEATED_BLOCKS) keeps formulas (the *_blocks_elems below):
+ * each transformer block is a graph whose buffers are placed by lifetime in one arena, allocated
+ * for that block's run and freed after it, which a measured eager forward does not reproduce;
+ * the transformer then needs the largest block class's arena plus the block's inputs and
+ * outputs (each arena is the live set of the graph's busiest point: a buffer dies at its last
+ * use, not at the block's end). They were calibrated against the graphs' arenas with
+ * bench/offload/calibrate.c. Whole-model compile is not modelled separately: its one arena per
+ * forward is at most the eager live set, so the eager plan is an upper bound there.
+ *
+ * The per-class formulas for eager execution this planner had before are gone: the measurement
+ * replaced them, and bench/offload/calibrate.c compares the measured peaks with real runs. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +28,11 @@
 #include <sys/stat.h>
 
 #include "cdiffusers/io.h"
+#include "compile/memory_peak.h"
 #include "core/error_internal.h"
+#include "models/component.h"
+#include "models/mistral3_text.h"
+#include "pipelines/flux2_pipeline.h"
 #include "nn/nn.h"
 #include "pipelines/pipeline_impl.h"
 #include "pipelines/planner.h"
@@ -311,54 +319,9 @@ cdf_status cdf_plan_model_info_from_config(const char *cls, const cJSON *cfg, cd
     return CDF_OK;
 }
 
-/* ---- activations -------------------------------------------------------------------------------- */
-/* Counts below are in f32 elements (activations are f32 whatever the weight dtype): the tensors
- * alive at the forward's peak allocation, read off the model code (the comments name them) and
- * checked against bench/offload/calibrate.c. */
-
-/* CLIPTextModel: every layer's output moves to the forward's scope (the pipeline reads the
- * penultimate one), so the outputs of all earlier layers are alive during the last layer, whose
- * own intermediates are ln1, q, k, v, attention, its [S, H] copy, out_proj, residual, ln2,
- * fc1 [S, I], act [S, I], fc2, residual (11 H + 2 I). Plus the token lookup and the embeddings'
- * sum (the first "layer output"), the causal mask [S, S] and the token ids. */
-static double clip_elems(const cdf_plan_model_info *m, double B, double S) {
-    double e = B * S * ((double)(m->layers + 12) * m->width + 2.0 * m->mlp) + S * S;
-    if (m->weight_dtype != CDF_F32) e += B * S * m->width * 0.5; /* the bf16 lookup before its f32 cast */
-    return e + B * S * 2; /* i64 ids */
-}
-
-/* T5EncoderModel: the position bias [heads, L, L] lives for the whole forward; every block's
- * output moves to the forward's scope; the last block holds rms, q, k, v, attention, its copy,
- * o, residual, rms, wi_0, act, wi_1, product, wo, residual (6 D + 5 inner + 4 F). */
-static double t5_elems(const cdf_plan_model_info *m, double B, double L) {
-    const double inner = (double)m->heads * m->head_dim;
-    double e = B * L * ((double)(m->layers + 6) * m->width + 5.0 * inner + 4.0 * m->mlp) + (double)m->heads * L * L;
-    if (m->weight_dtype != CDF_F32) e += B * L * m->width * 0.5; /* the bf16 lookup before its f32 cast */
-    return e + B * L * 2;
-}
-
-/* FluxTransformer2DModel, L = text + image tokens. A double block holds per stream: layer norm +
- * modulation (3), q/k projections and their RMSNorms, v (5), output projection (1), gated
- * residual (2), norm + modulation (3), MLP in [F] + GELU [F], MLP out (1), gated residual (2):
- * 17 D + 2 F; jointly the concatenated q, k, v (3), the two rotated q, k (2), attention output
- * and its contiguous copy (2): 7 D; plus the previous state (1 D). A single block: 16 D + 3 M +
- * the previous state. The rotary tables are [L, head_dim] cos and sin. */
-static void flux_elems(const cdf_plan_model_info *m, double B, double Lt, double Li, double fam[2]) {
-    const double L = Lt + Li, D = (double)m->width, F = (double)m->mlp;
-    fam[0] = m->layers > 0 ? B * L * (25.0 * D + 2.0 * F) + 2.0 * L * m->head_dim : 0;
-    fam[1] = m->single_layers > 0 ? B * L * (17.0 * D + 3.0 * F) + 2.0 * L * m->head_dim : 0;
-}
-
-/* Flux2Transformer2DModel (flux2_transformer.c), L = text + image tokens, F the SwiGLU width.
- * As FLUX.1 (above) with the SwiGLU feed-forward: a double block's MLP holds in [2F], SiLU [F]
- * and the product [F] per stream (4 F instead of 2 F); a single block's fused projection
- * [3D + 2F], SiLU [F], product [F] and the cat [D + F] (16 D + 5 F), + the previous state. The
- * modulation linears run once per forward, outside the blocks ([B, 6D], not per token). */
-static void flux2_elems(const cdf_plan_model_info *m, double B, double Lt, double Li, double fam[2]) {
-    const double L = Lt + Li, D = (double)m->width, F = (double)m->mlp;
-    fam[0] = m->layers > 0 ? B * L * (25.0 * D + 4.0 * F) + 2.0 * L * m->head_dim : 0;
-    fam[1] = m->single_layers > 0 ? B * L * (17.0 * D + 5.0 * F) + 2.0 * L * m->head_dim : 0;
-}
+/* ---- activations: repeated-block compile ------------------------------------------------------ */
+/* Counts below are in f32 elements (activations are f32 whatever the weight dtype). Eager
+ * execution is measured instead (measure_activations further down). */
 
 /* The same three transformers with repeated-block compile: per block class, the arena (the live
  * set at the graph's busiest point, per batch element) is the largest of
@@ -401,108 +364,16 @@ static double sd3_blocks_elems(const cdf_plan_model_info *m, double B, double T,
     return B * (a + 2.0 * L * D + 2.0 * N * D + 40.0 * L + 40.0 * D);
 }
 
-/* SD3Transformer2DModel, N image tokens, T text tokens, L = N + T. A joint block
- * holds per stream layer norm + modulation (3), q/k projections + RMSNorms and v (5), output
- * projection (1), gated residual (2), feed-forward norm + modulation (3), in [4D] + GELU [4D],
- * out (1), gated residual (2); jointly the concatenated q, k, v, the attention output and its
- * copy (5); a dual-attention block adds on the image stream its second modulation (2), the
- * self-attention's q, k (+ norms), v, output, copy, projection (8) and gated residual (2).
- * Plus the previous state, the patch embedding's outputs held by the forward's scope and ~40
- * elements per token that do not scale with the width (measured, not traced to a tensor). */
-static double sd3_elems(const cdf_plan_model_info *m, double B, double T, double N) {
-    const double L = N + T, D = (double)m->width, F = (double)m->mlp;
-    double e = B * (L * (17.0 * D + 2.0 * F + 5.0 * D + 1.0 * D + 40.0) + 2.0 * N * D + 40.0 * D);
-    if (m->dual_layers > 0) e += B * N * 12.0 * D;
-    return e;
-}
-
-/* Mistral language model (mistral3_text.c), S tokens: the additive causal + padding mask
- * [B, 1, S, S] and the RoPE tables [S, head_dim] x 2 for the whole forward; the running state and
- * the three hidden states FLUX.2 keeps (4 H); and one layer's scope: per token the input norm,
- * o_proj, residual, post-attention norm, down_proj and residual (6 H); q's projection and RoPE
- * (negated half, cat, two products, sum: 5.5 q), k's the same on the kv heads and v (6.5 kv),
- * the grouped k and v copied out to every query head (2 q, when kv < q), the attention output and
- * its [S, heads * d] copy (2 q); SwiGLU's gate, SiLU, up and product (4 F). The ids (int64). */
-static double mistral_elems(const cdf_plan_model_info *m, double B, double S) {
-    const double H = (double)m->width, F = (double)m->mlp, d = (double)m->head_dim;
-    const double q = (double)m->heads * d, kvh = m->kv_heads > 0 ? (double)m->kv_heads : (double)m->heads, kv = kvh * d;
-    const double repeat = kvh < (double)m->heads ? 2.0 : 0.0;
-    return B * S * (10.0 * H + q * (7.5 + repeat) + 6.5 * kv + 4.0 * F + 2.0) + B * S * S + 2.0 * S * d;
-}
-
-/* AutoencoderKL decode, simulated step by step as autoencoder_kl.c runs it: each STEP holds the
- * block's input, the previous activation, the step's temporaries and its result. */
-static double vae_decode_elems(const cdf_plan_model_info *m, double B, double h, double w) {
-    const int n = m->n_blocks;
-    double peak = 0, P = h * w; /* pixels at the current resolution */
-#define VAE_PEAK(x)                                                                                                \
-    do {                                                                                                           \
-        double v_ = (x);                                                                                           \
-        if (v_ > peak) peak = v_;                                                                                  \
-    } while (0)
-    double c = (double)m->channels[n - 1];
-    VAE_PEAK(c * P); /* conv_in */
-    /* mid block: resnet (3 c), attention (x, its input, q, k, v, attention output: 6 c), resnet */
-    VAE_PEAK(3 * c * P);
-    VAE_PEAK(6 * c * P);
-    for (int i = 0; i < n; i++) {
-        double prev = c;
-        c = (double)m->channels[n - 1 - i];
-        for (int j = 0; j < m->layers_per_block + 1; j++) {
-            double in = j == 0 ? prev : c;
-            VAE_PEAK(3 * in * P);          /* norm1 + act: x, norm, act */
-            VAE_PEAK((2 * in + c) * P);    /* conv1 */
-            VAE_PEAK((in + 3 * c) * P);    /* norm2 + act */
-            VAE_PEAK((in + 3 * c) * P);    /* conv2 / residual (+ shortcut) */
-        }
-        if (i < n - 1) {
-            VAE_PEAK((c + 8 * c) * P); /* upsample x2 (4 P) + conv (4 P) + the input */
-            P *= 4;
-        }
-    }
-    VAE_PEAK(3 * c * P);                 /* conv_norm_out + SiLU */
-    VAE_PEAK(c * P + 3 * P);             /* conv_out */
-#undef VAE_PEAK
-    return B * peak;
-}
-
-/* Tiled decode (autoencoder_kl.c tiled_forward): one tile's decode at a time, plus the finished
- * output tiles (each tile's full output is kept until the row below is blended: two rows of
- * tiles) and the concatenated rows and result (twice the image). */
-static double vae_tiled_decode_elems(const cdf_plan_model_info *m, double B, int64_t h, int64_t w, int64_t tile) {
-    if (tile <= 0 || (h <= tile && w <= tile)) return vae_decode_elems(m, B, (double)h, (double)w);
-    const int64_t step = (int64_t)((double)tile * 0.75) > 0 ? (int64_t)((double)tile * 0.75) : 1;
-    const double f = (double)m->vae_scale_factor, ch = (double)(m->out_channels > 0 ? m->out_channels : 3);
-    const double nc = (double)((w + step - 1) / step), tile_px = (double)tile * f * (double)tile * f;
-    const double th = (double)(h < tile ? h : tile), tw = (double)(w < tile ? w : tile);
-    return vae_decode_elems(m, B, th, tw) + B * ch * (2.0 * nc * tile_px + 2.0 * (double)h * f * (double)w * f);
-}
-
 void cdf_plan_activation_bytes_by_family(const cdf_plan_model_info *m, const cdf_plan_shape *s, uint64_t out[2]) {
     const double B = s->batch > 0 ? (double)s->batch : 1.0;
     double fam[2] = {0, 0};
-    switch (m->kind) {
-    case CDF_PLAN_CLIP: fam[0] = clip_elems(m, B, (double)s->text_tokens); break;
-    case CDF_PLAN_T5: fam[0] = t5_elems(m, B, (double)s->text_tokens); break;
-    case CDF_PLAN_FLUX:
-    case CDF_PLAN_FLUX2: {
+    if (s->repeated_blocks && (m->kind == CDF_PLAN_FLUX || m->kind == CDF_PLAN_FLUX2)) {
         const double p = m->patch > 0 ? (double)m->patch : 1.0;
         const double T = (double)s->text_tokens, N = (double)((s->latent_h / 2) * (s->latent_w / 2)) / (p * p);
-        const bool swiglu = m->kind == CDF_PLAN_FLUX2;
-        if (s->repeated_blocks) flux_blocks_elems(m, B, T, N, swiglu, fam);
-        else if (swiglu) flux2_elems(m, B, T, N, fam);
-        else flux_elems(m, B, T, N, fam);
-        break;
-    }
-    case CDF_PLAN_SD3: {
+        flux_blocks_elems(m, B, T, N, m->kind == CDF_PLAN_FLUX2, fam);
+    } else if (s->repeated_blocks && m->kind == CDF_PLAN_SD3) {
         const double p = m->patch > 0 ? (double)m->patch : 2.0;
-        const double T = (double)s->text_tokens, N = (double)(s->latent_h * s->latent_w) / (p * p);
-        fam[0] = s->repeated_blocks ? sd3_blocks_elems(m, B, T, N) : sd3_elems(m, B, T, N);
-        break;
-    }
-    case CDF_PLAN_VAE: fam[0] = vae_tiled_decode_elems(m, B, s->latent_h, s->latent_w, s->vae_tile_latent); break;
-    case CDF_PLAN_MISTRAL: fam[0] = mistral_elems(m, B, (double)s->text_tokens); break;
-    case CDF_PLAN_OTHER: break;
+        fam[0] = sd3_blocks_elems(m, B, (double)s->text_tokens, (double)(s->latent_h * s->latent_w) / (p * p));
     }
     out[0] = (uint64_t)(fam[0] * 4.0);
     out[1] = (uint64_t)(fam[1] * 4.0);
@@ -603,6 +474,190 @@ static void device_type_upper(const cdf_device *dev, char *buf, size_t n) {
     if (colon) *colon = 0;
     for (char *q = buf; *q; q++)
         if (*q >= 'a' && *q <= 'z') *q = (char)(*q - 'a' + 'A');
+}
+
+/* ---- measured activations ------------------------------------------------------------------ */
+/* The activation peak of a component's forward, measured: the component is loaded with
+ * shapes_only weights (buffers without memory, sized from the checkpoint headers; no weight byte
+ * is read) and its forward runs in measure mode (exec/capture.h: no kernel runs, every buffer is
+ * virtual, each allocation and final release is logged); compile/memory_plan.c's cdf_memory_peak
+ * turns the log into the peak of live bytes, per block family. What the forward allocates is
+ * what eager holds once the queue has drained (the allocator drains it before declaring
+ * out-of-memory), so the ±10% checks of tests/test_offload*.c hold for it as for a run. */
+/* An input the forward only needs the shape of: a virtual buffer (no device memory, no values),
+ * made in a measurement of its own whose log is dropped, so the forward's log leaves it out. The
+ * planner runs during generate too (vae_tiling.c's AUTO decision, under a budget): its inputs
+ * must not take device memory. */
+static cdf_tensor *shape_in(cdf_device *dev, cdf_dtype dt, int ndim, const int64_t *shape) {
+    if (cdf_measure_begin() != CDF_OK) return NULL;
+    cdf_tensor *t = cdf_tensor_empty(dev, dt, ndim, shape);
+    cdf_mem_event *log = NULL;
+    size_t n = 0;
+    const cdf_status s = cdf_measure_end(&log, &n);
+    free(log);
+    if (s != CDF_OK) {
+        cdf_tensor_release(t);
+        return NULL;
+    }
+    return t;
+}
+
+static cdf_status set_in(cdf_tensor_map *in, const char *name, cdf_tensor *t) {
+    if (!t) return cdf_last_status() ? cdf_last_status() : cdf_error(CDF_ERR_INTERNAL, "planner: input '%s'", name);
+    return cdf_tensor_map_set(in, name, t);
+}
+
+/* The inputs the pipelines give c's forward for shape sh (flux_pipeline.c, sd3_pipeline.c,
+ * flux2_pipeline.c, pipeline.c's decode): shapes only, except the few values a forward reads on
+ * the host (Mistral's layer list, the VAE's tile size: real, a few bytes). *method: "forward" or
+ * "decode". */
+static cdf_status measured_inputs(const plan_component *c, const cJSON *cfg, const cdf_plan_shape *sh, cdf_device *dev,
+                                  const cdf_generate_params *gp, cdf_tensor_map *in, const char **method) {
+    const int64_t B = sh->batch > 0 ? sh->batch : 1, T = sh->text_tokens;
+    *method = "forward";
+    switch (c->info.kind) {
+    case CDF_PLAN_CLIP:
+    case CDF_PLAN_T5: return set_in(in, "input_ids", shape_in(dev, CDF_I64, 2, (int64_t[]){1, T}));
+    case CDF_PLAN_FLUX: {
+        const int64_t N = (sh->latent_h / 2) * (sh->latent_w / 2), joint = geti(cfg, "joint_attention_dim", 4096);
+        CDF_TRY(set_in(in, "hidden_states", shape_in(dev, CDF_F32, 3, (int64_t[]){B, N, c->info.in_channels})));
+        CDF_TRY(set_in(in, "encoder_hidden_states", shape_in(dev, CDF_F32, 3, (int64_t[]){B, T, joint})));
+        CDF_TRY(set_in(in, "pooled_projections", shape_in(dev, CDF_F32, 2, (int64_t[]){B, geti(cfg, "pooled_projection_dim", 768)})));
+        CDF_TRY(set_in(in, "timestep", shape_in(dev, CDF_F32, 1, (int64_t[]){B})));
+        CDF_TRY(set_in(in, "img_ids", shape_in(dev, CDF_F32, 2, (int64_t[]){N, 3})));
+        CDF_TRY(set_in(in, "txt_ids", shape_in(dev, CDF_F32, 2, (int64_t[]){T, 3})));
+        const cJSON *g = cJSON_GetObjectItemCaseSensitive(cfg, "guidance_embeds");
+        if (cJSON_IsTrue(g)) CDF_TRY(set_in(in, "guidance", shape_in(dev, CDF_F32, 1, (int64_t[]){B})));
+        return CDF_OK;
+    }
+    case CDF_PLAN_MISTRAL: { /* flux2_pipeline.c encode_prompt: the request's layers (read on the host) */
+        int64_t lv[CDF_FLUX2_MAX_OUT_LAYERS] = CDF_FLUX2_TEXT_LAYERS_DEFAULT, nl = 3;
+        if (gp->num_text_encoder_out_layers > 0 && gp->text_encoder_out_layers &&
+            gp->num_text_encoder_out_layers <= CDF_FLUX2_MAX_OUT_LAYERS) {
+            nl = gp->num_text_encoder_out_layers;
+            for (int64_t k = 0; k < nl; k++) lv[k] = gp->text_encoder_out_layers[k];
+        }
+        CDF_TRY(set_in(in, "input_ids", shape_in(dev, CDF_I64, 2, (int64_t[]){1, T})));
+        CDF_TRY(set_in(in, "attention_mask", shape_in(dev, CDF_I64, 2, (int64_t[]){1, T})));
+        return set_in(in, "text_encoder_out_layers", cdf_tensor_from_host(dev, CDF_I64, 1, &nl, lv, CDF_I64));
+    }
+    case CDF_PLAN_FLUX2: { /* flux2_pipeline.c flux2_predict: ids [1, rows, 4] */
+        const int64_t p = c->info.patch > 0 ? c->info.patch : 1, N = (sh->latent_h / 2) * (sh->latent_w / 2) / (p * p);
+        CDF_TRY(set_in(in, "hidden_states", shape_in(dev, CDF_F32, 3, (int64_t[]){B, N, c->info.in_channels})));
+        CDF_TRY(set_in(in, "encoder_hidden_states", shape_in(dev, CDF_F32, 3, (int64_t[]){B, T, c->info.joint_dim})));
+        CDF_TRY(set_in(in, "timestep", shape_in(dev, CDF_F32, 1, (int64_t[]){B})));
+        CDF_TRY(set_in(in, "img_ids", shape_in(dev, CDF_I64, 3, (int64_t[]){1, N, 4})));
+        CDF_TRY(set_in(in, "txt_ids", shape_in(dev, CDF_I64, 3, (int64_t[]){1, T, 4})));
+        const cJSON *g = cJSON_GetObjectItemCaseSensitive(cfg, "guidance_embeds");
+        if (cJSON_IsTrue(g)) CDF_TRY(set_in(in, "guidance", shape_in(dev, CDF_F32, 1, (int64_t[]){B})));
+        return CDF_OK;
+    }
+    case CDF_PLAN_SD3:
+        CDF_TRY(set_in(in, "hidden_states", shape_in(dev, CDF_F32, 4, (int64_t[]){B, c->info.in_channels, sh->latent_h, sh->latent_w})));
+        CDF_TRY(set_in(in, "encoder_hidden_states",
+                       shape_in(dev, CDF_F32, 3, (int64_t[]){B, T, geti(cfg, "joint_attention_dim", 4096)})));
+        CDF_TRY(set_in(in, "pooled_projections", shape_in(dev, CDF_F32, 2, (int64_t[]){B, geti(cfg, "pooled_projection_dim", 2048)})));
+        return set_in(in, "timestep", shape_in(dev, CDF_F32, 1, (int64_t[]){B}));
+    case CDF_PLAN_VAE: {
+        *method = "decode";
+        if (strcmp(c->class_name, "AutoencoderKLFlux2") == 0) /* flux2_pipeline.c: the 2x2-patchified latents */
+            CDF_TRY(set_in(in, "unpacked_latents",
+                           shape_in(dev, CDF_F32, 4, (int64_t[]){1, 4 * c->info.latent_channels, sh->latent_h / 2, sh->latent_w / 2})));
+        else
+            CDF_TRY(set_in(in, "z", shape_in(dev, CDF_F32, 4, (int64_t[]){1, c->info.latent_channels, sh->latent_h, sh->latent_w})));
+        if (sh->vae_tile_latent <= 0) return CDF_OK;
+        const int64_t tile = sh->vae_tile_latent * (c->info.vae_scale_factor > 0 ? c->info.vae_scale_factor : 8);
+        return set_in(in, "tile_sample_min_size", cdf_tensor_from_host(dev, CDF_I64, 1, (int64_t[]){1}, &tile, CDF_I64));
+    }
+    default: return cdf_error(CDF_ERR_UNSUPPORTED, "planner: no measured forward for %s", c->class_name);
+    }
+}
+
+/* Whether c's activations are measured (above) for this execution; otherwise the formulas further
+ * up give them. Not measured, and why:
+ *  - repeated-block compile (CDF_PLAN_REPEATED_BLOCKS): each block runs as a graph whose buffers
+ *    share one arena placed by compile/memory_plan.c, which a measured eager forward does not
+ *    model; the *_blocks_elems formulas give the arenas (CDF_PLAN_OTHER: nothing is known). */
+static bool activations_measured(const plan_component *c, const cdf_plan_shape *sh) {
+    const cdf_plan_model_kind k = c->info.kind;
+    if (sh->repeated_blocks && (k == CDF_PLAN_FLUX || k == CDF_PLAN_FLUX2 || k == CDF_PLAN_SD3)) return false;
+    return k != CDF_PLAN_OTHER;
+}
+
+/* Measure c's forward at shape sh (see above): fam[0] the peak outside single-stream blocks (or
+ * the whole peak), fam[1] the peak while a single-stream block runs (0 when the model has none),
+ * the split cdf_plan_activation_bytes_by_family makes. */
+static cdf_status measure_activations(const char *sub, const plan_component *c, const plan_load *pl, bool flux_pipe,
+                                      cdf_dtype wdt, const cdf_plan_shape *sh, const cdf_generate_params *gp, uint64_t fam[2]) {
+    cdf_load_options opt = cdf_load_options_default();
+    opt.device = cdf_device_default();
+    if (!opt.device) return cdf_last_status();
+    opt.weight_dtype = wdt;
+    opt.shapes_only = true;
+    opt.decode_quantized = true; /* activations do not depend on how a weight is stored */
+    for (int k = 0; pl && k < pl->n_files; k++)
+        if (strcmp(pl->file_key[k], c->key) == 0) opt.weights_file = pl->file_path[k], opt.weights_part = cdf_pipe_text_part(c->key, flux_pipe);
+    cdf_component *comp = NULL;
+    /* loading runs in a measurement too: a loader's ops (casts, concatenations) must not run on
+     * weights without memory; its log is dropped */
+    cdf_mem_event *log = NULL;
+    size_t n = 0;
+    CDF_TRY(cdf_measure_begin());
+    cdf_status s = cdf_component_load(sub, &opt, &comp);
+    cdf_status e = cdf_measure_end(&log, &n);
+    free(log);
+    log = NULL;
+    if (s == CDF_OK) s = e;
+    if (s != CDF_OK) {
+        cdf_component_free(comp);
+        return cdf_error_prefix("planner: measuring %s (%s): ", c->key, c->class_name);
+    }
+    cdf_tensor_map in, out;
+    cdf_tensor_map_init(&in);
+    cdf_tensor_map_init(&out);
+    const char *method = "forward";
+    cdf_scope_push();
+    s = measured_inputs(c, cdf_component_config(comp), sh, opt.device, gp, &in, &method);
+    if (s == CDF_OK && (s = cdf_measure_begin()) == CDF_OK) {
+        cdf_scope_push();
+        s = cdf_component_run(comp, method, &in, &out);
+        cdf_tensor_map_clear(&out);
+        cdf_scope_pop(NULL, 0);
+        e = cdf_measure_end(&log, &n);
+        if (s == CDF_OK) s = e;
+    }
+    cdf_tensor_map_clear(&in);
+    cdf_scope_pop(NULL, 0);
+    cdf_component_free(comp);
+    uint64_t peak = 0, tags[CDF_MEM_TAGS] = {0};
+    if (s == CDF_OK) s = cdf_memory_peak(log, n, &peak, NULL, tags);
+    free(log);
+    if (s != CDF_OK) return cdf_error_prefix("planner: measuring %s (%s): ", c->key, c->class_name);
+    /* tags (compile.c cdf_block_run): 0 outside blocks, 1 double-stream blocks, 2 single-stream */
+    const uint64_t outside = tags[0];
+    fam[0] = tags[1] > outside ? tags[1] : outside;
+    fam[1] = tags[2] ? (tags[2] > outside ? tags[2] : outside) : 0;
+    if (!tags[1] && !tags[2]) fam[0] = peak;
+    return CDF_OK;
+}
+
+cdf_status cdf_plan_measure_activation_bytes(const char *dir, cdf_dtype weight_dtype, const cdf_plan_shape *s, uint64_t out[2]) {
+    out[0] = out[1] = 0;
+    plan_component c = {.key = "component"};
+    cJSON *cfg = NULL;
+    CDF_TRY(cdf_config_load(dir, &cfg));
+    const char *cls = cdf_config_class_name(cfg);
+    snprintf(c.class_name, sizeof c.class_name, "%s", cls ? cls : "?");
+    cdf_status st = cdf_plan_model_info_from_config(c.class_name, cfg, &c.info);
+    cJSON_Delete(cfg);
+    CDF_TRY(st);
+    c.info.weight_dtype = weight_dtype;
+    if (!activations_measured(&c, s)) {
+        cdf_plan_activation_bytes_by_family(&c.info, s, out);
+        return CDF_OK;
+    }
+    const cdf_generate_params gp = cdf_generate_default_params();
+    return measure_activations(dir, &c, NULL, false, weight_dtype, s, &gp, out);
 }
 
 cdf_status cdf_pipe_check_budget(cdf_pipeline *p, const cJSON *idx) {
@@ -808,7 +863,12 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
         snprintf(out->component[i].name, sizeof out->component[i].name, "%s", c->key);
         snprintf(out->component[i].class_name, sizeof out->component[i].class_name, "%s", c->class_name);
         out->component[i].weights_bytes = c->weights;
-        cdf_plan_activation_bytes_by_family(&c->info, &sh, fam_act[i]);
+        char sub[4096];
+        snprintf(sub, sizeof sub, "%s/%s", dir, c->key);
+        if (activations_measured(c, &sh))
+            CDF_TRY(measure_activations(sub, c, &pl, pp.kind == PK_FLUX, lp.weight_dtype, &sh, &gp, fam_act[i]));
+        else
+            cdf_plan_activation_bytes_by_family(&c->info, &sh, fam_act[i]);
         out->component[i].activation_bytes = fam_act[i][0] > fam_act[i][1] ? fam_act[i][0] : fam_act[i][1];
         out->component[i].activation_known = c->info.kind != CDF_PLAN_OTHER;
         out->total_weights_bytes += c->weights;

@@ -61,11 +61,18 @@ typedef struct cdf_plan_shape {
 } cdf_plan_shape;
 
 cdf_status cdf_plan_model_info_from_config(const char *class_name, const struct cJSON *cfg, cdf_plan_model_info *out);
-/* Peak activation bytes of one forward (above the resident weights and the inputs). */
+/* Repeated-block compile (s->repeated_blocks, transformers): the activation bytes the block graphs'
+ * arenas need (formulas read off compile/memory_plan.c's placement); 0 for other models and for
+ * eager shapes, whose peaks are measured (cdf_plan_measure_activation_bytes). */
 uint64_t cdf_plan_activation_bytes(const cdf_plan_model_info *m, const cdf_plan_shape *s);
-/* The same for a transformer, per block family (as cdf_plan_blocks.largest_in_family) while a
- * block of that family runs; cdf_plan_activation_bytes is the larger. Other models: [0] only. */
+/* The same per block family (as cdf_plan_blocks.largest_in_family) while a block of that family
+ * runs; cdf_plan_activation_bytes is the larger. */
 void cdf_plan_activation_bytes_by_family(const cdf_plan_model_info *m, const cdf_plan_shape *s, uint64_t out[2]);
+/* Peak activation bytes (above the resident weights and the inputs) of one forward of the
+ * component in folder dir at shape s, per block family as above, measured: its forward runs over
+ * virtual buffers with weights sized from the checkpoint headers (no weight data read; see
+ * planner.c). Repeated-block shapes fall back to the formulas above. */
+cdf_status cdf_plan_measure_activation_bytes(const char *dir, cdf_dtype weight_dtype, const cdf_plan_shape *s, uint64_t out[2]);
 /* Device bytes the weights of the component folder `dir` take once loaded with weight_dtype:
  * float tensors of 2+ dims at weight_dtype, 1-D ones (biases, norm scales) at f32, and the
  * loaders' exceptions (tables kept in f32, T5's relative bias kept on the host). */

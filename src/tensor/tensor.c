@@ -136,6 +136,7 @@ cdf_tensor *cdf_tensor_from_host(cdf_device *dev, cdf_dtype dt, int ndim, const 
     if (check_shape(ndim, shape, src_dt, "tensor_from_host") != CDF_OK) return NULL;
     cdf_tensor *t = cdf_tensor_alloc(dev, dt, ndim, shape);
     if (!t) return NULL;
+    if (cdf_measuring()) return t; /* a measured forward (exec/capture.h): sizes only, no values */
     if (cdf_storage_materialize(t->storage) != CDF_OK) { /* written now, by the host */
         cdf_tensor_release(t);
         return NULL;
