@@ -10,6 +10,7 @@
 # MODEL, INPUTS, MODE (compile), REPEAT (2) and DTYPE (bf16) change the forward, e.g. FLUX.1
 # width 2+4 blocks at 512² from bench_peers.py's work folder W:
 #   MODEL=W/models/flux_2d4s/transformer INPUTS=W/in_flux_512.safetensors MODE=eager REPEAT=3 ...
+# EXTRA adds options to every run (e.g. EXTRA="--offload sequential").
 set -eu
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=${WORK:-/tmp/cdf-peers}
@@ -20,8 +21,9 @@ inputs=${INPUTS:-$work/in_sd35m.safetensors}
 mode=${MODE:-compile}
 repeat=${REPEAT:-2}
 dtype=${DTYPE:-bf16}
+extra=${EXTRA:-}
 gcc -O2 -shared -fPIC -o "$work/omp_regions.so" "$root/bench/peers/omp_regions.c" -ldl
-echo "CPU: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1); $model, $mode, $dtype, --repeat $repeat"
+echo "CPU: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1); $model, $mode, $dtype, --repeat $repeat $extra"
 for i in $(seq 1 "$rounds"); do
     for spec in "$@"; do
         name=${spec%%=*}
@@ -34,7 +36,7 @@ for i in $(seq 1 "$rounds"); do
         /usr/bin/time -f "wall %e s, user %U s, sys %S s, maxrss %M KB" env $envs \
             LD_PRELOAD="$work/omp_regions.so" OMP_NUM_THREADS=2 "$build/cdiffusers" run-model \
             --model "$model" --inputs "$inputs" \
-            --output "$work/out_ab_$name.safetensors" --force --repeat "$repeat" --mode "$mode" --dtype "$dtype" --threads 2 2>&1 |
+            --output "$work/out_ab_$name.safetensors" --force --repeat "$repeat" --mode "$mode" --dtype "$dtype" --threads 2 $extra 2>&1 |
             grep -E "forward_ms|omp_regions|wall|rror" || true
     done
 done
