@@ -149,10 +149,11 @@ static void test_uploads_are_queued_before_their_use(void **state) {
     cdf_device_queue_stats(dev, &before);
     cdf_tensor *weights[2] = {b.w1, b.w2};
     assert_int_equal(cdf_weight_stream_run(NULL, run_block, &b, NULL, NULL, weights, 2), CDF_OK);
-    /* the host did not wait for the device: at least the two uploads (and, with a copy stream,
-     * the compute stream's wait for them) are queued */
+    /* the host did not wait for the device: at least the two uploads are queued (with a copy
+     * stream, the compute stream's wait for them is queued only if they had not run yet: the
+     * cpu backend elides a wait for a point already passed, so it is not counted on) */
     cdf_device_queue_stats(dev, &after);
-    assert_true(after.enqueued >= before.enqueued + 2 + copy_stream);
+    assert_true(after.enqueued >= before.enqueued + 2);
     /* the model drops its weights: a queued upload still holds the same-dtype source */
     cdf_tensor_release(b.w1);
     cdf_tensor_release(b.w2);
