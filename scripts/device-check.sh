@@ -36,7 +36,7 @@ if [ "${1:-}" = "--prepare" ]; then
   for t in "${targets[@]:1}"; do cp "build-device/tests/$t" .devbundle/build-device/tests/; done
   # the libraries the CUDA image may lack; never libc, the CUDA runtime or the driver
   for b in .devbundle/build-device/cdiffusers .devbundle/build-device/tests/*; do
-    ldd "$b" | awk '/=> \//{print $3}' | grep -E 'libcjson|libpng|libpcre2|libutf8proc|libcmocka|libz\.|libgomp' || true
+    ldd "$b" | awk '/=> \//{print $3}' | grep -E 'libcjson|libpng|libpcre2|libutf8proc|libcmocka|libz\.|libgomp|libmicrohttpd|libgnutls|libp11-kit|libidn2|libunistring|libtasn1|libnettle|libhogweed|libgmp|libffi' || true
   done | sort -u | xargs -r -I{} cp -L {} .devbundle/lib/
   echo "$ROOT" >.devbundle/ROOT
   du -sh .devbundle
