@@ -632,8 +632,8 @@ static void test_matmul_batch_dtypes(void **state) {
     run_matmul_case(&big);
 }
 
-/* Matmul on Q8_0 blocks (cdf_k_matmul_q) over a layer larger than one decode panel (16 Mi
- * values: N = 4100 rows of K = 4096 is 4096 rows + 4), f32 and bf16 decoding, called again with
+/* Matmul on Q8_0 blocks (cdf_k_matmul_q) over a layer larger than one decode panel (bound set to
+ * 32 MiB: N = 4100 rows of K = 4096 is three f32 or two bf16 panels), f32 and bf16 decoding, called again with
  * a smaller and a larger layer (the cached panel buffer is reused, then replaced). Every value
  * is a small multiple of 1/8 so every product and partial sum is exact in f32: the result must
  * equal the integer reference exactly, whatever the kernel's summation order. */
@@ -676,10 +676,13 @@ static void test_matmul_quantized_panels(void **state) {
     cdf_k_gemm_bf16w_stats g0, g1;
     cdf_k_fast_get_stats(&f0);
     cdf_k_gemm_bf16w_get_stats(&g0);
+    cdf_k_matmul_q_set_panel_bytes((size_t)32 << 20); /* 8 Mi f32 / 16 Mi bf16 values a panel */
     run_matmul_q8(3, 4100, 4096, CDF_F32);
     run_matmul_q8(2, 64, 256, CDF_BF16);  /* smaller: the cached buffer serves it */
     run_matmul_q8(3, 4100, 4096, CDF_BF16);
     run_matmul_q8(1100, 64, 256, CDF_BF16); /* rows enough for oneDNN's per-call reorder of B */
+    cdf_k_matmul_q_set_panel_bytes(0);
+    run_matmul_q8(3, 4100, 4096, CDF_BF16); /* one panel at the default bound */
     /* the decode panel is overwritten by the next panel: it is never kept prepacked */
     cdf_k_fast_get_stats(&f1);
     cdf_k_gemm_bf16w_get_stats(&g1);

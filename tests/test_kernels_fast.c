@@ -537,12 +537,15 @@ static void test_matmul_bf16_prepack(void **state) {
  * the primitive's weight layout (cdf_k_matmul_fast_filled) instead of a plain panel that oneDNN
  * then reorders. Its result must equal bit for bit the plain path's: the gguf decode of every row
  * rounded to bf16 into a plain [N, K] matrix, multiplied panel by panel (matmul_quant.c's
- * PANEL_ELEMS = 16 Mi values) through cdf_k_matmul_dispatch as a transient B. Weights are random
+ * partition: equal panels of about its byte bound, a multiple of 64 rows) through cdf_k_matmul_dispatch as a transient B. Weights are random
  * Q8_0 and Q4_K (varied f16 scales) and A random, so every misplaced weight element changes the
  * result; N = 100 leaves padding in oneDNN's 64-wide blocks. M below REORDER_B_MIN_M (1024)
  * mostly keeps B's plain layout, M above it gets oneDNN's blocked layout. At a level where oneDNN
  * does not run the panel (avx2: the own GEMM; f32 A without native bf16: declined) the plain path
  * runs and the same equality holds trivially. */
+/* the decode panel bound in force (cdf_k_matmul_q_set_panel_bytes), bf16 panels here */
+static size_t g_q_panel_bytes = (size_t)128 << 20;
+
 static void q_direct_case(uint32_t qtype, int64_t M, int64_t N, int64_t K, cdf_dtype a_dt, uint64_t seed) {
     int64_t be = 0, bb = 0;
     assert_true(cdf_ggml_type_block(qtype, &be, &bb));
@@ -573,7 +576,10 @@ static void q_direct_case(uint32_t qtype, int64_t M, int64_t N, int64_t K, cdf_d
         assert_int_equal(cdf_ggml_dequantize(qtype, w + n * nb * bb, K, row), CDF_OK);
         for (int64_t k = 0; k < K; k++) wb[n * K + k] = cdf_f32_to_bf16(row[k]);
     }
-    const int64_t panel_elems = (int64_t)16 << 20, panel = N * K <= panel_elems ? N : panel_elems / K;
+    /* matmul_quant.c's partition: equal panels of about g_q_panel_bytes, rounded up to 64 rows */
+    const int64_t panel_elems = (int64_t)(g_q_panel_bytes / 2), n_parts = (N * K + panel_elems - 1) / panel_elems;
+    int64_t panel = (N + n_parts - 1) / n_parts;
+    panel = n_parts == 1 ? N : (panel + 63) / 64 * 64;
     for (int64_t n0 = 0; n0 < N; n0 += panel) {
         const int64_t np = N - n0 < panel ? N - n0 : panel;
         cdf_k_matmul_args r = {.batch = 1, .M = M, .N = np, .K = K, .a = a, .a_dt = a_dt, .lda = K,
@@ -681,8 +687,12 @@ static void test_matmul_q_direct_layout(void **state) {
     q_direct_case(q8, 1024, 300, 256, CDF_BF16, 3);  /* bf16 A (widened f32 B where bf16 is emulated) */
     q_direct_case(q8, 17, 100, 3072, CDF_BF16, 4);
     q_direct_case(q8, 1030, 100, 3072, CDF_F32, 5);
-    q_direct_case(q8, 2, 4100, 4096, CDF_F32, 6);    /* two panels: 4096 rows + 4 */
+    q_direct_case(q8, 1030, 4100, 4096, CDF_F32, 7); /* one panel at the default bound */
+    cdf_k_matmul_q_set_panel_bytes(g_q_panel_bytes = (size_t)32 << 20);
+    q_direct_case(q8, 2, 4100, 4096, CDF_F32, 6);    /* two panels: 2112 rows + 1988 */
     q_direct_case(q8, 1030, 4100, 4096, CDF_F32, 7);
+    cdf_k_matmul_q_set_panel_bytes(g_q_panel_bytes = 0);
+    g_q_panel_bytes = (size_t)128 << 20;
     q_direct_case(CDF_GGML_Q4_K, 1100, 70, 1280, CDF_F32, 8); /* 256-value blocks, K past one decode tile */
     cdf_k_fast_get_stats(&s1);
     assert_int_equal(s1.packs, s0.packs); /* decoded panels are never kept prepacked */

@@ -149,6 +149,9 @@ typedef struct cdf_k_matmul_q_args {
     void *c; cdf_dtype c_dt;
 } cdf_k_matmul_q_args;
 cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *args);
+/* The decode panel's bound in bytes (default 128 MiB: every layer of FLUX.1 and SD3 in one bf16
+ * panel); tests lower it to reach the multi-panel path on small layers. 0 restores the default. */
+void cdf_k_matmul_q_set_panel_bytes(size_t bytes);
 
 /* ---- normalisation / softmax / reductions -------------------------------------------- */
 

@@ -2,7 +2,7 @@
  *
  * Why panels of decoded rows and not a kernel on the blocks: the decoded panel goes through
  * the same matmul as a plain weight (oneDNN / the ISA chain), so a quantized layer computes bit
- * for bit what its dequantized file computes, and the panel (at most PANEL_ELEMS values) is the
+ * for bit what its dequantized file computes, and the panel (about 128 MiB) is the
  * only unpacked copy: the model's weights stay quantized. Decoding costs O(N*K) against the
  * product's O(M*N*K), negligible at the DiT's M of 1000-4000 tokens.
  *
@@ -25,13 +25,20 @@
 #include "kernels/pack_cache.h"
 #include "kernels/reference_internal.h"
 
-/* 16 Mi values (64 MiB of f32) per panel: whole layers of SD3.5-M / FLUX fit in one to three. */
-#define PANEL_ELEMS ((int64_t)16 << 20)
+/* About 128 MiB per panel: every layer of SD3.5-M and FLUX.1 (the largest, a single block's fused
+ * linear1, is 21504 x 3072) decodes to bf16 in one. Why so large: a panel narrower than the layer
+ * writes a strided slice of C, and oneDNN 2.6 then runs its older gemm:jit kernel instead of
+ * brgemm (ONEDNN_VERBOSE: FLUX's Q8_0 matmuls 10-15% slower than its bf16 ones at 16 Mi values a
+ * panel). The panel lives in oneDNN's weight workspace (direct decode) or the kept buffer below. */
+#define PANEL_BYTES_DEFAULT ((size_t)128 << 20)
+static size_t g_panel_bytes_limit = PANEL_BYTES_DEFAULT;
+
+void cdf_k_matmul_q_set_panel_bytes(size_t bytes) { g_panel_bytes_limit = bytes ? bytes : PANEL_BYTES_DEFAULT; }
 
 /* The panel buffer is kept between calls: a fresh 32-64 MiB allocation per layer per forward is
  * a fresh mmap whose every page faults on first touch. One buffer is cached (the backend's
  * queue runs one matmul at a time; a concurrent caller allocates its own) and kept for the
- * process's life: at most one panel, PANEL_ELEMS values. */
+ * process's life: at most one panel, about 128 MiB. */
 static pthread_mutex_t g_panel_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *g_panel;
 static size_t g_panel_bytes;
@@ -103,10 +110,10 @@ static cdf_status decode_rows(const q_rows *q, void *dst, cdf_dtype w_dt) {
 
 /* Q8_0 blocks straight to bf16: each value (float)q * d in f32, rounded to nearest even with
  * cdf_f32_to_bf16's rule — the values cdf_ggml_dequantize + cdf_k_store_row give, in one pass
- * the compiler vectorises (per-ISA clones; a product of two floats is the same IEEE operation
+ * the compiler vectorises (AVX2 and generic clones; AVX-512 has its own below; a product of two floats is the same IEEE operation
  * in a vector lane, and nothing here can contract into an FMA). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"), optimize("tree-vectorize")))
+__attribute__((target_clones("avx2", "default"), optimize("tree-vectorize")))
 #endif
 static void q8_0_to_bf16(const uint8_t *src, int64_t n, uint16_t *dst) {
     for (int64_t b = 0; b < n / 32; b++) {
@@ -121,6 +128,117 @@ static void q8_0_to_bf16(const uint8_t *src, int64_t n, uint16_t *dst) {
         }
     }
 }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define Q_HAVE_AVX512 1
+/* The AVX-512 half of the direct decode, for oneDNN's bf16 pair layout (k_run 2, a tile's 32 rows
+ * side by side: each k pair of the tile is 128 contiguous bytes). Why: the tile used to go out
+ * one 4-byte pair at a time (32 scalar copies per k pair) after a Q8_0 decode that ran in the
+ * AVX2 clone (target_clones' "arch=skylake-avx512" tests the CPU model, never true on AMD); the
+ * two were 9% of a steady FLUX-width Q8_0 forward (perf, AVX512-BF16 Zen 4), the whole gap to
+ * bf16 weights. Both here are exact: the decode computes the scalar q8_0_to_bf16's products and
+ * its rounding rule lane by lane, the transpose moves bits. */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
+
+/* f32 lanes rounded to bf16 as cdf_f32_to_bf16 does (nearest even; NaN kept quiet), in the low
+ * 16 bits of each 32-bit lane */
+static inline __m512i bf16_round_512(__m512 f) {
+    const __m512i u = _mm512_castps_si512(f);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+}
+
+/* n values (a multiple of 32) of Q8_0 blocks to bf16: (float)q * d per value, as q8_0_to_bf16 */
+static void q8_0_to_bf16_avx512(const uint8_t *src, int64_t n, uint16_t *dst) {
+    for (int64_t b = 0; b < n / 32; b++) {
+        const uint8_t *blk = src + b * 34;
+        const __m512 d = _mm512_set1_ps(cdf_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)));
+        const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(blk + 2)))), d);
+        const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(blk + 18)))), d);
+        _mm256_storeu_si256((void *)(dst + b * 32), _mm512_cvtepi32_epi16(bf16_round_512(lo)));
+        _mm256_storeu_si256((void *)(dst + b * 32 + 16), _mm512_cvtepi32_epi16(bf16_round_512(hi)));
+    }
+}
+
+/* r[0..15] (16 rows of 16 32-bit lanes) transposed in place: row i lane l goes to row l lane i.
+ * Four stages swap the off-diagonal s x s blocks of every 2s x 2s block (s = 8, 4, 2, 1): lane l
+ * of a row pair (i, i + s) with l & s set comes from the partner row's lane l ^ s. */
+static inline void transpose16_epi32(__m512i r[16]) {
+    for (int s = 8; s >= 1; s >>= 1) {
+        __mmask16 hi = 0;
+        int idx[16];
+        for (int l = 0; l < 16; l++) {
+            idx[l] = l ^ s;
+            if (l & s) hi |= (__mmask16)(1u << l);
+        }
+        const __m512i swap = _mm512_loadu_si512(idx);
+        for (int i = 0; i < 16; i++) {
+            if (i & s) continue;
+            const __m512i a = r[i], b = r[i + s];
+            r[i] = _mm512_mask_blend_epi32(hi, a, _mm512_permutexvar_epi32(swap, b));
+            r[i + s] = _mm512_mask_blend_epi32(hi, _mm512_permutexvar_epi32(swap, a), b);
+        }
+    }
+}
+
+/* 32 rows x nk bf16 values (rb, row stride ld; nk a multiple of 32) written to the pair layout:
+ * k pair p of the tile is 32 rows x 4 bytes at d0 + ok[2p] (rows 0-15, then 16-31 at + 64). */
+static void tile_to_pairs_avx512(const uint16_t *rb, int64_t ld, int64_t nk, char *d0, const int64_t *ok) {
+    /* Each store is one whole cache line of a layer-sized buffer that oneDNN reads only after the
+     * fill: streaming stores spare the read of every line before it is overwritten (the fill was
+     * 5% of a FLUX-width Q8_0 forward with ordinary stores). Whole lines need 64-byte alignment,
+     * which oneDNN's workspace and its 64-row blocks give; otherwise ordinary stores. The caller
+     * fences (streaming stores are weakly ordered). */
+    bool aligned = ((uintptr_t)d0 & 63) == 0;
+    for (int64_t k = 0; k < nk && aligned; k += 2) aligned = (ok[k] & 63) == 0;
+    for (int64_t k = 0; k < nk; k += 32) {
+        for (int h = 0; h < 2; h++) { /* rows 16h .. 16h + 15 */
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(rb + (16 * h + i) * ld + k); /* 16 pairs */
+            transpose16_epi32(r);
+            if (aligned)
+                for (int p = 0; p < 16; p++) _mm512_stream_si512((void *)(d0 + ok[k + 2 * p] + 64 * h), r[p]);
+            else
+                for (int p = 0; p < 16; p++) _mm512_storeu_si512(d0 + ok[k + 2 * p] + 64 * h, r[p]);
+        }
+    }
+}
+/* r[0..31] (32 rows of 32 16-bit lanes) transposed in place, by the same block swaps (s = 16 .. 1) */
+static inline void transpose32_epi16(__m512i r[32]) {
+    for (int s = 16; s >= 1; s >>= 1) {
+        __mmask32 hi = 0;
+        uint16_t idx[32];
+        for (int l = 0; l < 32; l++) {
+            idx[l] = (uint16_t)(l ^ s);
+            if (l & s) hi |= (__mmask32)(1u << l);
+        }
+        const __m512i swap = _mm512_loadu_si512(idx);
+        for (int i = 0; i < 32; i++) {
+            if (i & s) continue;
+            const __m512i a = r[i], b = r[i + s];
+            r[i] = _mm512_mask_blend_epi16(hi, a, _mm512_permutexvar_epi16(swap, b));
+            r[i + s] = _mm512_mask_blend_epi16(hi, _mm512_permutexvar_epi16(swap, a), b);
+        }
+    }
+}
+
+/* The same into a layout that keeps each k's rows side by side (k_run 1: a plain [K, N] B, as
+ * oneDNN takes it at the DiT's shapes): k of the tile is 32 rows x 2 bytes at d0 + ok[k]. */
+static void tile_to_rows_avx512(const uint16_t *rb, int64_t ld, int64_t nk, char *d0, const int64_t *ok) {
+    for (int64_t k = 0; k < nk; k += 32) {
+        __m512i r[32];
+        for (int i = 0; i < 32; i++) r[i] = _mm512_loadu_si512(rb + i * ld + k);
+        transpose32_epi16(r);
+        for (int j = 0; j < 32; j++) _mm512_storeu_si512(d0 + ok[k + j], r[j]);
+    }
+}
+static void q_store_fence(void) { _mm_sfence(); }
+#pragma GCC pop_options
+#endif
 
 /* Tiles of the direct decode: TILE_ROWS rows x TILE_K values (a multiple of every block size,
  * 32 and 256). oneDNN's layouts put a few k of 16-64 consecutive rows in one cache line (bf16
@@ -142,6 +260,7 @@ static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) 
     /* work items: (row tile, k chunk), a thread's run of items mostly the chunks of one tile */
     const int64_t n_kc = (K + kt - 1) / kt, n_items = (np + TILE_ROWS - 1) / TILE_ROWS * n_kc;
     char *out = dst;
+    const bool avx512 = cdf_k_isa_level() >= CDF_K_ISA_AVX512;
     int bad = 0;
 #pragma omp parallel reduction(| : bad) if (np * K > 65536)
     {
@@ -153,8 +272,14 @@ static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) 
             if (bad) continue;
             const int64_t r0 = t / n_kc * TILE_ROWS, nr = np - r0 < TILE_ROWS ? np - r0 : TILE_ROWS;
             const int64_t k0 = t % n_kc * kt, nk = K - k0 < kt ? K - k0 : kt;
+            /* the AVX-512 route: whole tiles into the pair layout (try_direct means a level above AVX2) */
+            const bool wide = avx512 && nr == TILE_ROWS && nk % 32 == 0 && l->dt == CDF_BF16 && l->k_run <= 2;
             for (int64_t i = 0; i < nr && !bad; i++) {
                 const uint8_t *src = q->w + (q->n0 + r0 + i) * q->row_bytes + k0 / q->be * q->bb;
+#ifdef Q_HAVE_AVX512
+                if (avx512 && q->qtype == CDF_GGML_Q8_0) q8_0_to_bf16_avx512(src, nk, rb + i * kt);
+                else
+#endif
                 if (q->qtype == CDF_GGML_Q8_0) q8_0_to_bf16(src, nk, rb + i * kt);
                 else if (cdf_ggml_dequantize(q->qtype, src, nk, tile + i * kt) != CDF_OK) bad = 1;
                 else cdf_k_store_row(rb + i * kt, CDF_BF16, 0, tile + i * kt, nk);
@@ -167,6 +292,13 @@ static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) 
             const int64_t run = l->k_run == 2 ? 2 : 1, step = run * (int64_t)sizeof(uint16_t);
             bool rows_adjacent = l->dt == CDF_BF16 && l->k_run != K && nr > 1;
             for (int64_t i = 1; rows_adjacent && i < nr; i++) rows_adjacent = l->off_n[r0 + i] - l->off_n[r0] == i * step;
+#ifdef Q_HAVE_AVX512
+            if (rows_adjacent && wide) {
+                if (run == 2) tile_to_pairs_avx512(rb, kt, nk, out + l->off_n[r0], ok);
+                else tile_to_rows_avx512(rb, kt, nk, out + l->off_n[r0], ok);
+                continue;
+            }
+#endif
             if (rows_adjacent) {
                 char *d0 = out + l->off_n[r0];
                 for (int64_t k = 0; k < nk; k += run) {
@@ -193,6 +325,9 @@ static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) 
         }
         free(tile);
         free(rb);
+#ifdef Q_HAVE_AVX512
+        if (avx512) q_store_fence(); /* this thread's streaming stores, before the region's barrier */
+#endif
     }
     return bad ? decode_error(q, bad) : CDF_OK;
 }
@@ -210,8 +345,16 @@ cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *a) {
         return cdf_error(CDF_ERR_INVALID_ARG, "%s: weights decode to f32 or bf16, not %s", fn, cdf_dtype_name(a->w_dt));
     if (a->M == 0 || a->N == 0) return CDF_OK;
     const int64_t row_bytes = a->K / be * bb;
-    int64_t panel = a->N * a->K <= PANEL_ELEMS ? a->N : PANEL_ELEMS / a->K;
-    if (panel < 1) panel = 1;
+    /* equal panels of a multiple of 64 rows where a layer needs several (a few rows over the
+     * bound at most): oneDNN's kernels block N by 64 */
+    const int64_t panel_elems = (int64_t)(g_panel_bytes_limit / cdf_dtype_size(a->w_dt));
+    int64_t panel = a->N;
+    if (a->N * a->K > panel_elems) {
+        const int64_t n_panels = (a->N * a->K + panel_elems - 1) / panel_elems;
+        panel = (a->N + n_panels - 1) / n_panels;
+        panel = (panel + 63) / 64 * 64;
+        if (panel > a->N) panel = a->N;
+    }
     const size_t wsz = cdf_dtype_size(a->w_dt), panel_bytes = (size_t)(panel * a->K) * wsz;
     /* oneDNN is what cdf_k_matmul_dispatch runs first on a bf16 B above the AVX2 level */
     const bool try_direct = a->w_dt == CDF_BF16 && cdf_k_isa_level() > CDF_K_ISA_AVX2;
