@@ -150,7 +150,8 @@ typedef struct cdf_k_matmul_q_args {
 } cdf_k_matmul_q_args;
 cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *args);
 /* The decode panel's bound in bytes (default 128 MiB: every layer of FLUX.1 and SD3 in one bf16
- * panel); tests lower it to reach the multi-panel path on small layers. 0 restores the default. */
+ * panel); tests lower it to reach the multi-panel path on small layers. 0 restores the default.
+ * Not synchronised: set it while no quantized matmul runs. */
 void cdf_k_matmul_q_set_panel_bytes(size_t bytes);
 
 /* ---- normalisation / softmax / reductions -------------------------------------------- */

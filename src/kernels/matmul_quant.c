@@ -129,12 +129,13 @@ static void q8_0_to_bf16(const uint8_t *src, int64_t n, uint16_t *dst) {
     }
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) /* clang: no `#pragma GCC target` */
 #include <immintrin.h>
 #define Q_HAVE_AVX512 1
-/* The AVX-512 half of the direct decode, for oneDNN's bf16 pair layout (k_run 2, a tile's 32 rows
- * side by side: each k pair of the tile is 128 contiguous bytes). Why: the tile used to go out
- * one 4-byte pair at a time (32 scalar copies per k pair) after a Q8_0 decode that ran in the
+/* The AVX-512 half of the direct decode, for oneDNN's bf16 layouts that keep a tile's 32 rows side
+ * by side (k_run 2, the blocked pair layout: each k pair of the tile is 128 contiguous bytes;
+ * k_run 1, plain [K, N]: each k is 64). Why: the tile used to go out 2 or 4 bytes at a time
+ * (32 scalar copies per k or k pair) after a Q8_0 decode that ran in the
  * AVX2 clone (target_clones' "arch=skylake-avx512" tests the CPU model, never true on AMD); the
  * two were 9% of a steady FLUX-width Q8_0 forward (perf, AVX512-BF16 Zen 4), the whole gap to
  * bf16 weights. Both here are exact: the decode computes the scalar q8_0_to_bf16's products and
