@@ -207,3 +207,38 @@ void cdf_cli_png_init_text(char *buf, size_t n, const cdf_pipeline *pipe, const 
     snprintf(buf, n, ", Strength: %g, Init image: %s%s%s", (double)eff.strength, image_names[0],
              gp->mask_image && mask_name ? ", Mask: " : "", gp->mask_image && mask_name ? mask_name : "");
 }
+
+/* ---- component files and --weight-type ------------------------------------------------------ */
+const char *cdf_cli_parse_weight_type(const char *wt, const char *dtype, bool *decode, uint32_t *quantize) {
+    if (!wt) return NULL;
+    if (strcmp(wt, "q8_0") == 0 || strcmp(wt, "q4_k") == 0) {
+        *quantize = wt[1] == '8' ? CDF_GGML_Q8_0 : CDF_GGML_Q4_K;
+        return NULL;
+    }
+    if (strcmp(wt, "f32") != 0 && strcmp(wt, "bf16") != 0) return "--weight-type must be q8_0, q4_k, f32 or bf16";
+    if (strcmp(wt, dtype) != 0) return "--weight-type f32|bf16 decodes quantized weights to that dtype: give the same --dtype";
+    *decode = true;
+    return NULL;
+}
+
+int cdf_cli_add_component_file(cdf_cli_component_files *cf, int opt, const char *arg) {
+    if (cf->n == 8) return cdf_cli_usage_error("%s", "at most 8 component files");
+    const char *path = arg, *key = opt == CDF_CLI_OPT_TRANSFORMER_FILE ? "transformer" : "vae";
+    if (opt == CDF_CLI_OPT_TEXT_ENCODER_FILE) {
+        const char *eq = strchr(arg, '=');
+        if (!eq || eq == arg || !eq[1] || eq - arg >= 24)
+            return cdf_cli_usage_error("--text-encoder needs N=FILE (N = 1, 2, 3 or a component name), got '%s'", arg);
+        char n[32];
+        snprintf(n, sizeof n, "%.*s", (int)(eq - arg), arg);
+        if (strcmp(n, "1") == 0) snprintf(cf->keys[cf->n], 32, "text_encoder");
+        else if (strcmp(n, "2") == 0) snprintf(cf->keys[cf->n], 32, "text_encoder_2");
+        else if (strcmp(n, "3") == 0) snprintf(cf->keys[cf->n], 32, "text_encoder_3");
+        else snprintf(cf->keys[cf->n], 32, "%s", n);
+        key = cf->keys[cf->n];
+        path = eq + 1;
+    }
+    for (int i = 0; i < cf->n; i++)
+        if (strcmp(cf->files[i].component, key) == 0) return cdf_cli_usage_error("two weights files for '%s'", key);
+    cf->files[cf->n++] = (cdf_component_file){key, path};
+    return 0;
+}

@@ -99,4 +99,29 @@ void cdf_cli_png_init_text(char *buf, size_t n, const cdf_pipeline *pipe, const 
 int cdf_cli_serve(int argc, char **argv);
 void cdf_cli_serve_usage(FILE *f); /* its lines of the --help text */
 
+/* ---- component files and how weights load: generate, info and serve take them alike -------- */
+/* getopt codes of --transformer FILE, --vae FILE, --text-encoder N=FILE, --allow-unused-keys,
+ * --weight-type T, --config DIR; a command's own codes start at CDF_CLI_OPT_NEXT */
+enum {
+    CDF_CLI_OPT_TRANSFORMER_FILE = 1001, CDF_CLI_OPT_VAE_FILE, CDF_CLI_OPT_TEXT_ENCODER_FILE, CDF_CLI_OPT_ALLOW_UNUSED_KEYS,
+    CDF_CLI_OPT_WEIGHT_TYPE, CDF_CLI_OPT_CONFIG, CDF_CLI_OPT_NEXT
+};
+#define CDF_CLI_COMPONENT_OPTIONS                                                                                   \
+    {"transformer", required_argument, 0, CDF_CLI_OPT_TRANSFORMER_FILE}, {"vae", required_argument, 0, CDF_CLI_OPT_VAE_FILE}, \
+        {"text-encoder", required_argument, 0, CDF_CLI_OPT_TEXT_ENCODER_FILE},                                     \
+        {"allow-unused-keys", no_argument, 0, CDF_CLI_OPT_ALLOW_UNUSED_KEYS},                                      \
+        {"weight-type", required_argument, 0, CDF_CLI_OPT_WEIGHT_TYPE}, {"config", required_argument, 0, CDF_CLI_OPT_CONFIG}
+typedef struct cdf_cli_component_files {
+    cdf_component_file files[8];
+    char keys[8][32];
+    int n;
+} cdf_cli_component_files;
+/* opt: CDF_CLI_OPT_TRANSFORMER_FILE, _VAE_FILE or _TEXT_ENCODER_FILE (arg N=FILE, N = 1, 2, 3 or a
+ * component name). 0, or the usage error's exit status after printing it. */
+int cdf_cli_add_component_file(cdf_cli_component_files *cf, int opt, const char *arg);
+/* --weight-type: q8_0 / q4_k quantize float linear weights at load; f32/bf16 decode GGUF blocks at
+ * load to that dtype (which must then agree with --dtype, the compute policy). NULL (wt NULL or
+ * valid) or the usage error's text. */
+const char *cdf_cli_parse_weight_type(const char *wt, const char *dtype, bool *decode, uint32_t *quantize);
+
 #endif

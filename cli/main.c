@@ -307,51 +307,8 @@ static void log_io(const tp_run *tr, cdf_device *dev, uint64_t weight_bytes) {
             (unsigned long long)ds.collectives, (unsigned long long)ds.bytes, ds.seconds);
 }
 
-/* ---- component files (--transformer, --vae, --text-encoder N=FILE) ---------------------------- */
-enum { OPT_TRANSFORMER_FILE = 1001, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE, OPT_ALLOW_UNUSED_KEYS, OPT_WEIGHT_TYPE, OPT_VAE_TILING,
-       OPT_VAE_TILE_SIZE, OPT_CONFIG };
-
-/* --weight-type: q8_0 / q4_k quantize float linear weights at load; f32/bf16 decode GGUF blocks at
- * load to that dtype (which must then agree with --dtype, the compute policy). 0 or usage error text. */
-static const char *parse_weight_type(const char *wt, const char *dtype, bool *decode, uint32_t *quantize) {
-    if (!wt) return NULL;
-    if (strcmp(wt, "q8_0") == 0 || strcmp(wt, "q4_k") == 0) {
-        *quantize = wt[1] == '8' ? CDF_GGML_Q8_0 : CDF_GGML_Q4_K;
-        return NULL;
-    }
-    if (strcmp(wt, "f32") != 0 && strcmp(wt, "bf16") != 0) return "--weight-type must be q8_0, q4_k, f32 or bf16";
-    if (strcmp(wt, dtype) != 0) return "--weight-type f32|bf16 decodes quantized weights to that dtype: give the same --dtype";
-    *decode = true;
-    return NULL;
-}
-typedef struct component_files {
-    cdf_component_file files[8];
-    char keys[8][32];
-    int n;
-} component_files;
-
-/* opt: one of OPT_TRANSFORMER_FILE, OPT_VAE_FILE, OPT_TEXT_ENCODER_FILE. */
-static int add_component_file(component_files *cf, int opt, const char *arg) {
-    if (cf->n == 8) return usage_error("%s", "at most 8 component files");
-    const char *path = arg, *key = opt == OPT_TRANSFORMER_FILE ? "transformer" : "vae";
-    if (opt == OPT_TEXT_ENCODER_FILE) {
-        const char *eq = strchr(arg, '=');
-        if (!eq || eq == arg || !eq[1] || eq - arg >= 24)
-            return usage_error("--text-encoder needs N=FILE (N = 1, 2, 3 or a component name), got '%s'", arg);
-        char n[32];
-        snprintf(n, sizeof n, "%.*s", (int)(eq - arg), arg);
-        if (strcmp(n, "1") == 0) snprintf(cf->keys[cf->n], 32, "text_encoder");
-        else if (strcmp(n, "2") == 0) snprintf(cf->keys[cf->n], 32, "text_encoder_2");
-        else if (strcmp(n, "3") == 0) snprintf(cf->keys[cf->n], 32, "text_encoder_3");
-        else snprintf(cf->keys[cf->n], 32, "%s", n);
-        key = cf->keys[cf->n];
-        path = eq + 1;
-    }
-    for (int i = 0; i < cf->n; i++)
-        if (strcmp(cf->files[i].component, key) == 0) return usage_error("two weights files for '%s'", key);
-    cf->files[cf->n++] = (cdf_component_file){key, path};
-    return EXIT_OK;
-}
+/* ---- component files: cli/common.h (CDF_CLI_OPT_*, cdf_cli_add_component_file) ----------------- */
+enum { OPT_VAE_TILING = CDF_CLI_OPT_NEXT, OPT_VAE_TILE_SIZE };
 
 /* ---- generate ---------------------------------------------------------------------------- */
 static int cmd_generate(int argc, char **argv) {
@@ -376,11 +333,7 @@ static int cmd_generate(int argc, char **argv) {
         {"tp", required_argument, 0, 'P'},           {"tp-replicate", required_argument, 0, 'R'},
         {"text-encoder-out-layers", required_argument, 0, 'Y'},
         {"memory-stats", no_argument, 0, 'K'},
-        {"transformer", required_argument, 0, OPT_TRANSFORMER_FILE},  {"vae", required_argument, 0, OPT_VAE_FILE},
-        {"text-encoder", required_argument, 0, OPT_TEXT_ENCODER_FILE},
-        {"allow-unused-keys", no_argument, 0, OPT_ALLOW_UNUSED_KEYS},
-        {"weight-type", required_argument, 0, OPT_WEIGHT_TYPE},
-        {"config", required_argument, 0, OPT_CONFIG},
+        CDF_CLI_COMPONENT_OPTIONS,
         {"vae-tiling", required_argument, 0, OPT_VAE_TILING}, {"vae-tile-size", required_argument, 0, OPT_VAE_TILE_SIZE},
         {"device", required_argument, 0, 'D'},
         {"lora", required_argument, 0, 'A'},         {"lora-mode", required_argument, 0, 'Z'},
@@ -393,7 +346,7 @@ static int cmd_generate(int argc, char **argv) {
     int c;
     long v;
     int te_layers[16];
-    component_files cf = {0};
+    cdf_cli_component_files cf = {0};
     bool allow_unused = false;
     enum { MAX_LORA = 16 };
     char lora_path[MAX_LORA][4096];
@@ -461,9 +414,9 @@ static int cmd_generate(int argc, char **argv) {
             break;
         case 'R': tp_replicate = optarg; break;
         case 'K': memory_stats = true; break;
-        case OPT_ALLOW_UNUSED_KEYS: allow_unused = true; break;
-        case OPT_WEIGHT_TYPE: weight_type = optarg; break;
-        case OPT_CONFIG: config = optarg; break;
+        case CDF_CLI_OPT_ALLOW_UNUSED_KEYS: allow_unused = true; break;
+        case CDF_CLI_OPT_WEIGHT_TYPE: weight_type = optarg; break;
+        case CDF_CLI_OPT_CONFIG: config = optarg; break;
         case OPT_VAE_TILING:
             if (strcmp(optarg, "auto") == 0) gp.vae_tiling = CDF_VAE_TILING_AUTO;
             else if (strcmp(optarg, "on") == 0) gp.vae_tiling = CDF_VAE_TILING_ON;
@@ -476,10 +429,10 @@ static int cmd_generate(int argc, char **argv) {
             gp.vae_tile_size = (int)v;
             if (!user_vae_tiling) gp.vae_tiling = CDF_VAE_TILING_ON; /* a tile size asks for tiles */
             break;
-        case OPT_TRANSFORMER_FILE:
-        case OPT_VAE_FILE:
-        case OPT_TEXT_ENCODER_FILE:
-            if (add_component_file(&cf, c, optarg) != EXIT_OK) return EXIT_USAGE;
+        case CDF_CLI_OPT_TRANSFORMER_FILE:
+        case CDF_CLI_OPT_VAE_FILE:
+        case CDF_CLI_OPT_TEXT_ENCODER_FILE:
+            if (cdf_cli_add_component_file(&cf, c, optarg) != EXIT_OK) return EXIT_USAGE;
             break;
         case 'A': {
             if (n_lora == MAX_LORA) return usage_error("%s", "at most 16 --lora adapters");
@@ -560,7 +513,7 @@ static int cmd_generate(int argc, char **argv) {
     lp.num_component_files = cf.n;
     lp.allow_unused_keys = allow_unused;
     lp.config = config;
-    const char *wt_err = parse_weight_type(weight_type, dtype, &lp.decode_quantized, &lp.quantize_weights);
+    const char *wt_err = cdf_cli_parse_weight_type(weight_type, dtype, &lp.decode_quantized, &lp.quantize_weights);
     if (wt_err) return usage_error("%s", wt_err);
 
     /* From here on, with --tp every rank must reach the agreement below: a failure is held in
@@ -674,7 +627,7 @@ static int cmd_run_model(int argc, char **argv) {
         {"no-fullgraph", no_argument, 0, 'G'},
         {"tp", required_argument, 0, 'P'},     {"tp-replicate", required_argument, 0, 'R'},
         {"device", required_argument, 0, 'D'}, {"help", no_argument, 0, 'h'},
-        {"weight-type", required_argument, 0, OPT_WEIGHT_TYPE}, {"weights", required_argument, 0, OPT_TRANSFORMER_FILE},
+        {"weight-type", required_argument, 0, CDF_CLI_OPT_WEIGHT_TYPE}, {"weights", required_argument, 0, CDF_CLI_OPT_TRANSFORMER_FILE},
         {0, 0, 0, 0},
     };
     int c;
@@ -682,8 +635,8 @@ static int cmd_run_model(int argc, char **argv) {
     g_device_name = NULL; /* cdf_cli_main may run many times in one process (fuzz_cli): no stale argv */
     while ((c = cdf_cli_next_option(argc, argv, opts, &ro)) != -1) {
         switch (c) {
-        case OPT_WEIGHT_TYPE: weight_type = optarg; break;
-        case OPT_TRANSFORMER_FILE: weights_file = optarg; break;
+        case CDF_CLI_OPT_WEIGHT_TYPE: weight_type = optarg; break;
+        case CDF_CLI_OPT_TRANSFORMER_FILE: weights_file = optarg; break;
         case 'i': inputs = optarg; break;
         case 'o': output = optarg; break;
         case 'x': method = optarg; break;
@@ -710,7 +663,7 @@ static int cmd_run_model(int argc, char **argv) {
         return usage_error("--method must be forward, encode or decode, got '%s'", method);
     cdf_load_options opt = cdf_load_options_default();
     if (!cdf_cli_run_opts_dtype(&ro, &opt.weight_dtype)) return EXIT_USAGE;
-    const char *wt_err = parse_weight_type(weight_type, ro.dtype, &opt.decode_quantized, &opt.quantize_to);
+    const char *wt_err = cdf_cli_parse_weight_type(weight_type, ro.dtype, &opt.decode_quantized, &opt.quantize_to);
     if (wt_err) return usage_error("%s", wt_err);
     opt.weights_file = weights_file;
     if (!force && cdf_cli_file_exists(output)) {
@@ -830,7 +783,7 @@ static int cmd_tokenize(int argc, char **argv) {
 }
 
 /* ---- info ---------------------------------------------------------------------------------- */
-static void info_component(const char *dir, const char *name, const component_files *cf) {
+static void info_component(const char *dir, const char *name, const cdf_cli_component_files *cf) {
     char sub[4096];
     snprintf(sub, sizeof sub, "%s/%s", dir, name);
     for (int i = 0; cf && i < cf->n; i++) {
@@ -879,19 +832,19 @@ static void info_component(const char *dir, const char *name, const component_fi
 static int cmd_info(int argc, char **argv) {
     const char *model = NULL, *config = NULL;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
-                                         {"config", required_argument, 0, OPT_CONFIG},
-                                         {"transformer", required_argument, 0, OPT_TRANSFORMER_FILE},
-                                         {"vae", required_argument, 0, OPT_VAE_FILE},
-                                         {"text-encoder", required_argument, 0, OPT_TEXT_ENCODER_FILE},
+                                         {"config", required_argument, 0, CDF_CLI_OPT_CONFIG},
+                                         {"transformer", required_argument, 0, CDF_CLI_OPT_TRANSFORMER_FILE},
+                                         {"vae", required_argument, 0, CDF_CLI_OPT_VAE_FILE},
+                                         {"text-encoder", required_argument, 0, CDF_CLI_OPT_TEXT_ENCODER_FILE},
                                          {0, 0, 0, 0}};
     int c;
-    component_files cf = {0};
+    cdf_cli_component_files cf = {0};
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (c == 'm') model = optarg;
-        else if (c == OPT_CONFIG) config = optarg;
-        else if (c == OPT_TRANSFORMER_FILE || c == OPT_VAE_FILE || c == OPT_TEXT_ENCODER_FILE) {
-            if (add_component_file(&cf, c, optarg) != EXIT_OK) return EXIT_USAGE;
+        else if (c == CDF_CLI_OPT_CONFIG) config = optarg;
+        else if (c == CDF_CLI_OPT_TRANSFORMER_FILE || c == CDF_CLI_OPT_VAE_FILE || c == CDF_CLI_OPT_TEXT_ENCODER_FILE) {
+            if (cdf_cli_add_component_file(&cf, c, optarg) != EXIT_OK) return EXIT_USAGE;
         } else return EXIT_USAGE;
     }
     if (!model) return usage_error("%s", "info needs --model DIR");

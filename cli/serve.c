@@ -778,9 +778,11 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 /* ---- the command ------------------------------------------------------------------------------- */
 void cdf_cli_serve_usage(FILE *f) {
     fprintf(f,
-            "  cdiffusers serve [--model DIR] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--queue 16]\n"
+            "  cdiffusers serve [--model DIR|FILE] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--queue 16]\n"
             "                   [--max-body-mb 32] [--max-connections 64] [--dtype bf16|f32] [--offload none|model|sequential]\n"
             "                   [--device-memory SIZE] [--mode eager|fuse|compile] [--compile-repeated-blocks] [--threads N]\n"
+            "                   [--transformer FILE] [--vae FILE] [--text-encoder N=FILE] [--allow-unused-keys]\n"
+            "                   [--weight-type q8_0|q4_k|f32|bf16] [--config DIR]  (the model's files as generate takes them)\n"
             "      an HTTP server keeping the pipeline loaded: POST /v1/images/generations (OpenAI), POST /sdapi/v1/txt2img\n"
             "      (AUTOMATIC1111), POST /v1/images/edits (OpenAI, multipart image [+ mask]) and /sdapi/v1/img2img\n"
             "      (img2img / inpainting), POST /v1/jobs + GET/DELETE /v1/jobs/ID (asynchronous, cancel between steps),\n"
@@ -852,8 +854,13 @@ static int serve(int argc, char **argv) {
     const char *host = "127.0.0.1";
     long port = 8080, queue = 16, max_body_mb = 32, conns = 64;
     cdf_cli_run_opts ro = cdf_cli_run_opts_default(); /* as generate */
+    static cdf_cli_component_files cf; /* static: the load parameters point into it for the server's life */
+    memset(&cf, 0, sizeof cf);
+    const char *weight_type = NULL, *config = NULL;
+    bool allow_unused = false;
     static const struct option opts[] = {
         CDF_CLI_RUN_OPTIONS,                         CDF_CLI_LOAD_OPTIONS,
+        CDF_CLI_COMPONENT_OPTIONS, /* as generate: a GGUF / single-file transformer, --model FILE --config DIR */
         {"host", required_argument, 0, 'H'},
         {"port", required_argument, 0, 'p'},         {"api-key", required_argument, 0, 'k'},
         {"queue", required_argument, 0, 'q'},        {"max-body-mb", required_argument, 0, 'b'},
@@ -878,6 +885,14 @@ static int serve(int argc, char **argv) {
         case 'c':
             if (!cdf_cli_parse_long(optarg, 2, 10000, &conns)) return cdf_cli_usage_error("--max-connections needs 2..10000, got '%s'", optarg);
             break;
+        case CDF_CLI_OPT_TRANSFORMER_FILE:
+        case CDF_CLI_OPT_VAE_FILE:
+        case CDF_CLI_OPT_TEXT_ENCODER_FILE:
+            if (cdf_cli_add_component_file(&cf, c, optarg) != 0) return EXIT_USAGE;
+            break;
+        case CDF_CLI_OPT_ALLOW_UNUSED_KEYS: allow_unused = true; break;
+        case CDF_CLI_OPT_WEIGHT_TYPE: weight_type = optarg; break;
+        case CDF_CLI_OPT_CONFIG: config = optarg; break;
         case 'h': cdf_cli_serve_usage(stdout); return EXIT_OK;
         default: return EXIT_USAGE;
         }
@@ -897,6 +912,12 @@ static int serve(int argc, char **argv) {
     srv->threads = ro.threads;
     srv->lp = cdf_pipeline_load_default_params();
     if (!cdf_cli_run_opts_load(&ro, &srv->lp, &srv->device_memory)) return EXIT_USAGE;
+    srv->lp.component_files = cf.files;
+    srv->lp.num_component_files = cf.n;
+    srv->lp.allow_unused_keys = allow_unused;
+    srv->lp.config = config;
+    const char *wt_err = cdf_cli_parse_weight_type(weight_type, ro.dtype, &srv->lp.decode_quantized, &srv->lp.quantize_weights);
+    if (wt_err) return cdf_cli_usage_error("%s", wt_err);
     srv->qmax = (int)queue;
     srv->max_body = (size_t)max_body_mb << 20;
     const char *slash = strrchr(srv->model, '/');
@@ -918,7 +939,7 @@ static int serve(int argc, char **argv) {
         freeaddrinfo(ai);
         return cdf_cli_usage_error("--host '%s' is not a loopback address: --api-key KEY is required to serve beyond this machine", host);
     }
-    if (cdf_cli_model_defaults_load(srv->model, &srv->defaults) != CDF_OK) {
+    if (cdf_cli_model_defaults_load(config ? config : srv->model, &srv->defaults) != CDF_OK) {
         freeaddrinfo(ai);
         fprintf(stderr, "cdiffusers serve: %s\n", cdf_last_error());
         return EXIT_FAIL;

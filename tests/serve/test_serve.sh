@@ -6,8 +6,10 @@
 # concurrent clients served in arrival order, a full queue (429 + Retry-After), bad requests
 # (400 with a message, the server still serving), the body, header and URL limits (413, 431, 414), the edit endpoints
 # (img2img and inpainting == `generate --image [--mask]`, bad images / masks / strengths -> 400), the API key
-# (401), and SIGTERM during a run
-# (the running and queued requests get 503, exit status 0).
+# (401), SIGTERM during a run
+# (the running and queued requests get 503, exit status 0), and a GGUF transformer given with
+# --transformer (the same bytes as generate --transformer; a missing file or bad --weight-type
+# refused before listening).
 #
 # usage: test_serve.sh CDIFFUSERS_BINARY MODEL_DIR
 BIN=$1
@@ -315,6 +317,30 @@ check "log: stopped cleanly" grep -q "stopped (" "$TMP/A.log"
 kill -TERM "$PID_B"
 wait "$PID_B"
 check "server B exit status 0" [ $? = 0 ]
+
+section "server C: a GGUF transformer (--transformer FILE --weight-type)"
+# the model's files as generate takes them: a Q8_0 GGUF of the transformer (written by convert)
+# serves the bytes `generate --transformer` writes, which differ from the folder's picture
+"$BIN" convert --model "$MODEL" --output "$TMP/t_q8.gguf" --type q8_0 >"$TMP/convert.log" 2>&1 || bad "convert to Q8_0: $(tail -3 "$TMP/convert.log")"
+start_server C --transformer "$TMP/t_q8.gguf"
+st=$(post_json "$PORT_C" /v1/images/generations "{\"prompt\":\"$PROMPT\",\"seed\":7,\"response_format\":\"b64_json\"}")
+check "GGUF server: generations 200 ($st)" [ "$st" = 200 ]
+images "$TMP/body" | head -1 | base64 -d >"$TMP/srvq8.png"
+"$BIN" generate --model "$MODEL" --transformer "$TMP/t_q8.gguf" --prompt "$PROMPT" --seed 7 --output "$TMP/cliq8.png" --quiet
+check "GGUF server PNG == generate --transformer PNG (seed 7)" cmp -s "$TMP/srvq8.png" "$TMP/cliq8.png"
+check "the GGUF transformer was used (PNG differs from the folder's)" bash -c "! cmp -s '$TMP/srvq8.png' '$TMP/srv7.png'"
+kill -TERM "$PID_C"
+wait "$PID_C"
+check "server C exit status 0" [ $? = 0 ]
+# a missing component file: a clear error before listening, nonzero exit
+timeout 120 "$BIN" serve --model "$MODEL" --port 0 --transformer "$TMP/missing.gguf" >"$TMP/D.log" 2>&1 # a server that starts anyway ends by the timeout (124)
+rc=$?
+check "missing --transformer file: exit 1 ($rc)" [ $rc = 1 ]
+check "missing --transformer file: named" grep -q "missing.gguf" "$TMP/D.log"
+check "missing --transformer file: never listened" bash -c "! grep -q listening '$TMP/D.log'"
+timeout 120 "$BIN" serve --model "$MODEL" --port 0 --weight-type q5 >"$TMP/E.log" 2>&1
+rc=$?
+check "bad --weight-type: usage error 2 ($rc)" [ $rc = 2 ]
 
 echo "$passes passed, $failures failed"
 [ $failures = 0 ]
