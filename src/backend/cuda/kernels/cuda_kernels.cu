@@ -532,8 +532,13 @@ __global__ void k_rope_table(float *out, const float *pos, long long rows, RopeA
     }
 }
 
-__global__ void k_bias_add(void *c, int cdt, const void *bias, int bdt, long long rows, long long n) {
-    GRID_LOOP(i, rows * n) stf(c, cdt, i, ldf(c, cdt, i) + ldf(bias, bdt, i % n));
+/* c[r, j] = (src ? src[r, j] : c[r, j]) + bias[j], rounded once to c's dtype */
+__global__ void k_bias_add(void *c, int cdt, long long ldc, const float *src, const void *bias, int bdt, long long rows,
+                           long long n) {
+    GRID_LOOP(i, rows * n) {
+        const long long o = i / n * ldc + i % n;
+        stf(c, cdt, o, (src ? src[i] : ldf(c, cdt, o)) + ldf(bias, bdt, i % n));
+    }
 }
 
 Strided make_strided(int ndim, const int64_t *shape, int n_arrays, const int64_t *const *st) {
@@ -709,10 +714,10 @@ int cdf_cu_rope_table(void *stream, float *out, const float *pos, int64_t rows, 
     return launched();
 }
 
-int cdf_cu_bias_add(void *stream, void *c, cdf_dtype c_dt, const void *bias, cdf_dtype bias_dt, int64_t rows,
-                    int64_t n) {
+int cdf_cu_bias_add(void *stream, void *c, cdf_dtype c_dt, int64_t ldc, const float *src, const void *bias,
+                    cdf_dtype bias_dt, int64_t rows, int64_t n) {
     if (rows * n == 0) return 0;
-    k_bias_add<<<blocks_for(rows * n), kThreads, 0, STREAM>>>(c, c_dt, bias, bias_dt, rows, n);
+    k_bias_add<<<blocks_for(rows * n), kThreads, 0, STREAM>>>(c, c_dt, ldc, src, bias, bias_dt, rows, n);
     return launched();
 }
 
