@@ -4,8 +4,9 @@
  * needs no CUDA headers) and returns the launch status as an int (cudaError_t; 0 = success).
  * Pointers are device addresses. Semantics, dtypes and layouts are those of the reference
  * kernel of the same name in kernels/kernels.h, which the op suite compares against; arithmetic
- * is f32 with f32 accumulation as there (reduction order differs, so results agree within the
- * reference tolerances, not bit for bit). Launchers with no work return 0 without launching. */
+ * is f32 with f32 accumulation as there (cdf_cu_reduce's sums: double), the reduction order
+ * differs, so results agree within the reference tolerances, not bit for bit. Launchers with no
+ * work return 0 without launching. */
 #ifndef CDF_BACKEND_CUDA_KERNELS_H
 #define CDF_BACKEND_CUDA_KERNELS_H
 
