@@ -12,8 +12,8 @@
 #       Builds there when it can (falls back to the carried bundle), then: `cdiffusers devices`,
 #       the host-logic test (test_cuda_plan), the op suite against the cpu backend (test_cuda_ops)
 #       and the lead's device op suite (test_backend_ops, if present) with CDIFFUSERS_TEST_DEVICE=cuda, the golden components
-#       and pipelines on cuda in eager/fuse/compile/blocks with offload none/model/sequential
-#       (scripts/device_check_golden.py), an out-of-memory run that must fail cleanly,
+#       and pipelines on cuda in eager/fuse/compile/blocks with offload none/model/sequential, a GGUF
+#       transformer against its dequantized twin (scripts/device_check_golden.py), an out-of-memory run that must fail cleanly,
 #       compute-sanitizer (memcheck) on a short run, and, if time is left, the benchmark
 #       (bench/cuda/run.sh --quick). Aims to finish within 8 minutes on an H200.
 #       Writes $OUT/device-check.txt (summary: one PASS/FAIL/SKIP line per step) and

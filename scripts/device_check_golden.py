@@ -5,8 +5,11 @@ Runs `cdiffusers run-model` on the golden components (tests/data/golden, the cas
 tolerances of tests/test_run_model.c) and `cdiffusers generate --latents-out` on the golden tiny
 pipelines (tests/data/pipelines, latents_final at test_pipeline.c's 5e-4), each with --device
 DEVICE in every execution mode, the pipelines also with every offload mode, and compares with
-diffusers' outputs stored in the golden files. Prints one line per run and a summary; exit code 1
-if any run failed or exceeded its tolerance. Needs torch + safetensors (the GPU machine has both).
+diffusers' outputs stored in the golden files. A GGUF transformer (Q8_0/Q4_0/Q5_1/Q4_K/Q6_K layers,
+decoded in the device's quantized matmul) must give the latents its gguf-py dequantization gives as a
+plain f32 file on the same device (test_formats_single_file.c checks this bit for bit on the CPU).
+Prints one line per run and a summary; exit code 1 if any run failed or exceeded its tolerance.
+Needs torch + safetensors (the GPU machine has both).
 """
 import argparse
 import json
@@ -37,6 +40,15 @@ PIPELINES = [
     ("sd35m_tiny", "64x64_neg"),
 ]
 
+# (pipeline, case, quantized transformer, its dequantization as a plain file, tolerance): both
+# decoded weights go through the same cuBLASLt products, so the latents should agree to the bit;
+# the tolerance only allows another algorithm choice for another pointer alignment
+GGUF_PAIRS = [
+    ("flux1_dev_tiny", "64x64_true_cfg", "formats/flux_single/flux_bfl_q8.gguf",
+     "formats/flux_single/q8_dequant/transformer/diffusion_pytorch_model.safetensors", 1e-5),
+]
+GGUF_RUNS = [("eager", "none"), ("compile", "none"), ("eager", "sequential")]
+
 MODES = {
     "eager": ["--mode", "eager"],
     "fuse": ["--mode", "fuse"],
@@ -54,15 +66,20 @@ def max_diff(ours_path, golden_path, key, gkey=None):
     return (float(d.max()) if d.numel() else 0.0), ""
 
 
-def check(label, cmd, timeout, ours, golden, key, tol):
-    """Runs cmd, compares tensor `key` of ours with golden; prints one line; returns success."""
+def run_cli(cmd, timeout):
+    """Runs cmd; returns (exit code, the end of its stderr, seconds); a timeout is exit -1."""
     t = time.time()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         rc, err = p.returncode, (p.stderr or "")[-600:]
     except subprocess.TimeoutExpired:
         rc, err = -1, "timed out"
-    dt = time.time() - t
+    return rc, err, time.time() - t
+
+
+def check(label, cmd, timeout, ours, golden, key, tol):
+    """Runs cmd, compares tensor `key` of ours with golden; prints one line; returns success."""
+    rc, err, dt = run_cli(cmd, timeout)
     if rc != 0:
         print(f"FAIL  {label}: exit {rc} ({dt:.1f} s): {err.strip()}")
         return False
@@ -80,6 +97,7 @@ def main():
     ap.add_argument("--modes", default="eager,fuse,compile,blocks")
     ap.add_argument("--offloads", default="none,model,sequential")
     ap.add_argument("--budget", type=float, default=240, help="seconds; later runs are skipped past it")
+    ap.add_argument("--sections", default="components,gguf,pipelines", help="which parts to run")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -89,7 +107,8 @@ def main():
     def over_budget():
         return time.time() - t0 > args.budget
 
-    for comp, io, method, key, tol, extra in COMPONENTS:
+    sections = args.sections.split(",")
+    for comp, io, method, key, tol, extra in COMPONENTS if "components" in sections else []:
         for mode in modes:
             if over_budget():
                 print(f"SKIP  run-model {comp} {method} {mode}: time budget spent")
@@ -101,9 +120,8 @@ def main():
             label = f"run-model {comp} {method} {' '.join(extra) or '--dtype bf16'} mode={mode}"
             fails += not check(label, cmd, 120, out, os.path.join(DATA, io), key, tol)
 
-    for pipe, case in PIPELINES:
+    def generate_base(pipe, case):
         folder = os.path.join(DATA, "pipelines", pipe)
-        golden = os.path.join(folder, "cases", case, "expected.safetensors")
         call = json.load(open(os.path.join(folder, "cases", case, "expected.json")))["call"]
         base = [args.cli, "generate", "--model", folder, "--prompt", call["prompt"], "--height", str(call["height"]),
                 "--width", str(call["width"]), "--steps", str(call["num_inference_steps"]), "--seed", str(call["seed"]),
@@ -116,6 +134,31 @@ def main():
             base += ["--negative-prompt", call["negative_prompt"]]
         if "true_cfg_scale" in call:
             base += ["--true-cfg-scale", str(call["true_cfg_scale"])]
+        return folder, base
+
+    for pipe, case, gguf, dequant, tol in GGUF_PAIRS if "gguf" in sections else []:
+        _, base = generate_base(pipe, case)
+        for mode, offload in GGUF_RUNS:
+            if over_budget():
+                print(f"SKIP  gguf {pipe}/{case} {mode} offload={offload}: time budget spent")
+                continue
+            lat_q = os.path.join(args.out, f"gguf_{n}_q.safetensors")
+            lat_d = os.path.join(args.out, f"gguf_{n}_d.safetensors")
+            n += 1
+            run = base + ["--offload", offload] + MODES[mode]
+            label = f"generate {pipe}/{case} --transformer {os.path.basename(gguf)} mode={mode} offload={offload} vs dequantized"
+            rc, err, _ = run_cli(run + ["--transformer", os.path.join(DATA, dequant), "--output", lat_d + ".png",
+                                        "--latents-out", lat_d], 180)
+            if rc != 0:
+                print(f"FAIL  {label}: the dequantized run exited {rc}: {err.strip()}")
+                fails += 1
+                continue
+            fails += not check(label, run + ["--transformer", os.path.join(DATA, gguf), "--output", lat_q + ".png",
+                                             "--latents-out", lat_q], 180, lat_q, lat_d, "latents_final", tol)
+
+    for pipe, case in PIPELINES if "pipelines" in sections else []:
+        folder, base = generate_base(pipe, case)
+        golden = os.path.join(folder, "cases", case, "expected.safetensors")
         for offload in args.offloads.split(","):
             for mode in modes:
                 if over_budget():

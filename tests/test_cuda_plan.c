@@ -4,7 +4,8 @@
  *    dimensions and batch strides, and compared with a row-major matmul computed from the
  *    operands' own strides (transposed views, linear weights, broadcast and chained batches,
  *    single rows/columns), plus the layouts it must refuse;
- *  - which nodes the backend accepts, with the reason for the others;
+ *  - which nodes the backend accepts, with the reason for the others; the input dtype of mixed
+ *    products (the bf16 policy) and the plan of the matmul on GGUF weights (panel dtype, size);
  *  - the backend's registration: compiled in (CDF_HAVE_CUDA) it appears in the compiled list,
  *    and on a machine without a driver or GPU it registers no device, says why, and the CPU
  *    stays the default; `cdiffusers devices` prints the reason (with a GPU: its info instead).
@@ -265,6 +266,82 @@ static void test_check_node(void **state) {
     cdf_scope_pop(NULL, 0);
 }
 
+/* ---- products of mixed dtypes, the matmul on GGUF weights ------------------------------------ */
+
+static void test_quantized_matmul_plan(void **state) {
+    (void)state;
+    /* operand dtypes -> cuBLASLt's input dtype: f32 activations with bf16 weights round to bf16
+     * (the bf16 compute policy every CPU path computes), any other mix is widened to f32 */
+    assert_int_equal(cdf_cuda_gemm_input_dtype(CDF_F32, CDF_F32), CDF_F32);
+    assert_int_equal(cdf_cuda_gemm_input_dtype(CDF_BF16, CDF_BF16), CDF_BF16);
+    assert_int_equal(cdf_cuda_gemm_input_dtype(CDF_F16, CDF_F16), CDF_F16);
+    assert_int_equal(cdf_cuda_gemm_input_dtype(CDF_F32, CDF_BF16), CDF_BF16);
+    assert_int_equal(cdf_cuda_gemm_input_dtype(CDF_BF16, CDF_F32), CDF_F32);
+    assert_int_equal(cdf_cuda_gemm_input_dtype(CDF_F32, CDF_F16), CDF_F32);
+    assert_int_equal(cdf_cuda_gemm_input_dtype(CDF_F16, CDF_BF16), CDF_F32);
+
+    cdf_cuda_qmatmul_plan q;
+    /* a FLUX projection, Q4_K decoded to bf16 for f32 activations: a bf16 product, one panel */
+    assert_int_equal(cdf_cuda_plan_matmul_q(CDF_GGML_Q4_K, 3072, 3072, CDF_F32, CDF_BF16, &q), CDF_OK);
+    assert_int_equal(q.be, 256);
+    assert_int_equal(q.bb, 144);
+    assert_int_equal(q.row_bytes, 12 * 144);
+    assert_int_equal(q.in_dt, CDF_BF16);
+    assert_int_equal(q.store, CDF_DQ_STORE_BF16);
+    assert_int_equal(q.panel_rows, 3072);
+    /* f32 weights, 4096 values a row: 64 MiB hold 4096 rows (the op suite's two-panel case) */
+    assert_int_equal(cdf_cuda_plan_matmul_q(CDF_GGML_Q8_0, 4100, 4096, CDF_F32, CDF_F32, &q), CDF_OK);
+    assert_int_equal(q.store, CDF_DQ_STORE_F32);
+    assert_int_equal(q.panel_rows, 4096);
+    /* FLUX's MLP down projection in f32 (3072 x 12288, 144 MiB decoded): 1365 rows fit, 1344 =
+     * 21 * 64 per panel */
+    assert_int_equal(cdf_cuda_plan_matmul_q(CDF_GGML_Q6_K, 3072, 12288, CDF_F32, CDF_F32, &q), CDF_OK);
+    assert_int_equal(q.panel_rows, 1344);
+    assert_true(q.panel_rows * 12288 * 4 <= CDF_CUDA_QPANEL_BYTES);
+    /* f16 activations, bf16 weights: an f32 product of the bf16-rounded weights */
+    assert_int_equal(cdf_cuda_plan_matmul_q(CDF_GGML_Q5_0, 17, 64, CDF_F16, CDF_BF16, &q), CDF_OK);
+    assert_int_equal(q.in_dt, CDF_F32);
+    assert_int_equal(q.store, CDF_DQ_STORE_F32_BF16R);
+    /* one row above the bound: a row per panel */
+    assert_int_equal(cdf_cuda_plan_matmul_q(CDF_GGML_Q8_0, 3, (int64_t)32 << 20, CDF_F32, CDF_F32, &q), CDF_OK);
+    assert_int_equal(q.panel_rows, 1);
+    /* refused, with the reason */
+    assert_int_equal(cdf_cuda_plan_matmul_q(23, 8, 256, CDF_F32, CDF_F32, &q), CDF_ERR_UNSUPPORTED); /* IQ4_XS */
+    assert_non_null(strstr(cdf_last_error(), "no decoder"));
+    assert_int_equal(cdf_cuda_plan_matmul_q(CDF_GGML_F16, 8, 256, CDF_F32, CDF_F32, &q), CDF_ERR_UNSUPPORTED);
+    assert_int_equal(cdf_cuda_plan_matmul_q(CDF_GGML_Q4_K, 8, 200, CDF_F32, CDF_F32, &q), CDF_ERR_INVALID_ARG);
+    assert_non_null(strstr(cdf_last_error(), "K = 200"));
+    assert_int_equal(cdf_cuda_plan_matmul_q(CDF_GGML_Q8_0, 8, 64, CDF_F32, CDF_F16, &q), CDF_ERR_INVALID_ARG);
+    assert_non_null(strstr(cdf_last_error(), "f16"));
+
+    /* the node: x [4, 64] f32, Q8_0 blocks u8 [8, 2 * 34], bias [8], out [4, 8] */
+    cdf_device *cpu = tu_cpu();
+    cdf_scope_push();
+    cdf_tensor *x = cdf_tensor_alloc(cpu, CDF_F32, 2, (int64_t[]){4, 64});
+    cdf_tensor *wq = cdf_tensor_alloc(cpu, CDF_U8, 2, (int64_t[]){8, 68});
+    cdf_tensor *wbad = cdf_tensor_alloc(cpu, CDF_U8, 2, (int64_t[]){8, 60});
+    cdf_tensor *b = cdf_tensor_alloc(cpu, CDF_F32, 1, (int64_t[]){8}), *o = cdf_tensor_alloc(cpu, CDF_F32, 2, (int64_t[]){4, 8});
+    char why[256];
+    cdf_node *n = node_of(CDF_OP_MATMUL_Q, o, x, wq, b);
+    n->p.matmul_q.qtype = CDF_GGML_Q8_0;
+    n->p.matmul_q.k = 64;
+    n->p.matmul_q.wdt = CDF_BF16;
+    assert_true(cdf_cuda_check_node(n, why, sizeof why));
+    n->p.matmul_q.qtype = 23;
+    assert_false(cdf_cuda_check_node(n, why, sizeof why));
+    assert_non_null(strstr(why, "matmul_quantized"));
+    assert_non_null(strstr(why, "no decoder"));
+    cdf_node_free(n);
+    n = node_of(CDF_OP_MATMUL_Q, o, x, wbad, b); /* 60 bytes a row are not two Q8_0 blocks */
+    n->p.matmul_q.qtype = CDF_GGML_Q8_0;
+    n->p.matmul_q.k = 64;
+    n->p.matmul_q.wdt = CDF_F32;
+    assert_false(cdf_cuda_check_node(n, why, sizeof why));
+    assert_non_null(strstr(why, "u8 [N, 68]"));
+    cdf_node_free(n);
+    cdf_scope_pop(NULL, 0);
+}
+
 /* ---- registration ---------------------------------------------------------------------------- */
 
 static int compiled_index(const char *name) {
@@ -319,7 +396,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_plan_2d),     cmocka_unit_test(test_gemm_plan_batched),
         cmocka_unit_test(test_gemm_plan_refuses), cmocka_unit_test(test_check_node),
-        cmocka_unit_test(test_registration),
+        cmocka_unit_test(test_quantized_matmul_plan), cmocka_unit_test(test_registration),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,6 +15,7 @@
 
 #include "cdiffusers/error.h"
 #include "cdiffusers/io.h"
+#include "kernels/dequant_blocks.h"
 
 static const char *k_types[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0",
                                 "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
@@ -169,6 +170,55 @@ static void test_dequant_matches_gguf_py(void **state) {
     assert_false(cdf_ggml_can_dequantize(23)); /* IQ4_XS */
     assert_int_equal(cdf_ggml_dequantize(23, z, 256, y), CDF_ERR_UNSUPPORTED);
     assert_non_null(strstr(cdf_last_error(), "cannot be dequantized"));
+}
+
+/* The CUDA decode kernel's per-thread work (cdf_dq_store_block of kernels/dequant_blocks.h, one
+ * block per thread), run here on the host over gguf-py's blocks: the f32 panel is gguf-py's
+ * output bit for bit, the bf16 panels its values rounded by cdf_f32_to_bf16 (what the CPU's
+ * matmul_quant rounds them with), so the GPU's decode is tested without a GPU. */
+static void test_gpu_decode_matches_gguf_py(void **state) {
+    (void)state;
+    cdf_st_file *f = NULL;
+    assert_int_equal(cdf_st_open(tu_data("formats/dequant_refs.safetensors"), &f), CDF_OK);
+    int tested = 0;
+    for (int i = 0; i < N_TYPES; i++) {
+        const uint32_t t = type_id(k_types[i]);
+        int64_t be, bb;
+        assert_true(cdf_ggml_type_block(t, &be, &bb));
+        char rn[32], on[32];
+        snprintf(rn, sizeof rn, "%s.raw", k_types[i]);
+        snprintf(on, sizeof on, "%s.out", k_types[i]);
+        const cdf_st_tensor *raw = cdf_st_find(f, rn), *out = cdf_st_find(f, on);
+        const int64_t n = cdf_st_numel(out), nb = n / be;
+        const float *want = cdf_st_data(f, out);
+        float *got = malloc((size_t)n * 4);
+        uint16_t *got16 = malloc((size_t)n * 2);
+        if (be == 1) { /* F32/F16/BF16 never reach the quantized matmul (tensor/ops.c) */
+            assert_false(cdf_k_dequant_store_blocks(t, cdf_st_data(f, raw), nb, got, CDF_DQ_STORE_F32));
+        } else {
+            assert_true(cdf_k_dequant_store_blocks(t, cdf_st_data(f, raw), nb, got, CDF_DQ_STORE_F32));
+            assert_same_bits(got, want, n, k_types[i]);
+            assert_true(cdf_k_dequant_store_blocks(t, cdf_st_data(f, raw), nb, got16, CDF_DQ_STORE_BF16));
+            for (int64_t k = 0; k < n; k++)
+                if (got16[k] != cdf_f32_to_bf16(want[k]))
+                    fail_msg("%s bf16: element %lld is 0x%04x, want 0x%04x", k_types[i], (long long)k, got16[k],
+                             cdf_f32_to_bf16(want[k]));
+            assert_true(cdf_k_dequant_store_blocks(t, cdf_st_data(f, raw), nb, got, CDF_DQ_STORE_F32_BF16R));
+            for (int64_t k = 0; k < n; k++) got16[k] = cdf_f32_to_bf16(want[k]);
+            float *widened = malloc((size_t)n * 4);
+            for (int64_t k = 0; k < n; k++) widened[k] = cdf_bf16_to_f32(got16[k]);
+            assert_same_bits(got, widened, n, k_types[i]);
+            free(widened);
+            tested++;
+        }
+        free(got);
+        free(got16);
+    }
+    assert_int_equal(tested, 10); /* every block type the CPU decodes */
+    cdf_st_close(f);
+    uint8_t z[256] = {0};
+    float y[256];
+    assert_false(cdf_k_dequant_store_blocks(23, z, 1, y, CDF_DQ_STORE_F32)); /* IQ4_XS: no decoder */
 }
 
 static void check_tiny(const char *rel, uint32_t version, uint64_t alignment) {
@@ -444,7 +494,8 @@ static void test_malformed(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dequant_matches_gguf_py), cmocka_unit_test(test_quantize_matches_gguf_py),
+        cmocka_unit_test(test_dequant_matches_gguf_py), cmocka_unit_test(test_gpu_decode_matches_gguf_py),
+        cmocka_unit_test(test_quantize_matches_gguf_py),
         cmocka_unit_test(test_quantize_q4_k_matches_ggml),
         cmocka_unit_test(test_read_tiny_files),
         cmocka_unit_test(test_malformed),

@@ -1,193 +1,47 @@
 /* Dequantization of ggml's block formats into f32 (scalar reference).
  *
- * Each function reproduces the gguf Python package's `gguf.quants.dequantize` (numpy, f32)
- * bit for bit: the same products in the same order, each rounded to f32 on its own. That is
- * why the scale products (d * sc) are formed first and why nothing may be contracted into an
- * FMA (the file is compiled with -ffp-contract=off; clang also gets the pragma below): numpy
- * rounds the product before the subtraction. Block layouts: ggml-common.h; the element order
- * inside a block is spelt out per type. */
-#include "cdiffusers/io.h"
-#include "core/error_internal.h"
-
-#include <math.h>
-#include <string.h>
-
+ * Each type reproduces the gguf Python package's `gguf.quants.dequantize` (numpy, f32) bit for
+ * bit: the same products in the same order, each rounded to f32 on its own. The per-block
+ * arithmetic lives in kernels/dequant_blocks.h, shared with the CUDA decode kernel, so the tests
+ * of this file against gguf-py cover the GPU's decode too. Nothing may be contracted into an FMA
+ * (this file is compiled with -ffp-contract=off; clang also gets the pragma below, before the
+ * header's functions): numpy rounds the product before the subtraction. */
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-#define QK_K 256
+#include "cdiffusers/io.h"
+#include "core/error_internal.h"
+#include "kernels/dequant_blocks.h"
 
-static inline float h2f(const uint8_t *p) { return cdf_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+#include <math.h>
+#include <string.h>
 
-/* Q8_0: f16 d, 32 x i8. */
-static void dq_q8_0(const uint8_t *b, float *y) {
-    float d = h2f(b);
-    for (int i = 0; i < 32; i++) y[i] = (float)(int8_t)b[2 + i] * d;
-}
-
-/* Q4_0: f16 d, 16 bytes; element j < 16 is the low nibble of byte j, j >= 16 the high nibble of
- * byte j - 16; value d * (q - 8). */
-static void dq_q4_0(const uint8_t *b, float *y) {
-    float d = h2f(b);
-    const uint8_t *qs = b + 2;
-    for (int j = 0; j < 16; j++) {
-        y[j] = d * (float)((qs[j] & 0x0F) - 8);
-        y[j + 16] = d * (float)((qs[j] >> 4) - 8);
-    }
-}
-
-/* Q4_1: f16 d, f16 m, 16 bytes as Q4_0; value d * q + m. */
-static void dq_q4_1(const uint8_t *b, float *y) {
-    float d = h2f(b), m = h2f(b + 2);
-    const uint8_t *qs = b + 4;
-    for (int j = 0; j < 16; j++) {
-        float lo = d * (float)(qs[j] & 0x0F), hi = d * (float)(qs[j] >> 4);
-        y[j] = lo + m;
-        y[j + 16] = hi + m;
-    }
-}
-
-/* Q5_0: f16 d, u32 qh (bit j = fifth bit of element j), 16 bytes of nibbles as Q4_0;
- * value d * (q - 16). */
-static void dq_q5_0(const uint8_t *b, float *y) {
-    float d = h2f(b);
-    uint32_t qh = (uint32_t)b[2] | (uint32_t)b[3] << 8 | (uint32_t)b[4] << 16 | (uint32_t)b[5] << 24;
-    const uint8_t *qs = b + 6;
-    for (int j = 0; j < 16; j++) {
-        int lo = (qs[j] & 0x0F) | (int)((qh >> j) & 1) << 4;
-        int hi = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
-        y[j] = d * (float)(lo - 16);
-        y[j + 16] = d * (float)(hi - 16);
-    }
-}
-
-/* Q5_1: f16 d, f16 m, u32 qh, 16 bytes; value d * q + m. */
-static void dq_q5_1(const uint8_t *b, float *y) {
-    float d = h2f(b), m = h2f(b + 2);
-    uint32_t qh = (uint32_t)b[4] | (uint32_t)b[5] << 8 | (uint32_t)b[6] << 16 | (uint32_t)b[7] << 24;
-    const uint8_t *qs = b + 8;
-    for (int j = 0; j < 16; j++) {
-        int lo = (qs[j] & 0x0F) | (int)((qh >> j) & 1) << 4;
-        int hi = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
-        float a = d * (float)lo, c = d * (float)hi;
-        y[j] = a + m;
-        y[j + 16] = c + m;
-    }
-}
-
-/* Q2_K: 16 scale bytes (low nibble scale, high nibble min, one per 16 elements), 64 bytes of
- * 2-bit values, f16 d, f16 dmin. Element e = h*128 + k*32 + l takes bits 2k of byte h*32 + l;
- * value (d * sc) * q - (dmin * mn). */
-static void dq_q2_k(const uint8_t *b, float *y) {
-    const uint8_t *sc = b, *qs = b + 16;
-    float d = h2f(b + 80), dmin = h2f(b + 82);
-    for (int e = 0; e < QK_K; e++) {
-        int h = e >> 7, k = (e >> 5) & 3, l = e & 31, s = e >> 4;
-        float dl = d * (float)(sc[s] & 0x0F), ml = dmin * (float)(sc[s] >> 4);
-        float q = (float)((qs[h * 32 + l] >> (2 * k)) & 3);
-        float p = dl * q;
-        y[e] = p - ml;
-    }
-}
-
-/* Q3_K: 32 bytes hmask, 64 bytes of 2-bit values, 12 bytes of 6-bit scales, f16 d.
- * Element e = h*128 + k*32 + l: low bits (qs[h*32 + l] >> 2k) & 3, high-bit mask bit (e >> 5) of
- * hmask[l] (a clear bit subtracts 4). Scale i (16 of them): low 4 bits from byte i & 7 (nibble
- * i >> 3), high 2 bits from byte 8 + (i & 3) (bits 2 * (i >> 2)); minus 32. */
-static void dq_q3_k(const uint8_t *b, float *y) {
-    const uint8_t *hm = b, *qs = b + 32, *sc = b + 96;
-    float d = h2f(b + 108);
-    float dl[16];
-    for (int i = 0; i < 16; i++) {
-        int lo = (sc[i & 7] >> (4 * (i >> 3))) & 0x0F;
-        int hi = (sc[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
-        dl[i] = d * (float)((lo | hi << 4) - 32);
-    }
-    for (int e = 0; e < QK_K; e++) {
-        int h = e >> 7, k = (e >> 5) & 3, l = e & 31;
-        int q = (qs[h * 32 + l] >> (2 * k)) & 3;
-        if (!((hm[l] >> (e >> 5)) & 1)) q -= 4;
-        y[e] = dl[e >> 4] * (float)q;
-    }
-}
-
-/* The 8 six-bit scales and mins of Q4_K/Q5_K packed in 12 bytes. */
-static void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
-/* Q4_K: f16 d, f16 dmin, 12 scale bytes, 128 bytes; sub-block j (32 elements) reads byte
- * (j/2)*32 + l, low nibble for even j, high for odd; value (d * sc) * q - (dmin * mn). */
-static void dq_q4_k(const uint8_t *b, float *y) {
-    float d = h2f(b), dmin = h2f(b + 2);
-    const uint8_t *scales = b + 4, *qs = b + 16;
-    for (int j = 0; j < 8; j++) {
-        int sc, mn;
-        k4_scale_min(scales, j, &sc, &mn);
-        float dd = d * (float)sc, dm = dmin * (float)mn;
-        for (int l = 0; l < 32; l++) {
-            int q = (qs[(j >> 1) * 32 + l] >> (4 * (j & 1))) & 0x0F;
-            float p = dd * (float)q;
-            y[j * 32 + l] = p - dm;
-        }
-    }
-}
-
-/* Q5_K: as Q4_K plus 32 bytes qh before the nibbles: bit j of qh[l] is the fifth bit. */
-static void dq_q5_k(const uint8_t *b, float *y) {
-    float d = h2f(b), dmin = h2f(b + 2);
-    const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
-    for (int j = 0; j < 8; j++) {
-        int sc, mn;
-        k4_scale_min(scales, j, &sc, &mn);
-        float dd = d * (float)sc, dm = dmin * (float)mn;
-        for (int l = 0; l < 32; l++) {
-            int q = ((qs[(j >> 1) * 32 + l] >> (4 * (j & 1))) & 0x0F) | ((qh[l] >> j) & 1) << 4;
-            float p = dd * (float)q;
-            y[j * 32 + l] = p - dm;
-        }
-    }
-}
-
-/* Q6_K: 128 bytes ql, 64 bytes qh, 16 i8 scales, f16 d. Element e = h*128 + r (r < 128): low
- * nibble (ql[h*64 + (r & 63)] >> 4*(r >> 6)) & 15, high bits (qh[h*32 + (r & 31)] >> 2*(r >> 5)) & 3;
- * value (d * scale[e / 16]) * (q - 32). */
-static void dq_q6_k(const uint8_t *b, float *y) {
-    const uint8_t *ql = b, *qh = b + 128;
-    const int8_t *sc = (const int8_t *)(b + 192);
-    float d = h2f(b + 208);
-    for (int e = 0; e < QK_K; e++) {
-        int h = e >> 7, r = e & 127;
-        int lo = (ql[h * 64 + (r & 63)] >> (4 * (r >> 6))) & 0x0F;
-        int hi = (qh[h * 32 + (r & 31)] >> (2 * (r >> 5))) & 3;
-        float dd = d * (float)sc[e >> 4];
-        y[e] = dd * (float)((lo | hi << 4) - 32);
-    }
-}
+#define QK_K CDF_DQ_QK_K
 
 typedef void (*dq_block_fn)(const uint8_t *, float *);
 
 static bool block_fn(uint32_t type, dq_block_fn *fn, int *be, int *bb) {
+    if (!cdf_dq_block_size(type, be, bb)) return false;
     switch (type) {
-    case CDF_GGML_Q8_0: *fn = dq_q8_0; *be = 32; *bb = 34; return true;
-    case CDF_GGML_Q4_0: *fn = dq_q4_0; *be = 32; *bb = 18; return true;
-    case CDF_GGML_Q4_1: *fn = dq_q4_1; *be = 32; *bb = 20; return true;
-    case CDF_GGML_Q5_0: *fn = dq_q5_0; *be = 32; *bb = 22; return true;
-    case CDF_GGML_Q5_1: *fn = dq_q5_1; *be = 32; *bb = 24; return true;
-    case CDF_GGML_Q2_K: *fn = dq_q2_k; *be = QK_K; *bb = 84; return true;
-    case CDF_GGML_Q3_K: *fn = dq_q3_k; *be = QK_K; *bb = 110; return true;
-    case CDF_GGML_Q4_K: *fn = dq_q4_k; *be = QK_K; *bb = 144; return true;
-    case CDF_GGML_Q5_K: *fn = dq_q5_k; *be = QK_K; *bb = 176; return true;
-    case CDF_GGML_Q6_K: *fn = dq_q6_k; *be = QK_K; *bb = 210; return true;
+    case CDF_GGML_Q8_0: *fn = cdf_dq_q8_0; return true;
+    case CDF_GGML_Q4_0: *fn = cdf_dq_q4_0; return true;
+    case CDF_GGML_Q4_1: *fn = cdf_dq_q4_1; return true;
+    case CDF_GGML_Q5_0: *fn = cdf_dq_q5_0; return true;
+    case CDF_GGML_Q5_1: *fn = cdf_dq_q5_1; return true;
+    case CDF_GGML_Q2_K: *fn = cdf_dq_q2_k; return true;
+    case CDF_GGML_Q3_K: *fn = cdf_dq_q3_k; return true;
+    case CDF_GGML_Q4_K: *fn = cdf_dq_q4_k; return true;
+    case CDF_GGML_Q5_K: *fn = cdf_dq_q5_k; return true;
+    case CDF_GGML_Q6_K: *fn = cdf_dq_q6_k; return true;
     default: return false;
     }
+}
+
+bool cdf_k_dequant_store_blocks(uint32_t type, const void *blocks, int64_t n_blocks, void *out, cdf_dq_store store) {
+    for (int64_t i = 0; i < n_blocks; i++)
+        if (!cdf_dq_store_block(type, blocks, i, out, store)) return false;
+    return true;
 }
 
 bool cdf_ggml_can_dequantize(uint32_t type) {

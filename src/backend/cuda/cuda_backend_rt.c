@@ -539,7 +539,8 @@ static cdf_status execute(cdf_cuda_dev *d, cdf_device *dev, const cdf_node *n) {
                                                n->p.rope_table.axes_dim, n->p.rope_table.theta), n);
     case CDF_OP_ALL_REDUCE:
         return all_reduce_staged(d, dev, n);
-    case CDF_OP_MATMUL_Q: /* refused by cdf_cuda_check_node */
+    case CDF_OP_MATMUL_Q:
+        return cdf_cuda_matmul_q(d, n);
     case CDF_OP_COUNT:
         break;
     }

@@ -57,6 +57,10 @@ extern const cdf_backend_iface cdf_cuda_backend_iface;
 /* The matmul node through cuBLASLt (cuda_matmul_rt.c). Returns CDF_OK or an error naming the
  * cause (cdf_error). */
 cdf_status cdf_cuda_matmul(cdf_cuda_dev *d, const cdf_node *n);
+/* The matmul on GGUF-quantized weights (CDF_OP_MATMUL_Q): the weights decoded panel by panel
+ * into a stream-ordered temporary (cuda_plan.h: cdf_cuda_plan_matmul_q), each panel through the
+ * same cuBLASLt path. */
+cdf_status cdf_cuda_matmul_q(cdf_cuda_dev *d, const cdf_node *n);
 
 /* cdf_error for a failed CUDA runtime call. */
 cdf_status cdf_cuda_fail(cudaError_t e, const char *what);

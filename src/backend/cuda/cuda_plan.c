@@ -33,6 +33,42 @@ cdf_status cdf_cuda_plan_gemm(cdf_cuda_operand a, cdf_cuda_operand b, cdf_cuda_o
 
 bool cdf_cuda_float_dtype(cdf_dtype dt) { return dt == CDF_F32 || dt == CDF_BF16 || dt == CDF_F16; }
 
+cdf_dtype cdf_cuda_gemm_input_dtype(cdf_dtype a_dt, cdf_dtype b_dt) {
+    if (a_dt == b_dt) return a_dt;
+    if (a_dt == CDF_F32 && b_dt == CDF_BF16) return CDF_BF16;
+    return CDF_F32;
+}
+
+cdf_status cdf_cuda_plan_matmul_q(uint32_t qtype, int64_t N, int64_t K, cdf_dtype x_dt, cdf_dtype w_dt,
+                                  cdf_cuda_qmatmul_plan *p) {
+    *p = (cdf_cuda_qmatmul_plan){0};
+    int be = 0, bb = 0;
+    if (!cdf_dq_block_size(qtype, &be, &bb)) {
+        const char *name = cdf_ggml_type_name(qtype);
+        return cdf_error(CDF_ERR_UNSUPPORTED,
+                         "matmul on ggml type %u (%s): no decoder for it (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, "
+                         "Q4_K, Q5_K and Q6_K are decoded)",
+                         qtype, name ? name : "unknown");
+    }
+    if (K <= 0 || K % be)
+        return cdf_error(CDF_ERR_INVALID_ARG, "matmul on %s weights: K = %lld is not a positive multiple of the %d-value block",
+                         cdf_ggml_type_name(qtype), (long long)K, be);
+    if (w_dt != CDF_F32 && w_dt != CDF_BF16)
+        return cdf_error(CDF_ERR_INVALID_ARG, "matmul on %s weights: they decode to f32 or bf16, not %s",
+                         cdf_ggml_type_name(qtype), cdf_dtype_name(w_dt));
+    if (N < 0) return cdf_error(CDF_ERR_INVALID_ARG, "matmul on %s weights: N = %lld", cdf_ggml_type_name(qtype), (long long)N);
+    p->be = be;
+    p->bb = bb;
+    p->row_bytes = K / be * bb;
+    p->in_dt = cdf_cuda_gemm_input_dtype(x_dt, w_dt);
+    /* the panel holds the values the CPU multiplies: w_dt's rounding, in the product's dtype */
+    p->store = p->in_dt == CDF_BF16 ? CDF_DQ_STORE_BF16 : (w_dt == CDF_BF16 ? CDF_DQ_STORE_F32_BF16R : CDF_DQ_STORE_F32);
+    const int64_t rows = CDF_CUDA_QPANEL_BYTES / (K * (int64_t)cdf_dtype_size(p->in_dt));
+    /* a multiple of 64 rows keeps each panel's output columns and bias 128-byte aligned */
+    p->panel_rows = rows >= N ? N : (rows >= 64 ? rows - rows % 64 : (rows > 0 ? rows : 1));
+    return CDF_OK;
+}
+
 static bool refuse(char *why, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static bool refuse(char *why, size_t n, const char *fmt, ...) {
     if (why && n) {
@@ -69,8 +105,18 @@ bool cdf_cuda_check_node(const cdf_node *n, char *why, size_t why_size) {
             return refuse(why, why_size, "%s", cdf_last_error());
         break;
     }
-    case CDF_OP_MATMUL_Q:
-        return refuse(why, why_size, "%s: GGUF-quantized weights have no kernel on this backend yet (--weight-type f32 or bf16 decodes them at load)", op);
+    case CDF_OP_MATMUL_Q: {
+        /* x [M, K], blocks u8 [N, row bytes], dst [M, N] (tensor/ops.c: cdf_linear_quantized) */
+        const cdf_tensor *w = n->src[1];
+        cdf_cuda_qmatmul_plan qp;
+        if (cdf_cuda_plan_matmul_q((uint32_t)n->p.matmul_q.qtype, n->dst->shape[n->dst->ndim - 1], n->p.matmul_q.k,
+                                   n->src[0]->dtype, n->p.matmul_q.wdt, &qp) != CDF_OK)
+            return refuse(why, why_size, "%s: %s", op, cdf_last_error());
+        if (w->dtype != CDF_U8 || w->ndim != 2 || w->shape[1] != qp.row_bytes)
+            return refuse(why, why_size, "%s: weight blocks of dtype %s, %d-d (u8 [N, %lld] expected)", op,
+                          cdf_dtype_name(w->dtype), w->ndim, (long long)qp.row_bytes);
+        break;
+    }
     case CDF_OP_ATTENTION: {
         const int64_t d = n->src[0]->shape[3], dv = n->src[2]->shape[3];
         if (d > CDF_CUDA_ATTN_MAX_D || dv > CDF_CUDA_ATTN_MAX_D)
@@ -83,7 +129,7 @@ bool cdf_cuda_check_node(const cdf_node *n, char *why, size_t why_size) {
     }
     for (int i = -1; i < n->n_src; i++) {
         const cdf_tensor *t = i < 0 ? n->dst : n->src[i];
-        if (!t || (n->kind == CDF_OP_EMBEDDING && i == 1)) continue;
+        if (!t || ((n->kind == CDF_OP_EMBEDDING || n->kind == CDF_OP_MATMUL_Q) && i == 1)) continue; /* ids, blocks */
         if (!cdf_cuda_float_dtype(t->dtype))
             return refuse(why, why_size, "%s: %s %d of dtype %s (f32, bf16 or f16 expected)", op, i < 0 ? "output" : "operand",
                           i < 0 ? 0 : i, cdf_dtype_name(t->dtype));

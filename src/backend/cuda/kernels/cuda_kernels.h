@@ -4,11 +4,13 @@
  * needs no CUDA headers) and returns the launch status as an int (cudaError_t; 0 = success).
  * Pointers are device addresses. Semantics, dtypes and layouts are those of the reference
  * kernel of the same name in kernels/kernels.h, which the op suite compares against; arithmetic
- * is f32 with f32 accumulation as there (reduction order differs, so results agree within the
- * reference tolerances, not bit for bit). Launchers with no work return 0 without launching. */
+ * is f32 with f32 accumulation as there (cdf_cu_reduce's sums: double), the reduction order
+ * differs, so results agree within the reference tolerances, not bit for bit. Launchers with no
+ * work return 0 without launching. */
 #ifndef CDF_BACKEND_CUDA_KERNELS_H
 #define CDF_BACKEND_CUDA_KERNELS_H
 
+#include "kernels/dequant_blocks.h"
 #include "kernels/kernels.h"
 
 #ifdef __cplusplus
@@ -60,9 +62,17 @@ int cdf_cu_timestep_embedding(void *stream, float *out, const float *t, int64_t 
                               float downscale_freq_shift, float scale, float max_period);
 int cdf_cu_rope_table(void *stream, float *out, const float *pos, int64_t rows, int n_axes, const int64_t *axes_dim,
                       double theta);
-/* c[r, j] += bias[j] for a contiguous [rows, n] matrix (the matmul's bias when no epilogue). */
-int cdf_cu_bias_add(void *stream, void *c, cdf_dtype c_dt, const void *bias, cdf_dtype bias_dt, int64_t rows,
-                    int64_t n);
+/* The matmul's bias when cuBLASLt's epilogue does not add it: c [rows, n] with row stride ldc,
+ * c[r, j] = p[r, j] + bias[j] in f32, rounded once to c_dt, where p is src (a contiguous f32
+ * [rows, n] product: a 16-bit c gets the one rounding of the reference kernel) or, when src is
+ * NULL, c itself. */
+int cdf_cu_bias_add(void *stream, void *c, cdf_dtype c_dt, int64_t ldc, const float *src, const void *bias,
+                    cdf_dtype bias_dt, int64_t rows, int64_t n);
+/* The GGUF blocks [n_blocks] of type decoded into out as store says (kernels/dequant_blocks.h:
+ * the CPU decoder's per-block code, bit for bit): the weight panel of a quantized matmul.
+ * cudaErrorInvalidValue for a type it does not decode. */
+int cdf_cu_dequant_panel(void *stream, uint32_t type, const void *blocks, int64_t n_blocks, void *out,
+                         cdf_dq_store store);
 
 #ifdef __cplusplus
 }
