@@ -39,6 +39,8 @@ if [ "${1:-}" = "--prepare" ]; then
     ldd "$b" | awk '/=> \//{print $3}' | grep -E 'libcjson|libpng|libpcre2|libutf8proc|libcmocka|libz\.|libgomp|libmicrohttpd|libgnutls|libp11-kit|libidn2|libunistring|libtasn1|libnettle|libhogweed|libgmp|libffi' || true
   done | sort -u | xargs -r -I{} cp -L {} .devbundle/lib/
   echo "$ROOT" >.devbundle/ROOT
+  # the tree the bundle was built from (the GPU machine's copy may carry another .git)
+  echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src cli include CMakeLists.txt || echo '+changes')" >.devbundle/COMMIT
   du -sh .devbundle
   echo "device-check: bundle ready; on the GPU machine run scripts/device-check.sh with carry=[\".devbundle\"]"
   exit 0
@@ -67,7 +69,7 @@ step() {
   return $rc
 }
 
-note "device-check $(git rev-parse --short HEAD 2>/dev/null || echo '?') on $(hostname) at $(date -u +%FT%TZ)"
+note "device-check of bundle $(cat .devbundle/COMMIT 2>/dev/null || echo '?') (tree there: $(git rev-parse --short HEAD 2>/dev/null || echo '?')) on $(hostname) at $(date -u +%FT%TZ)"
 { nvidia-smi -L; nvidia-smi --query-gpu=driver_version,memory.total --format=csv,noheader; } 2>&1 | tee -a "$SUMMARY"
 export PATH="/usr/local/cuda/bin:$PATH"
 nvcc --version 2>&1 | tail -1 | tee -a "$SUMMARY"
