@@ -261,7 +261,9 @@ static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) 
     /* work items: (row tile, k chunk), a thread's run of items mostly the chunks of one tile */
     const int64_t n_kc = (K + kt - 1) / kt, n_items = (np + TILE_ROWS - 1) / TILE_ROWS * n_kc;
     char *out = dst;
+#ifdef Q_HAVE_AVX512
     const bool avx512 = cdf_k_isa_level() >= CDF_K_ISA_AVX512;
+#endif
     int bad = 0;
 #pragma omp parallel reduction(| : bad) if (np * K > 65536)
     {
@@ -273,8 +275,6 @@ static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) 
             if (bad) continue;
             const int64_t r0 = t / n_kc * TILE_ROWS, nr = np - r0 < TILE_ROWS ? np - r0 : TILE_ROWS;
             const int64_t k0 = t % n_kc * kt, nk = K - k0 < kt ? K - k0 : kt;
-            /* the AVX-512 route: whole tiles into the pair layout (try_direct means a level above AVX2) */
-            const bool wide = avx512 && nr == TILE_ROWS && nk % 32 == 0 && l->dt == CDF_BF16 && l->k_run <= 2;
             for (int64_t i = 0; i < nr && !bad; i++) {
                 const uint8_t *src = q->w + (q->n0 + r0 + i) * q->row_bytes + k0 / q->be * q->bb;
 #ifdef Q_HAVE_AVX512
@@ -294,6 +294,8 @@ static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) 
             bool rows_adjacent = l->dt == CDF_BF16 && l->k_run != K && nr > 1;
             for (int64_t i = 1; rows_adjacent && i < nr; i++) rows_adjacent = l->off_n[r0 + i] - l->off_n[r0] == i * step;
 #ifdef Q_HAVE_AVX512
+            /* the AVX-512 route: whole 32-row tiles of a layout keeping them side by side */
+            const bool wide = avx512 && nr == TILE_ROWS && nk % 32 == 0 && l->dt == CDF_BF16 && l->k_run <= 2;
             if (rows_adjacent && wide) {
                 if (run == 2) tile_to_pairs_avx512(rb, kt, nk, out + l->off_n[r0], ok);
                 else tile_to_rows_avx512(rb, kt, nk, out + l->off_n[r0], ok);
