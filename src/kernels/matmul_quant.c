@@ -19,6 +19,7 @@
 #include "core/error_internal.h"
 #include "core/host_memory.h"
 #include "kernels/cpu_features.h"
+#include "kernels/dequant_blocks.h"
 #include "kernels/dispatch.h"
 #include "kernels/fast_onednn.h"
 #include "kernels/kernels.h"
@@ -87,46 +88,19 @@ static cdf_status decode_error(const q_rows *q, int bad) {
                      (long long)q->n0, (long long)(q->n0 + q->np));
 }
 
-/* Decodes the rows into a plain panel [np, K] of w_dt (bf16: rounded to nearest even). */
+/* Decodes the rows into a plain panel [np, K] of w_dt (bf16: rounded to nearest even), with the
+ * per-block decoder every backend shares (kernels/dequant_blocks.h, bit-exact against gguf-py). */
 static cdf_status decode_rows(const q_rows *q, void *dst, cdf_dtype w_dt) {
     const int64_t np = q->np, K = q->K;
+    const cdf_dq_store store = w_dt == CDF_BF16 ? CDF_DQ_STORE_BF16 : CDF_DQ_STORE_F32;
+    const size_t wsz = cdf_dtype_size(w_dt);
     int bad = 0;
-#pragma omp parallel reduction(| : bad) if (np * K > 65536)
-    {
-        /* bf16 panels: each row decodes into this thread's f32 row, then narrows into the panel */
-        float *tmp = w_dt == CDF_BF16 ? malloc(sizeof(float) * (size_t)K) : NULL;
-        if (w_dt == CDF_BF16 && !tmp) bad = 2;
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < np; r++) {
-            if (bad) continue;
-            float *row = tmp ? tmp : (float *)dst + r * K;
-            if (cdf_ggml_dequantize(q->qtype, q->w + (q->n0 + r) * q->row_bytes, K, row) != CDF_OK) bad = 1;
-            else if (tmp) cdf_k_store_row(dst, CDF_BF16, r * K, row, K);
-        }
-        free(tmp);
-    }
+#pragma omp parallel for schedule(static) reduction(| : bad) if (np * K > 65536)
+    for (int64_t r = 0; r < np; r++)
+        if (!cdf_k_dequant_store_blocks(q->qtype, q->w + (q->n0 + r) * q->row_bytes, K / q->be, (char *)dst + (size_t)(r * K) * wsz,
+                                        store))
+            bad = 1;
     return bad ? decode_error(q, bad) : CDF_OK;
-}
-
-/* Q8_0 blocks straight to bf16: each value (float)q * d in f32, rounded to nearest even with
- * cdf_f32_to_bf16's rule — the values cdf_ggml_dequantize + cdf_k_store_row give, in one pass
- * the compiler vectorises (AVX2 and generic clones; AVX-512 has its own below; a product of two floats is the same IEEE operation
- * in a vector lane, and nothing here can contract into an FMA). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx2", "default"), optimize("tree-vectorize")))
-#endif
-static void q8_0_to_bf16(const uint8_t *src, int64_t n, uint16_t *dst) {
-    for (int64_t b = 0; b < n / 32; b++) {
-        const uint8_t *blk = src + b * 34;
-        const float d = cdf_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
-        uint16_t *y = dst + b * 32;
-        for (int i = 0; i < 32; i++) {
-            const float f = (float)(int8_t)blk[2 + i] * d;
-            uint32_t u;
-            memcpy(&u, &f, 4);
-            y[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        }
-    }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) /* clang: no `#pragma GCC target` */
@@ -138,8 +112,8 @@ static void q8_0_to_bf16(const uint8_t *src, int64_t n, uint16_t *dst) {
  * (32 scalar copies per k or k pair) after a Q8_0 decode that ran in the
  * AVX2 clone (target_clones' "arch=skylake-avx512" tests the CPU model, never true on AMD); the
  * two were 9% of a steady FLUX-width Q8_0 forward (perf, AVX512-BF16 Zen 4), the whole gap to
- * bf16 weights. Both here are exact: the decode computes the scalar q8_0_to_bf16's products and
- * its rounding rule lane by lane, the transpose moves bits. */
+ * bf16 weights. Both here are exact: the decode computes the shared block decoder's products
+ * and rounding rule lane by lane, the transpose moves bits. */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
 
@@ -153,7 +127,8 @@ static inline __m512i bf16_round_512(__m512 f) {
     return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
 }
 
-/* n values (a multiple of 32) of Q8_0 blocks to bf16: (float)q * d per value, as q8_0_to_bf16 */
+/* n values (a multiple of 32) of Q8_0 blocks to bf16: (float)q * d per value and the rounding
+ * of dequant_blocks.h's cdf_dq_q8_0 + cdf_dq_bf16_bits, 16 lanes at a time */
 static void q8_0_to_bf16_avx512(const uint8_t *src, int64_t n, uint16_t *dst) {
     for (int64_t b = 0; b < n / 32; b++) {
         const uint8_t *blk = src + b * 34;
@@ -245,13 +220,12 @@ static void q_store_fence(void) { _mm_sfence(); }
  * 32 and 256). oneDNN's layouts put a few k of 16-64 consecutive rows in one cache line (bf16
  * [K, N] row-major: 32 rows; blocked 16a64b2a: 2 k of 32 rows), so a row at a time would come
  * back to each line again and again (K / 2 lines per row, evicted in between for large K); a
- * tile of 32 rows writes whole lines while they are cached (64 KiB of f32 decode per thread). */
+ * tile of 32 rows writes whole lines while they are cached (32 KiB of bf16 decode per thread). */
 enum { TILE_ROWS = 32, TILE_K = 512 };
 
 /* Decodes the rows into oneDNN's weight buffer at l's offsets (cdf_k_matmul_fast_filled), as
- * l->dt: bf16 values are the f32 decode rounded to nearest even as cdf_k_store_row rounds a
- * plain panel (an f32 layout gets them widened back, exactly), so the primitive sees the values
- * a reorder of the plain panel would give it. */
+ * l->dt: bf16 values rounded as decode_rows rounds a plain panel (an f32 layout gets them widened
+ * back, exactly), so the primitive sees the values a reorder of the plain panel would give it. */
 static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) {
     const q_rows *q = ctx;
     if (l->N != q->np || l->K != q->K)
@@ -267,9 +241,8 @@ static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) 
     int bad = 0;
 #pragma omp parallel reduction(| : bad) if (np * K > 65536)
     {
-        float *tile = malloc(sizeof(float) * (size_t)(TILE_ROWS * kt)); /* [TILE_ROWS, kt] */
-        uint16_t *rb = malloc(sizeof(uint16_t) * (size_t)(TILE_ROWS * kt)); /* the tile, rounded */
-        if (!tile || !rb) bad = 2;
+        uint16_t *rb = malloc(sizeof(uint16_t) * (size_t)(TILE_ROWS * kt)); /* [TILE_ROWS, kt], rounded to bf16 */
+        if (!rb) bad = 2;
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < n_items; t++) {
             if (bad) continue;
@@ -281,9 +254,7 @@ static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) 
                 if (avx512 && q->qtype == CDF_GGML_Q8_0) q8_0_to_bf16_avx512(src, nk, rb + i * kt);
                 else
 #endif
-                if (q->qtype == CDF_GGML_Q8_0) q8_0_to_bf16(src, nk, rb + i * kt);
-                else if (cdf_ggml_dequantize(q->qtype, src, nk, tile + i * kt) != CDF_OK) bad = 1;
-                else cdf_k_store_row(rb + i * kt, CDF_BF16, 0, tile + i * kt, nk);
+                if (!cdf_k_dequant_store_blocks(q->qtype, src, nk / q->be, rb + i * kt, CDF_DQ_STORE_BF16)) bad = 1;
             }
             if (bad) continue;
             const int64_t *ok = l->off_k + k0; /* k0 is a multiple of k_run (K, or 2 | kt) */
@@ -326,7 +297,6 @@ static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) 
                     for (int64_t k = 0; k < nk; k++) memcpy(d + ok[k], rbi + k, sizeof(uint16_t));
             }
         }
-        free(tile);
         free(rb);
 #ifdef Q_HAVE_AVX512
         if (avx512) q_store_fence(); /* this thread's streaming stores, before the region's barrier */
