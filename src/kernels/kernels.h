@@ -153,6 +153,11 @@ cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *args);
  * panel); tests lower it to reach the multi-panel path on small layers. 0 restores the default.
  * Not synchronised: set it while no quantized matmul runs. */
 void cdf_k_matmul_q_set_panel_bytes(size_t bytes);
+/* The own AVX512-BF16 GEMM on Q8_0 weights (matmul_quant.c: each thread decodes a column slab of
+ * the weights into its packed layout, no decoded copy of the layer): 1 where it applies (the
+ * default; CDIFFUSERS_Q8_GEMM=0 turns it off), 0 off (decode panels + the matmul dispatch, bit for
+ * bit the dequantized file's matmul), -1 back to the environment's choice. Not synchronised. */
+void cdf_k_matmul_q_set_own_gemm(int on);
 
 /* ---- normalisation / softmax / reductions -------------------------------------------- */
 

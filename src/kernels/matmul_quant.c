@@ -11,6 +11,7 @@
  * into that layout on every call (bf16 weights are reordered once and kept; a panel is
  * overwritten by the next), a second pass over the panel. Elsewhere (f32 panels, the AVX2 and
  * generic levels, a layout the fill does not handle) the plain panel goes through the dispatch. */
+#include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,6 +215,141 @@ static void tile_to_rows_avx512(const uint16_t *rb, int64_t ld, int64_t nk, char
 }
 static void q_store_fence(void) { _mm_sfence(); }
 #pragma GCC pop_options
+
+/* ---- the own AVX512-BF16 GEMM on Q8_0 weights ("decode into the tile") -----------------------
+ *
+ * Why: the direct decode above writes every layer's bf16 copy to DRAM and oneDNN reads it back,
+ * once per call (~5% of a FLUX-width Q8_0 forward); bf16 weights are prepacked once and pay
+ * neither. Here each thread decodes a QG_NC-column slab of W (all of K, QG_NC x K bf16: 1.5 MiB at
+ * K = 3072, 7.5 MiB at 15360) into the vdpbf16ps pair layout, where it stays in L2/L3 while every
+ * row of A runs over it, and the next slab overwrites it: the weights stay quantized and no
+ * layer-sized copy is written. Numerics are the policy's: weights decoded and rounded to bf16
+ * exactly as above, A rounded to bf16 (nearest even, as cdf_f32_to_bf16), vdpbf16ps products
+ * (exact) summed in f32 as oneDNN's brgemm sums them on this CPU (same instruction), in another
+ * order; the bias is added after the sum, as oneDNN does.
+ *
+ * Layouts. A: groups of QG_MR rows; group g, k pair p is QG_MR 32-bit words (row r's bf16 of
+ * k = 2p in the low half, 2p + 1 in the high) at ap + (g * K / 2 + p) * QG_MR; rows past M zero.
+ * B slab: panels of QG_NR columns; panel j, pair p is QG_NR words (column 16h + i: word 16h + i)
+ * at bp + (j * K / 2 + p) * QG_NR. C f32, accumulated in place across the K chunks.
+ * Blocking: slab (QG_NC columns) per task, then MC-row blocks, KC-deep chunks, NR panels (the
+ * panel's KC x NR slice, 16 KiB, stays in L1 over the MC rows), MR-row groups; the MC x NC block
+ * of C (192 KiB) stays in L2 across the chunks. */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")
+#ifndef QG_KC_DEF
+#define QG_KC_DEF 512
+#endif
+enum { QG_MR = 12, QG_NR = 32, QG_KC = QG_KC_DEF, QG_NC = 256, QG_MC = 192, QG_LDT = QG_NC + 16 };
+
+/* 16 lanes rounded (bf16_round_512) and the next 16: 32 bf16 in lane order */
+static inline __m512i qg_pack32(__m512 lo, __m512 hi) {
+    const __m512i idx = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26, 24,
+                                         22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    return _mm512_permutex2var_epi16(bf16_round_512(lo), idx, bf16_round_512(hi));
+}
+
+/* A [M, K] (f32 or bf16, contiguous) into the pair layout, groups [g0, g1) */
+static void qg_pack_a(const void *a, cdf_dtype a_dt, int64_t M, int64_t K, int64_t g0, int64_t g1, uint32_t *ap) {
+    const int64_t kp = K / 2;
+    for (int64_t g = g0; g < g1; g++) {
+        uint32_t *dst = ap + g * kp * QG_MR;
+        for (int64_t k = 0; k < K; k += 32) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                const int64_t m = g * QG_MR + i;
+                if (i >= QG_MR || m >= M) r[i] = _mm512_setzero_si512();
+                else if (a_dt == CDF_F32) {
+                    const float *src = (const float *)a + m * K + k;
+                    r[i] = qg_pack32(_mm512_loadu_ps(src), _mm512_loadu_ps(src + 16));
+                } else
+                    r[i] = _mm512_loadu_si512((const uint16_t *)a + m * K + k);
+            }
+            transpose16_epi32(r); /* r[p]: pair k / 2 + p of the 16 rows */
+            for (int p = 0; p < 16; p++) _mm512_mask_storeu_epi32(dst + (k / 2 + p) * QG_MR, (__mmask16)0x0fff, r[p]);
+        }
+    }
+}
+
+/* Columns [n0, n0 + QG_NC) (rows of W past N: zero) of Q8_0 W (row_bytes a row) decoded into the
+ * slab layout, all of K */
+static void qg_decode_slab(const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K, int64_t n0, uint32_t *bp) {
+    const int64_t kp = K / 2;
+    for (int64_t s = 0; s < QG_NC / 16; s++) { /* 16 columns: half s % 2 of panel s / 2 */
+        uint32_t *dst = bp + (s / 2) * kp * QG_NR + (s % 2) * 16;
+        for (int64_t k = 0; k < K; k += 32) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                const int64_t n = n0 + 16 * s + i;
+                if (n >= N) {
+                    r[i] = _mm512_setzero_si512();
+                    continue;
+                }
+                const uint8_t *blk = w + n * row_bytes + k / 32 * 34;
+                const __m512 d = _mm512_set1_ps(cdf_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)));
+                const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(blk + 2)))), d);
+                const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(blk + 18)))), d);
+                r[i] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+            }
+            transpose16_epi32(r);
+            for (int p = 0; p < 16; p++) _mm512_storeu_si512(dst + (k / 2 + p) * QG_NR, r[p]);
+        }
+    }
+}
+
+/* C[0..nr) x [0..32) (ldc) (+)= A group (kp pairs) x B panel; first: C's old contents ignored */
+static void qg_ukernel(int64_t kp, const uint32_t *restrict ap, const uint32_t *restrict bp, float *restrict c, int64_t ldc,
+                       int nr, bool first) {
+    __m512 acc[2 * QG_MR];
+#pragma GCC unroll 24
+    for (int i = 0; i < 2 * QG_MR; i++)
+        acc[i] = first || i / 2 >= nr ? _mm512_setzero_ps() : _mm512_loadu_ps(c + (i / 2) * ldc + (i % 2) * 16);
+    /* A's word as a register broadcast: vdpbf16ps with an embedded {1to16} memory operand runs at
+     * ~40% of this loop's rate on Zen 4 (measured) */
+    for (int64_t p = 0; p < kp; p++, ap += QG_MR, bp += QG_NR) {
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp), b1 = (__m512bh)_mm512_loadu_si512(bp + 16);
+#pragma GCC unroll 12
+        for (int r = 0; r < QG_MR; r++) {
+            const __m512bh x = (__m512bh)_mm512_set1_epi32((int)ap[r]);
+            acc[2 * r] = _mm512_dpbf16_ps(acc[2 * r], x, b0);
+            acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], x, b1);
+        }
+    }
+#pragma GCC unroll 24
+    for (int i = 0; i < 2 * QG_MR; i++)
+        if (i / 2 < nr) _mm512_storeu_ps(c + (i / 2) * ldc + (i % 2) * 16, acc[i]);
+}
+
+/* One slab task: columns [n0, n0 + QG_NC) of C for every row. t: the thread's block buffer
+ * (QG_MC x QG_LDT f32): C's rows are N apart, a multiple of 4 KiB at FLUX's widths, so a tile's
+ * 12 rows would share L1 sets; the padded buffer does not (and the sum is finished once, with the
+ * bias, when the block's last chunk is in). */
+static void qg_slab(const uint32_t *ap, const uint32_t *bp, float *t, float *c, const float *bias, int64_t M, int64_t N,
+                    int64_t K, int64_t n0) {
+    const int64_t kp = K / 2, ncols = N - n0 < QG_NC ? N - n0 : QG_NC, npan = ncols / QG_NR;
+    for (int64_t m0 = 0; m0 < M; m0 += QG_MC) {
+        const int64_t m1 = M - m0 < QG_MC ? M : m0 + QG_MC;
+        for (int64_t pc = 0; pc < K; pc += QG_KC) {
+            const int64_t kc = K - pc < QG_KC ? K - pc : QG_KC;
+            for (int64_t j = 0; j < npan; j++) {
+                const uint32_t *bpan = bp + (j * kp + pc / 2) * QG_NR;
+                for (int64_t m = m0; m < m1; m += QG_MR)
+                    qg_ukernel(kc / 2, ap + (m / QG_MR * kp + pc / 2) * QG_MR, bpan, t + (m - m0) * QG_LDT + j * QG_NR, QG_LDT,
+                               (int)(m1 - m < QG_MR ? m1 - m : QG_MR), pc == 0);
+            }
+        }
+        for (int64_t m = m0; m < m1; m++) {
+            const float *row = t + (m - m0) * QG_LDT;
+            float *cr = c + m * N + n0;
+            for (int64_t j = 0; j < ncols; j += 16) {
+                __m512 v = _mm512_loadu_ps(row + j);
+                if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + n0 + j));
+                _mm512_storeu_ps(cr + j, v);
+            }
+        }
+    }
+}
+#pragma GCC pop_options
 #endif
 
 /* Tiles of the direct decode: TILE_ROWS rows x TILE_K values (a multiple of every block size,
@@ -305,6 +441,60 @@ static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) 
     return bad ? decode_error(q, bad) : CDF_OK;
 }
 
+/* The own Q8_0 GEMM: 1 (default) where it applies, 0 off (CDIFFUSERS_Q8_GEMM=0, or the setter) */
+static int g_q8_gemm = -1;
+void cdf_k_matmul_q_set_own_gemm(int on) { g_q8_gemm = on < 0 ? -1 : on != 0; }
+static bool q8_gemm_enabled(void) {
+    if (g_q8_gemm < 0) {
+        const char *e = getenv("CDIFFUSERS_Q8_GEMM");
+        g_q8_gemm = !(e && strcmp(e, "0") == 0);
+    }
+    return g_q8_gemm != 0;
+}
+
+/* Runs a on the own Q8_0 GEMM where it applies (*handled = true), else leaves it to the panels. */
+static cdf_status q8_gemm(const cdf_k_matmul_q_args *a, bool *handled) {
+    *handled = false;
+#ifdef Q_HAVE_AVX512
+    if (a->qtype != CDF_GGML_Q8_0 || a->w_dt != CDF_BF16 || cdf_k_isa_level() < CDF_K_ISA_AVX512_BF16 || !q8_gemm_enabled())
+        return CDF_OK;
+    if ((a->a_dt != CDF_F32 && a->a_dt != CDF_BF16) || a->c_dt != CDF_F32 || a->N % QG_NR || a->K % 32) return CDF_OK;
+    if (a->bias && a->bias_dt != CDF_F32 && a->bias_dt != CDF_BF16) return CDF_OK;
+    /* where it is ahead of decode + oneDNN (bench_kernels --quant): the DiT's token counts */
+    if (a->M < 256) return CDF_OK;
+    const int64_t M = a->M, N = a->N, K = a->K, groups = (M + QG_MR - 1) / QG_MR, slabs = (N + QG_NC - 1) / QG_NC;
+    int nthr = omp_get_max_threads();
+    if (nthr > slabs) nthr = (int)slabs;
+    if (nthr < 1) nthr = 1;
+    const size_t ap_bytes = (size_t)(groups * QG_MR * K) * 2, slab_bytes = (size_t)(QG_NC * K) * 2 + QG_MC * QG_LDT * 4;
+    const size_t bias_bytes = a->bias ? (size_t)N * sizeof(float) : 0;
+    const size_t need = ap_bytes + (size_t)nthr * slab_bytes + bias_bytes + 64;
+    size_t have = 0;
+    char *buf = panel_take(need, &have);
+    if (!buf) return CDF_OK; /* the panels need less */
+    uint32_t *ap = (uint32_t *)buf;
+    float *bias = a->bias ? (float *)(buf + ap_bytes + (size_t)nthr * slab_bytes) : NULL;
+    if (bias) cdf_convert(bias, CDF_F32, a->bias, a->bias_dt, (size_t)N);
+    const int64_t row_bytes = K / 32 * 34;
+#pragma omp parallel num_threads(nthr)
+    {
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < groups; g++) qg_pack_a(a->a, a->a_dt, M, K, g, g + 1, ap);
+        uint32_t *bp = (uint32_t *)(buf + ap_bytes + (size_t)omp_get_thread_num() * slab_bytes);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t s = 0; s < slabs; s++) {
+            qg_decode_slab(a->w, row_bytes, N, K, s * QG_NC, bp);
+            qg_slab(ap, bp, (float *)(bp + QG_NC * K / 2), a->c, bias, M, N, K, s * QG_NC);
+        }
+    }
+    panel_give(buf, have);
+    *handled = true;
+#else
+    (void)a;
+#endif
+    return CDF_OK;
+}
+
 cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *a) {
     const char *fn = "cdf_k_matmul_q";
     if (!a) return cdf_error(CDF_ERR_INVALID_ARG, "%s: no arguments", fn);
@@ -317,6 +507,9 @@ cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *a) {
     if (a->w_dt != CDF_F32 && a->w_dt != CDF_BF16)
         return cdf_error(CDF_ERR_INVALID_ARG, "%s: weights decode to f32 or bf16, not %s", fn, cdf_dtype_name(a->w_dt));
     if (a->M == 0 || a->N == 0) return CDF_OK;
+    bool own = false;
+    cdf_status own_st = q8_gemm(a, &own);
+    if (own_st != CDF_OK || own) return own_st;
     const int64_t row_bytes = a->K / be * bb;
     /* equal panels of a multiple of 64 rows where a layer needs several (a few rows over the
      * bound at most): oneDNN's kernels block N by 64 */
