@@ -679,6 +679,7 @@ static void test_matmul_fast_filled_padding(void **state) {
 
 static void test_matmul_q_direct_layout(void **state) {
     (void)state;
+    cdf_k_matmul_q_set_own_gemm(0); /* the panels: bit for bit the plain matmul */
     cdf_k_fast_stats s0, s1;
     cdf_k_fast_get_stats(&s0);
     const uint32_t q8 = CDF_GGML_Q8_0;
@@ -696,6 +697,90 @@ static void test_matmul_q_direct_layout(void **state) {
     q_direct_case(CDF_GGML_Q4_K, 1100, 70, 1280, CDF_F32, 8); /* 256-value blocks, K past one decode tile */
     cdf_k_fast_get_stats(&s1);
     assert_int_equal(s1.packs, s0.packs); /* decoded panels are never kept prepacked */
+    cdf_k_matmul_q_set_own_gemm(-1);
+}
+
+/* ---- the own AVX512-BF16 GEMM on Q8_0 weights (matmul_quant.c) ------------------------------- */
+
+/* Its result against the policy's numbers computed here in double: A rounded to bf16, every Q8_0
+ * weight decoded by cdf_ggml_dequantize (gguf-py's values) and rounded to bf16, exact products,
+ * the bias after the sum. It sums in f32 in its own order: each element must lie within 4e-6 of
+ * the sum of |products| (f32 summation over K <= 1100 stays far below that; a weight or A value
+ * in the wrong place, a lost k chunk or a missing bias moves an element by ~1e-3 of it). Shapes
+ * cover a partial row group and MC block (M), a partial column slab (N), a partial k chunk (K),
+ * bf16 A and bias, no bias. Where the own GEMM applies (GCC build, AVX512-BF16 level without AMX)
+ * it must be the one that ran: no fill of oneDNN's layout; below its M bound the panels run. */
+static void q8_own_case(int64_t M, int64_t N, int64_t K, cdf_dtype a_dt, int bias_kind /* 0 none, 1 f32, 2 bf16 */,
+                        uint64_t seed, int expect /* 1: the own GEMM ran, 2: the panels ran (oneDNN fills), 0: either */) {
+    const int64_t nb = K / 32;
+    uint8_t *w = malloc((size_t)(N * nb * 34));
+    float *af = malloc(sizeof(float) * (size_t)(M * K)), *wf = malloc(sizeof(float) * (size_t)(N * K));
+    float *bias = malloc(sizeof(float) * (size_t)N), *c = malloc(sizeof(float) * (size_t)(M * N));
+    void *a = malloc(cdf_dtype_size(a_dt) * (size_t)(M * K)), *bias_x = malloc(sizeof(float) * (size_t)N);
+    assert_true(w && af && wf && bias && c && a && bias_x);
+    uint64_t x = seed;
+#define NEXT() (x = x * 6364136223846793005ull + 1442695040888963407ull, (uint32_t)(x >> 33))
+    for (int64_t i = 0; i < N * nb; i++) { /* random int8 values, f16 scales in [2^-8, 2^-5) */
+        uint8_t *blk = w + i * 34;
+        for (int j = 2; j < 34; j++) blk[j] = (uint8_t)NEXT();
+        const uint16_t d = (uint16_t)(0x1C00 + NEXT() % 0xC00);
+        blk[0] = (uint8_t)(d & 0xff), blk[1] = (uint8_t)(d >> 8);
+    }
+    for (int64_t i = 0; i < M * K; i++) af[i] = (float)((int)(NEXT() % 20001) - 10000) * 1.2345e-4f;
+    for (int64_t n = 0; n < N; n++) bias[n] = (float)((int)(NEXT() % 2001) - 1000) * 1e-2f;
+#undef NEXT
+    cdf_convert(a, a_dt, af, CDF_F32, (size_t)(M * K));
+    cdf_convert(bias_x, bias_kind == 2 ? CDF_BF16 : CDF_F32, bias, CDF_F32, (size_t)N);
+    cdf_convert(af, CDF_F32, a, a_dt, (size_t)(M * K)); /* A as given (bf16 A: exact) */
+    assert_int_equal(cdf_ggml_dequantize(CDF_GGML_Q8_0, w, N * K, wf), CDF_OK);
+    for (int64_t i = 0; i < M * K; i++) af[i] = cdf_bf16_to_f32(cdf_f32_to_bf16(af[i]));
+    for (int64_t i = 0; i < N * K; i++) wf[i] = cdf_bf16_to_f32(cdf_f32_to_bf16(wf[i]));
+    for (int64_t i = 0; i < M * N; i++) c[i] = NAN; /* every element must be written */
+
+    cdf_k_fast_stats s0, s1;
+    cdf_k_fast_get_stats(&s0);
+    const cdf_k_matmul_q_args q = {.M = M, .N = N, .K = K, .a = a, .a_dt = a_dt, .w = w, .qtype = CDF_GGML_Q8_0,
+                                   .w_dt = CDF_BF16, .bias = bias_kind ? bias_x : NULL,
+                                   .bias_dt = bias_kind == 2 ? CDF_BF16 : CDF_F32, .c = c, .c_dt = CDF_F32};
+    assert_int_equal(cdf_k_matmul_q(&q), CDF_OK);
+    cdf_k_fast_get_stats(&s1);
+    if (expect == 1) assert_int_equal(s1.direct_fills, s0.direct_fills);
+    if (expect == 2) assert_int_equal(s1.direct_fills, s0.direct_fills + 1);
+    int64_t wrong = 0;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double sum = 0, mag = 0;
+            for (int64_t k = 0; k < K; k++) {
+                const double t = (double)af[m * K + k] * (double)wf[n * K + k];
+                sum += t, mag += fabs(t);
+            }
+            if (bias_kind) sum += bias_kind == 2 ? (double)cdf_bf16_to_f32(cdf_f32_to_bf16(bias[n])) : (double)bias[n];
+            const double got = c[m * N + n];
+            if (!(fabs(got - sum) <= 4e-6 * mag + 1e-30) && wrong++ < 3)
+                print_error("Q8_0 own M %lld N %lld K %lld: c[%lld, %lld] = %.9g, expected %.9g (|products| %.3g)\n",
+                            (long long)M, (long long)N, (long long)K, (long long)m, (long long)n, got, sum, mag);
+        }
+    assert_int_equal(wrong, 0);
+    free(w), free(af), free(wf), free(bias), free(c), free(a), free(bias_x);
+}
+
+static void test_matmul_q8_own_gemm(void **state) {
+    (void)state;
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    const bool own = cdf_k_isa_level() >= CDF_K_ISA_AVX512_BF16 && cdf_k_cpu()->avx512_bf16 && !cdf_k_cpu()->amx_bf16;
+#else
+    const bool own = false;
+#endif
+    if (!own) printf("  [note] the own Q8_0 GEMM does not apply here: the panels' results are checked instead\n");
+    const int yes = own ? 1 : 0, no = own ? 2 : 0; /* own: oneDNN's direct fill is the alternative here */
+    q8_own_case(301, 288, 1056, CDF_F32, 1, 11, yes); /* 2 MC blocks + a partial group; 1 + 1/8 slabs; 2 + 1/16 chunks */
+    q8_own_case(256, 64, 64, CDF_BF16, 2, 12, yes);   /* bf16 A and bias, K below one chunk */
+    q8_own_case(260, 32, 512, CDF_F32, 0, 13, yes);   /* no bias, exactly one chunk */
+    q8_own_case(255, 64, 96, CDF_F32, 1, 14, no);     /* below its M bound: the panels (same check) */
+    q8_own_case(300, 80, 96, CDF_F32, 1, 15, no);     /* N not a multiple of 32: the panels */
+    cdf_k_matmul_q_set_own_gemm(0);                   /* switched off: the panels */
+    q8_own_case(301, 288, 1056, CDF_F32, 1, 11, no);
+    cdf_k_matmul_q_set_own_gemm(-1);
 }
 
 /* What the fast path must leave to the reference, and that dispatch goes through it. */
@@ -1210,6 +1295,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_bf16_prepack),
         cmocka_unit_test(test_matmul_declines_and_dispatch),
         cmocka_unit_test(test_matmul_q_direct_layout),
+        cmocka_unit_test(test_matmul_q8_own_gemm),
         cmocka_unit_test(test_matmul_fast_filled_padding),
         cmocka_unit_test(test_matmul_threads),
         cmocka_unit_test(test_gemm_bf16w),

@@ -456,7 +456,10 @@ static bool q8_gemm_enabled(void) {
 static cdf_status q8_gemm(const cdf_k_matmul_q_args *a, bool *handled) {
     *handled = false;
 #ifdef Q_HAVE_AVX512
-    if (a->qtype != CDF_GGML_Q8_0 || a->w_dt != CDF_BF16 || cdf_k_isa_level() < CDF_K_ISA_AVX512_BF16 || !q8_gemm_enabled())
+    /* not with AMX: oneDNN's AMX kernels run the panels several times faster than vdpbf16ps */
+    const cdf_k_cpu_features *cpu = cdf_k_cpu();
+    if (a->qtype != CDF_GGML_Q8_0 || a->w_dt != CDF_BF16 || cdf_k_isa_level() < CDF_K_ISA_AVX512_BF16 || !cpu->avx512_bf16 ||
+        cpu->amx_bf16 || !q8_gemm_enabled())
         return CDF_OK;
     if ((a->a_dt != CDF_F32 && a->a_dt != CDF_BF16) || a->c_dt != CDF_F32 || a->N % QG_NR || a->K % 32) return CDF_OK;
     if (a->bias && a->bias_dt != CDF_F32 && a->bias_dt != CDF_BF16) return CDF_OK;
