@@ -142,23 +142,23 @@ static void q8_0_to_bf16_avx512(const uint8_t *src, int64_t n, uint16_t *dst) {
 }
 
 /* r[0..15] (16 rows of 16 32-bit lanes) transposed in place: row i lane l goes to row l lane i.
- * Four stages swap the off-diagonal s x s blocks of every 2s x 2s block (s = 8, 4, 2, 1): lane l
- * of a row pair (i, i + s) with l & s set comes from the partner row's lane l ^ s. */
+ * In-lane interleaves of 32-bit, then 64-bit words (after them t[4g + c] holds rows 4g..4g+3 of
+ * column 4L + c in its 128-bit lane L), then two rounds of 128-bit lane shuffles gather each
+ * column's four lanes: 64 single-cycle shuffles, where swapping blocks with cross-lane permutes
+ * and blends took 128 (the decode's largest part). */
 static inline void transpose16_epi32(__m512i r[16]) {
-    for (int s = 8; s >= 1; s >>= 1) {
-        __mmask16 hi = 0;
-        int idx[16];
-        for (int l = 0; l < 16; l++) {
-            idx[l] = l ^ s;
-            if (l & s) hi |= (__mmask16)(1u << l);
-        }
-        const __m512i swap = _mm512_loadu_si512(idx);
-        for (int i = 0; i < 16; i++) {
-            if (i & s) continue;
-            const __m512i a = r[i], b = r[i + s];
-            r[i] = _mm512_mask_blend_epi32(hi, a, _mm512_permutexvar_epi32(swap, b));
-            r[i + s] = _mm512_mask_blend_epi32(hi, _mm512_permutexvar_epi32(swap, a), b);
-        }
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    for (int g = 0; g < 4; g++) { /* rows 4g..4g+3 */
+        const __m512i *q = t + 4 * g;
+        u[4 * g + 0] = _mm512_unpacklo_epi64(q[0], q[2]), u[4 * g + 1] = _mm512_unpackhi_epi64(q[0], q[2]);
+        u[4 * g + 2] = _mm512_unpacklo_epi64(q[1], q[3]), u[4 * g + 3] = _mm512_unpackhi_epi64(q[1], q[3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512i v = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), w = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
+        const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88), w2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
+        r[c] = _mm512_shuffle_i32x4(v, v2, 0x88), r[8 + c] = _mm512_shuffle_i32x4(v, v2, 0xdd);
+        r[4 + c] = _mm512_shuffle_i32x4(w, w2, 0x88), r[12 + c] = _mm512_shuffle_i32x4(w, w2, 0xdd);
     }
 }
 
@@ -236,11 +236,14 @@ static void q_store_fence(void) { _mm_sfence(); }
  * panel's KC x NR slice, 16 KiB, stays in L1 over the MC rows), MR-row groups; the MC x NC block
  * of C (192 KiB) stays in L2 across the chunks. */
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,f16c")
 #ifndef QG_KC_DEF
 #define QG_KC_DEF 512
 #endif
-enum { QG_MR = 12, QG_NR = 32, QG_KC = QG_KC_DEF, QG_NC = 256, QG_MC = 192, QG_LDT = QG_NC + 16 };
+#ifndef QG_MC_DEF
+#define QG_MC_DEF 192
+#endif
+enum { QG_MR = 12, QG_NR = 32, QG_KC = QG_KC_DEF, QG_NC = 256, QG_MC = QG_MC_DEF, QG_LDT = QG_NC + 16 };
 
 /* 16 lanes rounded (bf16_round_512) and the next 16: 32 bf16 in lane order */
 static inline __m512i qg_pack32(__m512 lo, __m512 hi) {
@@ -286,7 +289,9 @@ static void qg_decode_slab(const uint8_t *w, int64_t row_bytes, int64_t N, int64
                     continue;
                 }
                 const uint8_t *blk = w + n * row_bytes + k / 32 * 34;
-                const __m512 d = _mm512_set1_ps(cdf_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)));
+                /* F16C's conversion: the products round to the same bf16 as with cdf_f16_to_f32's for
+                 * every f16 (NaNs are quieted by the multiply either way; checked exhaustively) */
+                const __m512 d = _mm512_set1_ps(_cvtsh_ss((unsigned short)(blk[0] | blk[1] << 8)));
                 const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(blk + 2)))), d);
                 const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(blk + 18)))), d);
                 r[i] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
@@ -297,9 +302,10 @@ static void qg_decode_slab(const uint8_t *w, int64_t row_bytes, int64_t N, int64
     }
 }
 
-/* C[0..nr) x [0..32) (ldc) (+)= A group (kp pairs) x B panel; first: C's old contents ignored */
+/* C[0..nr) x [0..32) (ldc) (+)= A group (kp pairs) x B panel; first: C's old contents ignored.
+ * out (the last chunk): the sums (+ bias, 32 f32 or NULL) go to out (ldo) instead of C. */
 static void qg_ukernel(int64_t kp, const uint32_t *restrict ap, const uint32_t *restrict bp, float *restrict c, int64_t ldc,
-                       int nr, bool first) {
+                       int nr, bool first, float *restrict out, int64_t ldo, const float *bias) {
     __m512 acc[2 * QG_MR];
 #pragma GCC unroll 24
     for (int i = 0; i < 2 * QG_MR; i++)
@@ -315,36 +321,49 @@ static void qg_ukernel(int64_t kp, const uint32_t *restrict ap, const uint32_t *
             acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], x, b1);
         }
     }
+    if (out) {
+        const __m512 v0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps(), v1 = bias ? _mm512_loadu_ps(bias + 16) : v0;
+#pragma GCC unroll 24
+        for (int i = 0; i < 2 * QG_MR; i++)
+            if (i / 2 < nr) _mm512_storeu_ps(out + (i / 2) * ldo + (i % 2) * 16, bias ? _mm512_add_ps(acc[i], i % 2 ? v1 : v0) : acc[i]);
+        return;
+    }
 #pragma GCC unroll 24
     for (int i = 0; i < 2 * QG_MR; i++)
         if (i / 2 < nr) _mm512_storeu_ps(c + (i / 2) * ldc + (i % 2) * 16, acc[i]);
 }
 
+/* The rows of W the thread decodes next, fetched towards L2/L3 a few lines at a time while it
+ * computes the current slab: the decode otherwise waits on DRAM row by row (its 16 rows at a
+ * time are 16 streams K / 32 * 34 bytes apart). */
+typedef struct qg_prefetch {
+    const char *p, *end; /* the next line to fetch, the end of the next slab's rows (contiguous) */
+} qg_prefetch;
+static inline void qg_prefetch_some(qg_prefetch *f, int lines) {
+    for (int i = 0; i < lines && f->p < f->end; i++, f->p += 64) _mm_prefetch(f->p, _MM_HINT_T1);
+}
+
 /* One slab task: columns [n0, n0 + QG_NC) of C for every row. t: the thread's block buffer
- * (QG_MC x QG_LDT f32): C's rows are N apart, a multiple of 4 KiB at FLUX's widths, so a tile's
- * 12 rows would share L1 sets; the padded buffer does not (and the sum is finished once, with the
- * bias, when the block's last chunk is in). */
+ * (QG_MC x QG_LDT f32) for the partial sums: C's rows are N apart, a multiple of 4 KiB at FLUX's
+ * widths, so a tile's 12 rows would share L1 sets at every chunk's loads; the padded buffer does
+ * not. The last chunk writes C (+ bias) once. */
 static void qg_slab(const uint32_t *ap, const uint32_t *bp, float *t, float *c, const float *bias, int64_t M, int64_t N,
-                    int64_t K, int64_t n0) {
+                    int64_t K, int64_t n0, qg_prefetch *pf) {
     const int64_t kp = K / 2, ncols = N - n0 < QG_NC ? N - n0 : QG_NC, npan = ncols / QG_NR;
+    /* the next slab's lines spread over this one's micro-kernel calls */
+    const int64_t calls = (M + QG_MC - 1) / QG_MC * ((K + QG_KC - 1) / QG_KC) * npan * ((QG_MC + QG_MR - 1) / QG_MR);
+    const int per_call = (int)(((pf->end - pf->p) / 64 + calls - 1) / calls) + 1;
     for (int64_t m0 = 0; m0 < M; m0 += QG_MC) {
         const int64_t m1 = M - m0 < QG_MC ? M : m0 + QG_MC;
         for (int64_t pc = 0; pc < K; pc += QG_KC) {
             const int64_t kc = K - pc < QG_KC ? K - pc : QG_KC;
+            const bool last = pc + kc == K;
             for (int64_t j = 0; j < npan; j++) {
                 const uint32_t *bpan = bp + (j * kp + pc / 2) * QG_NR;
-                for (int64_t m = m0; m < m1; m += QG_MR)
+                for (int64_t m = m0; m < m1; m += QG_MR, qg_prefetch_some(pf, per_call))
                     qg_ukernel(kc / 2, ap + (m / QG_MR * kp + pc / 2) * QG_MR, bpan, t + (m - m0) * QG_LDT + j * QG_NR, QG_LDT,
-                               (int)(m1 - m < QG_MR ? m1 - m : QG_MR), pc == 0);
-            }
-        }
-        for (int64_t m = m0; m < m1; m++) {
-            const float *row = t + (m - m0) * QG_LDT;
-            float *cr = c + m * N + n0;
-            for (int64_t j = 0; j < ncols; j += 16) {
-                __m512 v = _mm512_loadu_ps(row + j);
-                if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + n0 + j));
-                _mm512_storeu_ps(cr + j, v);
+                               (int)(m1 - m < QG_MR ? m1 - m : QG_MR), pc == 0, last ? c + m * N + n0 + j * QG_NR : NULL, N,
+                               bias ? bias + n0 + j * QG_NR : NULL);
             }
         }
     }
@@ -484,10 +503,14 @@ static cdf_status q8_gemm(const cdf_k_matmul_q_args *a, bool *handled) {
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < groups; g++) qg_pack_a(a->a, a->a_dt, M, K, g, g + 1, ap);
         uint32_t *bp = (uint32_t *)(buf + ap_bytes + (size_t)omp_get_thread_num() * slab_bytes);
-#pragma omp for schedule(dynamic, 1)
+        /* round robin (chunks of 1): a thread's next slab is known, so its rows are prefetched */
+        const int64_t step = omp_get_num_threads();
+#pragma omp for schedule(static, 1)
         for (int64_t s = 0; s < slabs; s++) {
             qg_decode_slab(a->w, row_bytes, N, K, s * QG_NC, bp);
-            qg_slab(ap, bp, (float *)(bp + QG_NC * K / 2), a->c, bias, M, N, K, s * QG_NC);
+            const int64_t nx = s + step < slabs ? (s + step) * QG_NC : N, nx_end = nx + QG_NC < N ? nx + QG_NC : N;
+            qg_prefetch pf = {.p = (const char *)a->w + nx * row_bytes, .end = (const char *)a->w + nx_end * row_bytes};
+            qg_slab(ap, bp, (float *)(bp + QG_NC * K / 2), a->c, bias, M, N, K, s * QG_NC, &pf);
         }
     }
     panel_give(buf, have);
