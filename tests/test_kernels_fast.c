@@ -709,7 +709,8 @@ static void test_matmul_q_direct_layout(void **state) {
  * in the wrong place, a lost k chunk or a missing bias moves an element by ~1e-3 of it). Shapes
  * cover a partial row group and MC block (M), a partial column slab (N), a partial k chunk (K),
  * bf16 A and bias, no bias. Where the own GEMM applies (GCC build, AVX512-BF16 level without AMX)
- * it must be the one that ran: no fill of oneDNN's layout; below its M bound the panels run. */
+ * it must be the one that ran: no fill of oneDNN's layout; outside its M range (128-1023) and at
+ * an N not a multiple of 32 the panels run (one fill). */
 static void q8_own_case(int64_t M, int64_t N, int64_t K, cdf_dtype a_dt, int bias_kind /* 0 none, 1 f32, 2 bf16 */,
                         uint64_t seed, int expect /* 1: the own GEMM ran, 2: the panels ran (oneDNN fills), 0: either */) {
     const int64_t nb = K / 32;
@@ -776,7 +777,10 @@ static void test_matmul_q8_own_gemm(void **state) {
     q8_own_case(301, 288, 1056, CDF_F32, 1, 11, yes); /* 2 MC blocks + a partial group; 1 + 1/8 slabs; 2 + 1/16 chunks */
     q8_own_case(256, 64, 64, CDF_BF16, 2, 12, yes);   /* bf16 A and bias, K below one chunk */
     q8_own_case(260, 32, 512, CDF_F32, 0, 13, yes);   /* no bias, exactly one chunk */
-    q8_own_case(255, 64, 96, CDF_F32, 1, 14, no);     /* below its M bound: the panels (same check) */
+    q8_own_case(127, 64, 96, CDF_F32, 1, 14, no);     /* below its M range: the panels (same check) */
+    q8_own_case(1024, 64, 96, CDF_F32, 1, 16, no);    /* above it */
+    q8_own_case(1023, 64, 96, CDF_F32, 1, 17, yes);   /* its top */
+    q8_own_case(128, 64, 96, CDF_BF16, 1, 18, yes);   /* its bottom */
     q8_own_case(300, 80, 96, CDF_F32, 1, 15, no);     /* N not a multiple of 32: the panels */
     cdf_k_matmul_q_set_own_gemm(0);                   /* switched off: the panels */
     q8_own_case(301, 288, 1056, CDF_F32, 1, 11, no);

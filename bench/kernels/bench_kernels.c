@@ -1,7 +1,8 @@
 /* Matmul throughput: fast paths (src/kernels/fast_onednn.c) vs the reference kernel, at the
  * shapes the DiT models run, plus register-only peaks of the CPU for scale.
  *
- *   bench_kernels [--quick | --verbose-probe | --attention [--no-reference] | --gemm [--quick]]   (built and run by bench/kernels/run.sh)
+ *   bench_kernels [--quick | --verbose-probe | --attention [--no-reference] | --gemm [--quick] |
+ *                  --quant [rounds [shape name part]]]   (built and run by bench/kernels/run.sh)
  *
  * Linear layers are timed as the models call them: A = activations [M, K] f32, B = weight
  * [N, K] (trans_b), C f32. "bf16" = bf16 weights: the fast path rounds A to bf16 and runs
@@ -586,7 +587,7 @@ static void bench_quant_shape(const char *name, int64_t M, int64_t K, int64_t N,
     free(a), free(c[0]), free(c[1]), free(c[2]), free(wb), free(wq), free(bias);
 }
 
-static void bench_quant_all(int rounds) {
+static void bench_quant_all(int rounds, const char *only) {
     cdf_k_pack_set_limit((size_t)8 << 30);
     double peak = 0; /* best of 3: the first region also starts the threads and the clocks */
     for (int i = 0; i < 3; i++) {
@@ -612,10 +613,12 @@ static void bench_quant_all(int rounds) {
         /* double blocks run the image and text streams apart: M = 1024 and 512 at 512^2 */
         {"img attn proj 1024x3072->3072", 1024, 3072, 3072}, {"img MLP up 1024x3072->12288", 1024, 3072, 12288},
         {"img MLP down 1024x12288->3072", 1024, 12288, 3072}, {"text 512x3072->3072", 512, 3072, 3072},
-        {"text MLP up 512x3072->12288", 512, 3072, 12288},
+        {"text MLP up 512x3072->12288", 512, 3072, 12288}, {"short 256x3072->3072", 256, 3072, 3072},
+        {"short 128x3072->3072", 128, 3072, 3072},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
-        bench_quant_shape(shapes[i].name, shapes[i].M, shapes[i].K, shapes[i].N, rounds, peak);
+        if (!only || strstr(shapes[i].name, only))
+            bench_quant_shape(shapes[i].name, shapes[i].M, shapes[i].K, shapes[i].N, rounds, peak);
 }
 
 int main(int argc, char **argv) {
@@ -630,7 +633,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (argc > 1 && strcmp(argv[1], "--quant") == 0) {
-        bench_quant_all(argc > 2 ? atoi(argv[2]) : 3);
+        bench_quant_all(argc > 2 ? atoi(argv[2]) : 3, argc > 3 ? argv[3] : NULL);
         return 0;
     }
     if (argc > 1 && strcmp(argv[1], "--verbose-probe") == 0) {

@@ -231,19 +231,18 @@ static void q_store_fence(void) { _mm_sfence(); }
  * Layouts. A: groups of QG_MR rows; group g, k pair p is QG_MR 32-bit words (row r's bf16 of
  * k = 2p in the low half, 2p + 1 in the high) at ap + (g * K / 2 + p) * QG_MR; rows past M zero.
  * B slab: panels of QG_NR columns; panel j, pair p is QG_NR words (column 16h + i: word 16h + i)
- * at bp + (j * K / 2 + p) * QG_NR. C f32, accumulated in place across the K chunks.
- * Blocking: slab (QG_NC columns) per task, then MC-row blocks, KC-deep chunks, NR panels (the
- * panel's KC x NR slice, 16 KiB, stays in L1 over the MC rows), MR-row groups; the MC x NC block
- * of C (192 KiB) stays in L2 across the chunks. */
+ * at bp + (j * K / 2 + p) * QG_NR. Partial sums in a padded per-thread block buffer, the last
+ * chunk's into C (f32) with the bias.
+ * Blocking: slab (QG_NC columns) per task, round robin over the threads, then MC-row blocks,
+ * KC-deep chunks, NR panels (the panel's KC x NR slice, 32 KiB, used by every row group of the
+ * block), MR-row groups; the MC x NC block of sums (~200 KiB) stays in L2 across the chunks.
+ * The micro-kernel alone runs at ~97% of the vdpbf16ps register loop; the decode is ~3% of the
+ * call at M = 1536. Where it runs: q8_gemm (only where bench_kernels --quant showed it ahead). */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,f16c")
-#ifndef QG_KC_DEF
-#define QG_KC_DEF 512
-#endif
-#ifndef QG_MC_DEF
-#define QG_MC_DEF 192
-#endif
-enum { QG_MR = 12, QG_NR = 32, QG_KC = QG_KC_DEF, QG_NC = 256, QG_MC = QG_MC_DEF, QG_LDT = QG_NC + 16 };
+/* KC 512: a micro-kernel call runs 256 k pairs between its loads and stores of the 12 x 32 sums
+ * (at KC 256 the loop ran ~4% slower on its own; the B panel's 32 KiB of the slab come from L2) */
+enum { QG_MR = 12, QG_NR = 32, QG_KC = 512, QG_NC = 256, QG_MC = 192, QG_LDT = QG_NC + 16, QG_MIN_M = 128, QG_MAX_M = 1024 };
 
 /* 16 lanes rounded (bf16_round_512) and the next 16: 32 bf16 in lane order */
 static inline __m512i qg_pack32(__m512 lo, __m512 hi) {
@@ -482,8 +481,11 @@ static cdf_status q8_gemm(const cdf_k_matmul_q_args *a, bool *handled) {
         return CDF_OK;
     if ((a->a_dt != CDF_F32 && a->a_dt != CDF_BF16) || a->c_dt != CDF_F32 || a->N % QG_NR || a->K % 32) return CDF_OK;
     if (a->bias && a->bias_dt != CDF_F32 && a->bias_dt != CDF_BF16) return CDF_OK;
-    /* where it is ahead of decode + oneDNN (bench_kernels --quant): the DiT's token counts */
-    if (a->M < 256) return CDF_OK;
+    /* where it is ahead of the panels (bench_kernels --quant, bench/RESULTS.md, Zen 4 AVX512-BF16):
+     * M 128-512 by 3-15% in CPU time (FLUX's text stream); from M = 1024 on the two are even
+     * within the noise, and the panels ahead at K = 12288 (its A, 24+ MiB, is streamed from DRAM
+     * once per column slab), so they keep those */
+    if (a->M < QG_MIN_M || a->M >= QG_MAX_M) return CDF_OK;
     const int64_t M = a->M, N = a->N, K = a->K, groups = (M + QG_MR - 1) / QG_MR, slabs = (N + QG_NC - 1) / QG_NC;
     int nthr = omp_get_max_threads();
     if (nthr > slabs) nthr = (int)slabs;
