@@ -521,7 +521,7 @@ static int quant_path(const quant_case *qc, int path) {
         bool handled = false;
         return cdf_k_matmul_fast(&qc->bf16, &handled) == CDF_OK && handled;
     }
-    cdf_k_matmul_q_set_own_gemm(path == 2);
+    cdf_k_matmul_q_set_own_gemm(path == 2 ? 2 : 0); /* own: forced outside its M range too */
     const int ok = cdf_k_matmul_q(&qc->q) == CDF_OK;
     cdf_k_matmul_q_set_own_gemm(-1);
     return ok;
@@ -599,7 +599,8 @@ static void bench_quant_all(int rounds, const char *only) {
     printf("### Q8_0 weights vs bf16 weights at FLUX.1's layer shapes, %d OpenMP threads\n\n"
            "A f32 [M, K], weight [N, K], f32 bias, C f32. bf16 = oneDNN on its prepacked copy; panels = the Q8_0\n"
            "weight decoded per call into oneDNN's layout, then oneDNN (CDIFFUSERS_Q8_GEMM=0); own = the own\n"
-           "AVX512-BF16 GEMM decoding column slabs (matmul_quant.c). Best of %d alternated calls after a warm-up\n"
+           "AVX512-BF16 GEMM decoding column slabs (matmul_quant.c; forced here: by default it runs for 128 <= M <\n"
+           "1024). Best of %d alternated calls after a warm-up "
            "each; %% peak = over the vdpbf16ps register loop on all threads (%.0f GFLOP/s); ratio = wall time / bf16's;\n"
            "CPU-s = the same with the process's CPU seconds per call (best of the rounds: less moved by other load);\n"
            "diff = max |own - panels| / max |panels|.\n\n",

@@ -155,8 +155,9 @@ cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *args);
 void cdf_k_matmul_q_set_panel_bytes(size_t bytes);
 /* The own AVX512-BF16 GEMM on Q8_0 weights (matmul_quant.c: each thread decodes a column slab of
  * the weights into its packed layout, no decoded copy of the layer): 1 where it applies (the
- * default; CDIFFUSERS_Q8_GEMM=0 turns it off), 0 off (decode panels + the matmul dispatch, bit for
- * bit the dequantized file's matmul), -1 back to the environment's choice. Not synchronised. */
+ * default; CDIFFUSERS_Q8_GEMM=0 turns it off), 2 wherever it can run (outside the M range where
+ * it is ahead too: for benchmarks), 0 off (decode panels + the matmul dispatch, bit for bit the
+ * dequantized file's matmul), -1 back to the environment's choice. Not synchronised. */
 void cdf_k_matmul_q_set_own_gemm(int on);
 
 /* ---- normalisation / softmax / reductions -------------------------------------------- */

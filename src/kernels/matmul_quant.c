@@ -459,9 +459,10 @@ static cdf_status fill_rows(void *ctx, void *dst, const cdf_k_fast_b_layout *l) 
     return bad ? decode_error(q, bad) : CDF_OK;
 }
 
-/* The own Q8_0 GEMM: 1 (default) where it applies, 0 off (CDIFFUSERS_Q8_GEMM=0, or the setter) */
+/* The own Q8_0 GEMM: 1 (default) in its M range, 2 wherever it can run, 0 off (CDIFFUSERS_Q8_GEMM=0, or the setter) */
 static int g_q8_gemm = -1;
-void cdf_k_matmul_q_set_own_gemm(int on) { g_q8_gemm = on < 0 ? -1 : on != 0; }
+void cdf_k_matmul_q_set_own_gemm(int on) { g_q8_gemm = on < 0 ? -1 : on > 2 ? 2 : on; }
+#ifdef Q_HAVE_AVX512
 static bool q8_gemm_enabled(void) {
     if (g_q8_gemm < 0) {
         const char *e = getenv("CDIFFUSERS_Q8_GEMM");
@@ -469,6 +470,7 @@ static bool q8_gemm_enabled(void) {
     }
     return g_q8_gemm != 0;
 }
+#endif
 
 /* Runs a on the own Q8_0 GEMM where it applies (*handled = true), else leaves it to the panels. */
 static cdf_status q8_gemm(const cdf_k_matmul_q_args *a, bool *handled) {
@@ -485,7 +487,7 @@ static cdf_status q8_gemm(const cdf_k_matmul_q_args *a, bool *handled) {
      * M 128-512 by 3-15% in CPU time (FLUX's text stream); from M = 1024 on the two are even
      * within the noise, and the panels ahead at K = 12288 (its A, 24+ MiB, is streamed from DRAM
      * once per column slab), so they keep those */
-    if (a->M < QG_MIN_M || a->M >= QG_MAX_M) return CDF_OK;
+    if (g_q8_gemm != 2 && (a->M < QG_MIN_M || a->M >= QG_MAX_M)) return CDF_OK;
     const int64_t M = a->M, N = a->N, K = a->K, groups = (M + QG_MR - 1) / QG_MR, slabs = (N + QG_NC - 1) / QG_NC;
     int nthr = omp_get_max_threads();
     if (nthr > slabs) nthr = (int)slabs;
