@@ -233,7 +233,7 @@ static void q_store_fence(void) { _mm_sfence(); }
  * B slab: panels of QG_NR columns; panel j, pair p is QG_NR words (column 16h + i: word 16h + i)
  * at bp + (j * K / 2 + p) * QG_NR. Partial sums in a padded per-thread block buffer, the last
  * chunk's into C (f32) with the bias.
- * Blocking: slab (QG_NC columns) per task, round robin over the threads, then MC-row blocks,
+ * Blocking: slab (QG_NC columns) per task, then MC-row blocks,
  * KC-deep chunks, NR panels (the panel's KC x NR slice, 32 KiB, used by every row group of the
  * block), MR-row groups; the MC x NC block of sums (~200 KiB) stays in L2 across the chunks.
  * The micro-kernel alone runs at ~97% of the vdpbf16ps register loop; the decode is ~3% of the
@@ -332,26 +332,13 @@ static void qg_ukernel(int64_t kp, const uint32_t *restrict ap, const uint32_t *
         if (i / 2 < nr) _mm512_storeu_ps(c + (i / 2) * ldc + (i % 2) * 16, acc[i]);
 }
 
-/* The rows of W the thread decodes next, fetched towards L2/L3 a few lines at a time while it
- * computes the current slab: the decode otherwise waits on DRAM row by row (its 16 rows at a
- * time are 16 streams K / 32 * 34 bytes apart). */
-typedef struct qg_prefetch {
-    const char *p, *end; /* the next line to fetch, the end of the next slab's rows (contiguous) */
-} qg_prefetch;
-static inline void qg_prefetch_some(qg_prefetch *f, int lines) {
-    for (int i = 0; i < lines && f->p < f->end; i++, f->p += 64) _mm_prefetch(f->p, _MM_HINT_T1);
-}
-
 /* One slab task: columns [n0, n0 + QG_NC) of C for every row. t: the thread's block buffer
  * (QG_MC x QG_LDT f32) for the partial sums: C's rows are N apart, a multiple of 4 KiB at FLUX's
  * widths, so a tile's 12 rows would share L1 sets at every chunk's loads; the padded buffer does
  * not. The last chunk writes C (+ bias) once. */
 static void qg_slab(const uint32_t *ap, const uint32_t *bp, float *t, float *c, const float *bias, int64_t M, int64_t N,
-                    int64_t K, int64_t n0, qg_prefetch *pf) {
+                    int64_t K, int64_t n0) {
     const int64_t kp = K / 2, ncols = N - n0 < QG_NC ? N - n0 : QG_NC, npan = ncols / QG_NR;
-    /* the next slab's lines spread over this one's micro-kernel calls */
-    const int64_t calls = (M + QG_MC - 1) / QG_MC * ((K + QG_KC - 1) / QG_KC) * npan * ((QG_MC + QG_MR - 1) / QG_MR);
-    const int per_call = (int)(((pf->end - pf->p) / 64 + calls - 1) / calls) + 1;
     for (int64_t m0 = 0; m0 < M; m0 += QG_MC) {
         const int64_t m1 = M - m0 < QG_MC ? M : m0 + QG_MC;
         for (int64_t pc = 0; pc < K; pc += QG_KC) {
@@ -359,7 +346,7 @@ static void qg_slab(const uint32_t *ap, const uint32_t *bp, float *t, float *c, 
             const bool last = pc + kc == K;
             for (int64_t j = 0; j < npan; j++) {
                 const uint32_t *bpan = bp + (j * kp + pc / 2) * QG_NR;
-                for (int64_t m = m0; m < m1; m += QG_MR, qg_prefetch_some(pf, per_call))
+                for (int64_t m = m0; m < m1; m += QG_MR)
                     qg_ukernel(kc / 2, ap + (m / QG_MR * kp + pc / 2) * QG_MR, bpan, t + (m - m0) * QG_LDT + j * QG_NR, QG_LDT,
                                (int)(m1 - m < QG_MR ? m1 - m : QG_MR), pc == 0, last ? c + m * N + n0 + j * QG_NR : NULL, N,
                                bias ? bias + n0 + j * QG_NR : NULL);
@@ -485,8 +472,8 @@ static cdf_status q8_gemm(const cdf_k_matmul_q_args *a, bool *handled) {
     if (a->bias && a->bias_dt != CDF_F32 && a->bias_dt != CDF_BF16) return CDF_OK;
     /* where it is ahead of the panels (bench_kernels --quant, bench/RESULTS.md, Zen 4 AVX512-BF16):
      * M 128-512 by 3-15% in CPU time (FLUX's text stream); from M = 1024 on the two are even
-     * within the noise, and the panels ahead at K = 12288 (its A, 24+ MiB, is streamed from DRAM
-     * once per column slab), so they keep those */
+     * within the noise, and the panels ahead at K = 12288 (its packed A, 36 MiB at M = 1536, outgrows
+     * L3 and is read again per column slab), so they keep those */
     if (g_q8_gemm != 2 && (a->M < QG_MIN_M || a->M >= QG_MAX_M)) return CDF_OK;
     const int64_t M = a->M, N = a->N, K = a->K, groups = (M + QG_MR - 1) / QG_MR, slabs = (N + QG_NC - 1) / QG_NC;
     int nthr = omp_get_max_threads();
@@ -507,14 +494,10 @@ static cdf_status q8_gemm(const cdf_k_matmul_q_args *a, bool *handled) {
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < groups; g++) qg_pack_a(a->a, a->a_dt, M, K, g, g + 1, ap);
         uint32_t *bp = (uint32_t *)(buf + ap_bytes + (size_t)omp_get_thread_num() * slab_bytes);
-        /* round robin (chunks of 1): a thread's next slab is known, so its rows are prefetched */
-        const int64_t step = omp_get_num_threads();
-#pragma omp for schedule(static, 1)
+#pragma omp for schedule(dynamic, 1)
         for (int64_t s = 0; s < slabs; s++) {
             qg_decode_slab(a->w, row_bytes, N, K, s * QG_NC, bp);
-            const int64_t nx = s + step < slabs ? (s + step) * QG_NC : N, nx_end = nx + QG_NC < N ? nx + QG_NC : N;
-            qg_prefetch pf = {.p = (const char *)a->w + nx * row_bytes, .end = (const char *)a->w + nx_end * row_bytes};
-            qg_slab(ap, bp, (float *)(bp + QG_NC * K / 2), a->c, bias, M, N, K, s * QG_NC, &pf);
+            qg_slab(ap, bp, (float *)(bp + QG_NC * K / 2), a->c, bias, M, N, K, s * QG_NC);
         }
     }
     panel_give(buf, have);
