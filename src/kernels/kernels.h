@@ -140,7 +140,9 @@ cdf_status cdf_k_matmul(const cdf_k_matmul_args *args);
  * row (K a multiple of the block size; each row K / block_elems blocks). The weights are decoded
  * panel by panel exactly as cdf_ggml_dequantize does (gguf-py's numbers), rounded to w_dt (F32 or
  * BF16), and multiplied by cdf_k_matmul_dispatch: the result is what the same decoded weights
- * loaded as w_dt give, while only one panel of them exists unpacked at a time. A, C contiguous. */
+ * loaded as w_dt give, while only one panel of them exists unpacked at a time. A, C contiguous.
+ * Except Q8_0 to BF16 at 128 <= M < 1024 on AVX512-BF16 CPUs without AMX (GCC builds): an own
+ * GEMM on the same values, summing in another order (cdf_k_matmul_q_set_own_gemm). */
 typedef struct cdf_k_matmul_q_args {
     int64_t M, N, K;
     const void *a; cdf_dtype a_dt;

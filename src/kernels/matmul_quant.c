@@ -10,7 +10,12 @@
  * primitive's own weight layout (cdf_k_matmul_fast_filled): a plain panel would be reordered
  * into that layout on every call (bf16 weights are reordered once and kept; a panel is
  * overwritten by the next), a second pass over the panel. Elsewhere (f32 panels, the AVX2 and
- * generic levels, a layout the fill does not handle) the plain panel goes through the dispatch. */
+ * generic levels, a layout the fill does not handle) the plain panel goes through the dispatch.
+ *
+ * The exception: Q8_0 weights decoded to bf16 at 128 <= M < 1024 on AVX512-BF16 (no AMX) run an
+ * own vdpbf16ps GEMM that decodes column slabs into its packed layout (qg_*, below): at those
+ * token counts the panels' round trip through DRAM weighs more than the multiply's own losses.
+ * Same decoded values and products, f32 sums in another order: not bit for bit the panels. */
 #include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
