@@ -10,9 +10,10 @@
  * different summation order (keys are summed across vector lanes). Differences from the reference
  * are a few f32 ulps of the output scale (tests/test_kernels_attention.c).
  * bf16 q, k, v (the bf16 policy, kernels.h): the f32 bodies scale S instead of Q and round P to
- * bf16; at the AVX512-BF16 level a third build of the body multiplies in bf16 (vdpbf16ps). That
- * instruction flushes subnormal bf16 inputs and f32 results to zero: P below 2^-126 counts as 0,
- * a change below 2^-126 of the row's weight. */
+ * bf16; at the AVX512-BF16 level a third build of the body multiplies in bf16 (vdpbf16ps) and
+ * rounds P with vcvtne2ps2bf16. Those instructions flush subnormals to zero: P below 2^-126
+ * counts as 0 (a change below 2^-126 of the row's weight), as do bf16 q/k/v values below
+ * 2^-126 (products below 2^-126 |k|, |v|). */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>

@@ -73,17 +73,13 @@
         a30 *= (c), a31 *= (c), a40 *= (c), a41 *= (c), a50 *= (c), a51 *= (c);                                \
     } while (0)
 
-/* VW uint16 lanes (bf16 bits), and the same for unaligned stores */
-typedef uint16_t AF_NAME(vh) __attribute__((vector_size(VW * 2)));
-typedef uint16_t AF_NAME(vhu) __attribute__((vector_size(VW * 2), aligned(2), may_alias));
-
 static int64_t AF_NAME(dvpad)(int64_t dv) { return (dv + VW * CV - 1) / (VW * CV) * (VW * CV); }
 
 /* Online softmax of one query block against one key tile, per row r < nq of s [rows][BK] (scores
  * in log2 units): mask and missing keys, m_new = max(m, max S), rescale of l and O by
  * 2^(m - m_new), P = 2^(S - m_new), l += P (f32). P goes to s as f32 (rounded to bf16 values when
  * round_p: the bf16 policy's f32 body), or as bf16 to pb [rows][BK] when pb is given (the
- * vdpbf16ps body); rows nq..nrows get P = 0. Mask and missing keys only on the tiles that have
+ * vdpbf16ps body, AF_DPBF16 only); rows nq..nrows get P = 0. Mask and missing keys only on the tiles that have
  * them: the common tile is one pass for the max and one for P. */
 static void AF_NAME(softmax)(const cdf_k_attention_args *x, int64_t bi, int64_t hi, int64_t qg0, int64_t nq,
                              int64_t nrows, int64_t kg0, int64_t nk, float *o, int64_t dvp, float *lv, float *m, float *s,
@@ -141,18 +137,26 @@ static void AF_NAME(softmax)(const cdf_k_attention_args *x, int64_t bi, int64_t 
             m[r] = m_new;
         }
         const VF mn = AF_NAME(vset1)(m_new);
+#ifdef AF_DPBF16
+        if (pb) { /* two vectors of P to 32 bf16 in one vcvtne2ps2bf16 (round-to-nearest-even) */
+            for (int c = 0; c < KV_VECS; c += 2) {
+                const VF p0 = AF_NAME(vexp2)(AF_NAME(vld)(sr + c * VW) - mn);
+                const VF p1 = AF_NAME(vexp2)(AF_NAME(vld)(sr + (c + 1) * VW) - mn);
+                lr += p0 + p1;
+                _mm512_storeu_si512(pb + r * BK + c * VW, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+            }
+            AF_NAME(vst)(lv + r * VW, lr);
+            continue;
+        }
+#endif
         for (int c = 0; c < KV_VECS; c++) {
             const VF p = AF_NAME(vexp2)(AF_NAME(vld)(sr + c * VW) - mn);
             lr += p;
-            if (pb || round_p) {
+            if (round_p) {
                 /* bf16 round-to-nearest-even on the bits (p >= 0 and finite, or a quiet NaN that
                  * stays one), as cdf_f32_to_bf16 */
                 const VI u = (VI)p;
-                const VI rb = u + 0x7fff + ((u >> 16) & 1);
-                if (pb)
-                    *(AF_NAME(vhu) *)(pb + r * BK + c * VW) = __builtin_convertvector(rb >> 16, AF_NAME(vh));
-                else
-                    AF_NAME(vst)(sr + c * VW, (VF)(rb & -65536));
+                AF_NAME(vst)(sr + c * VW, (VF)((u + 0x7fff + ((u >> 16) & 1)) & -65536));
             } else {
                 AF_NAME(vst)(sr + c * VW, p);
             }
