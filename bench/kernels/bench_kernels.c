@@ -251,6 +251,16 @@ static double cpu_now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* self-attention over s's shape: f32 q/k/v in the [B, L, H, D] layout, out f32 */
+static cdf_k_attention_args att_args(const att_shape *s, const float *q, const float *k, const float *v, float *o) {
+    const int64_t sl = s->h * s->d, sb = s->l * sl;
+    return (cdf_k_attention_args){.b = s->b, .h = s->h, .lq = s->l, .lk = s->l, .d = s->d, .dv = s->d,
+                                  .q = q, .q_dt = CDF_F32, .q_sb = sb, .q_sh = s->d, .q_sl = sl,
+                                  .k = k, .k_dt = CDF_F32, .k_sb = sb, .k_sh = s->d, .k_sl = sl,
+                                  .v = v, .v_dt = CDF_F32, .v_sb = sb, .v_sh = s->d, .v_sl = sl,
+                                  .out = o, .out_dt = CDF_F32, .scale = 0.125f};
+}
+
 /* best of repeated calls of the fast kernel at `isa` (< 0: the reference kernel, one call);
  * *cpu_s: the least process CPU time of a call (all threads; a descheduled thread costs none) */
 static double time_attention(const cdf_k_attention_args *a, int isa, double min_s, double *cpu_s) {
@@ -285,12 +295,7 @@ static void bench_attention(const att_shape *s, bool quick, bool no_ref, double 
         return;
     }
     for (int64_t i = 0; i < n; i++) q[i] = frand(), k[i] = frand(), v[i] = frand();
-    const int64_t sl = s->h * s->d, sb = s->l * sl;
-    cdf_k_attention_args a = {.b = s->b, .h = s->h, .lq = s->l, .lk = s->l, .d = s->d, .dv = s->d,
-                              .q = q, .q_dt = CDF_F32, .q_sb = sb, .q_sh = s->d, .q_sl = sl,
-                              .k = k, .k_dt = CDF_F32, .k_sb = sb, .k_sh = s->d, .k_sl = sl,
-                              .v = v, .v_dt = CDF_F32, .v_sb = sb, .v_sh = s->d, .v_sl = sl,
-                              .out = o, .out_dt = CDF_F32, .scale = 0.125f};
+    cdf_k_attention_args a = att_args(s, q, k, v, o);
     const double flop = 4.0 * (double)s->b * (double)s->h * (double)s->l * (double)s->l * (double)s->d;
     const double min_s = quick ? 0.3 : 1.0;
     double c_ref;
@@ -334,12 +339,7 @@ static void bench_attention_bf16(const att_shape *s, bool quick, double dp) {
         qb[i] = cdf_f32_to_bf16(frand()), kb[i] = cdf_f32_to_bf16(frand()), vb[i] = cdf_f32_to_bf16(frand());
         q[i] = cdf_bf16_to_f32(qb[i]), k[i] = cdf_bf16_to_f32(kb[i]), v[i] = cdf_bf16_to_f32(vb[i]);
     }
-    const int64_t sl = s->h * s->d, sb = s->l * sl;
-    cdf_k_attention_args a = {.b = s->b, .h = s->h, .lq = s->l, .lk = s->l, .d = s->d, .dv = s->d,
-                              .q = q, .q_dt = CDF_F32, .q_sb = sb, .q_sh = s->d, .q_sl = sl,
-                              .k = k, .k_dt = CDF_F32, .k_sb = sb, .k_sh = s->d, .k_sl = sl,
-                              .v = v, .v_dt = CDF_F32, .v_sb = sb, .v_sh = s->d, .v_sl = sl,
-                              .out = o, .out_dt = CDF_F32, .scale = 0.125f};
+    cdf_k_attention_args a = att_args(s, q, k, v, o);
     cdf_k_attention_args ab = a;
     ab.q = qb, ab.k = kb, ab.v = vb, ab.q_dt = ab.k_dt = ab.v_dt = CDF_BF16;
     const double flop = 4.0 * (double)s->b * (double)s->h * (double)s->l * (double)s->l * (double)s->d;
