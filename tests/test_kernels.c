@@ -1120,7 +1120,8 @@ static void run_attention_case(const att_case *c) {
                 for (int64_t j = 0; j < Lk; j++) {
                     double dot = 0, adot = 0;
                     for (int64_t e = 0; e < D; e++) {
-                        const double pr = (double)q[bi * q_sb + hi * q_sh + i * q_sl + e] * k[bi * k_sb + hi * k_sh + j * k_sl + e];
+                        const double pr =
+                            (double)q[bi * q_sb + hi * q_sh + i * q_sl + e] * k[bi * k_sb + hi * k_sh + j * k_sl + e];
                         dot += pr;
                         adot += fabs(pr);
                     }

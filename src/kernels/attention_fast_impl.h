@@ -79,11 +79,11 @@ static int64_t AF_NAME(dvpad)(int64_t dv) { return (dv + VW * CV - 1) / (VW * CV
  * in log2 units): mask and missing keys, m_new = max(m, max S), rescale of l and O by
  * 2^(m - m_new), P = 2^(S - m_new), l += P (f32). P goes to s as f32 (rounded to bf16 values when
  * round_p: the bf16 policy's f32 body), or as bf16 to pb [rows][BK] when pb is given (the
- * vdpbf16ps body, AF_DPBF16 only); rows nq..nrows get P = 0. Mask and missing keys only on the tiles that have
- * them: the common tile is one pass for the max and one for P. */
+ * vdpbf16ps body, AF_DPBF16 only); rows nq..nrows get P = 0. Mask and missing keys only on the
+ * tiles that have them: the common tile is one pass for the max and one for P. */
 static void AF_NAME(softmax)(const cdf_k_attention_args *x, int64_t bi, int64_t hi, int64_t qg0, int64_t nq,
-                             int64_t nrows, int64_t kg0, int64_t nk, float *o, int64_t dvp, float *lv, float *m, float *s,
-                             bool round_p, uint16_t *pb) {
+                             int64_t nrows, int64_t kg0, int64_t nk, float *o, int64_t dvp, float *lv, float *m,
+                             float *s, bool round_p, uint16_t *pb) {
     const VF zero = {0};
     const bool fix = x->mask || nk < BK;
     const bool mask_vec = x->mask && x->mask_dt == CDF_F32 && x->m_sk == 1;
@@ -366,6 +366,9 @@ static void AF_NAME(pack_span)(const cdf_k_attention_args *x, int64_t bi, int64_
         a50 = _mm512_dpbf16_ps(a50, b_, x0), a51 = _mm512_dpbf16_ps(a51, b_, x1);                              \
     } while (0)
 
+/* a bf16 pair read as one 32-bit word (the buffers are written as uint16) */
+typedef uint32_t AF_NAME(pair) __attribute__((may_alias));
+
 /* 32 bf16 values (16 pairs) at p */
 static inline __m512bh AF_NAME(ldbh)(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512(p); }
 
@@ -381,8 +384,8 @@ static void AF_NAME(tile)(const cdf_k_attention_args *x, int64_t bi, int64_t hi,
 
     /* S = (Q K^T) scale log2(e): per step one dimension pair of 6 rows x 32 keys */
     for (int64_t r = 0; r < nrows; r += AF_RB) {
-        const uint32_t *q0p = (const uint32_t *)(q + r * d2), *q1p = q0p + np, *q2p = q1p + np, *q3p = q2p + np,
-                       *q4p = q3p + np, *q5p = q4p + np;
+        const AF_NAME(pair) *q0p = (const AF_NAME(pair) *)(q + r * d2), *q1p = q0p + np, *q2p = q1p + np,
+                            *q3p = q2p + np, *q4p = q3p + np, *q5p = q4p + np;
         for (int c = 0; c < KV_VECS; c += 2) {
             VF a00 = zero, a01 = zero, a10 = zero, a11 = zero, a20 = zero, a21 = zero;
             VF a30 = zero, a31 = zero, a40 = zero, a41 = zero, a50 = zero, a51 = zero;
@@ -402,8 +405,8 @@ static void AF_NAME(tile)(const cdf_k_attention_args *x, int64_t bi, int64_t hi,
     /* O += P V: per step one key pair of 6 rows x 32 output dims (P of missing keys is 0) */
     const int64_t nkpairs = (nk + 1) / 2;
     for (int64_t r = 0; r < nrows; r += AF_RB) {
-        const uint32_t *p0 = (const uint32_t *)(pb + r * BK), *p1 = p0 + BK / 2, *p2 = p1 + BK / 2, *p3 = p2 + BK / 2,
-                       *p4 = p3 + BK / 2, *p5 = p4 + BK / 2;
+        const AF_NAME(pair) *p0 = (const AF_NAME(pair) *)(pb + r * BK), *p1 = p0 + BK / 2, *p2 = p1 + BK / 2,
+                            *p3 = p2 + BK / 2, *p4 = p3 + BK / 2, *p5 = p4 + BK / 2;
         for (int64_t e0 = 0; e0 < dvp; e0 += 2 * VW) {
             float *op = o + r * dvp + e0;
             AF_LOAD_6X2(op, dvp);
