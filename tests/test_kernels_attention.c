@@ -24,8 +24,10 @@
  * with vdpbf16ps. The double reference computes that policy, so the same f32-level bound applies,
  * plus, for the keys whose P lies so close to a bf16 rounding midpoint that the kernel's few-ulp
  * P may round the other way, one bf16 ulp of their weight (the allowance, ref_row). Not rounding
- * P (the f32 result) misses the reference by ~2^-9 of the weights, far outside: checked by
- * mutation, as were a wrong pair layout of K or V and an unscaled S. */
+ * P (the f32 result) misses the reference by ~2^-9 of the weights, far outside. Checked by
+ * mutation, each failing here: P not rounded (f32 bodies), P truncated (vdpbf16ps body), the
+ * running max not taken up to an integer (avx2's 32-key tiles then round differently), K or V
+ * pairs swapped in the packed layout, S not scaled, the reference kernel not rounding P. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
