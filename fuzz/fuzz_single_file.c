@@ -38,6 +38,8 @@ static const char *const k_names[] = {
     "encoder.down_blocks.0.downsamplers.0.conv.weight", "encoder.mid_block.resnets.1.norm2.bias",
     "encoder.mid_block.attentions.0.to_q.weight", "decoder.mid_block.attentions.0.to_out.0.weight",
     "decoder.up_blocks.0.resnets.1.conv_shortcut.weight", "decoder.up_blocks.1.upsamplers.0.conv.bias",
+    /* the FLUX.2 VAE's: quant convs (inside the encoder / decoder in BFL's file), BatchNorm statistics */
+    "quant_conv.weight", "post_quant_conv.bias", "bn.running_mean", "bn.running_var",
 };
 
 /* Saves a writer's file as one seed and frees the writer. */
@@ -108,6 +110,7 @@ static void write_seeds(const char *dir) {
     fz_seed_file(dir, -1, "formats/tiny_v3.gguf", 1 << 16);
     fz_seed_file(dir, -1, "formats/flux_single/ae_ldm.safetensors", 1 << 19); /* the tiny LDM VAE */
     fz_seed_file(dir, -1, "formats/flux2_single/flux2_bfl_q8.gguf", 1 << 19);  /* the tiny FLUX.2, Q8_0/Q4_0/Q5_1 */
+    fz_seed_file(dir, -1, "formats/flux2_single/ae_flux2.safetensors", 1 << 19); /* the tiny FLUX.2 VAE, BFL names */
     /* a small BFL FLUX.2 file: inner 4, no biases */
     static const seed_tensor f2[] = {
         {"single_stream_modulation.lin.weight", 2, 12, 4},       {"double_stream_modulation_img.lin.weight", 2, 24, 4},

@@ -374,7 +374,7 @@ typedef struct call {
     api what;
     int n_in;
     cdf_tensor *in[4]; /* NULL = an absent optional operand */
-    cdf_dtype dt;      /* cast / full */
+    cdf_dtype dt;      /* cast / full; rope: the result dtype (0: x's) */
     int nd;            /* full */
     const int64_t *shape, *ints; /* full shape; pad widths, rope axes */
     double value;      /* full / pad value, rope theta */
@@ -421,7 +421,7 @@ static cdf_status invoke(const call *c, cdf_tensor *const *in, cdf_tensor **out)
     case A_CONV2D: out[0] = cdf_conv2d(in[0], in[1], in[2], c->conv); break;
     case A_UPSAMPLE: out[0] = cdf_upsample_nearest(in[0], c->i0, c->i1); break;
     case A_SDPA: out[0] = cdf_sdpa(in[0], in[1], in[2], in[3], c->f0); break;
-    case A_ROPE: out[0] = cdf_rope(in[0], in[1], in[2]); break;
+    case A_ROPE: out[0] = c->dt ? cdf_rope_as(in[0], in[1], in[2], c->dt) : cdf_rope(in[0], in[1], in[2]); break;
     case A_ROPE_TABLES: return cdf_rope_tables(in[0], c->i0, c->ints, c->value, &out[0], &out[1]);
     case A_TIMESTEP_EMB: out[0] = cdf_timestep_embedding(in[0], c->i0, c->flag, c->f1, c->f0, c->f2); break;
     }
@@ -1382,26 +1382,30 @@ static void test_rope(void **state) {
     static const struct {
         int64_t b, h, l, d;
         layout L;
-        cdf_dtype dt, tdt;
+        cdf_dtype dt, tdt, odt; /* odt: cdf_rope_as's result dtype (0: cdf_rope, x's) */
     } cases[] = {
-        {1, 1, 1, 2, CONTIG, CDF_F32, CDF_F32},   {2, 3, 17, 64, CONTIG, CDF_F32, CDF_F32},
-        {1, 4, 65, 128, PERM, CDF_F32, CDF_F32}, {2, 2, 9, 16, STRIDED, CDF_F32, CDF_BF16},
-        {1, 3, 33, 64, CONTIG, CDF_BF16, CDF_F32}, {1, 2, 17, 32, PERM, CDF_F16, CDF_F32},
+        {1, 1, 1, 2, CONTIG, CDF_F32, CDF_F32, 0},   {2, 3, 17, 64, CONTIG, CDF_F32, CDF_F32, 0},
+        {1, 4, 65, 128, PERM, CDF_F32, CDF_F32, 0}, {2, 2, 9, 16, STRIDED, CDF_F32, CDF_BF16, 0},
+        {1, 3, 33, 64, CONTIG, CDF_BF16, CDF_F32, 0}, {1, 2, 17, 32, PERM, CDF_F16, CDF_F32, 0},
+        /* f32 x, bf16 result: the attention inputs of a bf16-weight FLUX (one rounding, at the store) */
+        {1, 4, 65, 128, PERM, CDF_F32, CDF_F32, CDF_BF16},
     };
     FOR_EACH_DEVICE {
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
             case_begin();
             const int64_t xs[4] = {cases[i].b, cases[i].h, cases[i].l, cases[i].d}, ts[2] = {cases[i].l, cases[i].d};
-            cdf_dtype dt = cases[i].dt, tdt = cases[i].tdt;
+            cdf_dtype dt = cases[i].dt, tdt = cases[i].tdt, odt = cases[i].odt ? cases[i].odt : dt;
             int64_t n = numel(4, xs);
             float *x = rnd(n, -2, 2, dt), *c = rnd(ts[0] * ts[1], -1, 1, tdt), *s = rnd(ts[0] * ts[1], -1, 1, tdt);
             cdf_tensor *y = run((call){.what = A_ROPE, .n_in = 3,
-                                       .in = {up(dt, 4, xs, x, cases[i].L), up(tdt, 2, ts, c, CONTIG), up(tdt, 2, ts, s, TRANS)}});
-            void *out = tmp((size_t)n * cdf_dtype_size(dt));
-            assert_int_equal(cdf_k_rope(out, dt, typed(x, n, dt), dt, c, s, xs[0], xs[1], xs[2], xs[3]), CDF_OK);
+                                       .in = {up(dt, 4, xs, x, cases[i].L), up(tdt, 2, ts, c, CONTIG), up(tdt, 2, ts, s, TRANS)},
+                                       .dt = cases[i].odt});
+            void *out = tmp((size_t)n * cdf_dtype_size(odt));
+            assert_int_equal(cdf_k_rope(out, odt, typed(x, n, dt), dt, c, s, xs[0], xs[1], xs[2], xs[3]), CDF_OK);
             char cs[80];
-            snprintf(cs, sizeof cs, "x %s%s tables %s", shp(4, xs), k_layout[cases[i].L], cdf_dtype_name(tdt));
-            check("rope", cs, y, dt, 4, xs, as_f32(out, dt, n), thr_for(dt, THR_EW));
+            snprintf(cs, sizeof cs, "x %s%s tables %s%s%s", shp(4, xs), k_layout[cases[i].L], cdf_dtype_name(tdt),
+                     cases[i].odt ? " -> " : "", cases[i].odt ? cdf_dtype_name(odt) : "");
+            check("rope", cs, y, odt, 4, xs, as_f32(out, odt, n), thr_for(odt, THR_EW));
             case_end();
         }
         /* the tables from positions (FLUX's three axes, and ragged small ones), positions i64 or f32 */

@@ -75,6 +75,7 @@ static void check_conversion(const char *folder, const char *const *files, int n
             const cdf_st_file *f;
             const cdf_st_tensor *t;
             assert_int_equal(cdf_checkpoint_tensor_at(ck, i, &f, &t), CDF_OK);
+            if (strstr(t->name, "num_batches_tracked")) continue; /* BatchNorm's counter: never loaded */
             cdf_tensor *x = cdf_weights_get_f32(w, t->ndim, t->shape, "%s", t->name);
             if (!x) fail_msg("%s from %s: %s", t->name, files[k], cdf_last_error());
             size_t n = (size_t)cdf_st_numel(t);
@@ -728,6 +729,43 @@ static void test_flux2_bad_inputs(void **state) {
         fail_msg("--model FILE message: %s", m);
 }
 
+/* The FLUX.2 VAE in BFL's names (formats/flux2_single/ae_flux2.safetensors, made and checked
+ * against diffusers' scripts/convert_flux2_to_diffusers.py by
+ * tools/make-format-refs/make_flux2_vae_refs.py): every tensor of the folder, bare and under
+ * "vae.", and the pipeline's decoded image bit for bit the folder's. */
+static void test_flux2_vae_bfl(void **state) {
+    (void)state;
+    char *files[2] = {strdup(tu_data(F2S "ae_flux2.safetensors")),
+                      strdup(variant_of(F2S "ae_flux2.safetensors", "ae_flux2_prefixed.safetensors", "vae.", NULL, NULL, NULL))};
+    check_conversion(tu_data(F2_PIPE "/vae"), (const char *const *)files, 2, "LDM VAE keys");
+    size_t n0, n;
+    cdf_status st;
+    float *img0 = run_pipe_key(F2_PIPE, "vae_decode_output", NULL, 0, false, &n0, &st);
+    assert_non_null(img0);
+    for (int k = 0; k < 2; k++) {
+        cdf_component_file ae = {"vae", files[k]};
+        float *img = run_pipe_key(F2_PIPE, "vae_decode_output", &ae, 1, false, &n, &st);
+        if (!img) fail_msg("%s: %s", files[k], cdf_last_error());
+        assert_int_equal(n, n0);
+        if (memcmp(img, img0, n * 4) != 0) fail_msg("FLUX.2 image from %s differs from the folder's", files[k]);
+        free(img);
+        free(files[k]);
+    }
+    free(img0);
+    /* a BatchNorm counter in the file is no unused key; a missing statistic or quant conv is named */
+    cdf_component_file f = {"vae", variant_of(F2S "ae_flux2.safetensors", "ae_f2_nbt.safetensors", NULL, NULL, "bn.num_batches_tracked", NULL)};
+    float *img = run_pipe_key(F2_PIPE, "vae_decode_output", &f, 1, false, &n, &st);
+    if (!img) fail_msg("with bn.num_batches_tracked: %s", cdf_last_error());
+    free(img);
+    f.path = variant_of(F2S "ae_flux2.safetensors", "ae_f2_nobn.safetensors", NULL, "bn.running_var", NULL, NULL);
+    expect_pipe_load_error(F2_PIPE, &f, 1, CDF_ERR_NOT_FOUND, "weight 'bn.running_var' is missing", "ae_f2_nobn.safetensors");
+    f.path = variant_of(F2S "ae_flux2.safetensors", "ae_f2_noqc.safetensors", NULL, "encoder.quant_conv.weight", NULL, NULL);
+    expect_pipe_load_error(F2_PIPE, &f, 1, CDF_ERR_NOT_FOUND, "weight 'quant_conv.weight' is missing", "ae_f2_noqc.safetensors");
+    /* the tiny FLUX.1 VAE is no FLUX.2 VAE (its widths differ: the first mismatch is named) */
+    f.path = tu_data(FS "ae_ldm.safetensors");
+    expect_pipe_load_error(F2_PIPE, &f, 1, CDF_ERR_SHAPE, "has shape", "ae_ldm.safetensors");
+}
+
 /* The command line: the FLUX.2 transformer from its GGUF, `info` on it, and --model FILE refused. */
 static void test_flux2_cli(void **state) {
     (void)state;
@@ -882,6 +920,7 @@ int main(void) {
         cmocka_unit_test(test_gguf_dropped_unit_dims),
         cmocka_unit_test(test_flux2_bfl),
         cmocka_unit_test(test_flux2_bad_inputs),
+        cmocka_unit_test(test_flux2_vae_bfl),
         cmocka_unit_test(test_flux2_cli),
         cmocka_unit_test(test_cli),
     };

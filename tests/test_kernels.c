@@ -1105,31 +1105,62 @@ static void run_attention_case(const att_case *c) {
     assert_int_equal(cdf_k_attention(&a), CDF_OK);
     float *got = from_dt(ob, c->dt, on);
     double *ref = malloc(sizeof(double) * on), *s = malloc(sizeof(double) * (size_t)(Lk ? Lk : 1));
+    double *mag = malloc(sizeof(double) * on);
+    /* bf16 q/k/v: the bf16 attention policy (kernels.h): the numerator's weights are
+     * P = 2^(s log2(e) - M) (M an integer, any: the rounding does not depend on it) rounded to
+     * bf16, the row sum takes them unrounded. A weight within the kernel's few-ulp error (eps_p,
+     * bounded generously by the scores' f32 error) of a bf16 rounding midpoint may round either
+     * way: one bf16 ulp of it, times |v| / l, is added to that output's tolerance. */
+    const bool round_p = c->dt == CDF_BF16;
+    const double rtol = 1e-5;
     for (int64_t bi = 0; bi < B; bi++)
         for (int64_t hi = 0; hi < H; hi++)
             for (int64_t i = 0; i < Lq; i++) {
-                double m = -INFINITY;
+                double m = -INFINITY, smag = 0.0;
                 for (int64_t j = 0; j < Lk; j++) {
-                    double dot = 0;
-                    for (int64_t e = 0; e < D; e++)
-                        dot += (double)q[bi * q_sb + hi * q_sh + i * q_sl + e] * k[bi * k_sb + hi * k_sh + j * k_sl + e];
+                    double dot = 0, adot = 0;
+                    for (int64_t e = 0; e < D; e++) {
+                        const double pr =
+                            (double)q[bi * q_sb + hi * q_sh + i * q_sl + e] * k[bi * k_sb + hi * k_sh + j * k_sl + e];
+                        dot += pr;
+                        adot += fabs(pr);
+                    }
                     s[j] = dot * scale + (mask ? mask[bi * m_sb + hi * m_sh + i * m_sq + j * m_sk] : 0.0);
                     m = fmax(m, s[j]);
+                    smag = fmax(smag, adot * scale);
                 }
+                const double M = m == -INFINITY ? 0.0 : ceil(m * 1.4426950408889634);
+                const double eps_p = (2.0 * (double)D + 16.0) * U32 * (smag + 1.0);
                 double l = 0;
-                for (int64_t j = 0; j < Lk; j++) l += m == -INFINITY ? 0 : exp(s[j] - m);
+                for (int64_t j = 0; j < Lk; j++)
+                    l += m == -INFINITY ? 0 : round_p ? exp2(s[j] * 1.4426950408889634 - M) : exp(s[j] - m);
                 for (int64_t e = 0; e < Dv; e++) {
-                    double acc = 0;
+                    double acc = 0, allow = 0;
                     if (m != -INFINITY)
-                        for (int64_t j = 0; j < Lk; j++) acc += exp(s[j] - m) * v[bi * v_sb + hi * v_sh + j * v_sl + e];
-                    ref[((bi * H + hi) * Lq + i) * Dv + e] = m == -INFINITY ? 0.0 : acc / l;
+                        for (int64_t j = 0; j < Lk; j++) {
+                            const double ve = v[bi * v_sb + hi * v_sh + j * v_sl + e];
+                            if (!round_p) {
+                                acc += exp(s[j] - m) * ve;
+                                continue;
+                            }
+                            const double p = exp2(s[j] * 1.4426950408889634 - M);
+                            const double lo = cdf_bf16_to_f32(cdf_f32_to_bf16((float)(p * (1.0 - eps_p))));
+                            const double hi_ = cdf_bf16_to_f32(cdf_f32_to_bf16((float)(p * (1.0 + eps_p))));
+                            acc += (double)cdf_bf16_to_f32(cdf_f32_to_bf16((float)p)) * ve;
+                            allow += (hi_ - lo) * fabs(ve);
+                        }
+                    const size_t o = (size_t)(((bi * H + hi) * Lq + i) * Dv + e);
+                    ref[o] = m == -INFINITY ? 0.0 : acc / l;
+                    /* check_close_mag's tolerance is atol + rtol mag: the allowance goes in mag */
+                    mag[o] = fabs(ref[o]) + (m == -INFINITY ? 0.0 : allow / l / rtol);
                 }
             }
     /* outputs are convex combinations of |v| <= 1; f32 scores/exp/sums carry a few e-7 */
     char what[96];
     snprintf(what, sizeof what, "attention B%lld H%lld Lq%lld Lk%lld D%lld Dv%lld mask%d", (long long)B, (long long)H,
              (long long)Lq, (long long)Lk, (long long)D, (long long)Dv, c->mask);
-    check_close(what, got, ref, on, c->dt, 4e-6, 1e-5);
+    check_close_mag(what, got, ref, mag, on, c->dt, 4e-6, rtol);
+    free(mag);
     if (c->mask == 2) /* the fully masked row is exactly zero, not NaN */
         for (int64_t e = 0; e < Dv; e++) assert_true(got[((0 * H + 1) * Lq + 2) * Dv + e] == 0.0f);
     free(q); free(k); free(v); free(qb); free(kb); free(vb); free(mask); free(maskb); free(ob); free(got);

@@ -1,8 +1,8 @@
 /* Matmul throughput: fast paths (src/kernels/fast_onednn.c) vs the reference kernel, at the
  * shapes the DiT models run, plus register-only peaks of the CPU for scale.
  *
- *   bench_kernels [--quick | --verbose-probe | --attention [--no-reference] | --gemm [--quick] |
- *                  --quant [rounds [shape name part]]]   (built and run by bench/kernels/run.sh)
+ *   bench_kernels [--quick | --verbose-probe | --attention [--no-reference] | --attention-bf16 [--quick] |
+ *                  --gemm [--quick] | --quant [rounds [shape name part]]]   (built and run by bench/kernels/run.sh)
  *
  * Linear layers are timed as the models call them: A = activations [M, K] f32, B = weight
  * [N, K] (trans_b), C f32. "bf16" = bf16 weights: the fast path rounds A to bf16 and runs
@@ -253,6 +253,16 @@ static double cpu_now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* self-attention over s's shape: f32 q/k/v in the [B, L, H, D] layout, out f32 */
+static cdf_k_attention_args att_args(const att_shape *s, const float *q, const float *k, const float *v, float *o) {
+    const int64_t sl = s->h * s->d, sb = s->l * sl;
+    return (cdf_k_attention_args){.b = s->b, .h = s->h, .lq = s->l, .lk = s->l, .d = s->d, .dv = s->d,
+                                  .q = q, .q_dt = CDF_F32, .q_sb = sb, .q_sh = s->d, .q_sl = sl,
+                                  .k = k, .k_dt = CDF_F32, .k_sb = sb, .k_sh = s->d, .k_sl = sl,
+                                  .v = v, .v_dt = CDF_F32, .v_sb = sb, .v_sh = s->d, .v_sl = sl,
+                                  .out = o, .out_dt = CDF_F32, .scale = 0.125f};
+}
+
 /* best of repeated calls of the fast kernel at `isa` (< 0: the reference kernel, one call);
  * *cpu_s: the least process CPU time of a call (all threads; a descheduled thread costs none) */
 static double time_attention(const cdf_k_attention_args *a, int isa, double min_s, double *cpu_s) {
@@ -287,12 +297,7 @@ static void bench_attention(const att_shape *s, bool quick, bool no_ref, double 
         return;
     }
     for (int64_t i = 0; i < n; i++) q[i] = frand(), k[i] = frand(), v[i] = frand();
-    const int64_t sl = s->h * s->d, sb = s->l * sl;
-    cdf_k_attention_args a = {.b = s->b, .h = s->h, .lq = s->l, .lk = s->l, .d = s->d, .dv = s->d,
-                              .q = q, .q_dt = CDF_F32, .q_sb = sb, .q_sh = s->d, .q_sl = sl,
-                              .k = k, .k_dt = CDF_F32, .k_sb = sb, .k_sh = s->d, .k_sl = sl,
-                              .v = v, .v_dt = CDF_F32, .v_sb = sb, .v_sh = s->d, .v_sl = sl,
-                              .out = o, .out_dt = CDF_F32, .scale = 0.125f};
+    cdf_k_attention_args a = att_args(s, q, k, v, o);
     const double flop = 4.0 * (double)s->b * (double)s->h * (double)s->l * (double)s->l * (double)s->d;
     const double min_s = quick ? 0.3 : 1.0;
     double c_ref;
@@ -315,6 +320,50 @@ static void bench_attention(const att_shape *s, bool quick, bool no_ref, double 
                cdf_k_isa_name((cdf_k_isa)isa), t * 1e3, flop / t * 1e-12, ratio, pk, lxl_mb);
     }
     free(q), free(k), free(v), free(o);
+}
+
+/* f32 vs bf16 q/k/v (the bf16 attention policy, kernels.h) at each level this CPU has, the two
+ * timed alternately (rounds of f32 then bf16, best of each) so that load changes hit both: the
+ * bf16 rows run vdpbf16ps at avx512_bf16, the f32 body with P rounded below. `dp` is the
+ * all-thread vdpbf16ps register peak measured just before. */
+static void bench_attention_bf16(const att_shape *s, bool quick, double dp) {
+    const int64_t n = s->b * s->l * s->h * s->d;
+    float *q = malloc(sizeof(float) * (size_t)n), *k = malloc(sizeof(float) * (size_t)n);
+    float *v = malloc(sizeof(float) * (size_t)n), *o = malloc(sizeof(float) * (size_t)n);
+    uint16_t *qb = malloc(2 * (size_t)n), *kb = malloc(2 * (size_t)n), *vb = malloc(2 * (size_t)n);
+    if (!q || !k || !v || !o || !qb || !kb || !vb) {
+        printf("| %s | out of memory | | | | |\n", s->name);
+        free(q), free(k), free(v), free(o), free(qb), free(kb), free(vb);
+        return;
+    }
+    /* the same (bf16-representable) values in both runs */
+    for (int64_t i = 0; i < n; i++) {
+        qb[i] = cdf_f32_to_bf16(frand()), kb[i] = cdf_f32_to_bf16(frand()), vb[i] = cdf_f32_to_bf16(frand());
+        q[i] = cdf_bf16_to_f32(qb[i]), k[i] = cdf_bf16_to_f32(kb[i]), v[i] = cdf_bf16_to_f32(vb[i]);
+    }
+    cdf_k_attention_args a = att_args(s, q, k, v, o);
+    cdf_k_attention_args ab = a;
+    ab.q = qb, ab.k = kb, ab.v = vb, ab.q_dt = ab.k_dt = ab.v_dt = CDF_BF16;
+    const double flop = 4.0 * (double)s->b * (double)s->h * (double)s->l * (double)s->l * (double)s->d;
+    const double min_s = quick ? 0.2 : 0.5;
+    for (int isa = CDF_K_ISA_AVX2; isa <= (int)cdf_k_isa_native(); isa++) {
+        double tf = 1e30, tb = 1e30, c;
+        for (int round = 0; round < 3; round++) {
+            const double t1 = time_attention(&a, isa, min_s, &c), t2 = time_attention(&ab, isa, min_s, &c);
+            if (t1 < 0 || t2 < 0) break;
+            if (t1 < tf) tf = t1;
+            if (t2 < tb) tb = t2;
+        }
+        if (tf >= 1e30) continue;
+        char pk[64] = "";
+        if (dp > 0) snprintf(pk, sizeof pk, "; bf16 at %.0f%% of the vdpbf16ps peak", 100.0 * flop / tb / dp);
+        printf("| %s | %s: f32 q/k/v | %.1f | %.3f | | |\n", s->name, cdf_k_isa_name((cdf_k_isa)isa), tf * 1e3,
+               flop / tf * 1e-12);
+        printf("| %s | %s: bf16 q/k/v%s | %.1f | %.3f | | f32 / bf16 time %.2fx%s |\n", s->name,
+               cdf_k_isa_name((cdf_k_isa)isa), isa >= CDF_K_ISA_AVX512_BF16 ? " (vdpbf16ps)" : " (f32 body, P rounded)",
+               tb * 1e3, flop / tb * 1e-12, tf / tb, pk);
+    }
+    free(q), free(k), free(v), free(o), free(qb), free(kb), free(vb);
 }
 
 static void print_peaks(const cdf_k_fast_info *info) {
@@ -350,6 +399,26 @@ static void print_peaks(const cdf_k_fast_info *info) {
                info->amx_bf16 ? "AMX permission refused" : "this CPU has no AMX");
     }
     printf("\n(%d OpenMP threads for the all-threads column)\n", nthr);
+}
+
+/* --attention-bf16: f32 vs bf16 q/k/v at SD3.5-M's and FLUX's 512x512 shapes */
+static void bench_attention_bf16_all(bool quick) {
+    const att_shape atts[] = {
+        {"SD3.5-M 512x512 CFG: B2 H24 L1357 (1024+333) D64", 2, 24, 1357, 64, false},
+        {"FLUX 512x512: B1 H24 L1536 (1024+512) D128", 1, 24, 1536, 128, false},
+    };
+    printf("\n### Attention, f32 vs bf16 q/k/v (self-attention [B, L, H, D], no mask; FLOP = 4 B H L^2 D)\n\n"
+           "| shape | level: operands | ms | TFLOP/s | | notes |\n|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < sizeof atts / sizeof *atts; i++) {
+        double dp = 0.0;
+        const cdf_k_cpu_features *f = cdf_k_cpu();
+        if (f->avx512_bf16) {
+#pragma omp parallel reduction(+ : dp)
+            dp += peak_bf16_dp(20000000);
+        }
+        printf("| (all-thread vdpbf16ps peak just before: %.3f TFLOP/s) | | | | | |\n", dp * 1e-12);
+        bench_attention_bf16(&atts[i], quick, dp);
+    }
 }
 
 static void bench_attention_all(bool quick, bool no_ref) {
@@ -627,6 +696,11 @@ int main(int argc, char **argv) {
     const bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     if (argc > 1 && strcmp(argv[1], "--attention") == 0) {
         bench_attention_all(false, argc > 2 && strcmp(argv[2], "--no-reference") == 0);
+        bench_attention_bf16_all(false);
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "--attention-bf16") == 0) {
+        bench_attention_bf16_all(argc > 2 && strcmp(argv[2], "--quick") == 0);
         return 0;
     }
     if (argc > 1 && strcmp(argv[1], "--gemm") == 0) {

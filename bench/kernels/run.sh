@@ -1,7 +1,8 @@
 #!/bin/sh
 # Builds bench/kernels/bench_kernels against a built static library and runs it.
 #
-#   bench/kernels/run.sh [--quick | --attention [--no-reference] | --gemm [--quick]]   (--attention: only the
+#   bench/kernels/run.sh [--quick | --attention [--no-reference] | --attention-bf16 [--quick] | --gemm [--quick]]
+#   (--attention-bf16: f32 vs bf16 q/k/v attention only; --attention: only the
 #   flash-attention table; --gemm: only the own bf16-weight GEMM against oneDNN, AVX2 level)
 #
 # BUILD_DIR (default: build) is the CMake build directory holding libcdiffusers.a, configured

@@ -158,6 +158,10 @@ cdf_tensor *cdf_upsample_nearest(cdf_tensor *x, int fh, int fw);
 cdf_tensor *cdf_sdpa(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v, cdf_tensor *mask, float scale);
 /* x [B, H, L, D]; cos/sin [L, D] f32 (diffusers Flux layout, interleaved pairs). */
 cdf_tensor *cdf_rope(cdf_tensor *x, cdf_tensor *cos_t, cdf_tensor *sin_t);
+/* The same with the result stored as dt (a float dtype; computed in f32 either way, rounded once
+ * at the store): lets the op that writes attention's q and k write them in the dtype the attention
+ * computes in (bf16 under the bf16 policy) without another pass. */
+cdf_tensor *cdf_rope_as(cdf_tensor *x, cdf_tensor *cos_t, cdf_tensor *sin_t, cdf_dtype dt);
 /* RoPE tables from positions pos [L, n_axes] (any numeric dtype, used as float32 like
  * ids.float()): per axis diffusers' get_1d_rotary_pos_embed(theta, repeat_interleave_real,
  * float64 angles), concatenated; returns cos and sin [L, sum(axes_dim)] f32 (views of one

@@ -1,4 +1,4 @@
-/* Vectorised flash attention (f32 compute) for the AVX2 and AVX-512 levels: the contract of
+/* Vectorised flash attention for the AVX2, AVX-512 and AVX512-BF16 levels: the contract of
  * cdf_k_attention (kernels.h) with the same tiled online-softmax algorithm, written with GCC
  * vector extensions and compiled per ISA (attention_fast_impl.h). The L x L score matrix never
  * exists: per thread one AF_BQ x BK tile of scores, a chunk of query rows with their output
@@ -8,7 +8,12 @@
  * Numerics: f32 products and sums like the reference kernel, the scores in log2 units (q scaled
  * by scale log2(e) once, as it loads) and a polynomial 2^x (~2 ulp) instead of libm's expf,
  * different summation order (keys are summed across vector lanes). Differences from the reference
- * are a few f32 ulps of the output scale (tests/test_kernels_attention.c). */
+ * are a few f32 ulps of the output scale (tests/test_kernels_attention.c).
+ * bf16 q, k, v (the bf16 policy, kernels.h): the f32 bodies scale S instead of Q and round P to
+ * bf16; at the AVX512-BF16 level a third build of the body multiplies in bf16 (vdpbf16ps) and
+ * rounds P with vcvtne2ps2bf16. Those instructions flush subnormals to zero: P below 2^-126
+ * counts as 0 (a change below 2^-126 of the row's weight), as do bf16 q/k/v values below
+ * 2^-126 (products below 2^-126 |k|, |v|). */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -20,6 +25,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define AF_HAVE_X86 1
+#include <immintrin.h>
 #endif
 
 /* AF_BQ: query rows per block (one K/V tile is reused by this many rows); AF_QC, AF_KS: the most
@@ -36,6 +42,21 @@ enum { AF_BQ = 48, AF_RB = 6, AF_QC = 2016, AF_KS = 2048 }; /* AF_RB: rows per r
 #define CV 2
 #define SFX avx512
 #include "kernels/attention_fast_impl.h"
+#undef VW
+#undef KV_VECS
+#undef CV
+#undef SFX
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,tune=skylake-avx512")
+#define VW 16
+#define KV_VECS 4 /* 64 keys per tile */
+#define CV 2
+#define SFX avx512bf16
+#define AF_DPBF16 1 /* the vdpbf16ps body: bf16 q, k, v only */
+#include "kernels/attention_fast_impl.h"
+#undef AF_DPBF16
 #undef VW
 #undef KV_VECS
 #undef CV
@@ -76,6 +97,9 @@ cdf_status cdf_k_attention_fast_at(const cdf_k_attention_args *x, cdf_k_isa isa,
     if (x->b < 1 || x->h < 1 || x->lq < 1 || x->lk < 1 || x->d < 1 || x->dv < 1) return CDF_OK;
     if (!x->q || !x->k || !x->v || !x->out) return CDF_OK;
     const bool wide = isa >= CDF_K_ISA_AVX512;
+    /* the vdpbf16ps body where the bf16 policy holds and the CPU has the instruction; the f32
+     * bodies compute the same policy otherwise (kernels.h) */
+    const bool dp = isa >= CDF_K_ISA_AVX512_BF16 && cdf_k_attention_bf16_policy(x);
     const int64_t bk = wide ? 64 : 32; /* BK of the level (KV_VECS * VW) */
     const int nthr = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
     /* query chunks: as few as bound the memory (AF_QC rows) and still give every thread ~4 items;
@@ -88,7 +112,9 @@ cdf_status cdf_k_attention_fast_at(const cdf_k_attention_args *x, cdf_k_isa isa,
     nch = (x->lq + qc - 1) / qc;
     const int64_t nsp = (x->lk + AF_KS - 1) / AF_KS;
     const int64_t ks = ((x->lk + nsp - 1) / nsp + bk - 1) / bk * bk;
-    const size_t per = wide ? scratch_floats_avx512(x->d, x->dv, qc, ks) : scratch_floats_avx2(x->d, x->dv, qc, ks);
+    const size_t per = dp     ? scratch_floats_avx512bf16(x->d, x->dv, qc, ks)
+                       : wide ? scratch_floats_avx512(x->d, x->dv, qc, ks)
+                              : scratch_floats_avx2(x->d, x->dv, qc, ks);
     float *mem = aligned_alloc(64, ((sizeof(float) * per * (size_t)nthr) + 63) & ~(size_t)63);
     if (!mem) return CDF_OK; /* the reference needs less memory */
     const int64_t items = bh * nch;
@@ -100,7 +126,9 @@ cdf_status cdf_k_attention_fast_at(const cdf_k_attention_args *x, cdf_k_isa isa,
         for (int64_t u = 0; u < items; u++) {
             const int64_t i = u / nch, q0 = (u % nch) * qc;
             const int64_t nq = x->lq - q0 < qc ? x->lq - q0 : qc;
-            if (wide)
+            if (dp)
+                chunk_avx512bf16(x, i / x->h, i % x->h, q0, nq, qc, ks, w);
+            else if (wide)
                 chunk_avx512(x, i / x->h, i % x->h, q0, nq, qc, ks, w);
             else
                 chunk_avx2(x, i / x->h, i % x->h, q0, nq, qc, ks, w);

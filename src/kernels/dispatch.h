@@ -10,7 +10,16 @@
  *                widened in registers, f32 FMA; what it does not take goes as avx512
  *   generic      A rounded here, the plain C reference kernel (bf16 A is exact in it)
  * so the levels differ only in summation order. The level is the CPU's best, capped by
- * CDIFFUSERS_ISA (kernels/cpu_features.h). */
+ * CDIFFUSERS_ISA (kernels/cpu_features.h).
+ *
+ * Attention (kernels.h, cdf_k_attention_args): q, k and v all bf16 (a model writes them so when
+ * the projections feeding the attention have bf16 weights) compute S = Q K^T from the bf16 values
+ * with f32 sums, the softmax in f32, and round P to bf16 before O = P V with f32 sums (PyTorch's
+ * CPU flash attention for bf16). Every level computes that:
+ *   avx512_bf16  vdpbf16ps for both products (K^T and V packed in key / dim pairs)
+ *   avx512, avx2 the f32 kernels on the widened (exact) values, P rounded to bf16 in registers
+ *   generic      the reference kernel, P rounded the same way
+ * Any other q/k/v dtypes: f32 throughout, as before. */
 #ifndef CDF_KERNELS_DISPATCH_H
 #define CDF_KERNELS_DISPATCH_H
 
@@ -21,7 +30,7 @@
  * set *handled = true if they ran the op; *handled = false (and CDF_OK) to decline. */
 cdf_status cdf_k_matmul_fast(const cdf_k_matmul_args *a, bool *handled);
 cdf_status cdf_k_conv2d_fast(const cdf_k_conv2d_args *a, bool *handled);
-/* Vectorised flash attention (attention_fast.c): same contract as cdf_k_attention, f32 compute;
+/* Vectorised flash attention (attention_fast.c): same contract (and policy) as cdf_k_attention;
  * declines (handled = false) below AVX2 or for operands it does not take. */
 cdf_status cdf_k_attention_fast(const cdf_k_attention_args *a, bool *handled);
 /* The same at a given level (for tests and benchmarks; capped at the CPU's native level). */

@@ -211,7 +211,19 @@ cdf_status cdf_k_upsample_nearest(void *out, cdf_dtype out_dt, const void *in, c
  *   out = softmax(q k^T * scale + mask) v
  * mask: optional additive f32/bf16 mask with strides (mb, mh, mq, mk) (0 = broadcast);
  * -INFINITY entries are allowed; a fully masked row yields zeros. Tiled over Lk with an online
- * softmax so at most one tile of scores per thread exists at any time. */
+ * softmax so at most one tile of scores per thread exists at any time.
+ * Compute policy (dispatch.h), by the operands' dtypes:
+ *   q, k and v all bf16: S = q k^T from the bf16 values (their products are exact in f32) with f32
+ *     sums, times scale in f32, + mask; the online softmax in f32, the row sum l from the f32
+ *     weights P; P rounded to bf16 (round-to-nearest-even) before O += P V (exact products, f32
+ *     sums); out = O / l. That is PyTorch's CPU flash attention for bf16 inputs, and what lets
+ *     the kernels multiply in bf16 (vdpbf16ps), with one refinement: P = 2^(S log2(e) - M) for
+ *     M the running row max in log2 units rounded UP TO AN INTEGER. Rescaling by powers of two
+ *     commutes with rounding to bf16, so the rounded weights are the same whatever the key
+ *     tiling (with the exact running max they would depend on where the tiles start, and ISA
+ *     levels with different tiles would differ by ~2^-9 of the weights, not by summation order).
+ *   otherwise: everything in f32 (bf16/f16 operands widened exactly, P in f32).
+ * Every ISA level computes the same; they differ in summation order (and exp approximations). */
 typedef struct cdf_k_attention_args {
     int64_t b, h, lq, lk, d, dv;
     const void *q; cdf_dtype q_dt; int64_t q_sb, q_sh, q_sl;
@@ -222,6 +234,10 @@ typedef struct cdf_k_attention_args {
     float scale;
 } cdf_k_attention_args;
 cdf_status cdf_k_attention(const cdf_k_attention_args *args);
+/* true when the bf16 attention policy above applies (q, k and v all bf16) */
+static inline bool cdf_k_attention_bf16_policy(const cdf_k_attention_args *a) {
+    return a->q_dt == CDF_BF16 && a->k_dt == CDF_BF16 && a->v_dt == CDF_BF16;
+}
 
 /* Rotary embedding, diffusers' Flux layout (use_real, repeat_interleave_real=True):
  * x [B, H, L, D] contiguous, cos/sin [L, D] f32 (each frequency repeated twice).

@@ -27,6 +27,7 @@ static size_t att_scratch_floats(int64_t d, int64_t dv) {
 static void attention_block(const cdf_k_attention_args *x, int64_t bi, int64_t hi, int64_t q0, int64_t nq,
                             att_scratch *w) {
     const int64_t d = x->d, dv = x->dv;
+    const bool round_p = cdf_k_attention_bf16_policy(x); /* P rounded to bf16 before P V (kernels.h) */
     for (int64_t r = 0; r < nq; r++) {
         cdf_k_load_row(w->q + r * d, x->q, x->q_dt, bi * x->q_sb + hi * x->q_sh + (q0 + r) * x->q_sl, d);
         for (int64_t j = 0; j < dv; j++) w->acc[r * dv + j] = 0.0f;
@@ -54,22 +55,26 @@ static void attention_block(const cdf_k_attention_args *x, int64_t bi, int64_t h
                 if (x->mask)
                     s += cdf_k_ld(x->mask, x->mask_dt,
                                   bi * x->m_sb + hi * x->m_sh + (q0 + r) * x->m_sq + (k0 + j) * x->m_sk);
+                if (round_p) s *= 1.44269504088896341f; /* log2 units */
                 w->s[j] = s;
                 if (s > tile_max) tile_max = s;
             }
-            const float m_new = tile_max > w->m[r] ? tile_max : w->m[r];
+            float m_new = tile_max > w->m[r] ? tile_max : w->m[r];
             if (m_new == -INFINITY) continue; /* every key so far is masked: nothing to add */
+            /* rounding P: P = 2^(s - m) with m the max up to an integer (kernels.h) */
+            if (round_p) m_new = ceilf(m_new);
             /* rescale what was accumulated under the old max (exp(-inf) = 0 on the first live tile) */
-            const float corr = expf(w->m[r] - m_new);
+            const float corr = round_p ? exp2f(w->m[r] - m_new) : expf(w->m[r] - m_new);
             float *acc = w->acc + r * dv;
             float l = w->l[r] * corr;
             for (int64_t e = 0; e < dv; e++) acc[e] *= corr;
             for (int64_t j = 0; j < nk; j++) {
-                const float p = expf(w->s[j] - m_new);
+                const float p = round_p ? exp2f(w->s[j] - m_new) : expf(w->s[j] - m_new);
                 if (p == 0.0f) continue;
-                l += p;
+                l += p; /* the row sum from the f32 weights, as PyTorch's CPU flash attention */
+                const float pv = round_p ? cdf_bf16_to_f32(cdf_f32_to_bf16(p)) : p;
                 const float *v = w->v + j * dv;
-                for (int64_t e = 0; e < dv; e++) acc[e] += p * v[e];
+                for (int64_t e = 0; e < dv; e++) acc[e] += pv * v[e];
             }
             w->l[r] = l;
             w->m[r] = m_new;

@@ -106,7 +106,8 @@ cdf_tensor *cdf_flux_split_heads(cdf_tensor *x, int64_t head_dim) {
     return cdf_reshape(x, 4, shape);
 }
 
-cdf_tensor *cdf_flux_rope_attention(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v, cdf_tensor *cos_t, cdf_tensor *sin_t) {
+cdf_tensor *cdf_flux_rope_attention(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v, cdf_tensor *cos_t, cdf_tensor *sin_t,
+                                    cdf_dtype dt) {
     if (!q || !k || !v) return NULL;
     if (!cos_t != !sin_t) {
         cdf_error(CDF_ERR_INVALID_ARG, "flux attention: rotary cos and sin tables must be given together");
@@ -115,12 +116,21 @@ cdf_tensor *cdf_flux_rope_attention(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v,
     /* diffusers applies the rotation with sequence_dim=1 on [B, L, H, D]; cdf_rope wants
      * [B, H, L, D], which is also the layout attention runs in */
     cdf_tensor *qh = cdf_transpose(q, 1, 2), *kh = cdf_transpose(k, 1, 2), *vh = cdf_transpose(v, 1, 2);
+    /* dt bf16: q and k written as bf16 by RoPE (the op that writes them anyway), v by a cast (the
+     * projection writes f32); the attention then runs the bf16 policy. f32: as they are. */
     if (cos_t || sin_t) {
-        qh = cdf_rope(qh, cos_t, sin_t);
-        kh = cdf_rope(kh, cos_t, sin_t);
+        qh = cdf_rope_as(qh, cos_t, sin_t, dt);
+        kh = cdf_rope_as(kh, cos_t, sin_t, dt);
+    } else {
+        qh = cdf_cast(qh, dt);
+        kh = cdf_cast(kh, dt);
     }
-    cdf_tensor *o = cdf_sdpa(qh, kh, vh, NULL, 0.0f); /* [B, H, L, D], scale 1/sqrt(D) */
-    cdf_tensor *ot = cdf_contiguous(cdf_transpose(o, 1, 2)); /* [B, L, H, D] */
+    vh = cdf_cast(vh, dt);
+    cdf_tensor *o = cdf_sdpa(qh, kh, vh, NULL, 0.0f); /* [B, H, L, D] in dt, scale 1/sqrt(D) */
+    /* [B, L, H, D] f32 (the residual stream's dtype; a bf16 o loses nothing the next projection,
+     * rounding its input to bf16, would keep): one copy either way */
+    cdf_tensor *tr = cdf_transpose(o, 1, 2);
+    cdf_tensor *ot = tr && cdf_tensor_dtype(tr) != CDF_F32 ? cdf_cast(tr, CDF_F32) : cdf_contiguous(tr);
     if (!ot) return NULL;
     int64_t shape[3] = {cdf_tensor_dim(ot, 0), cdf_tensor_dim(ot, 1), cdf_tensor_dim(ot, 2) * cdf_tensor_dim(ot, 3)};
     return cdf_reshape(ot, 3, shape);

@@ -44,7 +44,8 @@ cdf_tensor *cdf_flux_split_heads(cdf_tensor *x, int64_t head_dim);
 /* The FluxAttnProcessor core after the q/k norms and the [text; image] concatenation:
  * q, k, v [B, L, H, head_dim] -> RoPE on q and k (cos/sin [L, head_dim], NULL for none) ->
  * softmax(q k^T / sqrt(head_dim)) v -> [B, L, H * head_dim]. */
-cdf_tensor *cdf_flux_rope_attention(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v, cdf_tensor *cos_t, cdf_tensor *sin_t);
+cdf_tensor *cdf_flux_rope_attention(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v, cdf_tensor *cos_t, cdf_tensor *sin_t,
+                                    cdf_dtype dt);
 
 /* Helpers the FLUX.1 and FLUX.2 forwards share. */
 /* Replace an owned state reference with next (NULL next: the pending error, state untouched). */

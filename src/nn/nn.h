@@ -158,6 +158,13 @@ static inline cdf_tensor *cdf_linear_fwd(const cdf_linear_layer *l, cdf_tensor *
     if (l->tp) return cdf_tp_linear_rowwise_fwd(l, x);
     return l->lora ? cdf_lora_linear_fwd(l, x) : cdf_linear_base_fwd(l, x);
 }
+/* The dtype the compute policy (kernels/dispatch.h) multiplies this layer's inputs in: bf16 for
+ * bf16 weights (or GGUF blocks decoded to bf16), else f32. A model gives its attention bf16 q, k,
+ * v (the bf16 attention policy) where the projections feeding it compute in bf16. */
+static inline cdf_dtype cdf_linear_compute_dtype(const cdf_linear_layer *l) {
+    const cdf_dtype w = l->qtype ? l->qwdt : l->w ? cdf_tensor_dtype(l->w) : CDF_F32;
+    return w == CDF_BF16 ? CDF_BF16 : CDF_F32;
+}
 
 typedef struct cdf_norm_layer {
     cdf_tensor *w, *b; /* [dim] or NULL */

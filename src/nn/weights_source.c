@@ -384,12 +384,33 @@ static const key_rename k_vae_attn[] = {
     {"group_norm", "norm"}, {"to_q", "q"}, {"to_k", "k"}, {"to_v", "v"}, {"to_out.0", "proj_out"},
 };
 
-static bool vae_recipe(const cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
+static bool has_raw(const cdf_wsrc *s, const char *full);
+
+/* FLUX.2's autoencoder (BFL's flux2 VAE file; diffusers' scripts/convert_flux2_to_diffusers.py,
+ * convert_flux2_vae_checkpoint_to_diffusers) keeps its quant convs inside the encoder and the
+ * decoder (and adds the latent BatchNorm's statistics, bn.running_mean / _var, under diffusers'
+ * names). */
+static const key_rename k_vae_flux2[] = {
+    {"quant_conv", "encoder.quant_conv"}, {"post_quant_conv", "decoder.post_quant_conv"},
+};
+
+static bool vae_recipe(const cdf_wsrc *s, const char *pfx, const char *name, cdf_wsrc_tensor *t) {
     char stem[512];
     const char *param, *rest;
     int i, j;
     t->row0 = 0, t->nrows = -1, t->swap_halves = false;
+    if (strcmp(name, "bn.running_mean") == 0 || strcmp(name, "bn.running_var") == 0) {
+        snprintf(t->src_name, sizeof t->src_name, "%s", name); /* FLUX.2's latent statistics: same names */
+        return true;
+    }
     if (!split_param(name, stem, sizeof stem, &param)) return false;
+    for (size_t k = 0; k < sizeof k_vae_flux2 / sizeof *k_vae_flux2; k++)
+        if (strcmp(stem, k_vae_flux2[k].diffusers) == 0) {
+            char full[600];
+            snprintf(t->src_name, sizeof t->src_name, "%s.%s", k_vae_flux2[k].bfl, param);
+            snprintf(full, sizeof full, "%s%s", pfx, t->src_name);
+            if (has_raw(s, full)) return true; /* else the LDM name (FLUX.1's VAE, SD3's) */
+        }
     for (size_t k = 0; k < sizeof k_vae_top / sizeof *k_vae_top; k++)
         if (strcmp(stem, k_vae_top[k].diffusers) == 0) {
             snprintf(t->src_name, sizeof t->src_name, "%s.%s", k_vae_top[k].bfl, param);
@@ -590,7 +611,7 @@ bool cdf_wsrc_find(cdf_wsrc *s, const char *name, cdf_wsrc_tensor *t) {
         bool ok = l == LAYOUT_FLUX_BFL    ? flux_recipe(s, t->prefix, name, t)
                   : l == LAYOUT_FLUX2_BFL ? flux2_recipe(s, t->prefix, name, t)
                   : l == LAYOUT_SD3_SAI   ? sd3_recipe(s, t->prefix, name, t)
-                                          : vae_recipe(s, name, t);
+                                          : vae_recipe(s, t->prefix, name, t);
         found = ok && raw_find(s, t->prefix, t->src_name, &r);
         if (found) s->used_layout[l] = true;
         /* LDM 1x1 conv attention weights [C, C, 1, 1] are diffusers' linear [C, C] */
@@ -813,7 +834,7 @@ static bool other_component(const cdf_wsrc *s, const char *name) {
     for (size_t k = 0; k < sizeof text / sizeof *text; k++)
         if (strncmp(name, text[k], strlen(text[k])) == 0) return true;
     /* not weights: the fp8_scaled marker, fp8 activation scales (this loader dequantizes), buffers */
-    static const char *const suffixes[] = {".scale_input", ".position_ids"};
+    static const char *const suffixes[] = {".scale_input", ".position_ids", ".num_batches_tracked"}; /* (BatchNorm's counter) */
     for (size_t k = 0; k < sizeof suffixes / sizeof *suffixes; k++) {
         size_t a = strlen(name), b = strlen(suffixes[k]);
         if (a >= b && strcmp(name + a - b, suffixes[k]) == 0) return true;

@@ -789,9 +789,15 @@ cdf_tensor *cdf_sdpa(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v, cdf_tensor *ma
 }
 
 cdf_tensor *cdf_rope(cdf_tensor *x, cdf_tensor *cos_t, cdf_tensor *sin_t) {
+    if (!x) return NULL;
+    return cdf_rope_as(x, cos_t, sin_t, x->dtype);
+}
+
+cdf_tensor *cdf_rope_as(cdf_tensor *x, cdf_tensor *cos_t, cdf_tensor *sin_t, cdf_dtype dt) {
     if (!x || !cos_t || !sin_t) return NULL;
     BEGIN();
     if (x->ndim != 4 || x->shape[3] % 2) FAIL(CDF_ERR_SHAPE, "rope: x %s must be [B, H, L, D] with even D", desc(x));
+    if (!is_float(dt)) FAIL(CDF_ERR_DTYPE, "rope: the result dtype %s is not a float dtype", cdf_dtype_name(dt));
     int64_t L = x->shape[2], D = x->shape[3];
     for (int i = 0; i < 2; i++) {
         cdf_tensor *t = i ? sin_t : cos_t;
@@ -803,7 +809,7 @@ cdf_tensor *cdf_rope(cdf_tensor *x, cdf_tensor *cos_t, cdf_tensor *sin_t) {
     cdf_tensor *cc2 = cc ? cdf_contiguous(cc) : NULL, *sc2 = sc ? cdf_contiguous(sc) : NULL;
     REL(cc);
     REL(sc);
-    cdf_tensor *out = (xc && cc2 && sc2) ? cdf_tensor_alloc(dev_of(x), x->dtype, 4, x->shape) : NULL;
+    cdf_tensor *out = (xc && cc2 && sc2) ? cdf_tensor_alloc(dev_of(x), dt, 4, x->shape) : NULL;
     cdf_node *n = out ? cdf_node_new(CDF_OP_ROPE) : NULL;
     RETURN(submit_op(n, out, xc, cc2, sc2, NULL));
 }

@@ -444,7 +444,9 @@ __global__ void k_conv2d(cdf_k_conv2d_args a, long long oh, long long ow) {
     }
 }
 
-/* ---- attention: one warp per query row, online softmax over the keys ------------------------ */
+/* ---- attention: one warp per query row, online softmax over the keys ------------------------
+ * bf16 q, k, v: the bf16 attention policy (kernels/kernels.h): scores in log2 units, the running
+ * max taken up to an integer, P rounded to bf16 before it multiplies V, l from the f32 P. */
 
 constexpr int kAttnPerLane = CDF_CU_ATTN_MAX_D / 32;
 
@@ -460,6 +462,7 @@ __global__ void k_attention(cdf_k_attention_args a) {
         q[j] = d < a.d ? ldf(a.q, a.q_dt, qo + d) : 0.0f;
         acc[j] = 0.0f;
     }
+    const bool round_p = a.q_dt == CDF_BF16 && a.k_dt == CDF_BF16 && a.v_dt == CDF_BF16;
     float m = -INFINITY, l = 0.0f;
     for (long long kk = 0; kk < a.lk; kk++) {
         const long long ko = bb * a.k_sb + hh * a.k_sh + kk * a.k_sl;
@@ -472,13 +475,24 @@ __global__ void k_attention(cdf_k_attention_args a) {
         s *= a.scale;
         if (a.mask) s += ldf(a.mask, a.mask_dt, bb * a.m_sb + hh * a.m_sh + qi * a.m_sq + kk * a.m_sk);
         if (s == -INFINITY) continue; /* masked out */
-        const float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
+        float mn, corr, p, pv;
+        if (round_p) {
+            s *= 1.44269504088896341f;
+            mn = ceilf(fmaxf(m, s));
+            corr = exp2f(m - mn);
+            p = exp2f(s - mn);
+            pv = __uint_as_float((unsigned)f2bf(p) << 16);
+        } else {
+            mn = fmaxf(m, s);
+            corr = expf(m - mn);
+            p = pv = expf(s - mn);
+        }
         m = mn;
         l = l * corr + p;
         const long long vo = bb * a.v_sb + hh * a.v_sh + kk * a.v_sl;
         for (int j = 0; j < kAttnPerLane; j++) {
             const long long d = lane + 32LL * j;
-            if (d < a.dv) acc[j] = acc[j] * corr + p * ldf(a.v, a.v_dt, vo + d);
+            if (d < a.dv) acc[j] = acc[j] * corr + pv * ldf(a.v, a.v_dt, vo + d);
         }
     }
     const long long oo = row * a.dv;
