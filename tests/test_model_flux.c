@@ -91,8 +91,11 @@ static void run_golden(const char *cs, const char *model_dir, const char *io_fil
     cdf_tensor_map all, args, out;
     load_io(case_path(cs, io_file), &all, &args);
     cdf_tensor_map_init(&out);
+    int64_t attn0[2];
+    tu_attention_counts(attn0);
     cdf_status s = cdf_component_run(c, "forward", &args, &out);
     if (s != CDF_OK) fail_msg("%s run: %s", cs, cdf_last_error());
+    tu_expect_attention_policy(attn0, weight_dtype, cs);
     int compared = 0;
     for (int i = 0; i < all.n; i++) {
         if (strncmp(all.names[i], "out.", 4)) continue;

@@ -51,9 +51,12 @@ static double run_case(const char *c, cdf_dtype weight_dtype, const char *model_
     cdf_tensor_map_init(&io);
     cdf_tensor_map_init(&out);
     assert_int_equal(cdf_tensor_map_load(&io, case_dir(c, "io.safetensors"), cdf_device_default()), CDF_OK);
+    int64_t attn0[2];
+    tu_attention_counts(attn0);
     cdf_status s = cdf_component_run(m, "forward", &io, &out);
     if (s != CDF_OK) fprintf(stderr, "run %s: %s\n", c, cdf_last_error());
     assert_int_equal(s, CDF_OK);
+    tu_expect_attention_policy(attn0, weight_dtype, c);
     cdf_tensor *got = cdf_tensor_map_get(&out, "out.sample"), *want = cdf_tensor_map_get(&io, "out.sample");
     assert_non_null(got);
     assert_non_null(want);
@@ -173,8 +176,13 @@ static void bf16_case(const char *c) {
     cdf_tensor_map_init(&out_b);
     assert_int_equal(cdf_tensor_map_load(&io, case_dir(c, "io.safetensors"), cdf_device_default()), CDF_OK);
     cdf_component *ma = load_model(rounded, CDF_F32), *mb = load_model(case_dir(c, "transformer"), CDF_BF16);
+    int64_t attn0[2];
+    tu_attention_counts(attn0);
     assert_int_equal(cdf_component_run(ma, "forward", &io, &out_a), CDF_OK);
+    tu_expect_attention_policy(attn0, CDF_F32, c);
+    tu_attention_counts(attn0);
     assert_int_equal(cdf_component_run(mb, "forward", &io, &out_b), CDF_OK);
+    tu_expect_attention_policy(attn0, CDF_BF16, c);
     float *a = cdf_tensor_read_f32(cdf_tensor_map_get(&out_a, "out.sample"));
     float *b = cdf_tensor_read_f32(cdf_tensor_map_get(&out_b, "out.sample"));
     float *g = cdf_tensor_read_f32(cdf_tensor_map_get(&io, "out.sample"));

@@ -1,6 +1,7 @@
 #include "testutil.h"
 
 #include "cdiffusers/pipeline.h"
+#include "kernels/dispatch.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -107,6 +108,19 @@ cdf_component *tu_load_component(const char *dir, cdf_dtype weight_dtype) {
     cdf_status s = cdf_component_load(dir, &o, &c);
     if (s != CDF_OK) fail_msg("loading %s: %s", dir, cdf_last_error());
     return c;
+}
+
+void tu_attention_counts(int64_t out[2]) { cdf_k_attention_counts(out); }
+
+void tu_expect_attention_policy(const int64_t before[2], cdf_dtype weight_dtype, const char *what) {
+    int64_t now[2];
+    assert_int_equal(cdf_device_synchronize(tu_cpu()), CDF_OK); /* the forward's ops have run */
+    cdf_k_attention_counts(now);
+    const int64_t f32 = now[0] - before[0], bf16 = now[1] - before[1];
+    const bool want_bf16 = weight_dtype == CDF_BF16;
+    if (f32 + bf16 == 0 || (want_bf16 ? f32 : bf16) != 0)
+        fail_msg("%s with %s weights: %lld f32 and %lld bf16 attention calls (wanted only %s ones)", what,
+                 cdf_dtype_name(weight_dtype), (long long)f32, (long long)bf16, want_bf16 ? "bf16" : "f32");
 }
 
 double tu_diff_tensors(cdf_tensor *got, cdf_tensor *want, const char *what) {

@@ -35,6 +35,11 @@ cdf_device *tu_cpu(void);
 void tu_load_map(cdf_tensor_map *m, const char *rel);
 /* cdf_component_load of dir with the given weight dtype (fails the test on error). */
 cdf_component *tu_load_component(const char *dir, cdf_dtype weight_dtype);
+/* The cpu kernels' attention calls so far ([0] f32 q/k/v, [1] bf16: kernels/dispatch.h), and the
+ * check that the calls since `before` all ran the policy weights of weight_dtype ask for: bf16
+ * q, k, v exactly when the projections compute in bf16 (fails the test otherwise). */
+void tu_attention_counts(int64_t out[2]);
+void tu_expect_attention_policy(const int64_t before[2], cdf_dtype weight_dtype, const char *what);
 /* max |got - want| after checking both exist and have the same shape (fails otherwise). */
 double tu_diff_tensors(cdf_tensor *got, cdf_tensor *want, const char *what);
 /* Device bytes the cpu device holds now (after a synchronize). */

@@ -2,6 +2,7 @@
 #include "kernels/dispatch.h"
 
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,7 +118,16 @@ cdf_status cdf_k_conv2d_dispatch(const cdf_k_conv2d_args *a) {
     return cdf_k_conv2d(a);
 }
 
+/* attention calls by policy: [0] f32 q, k, v, [1] bf16 (cdf_k_attention_counts) */
+static _Atomic int64_t g_attention_calls[2];
+
+void cdf_k_attention_counts(int64_t out[2]) {
+    out[0] = atomic_load(&g_attention_calls[0]);
+    out[1] = atomic_load(&g_attention_calls[1]);
+}
+
 cdf_status cdf_k_attention_dispatch(const cdf_k_attention_args *a) {
+    atomic_fetch_add(&g_attention_calls[a->q_dt == CDF_BF16], 1);
     if (cdf_k_isa_level() >= CDF_K_ISA_AVX2) {
         bool handled = false;
         cdf_status s = cdf_k_attention_fast(a, &handled);

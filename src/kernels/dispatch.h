@@ -39,6 +39,10 @@ cdf_status cdf_k_attention_fast_at(const cdf_k_attention_args *a, cdf_k_isa isa,
 cdf_status cdf_k_matmul_dispatch(const cdf_k_matmul_args *a);
 cdf_status cdf_k_conv2d_dispatch(const cdf_k_conv2d_args *a);
 cdf_status cdf_k_attention_dispatch(const cdf_k_attention_args *a);
+/* Attention calls run by this process's cpu kernels so far: out[0] with f32 q (the exact f32
+ * path), out[1] with bf16 q (the bf16 attention policy). For tests: that a model hands its
+ * attention bf16 q, k, v exactly where its projections compute in bf16. */
+void cdf_k_attention_counts(int64_t out[2]);
 /* true when the ISA level is generic (CDIFFUSERS_ISA=generic, CDIFFUSERS_KERNELS=reference or a
  * CPU below AVX2): only the reference kernels run */
 bool cdf_k_reference_only(void);
