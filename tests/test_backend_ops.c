@@ -374,7 +374,7 @@ typedef struct call {
     api what;
     int n_in;
     cdf_tensor *in[4]; /* NULL = an absent optional operand */
-    cdf_dtype dt;      /* cast / full; rope: the result dtype (0: x's) */
+    cdf_dtype dt;      /* cast / full; rope, rms_norm: the result dtype (0: x's) */
     int nd;            /* full */
     const int64_t *shape, *ints; /* full shape; pad widths, rope axes */
     double value;      /* full / pad value, rope theta */
@@ -407,7 +407,7 @@ static cdf_status invoke(const call *c, cdf_tensor *const *in, cdf_tensor **out)
     case A_LINEAR_Q: out[0] = cdf_linear_quantized(in[0], in[1], (uint32_t)c->i0, c->i1, c->dt, in[2]); break;
     case A_SOFTMAX: out[0] = cdf_softmax(in[0], c->dim); break;
     case A_LAYER_NORM: out[0] = cdf_layer_norm(in[0], in[1], in[2], c->f0); break;
-    case A_RMS_NORM: out[0] = cdf_rms_norm(in[0], in[1], c->f0); break;
+    case A_RMS_NORM: out[0] = c->dt ? cdf_rms_norm_as(in[0], in[1], c->f0, c->dt) : cdf_rms_norm(in[0], in[1], c->f0); break;
     case A_GROUP_NORM: out[0] = cdf_group_norm(in[0], c->i0, in[1], in[2], c->f0); break;
     case A_REDUCE:
         switch (c->rop) {
@@ -1033,45 +1033,49 @@ static void test_norms(void **state) {
         bool w, b;
         float eps;
         layout L;
-        cdf_dtype dt, wdt;
+        cdf_dtype dt, wdt, odt; /* odt: cdf_rms_norm_as's result dtype (0: x's; rms only) */
     } cases[] = {
-        {2, {1, 1}, true, true, 1e-5f, CONTIG, CDF_F32, CDF_F32},      /* one column: (x - mean) = 0 */
-        {2, {3, 17}, true, true, 1e-6f, CONTIG, CDF_F32, CDF_F32},
-        {3, {2, 5, 129}, false, false, 0.1f, CONTIG, CDF_F32, CDF_F32}, /* eps that matters */
-        {2, {17, 65}, true, false, 1e-5f, TRANS, CDF_F32, CDF_F32},
-        {2, {65, 3}, false, true, 0.5f, STRIDED, CDF_F32, CDF_F32},
-        {3, {2, 17, 64}, true, true, 1e-6f, CONTIG, CDF_F32, CDF_BF16}, /* bf16 weights, f32 activations */
-        {2, {5, 65}, true, true, 0.2f, STRIDED, CDF_BF16, CDF_F32},     /* and the other way round */
-        {2, {17, 129}, true, true, 1e-5f, CONTIG, CDF_BF16, CDF_BF16},
-        {2, {9, 33}, true, true, 1e-3f, TRANS, CDF_F16, CDF_F16},
-        {2, {0, 17}, true, true, 1e-6f, CONTIG, CDF_F32, CDF_F32},
-        {3, {1, 300, 3072}, false, false, 1e-6f, CONTIG, CDF_F32, CDF_F32}, /* a DiT hidden state */
+        {2, {1, 1}, true, true, 1e-5f, CONTIG, CDF_F32, CDF_F32, 0},      /* one column: (x - mean) = 0 */
+        {2, {3, 17}, true, true, 1e-6f, CONTIG, CDF_F32, CDF_F32, 0},
+        {3, {2, 5, 129}, false, false, 0.1f, CONTIG, CDF_F32, CDF_F32, 0}, /* eps that matters */
+        {2, {17, 65}, true, false, 1e-5f, TRANS, CDF_F32, CDF_F32, 0},
+        {2, {65, 3}, false, true, 0.5f, STRIDED, CDF_F32, CDF_F32, 0},
+        {3, {2, 17, 64}, true, true, 1e-6f, CONTIG, CDF_F32, CDF_BF16, 0}, /* bf16 weights, f32 activations */
+        {2, {5, 65}, true, true, 0.2f, STRIDED, CDF_BF16, CDF_F32, 0},     /* and the other way round */
+        {2, {17, 129}, true, true, 1e-5f, CONTIG, CDF_BF16, CDF_BF16, 0},
+        {2, {9, 33}, true, true, 1e-3f, TRANS, CDF_F16, CDF_F16, 0},
+        {2, {0, 17}, true, true, 1e-6f, CONTIG, CDF_F32, CDF_F32, 0},
+        {3, {1, 300, 3072}, false, false, 1e-6f, CONTIG, CDF_F32, CDF_F32, 0}, /* a DiT hidden state */
+        /* f32 x, bf16 result: SD3's q/k norms under the bf16 attention policy (one rounding, at the store) */
+        {3, {2, 33, 64}, true, false, 1e-6f, STRIDED, CDF_F32, CDF_F32, CDF_BF16},
     };
     FOR_EACH_DEVICE {
         for (int rms = 0; rms < 2; rms++)
             for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+                if (cases[i].odt && !rms) continue; /* layer_norm has no result-dtype variant */
                 case_begin();
                 int nd = cases[i].nd;
-                cdf_dtype dt = cases[i].dt, wdt = cases[i].wdt;
+                cdf_dtype dt = cases[i].dt, wdt = cases[i].wdt, odt = cases[i].odt ? cases[i].odt : dt;
                 int64_t n = numel(nd, cases[i].s), cols = cases[i].s[nd - 1], rows = cols ? n / cols : 0;
                 bool hb = cases[i].b && !rms;
                 float *v = rnd(n, -2, 3, dt);
                 float *w = cases[i].w ? rnd(cols, 0.5f, 1.5f, wdt) : NULL, *b = hb ? rnd(cols, -1, 1, wdt) : NULL;
                 cdf_tensor *x = up(dt, nd, cases[i].s, v, cases[i].L);
                 cdf_tensor *tw = w ? up(wdt, 1, &cols, w, CONTIG) : NULL, *tb = b ? up(wdt, 1, &cols, b, CONTIG) : NULL;
-                cdf_tensor *y = run((call){.what = rms ? A_RMS_NORM : A_LAYER_NORM, .n_in = 3, .in = {x, tw, tb}, .f0 = cases[i].eps});
-                void *out = tmp((size_t)n * cdf_dtype_size(dt));
+                cdf_tensor *y = run((call){.what = rms ? A_RMS_NORM : A_LAYER_NORM, .n_in = 3, .in = {x, tw, tb}, .f0 = cases[i].eps,
+                                           .dt = cases[i].odt});
+                void *out = tmp((size_t)n * cdf_dtype_size(odt));
                 void *kw = w ? typed(w, cols, wdt) : NULL, *kb = b ? typed(b, cols, wdt) : NULL;
                 if (n) {
-                    cdf_status s = rms ? cdf_k_rms_norm(out, dt, typed(v, n, dt), dt, rows, cols, cases[i].eps, kw, wdt)
+                    cdf_status s = rms ? cdf_k_rms_norm(out, odt, typed(v, n, dt), dt, rows, cols, cases[i].eps, kw, wdt)
                                        : cdf_k_layer_norm(out, dt, typed(v, n, dt), dt, rows, cols, cases[i].eps, kw, kb, wdt);
                     assert_int_equal(s, CDF_OK);
                 }
                 char cs[96];
-                snprintf(cs, sizeof cs, "%s%s eps %g%s%s%s%s", shp(nd, cases[i].s), k_layout[cases[i].L], (double)cases[i].eps,
+                snprintf(cs, sizeof cs, "%s%s eps %g%s%s%s%s%s%s", shp(nd, cases[i].s), k_layout[cases[i].L], (double)cases[i].eps,
                          w ? " w" : "", hb ? " b" : "", (w || hb) && wdt != dt ? " params " : "",
-                         (w || hb) && wdt != dt ? cdf_dtype_name(wdt) : "");
-                check(rms ? "rms_norm" : "layer_norm", cs, y, dt, nd, cases[i].s, as_f32(out, dt, n), thr_for(dt, THR_ACC));
+                         (w || hb) && wdt != dt ? cdf_dtype_name(wdt) : "", odt != dt ? " -> " : "", odt != dt ? cdf_dtype_name(odt) : "");
+                check(rms ? "rms_norm" : "layer_norm", cs, y, odt, nd, cases[i].s, as_f32(out, odt, n), thr_for(odt, THR_ACC));
                 case_end();
             }
     }

@@ -133,6 +133,9 @@ cdf_tensor *cdf_softmax(cdf_tensor *x, int dim);
 /* Over the last dim; weight/bias may be NULL. */
 cdf_tensor *cdf_layer_norm(cdf_tensor *x, cdf_tensor *weight, cdf_tensor *bias, float eps);
 cdf_tensor *cdf_rms_norm(cdf_tensor *x, cdf_tensor *weight, float eps);
+/* The same with the result stored as dt (a float dtype; computed in f32, rounded once at the
+ * store): SD3's q/k norms write attention's inputs in the dtype it computes in (cdf_rope_as). */
+cdf_tensor *cdf_rms_norm_as(cdf_tensor *x, cdf_tensor *weight, float eps, cdf_dtype dt);
 /* x [N, C, ...]; weight/bias [C] or NULL. */
 cdf_tensor *cdf_group_norm(cdf_tensor *x, int groups, cdf_tensor *weight, cdf_tensor *bias, float eps);
 cdf_tensor *cdf_sum(cdf_tensor *x, int dim, bool keepdim);

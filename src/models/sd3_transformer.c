@@ -318,14 +318,17 @@ static cdf_tensor *feed_forward(const cdf_linear_layer *proj, const cdf_linear_l
     return cdf_linear_fwd(out, cdf_gelu(cdf_linear_fwd(proj, x), CDF_GELU_TANH));
 }
 
-/* projection -> [B, L, H, Dh], then the per-head RMSNorm(eps 1e-6) when configured */
-static cdf_tensor *project_heads(const cdf_linear_layer *l, cdf_tensor *x, cdf_tensor *norm_w, const sd3_config *c) {
+/* projection -> [B, L, H, Dh], then the per-head RMSNorm(eps 1e-6) when configured, which writes
+ * its result in dt, the dtype attention computes in (computed in f32 and rounded once: the values
+ * a cast would give, without the cast's pass) */
+static cdf_tensor *project_heads(const cdf_linear_layer *l, cdf_tensor *x, cdf_tensor *norm_w, const sd3_config *c,
+                                 cdf_dtype dt) {
     cdf_tensor *y = cdf_linear_fwd(l, x);
     if (!y) return NULL;
     /* -1: this rank's heads (all of them unless the projection is a column-wise shard) */
     const int64_t shape[4] = {cdf_tensor_dim(y, 0), cdf_tensor_dim(y, 1), -1, c->head_dim};
     y = cdf_reshape(y, 4, shape);
-    return norm_w ? cdf_rms_norm(y, norm_w, 1e-6f) : y;
+    return norm_w ? cdf_rms_norm_as(y, norm_w, 1e-6f, dt) : y;
 }
 
 /* softmax(QK^T / sqrt(Dh)) V over [B, L, H, Dh] inputs; returns [B, L, H*Dh] f32. dt: the dtype
@@ -346,13 +349,13 @@ static cdf_tensor *attention_core(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v, c
 static cdf_status joint_attention(const sd3_attention *a, const sd3_config *c, cdf_tensor *x, cdf_tensor *ctx,
                                   cdf_tensor **x_out, cdf_tensor **ctx_out) {
     const int64_t n = cdf_tensor_dim(x, 1), t = cdf_tensor_dim(ctx, 1);
-    cdf_tensor *q[2] = {project_heads(&a->to_q, x, a->norm_q, c), project_heads(&a->add_q, ctx, a->norm_added_q, c)};
-    cdf_tensor *k[2] = {project_heads(&a->to_k, x, a->norm_k, c), project_heads(&a->add_k, ctx, a->norm_added_k, c)};
-    cdf_tensor *v[2] = {project_heads(&a->to_v, x, NULL, c), project_heads(&a->add_v, ctx, NULL, c)};
+    const cdf_dtype dt = cdf_linear_compute_dtype(&a->to_q);
+    cdf_tensor *q[2] = {project_heads(&a->to_q, x, a->norm_q, c, dt), project_heads(&a->add_q, ctx, a->norm_added_q, c, dt)};
+    cdf_tensor *k[2] = {project_heads(&a->to_k, x, a->norm_k, c, dt), project_heads(&a->add_k, ctx, a->norm_added_k, c, dt)};
+    cdf_tensor *v[2] = {project_heads(&a->to_v, x, NULL, c, dt), project_heads(&a->add_v, ctx, NULL, c, dt)};
     cdf_tensor *o = NULL;
     if (q[0] && q[1] && k[0] && k[1] && v[0] && v[1])
-        o = attention_core(cdf_cat(q, 2, 1), cdf_cat(k, 2, 1), cdf_cat(v, 2, 1),
-                           cdf_linear_compute_dtype(&a->to_q)); /* [B, N+T, D] */
+        o = attention_core(cdf_cat(q, 2, 1), cdf_cat(k, 2, 1), cdf_cat(v, 2, 1), dt); /* [B, N+T, D] */
     *x_out = cdf_linear_fwd(&a->to_out, cdf_narrow(o, 1, 0, n));
     *ctx_out = a->to_add_out.w ? cdf_linear_fwd(&a->to_add_out, cdf_narrow(o, 1, n, t)) : NULL;
     if (!*x_out || (a->to_add_out.w && !*ctx_out)) return cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL;
@@ -361,10 +364,11 @@ static cdf_status joint_attention(const sd3_attention *a, const sd3_config *c, c
 
 /* JointAttnProcessor2_0 without a context (attn2): plain self-attention of the image tokens */
 static cdf_tensor *self_attention(const sd3_attention *a, const sd3_config *c, cdf_tensor *x) {
-    cdf_tensor *q = project_heads(&a->to_q, x, a->norm_q, c);
-    cdf_tensor *k = project_heads(&a->to_k, x, a->norm_k, c);
-    cdf_tensor *v = project_heads(&a->to_v, x, NULL, c);
-    return cdf_linear_fwd(&a->to_out, attention_core(q, k, v, cdf_linear_compute_dtype(&a->to_q)));
+    const cdf_dtype dt = cdf_linear_compute_dtype(&a->to_q);
+    cdf_tensor *q = project_heads(&a->to_q, x, a->norm_q, c, dt);
+    cdf_tensor *k = project_heads(&a->to_k, x, a->norm_k, c, dt);
+    cdf_tensor *v = project_heads(&a->to_v, x, NULL, c, dt);
+    return cdf_linear_fwd(&a->to_out, attention_core(q, k, v, dt));
 }
 
 /* JointTransformerBlock.forward. x [B, N, D], ctx [B, T, D], temb [B, D].

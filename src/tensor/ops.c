@@ -627,15 +627,19 @@ cdf_tensor *cdf_softmax(cdf_tensor *x, int dim) {
     RETURN(back);
 }
 
-static cdf_tensor *row_norm(cdf_op_kind kind, cdf_tensor *x, cdf_tensor *w, cdf_tensor *b, float eps, const char *who) {
+/* out_dt: the result's dtype (0: x's, or f32 for a non-float x) */
+static cdf_tensor *row_norm(cdf_op_kind kind, cdf_tensor *x, cdf_tensor *w, cdf_tensor *b, float eps, cdf_dtype out_dt,
+                            const char *who) {
     BEGIN();
+    if (out_dt && !is_float(out_dt)) FAIL(CDF_ERR_DTYPE, "%s: the result dtype %s is not a float dtype", who, cdf_dtype_name(out_dt));
     if (x->ndim < 1) FAIL(CDF_ERR_SHAPE, "%s: input must have at least 1 dim", who);
     int64_t cols = x->shape[x->ndim - 1];
     if (w && (w->ndim != 1 || w->shape[0] != cols)) FAIL(CDF_ERR_SHAPE, "%s: weight %s does not match %s", who, desc(w), desc(x));
     if (b && (b->ndim != 1 || b->shape[0] != cols)) FAIL(CDF_ERR_SHAPE, "%s: bias %s does not match %s", who, desc(b), desc(x));
     if (w && b && w->dtype != b->dtype) FAIL(CDF_ERR_DTYPE, "%s: weight and bias dtypes differ", who);
     cdf_tensor *c = cdf_contiguous(x), *wc = w ? cdf_contiguous(w) : NULL, *bc = b ? cdf_contiguous(b) : NULL;
-    cdf_tensor *out = c ? cdf_tensor_alloc(dev_of(x), is_float(x->dtype) ? x->dtype : CDF_F32, x->ndim, x->shape) : NULL;
+    const cdf_dtype odt = out_dt ? out_dt : is_float(x->dtype) ? x->dtype : CDF_F32;
+    cdf_tensor *out = c ? cdf_tensor_alloc(dev_of(x), odt, x->ndim, x->shape) : NULL;
     cdf_node *n = out ? cdf_node_new(kind) : NULL;
     if (n) {
         n->p.norm.cols = cols;
@@ -647,12 +651,17 @@ static cdf_tensor *row_norm(cdf_op_kind kind, cdf_tensor *x, cdf_tensor *w, cdf_
 
 cdf_tensor *cdf_layer_norm(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b, float eps) {
     if (!x) return NULL;
-    return row_norm(CDF_OP_LAYER_NORM, x, w, b, eps, "layer_norm");
+    return row_norm(CDF_OP_LAYER_NORM, x, w, b, eps, 0, "layer_norm");
 }
 
 cdf_tensor *cdf_rms_norm(cdf_tensor *x, cdf_tensor *w, float eps) {
     if (!x) return NULL;
-    return row_norm(CDF_OP_RMS_NORM, x, w, NULL, eps, "rms_norm");
+    return row_norm(CDF_OP_RMS_NORM, x, w, NULL, eps, 0, "rms_norm");
+}
+
+cdf_tensor *cdf_rms_norm_as(cdf_tensor *x, cdf_tensor *w, float eps, cdf_dtype dt) {
+    if (!x) return NULL;
+    return row_norm(CDF_OP_RMS_NORM, x, w, NULL, eps, dt, "rms_norm");
 }
 
 cdf_tensor *cdf_group_norm(cdf_tensor *x, int groups, cdf_tensor *w, cdf_tensor *b, float eps) {
