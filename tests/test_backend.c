@@ -1,7 +1,8 @@
 /* The device interface (backend/backend_impl.h): listing and info, transfers through the
  * backend (uploads with conversion, reads of strided views with conversion), stream-ordered
  * copies and events, a copy stream joined to the compute stream by events (ordering, a failed
- * copy, freeing a stream with work pending), and the discrete test mode of the cpu backend.
+ * copy, freeing a stream with work pending), the bound on how far the host runs ahead, and the
+ * discrete test mode of the cpu backend.
  * ctest runs this file twice:
  * as test_backend and as test_backend_discrete (CDIFFUSERS_CPU_DISCRETE=1), where every device
  * address must fault when dereferenced above the backend. Expected values come from index
@@ -320,6 +321,63 @@ static void test_stream_free_with_pending_work(void **state) {
     cdf_scope_pop(NULL, 0);
 }
 
+/* ---- how far the host runs ahead of the compute stream ------------------------------------------
+ * A queued copy whose hook holds the compute stream's worker until the host has issued every
+ * fill below (or 2 s have passed): the fills' outputs (RA_N x 16 MiB = 384 MiB) exceed the
+ * run-ahead bound (256 MiB of pending outputs, cpu_backend.c), so the host must block after
+ * RA_BOUND of them and the hook sees the host stuck there. A host that ran ahead freely would
+ * issue them all at once and release the hook early. */
+enum { RA_N = 24, RA_ELEMS = 4 << 20, RA_BOUND = 16 };
+static atomic_int g_ra_issued;
+static atomic_bool g_ra_all_issued;
+static atomic_int g_ra_issued_at_timeout;
+static cdf_status gate_copy(size_t nbytes) {
+    (void)nbytes;
+    for (int i = 0; i < 200 && !atomic_load(&g_ra_all_issued); i++) usleep(10000);
+    atomic_store(&g_ra_issued_at_timeout, atomic_load(&g_ra_all_issued) ? -1 : atomic_load(&g_ra_issued));
+    return CDF_OK;
+}
+
+static void test_host_run_ahead_is_bounded_in_bytes(void **state) {
+    (void)state;
+    if (getenv("CDIFFUSERS_CPU_QUEUE_MB")) skip(); /* the bound checked is the default one */
+    cdf_scope_push();
+    cdf_device *dev = cpu();
+    int64_t s1[1] = {4}, s[1] = {RA_ELEMS};
+    cdf_tensor *small = cdf_tensor_full(dev, CDF_F32, 1, s1, 0.0);
+    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
+    atomic_store(&g_ra_issued, 0);
+    atomic_store(&g_ra_all_issued, false);
+    atomic_store(&g_ra_issued_at_timeout, -2);
+    cdf_cpu_copy_test_hook = gate_copy;
+    float host[4] = {1, 2, 3, 4};
+    assert_int_equal(cdf_exec_flush(), CDF_OK);
+    assert_int_equal(dev->iface->buffer_set_async(dev, NULL, small->storage->data, host, sizeof host, NULL, NULL), CDF_OK);
+    cdf_tensor *out[RA_N];
+    for (int i = 0; i < RA_N; i++) {
+        out[i] = cdf_tensor_full(dev, CDF_F32, 1, s, (double)i); /* one queued fill, 16 MiB out */
+        assert_non_null(out[i]);
+        assert_int_equal(cdf_exec_flush(), CDF_OK); /* deferring modes: enqueued now */
+        atomic_fetch_add(&g_ra_issued, 1);
+    }
+    atomic_store(&g_ra_all_issued, true);
+    assert_int_equal(cdf_device_synchronize(dev), CDF_OK);
+    cdf_cpu_copy_test_hook = NULL;
+    const int at_timeout = atomic_load(&g_ra_issued_at_timeout);
+    /* -1: every fill was issued while the stream was held (nothing bounded the host) */
+    assert_true(at_timeout >= 1 && at_timeout <= RA_BOUND);
+    for (int i = 0; i < RA_N; i += 7) { /* the held-back fills ran, in order, after the copy */
+        float *v = cdf_tensor_read_f32(out[i]);
+        assert_float_equal(v[0], (float)i, 0);
+        assert_float_equal(v[RA_ELEMS - 1], (float)i, 0);
+        free(v);
+    }
+    float *v = cdf_tensor_read_f32(small);
+    for (int i = 0; i < 4; i++) assert_float_equal(v[i], host[i], 0);
+    free(v);
+    cdf_scope_pop(NULL, 0);
+}
+
 static void test_device_memory_is_not_host_memory_in_discrete_mode(void **state) {
     (void)state;
     cdf_scope_push();
@@ -365,6 +423,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_copy_stream_is_joined_by_events, no_hook),
         cmocka_unit_test_teardown(test_failed_copy_is_reported_at_the_sync, no_hook),
         cmocka_unit_test_teardown(test_stream_free_with_pending_work, no_hook),
+        cmocka_unit_test_teardown(test_host_run_ahead_is_bounded_in_bytes, no_hook),
         cmocka_unit_test(test_device_memory_is_not_host_memory_in_discrete_mode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -25,8 +25,17 @@
 bool cdf_cpu_discrete;
 cdf_status (*cdf_cpu_copy_test_hook)(size_t nbytes);
 
-#define CPU_QUEUE_CAP 512 /* pending items per stream before enqueue blocks: bounds how far the host
-                            runs ahead (each pending op may hold an output buffer) */
+#define CPU_QUEUE_CAP 512 /* pending items per stream before enqueue blocks */
+/* How far the host may run ahead in bytes: the outputs of the ops queued and not yet finished.
+ * Each pending op holds an output buffer the host allocated at the call, so a host 512 ops
+ * ahead held about half a forward's activations more than the device was working on: in eager
+ * mode the SD3.5-Medium forward (512² CFG) peaked at 12.3 GB instead of 8.4 and, as those
+ * buffers outgrew the kept host memory (core/host_memory.c) and were mapped afresh, ran at
+ * 20-22 s instead of 15 (page faults: 61 s of system time in 4 forwards; bench/RESULTS.md
+ * "Modes"). A few ops ahead are all the worker needs to never wait for the host (an op runs
+ * for milliseconds, issuing it takes microseconds). CDIFFUSERS_CPU_QUEUE_MB overrides. */
+#define CPU_AHEAD_BYTES_DEFAULT ((size_t)256 << 20)
+#define CPU_AHEAD_MIN_ITEMS 2 /* queued whatever their size: one runs while the next is ready */
 #define CPU_MAX_STREAMS 8 /* copy streams per device */
 
 /* One queued item: a node to execute, a function to call on the worker in stream order (a
@@ -38,6 +47,7 @@ typedef struct cpu_item {
     cdf_status (*fn)(void *ctx, bool skip, char *msg, size_t cap);
     void *ctx;
     uint64_t wait_stream, wait_mark;
+    size_t bytes; /* the node's output storage: counted against the run-ahead bound */
 } cpu_item;
 
 struct cpu_device;
@@ -49,6 +59,8 @@ typedef struct cpu_stream {
     pthread_cond_t not_empty, not_full;
     cpu_item ring[CPU_QUEUE_CAP];
     int head, count;
+    size_t ahead_bytes; /* bytes of the items queued or running (cpu_item.bytes) */
+    size_t running_bytes;
     bool running; /* the worker is executing an item */
     bool stop;    /* stream_free: the worker exits once the ring is empty */
     uint64_t enqueued, completed;
@@ -102,6 +114,9 @@ static bool point_passed(cpu_device *d, uint64_t id, uint64_t mark) {
 static void item_finished(cpu_device *d, cpu_stream *q) {
     q->completed++;
     q->running = false;
+    q->ahead_bytes -= q->running_bytes;
+    q->running_bytes = 0;
+    pthread_cond_broadcast(&q->not_full);
     pthread_cond_broadcast(&d->progress);
     if (q->count == 0) pthread_cond_broadcast(&d->idle);
 }
@@ -122,6 +137,7 @@ static void *cpu_worker(void *arg) {
         q->head = (q->head + 1) % CPU_QUEUE_CAP;
         q->count--;
         q->running = true;
+        q->running_bytes = it.bytes; /* released when it has finished, not when it starts */
         bool skip = d->err != CDF_OK || d->exiting;
         int want_threads = d->threads;
         pthread_cond_signal(&q->not_full);
@@ -245,12 +261,31 @@ static void cpu_free(cdf_device *dev, void *ptr, size_t nbytes) {
     cdf_host_free_large(p, nbytes);
 }
 
+static size_t ahead_limit(void) {
+    static atomic_size_t limit; /* 0: not read yet */
+    size_t v = atomic_load(&limit);
+    if (!v) {
+        const char *e = getenv("CDIFFUSERS_CPU_QUEUE_MB");
+        const long long mb = e && *e ? atoll(e) : 0;
+        v = mb > 0 ? (size_t)mb << 20 : CPU_AHEAD_BYTES_DEFAULT;
+        atomic_store(&limit, v);
+    }
+    return v;
+}
+
+/* Blocks while the stream is full: CPU_QUEUE_CAP items, or (beyond the first few) the run-ahead
+ * bound in output bytes. Only the host pushes, and a wait item only waits for what was pushed
+ * before it, so the worker always drains what blocks the push. */
 static cdf_status queue_push(cpu_stream *q, cpu_item it) {
     cpu_device *d = q->dev;
     pthread_mutex_lock(&d->lock);
-    while (q->count == CPU_QUEUE_CAP) pthread_cond_wait(&q->not_full, &d->lock);
+    const size_t limit = ahead_limit();
+    while (q->count == CPU_QUEUE_CAP ||
+           (q->count + q->running >= CPU_AHEAD_MIN_ITEMS && q->ahead_bytes + it.bytes > limit))
+        pthread_cond_wait(&q->not_full, &d->lock);
     q->ring[(q->head + q->count) % CPU_QUEUE_CAP] = it;
     q->count++;
+    q->ahead_bytes += it.bytes;
     q->enqueued++;
     pthread_cond_signal(&q->not_empty);
     pthread_mutex_unlock(&d->lock);
@@ -262,7 +297,8 @@ static cpu_stream *stream_of(cdf_device *dev, cdf_stream *st) {
 }
 
 static cdf_status cpu_enqueue(cdf_device *dev, cdf_node *node) {
-    return queue_push(stream_of(dev, NULL), (cpu_item){.node = node});
+    const cdf_storage *out = node && node->dst ? node->dst->storage : NULL;
+    return queue_push(stream_of(dev, NULL), (cpu_item){.node = node, .bytes = out ? out->nbytes : 0});
 }
 
 static cdf_status cpu_synchronize(cdf_device *dev) {
