@@ -7,9 +7,9 @@ Prints the top symbols and a table of shares per class: matmul (oneDNN JIT brgem
 its reorders), attention (cdf_k_attention*), elementwise / activations, norms, libm
 calls (tanhf/expm1f of GELU-tanh, expf of SiLU / the reference attention's softmax),
 OpenMP runtime (barrier spin / wake-up: idle threads, inflated when the machine is loaded),
-bf16 rounding / copies / conversion, kernel. `load_block` is counted as elementwise: in a steady
-forward it is the fused elementwise kernel's (a static function of the same name loads SD3
-weights, only at load time).
+bf16 rounding / copies / conversion, kernel. `load_block` and `run_block` are counted as
+elementwise: in a steady forward they are the fused elementwise kernel's (static functions of
+the same names load SD3 weights and walk FLUX's blocks on the host, negligible there).
 """
 import re
 import sys
@@ -20,7 +20,7 @@ CLASSES = [
     ("libm tanhf/expm1f (GELU-tanh; glibc's tanhf calls expm1f)", re.compile(r"^__(expm1f|tanhf)|tanhf@plt|expm1f@plt")),
     ("libm expf", re.compile(r"^__expf|expf@plt")),
     ("norms", re.compile(r"norm")),
-    ("elementwise / activations", re.compile(r"elementwise|unary|binary|gelu|silu|modulat|rope|softmax|^load_block")),
+    ("elementwise / activations", re.compile(r"elementwise|unary|binary|gelu|silu|modulat|rope|softmax|^(load|run)_block")),
     ("bf16 rounding / copies / conversion", re.compile(r"round|copy|memmove|memcpy|convert|bf16|contiguous|permute|transpose|memset")),
     ("OpenMP runtime (spin/wake)", re.compile(r"libgomp|gomp|omp_")),
 ]
