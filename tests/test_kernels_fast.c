@@ -932,14 +932,26 @@ static void test_matmul_q8_int8(void **state) {
     q8_int8_case(1, 96, 32, CDF_F32, 1, 24, false);     /* one row, one block (an odd count: half a repack pair) */
     q8_int8_case(6, 256, 96, CDF_BF16, 1, 25, true);    /* one whole group and slab; a NaN in row 3 */
     q8_int8_case(193, 544, 3072, CDF_F32, 1, 26, false); /* an MC block + 1 row, 2 slabs + 1 panel, FLUX's K */
-    cdf_k_matmul_q_set_int8(-1);
-    /* switched off (the environment's switch, read again after set_int8(-1)): another path runs */
-    setenv("CDIFFUSERS_Q8_INT8", "0", 1);
-    cdf_k_matmul_q_set_int8(-1);
+    /* the environment's switch (read again after set_int8(-1)): off by default and with "0" (then
+     * another path runs, checked as the bf16 paths are), on with "1" */
     const uint64_t calls = cdf_k_matmul_q_int8_calls();
-    q8_own_case(301, 288, 1056, CDF_F32, 1, 11, 0); /* the bf16 paths' check */
-    assert_int_equal(cdf_k_matmul_q_int8_calls(), calls);
-    unsetenv("CDIFFUSERS_Q8_INT8");
+    const char *was = getenv("CDIFFUSERS_Q8_INT8");
+    char *saved = was ? strdup(was) : NULL;
+    for (int v = 0; v < 3; v++) {
+        if (v == 0) unsetenv("CDIFFUSERS_Q8_INT8");
+        else setenv("CDIFFUSERS_Q8_INT8", v == 1 ? "0" : "1", 1);
+        cdf_k_matmul_q_set_int8(-1);
+        if (v < 2) {
+            q8_own_case(301, 288, 1056, CDF_F32, 1, 11, 0);
+            assert_int_equal(cdf_k_matmul_q_int8_calls(), calls);
+        } else {
+            q8_int8_case(13, 64, 64, CDF_F32, 1, 27, false);
+            assert_int_equal(cdf_k_matmul_q_int8_calls(), calls + 1);
+        }
+    }
+    if (saved) setenv("CDIFFUSERS_Q8_INT8", saved, 1);
+    else unsetenv("CDIFFUSERS_Q8_INT8");
+    free(saved);
     cdf_k_matmul_q_set_int8(-1);
     /* the f32 policy (weights decoded to f32) never runs it */
     float a1[32] = {1}, c1[32];
@@ -948,7 +960,7 @@ static void test_matmul_q8_int8(void **state) {
                                    .w_dt = CDF_F32, .c = c1, .c_dt = CDF_F32};
     cdf_k_matmul_q_set_int8(2);
     assert_int_equal(cdf_k_matmul_q(&f), CDF_OK);
-    assert_int_equal(cdf_k_matmul_q_int8_calls(), calls);
+    assert_int_equal(cdf_k_matmul_q_int8_calls(), calls + 1);
     cdf_k_matmul_q_set_int8(-1);
 }
 

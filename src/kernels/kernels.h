@@ -163,9 +163,9 @@ void cdf_k_matmul_q_set_panel_bytes(size_t bytes);
 void cdf_k_matmul_q_set_own_gemm(int on);
 /* The int8 AVX512-VNNI GEMM on Q8_0 weights under the bf16 policy (matmul_quant.c: A quantized
  * per row and 32-value block to int8 as ggml's q8_0 x q8_0 does, int32 block sums: not the
- * dequantized weights' numbers, see there for the bound): 1 where it applies (the default, AVX512-
- * VNNI without AMX; CDIFFUSERS_Q8_INT8=0 turns it off), 2 wherever it can run, 0 off (then
- * cdf_k_matmul_q_set_own_gemm decides), -1 back to the environment's choice. Not synchronised. */
+ * dequantized weights' numbers, see there for the bound; AVX512-VNNI without AMX, GCC builds):
+ * 1 or 2 on wherever it can run, 0 off (the default; then cdf_k_matmul_q_set_own_gemm decides),
+ * -1 back to the environment's choice (CDIFFUSERS_Q8_INT8=1 turns it on). Not synchronised. */
 void cdf_k_matmul_q_set_int8(int on);
 /* How many calls the int8 GEMM ran (process-wide, not synchronised): tests check which path ran. */
 uint64_t cdf_k_matmul_q_int8_calls(void);

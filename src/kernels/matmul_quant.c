@@ -392,6 +392,9 @@ static void qg_slab(const uint32_t *ap, const uint32_t *bp, float *t, float *c, 
  * contribution, 128 * sum_k wq per (column, block), is computed when the slab is repacked and
  * starts each block's int32 sum negated: S_b = sum (qa + 128) wq - 128 sum wq, exact.
  *
+ * Opt-in (CDIFFUSERS_Q8_INT8=1): by default a Q8_0 layer computes what its dequantized weights
+ * give, which this path cannot (bench/RESULTS.md has its speed and a forward's accuracy).
+ *
  * Layouts (u32 words of 4 k, "quads"). A: groups of QI_MR rows; group g, quad q is QI_MR words at
  * aq + (g * K / 4 + q) * QI_MR, its scales at as + (g * nb + b) * QI_MR (rows past M: zero).
  * B slab: panels of 32 columns; panel j, quad q: 32 words (column i: word i) at bq + (j * K / 4 +
@@ -668,8 +671,10 @@ static bool q8_gemm_enabled(void) {
 }
 #endif
 
-/* The int8 VNNI GEMM: 1 (default) or 2 wherever it can run (the same today: it is ahead at every
- * M), 0 off (CDIFFUSERS_Q8_INT8=0, or the setter) */
+/* The int8 VNNI GEMM: off unless CDIFFUSERS_Q8_INT8=1 (or the setter: 1 or 2, the same today),
+ * though it is ahead at every M measured: its numbers are not the dequantized weights' (A is
+ * quantized), and a Q8_0 file under the bf16 policy is meant to give exactly what its dequantized
+ * file gives (tests/test_formats_single_file.c checks that bit for bit) */
 static int g_q8_int8 = -1;
 static uint64_t g_q8_int8_calls; /* for tests: which path ran */
 void cdf_k_matmul_q_set_int8(int on) { g_q8_int8 = on < 0 ? -1 : on > 2 ? 2 : on; }
@@ -685,16 +690,16 @@ static cdf_status q8_int8(const cdf_k_matmul_q_args *a, bool *handled) {
     if (a->qtype != CDF_GGML_Q8_0 || a->w_dt != CDF_BF16 || cdf_k_isa_level() < CDF_K_ISA_AVX512 || !cpu->avx512_vnni ||
         cpu->amx_bf16)
         return CDF_OK;
-    if (g_q8_int8 < 0) {
+    if (g_q8_int8 < 0) { /* opt-in: see cdf_k_matmul_q_set_int8 */
         const char *e = getenv("CDIFFUSERS_Q8_INT8");
-        g_q8_int8 = !(e && strcmp(e, "0") == 0);
+        g_q8_int8 = e && strcmp(e, "1") == 0;
     }
     if (g_q8_int8 == 0) return CDF_OK;
     if ((a->a_dt != CDF_F32 && a->a_dt != CDF_BF16) || a->c_dt != CDF_F32 || a->N % QI_NR || a->K % 32) return CDF_OK;
     if (a->bias && a->bias_dt != CDF_F32 && a->bias_dt != CDF_BF16) return CDF_OK;
-    /* every M: ahead of bf16 weights from M = 16 on and of the other Q8_0 paths at every M measured
-     * (bench_kernels --quant, bench/RESULTS.md: CPU-s 0.64-0.79 of bf16's at M 64-4096; M = 2 1.13
-     * of bf16's, 0.35 of the panels') */
+    /* once on, at every M: ahead of bf16 weights from M = 16 on and of the other Q8_0 paths at
+     * every M measured (bench_kernels --quant, bench/RESULTS.md: CPU-s 0.64-0.79 of bf16's at M
+     * 64-4096; M = 2 1.13 of bf16's, 0.35 of the panels') */
 #define align64(n) (((size_t)(n) + 63) & ~(size_t)63)
     const int64_t M = a->M, N = a->N, K = a->K, nb = K / 32, groups = (M + QI_MR - 1) / QI_MR, slabs = (N + QI_NC - 1) / QI_NC;
     int nthr = omp_get_max_threads();
