@@ -219,6 +219,23 @@ static void tile_to_rows_avx512(const uint16_t *rb, int64_t ld, int64_t nk, char
     }
 }
 static void q_store_fence(void) { _mm_sfence(); }
+
+/* The end of the own GEMMs' micro-kernels: rows [0, nr) of a tile of 32-column f32 accumulators
+ * (acc[2r], acc[2r + 1]: row r) stored to the partial-sum buffer c (ldc), or with the bias (32
+ * f32 or NULL) to out (ldo) after the last chunk */
+static inline __attribute__((always_inline)) void tile_store32(const __m512 *acc, int mr, int nr, float *c, int64_t ldc,
+                                                               float *out, int64_t ldo, const float *bias) {
+    if (out) {
+        const __m512 v0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps(), v1 = bias ? _mm512_loadu_ps(bias + 16) : v0;
+#pragma GCC unroll 24
+        for (int i = 0; i < 2 * mr; i++)
+            if (i / 2 < nr) _mm512_storeu_ps(out + (i / 2) * ldo + (i % 2) * 16, bias ? _mm512_add_ps(acc[i], i % 2 ? v1 : v0) : acc[i]);
+        return;
+    }
+#pragma GCC unroll 24
+    for (int i = 0; i < 2 * mr; i++)
+        if (i / 2 < nr) _mm512_storeu_ps(c + (i / 2) * ldc + (i % 2) * 16, acc[i]);
+}
 #pragma GCC pop_options
 
 /* ---- the own AVX512-BF16 GEMM on Q8_0 weights ("decode into the tile") -----------------------
@@ -334,16 +351,7 @@ static void qg_ukernel(int64_t kp, const uint32_t *restrict ap, const uint32_t *
             acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], x, b1);
         }
     }
-    if (out) {
-        const __m512 v0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps(), v1 = bias ? _mm512_loadu_ps(bias + 16) : v0;
-#pragma GCC unroll 24
-        for (int i = 0; i < 2 * QG_MR; i++)
-            if (i / 2 < nr) _mm512_storeu_ps(out + (i / 2) * ldo + (i % 2) * 16, bias ? _mm512_add_ps(acc[i], i % 2 ? v1 : v0) : acc[i]);
-        return;
-    }
-#pragma GCC unroll 24
-    for (int i = 0; i < 2 * QG_MR; i++)
-        if (i / 2 < nr) _mm512_storeu_ps(c + (i / 2) * ldc + (i % 2) * 16, acc[i]);
+    tile_store32(acc, QG_MR, nr, c, ldc, out, ldo, bias);
 }
 
 /* One slab task: columns [n0, n0 + QG_NC) of C for every row. t: the thread's block buffer
@@ -528,16 +536,7 @@ static void qi_ukernel(int64_t nbk, const uint32_t *restrict aq, const float *re
             acc[2 * r + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[2 * r + 1]), _mm512_mul_ps(d, w1), acc[2 * r + 1]);
         }
     }
-    if (out) {
-        const __m512 v0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps(), v1 = bias ? _mm512_loadu_ps(bias + 16) : v0;
-#pragma GCC unroll 12
-        for (int i = 0; i < 2 * QI_MR; i++)
-            if (i / 2 < nr) _mm512_storeu_ps(out + (i / 2) * ldo + (i % 2) * 16, bias ? _mm512_add_ps(acc[i], i % 2 ? v1 : v0) : acc[i]);
-        return;
-    }
-#pragma GCC unroll 12
-    for (int i = 0; i < 2 * QI_MR; i++)
-        if (i / 2 < nr) _mm512_storeu_ps(c + (i / 2) * ldc + (i % 2) * 16, acc[i]);
+    tile_store32(acc, QI_MR, nr, c, ldc, out, ldo, bias);
 }
 
 /* One slab task: columns [n0, n0 + QI_NC) of C for every row (t: the thread's QI_MC x QI_LDT
