@@ -15,7 +15,9 @@
  * The exception: Q8_0 weights decoded to bf16 at 128 <= M < 1024 on AVX512-BF16 (no AMX) run an
  * own vdpbf16ps GEMM that decodes column slabs into its packed layout (qg_*, below): at those
  * token counts the panels' round trip through DRAM weighs more than the multiply's own losses.
- * Same decoded values and products, f32 sums in another order: not bit for bit the panels. */
+ * Same decoded values and products, f32 sums in another order: not bit for bit the panels.
+ * Opt-in (CDIFFUSERS_Q8_INT8=1, AVX512-VNNI without AMX): an int8 GEMM on int8-quantized A (qi_*,
+ * below), faster than bf16 weights but with A's quantization error. */
 #include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
