@@ -676,6 +676,7 @@ static void test_matmul_quantized_panels(void **state) {
     cdf_k_gemm_bf16w_stats g0, g1;
     cdf_k_fast_get_stats(&f0);
     cdf_k_gemm_bf16w_get_stats(&g0);
+    cdf_k_matmul_q_set_int8(0); /* the panels' exact numbers: not the int8 GEMM's quantized A */
     cdf_k_matmul_q_set_panel_bytes((size_t)32 << 20); /* 8 Mi f32 / 16 Mi bf16 values a panel */
     run_matmul_q8(3, 4100, 4096, CDF_F32);
     run_matmul_q8(2, 64, 256, CDF_BF16);  /* smaller: the cached buffer serves it */
@@ -688,6 +689,7 @@ static void test_matmul_quantized_panels(void **state) {
     cdf_k_gemm_bf16w_get_stats(&g1);
     assert_int_equal(f1.packs, f0.packs);
     assert_int_equal(g1.packs, g0.packs);
+    cdf_k_matmul_q_set_int8(-1);
 }
 
 static void test_matmul_errors(void **state) {

@@ -680,6 +680,7 @@ static void test_matmul_fast_filled_padding(void **state) {
 static void test_matmul_q_direct_layout(void **state) {
     (void)state;
     cdf_k_matmul_q_set_own_gemm(0); /* the panels: bit for bit the plain matmul */
+    cdf_k_matmul_q_set_int8(0);
     cdf_k_fast_stats s0, s1;
     cdf_k_fast_get_stats(&s0);
     const uint32_t q8 = CDF_GGML_Q8_0;
@@ -698,6 +699,7 @@ static void test_matmul_q_direct_layout(void **state) {
     cdf_k_fast_get_stats(&s1);
     assert_int_equal(s1.packs, s0.packs); /* decoded panels are never kept prepacked */
     cdf_k_matmul_q_set_own_gemm(-1);
+    cdf_k_matmul_q_set_int8(-1);
 }
 
 /* ---- the own AVX512-BF16 GEMM on Q8_0 weights (matmul_quant.c) ------------------------------- */
@@ -773,6 +775,7 @@ static void test_matmul_q8_own_gemm(void **state) {
     const bool own = false;
 #endif
     if (!own) printf("  [note] the own Q8_0 GEMM does not apply here: the panels' results are checked instead\n");
+    cdf_k_matmul_q_set_int8(0); /* the bf16 paths this test is about */
     const int yes = own ? 1 : 0, no = own ? 2 : 0; /* own: oneDNN's direct fill is the alternative here */
     q8_own_case(301, 288, 1056, CDF_F32, 1, 11, yes); /* 2 MC blocks + a partial group; 1 + 1/8 slabs; 2 + 1/16 chunks */
     q8_own_case(256, 64, 64, CDF_BF16, 2, 12, yes);   /* bf16 A and bias, K below one chunk */
@@ -785,6 +788,180 @@ static void test_matmul_q8_own_gemm(void **state) {
     cdf_k_matmul_q_set_own_gemm(0);                   /* switched off: the panels */
     q8_own_case(301, 288, 1056, CDF_F32, 1, 11, no);
     cdf_k_matmul_q_set_own_gemm(-1);
+    cdf_k_matmul_q_set_int8(-1);
+}
+
+/* ---- the int8 AVX512-VNNI GEMM on Q8_0 weights (matmul_quant.c, q8_int8) ---------------------
+ *
+ * Not the dequantized weights' numbers: A is quantized per row and 32-value block. Two checks
+ * per element, with A's quantization recomputed here by its definition (f32 arithmetic, as the
+ * kernel's lanes do: amax = max |a|, da = amax / 127, qa = nearest-even(a * (127 / amax))):
+ *  1. the integer part is exact: against R_q = sum_b da_b dw_b S_b (+ bias) in double, with
+ *     S_b = sum_k qa wq, |c - R_q| <= g (sum_b |da_b dw_b S_b| + |bias|), g = gamma(nb + 2) =
+ *     (nb + 2) u / (1 - (nb + 2) u), u = 2^-24: the f32 product da * dw (one rounding), nb fma
+ *     steps (the recursive sum's gamma(nb - 1) bound, one more for the scale), one for the bias
+ *     (the int32 sums and their conversion to f32 are exact: |S_b| < 2^24). A weight or A value
+ *     in the wrong place, a lost offset correction or a wrong scale moves an element by far more.
+ *  2. against the exact product of the original A with the dequantized weights, R = sum_k a wf
+ *     (+ bias) in double: |c - R| <= the bound of 1 + sum_k |wf_k| (da_b / 2 + 3.01 u |a_k|): the
+ *     quantization error of a value, |a - qa da| <= |x - qa| da + |a - x da| with x = fl(a * fl(127 /
+ *     amax)) and x da = a (1 + e1)(1 + e2)(1 + e3), |e| <= u. This is the tolerance the path
+ *     carries, stated per element.
+ * Both bounds get 1e-12 of the element's magnitude for the double reference's own rounding.
+ * Shapes cover partial row groups (6 rows) and MC blocks (192), a partial column slab (256),
+ * an odd block count and a partial k chunk (512), bf16 A, f32 / bf16 / no bias, an all-zero
+ * block of A and one below 2^-96 (both count as zero; the bound then has |a| for their values),
+ * a NaN in A (its row's outputs NaN, the rest untouched). */
+static void q8_int8_case(int64_t M, int64_t N, int64_t K, cdf_dtype a_dt, int bias_kind /* 0 none, 1 f32, 2 bf16 */,
+                         uint64_t seed, bool nan_row) {
+    const int64_t nb = K / 32;
+    uint8_t *w = malloc((size_t)(N * nb * 34));
+    float *af = malloc(sizeof(float) * (size_t)(M * K)), *wf = malloc(sizeof(float) * (size_t)(N * K));
+    float *bias = malloc(sizeof(float) * (size_t)N), *c = malloc(sizeof(float) * (size_t)(M * N));
+    float *da = malloc(sizeof(float) * (size_t)(M * nb));
+    int *qa = malloc(sizeof(int) * (size_t)(M * K));
+    void *a = malloc(cdf_dtype_size(a_dt) * (size_t)(M * K)), *bias_x = malloc(sizeof(float) * (size_t)N);
+    assert_true(w && af && wf && bias && c && da && qa && a && bias_x);
+    uint64_t x = seed;
+#define NEXT() (x = x * 6364136223846793005ull + 1442695040888963407ull, (uint32_t)(x >> 33))
+    for (int64_t i = 0; i < N * nb; i++) { /* random int8 values (-128 included), f16 scales in [2^-8, 2^-5) */
+        uint8_t *blk = w + i * 34;
+        for (int j = 2; j < 34; j++) blk[j] = (uint8_t)NEXT();
+        const uint16_t d = (uint16_t)(0x1C00 + NEXT() % 0xC00);
+        blk[0] = (uint8_t)(d & 0xff), blk[1] = (uint8_t)(d >> 8);
+    }
+    /* A: values over 3 decades of magnitude, so blocks mix large and small */
+    for (int64_t i = 0; i < M * K; i++) {
+        const float v = (float)((int)(NEXT() % 20001) - 10000) * 1.2345e-4f;
+        af[i] = NEXT() % 3 == 0 ? v * 1e-3f : v;
+    }
+    if (M > 1 && nb > 1)
+        for (int64_t k = 32; k < 64; k++) af[1 * K + k] = 0.0f; /* row 1, block 1: all zero (da = 0) */
+    if (M > 2)
+        for (int64_t k = 0; k < 32; k++) af[2 * K + k] = (float)(k - 16) * 0x1p-110f; /* row 2, block 0: below 2^-96 */
+    for (int64_t n = 0; n < N; n++) bias[n] = (float)((int)(NEXT() % 2001) - 1000) * 1e-2f;
+#undef NEXT
+    const int64_t nan_m = nan_row ? M / 2 : -1;
+    if (nan_row) af[nan_m * K + K - 3] = NAN;
+    cdf_convert(a, a_dt, af, CDF_F32, (size_t)(M * K));
+    cdf_convert(bias_x, bias_kind == 2 ? CDF_BF16 : CDF_F32, bias, CDF_F32, (size_t)N);
+    cdf_convert(af, CDF_F32, a, a_dt, (size_t)(M * K)); /* A as given (bf16 A: exact) */
+    if (bias_kind == 2)
+        for (int64_t n = 0; n < N; n++) bias[n] = cdf_bf16_to_f32(cdf_f32_to_bf16(bias[n]));
+    assert_int_equal(cdf_ggml_dequantize(CDF_GGML_Q8_0, w, N * K, wf), CDF_OK); /* dw * wq: exact in f32 */
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *ab = af + m * K + b * 32;
+            float amax = 0.0f;
+            for (int k = 0; k < 32; k++) amax = fabsf(ab[k]) > amax ? fabsf(ab[k]) : amax;
+            const bool tiny = amax < 0x1p-96f; /* counts as a zero block */
+            const float d = tiny ? 0.0f : amax / 127.0f, id = tiny ? 0.0f : 127.0f / amax;
+            da[m * nb + b] = d;
+            for (int k = 0; k < 32; k++) {
+                const float xq = ab[k] * id; /* one f32 rounding, then nearest even */
+                qa[m * K + b * 32 + k] = m == nan_m ? 0 : (int)nearbyintf(xq);
+                if (m != nan_m) assert_true(abs(qa[m * K + b * 32 + k]) <= 127);
+            }
+        }
+    for (int64_t i = 0; i < M * N; i++) c[i] = -12345.0f; /* every element must be written */
+
+    const uint64_t calls = cdf_k_matmul_q_int8_calls();
+    const cdf_k_matmul_q_args q = {.M = M, .N = N, .K = K, .a = a, .a_dt = a_dt, .w = w, .qtype = CDF_GGML_Q8_0,
+                                   .w_dt = CDF_BF16, .bias = bias_kind ? bias_x : NULL,
+                                   .bias_dt = bias_kind == 2 ? CDF_BF16 : CDF_F32, .c = c, .c_dt = CDF_F32};
+    assert_int_equal(cdf_k_matmul_q(&q), CDF_OK);
+    assert_int_equal(cdf_k_matmul_q_int8_calls(), calls + 1); /* the int8 GEMM ran */
+    const double u = ldexp(1.0, -24), g = (double)(nb + 2) * u / (1.0 - (double)(nb + 2) * u);
+    int64_t wrong = 0;
+    double worst = 0; /* largest |c - R| / its bound 2 */
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            const double got = c[m * N + n];
+            if (m == nan_m) {
+                if (!isnan(got) && wrong++ < 3)
+                    print_error("Q8_0 int8 M %lld N %lld K %lld: c[%lld, %lld] = %.9g, a NaN in its row of A gives NaN\n",
+                                (long long)M, (long long)N, (long long)K, (long long)m, (long long)n, got);
+                continue;
+            }
+            const double bv = bias_kind ? (double)bias[n] : 0.0;
+            double rq = bv, rq_mag = fabs(bv), r = bv, r_mag = fabs(bv), qerr = 0;
+            for (int64_t b = 0; b < nb; b++) {
+                int64_t sb = 0;
+                const uint8_t *blk = w + (n * nb + b) * 34;
+                const double dw = cdf_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)), d = da[m * nb + b];
+                for (int k = 0; k < 32; k++) {
+                    const int64_t kk = b * 32 + k;
+                    sb += (int64_t)qa[m * K + kk] * (int8_t)blk[2 + k];
+                    const double t = (double)af[m * K + kk] * (double)wf[n * K + kk];
+                    r += t, r_mag += fabs(t);
+                    const double ak = fabs((double)af[m * K + kk]);
+                    qerr += fabs((double)wf[n * K + kk]) * (d > 0 ? d / 2 + 3.01 * u * ak : ak); /* da 0: qa 0 */
+                }
+                rq += d * dw * (double)sb, rq_mag += fabs(d * dw * (double)sb);
+            }
+            const double b1 = g * rq_mag + 1e-12 * rq_mag, b2 = b1 + qerr + 1e-12 * r_mag;
+            const bool ok1 = fabs(got - rq) <= b1, ok2 = fabs(got - r) <= b2;
+            if (b2 > 0 && fabs(got - r) / b2 > worst) worst = fabs(got - r) / b2;
+            if ((!ok1 || !ok2) && wrong++ < 3)
+                print_error("Q8_0 int8 M %lld N %lld K %lld: c[%lld, %lld] = %.9g; quantized-A sum %.9g (bound %.3g), "
+                            "exact %.9g (bound %.3g)\n", (long long)M, (long long)N, (long long)K, (long long)m, (long long)n,
+                            got, rq, b1, r, b2);
+        }
+    assert_int_equal(wrong, 0);
+    printf("  int8 M %lld N %lld K %lld: largest |c - exact| = %.2f of its bound\n", (long long)M, (long long)N, (long long)K,
+           worst);
+    free(w), free(af), free(wf), free(bias), free(c), free(da), free(qa), free(a), free(bias_x);
+}
+
+static void test_matmul_q8_int8(void **state) {
+    (void)state;
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    const cdf_k_cpu_features *cpu = cdf_k_cpu();
+    const bool int8 = cdf_k_isa_level() >= CDF_K_ISA_AVX512 && cpu->avx512_vnni && !cpu->amx_bf16;
+#else
+    const bool int8 = false;
+#endif
+    if (!int8) {
+        printf("  [note] the int8 Q8_0 GEMM does not apply here (needs AVX512-VNNI without AMX, a GCC build)\n");
+        return;
+    }
+    cdf_k_matmul_q_set_int8(2); /* wherever it can run: the M edges too */
+    q8_int8_case(301, 288, 1056, CDF_F32, 1, 21, false); /* 2 MC blocks + a partial group; 1 + 1/8 slabs; 33 blocks: 2 + 1/16 chunks */
+    q8_int8_case(200, 64, 64, CDF_BF16, 2, 22, false);  /* bf16 A and bias, K below one chunk */
+    q8_int8_case(7, 32, 512, CDF_F32, 0, 23, false);    /* no bias, exactly one chunk, one panel, 6 + 1 rows */
+    q8_int8_case(1, 96, 32, CDF_F32, 1, 24, false);     /* one row, one block (an odd count: half a repack pair) */
+    q8_int8_case(6, 256, 96, CDF_BF16, 1, 25, true);    /* one whole group and slab; a NaN in row 3 */
+    q8_int8_case(193, 544, 3072, CDF_F32, 1, 26, false); /* an MC block + 1 row, 2 slabs + 1 panel, FLUX's K */
+    /* the environment's switch (read again after set_int8(-1)): off by default and with "0" (then
+     * another path runs, checked as the bf16 paths are), on with "1" */
+    const uint64_t calls = cdf_k_matmul_q_int8_calls();
+    const char *was = getenv("CDIFFUSERS_Q8_INT8");
+    char *saved = was ? strdup(was) : NULL;
+    for (int v = 0; v < 3; v++) {
+        if (v == 0) unsetenv("CDIFFUSERS_Q8_INT8");
+        else setenv("CDIFFUSERS_Q8_INT8", v == 1 ? "0" : "1", 1);
+        cdf_k_matmul_q_set_int8(-1);
+        if (v < 2) {
+            q8_own_case(301, 288, 1056, CDF_F32, 1, 11, 0);
+            assert_int_equal(cdf_k_matmul_q_int8_calls(), calls);
+        } else {
+            q8_int8_case(13, 64, 64, CDF_F32, 1, 27, false);
+            assert_int_equal(cdf_k_matmul_q_int8_calls(), calls + 1);
+        }
+    }
+    if (saved) setenv("CDIFFUSERS_Q8_INT8", saved, 1);
+    else unsetenv("CDIFFUSERS_Q8_INT8");
+    free(saved);
+    cdf_k_matmul_q_set_int8(-1);
+    /* the f32 policy (weights decoded to f32) never runs it */
+    float a1[32] = {1}, c1[32];
+    uint8_t w1[32 * 34] = {0};
+    const cdf_k_matmul_q_args f = {.M = 1, .N = 32, .K = 32, .a = a1, .a_dt = CDF_F32, .w = w1, .qtype = CDF_GGML_Q8_0,
+                                   .w_dt = CDF_F32, .c = c1, .c_dt = CDF_F32};
+    cdf_k_matmul_q_set_int8(2);
+    assert_int_equal(cdf_k_matmul_q(&f), CDF_OK);
+    assert_int_equal(cdf_k_matmul_q_int8_calls(), calls + 1);
+    cdf_k_matmul_q_set_int8(-1);
 }
 
 /* What the fast path must leave to the reference, and that dispatch goes through it. */
@@ -1300,6 +1477,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_declines_and_dispatch),
         cmocka_unit_test(test_matmul_q_direct_layout),
         cmocka_unit_test(test_matmul_q8_own_gemm),
+        cmocka_unit_test(test_matmul_q8_int8),
         cmocka_unit_test(test_matmul_fast_filled_padding),
         cmocka_unit_test(test_matmul_threads),
         cmocka_unit_test(test_gemm_bf16w),

@@ -591,21 +591,23 @@ static int quant_path(const quant_case *qc, int path) {
         return cdf_k_matmul_fast(&qc->bf16, &handled) == CDF_OK && handled;
     }
     cdf_k_matmul_q_set_own_gemm(path == 2 ? 2 : 0); /* own: forced outside its M range too */
+    cdf_k_matmul_q_set_int8(path == 3 ? 2 : 0);     /* int8: likewise */
     const int ok = cdf_k_matmul_q(&qc->q) == CDF_OK;
     cdf_k_matmul_q_set_own_gemm(-1);
+    cdf_k_matmul_q_set_int8(-1);
     return ok;
 }
 
-/* Alternates bf16 / Q8_0 panels / Q8_0 own GEMM `rounds` times after a warm-up call each; best
+/* Alternates bf16 / Q8_0 panels / Q8_0 own GEMM / Q8_0 int8 GEMM `rounds` times after a warm-up call each; best
  * wall time per path, GFLOP/s and % of the vdpbf16ps register peak on all threads. */
 static void bench_quant_shape(const char *name, int64_t M, int64_t K, int64_t N, int rounds, double peak) {
     float *a = malloc(sizeof(float) * (size_t)(M * K)), *wf = malloc(sizeof(float) * (size_t)(N * K));
-    float *c[3] = {malloc(sizeof(float) * (size_t)(M * N)), malloc(sizeof(float) * (size_t)(M * N)),
-                   malloc(sizeof(float) * (size_t)(M * N))};
+    float *c[4] = {malloc(sizeof(float) * (size_t)(M * N)), malloc(sizeof(float) * (size_t)(M * N)),
+                   malloc(sizeof(float) * (size_t)(M * N)), malloc(sizeof(float) * (size_t)(M * N))};
     uint16_t *wb = malloc(sizeof(uint16_t) * (size_t)(N * K));
     uint8_t *wq = malloc((size_t)(N * K / 32 * 34));
     float *bias = malloc(sizeof(float) * (size_t)N);
-    if (!a || !wf || !c[0] || !c[1] || !c[2] || !wb || !wq || !bias) {
+    if (!a || !wf || !c[0] || !c[1] || !c[2] || !c[3] || !wb || !wq || !bias) {
         printf("| %s | out of memory |\n", name);
         return;
     }
@@ -624,10 +626,10 @@ static void bench_quant_shape(const char *name, int64_t M, int64_t K, int64_t N,
         .q = {.M = M, .N = N, .K = K, .a = a, .a_dt = CDF_F32, .w = wq, .qtype = CDF_GGML_Q8_0, .w_dt = CDF_BF16,
               .bias = bias, .bias_dt = CDF_F32, .c = c[1], .c_dt = CDF_F32},
     };
-    double best[3] = {1e30, 1e30, 1e30}, best_cpu[3] = {1e30, 1e30, 1e30};
+    double best[4] = {1e30, 1e30, 1e30, 1e30}, best_cpu[4] = {1e30, 1e30, 1e30, 1e30};
     bool ok = true;
     for (int r = -1; r < rounds && ok; r++)
-        for (int p = 0; p < 3 && ok; p++) {
+        for (int p = 0; p < 4 && ok; p++) {
             quant_case x = qc;
             x.q.c = c[p];
             const double t0 = now_s(), c0 = cpu_s();
@@ -639,21 +641,25 @@ static void bench_quant_shape(const char *name, int64_t M, int64_t K, int64_t N,
     if (!ok) {
         printf("| %s | failed |\n", name);
     } else {
-        /* largest |own - panels| relative to the largest |panels| (summation order only) */
-        double dmax = 0, cmax = 0;
+        /* largest |own - panels| (summation order only) and |int8 - panels| (A quantized to int8)
+         * relative to the largest |panels| */
+        double dmax = 0, imax = 0, cmax = 0;
         for (int64_t i = 0; i < M * N; i++) {
-            const double d = fabs((double)c[2][i] - (double)c[1][i]), v = fabs((double)c[1][i]);
+            const double d = fabs((double)c[2][i] - (double)c[1][i]), e = fabs((double)c[3][i] - (double)c[1][i]);
+            const double v = fabs((double)c[1][i]);
             if (d > dmax) dmax = d;
+            if (e > imax) imax = e;
             if (v > cmax) cmax = v;
         }
         const double flop = 2.0 * (double)M * (double)N * (double)K;
-        printf("| %s | %.1f | %.1f | %.1f | %.0f / %.0f / %.0f | %.0f%% / %.0f%% / %.0f%% | %.3f | **%.3f** | %.3f / %.3f | %.1e |\n",
-               name, best[0] * 1e3, best[1] * 1e3, best[2] * 1e3, flop / best[0] * 1e-9, flop / best[1] * 1e-9,
-               flop / best[2] * 1e-9, 100 * flop / best[0] / peak, 100 * flop / best[1] / peak, 100 * flop / best[2] / peak,
-               best[1] / best[0], best[2] / best[0], best_cpu[1] / best_cpu[0], best_cpu[2] / best_cpu[0], dmax / cmax);
+        printf("| %s | %.1f | %.1f | %.1f | %.1f | %.0f%% / %.0f%% / %.0f%% / %.0f%% | %.3f | %.3f | **%.3f** | %.3f | %.3f | %.3f / %.3f / %.3f | %.1e / %.1e |\n",
+               name, best[0] * 1e3, best[1] * 1e3, best[2] * 1e3, best[3] * 1e3, 100 * flop / best[0] / peak,
+               100 * flop / best[1] / peak, 100 * flop / best[2] / peak, 100 * flop / best[3] / peak, best[1] / best[0],
+               best[2] / best[0], best[3] / best[0], best[3] / best[1], best[3] / best[2], best_cpu[1] / best_cpu[0],
+               best_cpu[2] / best_cpu[0], best_cpu[3] / best_cpu[0], dmax / cmax, imax / cmax);
     }
     cdf_k_fast_clear();
-    free(a), free(c[0]), free(c[1]), free(c[2]), free(wb), free(wq), free(bias);
+    free(a), free(c[0]), free(c[1]), free(c[2]), free(c[3]), free(wb), free(wq), free(bias);
 }
 
 static void bench_quant_all(int rounds, const char *only) {
@@ -669,13 +675,15 @@ static void bench_quant_all(int rounds, const char *only) {
            "A f32 [M, K], weight [N, K], f32 bias, C f32. bf16 = oneDNN on its prepacked copy; panels = the Q8_0\n"
            "weight decoded per call into oneDNN's layout, then oneDNN (CDIFFUSERS_Q8_GEMM=0); own = the own\n"
            "AVX512-BF16 GEMM decoding column slabs (matmul_quant.c; forced here: by default it runs for 128 <= M <\n"
-           "1024). Best of %d alternated calls after a warm-up "
-           "each; %% peak = over the vdpbf16ps register loop on all threads (%.0f GFLOP/s); ratio = wall time / bf16's;\n"
+           "1024); int8 = the AVX512-VNNI GEMM on int8-quantized A (forced here too). Best of %d alternated calls after a warm-up "
+           "each; %% peak = over the vdpbf16ps register loop on all threads (%.0f GFLOP/s); ratio = wall time / bf16's\n"
+           "(int8 / panels, int8 / own: against the other Q8_0 paths);\n"
            "CPU-s = the same with the process's CPU seconds per call (best of the rounds: less moved by other load);\n"
-           "diff = max |own - panels| / max |panels|.\n\n",
+           "diff = max |own - panels| / max |panels|, then the same for int8.\n\n",
            omp_get_max_threads(), rounds, peak * 1e-9);
-    printf("| shape M x K -> N | bf16 ms | panels ms | own ms | GFLOP/s bf16 / panels / own | %% peak | panels / bf16 | own / bf16 "
-           "| CPU-s panels / bf16, own / bf16 | diff |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| shape M x K -> N | bf16 ms | panels ms | own ms | int8 ms | %% peak bf16 / panels / own / int8 | panels / bf16 | own / bf16 "
+           "| int8 / bf16 | int8 / panels | int8 / own | CPU-s panels, own, int8 / bf16 | diff own, int8 |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     const struct { const char *name; int64_t M, K, N; } shapes[] = {
         {"attn proj 1536x3072->3072", 1536, 3072, 3072},   {"qkv 1536x3072->9216", 1536, 3072, 9216},
         {"MLP up 1536x3072->12288", 1536, 3072, 12288},     {"MLP down 1536x12288->3072", 1536, 12288, 3072},
@@ -685,6 +693,13 @@ static void bench_quant_all(int rounds, const char *only) {
         {"img MLP down 1024x12288->3072", 1024, 12288, 3072}, {"text 512x3072->3072", 512, 3072, 3072},
         {"text MLP up 512x3072->12288", 512, 3072, 12288}, {"short 256x3072->3072", 256, 3072, 3072},
         {"short 128x3072->3072", 128, 3072, 3072},
+        /* FLUX at 1024^2 (4096 image + 512 text tokens) and more M at the widest shapes */
+        {"M4096 proj 4096x3072->3072", 4096, 3072, 3072}, {"M4096 qkv 4096x3072->9216", 4096, 3072, 9216},
+        {"M4096 MLP up 4096x3072->12288", 4096, 3072, 12288}, {"M4096 MLP down 4096x12288->3072", 4096, 12288, 3072},
+        {"M2048 MLP down 2048x12288->3072", 2048, 12288, 3072}, {"M256 MLP down 256x12288->3072", 256, 12288, 3072},
+        {"M128 MLP up 128x3072->12288", 128, 3072, 12288},
+        /* few rows: the modulation (AdaLN, M = batch) and short prompts */
+        {"few AdaLN 2x3072->18432", 2, 3072, 18432}, {"few 16x3072->3072", 16, 3072, 3072}, {"few 64x3072->3072", 64, 3072, 3072},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         if (!only || strstr(shapes[i].name, only))

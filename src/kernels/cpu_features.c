@@ -37,6 +37,7 @@ static void detect(cdf_k_cpu_features *c) {
     c->avx512_core = c->avx2_fma && f && dq && bw && vl && zmm_os;
     c->avx512_bf16 = c->avx512_core && (a71 & (1u << 5));
     c->amx_bf16 = c->avx512_core && amx_bf16 && amx_tile && tile_os;
+    c->avx512_vnni = c->avx512_core && (c7 & (1u << 11)); /* leaf 7 ECX bit 11 */
 }
 #else
 static void detect(cdf_k_cpu_features *c) { memset(c, 0, sizeof *c); }

@@ -26,6 +26,7 @@ typedef struct cdf_k_cpu_features {
     bool avx512_core; /* AVX-512 F/DQ/BW/VL, ZMM + opmask state enabled */
     bool avx512_bf16; /* + AVX512-BF16 */
     bool amx_bf16;    /* AMX-BF16 + AMX-TILE, tile state enabled in XCR0 (permission is separate) */
+    bool avx512_vnni; /* avx512_core + AVX512-VNNI (vpdpbusd: u8 x s8 dot products of 4 into int32) */
 } cdf_k_cpu_features;
 
 typedef enum cdf_k_isa {

@@ -142,7 +142,8 @@ cdf_status cdf_k_matmul(const cdf_k_matmul_args *args);
  * BF16), and multiplied by cdf_k_matmul_dispatch: the result is what the same decoded weights
  * loaded as w_dt give, while only one panel of them exists unpacked at a time. A, C contiguous.
  * Except Q8_0 to BF16 at 128 <= M < 1024 on AVX512-BF16 CPUs without AMX (GCC builds): an own
- * GEMM on the same values, summing in another order (cdf_k_matmul_q_set_own_gemm). */
+ * GEMM on the same values, summing in another order (cdf_k_matmul_q_set_own_gemm); and, only when
+ * turned on (cdf_k_matmul_q_set_int8), Q8_0 to BF16 on int8-quantized A. */
 typedef struct cdf_k_matmul_q_args {
     int64_t M, N, K;
     const void *a; cdf_dtype a_dt;
@@ -161,6 +162,14 @@ void cdf_k_matmul_q_set_panel_bytes(size_t bytes);
  * it is ahead too: for benchmarks), 0 off (decode panels + the matmul dispatch, bit for bit the
  * dequantized file's matmul), -1 back to the environment's choice. Not synchronised. */
 void cdf_k_matmul_q_set_own_gemm(int on);
+/* The int8 AVX512-VNNI GEMM on Q8_0 weights under the bf16 policy (matmul_quant.c: A quantized
+ * per row and 32-value block to int8 as ggml's q8_0 x q8_0 does, int32 block sums: not the
+ * dequantized weights' numbers, see there for the bound; AVX512-VNNI without AMX, GCC builds):
+ * 1 or 2 on wherever it can run, 0 off (the default; then cdf_k_matmul_q_set_own_gemm decides),
+ * -1 back to the environment's choice (CDIFFUSERS_Q8_INT8=1 turns it on). Not synchronised. */
+void cdf_k_matmul_q_set_int8(int on);
+/* How many calls the int8 GEMM ran (process-wide, not synchronised): tests check which path ran. */
+uint64_t cdf_k_matmul_q_int8_calls(void);
 
 /* ---- normalisation / softmax / reductions -------------------------------------------- */
 

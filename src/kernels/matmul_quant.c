@@ -15,7 +15,9 @@
  * The exception: Q8_0 weights decoded to bf16 at 128 <= M < 1024 on AVX512-BF16 (no AMX) run an
  * own vdpbf16ps GEMM that decodes column slabs into its packed layout (qg_*, below): at those
  * token counts the panels' round trip through DRAM weighs more than the multiply's own losses.
- * Same decoded values and products, f32 sums in another order: not bit for bit the panels. */
+ * Same decoded values and products, f32 sums in another order: not bit for bit the panels.
+ * Opt-in (CDIFFUSERS_Q8_INT8=1, AVX512-VNNI without AMX): an int8 GEMM on int8-quantized A (qi_*,
+ * below), faster than bf16 weights but with A's quantization error. */
 #include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -219,6 +221,23 @@ static void tile_to_rows_avx512(const uint16_t *rb, int64_t ld, int64_t nk, char
     }
 }
 static void q_store_fence(void) { _mm_sfence(); }
+
+/* The end of the own GEMMs' micro-kernels: rows [0, nr) of a tile of 32-column f32 accumulators
+ * (acc[2r], acc[2r + 1]: row r) stored to the partial-sum buffer c (ldc), or with the bias (32
+ * f32 or NULL) to out (ldo) after the last chunk */
+static inline __attribute__((always_inline)) void tile_store32(const __m512 *acc, int mr, int nr, float *c, int64_t ldc,
+                                                               float *out, int64_t ldo, const float *bias) {
+    if (out) {
+        const __m512 v0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps(), v1 = bias ? _mm512_loadu_ps(bias + 16) : v0;
+#pragma GCC unroll 24
+        for (int i = 0; i < 2 * mr; i++)
+            if (i / 2 < nr) _mm512_storeu_ps(out + (i / 2) * ldo + (i % 2) * 16, bias ? _mm512_add_ps(acc[i], i % 2 ? v1 : v0) : acc[i]);
+        return;
+    }
+#pragma GCC unroll 24
+    for (int i = 0; i < 2 * mr; i++)
+        if (i / 2 < nr) _mm512_storeu_ps(c + (i / 2) * ldc + (i % 2) * 16, acc[i]);
+}
 #pragma GCC pop_options
 
 /* ---- the own AVX512-BF16 GEMM on Q8_0 weights ("decode into the tile") -----------------------
@@ -334,16 +353,7 @@ static void qg_ukernel(int64_t kp, const uint32_t *restrict ap, const uint32_t *
             acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], x, b1);
         }
     }
-    if (out) {
-        const __m512 v0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps(), v1 = bias ? _mm512_loadu_ps(bias + 16) : v0;
-#pragma GCC unroll 24
-        for (int i = 0; i < 2 * QG_MR; i++)
-            if (i / 2 < nr) _mm512_storeu_ps(out + (i / 2) * ldo + (i % 2) * 16, bias ? _mm512_add_ps(acc[i], i % 2 ? v1 : v0) : acc[i]);
-        return;
-    }
-#pragma GCC unroll 24
-    for (int i = 0; i < 2 * QG_MR; i++)
-        if (i / 2 < nr) _mm512_storeu_ps(c + (i / 2) * ldc + (i % 2) * 16, acc[i]);
+    tile_store32(acc, QG_MR, nr, c, ldc, out, ldo, bias);
 }
 
 /* One slab task: columns [n0, n0 + QG_NC) of C for every row. t: the thread's block buffer
@@ -364,6 +374,193 @@ static void qg_slab(const uint32_t *ap, const uint32_t *bp, float *t, float *c, 
                     qg_ukernel(kc / 2, ap + (m / QG_MR * kp + pc / 2) * QG_MR, bpan, t + (m - m0) * QG_LDT + j * QG_NR, QG_LDT,
                                (int)(m1 - m < QG_MR ? m1 - m : QG_MR), pc == 0, last ? c + m * N + n0 + j * QG_NR : NULL, N,
                                bias ? bias + n0 + j * QG_NR : NULL);
+            }
+        }
+    }
+}
+#pragma GCC pop_options
+
+/* ---- the int8 AVX512-VNNI GEMM on Q8_0 weights ("q8_0 x q8_0") ------------------------------
+ *
+ * Why: oneDNN's bf16 brgemm on prepacked bf16 weights already runs near the vdpbf16ps peak, so a
+ * Q8_0 layer decoded to bf16 can at best match it. vpdpbusd does 64 int8 multiply-adds per zmm
+ * instruction against vdpbf16ps' 32 at the same rate (Zen 4): here A is quantized too, as ggml's
+ * q8_0 x q8_0 dot product does, and the weights' int8 values are used as they are.
+ *
+ * Numerics (not the dequantized weights' bf16 matmul: A is quantized). Per row m of A and 32-value
+ * block b of K: amax = max |a|, da = amax / 127, qa = nearest-even(a * (127 / amax)) in
+ * [-127, 127] (amax below 2^-96, zero included: da = 0, qa = 0; a non-finite value in the block:
+ * da = NaN, so the outputs it touches are NaN, not a silent number). The weights' block: dw (f16, widened exactly) and
+ * wq (int8). Then C[m, n] = sum_b (da * dw) * S_b (+ bias) with S_b = sum_k qa * wq computed exactly
+ * in int32 (|S_b| <= 32 * 127 * 128), the block terms summed in f32 (one fma per block, in K
+ * order, over chunks of QI_KC). The error against the exact product of A with the dequantized
+ * weights: |a - qa * da| <= da / 2 + 3u |a| (u = 2^-24: the three f32 roundings of a * (127 /
+ * amax) and da), weighted by |dw * wq| and summed, plus the f32 sum's rounding
+ * (tests/test_kernels_fast.c checks both bounds).
+ *
+ * vpdpbusd multiplies unsigned by signed bytes: A goes in as u8 = qa + 128, and the offset's
+ * contribution, 128 * sum_k wq per (column, block), is computed when the slab is repacked and
+ * starts each block's int32 sum negated: S_b = sum (qa + 128) wq - 128 sum wq, exact.
+ *
+ * Opt-in (CDIFFUSERS_Q8_INT8=1): by default a Q8_0 layer computes what its dequantized weights
+ * give, which this path cannot (bench/RESULTS.md has its speed and a forward's accuracy).
+ *
+ * Layouts (u32 words of 4 k, "quads"). A: groups of QI_MR rows; group g, quad q is QI_MR words at
+ * aq + (g * K / 4 + q) * QI_MR, its scales at as + (g * nb + b) * QI_MR (rows past M: zero).
+ * B slab: panels of 32 columns; panel j, quad q: 32 words (column i: word i) at bq + (j * K / 4 +
+ * q) * 32; dw as f32 and -128 sum wq as int32 at (j * nb + b) * 32 of their arrays. Blocking as
+ * qg_slab: slab (QI_NC columns) per task, MC-row blocks, KC-deep chunks, panels, row groups. */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c")
+/* 6 x 32: 12 int32 + 12 f32 accumulators, 2 weight vectors and a broadcast in the 32 zmm */
+enum { QI_MR = 6, QI_NR = 32, QI_KC = 512, QI_NC = 256, QI_MC = 192, QI_LDT = QI_NC + 16 };
+
+/* A block whose max |a| is below 2^-96 counts as zero (da = 0, qa = 0): 127 / amax stays finite
+ * and da a normal number; what it drops from an output is below 2^-96 sum |wf| over the block */
+#define QI_TINY_BITS 0x0f800000u /* 2^-96 as f32 bits */
+
+/* Row group g of A (f32 or bf16 [M, K]) quantized into the group layout (rows past M: zero) */
+static void qi_quant_a(const void *a, cdf_dtype a_dt, int64_t M, int64_t K, int64_t g, uint32_t *aq, float *as) {
+    const int64_t nb = K / 32;
+    uint32_t *dq = aq + g * (K / 4) * QI_MR;
+    float *ds = as + g * nb * QI_MR;
+    for (int r = 0; r < QI_MR; r++) {
+        const int64_t m = g * QI_MR + r;
+        for (int64_t b = 0; b < nb; b++) {
+            if (m >= M) {
+                ds[b * QI_MR + r] = 0.0f;
+                for (int q = 0; q < 8; q++) dq[(b * 8 + q) * QI_MR + r] = 0x80808080u; /* qa = 0 */
+                continue;
+            }
+            __m512 lo, hi;
+            if (a_dt == CDF_F32) {
+                const float *src = (const float *)a + m * K + b * 32;
+                lo = _mm512_loadu_ps(src), hi = _mm512_loadu_ps(src + 16);
+            } else {
+                const uint16_t *src = (const uint16_t *)a + m * K + b * 32;
+                lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)src)), 16));
+                hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(src + 16))), 16));
+            }
+            /* max |a| as the largest magnitude bit pattern: NaN and infinity above every finite value */
+            const __m512i mag = _mm512_set1_epi32(0x7fffffff);
+            const uint32_t amax_bits = _mm512_reduce_max_epu32(_mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(lo), mag),
+                                                                                _mm512_and_si512(_mm512_castps_si512(hi), mag)));
+            float amax;
+            memcpy(&amax, &amax_bits, sizeof amax);
+            __m512i qlo = _mm512_setzero_si512(), qhi = qlo;
+            float da = 0.0f;
+            if (amax_bits >= 0x7f800000u) da = NAN;
+            else if (amax_bits >= QI_TINY_BITS) {
+                da = amax / 127.0f;
+                const __m512 id = _mm512_set1_ps(127.0f / amax);
+                /* nearest even (the default MXCSR mode); |a * id| <= 127 (1 + 2u) rounds into [-127, 127] */
+                qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id)), qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
+            }
+            const __m512i off = _mm512_set1_epi32(128);
+            uint32_t w[8];
+            _mm_storeu_si128((void *)w, _mm512_cvtepi32_epi8(_mm512_add_epi32(qlo, off)));
+            _mm_storeu_si128((void *)(w + 4), _mm512_cvtepi32_epi8(_mm512_add_epi32(qhi, off)));
+            ds[b * QI_MR + r] = da;
+            for (int q = 0; q < 8; q++) dq[(b * 8 + q) * QI_MR + r] = w[q];
+        }
+    }
+}
+
+/* Columns [n0, n0 + QI_NC) of Q8_0 W (rows of W past N: zero) into the slab layout, all of K */
+static void qi_pack_slab(const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K, int64_t n0, uint32_t *bq, float *bs,
+                         int32_t *bc) {
+    const int64_t kq = K / 4, nb = K / 32;
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int64_t s = 0; s < QI_NC / 16; s++) { /* 16 columns: half s % 2 of panel s / 2 */
+        const int64_t j = s / 2, h = s % 2;
+        uint32_t *dst = bq + j * kq * QI_NR + h * 16;
+        for (int64_t b = 0; b < nb; b += 2) { /* two blocks: 16 quads */
+            const bool two = b + 1 < nb;
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                const int64_t n = n0 + 16 * s + i;
+                float *d = bs + (j * nb + b) * QI_NR + h * 16 + i;
+                if (n >= N) {
+                    r[i] = _mm512_setzero_si512();
+                    d[0] = 0.0f;
+                    if (two) d[QI_NR] = 0.0f;
+                    continue;
+                }
+                const uint8_t *blk = w + n * row_bytes + b * 34;
+                d[0] = _cvtsh_ss((unsigned short)(blk[0] | blk[1] << 8));
+                __m256i hi = _mm256_setzero_si256();
+                if (two) {
+                    hi = _mm256_loadu_si256((const void *)(blk + 36));
+                    d[QI_NR] = _cvtsh_ss((unsigned short)(blk[34] | blk[35] << 8));
+                }
+                r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const void *)(blk + 2))), hi, 1);
+            }
+            transpose16_epi32(r); /* r[q]: quad 8b + q of the 16 columns */
+            __m512i sum0 = _mm512_setzero_si512(), sum1 = sum0;
+            for (int q = 0; q < 8; q++) sum0 = _mm512_dpbusd_epi32(sum0, ones, r[q]), sum1 = _mm512_dpbusd_epi32(sum1, ones, r[8 + q]);
+            const __m512i zero = _mm512_setzero_si512(); /* -128 sum wq */
+            _mm512_storeu_si512(bc + (j * nb + b) * QI_NR + h * 16, _mm512_sub_epi32(zero, _mm512_slli_epi32(sum0, 7)));
+            if (two) _mm512_storeu_si512(bc + (j * nb + b + 1) * QI_NR + h * 16, _mm512_sub_epi32(zero, _mm512_slli_epi32(sum1, 7)));
+            for (int q = 0; q < (two ? 16 : 8); q++) _mm512_storeu_si512(dst + (b * 8 + q) * QI_NR, r[q]);
+        }
+    }
+}
+
+/* C[0..nr) x [0..32) (ldc) (+)= A group x B panel over nbk blocks; first: C's old contents
+ * ignored. out (the last chunk): the sums (+ bias, 32 f32 or NULL) go to out (ldo) instead. */
+static void qi_ukernel(int64_t nbk, const uint32_t *restrict aq, const float *restrict as, const uint32_t *restrict bq,
+                       const float *restrict bs, const int32_t *restrict bc, float *restrict c, int64_t ldc, int nr, bool first,
+                       float *restrict out, int64_t ldo, const float *bias) {
+    __m512 acc[2 * QI_MR];
+#pragma GCC unroll 12
+    for (int i = 0; i < 2 * QI_MR; i++)
+        acc[i] = first || i / 2 >= nr ? _mm512_setzero_ps() : _mm512_loadu_ps(c + (i / 2) * ldc + (i % 2) * 16);
+    for (int64_t b = 0; b < nbk; b++, as += QI_MR, bs += QI_NR, bc += QI_NR) {
+        const __m512i c0 = _mm512_loadu_si512(bc), c1 = _mm512_loadu_si512(bc + 16);
+        __m512i s[2 * QI_MR];
+#pragma GCC unroll 12
+        for (int r = 0; r < QI_MR; r++) s[2 * r] = c0, s[2 * r + 1] = c1;
+#pragma GCC unroll 8
+        for (int q = 0; q < 8; q++, aq += QI_MR, bq += QI_NR) {
+            const __m512i b0 = _mm512_loadu_si512(bq), b1 = _mm512_loadu_si512(bq + 16);
+#pragma GCC unroll 6
+            for (int r = 0; r < QI_MR; r++) {
+                const __m512i x = _mm512_set1_epi32((int)aq[r]);
+                s[2 * r] = _mm512_dpbusd_epi32(s[2 * r], x, b0);
+                s[2 * r + 1] = _mm512_dpbusd_epi32(s[2 * r + 1], x, b1);
+            }
+        }
+        const __m512 w0 = _mm512_loadu_ps(bs), w1 = _mm512_loadu_ps(bs + 16);
+#pragma GCC unroll 6
+        for (int r = 0; r < QI_MR; r++) {
+            const __m512 d = _mm512_set1_ps(as[r]);
+            acc[2 * r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[2 * r]), _mm512_mul_ps(d, w0), acc[2 * r]);
+            acc[2 * r + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[2 * r + 1]), _mm512_mul_ps(d, w1), acc[2 * r + 1]);
+        }
+    }
+    tile_store32(acc, QI_MR, nr, c, ldc, out, ldo, bias);
+}
+
+/* One slab task: columns [n0, n0 + QI_NC) of C for every row (t: the thread's QI_MC x QI_LDT
+ * block buffer of partial sums, as qg_slab's) */
+static void qi_slab(const uint32_t *aq, const float *as, const uint32_t *bq, const float *bs, const int32_t *bc, float *t, float *c,
+                    const float *bias, int64_t M, int64_t N, int64_t K, int64_t n0) {
+    const int64_t kq = K / 4, nb = K / 32, ncols = N - n0 < QI_NC ? N - n0 : QI_NC, npan = ncols / QI_NR;
+    for (int64_t m0 = 0; m0 < M; m0 += QI_MC) {
+        const int64_t m1 = M - m0 < QI_MC ? M : m0 + QI_MC;
+        for (int64_t pc = 0; pc < K; pc += QI_KC) {
+            const int64_t kc = K - pc < QI_KC ? K - pc : QI_KC, b0 = pc / 32;
+            const bool last = pc + kc == K;
+            for (int64_t j = 0; j < npan; j++) {
+                const uint32_t *bpan = bq + (j * kq + pc / 4) * QI_NR;
+                const float *bspan = bs + (j * nb + b0) * QI_NR;
+                const int32_t *bcpan = bc + (j * nb + b0) * QI_NR;
+                for (int64_t m = m0; m < m1; m += QI_MR) {
+                    const int64_t g = m / QI_MR;
+                    qi_ukernel(kc / 32, aq + (g * kq + pc / 4) * QI_MR, as + (g * nb + b0) * QI_MR, bpan, bspan, bcpan,
+                               t + (m - m0) * QI_LDT + j * QI_NR, QI_LDT, (int)(m1 - m < QI_MR ? m1 - m : QI_MR), pc == 0,
+                               last ? c + m * N + n0 + j * QI_NR : NULL, N, bias ? bias + n0 + j * QI_NR : NULL);
+                }
             }
         }
     }
@@ -475,6 +672,76 @@ static bool q8_gemm_enabled(void) {
 }
 #endif
 
+/* The int8 VNNI GEMM: off unless CDIFFUSERS_Q8_INT8=1 (or the setter: 1 or 2, the same today),
+ * though it is ahead at every M measured: its numbers are not the dequantized weights' (A is
+ * quantized), and a Q8_0 file under the bf16 policy is meant to give exactly what its dequantized
+ * file gives (tests/test_formats_single_file.c checks that bit for bit) */
+static int g_q8_int8 = -1;
+static uint64_t g_q8_int8_calls; /* for tests: which path ran */
+void cdf_k_matmul_q_set_int8(int on) { g_q8_int8 = on < 0 ? -1 : on > 2 ? 2 : on; }
+uint64_t cdf_k_matmul_q_int8_calls(void) { return g_q8_int8_calls; }
+
+/* Runs a on the int8 VNNI GEMM where it applies (*handled = true). */
+static cdf_status q8_int8(const cdf_k_matmul_q_args *a, bool *handled) {
+    *handled = false;
+#ifdef Q_HAVE_AVX512
+    /* AVX512-VNNI without AMX (oneDNN's AMX bf16 kernels are several times faster), under the
+     * bf16 policy only: the f32 policy (w_dt f32) asks for the exact dequantized weights */
+    const cdf_k_cpu_features *cpu = cdf_k_cpu();
+    if (a->qtype != CDF_GGML_Q8_0 || a->w_dt != CDF_BF16 || cdf_k_isa_level() < CDF_K_ISA_AVX512 || !cpu->avx512_vnni ||
+        cpu->amx_bf16)
+        return CDF_OK;
+    if (g_q8_int8 < 0) { /* opt-in: see cdf_k_matmul_q_set_int8 */
+        const char *e = getenv("CDIFFUSERS_Q8_INT8");
+        g_q8_int8 = e && strcmp(e, "1") == 0;
+    }
+    if (g_q8_int8 == 0) return CDF_OK;
+    if ((a->a_dt != CDF_F32 && a->a_dt != CDF_BF16) || a->c_dt != CDF_F32 || a->N % QI_NR || a->K % 32) return CDF_OK;
+    if (a->bias && a->bias_dt != CDF_F32 && a->bias_dt != CDF_BF16) return CDF_OK;
+    /* once on, at every M: ahead of bf16 weights from M = 16 on and of the other Q8_0 paths at
+     * every M measured (bench_kernels --quant, bench/RESULTS.md: CPU-s 0.64-0.79 of bf16's at M
+     * 64-4096; M = 2 1.13 of bf16's, 0.35 of the panels') */
+#define align64(n) (((size_t)(n) + 63) & ~(size_t)63)
+    const int64_t M = a->M, N = a->N, K = a->K, nb = K / 32, groups = (M + QI_MR - 1) / QI_MR, slabs = (N + QI_NC - 1) / QI_NC;
+    int nthr = omp_get_max_threads();
+    if (nthr > slabs) nthr = (int)slabs;
+    if (nthr < 1) nthr = 1;
+    const size_t aq_bytes = align64((size_t)(groups * QI_MR * K)), as_bytes = align64((size_t)(groups * QI_MR * nb) * 4);
+    const size_t bq_bytes = align64((size_t)(QI_NC * K)), bs_bytes = align64((size_t)(QI_NC * nb) * 4);
+    const size_t slab_bytes = bq_bytes + 2 * bs_bytes + align64((size_t)(QI_MC * QI_LDT) * 4);
+    const size_t need = aq_bytes + as_bytes + (size_t)nthr * slab_bytes + (a->bias ? (size_t)N * sizeof(float) : 0);
+    size_t have = 0;
+    char *buf = panel_take(need, &have);
+    if (!buf) return CDF_OK; /* the panels need less */
+    uint32_t *aq = (uint32_t *)buf;
+    float *as = (float *)(buf + aq_bytes);
+    float *bias = a->bias ? (float *)(buf + aq_bytes + as_bytes + (size_t)nthr * slab_bytes) : NULL;
+    if (bias) cdf_convert(bias, CDF_F32, a->bias, a->bias_dt, (size_t)N);
+    const int64_t row_bytes = K / 32 * 34;
+#pragma omp parallel num_threads(nthr)
+    {
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < groups; g++) qi_quant_a(a->a, a->a_dt, M, K, g, aq, as);
+        char *mine = buf + aq_bytes + as_bytes + (size_t)omp_get_thread_num() * slab_bytes;
+        uint32_t *bq = (uint32_t *)mine;
+        float *bs = (float *)(mine + bq_bytes), *t = (float *)(mine + bq_bytes + 2 * bs_bytes);
+        int32_t *bc = (int32_t *)(mine + bq_bytes + bs_bytes);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t s = 0; s < slabs; s++) {
+            qi_pack_slab(a->w, row_bytes, N, K, s * QI_NC, bq, bs, bc);
+            qi_slab(aq, as, bq, bs, bc, t, a->c, bias, M, N, K, s * QI_NC);
+        }
+    }
+    panel_give(buf, have);
+    *handled = true;
+    g_q8_int8_calls++;
+#undef align64
+#else
+    (void)a;
+#endif
+    return CDF_OK;
+}
+
 /* Runs a on the own Q8_0 GEMM where it applies (*handled = true), else leaves it to the panels. */
 static cdf_status q8_gemm(const cdf_k_matmul_q_args *a, bool *handled) {
     *handled = false;
@@ -537,7 +804,9 @@ cdf_status cdf_k_matmul_q(const cdf_k_matmul_q_args *a) {
         return cdf_error(CDF_ERR_INVALID_ARG, "%s: weights decode to f32 or bf16, not %s", fn, cdf_dtype_name(a->w_dt));
     if (a->M == 0 || a->N == 0) return CDF_OK;
     bool own = false;
-    cdf_status own_st = q8_gemm(a, &own);
+    cdf_status own_st = q8_int8(a, &own);
+    if (own_st != CDF_OK || own) return own_st;
+    own_st = q8_gemm(a, &own);
     if (own_st != CDF_OK || own) return own_st;
     const int64_t row_bytes = a->K / be * bb;
     /* equal panels of a multiple of 64 rows where a layer needs several (a few rows over the
