@@ -1072,7 +1072,7 @@ static void test_gemm_vdp_bf16(void **state) {
         mm_free(&m);
         return;
     }
-    cdf_k_gemm_vdp_bf16_set(1);
+    cdf_k_gemm_vdp_bf16_set(2); /* the kernel at every row count (by default from 128 rows on) */
     via_vdp_gemm = true;
     static const int64_t Ms[] = {1, 11, 12, 13, 200, 397}, Ns[] = {32, 288, 544}, Ks[] = {32, 544, 1056};
     int n = 0;
@@ -1131,9 +1131,25 @@ static void test_gemm_vdp_bf16(void **state) {
     assert_false(handled);
     assert_int_equal(cdf_k_gemm_vdp_bf16(NULL, NULL), CDF_ERR_INVALID_ARG);
 
-    /* the dispatch runs it on bf16 weights; switched off, it does not */
-    mm_setup(&base, &m, 8500);
-    const int64_t c0 = cdf_k_gemm_vdp_bf16_calls();
+    /* the dispatch runs it on bf16 weights from 128 rows on; below, oneDNN without a kept copy;
+     * switched off, oneDNN as before */
+    cdf_k_gemm_vdp_bf16_set(1);
+    mm_setup(&base, &m, 8500); /* 13 rows */
+    int64_t c0 = cdf_k_gemm_vdp_bf16_calls();
+    assert_true(cdf_k_gemm_vdp_bf16_skips_pack(&m.x));
+    cdf_k_fast_clear();
+    cdf_k_fast_stats f0, f1;
+    cdf_k_fast_get_stats(&f0);
+    assert_int_equal(cdf_k_matmul_dispatch(&m.x), CDF_OK);
+    cdf_k_fast_get_stats(&f1);
+    assert_int_equal(cdf_k_gemm_vdp_bf16_calls(), c0);
+    assert_int_equal(f1.packs, f0.packs);
+    mm_free(&m);
+    mm_case big = base;
+    big.M = 128;
+    mm_setup(&big, &m, 8501);
+    assert_false(cdf_k_gemm_vdp_bf16_skips_pack(&m.x));
+    c0 = cdf_k_gemm_vdp_bf16_calls();
     assert_int_equal(cdf_k_matmul_dispatch(&m.x), CDF_OK);
     assert_int_equal(cdf_k_gemm_vdp_bf16_calls(), c0 + 1);
     cdf_k_gemm_vdp_bf16_set(0);
@@ -1190,7 +1206,7 @@ static void test_matmul_epilogue(void **state) {
         {.batch = 3, .M = 17, .N = 20, .K = 9, .b_bcast = true, .beta = 1.0f, .pad = 1}, /* batch sharing B */
         {.batch = 2, .M = 70, .N = 9, .K = 33, .tb = true},                            /* per-batch B */
         {.batch = 1, .M = 300, .N = 64, .K = 64, .tb = true, .bias = true},           /* the vdpbf16ps GEMM's */
-        {.batch = 3, .M = 17, .N = 32, .K = 32, .tb = true, .b_bcast = true},         /* its stacked batch */
+        {.batch = 3, .M = 50, .N = 32, .K = 32, .tb = true, .b_bcast = true},         /* its stacked batch */
     };
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     cdf_k_fast_get_info(&info);

@@ -74,7 +74,15 @@ cdf_status cdf_k_matmul_dispatch(const cdf_k_matmul_args *a) {
         if (s != CDF_OK || handled) return s;
     }
     if (fast) {
-        s = cdf_k_matmul_fast(a, &handled);
+        /* its weights with few rows: oneDNN, keeping no prepacked copy (gemm_vdpbf16.h) */
+        cdf_k_matmul_args nopack;
+        const cdf_k_matmul_args *f = a;
+        if (cdf_k_gemm_vdp_bf16_skips_pack(a)) {
+            nopack = *a;
+            nopack.b_transient = true;
+            f = &nopack;
+        }
+        s = cdf_k_matmul_fast(f, &handled);
         if (s != CDF_OK || handled) return s;
     }
     if (a && a->b_dt == CDF_BF16 && a->a_dt == CDF_F32) {

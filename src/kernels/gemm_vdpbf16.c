@@ -189,10 +189,15 @@ static void fill_bf16(const void *ctx, int64_t n0, uint32_t *bp) {
 
 static int g_on = -1;
 static _Atomic int64_t g_calls;
-void cdf_k_gemm_vdp_bf16_set(int on) { g_on = on < 0 ? -1 : on > 0; }
+void cdf_k_gemm_vdp_bf16_set(int on) { g_on = on < 0 ? -1 : on > 2 ? 2 : on; }
 int64_t cdf_k_gemm_vdp_bf16_calls(void) { return atomic_load(&g_calls); }
 
-bool cdf_k_gemm_vdp_bf16_supports(const cdf_k_matmul_args *x) {
+/* Its case but for the row count (batch items stacked): below VDP_MIN_M rows a call is a few
+ * matrix-vector products, bound by reading the weight, and the slab's repack (written, then
+ * read back) costs more than oneDNN's direct read: bench_kernels --bf16, M = 1 x 3072 -> 18432
+ * (AdaLN): 1.7x oneDNN's CPU time; M = 333: even; M >= 512: at or below it. */
+enum { VDP_MIN_M = 128 };
+static bool takes_shape(const cdf_k_matmul_args *x) {
 #ifdef CDF_K_VDP_COMPILED
     if (g_on < 0) {
         const char *e = getenv("CDIFFUSERS_BF16_GEMM");
@@ -216,6 +221,14 @@ bool cdf_k_gemm_vdp_bf16_supports(const cdf_k_matmul_args *x) {
     (void)x;
     return false;
 #endif
+}
+
+bool cdf_k_gemm_vdp_bf16_supports(const cdf_k_matmul_args *x) {
+    return takes_shape(x) && (g_on == 2 || x->batch * x->M >= VDP_MIN_M);
+}
+
+bool cdf_k_gemm_vdp_bf16_skips_pack(const cdf_k_matmul_args *x) {
+    return takes_shape(x) && g_on != 2 && x->batch * x->M < VDP_MIN_M;
 }
 
 cdf_status cdf_k_gemm_vdp_bf16(const cdf_k_matmul_args *x, bool *handled) {

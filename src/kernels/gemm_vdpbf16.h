@@ -47,15 +47,21 @@ void cdf_k_vdp_run(const cdf_k_vdp_gemm_args *g, void *buf, int nthr);
 /* ---- bf16 weights (the linear layers' case) ---------------------------------------------- */
 
 /* true when cdf_k_gemm_vdp_bf16 takes x: bf16 B [N, K] (trans_b) shared by the batch, A f32 or
- * bf16 not transposed (batch items stacked as rows), C f32, alpha 1, beta 0, bias f32/bf16 or
+ * bf16 not transposed (batch items stacked as rows, 128 rows or more), C f32, alpha 1, beta 0, bias f32/bf16 or
  * none, N % 32 == 0, K % 32 == 0, B not transient (a quantized layer's decoded panel); an AVX512-BF16 CPU without AMX at the avx512_bf16 ISA level;
  * not switched off (CDIFFUSERS_BF16_GEMM=0 or the setter). An epilogue is run after the product,
  * as the oneDNN path runs it (cdf_k_matmul_run_epilogue). */
 bool cdf_k_gemm_vdp_bf16_supports(const cdf_k_matmul_args *x);
+/* Its case but with fewer than 128 rows (batch * M; matrix-vector-like: oneDNN runs those faster).
+ * The dispatch then runs oneDNN without a kept prepacked copy (as for a transient B): the weight
+ * is read about once per call either way, and a copy would hold memory for these calls only
+ * (FLUX.1's AdaLN modulation weights, M = 1: ~0.7 GB of bf16 at width 2+4 blocks). */
+bool cdf_k_gemm_vdp_bf16_skips_pack(const cdf_k_matmul_args *x);
 /* Runs x when supported (*handled = true); otherwise, or when out of memory for its scratch,
  * *handled = false and nothing is written. */
 cdf_status cdf_k_gemm_vdp_bf16(const cdf_k_matmul_args *x, bool *handled);
-/* 1 on, 0 off, -1 back to CDIFFUSERS_BF16_GEMM (default on). Not synchronised. */
+/* 1 on, 0 off, 2 also below 128 rows (tests), -1 back to CDIFFUSERS_BF16_GEMM (default on).
+ * Not synchronised. */
 void cdf_k_gemm_vdp_bf16_set(int on);
 /* Calls it has run (for tests and benchmarks). */
 int64_t cdf_k_gemm_vdp_bf16_calls(void);
