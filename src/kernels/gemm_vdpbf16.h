@@ -18,7 +18,7 @@
 #define CDF_K_VDP_COMPILED 1
 #endif
 
-/* Micro-tile rows (A group) and columns (B panel), slab width, rows per block of the slab loop. */
+/* Micro-tile rows (A group) and columns (B panel), slab width (columns a thread fills at a time). */
 enum { CDF_VDP_MR = 12, CDF_VDP_NR = 32, CDF_VDP_NC = 256 };
 
 /* Writes columns [n0, n0 + CDF_VDP_NC) of op(B) (columns past N zero), all of K, into bp in the
@@ -40,17 +40,18 @@ typedef struct cdf_k_vdp_gemm_args {
 int cdf_k_vdp_threads(int64_t N);
 size_t cdf_k_vdp_bytes(int64_t M, int64_t K, int nthr);
 /* Runs g in one OpenMP region of nthr threads on buf (cdf_k_vdp_bytes). The CPU must have
- * AVX512-BF16 (the caller checks). Deterministic for a given nthr-independent slab split: each
- * output element's sum order depends only on K's chunking. */
+ * AVX512-BF16 (the caller checks). Each element's summation order depends on K only, not on the
+ * thread count or the fill: Q8_0 and bf16 weights of the same values give the same bits. */
 void cdf_k_vdp_run(const cdf_k_vdp_gemm_args *g, void *buf, int nthr);
 
 /* ---- bf16 weights (the linear layers' case) ---------------------------------------------- */
 
 /* true when cdf_k_gemm_vdp_bf16 takes x: bf16 B [N, K] (trans_b) shared by the batch, A f32 or
- * bf16 not transposed (batch items stacked as rows, 128 rows or more), C f32, alpha 1, beta 0, bias f32/bf16 or
- * none, N % 32 == 0, K % 32 == 0, B not transient (a quantized layer's decoded panel); an AVX512-BF16 CPU without AMX at the avx512_bf16 ISA level;
- * not switched off (CDIFFUSERS_BF16_GEMM=0 or the setter). An epilogue is run after the product,
- * as the oneDNN path runs it (cdf_k_matmul_run_epilogue). */
+ * bf16 not transposed (batch items stacked as rows, 128 rows or more), C f32, alpha 1, beta 0,
+ * bias f32/bf16 or none, N % 32 == 0, K % 32 == 0, B not transient (a quantized layer's decoded
+ * panel); an AVX512-BF16 CPU without AMX at the avx512_bf16 ISA level; not switched off
+ * (CDIFFUSERS_BF16_GEMM=0 or the setter). An epilogue is run after the product, as the oneDNN
+ * path runs it (cdf_k_matmul_run_epilogue). */
 bool cdf_k_gemm_vdp_bf16_supports(const cdf_k_matmul_args *x);
 /* Its case but with fewer than 128 rows (batch * M; matrix-vector-like: oneDNN runs those faster).
  * The dispatch then runs oneDNN without a kept prepacked copy (as for a transient B): the weight
