@@ -47,6 +47,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/fast_onednn.h"
 #include "kernels/gemm_bf16w.h"
+#include "kernels/gemm_vdpbf16.h"
 #include "kernels/kernels.h"
 #include "kernels/pack_cache.h"
 
@@ -60,6 +61,8 @@ static cdf_k_fast_info info;
 static bool bf16_via_dispatch;
 /* Set by the own-GEMM tests: mm_check runs cdf_k_gemm_bf16w (kernels/gemm_bf16w.c) instead. */
 static bool via_own_gemm;
+/* Set by the vdpbf16ps GEMM's tests: mm_check runs cdf_k_gemm_vdp_bf16 (kernels/gemm_vdpbf16.c). */
+static bool via_vdp_gemm;
 
 static bool isa_capped_by_env(void) {
     const char *a = getenv("ONEDNN_MAX_CPU_ISA"), *b = getenv("DNNL_MAX_CPU_ISA");
@@ -256,7 +259,9 @@ static double mm_ref(const mm_bufs *m, int64_t bi, int64_t i, int64_t j, bool ro
 static void mm_check(mm_bufs *m, bool round_a, bool vs_reference, const char *what) {
     const cdf_k_matmul_args *x = &m->x;
     bool handled = false;
-    if (via_own_gemm) {
+    if (via_vdp_gemm) {
+        assert_int_equal(cdf_k_gemm_vdp_bf16(x, &handled), CDF_OK);
+    } else if (via_own_gemm) {
         assert_int_equal(cdf_k_gemm_bf16w(x, &handled), CDF_OK);
     } else if (bf16_via_dispatch && x->b_dt == CDF_BF16) {
         assert_int_equal(cdf_k_matmul_dispatch(x), CDF_OK);
@@ -1206,6 +1211,132 @@ static void test_gemm_bf16w_cache(void **state) {
     via_own_gemm = false;
 }
 
+/* ---- the own vdpbf16ps GEMM on bf16 weights (kernels/gemm_vdpbf16.c) ------------------------ */
+
+/* Whether it runs here: a GCC x86-64 build at the avx512_bf16 level of an AVX512-BF16 CPU
+ * without AMX (CDIFFUSERS_ISA may cap the level below it). */
+static bool vdp_applies(void) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    return cdf_k_isa_level() >= CDF_K_ISA_AVX512_BF16 && cdf_k_cpu()->avx512_bf16 && !cdf_k_cpu()->amx_bf16;
+#else
+    return false;
+#endif
+}
+
+/* Against the double reference of mm_check with A rounded to bf16 (the policy). Why mm_check's
+ * tolerance (K + 4) * 2^-24 * sum|terms| holds: a product of two bf16 values has at most 16
+ * significant bits, exact in f32; vdpbf16ps adds a k pair's two products to the f32 sum, at most
+ * two roundings of at most 2^-24 of a partial sum each, and |partial sum| <= sum |products|: K
+ * roundings in all; the bias's addition one more (<= 2^-24 of |sum| + |bias|, both in the
+ * scale). Its flush of denormal terms moves a sum by < K * 2^-126, under the absolute 1e-30. A
+ * misplaced value, a lost k chunk or column panel or a missing bias moves an element by ~1e-2
+ * of the scale. Shapes: M 1, 11, 12, 13 (row groups of 12), 200 and 397 (past one 192-row
+ * block, a partial group); N 32, 288 and 544 (a partial 256-column slab, 32-column panels); K 32,
+ * 544 and 1056 (a partial 512-deep chunk); A f32 / bf16, bias none / f32 / bf16, padded leading
+ * dimensions, batches stacked over one weight; then what it must decline, the dispatch taking
+ * it, and the switch. */
+static void test_gemm_vdp_bf16(void **state) {
+    (void)state;
+    if (!vdp_applies()) {
+        printf("  [skip] the vdpbf16ps GEMM does not apply here (build, CPU or ISA level)\n");
+        mm_case cs = {.batch = 1, .M = 12, .N = 32, .K = 32, .tb = true, .alpha = 1.0f, .a_dt = CDF_F32,
+                      .b_dt = CDF_BF16, .c_dt = CDF_F32, .bias_dt = CDF_F32};
+        mm_bufs m;
+        mm_setup(&cs, &m, 8000);
+        bool handled = true;
+        assert_int_equal(cdf_k_gemm_vdp_bf16(&m.x, &handled), CDF_OK);
+        assert_false(handled);
+        mm_free(&m);
+        return;
+    }
+    cdf_k_gemm_vdp_bf16_set(2); /* the kernel at every row count (by default from 128 rows on) */
+    via_vdp_gemm = true;
+    static const int64_t Ms[] = {1, 11, 12, 13, 200, 397}, Ns[] = {32, 288, 544}, Ks[] = {32, 544, 1056};
+    int n = 0;
+    for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+        for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++)
+            for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++, n++) {
+                if (Ms[mi] * Ns[ni] * Ks[ki] > 60000000) continue;
+                mm_case cs = {.batch = 1, .M = Ms[mi], .N = Ns[ni], .K = Ks[ki], .tb = true, .bias = n % 3 != 0,
+                              .alpha = 1.0f, .a_dt = n % 2 ? CDF_BF16 : CDF_F32, .b_dt = CDF_BF16, .c_dt = CDF_F32,
+                              .bias_dt = n % 3 == 2 ? CDF_BF16 : CDF_F32, .pad = n % 5 == 1 ? 3 : 0};
+                mm_bufs m;
+                mm_setup(&cs, &m, 8100 + n);
+                mm_check(&m, true, false, "vdpbf16ps gemm");
+                mm_free(&m);
+            }
+    /* batches sharing the weight, stacked as rows (no padding between the matrices) */
+    mm_case bs = {.batch = 3, .M = 13, .N = 64, .K = 96, .tb = true, .b_bcast = true, .bias = true, .alpha = 1.0f,
+                  .a_dt = CDF_F32, .b_dt = CDF_BF16, .c_dt = CDF_F32, .bias_dt = CDF_F32};
+    mm_bufs m;
+    mm_setup(&bs, &m, 8300);
+    mm_check(&m, true, false, "vdpbf16ps gemm, batch");
+    mm_free(&m);
+    via_vdp_gemm = false;
+
+    /* not its case: each must decline and write nothing */
+    const mm_case base = {.batch = 1, .M = 13, .N = 64, .K = 64, .tb = true, .alpha = 1.0f, .a_dt = CDF_F32,
+                          .b_dt = CDF_BF16, .c_dt = CDF_F32, .bias_dt = CDF_F32};
+    for (int v = 0; v < 11; v++) {
+        mm_case cs = base;
+        switch (v) {
+        case 0: cs.alpha = 0.5f; break;
+        case 1: cs.beta = 1.0f; break;
+        case 2: cs.ta = true; break;
+        case 3: cs.tb = false; break;
+        case 4: cs.N = 48; break;
+        case 5: cs.K = 48; break;
+        case 6: cs.c_dt = CDF_BF16; break;
+        case 7: cs.batch = 2; break; /* one weight per item */
+        case 8: cs.batch = 2, cs.b_bcast = true, cs.pad = 1; break; /* items not stackable */
+        case 9: cs.b_dt = CDF_F32; break;
+        default: break; /* v = 10: a quantized layer's transient panel (set below) */
+        }
+        mm_setup(&cs, &m, 8400 + v);
+        m.x.b_transient = v == 10;
+        bool handled = true;
+        assert_false(cdf_k_gemm_vdp_bf16_supports(&m.x));
+        assert_int_equal(cdf_k_gemm_vdp_bf16(&m.x, &handled), CDF_OK);
+        assert_false(handled);
+        float first;
+        cdf_convert(&first, CDF_F32, m.c, cs.c_dt, 1);
+        assert_true(first == m.c_old[0]);
+        mm_free(&m);
+    }
+    bool handled = true;
+    assert_int_equal(cdf_k_gemm_vdp_bf16(NULL, &handled), CDF_OK);
+    assert_false(handled);
+    assert_int_equal(cdf_k_gemm_vdp_bf16(NULL, NULL), CDF_ERR_INVALID_ARG);
+
+    /* the dispatch runs it on bf16 weights from 128 rows on; below, oneDNN without a kept copy;
+     * switched off, oneDNN as before */
+    cdf_k_gemm_vdp_bf16_set(1);
+    mm_setup(&base, &m, 8500); /* 13 rows */
+    int64_t c0 = cdf_k_gemm_vdp_bf16_calls();
+    assert_true(cdf_k_gemm_vdp_bf16_skips_pack(&m.x));
+    cdf_k_fast_clear();
+    cdf_k_fast_stats f0, f1;
+    cdf_k_fast_get_stats(&f0);
+    assert_int_equal(cdf_k_matmul_dispatch(&m.x), CDF_OK);
+    cdf_k_fast_get_stats(&f1);
+    assert_int_equal(cdf_k_gemm_vdp_bf16_calls(), c0);
+    assert_int_equal(f1.packs, f0.packs);
+    mm_free(&m);
+    mm_case big = base;
+    big.M = 128;
+    mm_setup(&big, &m, 8501);
+    assert_false(cdf_k_gemm_vdp_bf16_skips_pack(&m.x));
+    c0 = cdf_k_gemm_vdp_bf16_calls();
+    assert_int_equal(cdf_k_matmul_dispatch(&m.x), CDF_OK);
+    assert_int_equal(cdf_k_gemm_vdp_bf16_calls(), c0 + 1);
+    cdf_k_gemm_vdp_bf16_set(0);
+    assert_false(cdf_k_gemm_vdp_bf16_supports(&m.x));
+    assert_int_equal(cdf_k_matmul_dispatch(&m.x), CDF_OK);
+    assert_int_equal(cdf_k_gemm_vdp_bf16_calls(), c0 + 1);
+    cdf_k_gemm_vdp_bf16_set(-1);
+    mm_free(&m);
+}
+
 /* ---- matmul epilogues ---------------------------------------------------------------------- */
 
 typedef struct epi_ctx {
@@ -1229,7 +1360,7 @@ static void epi_add_one(void *p, int64_t bi, int64_t row0, int64_t row1) {
     }
 }
 
-enum { EPI_REFERENCE, EPI_ONEDNN, EPI_OWN, EPI_DISPATCH };
+enum { EPI_REFERENCE, EPI_ONEDNN, EPI_OWN, EPI_VDP, EPI_DISPATCH };
 
 static cdf_status epi_run(int path, const cdf_k_matmul_args *x, bool *handled) {
     *handled = true;
@@ -1237,6 +1368,7 @@ static cdf_status epi_run(int path, const cdf_k_matmul_args *x, bool *handled) {
     case EPI_REFERENCE: return cdf_k_matmul(x);
     case EPI_ONEDNN: return cdf_k_matmul_fast(x, handled);
     case EPI_OWN: return cdf_k_gemm_bf16w(x, handled);
+    case EPI_VDP: return cdf_k_gemm_vdp_bf16(x, handled);
     default: return cdf_k_matmul_dispatch(x);
     }
 }
@@ -1250,6 +1382,8 @@ static void test_matmul_epilogue(void **state) {
         {.batch = 1, .M = 5, .N = 300, .K = 64, .tb = true, .pad = 2},                /* columns split */
         {.batch = 3, .M = 17, .N = 20, .K = 9, .b_bcast = true, .beta = 1.0f, .pad = 1}, /* batch sharing B */
         {.batch = 2, .M = 70, .N = 9, .K = 33, .tb = true},                            /* per-batch B */
+        {.batch = 1, .M = 300, .N = 64, .K = 64, .tb = true, .bias = true},           /* the vdpbf16ps GEMM's */
+        {.batch = 3, .M = 50, .N = 32, .K = 32, .tb = true, .b_bcast = true},         /* its stacked batch */
     };
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     cdf_k_fast_get_info(&info);
@@ -1258,6 +1392,7 @@ static void test_matmul_epilogue(void **state) {
             for (int wdt = 0; wdt < 2; wdt++) {
                 const bool bf16 = wdt == 1;
                 if (path == EPI_OWN && (!avx2 || !bf16)) continue;
+                if (path == EPI_VDP && !bf16) continue; /* it declines what it cannot run (handled below) */
                 if (path == EPI_ONEDNN && (cdf_k_reference_only() || !info.available || (bf16 && !info.bf16_supported)))
                     continue;
                 mm_case cs = cases[ci];
@@ -1482,6 +1617,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_threads),
         cmocka_unit_test(test_gemm_bf16w),
         cmocka_unit_test(test_gemm_bf16w_cache),
+        cmocka_unit_test(test_gemm_vdp_bf16),
         cmocka_unit_test(test_matmul_epilogue),
         cmocka_unit_test(test_conv2d_f32),
         cmocka_unit_test(test_conv2d_bf16_weights),

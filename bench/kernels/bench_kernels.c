@@ -2,7 +2,7 @@
  * shapes the DiT models run, plus register-only peaks of the CPU for scale.
  *
  *   bench_kernels [--quick | --verbose-probe | --attention [--no-reference] | --attention-bf16 [--quick] |
- *                  --gemm [--quick] | --quant [rounds [shape name part]]]   (built and run by bench/kernels/run.sh)
+ *                  --gemm [--quick] | --quant [rounds [shape name part]] | --bf16 [rounds [shape name part]]]   (built and run by bench/kernels/run.sh)
  *
  * Linear layers are timed as the models call them: A = activations [M, K] f32, B = weight
  * [N, K] (trans_b), C f32. "bf16" = bf16 weights: the fast path rounds A to bf16 and runs
@@ -27,6 +27,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/fast_onednn.h"
 #include "kernels/gemm_bf16w.h"
+#include "kernels/gemm_vdpbf16.h"
 #include "kernels/kernels.h"
 #include "kernels/pack_cache.h"
 #include "peak.h"
@@ -706,6 +707,99 @@ static void bench_quant_all(int rounds, const char *only) {
             bench_quant_shape(shapes[i].name, shapes[i].M, shapes[i].K, shapes[i].N, rounds, peak);
 }
 
+/* ---- bf16 weights at the avx512_bf16 level: the vdpbf16ps slab GEMM vs oneDNN ---------------- */
+
+/* path 0: the own slab GEMM (gemm_vdpbf16.c); 1: oneDNN on its prepacked copy; 2: oneDNN with the
+ * prepack cap at 0 (what weights over CDIFFUSERS_PREPACK_MB run) */
+static bool bf16_path(const cdf_k_matmul_args *x, int path) {
+    bool handled = false;
+    if (path == 0) return cdf_k_gemm_vdp_bf16(x, &handled) == CDF_OK && handled;
+    cdf_k_pack_set_limit(path == 1 ? (size_t)8 << 30 : 0);
+    const bool ok = cdf_k_matmul_fast(x, &handled) == CDF_OK && handled;
+    cdf_k_pack_set_limit((size_t)8 << 30);
+    return ok;
+}
+
+/* Alternates the three paths `rounds` times after a warm-up call each (prepack there); best wall
+ * and CPU time per path. */
+static void bench_bf16_shape(const char *name, int64_t M, int64_t K, int64_t N, int rounds, double peak) {
+    float *a = malloc(sizeof(float) * (size_t)(M * K)), *c[3];
+    uint16_t *wb = malloc(sizeof(uint16_t) * (size_t)(N * K));
+    float *bias = malloc(sizeof(float) * (size_t)N);
+    for (int p = 0; p < 3; p++) c[p] = malloc(sizeof(float) * (size_t)(M * N));
+    if (!a || !wb || !bias || !c[0] || !c[1] || !c[2]) {
+        printf("| %s | out of memory |\n", name);
+        return;
+    }
+    for (int64_t i = 0; i < M * K; i++) a[i] = frand();
+    for (int64_t i = 0; i < N * K; i++) wb[i] = cdf_f32_to_bf16(frand() * 0.05f);
+    for (int64_t i = 0; i < N; i++) bias[i] = frand();
+    cdf_k_matmul_args x = {.batch = 1, .M = M, .N = N, .K = K, .a = a, .a_dt = CDF_F32, .lda = K, .b = wb,
+                           .b_dt = CDF_BF16, .ldb = K, .trans_b = true, .bias = bias, .bias_dt = CDF_F32,
+                           .c_dt = CDF_F32, .ldc = N, .alpha = 1.0f};
+    double best[3] = {1e30, 1e30, 1e30}, best_cpu[3] = {1e30, 1e30, 1e30};
+    bool ok = true;
+    for (int r = -1; r < rounds && ok; r++)
+        for (int p = 0; p < 3 && ok; p++) {
+            x.c = c[p];
+            const double t0 = now_s(), c0 = cpu_s();
+            ok = bf16_path(&x, p);
+            const double t = now_s() - t0, tc = cpu_s() - c0;
+            if (r >= 0 && t < best[p]) best[p] = t;
+            if (r >= 0 && tc < best_cpu[p]) best_cpu[p] = tc;
+        }
+    if (!ok) {
+        printf("| %s | failed |\n", name);
+    } else {
+        double dmax = 0, cmax = 0; /* |own - prepacked oneDNN| over max |C|: summation order only */
+        for (int64_t i = 0; i < M * N; i++) {
+            const double d = fabs((double)c[0][i] - (double)c[1][i]), v = fabs((double)c[1][i]);
+            if (d > dmax) dmax = d;
+            if (v > cmax) cmax = v;
+        }
+        const double flop = 2.0 * (double)M * (double)N * (double)K;
+        printf("| %s | %.1f | %.1f | %.1f | %.0f%% / %.0f%% / %.0f%% | **%.3f** | **%.3f** | %.3f / %.3f | %.1e |\n", name,
+               best[0] * 1e3, best[1] * 1e3, best[2] * 1e3, 100 * flop / best[0] / peak, 100 * flop / best[1] / peak,
+               100 * flop / best[2] / peak, best[0] / best[1], best[0] / best[2], best_cpu[0] / best_cpu[1],
+               best_cpu[0] / best_cpu[2], dmax / cmax);
+    }
+    cdf_k_fast_clear();
+    free(a), free(c[0]), free(c[1]), free(c[2]), free(wb), free(bias);
+}
+
+static void bench_bf16_all(int rounds, const char *only) {
+    double peak = 0;
+    for (int i = 0; i < 3; i++) {
+        double p = 0;
+#pragma omp parallel reduction(+ : p)
+        p += peak_bf16_dp(20000000);
+        if (p > peak) peak = p;
+    }
+    printf("### bf16 weights, avx512_bf16 level: own slab GEMM vs oneDNN prepacked / unprepacked, %d OpenMP threads\n\n"
+           "A f32 [M, K], weight bf16 [N, K], f32 bias, C f32. own = gemm_vdpbf16.c (slabs repacked per call, no\n"
+           "kept copy); pre = oneDNN on its prepacked copy; unpre = oneDNN with CDIFFUSERS_PREPACK_MB=0's cap.\n"
+           "Best of %d alternated calls after a warm-up each; %% peak = over the vdpbf16ps register loop on all\n"
+           "threads (%.0f GFLOP/s); ratios own / pre and own / unpre (< 1: own faster); CPU-s: the same in\n"
+           "process CPU seconds; diff = max |own - pre| / max |pre|.\n\n",
+           omp_get_max_threads(), rounds, peak * 1e-9);
+    printf("| shape M x K -> N | own ms | pre ms | unpre ms | %% peak own / pre / unpre | own / pre | own / unpre "
+           "| CPU-s own / pre, own / unpre | diff |\n|---|---|---|---|---|---|---|---|---|\n");
+    const struct { const char *name; int64_t M, K, N; } shapes[] = {
+        {"FLUX proj 4429x3072->3072", 4429, 3072, 3072},      {"FLUX qkv 4429x3072->9216", 4429, 3072, 9216},
+        {"FLUX MLP up 4429x3072->12288", 4429, 3072, 12288},  {"FLUX MLP down 4429x12288->3072", 4429, 12288, 3072},
+        {"FLUX lin1 1536x3072->21504", 1536, 3072, 21504},   {"FLUX lin2 1536x15360->3072", 1536, 15360, 3072},
+        {"FLUX proj 1536x3072->3072", 1536, 3072, 3072},      {"FLUX MLP down 1536x12288->3072", 1536, 12288, 3072},
+        {"img proj 1024x3072->3072", 1024, 3072, 3072},       {"img MLP up 1024x3072->12288", 1024, 3072, 12288},
+        {"text 512x3072->3072", 512, 3072, 3072},             {"text MLP up 512x3072->12288", 512, 3072, 12288},
+        {"SD3.5 proj 2048x1536->1536", 2048, 1536, 1536},     {"SD3.5 MLP up 2048x1536->6144", 2048, 1536, 6144},
+        {"SD3.5 MLP down 2048x6144->1536", 2048, 6144, 1536}, {"SD3.5 text 333x1536->1536", 333, 1536, 1536},
+        {"SD3.5 text MLP up 333x1536->6144", 333, 1536, 6144}, {"AdaLN 1x3072->18432", 1, 3072, 18432},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        if (!only || strstr(shapes[i].name, only))
+            bench_bf16_shape(shapes[i].name, shapes[i].M, shapes[i].K, shapes[i].N, rounds, peak);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* rows appear as they are measured */
     const bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
@@ -724,6 +818,10 @@ int main(int argc, char **argv) {
     }
     if (argc > 1 && strcmp(argv[1], "--quant") == 0) {
         bench_quant_all(argc > 2 ? atoi(argv[2]) : 3, argc > 3 ? argv[3] : NULL);
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "--bf16") == 0) {
+        bench_bf16_all(argc > 2 ? atoi(argv[2]) : 3, argc > 3 ? argv[3] : NULL);
         return 0;
     }
     if (argc > 1 && strcmp(argv[1], "--verbose-probe") == 0) {

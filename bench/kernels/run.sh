@@ -1,7 +1,7 @@
 #!/bin/sh
 # Builds bench/kernels/bench_kernels against a built static library and runs it.
 #
-#   bench/kernels/run.sh [--quick | --attention [--no-reference] | --attention-bf16 [--quick] | --gemm [--quick]]
+#   bench/kernels/run.sh [--quick | --attention [--no-reference] | --attention-bf16 [--quick] | --gemm [--quick] | --quant [rounds [name]] | --bf16 [rounds [name]]]
 #   (--attention-bf16: f32 vs bf16 q/k/v attention only; --attention: only the
 #   flash-attention table; --gemm: only the own bf16-weight GEMM against oneDNN, AVX2 level)
 #

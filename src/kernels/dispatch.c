@@ -9,6 +9,7 @@
 #include "core/error_internal.h"
 #include "kernels/cpu_features.h"
 #include "kernels/gemm_bf16w.h"
+#include "kernels/gemm_vdpbf16.h"
 
 bool cdf_k_reference_only(void) { return cdf_k_isa_level() < CDF_K_ISA_AVX2; }
 
@@ -66,8 +67,22 @@ cdf_status cdf_k_matmul_dispatch(const cdf_k_matmul_args *a) {
         s = cdf_k_gemm_bf16w(a, &handled);
         if (s != CDF_OK || handled) return s;
     }
+    /* bf16 weights at the avx512_bf16 level without AMX: the own vdpbf16ps GEMM on slabs repacked
+     * from the plain weight (kernels/gemm_vdpbf16.c): no prepacked copy of the weights */
+    if (cdf_k_gemm_vdp_bf16_supports(a)) {
+        s = cdf_k_gemm_vdp_bf16(a, &handled);
+        if (s != CDF_OK || handled) return s;
+    }
     if (fast) {
-        s = cdf_k_matmul_fast(a, &handled);
+        /* its weights with few rows: oneDNN, keeping no prepacked copy (gemm_vdpbf16.h) */
+        cdf_k_matmul_args nopack;
+        const cdf_k_matmul_args *f = a;
+        if (cdf_k_gemm_vdp_bf16_skips_pack(a)) {
+            nopack = *a;
+            nopack.b_transient = true;
+            f = &nopack;
+        }
+        s = cdf_k_matmul_fast(f, &handled);
         if (s != CDF_OK || handled) return s;
     }
     if (a && a->b_dt == CDF_BF16 && a->a_dt == CDF_F32) {

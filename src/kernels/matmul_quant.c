@@ -30,6 +30,7 @@
 #include "kernels/dequant_blocks.h"
 #include "kernels/dispatch.h"
 #include "kernels/fast_onednn.h"
+#include "kernels/gemm_vdpbf16.h"
 #include "kernels/kernels.h"
 #include "kernels/pack_cache.h"
 #include "kernels/reference_internal.h"
@@ -125,15 +126,7 @@ static cdf_status decode_rows(const q_rows *q, void *dst, cdf_dtype w_dt) {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
 
-/* f32 lanes rounded to bf16 as cdf_f32_to_bf16 does (nearest even; NaN kept quiet), in the low
- * 16 bits of each 32-bit lane */
-static inline __m512i bf16_round_512(__m512 f) {
-    const __m512i u = _mm512_castps_si512(f);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-}
+#include "kernels/avx512_pairs_impl.h"
 
 /* n values (a multiple of 32) of Q8_0 blocks to bf16: (float)q * d per value and the rounding
  * of dequant_blocks.h's cdf_dq_q8_0 + cdf_dq_bf16_bits, 16 lanes at a time */
@@ -145,27 +138,6 @@ static void q8_0_to_bf16_avx512(const uint8_t *src, int64_t n, uint16_t *dst) {
         const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(blk + 18)))), d);
         _mm256_storeu_si256((void *)(dst + b * 32), _mm512_cvtepi32_epi16(bf16_round_512(lo)));
         _mm256_storeu_si256((void *)(dst + b * 32 + 16), _mm512_cvtepi32_epi16(bf16_round_512(hi)));
-    }
-}
-
-/* r[0..15] (16 rows of 16 32-bit lanes) transposed in place: row i lane l goes to row l lane i.
- * In-lane interleaves of 32-bit, then 64-bit words (after them t[4g + c] holds rows 4g..4g+3 of
- * column 4L + c in its 128-bit lane L), then two rounds of 128-bit lane shuffles gather each
- * column's four lanes: 64 single-cycle shuffles, where swapping blocks with cross-lane permutes
- * and blends took 128 (the decode's largest part). */
-static inline void transpose16_epi32(__m512i r[16]) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    for (int g = 0; g < 4; g++) { /* rows 4g..4g+3 */
-        const __m512i *q = t + 4 * g;
-        u[4 * g + 0] = _mm512_unpacklo_epi64(q[0], q[2]), u[4 * g + 1] = _mm512_unpackhi_epi64(q[0], q[2]);
-        u[4 * g + 2] = _mm512_unpacklo_epi64(q[1], q[3]), u[4 * g + 3] = _mm512_unpackhi_epi64(q[1], q[3]);
-    }
-    for (int c = 0; c < 4; c++) {
-        const __m512i v = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), w = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
-        const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88), w2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
-        r[c] = _mm512_shuffle_i32x4(v, v2, 0x88), r[8 + c] = _mm512_shuffle_i32x4(v, v2, 0xdd);
-        r[4 + c] = _mm512_shuffle_i32x4(w, w2, 0x88), r[12 + c] = _mm512_shuffle_i32x4(w, w2, 0xdd);
     }
 }
 
@@ -222,22 +194,6 @@ static void tile_to_rows_avx512(const uint16_t *rb, int64_t ld, int64_t nk, char
 }
 static void q_store_fence(void) { _mm_sfence(); }
 
-/* The end of the own GEMMs' micro-kernels: rows [0, nr) of a tile of 32-column f32 accumulators
- * (acc[2r], acc[2r + 1]: row r) stored to the partial-sum buffer c (ldc), or with the bias (32
- * f32 or NULL) to out (ldo) after the last chunk */
-static inline __attribute__((always_inline)) void tile_store32(const __m512 *acc, int mr, int nr, float *c, int64_t ldc,
-                                                               float *out, int64_t ldo, const float *bias) {
-    if (out) {
-        const __m512 v0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps(), v1 = bias ? _mm512_loadu_ps(bias + 16) : v0;
-#pragma GCC unroll 24
-        for (int i = 0; i < 2 * mr; i++)
-            if (i / 2 < nr) _mm512_storeu_ps(out + (i / 2) * ldo + (i % 2) * 16, bias ? _mm512_add_ps(acc[i], i % 2 ? v1 : v0) : acc[i]);
-        return;
-    }
-#pragma GCC unroll 24
-    for (int i = 0; i < 2 * mr; i++)
-        if (i / 2 < nr) _mm512_storeu_ps(c + (i / 2) * ldc + (i % 2) * 16, acc[i]);
-}
 #pragma GCC pop_options
 
 /* ---- the own AVX512-BF16 GEMM on Q8_0 weights ("decode into the tile") -----------------------
@@ -252,21 +208,12 @@ static inline __attribute__((always_inline)) void tile_store32(const __m512 *acc
  * (exact) summed in f32 as oneDNN's brgemm sums them on this CPU (same instruction), in another
  * order; the bias is added after the sum, as oneDNN does.
  *
- * Layouts. A: groups of QG_MR rows; group g, k pair p is QG_MR 32-bit words (row r's bf16 of
- * k = 2p in the low half, 2p + 1 in the high) at ap + (g * K / 2 + p) * QG_MR; rows past M zero.
- * B slab: panels of QG_NR columns; panel j, pair p is QG_NR words (column 16h + i: word 16h + i)
- * at bp + (j * K / 2 + p) * QG_NR. Partial sums in a padded per-thread block buffer, the last
- * chunk's into C (f32) with the bias.
- * Blocking: slab (QG_NC columns) per task, then MC-row blocks,
- * KC-deep chunks, NR panels (the panel's KC x NR slice, 32 KiB, used by every row group of the
- * block), MR-row groups; the MC x NC block of sums (~200 KiB) stays in L2 across the chunks.
- * The micro-kernel alone runs at ~97% of the vdpbf16ps register loop; the decode is ~3% of the
+ * The GEMM itself (packed A, micro-kernel, blocking) is kernels/gemm_vdpbf16.c; this file
+ * keeps the fill, qg_decode_slab. The decode is ~3% of the
  * call at M = 1536. Where it runs: q8_gemm (only where bench_kernels --quant showed it ahead). */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,f16c")
-/* KC 512: a micro-kernel call runs 256 k pairs between its loads and stores of the 12 x 32 sums
- * (at KC 256 the loop ran ~4% slower on its own; the B panel's 32 KiB of the slab come from L2) */
-enum { QG_MR = 12, QG_NR = 32, QG_KC = 512, QG_NC = 256, QG_MC = 192, QG_LDT = QG_NC + 16, QG_MIN_M = 128, QG_MAX_M = 1024 };
+enum { QG_NR = CDF_VDP_NR, QG_NC = CDF_VDP_NC, QG_MIN_M = 128, QG_MAX_M = 1024 };
 
 /* q8_0_to_bf16_avx512 with vcvtne2ps2bf16 and F16C's scale for the integer rounding and the
  * scalar scale: the same bf16 for every int8 x f16 product (checked exhaustively against
@@ -281,35 +228,6 @@ static inline __m512i q8_0_block_bf16(const uint8_t *blk) { /* one block's 32 va
 }
 static void q8_0_to_bf16_avx512bf16(const uint8_t *src, int64_t n, uint16_t *dst) {
     for (int64_t b = 0; b < n / 32; b++) _mm512_storeu_si512(dst + b * 32, q8_0_block_bf16(src + b * 34));
-}
-
-/* 16 lanes rounded (bf16_round_512) and the next 16: 32 bf16 in lane order */
-static inline __m512i qg_pack32(__m512 lo, __m512 hi) {
-    const __m512i idx = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26, 24,
-                                         22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    return _mm512_permutex2var_epi16(bf16_round_512(lo), idx, bf16_round_512(hi));
-}
-
-/* A [M, K] (f32 or bf16, contiguous) into the pair layout, groups [g0, g1) */
-static void qg_pack_a(const void *a, cdf_dtype a_dt, int64_t M, int64_t K, int64_t g0, int64_t g1, uint32_t *ap) {
-    const int64_t kp = K / 2;
-    for (int64_t g = g0; g < g1; g++) {
-        uint32_t *dst = ap + g * kp * QG_MR;
-        for (int64_t k = 0; k < K; k += 32) {
-            __m512i r[16];
-            for (int i = 0; i < 16; i++) {
-                const int64_t m = g * QG_MR + i;
-                if (i >= QG_MR || m >= M) r[i] = _mm512_setzero_si512();
-                else if (a_dt == CDF_F32) {
-                    const float *src = (const float *)a + m * K + k;
-                    r[i] = qg_pack32(_mm512_loadu_ps(src), _mm512_loadu_ps(src + 16));
-                } else
-                    r[i] = _mm512_loadu_si512((const uint16_t *)a + m * K + k);
-            }
-            transpose16_epi32(r); /* r[p]: pair k / 2 + p of the 16 rows */
-            for (int p = 0; p < 16; p++) _mm512_mask_storeu_epi32(dst + (k / 2 + p) * QG_MR, (__mmask16)0x0fff, r[p]);
-        }
-    }
 }
 
 /* Columns [n0, n0 + QG_NC) (rows of W past N: zero) of Q8_0 W (row_bytes a row) decoded into the
@@ -334,50 +252,16 @@ static void qg_decode_slab(const uint8_t *w, int64_t row_bytes, int64_t N, int64
     }
 }
 
-/* C[0..nr) x [0..32) (ldc) (+)= A group (kp pairs) x B panel; first: C's old contents ignored.
- * out (the last chunk): the sums (+ bias, 32 f32 or NULL) go to out (ldo) instead of C. */
-static void qg_ukernel(int64_t kp, const uint32_t *restrict ap, const uint32_t *restrict bp, float *restrict c, int64_t ldc,
-                       int nr, bool first, float *restrict out, int64_t ldo, const float *bias) {
-    __m512 acc[2 * QG_MR];
-#pragma GCC unroll 24
-    for (int i = 0; i < 2 * QG_MR; i++)
-        acc[i] = first || i / 2 >= nr ? _mm512_setzero_ps() : _mm512_loadu_ps(c + (i / 2) * ldc + (i % 2) * 16);
-    /* A's word as a register broadcast: vdpbf16ps with an embedded {1to16} memory operand runs at
-     * ~40% of this loop's rate on Zen 4 (measured) */
-    for (int64_t p = 0; p < kp; p++, ap += QG_MR, bp += QG_NR) {
-        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp), b1 = (__m512bh)_mm512_loadu_si512(bp + 16);
-#pragma GCC unroll 12
-        for (int r = 0; r < QG_MR; r++) {
-            const __m512bh x = (__m512bh)_mm512_set1_epi32((int)ap[r]);
-            acc[2 * r] = _mm512_dpbf16_ps(acc[2 * r], x, b0);
-            acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], x, b1);
-        }
-    }
-    tile_store32(acc, QG_MR, nr, c, ldc, out, ldo, bias);
+/* qg_decode_slab as the GEMM core's fill (kernels/gemm_vdpbf16.h) */
+typedef struct q8_slabs {
+    const uint8_t *w;
+    int64_t row_bytes, N, K;
+} q8_slabs;
+static void q8_fill(const void *ctx, int64_t n0, uint32_t *bp) {
+    const q8_slabs *q = ctx;
+    qg_decode_slab(q->w, q->row_bytes, q->N, q->K, n0, bp);
 }
 
-/* One slab task: columns [n0, n0 + QG_NC) of C for every row. t: the thread's block buffer
- * (QG_MC x QG_LDT f32) for the partial sums: C's rows are N apart, a multiple of 4 KiB at FLUX's
- * widths, so a tile's 12 rows would share L1 sets at every chunk's loads; the padded buffer does
- * not. The last chunk writes C (+ bias) once. */
-static void qg_slab(const uint32_t *ap, const uint32_t *bp, float *t, float *c, const float *bias, int64_t M, int64_t N,
-                    int64_t K, int64_t n0) {
-    const int64_t kp = K / 2, ncols = N - n0 < QG_NC ? N - n0 : QG_NC, npan = ncols / QG_NR;
-    for (int64_t m0 = 0; m0 < M; m0 += QG_MC) {
-        const int64_t m1 = M - m0 < QG_MC ? M : m0 + QG_MC;
-        for (int64_t pc = 0; pc < K; pc += QG_KC) {
-            const int64_t kc = K - pc < QG_KC ? K - pc : QG_KC;
-            const bool last = pc + kc == K;
-            for (int64_t j = 0; j < npan; j++) {
-                const uint32_t *bpan = bp + (j * kp + pc / 2) * QG_NR;
-                for (int64_t m = m0; m < m1; m += QG_MR)
-                    qg_ukernel(kc / 2, ap + (m / QG_MR * kp + pc / 2) * QG_MR, bpan, t + (m - m0) * QG_LDT + j * QG_NR, QG_LDT,
-                               (int)(m1 - m < QG_MR ? m1 - m : QG_MR), pc == 0, last ? c + m * N + n0 + j * QG_NR : NULL, N,
-                               bias ? bias + n0 + j * QG_NR : NULL);
-            }
-        }
-    }
-}
 #pragma GCC pop_options
 
 /* ---- the int8 AVX512-VNNI GEMM on Q8_0 weights ("q8_0 x q8_0") ------------------------------
@@ -758,31 +642,19 @@ static cdf_status q8_gemm(const cdf_k_matmul_q_args *a, bool *handled) {
      * within the noise, and the panels ahead at K = 12288 (its packed A, 36 MiB at M = 1536, outgrows
      * L3 and is read again per column slab), so they keep those */
     if (g_q8_gemm != 2 && (a->M < QG_MIN_M || a->M >= QG_MAX_M)) return CDF_OK;
-    const int64_t M = a->M, N = a->N, K = a->K, groups = (M + QG_MR - 1) / QG_MR, slabs = (N + QG_NC - 1) / QG_NC;
-    int nthr = omp_get_max_threads();
-    if (nthr > slabs) nthr = (int)slabs;
-    if (nthr < 1) nthr = 1;
-    const size_t ap_bytes = (size_t)(groups * QG_MR * K) * 2, slab_bytes = (size_t)(QG_NC * K) * 2 + QG_MC * QG_LDT * 4;
-    const size_t bias_bytes = a->bias ? (size_t)N * sizeof(float) : 0;
-    const size_t need = ap_bytes + (size_t)nthr * slab_bytes + bias_bytes + 64;
+    const int64_t M = a->M, N = a->N, K = a->K;
+    const int nthr = cdf_k_vdp_threads(N);
+    const size_t core = cdf_k_vdp_bytes(M, K, nthr), bias_bytes = a->bias ? (size_t)N * sizeof(float) : 0;
+    const size_t need = core + bias_bytes + 64;
     size_t have = 0;
     char *buf = panel_take(need, &have);
     if (!buf) return CDF_OK; /* the panels need less */
-    uint32_t *ap = (uint32_t *)buf;
-    float *bias = a->bias ? (float *)(buf + ap_bytes + (size_t)nthr * slab_bytes) : NULL;
+    float *bias = a->bias ? (float *)(buf + core) : NULL;
     if (bias) cdf_convert(bias, CDF_F32, a->bias, a->bias_dt, (size_t)N);
-    const int64_t row_bytes = K / 32 * 34;
-#pragma omp parallel num_threads(nthr)
-    {
-#pragma omp for schedule(static)
-        for (int64_t g = 0; g < groups; g++) qg_pack_a(a->a, a->a_dt, M, K, g, g + 1, ap);
-        uint32_t *bp = (uint32_t *)(buf + ap_bytes + (size_t)omp_get_thread_num() * slab_bytes);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t s = 0; s < slabs; s++) {
-            qg_decode_slab(a->w, row_bytes, N, K, s * QG_NC, bp);
-            qg_slab(ap, bp, (float *)(bp + QG_NC * K / 2), a->c, bias, M, N, K, s * QG_NC);
-        }
-    }
+    const q8_slabs q = {.w = a->w, .row_bytes = K / 32 * 34, .N = N, .K = K};
+    const cdf_k_vdp_gemm_args g = {.M = M, .N = N, .K = K, .a = a->a, .a_dt = a->a_dt, .lda = K, .fill = q8_fill,
+                                   .fill_ctx = &q, .c = a->c, .ldc = N, .bias = bias};
+    cdf_k_vdp_run(&g, buf, nthr);
     panel_give(buf, have);
     *handled = true;
 #else

@@ -1,0 +1,252 @@
+/* Own AVX512-BF16 GEMM core (see gemm_vdpbf16.h): the vdpbf16ps GEMM that first ran on Q8_0
+ * weights (kernels/matmul_quant.c, "decode into the tile"), with the slab's fill a parameter so
+ * that bf16 weights run it too (their fill is a repack: no decode).
+ *
+ * Why for bf16 weights (issue #23): at the avx512_bf16 level oneDNN multiplies bf16 weights fast
+ * only once they are reordered into its blocked layout and kept (the prepack cache: a second,
+ * model-sized copy in memory, +2 GB peak RSS at FLUX width 2+4 blocks, and +9-11 s of page faults
+ * in the first forward), and a real model's weights exceed the cache's cap, so most of them run
+ * oneDNN's slower unprepacked path anyway. Here each thread repacks a 256-column slab of the plain
+ * [N, K] weight into the pair layout, where it stays in L2/L3 while every row of A runs over it:
+ * no copy of the weights outlives the slab.
+ *
+ * Numerics are the bf16 policy's: A rounded to bf16 (nearest even, as cdf_f32_to_bf16), products
+ * exact (vdpbf16ps), sums in f32 (a vdpbf16ps lane adds its two products to the accumulator: the
+ * order is k pair by k pair within a KC chunk, chunks in k order), bias added after the sum, as
+ * oneDNN adds it.
+ *
+ * Layouts. A: groups of QG_MR rows; group g, k pair p is QG_MR 32-bit words (row r's bf16 of
+ * k = 2p in the low half, 2p + 1 in the high) at ap + (g * K / 2 + p) * QG_MR; rows past M zero.
+ * B slab: panels of QG_NR columns; panel j, pair p is QG_NR words (column 16h + i: word 16h + i)
+ * at bp + (j * K / 2 + p) * QG_NR. Partial sums in a padded per-thread block buffer, the last
+ * chunk's into C (f32) with the bias.
+ * Blocking: slab (QG_NC columns) per task, then MC-row blocks,
+ * KC-deep chunks, NR panels (the panel's KC x NR slice, 32 KiB, used by every row group of the
+ * block), MR-row groups; the MC x NC block of sums (~200 KiB) stays in L2 across the chunks.
+ * The micro-kernel alone runs at ~97% of the vdpbf16ps register loop. */
+#include "kernels/gemm_vdpbf16.h"
+
+#include <omp.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error_internal.h"
+#include "core/host_memory.h"
+#include "kernels/cpu_features.h"
+#include "kernels/reference_internal.h"
+
+/* KC 512: a micro-kernel call runs 256 k pairs between its loads and stores of the 12 x 32 sums
+ * (at KC 256 the loop ran ~4% slower on its own; the B panel's 32 KiB of the slab come from L2) */
+enum { QG_MR = CDF_VDP_MR, QG_NR = CDF_VDP_NR, QG_KC = 512, QG_NC = CDF_VDP_NC, QG_MC = 192, QG_LDT = QG_NC + 16 };
+
+int cdf_k_vdp_threads(int64_t N) {
+    const int64_t slabs = (N + QG_NC - 1) / QG_NC;
+    int nthr = omp_get_max_threads();
+    if (nthr > slabs) nthr = (int)slabs;
+    return nthr < 1 ? 1 : nthr;
+}
+
+size_t cdf_k_vdp_bytes(int64_t M, int64_t K, int nthr) {
+    const int64_t groups = (M + QG_MR - 1) / QG_MR;
+    const size_t ap_bytes = (size_t)(groups * QG_MR * K) * 2, slab_bytes = (size_t)(QG_NC * K) * 2 + QG_MC * QG_LDT * 4;
+    return ap_bytes + (size_t)nthr * slab_bytes;
+}
+
+#ifdef CDF_K_VDP_COMPILED
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,f16c")
+#include "kernels/avx512_pairs_impl.h"
+
+/* 16 lanes rounded (bf16_round_512) and the next 16: 32 bf16 in lane order */
+static inline __m512i qg_pack32(__m512 lo, __m512 hi) {
+    const __m512i idx = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26, 24,
+                                         22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    return _mm512_permutex2var_epi16(bf16_round_512(lo), idx, bf16_round_512(hi));
+}
+
+/* A [M, K] (f32 or bf16, row stride lda) into the pair layout, groups [g0, g1) */
+static void qg_pack_a(const void *a, cdf_dtype a_dt, int64_t lda, int64_t M, int64_t K, int64_t g0, int64_t g1, uint32_t *ap) {
+    const int64_t kp = K / 2;
+    for (int64_t g = g0; g < g1; g++) {
+        uint32_t *dst = ap + g * kp * QG_MR;
+        for (int64_t k = 0; k < K; k += 32) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                const int64_t m = g * QG_MR + i;
+                if (i >= QG_MR || m >= M) r[i] = _mm512_setzero_si512();
+                else if (a_dt == CDF_F32) {
+                    const float *src = (const float *)a + m * lda + k;
+                    r[i] = qg_pack32(_mm512_loadu_ps(src), _mm512_loadu_ps(src + 16));
+                } else
+                    r[i] = _mm512_loadu_si512((const uint16_t *)a + m * lda + k);
+            }
+            transpose16_epi32(r); /* r[p]: pair k / 2 + p of the 16 rows */
+            for (int p = 0; p < 16; p++) _mm512_mask_storeu_epi32(dst + (k / 2 + p) * QG_MR, (__mmask16)0x0fff, r[p]);
+        }
+    }
+}
+
+
+/* C[0..nr) x [0..32) (ldc) (+)= A group (kp pairs) x B panel; first: C's old contents ignored.
+ * out (the last chunk): the sums (+ bias, 32 f32 or NULL) go to out (ldo) instead of C. */
+static void qg_ukernel(int64_t kp, const uint32_t *restrict ap, const uint32_t *restrict bp, float *restrict c, int64_t ldc,
+                       int nr, bool first, float *restrict out, int64_t ldo, const float *bias) {
+    __m512 acc[2 * QG_MR];
+#pragma GCC unroll 24
+    for (int i = 0; i < 2 * QG_MR; i++)
+        acc[i] = first || i / 2 >= nr ? _mm512_setzero_ps() : _mm512_loadu_ps(c + (i / 2) * ldc + (i % 2) * 16);
+    /* A's word as a register broadcast: vdpbf16ps with an embedded {1to16} memory operand runs at
+     * ~40% of this loop's rate on Zen 4 (measured) */
+    for (int64_t p = 0; p < kp; p++, ap += QG_MR, bp += QG_NR) {
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp), b1 = (__m512bh)_mm512_loadu_si512(bp + 16);
+#pragma GCC unroll 12
+        for (int r = 0; r < QG_MR; r++) {
+            const __m512bh x = (__m512bh)_mm512_set1_epi32((int)ap[r]);
+            acc[2 * r] = _mm512_dpbf16_ps(acc[2 * r], x, b0);
+            acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], x, b1);
+        }
+    }
+    tile_store32(acc, QG_MR, nr, c, ldc, out, ldo, bias);
+}
+
+/* One slab task: columns [n0, n0 + QG_NC) of C for every row. t: the thread's block buffer
+ * (QG_MC x QG_LDT f32) for the partial sums: C's rows are ldc apart, a multiple of 4 KiB at FLUX's
+ * widths, so a tile's 12 rows would share L1 sets at every chunk's loads; the padded buffer does
+ * not. The last chunk writes C (+ bias) once. */
+static void qg_slab(const uint32_t *ap, const uint32_t *bp, float *t, float *c, int64_t ldc, const float *bias, int64_t M,
+                    int64_t N, int64_t K, int64_t n0) {
+    const int64_t kp = K / 2, ncols = N - n0 < QG_NC ? N - n0 : QG_NC, npan = ncols / QG_NR;
+    for (int64_t m0 = 0; m0 < M; m0 += QG_MC) {
+        const int64_t m1 = M - m0 < QG_MC ? M : m0 + QG_MC;
+        for (int64_t pc = 0; pc < K; pc += QG_KC) {
+            const int64_t kc = K - pc < QG_KC ? K - pc : QG_KC;
+            const bool last = pc + kc == K;
+            for (int64_t j = 0; j < npan; j++) {
+                const uint32_t *bpan = bp + (j * kp + pc / 2) * QG_NR;
+                for (int64_t m = m0; m < m1; m += QG_MR)
+                    qg_ukernel(kc / 2, ap + (m / QG_MR * kp + pc / 2) * QG_MR, bpan, t + (m - m0) * QG_LDT + j * QG_NR, QG_LDT,
+                               (int)(m1 - m < QG_MR ? m1 - m : QG_MR), pc == 0, last ? c + m * ldc + n0 + j * QG_NR : NULL, ldc,
+                               bias ? bias + n0 + j * QG_NR : NULL);
+            }
+        }
+    }
+}
+
+void cdf_k_vdp_run(const cdf_k_vdp_gemm_args *g, void *buf, int nthr) {
+    const int64_t M = g->M, N = g->N, K = g->K, groups = (M + QG_MR - 1) / QG_MR, slabs = (N + QG_NC - 1) / QG_NC;
+    const size_t ap_bytes = (size_t)(groups * QG_MR * K) * 2, slab_bytes = (size_t)(QG_NC * K) * 2 + QG_MC * QG_LDT * 4;
+    uint32_t *ap = buf;
+#pragma omp parallel num_threads(nthr)
+    {
+#pragma omp for schedule(static)
+        for (int64_t gi = 0; gi < groups; gi++) qg_pack_a(g->a, g->a_dt, g->lda, M, K, gi, gi + 1, ap);
+        uint32_t *bp = (uint32_t *)((char *)buf + ap_bytes + (size_t)omp_get_thread_num() * slab_bytes);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t s = 0; s < slabs; s++) {
+            g->fill(g->fill_ctx, s * QG_NC, bp);
+            qg_slab(ap, bp, (float *)(bp + QG_NC * K / 2), g->c, g->ldc, g->bias, M, N, K, s * QG_NC);
+        }
+    }
+}
+
+/* ---- bf16 weights ------------------------------------------------------------------------- */
+
+typedef struct bf16_w {
+    const uint16_t *w; /* [N, K], row stride ldw */
+    int64_t ldw, N, K;
+} bf16_w;
+
+/* The bf16 fill: columns [n0, n0 + QG_NC) of W (rows of W past N: zero) into the slab layout,
+ * all of K; 16 rows x 32 k at a time, transposed as 32-bit pairs (a pure move of bits). */
+static void fill_bf16(const void *ctx, int64_t n0, uint32_t *bp) {
+    const bf16_w *w = ctx;
+    const int64_t K = w->K, kp = K / 2;
+    for (int64_t s = 0; s < QG_NC / 16; s++) { /* 16 columns: half s % 2 of panel s / 2 */
+        uint32_t *dst = bp + (s / 2) * kp * QG_NR + (s % 2) * 16;
+        for (int64_t k = 0; k < K; k += 32) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                const int64_t n = n0 + 16 * s + i;
+                r[i] = n < w->N ? _mm512_loadu_si512(w->w + n * w->ldw + k) : _mm512_setzero_si512();
+            }
+            transpose16_epi32(r);
+            for (int p = 0; p < 16; p++) _mm512_storeu_si512(dst + (k / 2 + p) * QG_NR, r[p]);
+        }
+    }
+}
+#pragma GCC pop_options
+#endif
+
+static int g_on = -1;
+static _Atomic int64_t g_calls;
+void cdf_k_gemm_vdp_bf16_set(int on) { g_on = on < 0 ? -1 : on > 2 ? 2 : on; }
+int64_t cdf_k_gemm_vdp_bf16_calls(void) { return atomic_load(&g_calls); }
+
+/* Its case but for the row count (batch items stacked): below VDP_MIN_M rows a call is a few
+ * matrix-vector products, bound by reading the weight, and the slab's repack (written, then
+ * read back) costs more than oneDNN's direct read: bench_kernels --bf16, M = 1 x 3072 -> 18432
+ * (AdaLN): 1.7x oneDNN's CPU time; M = 333: even; M >= 512: at or below it. */
+enum { VDP_MIN_M = 128 };
+static bool takes_shape(const cdf_k_matmul_args *x) {
+#ifdef CDF_K_VDP_COMPILED
+    if (g_on < 0) {
+        const char *e = getenv("CDIFFUSERS_BF16_GEMM");
+        g_on = !(e && strcmp(e, "0") == 0);
+    }
+    /* not with AMX: oneDNN's AMX kernels run several times faster than vdpbf16ps */
+    const cdf_k_cpu_features *cpu = cdf_k_cpu();
+    if (!g_on || cdf_k_isa_level() < CDF_K_ISA_AVX512_BF16 || !cpu->avx512_bf16 || cpu->amx_bf16) return false;
+    if (!x || x->batch < 1 || x->M < 1 || x->N < 1 || x->K < 1 || !x->a || !x->b || !x->c) return false;
+    if (x->b_dt != CDF_BF16 || !x->trans_b || x->trans_a || (x->a_dt != CDF_F32 && x->a_dt != CDF_BF16) || x->c_dt != CDF_F32)
+        return false;
+    if (x->alpha != 1.0f || x->beta != 0.0f || (x->bias && x->bias_dt != CDF_F32 && x->bias_dt != CDF_BF16)) return false;
+    /* a transient B is a quantized layer's decoded panel (matmul_quant.c): those keep oneDNN, the
+     * path their panels are decoded for and checked against bit for bit */
+    if (x->b_transient) return false;
+    if (x->N % QG_NR || x->K % 32 || x->lda < x->K || x->ldb < x->K || x->ldc < x->N) return false;
+    /* batch items share the weight and stack as rows of one [batch * M, K] A and C */
+    if (x->batch > 1 && (x->sb != 0 || x->sa != x->M * x->lda || x->sc != x->M * x->ldc)) return false;
+    return true;
+#else
+    (void)x;
+    return false;
+#endif
+}
+
+bool cdf_k_gemm_vdp_bf16_supports(const cdf_k_matmul_args *x) {
+    return takes_shape(x) && (g_on == 2 || x->batch * x->M >= VDP_MIN_M);
+}
+
+bool cdf_k_gemm_vdp_bf16_skips_pack(const cdf_k_matmul_args *x) {
+    return takes_shape(x) && g_on != 2 && x->batch * x->M < VDP_MIN_M;
+}
+
+cdf_status cdf_k_gemm_vdp_bf16(const cdf_k_matmul_args *x, bool *handled) {
+    if (!handled) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_k_gemm_vdp_bf16: handled is NULL");
+    *handled = false;
+#ifdef CDF_K_VDP_COMPILED
+    if (!cdf_k_gemm_vdp_bf16_supports(x)) return CDF_OK;
+    const int64_t M = x->batch * x->M, N = x->N, K = x->K;
+    const int nthr = cdf_k_vdp_threads(N);
+    const size_t core = cdf_k_vdp_bytes(M, K, nthr), bias_bytes = x->bias ? (size_t)N * sizeof(float) : 0;
+    /* kept for reuse when freed (core/host_memory.h): a fresh mapping per call would have the
+     * kernel zero its pages again every call */
+    const size_t bytes = core + bias_bytes;
+    char *buf = cdf_host_alloc_large(bytes);
+    if (!buf) return CDF_OK; /* oneDNN or the reference may need less */
+    float *bias = x->bias ? (float *)(buf + core) : NULL;
+    if (bias) cdf_convert(bias, CDF_F32, x->bias, x->bias_dt, (size_t)N);
+    const bf16_w w = {.w = x->b, .ldw = x->ldb, .N = N, .K = K};
+    const cdf_k_vdp_gemm_args g = {.M = M, .N = N, .K = K, .a = x->a, .a_dt = x->a_dt, .lda = x->lda, .fill = fill_bf16,
+                                   .fill_ctx = &w, .c = x->c, .ldc = x->ldc, .bias = bias};
+    cdf_k_vdp_run(&g, buf, nthr);
+    cdf_host_free_large(buf, bytes);
+    atomic_fetch_add(&g_calls, 1);
+    *handled = true;
+    cdf_k_matmul_run_epilogue(x);
+#else
+    (void)x;
+#endif
+    return CDF_OK;
+}
