@@ -56,9 +56,9 @@ static uint64_t put_tensor(hdr_buf *b, const char *name, const char *dt, const c
     put(b, "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":[", b->n > 1 ? "," : "", name);
     for (int i = 0; i < nd; i++) put(b, "%s%lld", i ? "," : "", (long long)shape[i]);
     put(b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off, (unsigned long long)(off + (uint64_t)numel * 2));
-    /* weights.c get_v: f32 vectors, bf16 matrices; SD3's pos_embed at f32 (sd3_transformer.c) */
-    const size_t nl = strlen(name);
-    const bool f32 = nd < 2 || (nl >= 9 && strcmp(name + nl - 9, "pos_embed") == 0);
+    /* weights.c get_v: f32 vectors, bf16 matrices (SD3's pos_embed table among them, as
+     * diffusers' bf16 model holds it: sd3_transformer.c) */
+    const bool f32 = nd < 2;
     *planned += (uint64_t)numel * (f32 ? 4 : 2);
     return (uint64_t)numel * 2;
 }

@@ -128,9 +128,8 @@ static uint64_t tensor_device_bytes(const plan_tensor *t, cdf_dtype weight_dtype
         t->shape[1] % qe == 0)
         return (uint64_t)(numel / qe * qb); /* quantized at load (--weight-type) */
     cdf_dtype dt = t->ndim >= 2 ? weight_dtype : CDF_F32;
-    if (ends_with(t->name, "position_embedding.weight") || ends_with(t->name, "pos_embed.pos_embed") ||
-        strcmp(t->name, "pos_embed") == 0 /* Stability's name of it */)
-        dt = CDF_F32;
+    /* CLIP's position table stays f32; SD3's pos_embed takes the weights' dtype */
+    if (ends_with(t->name, "position_embedding.weight")) dt = CDF_F32;
     return (uint64_t)numel * cdf_dtype_size(dt);
 }
 
