@@ -663,15 +663,22 @@ static void bench_quant_shape(const char *name, int64_t M, int64_t K, int64_t N,
     free(a), free(c[0]), free(c[1]), free(c[2]), free(c[3]), free(wb), free(wq), free(bias);
 }
 
-static void bench_quant_all(int rounds, const char *only) {
-    cdf_k_pack_set_limit((size_t)8 << 30);
-    double peak = 0; /* best of 3: the first region also starts the threads and the clocks */
+/* The vdpbf16ps register loop on all threads, FLOP/s: best of 3 (the first region also starts the
+ * threads and the clocks). */
+static double all_thread_bf16_peak(void) {
+    double peak = 0;
     for (int i = 0; i < 3; i++) {
         double p = 0;
 #pragma omp parallel reduction(+ : p)
         p += peak_bf16_dp(20000000);
         if (p > peak) peak = p;
     }
+    return peak;
+}
+
+static void bench_quant_all(int rounds, const char *only) {
+    cdf_k_pack_set_limit((size_t)8 << 30);
+    const double peak = all_thread_bf16_peak();
     printf("### Q8_0 weights vs bf16 weights at FLUX.1's layer shapes, %d OpenMP threads\n\n"
            "A f32 [M, K], weight [N, K], f32 bias, C f32. bf16 = oneDNN on its prepacked copy; panels = the Q8_0\n"
            "weight decoded per call into oneDNN's layout, then oneDNN (CDIFFUSERS_Q8_GEMM=0); own = the own\n"
@@ -768,13 +775,7 @@ static void bench_bf16_shape(const char *name, int64_t M, int64_t K, int64_t N, 
 }
 
 static void bench_bf16_all(int rounds, const char *only) {
-    double peak = 0;
-    for (int i = 0; i < 3; i++) {
-        double p = 0;
-#pragma omp parallel reduction(+ : p)
-        p += peak_bf16_dp(20000000);
-        if (p > peak) peak = p;
-    }
+    const double peak = all_thread_bf16_peak();
     printf("### bf16 weights, avx512_bf16 level: own slab GEMM vs oneDNN prepacked / unprepacked, %d OpenMP threads\n\n"
            "A f32 [M, K], weight bf16 [N, K], f32 bias, C f32. own = gemm_vdpbf16.c (slabs repacked per call, no\n"
            "kept copy); pre = oneDNN on its prepacked copy; unpre = oneDNN with CDIFFUSERS_PREPACK_MB=0's cap.\n"
