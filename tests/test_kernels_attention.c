@@ -288,14 +288,40 @@ static const att_case CASES[] = {
     {2, 2, 65, 97, 64, 64, CDF_BF16, CDF_BF16, CDF_BF16, 1, false, 0},
     {2, 3, 33, 70, 32, 48, CDF_BF16, CDF_F32, CDF_F32, 2, true, 0},
     {1, 1, 40, 51, 15, 16, CDF_BF16, CDF_F32, CDF_F32, 3, false, 0},
+    /* the AMX body's shapes (head dims in 32-dim steps): dv 96 (4 + 2 column tiles of O), dv 32
+     * (2), query rows past a 16-row tile, a transposed mask, bf16 out */
+    {1, 2, 49, 130, 96, 96, CDF_BF16, CDF_F32, CDF_F32, 0, false, 0},
+    {1, 3, 100, 150, 64, 32, CDF_BF16, CDF_BF16, CDF_F32, 3, true, 0},
 };
+
+/* bf16 q/k/v with a head dim the AMX body takes */
+static bool amx_shape(const att_case *c) { return c->qkv_dt == CDF_BF16 && (c->d + 1) / 2 * 2 % 32 == 0; }
 
 static void test_attention_cases(void **state) {
     (void)state;
     cdf_k_isa lv[3];
     const int nl = levels(lv);
+    const int64_t runs0 = cdf_k_attention_amx_runs();
+    int64_t amx_cases = 0;
     for (int l = 0; l < nl; l++)
-        for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) check_case(&CASES[i], lv[l], 100 + 10 * i);
+        for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+            check_case(&CASES[i], lv[l], 100 + 10 * i);
+            amx_cases += lv[l] == CDF_K_ISA_AVX512_BF16 && amx_shape(&CASES[i]);
+        }
+    /* where AMX is usable the avx512_bf16 level ran the AMX body on those shapes (checked above);
+     * the vdpbf16ps body then runs them too, with the AMX body switched off */
+    if (cdf_k_amx_usable()) {
+        printf("  AMX usable: %lld cases ran the AMX body; now the vdpbf16ps body\n", (long long)amx_cases);
+        assert_int_equal(cdf_k_attention_amx_runs() - runs0, amx_cases);
+        assert_true(amx_cases >= 6);
+        cdf_k_attention_amx_set(0);
+        for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
+            if (amx_shape(&CASES[i])) check_case(&CASES[i], CDF_K_ISA_AVX512_BF16, 100 + 10 * i);
+        assert_int_equal(cdf_k_attention_amx_runs() - runs0, amx_cases);
+        cdf_k_attention_amx_set(-1);
+    } else {
+        printf("  [skip] AMX not usable here: the AMX body is not run\n");
+    }
 }
 
 /* 4100 tokens of self-attention (an SD3/FLUX 1024x1024 image is 4096 + text): sampled rows. */

@@ -325,9 +325,11 @@ static void bench_attention(const att_shape *s, bool quick, bool no_ref, double 
 
 /* f32 vs bf16 q/k/v (the bf16 attention policy, kernels.h) at each level this CPU has, the two
  * timed alternately (rounds of f32 then bf16, best of each) so that load changes hit both: the
- * bf16 rows run vdpbf16ps at avx512_bf16, the f32 body with P rounded below. `dp` is the
- * all-thread vdpbf16ps register peak measured just before. */
-static void bench_attention_bf16(const att_shape *s, bool quick, double dp) {
+ * bf16 rows run vdpbf16ps at avx512_bf16, the f32 body with P rounded below; where AMX is usable
+ * the avx512_bf16 level's bf16 row is the AMX body and a third row, timed in the same rounds, the
+ * vdpbf16ps body (CDIFFUSERS_AMX_ATTENTION=0's). `dp`, `amx`: the all-thread vdpbf16ps and AMX
+ * register peaks measured just before (0: none). */
+static void bench_attention_bf16(const att_shape *s, bool quick, double dp, double amx) {
     const int64_t n = s->b * s->l * s->h * s->d;
     float *q = malloc(sizeof(float) * (size_t)n), *k = malloc(sizeof(float) * (size_t)n);
     float *v = malloc(sizeof(float) * (size_t)n), *o = malloc(sizeof(float) * (size_t)n);
@@ -348,21 +350,36 @@ static void bench_attention_bf16(const att_shape *s, bool quick, double dp) {
     const double flop = 4.0 * (double)s->b * (double)s->h * (double)s->l * (double)s->l * (double)s->d;
     const double min_s = quick ? 0.2 : 0.5;
     for (int isa = CDF_K_ISA_AVX2; isa <= (int)cdf_k_isa_native(); isa++) {
-        double tf = 1e30, tb = 1e30, c;
+        const bool two = isa >= CDF_K_ISA_AVX512_BF16 && cdf_k_amx_usable(); /* AMX and vdpbf16ps bodies */
+        double tf = 1e30, tb = 1e30, tv = 1e30, c;
         for (int round = 0; round < 3; round++) {
             const double t1 = time_attention(&a, isa, min_s, &c), t2 = time_attention(&ab, isa, min_s, &c);
             if (t1 < 0 || t2 < 0) break;
             if (t1 < tf) tf = t1;
             if (t2 < tb) tb = t2;
+            if (two) {
+                cdf_k_attention_amx_set(0);
+                const double t3 = time_attention(&ab, isa, min_s, &c);
+                cdf_k_attention_amx_set(-1);
+                if (t3 > 0 && t3 < tv) tv = t3;
+            }
         }
         if (tf >= 1e30) continue;
-        char pk[64] = "";
-        if (dp > 0) snprintf(pk, sizeof pk, "; bf16 at %.0f%% of the vdpbf16ps peak", 100.0 * flop / tb / dp);
+        char pk[64] = "", pv[64] = "";
+        if (two && amx > 0)
+            snprintf(pk, sizeof pk, "; bf16 at %.0f%% of the AMX peak", 100.0 * flop / tb / amx);
+        else if (dp > 0)
+            snprintf(pk, sizeof pk, "; bf16 at %.0f%% of the vdpbf16ps peak", 100.0 * flop / tb / dp);
+        if (dp > 0 && tv < 1e30) snprintf(pv, sizeof pv, "; at %.0f%% of the vdpbf16ps peak", 100.0 * flop / tv / dp);
         printf("| %s | %s: f32 q/k/v | %.1f | %.3f | | |\n", s->name, cdf_k_isa_name((cdf_k_isa)isa), tf * 1e3,
                flop / tf * 1e-12);
         printf("| %s | %s: bf16 q/k/v%s | %.1f | %.3f | | f32 / bf16 time %.2fx%s |\n", s->name,
-               cdf_k_isa_name((cdf_k_isa)isa), isa >= CDF_K_ISA_AVX512_BF16 ? " (vdpbf16ps)" : " (f32 body, P rounded)",
-               tb * 1e3, flop / tb * 1e-12, tf / tb, pk);
+               cdf_k_isa_name((cdf_k_isa)isa),
+               two ? " (AMX tiles)" : isa >= CDF_K_ISA_AVX512_BF16 ? " (vdpbf16ps)" : " (f32 body, P rounded)", tb * 1e3,
+               flop / tb * 1e-12, tf / tb, pk);
+        if (tv < 1e30)
+            printf("| %s | %s: bf16 q/k/v (vdpbf16ps, AMX off) | %.1f | %.3f | | AMX body %.2fx faster%s |\n", s->name,
+                   cdf_k_isa_name((cdf_k_isa)isa), tv * 1e3, flop / tv * 1e-12, tv / tb, pv);
     }
     free(q), free(k), free(v), free(o), free(qb), free(kb), free(vb);
 }
@@ -411,14 +428,19 @@ static void bench_attention_bf16_all(bool quick) {
     printf("\n### Attention, f32 vs bf16 q/k/v (self-attention [B, L, H, D], no mask; FLOP = 4 B H L^2 D)\n\n"
            "| shape | level: operands | ms | TFLOP/s | | notes |\n|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < sizeof atts / sizeof *atts; i++) {
-        double dp = 0.0;
+        double dp = 0.0, amx = 0.0;
         const cdf_k_cpu_features *f = cdf_k_cpu();
         if (f->avx512_bf16) {
 #pragma omp parallel reduction(+ : dp)
             dp += peak_bf16_dp(20000000);
         }
-        printf("| (all-thread vdpbf16ps peak just before: %.3f TFLOP/s) | | | | | |\n", dp * 1e-12);
-        bench_attention_bf16(&atts[i], quick, dp);
+        if (cdf_k_amx_usable()) {
+#pragma omp parallel reduction(+ : amx)
+            amx += peak_amx_bf16(2000000);
+        }
+        printf("| (all-thread peaks just before: vdpbf16ps %.3f, AMX %.3f TFLOP/s) | | | | | |\n", dp * 1e-12,
+               amx * 1e-12);
+        bench_attention_bf16(&atts[i], quick, dp, amx);
     }
 }
 

@@ -372,6 +372,111 @@ typedef uint32_t AF_NAME(pair) __attribute__((may_alias));
 /* 32 bf16 values (16 pairs) at p */
 static inline __m512bh AF_NAME(ldbh)(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512(p); }
 
+#ifdef AF_AMX
+/* The AMX build (AF_AMX with AF_DPBF16): the same packed operands and softmax, both products on
+ * AMX tiles (tdpbf16ps: a 16 x 16 f32 tile += 16 x 32 bf16 times 32 x 16 bf16, the latter in
+ * the pairs layout kt and vt already have). Needs d2 a multiple of 32 (the dispatch checks), BK 64
+ * (4 key tiles) and AF_BQ a multiple of 16: every block computes all AF_BQ rows (the chunk's rows
+ * past nqc are zeros, their P is 0). Tiles: tmm0-3 accumulators, tmm4 the A operand (Q or P),
+ * tmm5-7 the B operands (three, so a load need not wait for the product reading the previous). */
+_Static_assert(BK == 64 && AF_BQ % 16 == 0, "AMX attention: 4 key tiles of 16, query blocks of 16-row tiles");
+
+/* every tile 16 rows x 64 bytes (palette 1); loaded per chunk, as oneDNN's kernels load their own */
+static void AF_NAME(tile_config)(void) {
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
+    _tile_loadconfig(&cfg);
+}
+
+/* The tile of the vdpbf16ps body on AMX: q [AF_BQ][d2] bf16, kt [d2/2][BK][2], vt [BK/2][dvp][2],
+ * s [AF_BQ][BK] f32, P through pb [AF_BQ][BK] bf16, o [AF_BQ][dvp] f32 (rescaled by the softmax,
+ * then accumulated in tiles loaded from it and stored back). */
+static void AF_NAME(tile)(const cdf_k_attention_args *x, int64_t bi, int64_t hi, int64_t qg0, int64_t nq,
+                          int64_t kg0, int64_t nk, const uint16_t *q, float *o, float *lv, float *m, float *s,
+                          uint16_t *pb, const uint16_t *kt, const uint16_t *vt) {
+    const int64_t d2 = AF_NAME(dpad)(x->d), dvp = AF_NAME(dvpad)(x->dv);
+    const size_t qst = (size_t)d2 * 2, kst = BK * 4, sst = BK * 4, pst = BK * 2, vst = (size_t)dvp * 4,
+                 ost = (size_t)dvp * 4;
+
+    /* S = Q K^T: per 16-row tile the 4 key tiles in tmm0-3, 32 dimensions per step */
+    for (int64_t r = 0; r < AF_BQ; r += 16) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t e = 0; e < d2; e += 32) {
+            const uint16_t *kp = kt + (e / 2) * BK * 2; /* dimension pairs e/2.., keys 16 c.. at 32 c */
+            _tile_loadd(4, q + r * d2 + e, qst);
+            _tile_loadd(5, kp, kst);
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_loadd(6, kp + 32, kst);
+            _tile_dpbf16ps(1, 4, 6);
+            _tile_loadd(7, kp + 64, kst);
+            _tile_dpbf16ps(2, 4, 7);
+            _tile_loadd(5, kp + 96, kst);
+            _tile_dpbf16ps(3, 4, 5);
+        }
+        float *sp = s + r * BK;
+        _tile_stored(0, sp, sst);
+        _tile_stored(1, sp + 16, sst);
+        _tile_stored(2, sp + 32, sst);
+        _tile_stored(3, sp + 48, sst);
+    }
+    /* scale log2(e): the scores in log2 units, as the vdpbf16ps body's registers */
+    const VF sc = AF_NAME(vset1)(x->scale * 1.44269504088896341f);
+    for (int64_t i = 0; i < AF_BQ * BK; i += VW) AF_NAME(vst)(s + i, AF_NAME(vld)(s + i) * sc);
+
+    AF_NAME(softmax)(x, bi, hi, qg0, nq, AF_BQ, kg0, nk, o, dvp, lv, m, s, true, pb);
+
+    /* O += P V: per 16-row tile, 4 (or, for the last 32 dims, 2) column tiles of O, 32 keys per step */
+    for (int64_t r = 0; r < AF_BQ; r += 16) {
+        const uint16_t *pr = pb + r * BK;
+        for (int64_t e0 = 0; e0 < dvp; e0 += 64) {
+            float *op = o + r * dvp + e0;
+            const uint16_t *vp = vt + e0 * 2;
+            if (dvp - e0 >= 64) {
+                _tile_loadd(0, op, ost);
+                _tile_loadd(1, op + 16, ost);
+                _tile_loadd(2, op + 32, ost);
+                _tile_loadd(3, op + 48, ost);
+                for (int64_t j = 0; j < BK; j += 32, vp += 16 * dvp * 2) {
+                    _tile_loadd(4, pr + j, pst);
+                    _tile_loadd(5, vp, vst);
+                    _tile_dpbf16ps(0, 4, 5);
+                    _tile_loadd(6, vp + 32, vst);
+                    _tile_dpbf16ps(1, 4, 6);
+                    _tile_loadd(7, vp + 64, vst);
+                    _tile_dpbf16ps(2, 4, 7);
+                    _tile_loadd(5, vp + 96, vst);
+                    _tile_dpbf16ps(3, 4, 5);
+                }
+                _tile_stored(0, op, ost);
+                _tile_stored(1, op + 16, ost);
+                _tile_stored(2, op + 32, ost);
+                _tile_stored(3, op + 48, ost);
+            } else { /* dvp is a multiple of 32: 32 dims left */
+                _tile_loadd(0, op, ost);
+                _tile_loadd(1, op + 16, ost);
+                for (int64_t j = 0; j < BK; j += 32, vp += 16 * dvp * 2) {
+                    _tile_loadd(4, pr + j, pst);
+                    _tile_loadd(5, vp, vst);
+                    _tile_dpbf16ps(0, 4, 5);
+                    _tile_loadd(6, vp + 32, vst);
+                    _tile_dpbf16ps(1, 4, 6);
+                }
+                _tile_stored(0, op, ost);
+                _tile_stored(1, op + 16, ost);
+            }
+        }
+    }
+}
+#else
 /* The tile of the f32 body with bf16 operands: q [nrows][d2] bf16 (pairs read as 32-bit words),
  * kt [d2/2][BK][2], vt [BK/2][dvp][2], P through pb [BQ][BK] bf16. */
 static void AF_NAME(tile)(const cdf_k_attention_args *x, int64_t bi, int64_t hi, int64_t qg0, int64_t nq,
@@ -420,6 +525,8 @@ static void AF_NAME(tile)(const cdf_k_attention_args *x, int64_t bi, int64_t hi,
     }
 }
 
+#endif /* AF_AMX */
+
 static void AF_NAME(chunk)(const cdf_k_attention_args *x, int64_t bi, int64_t hi, int64_t q0, int64_t nqc,
                            int64_t qc, int64_t ks, float *mem) {
     const int64_t d = x->d, d2 = AF_NAME(dpad)(d), dvp = AF_NAME(dvpad)(x->dv);
@@ -438,6 +545,9 @@ static void AF_NAME(chunk)(const cdf_k_attention_args *x, int64_t bi, int64_t hi
         }
     }
     AF_NAME(chunk_init)(nqp, dvp, o, lv, m);
+#ifdef AF_AMX
+    AF_NAME(tile_config)();
+#endif
 
     for (int64_t k0 = 0; k0 < x->lk; k0 += ks) {
         const int64_t nks = x->lk - k0 < ks ? x->lk - k0 : ks;
@@ -449,6 +559,9 @@ static void AF_NAME(chunk)(const cdf_k_attention_args *x, int64_t bi, int64_t hi
                               o + b0 * dvp, lv + b0 * VW, m + b0, s, pb, kt + t0 * d2, vt + t0 * dvp);
         }
     }
+#ifdef AF_AMX
+    _tile_release(); /* the tile state back to its initial (unconfigured) state */
+#endif
     AF_NAME(chunk_store)(x, bi, hi, q0, nqc, dvp, o, lv);
 }
 #undef AF_DP_6X2

@@ -8,6 +8,8 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 static unsigned long long read_xcr0(void) {
     unsigned lo, hi;
@@ -83,6 +85,23 @@ cdf_k_isa cdf_k_isa_native(void) {
 cdf_k_isa cdf_k_isa_level(void) {
     pthread_once(&g_once, init_once);
     return g_level;
+}
+
+static bool g_amx;
+static pthread_once_t g_amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_once(void) {
+    g_amx = false;
+#if (defined(__x86_64__) || defined(__i386__)) && defined(SYS_arch_prctl)
+    if (!cdf_k_cpu()->amx_bf16 || cdf_k_isa_level() < CDF_K_ISA_AVX512_BF16) return;
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    g_amx = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#endif
+}
+
+bool cdf_k_amx_usable(void) {
+    pthread_once(&g_amx_once, amx_once);
+    return g_amx;
 }
 
 const char *cdf_k_isa_name(cdf_k_isa isa) {

@@ -42,6 +42,11 @@ const cdf_k_cpu_features *cdf_k_cpu(void);
 cdf_k_isa cdf_k_isa_native(void);
 /* The level the kernels use: native, capped by CDIFFUSERS_ISA (read once per process). */
 cdf_k_isa cdf_k_isa_level(void);
+/* AMX-BF16 may run: the CPU has it, the level is avx512_bf16 (CDIFFUSERS_ISA does not cap it below)
+ * and Linux granted this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once
+ * per process on the first call: Linux keeps AMX off until a process asks, and an AMX instruction
+ * without the permission faults). */
+bool cdf_k_amx_usable(void);
 /* "generic", "avx2", "avx512", "avx512_bf16". */
 const char *cdf_k_isa_name(cdf_k_isa isa);
 

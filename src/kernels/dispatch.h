@@ -35,6 +35,12 @@ cdf_status cdf_k_conv2d_fast(const cdf_k_conv2d_args *a, bool *handled);
 cdf_status cdf_k_attention_fast(const cdf_k_attention_args *a, bool *handled);
 /* The same at a given level (for tests and benchmarks; capped at the CPU's native level). */
 cdf_status cdf_k_attention_fast_at(const cdf_k_attention_args *a, cdf_k_isa isa, bool *handled);
+/* The AMX body of the bf16 policy at the avx512_bf16 level (attention_fast.c): 1 on where AMX is
+ * usable (the default), 0 off (the vdpbf16ps body), -1 back to CDIFFUSERS_AMX_ATTENTION ("0" =
+ * off). For tests and A/B measurements; not thread-safe against running attention. */
+void cdf_k_attention_amx_set(int on);
+/* How many calls the AMX body has run in this process (tests: that it really ran). */
+int64_t cdf_k_attention_amx_runs(void);
 
 cdf_status cdf_k_matmul_dispatch(const cdf_k_matmul_args *a);
 cdf_status cdf_k_conv2d_dispatch(const cdf_k_conv2d_args *a);

@@ -35,8 +35,6 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 /* ---- CPU features --------------------------------------------------------------------- */
 
@@ -53,16 +51,6 @@ static void detect_cpu(cpu_caps *c) {
     c->avx512_core = f->avx512_core;
     c->avx512_bf16 = f->avx512_bf16;
     c->amx_bf16 = f->amx_bf16;
-}
-
-/* Linux keeps AMX tile data disabled until the process asks (once, process-wide). */
-static bool request_amx(void) {
-#ifdef SYS_arch_prctl
-    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-#else
-    return false;
-#endif
 }
 
 /* ---- state ---------------------------------------------------------------------------- */
@@ -103,7 +91,7 @@ static void fast_init_locked(void) {
     } else if (level == CDF_K_ISA_AVX512) {
         dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx512_core);
     } else if (g.caps.amx_bf16) {
-        g.caps.amx_permitted = request_amx();
+        g.caps.amx_permitted = cdf_k_amx_usable(); /* asks Linux for the tile state (once) */
         /* without the permission an AMX kernel would fault: keep oneDNN below AMX */
         if (!g.caps.amx_permitted) dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx512_core_bf16);
     }
