@@ -7,6 +7,7 @@
 #include "kernels/pack_cache.h"
 
 #include "core/host_memory.h"
+#include "kernels/cpu_features.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -46,7 +47,11 @@ static atomic_bool pc_limit_set;
 static void init_locked(void) {
     if (atomic_load(&pc_limit_set)) return;
     const char *env = getenv("CDIFFUSERS_PREPACK_MB");
-    const long long mb = env && *env ? atoll(env) : DEFAULT_PACK_MB;
+    /* With AMX nothing is prepacked by default: next to the AMX product a kept copy buys little
+     * (steady forward: SD3.5-M 512² CFG even, FLUX width 2+4 blocks ~5% faster with copies),
+     * costs more in the first forward than it saves (FLUX 3.8-4.4 s vs 2.3 s) and doubles the
+     * weights' memory (peak RSS SD3.5-M 7.1 -> 5.0 GB, FLUX 5.1 -> 3.1 GB; bench/RESULTS.md). */
+    const long long mb = env && *env ? atoll(env) : cdf_k_amx_usable() ? 0 : DEFAULT_PACK_MB;
     atomic_store(&pc_limit, mb > 0 ? (size_t)mb << 20 : 0);
     atomic_store(&pc_limit_set, true);
 }

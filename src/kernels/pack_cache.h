@@ -9,7 +9,7 @@
  * never meets a stale copy; the checksum is the second defence, for memory the backend never
  * frees (cdf_tensor_wrap of host memory): a different weight of the same layout at the same
  * address agreeing on all sampled elements would reuse the old copy. One cap bounds all copies
- * together (CDIFFUSERS_PREPACK_MB, default 2048; 0 disables prepacking); past it a kernel packs
+ * together (CDIFFUSERS_PREPACK_MB, default 2048, 0 where AMX is usable; 0 disables prepacking); past it a kernel packs
  * per call.
  *
  * Threading: one mutex, held only for list walks and counters, never while a copy is filled or
