@@ -16,7 +16,7 @@ import sys
 
 CLASSES = [
     ("matmul (oneDNN JIT)", re.compile(r"jit_brgemm|brgemm|gemm|jit_uni_reorder|jit_avx512.*(conv|gemm)|dnnl")),
-    ("attention", re.compile(r"attention|flash|online_softmax|^(block|chunk|tile|pack_span)_(avx512|avx2)")),
+    ("attention", re.compile(r"attention|flash|online_softmax|^(block|chunk|tile|pack_span|softmax)_(avx512bf16|avx512|avx2|amx)")),
     ("libm tanhf/expm1f (GELU-tanh; glibc's tanhf calls expm1f)", re.compile(r"^__(expm1f|tanhf)|tanhf@plt|expm1f@plt")),
     ("libm expf", re.compile(r"^__expf|expf@plt")),
     ("norms", re.compile(r"norm")),
