@@ -75,6 +75,27 @@
 
 static int64_t AF_NAME(dvpad)(int64_t dv) { return (dv + VW * CV - 1) / (VW * CV) * (VW * CV); }
 
+#ifdef AF_DPBF16
+/* simd_impl.h's vexp2 with AVX-512's own rounding and scaling: n = round(z) (vrndscaleps, to
+ * nearest even, as vexp2's shifter), the same polynomial in z - n, then p 2^n by vscalefps, and 0
+ * below -126 (a masked compare): the same value as vexp2 for every z, in 10 instructions instead
+ * of 17 (the bf16 bodies' softmax is most of their time next to the AMX products) */
+static inline VF AF_NAME(vexp2s)(VF z) {
+    const __m512 x = (__m512)z;
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ); /* NaN stays live */
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(1.534580806037411e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3399932067841291e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.618489071726799e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.550328642129898e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.24022646248340607f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.6931471824645996f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return (VF)_mm512_maskz_scalef_ps(live, p, n);
+}
+#endif
+
 /* Online softmax of one query block against one key tile, per row r < nq of s [rows][BK] (scores
  * in log2 units): mask and missing keys, m_new = max(m, max S), rescale of l and O by
  * 2^(m - m_new), P = 2^(S - m_new), l += P (f32). P goes to s as f32 (rounded to bf16 values when
@@ -88,13 +109,20 @@ static void AF_NAME(softmax)(const cdf_k_attention_args *x, int64_t bi, int64_t 
     const bool fix = x->mask || nk < BK;
     const bool mask_vec = x->mask && x->mask_dt == CDF_F32 && x->m_sk == 1;
     const VF log2e = AF_NAME(vset1)(1.44269504088896341f);
+#ifdef AF_AMX
+    /* the AMX tiles store Q K^T unscaled: S = (Q K^T) scale log2(e) is taken here, as it loads */
+    const VF sc = AF_NAME(vset1)(x->scale * 1.44269504088896341f);
+#define AF_SLD(p) (AF_NAME(vld)(p) * sc)
+#else
+#define AF_SLD(p) AF_NAME(vld)(p)
+#endif
     for (int64_t r = 0; r < nq; r++) {
         float *sr = s + r * BK;
         VF vmax = AF_NAME(vset1)(-INFINITY);
         if (fix) {
             const int64_t moff = x->mask ? bi * x->m_sb + hi * x->m_sh + (qg0 + r) * x->m_sq + kg0 * x->m_sk : 0;
             for (int c = 0; c < KV_VECS; c++) {
-                VF sv = AF_NAME(vld)(sr + c * VW);
+                VF sv = AF_SLD(sr + c * VW);
                 if (x->mask) {
                     VF mv;
                     if (mask_vec && (c + 1) * VW <= nk) {
@@ -113,8 +141,17 @@ static void AF_NAME(softmax)(const cdf_k_attention_args *x, int64_t bi, int64_t 
                 vmax = AF_NAME(vmax)(vmax, sv);
             }
         } else {
+#ifdef AF_AMX
+            for (int c = 0; c < KV_VECS; c++) {
+                const VF sv = AF_SLD(sr + c * VW);
+                AF_NAME(vst)(sr + c * VW, sv);
+                vmax = AF_NAME(vmax)(vmax, sv);
+            }
+#else
             for (int c = 0; c < KV_VECS; c++) vmax = AF_NAME(vmax)(vmax, AF_NAME(vld)(sr + c * VW));
+#endif
         }
+#undef AF_SLD
         const float tile_max = AF_NAME(vhmax)(vmax);
         float m_new = tile_max > m[r] ? tile_max : m[r];
         /* rounding P: the max taken up to an integer, so that P and the rescale factor are scaled
@@ -140,8 +177,8 @@ static void AF_NAME(softmax)(const cdf_k_attention_args *x, int64_t bi, int64_t 
 #ifdef AF_DPBF16
         if (pb) { /* two vectors of P to 32 bf16 in one vcvtne2ps2bf16 (round-to-nearest-even) */
             for (int c = 0; c < KV_VECS; c += 2) {
-                const VF p0 = AF_NAME(vexp2)(AF_NAME(vld)(sr + c * VW) - mn);
-                const VF p1 = AF_NAME(vexp2)(AF_NAME(vld)(sr + (c + 1) * VW) - mn);
+                const VF p0 = AF_NAME(vexp2s)(AF_NAME(vld)(sr + c * VW) - mn);
+                const VF p1 = AF_NAME(vexp2s)(AF_NAME(vld)(sr + (c + 1) * VW) - mn);
                 lr += p0 + p1;
                 _mm512_storeu_si512(pb + r * BK + c * VW, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
             }
@@ -331,6 +368,43 @@ static void AF_NAME(pack_span)(const cdf_k_attention_args *x, int64_t bi, int64_
     const int64_t d = x->d, d2 = AF_NAME(dpad)(d), dv = x->dv, dvp = AF_NAME(dvpad)(dv);
     const int64_t nkp = (nks + BK - 1) / BK * BK;
     const uint16_t *k = x->k, *v = x->v;
+    /* even d (every model's): in vectors, 16 keys' dimension pair per gather for K^T and two key
+     * rows interleaved by 16-bit permutes for V (next to the AMX products the scalar loops below
+     * were a sixth of the attention's time); the scalar loops do odd d and huge strides */
+    if (d == d2 && x->k_sl <= INT32_MAX / 32 && x->k_sl > 0) {
+        const uint16_t *kb = k + bi * x->k_sb + hi * x->k_sh + k0 * x->k_sl;
+        const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                _mm512_set1_epi32((int)x->k_sl));
+        for (int64_t j0 = 0; j0 < nkp; j0 += 16) {
+            const int64_t live = nks - j0 < 0 ? 0 : nks - j0 > 16 ? 16 : nks - j0;
+            const __mmask16 km = (__mmask16)((1u << live) - 1u);
+            uint16_t *kd = kt + (j0 / BK) * d2 * BK + (j0 % BK) * 2;
+            const uint16_t *src = kb + (live ? j0 : 0) * x->k_sl;
+            for (int64_t pi = 0; pi < d2 / 2; pi++) /* element offsets, scale 2 bytes */
+                _mm512_storeu_si512(kd + pi * BK * 2,
+                                    _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), km,
+                                                                _mm512_add_epi32(rows, _mm512_set1_epi32((int)(2 * pi))),
+                                                                src, 2));
+        }
+        const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                            5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+        const __m512i hi16 = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
+                                              22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+        const uint16_t *vb = v + bi * x->v_sb + hi * x->v_sh + k0 * x->v_sl;
+        for (int64_t j = 0; j < nkp; j += 2) {
+            uint16_t *vd = vt + (j / 2) * dvp * 2;
+            for (int64_t e0 = 0; e0 < dvp; e0 += 32) {
+                const int64_t ne = dv - e0 < 0 ? 0 : dv - e0 > 32 ? 32 : dv - e0;
+                const __mmask32 em = (__mmask32)(ne == 32 ? 0xffffffffu : (1u << ne) - 1u);
+                const __m512i a = j < nks ? _mm512_maskz_loadu_epi16(em, vb + j * x->v_sl + e0) : _mm512_setzero_si512();
+                const __m512i b =
+                    j + 1 < nks ? _mm512_maskz_loadu_epi16(em, vb + (j + 1) * x->v_sl + e0) : _mm512_setzero_si512();
+                _mm512_storeu_si512(vd + e0 * 2, _mm512_permutex2var_epi16(a, lo, b));
+                _mm512_storeu_si512(vd + e0 * 2 + 32, _mm512_permutex2var_epi16(a, hi16, b));
+            }
+        }
+        return;
+    }
     for (int64_t j = 0; j < nkp; j++) {
         uint16_t *kd = kt + (j / BK) * d2 * BK + (j % BK) * 2;
         uint16_t *vd = vt + (j / 2) * dvp * 2 + j % 2;
@@ -428,10 +502,7 @@ static void AF_NAME(tile)(const cdf_k_attention_args *x, int64_t bi, int64_t hi,
         _tile_stored(2, sp + 32, sst);
         _tile_stored(3, sp + 48, sst);
     }
-    /* scale log2(e): the scores in log2 units, as the vdpbf16ps body's registers */
-    const VF sc = AF_NAME(vset1)(x->scale * 1.44269504088896341f);
-    for (int64_t i = 0; i < AF_BQ * BK; i += VW) AF_NAME(vst)(s + i, AF_NAME(vld)(s + i) * sc);
-
+    /* the softmax scales S by scale log2(e) as it loads it */
     AF_NAME(softmax)(x, bi, hi, qg0, nq, AF_BQ, kg0, nk, o, dvp, lv, m, s, true, pb);
 
     /* O += P V: per 16-row tile, 4 (or, for the last 32 dims, 2) column tiles of O, 32 keys per step */
