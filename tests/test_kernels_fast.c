@@ -1214,10 +1214,13 @@ static void test_gemm_bf16w_cache(void **state) {
 /* ---- the own vdpbf16ps GEMM on bf16 weights (kernels/gemm_vdpbf16.c) ------------------------ */
 
 /* Whether it runs here: a GCC x86-64 build at the avx512_bf16 level of an AVX512-BF16 CPU
- * without AMX (CDIFFUSERS_ISA may cap the level below it). */
+ * (CDIFFUSERS_ISA may cap the level below it); with AMX, where AMX is usable (then the AMX
+ * micro-kernel runs: the same bound holds, tdpbf16ps adds each k pair's products to the f32 sum
+ * as vdpbf16ps does). */
 static bool vdp_applies(void) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-    return cdf_k_isa_level() >= CDF_K_ISA_AVX512_BF16 && cdf_k_cpu()->avx512_bf16 && !cdf_k_cpu()->amx_bf16;
+    return cdf_k_isa_level() >= CDF_K_ISA_AVX512_BF16 && cdf_k_cpu()->avx512_bf16 &&
+           (!cdf_k_cpu()->amx_bf16 || (__GNUC__ >= 11 && cdf_k_amx_usable()));
 #else
     return false;
 #endif
@@ -1251,6 +1254,7 @@ static void test_gemm_vdp_bf16(void **state) {
     }
     cdf_k_gemm_vdp_bf16_set(2); /* the kernel at every row count (by default from 128 rows on) */
     via_vdp_gemm = true;
+    printf("  micro-kernel: %s\n", cdf_k_cpu()->amx_bf16 ? "AMX tiles" : "vdpbf16ps");
     static const int64_t Ms[] = {1, 11, 12, 13, 200, 397}, Ns[] = {32, 288, 544}, Ks[] = {32, 544, 1056};
     int n = 0;
     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)

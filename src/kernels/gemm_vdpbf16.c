@@ -23,7 +23,10 @@
  * Blocking: slab (QG_NC columns) per task, then MC-row blocks,
  * KC-deep chunks, NR panels (the panel's KC x NR slice, 32 KiB, used by every row group of the
  * block), MR-row groups; the MC x NC block of sums (~200 KiB) stays in L2 across the chunks.
- * The micro-kernel alone runs at ~97% of the vdpbf16ps register loop. */
+ * The micro-kernel alone runs at ~97% of the vdpbf16ps register loop.
+ * With AMX usable, the same slabs feed an AMX micro-kernel (amx_run below): there oneDNN 2.6
+ * (Debian 12's) reaches ~19% of the AMX peak at these shapes, and this one 0.44-1.09x of its time
+ * per layer (bench_kernels --bf16, bench/RESULTS.md). */
 #include "kernels/gemm_vdpbf16.h"
 
 #include <omp.h>
@@ -47,9 +50,11 @@ int cdf_k_vdp_threads(int64_t N) {
     return nthr < 1 ? 1 : nthr;
 }
 
+/* rows of the packed A: whole 12-row groups (vdpbf16ps) and whole 32-row blocks (AMX) */
+static int64_t a_rows(int64_t M) { return (M + 95) / 96 * 96; }
+
 size_t cdf_k_vdp_bytes(int64_t M, int64_t K, int nthr) {
-    const int64_t groups = (M + QG_MR - 1) / QG_MR;
-    const size_t ap_bytes = (size_t)(groups * QG_MR * K) * 2, slab_bytes = (size_t)(QG_NC * K) * 2 + QG_MC * QG_LDT * 4;
+    const size_t ap_bytes = (size_t)(a_rows(M) * K) * 2, slab_bytes = (size_t)(QG_NC * K) * 2 + QG_MC * QG_LDT * 4;
     return ap_bytes + (size_t)nthr * slab_bytes;
 }
 
@@ -133,9 +138,15 @@ static void qg_slab(const uint32_t *ap, const uint32_t *bp, float *t, float *c, 
     }
 }
 
+static void amx_run(const cdf_k_vdp_gemm_args *g, void *buf, int nthr);
+
 void cdf_k_vdp_run(const cdf_k_vdp_gemm_args *g, void *buf, int nthr) {
+    if (g->amx) {
+        amx_run(g, buf, nthr);
+        return;
+    }
     const int64_t M = g->M, N = g->N, K = g->K, groups = (M + QG_MR - 1) / QG_MR, slabs = (N + QG_NC - 1) / QG_NC;
-    const size_t ap_bytes = (size_t)(groups * QG_MR * K) * 2, slab_bytes = (size_t)(QG_NC * K) * 2 + QG_MC * QG_LDT * 4;
+    const size_t ap_bytes = (size_t)(a_rows(M) * K) * 2, slab_bytes = (size_t)(QG_NC * K) * 2 + QG_MC * QG_LDT * 4;
     uint32_t *ap = buf;
 #pragma omp parallel num_threads(nthr)
     {
@@ -176,6 +187,108 @@ static void fill_bf16(const void *ctx, int64_t n0, uint32_t *bp) {
     }
 }
 #pragma GCC pop_options
+
+/* ---- the AMX micro-kernel on the same slabs ------------------------------------------------
+ * A rounded to bf16 rows as they are ([rows][K], rows past M zero); per 32 rows and 32-column
+ * panel of the slab, four 16 x 16 f32 accumulator tiles over all of K, 32 k per step: A tiles
+ * (16 rows x 32 k) straight from the rows, B tiles (16 k pairs x 16 columns) straight from the
+ * panel's pair layout (its rows are QG_NR words apart). The sums go through the thread's block
+ * buffer to C with the bias, rows past M dropped. Each element's sum runs in k order, 32 k per
+ * tdpbf16ps (its internal order is the hardware's, fixed). */
+#if __GNUC__ >= 11
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,f16c,avx2,fma,amx-tile,amx-bf16")
+
+static void amx_tile_config(void) {
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
+    _tile_loadconfig(&cfg);
+}
+
+/* rows [r0, r1) of A into bf16 rows of K (f32 rounded to nearest even, as cdf_f32_to_bf16) */
+static void amx_pack_a(const void *a, cdf_dtype a_dt, int64_t lda, int64_t M, int64_t K, int64_t r0, int64_t r1,
+                       uint16_t *ap) {
+    for (int64_t m = r0; m < r1; m++) {
+        uint16_t *dst = ap + m * K;
+        if (m >= M) {
+            memset(dst, 0, sizeof(uint16_t) * (size_t)K);
+        } else if (a_dt == CDF_F32) {
+            const float *src = (const float *)a + m * lda;
+            for (int64_t k = 0; k < K; k += 32)
+                _mm512_storeu_si512(dst + k, qg_pack32(_mm512_loadu_ps(src + k), _mm512_loadu_ps(src + k + 16)));
+        } else {
+            memcpy(dst, (const uint16_t *)a + m * lda, sizeof(uint16_t) * (size_t)K);
+        }
+    }
+}
+
+static void amx_slab(const uint16_t *ap, const uint32_t *bp, float *t, float *c, int64_t ldc, const float *bias,
+                     int64_t M, int64_t N, int64_t K, int64_t n0) {
+    const int64_t kp = K / 2, ncols = N - n0 < QG_NC ? N - n0 : QG_NC, npan = ncols / QG_NR;
+    const size_t ast = (size_t)K * 2, bst = QG_NR * 4, tst = QG_NR * 4;
+    for (int64_t m0 = 0; m0 < M; m0 += 32) {
+        const uint16_t *a0 = ap + m0 * K, *a1 = a0 + 16 * K;
+        const int64_t nr = M - m0 < 32 ? M - m0 : 32;
+        for (int64_t j = 0; j < npan; j++) {
+            const uint32_t *b = bp + j * kp * QG_NR;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t p = 0; p < kp; p += 16, b += 16 * QG_NR) {
+                _tile_loadd(4, a0 + 2 * p, ast);
+                _tile_loadd(6, b, bst);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_loadd(7, b + 16, bst);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_loadd(5, a1 + 2 * p, ast);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, t, tst);
+            _tile_stored(1, t + 16, tst);
+            _tile_stored(2, t + 16 * QG_NR, tst);
+            _tile_stored(3, t + 16 * QG_NR + 16, tst);
+            const float *bj = bias ? bias + n0 + j * QG_NR : NULL;
+            const __m512 v0 = bj ? _mm512_loadu_ps(bj) : _mm512_setzero_ps(), v1 = bj ? _mm512_loadu_ps(bj + 16) : v0;
+            for (int64_t r = 0; r < nr; r++) {
+                float *out = c + (m0 + r) * ldc + n0 + j * QG_NR;
+                const __m512 s0 = _mm512_loadu_ps(t + r * QG_NR), s1 = _mm512_loadu_ps(t + r * QG_NR + 16);
+                _mm512_storeu_ps(out, bj ? _mm512_add_ps(s0, v0) : s0);
+                _mm512_storeu_ps(out + 16, bj ? _mm512_add_ps(s1, v1) : s1);
+            }
+        }
+    }
+}
+
+static void amx_run(const cdf_k_vdp_gemm_args *g, void *buf, int nthr) {
+    const int64_t M = g->M, N = g->N, K = g->K, rows = (M + 31) / 32 * 32, slabs = (N + QG_NC - 1) / QG_NC;
+    const size_t ap_bytes = (size_t)(a_rows(M) * K) * 2, slab_bytes = (size_t)(QG_NC * K) * 2 + QG_MC * QG_LDT * 4;
+    uint16_t *ap = buf;
+#pragma omp parallel num_threads(nthr)
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r += 32) amx_pack_a(g->a, g->a_dt, g->lda, M, K, r, r + 32, ap);
+        uint32_t *bp = (uint32_t *)((char *)buf + ap_bytes + (size_t)omp_get_thread_num() * slab_bytes);
+        amx_tile_config();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t s = 0; s < slabs; s++) {
+            g->fill(g->fill_ctx, s * QG_NC, bp);
+            amx_slab(ap, bp, (float *)(bp + QG_NC * K / 2), g->c, g->ldc, g->bias, M, N, K, s * QG_NC);
+        }
+        _tile_release();
+    }
+}
+#pragma GCC pop_options
+#else
+static void amx_run(const cdf_k_vdp_gemm_args *g, void *buf, int nthr) { (void)g, (void)buf, (void)nthr; }
+#endif
 #endif
 
 static int g_on = -1;
@@ -194,9 +307,10 @@ static bool takes_shape(const cdf_k_matmul_args *x) {
         const char *e = getenv("CDIFFUSERS_BF16_GEMM");
         g_on = !(e && strcmp(e, "0") == 0);
     }
-    /* not with AMX: oneDNN's AMX kernels run several times faster than vdpbf16ps */
+    /* with AMX only where AMX is usable (then its micro-kernel runs; GCC 11+ has its intrinsics) */
     const cdf_k_cpu_features *cpu = cdf_k_cpu();
-    if (!g_on || cdf_k_isa_level() < CDF_K_ISA_AVX512_BF16 || !cpu->avx512_bf16 || cpu->amx_bf16) return false;
+    if (!g_on || cdf_k_isa_level() < CDF_K_ISA_AVX512_BF16 || !cpu->avx512_bf16) return false;
+    if (cpu->amx_bf16 && (__GNUC__ < 11 || !cdf_k_amx_usable())) return false;
     if (!x || x->batch < 1 || x->M < 1 || x->N < 1 || x->K < 1 || !x->a || !x->b || !x->c) return false;
     if (x->b_dt != CDF_BF16 || !x->trans_b || x->trans_a || (x->a_dt != CDF_F32 && x->a_dt != CDF_BF16) || x->c_dt != CDF_F32)
         return false;
@@ -239,7 +353,8 @@ cdf_status cdf_k_gemm_vdp_bf16(const cdf_k_matmul_args *x, bool *handled) {
     if (bias) cdf_convert(bias, CDF_F32, x->bias, x->bias_dt, (size_t)N);
     const bf16_w w = {.w = x->b, .ldw = x->ldb, .N = N, .K = K};
     const cdf_k_vdp_gemm_args g = {.M = M, .N = N, .K = K, .a = x->a, .a_dt = x->a_dt, .lda = x->lda, .fill = fill_bf16,
-                                   .fill_ctx = &w, .c = x->c, .ldc = x->ldc, .bias = bias};
+                                   .fill_ctx = &w, .c = x->c, .ldc = x->ldc, .bias = bias,
+                                   .amx = cdf_k_cpu()->amx_bf16};
     cdf_k_vdp_run(&g, buf, nthr);
     cdf_host_free_large(buf, bytes);
     atomic_fetch_add(&g_calls, 1);

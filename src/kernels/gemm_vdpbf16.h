@@ -33,6 +33,7 @@ typedef struct cdf_k_vdp_gemm_args {
     cdf_k_vdp_fill fill; const void *fill_ctx;
     float *c; int64_t ldc;          /* [M, N], row stride ldc */
     const float *bias;              /* f32 [N] or NULL, added after the sum */
+    bool amx;                       /* the AMX micro-kernel on the same slabs (cdf_k_amx_usable()) */
 } cdf_k_vdp_gemm_args;
 
 /* Threads a run uses (at most one per slab) and the scratch it needs for them (packed A and one
@@ -40,8 +41,9 @@ typedef struct cdf_k_vdp_gemm_args {
 int cdf_k_vdp_threads(int64_t N);
 size_t cdf_k_vdp_bytes(int64_t M, int64_t K, int nthr);
 /* Runs g in one OpenMP region of nthr threads on buf (cdf_k_vdp_bytes). The CPU must have
- * AVX512-BF16 (the caller checks). Each element's summation order depends on K only, not on the
- * thread count or the fill: Q8_0 and bf16 weights of the same values give the same bits. */
+ * AVX512-BF16 (the caller checks; AMX-BF16 too for g->amx). Each element's summation order
+ * depends on K and g->amx only, not on the thread count or the fill: Q8_0 and bf16 weights of
+ * the same values give the same bits. */
 void cdf_k_vdp_run(const cdf_k_vdp_gemm_args *g, void *buf, int nthr);
 
 /* ---- bf16 weights (the linear layers' case) ---------------------------------------------- */
@@ -49,7 +51,9 @@ void cdf_k_vdp_run(const cdf_k_vdp_gemm_args *g, void *buf, int nthr);
 /* true when cdf_k_gemm_vdp_bf16 takes x: bf16 B [N, K] (trans_b) shared by the batch, A f32 or
  * bf16 not transposed (batch items stacked as rows, 128 rows or more), C f32, alpha 1, beta 0,
  * bias f32/bf16 or none, N % 32 == 0, K % 32 == 0, B not transient (a quantized layer's decoded
- * panel); an AVX512-BF16 CPU without AMX at the avx512_bf16 ISA level; not switched off
+ * panel); an AVX512-BF16 CPU at the avx512_bf16 ISA level (with AMX usable: the AMX
+ * micro-kernel on the same slabs, where oneDNN 2.6's AMX kernels reach ~19% of the AMX peak
+ * at these shapes); not switched off
  * (CDIFFUSERS_BF16_GEMM=0 or the setter). An epilogue is run after the product, as the oneDNN
  * path runs it (cdf_k_matmul_run_epilogue). */
 bool cdf_k_gemm_vdp_bf16_supports(const cdf_k_matmul_args *x);
