@@ -67,8 +67,8 @@ cdf_status cdf_k_matmul_dispatch(const cdf_k_matmul_args *a) {
         s = cdf_k_gemm_bf16w(a, &handled);
         if (s != CDF_OK || handled) return s;
     }
-    /* bf16 weights at the avx512_bf16 level without AMX: the own vdpbf16ps GEMM on slabs repacked
-     * from the plain weight (kernels/gemm_vdpbf16.c): no prepacked copy of the weights */
+    /* bf16 weights at the avx512_bf16 level: the own GEMM (vdpbf16ps, or AMX tiles where AMX is
+     * usable) on slabs repacked from the plain weight (kernels/gemm_vdpbf16.c): no prepacked copy */
     if (cdf_k_gemm_vdp_bf16_supports(a)) {
         s = cdf_k_gemm_vdp_bf16(a, &handled);
         if (s != CDF_OK || handled) return s;
