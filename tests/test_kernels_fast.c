@@ -1235,7 +1235,7 @@ static bool vdp_applies(void) {
  * misplaced value, a lost k chunk or column panel or a missing bias moves an element by ~1e-2
  * of the scale. Shapes: M 1, 11, 12, 13 (row groups of 12), 200 and 397 (past one 192-row
  * block, a partial group); N 32, 288 and 544 (a partial 256-column slab, 32-column panels); K 32,
- * 544 and 1056 (a partial 512-deep chunk); A f32 / bf16, bias none / f32 / bf16, padded leading
+ * 544, 1056 (a partial 512-deep chunk) and 3104 (the AMX kernel's 1024-deep chunks); A f32 / bf16, bias none / f32 / bf16, padded leading
  * dimensions, batches stacked over one weight; then what it must decline, the dispatch taking
  * it, and the switch. */
 static void test_gemm_vdp_bf16(void **state) {
@@ -1255,7 +1255,8 @@ static void test_gemm_vdp_bf16(void **state) {
     cdf_k_gemm_vdp_bf16_set(2); /* the kernel at every row count (by default from 128 rows on) */
     via_vdp_gemm = true;
     printf("  micro-kernel: %s\n", cdf_k_cpu()->amx_bf16 ? "AMX tiles" : "vdpbf16ps");
-    static const int64_t Ms[] = {1, 11, 12, 13, 200, 397}, Ns[] = {32, 288, 544}, Ks[] = {32, 544, 1056};
+    /* K 3104: past the AMX micro-kernel's one-chunk limit (3072), chunks of 1024 + a 32 tail */
+    static const int64_t Ms[] = {1, 11, 12, 13, 200, 397}, Ns[] = {32, 288, 544}, Ks[] = {32, 544, 1056, 3104};
     int n = 0;
     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
         for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++)

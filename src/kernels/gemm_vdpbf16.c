@@ -228,40 +228,67 @@ static void amx_pack_a(const void *a, cdf_dtype a_dt, int64_t lda, int64_t M, in
     }
 }
 
+/* K per chunk, past AMX_K_WHOLE: 256 columns x 1024 k of bf16 (512 KiB of the slab) stay in L2
+ * while every row of A runs over them; a whole K of 6144 or more (3-6 MB) did not, and was read
+ * from L3 again for every 32 rows (16-17% of the AMX peak against 22-27% at K <= 3072). Up to
+ * AMX_K_WHOLE (1.5 MB of slab) one chunk: there the partial sums' trips through C cost more than
+ * they save (bench_kernels --bf16: FLUX qkv / MLP up 10-14% slower in 1024-k chunks). */
+enum { AMX_KC = 1024, AMX_K_WHOLE = 3072 };
+
 static void amx_slab(const uint16_t *ap, const uint32_t *bp, float *t, float *c, int64_t ldc, const float *bias,
                      int64_t M, int64_t N, int64_t K, int64_t n0) {
     const int64_t kp = K / 2, ncols = N - n0 < QG_NC ? N - n0 : QG_NC, npan = ncols / QG_NR;
-    const size_t ast = (size_t)K * 2, bst = QG_NR * 4, tst = QG_NR * 4;
-    for (int64_t m0 = 0; m0 < M; m0 += 32) {
-        const uint16_t *a0 = ap + m0 * K, *a1 = a0 + 16 * K;
-        const int64_t nr = M - m0 < 32 ? M - m0 : 32;
-        for (int64_t j = 0; j < npan; j++) {
-            const uint32_t *b = bp + j * kp * QG_NR;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            for (int64_t p = 0; p < kp; p += 16, b += 16 * QG_NR) {
-                _tile_loadd(4, a0 + 2 * p, ast);
-                _tile_loadd(6, b, bst);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_loadd(7, b + 16, bst);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_loadd(5, a1 + 2 * p, ast);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
-            }
-            _tile_stored(0, t, tst);
-            _tile_stored(1, t + 16, tst);
-            _tile_stored(2, t + 16 * QG_NR, tst);
-            _tile_stored(3, t + 16 * QG_NR + 16, tst);
-            const float *bj = bias ? bias + n0 + j * QG_NR : NULL;
-            const __m512 v0 = bj ? _mm512_loadu_ps(bj) : _mm512_setzero_ps(), v1 = bj ? _mm512_loadu_ps(bj + 16) : v0;
-            for (int64_t r = 0; r < nr; r++) {
-                float *out = c + (m0 + r) * ldc + n0 + j * QG_NR;
-                const __m512 s0 = _mm512_loadu_ps(t + r * QG_NR), s1 = _mm512_loadu_ps(t + r * QG_NR + 16);
-                _mm512_storeu_ps(out, bj ? _mm512_add_ps(s0, v0) : s0);
-                _mm512_storeu_ps(out + 16, bj ? _mm512_add_ps(s1, v1) : s1);
+    const size_t ast = (size_t)K * 2, bst = QG_NR * 4;
+    const int64_t kstep = K <= AMX_K_WHOLE ? K : AMX_KC;
+    for (int64_t k0 = 0; k0 < K; k0 += kstep) {
+        const int64_t kc = K - k0 < kstep ? K - k0 : kstep;
+        const bool first = k0 == 0, last = k0 + kc == K;
+        for (int64_t m0 = 0; m0 < M; m0 += 32) {
+            const uint16_t *a0 = ap + m0 * K + k0, *a1 = a0 + 16 * K;
+            const int64_t nr = M - m0 < 32 ? M - m0 : 32;
+            for (int64_t j = 0; j < npan; j++) {
+                /* the block's sums between chunks (f32, so stored and reloaded exactly): in C for a
+                 * whole 32-row block, in the thread's buffer for the last, partial one */
+                float *pc = nr == 32 ? c + m0 * ldc + n0 + j * QG_NR : t + j * QG_NR;
+                const int64_t ld = nr == 32 ? ldc : QG_LDT;
+                const size_t pst = (size_t)ld * 4;
+                if (first) {
+                    _tile_zero(0);
+                    _tile_zero(1);
+                    _tile_zero(2);
+                    _tile_zero(3);
+                } else {
+                    _tile_loadd(0, pc, pst);
+                    _tile_loadd(1, pc + 16, pst);
+                    _tile_loadd(2, pc + 16 * ld, pst);
+                    _tile_loadd(3, pc + 16 * ld + 16, pst);
+                }
+                const uint32_t *b = bp + (j * kp + k0 / 2) * QG_NR;
+                for (int64_t p = 0; p < kc / 2; p += 16, b += 16 * QG_NR) {
+                    _tile_loadd(4, a0 + 2 * p, ast);
+                    _tile_loadd(6, b, bst);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_loadd(7, b + 16, bst);
+                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_loadd(5, a1 + 2 * p, ast);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+                _tile_stored(0, pc, pst);
+                _tile_stored(1, pc + 16, pst);
+                _tile_stored(2, pc + 16 * ld, pst);
+                _tile_stored(3, pc + 16 * ld + 16, pst);
+                if (!last || (nr == 32 && !bias)) continue;
+                /* the bias after the whole sum; a partial block's rows < nr to C */
+                const float *bj = bias ? bias + n0 + j * QG_NR : NULL;
+                const __m512 v0 = bj ? _mm512_loadu_ps(bj) : _mm512_setzero_ps(), v1 = bj ? _mm512_loadu_ps(bj + 16) : v0;
+                for (int64_t r = 0; r < nr; r++) {
+                    float *out = c + (m0 + r) * ldc + n0 + j * QG_NR;
+                    const float *sum = pc + r * ld;
+                    const __m512 s0 = _mm512_loadu_ps(sum), s1 = _mm512_loadu_ps(sum + 16);
+                    _mm512_storeu_ps(out, bj ? _mm512_add_ps(s0, v0) : s0);
+                    _mm512_storeu_ps(out + 16, bj ? _mm512_add_ps(s1, v1) : s1);
+                }
             }
         }
     }
