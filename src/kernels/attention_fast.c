@@ -79,6 +79,7 @@ enum { AF_BQ = 48, AF_RB = 6, AF_QC = 2016, AF_KS = 2048 }; /* AF_RB: rows per r
 #define SFX amx
 #define AF_DPBF16 1
 #define AF_AMX 1
+#include "kernels/amx_impl.h"
 #include "kernels/attention_fast_impl.h"
 #undef AF_AMX
 #undef AF_DPBF16

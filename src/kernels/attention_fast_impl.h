@@ -455,19 +455,6 @@ static inline __m512bh AF_NAME(ldbh)(const uint16_t *p) { return (__m512bh)_mm51
  * tmm5-7 the B operands (three, so a load need not wait for the product reading the previous). */
 _Static_assert(BK == 64 && AF_BQ % 16 == 0, "AMX attention: 4 key tiles of 16, query blocks of 16-row tiles");
 
-/* every tile 16 rows x 64 bytes (palette 1); loaded per chunk, as oneDNN's kernels load their own */
-static void AF_NAME(tile_config)(void) {
-    struct {
-        uint8_t palette, start_row, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
-    _tile_loadconfig(&cfg);
-}
-
 /* The tile of the vdpbf16ps body on AMX: q [AF_BQ][d2] bf16, kt [d2/2][BK][2], vt [BK/2][dvp][2],
  * s [AF_BQ][BK] f32, P through pb [AF_BQ][BK] bf16, o [AF_BQ][dvp] f32 (rescaled by the softmax,
  * then accumulated in tiles loaded from it and stored back). */
@@ -486,15 +473,7 @@ static void AF_NAME(tile)(const cdf_k_attention_args *x, int64_t bi, int64_t hi,
         _tile_zero(3);
         for (int64_t e = 0; e < d2; e += 32) {
             const uint16_t *kp = kt + (e / 2) * BK * 2; /* dimension pairs e/2.., keys 16 c.. at 32 c */
-            _tile_loadd(4, q + r * d2 + e, qst);
-            _tile_loadd(5, kp, kst);
-            _tile_dpbf16ps(0, 4, 5);
-            _tile_loadd(6, kp + 32, kst);
-            _tile_dpbf16ps(1, 4, 6);
-            _tile_loadd(7, kp + 64, kst);
-            _tile_dpbf16ps(2, 4, 7);
-            _tile_loadd(5, kp + 96, kst);
-            _tile_dpbf16ps(3, 4, 5);
+            AMX_A_X_4B(q + r * d2 + e, qst, kp, kst);
         }
         float *sp = s + r * BK;
         _tile_stored(0, sp, sst);
@@ -516,17 +495,7 @@ static void AF_NAME(tile)(const cdf_k_attention_args *x, int64_t bi, int64_t hi,
                 _tile_loadd(1, op + 16, ost);
                 _tile_loadd(2, op + 32, ost);
                 _tile_loadd(3, op + 48, ost);
-                for (int64_t j = 0; j < BK; j += 32, vp += 16 * dvp * 2) {
-                    _tile_loadd(4, pr + j, pst);
-                    _tile_loadd(5, vp, vst);
-                    _tile_dpbf16ps(0, 4, 5);
-                    _tile_loadd(6, vp + 32, vst);
-                    _tile_dpbf16ps(1, 4, 6);
-                    _tile_loadd(7, vp + 64, vst);
-                    _tile_dpbf16ps(2, 4, 7);
-                    _tile_loadd(5, vp + 96, vst);
-                    _tile_dpbf16ps(3, 4, 5);
-                }
+                for (int64_t j = 0; j < BK; j += 32, vp += 16 * dvp * 2) AMX_A_X_4B(pr + j, pst, vp, vst);
                 _tile_stored(0, op, ost);
                 _tile_stored(1, op + 16, ost);
                 _tile_stored(2, op + 32, ost);
@@ -617,7 +586,7 @@ static void AF_NAME(chunk)(const cdf_k_attention_args *x, int64_t bi, int64_t hi
     }
     AF_NAME(chunk_init)(nqp, dvp, o, lv, m);
 #ifdef AF_AMX
-    AF_NAME(tile_config)();
+    amx_config_16x64();
 #endif
 
     for (int64_t k0 = 0; k0 < x->lk; k0 += ks) {

@@ -198,18 +198,7 @@ static void fill_bf16(const void *ctx, int64_t n0, uint32_t *bp) {
 #if __GNUC__ >= 11
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,f16c,avx2,fma,amx-tile,amx-bf16")
-
-static void amx_tile_config(void) {
-    struct {
-        uint8_t palette, start_row, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
-    _tile_loadconfig(&cfg);
-}
+#include "kernels/amx_impl.h"
 
 /* rows [r0, r1) of A into bf16 rows of K (f32 rounded to nearest even, as cdf_f32_to_bf16) */
 static void amx_pack_a(const void *a, cdf_dtype a_dt, int64_t lda, int64_t M, int64_t K, int64_t r0, int64_t r1,
@@ -303,7 +292,7 @@ static void amx_run(const cdf_k_vdp_gemm_args *g, void *buf, int nthr) {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r += 32) amx_pack_a(g->a, g->a_dt, g->lda, M, K, r, r + 32, ap);
         uint32_t *bp = (uint32_t *)((char *)buf + ap_bytes + (size_t)omp_get_thread_num() * slab_bytes);
-        amx_tile_config();
+        amx_config_16x64();
 #pragma omp for schedule(dynamic, 1)
         for (int64_t s = 0; s < slabs; s++) {
             g->fill(g->fill_ctx, s * QG_NC, bp);
