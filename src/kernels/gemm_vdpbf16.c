@@ -25,7 +25,7 @@
  * block), MR-row groups; the MC x NC block of sums (~200 KiB) stays in L2 across the chunks.
  * The micro-kernel alone runs at ~97% of the vdpbf16ps register loop.
  * With AMX usable, the same slabs feed an AMX micro-kernel (amx_run below): there oneDNN 2.6
- * (Debian 12's) reaches ~19% of the AMX peak at these shapes, and this one 0.44-1.09x of its time
+ * (Debian 12's) reaches ~19% of the AMX peak at these shapes, and this one 0.43-0.97x of its time
  * per layer (bench_kernels --bf16, bench/RESULTS.md). */
 #include "kernels/gemm_vdpbf16.h"
 
@@ -190,10 +190,11 @@ static void fill_bf16(const void *ctx, int64_t n0, uint32_t *bp) {
 
 /* ---- the AMX micro-kernel on the same slabs ------------------------------------------------
  * A rounded to bf16 rows as they are ([rows][K], rows past M zero); per 32 rows and 32-column
- * panel of the slab, four 16 x 16 f32 accumulator tiles over all of K, 32 k per step: A tiles
- * (16 rows x 32 k) straight from the rows, B tiles (16 k pairs x 16 columns) straight from the
- * panel's pair layout (its rows are QG_NR words apart). The sums go through the thread's block
- * buffer to C with the bias, rows past M dropped. Each element's sum runs in k order, 32 k per
+ * panel of the slab, four 16 x 16 f32 accumulator tiles over a K chunk (all of K up to
+ * AMX_K_WHOLE), 32 k per step: A tiles (16 rows x 32 k) straight from the rows, B tiles (16 k
+ * pairs x 16 columns) straight from the panel's pair layout (its rows are QG_NR words apart).
+ * Between chunks the sums wait in C (a partial last block: in the thread's block buffer); the
+ * bias is added after the last, rows past M dropped. Each element's sum runs in k order, 32 k per
  * tdpbf16ps (its internal order is the hardware's, fixed). */
 #if __GNUC__ >= 11
 #pragma GCC push_options
