@@ -47,10 +47,6 @@ enum { AF_BQ = 48, AF_RB = 6, AF_QC = 2016, AF_KS = 2048 }; /* AF_RB: rows per r
 #define CV 2
 #define SFX avx512
 #include "kernels/attention_fast_impl.h"
-#undef VW
-#undef KV_VECS
-#undef CV
-#undef SFX
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -61,11 +57,6 @@ enum { AF_BQ = 48, AF_RB = 6, AF_QC = 2016, AF_KS = 2048 }; /* AF_RB: rows per r
 #define SFX avx512bf16
 #define AF_DPBF16 1 /* the vdpbf16ps body: bf16 q, k, v only */
 #include "kernels/attention_fast_impl.h"
-#undef AF_DPBF16
-#undef VW
-#undef KV_VECS
-#undef CV
-#undef SFX
 #pragma GCC pop_options
 
 /* the AMX build of the vdpbf16ps body: both products on tiles (GCC 11+ has the AMX intrinsics) */
@@ -81,12 +72,6 @@ enum { AF_BQ = 48, AF_RB = 6, AF_QC = 2016, AF_KS = 2048 }; /* AF_RB: rows per r
 #define AF_AMX 1
 #include "kernels/amx_impl.h"
 #include "kernels/attention_fast_impl.h"
-#undef AF_AMX
-#undef AF_DPBF16
-#undef VW
-#undef KV_VECS
-#undef CV
-#undef SFX
 #pragma GCC pop_options
 #else /* no AMX build: use_amx() is false, the names only keep the dispatch below one piece */
 #define scratch_floats_amx scratch_floats_avx512bf16
@@ -100,10 +85,6 @@ enum { AF_BQ = 48, AF_RB = 6, AF_QC = 2016, AF_KS = 2048 }; /* AF_RB: rows per r
 #define CV 2
 #define SFX avx2
 #include "kernels/attention_fast_impl.h"
-#undef VW
-#undef KV_VECS
-#undef CV
-#undef SFX
 #pragma GCC pop_options
 
 #endif

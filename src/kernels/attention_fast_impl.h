@@ -1,7 +1,8 @@
 /* Body of the vectorised flash attention (attention_fast.c), compiled once per ISA: the includer
  * defines VW (f32 lanes per vector), KV_VECS (vectors of keys per tile, even), CV (2: the value
  * width is padded to a multiple of CV * VW), the
- * name suffix SFX, and wraps the include in a `#pragma GCC target`. GCC vector extensions keep
+ * name suffix SFX, and wraps the include in a `#pragma GCC target`; the body undefines them at its
+ * end (and AF_DPBF16 / AF_AMX), ready for the next build. GCC vector extensions keep
  * one source for AVX2 (8 lanes) and AVX-512 (16 lanes).
  *
  * One work item = one (batch, head) and a chunk of up to AF_QC query rows. Keys are taken in spans
@@ -619,3 +620,10 @@ static void AF_NAME(chunk)(const cdf_k_attention_args *x, int64_t bi, int64_t hi
 #undef AF_NAME
 #undef AF_CAT
 #undef AF_CAT2
+/* the includer's parameters, so that the next build defines its own */
+#undef VW
+#undef KV_VECS
+#undef CV
+#undef SFX
+#undef AF_DPBF16
+#undef AF_AMX
