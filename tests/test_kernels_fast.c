@@ -134,6 +134,8 @@ typedef struct mm_bufs {
     void *a, *b, *c, *bias;
     float *c_old;      /* C before the call (f32 view), for beta = 1 */
     size_t a_n, b_n, c_n;
+    size_t c_guard; /* elements after C, sentinel-filled and checked: AMX tile stores (32 rows at a
+                       time) are not seen by AddressSanitizer */
 } mm_bufs;
 
 static void fill_dt(void *p, cdf_dtype dt, size_t i, float v) { cdf_k_st(p, dt, (int64_t)i, v); }
@@ -169,7 +171,8 @@ static void mm_setup(const mm_case *cs, mm_bufs *m, uint64_t seed) {
     m->c_n = (size_t)(cs->batch * c_mat);
     m->a = malloc(cdf_dtype_size(cs->a_dt) * m->a_n);
     m->b = malloc(cdf_dtype_size(cs->b_dt) * m->b_n);
-    m->c = malloc(cdf_dtype_size(cs->c_dt) * m->c_n);
+    m->c_guard = (size_t)(32 * x->ldc + 64);
+    m->c = malloc(cdf_dtype_size(cs->c_dt) * (m->c_n + m->c_guard));
     m->c_old = malloc(sizeof(float) * m->c_n);
     assert_non_null(m->a);
     assert_non_null(m->b);
@@ -180,7 +183,7 @@ static void mm_setup(const mm_case *cs, mm_bufs *m, uint64_t seed) {
     tu_fill_random(r, m->a_n + m->b_n + m->c_n + (size_t)cs->N, seed);
     for (size_t i = 0; i < m->a_n; i++) fill_dt(m->a, cs->a_dt, i, NAN);
     for (size_t i = 0; i < m->b_n; i++) fill_dt(m->b, cs->b_dt, i, NAN);
-    for (size_t i = 0; i < m->c_n; i++) fill_dt(m->c, cs->c_dt, i, SENTINEL);
+    for (size_t i = 0; i < m->c_n + m->c_guard; i++) fill_dt(m->c, cs->c_dt, i, SENTINEL);
     for (int64_t bi = 0; bi < nba; bi++)
         for (int64_t i = 0; i < a_rows; i++)
             for (int64_t j = 0; j < a_cols; j++) {
@@ -307,6 +310,10 @@ static void mm_check(mm_bufs *m, bool round_a, bool vs_reference, const char *wh
                              (long long)x->batch, (long long)x->M, (long long)x->N, (long long)x->K,
                              (long long)x->ldc);
         }
+    for (size_t i = 0; i < m->c_guard; i++) /* nothing written past C's last element */
+        if (cdf_k_ld(m->c, x->c_dt, (int64_t)(m->c_n + i)) != sentinel)
+            fail_msg("%s: C's guard overwritten at %zu elements past its end; batch=%lld M=%lld N=%lld K=%lld", what, i,
+                     (long long)x->batch, (long long)x->M, (long long)x->N, (long long)x->K);
     free(got);
     free(want);
 }
@@ -1234,8 +1241,9 @@ static bool vdp_applies(void) {
  * scale). Its flush of denormal terms moves a sum by < K * 2^-126, under the absolute 1e-30. A
  * misplaced value, a lost k chunk or column panel or a missing bias moves an element by ~1e-2
  * of the scale. Shapes: M 1, 11, 12, 13 (row groups of 12), 200 and 397 (past one 192-row
- * block, a partial group); N 32, 288 and 544 (a partial 256-column slab, 32-column panels); K 32,
- * 544, 1056 (a partial 512-deep chunk) and 3104 (the AMX kernel's 1024-deep chunks); A f32 / bf16, bias none / f32 / bf16, padded leading
+ * block, a partial group; past the AMX kernel's 256-row block, a partial 32-row block); N 32, 288
+ * and 544 (a partial 256-column slab, 32-column panels); K 32, 544, 1056 (a partial 512-deep
+ * chunk) and 3104 (six chunks and a 32 tail); A f32 / bf16, bias none / f32 / bf16, padded leading
  * dimensions, batches stacked over one weight; then what it must decline, the dispatch taking
  * it, and the switch. */
 static void test_gemm_vdp_bf16(void **state) {
@@ -1255,7 +1263,7 @@ static void test_gemm_vdp_bf16(void **state) {
     cdf_k_gemm_vdp_bf16_set(2); /* the kernel at every row count (by default from 128 rows on) */
     via_vdp_gemm = true;
     printf("  micro-kernel: %s\n", cdf_k_cpu()->amx_bf16 ? "AMX tiles" : "vdpbf16ps");
-    /* K 3104: past the AMX micro-kernel's one-chunk limit (3072), chunks of 1024 + a 32 tail */
+    /* K 3104: six 512-deep chunks and a 32-deep one (both micro-kernels) */
     static const int64_t Ms[] = {1, 11, 12, 13, 200, 397}, Ns[] = {32, 288, 544}, Ks[] = {32, 544, 1056, 3104};
     int n = 0;
     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)

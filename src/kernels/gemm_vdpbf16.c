@@ -42,6 +42,8 @@
 /* KC 512: a micro-kernel call runs 256 k pairs between its loads and stores of the 12 x 32 sums
  * (at KC 256 the loop ran ~4% slower on its own; the B panel's 32 KiB of the slab come from L2) */
 enum { QG_MR = CDF_VDP_MR, QG_NR = CDF_VDP_NR, QG_KC = 512, QG_NC = CDF_VDP_NC, QG_MC = 192, QG_LDT = QG_NC + 16 };
+/* rows of a thread's block buffer for partial sums: QG_MC (vdpbf16ps) or AMX_MC (AMX) */
+enum { QG_T_ROWS = 256 };
 
 int cdf_k_vdp_threads(int64_t N) {
     const int64_t slabs = (N + QG_NC - 1) / QG_NC;
@@ -53,9 +55,11 @@ int cdf_k_vdp_threads(int64_t N) {
 /* rows of the packed A: whole 12-row groups (vdpbf16ps) and whole 32-row blocks (AMX) */
 static int64_t a_rows(int64_t M) { return (M + 95) / 96 * 96; }
 
+/* a thread's slab of B (QG_NC columns, all of K, pairs) and its block buffer */
+static size_t slab_bytes(int64_t K) { return (size_t)(QG_NC * K) * 2 + (size_t)QG_T_ROWS * QG_LDT * 4; }
+
 size_t cdf_k_vdp_bytes(int64_t M, int64_t K, int nthr) {
-    const size_t ap_bytes = (size_t)(a_rows(M) * K) * 2, slab_bytes = (size_t)(QG_NC * K) * 2 + QG_MC * QG_LDT * 4;
-    return ap_bytes + (size_t)nthr * slab_bytes;
+    return (size_t)(a_rows(M) * K) * 2 + (size_t)nthr * slab_bytes(K);
 }
 
 #ifdef CDF_K_VDP_COMPILED
@@ -146,13 +150,13 @@ void cdf_k_vdp_run(const cdf_k_vdp_gemm_args *g, void *buf, int nthr) {
         return;
     }
     const int64_t M = g->M, N = g->N, K = g->K, groups = (M + QG_MR - 1) / QG_MR, slabs = (N + QG_NC - 1) / QG_NC;
-    const size_t ap_bytes = (size_t)(a_rows(M) * K) * 2, slab_bytes = (size_t)(QG_NC * K) * 2 + QG_MC * QG_LDT * 4;
+    const size_t ap_bytes = (size_t)(a_rows(M) * K) * 2;
     uint32_t *ap = buf;
 #pragma omp parallel num_threads(nthr)
     {
 #pragma omp for schedule(static)
         for (int64_t gi = 0; gi < groups; gi++) qg_pack_a(g->a, g->a_dt, g->lda, M, K, gi, gi + 1, ap);
-        uint32_t *bp = (uint32_t *)((char *)buf + ap_bytes + (size_t)omp_get_thread_num() * slab_bytes);
+        uint32_t *bp = (uint32_t *)((char *)buf + ap_bytes + (size_t)omp_get_thread_num() * slab_bytes(K));
 #pragma omp for schedule(dynamic, 1)
         for (int64_t s = 0; s < slabs; s++) {
             g->fill(g->fill_ctx, s * QG_NC, bp);
@@ -189,95 +193,123 @@ static void fill_bf16(const void *ctx, int64_t n0, uint32_t *bp) {
 #pragma GCC pop_options
 
 /* ---- the AMX micro-kernel on the same slabs ------------------------------------------------
- * A rounded to bf16 rows as they are ([rows][K], rows past M zero); per 32 rows and 32-column
- * panel of the slab, four 16 x 16 f32 accumulator tiles over a K chunk (all of K up to
- * AMX_K_WHOLE), 32 k per step: A tiles (16 rows x 32 k) straight from the rows, B tiles (16 k
- * pairs x 16 columns) straight from the panel's pair layout (its rows are QG_NR words apart).
- * Between chunks the sums wait in C (a partial last block: in the thread's block buffer); the
- * bias is added after the last, rows past M dropped. Each element's sum runs in k order, 32 k per
- * tdpbf16ps (its internal order is the hardware's, fixed). */
+ * A rounded to bf16 and packed as tiles (amx_tile below: 16 rows x 32 k, 1 KiB each, in the
+ * order the loops read them; rows past M zero). Per slab: MC-row blocks, K chunks of KC, the 8
+ * panels of the slab, then 32-row blocks: four 16 x 16 f32 accumulator tiles (2 A tiles x 2 B
+ * tiles) over the chunk, 32 k per step, B tiles (16 k pairs x 16 columns) straight from the
+ * panel's pair layout (its rows are QG_NR words apart).
+ * Why this order (measured, bench_kernels --bf16 and a standalone probe, single core): the tile
+ * loads, not tdpbf16ps, set the pace. From L1 the 2 x 2 step runs at ~80% of the tdpbf16ps rate;
+ * with both operands from L2 at ~55%, and with the slab's 1.5 MB of B at K 3072 no longer fitting
+ * L2 beside A, ~30%. Here the panel's KC x 32 slice (32 KiB) stays in L1 while every 32-row block
+ * of the MC rows runs over it; A streams from L2 with the no-reuse hint (tileloaddt1) so it does
+ * not push B out of L1, and the next A block is prefetched into L2 a few lines per step. The cost
+ * is a trip of the partial sums through the thread's block buffer per chunk (L2): 1.3-2.2x the
+ * previous whole-K order per layer. Each element's sum still runs in k order, 32 k per tdpbf16ps
+ * (its internal order is the hardware's, fixed), the partial sums stored and reloaded as f32
+ * (exact): outputs are bit-identical to that order's. The bias is added after the last chunk,
+ * rows past M dropped. */
 #if __GNUC__ >= 11
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,f16c,avx2,fma,amx-tile,amx-bf16")
 #include "kernels/amx_impl.h"
 
-/* rows [r0, r1) of A into bf16 rows of K (f32 rounded to nearest even, as cdf_f32_to_bf16) */
-static void amx_pack_a(const void *a, cdf_dtype a_dt, int64_t lda, int64_t M, int64_t K, int64_t r0, int64_t r1,
+/* AMX_MC rows x AMX_KC k of A (256 KiB) in L2; the panel's AMX_KC x 32 slice of B (32 KiB) in L1;
+ * AMX_PF lines of the next A block prefetched per step (2 and 8 were slower) */
+enum { AMX_MC = 256, AMX_KC = 512, AMX_PF = 4 };
+
+/* A's tile of 16-row group g (of G) and k step s (32 k): the chunk's tiles for every group in
+ * a row, group by group, each group's tiles in k order (the last chunk may be shorter) */
+static inline int64_t amx_tile(int64_t G, int64_t K, int64_t g, int64_t s) {
+    const int64_t c = s / (AMX_KC / 32), tiles = K / 32 - c * (AMX_KC / 32), in_chunk = tiles < AMX_KC / 32 ? tiles : AMX_KC / 32;
+    return (c * G * (AMX_KC / 32) + g * in_chunk + s % (AMX_KC / 32)) * 512;
+}
+
+/* groups [g0, g1) of A (f32 rounded to nearest even, as cdf_f32_to_bf16, or bf16) into tiles */
+static void amx_pack_a(const void *a, cdf_dtype a_dt, int64_t lda, int64_t M, int64_t K, int64_t G, int64_t g0, int64_t g1,
                        uint16_t *ap) {
-    for (int64_t m = r0; m < r1; m++) {
-        uint16_t *dst = ap + m * K;
-        if (m >= M) {
-            memset(dst, 0, sizeof(uint16_t) * (size_t)K);
-        } else if (a_dt == CDF_F32) {
-            const float *src = (const float *)a + m * lda;
-            for (int64_t k = 0; k < K; k += 32)
-                _mm512_storeu_si512(dst + k, qg_pack32(_mm512_loadu_ps(src + k), _mm512_loadu_ps(src + k + 16)));
-        } else {
-            memcpy(dst, (const uint16_t *)a + m * lda, sizeof(uint16_t) * (size_t)K);
+    for (int64_t m = g0 * 16; m < g1 * 16; m++) {
+        for (int64_t s = 0; s < K / 32; s++) {
+            uint16_t *dst = ap + amx_tile(G, K, m / 16, s) + (m % 16) * 32;
+            if (m >= M) {
+                _mm512_storeu_si512(dst, _mm512_setzero_si512());
+            } else if (a_dt == CDF_F32) {
+                const float *src = (const float *)a + m * lda + s * 32;
+                _mm512_storeu_si512(dst, qg_pack32(_mm512_loadu_ps(src), _mm512_loadu_ps(src + 16)));
+            } else {
+                _mm512_storeu_si512(dst, _mm512_loadu_si512((const uint16_t *)a + m * lda + s * 32));
+            }
         }
     }
 }
 
-/* K per chunk, past AMX_K_WHOLE: 256 columns x 1024 k of bf16 (512 KiB of the slab) stay in L2
- * while every row of A runs over them; a whole K of 6144 or more (3-6 MB) did not, and was read
- * from L3 again for every 32 rows (16-17% of the AMX peak against 22-27% at K <= 3072). Up to
- * AMX_K_WHOLE (1.5 MB of slab) one chunk: there the partial sums' trips through C cost more than
- * they save (bench_kernels --bf16: FLUX qkv / MLP up 10-14% slower in 1024-k chunks). */
-enum { AMX_KC = 1024, AMX_K_WHOLE = 3072 };
-
 static void amx_slab(const uint16_t *ap, const uint32_t *bp, float *t, float *c, int64_t ldc, const float *bias,
                      int64_t M, int64_t N, int64_t K, int64_t n0) {
-    const int64_t kp = K / 2, ncols = N - n0 < QG_NC ? N - n0 : QG_NC, npan = ncols / QG_NR;
-    const size_t ast = (size_t)K * 2, bst = QG_NR * 4;
-    const int64_t kstep = K <= AMX_K_WHOLE ? K : AMX_KC;
-    for (int64_t k0 = 0; k0 < K; k0 += kstep) {
-        const int64_t kc = K - k0 < kstep ? K - k0 : kstep;
-        const bool first = k0 == 0, last = k0 + kc == K;
-        for (int64_t m0 = 0; m0 < M; m0 += 32) {
-            const uint16_t *a0 = ap + m0 * K + k0, *a1 = a0 + 16 * K;
-            const int64_t nr = M - m0 < 32 ? M - m0 : 32;
+    const int64_t kp = K / 2, ncols = N - n0 < QG_NC ? N - n0 : QG_NC, npan = ncols / QG_NR, G = (M + 31) / 32 * 2;
+    const size_t bst = QG_NR * 4, tst = QG_LDT * 4;
+    for (int64_t mb = 0; mb < M; mb += AMX_MC) {
+        const int64_t me = M - mb < AMX_MC ? M : mb + AMX_MC;
+        for (int64_t k0 = 0; k0 < K; k0 += AMX_KC) {
+            const int64_t kc = K - k0 < AMX_KC ? K - k0 : AMX_KC;
+            const bool first = k0 == 0, last = k0 + kc == K;
+            /* the next block's A tiles (contiguous), a few lines per step while this one runs */
+            const int64_t nk0 = last ? 0 : k0 + kc, nmb = last ? me : mb;
+            const char *pf = NULL, *pf_end = NULL;
+            if (nmb < M) {
+                const int64_t nrows = (M - nmb < AMX_MC ? M - nmb : AMX_MC) + 31;
+                pf = (const char *)(ap + amx_tile(G, K, nmb / 16, nk0 / 32));
+                pf_end = pf + (size_t)(nrows / 32 * 2) * (size_t)((K - nk0 < AMX_KC ? K - nk0 : AMX_KC) / 32) * 1024;
+            }
             for (int64_t j = 0; j < npan; j++) {
-                /* the block's sums between chunks (f32, so stored and reloaded exactly): in C for a
-                 * whole 32-row block, in the thread's buffer for the last, partial one */
-                float *pc = nr == 32 ? c + m0 * ldc + n0 + j * QG_NR : t + j * QG_NR;
-                const int64_t ld = nr == 32 ? ldc : QG_LDT;
-                const size_t pst = (size_t)ld * 4;
-                if (first) {
-                    _tile_zero(0);
-                    _tile_zero(1);
-                    _tile_zero(2);
-                    _tile_zero(3);
-                } else {
-                    _tile_loadd(0, pc, pst);
-                    _tile_loadd(1, pc + 16, pst);
-                    _tile_loadd(2, pc + 16 * ld, pst);
-                    _tile_loadd(3, pc + 16 * ld + 16, pst);
-                }
-                const uint32_t *b = bp + (j * kp + k0 / 2) * QG_NR;
-                for (int64_t p = 0; p < kc / 2; p += 16, b += 16 * QG_NR) {
-                    _tile_loadd(4, a0 + 2 * p, ast);
-                    _tile_loadd(6, b, bst);
-                    _tile_dpbf16ps(0, 4, 6);
-                    _tile_loadd(7, b + 16, bst);
-                    _tile_dpbf16ps(1, 4, 7);
-                    _tile_loadd(5, a1 + 2 * p, ast);
-                    _tile_dpbf16ps(2, 5, 6);
-                    _tile_dpbf16ps(3, 5, 7);
-                }
-                _tile_stored(0, pc, pst);
-                _tile_stored(1, pc + 16, pst);
-                _tile_stored(2, pc + 16 * ld, pst);
-                _tile_stored(3, pc + 16 * ld + 16, pst);
-                if (!last || (nr == 32 && !bias)) continue;
-                /* the bias after the whole sum; a partial block's rows < nr to C */
-                const float *bj = bias ? bias + n0 + j * QG_NR : NULL;
-                const __m512 v0 = bj ? _mm512_loadu_ps(bj) : _mm512_setzero_ps(), v1 = bj ? _mm512_loadu_ps(bj + 16) : v0;
-                for (int64_t r = 0; r < nr; r++) {
-                    float *out = c + (m0 + r) * ldc + n0 + j * QG_NR;
-                    const float *sum = pc + r * ld;
-                    const __m512 s0 = _mm512_loadu_ps(sum), s1 = _mm512_loadu_ps(sum + 16);
-                    _mm512_storeu_ps(out, bj ? _mm512_add_ps(s0, v0) : s0);
-                    _mm512_storeu_ps(out + 16, bj ? _mm512_add_ps(s1, v1) : s1);
+                const uint32_t *bj = bp + (j * kp + k0 / 2) * QG_NR;
+                for (int64_t m0 = mb; m0 < me; m0 += 32) {
+                    const uint16_t *a0 = ap + amx_tile(G, K, m0 / 16, k0 / 32), *a1 = a0 + (kc / 32) * 512;
+                    const int64_t nr = me - m0 < 32 ? me - m0 : 32;
+                    /* the partial sums between chunks (f32: stored and reloaded exactly) in the
+                     * block buffer; the last chunk's straight to C for a whole block without bias */
+                    float *pt = t + (m0 - mb) * QG_LDT + j * QG_NR;
+                    const bool direct = last && nr == 32 && !bias;
+                    float *pc = direct ? c + m0 * ldc + n0 + j * QG_NR : pt;
+                    const int64_t ld = direct ? ldc : QG_LDT;
+                    const size_t pst = (size_t)ld * 4;
+                    if (first) {
+                        _tile_zero(0);
+                        _tile_zero(1);
+                        _tile_zero(2);
+                        _tile_zero(3);
+                    } else {
+                        _tile_loadd(0, pt, tst);
+                        _tile_loadd(1, pt + 16, tst);
+                        _tile_loadd(2, pt + 16 * QG_LDT, tst);
+                        _tile_loadd(3, pt + 16 * QG_LDT + 16, tst);
+                    }
+                    const uint32_t *b = bj;
+                    for (int64_t s = 0; s < kc / 32; s++, b += 16 * QG_NR) {
+                        for (int l = 0; l < AMX_PF && pf < pf_end; l++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+                        _tile_stream_loadd(4, a0 + s * 512, 64);
+                        _tile_loadd(6, b, bst);
+                        _tile_dpbf16ps(0, 4, 6);
+                        _tile_loadd(7, b + 16, bst);
+                        _tile_dpbf16ps(1, 4, 7);
+                        _tile_stream_loadd(5, a1 + s * 512, 64);
+                        _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
+                    _tile_stored(0, pc, pst);
+                    _tile_stored(1, pc + 16, pst);
+                    _tile_stored(2, pc + 16 * ld, pst);
+                    _tile_stored(3, pc + 16 * ld + 16, pst);
+                    if (!last || direct) continue;
+                    /* the bias after the whole sum; rows < nr to C */
+                    const float *bn = bias ? bias + n0 + j * QG_NR : NULL;
+                    const __m512 v0 = bn ? _mm512_loadu_ps(bn) : _mm512_setzero_ps(), v1 = bn ? _mm512_loadu_ps(bn + 16) : v0;
+                    for (int64_t r = 0; r < nr; r++) {
+                        float *out = c + (m0 + r) * ldc + n0 + j * QG_NR;
+                        const float *sum = pt + r * QG_LDT;
+                        const __m512 s0 = _mm512_loadu_ps(sum), s1 = _mm512_loadu_ps(sum + 16);
+                        _mm512_storeu_ps(out, bn ? _mm512_add_ps(s0, v0) : s0);
+                        _mm512_storeu_ps(out + 16, bn ? _mm512_add_ps(s1, v1) : s1);
+                    }
                 }
             }
         }
@@ -285,14 +317,14 @@ static void amx_slab(const uint16_t *ap, const uint32_t *bp, float *t, float *c,
 }
 
 static void amx_run(const cdf_k_vdp_gemm_args *g, void *buf, int nthr) {
-    const int64_t M = g->M, N = g->N, K = g->K, rows = (M + 31) / 32 * 32, slabs = (N + QG_NC - 1) / QG_NC;
-    const size_t ap_bytes = (size_t)(a_rows(M) * K) * 2, slab_bytes = (size_t)(QG_NC * K) * 2 + QG_MC * QG_LDT * 4;
+    const int64_t M = g->M, N = g->N, K = g->K, G = (M + 31) / 32 * 2, slabs = (N + QG_NC - 1) / QG_NC;
+    const size_t ap_bytes = (size_t)(a_rows(M) * K) * 2;
     uint16_t *ap = buf;
 #pragma omp parallel num_threads(nthr)
     {
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r += 32) amx_pack_a(g->a, g->a_dt, g->lda, M, K, r, r + 32, ap);
-        uint32_t *bp = (uint32_t *)((char *)buf + ap_bytes + (size_t)omp_get_thread_num() * slab_bytes);
+        for (int64_t gi = 0; gi < G; gi += 2) amx_pack_a(g->a, g->a_dt, g->lda, M, K, G, gi, gi + 2, ap);
+        uint32_t *bp = (uint32_t *)((char *)buf + ap_bytes + (size_t)omp_get_thread_num() * slab_bytes(K));
         amx_config_16x64();
 #pragma omp for schedule(dynamic, 1)
         for (int64_t s = 0; s < slabs; s++) {
