@@ -1609,6 +1609,121 @@ static void test_conv2d_declines(void **state) {
     assert_false(handled);
 }
 
+/* ---- layer / RMS norm, 16 rows in AVX-512 lanes (kernels/norm_fast.c) -----------------------
+ * Against the reference kernels bit for bit: the fast path claims the same sums in the same
+ * order. Rows 1, 15, 16, 17 and 40 (partial 16-row groups); columns 1, 7, 64 (SD3's head), 65,
+ * 128 (FLUX's head), 1000, 1024 (one cascade chunk), 1536 and 2500 (past it: the chunks' partial
+ * totals); f32 / bf16 in and out, weight none / f32 / bf16 / f16, bias (layer norm) none / f32;
+ * values spread over 2^-20..2^20 with an offset (layer norm's mean), one row with +inf and one
+ * with NaN, denormal and zero rows; out == in; then what it must decline. */
+static bool norm_fast_applies(void) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    return cdf_k_isa_level() >= CDF_K_ISA_AVX512;
+#else
+    return false;
+#endif
+}
+
+static void norm_case(bool rms, int64_t rows, int64_t cols, cdf_dtype in_dt, cdf_dtype out_dt, cdf_dtype wdt,
+                      bool weight, bool bias, bool in_place, uint64_t seed) {
+    const size_t n = (size_t)(rows * cols);
+    float *r = malloc(sizeof(float) * (n + 2 * (size_t)cols));
+    void *in = malloc(4 * n), *want = malloc(4 * n), *got = malloc(4 * n), *w = malloc(4 * (size_t)cols),
+         *b = malloc(4 * (size_t)cols);
+    assert_true(r && in && want && got && w && b);
+    tu_fill_random(r, n + 2 * (size_t)cols, seed);
+    for (size_t i = 0; i < n; i++) {
+        const int64_t row = (int64_t)i / cols;
+        float v = ldexpf(r[i], (int)(seed + i) % 41 - 20) + (rms ? 0.0f : 3.0f);
+        if (row == 1 && i % 97 == 5) v = INFINITY;
+        if (row == 2 && i % 89 == 3) v = NAN;
+        if (row == 3) v = ldexpf(r[i], -140); /* denormal */
+        if (row == 4) v = 0.0f;
+        cdf_k_st(in, in_dt, (int64_t)i, v);
+    }
+    for (int64_t k = 0; k < cols; k++) {
+        cdf_k_st(w, wdt, k, 1.0f + 0.5f * r[n + (size_t)k]);
+        cdf_k_st(b, wdt, k, r[n + (size_t)cols + (size_t)k]);
+    }
+    const float eps = rms ? 1e-6f : 1e-5f;
+    if (rms)
+        assert_int_equal(cdf_k_rms_norm(want, out_dt, in, in_dt, rows, cols, eps, weight ? w : NULL, wdt), CDF_OK);
+    else
+        assert_int_equal(cdf_k_layer_norm(want, out_dt, in, in_dt, rows, cols, eps, weight ? w : NULL, bias ? b : NULL, wdt),
+                         CDF_OK);
+    void *dst = got;
+    if (in_place) {
+        assert_true(in_dt == out_dt);
+        memcpy(got, in, cdf_dtype_size(in_dt) * n);
+    }
+    bool handled = false;
+    if (rms)
+        assert_int_equal(cdf_k_rms_norm_fast(dst, out_dt, in_place ? got : in, in_dt, rows, cols, eps, weight ? w : NULL, wdt,
+                                             &handled),
+                         CDF_OK);
+    else
+        assert_int_equal(cdf_k_layer_norm_fast(dst, out_dt, in_place ? got : in, in_dt, rows, cols, eps, weight ? w : NULL,
+                                               bias ? b : NULL, wdt, &handled),
+                         CDF_OK);
+    assert_true(handled);
+    if (memcmp(got, want, cdf_dtype_size(out_dt) * n) != 0) {
+        for (size_t i = 0; i < n; i++) {
+            const float g = cdf_k_ld(got, out_dt, (int64_t)i), e = cdf_k_ld(want, out_dt, (int64_t)i);
+            if (memcmp(&g, &e, sizeof g) != 0)
+                fail_msg("%s norm rows %lld cols %lld in %s out %s w %s/%d b %d in-place %d: [%lld, %lld] fast %.9g, "
+                         "reference %.9g",
+                         rms ? "RMS" : "layer", (long long)rows, (long long)cols, cdf_dtype_name(in_dt),
+                         cdf_dtype_name(out_dt), cdf_dtype_name(wdt), weight, bias, in_place, (long long)(i / (size_t)cols),
+                         (long long)(i % (size_t)cols), g, e);
+        }
+    }
+    free(r), free(in), free(want), free(got), free(w), free(b);
+}
+
+static void test_norm_fast(void **state) {
+    (void)state;
+    bool handled = true;
+    float x[16] = {1, 2, 3, 4}, y[16];
+    if (!norm_fast_applies()) {
+        printf("  [skip] the AVX-512 norms do not apply here (build, CPU or ISA level)\n");
+        assert_int_equal(cdf_k_rms_norm_fast(y, CDF_F32, x, CDF_F32, 1, 4, 1e-6f, NULL, CDF_F32, &handled), CDF_OK);
+        assert_false(handled);
+        return;
+    }
+    static const int64_t Rows[] = {1, 15, 16, 17, 40}, Cols[] = {1, 7, 64, 65, 128, 1000, 1024, 1536, 2500};
+    static const cdf_dtype Dts[] = {CDF_F32, CDF_BF16}, Wdts[] = {CDF_F32, CDF_BF16, CDF_F16};
+    uint64_t seed = 9000;
+    for (size_t ri = 0; ri < sizeof Rows / sizeof Rows[0]; ri++)
+        for (size_t ci = 0; ci < sizeof Cols / sizeof Cols[0]; ci++, seed++) {
+            const cdf_dtype in_dt = Dts[seed % 2], out_dt = Dts[(seed / 2) % 2], wdt = Wdts[seed % 3];
+            const bool weight = seed % 4 != 0, bias = seed % 5 != 1;
+            norm_case(true, Rows[ri], Cols[ci], in_dt, out_dt, wdt, weight, false, false, seed);
+            norm_case(false, Rows[ri], Cols[ci], in_dt, out_dt, wdt, weight, bias, false, seed);
+        }
+    norm_case(true, 33, 64, CDF_F32, CDF_F32, CDF_BF16, true, false, true, 9100);      /* out == in */
+    norm_case(false, 33, 1536, CDF_BF16, CDF_BF16, CDF_F32, true, true, true, 9101);
+    /* declined: f16 in or out, rows past its bound, switched off (the dispatch then runs the
+     * reference) */
+    assert_int_equal(cdf_k_rms_norm_fast(y, CDF_F16, x, CDF_F32, 1, 4, 1e-6f, NULL, CDF_F32, &handled), CDF_OK);
+    assert_false(handled);
+    assert_int_equal(cdf_k_layer_norm_fast(y, CDF_F32, x, CDF_F16, 1, 4, 1e-5f, NULL, NULL, CDF_F32, &handled), CDF_OK);
+    assert_false(handled);
+    assert_int_equal(cdf_k_layer_norm_fast(y, CDF_F32, x, CDF_F32, 1, 20000, 1e-5f, NULL, NULL, CDF_F32, &handled), CDF_OK);
+    assert_false(handled);
+    assert_int_equal(cdf_k_rms_norm_fast(y, CDF_F32, x, CDF_F32, 1, 4, 1e-6f, NULL, CDF_F32, NULL), CDF_ERR_INVALID_ARG);
+    cdf_k_norm_fast_set(0);
+    assert_int_equal(cdf_k_rms_norm_fast(y, CDF_F32, x, CDF_F32, 1, 4, 1e-6f, NULL, CDF_F32, &handled), CDF_OK);
+    assert_false(handled);
+    assert_int_equal(cdf_k_rms_norm_dispatch(y, CDF_F32, x, CDF_F32, 1, 4, 1e-6f, NULL, CDF_F32), CDF_OK);
+    cdf_k_norm_fast_set(-1);
+    /* the dispatch's result either way: the reference's */
+    float want[4];
+    assert_int_equal(cdf_k_rms_norm(want, CDF_F32, x, CDF_F32, 1, 4, 1e-6f, NULL, CDF_F32), CDF_OK);
+    assert_memory_equal(y, want, sizeof want);
+    assert_int_equal(cdf_k_rms_norm_dispatch(y, CDF_F32, x, CDF_F32, 1, 4, 1e-6f, NULL, CDF_F32), CDF_OK);
+    assert_memory_equal(y, want, sizeof want);
+}
+
 static int teardown(void **state) {
     (void)state;
     cdf_k_fast_clear();
@@ -1635,6 +1750,7 @@ int main(void) {
         cmocka_unit_test(test_conv2d_f32),
         cmocka_unit_test(test_conv2d_bf16_weights),
         cmocka_unit_test(test_conv2d_declines),
+        cmocka_unit_test(test_norm_fast),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }

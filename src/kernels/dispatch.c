@@ -150,3 +150,19 @@ cdf_status cdf_k_attention_dispatch(const cdf_k_attention_args *a) {
     }
     return cdf_k_attention(a);
 }
+
+cdf_status cdf_k_layer_norm_dispatch(void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt, int64_t rows,
+                                     int64_t cols, float eps, const void *weight, const void *bias, cdf_dtype wdt) {
+    bool handled = false;
+    cdf_status s = cdf_k_layer_norm_fast(out, out_dt, in, in_dt, rows, cols, eps, weight, bias, wdt, &handled);
+    if (s != CDF_OK || handled) return s;
+    return cdf_k_layer_norm(out, out_dt, in, in_dt, rows, cols, eps, weight, bias, wdt);
+}
+
+cdf_status cdf_k_rms_norm_dispatch(void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt, int64_t rows,
+                                   int64_t cols, float eps, const void *weight, cdf_dtype wdt) {
+    bool handled = false;
+    cdf_status s = cdf_k_rms_norm_fast(out, out_dt, in, in_dt, rows, cols, eps, weight, wdt, &handled);
+    if (s != CDF_OK || handled) return s;
+    return cdf_k_rms_norm(out, out_dt, in, in_dt, rows, cols, eps, weight, wdt);
+}

@@ -1,4 +1,5 @@
-/* Kernel dispatch: the compute policy and the ISA fallback chain for matmul, conv2d and attention.
+/* Kernel dispatch: the compute policy and the ISA fallback chain for matmul, conv2d, attention and
+ * the layer / RMS norms.
  *
  * Compute policy (the speed issue's default compute): a matmul / conv whose weights (B / w) are
  * bf16 and whose activations (A / x) are f32 rounds the activations to bf16 (round-to-nearest-
@@ -42,9 +43,24 @@ void cdf_k_attention_amx_set(int on);
 /* How many calls the AMX body has run in this process (tests: that it really ran). */
 int64_t cdf_k_attention_amx_runs(void);
 
+/* Layer norm and RMS norm 16 rows at a time in AVX-512 lanes (norm_fast.c): the same contract as
+ * cdf_k_layer_norm / cdf_k_rms_norm and their results bit for bit; decline (handled = false)
+ * below the avx512 level, for f16 in/out, rows longer than 16384, or when turned off
+ * (CDIFFUSERS_FAST_NORM=0, or cdf_k_norm_fast_set: 1 on, 0 off, -1 back to the environment). */
+cdf_status cdf_k_layer_norm_fast(void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt, int64_t rows, int64_t cols,
+                                 float eps, const void *weight, const void *bias, cdf_dtype wdt, bool *handled);
+cdf_status cdf_k_rms_norm_fast(void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt, int64_t rows, int64_t cols,
+                               float eps, const void *weight, cdf_dtype wdt, bool *handled);
+void cdf_k_norm_fast_set(int on);
+
 cdf_status cdf_k_matmul_dispatch(const cdf_k_matmul_args *a);
 cdf_status cdf_k_conv2d_dispatch(const cdf_k_conv2d_args *a);
 cdf_status cdf_k_attention_dispatch(const cdf_k_attention_args *a);
+/* the fast norms where they take the call, else the reference kernels (kernels.h) */
+cdf_status cdf_k_layer_norm_dispatch(void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt, int64_t rows,
+                                     int64_t cols, float eps, const void *weight, const void *bias, cdf_dtype wdt);
+cdf_status cdf_k_rms_norm_dispatch(void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt, int64_t rows,
+                                   int64_t cols, float eps, const void *weight, cdf_dtype wdt);
 /* Attention calls run by this process's cpu kernels so far: out[0] with f32 q (the exact f32
  * path), out[1] with bf16 q (the bf16 attention policy). For tests: that a model hands its
  * attention bf16 q, k, v exactly where its projections compute in bf16. */

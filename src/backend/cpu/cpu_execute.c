@@ -106,11 +106,11 @@ cdf_status cdf_cpu_execute_node(const cdf_node *n, const cdf_cpu_binding *bind) 
                              n->p.softmax.scale);
     case CDF_OP_LAYER_NORM: {
         cdf_dtype wdt = SRC(1) ? SRC(1)->dtype : (SRC(2) ? SRC(2)->dtype : CDF_F32);
-        return cdf_k_layer_norm(dp, d->dtype, PTR(SRC(0)), SRC(0)->dtype, n->p.norm.rows, n->p.norm.cols,
+        return cdf_k_layer_norm_dispatch(dp, d->dtype, PTR(SRC(0)), SRC(0)->dtype, n->p.norm.rows, n->p.norm.cols,
                                 n->p.norm.eps, PTR(SRC(1)), PTR(SRC(2)), wdt);
     }
     case CDF_OP_RMS_NORM:
-        return cdf_k_rms_norm(dp, d->dtype, PTR(SRC(0)), SRC(0)->dtype, n->p.norm.rows, n->p.norm.cols, n->p.norm.eps,
+        return cdf_k_rms_norm_dispatch(dp, d->dtype, PTR(SRC(0)), SRC(0)->dtype, n->p.norm.rows, n->p.norm.cols, n->p.norm.eps,
                               PTR(SRC(1)), SRC(1) ? SRC(1)->dtype : CDF_F32);
     case CDF_OP_GROUP_NORM: {
         cdf_dtype wdt = SRC(1) ? SRC(1)->dtype : (SRC(2) ? SRC(2)->dtype : CDF_F32);
