@@ -12,7 +12,8 @@
  * result of an element must not depend on the span it is computed in (the fused kernels use
  * other block sizes than the unfused ones and must stay bit-identical to them). The fused kernel
  * reads strided operands (broadcasts: stride 0 on the last or a middle dimension, transposed,
- * gapped rows, bf16) exactly as an element-by-element walk does. */
+ * gapped rows, bf16) exactly as an element-by-element walk does, and its binary steps (vectorised
+ * add/sub/mul/div) give the scalar definitions' values. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -189,12 +190,43 @@ static void test_fused_strided_inputs(void **state) {
     free(buf0h);
 }
 
+/* the fused kernel's binary steps (cdf_k_binary_span: add/sub/mul/div in vectors at the AVX2 /
+ * AVX-512 levels) give cdf_k_binary_f's value for every element, either operand order, every
+ * length (vector bodies and tails), with infinities, NaN, denormals and signed zeros among the
+ * operands (a NaN result need only be a NaN: which operand's payload survives is the hardware's) */
+static void test_binary_span(void **state) {
+    (void)state;
+    enum { N = 517 };
+    static const float specials[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -3e-39f, 3.4e38f};
+    static const cdf_binary_op ops[] = {CDF_BIN_ADD, CDF_BIN_SUB, CDF_BIN_MUL, CDF_BIN_DIV, CDF_BIN_MAX, CDF_BIN_MIN};
+    float a[N], b[N], v[N];
+    for (int i = 0; i < N; i++) {
+        a[i] = (float)((i * 37) % 1001) * 0.013f - 6.0f;
+        b[i] = (float)((i * 53) % 997) * 0.007f - 3.0f;
+        if (i % 7 == 3) a[i] = specials[(i / 7) % 8];
+        if (i % 11 == 5) b[i] = specials[(i / 11) % 8];
+    }
+    for (size_t o = 0; o < sizeof ops / sizeof *ops; o++)
+        for (int rhs = 0; rhs < 2; rhs++)
+            for (int len = 0; len <= N; len += len < 40 ? 1 : 477) {
+                memcpy(v, a, sizeof v);
+                cdf_k_binary_span(ops[o], rhs, v, b, len);
+                for (int i = 0; i < N; i++) {
+                    const float want = i >= len ? a[i] : rhs ? cdf_k_binary_f(ops[o], b[i], a[i]) : cdf_k_binary_f(ops[o], a[i], b[i]);
+                    if (!(isnan(want) && isnan(v[i])) && memcmp(&want, &v[i], sizeof want) != 0)
+                        fail_msg("op %d rhs %d len %d: element %d is %g, cdf_k_binary_f gives %g", (int)ops[o], rhs, len, i,
+                                 (double)v[i], (double)want);
+                }
+            }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fused_strided_inputs),
         cmocka_unit_test(test_against_double),
         cmocka_unit_test(test_special_values),
         cmocka_unit_test(test_span_independent),
+        cmocka_unit_test(test_binary_span),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

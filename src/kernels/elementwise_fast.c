@@ -59,3 +59,19 @@ void cdf_k_unary_span_at(cdf_k_isa isa, cdf_unary_op op, float *v, int64_t len, 
 void cdf_k_unary_span(cdf_unary_op op, float *v, int64_t len, float p0, float p1) {
     cdf_k_unary_span_at(cdf_k_isa_level(), op, v, len, p0, p1);
 }
+
+void cdf_k_binary_span(cdf_binary_op op, bool rhs, float *v, const float *o, int64_t len) {
+#ifdef EW_HAVE_X86
+    const bool vectorised = op == CDF_BIN_ADD || op == CDF_BIN_SUB || op == CDF_BIN_MUL || op == CDF_BIN_DIV;
+    const cdf_k_isa isa = cdf_k_isa_level();
+    if (vectorised && isa >= CDF_K_ISA_AVX512) {
+        binary_span_avx512(op, rhs, v, o, len);
+        return;
+    }
+    if (vectorised && isa >= CDF_K_ISA_AVX2) {
+        binary_span_avx2(op, rhs, v, o, len);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < len; i++) v[i] = rhs ? cdf_k_binary_f(op, o[i], v[i]) : cdf_k_binary_f(op, v[i], o[i]);
+}

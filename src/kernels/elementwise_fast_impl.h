@@ -38,6 +38,24 @@ static void EW_NAME(unary_span)(cdf_unary_op op, float *v, int64_t len) {
     }
 }
 
+/* v[i] = op(v[i], o[i]) (rhs: op(o[i], v[i])) for add, sub, mul and div: one IEEE operation per
+ * element, so the same value as cdf_k_binary_f gives; the tail element by element */
+static void EW_NAME(binary_span)(cdf_binary_op op, bool rhs, float *v, const float *o, int64_t len) {
+    int64_t i = 0;
+    for (; i + VW <= len; i += VW) {
+        const VF x = EW_NAME(vld)(v + i), y = EW_NAME(vld)(o + i), a = rhs ? y : x, b = rhs ? x : y;
+        VF r;
+        switch (op) {
+        case CDF_BIN_ADD: r = a + b; break;
+        case CDF_BIN_SUB: r = a - b; break;
+        case CDF_BIN_MUL: r = a * b; break;
+        default: r = a / b; break; /* CDF_BIN_DIV */
+        }
+        EW_NAME(vst)(v + i, r);
+    }
+    for (; i < len; i++) v[i] = rhs ? cdf_k_binary_f(op, o[i], v[i]) : cdf_k_binary_f(op, v[i], o[i]);
+}
+
 #undef VF
 #undef VI
 #undef EW_NAME

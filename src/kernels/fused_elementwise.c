@@ -115,14 +115,9 @@ static void run_block(const fused_call *c, int64_t f0, int64_t len) {
             /* in[0] is the chain's head; an op on it again means it is also an operand */
             float h[FUSE_BLOCK];
             load_block(h, in[0], in_dt[0], in_strides[0], c->contig[0], ndim, shape, f0, len);
-            for (int64_t i = 0; i < len; i++)
-                v[i] = st->chain_rhs ? cdf_k_binary_f((cdf_binary_op)st->op, h[i], v[i])
-                                     : cdf_k_binary_f((cdf_binary_op)st->op, v[i], h[i]);
+            cdf_k_binary_span((cdf_binary_op)st->op, st->chain_rhs, v, h, len);
         } else {
-            const float *o = x[st->input];
-            for (int64_t i = 0; i < len; i++)
-                v[i] = st->chain_rhs ? cdf_k_binary_f((cdf_binary_op)st->op, o[i], v[i])
-                                     : cdf_k_binary_f((cdf_binary_op)st->op, v[i], o[i]);
+            cdf_k_binary_span((cdf_binary_op)st->op, st->chain_rhs, v, x[st->input], len);
         }
     }
     cdf_k_store_row(c->out, c->out_dt, f0, v, len);

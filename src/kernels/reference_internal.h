@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/error_internal.h"
 #include "kernels/cpu_features.h"
@@ -40,11 +41,9 @@ void cdf_k_matmul_run_epilogue(const cdf_k_matmul_args *x);
 /* Convert n elements of a float-storage operand to f32 (contiguous). */
 static inline void cdf_k_load_row(float *dst, const void *src, cdf_dtype dt, int64_t offset, int64_t n) {
     switch (dt) {
-    case CDF_F32: {
-        const float *s = (const float *)src + offset;
-        for (int64_t i = 0; i < n; i++) dst[i] = s[i];
+    case CDF_F32: /* glibc's memcpy: the widest vectors the CPU has (this file is built generic) */
+        if (n > 0) memcpy(dst, (const float *)src + offset, sizeof(float) * (size_t)n);
         break;
-    }
     case CDF_BF16: {
         const uint16_t *s = (const uint16_t *)src + offset;
         for (int64_t i = 0; i < n; i++) dst[i] = cdf_bf16_to_f32(s[i]);
@@ -59,11 +58,9 @@ static inline void cdf_k_load_row(float *dst, const void *src, cdf_dtype dt, int
 /* Store n f32 values to a float-storage operand (round to nearest even). */
 static inline void cdf_k_store_row(void *dst, cdf_dtype dt, int64_t offset, const float *src, int64_t n) {
     switch (dt) {
-    case CDF_F32: {
-        float *d = (float *)dst + offset;
-        for (int64_t i = 0; i < n; i++) d[i] = src[i];
+    case CDF_F32:
+        if (n > 0) memcpy((float *)dst + offset, src, sizeof(float) * (size_t)n);
         break;
-    }
     case CDF_BF16: {
         uint16_t *d = (uint16_t *)dst + offset;
         for (int64_t i = 0; i < n; i++) d[i] = cdf_f32_to_bf16(src[i]);
@@ -143,6 +140,10 @@ static inline float cdf_k_unary_f(cdf_unary_op op, float x, float p0, float p1) 
 void cdf_k_unary_span(cdf_unary_op op, float *v, int64_t len, float p0, float p1);
 /* The same at a given level (tests; capped at the CPU's native level). */
 void cdf_k_unary_span_at(cdf_k_isa isa, cdf_unary_op op, float *v, int64_t len, float p0, float p1);
+/* v[i] = op(v[i], o[i]), or op(o[i], v[i]) with rhs, for a span: the fused elementwise kernel's
+ * binary steps. Add, sub, mul and div in AVX2 / AVX-512 vectors (elementwise_fast.c: one IEEE
+ * operation per element, the value cdf_k_binary_f gives), the rest element by element. */
+void cdf_k_binary_span(cdf_binary_op op, bool rhs, float *v, const float *o, int64_t len);
 
 static inline float cdf_k_binary_f(cdf_binary_op op, float a, float b) {
     switch (op) {
