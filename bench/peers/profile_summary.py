@@ -22,7 +22,8 @@ CLASSES = [
     ("attention", re.compile(r"attention|flash|online_softmax|^(block|chunk|tile|pack_span|softmax)_(avx512bf16|avx512|avx2|amx)")),
     ("libm tanhf/expm1f (GELU-tanh; glibc's tanhf calls expm1f)", re.compile(r"^__(expm1f|tanhf)|tanhf@plt|expm1f@plt")),
     ("libm expf", re.compile(r"^__expf|expf@plt")),
-    ("norms", re.compile(r"norm")),
+    # norm_fast.c's lane transposes and row body
+    ("norms", re.compile(r"norm|^(load|store)_lanes|^lane_(sum|cascade)")),
     ("elementwise / activations", re.compile(r"elementwise|unary|binary|gelu|silu|modulat|rope|softmax|^(load|run)_block")),
     ("bf16 rounding / copies / conversion", re.compile(r"round|copy|memmove|memcpy|convert|bf16|contiguous|permute|transpose|memset")),
     ("OpenMP runtime (spin/wake)", re.compile(r"libgomp|gomp|omp_")),

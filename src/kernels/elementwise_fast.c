@@ -75,3 +75,23 @@ void cdf_k_binary_span(cdf_binary_op op, bool rhs, float *v, const float *o, int
 #endif
     for (int64_t i = 0; i < len; i++) v[i] = rhs ? cdf_k_binary_f(op, o[i], v[i]) : cdf_k_binary_f(op, v[i], o[i]);
 }
+
+bool cdf_k_convert_span(void *dst, cdf_dtype ddt, const void *src, cdf_dtype sdt, int64_t n) {
+#ifdef EW_HAVE_X86
+    const cdf_k_isa isa = cdf_k_isa_level();
+    if (isa < CDF_K_ISA_AVX2 || n < 1) return false;
+    if (sdt == CDF_F32 && ddt == CDF_BF16) {
+        if (isa >= CDF_K_ISA_AVX512) f32_to_bf16_span_avx512(dst, src, n);
+        else f32_to_bf16_span_avx2(dst, src, n);
+        return true;
+    }
+    if (sdt == CDF_BF16 && ddt == CDF_F32) {
+        if (isa >= CDF_K_ISA_AVX512) bf16_to_f32_span_avx512(dst, src, n);
+        else bf16_to_f32_span_avx2(dst, src, n);
+        return true;
+    }
+#else
+    (void)dst, (void)ddt, (void)src, (void)sdt, (void)n;
+#endif
+    return false;
+}

@@ -56,6 +56,33 @@ static void EW_NAME(binary_span)(cdf_binary_op op, bool rhs, float *v, const flo
     for (; i < len; i++) v[i] = rhs ? cdf_k_binary_f(op, o[i], v[i]) : cdf_k_binary_f(op, v[i], o[i]);
 }
 
+typedef uint32_t EW_NAME(vu32) __attribute__((vector_size(VW * 4)));
+typedef uint16_t EW_NAME(vu16) __attribute__((vector_size(VW * 2)));
+typedef uint16_t EW_NAME(vu16u) __attribute__((vector_size(VW * 2), aligned(2), may_alias));
+typedef uint32_t EW_NAME(vu32u) __attribute__((vector_size(VW * 4), aligned(4), may_alias));
+
+/* dst[i] = cdf_f32_to_bf16(src[i]): nearest even, a NaN kept quiet with its upper bits */
+static void EW_NAME(f32_to_bf16_span)(uint16_t *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) {
+        const EW_NAME(vu32) u = *(const EW_NAME(vu32u) *)(src + i);
+        const EW_NAME(vu32) nan = (u & 0x7fffffffu) > 0x7f800000u;
+        const EW_NAME(vu32) r = (nan & ((u >> 16) | 0x40u)) | (~nan & ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16));
+        *(EW_NAME(vu16u) *)(dst + i) = __builtin_convertvector(r, EW_NAME(vu16));
+    }
+    for (; i < n; i++) dst[i] = cdf_f32_to_bf16(src[i]);
+}
+
+/* dst[i] = the f32 of bf16 src[i] (exact: the bits moved up) */
+static void EW_NAME(bf16_to_f32_span)(float *dst, const uint16_t *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) {
+        const EW_NAME(vu16) h = *(const EW_NAME(vu16u) *)(src + i);
+        *(EW_NAME(vu32u) *)(dst + i) = __builtin_convertvector(h, EW_NAME(vu32)) << 16;
+    }
+    for (; i < n; i++) dst[i] = cdf_bf16_to_f32(src[i]);
+}
+
 #undef VF
 #undef VI
 #undef EW_NAME

@@ -90,6 +90,17 @@ static void copy_row(char *dst, cdf_dtype ddt, int64_t ds, const char *src, cdf_
         }
     }
     if (cdf_k_is_float_storage(ddt) && cdf_k_is_float_storage(sdt)) {
+        /* the casts around bf16 matmuls and attention: vectors where the row is contiguous, else
+         * without the per-element dtype switches (the same values) */
+        if (ds == 1 && ss == 1 && cdf_k_convert_span(dst, ddt, src, sdt, n)) return;
+        if (sdt == CDF_F32 && ddt == CDF_BF16) {
+            for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i * ds] = cdf_f32_to_bf16(((const float *)src)[i * ss]);
+            return;
+        }
+        if (sdt == CDF_BF16 && ddt == CDF_F32) {
+            for (int64_t i = 0; i < n; i++) ((float *)dst)[i * ds] = cdf_bf16_to_f32(((const uint16_t *)src)[i * ss]);
+            return;
+        }
         /* exact f32 round trip for the source, one rounding on store */
         for (int64_t i = 0; i < n; i++) cdf_k_st(dst, ddt, i * ds, cdf_k_ld(src, sdt, i * ss));
         return;

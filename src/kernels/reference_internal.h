@@ -3,6 +3,7 @@
 #define CDF_KERNELS_REFERENCE_INTERNAL_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,11 @@ static inline int cdf_k_is_float_storage(cdf_dtype dt) { return dt == CDF_F32 ||
  * an OpenMP team: for the paths that finish the whole C before the epilogue can run. */
 void cdf_k_matmul_run_epilogue(const cdf_k_matmul_args *x);
 
+/* dst[0..n) = src[0..n) converted, contiguous, for f32 -> bf16 (as cdf_f32_to_bf16) and bf16 -> f32
+ * in AVX2 / AVX-512 vectors (elementwise_fast.c): false (nothing written) for other dtype pairs,
+ * below the avx2 level or off x86 GCC builds. */
+bool cdf_k_convert_span(void *dst, cdf_dtype ddt, const void *src, cdf_dtype sdt, int64_t n);
+
 /* Convert n elements of a float-storage operand to f32 (contiguous). */
 static inline void cdf_k_load_row(float *dst, const void *src, cdf_dtype dt, int64_t offset, int64_t n) {
     switch (dt) {
@@ -46,6 +52,7 @@ static inline void cdf_k_load_row(float *dst, const void *src, cdf_dtype dt, int
         break;
     case CDF_BF16: {
         const uint16_t *s = (const uint16_t *)src + offset;
+        if (cdf_k_convert_span(dst, CDF_F32, s, CDF_BF16, n)) break;
         for (int64_t i = 0; i < n; i++) dst[i] = cdf_bf16_to_f32(s[i]);
         break;
     }
@@ -63,6 +70,7 @@ static inline void cdf_k_store_row(void *dst, cdf_dtype dt, int64_t offset, cons
         break;
     case CDF_BF16: {
         uint16_t *d = (uint16_t *)dst + offset;
+        if (cdf_k_convert_span(d, CDF_BF16, src, CDF_F32, n)) break;
         for (int64_t i = 0; i < n; i++) d[i] = cdf_f32_to_bf16(src[i]);
         break;
     }
