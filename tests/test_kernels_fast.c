@@ -722,9 +722,13 @@ static void test_matmul_q_direct_layout(void **state) {
  * the sum of |products| (f32 summation over K <= 1100 stays far below that; a weight or A value
  * in the wrong place, a lost k chunk or a missing bias moves an element by ~1e-3 of it). Shapes
  * cover a partial row group and MC block (M), a partial column slab (N), a partial k chunk (K),
- * bf16 A and bias, no bias. Where the own GEMM applies (GCC build, AVX512-BF16 level without AMX)
- * it must be the one that ran: no fill of oneDNN's layout; outside its M range (128-1023) and at
- * an N not a multiple of 32 the panels run (one fill). */
+ * bf16 A and bias, no bias. Where the own GEMM applies (GCC build, AVX512-BF16 level; with AMX
+ * where AMX is usable, GCC 11+) it must be the one that ran: no fill of oneDNN's layout; without
+ * AMX outside its M range (128-1023), with AMX below 128, and at an N not a multiple of 32, the
+ * panels run (one fill). */
+/* set where AMX runs both: the own GEMM's result must also equal the bf16 weights' bit for bit */
+static bool q8_same_as_bf16;
+
 static void q8_own_case(int64_t M, int64_t N, int64_t K, cdf_dtype a_dt, int bias_kind /* 0 none, 1 f32, 2 bf16 */,
                         uint64_t seed, int expect /* 1: the own GEMM ran, 2: the panels ran (oneDNN fills), 0: either */) {
     const int64_t nb = K / 32;
@@ -776,28 +780,50 @@ static void q8_own_case(int64_t M, int64_t N, int64_t K, cdf_dtype a_dt, int bia
                             (long long)M, (long long)N, (long long)K, (long long)m, (long long)n, got, sum, mag);
         }
     assert_int_equal(wrong, 0);
+    if (q8_same_as_bf16 && expect == 1) {
+        /* with AMX the same weights loaded as bf16 run the same kernel: the same bits */
+        uint16_t *wb = malloc(sizeof(uint16_t) * (size_t)(N * K));
+        float *c2 = malloc(sizeof(float) * (size_t)(M * N));
+        assert_true(wb && c2);
+        for (int64_t i = 0; i < N * K; i++) wb[i] = cdf_f32_to_bf16(wf[i]);
+        const cdf_k_matmul_args x = {.batch = 1, .M = M, .N = N, .K = K, .a = a, .a_dt = a_dt, .lda = K, .b = wb,
+                                     .b_dt = CDF_BF16, .ldb = K, .trans_b = true, .bias = bias_kind ? bias_x : NULL,
+                                     .bias_dt = bias_kind == 2 ? CDF_BF16 : CDF_F32, .c = c2, .c_dt = CDF_F32, .ldc = N,
+                                     .alpha = 1.0f};
+        assert_int_equal(cdf_k_matmul_dispatch(&x), CDF_OK);
+        if (memcmp(c, c2, sizeof(float) * (size_t)(M * N)) != 0)
+            fail_msg("Q8_0 own M %lld N %lld K %lld: not the bf16 weights' result bit for bit", (long long)M, (long long)N,
+                     (long long)K);
+        free(wb), free(c2);
+    }
     free(w), free(af), free(wf), free(bias), free(c), free(a), free(bias_x);
 }
 
 static void test_matmul_q8_own_gemm(void **state) {
     (void)state;
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-    const bool own = cdf_k_isa_level() >= CDF_K_ISA_AVX512_BF16 && cdf_k_cpu()->avx512_bf16 && !cdf_k_cpu()->amx_bf16;
+    const bool amx = cdf_k_cpu()->amx_bf16;
+    const bool own = cdf_k_isa_level() >= CDF_K_ISA_AVX512_BF16 && cdf_k_cpu()->avx512_bf16 &&
+                     (!amx || (__GNUC__ >= 11 && cdf_k_amx_usable()));
 #else
-    const bool own = false;
+    const bool amx = false, own = false;
 #endif
     if (!own) printf("  [note] the own Q8_0 GEMM does not apply here: the panels' results are checked instead\n");
+    else printf("  micro-kernel: %s\n", amx ? "AMX tiles" : "vdpbf16ps");
     cdf_k_matmul_q_set_int8(0); /* the bf16 paths this test is about */
     const int yes = own ? 1 : 0, no = own ? 2 : 0; /* own: oneDNN's direct fill is the alternative here */
+    const int range = amx ? yes : no;              /* with AMX it takes every M from 128 on */
+    q8_same_as_bf16 = own && amx;
     q8_own_case(301, 288, 1056, CDF_F32, 1, 11, yes); /* 2 MC blocks + a partial group; 1 + 1/8 slabs; 2 + 1/16 chunks */
     q8_own_case(256, 64, 64, CDF_BF16, 2, 12, yes);   /* bf16 A and bias, K below one chunk */
     q8_own_case(260, 32, 512, CDF_F32, 0, 13, yes);   /* no bias, exactly one chunk */
     q8_own_case(127, 64, 96, CDF_F32, 1, 14, no);     /* below its M range: the panels (same check) */
-    q8_own_case(1024, 64, 96, CDF_F32, 1, 16, no);    /* above it */
+    q8_own_case(1024, 64, 96, CDF_F32, 1, 16, range); /* above the vdpbf16ps range */
     q8_own_case(1023, 64, 96, CDF_F32, 1, 17, yes);   /* its top */
     q8_own_case(128, 64, 96, CDF_BF16, 1, 18, yes);   /* its bottom */
     q8_own_case(300, 80, 96, CDF_F32, 1, 15, no);     /* N not a multiple of 32: the panels */
     cdf_k_matmul_q_set_own_gemm(0);                   /* switched off: the panels */
+    q8_same_as_bf16 = false;
     q8_own_case(301, 288, 1056, CDF_F32, 1, 11, no);
     cdf_k_matmul_q_set_own_gemm(-1);
     cdf_k_matmul_q_set_int8(-1);

@@ -141,11 +141,12 @@ cdf_status cdf_k_matmul(const cdf_k_matmul_args *args);
  * panel by panel exactly as cdf_ggml_dequantize does (gguf-py's numbers), rounded to w_dt (F32 or
  * BF16), and multiplied by cdf_k_matmul_dispatch: the result is what the same decoded weights
  * loaded as w_dt give, while only one panel of them exists unpacked at a time. A, C contiguous.
- * Except Q8_0 to BF16 at 128 <= M < 1024 on AVX512-BF16 CPUs without AMX (GCC builds): an own
- * GEMM on the same values, summing in another order (cdf_k_matmul_q_set_own_gemm); there the
- * same weights loaded as bf16 run the own bf16 GEMM (kernels/gemm_vdpbf16.h) while the panels
- * keep oneDNN: equal within f32 summation, not bit for bit (CDIFFUSERS_BF16_GEMM=0); and, only
- * when turned on (cdf_k_matmul_q_set_int8), Q8_0 to BF16 on int8-quantized A. */
+ * Except Q8_0 to BF16 at 128 <= M < 1024 on AVX512-BF16 CPUs without AMX, and at M >= 128 with
+ * AMX (GCC builds): an own GEMM on the same values, summing in another order
+ * (cdf_k_matmul_q_set_own_gemm); there the same weights loaded as bf16 run the own bf16 GEMM
+ * (kernels/gemm_vdpbf16.h) while the panels keep oneDNN: equal within f32 summation, not bit for
+ * bit (CDIFFUSERS_BF16_GEMM=0); with AMX both run the same AMX kernel: the bf16 weights' result
+ * bit for bit; and, only when turned on (cdf_k_matmul_q_set_int8), Q8_0 to BF16 on int8-quantized A. */
 typedef struct cdf_k_matmul_q_args {
     int64_t M, N, K;
     const void *a; cdf_dtype a_dt;

@@ -210,7 +210,8 @@ static void q_store_fence(void) { _mm_sfence(); }
  *
  * The GEMM itself (packed A, micro-kernel, blocking) is kernels/gemm_vdpbf16.c; this file
  * keeps the fill, qg_decode_slab. The decode is ~3% of the
- * call at M = 1536. Where it runs: q8_gemm (only where bench_kernels --quant showed it ahead). */
+ * call at M = 1536. Where it runs: q8_gemm (only where bench_kernels --quant showed it ahead); with
+ * AMX the slabs feed the AMX micro-kernel. */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,f16c")
 enum { QG_NR = CDF_VDP_NR, QG_NC = CDF_VDP_NC, QG_MIN_M = 128, QG_MAX_M = 1024 };
@@ -630,18 +631,24 @@ static cdf_status q8_int8(const cdf_k_matmul_q_args *a, bool *handled) {
 static cdf_status q8_gemm(const cdf_k_matmul_q_args *a, bool *handled) {
     *handled = false;
 #ifdef Q_HAVE_AVX512
-    /* not with AMX: oneDNN's AMX kernels run the panels several times faster than vdpbf16ps */
+    /* with AMX, where AMX is usable: the slabs then feed the AMX micro-kernel (gemm_vdpbf16.c) */
     const cdf_k_cpu_features *cpu = cdf_k_cpu();
     if (a->qtype != CDF_GGML_Q8_0 || a->w_dt != CDF_BF16 || cdf_k_isa_level() < CDF_K_ISA_AVX512_BF16 || !cpu->avx512_bf16 ||
-        cpu->amx_bf16 || !q8_gemm_enabled())
+        !q8_gemm_enabled())
         return CDF_OK;
+    const bool amx = cpu->amx_bf16;
+    if (amx && (__GNUC__ < 11 || !cdf_k_amx_usable())) return CDF_OK;
     if ((a->a_dt != CDF_F32 && a->a_dt != CDF_BF16) || a->c_dt != CDF_F32 || a->N % QG_NR || a->K % 32) return CDF_OK;
     if (a->bias && a->bias_dt != CDF_F32 && a->bias_dt != CDF_BF16) return CDF_OK;
-    /* where it is ahead of the panels (bench_kernels --quant, bench/RESULTS.md, Zen 4 AVX512-BF16):
+    /* where it is ahead of the panels (bench_kernels --quant, bench/RESULTS.md). vdpbf16ps (Zen 4):
      * M 128-512 by 3-15% in CPU time (FLUX's text stream); from M = 1024 on the two are even
      * within the noise, and the panels ahead at K = 12288 (its packed A, 36 MiB at M = 1536, outgrows
-     * L3 and is read again per column slab), so they keep those */
-    if (g_q8_gemm != 2 && (a->M < QG_MIN_M || a->M >= QG_MAX_M)) return CDF_OK;
+     * L3 and is read again per column slab), so they keep those. AMX (Xeon): from M = 128 up
+     * (0.45-0.77x the panels' time to M = 4096, oneDNN 2.6's AMX kernels running at ~19% of the
+     * peak), where the same weights loaded as bf16 run the same AMX kernel (gemm_vdpbf16.c,
+     * VDP_MIN_M): a Q8_0 file gives its dequantized file's numbers bit for bit. Below, the panels
+     * (oneDNN, as bf16 weights there), though the own GEMM took half their time at M = 2-64. */
+    if (g_q8_gemm != 2 && (a->M < QG_MIN_M || (!amx && a->M >= QG_MAX_M))) return CDF_OK;
     const int64_t M = a->M, N = a->N, K = a->K;
     const int nthr = cdf_k_vdp_threads(N);
     const size_t core = cdf_k_vdp_bytes(M, K, nthr), bias_bytes = a->bias ? (size_t)N * sizeof(float) : 0;
@@ -653,7 +660,7 @@ static cdf_status q8_gemm(const cdf_k_matmul_q_args *a, bool *handled) {
     if (bias) cdf_convert(bias, CDF_F32, a->bias, a->bias_dt, (size_t)N);
     const q8_slabs q = {.w = a->w, .row_bytes = K / 32 * 34, .N = N, .K = K};
     const cdf_k_vdp_gemm_args g = {.M = M, .N = N, .K = K, .a = a->a, .a_dt = a->a_dt, .lda = K, .fill = q8_fill,
-                                   .fill_ctx = &q, .c = a->c, .ldc = N, .bias = bias};
+                                   .fill_ctx = &q, .c = a->c, .ldc = N, .bias = bias, .amx = amx};
     cdf_k_vdp_run(&g, buf, nthr);
     panel_give(buf, have);
     *handled = true;
