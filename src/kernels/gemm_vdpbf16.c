@@ -204,8 +204,9 @@ static void fill_bf16(const void *ctx, int64_t n0, uint32_t *bp) {
  * L2 beside A, ~30%. Here the panel's KC x 32 slice (32 KiB) stays in L1 while every 32-row block
  * of the MC rows runs over it; A streams from L2 with the no-reuse hint (tileloaddt1) so it does
  * not push B out of L1, and the next A block is prefetched into L2 a few lines per step. The cost
- * is a trip of the partial sums through the thread's block buffer per chunk (L2): 1.3-2.2x the
- * previous whole-K order per layer. Each element's sum still runs in k order, 32 k per tdpbf16ps
+ * is a trip of the partial sums through the thread's block buffer per chunk (L2); per layer
+ * 1.15-1.38x faster than the previous whole-K order at FLUX's shapes, even at SD3.5's K 1536
+ * (bench/RESULTS.md). Each element's sum still runs in k order, 32 k per tdpbf16ps
  * (its internal order is the hardware's, fixed), the partial sums stored and reloaded as f32
  * (exact): outputs are bit-identical to that order's. The bias is added after the last chunk,
  * rows past M dropped. */
