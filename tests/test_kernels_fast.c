@@ -1639,7 +1639,8 @@ static void test_conv2d_declines(void **state) {
  * Against the reference kernels bit for bit: the fast path claims the same sums in the same
  * order. Rows 1, 15, 16, 17 and 40 (partial 16-row groups); columns 1, 7, 64 (SD3's head), 65,
  * 128 (FLUX's head), 1000, 1024 (one cascade chunk), 1536 and 2500 (past it: the chunks' partial
- * totals); f32 / bf16 in and out, weight none / f32 / bf16 / f16, bias (layer norm) none / f32;
+ * totals); f32 / bf16 in and out, weight none / f32 / bf16 / f16, bias (layer norm) none or in the
+ * weight's dtype;
  * values spread over 2^-20..2^20 with an offset (layer norm's mean), one row with +inf and one
  * with NaN, denormal and zero rows; out == in; then what it must decline. */
 static bool norm_fast_applies(void) {
