@@ -42,8 +42,12 @@
 /* KC 512: a micro-kernel call runs 256 k pairs between its loads and stores of the 12 x 32 sums
  * (at KC 256 the loop ran ~4% slower on its own; the B panel's 32 KiB of the slab come from L2) */
 enum { QG_MR = CDF_VDP_MR, QG_NR = CDF_VDP_NR, QG_KC = 512, QG_NC = CDF_VDP_NC, QG_MC = 192, QG_LDT = QG_NC + 16 };
-/* rows of a thread's block buffer for partial sums: QG_MC (vdpbf16ps) or AMX_MC (AMX) */
-enum { QG_T_ROWS = 256 };
+/* AMX micro-kernel blocking (see amx_slab): AMX_MC rows x AMX_KC k of A (256 KiB) in L2; the
+ * panel's AMX_KC x 32 slice of B (32 KiB) in L1; AMX_PF lines of the next A block prefetched
+ * per step (2 and 8 were slower) */
+enum { AMX_MC = 256, AMX_KC = 512, AMX_PF = 4 };
+/* rows of a thread's block buffer for partial sums: the larger row block of the two kernels */
+#define QG_T_ROWS ((int)QG_MC > (int)AMX_MC ? (int)QG_MC : (int)AMX_MC)
 
 int cdf_k_vdp_threads(int64_t N) {
     const int64_t slabs = (N + QG_NC - 1) / QG_NC;
@@ -215,10 +219,6 @@ static void fill_bf16(const void *ctx, int64_t n0, uint32_t *bp) {
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,f16c,avx2,fma,amx-tile,amx-bf16")
 #include "kernels/amx_impl.h"
 
-/* AMX_MC rows x AMX_KC k of A (256 KiB) in L2; the panel's AMX_KC x 32 slice of B (32 KiB) in L1;
- * AMX_PF lines of the next A block prefetched per step (2 and 8 were slower) */
-enum { AMX_MC = 256, AMX_KC = 512, AMX_PF = 4 };
-
 /* A's tile of 16-row group g (of G) and k step s (32 k): the chunk's tiles for every group in
  * a row, group by group, each group's tiles in k order (the last chunk may be shorter) */
 static inline int64_t amx_tile(int64_t G, int64_t K, int64_t g, int64_t s) {
@@ -351,16 +351,25 @@ int64_t cdf_k_gemm_vdp_bf16_calls(void) { return atomic_load(&g_calls); }
  * read back) costs more than oneDNN's direct read: bench_kernels --bf16, M = 1 x 3072 -> 18432
  * (AdaLN): 1.7x oneDNN's CPU time; M = 333: even; M >= 512: at or below it. */
 enum { VDP_MIN_M = 128 };
+cdf_k_vdp_kernel cdf_k_vdp_micro_kernel(void) {
+#ifdef CDF_K_VDP_COMPILED
+    const cdf_k_cpu_features *cpu = cdf_k_cpu();
+    if (cdf_k_isa_level() < CDF_K_ISA_AVX512_BF16 || !cpu->avx512_bf16) return CDF_VDP_NONE;
+    if (!cpu->amx_bf16) return CDF_VDP_DPBF16;
+    /* GCC 11+ has the AMX intrinsics; the OS must grant the tile state */
+    return __GNUC__ >= 11 && cdf_k_amx_usable() ? CDF_VDP_AMX : CDF_VDP_NONE;
+#else
+    return CDF_VDP_NONE;
+#endif
+}
+
 static bool takes_shape(const cdf_k_matmul_args *x) {
 #ifdef CDF_K_VDP_COMPILED
     if (g_on < 0) {
         const char *e = getenv("CDIFFUSERS_BF16_GEMM");
         g_on = !(e && strcmp(e, "0") == 0);
     }
-    /* with AMX only where AMX is usable (then its micro-kernel runs; GCC 11+ has its intrinsics) */
-    const cdf_k_cpu_features *cpu = cdf_k_cpu();
-    if (!g_on || cdf_k_isa_level() < CDF_K_ISA_AVX512_BF16 || !cpu->avx512_bf16) return false;
-    if (cpu->amx_bf16 && (__GNUC__ < 11 || !cdf_k_amx_usable())) return false;
+    if (!g_on || cdf_k_vdp_micro_kernel() == CDF_VDP_NONE) return false;
     if (!x || x->batch < 1 || x->M < 1 || x->N < 1 || x->K < 1 || !x->a || !x->b || !x->c) return false;
     if (x->b_dt != CDF_BF16 || !x->trans_b || x->trans_a || (x->a_dt != CDF_F32 && x->a_dt != CDF_BF16) || x->c_dt != CDF_F32)
         return false;
@@ -404,7 +413,7 @@ cdf_status cdf_k_gemm_vdp_bf16(const cdf_k_matmul_args *x, bool *handled) {
     const bf16_w w = {.w = x->b, .ldw = x->ldb, .N = N, .K = K};
     const cdf_k_vdp_gemm_args g = {.M = M, .N = N, .K = K, .a = x->a, .a_dt = x->a_dt, .lda = x->lda, .fill = fill_bf16,
                                    .fill_ctx = &w, .c = x->c, .ldc = x->ldc, .bias = bias,
-                                   .amx = cdf_k_cpu()->amx_bf16};
+                                   .amx = cdf_k_vdp_micro_kernel() == CDF_VDP_AMX};
     cdf_k_vdp_run(&g, buf, nthr);
     cdf_host_free_large(buf, bytes);
     atomic_fetch_add(&g_calls, 1);

@@ -36,6 +36,13 @@ typedef struct cdf_k_vdp_gemm_args {
     bool amx;                       /* the AMX micro-kernel on the same slabs (cdf_k_amx_usable()) */
 } cdf_k_vdp_gemm_args;
 
+/* The micro-kernel the slab GEMM can run here: CDF_VDP_NONE (not an x86-64 GCC build, no
+ * AVX512-BF16, the ISA level capped below avx512_bf16, or an AMX CPU where AMX is not usable:
+ * there oneDNN's AMX kernels are the better choice), CDF_VDP_DPBF16 or CDF_VDP_AMX (AMX usable,
+ * GCC 11+). What the bf16 and the Q8_0 paths both check, and what sets cdf_k_vdp_gemm_args.amx. */
+typedef enum { CDF_VDP_NONE, CDF_VDP_DPBF16, CDF_VDP_AMX } cdf_k_vdp_kernel;
+cdf_k_vdp_kernel cdf_k_vdp_micro_kernel(void);
+
 /* Threads a run uses (at most one per slab) and the scratch it needs for them (packed A and one
  * slab + block buffer per thread). */
 int cdf_k_vdp_threads(int64_t N);

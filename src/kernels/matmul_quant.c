@@ -632,12 +632,9 @@ static cdf_status q8_gemm(const cdf_k_matmul_q_args *a, bool *handled) {
     *handled = false;
 #ifdef Q_HAVE_AVX512
     /* with AMX, where AMX is usable: the slabs then feed the AMX micro-kernel (gemm_vdpbf16.c) */
-    const cdf_k_cpu_features *cpu = cdf_k_cpu();
-    if (a->qtype != CDF_GGML_Q8_0 || a->w_dt != CDF_BF16 || cdf_k_isa_level() < CDF_K_ISA_AVX512_BF16 || !cpu->avx512_bf16 ||
-        !q8_gemm_enabled())
-        return CDF_OK;
-    const bool amx = cpu->amx_bf16;
-    if (amx && (__GNUC__ < 11 || !cdf_k_amx_usable())) return CDF_OK;
+    const cdf_k_vdp_kernel kernel = cdf_k_vdp_micro_kernel();
+    if (a->qtype != CDF_GGML_Q8_0 || a->w_dt != CDF_BF16 || kernel == CDF_VDP_NONE || !q8_gemm_enabled()) return CDF_OK;
+    const bool amx = kernel == CDF_VDP_AMX;
     if ((a->a_dt != CDF_F32 && a->a_dt != CDF_BF16) || a->c_dt != CDF_F32 || a->N % QG_NR || a->K % 32) return CDF_OK;
     if (a->bias && a->bias_dt != CDF_F32 && a->bias_dt != CDF_BF16) return CDF_OK;
     /* where it is ahead of the panels (bench_kernels --quant, bench/RESULTS.md). vdpbf16ps (Zen 4):
