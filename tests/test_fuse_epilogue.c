@@ -101,6 +101,20 @@ static cdf_tensor *bf16_act(const pattern *p, const cdf_tensor_map *in) {
     return cdf_add(IN("res"), cdf_silu(y));
 }
 
+/* SD3 / FLUX attention inputs: the modulated norm rounded to bf16 once for the three bf16
+ * projections (nn.h: cdf_linear_shared_input), f32 products; the cast must end the modulation's
+ * fused chain (the fused kernel stores bf16), not run as a kernel of its own. keep_f32: the same
+ * without the cast (the kernel count the cast must not add to). */
+static cdf_tensor *shared_in(const pattern *p, const cdf_tensor_map *in, bool keep_f32) {
+    cdf_tensor *h = modulate(in);
+    if (!keep_f32) h = cdf_cast(h, CDF_BF16);
+    cdf_tensor *y[3];
+    for (int k = 0; k < 3; k++) y[k] = cdf_linear_as(h, p->w[k], p->b[k], CDF_F32);
+    return cdf_cat(y, 3, 2);
+}
+static cdf_tensor *shared_bf16(const pattern *p, const cdf_tensor_map *in) { return shared_in(p, in, false); }
+static cdf_tensor *shared_f32(const pattern *p, const cdf_tensor_map *in) { return shared_in(p, in, true); }
+
 static void make_weights(pattern *p) {
     uint64_t seed = 100;
     const int64_t shapes[][2] = {{H, D}, {D, H}, {D, D + H}};
@@ -117,7 +131,7 @@ static void make_weights(pattern *p) {
             const int64_t lo[][2] = {{D, D}, {8, D}, {D, 8}};
             out = lo[k][0];
             inw = lo[k][1];
-        } else if (p->fwd == reread || p->fwd == bf16_act) {
+        } else if (p->fwd == reread || p->fwd == bf16_act || p->fwd == shared_bf16 || p->fwd == shared_f32) {
             out = D;
             inw = D;
         }
@@ -232,6 +246,38 @@ PATTERN_TEST(lora, F32, 2)
 PATTERN_TEST(scores, F32, 1)
 PATTERN_TEST(reread, F32, 0)
 PATTERN_TEST(bf16_act, BF16, 0)
+PATTERN_TEST(shared_bf16, BF16, 0)
+
+/* defer-and-fuse kernels of a pattern's forward */
+static uint64_t deferred_kernels(pattern *p) {
+    make_weights(p);
+    cdf_tensor_map in;
+    make_inputs(&in);
+    cdf_exec_stats s0, s1;
+    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
+    cdf_exec_get_stats(&s0);
+    int64_t n = 0;
+    free(run_direct(p, &in, &n));
+    cdf_exec_get_stats(&s1);
+    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    cdf_tensor_map_clear(&in);
+    for (int k = 0; k < 6; k++) {
+        cdf_tensor_release(p->w[k]);
+        cdf_tensor_release(p->b[k]);
+    }
+    return s1.kernels_launched - s0.kernels_launched;
+}
+
+/* the bf16 cast of the shared input costs no kernel: it is the modulation chain's store */
+static void test_shared_input_cast_fused(void **state) {
+    (void)state;
+    pattern with = {.name = "shared_bf16", .wdt = CDF_BF16, .fwd = shared_bf16};
+    pattern without = {.name = "shared_f32", .wdt = CDF_BF16, .fwd = shared_f32};
+    const uint64_t kw = deferred_kernels(&with), ko = deferred_kernels(&without);
+    print_message("  shared input: %llu kernels with the bf16 cast, %llu without\n", (unsigned long long)kw,
+                  (unsigned long long)ko);
+    assert_int_equal(kw, ko);
+}
 
 /* ---- the pass on a hand-built graph ---------------------------------------------------------- */
 
@@ -332,7 +378,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ff_F32),     cmocka_unit_test(test_ff_BF16),   cmocka_unit_test(test_single_block_F32),
         cmocka_unit_test(test_adaln_F32),  cmocka_unit_test(test_lora_F32),  cmocka_unit_test(test_scores_F32),
-        cmocka_unit_test(test_reread_F32), cmocka_unit_test(test_bf16_act_BF16), cmocka_unit_test(test_pass_rules),
+        cmocka_unit_test(test_reread_F32), cmocka_unit_test(test_bf16_act_BF16), cmocka_unit_test(test_shared_bf16_BF16),
+        cmocka_unit_test(test_shared_input_cast_fused), cmocka_unit_test(test_pass_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

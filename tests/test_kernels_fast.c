@@ -1313,6 +1313,27 @@ static void test_gemm_vdp_bf16(void **state) {
     mm_free(&m);
     via_vdp_gemm = false;
 
+    /* a bf16 A (what a model's shared input is, nn.h: cdf_linear_shared_input) and the same
+     * values as an f32 A (rounded as packed) give the same bits, with padded rows, a partial
+     * 512-deep chunk, a 256-row block and partial 32-row blocks of under and over 16 rows */
+    static const int64_t same_M[] = {13, 93, 200, 413};
+    for (size_t mi = 0; mi < sizeof same_M / sizeof same_M[0]; mi++) {
+        mm_case cf = {.batch = 1, .M = same_M[mi], .N = 288, .K = 1056, .tb = true, .bias = mi % 2 == 0, .alpha = 1.0f,
+                      .a_dt = CDF_F32, .b_dt = CDF_BF16, .c_dt = CDF_F32, .bias_dt = CDF_F32, .pad = mi % 2 ? 3 : 0};
+        mm_case cb = cf;
+        cb.a_dt = CDF_BF16;
+        mm_bufs mf, mb;
+        mm_setup(&cf, &mf, 8200 + mi);
+        mm_setup(&cb, &mb, 8200 + mi);
+        bool hf = false, hb = false;
+        assert_int_equal(cdf_k_gemm_vdp_bf16(&mf.x, &hf), CDF_OK);
+        assert_int_equal(cdf_k_gemm_vdp_bf16(&mb.x, &hb), CDF_OK);
+        assert_true(hf && hb);
+        assert_memory_equal(mf.c, mb.c, sizeof(float) * (mf.c_n + mf.c_guard));
+        mm_free(&mf);
+        mm_free(&mb);
+    }
+
     /* not its case: each must decline and write nothing */
     const mm_case base = {.batch = 1, .M = 13, .N = 64, .K = 64, .tb = true, .alpha = 1.0f, .a_dt = CDF_F32,
                           .b_dt = CDF_BF16, .c_dt = CDF_F32, .bias_dt = CDF_F32};

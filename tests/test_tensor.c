@@ -226,6 +226,19 @@ static void test_matmul_transposed_views(void **state) {
     int64_t swbad[2] = {N, K + 1};
     assert_null(cdf_linear(ta, cdf_tensor_zeros(cpu(), CDF_F32, 2, swbad), NULL));
     assert_non_null(strstr(cdf_last_error(), "in_features"));
+    /* bf16 x and weights: cdf_linear's product is bf16 (rounded), cdf_linear_as's the dtype asked
+     * for, holding the unrounded sums (the values the f32 product of the same bf16 inputs has) */
+    cdf_tensor *xb = cdf_cast(ta, CDF_BF16), *wb = cdf_cast(tw, CDF_BF16);
+    cdf_tensor *yb = cdf_linear(xb, wb, tbias), *yf = cdf_linear_as(xb, wb, tbias, CDF_F32);
+    cdf_tensor *yr = cdf_linear(cdf_cast(xb, CDF_F32), cdf_cast(wb, CDF_F32), tbias);
+    assert_int_equal(cdf_tensor_dtype(yb), CDF_BF16);
+    assert_int_equal(cdf_tensor_dtype(yf), CDF_F32);
+    float *vf = cdf_tensor_read_f32(yf), *vr = cdf_tensor_read_f32(yr);
+    for (int i = 0; i < B * M * N; i++) assert_true(fabsf(vf[i] - vr[i]) <= 1e-5f * (1.0f + fabsf(vr[i])));
+    free(vf);
+    free(vr);
+    assert_null(cdf_linear_as(xb, wb, NULL, CDF_I64));
+    assert_int_equal(cdf_last_status(), CDF_ERR_DTYPE);
     cdf_scope_pop(NULL, 0);
 }
 

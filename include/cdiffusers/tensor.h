@@ -127,6 +127,12 @@ cdf_tensor *cdf_linear(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b);
  * block size). The weights are decoded as gguf-py does and rounded to wdt (CDF_F32 or CDF_BF16,
  * the load policy's weight dtype) inside the kernel; only the blocks stay in memory. */
 cdf_tensor *cdf_linear_quantized(cdf_tensor *x, cdf_tensor *wq, uint32_t qtype, int64_t in, cdf_dtype wdt, cdf_tensor *b);
+/* Both with the product in out_dt (a float dtype) whatever x's dtype: e.g. a bf16 x (rounded once
+ * for several layers, nn.h: cdf_linear_shared_input) multiplied into an f32 product. Without
+ * _as the product takes x's dtype where x and the weights share it, else f32. */
+cdf_tensor *cdf_linear_as(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b, cdf_dtype out_dt);
+cdf_tensor *cdf_linear_quantized_as(cdf_tensor *x, cdf_tensor *wq, uint32_t qtype, int64_t in, cdf_dtype wdt, cdf_tensor *b,
+                                    cdf_dtype out_dt);
 
 /* ---- normalisation / reductions -------------------------------------------------------- */
 cdf_tensor *cdf_softmax(cdf_tensor *x, int dim);

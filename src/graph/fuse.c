@@ -12,6 +12,13 @@ static bool fusible(const cdf_node *n) {
     return n->dst->dtype == CDF_F32 && cdf_tensor_is_contiguous(n->dst);
 }
 
+/* A cast of an f32 value to bf16 (cdf_cast: a copy node): it may end an elementwise chain, whose
+ * fused kernel then stores bf16 (rounded to nearest even as the copy rounds: the same bits) */
+static bool bf16_cast(const cdf_node *n) {
+    return n && n->kind == CDF_OP_COPY && n->n_src == 1 && n->src[0]->dtype == CDF_F32 && n->dst->dtype == CDF_BF16 &&
+           cdf_tensor_is_contiguous(n->dst);
+}
+
 static bool reads_whole(const cdf_tensor *view, const cdf_tensor *t) {
     if (view->storage != t->storage || view->offset != t->offset || view->ndim != t->ndim) return false;
     for (int d = 0; d < t->ndim; d++)
@@ -71,12 +78,22 @@ static cdf_fused_step unary_step(const cdf_node *c) {
 /* Extend ch from the node at `cur` (the chain's current end) with the elementwise nodes that
  * consume its result elementwise and alone, using at most max_in inputs; returns the new end.
  * reshape_first: the first consumer may read the head's result reshaped (a matmul's product:
- * the chain runs over the element order both share). */
-static int grow(cdf_node **nodes, int n, chain *ch, int cur, int max_in, bool reshape_first) {
+ * the chain runs over the element order both share). cast_last: a bf16 cast may be the chain's
+ * last node (it adds no step: the fused node stores in the cast's dtype). */
+static int grow(cdf_node **nodes, int n, chain *ch, int cur, int max_in, bool reshape_first, bool cast_last) {
     for (bool first = true;; first = false) {
         int slot = -1, j = single_consumer(nodes, n, cur, &slot);
-        if (j < 0 || !fusible(nodes[j]) || ch->prog.n_steps == CDF_FUSE_MAX_STEPS) break;
+        if (j < 0) break;
         cdf_node *c = nodes[j];
+        if (cast_last && bf16_cast(c)) {
+            const cdf_tensor *mid = nodes[cur]->dst;
+            if (reads_whole(c->src[0], mid) && cdf_graph_holds_only(nodes, n, NULL, 0, mid->storage, 0)) {
+                ch->node[ch->n_nodes++] = j;
+                cur = j;
+            }
+            break;
+        }
+        if (!fusible(c) || ch->prog.n_steps == CDF_FUSE_MAX_STEPS) break;
         const cdf_tensor *mid = nodes[cur]->dst, *rd = c->src[slot];
         if (!reads_whole(rd, mid) && !(first && reshape_first && reads_reshaped(rd, mid))) break;
         if (c->dst->ndim != rd->ndim) break;
@@ -146,7 +163,7 @@ void cdf_fuse_elementwise(cdf_node **nodes, int *n_io, cdf_fuse_stats *stats) {
         }
         ch.prog.n_steps = 1;
         ch.node[ch.n_nodes++] = i;
-        int last = grow(nodes, n, &ch, i, CDF_FUSE_MAX_INPUTS, false);
+        int last = grow(nodes, n, &ch, i, CDF_FUSE_MAX_INPUTS, false, true);
         if (ch.n_nodes < 2 || !inputs_unchanged(nodes, &ch, 0, last)) continue;
         cdf_node *f = cdf_node_new(CDF_OP_FUSED);
         cdf_fused_program *pp = f ? malloc(sizeof *pp) : NULL;
@@ -206,7 +223,7 @@ void cdf_fuse_matmul_epilogues(cdf_node **nodes, int *n_io, bool (*supports)(con
         ch.read_at[0] = i;
         ch.node[ch.n_nodes++] = i;
         /* 3 node sources go to A, B and the bias: the rest is left for the chain's inputs */
-        int last = grow(nodes, n, &ch, i, CDF_NODE_MAX_SRC - 2, true);
+        int last = grow(nodes, n, &ch, i, CDF_NODE_MAX_SRC - 2, true, false);
         if (ch.prog.n_steps < 1 || !inputs_unchanged(nodes, &ch, 1, last)) continue;
         bool moved_ok = true; /* A, B and the bias are now read at `last` */
         for (int k = 0; k < mm->n_src && k < 3; k++)

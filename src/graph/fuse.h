@@ -14,7 +14,10 @@ typedef struct cdf_fuse_stats {
 /* Elementwise fusion: a chain of unary/binary nodes in which each intermediate result is f32,
  * read exactly once (by the next node of the chain, elementwise) and otherwise unreachable (no
  * handle outside the node list refers to its storage) becomes one CDF_OP_FUSED node at the
- * position of the chain's last node. Rewrites nodes[0..*n) in place; absorbed nodes are freed. */
+ * position of the chain's last node. A cast of the chain's f32 result to bf16 (a copy node) may
+ * end it: the fused node then stores bf16, rounded as the cast rounds (the bf16 input shared by
+ * several bf16 matmuls, nn.h: cdf_linear_shared_input, is written once, as bf16). Rewrites
+ * nodes[0..*n) in place; absorbed nodes are freed. */
 void cdf_fuse_elementwise(cdf_node **nodes, int *n, cdf_fuse_stats *stats);
 
 /* Matmul epilogues: a matmul whose f32 product starts such a chain (read whole, elementwise, by

@@ -311,7 +311,7 @@ static cdf_tensor *swiglu(cdf_tensor *x) {
 
 /* Flux2FeedForward: linear_out(swiglu(linear_in(x))). */
 static cdf_tensor *feed_forward(const cdf_linear_layer *in, const cdf_linear_layer *out, cdf_tensor *x) {
-    return cdf_linear_fwd(out, swiglu(cdf_linear_fwd(in, x)));
+    return cdf_linear_fwd(out, swiglu(cdf_linear_fwd(in, cdf_linear_shared_input(x, 1, &in))));
 }
 
 /* [B, L, H*hd] -> [B, L, H, hd], then RMSNorm over hd (for q and k). */
@@ -332,6 +332,8 @@ static cdf_status double_block(const flux2_model *m, const flux2_double_block *b
     /* (1 + scale) * LayerNorm(.) + shift for both streams */
     cdf_tensor *nx = cdf_flux_modulate(cdf_layer_norm(x, NULL, NULL, eps), mi[0], mi[1]);
     cdf_tensor *nctx = cdf_flux_modulate(cdf_layer_norm(ctx, NULL, NULL, eps), mt[0], mt[1]);
+    nx = cdf_linear_shared_input(nx, 3, (const cdf_linear_layer *[]){&b->to_q, &b->to_k, &b->to_v});
+    nctx = cdf_linear_shared_input(nctx, 3, (const cdf_linear_layer *[]){&b->add_q_proj, &b->add_k_proj, &b->add_v_proj});
 
     /* joint attention over [text; image], RoPE on the whole joint sequence */
     cdf_tensor *q = heads_normed(cdf_linear_fwd(&b->to_q, nx), &b->norm_q, hd);
@@ -376,6 +378,7 @@ static cdf_status single_block(const flux2_model *m, const flux2_single_block *b
     cdf_scope_push();
 
     cdf_tensor *nh = cdf_flux_modulate(cdf_layer_norm(h, NULL, NULL, (float)m->cfg.eps), ms[0], ms[1]);
+    nh = cdf_linear_shared_input(nh, 1, (const cdf_linear_layer *[]){&b->to_qkv_mlp_proj});
     cdf_tensor *proj = cdf_linear_fwd(&b->to_qkv_mlp_proj, nh); /* [B, L, 3D + 2F] */
     cdf_tensor *q = heads_normed(cdf_narrow(proj, 2, 0, D), &b->norm_q, hd);
     cdf_tensor *k = heads_normed(cdf_narrow(proj, 2, D, D), &b->norm_k, hd);

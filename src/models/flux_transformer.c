@@ -286,6 +286,7 @@ const cdf_flux_config *cdf_flux_transformer_config(const void *impl) { return im
 static void project_qkv(const cdf_linear_layer *lq, const cdf_linear_layer *lk, const cdf_linear_layer *lv,
                         const cdf_norm_layer *nq, const cdf_norm_layer *nk, int64_t hd, cdf_tensor *x, cdf_tensor **q,
                         cdf_tensor **k, cdf_tensor **v) {
+    x = cdf_linear_shared_input(x, 3, (const cdf_linear_layer *[]){lq, lk, lv});
     *q = cdf_rms_norm(cdf_flux_split_heads(cdf_linear_fwd(lq, x), hd), nq->w, nq->eps);
     *k = cdf_rms_norm(cdf_flux_split_heads(cdf_linear_fwd(lk, x), hd), nk->w, nk->eps);
     *v = cdf_flux_split_heads(cdf_linear_fwd(lv, x), hd);
@@ -319,12 +320,14 @@ static cdf_status double_block(const flux_model *m, const flux_double_block *b, 
 
     /* image stream: gated attention residual, then modulated LayerNorm -> GELU(tanh) MLP */
     x = cdf_flux_gated_add(x, mod[2], x_attn);
-    cdf_tensor *ff_in = cdf_flux_modulate(cdf_layer_norm(x, NULL, NULL, NORM_EPS), mod[3], mod[4]);
+    cdf_tensor *ff_in = cdf_linear_shared_input(cdf_flux_modulate(cdf_layer_norm(x, NULL, NULL, NORM_EPS), mod[3], mod[4]), 1,
+                                                (const cdf_linear_layer *[]){&b->ff_in});
     x = cdf_flux_gated_add(x, mod[5], cdf_linear_fwd(&b->ff_out, cdf_gelu(cdf_linear_fwd(&b->ff_in, ff_in), CDF_GELU_TANH)));
 
     /* text stream, same with its own weights */
     ctx = cdf_flux_gated_add(ctx, cmod[2], ctx_attn);
-    cdf_tensor *cff_in = cdf_flux_modulate(cdf_layer_norm(ctx, NULL, NULL, NORM_EPS), cmod[3], cmod[4]);
+    cdf_tensor *cff_in = cdf_linear_shared_input(cdf_flux_modulate(cdf_layer_norm(ctx, NULL, NULL, NORM_EPS), cmod[3], cmod[4]),
+                                                 1, (const cdf_linear_layer *[]){&b->ff_context_in});
     ctx = cdf_flux_gated_add(
         ctx, cmod[5], cdf_linear_fwd(&b->ff_context_out, cdf_gelu(cdf_linear_fwd(&b->ff_context_in, cff_in), CDF_GELU_TANH)));
 
@@ -350,6 +353,7 @@ static cdf_status single_block(const flux_model *m, const flux_single_block *b, 
     cdf_tensor *mod[3] = {0};
     cdf_chunk(cdf_linear_fwd(&b->norm, cdf_silu(temb)), 3, 1, mod);
     cdf_tensor *nh = cdf_flux_modulate(cdf_layer_norm(h, NULL, NULL, NORM_EPS), mod[0], mod[1]);
+    nh = cdf_linear_shared_input(nh, 4, (const cdf_linear_layer *[]){&b->proj_mlp, &b->to_q, &b->to_k, &b->to_v});
 
     /* parallel MLP and attention branches, fused by one output projection */
     cdf_tensor *mlp = cdf_gelu(cdf_linear_fwd(&b->proj_mlp, nh), CDF_GELU_TANH); /* [B, L, M] */

@@ -317,7 +317,7 @@ static cdf_status ada_chunks(const cdf_linear_layer *l, cdf_tensor *temb, int n,
 
 /* FeedForward with GELU(approximate="tanh"): net.2(gelu(net.0.proj(x))) */
 static cdf_tensor *feed_forward(const cdf_linear_layer *proj, const cdf_linear_layer *out, cdf_tensor *x) {
-    return cdf_linear_fwd(out, cdf_gelu(cdf_linear_fwd(proj, x), CDF_GELU_TANH));
+    return cdf_linear_fwd(out, cdf_gelu(cdf_linear_fwd(proj, cdf_linear_shared_input(x, 1, &proj)), CDF_GELU_TANH));
 }
 
 /* projection -> [B, L, H, Dh], then the per-head RMSNorm(eps 1e-6) when configured, which writes
@@ -352,6 +352,9 @@ static cdf_status joint_attention(const sd3_attention *a, const sd3_config *c, c
                                   cdf_tensor **x_out, cdf_tensor **ctx_out) {
     const int64_t n = cdf_tensor_dim(x, 1), t = cdf_tensor_dim(ctx, 1);
     const cdf_dtype dt = cdf_linear_compute_dtype(&a->to_q);
+    const cdf_linear_layer *xl[] = {&a->to_q, &a->to_k, &a->to_v}, *cl[] = {&a->add_q, &a->add_k, &a->add_v};
+    x = cdf_linear_shared_input(x, 3, xl);
+    ctx = cdf_linear_shared_input(ctx, 3, cl);
     cdf_tensor *q[2] = {project_heads(&a->to_q, x, a->norm_q, c, dt), project_heads(&a->add_q, ctx, a->norm_added_q, c, dt)};
     cdf_tensor *k[2] = {project_heads(&a->to_k, x, a->norm_k, c, dt), project_heads(&a->add_k, ctx, a->norm_added_k, c, dt)};
     cdf_tensor *v[2] = {project_heads(&a->to_v, x, NULL, c, dt), project_heads(&a->add_v, ctx, NULL, c, dt)};
@@ -367,6 +370,8 @@ static cdf_status joint_attention(const sd3_attention *a, const sd3_config *c, c
 /* JointAttnProcessor2_0 without a context (attn2): plain self-attention of the image tokens */
 static cdf_tensor *self_attention(const sd3_attention *a, const sd3_config *c, cdf_tensor *x) {
     const cdf_dtype dt = cdf_linear_compute_dtype(&a->to_q);
+    const cdf_linear_layer *xl[] = {&a->to_q, &a->to_k, &a->to_v};
+    x = cdf_linear_shared_input(x, 3, xl);
     cdf_tensor *q = project_heads(&a->to_q, x, a->norm_q, c, dt);
     cdf_tensor *k = project_heads(&a->to_k, x, a->norm_k, c, dt);
     cdf_tensor *v = project_heads(&a->to_v, x, NULL, c, dt);

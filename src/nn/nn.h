@@ -152,7 +152,9 @@ cdf_tensor *cdf_lora_delta_fwd(const struct cdf_lora_link *k, cdf_tensor *x);
 /* The layer's own local product, without run-time LoRA adapters (and, for a row-wise shard,
  * before the all-reduce). */
 static inline cdf_tensor *cdf_linear_base_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
-    return l->qtype ? cdf_linear_quantized(x, l->w, l->qtype, l->in, l->qwdt, l->b) : cdf_linear(x, l->w, l->b);
+    /* f32 products always: x may be the bf16 rounding of an activation (cdf_linear_shared_input) */
+    return l->qtype ? cdf_linear_quantized_as(x, l->w, l->qtype, l->in, l->qwdt, l->b, CDF_F32)
+                    : cdf_linear_as(x, l->w, l->b, CDF_F32);
 }
 static inline cdf_tensor *cdf_linear_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
     if (l->tp) return cdf_tp_linear_rowwise_fwd(l, x);
@@ -164,6 +166,24 @@ static inline cdf_tensor *cdf_linear_fwd(const cdf_linear_layer *l, cdf_tensor *
 static inline cdf_dtype cdf_linear_compute_dtype(const cdf_linear_layer *l) {
     const cdf_dtype w = l->qtype ? l->qwdt : l->w ? cdf_tensor_dtype(l->w) : CDF_F32;
     return w == CDF_BF16 ? CDF_BF16 : CDF_F32;
+}
+
+/* The input x of n layers that each round it to bf16 before multiplying (bf16 float weights, the
+ * bf16 policy; no run-time LoRA, which multiplies x in f32; not a row-wise shard): x rounded once
+ * (cdf_cast, to nearest even: the rounding each product applies to an f32 x, so the products are
+ * the same values) instead of once per layer, and half the bytes for each to read. In
+ * defer-and-fuse and compile the cast is the last step of the elementwise chain that computes x
+ * (graph/fuse.c), so x is written once, as bf16. Otherwise x itself. Results stay f32
+ * (cdf_linear_base_fwd). Quantized layers keep x: their int8 path quantizes the f32 values.
+ * cdf_linear_rounds_input: whether one layer is such a layer. */
+static inline bool cdf_linear_rounds_input(const cdf_linear_layer *l) {
+    return l->w && !l->qtype && cdf_tensor_dtype(l->w) == CDF_BF16 && !l->lora && !l->tp;
+}
+static inline cdf_tensor *cdf_linear_shared_input(cdf_tensor *x, int n, const cdf_linear_layer *const *ls) {
+    if (!x || n < 1) return x;
+    for (int i = 0; i < n; i++)
+        if (!cdf_linear_rounds_input(ls[i])) return x;
+    return cdf_cast(x, CDF_BF16);
 }
 
 typedef struct cdf_norm_layer {

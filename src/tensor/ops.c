@@ -480,7 +480,8 @@ cdf_tensor *cdf_maximum(cdf_tensor *a, cdf_tensor *b) { return binary(a, b, CDF_
 
 /* ---- matmul ---------------------------------------------------------------------------- */
 
-static cdf_tensor *matmul_impl(cdf_tensor *a, cdf_tensor *b, cdf_tensor *bias, const char *who) {
+/* out_dt: the product's dtype, or NULL for the operands' promoted dtype */
+static cdf_tensor *matmul_impl(cdf_tensor *a, cdf_tensor *b, cdf_tensor *bias, const cdf_dtype *out_dt, const char *who) {
     BEGIN();
     if (a->ndim < 2 || b->ndim < 2) FAIL(CDF_ERR_SHAPE, "%s: operands must be at least 2-D: %s, %s", who, desc(a), desc(b));
     int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
@@ -524,7 +525,7 @@ static cdf_tensor *matmul_impl(cdf_tensor *a, cdf_tensor *b, cdf_tensor *bias, c
     memcpy(oshape, bshape, nd * sizeof *bshape);
     oshape[nd] = M;
     oshape[nd + 1] = N;
-    cdf_dtype odt = promote(a->dtype, b->dtype);
+    const cdf_dtype odt = out_dt ? *out_dt : promote(a->dtype, b->dtype);
     cdf_tensor *out = cdf_tensor_alloc(dev_of(a), odt, nd + 2, oshape);
     cdf_node *n = out ? cdf_node_new(CDF_OP_MATMUL) : NULL;
     if (n) n->p.matmul.alpha = 1.0f;
@@ -533,7 +534,7 @@ static cdf_tensor *matmul_impl(cdf_tensor *a, cdf_tensor *b, cdf_tensor *bias, c
 
 cdf_tensor *cdf_matmul(cdf_tensor *a, cdf_tensor *b) {
     if (!a || !b) return NULL;
-    return matmul_impl(a, b, NULL, "matmul");
+    return matmul_impl(a, b, NULL, NULL, "matmul");
 }
 
 /* y2 [rows, out] of a linear layer back in x's leading dims: [..., out]. Takes y2's reference. */
@@ -546,9 +547,10 @@ static cdf_tensor *linear_unflatten(cdf_tensor *x, cdf_tensor *y2, int64_t out) 
     return y;
 }
 
-cdf_tensor *cdf_linear(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b) {
+static cdf_tensor *linear_impl(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b, const cdf_dtype *out_dt) {
     if (!x || !w) return NULL;
     BEGIN();
+    if (out_dt && !is_float(*out_dt)) FAIL(CDF_ERR_DTYPE, "linear: the product's dtype must be a float type, not %s", cdf_dtype_name(*out_dt));
     if (w->ndim != 2) FAIL(CDF_ERR_SHAPE, "linear: weight must be 2-D, got %s", desc(w));
     if (x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1])
         FAIL(CDF_ERR_SHAPE, "linear: input %s does not match weight %s (in_features %lld)", desc(x), desc(w),
@@ -558,16 +560,21 @@ cdf_tensor *cdf_linear(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b) {
     if (w->shape[1] == 0) s2[0] = cdf_shape_numel(x->ndim - 1, x->shape);
     cdf_tensor *x2 = cdf_reshape(x, 2, s2);
     cdf_tensor *wt = cdf_transpose(w, 0, 1);
-    cdf_tensor *y2 = (x2 && wt) ? matmul_impl(x2, wt, b, "linear") : NULL;
+    cdf_tensor *y2 = (x2 && wt) ? matmul_impl(x2, wt, b, out_dt, "linear") : NULL;
     REL(x2);
     REL(wt);
     if (!y2) RETURN(NULL);
     RETURN(linear_unflatten(x, y2, w->shape[0]));
 }
 
-cdf_tensor *cdf_linear_quantized(cdf_tensor *x, cdf_tensor *wq, uint32_t qtype, int64_t in, cdf_dtype wdt, cdf_tensor *b) {
+cdf_tensor *cdf_linear(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b) { return linear_impl(x, w, b, NULL); }
+cdf_tensor *cdf_linear_as(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b, cdf_dtype out_dt) { return linear_impl(x, w, b, &out_dt); }
+
+static cdf_tensor *linear_quantized_impl(cdf_tensor *x, cdf_tensor *wq, uint32_t qtype, int64_t in, cdf_dtype wdt,
+                                         cdf_tensor *b, const cdf_dtype *out_dt) {
     if (!x || !wq) return NULL;
     BEGIN();
+    if (out_dt && !is_float(*out_dt)) FAIL(CDF_ERR_DTYPE, "linear: the product's dtype must be a float type, not %s", cdf_dtype_name(*out_dt));
     int64_t be = 0, bb = 0;
     if (!cdf_ggml_type_block(qtype, &be, &bb) || be < 2)
         FAIL(CDF_ERR_UNSUPPORTED, "linear: ggml type %u (%s) is not a block type this library computes with", qtype,
@@ -591,7 +598,7 @@ cdf_tensor *cdf_linear_quantized(cdf_tensor *x, cdf_tensor *wq, uint32_t qtype, 
     cdf_tensor *bc = b ? cdf_contiguous(b) : NULL;
     REL(x2);
     const int64_t os[2] = {s2[0], N};
-    cdf_tensor *out = xc && wc && (!b || bc) ? cdf_tensor_alloc(dev_of(x), promote(x->dtype, wdt), 2, os) : NULL;
+    cdf_tensor *out = xc && wc && (!b || bc) ? cdf_tensor_alloc(dev_of(x), out_dt ? *out_dt : promote(x->dtype, wdt), 2, os) : NULL;
     cdf_node *n = out ? cdf_node_new(CDF_OP_MATMUL_Q) : NULL;
     if (n) {
         n->p.matmul_q.qtype = (int)qtype;
@@ -600,6 +607,14 @@ cdf_tensor *cdf_linear_quantized(cdf_tensor *x, cdf_tensor *wq, uint32_t qtype, 
     }
     out = submit_op(n, out, xc, wc, bc, NULL);
     RETURN(out ? linear_unflatten(x, out, N) : NULL);
+}
+
+cdf_tensor *cdf_linear_quantized(cdf_tensor *x, cdf_tensor *wq, uint32_t qtype, int64_t in, cdf_dtype wdt, cdf_tensor *b) {
+    return linear_quantized_impl(x, wq, qtype, in, wdt, b, NULL);
+}
+cdf_tensor *cdf_linear_quantized_as(cdf_tensor *x, cdf_tensor *wq, uint32_t qtype, int64_t in, cdf_dtype wdt, cdf_tensor *b,
+                                    cdf_dtype out_dt) {
+    return linear_quantized_impl(x, wq, qtype, in, wdt, b, &out_dt);
 }
 
 /* ---- normalisation / reductions ------------------------------------------------------- */
