@@ -344,7 +344,9 @@ static cdf_status double_block(const flux2_model *m, const flux2_double_block *b
     cdf_tensor *cv = cdf_flux_split_heads(cdf_linear_fwd(&b->add_v_proj, nctx), hd);
     cdf_tensor *attn = cdf_flux_rope_attention(cdf_cat((cdf_tensor *[]){cq, q}, 2, 1), cdf_cat((cdf_tensor *[]){ck, k}, 2, 1),
                                                cdf_cat((cdf_tensor *[]){cv, v}, 2, 1), cos_t, sin_t,
-                                               cdf_linear_compute_dtype(&b->to_q)); /* [B, Lt+Li, D] */
+                                               cdf_linear_compute_dtype(&b->to_q),
+                                               cdf_linears_round_input(2, (const cdf_linear_layer *[]){&b->to_add_out, &b->to_out}));
+    /* attn: [B, Lt+Li, D] */
     cdf_tensor *ctx_attn = cdf_linear_fwd(&b->to_add_out, cdf_narrow(attn, 1, 0, Lt));
     cdf_tensor *x_attn = cdf_linear_fwd(&b->to_out, cdf_narrow(attn, 1, Lt, Li));
 
@@ -383,7 +385,7 @@ static cdf_status single_block(const flux2_model *m, const flux2_single_block *b
     cdf_tensor *q = heads_normed(cdf_narrow(proj, 2, 0, D), &b->norm_q, hd);
     cdf_tensor *k = heads_normed(cdf_narrow(proj, 2, D, D), &b->norm_k, hd);
     cdf_tensor *v = cdf_flux_split_heads(cdf_narrow(proj, 2, 2 * D, D), hd);
-    cdf_tensor *attn = cdf_flux_rope_attention(q, k, v, cos_t, sin_t, cdf_linear_compute_dtype(&b->to_qkv_mlp_proj));
+    cdf_tensor *attn = cdf_flux_rope_attention(q, k, v, cos_t, sin_t, cdf_linear_compute_dtype(&b->to_qkv_mlp_proj), false);
     /* attn: [B, L, D] */
     cdf_tensor *mlp = swiglu(cdf_narrow(proj, 2, 3 * D, 2 * F));          /* [B, L, F] */
     cdf_tensor *both = cdf_cat((cdf_tensor *[]){attn, mlp}, 2, 2);        /* [B, L, D + F] */

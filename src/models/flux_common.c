@@ -107,7 +107,7 @@ cdf_tensor *cdf_flux_split_heads(cdf_tensor *x, int64_t head_dim) {
 }
 
 cdf_tensor *cdf_flux_rope_attention(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v, cdf_tensor *cos_t, cdf_tensor *sin_t,
-                                    cdf_dtype dt) {
+                                    cdf_dtype dt, bool keep_dt) {
     if (!q || !k || !v) return NULL;
     if (!cos_t != !sin_t) {
         cdf_error(CDF_ERR_INVALID_ARG, "flux attention: rotary cos and sin tables must be given together");
@@ -128,9 +128,10 @@ cdf_tensor *cdf_flux_rope_attention(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v,
     vh = cdf_cast(vh, dt);
     cdf_tensor *o = cdf_sdpa(qh, kh, vh, NULL, 0.0f); /* [B, H, L, D] in dt, scale 1/sqrt(D) */
     /* [B, L, H, D] f32 (the residual stream's dtype; a bf16 o loses nothing the next projection,
-     * rounding its input to bf16, would keep): one copy either way */
+     * rounding its input to bf16, would keep), or in dt with keep_dt (every consumer rounds its
+     * input to dt: the same values in half the bytes): one copy either way */
     cdf_tensor *tr = cdf_transpose(o, 1, 2);
-    cdf_tensor *ot = tr && cdf_tensor_dtype(tr) != CDF_F32 ? cdf_cast(tr, CDF_F32) : cdf_contiguous(tr);
+    cdf_tensor *ot = tr && !keep_dt && cdf_tensor_dtype(tr) != CDF_F32 ? cdf_cast(tr, CDF_F32) : cdf_contiguous(tr);
     if (!ot) return NULL;
     int64_t shape[3] = {cdf_tensor_dim(ot, 0), cdf_tensor_dim(ot, 1), cdf_tensor_dim(ot, 2) * cdf_tensor_dim(ot, 3)};
     return cdf_reshape(ot, 3, shape);

@@ -43,9 +43,11 @@ cdf_tensor *cdf_flux_split_heads(cdf_tensor *x, int64_t head_dim);
 
 /* The FluxAttnProcessor core after the q/k norms and the [text; image] concatenation:
  * q, k, v [B, L, H, head_dim] -> RoPE on q and k (cos/sin [L, head_dim], NULL for none) ->
- * softmax(q k^T / sqrt(head_dim)) v -> [B, L, H * head_dim]. */
+ * softmax(q k^T / sqrt(head_dim)) v -> [B, L, H * head_dim]: f32, or in dt (the dtype attention
+ * computes in) when keep_dt — for a result only layers that round their input to dt read
+ * (nn.h: cdf_linears_round_input). */
 cdf_tensor *cdf_flux_rope_attention(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v, cdf_tensor *cos_t, cdf_tensor *sin_t,
-                                    cdf_dtype dt);
+                                    cdf_dtype dt, bool keep_dt);
 
 /* Helpers the FLUX.1 and FLUX.2 forwards share. */
 /* Replace an owned state reference with next (NULL next: the pending error, state untouched). */

@@ -314,7 +314,9 @@ static cdf_status double_block(const flux_model *m, const flux_double_block *b, 
     project_qkv(&b->add_q_proj, &b->add_k_proj, &b->add_v_proj, &b->norm_added_q, &b->norm_added_k, hd, nctx, &cq, &ck, &cv);
     cdf_tensor *attn = cdf_flux_rope_attention(cdf_cat((cdf_tensor *[]){cq, q}, 2, 1), cdf_cat((cdf_tensor *[]){ck, k}, 2, 1),
                                                cdf_cat((cdf_tensor *[]){cv, v}, 2, 1), cos_t, sin_t,
-                                               cdf_linear_compute_dtype(&b->to_q)); /* [B, Lt+Li, D] */
+                                               cdf_linear_compute_dtype(&b->to_q),
+                                               cdf_linears_round_input(2, (const cdf_linear_layer *[]){&b->to_add_out, &b->to_out}));
+    /* attn: [B, Lt+Li, D] */
     cdf_tensor *ctx_attn = cdf_linear_fwd(&b->to_add_out, cdf_narrow(attn, 1, 0, Lt));
     cdf_tensor *x_attn = cdf_linear_fwd(&b->to_out, cdf_narrow(attn, 1, Lt, Li));
 
@@ -359,7 +361,7 @@ static cdf_status single_block(const flux_model *m, const flux_single_block *b, 
     cdf_tensor *mlp = cdf_gelu(cdf_linear_fwd(&b->proj_mlp, nh), CDF_GELU_TANH); /* [B, L, M] */
     cdf_tensor *q, *k, *v;
     project_qkv(&b->to_q, &b->to_k, &b->to_v, &b->norm_q, &b->norm_k, hd, nh, &q, &k, &v);
-    cdf_tensor *attn = cdf_flux_rope_attention(q, k, v, cos_t, sin_t, cdf_linear_compute_dtype(&b->to_q)); /* [B, L, D] */
+    cdf_tensor *attn = cdf_flux_rope_attention(q, k, v, cos_t, sin_t, cdf_linear_compute_dtype(&b->to_q), false); /* [B, L, D] */
     cdf_tensor *both = cdf_cat((cdf_tensor *[]){attn, mlp}, 2, 2);       /* [B, L, D + M] */
     h = cdf_flux_gated_add(h, mod[2], cdf_linear_fwd(&b->proj_out, both));
 

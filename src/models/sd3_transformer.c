@@ -333,15 +333,19 @@ static cdf_tensor *project_heads(const cdf_linear_layer *l, cdf_tensor *x, cdf_t
     return norm_w ? cdf_rms_norm_as(y, norm_w, 1e-6f, dt) : y;
 }
 
-/* softmax(QK^T / sqrt(Dh)) V over [B, L, H, Dh] inputs; returns [B, L, H*Dh] f32. dt: the dtype
- * attention computes in (bf16 where the projections run the bf16 policy: q, k, v are cast to it,
- * and the attention runs the bf16 attention policy, kernels/dispatch.h; f32: as they are). */
-static cdf_tensor *attention_core(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v, cdf_dtype dt) {
+/* softmax(QK^T / sqrt(Dh)) V over [B, L, H, Dh] inputs; returns [B, L, H*Dh] f32, or in dt when
+ * every layer in outs (n_outs) rounds its input to dt anyway (the same values, half the bytes).
+ * dt: the dtype attention computes in (bf16 where the projections run the bf16 policy: q, k, v
+ * are cast to it, and the attention runs the bf16 attention policy, kernels/dispatch.h; f32: as
+ * they are). */
+static cdf_tensor *attention_core(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v, cdf_dtype dt, int n_outs,
+                                  const cdf_linear_layer *const *outs) {
     cdf_tensor *o = cdf_sdpa(cdf_cast(cdf_transpose(q, 1, 2), dt), cdf_cast(cdf_transpose(k, 1, 2), dt),
                              cdf_cast(cdf_transpose(v, 1, 2), dt), NULL, 0.0f);
     o = cdf_transpose(o, 1, 2); /* [B, L, H, Dh] */
     if (!o) return NULL;
-    if (cdf_tensor_dtype(o) != CDF_F32) o = cdf_cast(o, CDF_F32); /* the copy the reshape below would make */
+    /* the copy the reshape below would make */
+    o = cdf_tensor_dtype(o) == CDF_F32 || cdf_linears_round_input(n_outs, outs) ? cdf_contiguous(o) : cdf_cast(o, CDF_F32);
     const int64_t shape[3] = {cdf_tensor_dim(o, 0), cdf_tensor_dim(o, 1), -1};
     return cdf_reshape(o, 3, shape);
 }
@@ -360,7 +364,8 @@ static cdf_status joint_attention(const sd3_attention *a, const sd3_config *c, c
     cdf_tensor *v[2] = {project_heads(&a->to_v, x, NULL, c, dt), project_heads(&a->add_v, ctx, NULL, c, dt)};
     cdf_tensor *o = NULL;
     if (q[0] && q[1] && k[0] && k[1] && v[0] && v[1])
-        o = attention_core(cdf_cat(q, 2, 1), cdf_cat(k, 2, 1), cdf_cat(v, 2, 1), dt); /* [B, N+T, D] */
+        o = attention_core(cdf_cat(q, 2, 1), cdf_cat(k, 2, 1), cdf_cat(v, 2, 1), dt, a->to_add_out.w ? 2 : 1,
+                           (const cdf_linear_layer *[]){&a->to_out, &a->to_add_out}); /* [B, N+T, D] */
     *x_out = cdf_linear_fwd(&a->to_out, cdf_narrow(o, 1, 0, n));
     *ctx_out = a->to_add_out.w ? cdf_linear_fwd(&a->to_add_out, cdf_narrow(o, 1, n, t)) : NULL;
     if (!*x_out || (a->to_add_out.w && !*ctx_out)) return cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL;
@@ -375,7 +380,7 @@ static cdf_tensor *self_attention(const sd3_attention *a, const sd3_config *c, c
     cdf_tensor *q = project_heads(&a->to_q, x, a->norm_q, c, dt);
     cdf_tensor *k = project_heads(&a->to_k, x, a->norm_k, c, dt);
     cdf_tensor *v = project_heads(&a->to_v, x, NULL, c, dt);
-    return cdf_linear_fwd(&a->to_out, attention_core(q, k, v, dt));
+    return cdf_linear_fwd(&a->to_out, attention_core(q, k, v, dt, 1, (const cdf_linear_layer *[]){&a->to_out}));
 }
 
 /* JointTransformerBlock.forward. x [B, N, D], ctx [B, T, D], temb [B, D].

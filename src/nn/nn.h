@@ -175,15 +175,17 @@ static inline cdf_dtype cdf_linear_compute_dtype(const cdf_linear_layer *l) {
  * defer-and-fuse and compile the cast is the last step of the elementwise chain that computes x
  * (graph/fuse.c), so x is written once, as bf16. Otherwise x itself. Results stay f32
  * (cdf_linear_base_fwd). Quantized layers keep x: their int8 path quantizes the f32 values.
- * cdf_linear_rounds_input: whether one layer is such a layer. */
+ * cdf_linear_rounds_input: whether one layer is such a layer; cdf_linears_round_input: all n. */
 static inline bool cdf_linear_rounds_input(const cdf_linear_layer *l) {
     return l->w && !l->qtype && cdf_tensor_dtype(l->w) == CDF_BF16 && !l->lora && !l->tp;
 }
-static inline cdf_tensor *cdf_linear_shared_input(cdf_tensor *x, int n, const cdf_linear_layer *const *ls) {
-    if (!x || n < 1) return x;
+static inline bool cdf_linears_round_input(int n, const cdf_linear_layer *const *ls) {
     for (int i = 0; i < n; i++)
-        if (!cdf_linear_rounds_input(ls[i])) return x;
-    return cdf_cast(x, CDF_BF16);
+        if (!cdf_linear_rounds_input(ls[i])) return false;
+    return n > 0;
+}
+static inline cdf_tensor *cdf_linear_shared_input(cdf_tensor *x, int n, const cdf_linear_layer *const *ls) {
+    return x && cdf_linears_round_input(n, ls) ? cdf_cast(x, CDF_BF16) : x;
 }
 
 typedef struct cdf_norm_layer {
