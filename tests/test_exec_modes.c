@@ -165,6 +165,59 @@ static void test_defer_under_budget(void **state) {
     assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
 }
 
+/* A chain of 24 elementwise ops on 16 MiB tensors inside a scope (384 MiB of outputs, every one
+ * held by the scope, as a model block holds its intermediates): the pending graph must not run
+ * mid-scope on recorded bytes (the intermediates are still referenced, so nothing could be fused),
+ * but at the scope's close, as one fused kernel; bit-identical to eager. */
+static float *long_chain(int64_t n, cdf_exec_stats *inside, cdf_exec_stats *at_close) {
+    cdf_scope_push();
+    cdf_tensor *x = rnd(1, (int64_t[]){n}, 21, CDF_F32);
+    assert_int_equal(cdf_device_synchronize(tu_cpu()), CDF_OK);
+    cdf_exec_stats s0;
+    cdf_exec_get_stats(&s0);
+    cdf_tensor *y = x;
+    for (int i = 0; i < 24; i++) y = i % 2 ? cdf_scale(y, 0.75f) : cdf_add_scalar(y, 0.125f);
+    cdf_exec_get_stats(inside);
+    inside->flushes -= s0.flushes;
+    cdf_scope_pop(&y, 1);
+    cdf_exec_get_stats(at_close);
+    at_close->flushes -= s0.flushes;
+    float *r = cdf_tensor_read_f32(y);
+    assert_non_null(r);
+    cdf_tensor_release(y);
+    return r;
+}
+
+static void test_flush_at_scope_close(void **state) {
+    (void)state;
+    const int64_t n = (int64_t)1 << 22;
+    cdf_exec_stats in_eager, in_defer, closed, s0, s1;
+    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    float *want = long_chain(n, &in_eager, &closed);
+    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
+    cdf_exec_get_stats(&s0);
+    float *got = long_chain(n, &in_defer, &closed);
+    cdf_exec_get_stats(&s1);
+    assert_int_equal(in_defer.flushes, 0); /* 384 MiB recorded, all still referenced: no flush */
+    assert_int_equal(closed.flushes, 1); /* run at the close (a block's end), before any read */
+    assert_int_equal(s1.fused_ops - s0.fused_ops, 24); /* the whole chain in one kernel */
+    assert_memory_equal(want, got, (size_t)n * sizeof *want);
+    free(want);
+    free(got);
+
+    /* outputs dropped at once, no scope: what deferring holds is bounded (256 MiB), so 40 of
+     * them (640 MiB) run before the sync */
+    cdf_tensor *x = rnd(1, (int64_t[]){n}, 22, CDF_F32);
+    assert_int_equal(cdf_device_synchronize(tu_cpu()), CDF_OK);
+    cdf_exec_get_stats(&s0);
+    for (int i = 0; i < 40; i++) cdf_tensor_release(cdf_exp(x));
+    cdf_exec_get_stats(&s1);
+    assert_true(s1.flushes > s0.flushes);
+    assert_int_equal(cdf_device_synchronize(tu_cpu()), CDF_OK);
+    cdf_tensor_release(x);
+    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+}
+
 /* the environment switch selects the mode at startup */
 static void test_env_switch(void **state) {
     (void)state;
@@ -183,7 +236,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_fused_equals_eager_large), cmocka_unit_test(test_defer_records_until_sync),
         cmocka_unit_test(test_errors_still_surface),     cmocka_unit_test(test_pipeline_identical_in_both_modes),
         cmocka_unit_test(test_env_switch),
-        cmocka_unit_test(test_defer_under_budget),
+        cmocka_unit_test(test_defer_under_budget),       cmocka_unit_test(test_flush_at_scope_close),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,6 +2,7 @@
 #include "exec/exec.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,11 +11,20 @@
 #include "exec/capture.h"
 #include "graph/fuse.h"
 
-/* A pending graph is executed when it reaches this many ops or this many bytes of outputs
- * (every recorded op's output is already allocated, so this bounds the memory a deferred
- * graph can hold). */
+/* When a pending graph is executed. Every recorded op's output is allocated when it is recorded;
+ * what deferring costs in memory is the outputs nothing outside the graph refers to any more
+ * (eager execution would have run and freed them): the graph's "held" bytes. The pending graph
+ * runs when it reaches PENDING_MAX_NODES ops, when its held bytes reach PENDING_MAX_HELD (checked
+ * every PENDING_CHECK_BYTES of recorded outputs), and at the close of a scope that leaves at
+ * least PENDING_SCOPE_HELD of them (cdf_exec_scope_closed): a model block's scope, whose
+ * intermediates have just become unreachable. That is where fusion can take every chain: an
+ * intermediate the model still holds (its block's scope not closed yet) cannot be fused away. A
+ * flush on recorded bytes alone came mid-block (one SD3.5-M block at 512² writes ~280 MB), and the
+ * chains after it stayed unfused. */
 #define PENDING_MAX_NODES 2048
-#define PENDING_MAX_BYTES (256u << 20)
+#define PENDING_MAX_HELD ((size_t)256 << 20)
+#define PENDING_CHECK_BYTES ((size_t)64 << 20)
+#define PENDING_SCOPE_HELD ((size_t)64 << 20)
 
 static atomic_ullong g_ops, g_kernels, g_syncs, g_flushes, g_fused_kernels, g_fused_ops, g_compiles, g_hits, g_breaks,
     g_epilogues;
@@ -23,7 +33,10 @@ static atomic_int g_mode = -1;
 typedef struct pending_graph {
     cdf_node **nodes;
     int n, cap;
-    size_t bytes;
+    size_t bytes;      /* recorded outputs */
+    size_t next_check; /* bytes at which the held bytes are counted next */
+    cdf_status failed; /* a flush at a scope's close failed: the next op or sync reports it */
+    char why[256];
 } pending_graph;
 static _Thread_local pending_graph tl_pending;
 
@@ -62,6 +75,14 @@ static cdf_status launch(cdf_node *node) {
 
 cdf_status cdf_exec_flush(void) {
     pending_graph *pg = &tl_pending;
+    if (pg->failed != CDF_OK) { /* the ops after the failed one never ran: whatever reads them fails */
+        const cdf_status f = pg->failed;
+        pg->failed = CDF_OK;
+        for (int i = 0; i < pg->n; i++) cdf_node_free(pg->nodes[i]);
+        pg->n = 0;
+        pg->bytes = pg->next_check = 0;
+        return cdf_error(f, "%s", pg->why);
+    }
     if (pg->n == 0) return CDF_OK;
     atomic_fetch_add(&g_flushes, 1);
     cdf_fuse_stats fs = {0};
@@ -76,6 +97,30 @@ cdf_status cdf_exec_flush(void) {
     for (; i < pg->n; i++) cdf_node_free(pg->nodes[i]); /* not launched after a failure */
     pg->n = 0;
     pg->bytes = 0;
+    pg->next_check = 0;
+    return s;
+}
+
+/* Bytes of the pending outputs (each storage once) that nothing outside the graph refers to. */
+static size_t held_bytes(const pending_graph *pg) {
+    size_t held = 0;
+    for (int i = 0; i < pg->n; i++) {
+        const cdf_storage *st = pg->nodes[i]->dst->storage;
+        bool seen = false;
+        for (int j = 0; j < i && !seen; j++) seen = pg->nodes[j]->dst->storage == st;
+        if (!seen && cdf_graph_holds_only(pg->nodes, pg->n, NULL, 0, st, 0)) held += st->nbytes;
+    }
+    return held;
+}
+
+cdf_status cdf_exec_scope_closed(void) {
+    pending_graph *pg = &tl_pending;
+    if (pg->failed != CDF_OK || pg->bytes < PENDING_SCOPE_HELD || held_bytes(pg) < PENDING_SCOPE_HELD) return CDF_OK;
+    const cdf_status s = cdf_exec_flush();
+    if (s != CDF_OK) { /* nobody here to tell: kept for the next op or sync */
+        pg->failed = s;
+        snprintf(pg->why, sizeof pg->why, "%s", cdf_last_error());
+    }
     return s;
 }
 
@@ -97,6 +142,10 @@ cdf_status cdf_exec_submit(cdf_node *node) {
         return bs;
     }
     atomic_fetch_add(&g_ops, 1);
+    if (tl_pending.failed != CDF_OK) { /* an earlier deferred op failed: this one fails with it */
+        cdf_node_free(node);
+        return cdf_exec_flush();
+    }
     if (cdf_compile_record(node)) return CDF_OK; /* captured into a graph being compiled */
     if (mode_now() == CDF_EXEC_EAGER) return launch(node);
     pending_graph *pg = &tl_pending;
@@ -116,7 +165,11 @@ cdf_status cdf_exec_submit(cdf_node *node) {
     }
     pg->nodes[pg->n++] = node;
     pg->bytes += (size_t)cdf_shape_numel(node->dst->ndim, node->dst->shape) * cdf_dtype_size(node->dst->dtype);
-    if (pg->n >= PENDING_MAX_NODES || pg->bytes >= PENDING_MAX_BYTES) return cdf_exec_flush();
+    if (pg->n >= PENDING_MAX_NODES) return cdf_exec_flush();
+    if (pg->bytes >= pg->next_check + PENDING_CHECK_BYTES) {
+        if (held_bytes(pg) >= PENDING_MAX_HELD) return cdf_exec_flush();
+        pg->next_check = pg->bytes;
+    }
     return CDF_OK;
 }
 

@@ -12,6 +12,10 @@
 cdf_status cdf_exec_submit(cdf_node *node);
 /* Called before the host reads t: flushes pending ops and waits for the device. */
 cdf_status cdf_exec_sync_for_read(const cdf_tensor *t);
+/* Called by cdf_scope_pop after it released the scope's tensors: runs the pending graph when
+ * the scope left enough of its outputs unreferenced (exec.c), so that a model block's graph is
+ * fused whole. */
+cdf_status cdf_exec_scope_closed(void);
 /* Flushes this thread's pending ops and waits until every device's queue is empty (a queued
  * op, e.g. a collective, is then running nowhere); returns the first error either found. */
 cdf_status cdf_exec_drain_all(void);

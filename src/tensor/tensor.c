@@ -89,6 +89,9 @@ void cdf_scope_pop(cdf_tensor *const *keep, int n_keep) {
             cdf_tensor_release(t);
         }
     }
+    /* a closed block's intermediates are unreferenced now: the deferred graph may run, fused
+     * whole (an error here is the op's: it is set, and the next read or sync reports it) */
+    (void)cdf_exec_scope_closed();
     if (s->depth == 0 && s->n == 0) { /* outermost scope closed: a thread that ends (a server's
                                           worker) would otherwise leak its thread-local array */
         free(s->items);
