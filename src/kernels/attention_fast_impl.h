@@ -114,8 +114,13 @@ static void AF_NAME(softmax)(const cdf_k_attention_args *x, int64_t bi, int64_t 
     /* the AMX tiles store Q K^T unscaled: S = (Q K^T) scale log2(e) is taken here, as it loads */
     const VF sc = AF_NAME(vset1)(x->scale * 1.44269504088896341f);
 #define AF_SLD(p) (AF_NAME(vld)(p) * sc)
+    /* raw: the common tile keeps S unscaled; its max is scaled after the max is taken (x -> x sc
+     * with sc > 0 is monotonic, also after rounding: the max of the scaled scores), and the scale
+     * goes into P's exponent, S sc - m in one rounding (fmsub) */
+    const bool raw = !fix && sc[0] > 0.0f;
 #else
 #define AF_SLD(p) AF_NAME(vld)(p)
+    const bool raw = false;
 #endif
     for (int64_t r = 0; r < nq; r++) {
         float *sr = s + r * BK;
@@ -141,6 +146,8 @@ static void AF_NAME(softmax)(const cdf_k_attention_args *x, int64_t bi, int64_t 
                 AF_NAME(vst)(sr + c * VW, sv);
                 vmax = AF_NAME(vmax)(vmax, sv);
             }
+        } else if (raw) {
+            for (int c = 0; c < KV_VECS; c++) vmax = AF_NAME(vmax)(vmax, AF_NAME(vld)(sr + c * VW));
         } else {
 #ifdef AF_AMX
             for (int c = 0; c < KV_VECS; c++) {
@@ -153,7 +160,11 @@ static void AF_NAME(softmax)(const cdf_k_attention_args *x, int64_t bi, int64_t 
 #endif
         }
 #undef AF_SLD
+#ifdef AF_AMX
+        const float tile_max = raw ? AF_NAME(vhmax)(vmax) * sc[0] : AF_NAME(vhmax)(vmax);
+#else
         const float tile_max = AF_NAME(vhmax)(vmax);
+#endif
         float m_new = tile_max > m[r] ? tile_max : m[r];
         /* rounding P: the max taken up to an integer, so that P and the rescale factor are scaled
          * by powers of two only and P's bf16 rounding does not depend on the tiling (kernels.h) */
@@ -177,9 +188,15 @@ static void AF_NAME(softmax)(const cdf_k_attention_args *x, int64_t bi, int64_t 
         const VF mn = AF_NAME(vset1)(m_new);
 #ifdef AF_DPBF16
         if (pb) { /* two vectors of P to 32 bf16 in one vcvtne2ps2bf16 (round-to-nearest-even) */
+            /* S - m (S times 1 exactly), or S sc - m for a raw AMX tile */
+#ifdef AF_AMX
+            const __m512 ps = raw ? (__m512)sc : _mm512_set1_ps(1.0f);
+#else
+            const __m512 ps = _mm512_set1_ps(1.0f);
+#endif
             for (int c = 0; c < KV_VECS; c += 2) {
-                const VF p0 = AF_NAME(vexp2s)(AF_NAME(vld)(sr + c * VW) - mn);
-                const VF p1 = AF_NAME(vexp2s)(AF_NAME(vld)(sr + (c + 1) * VW) - mn);
+                const VF p0 = AF_NAME(vexp2s)((VF)_mm512_fmsub_ps((__m512)AF_NAME(vld)(sr + c * VW), ps, (__m512)mn));
+                const VF p1 = AF_NAME(vexp2s)((VF)_mm512_fmsub_ps((__m512)AF_NAME(vld)(sr + (c + 1) * VW), ps, (__m512)mn));
                 lr += p0 + p1;
                 _mm512_storeu_si512(pb + r * BK + c * VW, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
             }
