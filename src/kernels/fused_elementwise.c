@@ -104,20 +104,30 @@ static void run_block(const fused_call *c, int64_t f0, int64_t len) {
     const int ndim = c->ndim;
     const int64_t *shape = c->shape;
     float v[FUSE_BLOCK], x[CDF_FUSE_MAX_INPUTS][FUSE_BLOCK];
-    for (int k = 1; k < c->n_in; k++)
-        if (c->used[k]) load_block(x[k], in[k], in_dt[k], in_strides[k], c->contig[k], ndim, shape, f0, len);
+    /* operands: a contiguous f32 input is read where it is (a copy into x would only add a pass
+     * over L1; profile.sh had the copies at ~5% of a forward), the others converted into x */
+    const float *xp[CDF_FUSE_MAX_INPUTS];
+    for (int k = 0; k < c->n_in; k++) {
+        if (!c->used[k]) continue;
+        if (c->contig[k] && in_dt[k] == CDF_F32) {
+            xp[k] = (const float *)in[k] + f0;
+        } else if (k > 0) {
+            load_block(x[k], in[k], in_dt[k], in_strides[k], c->contig[k], ndim, shape, f0, len);
+            xp[k] = x[k];
+        }
+    }
     load_block(v, in[0], in_dt[0], in_strides[0], c->contig[0], ndim, shape, f0, len);
     for (int s = 0; s < p->n_steps; s++) {
         const cdf_fused_step *st = &p->steps[s];
         if (!st->binary) {
             cdf_k_unary_span((cdf_unary_op)st->op, v, len, st->p0, st->p1);
-        } else if (st->input == 0) {
+        } else if (st->input == 0 && !(c->contig[0] && in_dt[0] == CDF_F32)) {
             /* in[0] is the chain's head; an op on it again means it is also an operand */
             float h[FUSE_BLOCK];
             load_block(h, in[0], in_dt[0], in_strides[0], c->contig[0], ndim, shape, f0, len);
             cdf_k_binary_span((cdf_binary_op)st->op, st->chain_rhs, v, h, len);
         } else {
-            cdf_k_binary_span((cdf_binary_op)st->op, st->chain_rhs, v, x[st->input], len);
+            cdf_k_binary_span((cdf_binary_op)st->op, st->chain_rhs, v, xp[st->input], len);
         }
     }
     cdf_k_store_row(c->out, c->out_dt, f0, v, len);
