@@ -168,16 +168,19 @@ static inline cdf_dtype cdf_linear_compute_dtype(const cdf_linear_layer *l) {
     return w == CDF_BF16 ? CDF_BF16 : CDF_F32;
 }
 
-/* The input x of n layers that each round it to bf16 before multiplying (bf16 float weights, the
- * bf16 policy; no run-time LoRA, which multiplies x in f32; not a row-wise shard): x rounded once
+/* The input x of n layers that each round it to bf16 before multiplying (bf16 float weights or GGUF
+ * blocks decoded to bf16, the bf16 policy; no run-time LoRA, which multiplies x in f32; not a
+ * row-wise shard): x rounded once
  * (cdf_cast, to nearest even: the rounding each product applies to an f32 x, so the products are
  * the same values) instead of once per layer, and half the bytes for each to read. In
  * defer-and-fuse and compile the cast is the last step of the elementwise chain that computes x
  * (graph/fuse.c), so x is written once, as bf16. Otherwise x itself. Results stay f32
- * (cdf_linear_base_fwd). Quantized layers keep x: their int8 path quantizes the f32 values.
+ * (cdf_linear_base_fwd). The opt-in int8 path of Q8_0 layers (CDIFFUSERS_Q8_INT8=1, not
+ * faithful by design) then quantizes the bf16 values of x instead of its f32 ones.
  * cdf_linear_rounds_input: whether one layer is such a layer; cdf_linears_round_input: all n. */
 static inline bool cdf_linear_rounds_input(const cdf_linear_layer *l) {
-    return l->w && !l->qtype && cdf_tensor_dtype(l->w) == CDF_BF16 && !l->lora && !l->tp;
+    if (!l->w || l->lora || l->tp) return false;
+    return l->qtype ? l->qwdt == CDF_BF16 : cdf_tensor_dtype(l->w) == CDF_BF16;
 }
 static inline bool cdf_linears_round_input(int n, const cdf_linear_layer *const *ls) {
     for (int i = 0; i < n; i++)
