@@ -105,7 +105,7 @@ static void run_block(const fused_call *c, int64_t f0, int64_t len) {
     const int64_t *shape = c->shape;
     float v[FUSE_BLOCK], x[CDF_FUSE_MAX_INPUTS][FUSE_BLOCK];
     /* operands: a contiguous f32 input is read where it is (a copy into x would only add a pass
-     * over L1; profile.sh had the copies at ~5% of a forward), the others converted into x */
+     * through L1), the others converted into x */
     const float *xp[CDF_FUSE_MAX_INPUTS];
     for (int k = 0; k < c->n_in; k++) {
         if (!c->used[k]) continue;

@@ -170,9 +170,9 @@ static inline cdf_dtype cdf_linear_compute_dtype(const cdf_linear_layer *l) {
 
 /* The input x of n layers that each round it to bf16 before multiplying (bf16 float weights or GGUF
  * blocks decoded to bf16, the bf16 policy; no run-time LoRA, which multiplies x in f32; not a
- * row-wise shard): x rounded once
- * (cdf_cast, to nearest even: the rounding each product applies to an f32 x, so the products are
- * the same values) instead of once per layer, and half the bytes for each to read. In
+ * row-wise shard): x rounded once (cdf_cast, to nearest even: the rounding each product applies to
+ * an f32 x, so the products are the same values) instead of once per layer, and half the bytes
+ * for each to read. In
  * defer-and-fuse and compile the cast is the last step of the elementwise chain that computes x
  * (graph/fuse.c), so x is written once, as bf16. Otherwise x itself. Results stay f32
  * (cdf_linear_base_fwd). The opt-in int8 path of Q8_0 layers (CDIFFUSERS_Q8_INT8=1, not
