@@ -73,7 +73,9 @@ typedef struct fused_call {
     const cdf_dtype *in_dt;
     const int64_t *const *in_strides;
     const int64_t *shape;
-    bool contig[CDF_FUSE_MAX_INPUTS], used[CDF_FUSE_MAX_INPUTS];
+    /* operand[k]: a binary step reads input k (input 0, the chain's head, is also loaded as the
+     * starting values) */
+    bool contig[CDF_FUSE_MAX_INPUTS], operand[CDF_FUSE_MAX_INPUTS];
 } fused_call;
 
 static cdf_status prepare(fused_call *c, const char *fn) {
@@ -88,10 +90,10 @@ static cdf_status prepare(fused_call *c, const char *fn) {
             return cdf_error(CDF_ERR_INVALID_ARG, "%s: step %d reads input %d of %d", fn, s, p->steps[s].input, c->n_in);
     for (int k = 0; k < c->n_in; k++) {
         c->contig[k] = is_contiguous(c->ndim, c->shape, c->in_strides[k]);
-        c->used[k] = k == 0;
+        c->operand[k] = false;
     }
     for (int s = 0; s < p->n_steps; s++)
-        if (p->steps[s].binary) c->used[p->steps[s].input] = true;
+        if (p->steps[s].binary) c->operand[p->steps[s].input] = true;
     return CDF_OK;
 }
 
@@ -104,14 +106,14 @@ static void run_block(const fused_call *c, int64_t f0, int64_t len) {
     const int ndim = c->ndim;
     const int64_t *shape = c->shape;
     float v[FUSE_BLOCK], x[CDF_FUSE_MAX_INPUTS][FUSE_BLOCK];
-    /* operands: a contiguous f32 input is read where it is (a copy into x would only add a pass
-     * through L1), the others converted into x */
+    /* operands (the head too, when a step reads it again): a contiguous f32 input is read where
+     * it is (a copy into x would only add a pass through L1), the others converted into x once */
     const float *xp[CDF_FUSE_MAX_INPUTS];
     for (int k = 0; k < c->n_in; k++) {
-        if (!c->used[k]) continue;
+        if (!c->operand[k]) continue;
         if (c->contig[k] && in_dt[k] == CDF_F32) {
             xp[k] = (const float *)in[k] + f0;
-        } else if (k > 0) {
+        } else {
             load_block(x[k], in[k], in_dt[k], in_strides[k], c->contig[k], ndim, shape, f0, len);
             xp[k] = x[k];
         }
@@ -119,16 +121,8 @@ static void run_block(const fused_call *c, int64_t f0, int64_t len) {
     load_block(v, in[0], in_dt[0], in_strides[0], c->contig[0], ndim, shape, f0, len);
     for (int s = 0; s < p->n_steps; s++) {
         const cdf_fused_step *st = &p->steps[s];
-        if (!st->binary) {
-            cdf_k_unary_span((cdf_unary_op)st->op, v, len, st->p0, st->p1);
-        } else if (st->input == 0 && !(c->contig[0] && in_dt[0] == CDF_F32)) {
-            /* in[0] is the chain's head; an op on it again means it is also an operand */
-            float h[FUSE_BLOCK];
-            load_block(h, in[0], in_dt[0], in_strides[0], c->contig[0], ndim, shape, f0, len);
-            cdf_k_binary_span((cdf_binary_op)st->op, st->chain_rhs, v, h, len);
-        } else {
-            cdf_k_binary_span((cdf_binary_op)st->op, st->chain_rhs, v, xp[st->input], len);
-        }
+        if (!st->binary) cdf_k_unary_span((cdf_unary_op)st->op, v, len, st->p0, st->p1);
+        else cdf_k_binary_span((cdf_binary_op)st->op, st->chain_rhs, v, xp[st->input], len);
     }
     cdf_k_store_row(c->out, c->out_dt, f0, v, len);
 }

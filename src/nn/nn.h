@@ -179,8 +179,7 @@ static inline cdf_dtype cdf_linear_compute_dtype(const cdf_linear_layer *l) {
  * faithful by design) then quantizes the bf16 values of x instead of its f32 ones.
  * cdf_linear_rounds_input: whether one layer is such a layer; cdf_linears_round_input: all n. */
 static inline bool cdf_linear_rounds_input(const cdf_linear_layer *l) {
-    if (!l->w || l->lora || l->tp) return false;
-    return l->qtype ? l->qwdt == CDF_BF16 : cdf_tensor_dtype(l->w) == CDF_BF16;
+    return l->w && !l->lora && !l->tp && cdf_linear_compute_dtype(l) == CDF_BF16;
 }
 static inline bool cdf_linears_round_input(int n, const cdf_linear_layer *const *ls) {
     for (int i = 0; i < n; i++)
