@@ -40,6 +40,7 @@ typedef struct pattern {
     const char *name;
     cdf_dtype wdt;
     int epilogues; /* what the fusion must make of it */
+    int norms;     /* of its fused kernels: those headed by a LayerNorm (the modulated norms) */
     cdf_tensor *(*fwd)(const struct pattern *p, const cdf_tensor_map *in);
     cdf_tensor *w[6], *b[6];
 } pattern;
@@ -198,10 +199,12 @@ static void check_pattern(pattern *p) {
     float *got = run_direct(p, &in, &n2);
     cdf_exec_get_stats(&s1);
     assert_int_equal(n, n2);
-    print_message("  %s: defer-and-fuse %llu ops -> %llu kernels, %llu matmul epilogues\n", p->name,
+    print_message("  %s: defer-and-fuse %llu ops -> %llu kernels, %llu matmul epilogues, %llu norm heads\n", p->name,
                   (unsigned long long)(s1.ops - s0.ops), (unsigned long long)(s1.kernels_launched - s0.kernels_launched),
-                  (unsigned long long)(s1.matmul_epilogues - s0.matmul_epilogues));
+                  (unsigned long long)(s1.matmul_epilogues - s0.matmul_epilogues),
+                  (unsigned long long)(s1.fused_norms - s0.fused_norms));
     assert_int_equal(s1.matmul_epilogues - s0.matmul_epilogues, p->epilogues);
+    assert_int_equal(s1.fused_norms - s0.fused_norms, p->norms);
     assert_memory_equal(want, got, (size_t)n * sizeof *want);
     free(got);
     assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
@@ -214,6 +217,7 @@ static void check_pattern(pattern *p) {
     cdf_exec_get_stats(&s1);
     assert_int_equal(s1.compiles - s0.compiles, 1);
     assert_int_equal(s1.matmul_epilogues - s0.matmul_epilogues, p->epilogues);
+    assert_int_equal(s1.fused_norms - s0.fused_norms, p->norms);
     assert_memory_equal(want, got, (size_t)n * sizeof *want);
     free(got);
     got = run_compiled(gc, p, &in);
@@ -231,22 +235,22 @@ static void check_pattern(pattern *p) {
     }
 }
 
-#define PATTERN_TEST(fn, dt, n_epi)                                                                                    \
+#define PATTERN_TEST(fn, dt, n_epi, n_norms)                                                                          \
     static void test_##fn##_##dt(void **state) {                                                                      \
         (void)state;                                                                                                   \
-        pattern p = {.name = #fn "_" #dt, .wdt = CDF_##dt, .epilogues = n_epi, .fwd = fn};                              \
+        pattern p = {.name = #fn "_" #dt, .wdt = CDF_##dt, .epilogues = n_epi, .norms = n_norms, .fwd = fn};            \
         check_pattern(&p);                                                                                             \
     }
 
-PATTERN_TEST(ff, F32, 2)
-PATTERN_TEST(ff, BF16, 2) /* f32 activations, bf16 weights: the product is f32 */
-PATTERN_TEST(single_block, F32, 2)
-PATTERN_TEST(adaln, F32, 0)
-PATTERN_TEST(lora, F32, 2)
-PATTERN_TEST(scores, F32, 1)
-PATTERN_TEST(reread, F32, 0)
-PATTERN_TEST(bf16_act, BF16, 0)
-PATTERN_TEST(shared_bf16, BF16, 0)
+PATTERN_TEST(ff, F32, 2, 1)
+PATTERN_TEST(ff, BF16, 2, 1) /* f32 activations, bf16 weights: the product is f32 */
+PATTERN_TEST(single_block, F32, 2, 1)
+PATTERN_TEST(adaln, F32, 0, 0)
+PATTERN_TEST(lora, F32, 2, 0)
+PATTERN_TEST(scores, F32, 1, 0)
+PATTERN_TEST(reread, F32, 0, 0)
+PATTERN_TEST(bf16_act, BF16, 0, 0)
+PATTERN_TEST(shared_bf16, BF16, 0, 1)
 
 /* defer-and-fuse kernels of a pattern's forward */
 static uint64_t deferred_kernels(pattern *p) {
@@ -277,6 +281,43 @@ static void test_shared_input_cast_fused(void **state) {
     print_message("  shared input: %llu kernels with the bf16 cast, %llu without\n", (unsigned long long)kw,
                   (unsigned long long)ko);
     assert_int_equal(kw, ko);
+}
+
+/* A norm head at DiT width: LayerNorm over 1536 columns (rows longer than the fused kernel's
+ * 256-element blocks), 2 x 37 rows (not whole groups of 16), then modulation, GELU and a bf16
+ * store: defer-and-fuse makes one kernel of it (and one of 1 + scale), equal byte for byte to the
+ * ops run one by one. */
+static void test_norm_head_wide(void **state) {
+    (void)state;
+    const int64_t W = 1536, xs[3] = {2, 37, W}, ms[3] = {2, 1, W}, n = 2 * 37 * W;
+    cdf_tensor *x = rnd(3, xs, 11, CDF_F32), *sc = rnd(3, ms, 12, CDF_F32), *sh = rnd(3, ms, 13, CDF_F32);
+    uint16_t *out[2];
+    for (int fused = 0; fused < 2; fused++) {
+        assert_int_equal(cdf_set_exec_mode(fused ? CDF_EXEC_DEFER_AND_FUSE : CDF_EXEC_EAGER), CDF_OK);
+        cdf_exec_stats s0, s1;
+        cdf_exec_get_stats(&s0);
+        cdf_scope_push();
+        cdf_tensor *h = cdf_add(cdf_mul(cdf_layer_norm(x, NULL, NULL, 1e-6f), cdf_add_scalar(sc, 1.0f)), sh);
+        cdf_tensor *y = cdf_cast(cdf_gelu(h, CDF_GELU_TANH), CDF_BF16);
+        assert_non_null(y);
+        cdf_scope_pop(&y, 1);
+        out[fused] = malloc((size_t)n * sizeof **out);
+        assert_non_null(out[fused]);
+        assert_int_equal(cdf_tensor_read(y, CDF_BF16, out[fused], (size_t)n * sizeof **out), CDF_OK);
+        cdf_exec_get_stats(&s1);
+        cdf_tensor_release(y);
+        if (fused) {
+            assert_int_equal(s1.fused_norms - s0.fused_norms, 1);
+            assert_int_equal(s1.kernels_launched - s0.kernels_launched, 2);
+        }
+    }
+    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    assert_memory_equal(out[0], out[1], (size_t)n * sizeof **out);
+    free(out[0]);
+    free(out[1]);
+    cdf_tensor_release(x);
+    cdf_tensor_release(sc);
+    cdf_tensor_release(sh);
 }
 
 /* ---- the pass on a hand-built graph ---------------------------------------------------------- */
@@ -319,6 +360,39 @@ static void free_mini(mini *g) {
 }
 
 static bool say_no(const cdf_node *n) { return n->kind != CDF_OP_MATMUL || !n->p.matmul.epilogue; }
+static bool no_norm_heads(const cdf_node *n) { return n->kind != CDF_OP_FUSED || !n->p.fused.prog->norm_head; }
+
+/* y = silu(layer_norm(x) * s) as three nodes (s: a second input), the norm with a weight when
+ * affine (which no norm head takes) */
+static void build_norm_chain(mini *g, bool affine) {
+    cdf_device *d = tu_cpu();
+    const int64_t sh[2] = {5, 8};
+    cdf_tensor *x = cdf_tensor_zeros(d, CDF_F32, 2, sh), *s = cdf_tensor_zeros(d, CDF_F32, 2, sh);
+    cdf_tensor *w = affine ? cdf_tensor_zeros(d, CDF_F32, 1, (int64_t[]){8}) : NULL;
+    cdf_tensor *n1 = cdf_tensor_zeros(d, CDF_F32, 2, sh), *n2 = cdf_tensor_zeros(d, CDF_F32, 2, sh);
+    g->y = cdf_tensor_zeros(d, CDF_F32, 2, sh);
+    assert_int_equal(cdf_device_synchronize(d), CDF_OK);
+    cdf_node *ln = cdf_node_new(CDF_OP_LAYER_NORM), *mul = cdf_node_new(CDF_OP_BINARY), *un = cdf_node_new(CDF_OP_UNARY);
+    assert_true(x && s && n1 && n2 && g->y && ln && mul && un && (w || !affine));
+    ln->p.norm = (typeof(ln->p.norm)){.rows = 5, .cols = 8, .eps = 1e-5f};
+    cdf_node_add_src(ln, x);
+    cdf_node_add_src(ln, w);
+    cdf_node_add_src(ln, NULL);
+    ln->dst = cdf_tensor_retain(n1);
+    mul->p.binary.op = CDF_BIN_MUL;
+    cdf_node_add_src(mul, n1);
+    cdf_node_add_src(mul, s);
+    mul->dst = cdf_tensor_retain(n2);
+    un->p.unary.op = CDF_UN_SILU;
+    cdf_node_add_src(un, n2);
+    un->dst = cdf_tensor_retain(g->y);
+    g->nodes[0] = ln;
+    g->nodes[1] = mul;
+    g->nodes[2] = un;
+    g->n = 3;
+    cdf_tensor *drop[] = {x, s, w, n1, n2};
+    for (int k = 0; k < 5; k++) cdf_tensor_release(drop[k]);
+}
 
 static void test_pass_rules(void **state) {
     (void)state;
@@ -372,6 +446,42 @@ static void test_pass_rules(void **state) {
     assert_int_equal(g.n, 3);
     assert_int_equal(fs.epilogues, 0);
     free_mini(&g);
+
+    /* a plain LayerNorm heads the chain after it: one fused node reading the norm's input */
+    build_norm_chain(&g, false);
+    cdf_tensor *x = cdf_tensor_retain(g.nodes[0]->src[0]);
+    fs = (cdf_fuse_stats){0};
+    cdf_fuse_elementwise(g.nodes, &g.n, NULL, &fs);
+    assert_int_equal(g.n, 1);
+    assert_int_equal(fs.norm_heads, 1);
+    assert_int_equal(g.nodes[0]->kind, CDF_OP_FUSED);
+    assert_true(g.nodes[0]->p.fused.prog->norm_head);
+    assert_true(g.nodes[0]->p.fused.prog->norm_eps == 1e-5f);
+    assert_int_equal(g.nodes[0]->p.fused.prog->n_steps, 2);
+    assert_ptr_equal(g.nodes[0]->src[0]->storage, x->storage);
+    assert_ptr_equal(g.nodes[0]->dst->storage, g.y->storage);
+    cdf_tensor_release(x);
+    free_mini(&g);
+
+    /* a backend without norm heads: the norm stays, the chain after it still fuses */
+    build_norm_chain(&g, false);
+    fs = (cdf_fuse_stats){0};
+    cdf_fuse_elementwise(g.nodes, &g.n, no_norm_heads, &fs);
+    assert_int_equal(g.n, 2);
+    assert_int_equal(fs.norm_heads, 0);
+    assert_int_equal(g.nodes[0]->kind, CDF_OP_LAYER_NORM);
+    assert_int_equal(g.nodes[1]->kind, CDF_OP_FUSED);
+    assert_false(g.nodes[1]->p.fused.prog->norm_head);
+    free_mini(&g);
+
+    /* a norm with a weight heads nothing */
+    build_norm_chain(&g, true);
+    fs = (cdf_fuse_stats){0};
+    cdf_fuse_elementwise(g.nodes, &g.n, NULL, &fs);
+    assert_int_equal(g.n, 2);
+    assert_int_equal(fs.norm_heads, 0);
+    assert_int_equal(g.nodes[0]->kind, CDF_OP_LAYER_NORM);
+    free_mini(&g);
 }
 
 int main(void) {
@@ -379,7 +489,8 @@ int main(void) {
         cmocka_unit_test(test_ff_F32),     cmocka_unit_test(test_ff_BF16),   cmocka_unit_test(test_single_block_F32),
         cmocka_unit_test(test_adaln_F32),  cmocka_unit_test(test_lora_F32),  cmocka_unit_test(test_scores_F32),
         cmocka_unit_test(test_reread_F32), cmocka_unit_test(test_bf16_act_BF16), cmocka_unit_test(test_shared_bf16_BF16),
-        cmocka_unit_test(test_shared_input_cast_fused), cmocka_unit_test(test_pass_rules),
+        cmocka_unit_test(test_shared_input_cast_fused), cmocka_unit_test(test_norm_head_wide),
+        cmocka_unit_test(test_pass_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -58,6 +58,8 @@ typedef struct cdf_exec_stats {
     uint64_t graph_breaks;     /* forwards that could not be captured as one graph */
     uint64_t matmul_epilogues; /* elementwise chains folded into a matmul (defer-and-fuse flushes and
                                   compile captures; each also counts in fused_kernels) */
+    uint64_t fused_norms;      /* fused kernels headed by a LayerNorm (the norm and its modulation in
+                                  one pass; counted like matmul_epilogues, and in fused_kernels) */
 } cdf_exec_stats;
 
 void cdf_exec_get_stats(cdf_exec_stats *out);

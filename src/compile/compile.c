@@ -419,8 +419,8 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
                 cdf_capture_release_virtuals(&cap);
                 cdf_fuse_stats fs = {0};
                 cdf_fuse_matmul_epilogues(cap.nodes, &cap.n, cdf_device_supports_node, &fs);
-                cdf_fuse_elementwise(cap.nodes, &cap.n, &fs);
-                cdf_exec_count_epilogues((uint64_t)fs.epilogues);
+                cdf_fuse_elementwise(cap.nodes, &cap.n, cdf_device_supports_node, &fs);
+                cdf_exec_count_fusions((uint64_t)fs.epilogues, (uint64_t)fs.norm_heads);
                 size_t arena = 0;
                 cdf_tensor *arena_param = NULL;
                 s = cdf_memory_plan(cap.nodes, cap.n, traced_out.tensors, traced_out.n, &arena, &arena_param);
@@ -445,8 +445,10 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
                 }
                 cdf_exec_count_compile();
                 if (s == CDF_OK && log_compile())
-                    fprintf(stderr, "cdiffusers: compile %s [%s]: %d kernels (%d fused), arena %.2f MiB, %.1f ms\n", c->name,
-                            key, np_.n, fs.chains, arena / 1048576.0, now_ms() - t0);
+                    fprintf(stderr,
+                            "cdiffusers: compile %s [%s]: %d kernels (%d fused: %d matmul epilogues, %d norm heads), arena %.2f MiB, "
+                            "%.1f ms\n",
+                            c->name, key, np_.n, fs.chains, fs.epilogues, fs.norm_heads, arena / 1048576.0, now_ms() - t0);
                 if (s == CDF_OK) s = run_plan(&np_, now, out);
             }
             free(cap.nodes);

@@ -48,9 +48,18 @@ typedef struct cdf_fused_step {
     float p0, p1;
 } cdf_fused_step;
 
+/* norm_head: the chain starts as v = LayerNorm(in[0]) over the last dim (no weight, no bias, eps
+ * norm_eps), computed as the CDF_OP_LAYER_NORM node it replaces computes it, instead of v = in[0]:
+ * a norm and its modulation in one pass (graph/fuse.c). in[0] is then contiguous with at most
+ * CDF_FUSE_NORM_MAX_COLS columns, no step reads it, and n_steps may be 0 (the norm and a bf16
+ * cast). Never a matmul epilogue. */
+#define CDF_FUSE_NORM_MAX_COLS 16384
+
 typedef struct cdf_fused_program {
     int n_steps;
     cdf_fused_step steps[CDF_FUSE_MAX_STEPS];
+    bool norm_head;
+    float norm_eps;
 } cdf_fused_program;
 
 #endif

@@ -27,7 +27,7 @@
 #define PENDING_SCOPE_HELD ((size_t)64 << 20)
 
 static atomic_ullong g_ops, g_kernels, g_syncs, g_flushes, g_fused_kernels, g_fused_ops, g_compiles, g_hits, g_breaks,
-    g_epilogues;
+    g_epilogues, g_norm_heads;
 static atomic_int g_mode = -1;
 
 typedef struct pending_graph {
@@ -87,10 +87,11 @@ cdf_status cdf_exec_flush(void) {
     atomic_fetch_add(&g_flushes, 1);
     cdf_fuse_stats fs = {0};
     cdf_fuse_matmul_epilogues(pg->nodes, &pg->n, cdf_device_supports_node, &fs);
-    cdf_fuse_elementwise(pg->nodes, &pg->n, &fs);
+    cdf_fuse_elementwise(pg->nodes, &pg->n, cdf_device_supports_node, &fs);
     atomic_fetch_add(&g_fused_kernels, (unsigned long long)fs.chains);
     atomic_fetch_add(&g_fused_ops, (unsigned long long)fs.nodes_fused);
     atomic_fetch_add(&g_epilogues, (unsigned long long)fs.epilogues);
+    atomic_fetch_add(&g_norm_heads, (unsigned long long)fs.norm_heads);
     cdf_status s = CDF_OK;
     int i = 0;
     for (; i < pg->n && s == CDF_OK; i++) s = launch(pg->nodes[i]);
@@ -205,7 +206,10 @@ void cdf_exec_count_compile(void) { atomic_fetch_add(&g_compiles, 1); }
 void cdf_exec_count_cache_hit(void) { atomic_fetch_add(&g_hits, 1); }
 void cdf_exec_count_graph_break(void) { atomic_fetch_add(&g_breaks, 1); }
 void cdf_exec_count_kernels(uint64_t n) { atomic_fetch_add(&g_kernels, n); }
-void cdf_exec_count_epilogues(uint64_t n) { atomic_fetch_add(&g_epilogues, n); }
+void cdf_exec_count_fusions(uint64_t epilogues, uint64_t norm_heads) {
+    atomic_fetch_add(&g_epilogues, epilogues);
+    atomic_fetch_add(&g_norm_heads, norm_heads);
+}
 
 void cdf_exec_get_stats(cdf_exec_stats *o) {
     o->ops = atomic_load(&g_ops);
@@ -218,10 +222,11 @@ void cdf_exec_get_stats(cdf_exec_stats *o) {
     o->cache_hits = atomic_load(&g_hits);
     o->graph_breaks = atomic_load(&g_breaks);
     o->matmul_epilogues = atomic_load(&g_epilogues);
+    o->fused_norms = atomic_load(&g_norm_heads);
 }
 
 void cdf_exec_reset_stats(void) {
     atomic_ullong *all[] = {&g_ops, &g_kernels, &g_syncs, &g_flushes, &g_fused_kernels, &g_fused_ops, &g_compiles, &g_hits, &g_breaks,
-                           &g_epilogues};
+                           &g_epilogues, &g_norm_heads};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) atomic_store(all[i], 0);
 }

@@ -30,6 +30,6 @@ void cdf_exec_count_compile(void);
 void cdf_exec_count_cache_hit(void);
 void cdf_exec_count_graph_break(void);
 void cdf_exec_count_kernels(uint64_t n); /* kernels a compiled graph launched */
-void cdf_exec_count_epilogues(uint64_t n); /* matmul epilogues a compile capture made */
+void cdf_exec_count_fusions(uint64_t epilogues, uint64_t norm_heads); /* what a compile capture's fusion made */
 
 #endif

@@ -118,6 +118,21 @@ static int grow(cdf_node **nodes, int n, chain *ch, int cur, int max_in, bool re
     return cur;
 }
 
+/* A LayerNorm without weight or bias over the last dim of a contiguous input, storing f32: it may
+ * head a chain (the fused kernel normalises each row into cache and runs the chain from there). */
+static bool norm_head(const cdf_node *n) {
+    if (!n || n->kind != CDF_OP_LAYER_NORM || n->n_src < 1 || !n->src[0]) return false;
+    for (int k = 1; k < n->n_src; k++)
+        if (n->src[k]) return false;
+    const cdf_tensor *x = n->src[0], *y = n->dst;
+    if (y->dtype != CDF_F32 || !cdf_tensor_is_contiguous(y) || !cdf_tensor_is_contiguous(x) || y->ndim < 1 ||
+        x->ndim != y->ndim)
+        return false;
+    for (int d = 0; d < y->ndim; d++)
+        if (x->shape[d] != y->shape[d]) return false;
+    return y->shape[y->ndim - 1] == n->p.norm.cols && n->p.norm.cols <= CDF_FUSE_NORM_MAX_COLS;
+}
+
 /* Inputs [first, n_in) still hold at the chain's end `last`. */
 static bool inputs_unchanged(cdf_node *const *nodes, const chain *ch, int first, int last) {
     for (int k = first; k < ch->n_in; k++)
@@ -145,9 +160,48 @@ static void compact(cdf_node **nodes, int *n_io) {
     *n_io = w;
 }
 
-void cdf_fuse_elementwise(cdf_node **nodes, int *n_io, cdf_fuse_stats *stats) {
+/* The chain ch (nodes ch.node[], ending at `last`) as one fused node, or NULL when out of memory. */
+static cdf_node *fused_node(cdf_node **nodes, const chain *ch, int last) {
+    cdf_node *f = cdf_node_new(CDF_OP_FUSED);
+    cdf_fused_program *pp = f ? malloc(sizeof *pp) : NULL;
+    if (!f || !pp) {
+        free(f);
+        return NULL;
+    }
+    *pp = ch->prog;
+    f->p.fused.prog = pp;
+    for (int k = 0; k < ch->n_in; k++) cdf_node_add_src(f, ch->in[k]);
+    f->dst = cdf_tensor_retain(nodes[last]->dst);
+    return f;
+}
+
+/* A chain headed by the norm at i (norm_head(nodes[i])): true when it replaced its nodes. */
+static bool fuse_norm_chain(cdf_node **nodes, int n, int i, bool (*supports)(const cdf_node *node),
+                            cdf_fuse_stats *stats) {
+    cdf_node *h = nodes[i];
+    chain ch = {.n_in = 1};
+    ch.in[0] = h->src[0];
+    ch.read_at[0] = i;
+    ch.prog.norm_head = true;
+    ch.prog.norm_eps = h->p.norm.eps;
+    ch.node[ch.n_nodes++] = i;
+    int last = grow(nodes, n, &ch, i, CDF_FUSE_MAX_INPUTS, false, true);
+    if (ch.n_nodes < 2 || !inputs_unchanged(nodes, &ch, 0, last)) return false;
+    cdf_node *f = fused_node(nodes, &ch, last);
+    if (!f) return false; /* out of memory: leave the chain unfused (still correct) */
+    if (supports && !supports(f)) { /* a backend without norm heads: the chain after the norm may still fuse */
+        cdf_node_free(f);
+        return false;
+    }
+    replace_chain(nodes, &ch, last, f, stats);
+    if (stats) stats->norm_heads++;
+    return true;
+}
+
+void cdf_fuse_elementwise(cdf_node **nodes, int *n_io, bool (*supports)(const cdf_node *node), cdf_fuse_stats *stats) {
     int n = *n_io;
     for (int i = 0; i < n; i++) {
+        if (norm_head(nodes[i]) && fuse_norm_chain(nodes, n, i, supports, stats)) continue;
         if (!fusible(nodes[i])) continue;
         chain ch = {.n_in = 0};
         /* head */
@@ -165,16 +219,8 @@ void cdf_fuse_elementwise(cdf_node **nodes, int *n_io, cdf_fuse_stats *stats) {
         ch.node[ch.n_nodes++] = i;
         int last = grow(nodes, n, &ch, i, CDF_FUSE_MAX_INPUTS, false, true);
         if (ch.n_nodes < 2 || !inputs_unchanged(nodes, &ch, 0, last)) continue;
-        cdf_node *f = cdf_node_new(CDF_OP_FUSED);
-        cdf_fused_program *pp = f ? malloc(sizeof *pp) : NULL;
-        if (!f || !pp) {
-            free(f);
-            continue; /* out of memory: leave the chain unfused (still correct) */
-        }
-        *pp = ch.prog;
-        f->p.fused.prog = pp;
-        for (int k = 0; k < ch.n_in; k++) cdf_node_add_src(f, ch.in[k]);
-        f->dst = cdf_tensor_retain(nodes[last]->dst);
+        cdf_node *f = fused_node(nodes, &ch, last);
+        if (!f) continue; /* out of memory: leave the chain unfused (still correct) */
         replace_chain(nodes, &ch, last, f, stats);
     }
     compact(nodes, n_io);

@@ -52,6 +52,12 @@ cdf_status cdf_k_layer_norm_fast(void *out, cdf_dtype out_dt, const void *in, cd
 cdf_status cdf_k_rms_norm_fast(void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt, int64_t rows, int64_t cols,
                                float eps, const void *weight, cdf_dtype wdt, bool *handled);
 void cdf_k_norm_fast_set(int on);
+/* LayerNorm without weight or bias of nrows <= 16 contiguous rows of in (f32 or bf16, or any
+ * float type through the reference) into out (f32 [nrows, cols]), on the calling thread, with the
+ * values cdf_k_layer_norm_dispatch stores for them: the head of a fused chain (fused_elementwise.c).
+ * lanes: cdf_k_layer_norm_rows_scratch(cols) bytes, 64-byte aligned, for the AVX-512 body. */
+void cdf_k_layer_norm_rows(float *out, const void *in, cdf_dtype in_dt, int nrows, int64_t cols, float eps, void *lanes);
+size_t cdf_k_layer_norm_rows_scratch(int64_t cols);
 
 cdf_status cdf_k_matmul_dispatch(const cdf_k_matmul_args *a);
 cdf_status cdf_k_conv2d_dispatch(const cdf_k_conv2d_args *a);

@@ -1,7 +1,11 @@
 /* The fused elementwise kernel: a chain of unary/binary ops evaluated block by block with the
  * intermediate values in f32 registers (one pass over memory instead of one per op). */
+#include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "core/host_memory.h"
+#include "kernels/dispatch.h"
 #include "kernels/reference_internal.h"
 
 #define FUSE_BLOCK 256
@@ -80,8 +84,8 @@ typedef struct fused_call {
 
 static cdf_status prepare(fused_call *c, const char *fn) {
     const cdf_fused_program *p = c->p;
-    if (!p || c->n_in < 1 || c->n_in > CDF_FUSE_MAX_INPUTS || p->n_steps < 1 || p->n_steps > CDF_FUSE_MAX_STEPS ||
-        c->ndim < 0 || c->ndim > CDF_MAX_DIMS)
+    if (!p || c->n_in < 1 || c->n_in > CDF_FUSE_MAX_INPUTS || p->n_steps < (p->norm_head ? 0 : 1) ||
+        p->n_steps > CDF_FUSE_MAX_STEPS || c->ndim < 0 || c->ndim > CDF_MAX_DIMS)
         return cdf_error(CDF_ERR_INVALID_ARG, "%s: malformed program", fn);
     CDF_K_CHECK_FLOAT_DT(fn, "out", c->out_dt);
     for (int k = 0; k < c->n_in; k++) CDF_K_CHECK_FLOAT_DT(fn, "input", c->in_dt[k]);
@@ -94,18 +98,24 @@ static cdf_status prepare(fused_call *c, const char *fn) {
     }
     for (int s = 0; s < p->n_steps; s++)
         if (p->steps[s].binary) c->operand[p->steps[s].input] = true;
+    if (p->norm_head && (c->ndim < 1 || !c->contig[0] || c->operand[0] || c->shape[c->ndim - 1] > CDF_FUSE_NORM_MAX_COLS))
+        return cdf_error(CDF_ERR_INVALID_ARG, "%s: a norm head needs a contiguous input 0 of at most %d columns that no step reads",
+                         fn, CDF_FUSE_NORM_MAX_COLS);
     return CDF_OK;
 }
 
-/* Evaluate the program on the len (<= FUSE_BLOCK) elements from flat index f0. */
-static void run_block(const fused_call *c, int64_t f0, int64_t len) {
+/* Evaluate the program on the len (<= FUSE_BLOCK) elements from flat index f0. head: the chain's
+ * starting values for them (a norm head's output, evaluated there in place), or NULL: input 0
+ * loaded. */
+static void run_block(const fused_call *c, int64_t f0, int64_t len, float *head) {
     const cdf_fused_program *p = c->p;
     const void *const *in = c->in;
     const cdf_dtype *in_dt = c->in_dt;
     const int64_t *const *in_strides = c->in_strides;
     const int ndim = c->ndim;
     const int64_t *shape = c->shape;
-    float v[FUSE_BLOCK], x[CDF_FUSE_MAX_INPUTS][FUSE_BLOCK];
+    float vbuf[FUSE_BLOCK], x[CDF_FUSE_MAX_INPUTS][FUSE_BLOCK];
+    float *v = head ? head : vbuf;
     /* operands (the head too, when a step reads it again): a contiguous f32 input is read where
      * it is (a copy into x would only add a pass through L1), the others converted into x once */
     const float *xp[CDF_FUSE_MAX_INPUTS];
@@ -118,13 +128,43 @@ static void run_block(const fused_call *c, int64_t f0, int64_t len) {
             xp[k] = x[k];
         }
     }
-    load_block(v, in[0], in_dt[0], in_strides[0], c->contig[0], ndim, shape, f0, len);
+    if (!head) load_block(v, in[0], in_dt[0], in_strides[0], c->contig[0], ndim, shape, f0, len);
     for (int s = 0; s < p->n_steps; s++) {
         const cdf_fused_step *st = &p->steps[s];
         if (!st->binary) cdf_k_unary_span((cdf_unary_op)st->op, v, len, st->p0, st->p1);
         else cdf_k_binary_span((cdf_binary_op)st->op, st->chain_rhs, v, xp[st->input], len);
     }
     cdf_k_store_row(c->out, c->out_dt, f0, v, len);
+}
+
+/* A norm head: groups of up to 16 rows (the fast norm's lane width; row r0 of each group a multiple
+ * of 16, as in the norm kernel's own split) are normalised into a per-thread f32 buffer that stays
+ * in cache, and the chain runs over them from there: the norm's output never goes to memory. */
+static cdf_status run_norm_head(const fused_call *c, int64_t n) {
+    const int64_t cols = c->shape[c->ndim - 1], rows = cols ? n / cols : 0, groups = (rows + 15) / 16;
+    const size_t esz = cdf_dtype_size(c->in_dt[0]), lanes_bytes = cdf_k_layer_norm_rows_scratch(cols);
+    const size_t per_thread = lanes_bytes + (size_t)(16 * cols) * sizeof(float);
+    const int nthr = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
+    /* a kept large buffer (core/host_memory.h): at every norm of every block, a fresh mapping
+     * would fault its pages in again */
+    const size_t bytes = (size_t)nthr * per_thread < CDF_HOST_LARGE_MIN ? CDF_HOST_LARGE_MIN : (size_t)nthr * per_thread;
+    unsigned char *scratch = cdf_host_alloc_large(bytes);
+    if (!scratch)
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "cdf_k_fused_elementwise: %zu bytes of scratch for a norm head", bytes);
+    const float eps = c->p->norm_eps;
+#pragma omp parallel for schedule(static) if (n > CDF_K_PAR_MIN_WORK / 4)
+    for (int64_t g = 0; g < groups; g++) {
+        unsigned char *mine = scratch + (size_t)omp_get_thread_num() * per_thread;
+        float *head = (float *)(mine + lanes_bytes);
+        const int nrows = rows - 16 * g < 16 ? (int)(rows - 16 * g) : 16;
+        cdf_k_layer_norm_rows(head, (const unsigned char *)c->in[0] + (size_t)(16 * g * cols) * esz, c->in_dt[0], nrows,
+                              cols, eps, mine);
+        const int64_t g0 = 16 * g * cols, g1 = g0 + nrows * cols;
+        for (int64_t f0 = g0; f0 < g1; f0 += FUSE_BLOCK)
+            run_block(c, f0, g1 - f0 < FUSE_BLOCK ? g1 - f0 : FUSE_BLOCK, head + (f0 - g0));
+    }
+    cdf_host_free_large(scratch, bytes);
+    return CDF_OK;
 }
 
 cdf_status cdf_k_fused_elementwise(const cdf_fused_program *p, void *out, cdf_dtype out_dt, int n_in,
@@ -136,11 +176,12 @@ cdf_status cdf_k_fused_elementwise(const cdf_fused_program *p, void *out, cdf_dt
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
     if (n == 0) return CDF_OK;
+    if (p->norm_head) return run_norm_head(&c, n);
     const int64_t blocks = (n + FUSE_BLOCK - 1) / FUSE_BLOCK;
 #pragma omp parallel for schedule(static) if (n > CDF_K_PAR_MIN_WORK)
     for (int64_t b = 0; b < blocks; b++) {
         int64_t f0 = b * FUSE_BLOCK, len = n - f0 < FUSE_BLOCK ? n - f0 : FUSE_BLOCK;
-        run_block(&c, f0, len);
+        run_block(&c, f0, len, NULL);
     }
     return CDF_OK;
 }
@@ -161,6 +202,7 @@ cdf_status cdf_k_fused_epilogue_check(cdf_k_fused_epilogue *e) {
         e->c_strides[d] = s;
         s *= e->shape[d];
     }
+    if (e->p && e->p->norm_head) return cdf_error(CDF_ERR_INVALID_ARG, "%s: a norm head cannot be an epilogue", fn);
     e->in_strides[0] = e->c_strides;
     fused_call c = {.p = e->p, .out = e->out, .out_dt = e->out_dt, .n_in = e->n_in, .ndim = e->ndim, .in = e->in,
                     .in_dt = e->in_dt, .in_strides = e->in_strides, .shape = e->shape};
@@ -175,5 +217,5 @@ void cdf_k_fused_epilogue_rows(void *ctx, int64_t bi, int64_t row0, int64_t row1
     /* no OpenMP region here: the matmul calls this from its own threads, one row panel each */
     const int64_t f1 = (bi * e->M + row1) * e->N;
     for (int64_t f0 = (bi * e->M + row0) * e->N; f0 < f1; f0 += FUSE_BLOCK)
-        run_block(&c, f0, f1 - f0 < FUSE_BLOCK ? f1 - f0 : FUSE_BLOCK);
+        run_block(&c, f0, f1 - f0 < FUSE_BLOCK ? f1 - f0 : FUSE_BLOCK, NULL);
 }

@@ -176,6 +176,24 @@ static cdf_status run(bool rms, void *out, cdf_dtype out_dt, const void *in, cdf
     return CDF_OK;
 }
 
+size_t cdf_k_layer_norm_rows_scratch(int64_t cols) { return (size_t)(cols > 0 ? cols : 1) * 64; }
+
+void cdf_k_layer_norm_rows(float *out, const void *in, cdf_dtype in_dt, int nrows, int64_t cols, float eps, void *lanes) {
+#ifdef NORM_HAVE_AVX512
+    /* the choice run() makes for a whole call, so that the values are the ones the unfused norm
+     * node would have stored (the two bodies agree bit for bit anyway) */
+    if (enabled() && cdf_k_isa_level() >= CDF_K_ISA_AVX512 && (in_dt == CDF_F32 || in_dt == CDF_BF16) && lanes &&
+        nrows >= 1 && nrows <= 16 && cols >= 1 && cols <= NORM_MAX_COLS) {
+        norm_rows(false, out, CDF_F32, in, in_dt, 0, nrows, cols, eps, NULL, NULL, lanes);
+        return;
+    }
+#else
+    (void)lanes;
+#endif
+    /* the reference; called from inside a parallel region, its own region is a team of one */
+    (void)cdf_k_layer_norm(out, CDF_F32, in, in_dt, nrows, cols, eps, NULL, NULL, CDF_F32);
+}
+
 cdf_status cdf_k_layer_norm_fast(void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt, int64_t rows, int64_t cols,
                                  float eps, const void *weight, const void *bias, cdf_dtype wdt, bool *handled) {
     if (!handled) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_k_layer_norm_fast: handled is NULL");

@@ -117,6 +117,11 @@ bool cdf_cuda_check_node(const cdf_node *n, char *why, size_t why_size) {
                           cdf_dtype_name(w->dtype), w->ndim, (long long)qp.row_bytes);
         break;
     }
+    case CDF_OP_FUSED:
+        /* graph/fuse.c asks before it lets a LayerNorm head a chain: the CUDA fused kernel has no
+         * row pass (yet), so the norm stays a node of its own there */
+        if (n->p.fused.prog && n->p.fused.prog->norm_head) return refuse(why, why_size, "%s: a LayerNorm head is not implemented", op);
+        break;
     case CDF_OP_ATTENTION: {
         const int64_t d = n->src[0]->shape[3], dv = n->src[2]->shape[3];
         if (d > CDF_CUDA_ATTN_MAX_D || dv > CDF_CUDA_ATTN_MAX_D)
