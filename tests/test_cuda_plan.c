@@ -257,6 +257,16 @@ static void test_check_node(void **state) {
     assert_false(cdf_cuda_check_node(n, why, sizeof why));
     assert_non_null(strstr(why, "epilogue"));
     cdf_node_free(n); /* frees the program */
+    /* a fused chain: yes; headed by a LayerNorm (graph/fuse.c asks first): not on this backend */
+    n = node_of(CDF_OP_FUSED, f, f, f, NULL);
+    n->p.fused.prog = calloc(1, sizeof *n->p.fused.prog);
+    assert_non_null(n->p.fused.prog);
+    *n->p.fused.prog = (cdf_fused_program){.n_steps = 1, .steps = {{.binary = true, .input = 1, .op = CDF_BIN_MUL}}};
+    assert_true(cdf_cuda_check_node(n, why, sizeof why));
+    n->p.fused.prog->norm_head = true;
+    assert_false(cdf_cuda_check_node(n, why, sizeof why));
+    assert_non_null(strstr(why, "LayerNorm"));
+    cdf_node_free(n);
     n = node_of(CDF_OP_REDUCE, ids, f, NULL, NULL);
     n->p.reduce.op = CDF_RED_ARGMAX; /* i64 output is the argmax's */
     assert_true(cdf_cuda_check_node(n, why, sizeof why));
