@@ -1,7 +1,6 @@
 /* Throughput of the sigmoid-family elementwise ops at each ISA level (src/kernels/elementwise_fast.c),
  * 256-element spans as the unary kernel feeds them (the refill of the span is included).
- * Build: gcc -O2 -Isrc -Iinclude bench/kernels/bench_elementwise.c build/libcdiffusers.a \
- *          -fopenmp -ldnnl -lm -lpthread $(pkg-config --libs libcjson libpng libpcre2-8 libutf8proc) -o ewbench */
+ * Build: gcc -O2 -fopenmp -Isrc -Iinclude bench/kernels/bench_elementwise.c $(sh bench/static_link.sh build) -o ewbench */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>

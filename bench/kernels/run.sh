@@ -21,8 +21,7 @@ out=$build/bench_kernels
 # peak.c carries per-function target attributes; the rest is compiled for the generic x86-64.
 gcc -std=gnu17 -O2 -fopenmp -I"$root/include" -I"$root/src" \
     "$root/bench/kernels/bench_kernels.c" "$root/bench/kernels/peak.c" \
-    "$lib" -ldnnl $(pkg-config --libs libcjson libpng libpcre2-8) -lutf8proc -lm -ldl -lpthread \
-    -o "$out"
+    $(sh "$root/bench/static_link.sh" "$build") -o "$out"
 echo "CPU: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)"
 echo "date: $(date -u +%Y-%m-%d)"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine skews the figures)"

@@ -11,9 +11,8 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
 lib=$build/libcdiffusers.a
 [ -f "$lib" ] || { echo "run.sh: build the library first (cmake -S $root -B $build -DCMAKE_BUILD_TYPE=Release && cmake --build $build -j2)" >&2; exit 1; }
-mpi_libs=$(pkg-config --libs ompi-c 2>/dev/null || true)
-gcc -std=gnu17 -O2 -fopenmp -I"$root/include" -I"$root/src" "$root/bench/$name/bench_$name.c" "$lib" \
-    -ldnnl $mpi_libs $(pkg-config --libs libcjson libpng libpcre2-8) -lutf8proc -lm -ldl -lpthread -o "$build/bench_$name"
+gcc -std=gnu17 -O2 -fopenmp -I"$root/include" -I"$root/src" "$root/bench/$name/bench_$name.c" \
+    $(sh "$root/bench/static_link.sh" "$build") -o "$build/bench_$name"
 echo "CPU: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1), $(nproc) cores; date: $(date -u +%Y-%m-%d)"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 cd "$root"

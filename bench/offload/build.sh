@@ -17,10 +17,6 @@ if [ ! -f "$lib" ]; then
     exit 1
 fi
 gcc -std=gnu17 -O2 -Wall -Wextra -o "$build/make-random-pipeline" "$root/tools/make-random-pipeline/make_random_pipeline.c" -lm
-# the library's link dependencies, as CMake linked the CLI
-libs=$(sed -n 's/.*libcdiffusers\.a//p' "$build/CMakeFiles/cdiffusers_cli.dir/link.txt" 2>/dev/null || true)
-[ -n "$libs" ] || libs="-ldnnl $(pkg-config --libs libcjson libpng libpcre2-8) -lutf8proc -lgomp -lpthread -lm -ldl"
-rpath=$(printf '%s\n' "$(cat "$build/CMakeFiles/cdiffusers_cli.dir/link.txt")" | grep -o -- '-Wl,-rpath,[^ ]*' || true)
 gcc -std=gnu17 -O2 -fopenmp -D_GNU_SOURCE -I"$root/include" -I"$root/src" "$root/bench/offload/calibrate.c" \
-    $rpath "$lib" $libs -o "$build/offload-calibrate"
+    $(sh "$root/bench/static_link.sh" "$build") -o "$build/offload-calibrate"
 echo "built $build/make-random-pipeline $build/offload-calibrate"

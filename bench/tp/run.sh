@@ -28,10 +28,8 @@ if [ ! -f "$lib" ]; then
     exit 1
 fi
 out=$build/bench_tp
-dnnl=""
-if nm "$lib" 2>/dev/null | grep -q ' U dnnl_'; then dnnl=-ldnnl; fi
-mpicc -std=gnu17 -O2 -fopenmp -I"$root/include" -I"$root/src" "$root/bench/tp/bench_tp.c" "$lib" $dnnl \
-    $(pkg-config --libs libcjson libpng libpcre2-8) -lutf8proc -lm -ldl -lpthread -o "$out"
+mpicc -std=gnu17 -O2 -fopenmp -I"$root/include" -I"$root/src" "$root/bench/tp/bench_tp.c" \
+    $(sh "$root/bench/static_link.sh" "$build") -o "$out"
 mkdir -p "$work"
 for m in flux sd3; do
     [ -f "$work/$m/diffusion_pytorch_model.safetensors" ] || "$out" make "$work/$m" "$m"
