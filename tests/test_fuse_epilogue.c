@@ -328,6 +328,15 @@ typedef struct mini {
     cdf_tensor *y; /* the chain's result (held) */
 } mini;
 
+/* a node of kind k reading src[0..n_src) (NULL = an absent operand) into dst */
+static cdf_node *node_of(cdf_op_kind k, cdf_tensor *dst, int n_src, cdf_tensor *const *src) {
+    cdf_node *n = cdf_node_new(k);
+    assert_non_null(n);
+    for (int i = 0; i < n_src; i++) cdf_node_add_src(n, src[i]);
+    n->dst = cdf_tensor_retain(dst);
+    return n;
+}
+
 /* y = gelu(x @ w^T) as two nodes whose intermediate only they hold; keep_mid: the caller keeps it */
 static void build_mini(mini *g, bool keep_mid, cdf_tensor **mid_out) {
     cdf_device *d = tu_cpu();
@@ -336,17 +345,11 @@ static void build_mini(mini *g, bool keep_mid, cdf_tensor **mid_out) {
     cdf_tensor *mid = cdf_tensor_zeros(d, CDF_F32, 2, (int64_t[]){5, 4});
     g->y = cdf_tensor_zeros(d, CDF_F32, 2, (int64_t[]){5, 4});
     assert_int_equal(cdf_device_synchronize(d), CDF_OK); /* the queue drops its references to them */
-    cdf_node *mm = cdf_node_new(CDF_OP_MATMUL), *un = cdf_node_new(CDF_OP_UNARY);
-    assert_true(x && w && mid && g->y && mm && un);
-    mm->p.matmul.alpha = 1.0f;
-    cdf_node_add_src(mm, x);
-    cdf_node_add_src(mm, w);
-    mm->dst = cdf_tensor_retain(mid);
-    un->p.unary.op = CDF_UN_GELU_TANH;
-    cdf_node_add_src(un, mid);
-    un->dst = cdf_tensor_retain(g->y);
-    g->nodes[0] = mm;
-    g->nodes[1] = un;
+    assert_true(x && w && mid && g->y);
+    g->nodes[0] = node_of(CDF_OP_MATMUL, mid, 2, (cdf_tensor *[]){x, w});
+    g->nodes[0]->p.matmul.alpha = 1.0f;
+    g->nodes[1] = node_of(CDF_OP_UNARY, g->y, 1, &mid);
+    g->nodes[1]->p.unary.op = CDF_UN_GELU_TANH;
     g->n = 2;
     cdf_tensor_release(x);
     cdf_tensor_release(w);
@@ -372,23 +375,16 @@ static void build_norm_chain(mini *g, bool affine) {
     cdf_tensor *n1 = cdf_tensor_zeros(d, CDF_F32, 2, sh), *n2 = cdf_tensor_zeros(d, CDF_F32, 2, sh);
     g->y = cdf_tensor_zeros(d, CDF_F32, 2, sh);
     assert_int_equal(cdf_device_synchronize(d), CDF_OK);
-    cdf_node *ln = cdf_node_new(CDF_OP_LAYER_NORM), *mul = cdf_node_new(CDF_OP_BINARY), *un = cdf_node_new(CDF_OP_UNARY);
-    assert_true(x && s && n1 && n2 && g->y && ln && mul && un && (w || !affine));
-    ln->p.norm = (typeof(ln->p.norm)){.rows = 5, .cols = 8, .eps = 1e-5f};
-    cdf_node_add_src(ln, x);
-    cdf_node_add_src(ln, w);
-    cdf_node_add_src(ln, NULL);
-    ln->dst = cdf_tensor_retain(n1);
-    mul->p.binary.op = CDF_BIN_MUL;
-    cdf_node_add_src(mul, n1);
-    cdf_node_add_src(mul, s);
-    mul->dst = cdf_tensor_retain(n2);
-    un->p.unary.op = CDF_UN_SILU;
-    cdf_node_add_src(un, n2);
-    un->dst = cdf_tensor_retain(g->y);
+    assert_true(x && s && n1 && n2 && g->y && (w || !affine));
+    cdf_node *ln = node_of(CDF_OP_LAYER_NORM, n1, 3, (cdf_tensor *[]){x, w, NULL});
+    ln->p.norm.rows = 5;
+    ln->p.norm.cols = 8;
+    ln->p.norm.eps = 1e-5f;
     g->nodes[0] = ln;
-    g->nodes[1] = mul;
-    g->nodes[2] = un;
+    g->nodes[1] = node_of(CDF_OP_BINARY, n2, 2, (cdf_tensor *[]){n1, s});
+    g->nodes[1]->p.binary.op = CDF_BIN_MUL;
+    g->nodes[2] = node_of(CDF_OP_UNARY, g->y, 1, &n2);
+    g->nodes[2]->p.unary.op = CDF_UN_SILU;
     g->n = 3;
     cdf_tensor *drop[] = {x, s, w, n1, n2};
     for (int k = 0; k < 5; k++) cdf_tensor_release(drop[k]);
@@ -463,25 +459,19 @@ static void test_pass_rules(void **state) {
     cdf_tensor_release(x);
     free_mini(&g);
 
-    /* a backend without norm heads: the norm stays, the chain after it still fuses */
-    build_norm_chain(&g, false);
-    fs = (cdf_fuse_stats){0};
-    cdf_fuse_elementwise(g.nodes, &g.n, no_norm_heads, &fs);
-    assert_int_equal(g.n, 2);
-    assert_int_equal(fs.norm_heads, 0);
-    assert_int_equal(g.nodes[0]->kind, CDF_OP_LAYER_NORM);
-    assert_int_equal(g.nodes[1]->kind, CDF_OP_FUSED);
-    assert_false(g.nodes[1]->p.fused.prog->norm_head);
-    free_mini(&g);
-
-    /* a norm with a weight heads nothing */
-    build_norm_chain(&g, true);
-    fs = (cdf_fuse_stats){0};
-    cdf_fuse_elementwise(g.nodes, &g.n, NULL, &fs);
-    assert_int_equal(g.n, 2);
-    assert_int_equal(fs.norm_heads, 0);
-    assert_int_equal(g.nodes[0]->kind, CDF_OP_LAYER_NORM);
-    free_mini(&g);
+    /* a backend without norm heads, or a norm with a weight: the norm stays, the chain after it
+     * still fuses */
+    for (int affine = 0; affine < 2; affine++) {
+        build_norm_chain(&g, affine);
+        fs = (cdf_fuse_stats){0};
+        cdf_fuse_elementwise(g.nodes, &g.n, affine ? NULL : no_norm_heads, &fs);
+        assert_int_equal(g.n, 2);
+        assert_int_equal(fs.norm_heads, 0);
+        assert_int_equal(g.nodes[0]->kind, CDF_OP_LAYER_NORM);
+        assert_int_equal(g.nodes[1]->kind, CDF_OP_FUSED);
+        assert_false(g.nodes[1]->p.fused.prog->norm_head);
+        free_mini(&g);
+    }
 }
 
 int main(void) {
