@@ -2,7 +2,6 @@
  * intermediate values in f32 registers (one pass over memory instead of one per op). */
 #include <omp.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "core/host_memory.h"
 #include "kernels/dispatch.h"

@@ -146,14 +146,21 @@ static float *widen(const void *p, cdf_dtype dt, int64_t n) {
     return f;
 }
 
+#ifdef NORM_HAVE_AVX512
+/* Whether the 16-lane body takes a call: on, at the avx512 level, f32 / bf16 in and out, rows of
+ * 1..NORM_MAX_COLS (the same answer for a whole call and for any group of its rows) */
+static bool fast_takes(cdf_dtype in_dt, cdf_dtype out_dt, int64_t rows, int64_t cols) {
+    return enabled() && cdf_k_isa_level() >= CDF_K_ISA_AVX512 && (in_dt == CDF_F32 || in_dt == CDF_BF16) &&
+           (out_dt == CDF_F32 || out_dt == CDF_BF16) && rows >= 1 && cols >= 1 && cols <= NORM_MAX_COLS;
+}
+#endif
+
 static cdf_status run(bool rms, void *out, cdf_dtype out_dt, const void *in, cdf_dtype in_dt, int64_t rows, int64_t cols,
                       float eps, const void *weight, const void *bias, cdf_dtype wdt, bool *handled) {
     *handled = false;
 #ifdef NORM_HAVE_AVX512
-    if (!enabled() || cdf_k_isa_level() < CDF_K_ISA_AVX512) return CDF_OK;
-    if ((in_dt != CDF_F32 && in_dt != CDF_BF16) || (out_dt != CDF_F32 && out_dt != CDF_BF16)) return CDF_OK;
+    if (!fast_takes(in_dt, out_dt, rows, cols) || !out || !in) return CDF_OK;
     if ((weight || bias) && !cdf_k_is_float_storage(wdt)) return CDF_OK;
-    if (rows < 1 || cols < 1 || cols > NORM_MAX_COLS || !out || !in) return CDF_OK;
     const int64_t groups = (rows + 15) / 16;
     const int nthr = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
     float *w = widen(weight, wdt, cols), *b = widen(bias, wdt, cols);
@@ -182,15 +189,15 @@ void cdf_k_layer_norm_rows(float *out, const void *in, cdf_dtype in_dt, int nrow
 #ifdef NORM_HAVE_AVX512
     /* the choice run() makes for a whole call, so that the values are the ones the unfused norm
      * node would have stored (the two bodies agree bit for bit anyway) */
-    if (enabled() && cdf_k_isa_level() >= CDF_K_ISA_AVX512 && (in_dt == CDF_F32 || in_dt == CDF_BF16) && lanes &&
-        nrows >= 1 && nrows <= 16 && cols >= 1 && cols <= NORM_MAX_COLS) {
+    if (fast_takes(in_dt, CDF_F32, nrows, cols) && nrows <= 16 && lanes) {
         norm_rows(false, out, CDF_F32, in, in_dt, 0, nrows, cols, eps, NULL, NULL, lanes);
         return;
     }
 #else
     (void)lanes;
 #endif
-    /* the reference; called from inside a parallel region, its own region is a team of one */
+    /* the reference; called from inside a parallel region, its own region is a team of one. It
+     * fails only on a non-float dtype or a NULL pointer, which the fused kernel's checks rule out. */
     (void)cdf_k_layer_norm(out, CDF_F32, in, in_dt, nrows, cols, eps, NULL, NULL, CDF_F32);
 }
 
