@@ -15,10 +15,13 @@ import re
 import sys
 
 CLASSES = [
+    # the own GEMMs (gemm_vdpbf16.c: vdpbf16ps / AMX micro-kernels, the slab fills; gemm_bf16w.c:
+    # the AVX2 level's micro-kernel and its driver); before oneDNN's class, whose "gemm" would take
+    # cdf_k_gemm_*, and before the OpenMP class: their parallel regions' outlined bodies are named
+    # *._omp_fn.N
+    ("matmul (own GEMM)", re.compile(r"^amx_(run|slab|pack_a)|^qg_|^fill_bf16|^cdf_k_vdp_run|^q8_fill"
+                                     r"|^ukernel_avx2|^cdf_k_gemm_(bf16w|vdp)")),
     ("matmul (oneDNN JIT)", re.compile(r"jit_brgemm|brgemm|gemm|jit_uni_reorder|jit_avx512.*(conv|gemm)|dnnl")),
-    # the own GEMMs (gemm_vdpbf16.c: vdpbf16ps / AMX micro-kernels, the slab fills); before the
-    # OpenMP class: their parallel regions' outlined bodies are named *._omp_fn.N
-    ("matmul (own GEMM)", re.compile(r"^amx_(run|slab|pack_a)|^qg_|^fill_bf16|^cdf_k_vdp_run|^q8_fill")),
     ("attention", re.compile(r"attention|flash|online_softmax|^(block|chunk|tile|pack_span|softmax)_(avx512bf16|avx512|avx2|amx)")),
     ("libm tanhf/expm1f (GELU-tanh; glibc's tanhf calls expm1f)", re.compile(r"^__(expm1f|tanhf)|tanhf@plt|expm1f@plt")),
     ("libm expf", re.compile(r"^__expf|expf@plt")),
