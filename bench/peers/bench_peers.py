@@ -31,8 +31,9 @@ random weights and inputs as cdiffusers (the folders tools/make-random-pipeline 
 
 Printed: CPU model and flags that matter, cdiffusers' ISA level (`cdiffusers devices`), the
 measured instruction peaks of this CPU (peak_main.c: f32 FMA, bf16 dot, AMX where present), and
-per case and round every side's seconds, peak RSS, TFLOP/s, % of the f32-FMA peak, the CPU time
-other processes used meanwhile ("foreign cores") and every ratio peer s / cdiffusers s.
+per case and round every side's seconds, peak RSS, TFLOP/s, % of the peak of the arithmetic it
+runs (bf16 products or f32 FMA), the CPU time other processes used meanwhile ("foreign cores")
+and every ratio peer s / cdiffusers s.
 
 Nothing is downloaded. --work receives the models (about 7.5 GB, plus 9 GB of sd.cpp files);
 delete it when done.
@@ -394,7 +395,34 @@ def main():
     wait_quiet(args, "peaks")
     peaks = json.loads(subprocess.run([peak_bin, str(args.threads)], capture_output=True, text=True, check=True).stdout)
     fma_key = "f32_fma_avx512" if "f32_fma_avx512" in peaks else "f32_fma_avx2"
-    peak_fma = peaks[fma_key]["gflops_1thread"] * args.threads * 1e9  # per-thread best x threads
+    cdf_cap = next((kv.split("=", 1)[1] for kv in args.cdf_env if kv.startswith("CDIFFUSERS_ISA=")), None)
+    if cdf_cap in ("avx2", "generic"):
+        cdf_fma_key = "f32_fma_avx2" if "f32_fma_avx2" in peaks else fma_key
+    else:
+        cdf_fma_key = fma_key
+
+    def peak_key(side):
+        """The measured peak of the arithmetic a side runs: bf16 products (AMX tiles, else
+        vdpbf16ps) where it computes in bf16 and the CPU has them, else f32 FMA (AVX2 where the
+        side is capped to it: CDIFFUSERS_ISA in --cdf-env, ATEN_CPU_CAPABILITY for PyTorch).
+        A figure over 100% means the side used something faster."""
+        if side.startswith("cdf-"):
+            bf16 = side == "cdf-bf16" and cdf_cap not in ("avx2", "avx512", "generic")
+            if not bf16:
+                return cdf_fma_key
+        elif side.startswith("torch-"):
+            bf16 = args.torch_dtype == "bf16"
+            if not bf16 and os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "avx2" and "f32_fma_avx2" in peaks:
+                return "f32_fma_avx2"  # PyTorch capped as an AVX2-only CPU would run it
+        else:
+            bf16 = args.sdcpp_dtype == "bf16"
+        for k in (("amx_bf16", "bf16_dot_avx512bf16") if bf16 else ()):
+            if k in peaks:
+                return k
+        return fma_key
+
+    def peak_flops(key):
+        return peaks[key]["gflops_1thread"] * args.threads * 1e9  # per-thread best x threads
     print(f"machine: {cpu}, {os.cpu_count()} CPUs; native bf16: {'yes' if native_bf16 else 'no'} "
           f"(avx512_bf16 {'avx512_bf16' in flags}, amx_bf16 {'amx_bf16' in flags}); threads per side: {args.threads}; "
           f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load before: {os.getloadavg()}", flush=True)
@@ -432,13 +460,14 @@ def main():
                     sdcpp_decode = x  # SD3 and FLUX.1 share the VAE architecture (16 latent channels)
                 fl = x.get("flops", flops)
                 x["tflops"] = fl / x["sec"] / 1e12
-                x["pct_fma_peak"] = 100 * fl / x["sec"] / peak_fma
+                x["peak_key"] = peak_key(side)
+                x["pct_peak"] = 100 * fl / x["sec"] / peak_flops(x["peak_key"])
                 row[side] = x
                 first = f", first {x['first_sec']:.2f} s" if "first_sec" in x else ""
                 tok = f", {x['txt']} text tokens, {fl / 1e9:.0f} GFLOP" if side == "sdcpp" and case != "vae" else ""
                 print(f"[round {r + 1}] {case} {side}: {x['sec']:.3f} s{first} (all {[round(v, 3) for v in x['all_sec']]}"
-                      f"{tok}), peak RSS {x['rss_gib']:.2f} GiB, {x['tflops']:.3f} TFLOP/s = {x['pct_fma_peak']:.0f}% of the "
-                      f"{fma_key} peak, foreign cores {x['foreign']:.2f} (try {x['tries']})", flush=True)
+                      f"{tok}), peak RSS {x['rss_gib']:.2f} GiB, {x['tflops']:.3f} TFLOP/s = {x['pct_peak']:.0f}% of the "
+                      f"{x['peak_key']} peak, foreign cores {x['foreign']:.2f} (try {x['tries']})", flush=True)
             ratios = {}
             for base in ("cdf-bf16", "cdf-f32"):
                 if base not in row:
@@ -460,7 +489,8 @@ def main():
     print()
     cols = [s for s in sides]
     print("| case | GFLOP | " + " | ".join(f"{s} s" for s in cols) + " | ratios per round (peer s / cdiffusers s) | "
-          + "TFLOP/s (% f32-FMA peak) " + " / ".join(cols) + " | peak RSS GiB " + " / ".join(cols)
+          + "TFLOP/s (% of the side's peak: " + ", ".join(sorted({peak_key(s) for s in cols})) + ") "
+          + " / ".join(cols) + " | peak RSS GiB " + " / ".join(cols)
           + " | foreign cores " + " / ".join(cols) + " |")
     print("|---" * (6 + len(cols)) + "|")
     for case in cases:
@@ -472,7 +502,7 @@ def main():
             return statistics.median(v) if v else None
         secs = " | ".join("%.2f" % med(s) if med(s) is not None else "-" for s in cols)
         ratios = "; ".join(", ".join(f"{k} {v:.2f}x" for k, v in x["ratios"].items()) for x in rs)
-        tf = " / ".join("%.3f (%.0f%%)" % (med(s, "tflops"), med(s, "pct_fma_peak")) if med(s) is not None else "-" for s in cols)
+        tf = " / ".join("%.3f (%.0f%%)" % (med(s, "tflops"), med(s, "pct_peak")) if med(s) is not None else "-" for s in cols)
         rss = " / ".join("%.2f" % max(x["sides"][s]["rss_gib"] for x in rs if s in x["sides"]) if med(s) is not None else "-"
                          for s in cols)
         fc = " / ".join(",".join("%.1f" % x["sides"][s]["foreign"] for x in rs if s in x["sides"]) or "-" for s in cols)
