@@ -396,10 +396,7 @@ def main():
     peaks = json.loads(subprocess.run([peak_bin, str(args.threads)], capture_output=True, text=True, check=True).stdout)
     fma_key = "f32_fma_avx512" if "f32_fma_avx512" in peaks else "f32_fma_avx2"
     cdf_cap = next((kv.split("=", 1)[1] for kv in args.cdf_env if kv.startswith("CDIFFUSERS_ISA=")), None)
-    if cdf_cap in ("avx2", "generic"):
-        cdf_fma_key = "f32_fma_avx2" if "f32_fma_avx2" in peaks else fma_key
-    else:
-        cdf_fma_key = fma_key
+    torch_cap = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
 
     def peak_key(side):
         """The measured peak of the arithmetic a side runs: bf16 products (AMX tiles, else
@@ -407,19 +404,15 @@ def main():
         side is capped to it: CDIFFUSERS_ISA in --cdf-env, ATEN_CPU_CAPABILITY for PyTorch).
         A figure over 100% means the side used something faster."""
         if side.startswith("cdf-"):
-            bf16 = side == "cdf-bf16" and cdf_cap not in ("avx2", "avx512", "generic")
-            if not bf16:
-                return cdf_fma_key
+            bf16, avx2_cap = side == "cdf-bf16" and cdf_cap in (None, "avx512_bf16"), cdf_cap in ("avx2", "generic")
         elif side.startswith("torch-"):
-            bf16 = args.torch_dtype == "bf16"
-            if not bf16 and os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "avx2" and "f32_fma_avx2" in peaks:
-                return "f32_fma_avx2"  # PyTorch capped as an AVX2-only CPU would run it
+            bf16, avx2_cap = args.torch_dtype == "bf16", torch_cap == "avx2"
         else:
-            bf16 = args.sdcpp_dtype == "bf16"
+            bf16, avx2_cap = args.sdcpp_dtype == "bf16", False
         for k in (("amx_bf16", "bf16_dot_avx512bf16") if bf16 else ()):
             if k in peaks:
                 return k
-        return fma_key
+        return "f32_fma_avx2" if avx2_cap and "f32_fma_avx2" in peaks else fma_key
 
     def peak_flops(key):
         return peaks[key]["gflops_1thread"] * args.threads * 1e9  # per-thread best x threads
