@@ -48,6 +48,8 @@ typedef struct cdf_device_info {
     char features[256];      /* space-separated, e.g. "isa=avx512_bf16 avx2 fma avx512f amx" */
     uint64_t memory_bytes;   /* total memory the device can use (0 = unknown) */
     bool host_visible;       /* device memory is host memory (cdf_tensor_wrap allowed) */
+    bool quantized_matmul;   /* multiplies GGUF blocks as stored (else they are dequantized at load) */
+    bool values;             /* buffers are immutable values (pjrt), not addressable memory */
 } cdf_device_info;
 cdf_status cdf_device_get_info(const cdf_device *dev, cdf_device_info *out);
 

@@ -21,6 +21,9 @@ static const cdf_backend_iface *const k_builtin[] = {
 #ifdef CDF_HAVE_CUDA
     &cdf_cuda_backend_iface,
 #endif
+#ifdef CDF_HAVE_PJRT
+    &cdf_pjrt_backend_iface,
+#endif
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -134,7 +137,8 @@ static bool env_off(const char *name) {
 __attribute__((constructor)) static void cdf_backend_autoload(void) {
     if (env_off("CDIFFUSERS_BACKEND_AUTOLOAD")) return;
     pthread_mutex_lock(&g_lock);
-    for (size_t i = 0; i < sizeof k_builtin / sizeof *k_builtin; i++) (void)load_locked(k_builtin[i]);
+    for (size_t i = 0; i < sizeof k_builtin / sizeof *k_builtin; i++)
+        if (!k_builtin[i]->lazy) (void)load_locked(k_builtin[i]);
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -167,6 +171,16 @@ cdf_device *cdf_device_get(const char *name) {
     }
     for (int i = 0; i < g_n_devices; i++)
         if (strcmp(g_devices[i].iface->name, type) == 0 && g_devices[i].index == index) return &g_devices[i];
+    /* a lazily loaded backend (pjrt) is loaded by the first request for one of its devices */
+    for (size_t i = 0; i < sizeof k_builtin / sizeof *k_builtin; i++) {
+        if (!k_builtin[i]->lazy || strcmp(k_builtin[i]->name, type) != 0 || g_why_none[i][0]) continue;
+        pthread_mutex_lock(&g_lock);
+        cdf_status ls = load_locked(k_builtin[i]);
+        pthread_mutex_unlock(&g_lock);
+        if (ls != CDF_OK) return NULL; /* its error names the plugin and why */
+        for (int d = 0; d < g_n_devices; d++)
+            if (strcmp(g_devices[d].iface->name, type) == 0 && g_devices[d].index == index) return &g_devices[d];
+    }
     bool loaded = false;
     for (int i = 0; i < g_n_backends; i++) loaded |= strcmp(g_backends[i]->name, type) == 0;
     int bi = -1;
@@ -391,8 +405,14 @@ cdf_status cdf_device_get_info(const cdf_device *dev, cdf_device_info *out) {
     snprintf(out->type, sizeof out->type, "%s", dev->iface->name);
     if (dev->iface->device_info) dev->iface->device_info(dev, out);
     out->host_visible = dev->iface->host_visible ? dev->iface->host_visible(dev) : false;
+    out->quantized_matmul = cdf_device_runs_quantized(dev);
+    out->values = dev->iface->values;
     return CDF_OK;
 }
+
+/* the addressable kind runs GGUF blocks (each backend's CDF_OP_MATMUL_Q); the values kind has no
+ * such op and dequantizes at load */
+bool cdf_device_runs_quantized(const cdf_device *dev) { return dev && !dev->iface->values; }
 
 int cdf_backend_compiled_count(void) { return (int)(sizeof k_builtin / sizeof *k_builtin); }
 const char *cdf_backend_compiled_name(int i) {

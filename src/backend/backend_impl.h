@@ -26,6 +26,15 @@ typedef struct cdf_event cdf_event;
 
 typedef struct cdf_backend_iface {
     const char *name; /* device type, e.g. "cpu" */
+    /* The kind of backend. false: addressable memory (cpu, cuda): buffers are bytes at device
+     * addresses, kernels write into them in place, compile plans an arena. true: values (pjrt):
+     * a buffer is an immutable value the backend replaces when a node writes it, and a whole
+     * graph is one program that plans its own memory and fuses by itself, so the layers above
+     * hand it graphs unfused and without an arena (run_nodes, graph_instantiate). */
+    bool values;
+    /* Not loaded when the library loads (its init is costly: a plugin, threads), only when a
+     * device of it is asked for by name (cdf_device_get) or cdf_backend_load. */
+    bool lazy;
     /* Create the backend's devices; called once by cdf_backend_load. A backend compiled in but
      * finding no device returns CDF_OK with *n_devices = 0 and says why in *why (static text,
      * e.g. "no driver"), which `cdiffusers devices` prints. */
@@ -80,6 +89,9 @@ typedef struct cdf_backend_iface {
     /* ---- execution ---- */
     /* Take ownership of node and run it asynchronously in submission order. */
     cdf_status (*enqueue)(cdf_device *dev, cdf_node *node);
+    /* The values kind: take ownership of nodes[0..n) (a deferred graph, unfused) and run them as
+     * one program; buffers only these nodes hold stay inside it. NULL: enqueue each. */
+    cdf_status (*run_nodes)(cdf_device *dev, cdf_node **nodes, int n);
     /* Wait until every node enqueued so far has run; return the first queued error. */
     cdf_status (*synchronize)(cdf_device *dev);
     /* Wait until the queue is empty WITHOUT collecting its error (used by the allocator to let
@@ -194,8 +206,15 @@ cdf_status cdf_storage_upload(cdf_storage *s, size_t at, cdf_dtype dt, const voi
 cdf_status cdf_storage_upload_async(cdf_storage *s, cdf_stream *st, size_t at, cdf_dtype dt, const void *src,
                                     cdf_dtype src_dt, size_t n, cdf_storage *keep);
 
+/* Whether the device multiplies GGUF blocks as stored (a CDF_OP_MATMUL_Q node); else the loader
+ * dequantizes them (the pjrt backend). */
+bool cdf_device_runs_quantized(const cdf_device *dev);
+/* Whether dev's backend is of the values kind (see cdf_backend_iface.values). */
+static inline bool cdf_device_is_values_kind(const cdf_device *dev) { return dev && dev->iface->values; }
+
 /* Built-in backends. */
 extern const cdf_backend_iface cdf_cpu_backend_iface;
+extern const cdf_backend_iface cdf_pjrt_backend_iface; /* only with CDF_HAVE_PJRT */
 
 /* Run one node with the reference/fast kernels on the host (the cpu backend's executor). With a
  * binding, operands whose buffer is params[j]'s use bound[j]'s buffer instead (a graph launch). */

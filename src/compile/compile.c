@@ -418,12 +418,18 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
                  * is what the fusion pass checks before removing an intermediate */
                 cdf_capture_release_virtuals(&cap);
                 cdf_fuse_stats fs = {0};
-                cdf_fuse_matmul_epilogues(cap.nodes, &cap.n, cdf_device_supports_node, &fs);
-                cdf_fuse_elementwise(cap.nodes, &cap.n, cdf_device_supports_node, &fs);
-                cdf_exec_count_fusions((uint64_t)fs.epilogues, (uint64_t)fs.norm_heads);
                 size_t arena = 0;
                 cdf_tensor *arena_param = NULL;
-                s = cdf_memory_plan(cap.nodes, cap.n, traced_out.tensors, traced_out.n, &arena, &arena_param);
+                if (!cdf_device_is_values_kind(cap.n ? cap.nodes[0]->dst->storage->dev : NULL)) {
+                    cdf_fuse_matmul_epilogues(cap.nodes, &cap.n, cdf_device_supports_node, &fs);
+                    cdf_fuse_elementwise(cap.nodes, &cap.n, cdf_device_supports_node, &fs);
+                    cdf_exec_count_fusions((uint64_t)fs.epilogues, (uint64_t)fs.norm_heads);
+                    s = cdf_memory_plan(cap.nodes, cap.n, traced_out.tensors, traced_out.n, &arena, &arena_param);
+                }
+                else /* the values kind (pjrt): the captured nodes go to graph_instantiate unfused
+                      * and without an arena (the program's compiler fuses and plans memory); the
+                      * outputs get buffers of their own, which the program's results become */
+                    for (int o = 0; s == CDF_OK && o < traced_out.n; o++) s = cdf_storage_materialize(traced_out.tensors[o]->storage);
                 np_.nodes = cap.nodes;
                 np_.n = cap.n;
                 cap.nodes = NULL;

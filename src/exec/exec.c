@@ -85,6 +85,21 @@ cdf_status cdf_exec_flush(void) {
     }
     if (pg->n == 0) return CDF_OK;
     atomic_fetch_add(&g_flushes, 1);
+    cdf_device *dev = pg->nodes[0]->dst->storage->dev;
+    if (dev->iface->run_nodes) {
+        /* the values kind (pjrt): the whole deferred graph, unfused, is one program (the
+         * compiler fuses); ops of other devices in it are launched one by one around it */
+        bool one_device = true;
+        for (int i = 0; i < pg->n; i++) one_device &= pg->nodes[i]->dst->storage->dev == dev;
+        if (one_device) {
+            atomic_fetch_add(&g_kernels, (unsigned long long)pg->n);
+            const int n = pg->n;
+            pg->n = 0;
+            pg->bytes = 0;
+            pg->next_check = 0;
+            return dev->iface->run_nodes(dev, pg->nodes, n);
+        }
+    }
     cdf_fuse_stats fs = {0};
     cdf_fuse_matmul_epilogues(pg->nodes, &pg->n, cdf_device_supports_node, &fs);
     cdf_fuse_elementwise(pg->nodes, &pg->n, cdf_device_supports_node, &fs);

@@ -14,8 +14,13 @@ cdf_status cdf_component_compile(cdf_component *c, const cdf_compile_options *op
     if (!c) return cdf_error(CDF_ERR_INVALID_ARG, "compile: component is NULL");
     cdf_compile_options o = opt ? *opt : cdf_compile_default_options();
     if (o.dynamic) return cdf_error(CDF_ERR_UNSUPPORTED, "compile: dynamic=true is not supported (graphs are static per input shape)");
-    if (o.backend && strcmp(o.backend, "cpu") != 0)
-        return cdf_error(CDF_ERR_UNSUPPORTED, "compile: backend '%s' is not available (cpu)", o.backend);
+    /* compile follows the component's device: the backend option may only name a backend of
+     * this build (the device the weights are on decides where the graphs run) */
+    if (o.backend && *o.backend) {
+        bool known = false;
+        for (int i = 0; i < cdf_backend_compiled_count(); i++) known |= strcmp(cdf_backend_compiled_name(i), o.backend) == 0;
+        if (!known) return cdf_error(CDF_ERR_UNSUPPORTED, "compile: backend '%s' is not in this build (see cdiffusers devices)", o.backend);
+    }
     cdf_component_drop_graphs(c);
     c->compile_opt = o;
     c->compiled = true;

@@ -1,0 +1,615 @@
+/* The pjrt backend: devices of a PJRT plugin (the XLA CPU and GPU plugins, Google's libtpu),
+ * the values kind of backend (backend_impl.h).
+ *
+ * A storage's "device address" is the start of a reserved, inaccessible range of address space
+ * (mmap PROT_NONE) as long as the storage: unique, so the byte offsets the layers above add to
+ * it (a partial upload or read) lead back to the storage, and a fault if anything above the
+ * backend dereferenced it. Behind it a slot holds what the storage is now: nothing, host bytes
+ * (uploads collect there until a program reads them, then go up as one buffer of the dtype the
+ * program reads), or a PJRT buffer, an immutable value that every node writing the storage
+ * replaces with the program's result.
+ *
+ * Every node, a deferred graph and a compiled plan alike is one program (pjrt_program.h), cached
+ * in memory by its text (float parameters are arguments, so a text recurs with new values) and
+ * on disk (pjrt_cache.h). Execution is asynchronous: the host waits only to read. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "backend/backend_impl.h"
+#include "backend/pjrt/pjrt_cache.h"
+#include "backend/pjrt/pjrt_program.h"
+#include "backend/pjrt/pjrt_runtime.h"
+#include "core/error_internal.h"
+
+typedef struct slot {
+    char *base;
+    size_t nbytes;
+    PJRT_Buffer *buf; /* the value, flat dt[n], or NULL */
+    cdf_dtype dt;
+    int64_t n;
+    unsigned char *host; /* host bytes not yet uploaded (nbytes), or NULL */
+} slot;
+
+#define MAX_PENDING 256 /* executions in flight before the host waits for the oldest half */
+
+static struct {
+    pthread_mutex_t lock;
+    bool opened;
+    cdf_pjrt rt;
+    cdf_pjrt_found found;
+    slot **slots; /* sorted by base */
+    int n_slots, cap_slots;
+    PJRT_Event *pending[MAX_PENDING];
+    int n_pending;
+    cdf_status err; /* the first queued error since the last sync */
+    char err_msg[1024];
+    uint64_t enqueued, completed, syncs;
+    cdf_pjrt_cache *cache;
+} g = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static bool log_on(void) {
+    const char *v = getenv("CDIFFUSERS_LOG");
+    return v && strstr(v, "pjrt");
+}
+
+/* ---- slots ------------------------------------------------------------------------------------------ */
+
+/* the slot whose range holds p (under lock) */
+static slot *slot_at(const void *p, size_t *off) {
+    int lo = 0, hi = g.n_slots - 1;
+    const char *c = p;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        slot *s = g.slots[mid];
+        if (c < s->base) hi = mid - 1;
+        else if (c >= s->base + (s->nbytes ? s->nbytes : 1)) lo = mid + 1;
+        else {
+            if (off) *off = (size_t)(c - s->base);
+            return s;
+        }
+    }
+    return NULL;
+}
+
+static void *pjrt_alloc(cdf_device *dev, size_t nbytes) {
+    (void)dev;
+    slot *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    void *base = mmap(NULL, nbytes ? nbytes : 1, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) {
+        free(s);
+        return NULL;
+    }
+    s->base = base;
+    s->nbytes = nbytes;
+    pthread_mutex_lock(&g.lock);
+    if (g.n_slots == g.cap_slots) {
+        int cap = g.cap_slots ? g.cap_slots * 2 : 1024;
+        slot **n = realloc(g.slots, (size_t)cap * sizeof *n);
+        if (!n) {
+            pthread_mutex_unlock(&g.lock);
+            munmap(base, nbytes ? nbytes : 1);
+            free(s);
+            return NULL;
+        }
+        g.slots = n;
+        g.cap_slots = cap;
+    }
+    int i = g.n_slots;
+    while (i > 0 && g.slots[i - 1]->base > s->base) {
+        g.slots[i] = g.slots[i - 1];
+        i--;
+    }
+    g.slots[i] = s;
+    g.n_slots++;
+    pthread_mutex_unlock(&g.lock);
+    return base;
+}
+
+static void pjrt_free(cdf_device *dev, void *ptr, size_t nbytes) {
+    (void)dev;
+    if (!ptr) return;
+    pthread_mutex_lock(&g.lock);
+    slot *s = slot_at(ptr, NULL);
+    if (s) {
+        int i = 0;
+        while (g.slots[i] != s) i++;
+        memmove(&g.slots[i], &g.slots[i + 1], (size_t)(g.n_slots - i - 1) * sizeof *g.slots);
+        g.n_slots--;
+        /* PJRT keeps the buffer alive for the executions still using it */
+        cdf_pjrt_buffer_free(&g.rt, s->buf);
+        free(s->host);
+        munmap(s->base, nbytes ? nbytes : 1);
+        free(s);
+    }
+    pthread_mutex_unlock(&g.lock);
+}
+
+/* the slot's bytes on the host (downloading its value; under lock) */
+static cdf_status slot_to_host(slot *s) {
+    if (s->host) return CDF_OK;
+    s->host = calloc(1, s->nbytes ? s->nbytes : 1);
+    if (!s->host) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (%zu bytes)", s->nbytes);
+    if (!s->buf) return CDF_OK;
+    size_t vb = (size_t)s->n * cdf_dtype_size(s->dt);
+    cdf_status st = cdf_pjrt_download(&g.rt, s->buf, s->host, vb);
+    if (st != CDF_OK) {
+        free(s->host);
+        s->host = NULL;
+    }
+    return st;
+}
+
+static cdf_status pjrt_buffer_set(cdf_device *dev, void *dst, const void *src, size_t nbytes) {
+    (void)dev;
+    pthread_mutex_lock(&g.lock);
+    size_t off = 0;
+    slot *s = slot_at(dst, &off);
+    cdf_status st = CDF_OK;
+    if (!s || off + nbytes > s->nbytes) {
+        st = cdf_error(CDF_ERR_INTERNAL, "pjrt: upload of %zu bytes outside any buffer", nbytes);
+    } else {
+        st = slot_to_host(s);
+        if (st == CDF_OK) {
+            memcpy(s->host + off, src, nbytes);
+            cdf_pjrt_buffer_free(&g.rt, s->buf); /* the host bytes are the value now */
+            s->buf = NULL;
+        }
+    }
+    pthread_mutex_unlock(&g.lock);
+    return st;
+}
+
+static cdf_status pjrt_buffer_get(cdf_device *dev, void *dst, const void *src, size_t nbytes) {
+    (void)dev;
+    pthread_mutex_lock(&g.lock);
+    size_t off = 0;
+    slot *s = slot_at(src, &off);
+    cdf_status st = CDF_OK;
+    if (!s || off + nbytes > s->nbytes) {
+        st = cdf_error(CDF_ERR_INTERNAL, "pjrt: download of %zu bytes outside any buffer", nbytes);
+    } else if (s->host) {
+        memcpy(dst, s->host + off, nbytes);
+    } else if (!s->buf) {
+        memset(dst, 0, nbytes);
+    } else {
+        size_t vb = (size_t)s->n * cdf_dtype_size(s->dt);
+        if (off == 0 && nbytes == vb) {
+            st = cdf_pjrt_download(&g.rt, s->buf, dst, nbytes);
+        } else {
+            unsigned char *tmp = malloc(vb ? vb : 1);
+            if (!tmp) st = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (%zu bytes)", vb);
+            else st = cdf_pjrt_download(&g.rt, s->buf, tmp, vb);
+            if (st == CDF_OK) {
+                size_t avail = off < vb ? vb - off : 0;
+                memcpy(dst, tmp + off, nbytes < avail ? nbytes : avail);
+                if (nbytes > avail) memset((char *)dst + avail, 0, nbytes - avail);
+            }
+            free(tmp);
+        }
+    }
+    pthread_mutex_unlock(&g.lock);
+    return st;
+}
+
+/* ---- executables --------------------------------------------------------------------------------------- */
+
+static cdf_status record_error(cdf_status s) {
+    if (g.err == CDF_OK) {
+        g.err = s;
+        snprintf(g.err_msg, sizeof g.err_msg, "%s", cdf_last_error());
+    }
+    return s;
+}
+
+/* wait for the oldest executions (all when n_keep is 0), recording their first error */
+static void drain(int n_keep) {
+    int n_wait = g.n_pending - n_keep;
+    for (int i = 0; i < n_wait; i++) {
+        PJRT_Event_Await_Args a = {.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE, .event = g.pending[i]};
+        PJRT_Error *e = g.rt.api->PJRT_Event_Await(&a);
+        if (e) record_error(cdf_pjrt_check(&g.rt, e, CDF_ERR_DEVICE, "pjrt: a queued program failed"));
+        PJRT_Event_Destroy_Args d = {.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE, .event = g.pending[i]};
+        g.rt.api->PJRT_Event_Destroy(&d);
+        g.completed++;
+    }
+    memmove(g.pending, g.pending + n_wait, (size_t)n_keep * sizeof *g.pending);
+    g.n_pending = n_keep;
+}
+
+/* the executable of a program text: memory, then disk, then a compile (under lock) */
+static cdf_status executable_for(const cdf_pjrt_program *p, const char *who, cdf_pjrt_exe **out) {
+    return cdf_pjrt_cache_get(g.cache, &g.rt, p->text, p->len, who, out);
+}
+
+/* A storage's value as the flat dt[n] a program takes (under lock). */
+static cdf_status slot_value(slot *s, cdf_dtype dt, int64_t n, PJRT_Buffer **out) {
+    if (s->buf && s->dt == dt && s->n == n) {
+        *out = s->buf;
+        return CDF_OK;
+    }
+    if (s->buf && !s->host) {
+        /* another dtype: the same bytes retyped by a small program (kept as the new value) */
+        cdf_pjrt_program bp;
+        CDF_TRY(cdf_pjrt_program_bitcast(s->dt, s->n, dt, n, &bp));
+        cdf_pjrt_exe *x;
+        cdf_status st = executable_for(&bp, "bitcast", &x);
+        PJRT_Buffer *r = NULL;
+        if (st == CDF_OK) st = cdf_pjrt_execute(&g.rt, x->exe, 0, &s->buf, 1, &r, 1);
+        cdf_pjrt_program_free(&bp);
+        if (st != CDF_OK) return st;
+        cdf_pjrt_buffer_free(&g.rt, s->buf);
+        s->buf = r;
+        s->dt = dt;
+        s->n = n;
+        *out = r;
+        return CDF_OK;
+    }
+    /* host bytes (or nothing: zeros) go up as dt[n] */
+    if (!s->host) {
+        s->host = calloc(1, s->nbytes ? s->nbytes : 1);
+        if (!s->host) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (%zu bytes)", s->nbytes);
+    }
+    if ((size_t)n * cdf_dtype_size(dt) > s->nbytes)
+        return cdf_error(CDF_ERR_INTERNAL, "pjrt: a %zu-byte buffer read as %lld x %s", s->nbytes, (long long)n, cdf_dtype_name(dt));
+    PJRT_Buffer *b;
+    CDF_TRY(cdf_pjrt_upload(&g.rt, 0, s->host, dt, 1, &n, &b));
+    cdf_pjrt_buffer_free(&g.rt, s->buf);
+    s->buf = b;
+    s->dt = dt;
+    s->n = n;
+    free(s->host);
+    s->host = NULL;
+    *out = b;
+    return CDF_OK;
+}
+
+/* A binding of a compiled plan: storage params[j] stands for bound[j]'s */
+typedef struct binding {
+    cdf_tensor *const *params, *const *bound;
+    int n;
+} binding;
+
+static cdf_storage *resolve(const binding *b, cdf_storage *st) {
+    for (int j = 0; b && j < b->n; j++)
+        if (b->params[j]->storage == st) return b->bound[j]->storage;
+    return st;
+}
+
+/* Run a built program: its arguments from the slots (and uploaded float parameters), its results
+ * the slots' new values. Under lock. */
+static cdf_status run_program(const cdf_pjrt_program *p, const binding *bind, const char *who) {
+    cdf_pjrt_exe *x;
+    CDF_TRY(executable_for(p, who, &x));
+    if ((size_t)p->n_outs != x->n_outputs)
+        return cdf_error(CDF_ERR_INTERNAL, "pjrt: %s: the program returns %zu values, %d expected", who, x->n_outputs, p->n_outs);
+    PJRT_Buffer *args[p->n_args ? p->n_args : 1], *outs[p->n_outs ? p->n_outs : 1];
+    bool scalar[p->n_args ? p->n_args : 1];
+    cdf_status st = CDF_OK;
+    int na = 0;
+    for (; na < p->n_args && st == CDF_OK; na++) {
+        const cdf_pjrt_arg *a = &p->args[na];
+        scalar[na] = a->kind == CDF_PJRT_ARG_F32;
+        if (scalar[na]) {
+            st = cdf_pjrt_upload(&g.rt, 0, &a->value, CDF_F32, 0, NULL, &args[na]);
+            continue;
+        }
+        cdf_storage *s = resolve(bind, a->st);
+        slot *sl = s->data ? slot_at(s->data, NULL) : NULL;
+        if (!sl) st = cdf_error(CDF_ERR_INTERNAL, "pjrt: %s: argument %d is a buffer without memory", who, na);
+        else st = slot_value(sl, a->dt, a->n, &args[na]);
+    }
+    if (st == CDF_OK) {
+        PJRT_ExecuteOptions o;
+        memset(&o, 0, sizeof o);
+        o.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
+        PJRT_LoadedExecutable_Execute_Args e;
+        memset(&e, 0, sizeof e);
+        e.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
+        PJRT_Buffer *const *al[1] = {args};
+        PJRT_Buffer **ol[1] = {outs};
+        PJRT_Event *done = NULL;
+        e.executable = x->exe;
+        e.options = &o;
+        e.argument_lists = al;
+        e.num_devices = 1;
+        e.num_args = (size_t)p->n_args;
+        e.output_lists = ol;
+        e.device_complete_events = &done;
+        st = cdf_pjrt_check(&g.rt, g.rt.api->PJRT_LoadedExecutable_Execute(&e), CDF_ERR_DEVICE, "pjrt: running a program");
+        if (st != CDF_OK) {
+            cdf_error_prefix("%s: ", who);
+        } else {
+            g.enqueued++;
+            if (done) {
+                if (g.n_pending == MAX_PENDING) drain(MAX_PENDING / 2);
+                g.pending[g.n_pending++] = done;
+            }
+            for (int i = 0; i < p->n_outs; i++) {
+                cdf_storage *s = resolve(bind, p->outs[i].st);
+                slot *sl = s->data ? slot_at(s->data, NULL) : NULL;
+                if (!sl) {
+                    cdf_pjrt_buffer_free(&g.rt, outs[i]);
+                    continue;
+                }
+                cdf_pjrt_buffer_free(&g.rt, sl->buf);
+                free(sl->host);
+                sl->host = NULL;
+                sl->buf = outs[i];
+                sl->dt = p->outs[i].dt;
+                sl->n = p->outs[i].n;
+            }
+        }
+    }
+    for (int i = 0; i < na; i++)
+        if (scalar[i] && args[i]) cdf_pjrt_buffer_free(&g.rt, args[i]);
+    return st;
+}
+
+/* ---- nodes ---------------------------------------------------------------------------------------------- */
+
+static bool never_internal(void *ctx, const cdf_storage *st) {
+    (void)ctx;
+    (void)st;
+    return false;
+}
+
+/* all_reduce: the copy as a program, the sum over the ranks on the host (the communicator's
+ * reduce), the result uploaded (under lock) */
+static cdf_status run_all_reduce(cdf_node *n) {
+    cdf_node copy = *n;
+    copy.kind = CDF_OP_COPY;
+    copy.n_src = 1;
+    cdf_node *one = &copy;
+    cdf_pjrt_program p;
+    CDF_TRY(cdf_pjrt_program_build(&one, 1, never_internal, NULL, &p));
+    cdf_status st = run_program(&p, NULL, "all_reduce");
+    cdf_pjrt_program_free(&p);
+    if (st != CDF_OK) return st;
+    cdf_tensor *d = n->dst;
+    const int64_t ne = cdf_shape_numel(d->ndim, d->shape);
+    slot *sl = slot_at(cdf_tensor_device_addr(d), NULL);
+    if (!sl) return cdf_error(CDF_ERR_INTERNAL, "pjrt: all_reduce into a buffer without memory");
+    CDF_TRY(slot_to_host(sl));
+    cdf_pjrt_buffer_free(&g.rt, sl->buf);
+    sl->buf = NULL;
+    if (!n->p.all_reduce.reduce) return cdf_error(CDF_ERR_INTERNAL, "all_reduce: node has no reduce function");
+    return n->p.all_reduce.reduce(n->p.all_reduce.comm, sl->host + d->offset * (int64_t)cdf_dtype_size(d->dtype), ne, d->dtype);
+}
+
+static cdf_status pjrt_enqueue(cdf_device *dev, cdf_node *node) {
+    (void)dev;
+    pthread_mutex_lock(&g.lock);
+    cdf_status st;
+    if (g.err != CDF_OK) {
+        st = CDF_OK; /* skipped after an error, reported by the next sync */
+    } else if (node->kind == CDF_OP_ALL_REDUCE) {
+        st = run_all_reduce(node);
+    } else {
+        cdf_pjrt_program p;
+        st = cdf_pjrt_program_build(&node, 1, never_internal, NULL, &p);
+        if (st == CDF_OK) st = run_program(&p, NULL, cdf_op_name(node->kind));
+        cdf_pjrt_program_free(&p);
+    }
+    pthread_mutex_unlock(&g.lock);
+    cdf_node_free(node);
+    return st;
+}
+
+/* ---- deferred graphs and compiled plans ------------------------------------------------------------------- */
+
+typedef struct graph_ctx {
+    cdf_node *const *nodes;
+    int n;
+    cdf_tensor *const *params;
+    int n_params;
+} graph_ctx;
+
+/* a compiled plan: buffers without memory are its own; a deferred graph: also what only its
+ * nodes hold */
+static bool graph_internal(void *ctx, const cdf_storage *st) {
+    const graph_ctx *c = ctx;
+    for (int j = 0; j < c->n_params; j++)
+        if (c->params[j]->storage == st) return false;
+    if (st->is_virtual || !st->data) return true;
+    return !c->params && cdf_graph_holds_only(c->nodes, c->n, NULL, 0, st, 0);
+}
+
+static cdf_status pjrt_run_nodes(cdf_device *dev, cdf_node **nodes, int n) {
+    (void)dev;
+    pthread_mutex_lock(&g.lock);
+    cdf_status st = CDF_OK;
+    if (g.err == CDF_OK) {
+        /* all_reduce runs on the host: the nodes around it are programs of their own */
+        int i = 0;
+        while (i < n && st == CDF_OK) {
+            int j = i;
+            while (j < n && nodes[j]->kind != CDF_OP_ALL_REDUCE) j++;
+            if (j > i) {
+                graph_ctx c = {.nodes = nodes + i, .n = j - i};
+                cdf_pjrt_program p;
+                st = cdf_pjrt_program_build(nodes + i, j - i, graph_internal, &c, &p);
+                if (st == CDF_OK) st = run_program(&p, NULL, "deferred ops");
+                cdf_pjrt_program_free(&p);
+            }
+            if (j < n && st == CDF_OK) st = run_all_reduce(nodes[j]);
+            i = j + 1;
+        }
+    }
+    pthread_mutex_unlock(&g.lock);
+    for (int i = 0; i < n; i++) cdf_node_free(nodes[i]);
+    return st;
+}
+
+typedef struct pjrt_graph {
+    cdf_pjrt_program prog;
+    cdf_tensor *const *params;
+    int n_params;
+} pjrt_graph;
+
+static void *pjrt_graph_instantiate(cdf_device *dev, cdf_node *const *nodes, int n, cdf_tensor *const *params,
+                                    int n_params) {
+    (void)dev;
+    for (int i = 0; i < n; i++)
+        if (nodes[i]->kind == CDF_OP_ALL_REDUCE) {
+            cdf_error(CDF_ERR_UNSUPPORTED, "pjrt: a compiled graph with an all_reduce (not yet: use eager or defer-and-fuse)");
+            return NULL;
+        }
+    pjrt_graph *gr = calloc(1, sizeof *gr);
+    if (!gr) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        return NULL;
+    }
+    graph_ctx c = {.nodes = nodes, .n = n, .params = params, .n_params = n_params};
+    if (cdf_pjrt_program_build(nodes, n, graph_internal, &c, &gr->prog) != CDF_OK) {
+        free(gr);
+        return NULL;
+    }
+    gr->params = params;
+    gr->n_params = n_params;
+    return gr;
+}
+
+static cdf_status pjrt_graph_launch(cdf_device *dev, void *graph, cdf_tensor *const *bound) {
+    (void)dev;
+    pjrt_graph *gr = graph;
+    for (int j = 0; j < gr->n_params; j++)
+        if (bound[j]->offset != gr->params[j]->offset || bound[j]->storage->nbytes != gr->params[j]->storage->nbytes)
+            return cdf_error(CDF_ERR_UNSUPPORTED,
+                             "pjrt: a compiled graph bound to a buffer laid out unlike its parameter %d (offset %lld, %zu "
+                             "bytes; traced %lld, %zu)", j, (long long)bound[j]->offset, bound[j]->storage->nbytes,
+                             (long long)gr->params[j]->offset, gr->params[j]->storage->nbytes);
+    binding b = {.params = gr->params, .bound = bound, .n = gr->n_params};
+    pthread_mutex_lock(&g.lock);
+    cdf_status st = g.err == CDF_OK ? run_program(&gr->prog, &b, "compiled graph") : CDF_OK;
+    pthread_mutex_unlock(&g.lock);
+    return st;
+}
+
+static void pjrt_graph_free(cdf_device *dev, void *graph) {
+    (void)dev;
+    pjrt_graph *gr = graph;
+    if (!gr) return;
+    cdf_pjrt_program_free(&gr->prog);
+    free(gr);
+}
+
+/* ---- queue ------------------------------------------------------------------------------------------------- */
+
+static cdf_status pjrt_synchronize(cdf_device *dev) {
+    (void)dev;
+    pthread_mutex_lock(&g.lock);
+    drain(0);
+    g.syncs++;
+    cdf_status st = g.err;
+    if (st != CDF_OK) {
+        cdf_error(st, "%s", g.err_msg);
+        g.err = CDF_OK;
+    }
+    pthread_mutex_unlock(&g.lock);
+    return st;
+}
+
+static void pjrt_wait_idle(cdf_device *dev) {
+    (void)dev;
+    pthread_mutex_lock(&g.lock);
+    drain(0);
+    pthread_mutex_unlock(&g.lock);
+}
+
+static uint64_t pjrt_event_record(cdf_device *dev) {
+    (void)dev;
+    return 0;
+}
+
+static void pjrt_event_synchronize(cdf_device *dev, uint64_t ev) {
+    (void)ev;
+    pjrt_wait_idle(dev);
+}
+
+static bool pjrt_host_visible(const cdf_device *dev) {
+    (void)dev;
+    return false;
+}
+
+static bool pjrt_supports(cdf_device *dev, const cdf_node *node) {
+    (void)dev;
+    return node->kind == CDF_OP_ALL_REDUCE || cdf_pjrt_program_supports(node);
+}
+
+static void pjrt_set_threads(cdf_device *dev, int n) {
+    (void)dev;
+    (void)n;
+}
+
+static void pjrt_queue_stats(const cdf_device *dev, cdf_queue_stats *out) {
+    (void)dev;
+    out->enqueued = g.enqueued;
+    out->completed = g.completed;
+    out->syncs = g.syncs;
+}
+
+static void pjrt_device_info(const cdf_device *dev, cdf_device_info *out) {
+    char kind[64], mem[128];
+    cdf_pjrt_device_describe(&g.rt, dev->index, kind, sizeof kind, mem, sizeof mem);
+    snprintf(out->description, sizeof out->description, "%s (%s %s), %s", kind, g.rt.platform, g.rt.platform_version,
+             g.rt.path);
+    snprintf(out->features, sizeof out->features, "pjrt_api=%d.%d stablehlo=%s memories=%s", g.rt.api_major, g.rt.api_minor,
+             g.rt.stablehlo_version[0] ? g.rt.stablehlo_version : "?", mem);
+    out->memory_bytes = 0;
+}
+
+/* ---- init ---------------------------------------------------------------------------------------------------- */
+
+static cdf_status pjrt_init(int *n_devices, const char **why) {
+    *n_devices = 0;
+    cdf_status s = cdf_pjrt_choose_plugin(&g.found);
+    if (s != CDF_OK) {
+        *why = "no PJRT plugin found (CDIFFUSERS_PJRT_PLUGIN, or scripts/install-deps.sh for the CPU plugin)";
+        return s;
+    }
+    s = cdf_pjrt_open(g.found.path, &g.rt);
+    if (s == CDF_OK) s = cdf_pjrt_client_create(&g.rt, 1);
+    if (s != CDF_OK) return s;
+    s = cdf_pjrt_cache_open(&g.cache, &g.rt);
+    if (s != CDF_OK) return s;
+    g.opened = true;
+    for (int i = 0; i < g.rt.n_devices; i++) {
+        if (!cdf_backend_add_device(&cdf_pjrt_backend_iface, i, NULL)) break;
+        (*n_devices)++;
+    }
+    if (log_on())
+        fprintf(stderr, "cdiffusers: pjrt: %s (%s %s, PJRT API %d.%d, StableHLO %s): %d device(s)\n", g.rt.path, g.rt.platform,
+                g.rt.platform_version, g.rt.api_major, g.rt.api_minor, g.rt.stablehlo_version, g.rt.n_devices);
+    if (!*n_devices) *why = "the plugin has no addressable device";
+    return CDF_OK;
+}
+
+const cdf_backend_iface cdf_pjrt_backend_iface = {
+    .name = "pjrt",
+    .values = true,
+    .lazy = true,
+    .init = pjrt_init,
+    .alloc = pjrt_alloc,
+    .free = pjrt_free,
+    .enqueue = pjrt_enqueue,
+    .run_nodes = pjrt_run_nodes,
+    .synchronize = pjrt_synchronize,
+    .wait_idle = pjrt_wait_idle,
+    .supports = pjrt_supports,
+    .device_info = pjrt_device_info,
+    .buffer_set = pjrt_buffer_set,
+    .buffer_get = pjrt_buffer_get,
+    .event_record = pjrt_event_record,
+    .event_synchronize = pjrt_event_synchronize,
+    .host_visible = pjrt_host_visible,
+    .graph_instantiate = pjrt_graph_instantiate,
+    .graph_launch = pjrt_graph_launch,
+    .graph_free = pjrt_graph_free,
+    .set_threads = pjrt_set_threads,
+    .queue_stats = pjrt_queue_stats,
+};

@@ -1,0 +1,100 @@
+/* The PJRT runtime: a plugin loaded at run time (dlopen, no link-time dependency) and the few
+ * calls of pjrt_c_api.h the backend needs, each turning the plugin's PJRT_Error into a cdf_error
+ * that carries the plugin's message. Nothing here knows nodes or tensors: the backend
+ * (pjrt_backend.c) and the program builder (pjrt_program.c) sit above it.
+ *
+ * The ABI rule every call follows: zero the args struct and set struct_size from the header this
+ * file is built with (the 0.81 header of the xla-cpu-pjrt package); newer plugins accept the
+ * older, smaller structs. A plugin of another major version is refused at load. Calls the plugin
+ * would abort on rather than fail (empty compile options, argument counts that do not match) are
+ * validated here before the call. */
+#ifndef CDF_BACKEND_PJRT_RUNTIME_H
+#define CDF_BACKEND_PJRT_RUNTIME_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cdiffusers/dtype.h"
+#include "cdiffusers/error.h"
+#include "pjrt_c_api.h"
+
+/* ---- finding plugins ---- */
+
+/* Where a plugin comes from: CDIFFUSERS_PJRT_PLUGIN, or the installed Python packages searched
+ * in order (xla_plugins/xla_cpu_pjrt, jax_plugins/xla_cuda13, libtpu). */
+typedef struct cdf_pjrt_found {
+    char path[1024];
+    char package[32]; /* "xla_cpu_pjrt", "xla_cuda13", "libtpu", or "env" */
+} cdf_pjrt_found;
+
+/* Every plugin found (up to cap), CDIFFUSERS_PJRT_PLUGIN first when set; returns the count. */
+int cdf_pjrt_find_plugins(cdf_pjrt_found *out, int cap);
+/* The plugin `--device pjrt` opens: CDIFFUSERS_PJRT_PLUGIN if set, else the GPU plugin where an
+ * NVIDIA driver is present, else the CPU plugin. CDF_ERR_NOT_FOUND naming the places searched. */
+cdf_status cdf_pjrt_choose_plugin(cdf_pjrt_found *out);
+/* Whether an NVIDIA driver is present (/proc/driver/nvidia or libcuda.so.1 loadable). */
+bool cdf_pjrt_nvidia_driver_present(void);
+
+/* ---- a loaded plugin and its client ---- */
+
+typedef struct cdf_pjrt {
+    void *dl;
+    const PJRT_Api *api;
+    char path[1024];
+    int api_major, api_minor;
+    char stablehlo_version[32]; /* the plugin's stablehlo_current_version, "" if unknown */
+    char xla_version[32];
+    PJRT_Client *client;
+    char platform[32], platform_version[128];
+    int n_devices;
+    PJRT_Device **devices; /* addressable devices (owned by the client) */
+    bool is_cpu;           /* the XLA CPU plugin (create options cpu_device_count apply) */
+} cdf_pjrt;
+
+/* dlopen the plugin, check its API major, initialise it (never for libtpu unless asked: the
+ * caller decides by calling this at all). Errors name the path and CDIFFUSERS_PJRT_PLUGIN. */
+cdf_status cdf_pjrt_open(const char *path, cdf_pjrt *p);
+/* Create the client: create options from CDIFFUSERS_PJRT_OPTIONS (key=value,...; integers,
+ * booleans, strings), cpu_device_count defaulting to `cpu_devices` on the CPU plugin. */
+cdf_status cdf_pjrt_client_create(cdf_pjrt *p, int cpu_devices);
+void cdf_pjrt_close(cdf_pjrt *p);
+
+/* Describe device i: its kind and the kinds of its memories (space separated). */
+void cdf_pjrt_device_describe(const cdf_pjrt *p, int i, char *kind, size_t kind_cap, char *memories, size_t mem_cap);
+
+/* The plugin's error -> cdf_error(code, "<what>: <plugin message>"); destroys it. CDF_OK for NULL. */
+cdf_status cdf_pjrt_check(const cdf_pjrt *p, PJRT_Error *e, cdf_status code, const char *what);
+
+/* ---- buffers ---- */
+
+PJRT_Buffer_Type cdf_pjrt_type(cdf_dtype dt); /* PJRT_Buffer_Type_INVALID when it has none */
+/* Host -> device: a new buffer of dtype dt and dims holding a copy of data (the call returns when
+ * data may be reused). */
+cdf_status cdf_pjrt_upload(cdf_pjrt *p, int device, const void *data, cdf_dtype dt, int ndim, const int64_t *dims,
+                           PJRT_Buffer **out);
+/* Device -> host: the whole buffer (nbytes must be its size), waiting for it. */
+cdf_status cdf_pjrt_download(cdf_pjrt *p, PJRT_Buffer *b, void *dst, size_t nbytes);
+void cdf_pjrt_buffer_free(cdf_pjrt *p, PJRT_Buffer *b);
+/* Wait until the buffer's value is computed; the error of the computation that made it. */
+cdf_status cdf_pjrt_buffer_await(cdf_pjrt *p, PJRT_Buffer *b);
+
+/* ---- programs ---- */
+
+/* The serialized CompileOptionsProto for n_replicas x n_partitions (never empty: an empty one
+ * aborts the CPU plugin). Returns its length (<= cap). */
+size_t cdf_pjrt_compile_options(uint8_t *buf, size_t cap, int n_replicas, int n_partitions);
+/* Compile StableHLO MLIR text. */
+cdf_status cdf_pjrt_compile(cdf_pjrt *p, const char *mlir, size_t len, PJRT_LoadedExecutable **out);
+/* Serialize / load a compiled executable (the disk cache). *bytes is malloc'd. */
+cdf_status cdf_pjrt_serialize(cdf_pjrt *p, PJRT_LoadedExecutable *e, char **bytes, size_t *len);
+cdf_status cdf_pjrt_deserialize(cdf_pjrt *p, const char *bytes, size_t len, PJRT_LoadedExecutable **out);
+void cdf_pjrt_executable_free(cdf_pjrt *p, PJRT_LoadedExecutable *e);
+/* The number of outputs the executable returns (what execute's out array must hold). */
+cdf_status cdf_pjrt_num_outputs(cdf_pjrt *p, PJRT_LoadedExecutable *e, size_t *n);
+/* Run on one device: n_args arguments -> n_out outputs (out[] filled with new buffers). The
+ * counts are checked against the executable's before the call. */
+cdf_status cdf_pjrt_execute(cdf_pjrt *p, PJRT_LoadedExecutable *e, int device, PJRT_Buffer *const *args,
+                            size_t n_args, PJRT_Buffer **out, size_t n_out);
+
+#endif
