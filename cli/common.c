@@ -126,6 +126,9 @@ static int run_option(int c, const char *arg, cdf_cli_run_opts *o) {
     case 'O': o->offload = arg; return 1;
     case 'M': o->device_memory = arg; return 1;
     case 'B': o->blocks = true; return 1;
+    case 900: /* --pjrt-cache DIR|off: read when the pjrt backend loads (at the first pjrt device) */
+        setenv("CDIFFUSERS_PJRT_CACHE", arg, 1);
+        return 1;
     case 't':
         if (!cdf_cli_parse_long(arg, 1, 4096, &o->threads))
             return cdf_cli_usage_error("--threads needs a positive integer, got '%s'", arg), -1;

@@ -65,7 +65,7 @@ cdf_cli_run_opts cdf_cli_run_opts_default(void);
 #define CDF_CLI_RUN_OPTIONS                                                                   \
     {"model", required_argument, 0, 'm'}, {"dtype", required_argument, 0, 'd'},               \
         {"threads", required_argument, 0, 't'}, {"mode", required_argument, 0, 'E'},          \
-        {"compile-repeated-blocks", no_argument, 0, 'B'}
+        {"compile-repeated-blocks", no_argument, 0, 'B'}, {"pjrt-cache", required_argument, 0, 900}
 #define CDF_CLI_LOAD_OPTIONS {"offload", required_argument, 0, 'O'}, {"device-memory", required_argument, 0, 'M'}
 /* getopt_long over a command's table (the caller sets optind = 1 before the first call), the
  * shared options taken into o:

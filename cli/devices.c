@@ -21,6 +21,19 @@ int cdf_cli_devices(int argc, char **argv) {
         fprintf(stderr, "cdiffusers: devices: unexpected argument '%s'\n", argv[i]);
         return 2;
     }
+    /* PJRT plugins: each found one's API version; the one `--device pjrt` opens is loaded so
+     * that its devices are listed below (libtpu only when CDIFFUSERS_PJRT_PLUGIN names it) */
+    cdf_pjrt_plugin_info plugins[8];
+    int np = cdf_pjrt_list_plugins(plugins, 8);
+    bool open_pjrt = false;
+    for (int i = 0; i < np && i < 8; i++) {
+        const cdf_pjrt_plugin_info *p = &plugins[i];
+        printf("  pjrt plugin: %s (%s", p->path, p->package);
+        if (p->api_major >= 0) printf(", PJRT API %d.%d", p->api_major, p->api_minor);
+        printf(")%s%s%s\n", p->chosen ? "  [--device pjrt]" : "", p->note[0] ? ": " : "", p->note);
+        open_pjrt |= p->chosen && p->api_major >= 0;
+    }
+    if (open_pjrt && !cdf_device_get("pjrt")) printf("  pjrt: %s\n", cdf_last_error());
     printf("backends compiled in:");
     for (int i = 0; i < cdf_backend_compiled_count(); i++) printf(" %s", cdf_backend_compiled_name(i));
     printf("\n");

@@ -78,6 +78,7 @@ typedef struct server {
     bool blocks;
     long threads;
     int64_t device_memory;
+    const char *device; /* --device NAME (NULL: the default device) */
     size_t max_body;
     cdf_cli_model_defaults defaults;
     /* the worker's load result */
@@ -239,7 +240,7 @@ static cdf_status run_image(server *srv, job *j, int i) {
 }
 
 static cdf_status worker_load(server *srv) {
-    cdf_device *dev = cdf_device_get("cpu");
+    cdf_device *dev = srv->device ? cdf_device_get(srv->device) : cdf_device_default();
     if (!dev) return cdf_last_status();
     if (srv->threads) cdf_device_set_threads(dev, (int)srv->threads);
     if (srv->device_memory >= 0) cdf_device_set_memory_limit(dev, (uint64_t)srv->device_memory);
@@ -783,6 +784,7 @@ void cdf_cli_serve_usage(FILE *f) {
             "                   [--device-memory SIZE] [--mode eager|fuse|compile] [--compile-repeated-blocks] [--threads N]\n"
             "                   [--transformer FILE] [--vae FILE] [--text-encoder N=FILE] [--allow-unused-keys]\n"
             "                   [--weight-type q8_0|q4_k|f32|bf16] [--config DIR]  (the model's files as generate takes them)\n"
+            "                   [--device NAME] [--pjrt-cache DIR|off]  (the device to run on, as generate)\n"
             "      an HTTP server keeping the pipeline loaded: POST /v1/images/generations (OpenAI), POST /sdapi/v1/txt2img\n"
             "      (AUTOMATIC1111), POST /v1/images/edits (OpenAI, multipart image [+ mask]) and /sdapi/v1/img2img\n"
             "      (img2img / inpainting), POST /v1/jobs + GET/DELETE /v1/jobs/ID (asynchronous, cancel between steps),\n"
@@ -864,7 +866,8 @@ static int serve(int argc, char **argv) {
         {"host", required_argument, 0, 'H'},
         {"port", required_argument, 0, 'p'},         {"api-key", required_argument, 0, 'k'},
         {"queue", required_argument, 0, 'q'},        {"max-body-mb", required_argument, 0, 'b'},
-        {"max-connections", required_argument, 0, 'c'}, {"help", no_argument, 0, 'h'},
+        {"max-connections", required_argument, 0, 'c'}, {"device", required_argument, 0, 'D'},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     int c;
@@ -876,6 +879,7 @@ static int serve(int argc, char **argv) {
             if (!cdf_cli_parse_long(optarg, 0, 65535, &port)) return cdf_cli_usage_error("--port needs a port number 0..65535, got '%s'", optarg);
             break;
         case 'k': srv->api_key = optarg; break;
+        case 'D': srv->device = optarg; break;
         case 'q':
             if (!cdf_cli_parse_long(optarg, 1, 100000, &queue)) return cdf_cli_usage_error("--queue needs a positive integer, got '%s'", optarg);
             break;
@@ -912,6 +916,7 @@ static int serve(int argc, char **argv) {
     srv->threads = ro.threads;
     srv->lp = cdf_pipeline_load_default_params();
     if (!cdf_cli_run_opts_load(&ro, &srv->lp, &srv->device_memory)) return EXIT_USAGE;
+    srv->lp.device = srv->device;
     srv->lp.component_files = cf.files;
     srv->lp.num_component_files = cf.n;
     srv->lp.allow_unused_keys = allow_unused;

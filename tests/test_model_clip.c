@@ -30,7 +30,7 @@
 
 static cdf_load_options opts(cdf_dtype weight_dtype) {
     cdf_load_options o = cdf_load_options_default();
-    o.device = tu_cpu();
+    o.device = tu_device();
     o.weight_dtype = weight_dtype;
     return o;
 }
@@ -284,7 +284,7 @@ static void test_pooling_rule(void **state) {
     /* row 0 has no 49407: argmax is position 1 (49406), the eos rule falls back to 0;
      * row 1 has two 49407s: both rules take the first (position 2) */
     int64_t ids[2][5] = {{320, 49406, 1125, 500, 0}, {49406, 320, 49407, 49407, 49407}};
-    cdf_tensor *t = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){2, 5}, ids, CDF_I64);
+    cdf_tensor *t = cdf_tensor_from_host(tu_device(), CDF_I64, 2, (int64_t[]){2, 5}, ids, CDF_I64);
     cdf_load_options o = opts(CDF_F32);
     const char *dirs[2] = {tu_data("golden/text_models/clip_l_tiny"), dir};
     const int64_t expect[2][2] = {{1, 2}, {0, 2}};
@@ -366,7 +366,7 @@ static void test_encode_outside_scope(void **state) {
     cdf_clip_text *m;
     assert_int_equal(cdf_clip_text_load(tu_data("golden/text_models/clip_g_tiny"), &o, &m), CDF_OK);
     int64_t ids[2][5] = {{49406, 320, 1125, 49407, 0}, {49406, 49407, 0, 0, 0}};
-    cdf_tensor *t = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){2, 5}, ids, CDF_I64);
+    cdf_tensor *t = cdf_tensor_from_host(tu_device(), CDF_I64, 2, (int64_t[]){2, 5}, ids, CDF_I64);
     cdf_clip_text_output r;
     assert_int_equal(cdf_clip_text_encode(m, t, 0, &r), CDF_OK);
     assert_int_equal(cdf_tensor_dim(r.last_hidden_state, 1), 5);
@@ -391,24 +391,24 @@ static void test_bad_inputs(void **state) {
     cdf_scope_push();
     int64_t ids[80];
     for (int i = 0; i < 80; i++) ids[i] = 320;
-    cdf_tensor *too_long = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){1, 78}, ids, CDF_I64);
+    cdf_tensor *too_long = cdf_tensor_from_host(tu_device(), CDF_I64, 2, (int64_t[]){1, 78}, ids, CDF_I64);
     cdf_tensor_map_set(&in, "input_ids", too_long);
     assert_int_equal(cdf_component_run(c, "forward", &in, &out), CDF_ERR_SHAPE);
     assert_non_null(strstr(cdf_last_error(), "max_position_embeddings 77"));
 
     ids[3] = 49408; /* one past the vocabulary */
-    cdf_tensor *bad_id = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){1, 5}, ids, CDF_I64);
+    cdf_tensor *bad_id = cdf_tensor_from_host(tu_device(), CDF_I64, 2, (int64_t[]){1, 5}, ids, CDF_I64);
     cdf_tensor_map_set(&in, "input_ids", bad_id);
     /* checked by the embedding lookup on the device: reported at the sync after the forward
      * (in compile mode the forward only captures and replays), naming the op and the id */
     cdf_status rs = cdf_component_run(c, "forward", &in, &out);
-    if (rs == CDF_OK) rs = cdf_device_synchronize(tu_cpu());
+    if (rs == CDF_OK) rs = cdf_device_synchronize(tu_device());
     assert_int_equal(rs, CDF_ERR_DEVICE);
     assert_non_null(strstr(cdf_last_error(), "'embedding' failed"));
     assert_non_null(strstr(cdf_last_error(), "id 49408 at position 3 is outside the table [0, 49408)"));
     cdf_tensor_map_clear(&out);
 
-    cdf_tensor *flt = cdf_tensor_zeros(tu_cpu(), CDF_F32, 2, (int64_t[]){1, 5});
+    cdf_tensor *flt = cdf_tensor_zeros(tu_device(), CDF_F32, 2, (int64_t[]){1, 5});
     cdf_tensor_map_set(&in, "input_ids", flt);
     assert_int_equal(cdf_component_run(c, "forward", &in, &out), CDF_ERR_SHAPE);
     assert_int_equal(out.n, 0);

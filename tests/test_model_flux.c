@@ -36,12 +36,6 @@
 #define SCHNELL_BF16_STORAGE_ATOL 0.045
 #define DEV_BF16_STORAGE_ATOL 0.11
 
-static cdf_device *cpu(void) {
-    cdf_device *d = cdf_device_get("cpu");
-    assert_non_null(d);
-    return d;
-}
-
 static const char *case_path(const char *cs, const char *rel) {
     static char buf[4][1024];
     static int slot;
@@ -54,7 +48,7 @@ static const char *case_path(const char *cs, const char *rel) {
 static void load_io(const char *path, cdf_tensor_map *all, cdf_tensor_map *args) {
     cdf_tensor_map_init(all);
     cdf_tensor_map_init(args);
-    cdf_status s = cdf_tensor_map_load(all, path, cpu());
+    cdf_status s = cdf_tensor_map_load(all, path, tu_device());
     if (s != CDF_OK) fail_msg("%s: %s", path, cdf_last_error());
     for (int i = 0; i < all->n; i++)
         if (strncmp(all->names[i], "out.", 4) && strncmp(all->names[i], "extra.", 6))
@@ -142,7 +136,7 @@ static void test_rope_tables_golden(void **st) {
     (void)st;
     cdf_tensor_map m;
     cdf_tensor_map_init(&m);
-    assert_int_equal(cdf_tensor_map_load(&m, tu_data("embeddings/embeddings.safetensors"), cpu()), CDF_OK);
+    assert_int_equal(cdf_tensor_map_load(&m, tu_data("embeddings/embeddings.safetensors"), tu_device()), CDF_OK);
     cdf_scope_push(); /* tables and views below are released at the end */
     const struct {
         const char *key;
@@ -164,7 +158,7 @@ static void test_rope_tables_golden(void **st) {
         float *pos = cdf_tensor_read_f32(pos_t);
         /* one axis alone, then the same axis twice (two blocks side by side, FluxPosEmbed's cat) */
         cdf_tensor *c1, *s1;
-        assert_int_equal(cdf_flux_rope_tables(cpu(), pos, n, 1, &cases[i].dim, cases[i].theta, &c1, &s1), CDF_OK);
+        assert_int_equal(cdf_flux_rope_tables(tu_device(), pos, n, 1, &cases[i].dim, cases[i].theta, &c1, &s1), CDF_OK);
         double ec = compare(c1, want_cos), es = compare(s1, want_sin);
         printf("  %s: cos err %.3g, sin err %.3g\n", cases[i].key, ec, es);
         assert_true(ec <= 6e-8 && es <= 6e-8); /* float64 angles rounded once: at most 1 ulp of a value <= 1 */
@@ -179,14 +173,14 @@ static void test_rope_tables_golden(void **st) {
         for (int64_t r = 0; r < n; r++) pos2[2 * r] = pos2[2 * r + 1] = pos[r];
         int64_t dims2[2] = {cases[i].dim, cases[i].dim};
         cdf_tensor *c2, *s2;
-        assert_int_equal(cdf_flux_rope_tables(cpu(), pos2, n, 2, dims2, cases[i].theta, &c2, &s2), CDF_OK);
+        assert_int_equal(cdf_flux_rope_tables(tu_device(), pos2, n, 2, dims2, cases[i].theta, &c2, &s2), CDF_OK);
         cdf_tensor *halves[2];
         assert_int_equal(cdf_chunk(c2, 2, 1, halves), CDF_OK);
         assert_true(compare(halves[0], c1) == 0 && compare(halves[1], c1) == 0);
         assert_int_equal(cdf_chunk(s2, 2, 1, halves), CDF_OK);
         assert_true(compare(halves[0], s1) == 0 && compare(halves[1], s1) == 0);
         /* two axes through the device op: each half equals the one-axis device table */
-        cdf_tensor *pos2_t = cdf_tensor_from_host(cpu(), CDF_F32, 2, (int64_t[]){n, 2}, pos2, CDF_F32);
+        cdf_tensor *pos2_t = cdf_tensor_from_host(tu_device(), CDF_F32, 2, (int64_t[]){n, 2}, pos2, CDF_F32);
         assert_int_equal(cdf_rope_tables(pos2_t, 2, dims2, cases[i].theta, &c2, &s2), CDF_OK);
         assert_int_equal(cdf_chunk(c2, 2, 1, halves), CDF_OK);
         assert_true(compare(halves[0], dc) == 0 && compare(halves[1], dc) == 0);
@@ -198,7 +192,7 @@ static void test_rope_tables_golden(void **st) {
     int64_t odd = 5;
     cdf_tensor *c, *s;
     float p = 1;
-    assert_int_equal(cdf_flux_rope_tables(cpu(), &p, 1, 1, &odd, 10000, &c, &s), CDF_ERR_INVALID_ARG);
+    assert_int_equal(cdf_flux_rope_tables(tu_device(), &p, 1, 1, &odd, 10000, &c, &s), CDF_ERR_INVALID_ARG);
     assert_null(c);
     assert_null(s);
     cdf_scope_pop(NULL, 0);
@@ -227,7 +221,7 @@ static void test_rope_relative_shift(void **st) {
     cdf_scope_push();
     cdf_tensor *base = run_with(c, &args);
     const float shift3[3] = {7, -3, 11};
-    cdf_tensor *sh = cdf_tensor_from_host(cpu(), CDF_F32, 1, (int64_t[]){3}, shift3, CDF_F32);
+    cdf_tensor *sh = cdf_tensor_from_host(tu_device(), CDF_F32, 1, (int64_t[]){3}, shift3, CDF_F32);
     cdf_tensor_map shifted;
     cdf_tensor_map_init(&shifted);
     for (int i = 0; i < args.n; i++) cdf_tensor_map_set(&shifted, args.names[i], args.tensors[i]);
@@ -267,7 +261,7 @@ static void test_batch_and_3d_ids(void **st) {
     for (int i = 0; i < args.n; i++) cdf_tensor_map_set(&flipped, args.names[i], args.tensors[i]);
     const char *per_sample[] = {"hidden_states", "encoder_hidden_states", "pooled_projections"};
     for (int i = 0; i < 3; i++) cdf_tensor_map_set(&flipped, per_sample[i], cdf_neg(cdf_tensor_map_get(&args, per_sample[i])));
-    cdf_tensor_map_set(&flipped, "timestep", cdf_tensor_full(cpu(), CDF_F32, 1, (int64_t[]){1}, 0.25));
+    cdf_tensor_map_set(&flipped, "timestep", cdf_tensor_full(tu_device(), CDF_F32, 1, (int64_t[]){1}, 0.25));
     cdf_tensor *single_flipped = run_with(c, &flipped);
 
     for (int i = 0; i < 3; i++) {
@@ -330,7 +324,7 @@ static void test_input_errors(void **st) {
     cdf_tensor_map_set(&bad, "pooled_projections", cdf_unsqueeze(cdf_tensor_map_get(&args, "pooled_projections"), 0));
     expect_run_error(c, &bad, CDF_ERR_SHAPE, "'pooled_projections'");
     cdf_tensor_map_set(&bad, "pooled_projections", cdf_tensor_map_get(&args, "pooled_projections"));
-    cdf_tensor_map_set(&bad, "timestep", cdf_tensor_zeros(cpu(), CDF_F32, 1, (int64_t[]){3}));
+    cdf_tensor_map_set(&bad, "timestep", cdf_tensor_zeros(tu_device(), CDF_F32, 1, (int64_t[]){3}));
     expect_run_error(c, &bad, CDF_ERR_SHAPE, "'timestep'");
     cdf_scope_pop(NULL, 0);
     cdf_tensor_map_clear(&bad);
@@ -342,7 +336,7 @@ static void test_input_errors(void **st) {
     c = load_model(case_path("flux1_schnell", "transformer"), CDF_F32);
     load_io(case_path("flux1_schnell", "io.safetensors"), &all, &args);
     cdf_scope_push();
-    cdf_tensor_map_set(&args, "guidance", cdf_tensor_full(cpu(), CDF_F32, 1, (int64_t[]){1}, 3.5));
+    cdf_tensor_map_set(&args, "guidance", cdf_tensor_full(tu_device(), CDF_F32, 1, (int64_t[]){1}, 3.5));
     expect_run_error(c, &args, CDF_ERR_INVALID_ARG, "guidance");
     cdf_scope_pop(NULL, 0);
     cdf_tensor_map_clear(&args);

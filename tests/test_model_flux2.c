@@ -194,7 +194,7 @@ static void test_rope_relative_positions(void **st) {
     cdf_tensor *txt = cdf_cast(cdf_tensor_map_get(&args, "txt_ids"), CDF_F32);
     const char *names[2] = {"img_ids", "txt_ids"};
     const float shift[4] = {7, -3, 11, 5};
-    cdf_tensor *sh = cdf_tensor_from_host(tu_cpu(), CDF_F32, 1, (int64_t[]){4}, shift, CDF_F32);
+    cdf_tensor *sh = cdf_tensor_from_host(tu_device(), CDF_F32, 1, (int64_t[]){4}, shift, CDF_F32);
     cdf_tensor_map m;
     with(&m, &args, 2, names, (cdf_tensor *[]){cdf_add(img, sh), cdf_add(txt, sh)});
     cdf_tensor *moved = run_with(c, &m);
@@ -206,7 +206,7 @@ static void test_rope_relative_positions(void **st) {
     for (int a = 0; a < 4; a++) {
         float one[4] = {0, 0, 0, 0};
         one[a] = 3;
-        cdf_tensor *d = cdf_tensor_from_host(tu_cpu(), CDF_F32, 1, (int64_t[]){4}, one, CDF_F32);
+        cdf_tensor *d = cdf_tensor_from_host(tu_device(), CDF_F32, 1, (int64_t[]){4}, one, CDF_F32);
         with(&m, &args, 1, names, (cdf_tensor *[]){cdf_add(img, d)});
         cdf_tensor *o = run_with(c, &m);
         double ea = diff_outputs(o, base);
@@ -234,8 +234,8 @@ static void test_batch(void **st) {
     cdf_tensor *hs = cdf_tensor_map_get(&args, "hidden_states"), *ehs = cdf_tensor_map_get(&args, "encoder_hidden_states");
     cdf_tensor *ts = cdf_tensor_map_get(&args, "timestep"), *g = cdf_tensor_map_get(&args, "guidance");
     const char *names[4] = {"hidden_states", "encoder_hidden_states", "timestep", "guidance"};
-    cdf_tensor *t2 = cdf_tensor_full(tu_cpu(), CDF_F32, 1, (int64_t[]){1}, 0.25);
-    cdf_tensor *g2 = cdf_tensor_full(tu_cpu(), CDF_F32, 1, (int64_t[]){1}, 2.5);
+    cdf_tensor *t2 = cdf_tensor_full(tu_device(), CDF_F32, 1, (int64_t[]){1}, 0.25);
+    cdf_tensor *g2 = cdf_tensor_full(tu_device(), CDF_F32, 1, (int64_t[]){1}, 2.5);
     cdf_tensor_map m;
     with(&m, &args, 4, names, (cdf_tensor *[]){cdf_neg(hs), cdf_neg(ehs), t2, g2});
     cdf_tensor *single_flipped = run_with(c, &m);
@@ -282,7 +282,7 @@ static void test_guidance_semantics(void **st) {
     assert_null(cdf_tensor_map_get(&args, "guidance"));
     cdf_tensor *base = run_with(c, &args);
     const char *gname[1] = {"guidance"};
-    with(&m, &args, 1, gname, (cdf_tensor *[]){cdf_tensor_full(tu_cpu(), CDF_F32, 1, (int64_t[]){1}, 4.0)});
+    with(&m, &args, 1, gname, (cdf_tensor *[]){cdf_tensor_full(tu_device(), CDF_F32, 1, (int64_t[]){1}, 4.0)});
     cdf_tensor *o = run_with(c, &m);
     assert_true(diff_outputs(o, base) == 0.0);
     cdf_tensor_release(o);
@@ -338,15 +338,15 @@ static void test_input_errors(void **st) {
         {"encoder_hidden_states", cdf_narrow(cdf_tensor_map_get(&args, "encoder_hidden_states"), 2, 0, 40), CDF_ERR_SHAPE},
         /* an empty text sequence is refused at the input check, naming the input */
         {"encoder_hidden_states",
-         cdf_tensor_zeros(tu_cpu(), CDF_F32, 3,
+         cdf_tensor_zeros(tu_device(), CDF_F32, 3,
                           (int64_t[]){cdf_tensor_dim(cdf_tensor_map_get(&args, "encoder_hidden_states"), 0), 0,
                                       cdf_tensor_dim(cdf_tensor_map_get(&args, "encoder_hidden_states"), 2)}),
          CDF_ERR_SHAPE},
         {"img_ids", cdf_narrow(cdf_tensor_map_get(&args, "img_ids"), 1, 0, 63), CDF_ERR_SHAPE},
         {"img_ids", cdf_narrow(cdf_tensor_map_get(&args, "img_ids"), 2, 0, 3), CDF_ERR_SHAPE},
         {"txt_ids", cdf_squeeze(cdf_narrow(cdf_tensor_map_get(&args, "txt_ids"), 2, 0, 1), 2), CDF_ERR_SHAPE},
-        {"timestep", cdf_tensor_zeros(tu_cpu(), CDF_F32, 1, (int64_t[]){3}), CDF_ERR_SHAPE},
-        {"guidance", cdf_tensor_zeros(tu_cpu(), CDF_F32, 2, (int64_t[]){1, 1}), CDF_ERR_SHAPE},
+        {"timestep", cdf_tensor_zeros(tu_device(), CDF_F32, 1, (int64_t[]){3}), CDF_ERR_SHAPE},
+        {"guidance", cdf_tensor_zeros(tu_device(), CDF_F32, 2, (int64_t[]){1, 1}), CDF_ERR_SHAPE},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         with(&m, &args, 1, &cases[i].name, &cases[i].value);

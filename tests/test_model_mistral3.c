@@ -30,12 +30,12 @@
 
 static cdf_load_options opts(cdf_dtype weight_dtype) {
     cdf_load_options o = cdf_load_options_default();
-    o.device = tu_cpu();
+    o.device = tu_device();
     o.weight_dtype = weight_dtype;
     return o;
 }
 
-static cdf_tensor *i64_tensor(int n, const int64_t *v) { return cdf_tensor_from_host(tu_cpu(), CDF_I64, 1, (int64_t[]){n}, v, CDF_I64); }
+static cdf_tensor *i64_tensor(int n, const int64_t *v) { return cdf_tensor_from_host(tu_device(), CDF_I64, 1, (int64_t[]){n}, v, CDF_I64); }
 
 /* Run the component on the golden ids/masks (the first `rows` prompts, 0 = all) with layers (1, 2, 3)
  * and compare out.prompt_embeds; returns its max |diff|. *got (optional) receives a copy. */
@@ -115,7 +115,7 @@ static void test_all_hidden_states(void **state) {
     cdf_tensor_map_set(&in, "input_ids", cdf_narrow(cdf_tensor_map_get(&golden, "input_ids"), 0, 0, 1));
     cdf_tensor_map_set(&in, "attention_mask", cdf_narrow(cdf_tensor_map_get(&golden, "attention_mask"), 0, 0, 1));
     cdf_tensor_map_set(&in, "text_encoder_out_layers", i64_tensor(2, (int64_t[]){-1, 0}));
-    cdf_tensor_map_set(&in, "output_hidden_states", cdf_tensor_full(tu_cpu(), CDF_I64, 1, (int64_t[]){1}, 1));
+    cdf_tensor_map_set(&in, "output_hidden_states", cdf_tensor_full(tu_device(), CDF_I64, 1, (int64_t[]){1}, 1));
     cdf_component *c = tu_load_component(tu_data(MODEL_DIR), CDF_F32);
     if (cdf_component_run(c, "forward", &in, &out) != CDF_OK) fail_msg("run failed: %s", cdf_last_error());
     assert_int_equal(out.n, 3);
@@ -147,9 +147,9 @@ static void test_rope_tables(void **state) {
     if (cdf_mistral3_text_load(tu_data(MODEL_DIR), &o, 0, &m) != CDF_OK) fail_msg("%s", cdf_last_error());
     static float inv[8], cs[512 * 16], sn[512 * 16];
     assert_int_equal(cdf_mistral3_rope_tables(m, 512, inv, cs, sn), CDF_OK);
-    cdf_tensor *t_inv = cdf_tensor_from_host(tu_cpu(), CDF_F32, 1, (int64_t[]){8}, inv, CDF_F32);
-    cdf_tensor *t_cos = cdf_tensor_from_host(tu_cpu(), CDF_F32, 2, (int64_t[]){512, 16}, cs, CDF_F32);
-    cdf_tensor *t_sin = cdf_tensor_from_host(tu_cpu(), CDF_F32, 2, (int64_t[]){512, 16}, sn, CDF_F32);
+    cdf_tensor *t_inv = cdf_tensor_from_host(tu_device(), CDF_F32, 1, (int64_t[]){8}, inv, CDF_F32);
+    cdf_tensor *t_cos = cdf_tensor_from_host(tu_device(), CDF_F32, 2, (int64_t[]){512, 16}, cs, CDF_F32);
+    cdf_tensor *t_sin = cdf_tensor_from_host(tu_device(), CDF_F32, 2, (int64_t[]){512, 16}, sn, CDF_F32);
     double di = tu_diff_tensors(t_inv, cdf_tensor_map_get(&dbg, "rope_inv_freq"), "rope_inv_freq");
     double dc = tu_diff_tensors(t_cos, cdf_tensor_map_get(&dbg, "rope_cos"), "rope_cos");
     double ds = tu_diff_tensors(t_sin, cdf_tensor_map_get(&dbg, "rope_sin"), "rope_sin");
@@ -191,7 +191,7 @@ static void test_direct_api(void **state) {
     assert_int_equal(cdf_mistral3_encode(m, ids, mask, (int[]){1}, 0, &pe), CDF_ERR_INVALID_ARG);
 
     int64_t bad[3] = {5, 131072, 1};
-    cdf_tensor *bad_ids = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){1, 3}, bad, CDF_I64);
+    cdf_tensor *bad_ids = cdf_tensor_from_host(tu_device(), CDF_I64, 2, (int64_t[]){1, 3}, bad, CDF_I64);
     /* checked on the device by the embedding lookup (no host read in the forward): the encode's
      * closing sync reports it, naming the op and the id */
     assert_int_equal(cdf_mistral3_encode(m, bad_ids, NULL, (int[]){1}, 1, &pe), CDF_ERR_DEVICE);
@@ -205,8 +205,8 @@ static void test_direct_api(void **state) {
     /* no mask = every token real = a mask of ones; i32 ids work too */
     int32_t ids32[5] = {1, 17, 4568, 3, 4};
     int64_t ones[5] = {1, 1, 1, 1, 1};
-    cdf_tensor *a = cdf_tensor_from_host(tu_cpu(), CDF_I32, 2, (int64_t[]){1, 5}, ids32, CDF_I32);
-    cdf_tensor *ma = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){1, 5}, ones, CDF_I64);
+    cdf_tensor *a = cdf_tensor_from_host(tu_device(), CDF_I32, 2, (int64_t[]){1, 5}, ids32, CDF_I32);
+    cdf_tensor *ma = cdf_tensor_from_host(tu_device(), CDF_I64, 2, (int64_t[]){1, 5}, ones, CDF_I64);
     cdf_tensor *h1 = NULL, *h2 = NULL;
     assert_int_equal(cdf_mistral3_hidden_states(m, a, NULL, (int[]){0, 3}, 2, &h1), CDF_OK);
     assert_int_equal(cdf_mistral3_hidden_states(m, a, ma, (int[]){0, 3}, 2, &h2), CDF_OK);
@@ -226,7 +226,7 @@ static void test_direct_api(void **state) {
     cdf_tensor_map_init(&out);
     assert_int_equal(cdf_component_run(c, "forward", &in, &out), CDF_ERR_NOT_FOUND);
     assert_non_null(strstr(cdf_last_error(), "input_ids"));
-    cdf_tensor *t = cdf_tensor_from_host(tu_cpu(), CDF_I32, 2, (int64_t[]){1, 5}, ids32, CDF_I32);
+    cdf_tensor *t = cdf_tensor_from_host(tu_device(), CDF_I32, 2, (int64_t[]){1, 5}, ids32, CDF_I32);
     cdf_tensor_map_set(&in, "input_ids", t);
     assert_int_equal(cdf_component_run(c, "decode", &in, &out), CDF_ERR_UNSUPPORTED);
     /* default layers (10, 20, 30) do not exist in a 4-layer model */
@@ -383,8 +383,8 @@ static void test_sliding_window(void **state) {
         cdf_mistral3_text *m;
         if (cdf_mistral3_text_load(dirs[k], &o, 1, &m) != CDF_OK) fail_msg("%s", cdf_last_error());
         int64_t a[6] = {1, 17, 4568, 1584, 1420, 3}, b[6] = {2, 17, 4568, 1584, 1420, 3};
-        cdf_tensor *ta = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){1, 6}, a, CDF_I64);
-        cdf_tensor *tb = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){1, 6}, b, CDF_I64);
+        cdf_tensor *ta = cdf_tensor_from_host(tu_device(), CDF_I64, 2, (int64_t[]){1, 6}, a, CDF_I64);
+        cdf_tensor *tb = cdf_tensor_from_host(tu_device(), CDF_I64, 2, (int64_t[]){1, 6}, b, CDF_I64);
         cdf_tensor *ha = NULL, *hb = NULL;
         assert_int_equal(cdf_mistral3_encode(m, ta, NULL, (int[]){1}, 1, &ha), CDF_OK);
         assert_int_equal(cdf_mistral3_encode(m, tb, NULL, (int[]){1}, 1, &hb), CDF_OK);

@@ -24,7 +24,7 @@
 
 static cdf_load_options opts(cdf_dtype weight_dtype) {
     cdf_load_options o = cdf_load_options_default();
-    o.device = tu_cpu();
+    o.device = tu_device();
     o.weight_dtype = weight_dtype;
     return o;
 }
@@ -204,7 +204,7 @@ static void test_direct_api_and_bad_inputs(void **state) {
 
     /* outside any scope the output is a plain reference; i32 ids work too */
     int32_t ids32[2][4] = {{71, 1712, 1, 0}, {1, 0, 0, 0}};
-    cdf_tensor *ids = cdf_tensor_from_host(tu_cpu(), CDF_I32, 2, (int64_t[]){2, 4}, ids32, CDF_I32);
+    cdf_tensor *ids = cdf_tensor_from_host(tu_device(), CDF_I32, 2, (int64_t[]){2, 4}, ids32, CDF_I32);
     cdf_tensor *h = NULL;
     assert_int_equal(cdf_t5_encode(m, ids, &h), CDF_OK);
     assert_int_equal(cdf_tensor_dim(h, 0), 2);
@@ -214,7 +214,7 @@ static void test_direct_api_and_bad_inputs(void **state) {
     cdf_tensor_release(ids);
 
     int64_t bad[3] = {5, 32128, 1};
-    ids = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){1, 3}, bad, CDF_I64);
+    ids = cdf_tensor_from_host(tu_device(), CDF_I64, 2, (int64_t[]){1, 3}, bad, CDF_I64);
     /* an id outside the vocabulary fails the embedding lookup on the device (the forward reads
      * nothing on the host); the encode's closing sync reports it, naming the op and the id */
     assert_int_equal(cdf_t5_encode(m, ids, &h), CDF_ERR_DEVICE);
@@ -223,7 +223,7 @@ static void test_direct_api_and_bad_inputs(void **state) {
     assert_non_null(strstr(cdf_last_error(), "'embedding' failed"));
     assert_non_null(strstr(cdf_last_error(), "id 32128 at position 1 is outside the table [0, 32128)"));
     cdf_tensor_release(ids);
-    ids = cdf_tensor_from_host(tu_cpu(), CDF_I64, 1, (int64_t[]){3}, bad, CDF_I64);
+    ids = cdf_tensor_from_host(tu_device(), CDF_I64, 1, (int64_t[]){3}, bad, CDF_I64);
     assert_int_equal(cdf_t5_encode(m, ids, &h), CDF_ERR_SHAPE);
     cdf_tensor_release(ids);
     cdf_t5_encoder_free(m);
@@ -236,7 +236,7 @@ static void test_direct_api_and_bad_inputs(void **state) {
     assert_int_equal(cdf_component_run(c, "forward", &in, &out), CDF_ERR_NOT_FOUND);
     assert_non_null(strstr(cdf_last_error(), "input_ids"));
     int64_t ok_ids[3] = {5, 6, 1};
-    cdf_tensor *t = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){1, 3}, ok_ids, CDF_I64);
+    cdf_tensor *t = cdf_tensor_from_host(tu_device(), CDF_I64, 2, (int64_t[]){1, 3}, ok_ids, CDF_I64);
     cdf_tensor_map_set(&in, "input_ids", t);
     assert_int_equal(cdf_component_run(c, "decode", &in, &out), CDF_ERR_UNSUPPORTED);
     cdf_tensor_map_set(&in, "attention_mask", t);

@@ -152,7 +152,7 @@ static cdf_tensor *iota(int ndim, const int64_t *shape) {
     for (int i = 0; i < ndim; i++) n *= shape[i];
     float *buf = malloc((size_t)n * sizeof *buf);
     for (int64_t i = 0; i < n; i++) buf[i] = (float)i;
-    cdf_tensor *t = cdf_tensor_from_host(tu_cpu(), CDF_F32, ndim, shape, buf, CDF_F32);
+    cdf_tensor *t = cdf_tensor_from_host(tu_device(), CDF_F32, ndim, shape, buf, CDF_F32);
     free(buf);
     return t;
 }
@@ -190,7 +190,7 @@ static void test_layout_helpers(void **st) {
     /* unpack with the pipeline's latent ids (t, row, col, l) inverts pack */
     int64_t *ids = malloc((size_t)(H * W * 4) * sizeof *ids);
     for (int64_t t = 0; t < H * W; t++) ids[t * 4] = 0, ids[t * 4 + 1] = t / W, ids[t * 4 + 2] = t % W, ids[t * 4 + 3] = 0;
-    cdf_tensor *ids_t = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){H * W, 4}, ids, CDF_I64);
+    cdf_tensor *ids_t = cdf_tensor_from_host(tu_device(), CDF_I64, 2, (int64_t[]){H * W, 4}, ids, CDF_I64);
     assert_true(tu_diff_tensors(cdf_flux2_unpack_latents_with_ids(k, ids_t), x, "unpack(pack(x))") == 0.0);
     /* tokens in another order with their ids permuted alike: same grid */
     cdf_tensor *rev_k = cdf_cat((cdf_tensor *[]){cdf_narrow(k, 1, 12, 12), cdf_narrow(k, 1, 0, 12)}, 2, 1);
@@ -224,13 +224,13 @@ static void test_layout_helpers(void **st) {
     assert_null(cdf_flux2_unpack_latents_with_ids(k, cdf_narrow(ids_t, 1, 0, 2)));
     assert_int_equal(cdf_last_status(), CDF_ERR_SHAPE);
     ids[7 * 4 + 2] = -1;
-    cdf_tensor *neg = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){H * W, 4}, ids, CDF_I64);
+    cdf_tensor *neg = cdf_tensor_from_host(tu_device(), CDF_I64, 2, (int64_t[]){H * W, 4}, ids, CDF_I64);
     assert_null(cdf_flux2_unpack_latents_with_ids(k, neg));
     printf("  expected error: %s\n", cdf_last_error());
     assert_int_equal(cdf_last_status(), CDF_ERR_INVALID_ARG);
     assert_non_null(strstr(cdf_last_error(), "token 7"));
     ids[7 * 4 + 2] = 1 << 20;
-    cdf_tensor *huge = cdf_tensor_from_host(tu_cpu(), CDF_I64, 2, (int64_t[]){H * W, 4}, ids, CDF_I64);
+    cdf_tensor *huge = cdf_tensor_from_host(tu_device(), CDF_I64, 2, (int64_t[]){H * W, 4}, ids, CDF_I64);
     assert_null(cdf_flux2_unpack_latents_with_ids(k, huge));
     assert_int_equal(cdf_last_status(), CDF_ERR_INVALID_ARG);
     free(ids);

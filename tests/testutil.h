@@ -31,6 +31,11 @@ int tu_system(const char *fmt, ...);
 #include "models/component.h"
 /* The cpu device (fails the test if absent). */
 cdf_device *tu_cpu(void);
+/* The device the golden model and pipeline tests run on: cdf_device_default(), which is
+ * $CDIFFUSERS_DEVICE when set (scripts/test.sh runs them again with CDIFFUSERS_DEVICE=pjrt). */
+cdf_device *tu_device(void);
+/* Whether tu_device() is the cpu backend's (checks of the cpu kernels' own counters apply). */
+bool tu_device_is_cpu(void);
 /* Every tensor of tests/data/<rel> onto the cpu (fails the test on error). */
 void tu_load_map(cdf_tensor_map *m, const char *rel);
 /* cdf_component_load of dir with the given weight dtype (fails the test on error). */

@@ -34,7 +34,8 @@ const char *cdf_backend_name(int i);
 /* The device "type" or "type:index" (e.g. "cpu", "cpu:0"); NULL if its backend is not loaded.
  * Devices live for the whole process. */
 cdf_device *cdf_device_get(const char *name);
-/* The default device: the first device of the first registered backend, or NULL. */
+/* The default device: $CDIFFUSERS_DEVICE when set (a name as cdf_device_get takes, e.g. "pjrt"),
+ * else the first device of the first registered backend; NULL (with the error) if none. */
 cdf_device *cdf_device_default(void);
 const char *cdf_device_name(const cdf_device *dev);
 
@@ -58,6 +59,20 @@ cdf_status cdf_device_get_info(const cdf_device *dev, cdf_device_info *out);
 int cdf_backend_compiled_count(void);
 const char *cdf_backend_compiled_name(int i);
 const char *cdf_backend_why_no_device(int i);
+
+/* PJRT plugins the pjrt backend can load (none in a build without it): CDIFFUSERS_PJRT_PLUGIN,
+ * then the Python packages xla_cpu_pjrt, xla_cuda13 and libtpu. Listing reads each library's
+ * PJRT API version (dlopen + GetPjrtApi) without initialising it: libtpu's initialisation blocks
+ * for minutes off Google Cloud, so a plugin is initialised only when it is the one asked for. */
+typedef struct cdf_pjrt_plugin_info {
+    char path[1024];
+    char package[32];      /* "xla_cpu_pjrt", "xla_cuda13", "libtpu" or "env" (CDIFFUSERS_PJRT_PLUGIN) */
+    int api_major, api_minor; /* -1 when the library could not be read (note says why) */
+    bool chosen;           /* the plugin `--device pjrt` opens */
+    char note[256];
+} cdf_pjrt_plugin_info;
+/* Fills up to cap entries; returns how many plugins were found. */
+int cdf_pjrt_list_plugins(cdf_pjrt_plugin_info *out, int cap);
 
 /* Wait for every queued op; returns (and clears) the first error a queued kernel raised. */
 cdf_status cdf_device_synchronize(cdf_device *dev);

@@ -204,6 +204,8 @@ cdf_device *cdf_device_get(const char *name) {
 }
 
 cdf_device *cdf_device_default(void) {
+    const char *want = getenv("CDIFFUSERS_DEVICE");
+    if (want && *want) return cdf_device_get(want);
     if (g_n_devices == 0) {
         cdf_error(CDF_ERR_NOT_FOUND, "no backend is loaded (CDIFFUSERS_BACKEND_AUTOLOAD=0? call cdf_backend_load(\"cpu\"))");
         return NULL;
@@ -414,6 +416,14 @@ cdf_status cdf_device_get_info(const cdf_device *dev, cdf_device_info *out) {
  * such op and dequantizes at load */
 bool cdf_device_runs_quantized(const cdf_device *dev) { return dev && !dev->iface->values; }
 
+#ifndef CDF_HAVE_PJRT
+int cdf_pjrt_list_plugins(cdf_pjrt_plugin_info *out, int cap) {
+    (void)out;
+    (void)cap;
+    return 0;
+}
+#endif
+
 int cdf_backend_compiled_count(void) { return (int)(sizeof k_builtin / sizeof *k_builtin); }
 const char *cdf_backend_compiled_name(int i) {
     return (i >= 0 && i < cdf_backend_compiled_count()) ? k_builtin[i]->name : NULL;
@@ -422,5 +432,6 @@ const char *cdf_backend_why_no_device(int i) {
     if (i < 0 || i >= cdf_backend_compiled_count()) return NULL;
     for (int j = 0; j < g_n_backends; j++)
         if (g_backends[j] == k_builtin[i]) return NULL;
-    return g_why_none[i][0] ? g_why_none[i] : "not loaded (CDIFFUSERS_BACKEND_AUTOLOAD=0?)";
+    if (g_why_none[i][0]) return g_why_none[i];
+    return k_builtin[i]->lazy ? "loaded when a device of it is asked for (--device NAME)" : "not loaded (CDIFFUSERS_BACKEND_AUTOLOAD=0?)";
 }

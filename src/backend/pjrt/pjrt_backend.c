@@ -280,9 +280,44 @@ static cdf_storage *resolve(const binding *b, cdf_storage *st) {
     return st;
 }
 
+/* The program's embedding ids that are still host bytes, each within its table: false (the
+ * device's queued error set, as the cpu backend's embedding kernel reports it) if one is not. */
+static bool ids_in_range(const cdf_pjrt_program *p, const binding *bind) {
+    for (int c = 0; c < p->n_checks; c++) {
+        const cdf_tensor *t = &p->checks[c].ids;
+        cdf_storage *s = resolve(bind, t->storage);
+        slot *sl = s->data ? slot_at(s->data, NULL) : NULL;
+        if (!sl || (!sl->host && !sl->buf)) continue; /* made inside this program: XLA clamps (not checked) */
+        /* ids on the device come down (a few hundred integers, once per text encoder forward) */
+        if (!sl->host && slot_to_host(sl) != CDF_OK) {
+            record_error(CDF_ERR_DEVICE);
+            return false;
+        }
+        const int64_t n = cdf_shape_numel(t->ndim, t->shape);
+        for (int64_t i = 0; i < n; i++) {
+            int64_t off = t->offset, r = i;
+            for (int d = t->ndim - 1; d >= 0; d--) {
+                off += (r % t->shape[d]) * t->strides[d];
+                r /= t->shape[d];
+            }
+            const size_t esz = cdf_dtype_size(t->dtype);
+            if ((size_t)(off + 1) * esz > sl->nbytes) break;
+            int64_t id = t->dtype == CDF_I64 ? ((const int64_t *)sl->host)[off] : ((const int32_t *)sl->host)[off];
+            if (id < 0 || id >= p->checks[c].rows) {
+                cdf_error(CDF_ERR_INVALID_ARG, "queued op 'embedding' failed: id %lld at position %lld is outside the table [0, %lld)",
+                          (long long)id, (long long)i, (long long)p->checks[c].rows);
+                record_error(CDF_ERR_DEVICE);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 /* Run a built program: its arguments from the slots (and uploaded float parameters), its results
  * the slots' new values. Under lock. */
 static cdf_status run_program(const cdf_pjrt_program *p, const binding *bind, const char *who) {
+    if (!ids_in_range(p, bind)) return CDF_OK; /* reported by the next sync */
     cdf_pjrt_exe *x;
     CDF_TRY(executable_for(p, who, &x));
     if ((size_t)p->n_outs != x->n_outputs)
@@ -447,7 +482,7 @@ static cdf_status pjrt_run_nodes(cdf_device *dev, cdf_node **nodes, int n) {
 
 typedef struct pjrt_graph {
     cdf_pjrt_program prog;
-    cdf_tensor *const *params;
+    cdf_tensor **params; /* a copy of the plan's array (the tensors stay the plan's) */
     int n_params;
 } pjrt_graph;
 
@@ -460,16 +495,20 @@ static void *pjrt_graph_instantiate(cdf_device *dev, cdf_node *const *nodes, int
             return NULL;
         }
     pjrt_graph *gr = calloc(1, sizeof *gr);
-    if (!gr) {
+    cdf_tensor **pc = gr ? malloc(sizeof *pc * (size_t)(n_params ? n_params : 1)) : NULL;
+    if (!pc) {
+        free(gr);
         cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
         return NULL;
     }
     graph_ctx c = {.nodes = nodes, .n = n, .params = params, .n_params = n_params};
     if (cdf_pjrt_program_build(nodes, n, graph_internal, &c, &gr->prog) != CDF_OK) {
+        free(pc);
         free(gr);
         return NULL;
     }
-    gr->params = params;
+    memcpy(pc, params, sizeof *pc * (size_t)n_params);
+    gr->params = pc;
     gr->n_params = n_params;
     return gr;
 }
@@ -495,6 +534,7 @@ static void pjrt_graph_free(cdf_device *dev, void *graph) {
     pjrt_graph *gr = graph;
     if (!gr) return;
     cdf_pjrt_program_free(&gr->prog);
+    free(gr->params);
     free(gr);
 }
 
@@ -556,8 +596,8 @@ static void pjrt_queue_stats(const cdf_device *dev, cdf_queue_stats *out) {
 static void pjrt_device_info(const cdf_device *dev, cdf_device_info *out) {
     char kind[64], mem[128];
     cdf_pjrt_device_describe(&g.rt, dev->index, kind, sizeof kind, mem, sizeof mem);
-    snprintf(out->description, sizeof out->description, "%s (%s %s), %s", kind, g.rt.platform, g.rt.platform_version,
-             g.rt.path);
+    snprintf(out->description, sizeof out->description, "%.40s, platform %.24s %.40s (%.40s)", kind, g.rt.platform,
+             g.rt.platform_version, g.found.package);
     snprintf(out->features, sizeof out->features, "pjrt_api=%d.%d stablehlo=%s memories=%s", g.rt.api_major, g.rt.api_minor,
              g.rt.stablehlo_version[0] ? g.rt.stablehlo_version : "?", mem);
     out->memory_bytes = 0;

@@ -125,9 +125,10 @@ typedef struct builder {
     int n_ss, cap_ss;
     cdf_pjrt_internal_fn internal;
     void *ctx;
+    cdf_pjrt_id_check *checks;
+    int n_checks;
     cdf_status err;
     char why[256];
-    int indent;
 } builder;
 
 static void fail(builder *b, cdf_status s, const char *fmt, ...) CDF_PRINTF(3, 4);
@@ -977,6 +978,13 @@ static void lower_node(builder *b, const cdf_node *n) {
     }
     case CDF_OP_EMBEDDING: {
         const cdf_tensor *tab = n->src[0], *ids = n->src[1];
+        cdf_pjrt_id_check *nc = realloc(b->checks, (size_t)(b->n_checks + 1) * sizeof *nc);
+        if (!nc) {
+            fail(b, CDF_ERR_OUT_OF_MEMORY, "out of host memory (program)");
+            return;
+        }
+        b->checks = nc;
+        b->checks[b->n_checks++] = (cdf_pjrt_id_check){.ids = *ids, .rows = tab->shape[0]};
         hv tv = read_view(b, tab);
         int64_t ni = cdf_shape_numel(ids->ndim, ids->shape);
         int64_t d2[2] = {ni, 1};
@@ -1232,6 +1240,9 @@ static cdf_status finish(builder *b, cdf_pjrt_program *out) {
     out->args = b->args;
     out->n_args = b->n_args;
     b->args = NULL;
+    out->checks = b->checks;
+    out->n_checks = b->n_checks;
+    b->checks = NULL;
     for (int i = 0; i < b->n_ss; i++)
         if (is_result(&b->ss[i]))
             out->outs[out->n_outs++] = (cdf_pjrt_out){.st = b->ss[i].st, .dt = b->ss[i].cur.t.dt, .n = b->ss[i].cur.t.d[0]};
@@ -1244,6 +1255,7 @@ static void builder_free(builder *b) {
     free(b->arg_ty);
     free(b->arg_id);
     free(b->ss);
+    free(b->checks);
 }
 
 cdf_status cdf_pjrt_program_build(cdf_node *const *nodes, int n, cdf_pjrt_internal_fn internal, void *ctx,
@@ -1288,5 +1300,6 @@ void cdf_pjrt_program_free(cdf_pjrt_program *p) {
     free(p->text);
     free(p->args);
     free(p->outs);
+    free(p->checks);
     memset(p, 0, sizeof *p);
 }

@@ -37,6 +37,15 @@ typedef struct cdf_pjrt_out {
     int64_t n;
 } cdf_pjrt_out;
 
+/* An embedding's ids, checked on the host before the program runs where they still are host
+ * bytes (the usual case: token ids uploaded from the tokenizer): a program cannot fail on a bad
+ * index (XLA clamps it), and a silently clamped id would be a wrong picture. The view is copied
+ * (its storage stays the node's). */
+typedef struct cdf_pjrt_id_check {
+    cdf_tensor ids;
+    int64_t rows;
+} cdf_pjrt_id_check;
+
 typedef struct cdf_pjrt_program {
     char *text; /* MLIR, NUL-terminated */
     size_t len;
@@ -44,6 +53,8 @@ typedef struct cdf_pjrt_program {
     int n_args;
     cdf_pjrt_out *outs;
     int n_outs;
+    cdf_pjrt_id_check *checks;
+    int n_checks;
 } cdf_pjrt_program;
 
 /* Which storages the program keeps to itself: their values never leave it (a compile capture's

@@ -2,6 +2,7 @@
  * compile, serialize and execute. */
 #include <ctype.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "backend/pjrt/pjrt_runtime.h"
+#include "cdiffusers/device.h"
 #include "core/error_internal.h"
 
 #define ARGS(T, name) T name; memset(&name, 0, sizeof name); name.struct_size = T##_STRUCT_SIZE
@@ -114,6 +116,42 @@ cdf_status cdf_pjrt_choose_plugin(cdf_pjrt_found *out) {
                      "also searched: $VIRTUAL_ENV, ~/.local and the system's Python site-packages)");
 }
 
+int cdf_pjrt_list_plugins(cdf_pjrt_plugin_info *out, int cap) {
+    cdf_pjrt_found f[8], chosen;
+    int n = cdf_pjrt_find_plugins(f, 8);
+    const bool have_choice = cdf_pjrt_choose_plugin(&chosen) == CDF_OK;
+    for (int i = 0; i < n && i < cap; i++) {
+        cdf_pjrt_plugin_info *o = &out[i];
+        memset(o, 0, sizeof *o);
+        snprintf(o->path, sizeof o->path, "%s", f[i].path);
+        snprintf(o->package, sizeof o->package, "%s", f[i].package);
+        o->chosen = have_choice && strcmp(chosen.path, f[i].path) == 0;
+        o->api_major = o->api_minor = -1;
+        /* the version table only: GetPjrtApi initialises nothing (PJRT_Plugin_Initialize does) */
+        void *dl = dlopen(f[i].path, RTLD_LAZY | RTLD_LOCAL);
+        if (!dl) {
+            snprintf(o->note, sizeof o->note, "cannot be loaded: %s", dlerror());
+            continue;
+        }
+        const PJRT_Api *(*get)(void) = (const PJRT_Api *(*)(void))dlsym(dl, "GetPjrtApi");
+        const PJRT_Api *api = get ? get() : NULL;
+        if (!api) {
+            snprintf(o->note, sizeof o->note, "not a PJRT plugin (no GetPjrtApi)");
+        } else {
+            o->api_major = api->pjrt_api_version.major_version;
+            o->api_minor = api->pjrt_api_version.minor_version;
+            if (o->api_major != PJRT_API_MAJOR)
+                snprintf(o->note, sizeof o->note, "PJRT API major %d: cdiffusers speaks %d", o->api_major, PJRT_API_MAJOR);
+            else if (!strcmp(f[i].package, "libtpu") && !o->chosen)
+                snprintf(o->note, sizeof o->note, "found, not probed (set CDIFFUSERS_PJRT_PLUGIN to use it on a TPU VM)");
+            else if (!o->chosen)
+                snprintf(o->note, sizeof o->note, "found, not probed (CDIFFUSERS_PJRT_PLUGIN picks it)");
+        }
+        /* the plugin stays mapped: unloading a runtime with threads is not safe */
+    }
+    return n;
+}
+
 /* ---- errors -------------------------------------------------------------------------------- */
 
 cdf_status cdf_pjrt_check(const cdf_pjrt *p, PJRT_Error *e, cdf_status code, const char *what) {
@@ -130,6 +168,34 @@ cdf_status cdf_pjrt_check(const cdf_pjrt *p, PJRT_Error *e, cdf_status code, con
 
 #define CHECK(p, call, code, what) CDF_TRY(cdf_pjrt_check((p), (call), (code), (what)))
 
+/* The plugin's own logging (absl, to stderr: "cpu_device_count set via create_options", a
+ * warning about absl::InitializeLog) is quiet unless CDIFFUSERS_LOG asks for pjrt: stderr goes to
+ * /dev/null around the calls that log, and TF_CPP_MIN_LOG_LEVEL quiets the rest. */
+static bool plugin_log_on(void) {
+    const char *log = getenv("CDIFFUSERS_LOG");
+    return log && strstr(log, "pjrt");
+}
+
+static int quiet_begin(void) {
+    if (plugin_log_on()) return -1;
+    fflush(stderr);
+    int saved = dup(2), null = open("/dev/null", O_WRONLY);
+    if (saved < 0 || null < 0) {
+        if (saved >= 0) close(saved);
+        if (null >= 0) close(null);
+        return -1;
+    }
+    dup2(null, 2);
+    close(null);
+    return saved;
+}
+
+static void quiet_end(int saved) {
+    if (saved < 0) return;
+    dup2(saved, 2);
+    close(saved);
+}
+
 /* ---- loading -------------------------------------------------------------------------------- */
 
 static void copy_str(char *dst, size_t cap, const char *s, size_t n) {
@@ -144,12 +210,12 @@ static void read_attributes(cdf_pjrt *p) {
     if (p->api->PJRT_Plugin_Attributes(&a)) return; /* an error here only loses the versions */
     for (size_t i = 0; i < a.num_attributes; i++) {
         const PJRT_NamedValue *v = &a.attributes[i];
-        if (v->name_size == 24 && memcmp(v->name, "stablehlo_current_version", 24) == 0 &&
+        if (v->name_size == strlen("stablehlo_current_version") && memcmp(v->name, "stablehlo_current_version", v->name_size) == 0 &&
             v->type == PJRT_NamedValue_kInt64List && v->value_size == 3)
             snprintf(p->stablehlo_version, sizeof p->stablehlo_version, "%lld.%lld.%lld",
                      (long long)v->int64_array_value[0], (long long)v->int64_array_value[1],
                      (long long)v->int64_array_value[2]);
-        if (v->name_size == 11 && memcmp(v->name, "xla_version", 11) == 0 && v->type == PJRT_NamedValue_kInt64)
+        if (v->name_size == strlen("xla_version") && memcmp(v->name, "xla_version", v->name_size) == 0 && v->type == PJRT_NamedValue_kInt64)
             snprintf(p->xla_version, sizeof p->xla_version, "%lld", (long long)v->int64_value);
     }
 }
@@ -158,8 +224,7 @@ cdf_status cdf_pjrt_open(const char *path, cdf_pjrt *p) {
     memset(p, 0, sizeof *p);
     snprintf(p->path, sizeof p->path, "%s", path);
     /* the plugin logs through absl to stderr: quiet unless CDIFFUSERS_LOG asks for pjrt */
-    const char *log = getenv("CDIFFUSERS_LOG");
-    if (!(log && strstr(log, "pjrt"))) setenv("TF_CPP_MIN_LOG_LEVEL", "2", 0);
+    if (!plugin_log_on()) setenv("TF_CPP_MIN_LOG_LEVEL", "2", 0);
     if (access(path, R_OK) != 0)
         return cdf_error(CDF_ERR_NOT_FOUND, "PJRT plugin '%s' does not exist or is unreadable (CDIFFUSERS_PJRT_PLUGIN)",
                          path);
@@ -196,7 +261,10 @@ cdf_status cdf_pjrt_open(const char *path, cdf_pjrt *p) {
                          path, p->api_major, p->api_minor, 40);
     }
     ARGS(PJRT_Plugin_Initialize_Args, ia);
-    cdf_status s = cdf_pjrt_check(p, p->api->PJRT_Plugin_Initialize(&ia), CDF_ERR_DEVICE, "initialising the PJRT plugin");
+    int q = quiet_begin();
+    PJRT_Error *ie = p->api->PJRT_Plugin_Initialize(&ia);
+    quiet_end(q);
+    cdf_status s = cdf_pjrt_check(p, ie, CDF_ERR_DEVICE, "initialising the PJRT plugin");
     if (s != CDF_OK) {
         cdf_error_prefix("%s: ", path);
         return s;
@@ -271,7 +339,10 @@ cdf_status cdf_pjrt_client_create(cdf_pjrt *p, int cpu_devices) {
     ARGS(PJRT_Client_Create_Args, c);
     c.create_options = nv;
     c.num_options = (size_t)n;
-    CHECK(p, p->api->PJRT_Client_Create(&c), CDF_ERR_DEVICE, "creating the PJRT client");
+    int q = quiet_begin();
+    PJRT_Error *ce = p->api->PJRT_Client_Create(&c);
+    quiet_end(q);
+    CHECK(p, ce, CDF_ERR_DEVICE, "creating the PJRT client");
     p->client = c.client;
 
     ARGS(PJRT_Client_PlatformName_Args, pn);
