@@ -603,6 +603,18 @@ static void pjrt_device_info(const cdf_device *dev, cdf_device_info *out) {
     out->memory_bytes = 0;
 }
 
+/* CDIFFUSERS_LOG=pjrt: what the program cache did in this process, at exit (the cross-process
+ * cache test reads "0 compiled") */
+static void log_cache_at_exit(void) {
+    cdf_pjrt_cache_stats st;
+    cdf_pjrt_cache_get_stats(g.cache, &st);
+    fprintf(stderr, "cdiffusers: pjrt: programs: %llu compiled, %llu loaded from the disk cache, %llu from memory; "
+                    "%llu written to %s, %llu cache errors\n",
+            (unsigned long long)st.compiles, (unsigned long long)st.disk_hits, (unsigned long long)st.memory_hits,
+            (unsigned long long)st.disk_writes, cdf_pjrt_cache_dir(g.cache)[0] ? cdf_pjrt_cache_dir(g.cache) : "(no disk cache)",
+            (unsigned long long)st.disk_errors);
+}
+
 /* ---- init ---------------------------------------------------------------------------------------------------- */
 
 static cdf_status pjrt_init(int *n_devices, const char **why) {
@@ -622,6 +634,7 @@ static cdf_status pjrt_init(int *n_devices, const char **why) {
         if (!cdf_backend_add_device(&cdf_pjrt_backend_iface, i, NULL)) break;
         (*n_devices)++;
     }
+    if (log_on()) atexit(log_cache_at_exit);
     if (log_on())
         fprintf(stderr, "cdiffusers: pjrt: %s (%s %s, PJRT API %d.%d, StableHLO %s): %d device(s)\n", g.rt.path, g.rt.platform,
                 g.rt.platform_version, g.rt.api_major, g.rt.api_minor, g.rt.stablehlo_version, g.rt.n_devices);

@@ -15,6 +15,8 @@
 #include "core/error_internal.h"
 
 #define N_BUCKETS 4096
+
+void (*cdf_pjrt_cache_test_hook)(char *text, size_t len);
 #define MAGIC "CDFPJRT1"
 
 typedef struct entry {
@@ -257,7 +259,8 @@ cdf_status cdf_pjrt_cache_get(cdf_pjrt_cache *c, cdf_pjrt *rt, const char *text,
         if (log_compiles() || len > (1u << 16))
             fprintf(stderr, "cdiffusers: compiling %s (first run for this shape)\n", who);
         if (getenv("CDIFFUSERS_PJRT_TRACE")) fprintf(stderr, "---- %s\n%.*s", who, (int)len, text);
-        cdf_status s = cdf_pjrt_compile(rt, text, len, &exe);
+        if (cdf_pjrt_cache_test_hook) cdf_pjrt_cache_test_hook(copy, len);
+        cdf_status s = cdf_pjrt_compile(rt, cdf_pjrt_cache_test_hook ? copy : text, len, &exe);
         if (s != CDF_OK) {
             free(copy);
             free(e);

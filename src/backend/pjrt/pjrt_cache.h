@@ -34,6 +34,9 @@ void cdf_pjrt_cache_get_stats(const cdf_pjrt_cache *c, cdf_pjrt_cache_stats *out
 /* The cache folder in use ("" when the disk cache is off). */
 const char *cdf_pjrt_cache_dir(const cdf_pjrt_cache *c);
 
+/* Tests only: called with each program text before it is compiled (a refused program). */
+extern void (*cdf_pjrt_cache_test_hook)(char *text, size_t len);
+
 /* The folder the settings name (for `cdiffusers cache`; "" when off). */
 void cdf_pjrt_cache_default_dir(char *out, size_t cap);
 
