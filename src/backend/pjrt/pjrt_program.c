@@ -127,6 +127,8 @@ typedef struct builder {
     void *ctx;
     cdf_pjrt_id_check *checks;
     int n_checks;
+    sbuf funcs; /* the module's other functions (composites' decompositions) */
+    int n_funcs;
     cdf_status err;
     char why[256];
 } builder;
@@ -889,19 +891,12 @@ static hv lower_matmul(builder *b, const cdf_node *n) {
     return c;
 }
 
-static hv lower_attention(builder *b, const cdf_node *n) {
-    const cdf_tensor *Q = n->src[0], *K = n->src[1], *V = n->src[2], *M = n->n_src > 3 ? n->src[3] : NULL;
-    hv q = read_view(b, Q), k = read_view(b, K), v = read_view(b, V);
-    const bool bf = Q->dtype == CDF_BF16 && K->dtype == CDF_BF16 && V->dtype == CDF_BF16;
-    if (!bf) {
-        q = convert(b, q, CDF_F32);
-        k = convert(b, k, CDF_F32);
-        v = convert(b, v, CDF_F32);
-    }
+/* softmax(q k^T * scale + mask) v on values already in the compute dtype (the decomposition) */
+static hv sdpa(builder *b, hv q, hv k, hv v, hv scale, const hv *mask, bool bf) {
     int64_t bd[2] = {0, 1};
     hv s = dot(b, q, k, 2, bd, bd, 3, 3); /* [B, H, Lq, Lk] */
-    s = op2(b, "multiply", s, param(b, n->p.attention.scale, &s.t));
-    if (M) s = op2(b, "add", s, read_f32(b, M));
+    s = op2(b, "multiply", s, splat(b, scale, &s.t));
+    if (mask) s = op2(b, "add", s, *mask);
     int64_t last = 3;
     hv mx = reduce(b, s, 1, &last, "maximum", -INFINITY);
     /* a fully masked row: its max is -inf; use 0 so exp gives 0 and the row sums to 0 */
@@ -920,7 +915,53 @@ static hv lower_attention(builder *b, const cdf_node *n) {
     hv o = dot(b, p, v, 2, bd, bd, 3, 2); /* [B, H, Lq, Dv] */
     hv lz = compare(b, l, splat(b, constant(b, CDF_F32, 0.0), &l.t), "GT");
     l = select3(b, lz, l, splat(b, constant(b, CDF_F32, 1.0), &l.t));
-    o = op2(b, "divide", o, bcast_lead(b, l, &o.t));
+    return op2(b, "divide", o, bcast_lead(b, l, &o.t));
+}
+
+/* Attention as a stablehlo.composite "cdiffusers.sdpa" whose decomposition (a private function)
+ * is dot_general + softmax: every plugin runs the decomposition, and a plugin with its own
+ * attention kernel can match the name instead. */
+static hv lower_attention(builder *b, const cdf_node *n) {
+    const cdf_tensor *Q = n->src[0], *K = n->src[1], *V = n->src[2], *M = n->n_src > 3 ? n->src[3] : NULL;
+    const bool bf = Q->dtype == CDF_BF16 && K->dtype == CDF_BF16 && V->dtype == CDF_BF16;
+    const cdf_dtype cdt = bf ? CDF_BF16 : CDF_F32;
+    hv in[5];
+    int ni = 0;
+    in[ni++] = convert(b, read_view(b, Q), cdt);
+    in[ni++] = convert(b, read_view(b, K), cdt);
+    in[ni++] = convert(b, read_view(b, V), cdt);
+    if (M) in[ni++] = read_f32(b, M);
+    in[ni++] = scalar_arg(b, n->p.attention.scale);
+    const int64_t od[4] = {Q->shape[0], Q->shape[1], Q->shape[2], V->shape[3]};
+    const hty out_t = ty(CDF_F32, 4, od);
+    /* the decomposition, written into the module's functions */
+    sbuf body = b->body;
+    b->body = (sbuf){0};
+    hv p[5];
+    for (int i = 0; i < ni; i++) p[i] = new_val(b, in[i].t);
+    hv r = sdpa(b, p[0], p[1], p[2], p[ni - 1], M ? &p[3] : NULL, bf);
+    const int fn = b->n_funcs++;
+    sb_printf(&b->funcs, "  func.func private @sdpa_%d(", fn);
+    for (int i = 0; i < ni; i++) {
+        sb_printf(&b->funcs, "%s%%v%d: ", i ? ", " : "", p[i].id);
+        put_type(&b->funcs, &p[i].t);
+    }
+    sb_printf(&b->funcs, ") -> ");
+    put_type(&b->funcs, &r.t);
+    sb_printf(&b->funcs, " {\n%.*s    \"func.return\"(%%v%d) : (", (int)b->body.n, b->body.p ? b->body.p : "", r.id);
+    put_type(&b->funcs, &r.t);
+    sb_printf(&b->funcs, ") -> ()\n  }\n");
+    b->funcs.oom |= b->body.oom;
+    free(b->body.p);
+    b->body = body;
+    char attrs[160];
+    snprintf(attrs, sizeof attrs, "name = \"cdiffusers.sdpa\", composite_attributes = {}, decomposition = @sdpa_%d", fn);
+    hv o = new_val(b, out_t);
+    begin_op(b, o);
+    sb_printf(&b->body, "\"stablehlo.composite\"");
+    put_operands(b, ni, in);
+    sb_printf(&b->body, " {%s}", attrs);
+    put_sig(b, ni, in, &out_t);
     return o;
 }
 
@@ -1227,7 +1268,7 @@ static cdf_status finish(builder *b, cdf_pjrt_program *out) {
     put_results(&s, b, false);
     sb_printf(&s, ") : (");
     put_results(&s, b, true);
-    sb_printf(&s, ") -> ()\n  }\n}\n");
+    sb_printf(&s, ") -> ()\n  }\n%.*s}\n", (int)b->funcs.n, b->funcs.p ? b->funcs.p : "");
     int n_out = 0;
     for (int i = 0; i < b->n_ss; i++) n_out += is_result(&b->ss[i]);
     out->outs = calloc((size_t)(n_out ? n_out : 1), sizeof *out->outs);
@@ -1256,6 +1297,7 @@ static void builder_free(builder *b) {
     free(b->arg_id);
     free(b->ss);
     free(b->checks);
+    free(b->funcs.p);
 }
 
 cdf_status cdf_pjrt_program_build(cdf_node *const *nodes, int n, cdf_pjrt_internal_fn internal, void *ctx,
@@ -1267,7 +1309,7 @@ cdf_status cdf_pjrt_program_build(cdf_node *const *nodes, int n, cdf_pjrt_intern
         if (b.err != CDF_OK) cdf_error(b.err, "%s (node %d of %d): %s", cdf_op_name(nodes[i]->kind), i, n, b.why);
     }
     cdf_status s = b.err;
-    if (s == CDF_OK && b.body.oom) s = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (program text)");
+    if (s == CDF_OK && (b.body.oom || b.funcs.oom)) s = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (program text)");
     if (s == CDF_OK) s = finish(&b, out);
     if (s != CDF_OK) cdf_pjrt_program_free(out);
     builder_free(&b);
