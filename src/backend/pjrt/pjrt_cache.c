@@ -32,6 +32,7 @@ struct cdf_pjrt_cache {
     char dir[1024];     /* "" = no disk cache */
     uint64_t env_hash;  /* the plugin, its versions, the device kind, the host CPU, the options */
     uint64_t max_bytes;
+    char xla_flags[512]; /* CDIFFUSERS_PJRT_XLA_FLAGS: XLA debug options for every compile */
     cdf_pjrt_cache_stats stats;
 };
 
@@ -100,8 +101,10 @@ cdf_status cdf_pjrt_cache_open(cdf_pjrt_cache **out, cdf_pjrt *rt) {
     h = fnv_str(h, rt->stablehlo_version);
     h = fnv_str(h, kind);
     h = fnv(h, &rt->n_devices, sizeof rt->n_devices);
-    uint8_t opts[64];
-    size_t no = cdf_pjrt_compile_options(opts, sizeof opts, 1, 1);
+    const char *flags = getenv("CDIFFUSERS_PJRT_XLA_FLAGS");
+    snprintf(c->xla_flags, sizeof c->xla_flags, "%s", flags ? flags : "");
+    uint8_t opts[1024];
+    size_t no = cdf_pjrt_compile_options(opts, sizeof opts, 1, 1, c->xla_flags);
     h = fnv(h, opts, no);
     c->env_hash = cpu_flags_hash(h);
     *out = c;
@@ -260,7 +263,7 @@ cdf_status cdf_pjrt_cache_get(cdf_pjrt_cache *c, cdf_pjrt *rt, const char *text,
             fprintf(stderr, "cdiffusers: compiling %s (first run for this shape)\n", who);
         if (getenv("CDIFFUSERS_PJRT_TRACE")) fprintf(stderr, "---- %s\n%.*s", who, (int)len, text);
         if (cdf_pjrt_cache_test_hook) cdf_pjrt_cache_test_hook(copy, len);
-        cdf_status s = cdf_pjrt_compile(rt, cdf_pjrt_cache_test_hook ? copy : text, len, &exe);
+        cdf_status s = cdf_pjrt_compile(rt, cdf_pjrt_cache_test_hook ? copy : text, len, c->xla_flags, &exe);
         if (s != CDF_OK) {
             free(copy);
             free(e);

@@ -478,26 +478,65 @@ static size_t put_varint(uint8_t *b, size_t at, uint64_t v) {
     return at;
 }
 
-size_t cdf_pjrt_compile_options(uint8_t *buf, size_t cap, int n_replicas, int n_partitions) {
+/* a length-delimited field: tag, length, bytes (0 when it does not fit) */
+static size_t put_bytes(uint8_t *b, size_t at, size_t cap, int field, const void *p, size_t n) {
+    uint8_t hdr[16];
+    size_t h = put_varint(hdr, 0, ((uint64_t)field << 3) | 2);
+    h = put_varint(hdr, h, n);
+    if (at + h + n > cap) return 0;
+    memcpy(b + at, hdr, h);
+    memcpy(b + at + h, p, n);
+    return at + h + n;
+}
+
+/* XLA debug options as env_option_overrides (CompileOptionsProto field 7, a map<string,
+ * OptionOverrideProto{string 1, bool 2, int64 3}>) from "key=value,key=value" */
+static size_t put_overrides(uint8_t *b, size_t at, size_t cap, const char *spec) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", spec);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok && at; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq) continue;
+        *eq = 0;
+        const char *val = eq + 1;
+        uint8_t v[160], e[320];
+        size_t nv = 0;
+        char *end;
+        long long iv = strtoll(val, &end, 10);
+        if (*val && !*end) {
+            v[nv++] = 3 << 3;
+            nv = put_varint(v, nv, (uint64_t)iv);
+        } else if (!strcmp(val, "true") || !strcmp(val, "false")) {
+            v[nv++] = 2 << 3;
+            v[nv++] = !strcmp(val, "true");
+        } else {
+            nv = put_bytes(v, 0, sizeof v, 1, val, strlen(val));
+        }
+        size_t ne = put_bytes(e, 0, sizeof e, 1, tok, strlen(tok));
+        ne = ne ? put_bytes(e, ne, sizeof e, 2, v, nv) : 0;
+        at = ne ? put_bytes(b, at, cap, 7, e, ne) : 0;
+    }
+    return at;
+}
+
+size_t cdf_pjrt_compile_options(uint8_t *buf, size_t cap, int n_replicas, int n_partitions, const char *xla_flags) {
     /* CompileOptionsProto { executable_build_options (field 3) = ExecutableBuildOptionsProto {
-     * num_replicas (4), num_partitions (5) } } */
+     * num_replicas (4), num_partitions (5) }, env_option_overrides (7) } */
     uint8_t inner[32];
     size_t n = 0;
     inner[n++] = 4 << 3; /* field 4, varint */
     n = put_varint(inner, n, (uint64_t)(n_replicas > 0 ? n_replicas : 1));
     inner[n++] = 5 << 3;
     n = put_varint(inner, n, (uint64_t)(n_partitions > 0 ? n_partitions : 1));
-    if (cap < n + 2) return 0;
-    size_t m = 0;
-    buf[m++] = (3 << 3) | 2; /* field 3, length-delimited */
-    buf[m++] = (uint8_t)n;
-    memcpy(buf + m, inner, n);
-    return m + n;
+    size_t m = put_bytes(buf, 0, cap, 3, inner, n);
+    if (m && xla_flags && *xla_flags) m = put_overrides(buf, m, cap, xla_flags);
+    return m;
 }
 
-cdf_status cdf_pjrt_compile(cdf_pjrt *p, const char *mlir, size_t len, PJRT_LoadedExecutable **out) {
-    uint8_t opts[64];
-    size_t no = cdf_pjrt_compile_options(opts, sizeof opts, 1, 1);
+cdf_status cdf_pjrt_compile(cdf_pjrt *p, const char *mlir, size_t len, const char *xla_flags, PJRT_LoadedExecutable **out) {
+    uint8_t opts[1024];
+    size_t no = cdf_pjrt_compile_options(opts, sizeof opts, 1, 1, xla_flags);
+    if (!no) return cdf_error(CDF_ERR_INVALID_ARG, "pjrt: compile options too long (%s)", xla_flags ? xla_flags : "");
     ARGS(PJRT_Program, prog);
     prog.code = (char *)mlir;
     prog.code_size = len;

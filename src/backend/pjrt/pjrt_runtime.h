@@ -82,10 +82,11 @@ cdf_status cdf_pjrt_buffer_await(cdf_pjrt *p, PJRT_Buffer *b);
 /* ---- programs ---- */
 
 /* The serialized CompileOptionsProto for n_replicas x n_partitions (never empty: an empty one
- * aborts the CPU plugin). Returns its length (<= cap). */
-size_t cdf_pjrt_compile_options(uint8_t *buf, size_t cap, int n_replicas, int n_partitions);
-/* Compile StableHLO MLIR text. */
-cdf_status cdf_pjrt_compile(cdf_pjrt *p, const char *mlir, size_t len, PJRT_LoadedExecutable **out);
+ * aborts the CPU plugin), with XLA debug options "key=value,..." (NULL: none) as its
+ * env_option_overrides. Returns its length (<= cap; 0 when it does not fit). */
+size_t cdf_pjrt_compile_options(uint8_t *buf, size_t cap, int n_replicas, int n_partitions, const char *xla_flags);
+/* Compile StableHLO MLIR text with those options. */
+cdf_status cdf_pjrt_compile(cdf_pjrt *p, const char *mlir, size_t len, const char *xla_flags, PJRT_LoadedExecutable **out);
 /* Serialize / load a compiled executable (the disk cache). *bytes is malloc'd. */
 cdf_status cdf_pjrt_serialize(cdf_pjrt *p, PJRT_LoadedExecutable *e, char **bytes, size_t *len);
 cdf_status cdf_pjrt_deserialize(cdf_pjrt *p, const char *bytes, size_t len, PJRT_LoadedExecutable **out);
