@@ -17,7 +17,6 @@
 
 #include "cdiffusers/dist.h"
 #include "core/error_internal.h"
-#include "nn/lora.h"
 #include "nn/nn.h"
 #include "nn/weights_source.h"
 #include "tensor/tensor_impl.h"
@@ -770,7 +769,7 @@ cdf_tensor *cdf_tp_linear_rowwise_fwd(const cdf_linear_layer *l, cdf_tensor *x) 
      * B (s * A_r x_r) is its partial of B (s * A x): added before the all-reduce, the sum holds the
      * adapter once (as it holds the bias once), and no second collective is needed */
     if (y && l->lora) {
-        cdf_tensor *d = cdf_lora_delta_fwd(l->lora, x);
+        cdf_tensor *d = l->lora->delta(l->lora, x);
         y = d ? cdf_add(y, d) : NULL;
     }
     cdf_tensor *r = y ? cdf_all_reduce_sum(y, tp->pg) : NULL;

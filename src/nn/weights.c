@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "core/error_internal.h"
-#include "nn/lora.h"
 #include "nn/nn.h"
 #include "nn/weights_source.h"
 #include "tensor/tensor_impl.h"
@@ -384,10 +383,21 @@ cdf_status cdf_linear_load(cdf_weights *w, cdf_linear_layer *l, int64_t in, int6
 }
 
 void cdf_linear_free(cdf_linear_layer *l) {
-    cdf_lora_detach(l);
+    if (l->lora) l->lora->free(l->lora);
+    l->lora = NULL;
     cdf_tensor_release(l->w);
     cdf_tensor_release(l->b);
     l->w = l->b = NULL;
+}
+
+cdf_tensor *cdf_linear_hooked_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
+    if (!x) return NULL;
+    cdf_scope_push();
+    cdf_tensor *y = cdf_linear_base_fwd(l, x);
+    cdf_tensor *d = l->lora->delta(l->lora, x);
+    cdf_tensor *r = y && d ? cdf_add(y, d) : NULL;
+    cdf_scope_pop(r ? &r : NULL, r ? 1 : 0);
+    return r;
 }
 
 cdf_status cdf_norm_load(cdf_weights *w, cdf_norm_layer *n, int64_t dim, int weight, int bias, float eps, const char *fmt, ...) {
