@@ -9,11 +9,22 @@
 #define CDF_NN_H
 
 #include <stdarg.h>
+#include <stdio.h>
 
 #include "cdiffusers/io.h"
 #include "cdiffusers/tensor.h"
 
 struct cJSON;
+
+/* The loaders' printf-style module name (fmt, ... of the enclosing function) formatted into the
+ * char array buf. */
+#define CDF_NN_FORMAT_NAME(buf, fmt)            \
+    do {                                        \
+        va_list ap_;                            \
+        va_start(ap_, fmt);                     \
+        vsnprintf(buf, sizeof buf, fmt, ap_);   \
+        va_end(ap_);                            \
+    } while (0)
 
 /* How weights are materialised on the device. */
 typedef struct cdf_load_options {

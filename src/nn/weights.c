@@ -354,10 +354,7 @@ cdf_status cdf_linear_decode(cdf_linear_layer *l) {
 
 cdf_status cdf_linear_load(cdf_weights *w, cdf_linear_layer *l, int64_t in, int64_t out, int bias, const char *fmt, ...) {
     char prefix[480];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
-    va_end(ap);
+    CDF_NN_FORMAT_NAME(prefix, fmt);
     memset(l, 0, sizeof *l);
     l->in = in;
     l->out = out;
@@ -402,10 +399,7 @@ cdf_tensor *cdf_linear_hooked_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
 
 cdf_status cdf_norm_load(cdf_weights *w, cdf_norm_layer *n, int64_t dim, int weight, int bias, float eps, const char *fmt, ...) {
     char prefix[480];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
-    va_end(ap);
+    CDF_NN_FORMAT_NAME(prefix, fmt);
     memset(n, 0, sizeof *n);
     n->eps = eps;
     int64_t s[1] = {dim};
@@ -431,10 +425,7 @@ void cdf_norm_free(cdf_norm_layer *n) {
 cdf_status cdf_conv_load(cdf_weights *w, cdf_conv_layer *c, int64_t cin, int64_t cout, int k, int stride, int pad, int bias,
                          const char *fmt, ...) {
     char prefix[480];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
-    va_end(ap);
+    CDF_NN_FORMAT_NAME(prefix, fmt);
     memset(c, 0, sizeof *c);
     c->p = cdf_conv2d_default_params();
     c->p.stride_h = c->p.stride_w = stride;
