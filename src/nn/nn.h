@@ -121,6 +121,17 @@ cdf_linear_layer *cdf_layer_index_at(const cdf_layer_index *ix, int i, const cha
 cdf_status cdf_config_load(const char *dir, struct cJSON **out);
 /* "_class_name" (diffusers) or architectures[0] (transformers); NULL if neither. */
 const char *cdf_config_class_name(const struct cJSON *cfg);
+/* The integer `key` (default def) of a config, which must be in 1..max: a size, bounded so that
+ * products of a few of them cannot overflow. Else CDF_ERR_FORMAT naming the key and the range. */
+cdf_status cdf_config_get_dim(const struct cJSON *cfg, const char *key, int64_t def, int64_t max, int64_t *out);
+
+/* ---- feed-forward activations by their transformers name (ACT2FN) ------------------------ */
+typedef enum cdf_act { CDF_ACT_QUICK_GELU, CDF_ACT_GELU, CDF_ACT_GELU_TANH, CDF_ACT_RELU, CDF_ACT_SILU } cdf_act;
+/* name -> *out: quick_gelu (only where allow_quick_gelu), gelu, gelu_new and gelu_pytorch_tanh
+ * (the tanh approximation), relu, silu and swish. Any other name: CDF_ERR_UNSUPPORTED
+ * "config.json: <what> '<name>' is not supported (<listed>)". nn/activation.c. */
+cdf_status cdf_act_parse(const char *name, bool allow_quick_gelu, const char *what, const char *listed, cdf_act *out);
+cdf_tensor *cdf_act_fwd(cdf_act act, cdf_tensor *x);
 
 /* ---- building blocks -------------------------------------------------------------------- */
 struct cdf_tp;

@@ -252,6 +252,13 @@ const char *cdf_config_class_name(const cJSON *cfg) {
     return NULL;
 }
 
+cdf_status cdf_config_get_dim(const cJSON *cfg, const char *key, int64_t def, int64_t max, int64_t *out) {
+    CDF_TRY(cdf_json_get_int(cfg, key, def, out));
+    if (*out < 1 || *out > max)
+        return cdf_error(CDF_ERR_FORMAT, "config.json: %s = %lld is outside 1..%lld", key, (long long)*out, (long long)max);
+    return CDF_OK;
+}
+
 /* ---- building blocks ------------------------------------------------------------------------ */
 
 /* --weight-type q8_0: the float weight t read as f32 and encoded as blocks of qt (as gguf-py's
