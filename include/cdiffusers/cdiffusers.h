@@ -1,8 +1,12 @@
 /* cdiffusers — umbrella header. Runs Hugging Face diffusers text-to-image pipelines (FLUX.1,
- * Stable Diffusion 3/3.5) from ordinary diffusers model folders.
+ * Stable Diffusion 3/3.5 and FLUX.2) from ordinary diffusers model folders, single files and
+ * GGUF checkpoints.
  *
- * Layers (bottom to top): io (files) -> tensor + device (the op API, async device queues) ->
- * models -> pipelines. See docs/ARCHITECTURE.md. */
+ * Layers of src/ (bottom to top): core -> io, kernels, graph, rng, schedulers, tokenizers ->
+ * backend (devices, streams, memory) -> exec (eager, defer-and-fuse, capture) -> tensor (the op
+ * API: tensor.h) -> dist (tensor parallelism: dist.h) -> nn (weights, layers) -> compile (graph
+ * caches, memory plans) -> models (components) -> pipelines (pipeline.h, convert.h); the cli on
+ * top. See docs/ARCHITECTURE.md; docs/c-api.md for what each header holds. */
 #ifndef CDIFFUSERS_H
 #define CDIFFUSERS_H
 

@@ -20,7 +20,7 @@
 #include "models/component.h"
 #include "models/text_encoders.h"
 
-typedef enum clip_act { CLIP_ACT_QUICK_GELU, CLIP_ACT_GELU, CLIP_ACT_GELU_TANH, CLIP_ACT_RELU, CLIP_ACT_SILU } clip_act;
+typedef cdf_act clip_act;
 
 typedef struct clip_layer {
     cdf_norm_layer layer_norm1, layer_norm2;
@@ -61,42 +61,12 @@ static const cdf_tp_rule CLIP_TP_PLAN[] = {
 
 /* ---- config ------------------------------------------------------------------------------- */
 static cdf_status parse_act(const char *name, clip_act *out) {
-    static const struct {
-        const char *name;
-        clip_act act;
-    } acts[] = {
-        {"quick_gelu", CLIP_ACT_QUICK_GELU}, {"gelu", CLIP_ACT_GELU}, {"gelu_new", CLIP_ACT_GELU_TANH},
-        {"gelu_pytorch_tanh", CLIP_ACT_GELU_TANH}, {"relu", CLIP_ACT_RELU}, {"silu", CLIP_ACT_SILU},
-        {"swish", CLIP_ACT_SILU},
-    };
-    for (size_t i = 0; i < sizeof acts / sizeof *acts; i++)
-        if (strcmp(acts[i].name, name) == 0) {
-            *out = acts[i].act;
-            return CDF_OK;
-        }
-    return cdf_error(CDF_ERR_UNSUPPORTED,
-                     "config.json: hidden_act '%s' is not supported (quick_gelu, gelu, gelu_new, gelu_pytorch_tanh, "
-                     "relu, silu)",
-                     name);
-}
-
-static cdf_tensor *apply_act(clip_act act, cdf_tensor *x) {
-    switch (act) {
-    case CLIP_ACT_QUICK_GELU: return cdf_quick_gelu(x); /* x * sigmoid(1.702 x) */
-    case CLIP_ACT_GELU: return cdf_gelu(x, CDF_GELU_ERF);
-    case CLIP_ACT_GELU_TANH: return cdf_gelu(x, CDF_GELU_TANH);
-    case CLIP_ACT_RELU: return cdf_relu(x);
-    case CLIP_ACT_SILU: return cdf_silu(x);
-    }
-    return NULL;
+    return cdf_act_parse(name, true, "hidden_act", "quick_gelu, gelu, gelu_new, gelu_pytorch_tanh, relu, silu", out);
 }
 
 /* A positive integer hyperparameter, bounded so that products of a few of them cannot overflow. */
 static cdf_status get_dim(const cJSON *cfg, const char *key, int64_t def, int64_t *out) {
-    CDF_TRY(cdf_json_get_int(cfg, key, def, out));
-    if (*out < 1 || *out > (1 << 24))
-        return cdf_error(CDF_ERR_FORMAT, "config.json: %s = %lld is outside 1..%d", key, (long long)*out, 1 << 24);
-    return CDF_OK;
+    return cdf_config_get_dim(cfg, key, def, 1 << 24, out);
 }
 
 static cdf_status parse_config(const cJSON *cfg, cdf_clip_text *m) {
@@ -215,14 +185,8 @@ static cdf_status clip_load(const char *dir, const cJSON *cfg, const cdf_load_op
 
 cdf_status cdf_clip_text_load(const char *dir, const cdf_load_options *opt, cdf_clip_text **out) {
     if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_clip_text_load: out is NULL");
-    *out = NULL;
-    if (!dir) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_clip_text_load: dir is NULL");
-    cJSON *cfg = NULL;
-    CDF_TRY(cdf_config_load(dir, &cfg));
-    void *impl = NULL;
-    cdf_status s = clip_load(dir, cfg, opt, &impl);
-    cJSON_Delete(cfg);
-    if (s != CDF_OK) cdf_error_prefix("loading CLIP text model from %s: ", dir);
+    void *impl;
+    cdf_status s = cdf_component_load_impl(clip_load, "cdf_clip_text_load", "CLIP text model", dir, opt, &impl);
     *out = impl;
     return s;
 }
@@ -251,7 +215,7 @@ static cdf_tensor *layer_forward(const cdf_clip_text *m, const clip_layer *l, cd
     x = cdf_add(x, cdf_linear_fwd(&l->out_proj, a));
     /* MLP */
     h = cdf_layer_norm(x, l->layer_norm2.w, l->layer_norm2.b, l->layer_norm2.eps);
-    h = apply_act(m->act, cdf_linear_fwd(&l->fc1, h)); /* [B, S, intermediate] */
+    h = cdf_act_fwd(m->act, cdf_linear_fwd(&l->fc1, h)); /* [B, S, intermediate] */
     return cdf_add(x, cdf_linear_fwd(&l->fc2, h));
 }
 

@@ -34,6 +34,12 @@ typedef struct cdf_component cdf_component;
 cdf_status cdf_component_load(const char *dir, const cdf_load_options *opt, cdf_component **out);
 cdf_status cdf_component_run(cdf_component *c, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out);
 void cdf_component_free(cdf_component *c);
+/* A model's own entry point (cdf_clip_text_load, cdf_t5_encoder_load): dir's config.json given to
+ * the class's load function; a failure is prefixed "loading <what> from <dir>: ", a NULL dir is
+ * an error naming fn. *impl stays NULL on failure. */
+cdf_status cdf_component_load_impl(cdf_status (*load)(const char *dir, const struct cJSON *cfg, const cdf_load_options *opt,
+                                                      void **impl),
+                                   const char *fn, const char *what, const char *dir, const cdf_load_options *opt, void **impl);
 const char *cdf_component_class_name(const cdf_component *c);
 /* The config's parsed JSON (owned by the component). */
 const struct cJSON *cdf_component_config(const cdf_component *c);

@@ -108,10 +108,7 @@ static cdf_status parse_config(const cJSON *json, const char *dir, cdf_flux2_con
     if (c->out_channels == 0) c->out_channels = c->in_channels; /* `out_channels or in_channels` */
 
     /* Sizes: positive and small enough that products below cannot overflow. */
-    const struct {
-        const char *key;
-        int64_t v, lo, hi;
-    } ranges[] = {
+    const cdf_flux_range ranges[] = {
         {"patch_size", c->patch_size, 1, 64},
         {"in_channels", c->in_channels, 1, 1 << 20},
         {"out_channels", c->out_channels, 1, 1 << 20},
@@ -122,43 +119,18 @@ static cdf_status parse_config(const cJSON *json, const char *dir, cdf_flux2_con
         {"joint_attention_dim", c->joint_attention_dim, 1, 1 << 20},
         {"timestep_guidance_channels", c->timestep_guidance_channels, 2, 1 << 16},
     };
-    for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++)
-        if (ranges[i].v < ranges[i].lo || ranges[i].v > ranges[i].hi)
-            return cdf_error(CDF_ERR_FORMAT, "%s/config.json: %s = %lld is outside %lld..%lld", dir, ranges[i].key,
-                             (long long)ranges[i].v, (long long)ranges[i].lo, (long long)ranges[i].hi);
+    CDF_TRY(cdf_flux_check_ranges(dir, ranges, sizeof ranges / sizeof *ranges));
     if (!(c->mlp_ratio > 0 && c->mlp_ratio <= 64))
         return cdf_error(CDF_ERR_FORMAT, "%s/config.json: mlp_ratio = %g is outside (0, 64]", dir, c->mlp_ratio);
     if (!(c->rope_theta > 0)) return cdf_error(CDF_ERR_FORMAT, "%s/config.json: rope_theta = %g must be positive", dir, c->rope_theta);
     if (!(c->eps > 0 && c->eps < 1)) return cdf_error(CDF_ERR_FORMAT, "%s/config.json: eps = %g is outside (0, 1)", dir, c->eps);
-    c->inner_dim = c->num_attention_heads * c->attention_head_dim;
-    if (c->inner_dim > (1 << 20))
-        return cdf_error(CDF_ERR_FORMAT, "%s/config.json: num_attention_heads %lld x attention_head_dim %lld = %lld exceeds %d",
-                         dir, (long long)c->num_attention_heads, (long long)c->attention_head_dim, (long long)c->inner_dim,
-                         1 << 20);
+    CDF_TRY(cdf_flux_inner_dim(dir, c->num_attention_heads, c->attention_head_dim, &c->inner_dim));
     c->mlp_hidden_dim = (int64_t)((double)c->inner_dim * c->mlp_ratio); /* python int() truncates */
     if (c->mlp_hidden_dim < 1)
         return cdf_error(CDF_ERR_FORMAT, "%s/config.json: mlp_ratio %g gives an empty feed-forward for width %lld", dir,
                          c->mlp_ratio, (long long)c->inner_dim);
 
-    /* The rotary table is the concatenation of one block per axis and multiplies q/k per head,
-     * so the axes must exactly tile attention_head_dim. */
-    if (c->n_axes <= 0) return cdf_error(CDF_ERR_FORMAT, "%s/config.json: axes_dims_rope is empty", dir);
-    int64_t sum = 0;
-    char list[160] = "";
-    for (int a = 0; a < c->n_axes; a++) {
-        if (c->axes_dims_rope[a] <= 0 || c->axes_dims_rope[a] % 2)
-            return cdf_error(CDF_ERR_FORMAT, "%s/config.json: axes_dims_rope[%d] = %lld must be a positive even number", dir, a,
-                             (long long)c->axes_dims_rope[a]);
-        sum += c->axes_dims_rope[a];
-        size_t o = strlen(list);
-        snprintf(list + o, sizeof list - o, "%s%lld", a ? " + " : "", (long long)c->axes_dims_rope[a]);
-    }
-    if (sum != c->attention_head_dim)
-        return cdf_error(CDF_ERR_FORMAT,
-                         "%s/config.json: axes_dims_rope sums to %s = %lld but attention_head_dim is %lld (the rotary "
-                         "embedding must cover exactly one attention head)",
-                         dir, list, (long long)sum, (long long)c->attention_head_dim);
-    return CDF_OK;
+    return cdf_flux_check_rope_axes(dir, c->n_axes, c->axes_dims_rope, c->attention_head_dim);
 }
 
 /* ---- loading ------------------------------------------------------------------------------ */

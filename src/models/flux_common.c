@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/error_internal.h"
 
@@ -157,5 +158,42 @@ cdf_status cdf_flux_check_per_batch(const char *model, const char *name, const c
         else snprintf(want, sizeof want, "[%lld] or [1] (one value per batch entry, or one for all)", (long long)B);
         return cdf_flux_input_shape_error(model, name, t, want);
     }
+    return CDF_OK;
+}
+
+/* ---- config checks ---------------------------------------------------------------------- */
+cdf_status cdf_flux_check_ranges(const char *dir, const cdf_flux_range *r, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (r[i].v < r[i].lo || r[i].v > r[i].hi)
+            return cdf_error(CDF_ERR_FORMAT, "%s/config.json: %s = %lld is outside %lld..%lld", dir, r[i].key, (long long)r[i].v,
+                             (long long)r[i].lo, (long long)r[i].hi);
+    return CDF_OK;
+}
+
+cdf_status cdf_flux_inner_dim(const char *dir, int64_t heads, int64_t head_dim, int64_t *inner) {
+    *inner = heads * head_dim;
+    if (*inner > (1 << 20))
+        return cdf_error(CDF_ERR_FORMAT, "%s/config.json: num_attention_heads %lld x attention_head_dim %lld = %lld exceeds %d",
+                         dir, (long long)heads, (long long)head_dim, (long long)*inner, 1 << 20);
+    return CDF_OK;
+}
+
+cdf_status cdf_flux_check_rope_axes(const char *dir, int n_axes, const int64_t *axes, int64_t head_dim) {
+    if (n_axes <= 0) return cdf_error(CDF_ERR_FORMAT, "%s/config.json: axes_dims_rope is empty", dir);
+    int64_t sum = 0;
+    char list[160] = "";
+    for (int a = 0; a < n_axes; a++) {
+        if (axes[a] <= 0 || axes[a] % 2)
+            return cdf_error(CDF_ERR_FORMAT, "%s/config.json: axes_dims_rope[%d] = %lld must be a positive even number", dir, a,
+                             (long long)axes[a]);
+        sum += axes[a];
+        size_t o = strlen(list);
+        snprintf(list + o, sizeof list - o, "%s%lld", a ? " + " : "", (long long)axes[a]);
+    }
+    if (sum != head_dim)
+        return cdf_error(CDF_ERR_FORMAT,
+                         "%s/config.json: axes_dims_rope sums to %s = %lld but attention_head_dim is %lld (the rotary "
+                         "embedding must cover exactly one attention head)",
+                         dir, list, (long long)sum, (long long)head_dim);
     return CDF_OK;
 }

@@ -49,6 +49,20 @@ cdf_tensor *cdf_flux_split_heads(cdf_tensor *x, int64_t head_dim);
 cdf_tensor *cdf_flux_rope_attention(cdf_tensor *q, cdf_tensor *k, cdf_tensor *v, cdf_tensor *cos_t, cdf_tensor *sin_t,
                                     cdf_dtype dt, bool keep_dt);
 
+/* Config checks the FLUX.1 and FLUX.2 loaders share; errors are CDF_ERR_FORMAT naming
+ * "<dir>/config.json" and the key. */
+typedef struct cdf_flux_range {
+    const char *key;
+    int64_t v, lo, hi;
+} cdf_flux_range;
+/* The first of the n values outside its lo..hi. */
+cdf_status cdf_flux_check_ranges(const char *dir, const cdf_flux_range *r, size_t n);
+/* *inner = heads x head_dim, at most 2^20. */
+cdf_status cdf_flux_inner_dim(const char *dir, int64_t heads, int64_t head_dim, int64_t *inner);
+/* The rotary table is the concatenation of one block per axis and multiplies q/k per head, so the
+ * axes (each positive and even) must exactly tile head_dim. */
+cdf_status cdf_flux_check_rope_axes(const char *dir, int n_axes, const int64_t *axes, int64_t head_dim);
+
 /* Helpers the FLUX.1 and FLUX.2 forwards share. */
 /* Replace an owned state reference with next (NULL next: the pending error, state untouched). */
 cdf_status cdf_flux_replace_state(cdf_tensor **state, cdf_tensor *next);

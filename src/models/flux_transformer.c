@@ -103,10 +103,7 @@ static cdf_status parse_config(const cJSON *json, const char *dir, cdf_flux_conf
     if (c->out_channels == 0) c->out_channels = c->in_channels; /* `out_channels or in_channels` */
 
     /* Sizes: positive and small enough that products below cannot overflow. */
-    const struct {
-        const char *key;
-        int64_t v, lo, hi;
-    } ranges[] = {
+    const cdf_flux_range ranges[] = {
         {"patch_size", c->patch_size, 1, 64},
         {"in_channels", c->in_channels, 1, 1 << 20},
         {"out_channels", c->out_channels, 1, 1 << 20},
@@ -117,37 +114,13 @@ static cdf_status parse_config(const cJSON *json, const char *dir, cdf_flux_conf
         {"joint_attention_dim", c->joint_attention_dim, 1, 1 << 20},
         {"pooled_projection_dim", c->pooled_projection_dim, 1, 1 << 20},
     };
-    for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++)
-        if (ranges[i].v < ranges[i].lo || ranges[i].v > ranges[i].hi)
-            return cdf_error(CDF_ERR_FORMAT, "%s/config.json: %s = %lld is outside %lld..%lld", dir, ranges[i].key,
-                             (long long)ranges[i].v, (long long)ranges[i].lo, (long long)ranges[i].hi);
-    c->inner_dim = c->num_attention_heads * c->attention_head_dim;
-    if (c->inner_dim > (1 << 20))
-        return cdf_error(CDF_ERR_FORMAT, "%s/config.json: num_attention_heads %lld x attention_head_dim %lld = %lld exceeds %d",
-                         dir, (long long)c->num_attention_heads, (long long)c->attention_head_dim, (long long)c->inner_dim,
-                         1 << 20);
+    CDF_TRY(cdf_flux_check_ranges(dir, ranges, sizeof ranges / sizeof *ranges));
+    CDF_TRY(cdf_flux_inner_dim(dir, c->num_attention_heads, c->attention_head_dim, &c->inner_dim));
     c->mlp_hidden_dim = c->inner_dim * 4; /* FluxSingleTransformerBlock mlp_ratio 4.0 */
 
-    /* The rotary table is the concatenation of one block per axis and multiplies q/k per head,
-     * so the axes must exactly tile attention_head_dim (diffusers would fail at the first
-     * attention with a broadcast error). */
-    if (c->n_axes <= 0) return cdf_error(CDF_ERR_FORMAT, "%s/config.json: axes_dims_rope is empty", dir);
-    int64_t sum = 0;
-    char list[160] = "";
-    for (int a = 0; a < c->n_axes; a++) {
-        if (c->axes_dims_rope[a] <= 0 || c->axes_dims_rope[a] % 2)
-            return cdf_error(CDF_ERR_FORMAT, "%s/config.json: axes_dims_rope[%d] = %lld must be a positive even number", dir, a,
-                             (long long)c->axes_dims_rope[a]);
-        sum += c->axes_dims_rope[a];
-        size_t o = strlen(list);
-        snprintf(list + o, sizeof list - o, "%s%lld", a ? " + " : "", (long long)c->axes_dims_rope[a]);
-    }
-    if (sum != c->attention_head_dim)
-        return cdf_error(CDF_ERR_FORMAT,
-                         "%s/config.json: axes_dims_rope sums to %s = %lld but attention_head_dim is %lld (the rotary "
-                         "embedding must cover exactly one attention head)",
-                         dir, list, (long long)sum, (long long)c->attention_head_dim);
-    return CDF_OK;
+    /* the axes must exactly tile attention_head_dim (diffusers would fail at the first attention
+     * with a broadcast error) */
+    return cdf_flux_check_rope_axes(dir, c->n_axes, c->axes_dims_rope, c->attention_head_dim);
 }
 
 /* ---- loading ------------------------------------------------------------------------------ */

@@ -78,10 +78,7 @@ static const mistral_defaults MISTRAL_DEFAULTS = {32000, 4096, 14336, 32, 32, 8,
 static const mistral_defaults MISTRAL3_TEXT_DEFAULTS = {131072, 5120, 32768, 40, 32, 8, 128, 0, 1e-5, 1e9};
 
 static cdf_status get_dim(const cJSON *cfg, const char *key, int64_t def, int64_t *out) {
-    CDF_TRY(cdf_json_get_int(cfg, key, def, out));
-    if (*out < 1 || *out > (1 << 24))
-        return cdf_error(CDF_ERR_FORMAT, "config.json: %s = %lld is outside 1..%d", key, (long long)*out, 1 << 24);
-    return CDF_OK;
+    return cdf_config_get_dim(cfg, key, def, 1 << 24, out);
 }
 
 /* Only the "default" rope is implemented: any scaling type would change the angles. */

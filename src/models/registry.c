@@ -105,6 +105,19 @@ cdf_status cdf_component_load(const char *dir, const cdf_load_options *opt, cdf_
     return CDF_OK;
 }
 
+cdf_status cdf_component_load_impl(cdf_status (*load)(const char *dir, const struct cJSON *cfg, const cdf_load_options *opt,
+                                                      void **impl),
+                                   const char *fn, const char *what, const char *dir, const cdf_load_options *opt, void **impl) {
+    *impl = NULL;
+    if (!dir) return cdf_error(CDF_ERR_INVALID_ARG, "%s: dir is NULL", fn);
+    cJSON *cfg = NULL;
+    CDF_TRY(cdf_config_load(dir, &cfg));
+    cdf_status s = load(dir, cfg, opt, impl);
+    cJSON_Delete(cfg);
+    if (s != CDF_OK) cdf_error_prefix("loading %s from %s: ", what, dir);
+    return s;
+}
+
 cdf_status cdf_component_run(cdf_component *c, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out) {
     if (!c) return cdf_error(CDF_ERR_INVALID_ARG, "component is NULL");
     cdf_scope_push();

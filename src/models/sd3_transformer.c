@@ -98,10 +98,7 @@ static const cdf_tp_rule SD3_TP_PLAN[] = {
 /* ---- config --------------------------------------------------------------------------------- */
 
 static cdf_status cfg_int(const cJSON *j, const char *key, int64_t def, int64_t *out) {
-    CDF_TRY(cdf_json_get_int(j, key, def, out));
-    if (*out < 1 || *out > SD3_MAX_CFG_INT)
-        return cdf_error(CDF_ERR_FORMAT, "config.json: %s = %lld is outside 1..%d", key, (long long)*out, SD3_MAX_CFG_INT);
-    return CDF_OK;
+    return cdf_config_get_dim(j, key, def, SD3_MAX_CFG_INT, out);
 }
 
 /* Defaults are SD3Transformer2DModel.__init__'s. */

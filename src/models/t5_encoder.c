@@ -19,7 +19,7 @@
 #include "models/component.h"
 #include "models/text_encoders.h"
 
-typedef enum t5_act { T5_ACT_RELU, T5_ACT_GELU, T5_ACT_GELU_TANH, T5_ACT_SILU } t5_act;
+typedef cdf_act t5_act;
 
 typedef struct t5_block {
     cdf_norm_layer attn_norm;              /* layer.0.layer_norm */
@@ -63,39 +63,11 @@ static const cdf_tp_rule T5_TP_PLAN[] = {
 
 /* ---- config ------------------------------------------------------------------------------- */
 static cdf_status parse_act(const char *name, t5_act *out) {
-    static const struct {
-        const char *name;
-        t5_act act;
-    } acts[] = {
-        {"relu", T5_ACT_RELU}, {"gelu", T5_ACT_GELU}, {"gelu_new", T5_ACT_GELU_TANH},
-        {"gelu_pytorch_tanh", T5_ACT_GELU_TANH}, {"silu", T5_ACT_SILU}, {"swish", T5_ACT_SILU},
-    };
-    for (size_t i = 0; i < sizeof acts / sizeof *acts; i++)
-        if (strcmp(acts[i].name, name) == 0) {
-            *out = acts[i].act;
-            return CDF_OK;
-        }
-    return cdf_error(CDF_ERR_UNSUPPORTED,
-                     "config.json: feed-forward activation '%s' is not supported (relu, gelu, gelu_new, "
-                     "gelu_pytorch_tanh, silu)",
-                     name);
-}
-
-static cdf_tensor *apply_act(t5_act act, cdf_tensor *x) {
-    switch (act) {
-    case T5_ACT_RELU: return cdf_relu(x);
-    case T5_ACT_GELU: return cdf_gelu(x, CDF_GELU_ERF);
-    case T5_ACT_GELU_TANH: return cdf_gelu(x, CDF_GELU_TANH); /* gelu_new */
-    case T5_ACT_SILU: return cdf_silu(x);
-    }
-    return NULL;
+    return cdf_act_parse(name, false, "feed-forward activation", "relu, gelu, gelu_new, gelu_pytorch_tanh, silu", out);
 }
 
 static cdf_status get_dim(const cJSON *cfg, const char *key, int64_t def, int64_t *out) {
-    CDF_TRY(cdf_json_get_int(cfg, key, def, out));
-    if (*out < 1 || *out > (1 << 24))
-        return cdf_error(CDF_ERR_FORMAT, "config.json: %s = %lld is outside 1..%d", key, (long long)*out, 1 << 24);
-    return CDF_OK;
+    return cdf_config_get_dim(cfg, key, def, 1 << 24, out);
 }
 
 static cdf_status parse_config(const cJSON *cfg, cdf_t5_encoder *m) {
@@ -226,14 +198,8 @@ static cdf_status t5_load(const char *dir, const cJSON *cfg, const cdf_load_opti
 
 cdf_status cdf_t5_encoder_load(const char *dir, const cdf_load_options *opt, cdf_t5_encoder **out) {
     if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_t5_encoder_load: out is NULL");
-    *out = NULL;
-    if (!dir) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_t5_encoder_load: dir is NULL");
-    cJSON *cfg = NULL;
-    CDF_TRY(cdf_config_load(dir, &cfg));
-    void *impl = NULL;
-    cdf_status s = t5_load(dir, cfg, opt, &impl);
-    cJSON_Delete(cfg);
-    if (s != CDF_OK) cdf_error_prefix("loading T5 encoder from %s: ", dir);
+    void *impl;
+    cdf_status s = cdf_component_load_impl(t5_load, "cdf_t5_encoder_load", "T5 encoder", dir, opt, &impl);
     *out = impl;
     return s;
 }
@@ -306,8 +272,8 @@ static cdf_tensor *block_forward(const cdf_t5_encoder *m, const t5_block *b, cdf
     x = cdf_add(x, cdf_linear_fwd(&b->o, a));
     /* feed-forward                                                                [B, L, d_ff] */
     h = cdf_rms_norm(x, b->ff_norm.w, b->ff_norm.eps);
-    cdf_tensor *f = m->gated ? cdf_mul(apply_act(m->act, cdf_linear_fwd(&b->wi_0, h)), cdf_linear_fwd(&b->wi_1, h))
-                             : apply_act(m->act, cdf_linear_fwd(&b->wi, h));
+    cdf_tensor *f = m->gated ? cdf_mul(cdf_act_fwd(m->act, cdf_linear_fwd(&b->wi_0, h)), cdf_linear_fwd(&b->wi_1, h))
+                             : cdf_act_fwd(m->act, cdf_linear_fwd(&b->wi, h));
     return cdf_add(x, cdf_linear_fwd(&b->wo, f));
 }
 

@@ -11,68 +11,6 @@
 
 #define CDF_LORA_NAME_MAX_WHAT 320
 
-/* ---- layer index ---------------------------------------------------------------------------- */
-struct cdf_layer_index {
-    int n, cap;
-    char **names;
-    cdf_linear_layer **layers;
-    bool *sharded;
-};
-
-cdf_layer_index *cdf_layer_index_new(void) { return calloc(1, sizeof(cdf_layer_index)); }
-
-void cdf_layer_index_clear(cdf_layer_index *ix) {
-    if (!ix) return;
-    for (int i = 0; i < ix->n; i++) free(ix->names[i]);
-    ix->n = 0;
-}
-
-void cdf_layer_index_free(cdf_layer_index *ix) {
-    if (!ix) return;
-    cdf_layer_index_clear(ix);
-    free(ix->names);
-    free(ix->layers);
-    free(ix->sharded);
-    free(ix);
-}
-
-void cdf_layer_index_add(cdf_layer_index *ix, const char *name, cdf_linear_layer *l, bool sharded) {
-    if (!ix) return;
-    if (ix->n == ix->cap) {
-        int cap = ix->cap ? ix->cap * 2 : 64;
-        char **nn = realloc(ix->names, (size_t)cap * sizeof *nn);
-        if (nn) ix->names = nn;
-        cdf_linear_layer **nl = nn ? realloc(ix->layers, (size_t)cap * sizeof *nl) : NULL;
-        if (nl) ix->layers = nl;
-        bool *ns = nl ? realloc(ix->sharded, (size_t)cap * sizeof *ns) : NULL;
-        if (!ns) return;
-        ix->sharded = ns;
-        ix->cap = cap;
-    }
-    char *d = strdup(name);
-    if (!d) return;
-    ix->names[ix->n] = d;
-    ix->layers[ix->n] = l;
-    ix->sharded[ix->n++] = sharded;
-}
-
-cdf_linear_layer *cdf_layer_index_find(const cdf_layer_index *ix, const char *name, bool *sharded) {
-    for (int i = 0; ix && i < ix->n; i++)
-        if (strcmp(ix->names[i], name) == 0) {
-            if (sharded) *sharded = ix->sharded[i];
-            return ix->layers[i];
-        }
-    return NULL;
-}
-
-int cdf_layer_index_count(const cdf_layer_index *ix) { return ix ? ix->n : 0; }
-
-cdf_linear_layer *cdf_layer_index_at(const cdf_layer_index *ix, int i, const char **name) {
-    if (!ix || i < 0 || i >= ix->n) return NULL;
-    if (name) *name = ix->names[i];
-    return ix->layers[i];
-}
-
 /* ---- scale slots -------------------------------------------------------------------------- */
 /* One [R] tensor for every layer that carries the same adapters with the same ranks, in order. */
 typedef struct lora_slot {
@@ -96,12 +34,15 @@ typedef struct lora_part {
     cdf_tensor *a, *b;
 } lora_part;
 
-struct cdf_lora_link {
+/* A layer's run-time adapters: its hook (nn/nn.h), the first member, so that the layer's
+ * cdf_linear_hook pointer is the link's address. */
+typedef struct cdf_lora_link {
+    cdf_linear_hook hook;
     cdf_tensor *a, *b; /* concatenations of the parts */
     lora_slot *slot;
     int n_parts;
     lora_part parts[CDF_LORA_MAX_ADAPTERS];
-};
+} cdf_lora_link;
 
 cdf_lora_scales *cdf_lora_scales_new(cdf_device *dev) {
     cdf_lora_scales *sc = calloc(1, sizeof *sc);
@@ -217,17 +158,30 @@ static void link_free(cdf_lora_link *k) {
     free(k);
 }
 
-void cdf_lora_detach(cdf_linear_layer *l) {
-    if (!l) return;
-    link_free(l->lora);
-    l->lora = NULL;
-}
+/* The hook's three calls. Only this file installs hooks, so a layer's hook is always a link. */
+static cdf_lora_link *link_of(cdf_linear_hook *h) { return (cdf_lora_link *)h; }
+static const cdf_lora_link *link_of_c(const cdf_linear_hook *h) { return (const cdf_lora_link *)h; }
 
-int cdf_lora_list_weights(cdf_tensor **w, int n, const cdf_lora_link *k) {
+static void hook_free(cdf_linear_hook *h) { link_free(link_of(h)); }
+
+static int hook_list_weights(const cdf_linear_hook *h, cdf_tensor **w, int n) {
+    const cdf_lora_link *k = link_of_c(h);
     w[n++] = k->a;
     w[n++] = k->b;
     w[n++] = k->slot->t;
     return n;
+}
+
+static cdf_tensor *hook_delta(const cdf_linear_hook *h, cdf_tensor *x) {
+    /* x [.., in] -> A x [.., R] -> per-rank scales -> B (.) [.., out] */
+    const cdf_lora_link *k = link_of_c(h);
+    return x ? cdf_linear(cdf_mul(cdf_linear(x, k->a, NULL), k->slot->t), k->b, NULL) : NULL;
+}
+
+void cdf_lora_detach(cdf_linear_layer *l) {
+    if (!l) return;
+    if (l->lora) l->lora->free(l->lora);
+    l->lora = NULL;
 }
 
 static cdf_status check_shapes(const cdf_linear_layer *l, cdf_tensor *a, cdf_tensor *b, const char *what) {
@@ -249,13 +203,14 @@ cdf_status cdf_lora_attach(cdf_lora_scales *sc, cdf_linear_layer *l, int adapter
     if (!sc || !l || adapter < 0 || adapter >= CDF_LORA_MAX_ADAPTERS)
         return cdf_error(CDF_ERR_INVALID_ARG, "LoRA %s: bad arguments", what);
     CDF_TRY(check_shapes(l, a, b, what));
-    cdf_lora_link *old = l->lora;
+    cdf_lora_link *old = l->lora ? link_of(l->lora) : NULL;
     if (old && old->n_parts == CDF_LORA_MAX_ADAPTERS)
         return cdf_error(CDF_ERR_LIMIT, "LoRA %s: more than %d adapters on one layer", what, CDF_LORA_MAX_ADAPTERS);
     for (int i = 0; old && i < old->n_parts; i++)
         if (old->parts[i].adapter == adapter) return cdf_error(CDF_ERR_INVALID_ARG, "LoRA %s: the adapter names this layer twice", what);
     cdf_lora_link *k = calloc(1, sizeof *k);
     if (!k) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    k->hook = (cdf_linear_hook){.delta = hook_delta, .list_weights = hook_list_weights, .free = hook_free};
     for (int i = 0; old && i < old->n_parts; i++) {
         k->parts[i] = old->parts[i];
         cdf_tensor_retain(k->parts[i].a);
@@ -282,24 +237,8 @@ cdf_status cdf_lora_attach(cdf_lora_scales *sc, cdf_linear_layer *l, int adapter
         return cdf_error_prefix("LoRA %s: ", what);
     }
     link_free(old);
-    l->lora = k;
+    l->lora = &k->hook;
     return CDF_OK;
-}
-
-cdf_tensor *cdf_lora_delta_fwd(const cdf_lora_link *k, cdf_tensor *x) {
-    /* x [.., in] -> A x [.., R] -> per-rank scales -> B (.) [.., out] */
-    return x ? cdf_linear(cdf_mul(cdf_linear(x, k->a, NULL), k->slot->t), k->b, NULL) : NULL;
-}
-
-cdf_tensor *cdf_lora_linear_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
-    if (!x) return NULL;
-    if (l->tp) return cdf_tp_linear_rowwise_fwd(l, x); /* adds the adapters before its all-reduce */
-    cdf_scope_push();
-    cdf_tensor *y = cdf_linear_base_fwd(l, x);
-    cdf_tensor *d = cdf_lora_delta_fwd(l->lora, x);
-    cdf_tensor *r = y && d ? cdf_add(y, d) : NULL;
-    cdf_scope_pop(r ? &r : NULL, r ? 1 : 0);
-    return r;
 }
 
 /* l->w <- l->w + scale * b @ a in f32, stored back in l->w's dtype. For a tensor-parallel shard a

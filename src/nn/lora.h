@@ -13,7 +13,11 @@
  * block's weights, which is why a new scale never recompiles.
  *
  * Fused mode: W <- W + s (alpha/r) B A once (diffusers' fuse_lora), computed on the device in f32
- * and stored back in W's dtype. */
+ * and stored back in W's dtype.
+ *
+ * A layer's run-time adapters are its one hook (cdf_linear_hook, nn/nn.h): the linear layer's
+ * forward, block weight list and free call them through it, so nn/weights.c and nn/sharded.c never
+ * call this file; this file calls theirs (cdf_linear_decode) and nn/layer_index.c. */
 #ifndef CDF_NN_LORA_H
 #define CDF_NN_LORA_H
 
@@ -21,20 +25,7 @@
 
 #define CDF_LORA_MAX_ADAPTERS 16
 
-typedef struct cdf_lora_link cdf_lora_link;
-
-/* ---- module name -> linear layer, filled while a model loads (cdf_load_options.layers) ---- */
-typedef struct cdf_layer_index cdf_layer_index;
-cdf_layer_index *cdf_layer_index_new(void);
-void cdf_layer_index_free(cdf_layer_index *ix); /* NULL is fine */
-void cdf_layer_index_clear(cdf_layer_index *ix);
-/* Called by the linear loaders; sharded = a tensor-parallel shard (holds part of the layer). An
- * allocation failure only leaves the layer out (a LoRA naming it then reports it unmatched). */
-void cdf_layer_index_add(cdf_layer_index *ix, const char *name, cdf_linear_layer *l, bool sharded);
-/* NULL if no layer has that module name. */
-cdf_linear_layer *cdf_layer_index_find(const cdf_layer_index *ix, const char *name, bool *sharded);
-int cdf_layer_index_count(const cdf_layer_index *ix);
-cdf_linear_layer *cdf_layer_index_at(const cdf_layer_index *ix, int i, const char **name);
+/* The layers are found by module name in a cdf_layer_index (nn/nn.h, filled while a model loads). */
 
 /* ---- the per-component scale state ------------------------------------------------------- */
 typedef struct cdf_lora_scales cdf_lora_scales;

@@ -9,11 +9,22 @@
 #define CDF_NN_H
 
 #include <stdarg.h>
+#include <stdio.h>
 
 #include "cdiffusers/io.h"
 #include "cdiffusers/tensor.h"
 
 struct cJSON;
+
+/* The loaders' printf-style module name (fmt, ... of the enclosing function) formatted into the
+ * char array buf. */
+#define CDF_NN_FORMAT_NAME(buf, fmt)            \
+    do {                                        \
+        va_list ap_;                            \
+        va_start(ap_, fmt);                     \
+        vsnprintf(buf, sizeof buf, fmt, ap_);   \
+        va_end(ap_);                            \
+    } while (0)
 
 /* How weights are materialised on the device. */
 typedef struct cdf_load_options {
@@ -32,7 +43,7 @@ typedef struct cdf_load_options {
                                  for other components */
     struct cdf_weights_report *report; /* if set, cdf_weights_free fills it */
     struct cdf_layer_index *layers; /* if set, every linear layer loaded is registered there under
-                                its module name (nn/lora.h: what LoRA adapters attach to) */
+                                its module name (below: what LoRA adapters attach to) */
     bool decode_quantized;   /* decode GGUF block weights at load (weight_dtype values in memory);
                                 by default a linear layer's blocks stay as they are in the file and
                                 its matmul decodes them a panel at a time (cdf_linear_quantized) */
@@ -90,11 +101,37 @@ size_t cdf_weights_block_prefix(const char *name);
 /* Bytes of device memory the loaded weights hold (sum of materialised tensors). */
 uint64_t cdf_weights_loaded_bytes(const cdf_weights *w);
 
+/* ---- module name -> linear layer, filled while a model loads (cdf_load_options.layers) ----
+ * What LoRA adapters are attached to by module name (nn/lora.h). nn/layer_index.c. */
+typedef struct cdf_linear_layer cdf_linear_layer;
+typedef struct cdf_layer_index cdf_layer_index;
+cdf_layer_index *cdf_layer_index_new(void);
+void cdf_layer_index_free(cdf_layer_index *ix); /* NULL is fine */
+void cdf_layer_index_clear(cdf_layer_index *ix);
+/* Called by the linear loaders; sharded = a tensor-parallel shard (holds part of the layer). An
+ * allocation failure only leaves the layer out (a LoRA naming it then reports it unmatched). */
+void cdf_layer_index_add(cdf_layer_index *ix, const char *name, cdf_linear_layer *l, bool sharded);
+/* NULL if no layer has that module name. */
+cdf_linear_layer *cdf_layer_index_find(const cdf_layer_index *ix, const char *name, bool *sharded);
+int cdf_layer_index_count(const cdf_layer_index *ix);
+cdf_linear_layer *cdf_layer_index_at(const cdf_layer_index *ix, int i, const char **name);
+
 /* ---- config.json ---------------------------------------------------------------------- */
 /* Load <dir>/config.json. The caller frees with cJSON_Delete. */
 cdf_status cdf_config_load(const char *dir, struct cJSON **out);
 /* "_class_name" (diffusers) or architectures[0] (transformers); NULL if neither. */
 const char *cdf_config_class_name(const struct cJSON *cfg);
+/* The integer `key` (default def) of a config, which must be in 1..max: a size, bounded so that
+ * products of a few of them cannot overflow. Else CDF_ERR_FORMAT naming the key and the range. */
+cdf_status cdf_config_get_dim(const struct cJSON *cfg, const char *key, int64_t def, int64_t max, int64_t *out);
+
+/* ---- feed-forward activations by their transformers name (ACT2FN) ------------------------ */
+typedef enum cdf_act { CDF_ACT_QUICK_GELU, CDF_ACT_GELU, CDF_ACT_GELU_TANH, CDF_ACT_RELU, CDF_ACT_SILU } cdf_act;
+/* name -> *out: quick_gelu (only where allow_quick_gelu), gelu, gelu_new and gelu_pytorch_tanh
+ * (the tanh approximation), relu, silu and swish. Any other name: CDF_ERR_UNSUPPORTED
+ * "config.json: <what> '<name>' is not supported (<listed>)". nn/activation.c. */
+cdf_status cdf_act_parse(const char *name, bool allow_quick_gelu, const char *what, const char *listed, cdf_act *out);
+cdf_tensor *cdf_act_fwd(cdf_act act, cdf_tensor *x);
 
 /* ---- building blocks -------------------------------------------------------------------- */
 struct cdf_tp;
@@ -112,7 +149,7 @@ typedef struct cdf_linear_shard {
     int64_t parts[CDF_LINEAR_MAX_PARTS];
 } cdf_linear_shard;
 
-typedef struct cdf_linear_layer {
+struct cdf_linear_layer {
     cdf_tensor *w; /* [out, in] */
     cdf_tensor *b; /* [out] or NULL */
     int64_t in, out;
@@ -123,15 +160,16 @@ typedef struct cdf_linear_layer {
     /* The slice of the whole layer this one holds (colwise and rowwise shards alike). in/out
      * above are the shard's; cdf_linear_full_in/out give the whole layer's. */
     cdf_linear_shard shard;
-    /* LoRA adapters applied at run time (nn/lora.h), NULL when none: the forward adds their
-     * low-rank product to the output (a row-wise shard adds its partial product before the
-     * all-reduce, so the sum holds it once); w itself is never modified in this mode. */
-    struct cdf_lora_link *lora;
+    /* The layer's one hook (below), NULL when none: the LoRA adapters applied at run time
+     * (nn/lora.h installs them). The forward adds its term to the output (a row-wise shard adds
+     * its partial term before the all-reduce, so the sum holds it once); w itself is never
+     * modified in this mode. */
+    struct cdf_linear_hook *lora;
     /* 0: w is a float weight. Else the GGUF block type w keeps (cdiffusers/io.h): w is U8
      * [out, row bytes] and the forward decodes it to qwdt inside the matmul. */
     uint32_t qtype;
     cdf_dtype qwdt;
-} cdf_linear_layer;
+};
 
 /* Loads "<prefix>.weight" [out, in] and, if bias, "<prefix>.bias" [out]. bias: 1 = required,
  * 0 = none, -1 = optional (load if present). */
@@ -141,14 +179,24 @@ void cdf_linear_free(cdf_linear_layer *l);
 /* A layer that keeps GGUF blocks (qtype != 0) gets its weight decoded to qwdt values in place
  * (what fusing a LoRA into it needs); a no-op for a float layer. */
 cdf_status cdf_linear_decode(cdf_linear_layer *l);
-/* Forward of a row-wise shard: this rank's partial x @ w^T (+ bias on rank 0 only, + the partial
- * product of its run-time LoRA adapters), summed over the ranks with one all-reduce. Defined in
- * nn/sharded.c. */
+/* A term added to a linear layer's output at run time: the layer's one hook. Run-time LoRA
+ * adapters are what installs one (nn/lora.c, cdf_lora_attach), so that the layer code (here,
+ * nn/weights.c, nn/sharded.c) reaches them only through these three calls and never depends on
+ * nn/lora.c. The layer owns its hook: cdf_linear_free frees it. */
+typedef struct cdf_linear_hook cdf_linear_hook;
+struct cdf_linear_hook {
+    /* the term: x [.., in] -> [.., out] (for a row-wise shard, this rank's partial term) */
+    cdf_tensor *(*delta)(const cdf_linear_hook *h, cdf_tensor *x);
+    /* append the tensors the term reads to a block's weight list at w[n]; returns the new count */
+    int (*list_weights)(const cdf_linear_hook *h, cdf_tensor **w, int n);
+    void (*free)(cdf_linear_hook *h);
+};
+/* Forward of a row-wise shard: this rank's partial x @ w^T (+ bias on rank 0 only, + its hook's
+ * partial term), summed over the ranks with one all-reduce. Defined in nn/sharded.c. */
 cdf_tensor *cdf_tp_linear_rowwise_fwd(const cdf_linear_layer *l, cdf_tensor *x);
-/* The forward of a (not row-wise) layer with run-time LoRA adapters (nn/lora.c). */
-cdf_tensor *cdf_lora_linear_fwd(const cdf_linear_layer *l, cdf_tensor *x);
-/* The run-time LoRA term alone: x [.., in] -> [.., out] (nn/lora.c). */
-cdf_tensor *cdf_lora_delta_fwd(const struct cdf_lora_link *k, cdf_tensor *x);
+/* The forward of a (not row-wise) layer with a hook: its own product plus the hook's term
+ * (nn/weights.c). */
+cdf_tensor *cdf_linear_hooked_fwd(const cdf_linear_layer *l, cdf_tensor *x);
 /* The layer's own local product, without run-time LoRA adapters (and, for a row-wise shard,
  * before the all-reduce). */
 static inline cdf_tensor *cdf_linear_base_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
@@ -158,7 +206,7 @@ static inline cdf_tensor *cdf_linear_base_fwd(const cdf_linear_layer *l, cdf_ten
 }
 static inline cdf_tensor *cdf_linear_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
     if (l->tp) return cdf_tp_linear_rowwise_fwd(l, x);
-    return l->lora ? cdf_lora_linear_fwd(l, x) : cdf_linear_base_fwd(l, x);
+    return l->lora ? cdf_linear_hooked_fwd(l, x) : cdf_linear_base_fwd(l, x);
 }
 /* The dtype the compute policy (kernels/dispatch.h) multiplies this layer's inputs in: bf16 for
  * bf16 weights (or GGUF blocks decoded to bf16), else f32. A model gives its attention bf16 q, k,
@@ -199,16 +247,15 @@ cdf_status cdf_norm_load(cdf_weights *w, cdf_norm_layer *n, int64_t dim, int wei
     __attribute__((format(printf, 7, 8)));
 void cdf_norm_free(cdf_norm_layer *n);
 
-/* Append a layer's tensors (weight, then bias when present, then a run-time LoRA's tensors) to a
+/* Append a layer's tensors (weight, then bias when present, then its hook's tensors) to a
  * block's weight list at w[n]; returns the new count. Used to list what cdf_block_run binds
  * (repeated-block compile) or materialises (sequential offload). A list holds at most
  * CDF_BLOCK_MAX_WEIGHTS (5 per linear layer, 2 per norm). */
 #define CDF_BLOCK_MAX_WEIGHTS 256
-int cdf_lora_list_weights(cdf_tensor **w, int n, const struct cdf_lora_link *k);
 static inline int cdf_linear_list_weights(cdf_tensor **w, int n, const cdf_linear_layer *l) {
     if (l->w) w[n++] = l->w;
     if (l->b) w[n++] = l->b;
-    if (l->lora) n = cdf_lora_list_weights(w, n, l->lora);
+    if (l->lora) n = l->lora->list_weights(l->lora, w, n);
     return n;
 }
 static inline int cdf_norm_list_weights(cdf_tensor **w, int n, const cdf_norm_layer *l) {

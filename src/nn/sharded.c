@@ -17,7 +17,6 @@
 
 #include "cdiffusers/dist.h"
 #include "core/error_internal.h"
-#include "nn/lora.h"
 #include "nn/nn.h"
 #include "nn/weights_source.h"
 #include "tensor/tensor_impl.h"
@@ -519,15 +518,52 @@ static cdf_status load_split_bias(cdf_weights *w, const cdf_tp *tp, cdf_linear_l
     return st;
 }
 
-static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer *l, int n_parts, const int64_t *parts,
-                            int64_t out, int bias, const char *prefix) {
+/* The plan's style for the layer being loaded, counted as a hit of its rule (cdf_tp_check_plan_used). */
+static cdf_tp_style count_style(const cdf_tp *tp_c, const char *prefix) {
     cdf_tp *tp = (cdf_tp *)tp_c; /* hit counters only */
-    memset(l, 0, sizeof *l);
-    int64_t in = 0;
-    for (int i = 0; i < n_parts; i++) in += parts[i];
     const int ri = rule_index(tp, prefix);
     if (ri >= 0) tp->hits[ri]++;
-    const cdf_tp_style style = ri < 0 ? CDF_TP_REPLICATE : tp->plan[ri].style;
+    return ri < 0 ? CDF_TP_REPLICATE : tp->plan[ri].style;
+}
+
+static int64_t sum_parts(int n_parts, const int64_t *parts) {
+    int64_t n = 0;
+    for (int i = 0; i < n_parts; i++) n += parts[i];
+    return n;
+}
+
+/* Every part of the split dimension ("input" / "output") must divide by the ranks. */
+static cdf_status check_parts_divide(const cdf_tp *tp, const char *prefix, const char *dim, int n_parts, const int64_t *parts) {
+    for (int i = 0; i < n_parts; i++)
+        if (parts[i] % tp->size)
+            return cdf_error(CDF_ERR_UNSUPPORTED, "tensor parallelism over %d ranks: %s.%s has an %s part of %lld features, "
+                             "not divisible by %d", tp->size, tp->component, prefix, dim, (long long)parts[i], tp->size);
+    return CDF_OK;
+}
+
+/* The layer's "<prefix>.weight" [out, in] opened for reading slices. */
+static cdf_status open_weight(cdf_weights *w, const char *prefix, int64_t out, int64_t in, shard_src *src) {
+    char name[512];
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    return src_open(w, name, 2, out, in, src);
+}
+
+/* The last step of both loaders: a failed load frees what it holds; a loaded shard is indexed. */
+static cdf_status finish_load(cdf_weights *w, cdf_linear_layer *l, cdf_status st, const char *prefix) {
+    if (st != CDF_OK) {
+        cdf_linear_free(l);
+        return st;
+    }
+    cdf_layer_index_add(cdf_weights_options(w)->layers, prefix, l, true);
+    return CDF_OK;
+}
+
+static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer *l, int n_parts, const int64_t *parts,
+                            int64_t out, int bias, const char *prefix) {
+    cdf_tp *tp = (cdf_tp *)tp_c;
+    memset(l, 0, sizeof *l);
+    const int64_t in = sum_parts(n_parts, parts);
+    const cdf_tp_style style = count_style(tp, prefix);
     if (style == CDF_TP_REPLICATE || tp->size == 1) return cdf_linear_load(w, l, in, out, bias, "%s", prefix);
     if (style == CDF_TP_PACKED_COLWISE)
         return cdf_error(CDF_ERR_INTERNAL, "tensor-parallel plan of %s: %s is 'packed_colwise' but the model does not load it "
@@ -541,15 +577,10 @@ static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer
     if (style == CDF_TP_ROWWISE && n_parts > 1)
         return cdf_error(CDF_ERR_INTERNAL, "tensor-parallel plan of %s: %s is 'rowwise' but its input is packed from %d parts "
                          "(use packed_rowwise)", tp->model, prefix, n_parts);
-    for (int i = 0; style != CDF_TP_COLWISE && i < n_parts; i++)
-        if (parts[i] % tp->size)
-            return cdf_error(CDF_ERR_UNSUPPORTED, "tensor parallelism over %d ranks: %s.%s has an input part of %lld features, "
-                             "not divisible by %d", tp->size, tp->component, prefix, (long long)parts[i], tp->size);
+    if (style != CDF_TP_COLWISE) CDF_TRY(check_parts_divide(tp, prefix, "input", n_parts, parts));
 
-    char name[512];
-    snprintf(name, sizeof name, "%s.weight", prefix);
     shard_src src;
-    cdf_status st = src_open(w, name, 2, out, in, &src);
+    cdf_status st = open_weight(w, prefix, out, in, &src);
     l->in = in;
     l->out = out;
     if (st == CDF_OK && style == CDF_TP_COLWISE) {
@@ -574,72 +605,55 @@ static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer
         l->tp = tp;
     }
     src_close(&src);
-    if (st != CDF_OK) {
-        cdf_linear_free(l);
-        return st;
-    }
-    cdf_layer_index_add(cdf_weights_options(w)->layers, prefix, l, true);
+    return finish_load(w, l, st, prefix);
+}
+
+/* The parts a caller gives for a packed dimension ("input" / "output"): 1..MAX_PARTS, each >= 1. */
+static cdf_status check_parts(const char *prefix, const char *dim, int n_parts, const int64_t *parts) {
+    if (n_parts < 1 || n_parts > MAX_PARTS || !parts)
+        return cdf_error(CDF_ERR_INVALID_ARG, "%s: %d %s parts (1..%d)", prefix, n_parts, dim, MAX_PARTS);
+    for (int i = 0; i < n_parts; i++)
+        if (parts[i] < 1) return cdf_error(CDF_ERR_INVALID_ARG, "%s: %s part %d has %lld features", prefix, dim, i, (long long)parts[i]);
     return CDF_OK;
 }
 
 /* A failed shard load says which slice of which layer this rank was reading. */
-static void shard_error_context(const cdf_tp *tp, const char *prefix) {
-    const cdf_tp_style st = cdf_tp_style_for(tp, prefix);
+static cdf_status with_context(const cdf_tp *tp, const char *prefix, cdf_status s) {
+    const cdf_tp_style st = s != CDF_OK ? cdf_tp_style_for(tp, prefix) : CDF_TP_REPLICATE;
     if (st != CDF_TP_REPLICATE && tp->size > 1)
         cdf_error_prefix("%s shard of '%s' (rank %d of %d): ", style_name(st), prefix, tp->rank, tp->size);
+    return s;
 }
 
 cdf_status cdf_tp_linear_load(cdf_weights *w, const cdf_tp *tp, cdf_linear_layer *l, int64_t in, int64_t out, int bias,
                               const char *fmt, ...) {
     char prefix[480];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
-    va_end(ap);
+    CDF_NN_FORMAT_NAME(prefix, fmt);
     const int64_t parts[1] = {in};
-    cdf_status s = load_impl(w, tp, l, 1, parts, out, bias, prefix);
-    if (s != CDF_OK) shard_error_context(tp, prefix);
-    return s;
+    return with_context(tp, prefix, load_impl(w, tp, l, 1, parts, out, bias, prefix));
 }
 
 cdf_status cdf_tp_linear_load_packed(cdf_weights *w, const cdf_tp *tp, cdf_linear_layer *l, int n_parts,
                                      const int64_t *parts, int64_t out, int bias, const char *fmt, ...) {
     char prefix[480];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
-    va_end(ap);
-    if (n_parts < 1 || n_parts > MAX_PARTS || !parts)
-        return cdf_error(CDF_ERR_INVALID_ARG, "%s: %d input parts (1..%d)", prefix, n_parts, MAX_PARTS);
-    for (int i = 0; i < n_parts; i++)
-        if (parts[i] < 1) return cdf_error(CDF_ERR_INVALID_ARG, "%s: input part %d has %lld features", prefix, i, (long long)parts[i]);
-    cdf_status s = load_impl(w, tp, l, n_parts, parts, out, bias, prefix);
-    if (s != CDF_OK) shard_error_context(tp, prefix);
-    return s;
+    CDF_NN_FORMAT_NAME(prefix, fmt);
+    CDF_TRY(check_parts(prefix, "input", n_parts, parts));
+    return with_context(tp, prefix, load_impl(w, tp, l, n_parts, parts, out, bias, prefix));
 }
 
 /* ---- packed outputs (PackedColwiseParallel) ------------------------------------------------------- */
-static cdf_status load_packed_out_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer *l, int64_t in, int n_parts,
+static cdf_status load_packed_out_impl(cdf_weights *w, const cdf_tp *tp, cdf_linear_layer *l, int64_t in, int n_parts,
                                        const int64_t *parts, int bias, const char *prefix) {
-    cdf_tp *tp = (cdf_tp *)tp_c; /* hit counters only */
     memset(l, 0, sizeof *l);
-    int64_t out = 0;
-    for (int i = 0; i < n_parts; i++) out += parts[i];
-    const int ri = rule_index(tp, prefix);
-    if (ri >= 0) tp->hits[ri]++;
-    const cdf_tp_style style = ri < 0 ? CDF_TP_REPLICATE : tp->plan[ri].style;
+    const int64_t out = sum_parts(n_parts, parts);
+    const cdf_tp_style style = count_style(tp, prefix);
     if (style == CDF_TP_REPLICATE || tp->size == 1) return cdf_linear_load(w, l, in, out, bias, "%s", prefix);
     if (style != CDF_TP_PACKED_COLWISE)
         return cdf_error(CDF_ERR_INTERNAL, "tensor-parallel plan of %s: %s is '%s' but its output is packed from %d parts "
                          "(use packed_colwise)", tp->model, prefix, style_name(style), n_parts);
-    for (int i = 0; i < n_parts; i++)
-        if (parts[i] % tp->size)
-            return cdf_error(CDF_ERR_UNSUPPORTED, "tensor parallelism over %d ranks: %s.%s has an output part of %lld "
-                             "features, not divisible by %d", tp->size, tp->component, prefix, (long long)parts[i], tp->size);
-    char name[512];
-    snprintf(name, sizeof name, "%s.weight", prefix);
+    CDF_TRY(check_parts_divide(tp, prefix, "output", n_parts, parts));
     shard_src src;
-    cdf_status st = src_open(w, name, 2, out, in, &src);
+    cdf_status st = open_weight(w, prefix, out, in, &src);
     l->in = in;
     l->out = out / tp->size;
     l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .n_parts = n_parts};
@@ -648,29 +662,15 @@ static cdf_status load_packed_out_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_l
     if (st == CDF_OK) st = set_weight(l, &src, h, read_row_parts(&src, tp, n_parts, parts, h));
     src_close(&src);
     if (st == CDF_OK) st = load_split_bias(w, tp, l, bias, n_parts, parts, out, prefix);
-    if (st != CDF_OK) {
-        cdf_linear_free(l);
-        return st;
-    }
-    cdf_layer_index_add(cdf_weights_options(w)->layers, prefix, l, true);
-    return CDF_OK;
+    return finish_load(w, l, st, prefix);
 }
 
 cdf_status cdf_tp_linear_load_packed_out(cdf_weights *w, const cdf_tp *tp, cdf_linear_layer *l, int64_t in, int n_parts,
                                          const int64_t *out_parts, int bias, const char *fmt, ...) {
     char prefix[480];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
-    va_end(ap);
-    if (n_parts < 1 || n_parts > MAX_PARTS || !out_parts)
-        return cdf_error(CDF_ERR_INVALID_ARG, "%s: %d output parts (1..%d)", prefix, n_parts, MAX_PARTS);
-    for (int i = 0; i < n_parts; i++)
-        if (out_parts[i] < 1)
-            return cdf_error(CDF_ERR_INVALID_ARG, "%s: output part %d has %lld features", prefix, i, (long long)out_parts[i]);
-    cdf_status s = load_packed_out_impl(w, tp, l, in, n_parts, out_parts, bias, prefix);
-    if (s != CDF_OK) shard_error_context(tp, prefix);
-    return s;
+    CDF_NN_FORMAT_NAME(prefix, fmt);
+    CDF_TRY(check_parts(prefix, "output", n_parts, out_parts));
+    return with_context(tp, prefix, load_packed_out_impl(w, tp, l, in, n_parts, out_parts, bias, prefix));
 }
 
 /* ---- the slice a shard holds (what LoRA adapters are cut to) ---------------------------------- */
@@ -770,7 +770,7 @@ cdf_tensor *cdf_tp_linear_rowwise_fwd(const cdf_linear_layer *l, cdf_tensor *x) 
      * B (s * A_r x_r) is its partial of B (s * A x): added before the all-reduce, the sum holds the
      * adapter once (as it holds the bias once), and no second collective is needed */
     if (y && l->lora) {
-        cdf_tensor *d = cdf_lora_delta_fwd(l->lora, x);
+        cdf_tensor *d = l->lora->delta(l->lora, x);
         y = d ? cdf_add(y, d) : NULL;
     }
     cdf_tensor *r = y ? cdf_all_reduce_sum(y, tp->pg) : NULL;

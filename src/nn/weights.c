@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "core/error_internal.h"
-#include "nn/lora.h"
 #include "nn/nn.h"
 #include "nn/weights_source.h"
 #include "tensor/tensor_impl.h"
@@ -253,6 +252,13 @@ const char *cdf_config_class_name(const cJSON *cfg) {
     return NULL;
 }
 
+cdf_status cdf_config_get_dim(const cJSON *cfg, const char *key, int64_t def, int64_t max, int64_t *out) {
+    CDF_TRY(cdf_json_get_int(cfg, key, def, out));
+    if (*out < 1 || *out > max)
+        return cdf_error(CDF_ERR_FORMAT, "config.json: %s = %lld is outside 1..%lld", key, (long long)*out, (long long)max);
+    return CDF_OK;
+}
+
 /* ---- building blocks ------------------------------------------------------------------------ */
 
 /* --weight-type q8_0: the float weight t read as f32 and encoded as blocks of qt (as gguf-py's
@@ -355,10 +361,7 @@ cdf_status cdf_linear_decode(cdf_linear_layer *l) {
 
 cdf_status cdf_linear_load(cdf_weights *w, cdf_linear_layer *l, int64_t in, int64_t out, int bias, const char *fmt, ...) {
     char prefix[480];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
-    va_end(ap);
+    CDF_NN_FORMAT_NAME(prefix, fmt);
     memset(l, 0, sizeof *l);
     l->in = in;
     l->out = out;
@@ -384,18 +387,26 @@ cdf_status cdf_linear_load(cdf_weights *w, cdf_linear_layer *l, int64_t in, int6
 }
 
 void cdf_linear_free(cdf_linear_layer *l) {
-    cdf_lora_detach(l);
+    if (l->lora) l->lora->free(l->lora);
+    l->lora = NULL;
     cdf_tensor_release(l->w);
     cdf_tensor_release(l->b);
     l->w = l->b = NULL;
 }
 
+cdf_tensor *cdf_linear_hooked_fwd(const cdf_linear_layer *l, cdf_tensor *x) {
+    if (!x) return NULL;
+    cdf_scope_push();
+    cdf_tensor *y = cdf_linear_base_fwd(l, x);
+    cdf_tensor *d = l->lora->delta(l->lora, x);
+    cdf_tensor *r = y && d ? cdf_add(y, d) : NULL;
+    cdf_scope_pop(r ? &r : NULL, r ? 1 : 0);
+    return r;
+}
+
 cdf_status cdf_norm_load(cdf_weights *w, cdf_norm_layer *n, int64_t dim, int weight, int bias, float eps, const char *fmt, ...) {
     char prefix[480];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
-    va_end(ap);
+    CDF_NN_FORMAT_NAME(prefix, fmt);
     memset(n, 0, sizeof *n);
     n->eps = eps;
     int64_t s[1] = {dim};
@@ -421,10 +432,7 @@ void cdf_norm_free(cdf_norm_layer *n) {
 cdf_status cdf_conv_load(cdf_weights *w, cdf_conv_layer *c, int64_t cin, int64_t cout, int k, int stride, int pad, int bias,
                          const char *fmt, ...) {
     char prefix[480];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
-    va_end(ap);
+    CDF_NN_FORMAT_NAME(prefix, fmt);
     memset(c, 0, sizeof *c);
     c->p = cdf_conv2d_default_params();
     c->p.stride_h = c->p.stride_w = stride;
