@@ -216,9 +216,13 @@ static void test_flux_style_clip_text_model(void **state) {
     assert_int_equal(out_plain.n, 3);
     assert_int_equal(out_proj.n, 4);
     const char *names[] = {"out.last_hidden_state", "out.hidden_states_penultimate", "out.pooler_output"};
+    /* on the cpu backend each op is the same kernel call in both models: bit-identical. A graph
+     * compiler (the pjrt backend in defer-and-fuse or compile mode) fuses the two graphs, which
+     * differ by the projection, differently: the same values up to f32 summation order */
+    const double same = tu_device_is_cpu() ? 0.0 : 1e-5;
     for (int i = 0; i < 3; i++)
-        assert_true(tu_diff_tensors(cdf_tensor_map_get(&out_plain, names[i]), cdf_tensor_map_get(&out_proj, names[i]), names[i]) ==
-                    0.0);
+        assert_true(tu_diff_tensors(cdf_tensor_map_get(&out_plain, names[i]), cdf_tensor_map_get(&out_proj, names[i]), names[i]) <=
+                    same);
     cdf_component_free(plain);
     cdf_component_free(proj);
     cdf_tensor_map_clear(&out_plain);

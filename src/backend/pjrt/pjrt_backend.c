@@ -609,8 +609,9 @@ static void log_cache_at_exit(void) {
     cdf_pjrt_cache_stats st;
     cdf_pjrt_cache_get_stats(g.cache, &st);
     fprintf(stderr, "cdiffusers: pjrt: programs: %llu compiled, %llu loaded from the disk cache, %llu from memory; "
-                    "%llu written to %s, %llu cache errors\n",
+                    "%.2f s compiling, %.2f s loading; %llu written to %s, %llu cache errors\n",
             (unsigned long long)st.compiles, (unsigned long long)st.disk_hits, (unsigned long long)st.memory_hits,
+            st.compile_seconds, st.load_seconds,
             (unsigned long long)st.disk_writes, cdf_pjrt_cache_dir(g.cache)[0] ? cdf_pjrt_cache_dir(g.cache) : "(no disk cache)",
             (unsigned long long)st.disk_errors);
 }

@@ -231,6 +231,12 @@ static void disk_store(cdf_pjrt_cache *c, cdf_pjrt *rt, uint64_t key, const char
 
 /* ---- lookups ------------------------------------------------------------------------------------------ */
 
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static bool log_compiles(void) {
     const char *v = getenv("CDIFFUSERS_LOG");
     return v && (strstr(v, "pjrt") || strstr(v, "compile"));
@@ -255,9 +261,11 @@ cdf_status cdf_pjrt_cache_get(cdf_pjrt_cache *c, cdf_pjrt *rt, const char *text,
     memcpy(copy, text, len);
     copy[len] = 0;
     const uint64_t key = fnv(c->env_hash, text, len);
+    double t0 = now_seconds();
     PJRT_LoadedExecutable *exe = c->dir[0] ? disk_load(c, rt, key, text, len) : NULL;
     if (exe) {
         c->stats.disk_hits++;
+        c->stats.load_seconds += now_seconds() - t0;
     } else {
         if (log_compiles() || len > (1u << 16))
             fprintf(stderr, "cdiffusers: compiling %s (first run for this shape)\n", who);
@@ -277,6 +285,7 @@ cdf_status cdf_pjrt_cache_get(cdf_pjrt_cache *c, cdf_pjrt *rt, const char *text,
             return cdf_error_prefix("%s: ", who);
         }
         c->stats.compiles++;
+        c->stats.compile_seconds += now_seconds() - t0;
         if (c->dir[0]) disk_store(c, rt, key, text, len, exe);
     }
     cdf_status s = cdf_pjrt_num_outputs(rt, exe, &e->exe.n_outputs);

@@ -23,6 +23,7 @@ typedef struct cdf_pjrt_cache cdf_pjrt_cache;
 
 typedef struct cdf_pjrt_cache_stats {
     uint64_t memory_hits, disk_hits, compiles, disk_writes, disk_errors;
+    double compile_seconds, load_seconds; /* in the plugin's compile / the disk cache's load */
 } cdf_pjrt_cache_stats;
 
 cdf_status cdf_pjrt_cache_open(cdf_pjrt_cache **out, cdf_pjrt *rt);
