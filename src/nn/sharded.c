@@ -383,6 +383,8 @@ static cdf_status set_weight(cdf_linear_layer *l, const shard_src *s, hold h, cd
     if (h != HOLD_VALUES) {
         l->qtype = h == HOLD_BLOCKS ? s->qtype : s->quantize_to;
         l->qwdt = cdf_weights_options(s->w)->weight_dtype;
+        /* a device without a quantized matmul (the values kind): the blocks' decoded values */
+        if (!cdf_device_runs_quantized(cdf_tensor_device(t))) return cdf_linear_decode(l);
     }
     return CDF_OK;
 }

@@ -302,7 +302,7 @@ static bool get_blocks(cdf_weights *w, cdf_linear_layer *l, const char *prefix, 
         return true; /* the value path loads (and checks) it */
     if (w->opt.on_read) w->opt.on_read(w->opt.on_read_ctx, name, true);
     /* stored blocks are kept unless decoding was asked for; float values are quantized if asked */
-    const bool keep = t.qtype >= 0 && !w->opt.decode_quantized && cdf_device_runs_quantized(w->opt.device);
+    const bool keep = t.qtype >= 0 && !w->opt.decode_quantized;
     const bool quantize = t.qtype < 0 && w->opt.quantize_to && cdf_dtype_is_float(t.dtype);
     const uint32_t qt = keep ? (uint32_t)t.qtype : w->opt.quantize_to;
     int64_t be = 0, bb = 0;
@@ -331,6 +331,12 @@ static bool get_blocks(cdf_weights *w, cdf_linear_layer *l, const char *prefix, 
     if (!*wt) return false;
     l->qtype = qt;
     l->qwdt = wdt;
+    /* a device without a quantized matmul (the values kind) gets the blocks' decoded values: the
+     * numbers the cpu backend's quantized matmul multiplies by */
+    if (!w->opt.blocks_on_host && !cdf_device_runs_quantized(w->opt.device) && cdf_linear_decode(l) != CDF_OK) {
+        cdf_error_prefix("decoding weight '%s' for %s: ", name, cdf_device_name(w->opt.device));
+        return false;
+    }
     return true;
 }
 
