@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test suite: installs dependencies (Debian 12 packages), builds cdiffusers and runs ctest
+# The test suite: installs dependencies (Debian 12 packages and the XLA CPU PJRT plugin), builds cdiffusers and runs ctest
 # in eager mode, then in each execution mode (eager, defer-and-fuse, compile, repeated-block
 # compile) with the cpu backend in its discrete-memory test mode, and with the fallback ISAs
 # forced; then builds again with AddressSanitizer + UndefinedBehaviorSanitizer and runs the suite under
@@ -23,15 +23,37 @@ ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs"
 # through the backend as it must on an accelerator. The modes run only in this stricter form
 # (the discrete mode changes where device memory lives, not what any kernel computes; eager
 # runs in both forms): that keeps CI near 15 minutes on 2 cores.
+# (-LE pjrt: the pjrt backend's own tests ran in the first pass; its passes are below.)
 for m in "" "CDIFFUSERS_DEFER_AND_FUSE=1" "CDIFFUSERS_COMPILE=1" "CDIFFUSERS_COMPILE=blocks"; do
-  env CDIFFUSERS_CPU_DISCRETE=1 $m ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs"
+  env CDIFFUSERS_CPU_DISCRETE=1 $m ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE pjrt
 done
 # the numeric tests again with the fast kernels' fallback ISAs forced (what a machine without
 # AVX-512-BF16, or without AVX2, runs): the same golden tolerances must hold on every path
 for isa in avx2 generic; do
-  CDIFFUSERS_ISA=$isa ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" \
+  CDIFFUSERS_ISA=$isa ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE pjrt \
     -R 'test_kernels|test_backend_ops|test_model_|test_pipeline|test_run_model'
 done
+# The golden components and pipelines again on the pjrt backend (the XLA CPU plugin that
+# install-deps.sh installs; skipped in a build without it), in each execution mode, with one disk
+# cache of compiled programs for the whole run. Every golden model test runs in every mode; the
+# pipelines run eager and compiled (the first and last programs differ most: per op, per forward),
+# not in defer-and-fuse and repeated-block compile, whose programs XLA compiles from the same nodes
+# and which the model tests cover: every golden test in all four modes took 29 minutes of the 2
+# cores (6 December, Xeon VM at load 6-8; each op or graph is an XLA compile the first time),
+# against the 6 this pass may add.
+if ./build/cdiffusers devices 2>/dev/null | grep -q '^backends compiled in:.* pjrt'; then
+  export CDIFFUSERS_PJRT_CACHE="$PWD/build/pjrt-cache"
+  rm -rf "$CDIFFUSERS_PJRT_CACHE"
+  for m in "" "CDIFFUSERS_COMPILE=1"; do
+    env CDIFFUSERS_DEVICE=pjrt $m ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE pjrt \
+      -R 'test_model_|test_pipeline|test_run_model'
+  done
+  for m in "CDIFFUSERS_DEFER_AND_FUSE=1" "CDIFFUSERS_COMPILE=blocks"; do
+    env CDIFFUSERS_DEVICE=pjrt $m ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE pjrt \
+      -R 'test_model_|test_run_model'
+  done
+  unset CDIFFUSERS_PJRT_CACHE
+fi
 if [ "${CDF_SKIP_SANITIZE:-0}" != 1 ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCDF_SANITIZE=ON >/dev/null
   cmake --build build-asan -j"$jobs"

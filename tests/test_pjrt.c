@@ -159,7 +159,9 @@ static void test_default_model_picture(void **state) {
     assert_int_equal(run_cli("CDIFFUSERS_TEST=1", args, &err), 0);
     free(err);
     snprintf(args, sizeof args, "generate --device pjrt %s --output '%s' --force", prompt, b);
-    assert_int_equal(run_cli("CDIFFUSERS_TEST=1", args, &err), 0);
+    char env[1200];
+    snprintf(env, sizeof env, "CDIFFUSERS_TEST=1 CDIFFUSERS_PJRT_CACHE='%s'", tu_tmp_path("pjrt_cache")); /* not ~/.cache */
+    assert_int_equal(run_cli(env, args, &err), 0);
     free(err);
     cdf_png_image x, y;
     assert_int_equal(cdf_png_read(a, &x), CDF_OK);
