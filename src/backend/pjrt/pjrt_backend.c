@@ -210,11 +210,7 @@ static cdf_status record_error(cdf_status s) {
 static void drain(int n_keep) {
     int n_wait = g.n_pending - n_keep;
     for (int i = 0; i < n_wait; i++) {
-        PJRT_Event_Await_Args a = {.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE, .event = g.pending[i]};
-        PJRT_Error *e = g.rt.api->PJRT_Event_Await(&a);
-        if (e) record_error(cdf_pjrt_check(&g.rt, e, CDF_ERR_DEVICE, "pjrt: a queued program failed"));
-        PJRT_Event_Destroy_Args d = {.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE, .event = g.pending[i]};
-        g.rt.api->PJRT_Event_Destroy(&d);
+        if (cdf_pjrt_event_await(&g.rt, g.pending[i], "pjrt: a queued program failed") != CDF_OK) record_error(CDF_ERR_DEVICE);
         g.completed++;
     }
     memmove(g.pending, g.pending + n_wait, (size_t)n_keep * sizeof *g.pending);
@@ -239,7 +235,7 @@ static cdf_status slot_value(slot *s, cdf_dtype dt, int64_t n, PJRT_Buffer **out
         cdf_pjrt_exe *x;
         cdf_status st = executable_for(&bp, "bitcast", &x);
         PJRT_Buffer *r = NULL;
-        if (st == CDF_OK) st = cdf_pjrt_execute(&g.rt, x->exe, 0, &s->buf, 1, &r, 1);
+        if (st == CDF_OK) st = cdf_pjrt_execute(&g.rt, x->exe, 0, &s->buf, 1, &r, 1, NULL);
         cdf_pjrt_program_free(&bp);
         if (st != CDF_OK) return st;
         cdf_pjrt_buffer_free(&g.rt, s->buf);
@@ -324,6 +320,7 @@ static cdf_status run_program(const cdf_pjrt_program *p, const binding *bind, co
         return cdf_error(CDF_ERR_INTERNAL, "pjrt: %s: the program returns %zu values, %d expected", who, x->n_outputs, p->n_outs);
     PJRT_Buffer *args[p->n_args ? p->n_args : 1], *outs[p->n_outs ? p->n_outs : 1];
     bool scalar[p->n_args ? p->n_args : 1];
+    memset(args, 0, sizeof args);
     cdf_status st = CDF_OK;
     int na = 0;
     for (; na < p->n_args && st == CDF_OK; na++) {
@@ -339,23 +336,8 @@ static cdf_status run_program(const cdf_pjrt_program *p, const binding *bind, co
         else st = slot_value(sl, a->dt, a->n, &args[na]);
     }
     if (st == CDF_OK) {
-        PJRT_ExecuteOptions o;
-        memset(&o, 0, sizeof o);
-        o.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
-        PJRT_LoadedExecutable_Execute_Args e;
-        memset(&e, 0, sizeof e);
-        e.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
-        PJRT_Buffer *const *al[1] = {args};
-        PJRT_Buffer **ol[1] = {outs};
         PJRT_Event *done = NULL;
-        e.executable = x->exe;
-        e.options = &o;
-        e.argument_lists = al;
-        e.num_devices = 1;
-        e.num_args = (size_t)p->n_args;
-        e.output_lists = ol;
-        e.device_complete_events = &done;
-        st = cdf_pjrt_check(&g.rt, g.rt.api->PJRT_LoadedExecutable_Execute(&e), CDF_ERR_DEVICE, "pjrt: running a program");
+        st = cdf_pjrt_execute(&g.rt, x->exe, 0, args, (size_t)p->n_args, outs, (size_t)p->n_outs, &done);
         if (st != CDF_OK) {
             cdf_error_prefix("%s: ", who);
         } else {

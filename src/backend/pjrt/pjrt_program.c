@@ -681,13 +681,13 @@ static void write_view(builder *b, const cdf_tensor *t, hv x) {
     }
     /* nested: the inverse of read_view's reshape, then two dynamic_update_slices */
     const int k = v.k;
-    int64_t sorted[CDF_MAX_DIMS], perm[HMAX];
+    int64_t sorted[CDF_MAX_DIMS] = {0}, perm[HMAX] = {0};
     int ns = 0;
     for (int d = 0; d < t->ndim; d++)
         for (int i = 0; i < k; i++)
             if (v.order[i] == d) sorted[ns++] = d;
     /* x [view shape] -> [the k dims in the view's order] -> [k dims outermost first] */
-    int64_t kd[HMAX];
+    int64_t kd[HMAX] = {0};
     for (int i = 0; i < ns; i++) kd[i] = t->shape[sorted[i]];
     hv y = reshape(b, x, ns, kd);
     for (int i = 0; i < k; i++)
@@ -1219,7 +1219,6 @@ static void lower_node(builder *b, const cdf_node *n) {
         fail(b, CDF_ERR_UNSUPPORTED, "pjrt: op kind %d", (int)n->kind);
         return;
     }
-    (void)dt32;
     if (b->err) return;
     if (r.t.nd != D->ndim || numel(&r.t) != cdf_shape_numel(D->ndim, D->shape)) {
         if (numel(&r.t) != cdf_shape_numel(D->ndim, D->shape)) {

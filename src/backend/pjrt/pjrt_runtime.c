@@ -71,13 +71,13 @@ int cdf_pjrt_find_plugins(cdf_pjrt_found *out, int cap) {
     int nd = site_dirs(dirs, 16);
     for (size_t k = 0; k < sizeof k_packages / sizeof *k_packages; k++) {
         for (int d = 0; d < nd && n < cap; d++) {
-            char path[1100];
-            snprintf(path, sizeof path, "%s/%s", dirs[d], k_packages[k].rel);
+            char path[1024];
+            snprintf(path, sizeof path, "%.900s/%s", dirs[d], k_packages[k].rel);
             if (access(path, R_OK) != 0) continue;
             bool dup = false;
             for (int i = 0; i < n; i++) dup |= strcmp(out[i].path, path) == 0;
             if (dup) continue;
-            snprintf(out[n].path, sizeof out[n].path, "%s", path);
+            memcpy(out[n].path, path, sizeof path);
             snprintf(out[n].package, sizeof out[n].package, "%s", k_packages[k].package);
             n++;
             break; /* the first install of each package */
@@ -123,7 +123,7 @@ int cdf_pjrt_list_plugins(cdf_pjrt_plugin_info *out, int cap) {
     for (int i = 0; i < n && i < cap; i++) {
         cdf_pjrt_plugin_info *o = &out[i];
         memset(o, 0, sizeof *o);
-        snprintf(o->path, sizeof o->path, "%s", f[i].path);
+        memcpy(o->path, f[i].path, sizeof o->path);
         snprintf(o->package, sizeof o->package, "%s", f[i].package);
         o->chosen = have_choice && strcmp(chosen.path, f[i].path) == 0;
         o->api_major = o->api_minor = -1;
@@ -407,7 +407,7 @@ PJRT_Buffer_Type cdf_pjrt_type(cdf_dtype dt) {
     }
 }
 
-static cdf_status await_event(cdf_pjrt *p, PJRT_Event *ev, const char *what) {
+cdf_status cdf_pjrt_event_await(cdf_pjrt *p, PJRT_Event *ev, const char *what) {
     if (!ev) return CDF_OK;
     ARGS(PJRT_Event_Await_Args, a);
     a.event = ev;
@@ -435,7 +435,7 @@ cdf_status cdf_pjrt_upload(cdf_pjrt *p, int device, const void *data, cdf_dtype 
     *out = a.buffer;
     /* kImmutableOnlyDuringCall: the host copy is done when the call returns; the event only
      * says so */
-    return await_event(p, a.done_with_host_buffer, "pjrt: host-to-device copy");
+    return cdf_pjrt_event_await(p, a.done_with_host_buffer, "pjrt: host-to-device copy");
 }
 
 cdf_status cdf_pjrt_download(cdf_pjrt *p, PJRT_Buffer *b, void *dst, size_t nbytes) {
@@ -450,7 +450,7 @@ cdf_status cdf_pjrt_download(cdf_pjrt *p, PJRT_Buffer *b, void *dst, size_t nbyt
     a.dst = dst;
     a.dst_size = nbytes;
     CHECK(p, p->api->PJRT_Buffer_ToHostBuffer(&a), CDF_ERR_DEVICE, "pjrt: device-to-host copy");
-    return await_event(p, a.event, "pjrt: device-to-host copy (or the computation that made the buffer)");
+    return cdf_pjrt_event_await(p, a.event, "pjrt: device-to-host copy (or the computation that made the buffer)");
 }
 
 void cdf_pjrt_buffer_free(cdf_pjrt *p, PJRT_Buffer *b) {
@@ -464,7 +464,7 @@ cdf_status cdf_pjrt_buffer_await(cdf_pjrt *p, PJRT_Buffer *b) {
     ARGS(PJRT_Buffer_ReadyEvent_Args, r);
     r.buffer = b;
     CHECK(p, p->api->PJRT_Buffer_ReadyEvent(&r), CDF_ERR_DEVICE, "pjrt: waiting for a buffer");
-    return await_event(p, r.event, "pjrt: a queued computation");
+    return cdf_pjrt_event_await(p, r.event, "pjrt: a queued computation");
 }
 
 /* ---- programs ------------------------------------------------------------------------------------ */
@@ -612,7 +612,7 @@ cdf_status cdf_pjrt_num_outputs(cdf_pjrt *p, PJRT_LoadedExecutable *e, size_t *n
 }
 
 cdf_status cdf_pjrt_execute(cdf_pjrt *p, PJRT_LoadedExecutable *e, int device, PJRT_Buffer *const *args,
-                            size_t n_args, PJRT_Buffer **out, size_t n_out) {
+                            size_t n_args, PJRT_Buffer **out, size_t n_out, PJRT_Event **done) {
     for (size_t i = 0; i < n_args; i++)
         if (!args[i]) return cdf_error(CDF_ERR_INTERNAL, "pjrt: argument %zu of a program has no buffer", i);
     ARGS(PJRT_ExecuteOptions, o);
@@ -625,8 +625,11 @@ cdf_status cdf_pjrt_execute(cdf_pjrt *p, PJRT_LoadedExecutable *e, int device, P
     x.num_devices = 1;
     x.num_args = n_args;
     x.output_lists = out_lists;
-    x.execute_device = p->n_devices > 1 ? p->devices[device] : NULL;
-    (void)n_out;
+    x.device_complete_events = done;
+    /* a program compiled for one device runs where the default assignment put it (pjrt:0);
+     * another device needs a portable executable (issue #40: PJRT at scale) */
+    if (device != 0) return cdf_error(CDF_ERR_UNSUPPORTED, "pjrt: programs run on pjrt:0 only (device %d asked)", device);
+    for (size_t i = 0; i < n_out; i++) out[i] = NULL;
     CHECK(p, p->api->PJRT_LoadedExecutable_Execute(&x), CDF_ERR_DEVICE, "pjrt: running a program");
     return CDF_OK;
 }

@@ -93,9 +93,12 @@ cdf_status cdf_pjrt_deserialize(cdf_pjrt *p, const char *bytes, size_t len, PJRT
 void cdf_pjrt_executable_free(cdf_pjrt *p, PJRT_LoadedExecutable *e);
 /* The number of outputs the executable returns (what execute's out array must hold). */
 cdf_status cdf_pjrt_num_outputs(cdf_pjrt *p, PJRT_LoadedExecutable *e, size_t *n);
-/* Run on one device: n_args arguments -> n_out outputs (out[] filled with new buffers). The
- * counts are checked against the executable's before the call. */
+/* Run on one device, asynchronously: n_args arguments -> n_out outputs (out[] filled with new
+ * buffers; n_out must be the executable's output count, cdf_pjrt_num_outputs). *done (when not
+ * NULL) receives the event of the run's completion, for cdf_pjrt_event_await. */
 cdf_status cdf_pjrt_execute(cdf_pjrt *p, PJRT_LoadedExecutable *e, int device, PJRT_Buffer *const *args,
-                            size_t n_args, PJRT_Buffer **out, size_t n_out);
+                            size_t n_args, PJRT_Buffer **out, size_t n_out, PJRT_Event **done);
+/* Wait for an event and destroy it; the error of what it marks. */
+cdf_status cdf_pjrt_event_await(cdf_pjrt *p, PJRT_Event *ev, const char *what);
 
 #endif
