@@ -204,7 +204,14 @@ void cdf_cli_png_init_text(char *buf, size_t n, const cdf_pipeline *pipe, const 
     }
     cdf_generate_params eff = *gp;
     cdf_pipeline_resolve_defaults(pipe, &eff);
-    snprintf(buf, n, ", Strength: %g, Init image: %s%s%s", (double)eff.strength, image_names[0],
+    /* the shortest digits that read back as the same double (Python's repr), so that the
+     * strength given back on the command line starts at the same step */
+    char strength[32];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(strength, sizeof strength, "%.*g", prec, eff.strength);
+        if (strtod(strength, NULL) == eff.strength) break;
+    }
+    snprintf(buf, n, ", Strength: %s, Init image: %s%s%s", strength, image_names[0],
              gp->mask_image && mask_name ? ", Mask: " : "", gp->mask_image && mask_name ? mask_name : "");
 }
 

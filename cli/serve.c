@@ -387,7 +387,7 @@ static cdf_status job_inputs(job *j, cdf_generate_params *gp) {
         j->in_mask = (cdf_image){.width = mp->width, .height = mp->height, .channels = mp->channels, .pixels = mp->pixels};
         gp->mask_image = &j->in_mask;
     }
-    if (j->req.strength >= 0) gp->strength = (float)j->req.strength;
+    if (j->req.strength >= 0) gp->strength = j->req.strength;
     return CDF_OK;
 }
 

@@ -256,17 +256,10 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
     cdf_pipe_capture(gp, "latent_ids", img_ids);
 
     /* schedule: sigmas linspace(1, 1/N, N), mu from the image sequence length and step count */
-    cdf_scheduler *sched = cdf_scheduler_new(&p->sched_cfg);
-    if (!sched) return status_or_internal();
-    float *sig_in = malloc((size_t)N * sizeof *sig_in);
-    const double mu = cdf_compute_empirical_mu(seq, N);
-    s = sig_in ? cdf_flux_default_sigmas(N, sig_in) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-    if (s == CDF_OK) s = cdf_scheduler_set_timesteps(sched, N, sig_in, N, &mu);
-    free(sig_in);
-    if (s != CDF_OK) {
-        cdf_scheduler_free(sched);
-        return s;
-    }
+    cdf_scheduler *sched = NULL;
+    cdf_pipe_schedule_info si;
+    s = cdf_pipe_schedule(p, gp, &sched, &si);
+    if (s != CDF_OK) return s;
     const float *sigmas = cdf_scheduler_sigmas(sched), *timesteps = cdf_scheduler_timesteps(sched);
     int64_t ns1[1] = {N + 1}, ns[1] = {N};
     cdf_pipe_capture(gp, "sigmas", cdf_tensor_from_host(p->device, CDF_F32, 1, ns1, sigmas, CDF_F32));

@@ -135,18 +135,10 @@ cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf
     cdf_pipe_capture(gp, "latent_image_ids", fs.img_ids);
 
     /* 2. schedule: sigmas linspace(1, 1/N, N); mu from the image sequence length */
-    cdf_scheduler *sched = cdf_scheduler_new(&p->sched_cfg);
-    if (!sched) return cdf_last_status();
-    float *sig_in = malloc((size_t)N * sizeof *sig_in);
-    double mu = cdf_calculate_shift(seq, p->sched_cfg.base_image_seq_len, p->sched_cfg.max_image_seq_len,
-                                    p->sched_cfg.base_shift, p->sched_cfg.max_shift);
-    cdf_status s = sig_in ? cdf_flux_default_sigmas(N, sig_in) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-    if (s == CDF_OK) s = cdf_scheduler_set_timesteps(sched, N, sig_in, N, &mu);
-    free(sig_in);
-    if (s != CDF_OK) {
-        cdf_scheduler_free(sched);
-        return s;
-    }
+    cdf_scheduler *sched = NULL;
+    cdf_pipe_schedule_info si;
+    cdf_status s = cdf_pipe_schedule(p, gp, &sched, &si);
+    if (s != CDF_OK) return s;
     const float *sigmas = cdf_scheduler_sigmas(sched), *timesteps = cdf_scheduler_timesteps(sched);
     int64_t ns1[1] = {N + 1}, ns[1] = {N};
     cdf_pipe_capture(gp, "sigmas", cdf_tensor_from_host(p->device, CDF_F32, 1, ns1, sigmas, CDF_F32));
@@ -156,7 +148,7 @@ cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf
 
     /* 3. latents: [the image's VAE sample, then] one randn of the unpacked shape, 2x2 packing */
     cdf_pipe_start st;
-    s = cdf_pipe_start_latents(p, gp, C, h, w, sigmas, N, &st);
+    s = cdf_pipe_start_latents(p, gp, C, h, w, sigmas, si.t_start, &st);
     cdf_denoise_loop loop = {.timesteps = timesteps, .sigmas = sigmas, .num_steps = N, .t_start = st.t_start,
                              .predict = flux_predict, .ctx = &fs, .step_key = "latents_after_step.%d"};
     if (s == CDF_OK && !(loop.latents = pack_latents(st.latents, C, h, w))) s = cdf_last_status();
