@@ -411,8 +411,8 @@ static job *job_new(server *srv, serve_request *req, bool async) {
     gp.width = j->req.width;
     gp.height = j->req.height;
     gp.num_inference_steps = j->req.steps;
-    if (j->req.guidance >= 0) gp.guidance_scale = (float)j->req.guidance;
-    if (j->req.have_true_cfg) gp.true_cfg_scale = (float)j->req.true_cfg_scale;
+    if (j->req.guidance >= 0) gp.guidance_scale = j->req.guidance;
+    if (j->req.have_true_cfg) gp.true_cfg_scale = j->req.true_cfg_scale;
     cdf_cli_model_defaults_apply(&srv->defaults, &gp, j->req.have_true_cfg);
     if (j->req.img2img && job_inputs(j, &gp) != CDF_OK) {
         job_unref(j);

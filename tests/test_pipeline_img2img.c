@@ -86,7 +86,7 @@ static void run_case(const char *name) {
     if (height) gp.height = height->valueint; /* FLUX.2: absent = the first reference image's size */
     if (width) gp.width = width->valueint;
     gp.num_inference_steps = cJSON_GetObjectItem(call, "num_inference_steps")->valueint;
-    gp.guidance_scale = (float)cJSON_GetObjectItem(call, "guidance_scale")->valuedouble;
+    gp.guidance_scale = cJSON_GetObjectItem(call, "guidance_scale")->valuedouble;
     const cJSON *msl = cJSON_GetObjectItem(call, "max_sequence_length");
     if (msl) gp.max_sequence_length = msl->valueint;
     const cJSON *strength = cJSON_GetObjectItem(call, "strength"), *nipp = cJSON_GetObjectItem(call, "num_images_per_prompt");

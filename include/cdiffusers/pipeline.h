@@ -101,8 +101,11 @@ typedef struct cdf_generate_params {
     const char *negative_prompt; /* NULL = none (SD3 with CFG encodes "") */
     int height, width;           /* 0 = the model's default size */
     int num_inference_steps;     /* 0 = the pipeline default (28; Flux2 50) */
-    float guidance_scale;        /* < 0 = pipeline default (Flux 3.5, SD3 7.0, Flux2 4.0) */
-    float true_cfg_scale;        /* Flux only; 1 = off */
+    /* Doubles, as the Python floats diffusers decides with (SD3 guides with CFG when
+     * guidance_scale > 1, Flux when true_cfg_scale > 1 with a negative prompt); the model sees them
+     * as float32, as torch does. */
+    double guidance_scale;       /* < 0 = pipeline default (Flux 3.5, SD3 7.0, Flux2 4.0) */
+    double true_cfg_scale;       /* Flux only; 1 = off */
     uint64_t seed;
     int max_sequence_length;     /* 0 = pipeline default (Flux 512, SD3 256) */
     /* FLUX.2 only: the text encoder's hidden states stacked into the prompt embedding

@@ -267,7 +267,7 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
     /* torch.full([1], guidance_scale, float32), passed at every step (a model without a guidance
      * embedder ignores it) */
     flux2_step fs = {.p = p, .gp = gp, .embeds = embeds, .txt_ids = txt_ids, .img_ids = img_ids, .seq = seq,
-                     .guidance = cdf_pipe_scalar_tensor(p->device, gp->guidance_scale, 1)};
+                     .guidance = cdf_pipe_scalar_tensor(p->device, (float)gp->guidance_scale, 1)};
     cdf_pipe_capture(gp, "guidance", fs.guidance);
     if (gp->image) {
         cdf_tensor *ref_ids = NULL;

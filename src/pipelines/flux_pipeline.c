@@ -97,7 +97,7 @@ static cdf_tensor *flux_predict(void *ctx, cdf_tensor *latents, int i, float t) 
         snprintf(key, sizeof key, "noise_pred_cond.%d", i);
         cdf_pipe_capture(fs->gp, key, v);
     }
-    return fs->true_cfg ? cdf_pipe_cfg(v_neg, v, fs->gp->true_cfg_scale) : v;
+    return fs->true_cfg ? cdf_pipe_cfg(v_neg, v, (float)fs->gp->true_cfg_scale) : v; /* torch: float32 scalar */
 }
 
 cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out) {
@@ -110,7 +110,7 @@ cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf
 
     /* 1. text */
     CDF_TRY(encode_prompt(p, gp->prompt, gp->max_sequence_length, &fs.embeds, &fs.pooled, gp, ""));
-    fs.true_cfg = gp->true_cfg_scale > 1.0f && gp->negative_prompt != NULL;
+    fs.true_cfg = gp->true_cfg_scale > 1.0 && gp->negative_prompt != NULL; /* do_true_cfg, on the Python float */
     if (fs.true_cfg) CDF_TRY(encode_prompt(p, gp->negative_prompt, gp->max_sequence_length, &fs.neg_embeds, &fs.neg_pooled, gp, "negative_"));
     cdf_pipe_capture(gp, "prompt_embeds", fs.embeds);
     cdf_pipe_capture(gp, "pooled_prompt_embeds", fs.pooled);
@@ -143,7 +143,7 @@ cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf
     int64_t ns1[1] = {N + 1}, ns[1] = {N};
     cdf_pipe_capture(gp, "sigmas", cdf_tensor_from_host(p->device, CDF_F32, 1, ns1, sigmas, CDF_F32));
     cdf_pipe_capture(gp, "timesteps", cdf_tensor_from_host(p->device, CDF_F32, 1, ns, timesteps, CDF_F32));
-    fs.guidance = p->guidance_embeds ? cdf_pipe_scalar_tensor(p->device, gp->guidance_scale, 1) : NULL;
+    fs.guidance = p->guidance_embeds ? cdf_pipe_scalar_tensor(p->device, (float)gp->guidance_scale, 1) : NULL;
     cdf_pipe_capture(gp, "guidance", fs.guidance);
 
     /* 3. latents: [the image's VAE sample, then] one randn of the unpacked shape, 2x2 packing */

@@ -15,7 +15,7 @@ cdf_pipeline_load_params cdf_pipeline_load_default_params(void) {
 }
 
 cdf_generate_params cdf_generate_default_params(void) {
-    return (cdf_generate_params){.prompt = "", .guidance_scale = -1.0f, .true_cfg_scale = 1.0f, .seed = 0, .strength = 0.6};
+    return (cdf_generate_params){.prompt = "", .guidance_scale = -1.0, .true_cfg_scale = 1.0, .seed = 0, .strength = 0.6};
 }
 
 void cdf_image_free(cdf_image *img) {
@@ -256,9 +256,9 @@ void cdf_pipeline_resolve_defaults(const cdf_pipeline *p, cdf_generate_params *g
     if (gp->height <= 0) gp->height = (int)def;
     if (gp->width <= 0) gp->width = (int)def;
     if (gp->num_inference_steps <= 0) gp->num_inference_steps = p->kind == CDF_PIPE_FLUX2 ? 50 : 28;
-    if (gp->guidance_scale < 0) gp->guidance_scale = p->kind == CDF_PIPE_FLUX ? 3.5f : p->kind == CDF_PIPE_FLUX2 ? 4.0f : 7.0f;
+    if (gp->guidance_scale < 0) gp->guidance_scale = p->kind == CDF_PIPE_FLUX ? 3.5 : p->kind == CDF_PIPE_FLUX2 ? 4.0 : 7.0;
     if (gp->max_sequence_length <= 0) gp->max_sequence_length = p->kind == CDF_PIPE_SD3 ? 256 : 512;
-    if (gp->true_cfg_scale <= 0) gp->true_cfg_scale = 1.0f;
+    if (gp->true_cfg_scale <= 0) gp->true_cfg_scale = 1.0;
 }
 
 /* Largest size we accept: 4096² (FLUX.1 supports up to ~2 MP; anything far beyond is a typo

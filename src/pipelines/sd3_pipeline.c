@@ -94,7 +94,7 @@ static cdf_tensor *sd3_predict(void *ctx, cdf_tensor *latents, int i, float t) {
     if (v && ss->cfg) {
         cdf_tensor *halves[2];
         if (cdf_chunk(v, 2, 0, halves) != CDF_OK) return NULL;
-        vel = cdf_pipe_cfg(halves[0], halves[1], gp->guidance_scale);
+        vel = cdf_pipe_cfg(halves[0], halves[1], (float)gp->guidance_scale); /* torch: float32 scalar */
         if (gp->capture) {
             char key[64];
             snprintf(key, sizeof key, "noise_pred_uncond.%d", i);
@@ -115,7 +115,7 @@ cdf_status cdf_sd3_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_
     const int N = gp->num_inference_steps;
     const int64_t C = p->latent_channels;
     const int64_t h = gp->height / p->vae_scale_factor, w = gp->width / p->vae_scale_factor;
-    sd3_step ss = {.p = p, .gp = gp, .cfg = gp->guidance_scale > 1.0f};
+    sd3_step ss = {.p = p, .gp = gp, .cfg = gp->guidance_scale > 1.0}; /* do_classifier_free_guidance, on the Python float */
 
     /* 1. text ([negative; positive] with CFG) */
     cdf_tensor *embeds, *pooled, *neg_embeds = NULL, *neg_pooled = NULL;
