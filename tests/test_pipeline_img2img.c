@@ -219,19 +219,10 @@ static void run_case(const char *name) {
 
 static void test_case(void **state) { run_case((const char *)*state); }
 
-/* A tiny pipeline of tests/data/pipelines with the default load parameters. */
-static cdf_pipeline *load_tiny(const char *name) {
-    char dir[1200];
-    snprintf(dir, sizeof dir, "%s/%s", tu_data("pipelines"), name);
-    cdf_pipeline *pipe = NULL;
-    if (cdf_pipeline_load(dir, NULL, &pipe) != CDF_OK) fail_msg("load %s: %s", dir, cdf_last_error());
-    return pipe;
-}
-
 /* Text-to-image: each image of a seed list equals the single-seed image of its seed. */
 static void test_seed_list_equals_single_seeds(void **state) {
     (void)state;
-    cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
+    cdf_pipeline *pipe = tu_load_tiny_pipeline("flux1_dev_tiny");
     cdf_generate_params gp = cdf_generate_default_params();
     gp.prompt = "a cat";
     gp.height = gp.width = 32;
@@ -259,7 +250,7 @@ static void test_seed_list_equals_single_seeds(void **state) {
  * generator[0] (the golden fidelity/..._gens cases hold the exact values). */
 static void test_seed_list_image_encoded_once(void **state) {
     (void)state;
-    cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
+    cdf_pipeline *pipe = tu_load_tiny_pipeline("flux1_dev_tiny");
     cdf_png_image pi;
     char path[1300];
     snprintf(path, sizeof path, "%s/image_in.png", tu_data("golden/img2img/flux_img2img_s06_64x64"));
@@ -299,7 +290,7 @@ static void test_sd3_img2img_seed_list_refused(void **state) {
     assert_non_null(refusals);
     assert_non_null(strstr(refusals, "\"sd3_img2img_gens\": \"RuntimeError"));
     free(refusals);
-    cdf_pipeline *pipe = load_tiny("sd35m_tiny");
+    cdf_pipeline *pipe = tu_load_tiny_pipeline("sd35m_tiny");
     uint8_t px[64 * 64 * 3] = {0};
     cdf_image im = {64, 64, 3, px}, mk = {64, 64, 1, px};
     cdf_generate_params gp = cdf_generate_default_params();
@@ -325,7 +316,7 @@ static void test_sd3_img2img_seed_list_refused(void **state) {
  * of 16 values (every model here) and of other sizes (torch redraws its last block of 16). */
 static void test_batch_rows_equal_one_draw(void **state) {
     (void)state;
-    cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
+    cdf_pipeline *pipe = tu_load_tiny_pipeline("flux1_dev_tiny");
     const int64_t sizes[2][4] = {{1, 16, 2, 3}, {1, 3, 5, 7}}; /* 96 and 105 values a row */
     for (int c = 0; c < 2; c++) {
         const int64_t n = sizes[c][0] * sizes[c][1] * sizes[c][2] * sizes[c][3], rows = 3;
@@ -391,7 +382,7 @@ static void test_offload_same_image(void **state) {
 /* Requests refused before any work, with a message naming what is wrong. */
 static void test_bad_inputs(void **state) {
     (void)state;
-    cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
+    cdf_pipeline *pipe = tu_load_tiny_pipeline("flux1_dev_tiny");
     uint8_t px[32 * 32 * 4] = {0};
     cdf_image rgb = {32, 32, 3, px}, rgba = {32, 32, 4, px}, gray = {32, 32, 1, px}, small = {16, 32, 1, px};
     cdf_generate_params gp = cdf_generate_default_params();
@@ -418,7 +409,7 @@ static void test_bad_inputs(void **state) {
         assert_null(img.pixels);
     }
     /* FLUX.2 reference images */
-    cdf_pipeline *p2 = load_tiny("flux2_dev_tiny");
+    cdf_pipeline *p2 = tu_load_tiny_pipeline("flux2_dev_tiny");
     static uint8_t big[200 * 64 * 3];
     cdf_image refs[CDF_FLUX2_MAX_REFERENCE_IMAGES + 1];
     for (int i = 0; i <= CDF_FLUX2_MAX_REFERENCE_IMAGES; i++) refs[i] = (cdf_image){64, 64, 3, big};
