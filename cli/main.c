@@ -390,11 +390,11 @@ static int cmd_generate(int argc, char **argv) {
              * (SD3: no CFG, as for any scale <= 1; Flux-dev/FLUX.2: an embedded guidance far
              * outside what the model was distilled on), but no supported model means anything
              * useful by it; 0 stays valid. */
-            if (!parse_double(optarg, &gp.guidance_scale) || gp.guidance_scale < 0)
+            if (!parse_double(optarg, &gp.guidance_scale) || !isfinite((float)gp.guidance_scale) || gp.guidance_scale < 0)
                 return usage_error("--guidance needs a number >= 0, got '%s'", optarg);
             break;
         case 'T':
-            if (!parse_double(optarg, &gp.true_cfg_scale)) return usage_error("--true-cfg-scale needs a number, got '%s'", optarg);
+            if (!parse_double(optarg, &gp.true_cfg_scale) || !isfinite((float)gp.true_cfg_scale)) return usage_error("--true-cfg-scale needs a number, got '%s'", optarg);
             user_true_cfg = true;
             break;
         case 'S': {

@@ -200,7 +200,10 @@ static bool on_step(int step, int num_steps, double step_seconds, void *user) {
     return go;
 }
 
-/* One image of j: generate, encode the PNG exactly as `generate` writes it, base64. */
+/* One image of j: generate, encode the PNG exactly as `generate` writes it, base64. Image i is
+ * generated alone with seed + i (AUTOMATIC1111's numbering), an input image encoded with that seed:
+ * it equals `generate --seed (seed + i)`, not image i of `generate --batch-seeds` (diffusers'
+ * generator list, which encodes the input image with the first generator). */
 static cdf_status run_image(server *srv, job *j, int i) {
     cdf_generate_params gp = j->gp;
     gp.seed = j->seed + (uint64_t)i;

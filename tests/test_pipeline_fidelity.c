@@ -11,7 +11,7 @@
  *    1..60 (its mu depends on the steps too: 760k values).
  *
  * Each cell goes through the code the pipelines run (cdf_pipe_schedule, cdf_pipe_schedule_mu,
- * cdf_pipeline_validate), bit for bit. */
+ * cdf_pipeline_validate), bit for bit. And the CFG branches on the double scales. */
 #include "testutil.h"
 
 #include <math.h>
@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "cdiffusers/cdiffusers.h"
+#include "nn/nn.h"
 #include "pipelines/pipeline_impl.h"
 
 #define MAX_STEPS 60
@@ -267,11 +268,47 @@ static void test_mu_sweep(void **state) {
     cdf_pipeline_free(f2);
 }
 
+/* `guidance_scale > 1` (SD3's CFG) and `true_cfg_scale > 1 and has_neg_prompt` (Flux's true CFG)
+ * decide on the Python float: 1 + 1e-9 guides (as a float it would be 1.0f and not guide); 1 does
+ * not. The negative prompt is encoded only when guiding. */
+static bool guides(cdf_pipeline *pipe, double g, bool flux) {
+    cdf_generate_params gp = cdf_generate_default_params();
+    gp.prompt = "a cat";
+    gp.negative_prompt = "blurry";
+    gp.height = gp.width = 32;
+    gp.num_inference_steps = 1;
+    gp.max_sequence_length = 16;
+    if (flux) gp.true_cfg_scale = g;
+    else gp.guidance_scale = g;
+    cdf_tensor_map cap;
+    cdf_tensor_map_init(&cap);
+    gp.capture = &cap;
+    cdf_image out;
+    if (cdf_pipeline_generate(pipe, &gp, &out) != CDF_OK) fail_msg("generate: %s", cdf_last_error());
+    cdf_image_free(&out);
+    const bool neg = cdf_tensor_map_get(&cap, "negative_prompt_embeds") != NULL;
+    cdf_tensor_map_clear(&cap);
+    return neg;
+}
+
+static void test_cfg_branches_on_double(void **state) {
+    (void)state;
+    assert_true((float)(1.0 + 1e-9) == 1.0f); /* what a float field would have made of it */
+    cdf_pipeline *sd3 = tu_load_tiny_pipeline("sd35m_tiny"), *flux = tu_load_tiny_pipeline("flux1_dev_tiny");
+    assert_true(guides(sd3, 1.0 + 1e-9, false));
+    assert_false(guides(sd3, 1.0, false));
+    assert_true(guides(flux, 1.0 + 1e-9, true));
+    assert_false(guides(flux, 1.0, true));
+    cdf_pipeline_free(sd3);
+    cdf_pipeline_free(flux);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_float_strength_differs),
         cmocka_unit_test(test_strength_sweep),
         cmocka_unit_test(test_mu_sweep),
+        cmocka_unit_test(test_cfg_branches_on_double),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

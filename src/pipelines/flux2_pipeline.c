@@ -333,7 +333,7 @@ cdf_status cdf_flux2_generate_from_embeds(cdf_pipeline *p, const cdf_generate_pa
                          gp.height, gp.width);
     if (gp.num_inference_steps <= 0 || gp.num_inference_steps > 1000)
         return cdf_error(CDF_ERR_INVALID_ARG, "steps must be between 1 and 1000 (got %d)", gp.num_inference_steps);
-    if (!isfinite(gp.guidance_scale)) return cdf_error(CDF_ERR_INVALID_ARG, "guidance scale must be a finite number");
+    if (!isfinite((float)gp.guidance_scale)) return cdf_error(CDF_ERR_INVALID_ARG, "guidance scale must be a finite number");
     CDF_TRY(cdf_pipe_check_inputs(&gp, true));
     cdf_scope_push();
     cdf_status s = generate_image(p, &gp, prompt_embeds, out);

@@ -281,8 +281,9 @@ static cdf_status validate(const cdf_pipeline *p, const cdf_generate_params *gp)
         return cdf_error(CDF_ERR_INVALID_ARG, "steps must be between 1 and 1000 (got %d)", gp->num_inference_steps);
     if (gp->max_sequence_length <= 0 || gp->max_sequence_length > 512)
         return cdf_error(CDF_ERR_INVALID_ARG, "max_sequence_length must be between 1 and 512 (got %d)", gp->max_sequence_length);
-    if (!isfinite(gp->guidance_scale) || !isfinite(gp->true_cfg_scale))
-        return cdf_error(CDF_ERR_INVALID_ARG, "guidance scales must be finite numbers");
+    /* the model gets them as float32 (torch's scalar): one past FLT_MAX is as infinite as inf */
+    if (!isfinite((float)gp->guidance_scale) || !isfinite((float)gp->true_cfg_scale))
+        return cdf_error(CDF_ERR_INVALID_ARG, "guidance scales must be finite numbers (within float32's range)");
     CDF_TRY(cdf_pipe_check_inputs(gp, p->kind == CDF_PIPE_FLUX2)); /* image_input.c */
     CDF_TRY(cdf_pipe_vae_tiling_check(p, gp));
     /* get_timesteps leaves num_inference_steps - t_start steps; diffusers raises when none is left */
