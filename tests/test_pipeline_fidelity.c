@@ -11,7 +11,8 @@
  *    1..60 (its mu depends on the steps too: 760k values).
  *
  * Each cell goes through the code the pipelines run (cdf_pipe_schedule, cdf_pipe_schedule_mu,
- * cdf_pipeline_validate), bit for bit. And the CFG branches on the double scales. */
+ * cdf_pipeline_validate), bit for bit. And the CFG branches on the double scales, and
+ * reference_sizes.txt: FLUX.2's reference image sizing over 254 x 254 sizes. */
 #include "testutil.h"
 
 #include <math.h>
@@ -268,6 +269,66 @@ static void test_mu_sweep(void **state) {
     cdf_pipeline_free(f2);
 }
 
+/* FLUX.2 reference image sizes (reference_sizes.txt): check_image_input's refusals, the area
+ * limit's int(side * sqrt(1024 * 1024 / (w * h))) and the crop to multiples of 16, for every
+ * width and height 64..6136 in steps of 24, through cdf_pipe_check_inputs and
+ * cdf_pipe_reference_size (what validate and the FLUX.2 pipeline call). */
+static void test_reference_sizes(void **state) {
+    (void)state;
+    size_t len;
+    char *txt = tu_read_file(tu_data("fidelity/reference_sizes.txt"), &len);
+    assert_non_null(txt);
+    int lo = 0, hi = 0, step = 0, want_refused = -1, n_cells = 0;
+    uint64_t want_hash = 0;
+    char *p = txt, *l;
+    static uint8_t px[1];
+    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_image img = {0, 0, 3, px};
+    gp.image = &img;
+    gp.num_input_images = 1;
+    while ((l = next_line(&p))) {
+        if (l[0] == '#' || !l[0]) continue;
+        char *save = NULL, *tok = strtok_r(l, " ", &save);
+        if (strcmp(tok, "sides") == 0) {
+            lo = atoi(strtok_r(NULL, " ", &save));
+            hi = atoi(strtok_r(NULL, " ", &save));
+            step = atoi(strtok_r(NULL, " ", &save));
+        } else if (strcmp(tok, "hash") == 0) {
+            want_hash = strtoull(strtok_r(NULL, " ", &save), NULL, 16);
+        } else if (strcmp(tok, "refused") == 0) {
+            want_refused = atoi(strtok_r(NULL, " ", &save));
+        } else if (strcmp(tok, "cell") == 0) {
+            int v[4], w, h;
+            for (int i = 0; i < 4; i++) v[i] = atoi(strtok_r(NULL, " ", &save));
+            img.width = v[0];
+            img.height = v[1];
+            assert_int_equal(cdf_pipe_check_inputs(&gp, true), CDF_OK);
+            cdf_pipe_reference_size(&img, &w, &h);
+            if (w != v[2] || h != v[3]) fail_msg("reference %dx%d: %dx%d, diffusers %dx%d", v[0], v[1], w, h, v[2], v[3]);
+            n_cells++;
+        } else {
+            fail_msg("reference_sizes.txt: unknown line '%s'", tok);
+        }
+    }
+    free(txt);
+    assert_true(step > 0 && lo >= 1 && hi > lo && want_refused >= 0);
+    uint64_t hsh = 0xCBF29CE484222325ULL;
+    int refused = 0;
+    for (int h = lo; h <= hi; h += step)
+        for (int w = lo; w <= hi; w += step) {
+            img.width = w;
+            img.height = h;
+            int r[2] = {0, 0};
+            if (cdf_pipe_check_inputs(&gp, true) == CDF_OK) cdf_pipe_reference_size(&img, &r[0], &r[1]);
+            else refused++;
+            for (int k = 0; k < 2; k++)
+                for (int b = 0; b < 4; b++) hsh = (hsh ^ (((uint32_t)r[k] >> (8 * b)) & 0xff)) * 0x100000001B3ULL;
+        }
+    assert_int_equal(refused, want_refused);
+    if (hsh != want_hash) fail_msg("reference sizes: hash %016llx, diffusers %016llx", (unsigned long long)hsh, (unsigned long long)want_hash);
+    print_message("  %d refused, %d cells near an int() boundary, all sizes as diffusers\n", refused, n_cells);
+}
+
 /* `guidance_scale > 1` (SD3's CFG) and `true_cfg_scale > 1 and has_neg_prompt` (Flux's true CFG)
  * decide on the Python float: 1 + 1e-9 guides (as a float it would be 1.0f and not guide); 1 does
  * not. The negative prompt is encoded only when guiding. */
@@ -308,6 +369,7 @@ int main(void) {
         cmocka_unit_test(test_float_strength_differs),
         cmocka_unit_test(test_strength_sweep),
         cmocka_unit_test(test_mu_sweep),
+        cmocka_unit_test(test_reference_sizes),
         cmocka_unit_test(test_cfg_branches_on_double),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -28,23 +28,30 @@ mu_sweep.txt -- the dynamic-shifting mu over widths and heights 256..2048 in ste
   compute_empirical_mu on the recorded lengths (at 50 steps each equals the mu the running
   Flux2Pipeline passed).
 
-usage: /work/venv39/bin/python tools/make-fidelity-sweep/make_sweep.py [OUT_DIR [strength|mu]]
+reference_sizes.txt -- FLUX.2's reference image sizing (check_image_input, the 1024x1024 area
+  limit with Flux2ImageProcessor._resize_to_target_area, the crop to multiples of 16) over widths
+  and heights 64..6136 in steps of 24, hashed, with the cells nearest an int() boundary in full.
+
+usage: /work/venv39/bin/python tools/make-fidelity-sweep/make_sweep.py [OUT_DIR [strength|mu|reference]]
        (default OUT_DIR: tests/data/fidelity; both tables). diffusers 0.42.1, torch 2.15 CPU;
        a venv outside the repository: pip install torch diffusers transformers safetensors
        numpy sentencepiece protobuf pillow accelerate. About 5 minutes per table on one core.
 """
 import functools
+import math
 import os
 import struct
 import sys
 
 import numpy as np
+import PIL.Image
 import torch
 import diffusers
 from diffusers import (Flux2Pipeline, FluxImg2ImgPipeline, FluxInpaintPipeline, FluxPipeline,
                        StableDiffusion3Img2ImgPipeline, StableDiffusion3InpaintPipeline)
 from diffusers.pipelines.flux import pipeline_flux as m_flux, pipeline_flux_img2img as m_flux_i2i
 from diffusers.pipelines.flux2 import pipeline_flux2 as m_flux2
+from diffusers.pipelines.flux2.image_processor import Flux2ImageProcessor
 from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -296,6 +303,68 @@ def write_mu(path):
         f.write("\n".join(lines) + "\n")
 
 
+REF_SIDES = range(64, 6145, 24)
+
+
+class FakeImage:
+    """What Flux2ImageProcessor._resize_to_target_area reads (size) and calls (resize): the sizes
+    alone, without pixels."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def resize(self, size, resample=None):
+        return FakeImage(size)
+
+
+def flux2_reference_size(w, h):
+    """Flux2Pipeline.__call__'s sizing of one reference image (pipeline_flux2.py, diffusers 0.42.1):
+    check_image_input, then `if image_width * image_height > 1024 * 1024:
+    _resize_to_target_area(img, 1024 * 1024)`, then `(image_width // multiple_of) * multiple_of`
+    with multiple_of = vae_scale_factor * 2 = 16. None where check_image_input raises."""
+    im = PIL.Image.new("RGB", (1, 1))
+    im._size = (w, h)  # check_image_input reads only .size
+    try:
+        Flux2ImageProcessor.check_image_input(im)
+    except ValueError:
+        return None
+    img = FakeImage((w, h))
+    image_width, image_height = img.size
+    if image_width * image_height > 1024 * 1024:
+        img = Flux2ImageProcessor._resize_to_target_area(img, 1024 * 1024)
+        image_width, image_height = img.size
+    multiple_of = 16
+    return (image_width // multiple_of) * multiple_of, (image_height // multiple_of) * multiple_of
+
+
+def write_reference(path):
+    """FLUX.2 reference image sizes over widths and heights 64..6136 in steps of 24: an FNV-1a 64
+    hash of every cell's (width, height) (0, 0 for a refused image), and the cells whose scaled
+    side lies within 1e-9 relative of an integer (where a float computation would truncate
+    differently) in full."""
+    hsh, close, refused = 0xCBF29CE484222325, [], 0
+    for h in REF_SIDES:
+        for w in REF_SIDES:
+            r = flux2_reference_size(w, h)
+            refused += r is None
+            for v in (r or (0, 0)):
+                for byte in struct.pack("<i", v):
+                    hsh = ((hsh ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+            if r is not None and w * h > 1024 * 1024:
+                scale = math.sqrt(1024 * 1024 / (w * h))
+                if any(abs(x * scale - round(x * scale)) < 1e-9 * x * scale for x in (w, h)):
+                    close.append((w, h) + r)
+    lines = ["# FLUX.2 reference image sizes, made by tools/make-fidelity-sweep/make_sweep.py (diffusers %s)"
+             % diffusers.__version__,
+             "# 'sides LO HI STEP': widths and heights; 'hash HEX64': FNV-1a 64 of the little-endian int32",
+             "# (width, height) of every cell (heights outer), (0, 0) where check_image_input refuses it;",
+             "# 'refused N'; 'cell W H W2 H2': cells whose scaled side is within 1e-9 of an integer",
+             "sides %d %d %d" % (REF_SIDES.start, REF_SIDES.stop - 1, REF_SIDES.step),
+             "hash %016x" % hsh, "refused %d" % refused] + ["cell %d %d %d %d" % c for c in close]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     what = sys.argv[2] if len(sys.argv) > 2 else "all"
@@ -303,6 +372,8 @@ def main():
         write_strength(os.path.join(OUT, "strength_sweep.txt"))
     if what in ("all", "mu"):
         write_mu(os.path.join(OUT, "mu_sweep.txt"))
+    if what in ("all", "reference"):
+        write_reference(os.path.join(OUT, "reference_sizes.txt"))
 
 
 if __name__ == "__main__":
