@@ -32,9 +32,10 @@ static const char *const k_cases[] = {
     "img2img/flux_t2i_gens_64x64",    "img2img/sd3_t2i_n2_64x64",       "img2img/sd3_t2i_gens_64x64",
     "img2img/flux_img2img_n2_64x64",  "img2img/flux2_ref1_64x64",       "img2img/flux2_ref2_64x96",
     /* tools/make-fidelity-sweep/make_golden.py: strengths whose float32 rounding would start a step
-     * earlier (0.6 x 5, 0.3 x 10, 0.55 x 20, 0.6 x 25), and seed lists with an input image */
+     * earlier (0.6 x 5, 0.3 x 10, 0.55 x 20, 0.6 x 25, 0.2 x 5, 0.14 x 50), and seed lists with an input image */
     "fidelity/flux_img2img_s06_n5",   "fidelity/sd3_img2img_s06_n5",    "fidelity/flux_inpaint_s03_n10",
     "fidelity/sd3_inpaint_s055_n20",  "fidelity/flux_img2img_s06_n25",  "fidelity/sd3_img2img_s03_n10",
+    "fidelity/flux_inpaint_s02_n5",   "fidelity/sd3_img2img_s014_n50",
     "fidelity/flux_img2img_gens",     "fidelity/sd3_inpaint_gens",      "fidelity/flux_inpaint_gens",
 };
 

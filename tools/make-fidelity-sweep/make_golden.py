@@ -3,7 +3,8 @@
 The same recorder and file layout as tools/make-img2img-golden/make_golden.py (its run_case is
 reused unchanged), written to tests/data/golden/fidelity/:
   - img2img / inpainting at (strength, steps) pairs where N * strength is an integer in Python
-    doubles but not with the strength rounded to float32 (0.6 x 5, 0.3 x 10, 0.55 x 20, 0.6 x 25):
+    doubles but not with the strength rounded to float32 (0.6 x 5, 0.3 x 10, 0.55 x 20, 0.6 x 25,
+    0.2 x 5, 0.14 x 50):
     there int(N - N * float32(strength)) is one step lower, a different picture;
   - FluxImg2ImgPipeline / FluxInpaintPipeline / StableDiffusion3InpaintPipeline with a list of two
     generators (cdiffusers' --batch-seeds): the one input image is encoded with generator[0]
@@ -48,6 +49,9 @@ def main():
         ("sd3_inpaint_s055_n20", G.StableDiffusion3InpaintPipeline, sd, 0.55, 20, True, 34),
         ("flux_img2img_s06_n25", G.FluxImg2ImgPipeline, fl, 0.6, 25, False, 35),
         ("sd3_img2img_s03_n10", G.StableDiffusion3Img2ImgPipeline, sd, 0.3, 10, False, 36),
+        # two more of the 92 cells the sweep finds
+        ("flux_inpaint_s02_n5", G.FluxInpaintPipeline, fl, 0.2, 5, True, 37),
+        ("sd3_img2img_s014_n50", G.StableDiffusion3Img2ImgPipeline, sd, 0.14, 50, False, 38),
     ]
     for name, cls, base, s, n, inpaint, seed in cases:
         t_py = int(max(n - min(n * s, n), 0))
