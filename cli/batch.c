@@ -143,10 +143,15 @@ cdf_status cdf_cli_gen_check_outputs(const cdf_cli_gen *g, const cdf_generate_pa
 static cdf_status write_image(const cdf_cli_gen *g, cdf_pipeline *pipe, const cdf_generate_params *gp, int k, int n,
                               const cdf_image *img, const char *path) {
     /* the seed that reproduces this image alone: its own seed from a list; with one generator the
-     * seed and the image's row of the batch */
+     * seed and the image's row of the batch; with a list and an input image (not FLUX.2's
+     * references), images past the first also name the seed their input image was encoded with
+     * (the list's first: diffusers encodes the one image with generator[0]) */
     unsigned long long seed = gp->num_seeds > 0 ? (unsigned long long)gp->seeds[k] : (unsigned long long)gp->seed;
-    char batch[64] = "", init[1200] = "";
+    char batch[96] = "", init[1200] = "";
     if (gp->num_seeds == 0 && n > 1) snprintf(batch, sizeof batch, ", Batch index: %d of %d", k, n);
+    if (gp->num_seeds > 0 && k > 0 && gp->image && strcmp(cdf_pipeline_class_name(pipe), "Flux2Pipeline") != 0)
+        snprintf(batch, sizeof batch, ", Batch index: %d of %d, Image encoded with seed: %llu", k, n,
+                 (unsigned long long)gp->seeds[0]);
     cdf_cli_png_init_text(init, sizeof init, pipe, gp, (const char *const *)g->image_paths, g->n_images, g->mask_path);
     cdf_cli_png_text *text = malloc(sizeof *text);
     if (!text) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");

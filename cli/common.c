@@ -82,12 +82,12 @@ void cdf_cli_model_defaults_apply(const cdf_cli_model_defaults *d, cdf_generate_
      * needs both, so dropping it would silently turn CFG off), a negative prompt given alone
      * keeps the folder's scale; a scale of 1 given by the user still turns it off */
     if (!gp->negative_prompt && d->have_negative) gp->negative_prompt = d->negative_prompt;
-    if (gp->true_cfg_scale == 1.0f && !user_scale && d->true_cfg_scale > 1.0) gp->true_cfg_scale = (float)d->true_cfg_scale;
+    if (gp->true_cfg_scale == 1.0 && !user_scale && d->true_cfg_scale > 1.0) gp->true_cfg_scale = d->true_cfg_scale;
     if (gp->height <= 0 && d->height > 0) gp->height = (int)d->height;
     if (gp->width <= 0 && d->width > 0) gp->width = (int)d->width;
     if (gp->num_inference_steps <= 0 && d->steps > 0) gp->num_inference_steps = (int)d->steps;
     if (gp->max_sequence_length <= 0 && d->max_sequence_length > 0) gp->max_sequence_length = (int)d->max_sequence_length;
-    if (gp->guidance_scale < 0 && d->guidance_scale >= 0) gp->guidance_scale = (float)d->guidance_scale;
+    if (gp->guidance_scale < 0 && d->guidance_scale >= 0) gp->guidance_scale = d->guidance_scale;
 }
 
 int cdf_cli_usage_error(const char *fmt, const char *arg) {
@@ -207,7 +207,14 @@ void cdf_cli_png_init_text(char *buf, size_t n, const cdf_pipeline *pipe, const 
     }
     cdf_generate_params eff = *gp;
     cdf_pipeline_resolve_defaults(pipe, &eff);
-    snprintf(buf, n, ", Strength: %g, Init image: %s%s%s", (double)eff.strength, image_names[0],
+    /* the shortest digits that read back as the same double (Python's repr), so that the
+     * strength given back on the command line starts at the same step */
+    char strength[32];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(strength, sizeof strength, "%.*g", prec, eff.strength);
+        if (strtod(strength, NULL) == eff.strength) break;
+    }
+    snprintf(buf, n, ", Strength: %s, Init image: %s%s%s", strength, image_names[0],
              gp->mask_image && mask_name ? ", Mask: " : "", gp->mask_image && mask_name ? mask_name : "");
 }
 

@@ -81,7 +81,8 @@ static void usage(FILE *f) {
             "      --mask MASK.png          inpainting (Flux/SD3 InpaintPipeline): white = repaint, black = keep;\n"
             "                               grayscale or RGB, the size of --image\n"
             "      --num-images N           N images from one generator (diffusers' num_images_per_prompt)\n"
-            "      --batch-seeds 1,2,3      one image per seed (a list of generators; each equals its --seed image)\n"
+            "      --batch-seeds 1,2,3      one image per seed (a list of generators; each equals its --seed image, but\n"
+            "                               an --image is encoded with the first seed, as diffusers does)\n"
             "      --prompts-file FILE      one prompt per line, instead of --prompt (the model is loaded once)\n"
             "                               several images are written as OUTPUT-000.png, OUTPUT-001.png, ...\n"
             "      --device-memory SIZE     device memory budget, e.g. 8G\n"
@@ -194,6 +195,16 @@ static bool parse_float(const char *s, float *out) {
     double v = strtod(s, &end);
     if (errno || end == s || *end || !isfinite(v) || !isfinite((float)v)) return false;
     *out = (float)v;
+    return true;
+}
+
+/* strtod's correctly rounded double: the Python float of the same text. */
+static bool parse_double(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) return false;
+    *out = v;
     return true;
 }
 
@@ -381,11 +392,11 @@ static int cmd_generate(int argc, char **argv) {
              * (SD3: no CFG, as for any scale <= 1; Flux-dev/FLUX.2: an embedded guidance far
              * outside what the model was distilled on), but no supported model means anything
              * useful by it; 0 stays valid. */
-            if (!parse_float(optarg, &gp.guidance_scale) || gp.guidance_scale < 0)
+            if (!parse_double(optarg, &gp.guidance_scale) || !isfinite((float)gp.guidance_scale) || gp.guidance_scale < 0)
                 return usage_error("--guidance needs a number >= 0, got '%s'", optarg);
             break;
         case 'T':
-            if (!parse_float(optarg, &gp.true_cfg_scale)) return usage_error("--true-cfg-scale needs a number, got '%s'", optarg);
+            if (!parse_double(optarg, &gp.true_cfg_scale) || !isfinite((float)gp.true_cfg_scale)) return usage_error("--true-cfg-scale needs a number, got '%s'", optarg);
             user_true_cfg = true;
             break;
         case 'S': {
@@ -469,7 +480,7 @@ static int cmd_generate(int argc, char **argv) {
         case 'J': g.mask_path = optarg; break;
         case 'X':
             /* refused here, not passed on: (0, 1] is all diffusers accepts */
-            if (!parse_float(optarg, &gp.strength) || !(gp.strength > 0.0f && gp.strength <= 1.0f))
+            if (!parse_double(optarg, &gp.strength) || !(gp.strength > 0.0 && gp.strength <= 1.0))
                 return usage_error("--strength needs a number in (0, 1], got '%s'", optarg);
             user_strength = true;
             break;

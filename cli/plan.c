@@ -58,12 +58,12 @@ static bool parse_long(const char *s, long lo, long hi, long *out) {
     return true;
 }
 
-static bool parse_float(const char *s, float *out) {
+static bool parse_double(const char *s, double *out) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
     if (errno || end == s || *end || !isfinite(v)) return false;
-    *out = (float)v;
+    *out = v;
     return true;
 }
 
@@ -111,11 +111,11 @@ int cdf_cli_plan(int argc, char **argv) {
             gp.max_sequence_length = (int)v;
             break;
         case 'g':
-            if (!parse_float(optarg, &gp.guidance_scale)) return usage_error("--guidance needs a number, got '%s'", optarg);
+            if (!parse_double(optarg, &gp.guidance_scale)) return usage_error("--guidance needs a number, got '%s'", optarg);
             break;
         case 'n': gp.negative_prompt = optarg; break;
         case 'T':
-            if (!parse_float(optarg, &gp.true_cfg_scale)) return usage_error("--true-cfg-scale needs a number, got '%s'", optarg);
+            if (!parse_double(optarg, &gp.true_cfg_scale)) return usage_error("--true-cfg-scale needs a number, got '%s'", optarg);
             break;
         case 'M':
             if (strcmp(optarg, "compile") == 0) whole = true;

@@ -201,7 +201,10 @@ static bool on_step(int step, int num_steps, double step_seconds, void *user) {
     return go;
 }
 
-/* One image of j: generate, encode the PNG exactly as `generate` writes it, base64. */
+/* One image of j: generate, encode the PNG exactly as `generate` writes it, base64. Image i is
+ * generated alone with seed + i (AUTOMATIC1111's numbering), an input image encoded with that seed:
+ * it equals `generate --seed (seed + i)`, not image i of `generate --batch-seeds` (diffusers'
+ * generator list, which encodes the input image with the first generator). */
 static cdf_status run_image(server *srv, job *j, int i) {
     cdf_generate_params gp = j->gp;
     gp.seed = j->seed + (uint64_t)i;
@@ -388,7 +391,7 @@ static cdf_status job_inputs(job *j, cdf_generate_params *gp) {
         j->in_mask = (cdf_image){.width = mp->width, .height = mp->height, .channels = mp->channels, .pixels = mp->pixels};
         gp->mask_image = &j->in_mask;
     }
-    if (j->req.strength >= 0) gp->strength = (float)j->req.strength;
+    if (j->req.strength >= 0) gp->strength = j->req.strength;
     return CDF_OK;
 }
 
@@ -412,8 +415,8 @@ static job *job_new(server *srv, serve_request *req, bool async) {
     gp.width = j->req.width;
     gp.height = j->req.height;
     gp.num_inference_steps = j->req.steps;
-    if (j->req.guidance >= 0) gp.guidance_scale = (float)j->req.guidance;
-    if (j->req.have_true_cfg) gp.true_cfg_scale = (float)j->req.true_cfg_scale;
+    if (j->req.guidance >= 0) gp.guidance_scale = j->req.guidance;
+    if (j->req.have_true_cfg) gp.true_cfg_scale = j->req.true_cfg_scale;
     cdf_cli_model_defaults_apply(&srv->defaults, &gp, j->req.have_true_cfg);
     if (j->req.img2img && job_inputs(j, &gp) != CDF_OK) {
         job_unref(j);

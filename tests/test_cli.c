@@ -786,6 +786,25 @@ static void test_img2img_batch_outputs(void **state) {
     assert_int_not_equal(stat(p, &st), 0);
 }
 
+/* The strength is the double strtod reads (the Python float of the text), and the PNG text gives
+ * it back with the digits that read as the same double (a %g would write 0.123457); a seed list
+ * with an input image names the seed the image was encoded with (diffusers' generator[0]). */
+static void test_img2img_strength_and_seed_list_text(void **state) {
+    case_dir c;
+    case_new(&c, "img2img_strength");
+    case_pipeline(&c, GOLDEN_SCHNELL, NULL);
+    write_png(&c, "rgb.png", 64, 48, 3);
+    int rc = run_cli(&c, NULL, "generate --model model --prompt fox --steps 2 --quiet --image rgb.png "
+                               "--strength 0.123456789 --batch-seeds 3,4");
+    expect(rc, RC_OK, "");
+    char *p0 = png_parameters(&c, "out-000.png"), *p1 = png_parameters(&c, "out-001.png");
+    assert_non_null(strstr(p0, "Seed: 3, Size: 64x48, Strength: 0.123456789, Init image: rgb.png"));
+    assert_non_null(strstr(p1, "Seed: 4, Batch index: 1 of 2, Image encoded with seed: 3, Size: 64x48, Strength: 0.123456789,"));
+    free(p0);
+    free(p1);
+    (void)state;
+}
+
 /* ---- output path ------------------------------------------------------------------------------ */
 
 static void test_output_missing_folder(void **state) {
@@ -1212,6 +1231,7 @@ int main(void) {
         cmocka_unit_test(test_sigint_during_generate),
         cmocka_unit_test(test_img2img_bad_inputs),
         cmocka_unit_test(test_img2img_batch_outputs),
+        cmocka_unit_test(test_img2img_strength_and_seed_list_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -85,7 +85,7 @@ static void check(ctx *c, const char *prefix) {
     gp.height = cJSON_GetObjectItem(c->call, "height")->valueint;
     gp.width = cJSON_GetObjectItem(c->call, "width")->valueint;
     gp.num_inference_steps = cJSON_GetObjectItem(c->call, "num_inference_steps")->valueint;
-    gp.guidance_scale = (float)cJSON_GetObjectItem(c->call, "guidance_scale")->valuedouble;
+    gp.guidance_scale = cJSON_GetObjectItem(c->call, "guidance_scale")->valuedouble;
     gp.max_sequence_length = cJSON_GetObjectItem(c->call, "max_sequence_length")->valueint;
     gp.seed = (uint64_t)cJSON_GetObjectItem(c->call, "seed")->valuedouble;
     cdf_tensor_map cap;

@@ -72,9 +72,9 @@ static void run_case(const golden_case *gc) {
     gp.height = cJSON_GetObjectItem(call, "height")->valueint;
     gp.width = cJSON_GetObjectItem(call, "width")->valueint;
     gp.num_inference_steps = cJSON_GetObjectItem(call, "num_inference_steps")->valueint;
-    gp.guidance_scale = (float)cJSON_GetObjectItem(call, "guidance_scale")->valuedouble;
+    gp.guidance_scale = cJSON_GetObjectItem(call, "guidance_scale")->valuedouble;
     const cJSON *tcfg = cJSON_GetObjectItem(call, "true_cfg_scale");
-    if (tcfg) gp.true_cfg_scale = (float)tcfg->valuedouble;
+    if (tcfg) gp.true_cfg_scale = tcfg->valuedouble;
     const cJSON *msl = cJSON_GetObjectItem(call, "max_sequence_length");
     if (msl) gp.max_sequence_length = msl->valueint;
     gp.seed = (uint64_t)cJSON_GetObjectItem(call, "seed")->valuedouble;

@@ -24,11 +24,19 @@
 #include "pipelines/flux2_pipeline.h"
 #include "pipelines/pipeline_impl.h"
 
+/* golden/<folder>/<case> */
 static const char *const k_cases[] = {
-    "flux_img2img_s06_64x64", "flux_img2img_s09_48x80", "sd3_img2img_s06_64x64", "sd3_img2img_s03_48x80",
-    "flux_inpaint_s08_64x64", "flux_inpaint_s10_48x80", "sd3_inpaint_s07_64x64", "sd3_inpaint_s10_48x80",
-    "flux_t2i_n2_64x64",      "flux_t2i_gens_64x64",    "sd3_t2i_n2_64x64",      "sd3_t2i_gens_64x64",
-    "flux_img2img_n2_64x64",  "flux2_ref1_64x64",       "flux2_ref2_64x96",
+    "img2img/flux_img2img_s06_64x64", "img2img/flux_img2img_s09_48x80", "img2img/sd3_img2img_s06_64x64",
+    "img2img/sd3_img2img_s03_48x80",  "img2img/flux_inpaint_s08_64x64", "img2img/flux_inpaint_s10_48x80",
+    "img2img/sd3_inpaint_s07_64x64",  "img2img/sd3_inpaint_s10_48x80",  "img2img/flux_t2i_n2_64x64",
+    "img2img/flux_t2i_gens_64x64",    "img2img/sd3_t2i_n2_64x64",       "img2img/sd3_t2i_gens_64x64",
+    "img2img/flux_img2img_n2_64x64",  "img2img/flux2_ref1_64x64",       "img2img/flux2_ref2_64x96",
+    /* tools/make-fidelity-sweep/make_golden.py: strengths whose float32 rounding would start a step
+     * earlier (0.6 x 5, 0.3 x 10, 0.55 x 20, 0.6 x 25, 0.2 x 5, 0.14 x 50), and seed lists with an input image */
+    "fidelity/flux_img2img_s06_n5",   "fidelity/sd3_img2img_s06_n5",    "fidelity/flux_inpaint_s03_n10",
+    "fidelity/sd3_inpaint_s055_n20",  "fidelity/flux_img2img_s06_n25",  "fidelity/sd3_img2img_s03_n10",
+    "fidelity/flux_inpaint_s02_n5",   "fidelity/sd3_img2img_s014_n50",
+    "fidelity/flux_img2img_gens",     "fidelity/sd3_inpaint_gens",      "fidelity/flux_inpaint_gens",
 };
 
 /* max |ours - golden element block| where the block is `n` values at element offset `off`. */
@@ -61,7 +69,7 @@ static void load_png(const char *dir, const char *name, cdf_png_image *png, cdf_
 
 static void run_case(const char *name) {
     char dir[1024], path[1200], pipe_dir[1200];
-    snprintf(dir, sizeof dir, "%s/golden/img2img/%s", tu_data(""), name);
+    snprintf(dir, sizeof dir, "%s/golden/%s", tu_data(""), name);
     snprintf(path, sizeof path, "%s/expected.json", dir);
     size_t len;
     char *txt = tu_read_file(path, &len);
@@ -79,11 +87,11 @@ static void run_case(const char *name) {
     if (height) gp.height = height->valueint; /* FLUX.2: absent = the first reference image's size */
     if (width) gp.width = width->valueint;
     gp.num_inference_steps = cJSON_GetObjectItem(call, "num_inference_steps")->valueint;
-    gp.guidance_scale = (float)cJSON_GetObjectItem(call, "guidance_scale")->valuedouble;
+    gp.guidance_scale = cJSON_GetObjectItem(call, "guidance_scale")->valuedouble;
     const cJSON *msl = cJSON_GetObjectItem(call, "max_sequence_length");
     if (msl) gp.max_sequence_length = msl->valueint;
     const cJSON *strength = cJSON_GetObjectItem(call, "strength"), *nipp = cJSON_GetObjectItem(call, "num_images_per_prompt");
-    if (strength) gp.strength = (float)strength->valuedouble;
+    if (strength) gp.strength = strength->valuedouble;
     uint64_t seed_list[4];
     if (cJSON_IsArray(seeds)) {
         gp.num_seeds = cJSON_GetArraySize(seeds);
@@ -212,19 +220,10 @@ static void run_case(const char *name) {
 
 static void test_case(void **state) { run_case((const char *)*state); }
 
-/* A tiny pipeline of tests/data/pipelines with the default load parameters. */
-static cdf_pipeline *load_tiny(const char *name) {
-    char dir[1200];
-    snprintf(dir, sizeof dir, "%s/%s", tu_data("pipelines"), name);
-    cdf_pipeline *pipe = NULL;
-    if (cdf_pipeline_load(dir, NULL, &pipe) != CDF_OK) fail_msg("load %s: %s", dir, cdf_last_error());
-    return pipe;
-}
-
-/* Each image of a seed list equals the single-seed image of its seed (the README's promise). */
+/* Text-to-image: each image of a seed list equals the single-seed image of its seed. */
 static void test_seed_list_equals_single_seeds(void **state) {
     (void)state;
-    cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
+    cdf_pipeline *pipe = tu_load_tiny_pipeline("flux1_dev_tiny");
     cdf_generate_params gp = cdf_generate_default_params();
     gp.prompt = "a cat";
     gp.height = gp.width = 32;
@@ -247,11 +246,78 @@ static void test_seed_list_equals_single_seeds(void **state) {
     cdf_pipeline_free(pipe);
 }
 
+/* img2img with a seed list: the first image is the single-seed image of the first seed; the
+ * others are not their seed's single-seed image, since diffusers encodes the one input image with
+ * generator[0] (the golden fidelity/..._gens cases hold the exact values). */
+static void test_seed_list_image_encoded_once(void **state) {
+    (void)state;
+    cdf_pipeline *pipe = tu_load_tiny_pipeline("flux1_dev_tiny");
+    cdf_png_image pi;
+    char path[1300];
+    snprintf(path, sizeof path, "%s/image_in.png", tu_data("golden/img2img/flux_img2img_s06_64x64"));
+    assert_int_equal(cdf_png_read(path, &pi), CDF_OK);
+    cdf_image im = {pi.width, pi.height, pi.channels, pi.pixels};
+    cdf_generate_params gp = cdf_generate_default_params();
+    gp.prompt = "a cat";
+    gp.num_inference_steps = 2;
+    gp.max_sequence_length = 16;
+    gp.image = &im;
+    uint64_t seeds[2] = {5, 6};
+    gp.seeds = seeds;
+    gp.num_seeds = 2;
+    cdf_image batch[2], one;
+    assert_int_equal(cdf_pipeline_generate_images(pipe, &gp, batch, 2), CDF_OK);
+    gp.num_seeds = 0;
+    gp.seeds = NULL;
+    const size_t bytes = (size_t)batch[0].width * batch[0].height * 3;
+    for (int k = 0; k < 2; k++) {
+        gp.seed = seeds[k];
+        assert_int_equal(cdf_pipeline_generate(pipe, &gp, &one), CDF_OK);
+        if (k == 0) assert_memory_equal(one.pixels, batch[k].pixels, bytes);
+        else assert_memory_not_equal(one.pixels, batch[k].pixels, bytes);
+        cdf_image_free(&one);
+        cdf_image_free(&batch[k]);
+    }
+    cdf_png_image_free(&pi);
+    cdf_pipeline_free(pipe);
+}
+
+/* StableDiffusion3Img2ImgPipeline fails with a list of generators (golden/fidelity/refusals.json):
+ * refused with a message that says why; one seed in a list, SD3 inpainting and Flux take one. */
+static void test_sd3_img2img_seed_list_refused(void **state) {
+    (void)state;
+    size_t len;
+    char *refusals = tu_read_file(tu_data("golden/fidelity/refusals.json"), &len);
+    assert_non_null(refusals);
+    assert_non_null(strstr(refusals, "\"sd3_img2img_gens\": \"RuntimeError"));
+    free(refusals);
+    cdf_pipeline *pipe = tu_load_tiny_pipeline("sd35m_tiny");
+    uint8_t px[64 * 64 * 3] = {0};
+    cdf_image im = {64, 64, 3, px}, mk = {64, 64, 1, px};
+    cdf_generate_params gp = cdf_generate_default_params();
+    gp.prompt = "a cat";
+    gp.num_inference_steps = 2;
+    gp.image = &im;
+    uint64_t seeds[2] = {12, 13};
+    gp.seeds = seeds;
+    gp.num_seeds = 2;
+    cdf_image out[2];
+    assert_int_equal(cdf_pipeline_generate_images(pipe, &gp, out, 2), CDF_ERR_INVALID_ARG);
+    assert_non_null(strstr(cdf_last_error(), "StableDiffusion3Img2ImgPipeline"));
+    assert_null(out[0].pixels);
+    gp.num_seeds = 1;
+    assert_int_equal(cdf_pipeline_validate(pipe, &gp), CDF_OK);
+    gp.num_seeds = 2;
+    gp.mask_image = &mk;
+    assert_int_equal(cdf_pipeline_validate(pipe, &gp), CDF_OK);
+    cdf_pipeline_free(pipe);
+}
+
 /* Row k of a one-generator batch equals row k of torch.randn((rows, ...)): for rows of a multiple
  * of 16 values (every model here) and of other sizes (torch redraws its last block of 16). */
 static void test_batch_rows_equal_one_draw(void **state) {
     (void)state;
-    cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
+    cdf_pipeline *pipe = tu_load_tiny_pipeline("flux1_dev_tiny");
     const int64_t sizes[2][4] = {{1, 16, 2, 3}, {1, 3, 5, 7}}; /* 96 and 105 values a row */
     for (int c = 0; c < 2; c++) {
         const int64_t n = sizes[c][0] * sizes[c][1] * sizes[c][2] * sizes[c][3], rows = 3;
@@ -293,7 +359,7 @@ static void test_offload_same_image(void **state) {
     gp.max_sequence_length = 16;
     gp.image = &im;
     gp.mask_image = &mk;
-    gp.strength = 0.7f;
+    gp.strength = 0.7;
     cdf_image ref = {0};
     for (int mode = CDF_OFFLOAD_NONE; mode <= CDF_OFFLOAD_SEQUENTIAL; mode++) {
         cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
@@ -317,7 +383,7 @@ static void test_offload_same_image(void **state) {
 /* Requests refused before any work, with a message naming what is wrong. */
 static void test_bad_inputs(void **state) {
     (void)state;
-    cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
+    cdf_pipeline *pipe = tu_load_tiny_pipeline("flux1_dev_tiny");
     uint8_t px[32 * 32 * 4] = {0};
     cdf_image rgb = {32, 32, 3, px}, rgba = {32, 32, 4, px}, gray = {32, 32, 1, px}, small = {16, 32, 1, px};
     cdf_generate_params gp = cdf_generate_default_params();
@@ -326,7 +392,7 @@ static void test_bad_inputs(void **state) {
     cdf_image img;
     struct {
         const cdf_image *image, *mask;
-        float strength;
+        double strength;
         const char *needle;
     } bad[] = {
         {&rgba, NULL, 0.6f, "RGB image"},  {&gray, NULL, 0.6f, "RGB image"},
@@ -344,7 +410,7 @@ static void test_bad_inputs(void **state) {
         assert_null(img.pixels);
     }
     /* FLUX.2 reference images */
-    cdf_pipeline *p2 = load_tiny("flux2_dev_tiny");
+    cdf_pipeline *p2 = tu_load_tiny_pipeline("flux2_dev_tiny");
     static uint8_t big[200 * 64 * 3];
     cdf_image refs[CDF_FLUX2_MAX_REFERENCE_IMAGES + 1];
     for (int i = 0; i <= CDF_FLUX2_MAX_REFERENCE_IMAGES; i++) refs[i] = (cdf_image){64, 64, 3, big};
@@ -374,7 +440,7 @@ static void test_bad_inputs(void **state) {
     cdf_pipeline_free(p2);
     /* one image for img2img */
     gp.image = refs;
-    gp.strength = 0.6f;
+    gp.strength = 0.6;
     gp.num_input_images = 2;
     assert_int_equal(cdf_pipeline_generate(pipe, &gp, &img), CDF_ERR_INVALID_ARG);
     assert_non_null(strstr(cdf_last_error(), "take one"));
@@ -391,11 +457,13 @@ static void test_bad_inputs(void **state) {
 }
 
 int main(void) {
-    struct CMUnitTest tests[sizeof k_cases / sizeof *k_cases + 4];
+    struct CMUnitTest tests[sizeof k_cases / sizeof *k_cases + 6];
     size_t n = 0;
     for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++)
         tests[n++] = (struct CMUnitTest){k_cases[i], test_case, NULL, NULL, (void *)k_cases[i]};
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_seed_list_equals_single_seeds);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_seed_list_image_encoded_once);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_sd3_img2img_seed_list_refused);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_rows_equal_one_draw);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_offload_same_image);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_inputs);

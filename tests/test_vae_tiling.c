@@ -242,7 +242,7 @@ static void pipeline_request(const char *pipeline, const char *c, cdf_generate_p
     gp->height = cJSON_GetObjectItem(call, "height")->valueint;
     gp->width = cJSON_GetObjectItem(call, "width")->valueint;
     gp->num_inference_steps = cJSON_GetObjectItem(call, "num_inference_steps")->valueint;
-    gp->guidance_scale = (float)cJSON_GetObjectItem(call, "guidance_scale")->valuedouble;
+    gp->guidance_scale = cJSON_GetObjectItem(call, "guidance_scale")->valuedouble;
     gp->max_sequence_length = cJSON_GetObjectItem(call, "max_sequence_length")->valueint;
     gp->seed = (uint64_t)cJSON_GetObjectItem(call, "seed")->valuedouble;
 }

@@ -183,3 +183,11 @@ float *tu_generate_capture(struct cdf_pipeline *p, const char *key, size_t *n) {
     cdf_tensor_map_clear(&cap);
     return v;
 }
+
+struct cdf_pipeline *tu_load_tiny_pipeline(const char *name) {
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/%s", tu_data("pipelines"), name);
+    cdf_pipeline *pipe = NULL;
+    if (cdf_pipeline_load(dir, NULL, &pipe) != CDF_OK) fail_msg("load %s: %s", dir, cdf_last_error());
+    return pipe;
+}

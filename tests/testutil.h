@@ -55,4 +55,6 @@ uint64_t tu_device_bytes(void);
  * malloc'd, *n of them (fails the test on error). */
 struct cdf_pipeline;
 float *tu_generate_capture(struct cdf_pipeline *p, const char *key, size_t *n);
+/* tests/data/pipelines/<name> loaded with the default load parameters (fails the test on error). */
+struct cdf_pipeline *tu_load_tiny_pipeline(const char *name);
 #endif

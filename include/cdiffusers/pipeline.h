@@ -101,8 +101,11 @@ typedef struct cdf_generate_params {
     const char *negative_prompt; /* NULL = none (SD3 with CFG encodes "") */
     int height, width;           /* 0 = the model's default size */
     int num_inference_steps;     /* 0 = the pipeline default (28; Flux2 50) */
-    float guidance_scale;        /* < 0 = pipeline default (Flux 3.5, SD3 7.0, Flux2 4.0) */
-    float true_cfg_scale;        /* Flux only; 1 = off */
+    /* Doubles, as the Python floats diffusers decides with (SD3 guides with CFG when
+     * guidance_scale > 1, Flux when true_cfg_scale > 1 with a negative prompt); the model sees them
+     * as float32, as torch does. */
+    double guidance_scale;       /* < 0 = pipeline default (Flux 3.5, SD3 7.0, Flux2 4.0) */
+    double true_cfg_scale;       /* Flux only; 1 = off */
     uint64_t seed;
     int max_sequence_length;     /* 0 = pipeline default (Flux 512, SD3 256) */
     /* FLUX.2 only: the text encoder's hidden states stacked into the prompt embedding
@@ -125,11 +128,16 @@ typedef struct cdf_generate_params {
     /* Inpainting: white (>= 0.5 after the resize) = repaint, black = keep. 1 (gray) or 3
      * (RGB, converted as PIL's convert("L")) channels, the same size as image. */
     const cdf_image *mask_image;
-    float strength; /* (0, 1], default 0.6: how much of the schedule runs (diffusers' get_timesteps) */
+    /* (0, 1], default 0.6: how much of the schedule runs (diffusers' get_timesteps). A double, as
+     * the Python float diffusers computes with: the start step int(N - min(N * strength, N)) can
+     * change with the float rounding of the strength (5 * 0.6 is 3.0, 5 * 0.6f is 3.0000001). */
+    double strength;
     /* Batches (cdf_pipeline_generate_images): num_images images from ONE generator seeded with
      * `seed` (diffusers' num_images_per_prompt: the noise is drawn as one (N, ...) tensor), or,
      * with seeds, one image per seed from its own generator (a list of generators; each image
-     * equals its single-seed image). 0 = 1 image. */
+     * equals its single-seed image, except that an img2img / inpainting input image is encoded
+     * with the first seed's generator, as diffusers does; SD3 img2img refuses a list of two or
+     * more, diffusers fails on it). 0 = 1 image. */
     int num_images;
     const uint64_t *seeds;
     int num_seeds;

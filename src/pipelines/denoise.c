@@ -30,11 +30,60 @@ cdf_tensor *cdf_pipe_take(cdf_tensor_map *out, const char *key) {
     return t;
 }
 
-int cdf_pipe_t_start(int num_steps, float strength) {
+int cdf_pipe_t_start(int num_steps, double strength) {
     /* get_timesteps: init_timestep = min(N * strength, N) in Python floats; t_start = int(max(N - init, 0)) */
     double init = fmin((double)num_steps * (double)strength, (double)num_steps);
     double r = (double)num_steps - init;
     return (int)(r > 0 ? r : 0);
+}
+
+void cdf_pipe_schedule_mu(const cdf_pipeline *p, const cdf_generate_params *gp, cdf_pipe_schedule_info *info) {
+    memset(info, 0, sizeof *info);
+    const int N = gp->num_inference_steps;
+    const int64_t H = gp->height, W = gp->width, vs = p->vae_scale_factor;
+    const cdf_scheduler_config *c = &p->sched_cfg;
+    if (p->kind == CDF_PIPE_FLUX) {
+        /* FluxPipeline: latents (2 * (H // (vs * 2)), ...) packed 2x2: image_seq_len = latents.shape[1];
+         * mu = calculate_shift(...) always (set_timesteps ignores it without dynamic shifting) */
+        info->image_seq_len = (H / (vs * 2)) * (W / (vs * 2));
+        info->mu = cdf_calculate_shift(info->image_seq_len, c->base_image_seq_len, c->max_image_seq_len, c->base_shift,
+                                       c->max_shift);
+        info->has_mu = true;
+    } else if (p->kind == CDF_PIPE_FLUX2) {
+        /* Flux2Pipeline: image_seq_len = latents.shape[1] (H // (vs * 2) * W // (vs * 2) tokens) */
+        info->image_seq_len = (H / (vs * 2)) * (W / (vs * 2));
+        info->mu = cdf_compute_empirical_mu(info->image_seq_len, N);
+        info->has_mu = true;
+    } else if (c->use_dynamic_shifting) {
+        /* StableDiffusion3Pipeline: (int(height) // vae_scale_factor // patch_size) * (... width ...) */
+        const int64_t patch = 2;
+        info->image_seq_len = (H / vs / patch) * (W / vs / patch);
+        info->mu = cdf_calculate_shift(info->image_seq_len, c->base_image_seq_len, c->max_image_seq_len, c->base_shift,
+                                       c->max_shift);
+        info->has_mu = true;
+    }
+}
+
+cdf_status cdf_pipe_schedule(const cdf_pipeline *p, const cdf_generate_params *gp, cdf_scheduler **sched,
+                             cdf_pipe_schedule_info *info) {
+    *sched = NULL;
+    cdf_pipe_schedule_mu(p, gp, info);
+    const int N = gp->num_inference_steps;
+    const bool flux_sigmas = p->kind != CDF_PIPE_SD3;
+    cdf_scheduler *s = cdf_scheduler_new(&p->sched_cfg);
+    if (!s) return status_or_internal();
+    float *sig_in = flux_sigmas ? malloc((size_t)N * sizeof *sig_in) : NULL;
+    cdf_status st = CDF_OK;
+    if (flux_sigmas) st = sig_in ? cdf_flux_default_sigmas(N, sig_in) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    if (st == CDF_OK) st = cdf_scheduler_set_timesteps(s, N, sig_in, flux_sigmas ? N : 0, info->has_mu ? &info->mu : NULL);
+    free(sig_in);
+    if (st != CDF_OK) {
+        cdf_scheduler_free(s);
+        return st;
+    }
+    if (gp->image && p->kind != CDF_PIPE_FLUX2) info->t_start = cdf_pipe_t_start(N, gp->strength);
+    *sched = s;
+    return CDF_OK;
 }
 
 cdf_tensor *cdf_pipe_scale_noise(cdf_tensor *sample, cdf_tensor *noise, float sigma) {
@@ -179,20 +228,29 @@ cdf_status cdf_pipe_denoise(cdf_pipeline *p, const cdf_generate_params *gp, cdf_
 }
 
 cdf_status cdf_pipe_start_latents(cdf_pipeline *p, const cdf_generate_params *gp, int64_t c, int64_t h, int64_t w,
-                                  const float *sigmas, int num_steps, cdf_pipe_start *st) {
+                                  const float *sigmas, int t_start, cdf_pipe_start *st) {
     memset(st, 0, sizeof *st);
     cdf_generator *g = cdf_generator_new(gp->seed);
     if (!g) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (generator)");
     int64_t shape[4] = {1, c, h, w};
     cdf_status s = CDF_OK;
     if (gp->image) {
-        st->t_start = cdf_pipe_t_start(num_steps, gp->strength); /* >= 1 step: checked by validate() */
-        s = cdf_pipe_encode_image(p, gp, g, h, w, &st->image_latents);
+        st->t_start = t_start; /* cdf_pipe_schedule's; >= 1 step left: checked by validate() */
+        /* a seed list's image k > 0: the sample from generator[0]'s first draw, the noise from the
+         * image's own generator, fresh */
+        cdf_generator *ge = p->encode_seed_set ? cdf_generator_new(p->encode_seed) : g;
+        s = ge ? cdf_pipe_encode_image(p, gp, ge, h, w, &st->image_latents)
+               : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (generator)");
+        if (ge != g) cdf_generator_free(ge);
     }
     if (s == CDF_OK) s = cdf_pipe_draw(p, g, 4, shape, p->batch_row, p->batch_rows, &st->noise);
     cdf_generator_free(g);
     if (s != CDF_OK) return s;
     cdf_pipe_capture(gp, "noise", st->noise);
-    st->latents = st->image_latents ? cdf_pipe_scale_noise(st->image_latents, st->noise, sigmas[st->t_start]) : st->noise;
+    /* StableDiffusion3InpaintPipeline: `latents = noise if is_strength_max else scale_noise(...)` with
+     * is_strength_max = strength == 1.0 (FluxInpaintPipeline and the img2img pipelines always scale) */
+    const bool noise_only = p->kind == CDF_PIPE_SD3 && gp->mask_image && gp->strength == 1.0;
+    st->latents = st->image_latents && !noise_only ? cdf_pipe_scale_noise(st->image_latents, st->noise, sigmas[st->t_start])
+                                                   : st->noise;
     return st->latents ? CDF_OK : status_or_internal();
 }

@@ -256,17 +256,10 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
     cdf_pipe_capture(gp, "latent_ids", img_ids);
 
     /* schedule: sigmas linspace(1, 1/N, N), mu from the image sequence length and step count */
-    cdf_scheduler *sched = cdf_scheduler_new(&p->sched_cfg);
-    if (!sched) return status_or_internal();
-    float *sig_in = malloc((size_t)N * sizeof *sig_in);
-    const double mu = cdf_compute_empirical_mu(seq, N);
-    s = sig_in ? cdf_flux_default_sigmas(N, sig_in) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-    if (s == CDF_OK) s = cdf_scheduler_set_timesteps(sched, N, sig_in, N, &mu);
-    free(sig_in);
-    if (s != CDF_OK) {
-        cdf_scheduler_free(sched);
-        return s;
-    }
+    cdf_scheduler *sched = NULL;
+    cdf_pipe_schedule_info si;
+    s = cdf_pipe_schedule(p, gp, &sched, &si);
+    if (s != CDF_OK) return s;
     const float *sigmas = cdf_scheduler_sigmas(sched), *timesteps = cdf_scheduler_timesteps(sched);
     int64_t ns1[1] = {N + 1}, ns[1] = {N};
     cdf_pipe_capture(gp, "sigmas", cdf_tensor_from_host(p->device, CDF_F32, 1, ns1, sigmas, CDF_F32));
@@ -274,7 +267,7 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
     /* torch.full([1], guidance_scale, float32), passed at every step (a model without a guidance
      * embedder ignores it) */
     flux2_step fs = {.p = p, .gp = gp, .embeds = embeds, .txt_ids = txt_ids, .img_ids = img_ids, .seq = seq,
-                     .guidance = cdf_pipe_scalar_tensor(p->device, gp->guidance_scale, 1)};
+                     .guidance = cdf_pipe_scalar_tensor(p->device, (float)gp->guidance_scale, 1)};
     cdf_pipe_capture(gp, "guidance", fs.guidance);
     if (gp->image) {
         cdf_tensor *ref_ids = NULL;
@@ -340,7 +333,7 @@ cdf_status cdf_flux2_generate_from_embeds(cdf_pipeline *p, const cdf_generate_pa
                          gp.height, gp.width);
     if (gp.num_inference_steps <= 0 || gp.num_inference_steps > 1000)
         return cdf_error(CDF_ERR_INVALID_ARG, "steps must be between 1 and 1000 (got %d)", gp.num_inference_steps);
-    if (!isfinite(gp.guidance_scale)) return cdf_error(CDF_ERR_INVALID_ARG, "guidance scale must be a finite number");
+    if (!isfinite((float)gp.guidance_scale)) return cdf_error(CDF_ERR_INVALID_ARG, "guidance scale must be a finite number");
     CDF_TRY(cdf_pipe_check_inputs(&gp, true));
     cdf_scope_push();
     cdf_status s = generate_image(p, &gp, prompt_embeds, out);

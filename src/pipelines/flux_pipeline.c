@@ -97,7 +97,7 @@ static cdf_tensor *flux_predict(void *ctx, cdf_tensor *latents, int i, float t) 
         snprintf(key, sizeof key, "noise_pred_cond.%d", i);
         cdf_pipe_capture(fs->gp, key, v);
     }
-    return fs->true_cfg ? cdf_pipe_cfg(v_neg, v, fs->gp->true_cfg_scale) : v;
+    return fs->true_cfg ? cdf_pipe_cfg(v_neg, v, (float)fs->gp->true_cfg_scale) : v; /* torch: float32 scalar */
 }
 
 cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out) {
@@ -110,7 +110,7 @@ cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf
 
     /* 1. text */
     CDF_TRY(encode_prompt(p, gp->prompt, gp->max_sequence_length, &fs.embeds, &fs.pooled, gp, ""));
-    fs.true_cfg = gp->true_cfg_scale > 1.0f && gp->negative_prompt != NULL;
+    fs.true_cfg = gp->true_cfg_scale > 1.0 && gp->negative_prompt != NULL; /* do_true_cfg, on the Python float */
     if (fs.true_cfg) CDF_TRY(encode_prompt(p, gp->negative_prompt, gp->max_sequence_length, &fs.neg_embeds, &fs.neg_pooled, gp, "negative_"));
     cdf_pipe_capture(gp, "prompt_embeds", fs.embeds);
     cdf_pipe_capture(gp, "pooled_prompt_embeds", fs.pooled);
@@ -135,28 +135,20 @@ cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf
     cdf_pipe_capture(gp, "latent_image_ids", fs.img_ids);
 
     /* 2. schedule: sigmas linspace(1, 1/N, N); mu from the image sequence length */
-    cdf_scheduler *sched = cdf_scheduler_new(&p->sched_cfg);
-    if (!sched) return cdf_last_status();
-    float *sig_in = malloc((size_t)N * sizeof *sig_in);
-    double mu = cdf_calculate_shift(seq, p->sched_cfg.base_image_seq_len, p->sched_cfg.max_image_seq_len,
-                                    p->sched_cfg.base_shift, p->sched_cfg.max_shift);
-    cdf_status s = sig_in ? cdf_flux_default_sigmas(N, sig_in) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-    if (s == CDF_OK) s = cdf_scheduler_set_timesteps(sched, N, sig_in, N, &mu);
-    free(sig_in);
-    if (s != CDF_OK) {
-        cdf_scheduler_free(sched);
-        return s;
-    }
+    cdf_scheduler *sched = NULL;
+    cdf_pipe_schedule_info si;
+    cdf_status s = cdf_pipe_schedule(p, gp, &sched, &si);
+    if (s != CDF_OK) return s;
     const float *sigmas = cdf_scheduler_sigmas(sched), *timesteps = cdf_scheduler_timesteps(sched);
     int64_t ns1[1] = {N + 1}, ns[1] = {N};
     cdf_pipe_capture(gp, "sigmas", cdf_tensor_from_host(p->device, CDF_F32, 1, ns1, sigmas, CDF_F32));
     cdf_pipe_capture(gp, "timesteps", cdf_tensor_from_host(p->device, CDF_F32, 1, ns, timesteps, CDF_F32));
-    fs.guidance = p->guidance_embeds ? cdf_pipe_scalar_tensor(p->device, gp->guidance_scale, 1) : NULL;
+    fs.guidance = p->guidance_embeds ? cdf_pipe_scalar_tensor(p->device, (float)gp->guidance_scale, 1) : NULL;
     cdf_pipe_capture(gp, "guidance", fs.guidance);
 
     /* 3. latents: [the image's VAE sample, then] one randn of the unpacked shape, 2x2 packing */
     cdf_pipe_start st;
-    s = cdf_pipe_start_latents(p, gp, C, h, w, sigmas, N, &st);
+    s = cdf_pipe_start_latents(p, gp, C, h, w, sigmas, si.t_start, &st);
     cdf_denoise_loop loop = {.timesteps = timesteps, .sigmas = sigmas, .num_steps = N, .t_start = st.t_start,
                              .predict = flux_predict, .ctx = &fs, .step_key = "latents_after_step.%d"};
     if (s == CDF_OK && !(loop.latents = pack_latents(st.latents, C, h, w))) s = cdf_last_status();

@@ -192,8 +192,8 @@ cdf_status cdf_pipe_check_inputs(const cdf_generate_params *gp, bool references)
     if (gp->image->channels != 3)
         return cdf_error(CDF_ERR_INVALID_ARG, "image: %d channel(s); img2img needs an RGB image (3 channels, no alpha)",
                          gp->image->channels);
-    if (!(gp->strength > 0.0f && gp->strength <= 1.0f))
-        return cdf_error(CDF_ERR_INVALID_ARG, "strength must be in (0, 1] (got %g)", (double)gp->strength);
+    if (!(gp->strength > 0.0 && gp->strength <= 1.0))
+        return cdf_error(CDF_ERR_INVALID_ARG, "strength must be in (0, 1] (got %g)", gp->strength);
     if (gp->mask_image) {
         const cdf_image *m = gp->mask_image;
         CDF_TRY(check_image(m, "mask"));

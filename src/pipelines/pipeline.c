@@ -15,7 +15,7 @@ cdf_pipeline_load_params cdf_pipeline_load_default_params(void) {
 }
 
 cdf_generate_params cdf_generate_default_params(void) {
-    return (cdf_generate_params){.prompt = "", .guidance_scale = -1.0f, .true_cfg_scale = 1.0f, .seed = 0, .strength = 0.6f};
+    return (cdf_generate_params){.prompt = "", .guidance_scale = -1.0, .true_cfg_scale = 1.0, .seed = 0, .strength = 0.6};
 }
 
 void cdf_image_free(cdf_image *img) {
@@ -256,9 +256,9 @@ void cdf_pipeline_resolve_defaults(const cdf_pipeline *p, cdf_generate_params *g
     if (gp->height <= 0) gp->height = (int)def;
     if (gp->width <= 0) gp->width = (int)def;
     if (gp->num_inference_steps <= 0) gp->num_inference_steps = p->kind == CDF_PIPE_FLUX2 ? 50 : 28;
-    if (gp->guidance_scale < 0) gp->guidance_scale = p->kind == CDF_PIPE_FLUX ? 3.5f : p->kind == CDF_PIPE_FLUX2 ? 4.0f : 7.0f;
+    if (gp->guidance_scale < 0) gp->guidance_scale = p->kind == CDF_PIPE_FLUX ? 3.5 : p->kind == CDF_PIPE_FLUX2 ? 4.0 : 7.0;
     if (gp->max_sequence_length <= 0) gp->max_sequence_length = p->kind == CDF_PIPE_SD3 ? 256 : 512;
-    if (gp->true_cfg_scale <= 0) gp->true_cfg_scale = 1.0f;
+    if (gp->true_cfg_scale <= 0) gp->true_cfg_scale = 1.0;
 }
 
 /* Largest size we accept: 4096² (FLUX.1 supports up to ~2 MP; anything far beyond is a typo
@@ -281,16 +281,26 @@ static cdf_status validate(const cdf_pipeline *p, const cdf_generate_params *gp)
         return cdf_error(CDF_ERR_INVALID_ARG, "steps must be between 1 and 1000 (got %d)", gp->num_inference_steps);
     if (gp->max_sequence_length <= 0 || gp->max_sequence_length > 512)
         return cdf_error(CDF_ERR_INVALID_ARG, "max_sequence_length must be between 1 and 512 (got %d)", gp->max_sequence_length);
-    if (!isfinite(gp->guidance_scale) || !isfinite(gp->true_cfg_scale))
-        return cdf_error(CDF_ERR_INVALID_ARG, "guidance scales must be finite numbers");
+    /* the model gets them as float32 (torch's scalar): one past FLT_MAX is as infinite as inf */
+    if (!isfinite((float)gp->guidance_scale) || !isfinite((float)gp->true_cfg_scale))
+        return cdf_error(CDF_ERR_INVALID_ARG, "guidance scales must be finite numbers (within float32's range)");
     CDF_TRY(cdf_pipe_check_inputs(gp, p->kind == CDF_PIPE_FLUX2)); /* image_input.c */
     CDF_TRY(cdf_pipe_vae_tiling_check(p, gp));
+    /* get_timesteps leaves num_inference_steps - t_start steps; diffusers raises when none is left */
     if (gp->image && p->kind != CDF_PIPE_FLUX2 && cdf_pipe_t_start(gp->num_inference_steps, gp->strength) >= gp->num_inference_steps)
-        return cdf_error(CDF_ERR_INVALID_ARG, "strength %g leaves no denoising step of %d", (double)gp->strength,
+        return cdf_error(CDF_ERR_INVALID_ARG, "strength %g leaves no denoising step of %d", gp->strength,
                          gp->num_inference_steps);
     if (gp->num_seeds < 0 || (gp->num_seeds > 0 && !gp->seeds) || gp->num_images < 0)
         return cdf_error(CDF_ERR_INVALID_ARG, "num_images / seeds: %d images, %d seeds%s", gp->num_images, gp->num_seeds,
                          gp->num_seeds > 0 && !gp->seeds ? " but no seed list" : "");
+    /* StableDiffusion3Img2ImgPipeline.prepare_latents encodes image[i : i + 1] with generator[i] for
+     * every i of the batch: past the one image the slices are empty and its VAE raises */
+    if (gp->image && !gp->mask_image && p->kind == CDF_PIPE_SD3 && gp->num_seeds > 1)
+        return cdf_error(CDF_ERR_INVALID_ARG,
+                         "%d seeds with an input image: diffusers' StableDiffusion3Img2ImgPipeline fails with a list of "
+                         "generators (it encodes an empty slice of the one image for each one past the first); use one "
+                         "seed with num_images (--num-images), or one run per seed",
+                         gp->num_seeds);
     if (gp->num_seeds > 0 && gp->num_images > 1 && gp->num_images != gp->num_seeds)
         return cdf_error(CDF_ERR_INVALID_ARG, "%d images requested with %d seeds: one image per seed", gp->num_images, gp->num_seeds);
     return CDF_OK;
@@ -318,6 +328,7 @@ static cdf_status generate_one(cdf_pipeline *p, const cdf_generate_params *gp, i
     s = cdf_pipe_generate_end(p, s);
     p->batch_row = 0;
     p->batch_rows = 1;
+    p->encode_seed_set = false;
     if (s != CDF_OK) cdf_image_free(out);
     return s;
 }
@@ -370,10 +381,17 @@ cdf_status cdf_pipeline_generate_images(cdf_pipeline *p, const cdf_generate_para
     cdf_status s = CDF_OK;
     /* Image by image (batch 1 each): with one generator, image k's noise is row k of the (n, ...)
      * tensor diffusers draws (the VAE sample of an input image is drawn once, before); with a
-     * seed list each image has its own generator. */
+     * seed list each image's noise comes from its own generator, but an img2img / inpainting
+     * image is encoded once, with the first generator (Flux*Pipeline._encode_vae_image loops over
+     * the one image; StableDiffusion3Img2ImgPipeline's loop over the batch encodes empty slices
+     * after the first): image k > 0 has seed k's noise and seed 0's latent sample. */
     for (int k = 0; k < n && s == CDF_OK; k++) {
         cdf_generate_params gk = gp;
         if (gp.num_seeds > 0) gk.seed = gp.seeds[k];
+        if (gp.num_seeds > 0 && k > 0 && gp.image && p->kind != CDF_PIPE_FLUX2) {
+            p->encode_seed_set = true; /* reset by generate_one */
+            p->encode_seed = gp.seeds[0];
+        }
         cdf_tensor_map_init(&cap);
         if (user_cap) gk.capture = &cap;
         s = gp.num_seeds > 0 ? generate_one(p, &gk, 0, 1, &out[k]) : generate_one(p, &gk, k, n, &out[k]);

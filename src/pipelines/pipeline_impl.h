@@ -55,6 +55,11 @@ struct cdf_pipeline {
     /* the batch row being generated (cdf_pipeline_generate_images): with one generator, image k
      * takes the k-th (1, ...) slice of the noise */
     int64_t batch_row, batch_rows;
+    /* a seed list with an input image: the VAE's latent sample comes from a generator seeded with
+     * encode_seed (the list's first), not from the image's own (diffusers encodes the one image with
+     * generator[0] and only the noise rows use their own generators) */
+    bool encode_seed_set;
+    uint64_t encode_seed;
     /* the running request's VAE tile in pixels (0: untiled), set by cdf_pipe_vae_tiling_resolve */
     int64_t vae_tile;
 };
@@ -130,7 +135,24 @@ cdf_status cdf_lora_load_into(const cdf_lora_components *cs, const char *path, c
 /* One output of a component run, kept alive in the current scope. */
 cdf_tensor *cdf_pipe_take(cdf_tensor_map *out, const char *key);
 /* get_timesteps: the first schedule index that runs for a strength. */
-int cdf_pipe_t_start(int num_steps, float strength);
+int cdf_pipe_t_start(int num_steps, double strength);
+/* The schedule each pipeline sets for a resolved request (gp->height/width/num_inference_steps):
+ * the mu its dynamic shifting gets from the image size (FLUX.1 calculate_shift of the packed
+ * token count, FLUX.2 compute_empirical_mu of the token count and steps, SD3 calculate_shift
+ * only with use_dynamic_shifting; *has_mu false = None), set_timesteps with the Flux pipelines'
+ * linspace(1, 1/N, N) sigmas or SD3's default, and the start index of img2img / inpainting
+ * (0 without an image, and always 0 for FLUX.2's reference images). Every decision in doubles
+ * as the Python makes it (docs/fidelity.md). *sched: free with cdf_scheduler_free. */
+typedef struct cdf_pipe_schedule_info {
+    int t_start;
+    bool has_mu;
+    double mu;
+    int64_t image_seq_len; /* the token count mu was computed from (0 = none) */
+} cdf_pipe_schedule_info;
+cdf_status cdf_pipe_schedule(const cdf_pipeline *p, const cdf_generate_params *gp, cdf_scheduler **sched,
+                             cdf_pipe_schedule_info *info);
+/* Its mu and image_seq_len alone (t_start 0), without making the scheduler. */
+void cdf_pipe_schedule_mu(const cdf_pipeline *p, const cdf_generate_params *gp, cdf_pipe_schedule_info *info);
 /* scheduler.scale_noise: sigma * noise + (1 - sigma) * sample (float32). */
 cdf_tensor *cdf_pipe_scale_noise(cdf_tensor *sample, cdf_tensor *noise, float sigma);
 /* Row `row` of randn((rows, *shape)) drawn from g (one generator for a batch of `rows`). */
@@ -151,7 +173,7 @@ typedef struct cdf_pipe_start {
     cdf_tensor *latents, *noise, *image_latents; /* unpacked; image_latents NULL for text-to-image */
 } cdf_pipe_start;
 cdf_status cdf_pipe_start_latents(cdf_pipeline *p, const cdf_generate_params *gp, int64_t c, int64_t h, int64_t w,
-                                  const float *sigmas, int num_steps, cdf_pipe_start *st);
+                                  const float *sigmas, int t_start, cdf_pipe_start *st);
 typedef struct cdf_denoise_loop {
     const float *timesteps, *sigmas; /* the whole schedule of set_timesteps (num_steps, num_steps + 1) */
     int num_steps, t_start;          /* steps t_start .. num_steps-1 run */

@@ -811,14 +811,14 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
     if (gp.height <= 0) gp.height = (int)(sample * vsf);
     if (gp.width <= 0) gp.width = (int)(sample * vsf);
     if (gp.max_sequence_length <= 0) gp.max_sequence_length = pp.kind == PK_SD3 ? 256 : 512;
-    if (gp.guidance_scale < 0) gp.guidance_scale = pp.kind == PK_FLUX ? 3.5f : pp.kind == PK_FLUX2 ? 4.0f : 7.0f;
-    if (gp.true_cfg_scale <= 0) gp.true_cfg_scale = 1.0f;
+    if (gp.guidance_scale < 0) gp.guidance_scale = pp.kind == PK_FLUX ? 3.5 : pp.kind == PK_FLUX2 ? 4.0 : 7.0;
+    if (gp.true_cfg_scale <= 0) gp.true_cfg_scale = 1.0;
     if (gp.height <= 0 || gp.width <= 0 || gp.height % (2 * vsf) || gp.width % (2 * vsf))
         return cdf_error(CDF_ERR_INVALID_ARG, "height and width must be positive multiples of %d (got %dx%d)", 2 * vsf, gp.height,
                          gp.width);
     const int64_t L = gp.max_sequence_length;
-    const bool sd3_cfg = pp.kind == PK_SD3 && gp.guidance_scale > 1.0f;
-    const bool flux_true_cfg = pp.kind == PK_FLUX && gp.true_cfg_scale > 1.0f && gp.negative_prompt;
+    const bool sd3_cfg = pp.kind == PK_SD3 && gp.guidance_scale > 1.0;
+    const bool flux_true_cfg = pp.kind == PK_FLUX && gp.true_cfg_scale > 1.0 && gp.negative_prompt;
     const int passes = (sd3_cfg || flux_true_cfg) ? 2 : 1;
     const int64_t B = sd3_cfg ? 2 : 1;
     const int64_t lh = gp.height / vsf, lw = gp.width / vsf; /* VAE latent */

@@ -94,7 +94,7 @@ static cdf_tensor *sd3_predict(void *ctx, cdf_tensor *latents, int i, float t) {
     if (v && ss->cfg) {
         cdf_tensor *halves[2];
         if (cdf_chunk(v, 2, 0, halves) != CDF_OK) return NULL;
-        vel = cdf_pipe_cfg(halves[0], halves[1], gp->guidance_scale);
+        vel = cdf_pipe_cfg(halves[0], halves[1], (float)gp->guidance_scale); /* torch: float32 scalar */
         if (gp->capture) {
             char key[64];
             snprintf(key, sizeof key, "noise_pred_uncond.%d", i);
@@ -115,7 +115,7 @@ cdf_status cdf_sd3_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_
     const int N = gp->num_inference_steps;
     const int64_t C = p->latent_channels;
     const int64_t h = gp->height / p->vae_scale_factor, w = gp->width / p->vae_scale_factor;
-    sd3_step ss = {.p = p, .gp = gp, .cfg = gp->guidance_scale > 1.0f};
+    sd3_step ss = {.p = p, .gp = gp, .cfg = gp->guidance_scale > 1.0}; /* do_classifier_free_guidance, on the Python float */
 
     /* 1. text ([negative; positive] with CFG) */
     cdf_tensor *embeds, *pooled, *neg_embeds = NULL, *neg_pooled = NULL;
@@ -136,19 +136,10 @@ cdf_status cdf_sd3_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_
     ss.pooled = pooled;
 
     /* 2. schedule: set_timesteps(N) with the config's shift (mu only with dynamic shifting) */
-    cdf_scheduler *sched = cdf_scheduler_new(&p->sched_cfg);
-    if (!sched) return cdf_last_status();
-    double mu = 0;
-    if (p->sched_cfg.use_dynamic_shifting) {
-        int64_t patch = 2, seq = (h / patch) * (w / patch);
-        mu = cdf_calculate_shift(seq, p->sched_cfg.base_image_seq_len, p->sched_cfg.max_image_seq_len,
-                                 p->sched_cfg.base_shift, p->sched_cfg.max_shift);
-    }
-    cdf_status s = cdf_scheduler_set_timesteps(sched, N, NULL, 0, p->sched_cfg.use_dynamic_shifting ? &mu : NULL);
-    if (s != CDF_OK) {
-        cdf_scheduler_free(sched);
-        return s;
-    }
+    cdf_scheduler *sched = NULL;
+    cdf_pipe_schedule_info si;
+    cdf_status s = cdf_pipe_schedule(p, gp, &sched, &si);
+    if (s != CDF_OK) return s;
     const float *sigmas = cdf_scheduler_sigmas(sched), *timesteps = cdf_scheduler_timesteps(sched);
     int64_t ns1[1] = {N + 1}, ns[1] = {N};
     cdf_pipe_capture(gp, "sigmas", cdf_tensor_from_host(p->device, CDF_F32, 1, ns1, sigmas, CDF_F32));
@@ -156,7 +147,7 @@ cdf_status cdf_sd3_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_
 
     /* 3. latents: [the image's VAE sample, then] one randn */
     cdf_pipe_start st;
-    s = cdf_pipe_start_latents(p, gp, C, h, w, sigmas, N, &st);
+    s = cdf_pipe_start_latents(p, gp, C, h, w, sigmas, si.t_start, &st);
     cdf_denoise_loop loop = {.timesteps = timesteps, .sigmas = sigmas, .num_steps = N, .t_start = st.t_start,
                              .latents = st.latents, .predict = sd3_predict, .ctx = &ss, .step_key = "latents_after_step.%d"};
     if (s == CDF_OK && gp->mask_image) {
