@@ -135,6 +135,19 @@ typedef struct cdf_backend_iface {
     void (*event_host_wait)(cdf_device *dev, cdf_event *ev);
 } cdf_backend_iface;
 
+/* The vtable members every backend implements, named after the backend (p##_init, p##_alloc,
+ * ...): one list for every backend's table instead of a copy per backend. */
+#define CDF_BACKEND_IFACE_CORE(p)                                                                                  \
+    .init = p##_init, .alloc = p##_alloc, .free = p##_free, .buffer_set = p##_buffer_set, .buffer_get = p##_buffer_get, \
+    .event_record = p##_event_record, .event_synchronize = p##_event_synchronize, .host_visible = p##_host_visible,  \
+    .enqueue = p##_enqueue, .synchronize = p##_synchronize, .wait_idle = p##_wait_idle, .supports = p##_supports,     \
+    .set_threads = p##_set_threads, .queue_stats = p##_queue_stats
+/* The streams-and-events members of a backend that has them (see the iface). */
+#define CDF_BACKEND_IFACE_STREAMS(p)                                                                               \
+    .stream_new = p##_stream_new, .stream_free = p##_stream_free, .event_new = p##_event_new,                     \
+    .event_free = p##_event_free, .event_record_on = p##_event_record_on, .stream_wait_event = p##_stream_wait_event, \
+    .event_host_wait = p##_event_host_wait
+
 struct cdf_device {
     const cdf_backend_iface *iface;
     char name[32];

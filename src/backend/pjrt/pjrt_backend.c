@@ -144,16 +144,21 @@ static cdf_status slot_to_host(slot *s) {
     return st;
 }
 
+/* the slot holding [p, p + nbytes) (under lock): NULL with an error when no slot holds it all */
+static slot *slot_span(const void *p, size_t nbytes, const char *what, size_t *off) {
+    slot *s = slot_at(p, off);
+    if (s && *off + nbytes <= s->nbytes) return s;
+    cdf_error(CDF_ERR_INTERNAL, "pjrt: %s of %zu bytes outside any buffer", what, nbytes);
+    return NULL;
+}
+
 static cdf_status pjrt_buffer_set(cdf_device *dev, void *dst, const void *src, size_t nbytes) {
     (void)dev;
     pthread_mutex_lock(&g.lock);
     size_t off = 0;
-    slot *s = slot_at(dst, &off);
-    cdf_status st = CDF_OK;
-    if (!s || off + nbytes > s->nbytes) {
-        st = cdf_error(CDF_ERR_INTERNAL, "pjrt: upload of %zu bytes outside any buffer", nbytes);
-    } else {
-        st = slot_to_host(s);
+    slot *s = slot_span(dst, nbytes, "upload", &off);
+    cdf_status st = s ? slot_to_host(s) : cdf_last_status();
+    if (s) {
         if (st == CDF_OK) {
             memcpy(s->host + off, src, nbytes);
             cdf_pjrt_buffer_free(&g.rt, s->buf); /* the host bytes are the value now */
@@ -168,10 +173,10 @@ static cdf_status pjrt_buffer_get(cdf_device *dev, void *dst, const void *src, s
     (void)dev;
     pthread_mutex_lock(&g.lock);
     size_t off = 0;
-    slot *s = slot_at(src, &off);
+    slot *s = slot_span(src, nbytes, "download", &off);
     cdf_status st = CDF_OK;
-    if (!s || off + nbytes > s->nbytes) {
-        st = cdf_error(CDF_ERR_INTERNAL, "pjrt: download of %zu bytes outside any buffer", nbytes);
+    if (!s) {
+        st = cdf_last_status();
     } else if (s->host) {
         memcpy(dst, s->host + off, nbytes);
     } else if (!s->buf) {
@@ -626,26 +631,6 @@ static cdf_status pjrt_init(int *n_devices, const char **why) {
 }
 
 const cdf_backend_iface cdf_pjrt_backend_iface = {
-    .name = "pjrt",
-    .values = true,
-    .lazy = true,
-    .init = pjrt_init,
-    .alloc = pjrt_alloc,
-    .free = pjrt_free,
-    .enqueue = pjrt_enqueue,
-    .run_nodes = pjrt_run_nodes,
-    .synchronize = pjrt_synchronize,
-    .wait_idle = pjrt_wait_idle,
-    .supports = pjrt_supports,
-    .device_info = pjrt_device_info,
-    .buffer_set = pjrt_buffer_set,
-    .buffer_get = pjrt_buffer_get,
-    .event_record = pjrt_event_record,
-    .event_synchronize = pjrt_event_synchronize,
-    .host_visible = pjrt_host_visible,
-    .graph_instantiate = pjrt_graph_instantiate,
-    .graph_launch = pjrt_graph_launch,
-    .graph_free = pjrt_graph_free,
-    .set_threads = pjrt_set_threads,
-    .queue_stats = pjrt_queue_stats,
-};
+    .name = "pjrt", .values = true, .lazy = true, CDF_BACKEND_IFACE_CORE(pjrt), .run_nodes = pjrt_run_nodes,
+    .device_info = pjrt_device_info, .graph_instantiate = pjrt_graph_instantiate, .graph_launch = pjrt_graph_launch,
+    .graph_free = pjrt_graph_free};

@@ -223,9 +223,8 @@ static hv constant(builder *b, cdf_dtype dt, double v) {
         strcat(val, ".0");
     sb_printf(&b->body, "\"stablehlo.constant\"() {value = dense<%s> : ", val);
     put_type(&b->body, &t);
-    sb_printf(&b->body, "} : () -> ");
-    put_type(&b->body, &t);
-    sb_printf(&b->body, "\n");
+    sb_printf(&b->body, "}");
+    put_sig(b, 0, NULL, &t);
     return out;
 }
 
@@ -238,9 +237,8 @@ static hv const_vec(builder *b, cdf_dtype dt, int64_t n, const double *v) {
     for (int64_t i = 0; i < n; i++) sb_printf(&b->body, "%s%.17e", i ? ", " : "", v[i]);
     sb_printf(&b->body, "]> : ");
     put_type(&b->body, &t);
-    sb_printf(&b->body, "} : () -> ");
-    put_type(&b->body, &t);
-    sb_printf(&b->body, "\n");
+    sb_printf(&b->body, "}");
+    put_sig(b, 0, NULL, &t);
     return out;
 }
 
@@ -411,13 +409,8 @@ static hv reduce(builder *b, hv x, int nr, const int64_t *dims, const char *fn, 
     put_type(&b->body, &s);
     sb_printf(&b->body, ") -> ()\n    }) {dimensions = array<i64: ");
     put_i64_list(&b->body, nr, dims);
-    sb_printf(&b->body, ">} : (");
-    put_type(&b->body, &x.t);
-    sb_printf(&b->body, ", ");
-    put_type(&b->body, &s);
-    sb_printf(&b->body, ") -> ");
-    put_type(&b->body, &t);
-    sb_printf(&b->body, "\n");
+    sb_printf(&b->body, ">}");
+    put_sig(b, 2, (hv[2]){x, z}, &t);
     return out;
 }
 
@@ -667,15 +660,8 @@ static void write_view(builder *b, const cdf_tensor *t, hv x) {
         put_type(&b->body, &sc);
         sb_printf(&b->body,
                   ") -> ()\n    }) {scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], "
-                  "scatter_dims_to_operand_dims = [0], index_vector_dim = %d>} : (", t->ndim);
-        put_type(&b->body, &flat.t);
-        sb_printf(&b->body, ", ");
-        put_type(&b->body, &idx.t);
-        sb_printf(&b->body, ", ");
-        put_type(&b->body, &x.t);
-        sb_printf(&b->body, ") -> ");
-        put_type(&b->body, &flat.t);
-        sb_printf(&b->body, "\n");
+                  "scatter_dims_to_operand_dims = [0], index_vector_dim = %d>}", t->ndim);
+        put_sig(b, 3, (hv[3]){flat, idx, x}, &flat.t);
         s->cur = out;
         return;
     }
