@@ -381,26 +381,27 @@ static bool never_internal(void *ctx, const cdf_storage *st) {
 }
 
 /* all_reduce: the copy as a program, the sum over the ranks on the host (the communicator's
- * reduce), the result uploaded (under lock) */
-static cdf_status run_all_reduce(cdf_node *n) {
+ * reduce), the result the storage's host bytes (under lock; bind: a compiled graph's binding) */
+static cdf_status run_all_reduce(cdf_node *n, const binding *bind) {
     cdf_node copy = *n;
     copy.kind = CDF_OP_COPY;
     copy.n_src = 1;
     cdf_node *one = &copy;
     cdf_pjrt_program p;
     CDF_TRY(cdf_pjrt_program_build(&one, 1, never_internal, NULL, &p));
-    cdf_status st = run_program(&p, NULL, "all_reduce");
+    cdf_status st = run_program(&p, bind, "all_reduce");
     cdf_pjrt_program_free(&p);
     if (st != CDF_OK) return st;
-    cdf_tensor *d = n->dst;
-    const int64_t ne = cdf_shape_numel(d->ndim, d->shape);
-    slot *sl = slot_at(cdf_tensor_device_addr(d), NULL);
+    const cdf_tensor *d = n->dst;
+    const cdf_storage *ds = resolve(bind, d->storage);
+    slot *sl = ds->data ? slot_at(ds->data, NULL) : NULL;
     if (!sl) return cdf_error(CDF_ERR_INTERNAL, "pjrt: all_reduce into a buffer without memory");
     CDF_TRY(slot_to_host(sl));
     cdf_pjrt_buffer_free(&g.rt, sl->buf);
     sl->buf = NULL;
     if (!n->p.all_reduce.reduce) return cdf_error(CDF_ERR_INTERNAL, "all_reduce: node has no reduce function");
-    return n->p.all_reduce.reduce(n->p.all_reduce.comm, sl->host + d->offset * (int64_t)cdf_dtype_size(d->dtype), ne, d->dtype);
+    return n->p.all_reduce.reduce(n->p.all_reduce.comm, sl->host + d->offset * (int64_t)cdf_dtype_size(d->dtype),
+                                  cdf_shape_numel(d->ndim, d->shape), d->dtype);
 }
 
 static cdf_status pjrt_enqueue(cdf_device *dev, cdf_node *node) {
@@ -410,7 +411,7 @@ static cdf_status pjrt_enqueue(cdf_device *dev, cdf_node *node) {
     if (g.err != CDF_OK) {
         st = CDF_OK; /* skipped after an error, reported by the next sync */
     } else if (node->kind == CDF_OP_ALL_REDUCE) {
-        st = run_all_reduce(node);
+        st = run_all_reduce(node, NULL);
     } else {
         cdf_pjrt_program p;
         st = cdf_pjrt_program_build(&node, 1, never_internal, NULL, &p);
@@ -458,7 +459,7 @@ static cdf_status pjrt_run_nodes(cdf_device *dev, cdf_node **nodes, int n) {
                 if (st == CDF_OK) st = run_program(&p, NULL, "deferred ops");
                 cdf_pjrt_program_free(&p);
             }
-            if (j < n && st == CDF_OK) st = run_all_reduce(nodes[j]);
+            if (j < n && st == CDF_OK) st = run_all_reduce(nodes[j], NULL);
             i = j + 1;
         }
     }
@@ -467,36 +468,82 @@ static cdf_status pjrt_run_nodes(cdf_device *dev, cdf_node **nodes, int n) {
     return st;
 }
 
+/* A compiled plan: programs between its all_reduce nodes (the sums run on the host between
+ * them, as in eager mode), each a segment. */
+typedef struct pjrt_segment {
+    cdf_pjrt_program prog; /* when all_reduce is NULL */
+    cdf_node *all_reduce;  /* the plan's node (the plan owns it) */
+} pjrt_segment;
+
 typedef struct pjrt_graph {
-    cdf_pjrt_program prog;
+    pjrt_segment *seg;
+    int n_seg;
     cdf_tensor **params; /* a copy of the plan's array (the tensors stay the plan's) */
     int n_params;
 } pjrt_graph;
 
+static void pjrt_graph_free(cdf_device *dev, void *graph) {
+    (void)dev;
+    pjrt_graph *gr = graph;
+    if (!gr) return;
+    for (int i = 0; i < gr->n_seg; i++) cdf_pjrt_program_free(&gr->seg[i].prog);
+    free(gr->seg);
+    free(gr->params);
+    free(gr);
+}
+
+/* With all_reduce nodes, a value that crosses from one segment to another leaves its program:
+ * a buffer of the capture (no memory yet) used on both sides gets memory of its own. */
+static cdf_status materialize_crossing(cdf_node *const *nodes, int n) {
+    for (int i = 0; i < n; i++) {
+        for (int k = -1; k < nodes[i]->n_src; k++) {
+            cdf_storage *st = k < 0 ? nodes[i]->dst->storage : nodes[i]->src[k] ? nodes[i]->src[k]->storage : NULL;
+            if (!st || !st->is_virtual) continue;
+            int seg_i = 0, seg_j = 0; /* segment of node i, and of each other user */
+            for (int j = 0; j < i; j++) seg_i += nodes[j]->kind == CDF_OP_ALL_REDUCE;
+            bool crosses = nodes[i]->kind == CDF_OP_ALL_REDUCE;
+            for (int j = 0; j < n && !crosses; j++) {
+                if (j) seg_j += nodes[j - 1]->kind == CDF_OP_ALL_REDUCE;
+                bool uses = nodes[j]->dst->storage == st;
+                for (int m = 0; m < nodes[j]->n_src; m++) uses |= nodes[j]->src[m] && nodes[j]->src[m]->storage == st;
+                crosses = uses && (seg_j != seg_i || nodes[j]->kind == CDF_OP_ALL_REDUCE);
+            }
+            if (crosses) CDF_TRY(cdf_storage_materialize(st));
+        }
+    }
+    return CDF_OK;
+}
+
 static void *pjrt_graph_instantiate(cdf_device *dev, cdf_node *const *nodes, int n, cdf_tensor *const *params,
                                     int n_params) {
     (void)dev;
-    for (int i = 0; i < n; i++)
-        if (nodes[i]->kind == CDF_OP_ALL_REDUCE) {
-            cdf_error(CDF_ERR_UNSUPPORTED, "pjrt: a compiled graph with an all_reduce (not yet: use eager or defer-and-fuse)");
-            return NULL;
-        }
+    int n_ar = 0;
+    for (int i = 0; i < n; i++) n_ar += nodes[i]->kind == CDF_OP_ALL_REDUCE;
     pjrt_graph *gr = calloc(1, sizeof *gr);
-    cdf_tensor **pc = gr ? malloc(sizeof *pc * (size_t)(n_params ? n_params : 1)) : NULL;
-    if (!pc) {
-        free(gr);
+    if (gr) gr->seg = calloc((size_t)(2 * n_ar + 1), sizeof *gr->seg);
+    if (gr && gr->seg) gr->params = malloc(sizeof *gr->params * (size_t)(n_params ? n_params : 1));
+    if (!gr || !gr->seg || !gr->params) {
+        pjrt_graph_free(dev, gr);
         cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
         return NULL;
     }
-    graph_ctx c = {.nodes = nodes, .n = n, .params = params, .n_params = n_params};
-    if (cdf_pjrt_program_build(nodes, n, graph_internal, &c, &gr->prog) != CDF_OK) {
-        free(pc);
-        free(gr);
+    memcpy(gr->params, params, sizeof *gr->params * (size_t)n_params);
+    gr->n_params = n_params;
+    cdf_status st = n_ar ? materialize_crossing(nodes, n) : CDF_OK;
+    for (int i = 0; i < n && st == CDF_OK;) {
+        int j = i;
+        while (j < n && nodes[j]->kind != CDF_OP_ALL_REDUCE) j++;
+        if (j > i) {
+            graph_ctx c = {.nodes = nodes + i, .n = j - i, .params = params, .n_params = n_params};
+            st = cdf_pjrt_program_build(nodes + i, j - i, graph_internal, &c, &gr->seg[gr->n_seg++].prog);
+        }
+        if (j < n) gr->seg[gr->n_seg++].all_reduce = nodes[j];
+        i = j + 1;
+    }
+    if (st != CDF_OK) {
+        pjrt_graph_free(dev, gr);
         return NULL;
     }
-    memcpy(pc, params, sizeof *pc * (size_t)n_params);
-    gr->params = pc;
-    gr->n_params = n_params;
     return gr;
 }
 
@@ -511,18 +558,11 @@ static cdf_status pjrt_graph_launch(cdf_device *dev, void *graph, cdf_tensor *co
                              (long long)gr->params[j]->offset, gr->params[j]->storage->nbytes);
     binding b = {.params = gr->params, .bound = bound, .n = gr->n_params};
     pthread_mutex_lock(&g.lock);
-    cdf_status st = g.err == CDF_OK ? run_program(&gr->prog, &b, "compiled graph") : CDF_OK;
+    cdf_status st = CDF_OK;
+    for (int i = 0; i < gr->n_seg && st == CDF_OK && g.err == CDF_OK; i++)
+        st = gr->seg[i].all_reduce ? run_all_reduce(gr->seg[i].all_reduce, &b) : run_program(&gr->seg[i].prog, &b, "compiled graph");
     pthread_mutex_unlock(&g.lock);
     return st;
-}
-
-static void pjrt_graph_free(cdf_device *dev, void *graph) {
-    (void)dev;
-    pjrt_graph *gr = graph;
-    if (!gr) return;
-    cdf_pjrt_program_free(&gr->prog);
-    free(gr->params);
-    free(gr);
 }
 
 /* ---- queue ------------------------------------------------------------------------------------------------- */
