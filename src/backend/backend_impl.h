@@ -80,9 +80,10 @@ typedef struct cdf_backend_iface {
      * bound[i]'s. Only base addresses change between launches (same shapes, strides, offsets
      * relative to the buffer), so a backend may patch them into an instantiated graph (the
      * update of a CUDA graph); a launch holds references to the bound tensors until it has run.
-     * graph_free waits until no launch of the graph is pending. */
+     * graph_free waits until no launch of the graph is pending. who names the graph in messages
+     * (the compiled component, e.g. "FluxTransformer2DModel transformer_blocks.0"). */
     void *(*graph_instantiate)(cdf_device *dev, cdf_node *const *nodes, int n_nodes, cdf_tensor *const *params,
-                               int n_params);
+                               int n_params, const char *who);
     cdf_status (*graph_launch)(cdf_device *dev, void *graph, cdf_tensor *const *bound);
     void (*graph_free)(cdf_device *dev, void *graph);
 

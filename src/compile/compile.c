@@ -258,7 +258,7 @@ static cdf_status unpin_params(plan *p, cdf_tensor *const *now, int np, cdf_tens
 /* Run plan p with parameters now[] (same order as p->params, less the arena) and copy the
  * outputs into out. The replay's arena is allocated here (device memory, under the budget) and
  * only the replay's nodes hold it: it is freed when the last of them has run. */
-static cdf_status run_plan(plan *p, cdf_tensor *const *now_in, cdf_tensor_map *out) {
+static cdf_status run_plan(plan *p, cdf_tensor *const *now_in, cdf_tensor_map *out, const char *who) {
     cdf_tensor *now[CDF_COMPILE_MAX_PARAMS];
     const int n_in = p->arena_bytes ? p->n_params - 1 : p->n_params;
     for (int i = 0; i < n_in; i++) now[i] = now_in[i];
@@ -279,7 +279,7 @@ static cdf_status run_plan(plan *p, cdf_tensor *const *now_in, cdf_tensor_map *o
     if (dev && dev->iface->graph_launch) {
         /* the whole plan is one graph of the backend, launched with this call's buffers bound */
         if (!p->backend_graph) {
-            p->backend_graph = dev->iface->graph_instantiate(dev, p->nodes, p->n, p->params, p->n_params);
+            p->backend_graph = dev->iface->graph_instantiate(dev, p->nodes, p->n, p->params, p->n_params, who);
             p->graph_dev = dev;
             if (!p->backend_graph) s = cdf_last_status();
         }
@@ -380,7 +380,7 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
         cdf_exec_count_cache_hit();
         /* deferred ops may still have to produce the inputs: they go to the queue first */
         s = cdf_exec_flush();
-        if (s == CDF_OK) s = run_plan(p, now, out);
+        if (s == CDF_OK) s = run_plan(p, now, out, c->name);
     } else if (s == CDF_OK && p && p->uncompilable) {
         s = fn(ctx, &cin, out); /* known graph break: eager */
     } else if (s == CDF_OK && g_forbid_recompile && c->n_plans > 0) {
@@ -455,7 +455,7 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
                             "cdiffusers: compile %s [%s]: %d kernels (%d fused: %d matmul epilogues, %d norm heads), arena %.2f MiB, "
                             "%.1f ms\n",
                             c->name, key, np_.n, fs.chains, fs.epilogues, fs.norm_heads, arena / 1048576.0, now_ms() - t0);
-                if (s == CDF_OK) s = run_plan(&np_, now, out);
+                if (s == CDF_OK) s = run_plan(&np_, now, out, c->name);
             }
             free(cap.nodes);
             cdf_capture_release_virtuals(&cap);

@@ -380,7 +380,9 @@ typedef struct cpu_launch {
     cdf_tensor *bound[]; /* n_params references, held until the launch has run */
 } cpu_launch;
 
-static void *cpu_graph_instantiate(cdf_device *dev, cdf_node *const *nodes, int n, cdf_tensor *const *params, int np) {
+static void *cpu_graph_instantiate(cdf_device *dev, cdf_node *const *nodes, int n, cdf_tensor *const *params, int np,
+                                   const char *who) {
+    (void)who;
     cpu_graph *g = calloc(1, sizeof *g);
     if (g) {
         g->nodes = malloc((size_t)(n ? n : 1) * sizeof *g->nodes);

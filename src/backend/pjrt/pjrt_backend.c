@@ -480,6 +480,7 @@ typedef struct pjrt_graph {
     int n_seg;
     cdf_tensor **params; /* a copy of the plan's array (the tensors stay the plan's) */
     int n_params;
+    char who[128]; /* the compiled component, for messages */
 } pjrt_graph;
 
 static void pjrt_graph_free(cdf_device *dev, void *graph) {
@@ -515,7 +516,7 @@ static cdf_status materialize_crossing(cdf_node *const *nodes, int n) {
 }
 
 static void *pjrt_graph_instantiate(cdf_device *dev, cdf_node *const *nodes, int n, cdf_tensor *const *params,
-                                    int n_params) {
+                                    int n_params, const char *who) {
     (void)dev;
     int n_ar = 0;
     for (int i = 0; i < n; i++) n_ar += nodes[i]->kind == CDF_OP_ALL_REDUCE;
@@ -529,6 +530,7 @@ static void *pjrt_graph_instantiate(cdf_device *dev, cdf_node *const *nodes, int
     }
     memcpy(gr->params, params, sizeof *gr->params * (size_t)n_params);
     gr->n_params = n_params;
+    snprintf(gr->who, sizeof gr->who, "%s", who && *who ? who : "a compiled graph");
     cdf_status st = n_ar ? materialize_crossing(nodes, n) : CDF_OK;
     for (int i = 0; i < n && st == CDF_OK;) {
         int j = i;
@@ -541,6 +543,7 @@ static void *pjrt_graph_instantiate(cdf_device *dev, cdf_node *const *nodes, int
         i = j + 1;
     }
     if (st != CDF_OK) {
+        cdf_error_prefix("%s: ", gr->who);
         pjrt_graph_free(dev, gr);
         return NULL;
     }
@@ -560,7 +563,7 @@ static cdf_status pjrt_graph_launch(cdf_device *dev, void *graph, cdf_tensor *co
     pthread_mutex_lock(&g.lock);
     cdf_status st = CDF_OK;
     for (int i = 0; i < gr->n_seg && st == CDF_OK && g.err == CDF_OK; i++)
-        st = gr->seg[i].all_reduce ? run_all_reduce(gr->seg[i].all_reduce, &b) : run_program(&gr->seg[i].prog, &b, "compiled graph");
+        st = gr->seg[i].all_reduce ? run_all_reduce(gr->seg[i].all_reduce, &b) : run_program(&gr->seg[i].prog, &b, gr->who);
     pthread_mutex_unlock(&g.lock);
     return st;
 }
