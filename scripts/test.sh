@@ -44,10 +44,12 @@ done
 if ./build/cdiffusers devices 2>/dev/null | grep -q '^backends compiled in:.* pjrt'; then
   export CDIFFUSERS_PJRT_CACHE="$PWD/build/pjrt-cache"
   rm -rf "$CDIFFUSERS_PJRT_CACHE"
-  for m in "" "CDIFFUSERS_COMPILE=1"; do
-    env CDIFFUSERS_DEVICE=pjrt $m ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE pjrt \
-      -R 'test_model_|test_pipeline|test_run_model'
-  done
+  # eager also with tensor parallelism over 2 MPI ranks (test_dist: each rank its pjrt:0, the
+  # sums on the host between programs)
+  env CDIFFUSERS_DEVICE=pjrt ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE pjrt \
+    -R 'test_model_|test_pipeline|test_run_model|test_dist$'
+  env CDIFFUSERS_DEVICE=pjrt CDIFFUSERS_COMPILE=1 ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" \
+    -LE pjrt -R 'test_model_|test_pipeline|test_run_model'
   for m in "CDIFFUSERS_DEFER_AND_FUSE=1" "CDIFFUSERS_COMPILE=blocks"; do
     env CDIFFUSERS_DEVICE=pjrt $m ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE pjrt \
       -R 'test_model_|test_run_model'

@@ -451,7 +451,7 @@ static void test_shard_slices_and_bytes(void **state) {
         free(gb);
         /* its forward needs the other rank: an offline group cannot, and says so */
         cdf_scope_push();
-        cdf_tensor *x = cdf_tensor_zeros(tu_cpu(), CDF_F32, 2, (int64_t[]){1, D / 2});
+        cdf_tensor *x = cdf_tensor_zeros(cdf_tensor_device(l.w), CDF_F32, 2, (int64_t[]){1, D / 2});
         assert_null(cdf_linear_fwd(&l, x));
         assert_non_null(strstr(cdf_last_error(), "offline"));
         cdf_scope_pop(NULL, 0);
