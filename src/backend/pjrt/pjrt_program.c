@@ -549,6 +549,31 @@ static view_plan plan_view(const cdf_tensor *t) {
     return v;
 }
 
+/* A nested view as a box of the whole flat buffer reshaped to the grid [n/s0, s0/s1, ...,
+ * s_k-1/s_k, s_k] (dims outermost first, then the leftover unit stride): a reshape that copies
+ * nothing and one slice, where slicing the view's span first needed the buffer padded whenever the
+ * span runs past its end (every column block but the first of a row-major matrix: the q / k / v
+ * thirds of a fused projection). false when the buffer is not a whole number of outer rows or the
+ * box does not fit its grid. */
+static bool view_box(const cdf_tensor *t, const view_plan *v, int64_t n, int64_t *grid, int64_t *start, int64_t *limit) {
+    const int k = v->k;
+    if (k == 0 || n % t->strides[v->order[0]]) return false;
+    int64_t rem = t->offset;
+    grid[0] = n / t->strides[v->order[0]];
+    for (int i = 0; i < k; i++) {
+        const int64_t s = t->strides[v->order[i]];
+        if (i + 1 < k) grid[i + 1] = s / t->strides[v->order[i + 1]];
+        start[i] = rem / s;
+        rem %= s;
+        limit[i] = start[i] + t->shape[v->order[i]];
+        if (limit[i] > grid[i]) return false;
+    }
+    grid[k] = t->strides[v->order[k - 1]];
+    start[k] = rem;
+    limit[k] = rem + 1;
+    return true;
+}
+
 /* the gather / scatter index of every element of t's shape: offset + sum idx_i * stride_i (i64) */
 static hv element_indices(builder *b, const cdf_tensor *t) {
     hty it = ty(CDF_I64, t->ndim, t->shape);
@@ -591,19 +616,25 @@ static hv read_view(builder *b, const cdf_tensor *t) {
     /* nested: slice [offset, offset + n0 * s0), reshape to [n0, s0/s1, ..., s_k-1], keep the first
      * n_i of each, then put the dims back in the view's order and broadcast the rest */
     const int k = v.k;
-    int64_t s0 = k ? t->strides[v.order[0]] : 1, n0 = k ? t->shape[v.order[0]] : 1;
-    int64_t end = t->offset + n0 * s0;
-    hv f = end > n ? pad_end(b, flat, end) : flat;
-    int64_t st = t->offset;
-    f = slice(b, f, &st, &end);
-    int64_t rd[HMAX], lim[HMAX], zero[HMAX] = {0};
-    rd[0] = n0;
-    for (int i = 1; i < k; i++) rd[i] = t->strides[v.order[i - 1]] / t->strides[v.order[i]];
-    rd[k] = k ? t->strides[v.order[k - 1]] : 1;
-    f = reshape(b, f, k + 1, rd);
+    int64_t rd[HMAX], lim[HMAX], zero[HMAX] = {0}, box0[HMAX], box1[HMAX];
+    hv f;
+    if (view_box(t, &v, n, rd, box0, box1)) {
+        f = slice(b, reshape(b, flat, k + 1, rd), box0, box1);
+    } else {
+        int64_t s0 = k ? t->strides[v.order[0]] : 1, n0 = k ? t->shape[v.order[0]] : 1;
+        int64_t end = t->offset + n0 * s0;
+        f = end > n ? pad_end(b, flat, end) : flat;
+        int64_t st = t->offset;
+        f = slice(b, f, &st, &end);
+        rd[0] = n0;
+        for (int i = 1; i < k; i++) rd[i] = t->strides[v.order[i - 1]] / t->strides[v.order[i]];
+        rd[k] = k ? t->strides[v.order[k - 1]] : 1;
+        f = reshape(b, f, k + 1, rd);
+        for (int i = 0; i < k; i++) lim[i] = t->shape[v.order[i]];
+        lim[k] = 1;
+        f = slice(b, f, zero, lim);
+    }
     for (int i = 0; i < k; i++) lim[i] = t->shape[v.order[i]];
-    lim[k] = 1;
-    f = slice(b, f, zero, lim);
     f = reshape(b, f, k, lim);
     /* f's dim i is view dim order[i]: transpose to increasing view dims, then broadcast */
     int64_t perm[HMAX], sorted[CDF_MAX_DIMS];
@@ -684,6 +715,11 @@ static void write_view(builder *b, const cdf_tensor *t, hv x) {
     for (int i = 0; i < k; i++) yd[i] = t->shape[v.order[i]];
     yd[k] = 1;
     y = reshape(b, y, k + 1, yd);
+    int64_t gd[HMAX], box0[HMAX], box1[HMAX];
+    if (view_box(t, &v, n, gd, box0, box1)) { /* in place in the reshaped buffer */
+        s->cur = reshape(b, update_slice(b, reshape(b, flat, k + 1, gd), y, box0), 1, &n);
+        return;
+    }
     int64_t s0 = k ? t->strides[v.order[0]] : 1, n0 = k ? t->shape[v.order[0]] : 1;
     int64_t end = t->offset + n0 * s0, st = t->offset;
     hv f = end > n ? pad_end(b, flat, end) : flat;
