@@ -12,6 +12,9 @@
 #include <unistd.h>
 
 #include "cdiffusers/cdiffusers.h"
+#include "compile/compile.h"
+#include "models/component.h"
+#include "nn/nn.h"
 #include "../flux_bench_inputs.h"
 
 int main(int argc, char **argv) {
