@@ -86,6 +86,14 @@ cdf_status cdf_pipeline_single_file_model(const char *path, const char *config, 
 void cdf_pipeline_free(cdf_pipeline *p);
 /* "FluxPipeline", "StableDiffusion3Pipeline", "Flux2Pipeline". */
 const char *cdf_pipeline_class_name(const cdf_pipeline *p);
+/* The step cache of the last generated image: its name and threshold and which denoising steps
+ * ran the whole transformer ("first-block:0.05, full steps 0,1,4,9 (4 of 10)"; with true CFG
+ * per pass, "cond ..., uncond ..."). NULL when it ran without a cache. Owned by the pipeline,
+ * valid until the next generate. */
+const char *cdf_pipeline_cache_report(const cdf_pipeline *p);
+/* Checks a step-cache string (cdf_generate_params.cache) without a pipeline: CDF_OK, or the
+ * error generate would give for it. */
+cdf_status cdf_cache_check(const char *cache);
 
 /* Called after each denoising step; return false to cancel (generate then fails with
  * CDF_ERR_INTERRUPTED). */
@@ -142,6 +150,11 @@ typedef struct cdf_generate_params {
      * enable_tiling() does; an image no larger than one tile is not tiled). OFF: never. */
     int vae_tiling;    /* cdf_vae_tiling_mode */
     int vae_tile_size; /* pixels, a multiple of 4 x the VAE's downscaling factor; 0 = default */
+    /* Step cache (docs/step-caches.md): NULL, "" or "none" = off; "first-block" or
+     * "first-block:THRESHOLD" = diffusers' First Block Cache (FirstBlockCacheConfig(threshold),
+     * default 0.05) on the FLUX.1 transformer. Another string, or a cache the model cannot
+     * take, is an error. */
+    const char *cache;
     cdf_step_callback callback;
     void *callback_user;
     /* If non-NULL: receives intermediates under the golden keys (noise, latents_initial,

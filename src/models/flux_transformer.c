@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "core/error_internal.h"
+#include "tensor/tensor_impl.h"
 
 #define MODEL "FluxTransformer2DModel"
 
@@ -441,10 +442,8 @@ static cdf_status ids_rows(const char *name, cdf_tensor *ids, int64_t L, int n_a
     return *rows ? CDF_OK : cdf_last_status();
 }
 
-cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample) {
-    if (sample) *sample = NULL;
-    if (!impl || !in || !sample) return cdf_error(CDF_ERR_INVALID_ARG, "%s: forward needs the model, inputs and an output", MODEL);
-    const flux_model *m = impl;
+/* The forward's input checks (names and shapes against the config and each other). */
+static cdf_status check_inputs(const flux_model *m, const cdf_flux_inputs *in) {
     const cdf_flux_config *c = &m->cfg;
     const struct {
         const char *name;
@@ -468,7 +467,7 @@ cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, c
         snprintf(want, sizeof want, "[B, L_img, %lld] (in_channels)", (long long)c->in_channels);
         return cdf_flux_input_shape_error(MODEL, "hidden_states", hs, want);
     }
-    const int64_t B = cdf_tensor_dim(hs, 0), Li = cdf_tensor_dim(hs, 1);
+    const int64_t B = cdf_tensor_dim(hs, 0);
     /* L_txt >= 1: the pipeline always pads the prompt to max_sequence_length >= 1, and an empty
      * text sequence would only fail later, inside a reshape, without naming the input */
     if (cdf_tensor_ndim(ehs) != 3 || cdf_tensor_dim(ehs, 0) != B || cdf_tensor_dim(ehs, 1) < 1 ||
@@ -477,18 +476,31 @@ cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, c
                  (long long)c->joint_attention_dim);
         return cdf_flux_input_shape_error(MODEL, "encoder_hidden_states", ehs, want);
     }
-    const int64_t Lt = cdf_tensor_dim(ehs, 1);
     if (cdf_tensor_ndim(pp) != 2 || cdf_tensor_dim(pp, 0) != B || cdf_tensor_dim(pp, 1) != c->pooled_projection_dim) {
         snprintf(want, sizeof want, "[%lld, %lld] (batch, pooled_projection_dim)", (long long)B, (long long)c->pooled_projection_dim);
         return cdf_flux_input_shape_error(MODEL, "pooled_projections", pp, want);
     }
     CDF_TRY(cdf_flux_check_per_batch(MODEL, "timestep", in->timestep, B));
     if (in->guidance) CDF_TRY(cdf_flux_check_per_batch(MODEL, "guidance", in->guidance, B));
+    return CDF_OK;
+}
 
-    cdf_scope_push(); /* the forward's scope: only the result leaves it */
-    cdf_tensor *x = NULL, *ctx = NULL, *temb = NULL, *cos_t = NULL, *sin_t = NULL; /* owned references */
+/* The forward's state between its parts: owned references (outside every scope). */
+typedef struct flux_fwd {
+    cdf_tensor *x, *ctx, *temb, *cos_t, *sin_t;
+} flux_fwd;
 
-    /* ---- embeddings ---- */
+static void fwd_release(flux_fwd *f) {
+    cdf_tensor *owned[] = {f->x, f->ctx, f->temb, f->cos_t, f->sin_t};
+    for (size_t i = 0; i < sizeof owned / sizeof *owned; i++) cdf_tensor_release(owned[i]);
+    memset(f, 0, sizeof *f);
+}
+
+/* Embeddings and RoPE tables of checked inputs into f. */
+static cdf_status fwd_embed(const flux_model *m, const cdf_flux_inputs *in, flux_fwd *f) {
+    const cdf_flux_config *c = &m->cfg;
+    const int64_t Li = cdf_tensor_dim(in->hidden_states, 1), Lt = cdf_tensor_dim(in->encoder_hidden_states, 1);
+    cdf_tensor *x = NULL, *ctx = NULL, *temb = NULL, *cos_t = NULL, *sin_t = NULL;
     cdf_scope_push();
     /* positions: rows = cat(txt_ids, img_ids), as float32 like ids.float() */
     cdf_tensor *txt_rows = NULL, *img_rows = NULL;
@@ -523,43 +535,169 @@ cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, c
     }
     cdf_scope_pop(NULL, 0);
 
-    /* ---- transformer blocks ---- */
-    for (int64_t i = 0; s == CDF_OK && i < c->num_layers; i++) {
-        s = run_block(m, true, i, &x, &ctx, temb, cos_t, sin_t);
+    *f = (flux_fwd){x, ctx, temb, cos_t, sin_t};
+    return s;
+}
+
+/* Double-stream blocks [from, to) on f's streams. */
+static cdf_status fwd_doubles(const flux_model *m, flux_fwd *f, int64_t from, int64_t to) {
+    cdf_status s = CDF_OK;
+    for (int64_t i = from; s == CDF_OK && i < to; i++) {
+        s = run_block(m, true, i, &f->x, &f->ctx, f->temb, f->cos_t, f->sin_t);
         if (s != CDF_OK) cdf_error_prefix("%s transformer_blocks.%lld: ", MODEL, (long long)i);
     }
-    cdf_tensor *h = NULL; /* owned: the joint sequence [ctx; x] of the single-stream blocks */
-    if (s == CDF_OK) {
-        cdf_scope_push();
-        s = cdf_flux_replace_state(&h, cdf_cat((cdf_tensor *[]){ctx, x}, 2, 1));
-        cdf_scope_pop(NULL, 0);
-    }
-    for (int64_t i = 0; s == CDF_OK && i < c->num_single_layers; i++) {
-        s = run_block(m, false, i, &h, NULL, temb, cos_t, sin_t);
+    return s;
+}
+
+/* The single-stream blocks on [ctx; x]: *h gets the joint sequence after them (owned). */
+static cdf_status fwd_singles(const flux_model *m, flux_fwd *f, cdf_tensor **h) {
+    cdf_scope_push();
+    cdf_status s = cdf_flux_replace_state(h, cdf_cat((cdf_tensor *[]){f->ctx, f->x}, 2, 1));
+    cdf_scope_pop(NULL, 0);
+    for (int64_t i = 0; s == CDF_OK && i < m->cfg.num_single_layers; i++) {
+        s = run_block(m, false, i, h, NULL, f->temb, f->cos_t, f->sin_t);
         if (s != CDF_OK) cdf_error_prefix("%s single_transformer_blocks.%lld: ", MODEL, (long long)i);
     }
+    return s;
+}
 
-    /* ---- output: AdaLayerNormContinuous (scale first, then shift) and the projection ---- */
-    cdf_tensor *out = NULL;
-    if (s == CDF_OK) {
-        cdf_tensor *mod[2] = {0};
-        cdf_chunk(cdf_linear_fwd(&m->norm_out, cdf_silu(temb)), 2, 1, mod); /* scale, shift */
-        cdf_tensor *xi = cdf_narrow(h, 1, Lt, Li);
-        out = cdf_linear_fwd(&m->proj_out, cdf_flux_modulate(cdf_layer_norm(xi, NULL, NULL, NORM_EPS), mod[1], mod[0]));
-        if (!out) s = cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL;
-    }
-    cdf_tensor *owned[] = {x, ctx, h, temb, cos_t, sin_t};
-    for (size_t i = 0; i < sizeof owned / sizeof *owned; i++) cdf_tensor_release(owned[i]);
+/* The image part [B, Li, D] of the joint sequence (a view in the current scope). */
+static cdf_tensor *image_part(cdf_tensor *h, const flux_fwd *f) {
+    return cdf_narrow(h, 1, cdf_tensor_dim(f->ctx, 1), cdf_tensor_dim(f->x, 1));
+}
+
+/* Output: AdaLayerNormContinuous (scale first, then shift) and the projection of the image
+ * stream xi; the result is in the current scope (NULL on error, set). */
+static cdf_tensor *fwd_output(const flux_model *m, cdf_tensor *xi, cdf_tensor *temb) {
+    cdf_tensor *mod[2] = {0};
+    cdf_chunk(cdf_linear_fwd(&m->norm_out, cdf_silu(temb)), 2, 1, mod); /* scale, shift */
+    return cdf_linear_fwd(&m->proj_out, cdf_flux_modulate(cdf_layer_norm(xi, NULL, NULL, NORM_EPS), mod[1], mod[0]));
+}
+
+static cdf_status status_or_internal(void) { return cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL; }
+
+cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample) {
+    if (sample) *sample = NULL;
+    if (!impl || !in || !sample) return cdf_error(CDF_ERR_INVALID_ARG, "%s: forward needs the model, inputs and an output", MODEL);
+    const flux_model *m = impl;
+    CDF_TRY(check_inputs(m, in));
+    cdf_scope_push(); /* the forward's scope: only the result leaves it */
+    flux_fwd f = {0};
+    cdf_tensor *h = NULL, *out = NULL; /* h owned: the joint sequence [ctx; x] of the single-stream blocks */
+    cdf_status s = fwd_embed(m, in, &f);
+    if (s == CDF_OK) s = fwd_doubles(m, &f, 0, m->cfg.num_layers);
+    if (s == CDF_OK) s = fwd_singles(m, &f, &h);
+    if (s == CDF_OK && !(out = fwd_output(m, image_part(h, &f), f.temb))) s = status_or_internal();
+    cdf_tensor_release(h);
+    fwd_release(&f);
     cdf_scope_pop(out ? &out : NULL, out ? 1 : 0); /* out moves to the caller's scope */
     if (s != CDF_OK) return s;
     *sample = out;
     return CDF_OK;
 }
 
+/* ---- First Block Cache parts (docs/step-caches.md): the forward split at the head block ---- */
+
+cdf_status cdf_flux_fbc_head(void *impl, const cdf_flux_inputs *in, cdf_flux_fbc_state *st) {
+    memset(st, 0, sizeof *st);
+    if (!impl || !in) return cdf_error(CDF_ERR_INVALID_ARG, "%s: fbc_head needs the model and inputs", MODEL);
+    const flux_model *m = impl;
+    if (m->cfg.num_layers < 1 || m->cfg.num_layers + m->cfg.num_single_layers < 2)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "%s: the first-block cache needs a double-stream head block and at least one "
+                         "more block (num_layers %lld, num_single_layers %lld)", MODEL, (long long)m->cfg.num_layers,
+                         (long long)m->cfg.num_single_layers);
+    CDF_TRY(check_inputs(m, in));
+    cdf_scope_push();
+    flux_fwd f = {0};
+    cdf_status s = fwd_embed(m, in, &f);
+    cdf_tensor *x0 = s == CDF_OK ? cdf_tensor_retain(f.x) : NULL, *res = NULL;
+    if (s == CDF_OK) s = fwd_doubles(m, &f, 0, 1);
+    if (s == CDF_OK && !(res = cdf_sub(f.x, x0))) s = status_or_internal(); /* head_out - head_in, image stream */
+    cdf_tensor_release(x0);
+    cdf_tensor *keep[6] = {f.x, f.ctx, f.temb, f.cos_t, f.sin_t, res};
+    if (s == CDF_OK) {
+        st->x = f.x, st->ctx = f.ctx, st->temb = f.temb, st->cos_t = f.cos_t, st->sin_t = f.sin_t, st->residual = res;
+        cdf_scope_pop(&res, 1);
+        for (int i = 0; i < 5; i++) cdf_scope_record(keep[i]); /* the owned state moves to the caller's scope */
+        return CDF_OK;
+    }
+    fwd_release(&f);
+    cdf_scope_pop(NULL, 0);
+    return s;
+}
+
+cdf_status cdf_flux_fbc_tail(void *impl, const cdf_flux_fbc_state *st, cdf_tensor **sample, cdf_tensor **tail_residual) {
+    *sample = *tail_residual = NULL;
+    const flux_model *m = impl;
+    cdf_scope_push();
+    flux_fwd f = {cdf_tensor_retain(st->x), cdf_tensor_retain(st->ctx), cdf_tensor_retain(st->temb), cdf_tensor_retain(st->cos_t),
+                  cdf_tensor_retain(st->sin_t)};
+    cdf_tensor *h = NULL, *out[2] = {NULL, NULL};
+    cdf_status s = fwd_doubles(m, &f, 1, m->cfg.num_layers);
+    if (s == CDF_OK) s = fwd_singles(m, &f, &h);
+    if (s == CDF_OK) {
+        cdf_tensor *xi = image_part(h, &f);
+        out[0] = fwd_output(m, xi, f.temb);
+        out[1] = cdf_sub(xi, st->x); /* tail_out - head_out, image stream */
+        if (!out[0] || !out[1]) s = status_or_internal();
+    }
+    cdf_tensor_release(h);
+    fwd_release(&f);
+    cdf_scope_pop(s == CDF_OK ? out : NULL, s == CDF_OK ? 2 : 0);
+    if (s != CDF_OK) return s;
+    *sample = out[0], *tail_residual = out[1];
+    return CDF_OK;
+}
+
+cdf_status cdf_flux_fbc_skip(void *impl, cdf_tensor *x, cdf_tensor *tail_residual, cdf_tensor *temb, cdf_tensor **sample) {
+    *sample = NULL;
+    const flux_model *m = impl;
+    if (!x || !tail_residual || !temb) return cdf_error(CDF_ERR_NOT_FOUND, "%s: fbc_skip needs x, tail_residual and temb", MODEL);
+    cdf_scope_push();
+    /* diffusers: hidden_states = tail_block_residuals[0] + head output */
+    cdf_tensor *out = fwd_output(m, cdf_add(tail_residual, x), temb);
+    cdf_scope_pop(out ? &out : NULL, out ? 1 : 0);
+    if (!out) return status_or_internal();
+    *sample = out;
+    return CDF_OK;
+}
+
 /* ---- component interface ---------------------------------------------------------------------- */
+/* The First Block Cache parts as methods (each its own graph under compile):
+ *   fbc_head (forward's inputs) -> out.x, out.ctx, out.temb, out.cos, out.sin, out.residual
+ *   fbc_tail (x, ctx, temb, cos, sin) -> out.sample, out.tail_residual
+ *   fbc_skip (x, tail_residual, temb) -> out.sample */
+static cdf_status fbc_run(void *impl, const char *method, const cdf_flux_inputs *fi, const cdf_tensor_map *in,
+                          cdf_tensor_map *out) {
+    if (strcmp(method, "fbc_head") == 0) {
+        cdf_flux_fbc_state st;
+        CDF_TRY(cdf_flux_fbc_head(impl, fi, &st));
+        const char *names[6] = {"out.x", "out.ctx", "out.temb", "out.cos", "out.sin", "out.residual"};
+        cdf_tensor *t[6] = {st.x, st.ctx, st.temb, st.cos_t, st.sin_t, st.residual};
+        for (int i = 0; i < 6; i++) CDF_TRY(cdf_tensor_map_set(out, names[i], t[i]));
+        return CDF_OK;
+    }
+    if (strcmp(method, "fbc_tail") == 0) {
+        cdf_flux_fbc_state st = {.x = cdf_input(in, "x", MODEL), .ctx = cdf_input(in, "ctx", MODEL),
+                                 .temb = cdf_input(in, "temb", MODEL), .cos_t = cdf_input(in, "cos", MODEL),
+                                 .sin_t = cdf_input(in, "sin", MODEL)};
+        if (!st.x || !st.ctx || !st.temb || !st.cos_t || !st.sin_t) return cdf_last_status();
+        cdf_tensor *sample = NULL, *tail = NULL;
+        CDF_TRY(cdf_flux_fbc_tail(impl, &st, &sample, &tail));
+        CDF_TRY(cdf_tensor_map_set(out, "out.sample", sample));
+        return cdf_tensor_map_set(out, "out.tail_residual", tail);
+    }
+    cdf_tensor *sample = NULL;
+    CDF_TRY(cdf_flux_fbc_skip(impl, cdf_input(in, "x", MODEL), cdf_input(in, "tail_residual", MODEL), cdf_input(in, "temb", MODEL),
+                              &sample));
+    return cdf_tensor_map_set(out, "out.sample", sample);
+}
+
 static cdf_status flux_run(void *impl, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out) {
-    if (method && strcmp(method, "forward") != 0)
-        return cdf_error(CDF_ERR_UNSUPPORTED, "%s: method '%s' is not supported (only 'forward')", MODEL, method);
+    const bool fbc = method && (strcmp(method, "fbc_head") == 0 || strcmp(method, "fbc_tail") == 0 || strcmp(method, "fbc_skip") == 0);
+    if (method && strcmp(method, "forward") != 0 && !fbc)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "%s: method '%s' is not supported (only 'forward' and the first-block cache's "
+                         "'fbc_head', 'fbc_tail', 'fbc_skip')", MODEL, method);
     cdf_flux_inputs fi = {
         .hidden_states = cdf_tensor_map_get(in, "hidden_states"),
         .encoder_hidden_states = cdf_tensor_map_get(in, "encoder_hidden_states"),
@@ -569,6 +707,7 @@ static cdf_status flux_run(void *impl, const char *method, const cdf_tensor_map 
         .txt_ids = cdf_tensor_map_get(in, "txt_ids"),
         .guidance = cdf_tensor_map_get(in, "guidance"),
     };
+    if (fbc) return fbc_run(impl, method, &fi, in, out);
     cdf_tensor *sample = NULL;
     CDF_TRY(cdf_flux_transformer_forward(impl, &fi, &sample));
     return cdf_tensor_map_set(out, "out.sample", sample);

@@ -52,4 +52,20 @@ typedef struct cdf_flux_inputs {
 cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample);
 const cdf_flux_config *cdf_flux_transformer_config(const void *impl);
 
+/* diffusers' First Block Cache (docs/step-caches.md) splits the forward at the first block:
+ * head = embeddings + transformer_blocks.0, tail = the other blocks + output layers, skip = the
+ * output layers on head output + cached tail residual. All tensors are new references recorded
+ * in the caller's scope. */
+typedef struct cdf_flux_fbc_state {
+    cdf_tensor *x, *ctx;      /* image [B, Li, D] and text [B, Lt, D] streams after the head block */
+    cdf_tensor *temb;         /* [B, D] */
+    cdf_tensor *cos_t, *sin_t; /* RoPE tables of the joint sequence */
+    cdf_tensor *residual;     /* head block output - input, image stream [B, Li, D] */
+} cdf_flux_fbc_state;
+/* Needs num_layers >= 1 and num_layers + num_single_layers >= 2 (else CDF_ERR_UNSUPPORTED). */
+cdf_status cdf_flux_fbc_head(void *impl, const cdf_flux_inputs *in, cdf_flux_fbc_state *st);
+/* st: x, ctx, temb, cos_t, sin_t of fbc_head. *tail_residual: tail output - head output (image). */
+cdf_status cdf_flux_fbc_tail(void *impl, const cdf_flux_fbc_state *st, cdf_tensor **sample, cdf_tensor **tail_residual);
+cdf_status cdf_flux_fbc_skip(void *impl, cdf_tensor *x, cdf_tensor *tail_residual, cdf_tensor *temb, cdf_tensor **sample);
+
 #endif

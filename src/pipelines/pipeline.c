@@ -7,6 +7,7 @@
 
 #include "core/error_internal.h"
 #include "pipelines/pipeline_impl.h"
+#include "pipelines/step_cache.h"
 #include "tensor/tensor_impl.h"
 
 cdf_pipeline_load_params cdf_pipeline_load_default_params(void) {
@@ -99,6 +100,7 @@ void cdf_pipeline_free(cdf_pipeline *p) {
         free(p->file_path[i]);
     }
     free(p->report.unused);
+    free(p->cache_report);
     free(p->dir);
     free(p);
 }
@@ -285,6 +287,11 @@ static cdf_status validate(const cdf_pipeline *p, const cdf_generate_params *gp)
         return cdf_error(CDF_ERR_INVALID_ARG, "guidance scales must be finite numbers");
     CDF_TRY(cdf_pipe_check_inputs(gp, p->kind == CDF_PIPE_FLUX2)); /* image_input.c */
     CDF_TRY(cdf_pipe_vae_tiling_check(p, gp));
+    cdf_step_cache_config cache;
+    CDF_TRY(cdf_step_cache_parse(gp->cache, &cache));
+    if (cache.kind != CDF_STEP_CACHE_NONE && p->kind != CDF_PIPE_FLUX)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': the first-block cache runs on FLUX.1 only (%s; docs/step-caches.md)",
+                         gp->cache, p->class_name);
     if (gp->image && p->kind != CDF_PIPE_FLUX2 && cdf_pipe_t_start(gp->num_inference_steps, gp->strength) >= gp->num_inference_steps)
         return cdf_error(CDF_ERR_INVALID_ARG, "strength %g leaves no denoising step of %d", (double)gp->strength,
                          gp->num_inference_steps);
@@ -306,6 +313,8 @@ int cdf_generate_params_count(const cdf_generate_params *gp) {
 static cdf_status generate_one(cdf_pipeline *p, const cdf_generate_params *gp, int64_t row, int64_t rows, cdf_image *out) {
     p->batch_row = row;
     p->batch_rows = rows;
+    free(p->cache_report);
+    p->cache_report = NULL;
     cdf_pipe_generate_begin(p); /* offload.c: per-phase peaks */
     cdf_pipe_vae_tiling_resolve(p, gp);
     cdf_scope_push();
@@ -320,6 +329,13 @@ static cdf_status generate_one(cdf_pipeline *p, const cdf_generate_params *gp, i
     p->batch_rows = 1;
     if (s != CDF_OK) cdf_image_free(out);
     return s;
+}
+
+const char *cdf_pipeline_cache_report(const cdf_pipeline *p) { return p ? p->cache_report : NULL; }
+
+cdf_status cdf_cache_check(const char *cache) {
+    cdf_step_cache_config cfg;
+    return cdf_step_cache_parse(cache, &cfg);
 }
 
 static cdf_status prepare(cdf_pipeline *p, const cdf_generate_params *params, cdf_generate_params *gp) {

@@ -1,0 +1,48 @@
+/* Step caches (docs/step-caches.md): diffusers' First Block Cache for the FLUX.1 transformer,
+ * one decision per transformer call with one scalar read, one state per cache context (the
+ * positive pass "cond", true CFG's negative pass "uncond"), fresh for every generation. */
+#ifndef CDF_PIPELINES_STEP_CACHE_H
+#define CDF_PIPELINES_STEP_CACHE_H
+
+#include <stdbool.h>
+
+#include "cdiffusers/pipeline.h"
+#include "models/component.h"
+
+typedef enum cdf_step_cache_kind { CDF_STEP_CACHE_NONE = 0, CDF_STEP_CACHE_FIRST_BLOCK = 1 } cdf_step_cache_kind;
+
+typedef struct cdf_step_cache_config {
+    cdf_step_cache_kind kind;
+    double threshold; /* FirstBlockCacheConfig.threshold */
+} cdf_step_cache_config;
+
+/* The --cache / params.cache string: NULL, "" or "none" = off; "first-block" (threshold 0.05,
+ * diffusers' default) or "first-block:T" (T a finite number >= 0). Anything else is
+ * CDF_ERR_INVALID_ARG naming the string and what is accepted. */
+cdf_status cdf_step_cache_parse(const char *spec, cdf_step_cache_config *cfg);
+
+#define CDF_STEP_CACHE_PASSES 2 /* cache contexts: 0 "cond", 1 "uncond" */
+
+typedef struct cdf_step_cache {
+    cdf_step_cache_config cfg;
+    struct cdf_step_cache_pass {
+        cdf_tensor *prev_residual; /* the head residual of the last computed call (owned) */
+        cdf_tensor *tail_residual; /* image-stream tail residual of the last computed call (owned) */
+        int calls, cap;
+        float *change;  /* per call: the relative change (NaN on the first call) */
+        bool *computed; /* per call: the whole transformer ran */
+    } pass[CDF_STEP_CACHE_PASSES];
+} cdf_step_cache;
+
+/* *sc = a fresh state for cfg (kind NONE: the pipeline runs the plain forward). */
+void cdf_step_cache_init(cdf_step_cache *sc, const cdf_step_cache_config *cfg);
+/* One transformer call of pass `pass` with forward's inputs `in`: head, the decision, then the
+ * tail or the cached skip. *sample is recorded in the current scope. */
+cdf_status cdf_step_cache_predict(cdf_step_cache *sc, cdf_component *transformer, int pass, const cdf_tensor_map *in,
+                                  cdf_tensor **sample);
+/* After a generation: the decisions under the capture keys cache_computed.<context> and
+ * cache_change.<context> (f32 [calls]), the pipeline's report text (cdf_pipeline_cache_report),
+ * and the state released. */
+void cdf_step_cache_finish(cdf_step_cache *sc, cdf_pipeline *p, const cdf_generate_params *gp);
+
+#endif

@@ -1,0 +1,287 @@
+/* Step caches against diffusers' own hooks (tests/data/golden/step_cache, made by
+ * tools/make-step-cache-golden/make_golden.py: FluxPipeline / FluxImg2ImgPipeline with
+ * pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold)) on the tiny FLUX.1 folders).
+ *
+ * Checked per case: the decision of every transformer call, per cache context ("cond", and
+ * "uncond" with true CFG), exactly; the relative change of each call within 1e-3 (information:
+ * the golden thresholds are at least 0.01 away from every change); the latents after every step,
+ * the final latents and the image within the pipelines' tolerance (5e-4, that folder's README);
+ * the report text names the computed steps. Also: threshold 0 (every call computes) gives the
+ * uncached forward's latents bit for bit, and bad cache strings are clear errors.
+ * The ctest entries test_step_cache_{fuse,compile,blocks} run the same in the other modes. */
+#include "testutil.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cdiffusers/cdiffusers.h"
+#include "nn/nn.h"
+
+static const char *const k_cases[] = {"fbc_dev_64x64", "fbc_dev_truecfg_64x64", "fbc_schnell_48x80", "fbc_img2img_s08_64x64"};
+
+static double cmp_block(cdf_tensor *t, cdf_st_file *gf, const char *gkey, int64_t block) {
+    const cdf_st_tensor *g = cdf_st_find(gf, gkey);
+    assert_non_null(t);
+    assert_non_null(g);
+    float *ours = cdf_tensor_read_f32(t);
+    assert_non_null(ours);
+    const int64_t n = cdf_tensor_numel(t);
+    assert_true((block + 1) * n <= cdf_st_numel(g));
+    float *ref = malloc((size_t)n * sizeof *ref);
+    cdf_convert(ref, CDF_F32, (const char *)cdf_st_data(gf, g) + block * n * cdf_dtype_size(g->dtype), g->dtype, (size_t)n);
+    double d = tu_max_abs_diff(ours, ref, (size_t)n, NULL);
+    free(ours);
+    free(ref);
+    return d;
+}
+
+static cdf_pipeline *load_tiny(const char *folder) {
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/%s", tu_data("pipelines"), folder);
+    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    lp.weight_dtype = CDF_F32; /* diffusers ran in float32 */
+    cdf_pipeline *pipe = NULL;
+    if (cdf_pipeline_load(dir, &lp, &pipe) != CDF_OK) fail_msg("load %s: %s", dir, cdf_last_error());
+    return pipe;
+}
+
+static void run_case(const char *name) {
+    char dir[1024], path[1200], spec[64];
+    snprintf(dir, sizeof dir, "%s/golden/step_cache/%s", tu_data(""), name);
+    snprintf(path, sizeof path, "%s/expected.json", dir);
+    size_t len;
+    char *txt = tu_read_file(path, &len);
+    assert_non_null(txt);
+    cJSON *js = cJSON_Parse(txt);
+    free(txt);
+    assert_non_null(js);
+    const cJSON *call = cJSON_GetObjectItem(js, "call");
+    cdf_generate_params gp = cdf_generate_default_params();
+    gp.prompt = cJSON_GetObjectItem(call, "prompt")->valuestring;
+    const cJSON *neg = cJSON_GetObjectItem(call, "negative_prompt"), *tcfg = cJSON_GetObjectItem(call, "true_cfg_scale");
+    if (neg) gp.negative_prompt = neg->valuestring;
+    if (tcfg) gp.true_cfg_scale = (float)tcfg->valuedouble;
+    gp.height = cJSON_GetObjectItem(call, "height")->valueint;
+    gp.width = cJSON_GetObjectItem(call, "width")->valueint;
+    gp.num_inference_steps = cJSON_GetObjectItem(call, "num_inference_steps")->valueint;
+    const cJSON *gs = cJSON_GetObjectItem(call, "guidance_scale"), *strength = cJSON_GetObjectItem(call, "strength");
+    if (gs) gp.guidance_scale = (float)gs->valuedouble;
+    if (strength) gp.strength = (float)strength->valuedouble;
+    gp.max_sequence_length = cJSON_GetObjectItem(call, "max_sequence_length")->valueint;
+    gp.seed = (uint64_t)cJSON_GetObjectItem(js, "seeds")->valuedouble;
+    const double threshold = cJSON_GetObjectItem(js, "threshold")->valuedouble;
+    snprintf(spec, sizeof spec, "first-block:%.17g", threshold);
+    gp.cache = spec;
+    cdf_png_image png = {0};
+    cdf_image img;
+    const cJSON *img_in = cJSON_GetObjectItem(js, "image_in");
+    if (cJSON_IsString(img_in)) {
+        snprintf(path, sizeof path, "%s/%s", dir, img_in->valuestring);
+        if (cdf_png_read(path, &png) != CDF_OK) fail_msg("%s: %s", path, cdf_last_error());
+        img = (cdf_image){.width = png.width, .height = png.height, .channels = png.channels, .pixels = png.pixels};
+        gp.image = &img;
+    }
+    cdf_pipeline *pipe = load_tiny(strrchr(cJSON_GetObjectItem(js, "folder")->valuestring, '/') + 1);
+    cdf_tensor_map cap;
+    cdf_tensor_map_init(&cap);
+    gp.capture = &cap;
+    cdf_image out;
+    if (cdf_pipeline_generate(pipe, &gp, &out) != CDF_OK) fail_msg("generate %s: %s", name, cdf_last_error());
+
+    /* decisions, per context in call order */
+    const cJSON *decisions = cJSON_GetObjectItem(js, "decisions");
+    const char *ctxs[2] = {"cond", "uncond"};
+    char want_report[1024];
+    int wn = snprintf(want_report, sizeof want_report, "first-block:%g, full steps", threshold);
+    const bool two = cJSON_GetObjectItem(cJSON_GetObjectItem(js, "computed_steps"), "uncond") != NULL;
+    for (int c = 0; c < 2; c++) {
+        char key[64];
+        snprintf(key, sizeof key, "cache_computed.%s", ctxs[c]);
+        cdf_tensor *flags = cdf_tensor_map_get(&cap, key);
+        snprintf(key, sizeof key, "cache_change.%s", ctxs[c]);
+        cdf_tensor *change = cdf_tensor_map_get(&cap, key);
+        float *f = flags ? cdf_tensor_read_f32(flags) : NULL, *ch = change ? cdf_tensor_read_f32(change) : NULL;
+        int k = 0, full = 0;
+        bool first = true;
+        const cJSON *d;
+        cJSON_ArrayForEach(d, decisions) {
+            if (strcmp(cJSON_GetObjectItem(d, "context")->valuestring, ctxs[c]) != 0) continue;
+            if (first) wn += snprintf(want_report + wn, sizeof want_report - wn, "%s%s%s", c ? ", " : " ", two ? ctxs[c] : "", two ? " " : "");
+            first = false;
+            assert_non_null(f);
+            assert_true(k < cdf_tensor_numel(flags));
+            const bool want = cJSON_IsTrue(cJSON_GetObjectItem(d, "computed"));
+            const cJSON *gc = cJSON_GetObjectItem(d, "change");
+            print_message("  %s %s call %d: change %.6f (diffusers %.6f) %s (diffusers %s)\n", name, ctxs[c], k, (double)ch[k],
+                          cJSON_IsNumber(gc) ? gc->valuedouble : NAN, f[k] != 0 ? "full" : "skip", want ? "full" : "skip");
+            if ((f[k] != 0) != want) fail_msg("%s %s call %d: %s, diffusers %s", name, ctxs[c], k, f[k] != 0 ? "full" : "skipped", want ? "full" : "skipped");
+            if (cJSON_IsNumber(gc)) assert_true(fabs(ch[k] - gc->valuedouble) <= 1e-3);
+            else assert_true(isnan(ch[k]));
+            if (want) wn += snprintf(want_report + wn, sizeof want_report - wn, "%s%d", full++ ? "," : "", k);
+            k++;
+        }
+        if (!first) wn += snprintf(want_report + wn, sizeof want_report - wn, " (%d of %d)", full, k);
+        if (flags) assert_int_equal(cdf_tensor_numel(flags), k);
+        else assert_int_equal(k, 0);
+        free(f);
+        free(ch);
+    }
+    const char *rep = cdf_pipeline_cache_report(pipe);
+    assert_non_null(rep);
+    print_message("  %s report: %s\n", name, rep);
+    assert_string_equal(rep, want_report);
+
+    /* latents and image */
+    snprintf(path, sizeof path, "%s/expected.safetensors", dir);
+    cdf_st_file *gf;
+    assert_int_equal(cdf_st_open(path, &gf), CDF_OK);
+    const int steps_run = cJSON_GetObjectItem(js, "steps_run")->valueint;
+    for (int s = 0; s < steps_run; s++) {
+        char key[64];
+        snprintf(key, sizeof key, "latents_after_step.%d", s);
+        double d = cmp_block(cdf_tensor_map_get(&cap, key), gf, "latents_after_step", s);
+        if (!(d <= 5e-4)) fail_msg("%s latents after step %d: max|diff| %.3g > 5e-4", name, s, d);
+    }
+    double dl = cmp_block(cdf_tensor_map_get(&cap, "latents_final"), gf, "latents_final", 0);
+    double di = cmp_block(cdf_tensor_map_get(&cap, "image"), gf, "image", 0);
+    print_message("  %s latents_final max|diff| %.3g, image %.3g (tol 5e-4)\n", name, dl, di);
+    assert_true(dl <= 5e-4);
+    assert_true(di <= 5e-4);
+    cdf_st_close(gf);
+    cdf_image_free(&out);
+    cdf_tensor_map_clear(&cap);
+    cdf_pipeline_free(pipe);
+    cdf_png_image_free(&png);
+    cJSON_Delete(js);
+}
+
+static void test_case(void **state) { run_case((const char *)*state); }
+
+/* final latents of a small dev run with the given cache string (NULL = none) */
+static float *final_latents(cdf_pipeline *pipe, const char *cache, bool true_cfg, int64_t *n) {
+    cdf_generate_params gp = cdf_generate_default_params();
+    gp.prompt = "a cat";
+    gp.height = gp.width = 32;
+    gp.num_inference_steps = 4;
+    gp.max_sequence_length = 16;
+    gp.seed = 3;
+    gp.cache = cache;
+    if (true_cfg) {
+        gp.negative_prompt = "a dog";
+        gp.true_cfg_scale = 1.5f;
+    }
+    cdf_tensor_map cap;
+    cdf_tensor_map_init(&cap);
+    gp.capture = &cap;
+    cdf_image out;
+    if (cdf_pipeline_generate(pipe, &gp, &out) != CDF_OK) fail_msg("generate: %s", cdf_last_error());
+    cdf_tensor *t = cdf_tensor_map_get(&cap, "latents_final");
+    assert_non_null(t);
+    *n = cdf_tensor_numel(t);
+    float *v = cdf_tensor_read_f32(t);
+    cdf_image_free(&out);
+    cdf_tensor_map_clear(&cap);
+    return v;
+}
+
+/* Threshold 0: every call computes (a change is > 0), through fbc_head + fbc_tail: the same
+ * latents as the plain forward, bit for bit; a huge threshold skips every call after the first,
+ * which must change them. */
+static void test_split_forward_is_exact(void **state) {
+    (void)state;
+    cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
+    for (int cfg = 0; cfg < 2; cfg++) {
+        int64_t n0, n1, n2;
+        float *plain = final_latents(pipe, NULL, cfg, &n0);
+        float *t0 = final_latents(pipe, "first-block:0", cfg, &n1);
+        assert_int_equal(n0, n1);
+        assert_memory_equal(plain, t0, (size_t)n0 * sizeof *plain);
+        assert_string_equal(cdf_pipeline_cache_report(pipe), cfg ? "first-block:0, full steps cond 0,1,2,3 (4 of 4), uncond 0,1,2,3 (4 of 4)"
+                                                                 : "first-block:0, full steps 0,1,2,3 (4 of 4)");
+        float *big = final_latents(pipe, "first-block:1e9", cfg, &n2);
+        assert_string_equal(cdf_pipeline_cache_report(pipe), cfg ? "first-block:1e+09, full steps cond 0 (1 of 4), uncond 0 (1 of 4)"
+                                                                  : "first-block:1e+09, full steps 0 (1 of 4)");
+        assert_true(memcmp(plain, big, (size_t)n0 * sizeof *plain) != 0);
+        float *none = final_latents(pipe, "none", cfg, &n2);
+        assert_memory_equal(plain, none, (size_t)n0 * sizeof *plain);
+        assert_null(cdf_pipeline_cache_report(pipe));
+        free(plain), free(t0), free(big), free(none);
+    }
+    cdf_pipeline_free(pipe);
+}
+
+/* Compile mode: the cache's parts are graphs compiled once per shape; more steps and other
+ * decisions replay them (a recompile would be an error), and the cache adds one host read per
+ * call after the first (the change), nothing else. */
+static void test_compiled_parts_never_recompile(void **state) {
+    (void)state;
+    cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
+    cdf_compile_options o = cdf_compile_default_options();
+    assert_int_equal(cdf_pipeline_compile(pipe, &o), CDF_OK);
+    int64_t n;
+    free(final_latents(pipe, "first-block:0.9", false, &n)); /* compiles head, tail and skip */
+    const char *rep = cdf_pipeline_cache_report(pipe);
+    print_message("  %s\n", rep);
+    assert_true(!strstr(rep, "(1 of 4)") && !strstr(rep, "(4 of 4)")); /* both tail and skip ran */
+    cdf_exec_stats a, b, c;
+    cdf_exec_get_stats(&a);
+    cdf_compile_set_forbid_recompile(true);
+    free(final_latents(pipe, NULL, false, &n));
+    cdf_exec_get_stats(&b);
+    free(final_latents(pipe, "first-block:0.9", false, &n));
+    cdf_exec_get_stats(&c);
+    cdf_compile_set_forbid_recompile(false);
+    print_message("  compiles %llu -> %llu -> %llu, host syncs uncached %llu, cached %llu\n", (unsigned long long)a.compiles,
+                  (unsigned long long)b.compiles, (unsigned long long)c.compiles, (unsigned long long)(b.host_syncs - a.host_syncs),
+                  (unsigned long long)(c.host_syncs - b.host_syncs));
+    assert_true(c.compiles == b.compiles); /* (the uncached run may compile forward, once) */
+    assert_true(c.host_syncs - b.host_syncs == (b.host_syncs - a.host_syncs) + 3); /* 4 calls: 3 changes read */
+    cdf_pipeline_free(pipe);
+}
+
+static void test_bad_cache_strings(void **state) {
+    (void)state;
+    assert_int_equal(cdf_cache_check(NULL), CDF_OK);
+    assert_int_equal(cdf_cache_check(""), CDF_OK);
+    assert_int_equal(cdf_cache_check("none"), CDF_OK);
+    assert_int_equal(cdf_cache_check("first-block"), CDF_OK);
+    assert_int_equal(cdf_cache_check("first-block:0.2"), CDF_OK);
+    const char *bad[] = {"first-blok", "first-block:", "first-block:abc", "first-block:0.2x", "first-block:-0.1",
+                         "first-block:nan", "first-block:inf", "first-block0.2", "fbc", "First-Block"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(cdf_cache_check(bad[i]), CDF_ERR_INVALID_ARG);
+        assert_non_null(strstr(cdf_last_error(), bad[i]));
+    }
+    assert_int_equal(cdf_cache_check("taylorseer"), CDF_ERR_UNSUPPORTED);
+    assert_int_equal(cdf_cache_check("mag:threshold=0.1"), CDF_ERR_UNSUPPORTED);
+    /* generate refuses them before any work, and a model without the cache */
+    cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
+    cdf_generate_params gp = cdf_generate_default_params();
+    gp.prompt = "a cat";
+    gp.height = gp.width = 32;
+    gp.num_inference_steps = 2;
+    gp.cache = "first-block:x";
+    cdf_image out;
+    assert_int_equal(cdf_pipeline_generate(pipe, &gp, &out), CDF_ERR_INVALID_ARG);
+    assert_non_null(strstr(cdf_last_error(), "first-block:x"));
+    cdf_pipeline_free(pipe);
+    pipe = load_tiny("sd35m_tiny");
+    gp.cache = "first-block";
+    assert_int_equal(cdf_pipeline_generate(pipe, &gp, &out), CDF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(cdf_last_error(), "FLUX.1 only"));
+    cdf_pipeline_free(pipe);
+}
+
+int main(void) {
+    struct CMUnitTest tests[sizeof k_cases / sizeof *k_cases + 3];
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++)
+        tests[n++] = (struct CMUnitTest){k_cases[i], test_case, NULL, NULL, (void *)k_cases[i]};
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_split_forward_is_exact);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_compiled_parts_never_recompile);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_cache_strings);
+    return _cmocka_run_group_tests("step_cache", tests, n, NULL, NULL);
+}
