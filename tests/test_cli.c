@@ -786,6 +786,41 @@ static void test_img2img_batch_outputs(void **state) {
     assert_int_not_equal(stat(p, &st), 0);
 }
 
+/* --cache: bad strings are usage errors before any work; the PNG text names the cache and the
+ * steps each image ran in full; CDIFFUSERS_LOG=cache prints every decision. */
+static void test_cache_option(void **state) {
+    (void)state;
+    case_dir c;
+    case_new(&c, "cache");
+    case_pipeline(&c, GOLDEN_SCHNELL, NULL);
+    const char *gen = "generate --model model --prompt fox --steps 4 --height 32 --width 32 --quiet";
+    int rc = run_cli(&c, NULL, "%s --cache first-block:bogus", gen);
+    expect(rc, RC_USAGE, "--cache", "first-block:bogus", "finite number");
+    rc = run_cli(&c, NULL, "%s --cache firstblock", gen);
+    expect(rc, RC_USAGE, "unknown cache 'firstblock'", "first-block[:THRESHOLD]");
+    rc = run_cli(&c, NULL, "%s --cache taylorseer", gen);
+    expect(rc, RC_USAGE, "not implemented");
+    expect_no_output(&c);
+    rc = run_cli(&c, NULL, "%s --cache first-block:0 --num-images 2", gen);
+    expect(rc, RC_OK, "");
+    for (int k = 0; k < 2; k++) {
+        char *p = png_parameters(&c, k ? "out-001.png" : "out-000.png");
+        assert_non_null(strstr(p, ", Cache: first-block:0, full steps 0,1,2,3 (4 of 4), "));
+        free(p);
+    }
+    rc = run_cli(&c, "CDIFFUSERS_LOG=cache", "%s --cache first-block:1e9 --output big.png", gen);
+    expect(rc, RC_OK, "cache: first-block cond call 0: change nan (first call)", "cond call 3: change",
+           "<= threshold 1e+09 -> skip");
+    char *p = png_parameters(&c, "big.png");
+    assert_non_null(strstr(p, ", Cache: first-block:1e+09, full steps 0 (1 of 4), "));
+    free(p);
+    rc = run_cli(&c, NULL, "%s --output none.png", gen);
+    expect(rc, RC_OK, "");
+    p = png_parameters(&c, "none.png");
+    assert_null(strstr(p, "Cache:"));
+    free(p);
+}
+
 /* ---- output path ------------------------------------------------------------------------------ */
 
 static void test_output_missing_folder(void **state) {
@@ -1172,6 +1207,7 @@ static void test_not_a_model(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_cache_option),
         cmocka_unit_test(test_steps_zero_negative),
         cmocka_unit_test(test_not_a_model),
         cmocka_unit_test(test_st_truncated),

@@ -129,7 +129,7 @@ static void run_case(const char *name) {
         free(f);
         free(ch);
     }
-    const char *rep = cdf_pipeline_cache_report(pipe);
+    const char *rep = cdf_pipeline_cache_report(pipe, 0);
     assert_non_null(rep);
     print_message("  %s report: %s\n", name, rep);
     assert_string_equal(rep, want_report);
@@ -199,15 +199,15 @@ static void test_split_forward_is_exact(void **state) {
         float *t0 = final_latents(pipe, "first-block:0", cfg, &n1);
         assert_int_equal(n0, n1);
         assert_memory_equal(plain, t0, (size_t)n0 * sizeof *plain);
-        assert_string_equal(cdf_pipeline_cache_report(pipe), cfg ? "first-block:0, full steps cond 0,1,2,3 (4 of 4), uncond 0,1,2,3 (4 of 4)"
+        assert_string_equal(cdf_pipeline_cache_report(pipe, 0), cfg ? "first-block:0, full steps cond 0,1,2,3 (4 of 4), uncond 0,1,2,3 (4 of 4)"
                                                                  : "first-block:0, full steps 0,1,2,3 (4 of 4)");
         float *big = final_latents(pipe, "first-block:1e9", cfg, &n2);
-        assert_string_equal(cdf_pipeline_cache_report(pipe), cfg ? "first-block:1e+09, full steps cond 0 (1 of 4), uncond 0 (1 of 4)"
+        assert_string_equal(cdf_pipeline_cache_report(pipe, 0), cfg ? "first-block:1e+09, full steps cond 0 (1 of 4), uncond 0 (1 of 4)"
                                                                   : "first-block:1e+09, full steps 0 (1 of 4)");
         assert_true(memcmp(plain, big, (size_t)n0 * sizeof *plain) != 0);
         float *none = final_latents(pipe, "none", cfg, &n2);
         assert_memory_equal(plain, none, (size_t)n0 * sizeof *plain);
-        assert_null(cdf_pipeline_cache_report(pipe));
+        assert_null(cdf_pipeline_cache_report(pipe, 0));
         free(plain), free(t0), free(big), free(none);
     }
     cdf_pipeline_free(pipe);
@@ -223,7 +223,7 @@ static void test_compiled_parts_never_recompile(void **state) {
     assert_int_equal(cdf_pipeline_compile(pipe, &o), CDF_OK);
     int64_t n;
     free(final_latents(pipe, "first-block:0.9", false, &n)); /* compiles head, tail and skip */
-    const char *rep = cdf_pipeline_cache_report(pipe);
+    const char *rep = cdf_pipeline_cache_report(pipe, 0);
     print_message("  %s\n", rep);
     assert_true(!strstr(rep, "(1 of 4)") && !strstr(rep, "(4 of 4)")); /* both tail and skip ran */
     cdf_exec_stats a, b, c;

@@ -86,11 +86,13 @@ cdf_status cdf_pipeline_single_file_model(const char *path, const char *config, 
 void cdf_pipeline_free(cdf_pipeline *p);
 /* "FluxPipeline", "StableDiffusion3Pipeline", "Flux2Pipeline". */
 const char *cdf_pipeline_class_name(const cdf_pipeline *p);
-/* The step cache of the last generated image: its name and threshold and which denoising steps
- * ran the whole transformer ("first-block:0.05, full steps 0,1,4,9 (4 of 10)"; with true CFG
- * per pass, "cond ..., uncond ..."). NULL when it ran without a cache. Owned by the pipeline,
- * valid until the next generate. */
-const char *cdf_pipeline_cache_report(const cdf_pipeline *p);
+/* The step cache of image `image` (0-based) of the last cdf_pipeline_generate /
+ * cdf_pipeline_generate_images call: its name and threshold and which denoising steps ran the
+ * whole transformer ("first-block:0.05, full steps 0,1,4,9 (4 of 10)"; with true CFG per pass,
+ * "cond ..., uncond ..."). Each image of a batch decides on its own (docs/step-caches.md). NULL
+ * when it ran without a cache (or no such image). Owned by the pipeline, valid until the next
+ * generate. */
+const char *cdf_pipeline_cache_report(const cdf_pipeline *p, int image);
 /* Checks a step-cache string (cdf_generate_params.cache) without a pipeline: CDF_OK, or the
  * error generate would give for it. */
 cdf_status cdf_cache_check(const char *cache);

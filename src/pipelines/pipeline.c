@@ -100,7 +100,8 @@ void cdf_pipeline_free(cdf_pipeline *p) {
         free(p->file_path[i]);
     }
     free(p->report.unused);
-    free(p->cache_report);
+    for (int i = 0; i < p->n_cache_reports; i++) free(p->cache_reports[i]);
+    free(p->cache_reports);
     free(p->dir);
     free(p);
 }
@@ -313,8 +314,6 @@ int cdf_generate_params_count(const cdf_generate_params *gp) {
 static cdf_status generate_one(cdf_pipeline *p, const cdf_generate_params *gp, int64_t row, int64_t rows, cdf_image *out) {
     p->batch_row = row;
     p->batch_rows = rows;
-    free(p->cache_report);
-    p->cache_report = NULL;
     cdf_pipe_generate_begin(p); /* offload.c: per-phase peaks */
     cdf_pipe_vae_tiling_resolve(p, gp);
     cdf_scope_push();
@@ -331,7 +330,19 @@ static cdf_status generate_one(cdf_pipeline *p, const cdf_generate_params *gp, i
     return s;
 }
 
-const char *cdf_pipeline_cache_report(const cdf_pipeline *p) { return p ? p->cache_report : NULL; }
+const char *cdf_pipeline_cache_report(const cdf_pipeline *p, int image) {
+    return p && image >= 0 && image < p->n_cache_reports ? p->cache_reports[image] : NULL;
+}
+
+/* A fresh report slot per image of the request (generate_one's image p->image_index fills it). */
+static cdf_status reset_cache_reports(cdf_pipeline *p, int n) {
+    for (int i = 0; i < p->n_cache_reports; i++) free(p->cache_reports[i]);
+    free(p->cache_reports);
+    p->n_cache_reports = p->image_index = 0;
+    if (!(p->cache_reports = calloc((size_t)n, sizeof *p->cache_reports))) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    p->n_cache_reports = n;
+    return CDF_OK;
+}
 
 cdf_status cdf_cache_check(const char *cache) {
     cdf_step_cache_config cfg;
@@ -360,6 +371,7 @@ cdf_status cdf_pipeline_generate(cdf_pipeline *p, const cdf_generate_params *par
     cdf_generate_params gp;
     CDF_TRY(prepare(p, params, &gp));
     if (gp.num_seeds == 1) gp.seed = gp.seeds[0];
+    CDF_TRY(reset_cache_reports(p, 1));
     return generate_one(p, &gp, 0, 1, out);
 }
 
@@ -383,13 +395,14 @@ cdf_status cdf_pipeline_generate_images(cdf_pipeline *p, const cdf_generate_para
     cdf_generate_params gp;
     CDF_TRY(prepare(p, params, &gp));
     cdf_tensor_map *user_cap = gp.capture, cap;
-    cdf_status s = CDF_OK;
+    cdf_status s = reset_cache_reports(p, n);
     /* Image by image (batch 1 each): with one generator, image k's noise is row k of the (n, ...)
      * tensor diffusers draws (the VAE sample of an input image is drawn once, before); with a
      * seed list each image has its own generator. */
     for (int k = 0; k < n && s == CDF_OK; k++) {
         cdf_generate_params gk = gp;
         if (gp.num_seeds > 0) gk.seed = gp.seeds[k];
+        p->image_index = k;
         cdf_tensor_map_init(&cap);
         if (user_cap) gk.capture = &cap;
         s = gp.num_seeds > 0 ? generate_one(p, &gk, 0, 1, &out[k]) : generate_one(p, &gk, k, n, &out[k]);

@@ -57,8 +57,10 @@ struct cdf_pipeline {
     int64_t batch_row, batch_rows;
     /* the running request's VAE tile in pixels (0: untiled), set by cdf_pipe_vae_tiling_resolve */
     int64_t vae_tile;
-    /* the last generate's step-cache report (step_cache.c; NULL: no cache) */
-    char *cache_report;
+    /* the last generate's step-cache report per image (step_cache.c; NULL: no cache), and the
+     * index of the image being generated */
+    char **cache_reports;
+    int n_cache_reports, image_index;
 };
 
 /* The class of model_index.json's entry `key` (["library", "Class"]): *cls = NULL when the

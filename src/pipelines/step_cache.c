@@ -166,8 +166,12 @@ void cdf_step_cache_finish(cdf_step_cache *sc, cdf_pipeline *p, const cdf_genera
             n += snprintf(rep + n, cap - (size_t)n, " (%d of %d)", full, ps->calls);
         }
     }
-    free(p->cache_report);
-    p->cache_report = rep;
+    if (p->image_index >= 0 && p->image_index < p->n_cache_reports) {
+        free(p->cache_reports[p->image_index]);
+        p->cache_reports[p->image_index] = rep;
+    } else {
+        free(rep);
+    }
     for (int k = 0; k < CDF_STEP_CACHE_PASSES; k++) {
         struct cdf_step_cache_pass *ps = &sc->pass[k];
         if (gp->capture && ps->calls) {

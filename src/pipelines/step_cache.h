@@ -41,7 +41,7 @@ void cdf_step_cache_init(cdf_step_cache *sc, const cdf_step_cache_config *cfg);
 cdf_status cdf_step_cache_predict(cdf_step_cache *sc, cdf_component *transformer, int pass, const cdf_tensor_map *in,
                                   cdf_tensor **sample);
 /* After a generation: the decisions under the capture keys cache_computed.<context> and
- * cache_change.<context> (f32 [calls]), the pipeline's report text (cdf_pipeline_cache_report),
+ * cache_change.<context> (f32 [calls]), the report text of image p->image_index (cdf_pipeline_cache_report),
  * and the state released. */
 void cdf_step_cache_finish(cdf_step_cache *sc, cdf_pipeline *p, const cdf_generate_params *gp);
 
