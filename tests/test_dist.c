@@ -846,6 +846,62 @@ static void test_inpaint_tp2_equals_single_process(void **state) {
     cdf_png_image_free(&b);
 }
 
+/* First Block Cache over 2 ranks (tests/data/golden/step_cache/fbc_dev_truecfg_64x64, diffusers'
+ * hook; true CFG: two cache contexts): every rank takes rank 0's decision, the steps computed in
+ * full are diffusers' (the PNG text names them), the latents within the TP tolerance of one
+ * process and the golden tolerance of diffusers', eager and compiled. */
+static void test_first_block_cache_tp2(void **state) {
+    (void)state;
+    if (!have_mpi()) skip();
+    const char *dir = tu_data("golden/step_cache/fbc_dev_truecfg_64x64");
+    char args[3000], one_png[1100], one_lat[1100], tp_png[1100], tp_lat[1100], golden[1200], path[1200];
+    snprintf(path, sizeof path, "%s/expected.json", dir);
+    char *txt = tu_read_file(path, NULL);
+    assert_non_null(txt);
+    cJSON *js = cJSON_Parse(txt);
+    free(txt);
+    /* the report diffusers' decisions make */
+    char want[512];
+    int n = snprintf(want, sizeof want, "Cache: first-block:%g, full steps", cJSON_GetObjectItem(js, "threshold")->valuedouble);
+    const cJSON *cs = cJSON_GetObjectItem(js, "computed_steps");
+    const char *ctx[2] = {"cond", "uncond"};
+    for (int c = 0; c < 2; c++) {
+        const cJSON *l = cJSON_GetObjectItem(cs, ctx[c]), *e;
+        assert_non_null(l);
+        n += snprintf(want + n, sizeof want - n, "%s%s ", c ? ", " : " ", ctx[c]);
+        int k = 0;
+        cJSON_ArrayForEach(e, l) n += snprintf(want + n, sizeof want - n, "%s%d", k++ ? "," : "", e->valueint);
+        n += snprintf(want + n, sizeof want - n, " (%d of %d)", k, cJSON_GetObjectItem(js, "steps_run")->valueint);
+    }
+    cJSON_Delete(js);
+    snprintf(args, sizeof args,
+             "--model '%s/flux1_dev_tiny' --prompt 'a red house by a lake' --negative-prompt blurry --true-cfg-scale 2 "
+             "--height 64 --width 64 --steps 10 --guidance 3.5 --max-sequence-length 32 --seed 8 --cache first-block:0.75 "
+             "--threads 1 --quiet --dtype f32 --force",
+             tu_data("pipelines"));
+    snprintf(one_png, sizeof one_png, "%s/fbc_one.png", tu_tmpdir());
+    snprintf(one_lat, sizeof one_lat, "%s/fbc_one.safetensors", tu_tmpdir());
+    snprintf(golden, sizeof golden, "%s/expected.safetensors", dir);
+    assert_int_equal(tu_system("'%s' generate %s --output '%s' --latents-out '%s'", CDF_CLI_PATH, args, one_png, one_lat), 0);
+    const char *modes[2] = {"", "--mode compile"};
+    for (int m = 0; m < 2; m++) {
+        snprintf(tp_png, sizeof tp_png, "%s/fbc_tp%d.png", tu_tmpdir(), m);
+        snprintf(tp_lat, sizeof tp_lat, "%s/fbc_tp%d.safetensors", tu_tmpdir(), m);
+        int rc = tu_system(MPIRUN " -np 2%s '%s' generate %s %s --output '%s' --latents-out '%s' --tp 2 --tp-replicate text_encoder_2",
+                           mpi_env(), CDF_CLI_PATH, args, modes[m], tp_png, tp_lat);
+        assert_int_equal(rc, 0);
+        expect_tp_latents(one_lat, tp_lat, golden);
+        const char *pngs[2] = {one_png, tp_png};
+        for (int i = 0; i < 2; i++) {
+            cdf_png_image a;
+            assert_int_equal(cdf_png_read(pngs[i], &a), CDF_OK);
+            const char *t = cdf_png_image_text(&a, "parameters");
+            if (!t || !strstr(t, want)) fail_msg("%s: parameters lack '%s':\n%s", pngs[i], want, t ? t : "(none)");
+            cdf_png_image_free(&a);
+        }
+    }
+}
+
 /* T5 sharded over 2 ranks (heads and FFN; two all-reduces per block). The tiny pipelines' T5s
  * have 3 heads and stay whole in the generate cases above, so this runs the golden 4-head
  * t5_tiny through `run-model --tp 2`: output equal to one process and to transformers' within
@@ -931,6 +987,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_flux_tp2_equals_single_process),
         cmocka_unit_test(test_sd3_tp2_equals_single_process),
         cmocka_unit_test(test_quantized_tp2_equals_single_process), cmocka_unit_test(test_inpaint_tp2_equals_single_process),
+        cmocka_unit_test(test_first_block_cache_tp2),
         cmocka_unit_test(test_t5_tp2_run_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cdiffusers/dist.h"
 #include "core/error_internal.h"
 #include "pipelines/pipeline_impl.h"
 #include "tensor/tensor_impl.h"
@@ -76,8 +77,13 @@ static cdf_status relative_change(cdf_tensor *r, cdf_tensor *prev, float *change
     cdf_tensor *p = cdf_reshape(cdf_contiguous(prev), 1, flat);
     cdf_tensor *num = cdf_mean(cdf_maximum(d, cdf_neg(d)), 0, true), *den = cdf_mean(cdf_maximum(p, cdf_neg(p)), 0, true);
     cdf_tensor *ratio = cdf_div(num, den);
-    float *v = ratio ? cdf_tensor_read_f32(ratio) : NULL;
-    cdf_status s = v ? CDF_OK : status_or_internal();
+    cdf_status s = ratio ? CDF_OK : status_or_internal();
+    /* tensor parallelism: every rank holds the whole (all-reduced) residual, but its sums may
+     * round differently per rank: rank 0's value decides for all, so no rank skips alone */
+    cdf_device_mesh *mesh = cdf_tp_mesh();
+    if (s == CDF_OK && mesh && cdf_device_mesh_size(mesh) > 1) s = cdf_dist_broadcast(cdf_device_mesh_group(mesh), ratio, 0);
+    float *v = s == CDF_OK ? cdf_tensor_read_f32(ratio) : NULL;
+    if (s == CDF_OK && !v) s = status_or_internal();
     if (v) *change = v[0];
     free(v);
     cdf_scope_pop(NULL, 0);
