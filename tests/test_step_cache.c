@@ -38,17 +38,20 @@ static double cmp_block(cdf_tensor *t, cdf_st_file *gf, const char *gkey, int64_
     return d;
 }
 
-static cdf_pipeline *load_tiny(const char *folder) {
+static cdf_pipeline *load_tiny_offload(const char *folder, cdf_offload_mode offload) {
     char dir[1200];
     snprintf(dir, sizeof dir, "%s/%s", tu_data("pipelines"), folder);
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
     lp.weight_dtype = CDF_F32; /* diffusers ran in float32 */
+    lp.offload = offload;
     cdf_pipeline *pipe = NULL;
     if (cdf_pipeline_load(dir, &lp, &pipe) != CDF_OK) fail_msg("load %s: %s", dir, cdf_last_error());
     return pipe;
 }
 
-static void run_case(const char *name) {
+static cdf_pipeline *load_tiny(const char *folder) { return load_tiny_offload(folder, CDF_OFFLOAD_NONE); }
+
+static void run_case(const char *name, cdf_offload_mode offload) {
     char dir[1024], path[1200], spec[64];
     snprintf(dir, sizeof dir, "%s/golden/step_cache/%s", tu_data(""), name);
     snprintf(path, sizeof path, "%s/expected.json", dir);
@@ -84,7 +87,7 @@ static void run_case(const char *name) {
         img = (cdf_image){.width = png.width, .height = png.height, .channels = png.channels, .pixels = png.pixels};
         gp.image = &img;
     }
-    cdf_pipeline *pipe = load_tiny(strrchr(cJSON_GetObjectItem(js, "folder")->valuestring, '/') + 1);
+    cdf_pipeline *pipe = load_tiny_offload(strrchr(cJSON_GetObjectItem(js, "folder")->valuestring, '/') + 1, offload);
     cdf_tensor_map cap;
     cdf_tensor_map_init(&cap);
     gp.capture = &cap;
@@ -158,7 +161,7 @@ static void run_case(const char *name) {
     cJSON_Delete(js);
 }
 
-static void test_case(void **state) { run_case((const char *)*state); }
+static void test_case(void **state) { run_case((const char *)*state, CDF_OFFLOAD_NONE); }
 
 /* final latents of a small dev run with the given cache string (NULL = none) */
 static float *final_latents(cdf_pipeline *pipe, const char *cache, bool true_cfg, int64_t *n) {
@@ -185,6 +188,37 @@ static float *final_latents(cdf_pipeline *pipe, const char *cache, bool true_cfg
     cdf_image_free(&out);
     cdf_tensor_map_clear(&cap);
     return v;
+}
+
+/* Model and sequential offload (the transformer's blocks host-side, materialised per block call)
+ * run the same parts: diffusers' decisions and latents. */
+static void test_offload(void **state) {
+    (void)state;
+    run_case("fbc_dev_truecfg_64x64", CDF_OFFLOAD_MODEL);
+    run_case("fbc_dev_truecfg_64x64", CDF_OFFLOAD_SEQUENTIAL);
+}
+
+/* LoRA (run-time and fused): threshold 0 through the split forward equals the uncached run with
+ * the adapter bit for bit; a huge threshold changes the result. */
+static void test_lora(void **state) {
+    (void)state;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/lora/pipe_flux_te_peft.safetensors", CDF_TEST_DATA); /* transformer + text encoder */
+    for (int mode = 0; mode < 2; mode++) {
+        cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
+        cdf_lora_params lp = cdf_lora_default_params();
+        lp.mode = mode ? CDF_LORA_FUSE : CDF_LORA_RUNTIME;
+        lp.scale = 0.7f;
+        if (cdf_pipeline_load_lora(pipe, path, &lp, NULL) != CDF_OK) fail_msg("lora: %s", cdf_last_error());
+        int64_t n0, n1, n2;
+        float *plain = final_latents(pipe, NULL, true, &n0), *t0 = final_latents(pipe, "first-block:0", true, &n1);
+        float *big = final_latents(pipe, "first-block:1e9", true, &n2);
+        assert_int_equal(n0, n1);
+        assert_memory_equal(plain, t0, (size_t)n0 * sizeof *plain);
+        assert_true(memcmp(plain, big, (size_t)n0 * sizeof *plain) != 0);
+        free(plain), free(t0), free(big);
+        cdf_pipeline_free(pipe);
+    }
 }
 
 /* Threshold 0: every call computes (a change is > 0), through fbc_head + fbc_tail: the same
@@ -276,11 +310,13 @@ static void test_bad_cache_strings(void **state) {
 }
 
 int main(void) {
-    struct CMUnitTest tests[sizeof k_cases / sizeof *k_cases + 3];
+    struct CMUnitTest tests[sizeof k_cases / sizeof *k_cases + 5];
     size_t n = 0;
     for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++)
         tests[n++] = (struct CMUnitTest){k_cases[i], test_case, NULL, NULL, (void *)k_cases[i]};
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_split_forward_is_exact);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_offload);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_lora);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_compiled_parts_never_recompile);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_cache_strings);
     return _cmocka_run_group_tests("step_cache", tests, n, NULL, NULL);
