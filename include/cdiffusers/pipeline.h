@@ -301,6 +301,7 @@ typedef struct cdf_memory_plan {
         uint64_t weights_bytes, activation_bytes, peak_bytes;
     } phase[CDF_PHASE_COUNT];
     uint64_t peak_bytes;          /* the largest phase */
+    uint64_t cache_bytes;         /* gp->cache's state kept across steps (in the denoising phase's activations) */
     uint64_t total_weights_bytes; /* every model */
     uint64_t largest_weights_bytes;
     /* the transformer's repeated blocks (with SEQUENTIAL only the block running is resident) */
