@@ -856,10 +856,7 @@ static void test_first_block_cache_tp2(void **state) {
     const char *dir = tu_data("golden/step_cache/fbc_dev_truecfg_64x64");
     char args[3000], one_png[1100], one_lat[1100], tp_png[1100], tp_lat[1100], golden[1200], path[1200];
     snprintf(path, sizeof path, "%s/expected.json", dir);
-    char *txt = tu_read_file(path, NULL);
-    assert_non_null(txt);
-    cJSON *js = cJSON_Parse(txt);
-    free(txt);
+    cJSON *js = tu_read_json(path);
     /* the report diffusers' decisions make */
     char want[512];
     int n = snprintf(want, sizeof want, "Cache: first-block:%g, full steps", cJSON_GetObjectItem(js, "threshold")->valuedouble);

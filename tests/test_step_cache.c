@@ -20,7 +20,6 @@
 #include "cdiffusers/cdiffusers.h"
 #include "nn/nn.h"
 
-static const char *const k_cases[] = {"fbc_dev_64x64", "fbc_dev_truecfg_64x64", "fbc_schnell_48x80", "fbc_img2img_s08_64x64"};
 
 static double cmp_block(cdf_tensor *t, cdf_st_file *gf, const char *gkey, int64_t block) {
     const cdf_st_tensor *g = cdf_st_find(gf, gkey);
@@ -55,12 +54,7 @@ static void run_case(const char *name, cdf_offload_mode offload) {
     char dir[1024], path[1200], spec[64];
     snprintf(dir, sizeof dir, "%s/golden/step_cache/%s", tu_data(""), name);
     snprintf(path, sizeof path, "%s/expected.json", dir);
-    size_t len;
-    char *txt = tu_read_file(path, &len);
-    assert_non_null(txt);
-    cJSON *js = cJSON_Parse(txt);
-    free(txt);
-    assert_non_null(js);
+    cJSON *js = tu_read_json(path);
     const cJSON *call = cJSON_GetObjectItem(js, "call");
     cdf_generate_params gp = cdf_generate_default_params();
     gp.prompt = cJSON_GetObjectItem(call, "prompt")->valuestring;
@@ -161,17 +155,22 @@ static void run_case(const char *name, cdf_offload_mode offload) {
     cJSON_Delete(js);
 }
 
-static void test_case(void **state) { run_case((const char *)*state, CDF_OFFLOAD_NONE); }
+static void test_fbc_dev(void **state) { (void)state, run_case("fbc_dev_64x64", CDF_OFFLOAD_NONE); }
+static void test_fbc_dev_truecfg(void **state) { (void)state, run_case("fbc_dev_truecfg_64x64", CDF_OFFLOAD_NONE); }
+static void test_fbc_schnell(void **state) { (void)state, run_case("fbc_schnell_48x80", CDF_OFFLOAD_NONE); }
+static void test_fbc_img2img(void **state) { (void)state, run_case("fbc_img2img_s08_64x64", CDF_OFFLOAD_NONE); }
+
+/* 4 steps at 32x32 of "a cat", seed 3 */
+static cdf_generate_params small_request(const char *cache) {
+    cdf_generate_params gp = cdf_generate_default_params();
+    gp.prompt = "a cat", gp.seed = 3, gp.cache = cache;
+    gp.height = gp.width = 32, gp.num_inference_steps = 4, gp.max_sequence_length = 16;
+    return gp;
+}
 
 /* final latents of a small dev run with the given cache string (NULL = none) */
 static float *final_latents(cdf_pipeline *pipe, const char *cache, bool true_cfg, int64_t *n) {
-    cdf_generate_params gp = cdf_generate_default_params();
-    gp.prompt = "a cat";
-    gp.height = gp.width = 32;
-    gp.num_inference_steps = 4;
-    gp.max_sequence_length = 16;
-    gp.seed = 3;
-    gp.cache = cache;
+    cdf_generate_params gp = small_request(cache);
     if (true_cfg) {
         gp.negative_prompt = "a dog";
         gp.true_cfg_scale = 1.5f;
@@ -293,11 +292,7 @@ static void test_bad_cache_strings(void **state) {
     assert_int_equal(cdf_cache_check("mag:threshold=0.1"), CDF_ERR_UNSUPPORTED);
     /* generate refuses them before any work, and a model without the cache */
     cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
-    cdf_generate_params gp = cdf_generate_default_params();
-    gp.prompt = "a cat";
-    gp.height = gp.width = 32;
-    gp.num_inference_steps = 2;
-    gp.cache = "first-block:x";
+    cdf_generate_params gp = small_request("first-block:x");
     cdf_image out;
     assert_int_equal(cdf_pipeline_generate(pipe, &gp, &out), CDF_ERR_INVALID_ARG);
     assert_non_null(strstr(cdf_last_error(), "first-block:x"));
@@ -310,14 +305,12 @@ static void test_bad_cache_strings(void **state) {
 }
 
 int main(void) {
-    struct CMUnitTest tests[sizeof k_cases / sizeof *k_cases + 5];
-    size_t n = 0;
-    for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++)
-        tests[n++] = (struct CMUnitTest){k_cases[i], test_case, NULL, NULL, (void *)k_cases[i]};
-    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_split_forward_is_exact);
-    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_offload);
-    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_lora);
-    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_compiled_parts_never_recompile);
-    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_cache_strings);
-    return _cmocka_run_group_tests("step_cache", tests, n, NULL, NULL);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fbc_dev),          cmocka_unit_test(test_fbc_dev_truecfg),
+        cmocka_unit_test(test_fbc_schnell),      cmocka_unit_test(test_fbc_img2img),
+        cmocka_unit_test(test_split_forward_is_exact), cmocka_unit_test(test_offload),
+        cmocka_unit_test(test_lora),             cmocka_unit_test(test_compiled_parts_never_recompile),
+        cmocka_unit_test(test_bad_cache_strings),
+    };
+    return cmocka_run_group_tests_name("step_cache", tests, NULL, NULL);
 }

@@ -17,7 +17,6 @@ at least MARGIN away from its threshold (checked; a float rounding cannot flip a
 usage: /work/venv39/bin/python tools/make-step-cache-golden/make_golden.py [OUT_DIR]
        (default OUT_DIR: tests/data/golden/step_cache)
 """
-import hashlib
 import importlib.util
 import json
 import os
@@ -120,16 +119,7 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     fl = dict(prompt="a red house by a lake", guidance_scale=3.5, max_sequence_length=32)
     CASES(fl)
-    man = {}
-    for dp, _, fs in os.walk(OUT):
-        for f in sorted(fs):
-            if f == "manifest.json" or f == "README.md":
-                continue
-            p = os.path.join(dp, f)
-            man[os.path.relpath(p, OUT)] = {"size": os.path.getsize(p),
-                                            "sha256": hashlib.sha256(open(p, "rb").read()).hexdigest()}
-    with open(os.path.join(OUT, "manifest.json"), "w") as f:
-        json.dump(dict(sorted(man.items())), f, indent=1)
+
 
 
 def CASES(fl):
