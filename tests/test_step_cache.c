@@ -51,7 +51,7 @@ static cdf_pipeline *load_tiny_offload(const char *folder, cdf_offload_mode offl
 static cdf_pipeline *load_tiny(const char *folder) { return load_tiny_offload(folder, CDF_OFFLOAD_NONE); }
 
 static void run_case(const char *name, cdf_offload_mode offload) {
-    char dir[1024], path[1200], spec[64];
+    char dir[1024], path[1200], spec[256];
     snprintf(dir, sizeof dir, "%s/golden/step_cache/%s", tu_data(""), name);
     snprintf(path, sizeof path, "%s/expected.json", dir);
     cJSON *js = tu_read_json(path);
@@ -69,8 +69,25 @@ static void run_case(const char *name, cdf_offload_mode offload) {
     if (strength) gp.strength = (float)strength->valuedouble;
     gp.max_sequence_length = cJSON_GetObjectItem(call, "max_sequence_length")->valueint;
     gp.seed = (uint64_t)cJSON_GetObjectItem(js, "seeds")->valuedouble;
-    const double threshold = cJSON_GetObjectItem(js, "threshold")->valuedouble;
-    snprintf(spec, sizeof spec, "first-block:%.17g", threshold);
+    /* the cache string, and the report's head the decisions must follow */
+    const cJSON *mag = cJSON_GetObjectItem(js, "mag");
+    char want_report[1024];
+    int wn;
+    if (cJSON_IsObject(mag)) {
+        /* MagCacheConfig's defaults where the case sets none */
+        const cJSON *t = cJSON_GetObjectItem(mag, "threshold"), *k = cJSON_GetObjectItem(mag, "max_skip_steps"),
+                    *r = cJSON_GetObjectItem(mag, "retention_ratio"), *n = cJSON_GetObjectItem(mag, "num_inference_steps");
+        const double th = t ? t->valuedouble : 0.06, rr = r ? r->valuedouble : 0.2;
+        const int ks = k ? k->valueint : 3;
+        snprintf(spec, sizeof spec, "mag:threshold=%.17g,max_skip_steps=%d,retention_ratio=%.17g,num_inference_steps=%d", th, ks, rr,
+                 n->valueint);
+        wn = snprintf(want_report, sizeof want_report, "mag:threshold=%g,max_skip_steps=%d,retention_ratio=%g,num_inference_steps=%d, "
+                      "full steps", th, ks, rr, n->valueint);
+    } else {
+        const double threshold = cJSON_GetObjectItem(js, "threshold")->valuedouble;
+        snprintf(spec, sizeof spec, "first-block:%.17g", threshold);
+        wn = snprintf(want_report, sizeof want_report, "first-block:%g, full steps", threshold);
+    }
     gp.cache = spec;
     cdf_png_image png = {0};
     cdf_image img;
@@ -91,8 +108,6 @@ static void run_case(const char *name, cdf_offload_mode offload) {
     /* decisions, per context in call order */
     const cJSON *decisions = cJSON_GetObjectItem(js, "decisions");
     const char *ctxs[2] = {"cond", "uncond"};
-    char want_report[1024];
-    int wn = snprintf(want_report, sizeof want_report, "first-block:%g, full steps", threshold);
     const bool two = cJSON_GetObjectItem(cJSON_GetObjectItem(js, "computed_steps"), "uncond") != NULL;
     for (int c = 0; c < 2; c++) {
         char key[64];
@@ -105,7 +120,9 @@ static void run_case(const char *name, cdf_offload_mode offload) {
         bool first = true;
         const cJSON *d;
         cJSON_ArrayForEach(d, decisions) {
-            if (strcmp(cJSON_GetObjectItem(d, "context")->valuestring, ctxs[c]) != 0) continue;
+            /* MagCache without a pipeline context (img2img) names its one context "inference" */
+            const char *dc = cJSON_GetObjectItem(d, "context")->valuestring;
+            if (strcmp(strcmp(dc, "inference") == 0 ? "cond" : dc, ctxs[c]) != 0) continue;
             if (first) wn += snprintf(want_report + wn, sizeof want_report - wn, "%s%s%s", c ? ", " : " ", two ? ctxs[c] : "", two ? " " : "");
             first = false;
             assert_non_null(f);
@@ -116,7 +133,7 @@ static void run_case(const char *name, cdf_offload_mode offload) {
                           cJSON_IsNumber(gc) ? gc->valuedouble : NAN, f[k] != 0 ? "full" : "skip", want ? "full" : "skip");
             if ((f[k] != 0) != want) fail_msg("%s %s call %d: %s, diffusers %s", name, ctxs[c], k, f[k] != 0 ? "full" : "skipped", want ? "full" : "skipped");
             if (cJSON_IsNumber(gc)) assert_true(fabs(ch[k] - gc->valuedouble) <= 1e-3);
-            else assert_true(isnan(ch[k]));
+            else if (!cJSON_IsObject(mag)) assert_true(isnan(ch[k])); /* FBC's first call (MagCache records no change) */
             if (want) wn += snprintf(want_report + wn, sizeof want_report - wn, "%s%d", full++ ? "," : "", k);
             k++;
         }
@@ -159,6 +176,10 @@ static void test_fbc_dev(void **state) { (void)state, run_case("fbc_dev_64x64", 
 static void test_fbc_dev_truecfg(void **state) { (void)state, run_case("fbc_dev_truecfg_64x64", CDF_OFFLOAD_NONE); }
 static void test_fbc_schnell(void **state) { (void)state, run_case("fbc_schnell_48x80", CDF_OFFLOAD_NONE); }
 static void test_fbc_img2img(void **state) { (void)state, run_case("fbc_img2img_s08_64x64", CDF_OFFLOAD_NONE); }
+static void test_mag_dev(void **state) { (void)state, run_case("mag_dev_64x64", CDF_OFFLOAD_NONE); }
+static void test_mag_dev_truecfg_fields(void **state) { (void)state, run_case("mag_dev_truecfg_fields_64x64", CDF_OFFLOAD_NONE); }
+static void test_mag_schnell_28steps(void **state) { (void)state, run_case("mag_schnell_28steps_48x80", CDF_OFFLOAD_NONE); }
+static void test_mag_img2img(void **state) { (void)state, run_case("mag_img2img_s08_64x64", CDF_OFFLOAD_NONE); }
 
 /* 4 steps at 32x32 of "a cat", seed 3 */
 static cdf_generate_params small_request(const char *cache) {
@@ -195,6 +216,7 @@ static void test_offload(void **state) {
     (void)state;
     run_case("fbc_dev_truecfg_64x64", CDF_OFFLOAD_MODEL);
     run_case("fbc_dev_truecfg_64x64", CDF_OFFLOAD_SEQUENTIAL);
+    run_case("mag_dev_truecfg_fields_64x64", CDF_OFFLOAD_SEQUENTIAL);
 }
 
 /* LoRA (run-time and fused): threshold 0 through the split forward equals the uncached run with
@@ -288,8 +310,17 @@ static void test_bad_cache_strings(void **state) {
         assert_int_equal(cdf_cache_check(bad[i]), CDF_ERR_INVALID_ARG);
         assert_non_null(strstr(cdf_last_error(), bad[i]));
     }
+    assert_int_equal(cdf_cache_check("mag"), CDF_OK);
+    assert_int_equal(cdf_cache_check("mag:threshold=0.1,max_skip_steps=2,retention_ratio=0,num_inference_steps=28"), CDF_OK);
+    const char *bad_mag[] = {"mag:", "mag:threshold", "mag:threshold=", "mag:threshold=x", "mag:threshold=-1", "mag:foo=1",
+                             "mag:max_skip_steps=1.5", "mag:num_inference_steps=0", "mag:threshold=0.1,", "magic"};
+    for (size_t i = 0; i < sizeof bad_mag / sizeof *bad_mag; i++) {
+        assert_int_equal(cdf_cache_check(bad_mag[i]), CDF_ERR_INVALID_ARG);
+        assert_non_null(strstr(cdf_last_error(), bad_mag[i]));
+    }
+    assert_int_equal(cdf_cache_check("mag:calibrate=1"), CDF_ERR_UNSUPPORTED);
     assert_int_equal(cdf_cache_check("taylorseer"), CDF_ERR_UNSUPPORTED);
-    assert_int_equal(cdf_cache_check("mag:threshold=0.1"), CDF_ERR_UNSUPPORTED);
+    assert_int_equal(cdf_cache_check("mag:mag_ratios=1"), CDF_ERR_UNSUPPORTED);
     /* generate refuses them before any work, and a model without the cache */
     cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
     cdf_generate_params gp = small_request("first-block:x");
@@ -308,6 +339,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fbc_dev),          cmocka_unit_test(test_fbc_dev_truecfg),
         cmocka_unit_test(test_fbc_schnell),      cmocka_unit_test(test_fbc_img2img),
+        cmocka_unit_test(test_mag_dev),          cmocka_unit_test(test_mag_dev_truecfg_fields),
+        cmocka_unit_test(test_mag_schnell_28steps), cmocka_unit_test(test_mag_img2img),
         cmocka_unit_test(test_split_forward_is_exact), cmocka_unit_test(test_offload),
         cmocka_unit_test(test_lora),             cmocka_unit_test(test_compiled_parts_never_recompile),
         cmocka_unit_test(test_bad_cache_strings),

@@ -174,7 +174,7 @@ cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf
     /* 4. denoising loop */
     cdf_step_cache_config cache_cfg;
     if (s == CDF_OK) s = cdf_step_cache_parse(gp->cache, &cache_cfg); /* checked by validate() */
-    if (s == CDF_OK) cdf_step_cache_init(&fs.cache, &cache_cfg);
+    if (s == CDF_OK) s = cdf_step_cache_init(&fs.cache, &cache_cfg, N);
     if (s == CDF_OK) s = cdf_pipe_denoise(p, gp, &loop);
     cdf_step_cache_finish(&fs.cache, p, gp);
     cdf_scheduler_free(sched);

@@ -291,7 +291,7 @@ static cdf_status validate(const cdf_pipeline *p, const cdf_generate_params *gp)
     cdf_step_cache_config cache;
     CDF_TRY(cdf_step_cache_parse(gp->cache, &cache));
     if (cache.kind != CDF_STEP_CACHE_NONE && p->kind != CDF_PIPE_FLUX)
-        return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': the first-block cache runs on FLUX.1 only (%s; docs/step-caches.md)",
+        return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': the step caches run on FLUX.1 only (%s; docs/step-caches.md)",
                          gp->cache, p->class_name);
     if (gp->image && p->kind != CDF_PIPE_FLUX2 && cdf_pipe_t_start(gp->num_inference_steps, gp->strength) >= gp->num_inference_steps)
         return cdf_error(CDF_ERR_INVALID_ARG, "strength %g leaves no denoising step of %d", (double)gp->strength,

@@ -890,16 +890,18 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
     held[CDF_PHASE_DENOISE] = ht.after_text + latent * (4 + 2 * B);
     /* + the final latents and the scaled decoder input */
     held[CDF_PHASE_DECODE] = ht.after_text + latent * 4;
-    /* First Block Cache (step_cache.c): per pass the previous head residual and the tail residual
+    /* Step caches (step_cache.c). First Block Cache: per pass the previous head residual and the tail residual
      * ([1, tokens, width] f32 each) for the whole loop; during a computed step also the new head
      * residual, the head output the tail residual is taken from and the new tail residual */
     cdf_step_cache_config cache;
     CDF_TRY(cdf_step_cache_parse(gp.cache, &cache));
     out->cache_bytes = 0;
-    if (cache.kind == CDF_STEP_CACHE_FIRST_BLOCK && pp.kind == PK_FLUX) {
-        const double tokens = (double)(gp.height / (2 * vsf)) * (gp.width / (2 * vsf));
-        out->cache_bytes = (uint64_t)(2.0 * passes * tokens * (double)tr->info.width * 4.0);
-        held[CDF_PHASE_DENOISE] += (2.0 * passes + 3.0) * tokens * (double)tr->info.width;
+    if (cache.kind != CDF_STEP_CACHE_NONE && pp.kind == PK_FLUX) {
+        /* MagCache: per pass one residual (tail output - embedded latents); during a computed
+         * step also the embedded latents and the new residual */
+        const double tokens = (double)(gp.height / (2 * vsf)) * (gp.width / (2 * vsf)), kept = cache.kind == CDF_STEP_CACHE_MAG ? 1 : 2;
+        out->cache_bytes = (uint64_t)(kept * passes * tokens * (double)tr->info.width * 4.0);
+        held[CDF_PHASE_DENOISE] += (kept * passes + (kept == 1 ? 2.0 : 3.0)) * tokens * (double)tr->info.width;
     }
 
     for (int ph = 0; ph < CDF_PHASE_COUNT; ph++) {

@@ -1,5 +1,6 @@
-/* diffusers' First Block Cache (hooks/first_block_cache.py, 0.42.1) around the FLUX.1
- * transformer's fbc_head / fbc_tail / fbc_skip methods; docs/step-caches.md. */
+/* diffusers' First Block Cache (hooks/first_block_cache.py, 0.42.1) and MagCache (mag_cache.py)
+ * around the FLUX.1 transformer's fbc_head / fbc_tail / fbc_skip / cache_embed methods;
+ * docs/step-caches.md. */
 #include "pipelines/step_cache.h"
 
 #include <math.h>
@@ -15,6 +16,44 @@
 static const char *const k_context[CDF_STEP_CACHE_PASSES] = {"cond", "uncond"};
 
 static cdf_status status_or_internal(void) { return cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL; }
+
+/* "key=value,key=value" of MagCacheConfig's fields into cfg. */
+static cdf_status parse_mag_fields(const char *spec, const char *p, cdf_step_cache_config *cfg) {
+    if (!*p) return cdf_error(CDF_ERR_INVALID_ARG, "cache '%s': nothing after 'mag:' (key=value,...)", spec);
+    while (*p) {
+        const char *comma = strchr(p, ','), *end = comma ? comma : p + strlen(p), *eq = memchr(p, '=', (size_t)(end - p));
+        char key[32], val[64];
+        if (!eq || eq == p || (size_t)(eq - p) >= sizeof key || (size_t)(end - eq - 1) >= sizeof val || end == eq + 1)
+            return cdf_error(CDF_ERR_INVALID_ARG, "cache '%s': '%.*s' is not key=value (MagCacheConfig fields: threshold, "
+                             "max_skip_steps, retention_ratio, num_inference_steps)", spec, (int)(end - p), p);
+        snprintf(key, sizeof key, "%.*s", (int)(eq - p), p);
+        snprintf(val, sizeof val, "%.*s", (int)(end - eq - 1), eq + 1);
+        char *vend = NULL;
+        const double v = strtod(val, &vend);
+        const bool num = vend && !*vend && isfinite(v);
+        const bool is_int = num && v == floor(v) && v >= 0 && v <= 1000000;
+        if (strcmp(key, "threshold") == 0 && num && v >= 0) cfg->threshold = v;
+        else if (strcmp(key, "retention_ratio") == 0 && num && v >= 0) cfg->retention_ratio = v;
+        else if (strcmp(key, "max_skip_steps") == 0 && is_int) cfg->max_skip_steps = (int)v;
+        else if (strcmp(key, "num_inference_steps") == 0 && is_int && v >= 1) cfg->num_inference_steps = (int)v;
+        else if (strcmp(key, "mag_ratios") == 0 || strcmp(key, "calibrate") == 0)
+            return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': MagCacheConfig.%s is not supported (the ratios are diffusers' "
+                             "FLUX_MAG_RATIOS)", spec, key);
+        else if (strcmp(key, "threshold") == 0 || strcmp(key, "retention_ratio") == 0 || strcmp(key, "max_skip_steps") == 0 ||
+                 strcmp(key, "num_inference_steps") == 0)
+            return cdf_error(CDF_ERR_INVALID_ARG, "cache '%s': %s must be a %s, got '%s'", spec, key,
+                             key[0] == 't' || key[0] == 'r' ? "finite number >= 0"
+                             : key[0] == 'm'                ? "whole number >= 0"
+                                                            : "whole number >= 1",
+                             val);
+        else
+            return cdf_error(CDF_ERR_INVALID_ARG, "cache '%s': unknown MagCacheConfig field '%s' (threshold, max_skip_steps, "
+                             "retention_ratio, num_inference_steps)", spec, key);
+        p = comma ? comma + 1 : end;
+        if (comma && !*p) return cdf_error(CDF_ERR_INVALID_ARG, "cache '%s': trailing ','", spec);
+    }
+    return CDF_OK;
+}
 
 cdf_status cdf_step_cache_parse(const char *spec, cdf_step_cache_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -36,15 +75,48 @@ cdf_status cdf_step_cache_parse(const char *spec, cdf_step_cache_config *cfg) {
         cfg->threshold = t;
         return CDF_OK;
     }
-    if (strncmp(spec, "taylorseer", 10) == 0 || strncmp(spec, "mag", 3) == 0)
-        return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': TaylorSeer and MagCache are not implemented yet (only "
-                         "first-block[:THRESHOLD]; docs/step-caches.md)", spec);
-    return cdf_error(CDF_ERR_INVALID_ARG, "unknown cache '%s' (known: none, first-block[:THRESHOLD])", spec);
+    if (strncmp(spec, "mag", 3) == 0 && (spec[3] == '\0' || spec[3] == ':')) {
+        cfg->kind = CDF_STEP_CACHE_MAG; /* MagCacheConfig's defaults */
+        cfg->threshold = 0.06;
+        cfg->max_skip_steps = 3;
+        cfg->retention_ratio = 0.2;
+        cdf_status s = spec[3] ? parse_mag_fields(spec, spec + 4, cfg) : CDF_OK;
+        if (s != CDF_OK) memset(cfg, 0, sizeof *cfg);
+        return s;
+    }
+    if (strncmp(spec, "taylorseer", 10) == 0)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': TaylorSeer is not implemented yet (only first-block[:THRESHOLD] "
+                         "and mag[:key=value,...]; docs/step-caches.md)", spec);
+    return cdf_error(CDF_ERR_INVALID_ARG, "unknown cache '%s' (known: none, first-block[:THRESHOLD], mag[:key=value,...])", spec);
 }
 
-void cdf_step_cache_init(cdf_step_cache *sc, const cdf_step_cache_config *cfg) {
+/* diffusers' hooks/mag_cache.py FLUX_MAG_RATIOS (torch.tensor: float32) */
+static const float k_flux_mag_ratios[28] = {1.0f,     1.21094f, 1.11719f, 1.07812f, 1.0625f,  1.03906f, 1.03125f,
+                                            1.03906f, 1.02344f, 1.03125f, 1.02344f, 0.98047f, 1.01562f, 1.00781f,
+                                            1.0f,     1.00781f, 1.0f,     1.00781f, 1.0f,     1.0f,     0.99609f,
+                                            0.99609f, 0.98047f, 0.98828f, 0.96484f, 0.95703f, 0.93359f, 0.89062f};
+
+cdf_status cdf_step_cache_init(cdf_step_cache *sc, const cdf_step_cache_config *cfg, int num_steps) {
     memset(sc, 0, sizeof *sc);
     sc->cfg = *cfg;
+    for (int k = 0; k < CDF_STEP_CACHE_PASSES; k++) sc->pass[k].acc_ratio = 1.0f;
+    if (cfg->kind != CDF_STEP_CACHE_MAG) return CDF_OK;
+    if (sc->cfg.num_inference_steps <= 0) sc->cfg.num_inference_steps = num_steps;
+    const int n = sc->cfg.num_inference_steps, src = 28;
+    if (!(sc->mag_ratios = malloc((size_t)n * sizeof *sc->mag_ratios))) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    if (n == src) {
+        memcpy(sc->mag_ratios, k_flux_mag_ratios, sizeof k_flux_mag_ratios);
+    } else if (n == 1) {
+        sc->mag_ratios[0] = k_flux_mag_ratios[src - 1]; /* nearest_interp: src_array[-1:] */
+    } else {
+        /* nearest_interp: round(arange(n, float32) * ((src - 1) / (n - 1))), torch.round halves to even */
+        const float scale = (float)((double)(src - 1) / (double)(n - 1));
+        for (int i = 0; i < n; i++) {
+            long j = lrintf((float)i * scale);
+            sc->mag_ratios[i] = k_flux_mag_ratios[j < 0 ? 0 : j >= src ? src - 1 : j];
+        }
+    }
+    return CDF_OK;
 }
 
 static bool log_cache(void) {
@@ -96,10 +168,96 @@ static void replace(cdf_tensor **slot, cdf_tensor *t) {
     *slot = t;
 }
 
+/* The fbc_head outputs the tail takes (x, ctx, temb, cos, sin), and x_ref when given. */
+static cdf_status tail_inputs(cdf_tensor_map *hout, cdf_tensor_map *tin, cdf_tensor *x_ref) {
+    static const char *const keys[5] = {"x", "ctx", "temb", "cos", "sin"};
+    cdf_status s = CDF_OK;
+    for (int i = 0; i < 5 && s == CDF_OK; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "out.%s", keys[i]);
+        cdf_tensor *t = cdf_tensor_map_get(hout, k);
+        s = t ? cdf_tensor_map_set(tin, keys[i], t) : cdf_error(CDF_ERR_INTERNAL, "fbc_head produced no '%s'", k);
+    }
+    if (s == CDF_OK && x_ref) s = cdf_tensor_map_set(tin, "x_ref", x_ref);
+    return s;
+}
+
+/* MagCache (hooks/mag_cache.py): the decision from the ratios alone (no read); a skipped call
+ * runs no block: output layers on embedded latents + the last residual over every block. */
+static cdf_status mag_predict(cdf_step_cache *sc, cdf_component *transformer, int pass, const cdf_tensor_map *in,
+                              cdf_tensor **sample) {
+    struct cdf_step_cache_pass *ps = &sc->pass[pass];
+    const cdf_step_cache_config *c = &sc->cfg;
+    const int step = ps->step_index;
+    bool compute = true;
+    float err = NAN;
+    const int retention_step = (int)(c->retention_ratio * c->num_inference_steps + 0.5);
+    if (step >= retention_step) {
+        /* float32 arithmetic, as on diffusers' 0-dim float32 tensors; the comparisons cast the
+         * Python thresholds to float32 as torch does */
+        const float scale = step < c->num_inference_steps ? sc->mag_ratios[step] : 1.0f;
+        ps->acc_ratio *= scale;
+        ps->acc_steps += 1;
+        ps->acc_err += fabsf(1.0f - ps->acc_ratio);
+        err = ps->acc_err;
+        if (ps->prev_residual && ps->acc_err <= (float)c->threshold && ps->acc_steps <= c->max_skip_steps) {
+            compute = false;
+        } else {
+            ps->acc_ratio = 1.0f;
+            ps->acc_steps = 0;
+            ps->acc_err = 0.0f;
+        }
+    }
+    if (log_cache())
+        fprintf(stderr, "cache: mag %s call %d (step_index %d): accumulated error %.6g (threshold %g, %d of at most %d "
+                "skipped) -> %s\n", k_context[pass], ps->calls, step, (double)err, c->threshold, compute ? 0 : ps->acc_steps,
+                c->max_skip_steps, compute ? "full" : "skip");
+    cdf_tensor_map hout, tin, tout;
+    cdf_tensor_map_init(&hout);
+    cdf_tensor_map_init(&tin);
+    cdf_tensor_map_init(&tout);
+    cdf_status s = CDF_OK;
+    if (compute) {
+        cdf_tensor *residual = NULL;
+        s = cdf_component_run(transformer, "fbc_head", in, &hout);
+        if (s == CDF_OK) s = tail_inputs(&hout, &tin, cdf_tensor_map_get(&hout, "out.x_in"));
+        if (s == CDF_OK) s = cdf_component_run(transformer, "fbc_tail", &tin, &tout);
+        if (s == CDF_OK && (!(*sample = cdf_pipe_take(&tout, "out.sample")) || !(residual = cdf_pipe_take(&tout, "out.tail_residual"))))
+            s = status_or_internal();
+        if (s == CDF_OK) replace(&ps->prev_residual, residual);
+    } else {
+        cdf_tensor *x = NULL, *temb = NULL;
+        s = cdf_component_run(transformer, "cache_embed", in, &hout);
+        if (s == CDF_OK && (!(x = cdf_tensor_map_get(&hout, "out.x")) || !(temb = cdf_tensor_map_get(&hout, "out.temb"))))
+            s = cdf_error(CDF_ERR_INTERNAL, "cache_embed produced no x / temb");
+        if (s == CDF_OK) s = cdf_tensor_map_set(&tin, "x", x);
+        if (s == CDF_OK) s = cdf_tensor_map_set(&tin, "tail_residual", ps->prev_residual);
+        if (s == CDF_OK) s = cdf_tensor_map_set(&tin, "temb", temb);
+        if (s == CDF_OK) s = cdf_component_run(transformer, "fbc_skip", &tin, &tout);
+        if (s == CDF_OK && !(*sample = cdf_pipe_take(&tout, "out.sample"))) s = status_or_internal();
+    }
+    if (s == CDF_OK) s = record(ps, err, compute);
+    /* _advance_step: at num_inference_steps the state starts over */
+    if (s == CDF_OK && ++ps->step_index >= c->num_inference_steps) {
+        ps->step_index = 0;
+        ps->acc_ratio = 1.0f;
+        ps->acc_steps = 0;
+        ps->acc_err = 0.0f;
+        cdf_tensor_release(ps->prev_residual);
+        ps->prev_residual = NULL;
+    }
+    cdf_tensor_map_clear(&hout);
+    cdf_tensor_map_clear(&tin);
+    cdf_tensor_map_clear(&tout);
+    if (s != CDF_OK) *sample = NULL;
+    return s;
+}
+
 cdf_status cdf_step_cache_predict(cdf_step_cache *sc, cdf_component *transformer, int pass, const cdf_tensor_map *in,
                                   cdf_tensor **sample) {
     *sample = NULL;
     if (pass < 0 || pass >= CDF_STEP_CACHE_PASSES) return cdf_error(CDF_ERR_INTERNAL, "step cache: pass %d", pass);
+    if (sc->cfg.kind == CDF_STEP_CACHE_MAG) return mag_predict(sc, transformer, pass, in, sample);
     struct cdf_step_cache_pass *ps = &sc->pass[pass];
     cdf_tensor_map hout, tin, tout;
     cdf_tensor_map_init(&hout);
@@ -122,13 +280,7 @@ cdf_status cdf_step_cache_predict(cdf_step_cache *sc, cdf_component *transformer
                 (double)change, isnan(change) ? "(first call)" : compute ? ">" : "<=", sc->cfg.threshold,
                 compute ? "full" : "skip");
     if (s == CDF_OK && compute) {
-        static const char *const keys[5] = {"x", "ctx", "temb", "cos", "sin"};
-        for (int i = 0; i < 5 && s == CDF_OK; i++) {
-            char k[16];
-            snprintf(k, sizeof k, "out.%s", keys[i]);
-            cdf_tensor *t = cdf_tensor_map_get(&hout, k);
-            s = t ? cdf_tensor_map_set(&tin, keys[i], t) : cdf_error(CDF_ERR_INTERNAL, "fbc_head produced no '%s'", k);
-        }
+        s = tail_inputs(&hout, &tin, NULL);
         if (s == CDF_OK) s = cdf_component_run(transformer, "fbc_tail", &tin, &tout);
         cdf_tensor *tail = NULL;
         if (s == CDF_OK && (!(*sample = cdf_pipe_take(&tout, "out.sample")) || !(tail = cdf_pipe_take(&tout, "out.tail_residual"))))
@@ -161,7 +313,10 @@ void cdf_step_cache_finish(cdf_step_cache *sc, cdf_pipeline *p, const cdf_genera
     for (int k = 0; k < CDF_STEP_CACHE_PASSES; k++) cap += 32 + 12 * (size_t)sc->pass[k].calls;
     char *rep = malloc(cap);
     if (rep) {
-        int n = snprintf(rep, cap, "first-block:%g, full steps", sc->cfg.threshold);
+        int n = sc->cfg.kind == CDF_STEP_CACHE_MAG
+                    ? snprintf(rep, cap, "mag:threshold=%g,max_skip_steps=%d,retention_ratio=%g,num_inference_steps=%d, full steps",
+                               sc->cfg.threshold, sc->cfg.max_skip_steps, sc->cfg.retention_ratio, sc->cfg.num_inference_steps)
+                    : snprintf(rep, cap, "first-block:%g, full steps", sc->cfg.threshold);
         for (int k = 0; k < CDF_STEP_CACHE_PASSES; k++) {
             const struct cdf_step_cache_pass *ps = &sc->pass[k];
             if (!ps->calls) continue;
@@ -198,5 +353,6 @@ void cdf_step_cache_finish(cdf_step_cache *sc, cdf_pipeline *p, const cdf_genera
         free(ps->change);
         free(ps->computed);
     }
+    free(sc->mag_ratios);
     memset(sc, 0, sizeof *sc);
 }

@@ -1,6 +1,7 @@
-/* Step caches (docs/step-caches.md): diffusers' First Block Cache for the FLUX.1 transformer,
- * one decision per transformer call with one scalar read, one state per cache context (the
- * positive pass "cond", true CFG's negative pass "uncond"), fresh for every generation. */
+/* Step caches (docs/step-caches.md): diffusers' First Block Cache and MagCache for the FLUX.1
+ * transformer, one decision per transformer call (FBC: one scalar read; MagCache: host
+ * arithmetic only), one state per cache context (the positive pass "cond", true CFG's negative
+ * pass "uncond"), fresh for every generation. */
 #ifndef CDF_PIPELINES_STEP_CACHE_H
 #define CDF_PIPELINES_STEP_CACHE_H
 
@@ -9,33 +10,46 @@
 #include "cdiffusers/pipeline.h"
 #include "models/component.h"
 
-typedef enum cdf_step_cache_kind { CDF_STEP_CACHE_NONE = 0, CDF_STEP_CACHE_FIRST_BLOCK = 1 } cdf_step_cache_kind;
+typedef enum cdf_step_cache_kind { CDF_STEP_CACHE_NONE = 0, CDF_STEP_CACHE_FIRST_BLOCK = 1, CDF_STEP_CACHE_MAG = 2 } cdf_step_cache_kind;
 
 typedef struct cdf_step_cache_config {
     cdf_step_cache_kind kind;
-    double threshold; /* FirstBlockCacheConfig.threshold */
+    double threshold; /* FirstBlockCacheConfig.threshold / MagCacheConfig.threshold */
+    /* MagCacheConfig (mag_ratios: diffusers' FLUX_MAG_RATIOS, interpolated to num_inference_steps) */
+    int max_skip_steps;
+    double retention_ratio;
+    int num_inference_steps; /* 0 = the request's step count */
 } cdf_step_cache_config;
 
 /* The --cache / params.cache string: NULL, "" or "none" = off; "first-block" (threshold 0.05,
- * diffusers' default) or "first-block:T" (T a finite number >= 0). Anything else is
- * CDF_ERR_INVALID_ARG naming the string and what is accepted. */
+ * diffusers' default) or "first-block:T" (T a finite number >= 0); "mag" or
+ * "mag:key=value,..." with MagCacheConfig's fields threshold (0.06), max_skip_steps (3),
+ * retention_ratio (0.2), num_inference_steps (the request's). Anything else is
+ * CDF_ERR_INVALID_ARG (CDF_ERR_UNSUPPORTED for what is not implemented) naming the string and
+ * what is accepted. */
 cdf_status cdf_step_cache_parse(const char *spec, cdf_step_cache_config *cfg);
 
 #define CDF_STEP_CACHE_PASSES 2 /* cache contexts: 0 "cond", 1 "uncond" */
 
 typedef struct cdf_step_cache {
     cdf_step_cache_config cfg;
+    float *mag_ratios; /* MagCache: FLUX_MAG_RATIOS at cfg.num_inference_steps (float32, as torch) */
     struct cdf_step_cache_pass {
-        cdf_tensor *prev_residual; /* the head residual of the last computed call (owned) */
-        cdf_tensor *tail_residual; /* image-stream tail residual of the last computed call (owned) */
+        /* FBC: the head residual of the last computed call; MagCache: its residual over every
+         * block (tail output - embedded latents) (owned) */
+        cdf_tensor *prev_residual;
+        cdf_tensor *tail_residual; /* FBC: image-stream tail residual of the last computed call (owned) */
+        float acc_ratio, acc_err; /* MagCache's accumulators (float32 0-dim tensors in diffusers) */
+        int acc_steps, step_index;
         int calls, cap;
-        float *change;  /* per call: the relative change (NaN on the first call) */
+        float *change;  /* per call: FBC the relative change, MagCache the accumulated error (NaN: none) */
         bool *computed; /* per call: the whole transformer ran */
     } pass[CDF_STEP_CACHE_PASSES];
 } cdf_step_cache;
 
-/* *sc = a fresh state for cfg (kind NONE: the pipeline runs the plain forward). */
-void cdf_step_cache_init(cdf_step_cache *sc, const cdf_step_cache_config *cfg);
+/* *sc = a fresh state for cfg (kind NONE: the pipeline runs the plain forward); num_steps: the
+ * request's step count (MagCache's default num_inference_steps). */
+cdf_status cdf_step_cache_init(cdf_step_cache *sc, const cdf_step_cache_config *cfg, int num_steps);
 /* One transformer call of pass `pass` with forward's inputs `in`: head, the decision, then the
  * tail or the cached skip. *sample is recorded in the current scope. */
 cdf_status cdf_step_cache_predict(cdf_step_cache *sc, cdf_component *transformer, int pass, const cdf_tensor_map *in,

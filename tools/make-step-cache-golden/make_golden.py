@@ -29,6 +29,7 @@ import diffusers
 from diffusers import FluxImg2ImgPipeline, FluxPipeline
 from diffusers.hooks import FirstBlockCacheConfig, HookRegistry
 from diffusers.hooks.first_block_cache import _FBC_LEADER_BLOCK_HOOK
+from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS, MagCacheConfig, MagCacheHeadHook
 from safetensors.torch import save_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,25 +44,42 @@ _spec.loader.exec_module(_img2img)
 make_image = _img2img.make_image
 
 
-def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=False):
+def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=False, mag=None):
+    """mag: None for FirstBlockCacheConfig(threshold), else MagCacheConfig's fields (the mag_ratios
+    are FLUX_MAG_RATIOS; the decisions come from a wrapper around MagCacheHeadHook.new_forward)."""
     d = os.path.join(OUT, name)
     os.makedirs(d, exist_ok=True)
+    decisions = []
+    if mag is not None:
+        orig_forward = MagCacheHeadHook.new_forward
+
+        def new_forward(self, module, *args, **kwargs):
+            out = orig_forward(self, module, *args, **kwargs)
+            st = self.state_manager.get_state()
+            decisions.append({"context": self.state_manager.context.name, "change": None, "computed": bool(st.should_compute)})
+            return out
+
+        MagCacheHeadHook.new_forward = new_forward
     pipe = cls.from_pretrained(os.path.join(PIPES, folder), dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
-    pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=threshold))
-    head = pipe.transformer.transformer_blocks[0]
-    hook = HookRegistry.check_if_exists_or_initialize(head).get_hook(_FBC_LEADER_BLOCK_HOOK)
-    decisions = []
-    orig = hook._should_compute_remaining_blocks
+    if mag is not None:
+        config = MagCacheConfig(mag_ratios=FLUX_MAG_RATIOS, **mag)
+        pipe.transformer.enable_cache(config)
+    else:
+        config = FirstBlockCacheConfig(threshold=threshold)
+        pipe.transformer.enable_cache(config)
+        head = pipe.transformer.transformer_blocks[0]
+        hook = HookRegistry.check_if_exists_or_initialize(head).get_hook(_FBC_LEADER_BLOCK_HOOK)
+        orig = hook._should_compute_remaining_blocks
 
-    def should_compute(residual):
-        prev = hook.state_manager.get_state().head_block_residual
-        res = orig(residual)
-        change = None if prev is None else ((residual - prev).abs().mean() / prev.abs().mean()).item()
-        decisions.append({"context": hook.state_manager.context.name, "change": change, "computed": bool(res)})
-        return res
+        def should_compute(residual):
+            prev = hook.state_manager.get_state().head_block_residual
+            res = orig(residual)
+            change = None if prev is None else ((residual - prev).abs().mean() / prev.abs().mean()).item()
+            decisions.append({"context": hook.state_manager.context.name, "change": change, "computed": bool(res)})
+            return res
 
-    hook._should_compute_remaining_blocks = should_compute
+        hook._should_compute_remaining_blocks = should_compute
     if set_context:
         # FluxImg2ImgPipeline (0.42.1) calls the transformer without `cache_context`, and the hook then
         # raises "No cache context is set": give every call the context FluxPipeline gives it ("cond")
@@ -78,9 +96,13 @@ def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=F
     if image is not None:
         image.save(os.path.join(d, "image_in.png"))
         kw["image"] = PIL.Image.open(os.path.join(d, "image_in.png"))
-    with torch.no_grad():
-        out = pipe(**kw, generator=torch.Generator("cpu").manual_seed(seed), output_type="np", callback_on_step_end=callback,
-                   callback_on_step_end_tensor_inputs=["latents"])
+    try:
+        with torch.no_grad():
+            out = pipe(**kw, generator=torch.Generator("cpu").manual_seed(seed), output_type="np", callback_on_step_end=callback,
+                       callback_on_step_end_tensor_inputs=["latents"])
+    finally:
+        if mag is not None:
+            MagCacheHeadHook.new_forward = orig_forward
     for dd in decisions:
         if dd["change"] is not None:
             assert abs(dd["change"] - threshold) >= MARGIN, (name, dd, threshold)
@@ -97,7 +119,10 @@ def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=F
     }
     meta = {
         "pipeline": cls.__name__, "folder": "tests/data/pipelines/" + folder, "call": call, "seeds": seed,
-        "cache": "FirstBlockCacheConfig(threshold=%r)" % threshold, "threshold": threshold,
+        "cache": ("MagCacheConfig(mag_ratios=FLUX_MAG_RATIOS, %s)" % ", ".join("%s=%r" % kv for kv in mag.items()) if mag is not None
+                  else "FirstBlockCacheConfig(threshold=%r)" % threshold),
+        "threshold": threshold, "mag": mag,
+        "mag_ratios_used": config.mag_ratios.tolist() if mag is not None else None,
         "cache_context": "set around every transformer call by this script (the pipeline sets none)" if set_context
         else "the pipeline's own",
         "image_in": "image_in.png" if image is not None else None,
@@ -132,6 +157,20 @@ def CASES(fl):
     run_case("fbc_img2img_s08_64x64", FluxImg2ImgPipeline, "flux1_dev_tiny",
              dict(fl, height=64, width=64, num_inference_steps=12, strength=0.8), T[3], 10, image=make_image(64, 64, 1),
              set_context=True)
+    # MagCache: its decisions follow FLUX_MAG_RATIOS alone, so diffusers' defaults skip on the
+    # random models too (num_inference_steps = the call's, as cdiffusers' default)
+    run_case("mag_dev_64x64", FluxPipeline, "flux1_dev_tiny", dict(fl, height=64, width=64, num_inference_steps=10), None, 7,
+             mag=dict(num_inference_steps=10))
+    run_case("mag_dev_truecfg_fields_64x64", FluxPipeline, "flux1_dev_tiny",
+             dict(fl, height=64, width=64, num_inference_steps=12, negative_prompt="blurry", true_cfg_scale=2.0), None, 8,
+             mag=dict(threshold=0.1, max_skip_steps=2, retention_ratio=0.1, num_inference_steps=12))
+    run_case("mag_schnell_28steps_48x80", FluxPipeline, "flux1_schnell_tiny",
+             dict(prompt="a red house by a lake", max_sequence_length=32, height=48, width=80, num_inference_steps=28), None, 9,
+             mag=dict(num_inference_steps=28))
+    # img2img: MagCache sets its own context ("inference"); 12 steps of which 10 run
+    run_case("mag_img2img_s08_64x64", FluxImg2ImgPipeline, "flux1_dev_tiny",
+             dict(fl, height=64, width=64, num_inference_steps=12, strength=0.8), None, 10, image=make_image(64, 64, 1),
+             mag=dict(num_inference_steps=12))
 
 
 if __name__ == "__main__":
