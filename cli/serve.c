@@ -788,7 +788,7 @@ void cdf_cli_serve_usage(FILE *f) {
             "                   [--transformer FILE] [--vae FILE] [--text-encoder N=FILE] [--allow-unused-keys]\n"
             "                   [--weight-type q8_0|q4_k|f32|bf16] [--config DIR]  (the model's files as generate takes them)\n"
             "                   [--device NAME] [--pjrt-cache DIR|off]  (the device to run on, as generate)\n"
-            "                   [--cache first-block[:T]]  (the step cache of requests without a \"cache\" field)\n"
+            "                   [--cache first-block[:T]|mag[:k=v,...]]  (the step cache of requests without a \"cache\" field)\n"
             "      an HTTP server keeping the pipeline loaded: POST /v1/images/generations (OpenAI), POST /sdapi/v1/txt2img\n"
             "      (AUTOMATIC1111), POST /v1/images/edits (OpenAI, multipart image [+ mask]) and /sdapi/v1/img2img\n"
             "      (img2img / inpainting), POST /v1/jobs + GET/DELETE /v1/jobs/ID (asynchronous, cancel between steps),\n"

@@ -814,6 +814,15 @@ static void test_cache_option(void **state) {
     char *p = png_parameters(&c, "big.png");
     assert_non_null(strstr(p, ", Cache: first-block:1e+09, full steps 0 (1 of 4), "));
     free(p);
+    /* MagCache's defaults at 4 steps: FLUX_MAG_RATIOS at 0, 9, 18, 27 = 1, 1.03125, 1, 0.89062; from step
+     * int(0.2 * 4 + 0.5) = 1 the error accumulates 0.03125 (skip), 0.0625 (> 0.06: full), 0.109 (full) */
+    rc = run_cli(&c, NULL, "%s --cache mag --output mag.png", gen);
+    expect(rc, RC_OK, "");
+    p = png_parameters(&c, "mag.png");
+    assert_non_null(strstr(p, ", Cache: mag:threshold=0.06,max_skip_steps=3,retention_ratio=0.2,num_inference_steps=4, full steps 0,2,3 (3 of 4), "));
+    free(p);
+    rc = run_cli(&c, NULL, "%s --cache mag:threshold=x", gen);
+    expect(rc, RC_USAGE, "threshold must be a finite number");
     rc = run_cli(&c, NULL, "%s --output none.png", gen);
     expect(rc, RC_OK, "");
     p = png_parameters(&c, "none.png");
