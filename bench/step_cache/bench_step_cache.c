@@ -1,9 +1,9 @@
 /* First Block Cache (docs/step-caches.md) benchmark, two parts:
  *
- *   quality MODEL N_PROMPTS STEPS T1,T2,...
- *     the trained default model (or any FluxPipeline folder with its cdiffusers_defaults.json
- *     request): N prompts from its grammar, each without a cache and with first-block:T for
- *     every T; per T the fraction of transformer calls computed in full (every cache context)
+ *   quality MODEL N_PROMPTS STEPS [CACHE;CACHE;...]
+ *     the trained default model (its cdiffusers_defaults.json request: 64x64, true CFG 3): N
+ *     prompts from its grammar, each without a cache and with every --cache string (default
+ *     first-block:0.05;first-block:0.1;first-block:0.2;mag); per cache the fraction of transformer calls computed in full (every cache context)
  *     and the PSNR of the 8-bit picture against the uncached one (mean over the pictures that
  *     differ, median and minimum over all).
  *   timing MODEL SIZE STEPS
@@ -71,13 +71,14 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static int quality(const char *model, int n_prompts, int steps, const char *thresholds) {
-    double th[8];
+static int quality(const char *model, int n_prompts, int steps, const char *caches) {
+    char specs[8][128];
     int nt = 0;
-    for (const char *p = thresholds; *p && nt < 8; nt++) {
-        char *end;
-        th[nt] = strtod(p, &end);
-        p = *end == ',' ? end + 1 : end;
+    for (const char *p = caches; *p && nt < 8; nt++) {
+        const char *semi = strchr(p, ';');
+        const size_t len = semi ? (size_t)(semi - p) : strlen(p);
+        snprintf(specs[nt], sizeof specs[nt], "%.*s", (int)len, p);
+        p = semi ? semi + 1 : p + len;
     }
     cdf_pipeline *pipe = NULL;
     if (cdf_pipeline_load(model, NULL, &pipe) != CDF_OK) die("load");
@@ -103,9 +104,7 @@ static int quality(const char *model, int n_prompts, int steps, const char *thre
         if (cdf_pipeline_generate(pipe, &gp, &ref) != CDF_OK) die("generate");
         t_none += now_s() - t0;
         for (int k = 0; k < nt; k++) {
-            char spec[64];
-            snprintf(spec, sizeof spec, "first-block:%g", th[k]);
-            gp.cache = spec;
+            gp.cache = specs[k];
             t0 = now_s();
             if (cdf_pipeline_generate(pipe, &gp, &img) != CDF_OK) die("generate (cache)");
             t_cache[k] += now_s() - t0;
@@ -129,7 +128,7 @@ static int quality(const char *model, int n_prompts, int steps, const char *thre
         }
         qsort(v, (size_t)n_prompts, sizeof *v, cmp_double);
         mean = n_prompts > inf ? mean / (n_prompts - inf) : INFINITY;
-        printf("| %d | first-block:%g | %.1f%% (%ld of %ld) | %.1f / %.1f / %.1f%s |\n", steps, th[k], 100.0 * full[k] / calls[k],
+        printf("| %d | %s | %.1f%% (%ld of %ld) | %.1f / %.1f / %.1f%s |\n", steps, specs[k], 100.0 * full[k] / calls[k],
                full[k], calls[k], mean, v[n_prompts / 2], v[0], inf ? " (identical pictures left out of the mean)" : "");
     }
     free(ps);
@@ -186,10 +185,11 @@ static int timing(const char *model, int size, int steps) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 5 && strcmp(argv[1], "quality") == 0) return quality(argv[2], atoi(argv[3]), atoi(argv[4]), "0.05,0.1,0.2");
+    if (argc == 5 && strcmp(argv[1], "quality") == 0)
+        return quality(argv[2], atoi(argv[3]), atoi(argv[4]), "first-block:0.05;first-block:0.1;first-block:0.2;mag");
     if (argc == 6 && strcmp(argv[1], "quality") == 0) return quality(argv[2], atoi(argv[3]), atoi(argv[4]), argv[5]);
     if (argc == 5 && strcmp(argv[1], "timing") == 0) return timing(argv[2], atoi(argv[3]), atoi(argv[4]));
-    fprintf(stderr, "usage: bench_step_cache quality MODEL N_PROMPTS STEPS [T1,T2,...]\n"
+    fprintf(stderr, "usage: bench_step_cache quality MODEL N_PROMPTS STEPS [CACHE;CACHE;...]\n"
                     "       bench_step_cache timing MODEL SIZE STEPS\n");
     return 2;
 }
