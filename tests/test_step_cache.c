@@ -297,6 +297,38 @@ static void test_compiled_parts_never_recompile(void **state) {
     cdf_pipeline_free(pipe);
 }
 
+/* Batches: each image of a seed list takes its own decisions (docs/step-caches.md) and equals its
+ * single-seed image with the same cache; each has its own report. */
+static void test_batch_images_decide_alone(void **state) {
+    (void)state;
+    cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
+    cdf_generate_params gp = small_request("first-block:0.9");
+    gp.num_inference_steps = 6;
+    uint64_t seeds[2] = {5, 6};
+    gp.seeds = seeds;
+    gp.num_seeds = 2;
+    cdf_image batch[2], one;
+    assert_int_equal(cdf_pipeline_generate_images(pipe, &gp, batch, 2), CDF_OK);
+    char rep[2][512];
+    for (int k = 0; k < 2; k++) {
+        assert_non_null(cdf_pipeline_cache_report(pipe, k));
+        snprintf(rep[k], sizeof rep[k], "%s", cdf_pipeline_cache_report(pipe, k));
+    }
+    assert_null(cdf_pipeline_cache_report(pipe, 2));
+    gp.seeds = NULL;
+    gp.num_seeds = 0;
+    for (int k = 0; k < 2; k++) {
+        gp.seed = seeds[k];
+        assert_int_equal(cdf_pipeline_generate(pipe, &gp, &one), CDF_OK);
+        print_message("  image %d: %s\n", k, rep[k]);
+        assert_string_equal(cdf_pipeline_cache_report(pipe, 0), rep[k]);
+        assert_memory_equal(one.pixels, batch[k].pixels, (size_t)one.width * one.height * 3);
+        cdf_image_free(&one);
+        cdf_image_free(&batch[k]);
+    }
+    cdf_pipeline_free(pipe);
+}
+
 static void test_bad_cache_strings(void **state) {
     (void)state;
     assert_int_equal(cdf_cache_check(NULL), CDF_OK);
@@ -343,7 +375,7 @@ int main(void) {
         cmocka_unit_test(test_mag_schnell_28steps), cmocka_unit_test(test_mag_img2img),
         cmocka_unit_test(test_split_forward_is_exact), cmocka_unit_test(test_offload),
         cmocka_unit_test(test_lora),             cmocka_unit_test(test_compiled_parts_never_recompile),
-        cmocka_unit_test(test_bad_cache_strings),
+        cmocka_unit_test(test_batch_images_decide_alone), cmocka_unit_test(test_bad_cache_strings),
     };
     return cmocka_run_group_tests_name("step_cache", tests, NULL, NULL);
 }
