@@ -13,6 +13,7 @@ gcc -std=gnu17 -O2 -fopenmp -I"$root/include" -I"$root/src" "$root/bench/step_ca
     $(sh "$root/bench/static_link.sh" "$build") -o "$build/bench_step_cache"
 echo "CPU: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1), $(nproc) cores; date: $(date -u '+%Y-%m-%d %H:%M'); load $(cut -d' ' -f1-3 /proc/loadavg)"
 cd "$root"
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} # spinning OpenMP workers on a shared machine: see history/09-server.md
 for steps in 20 28; do
     "$build/bench_step_cache" quality models/shapes-flux-tiny "$n" "$steps" \
         "first-block:0.05;first-block:0.1;first-block:0.2;mag;mag:threshold=0.1"
