@@ -6,10 +6,11 @@
  *     first-block:0.05;first-block:0.1;first-block:0.2;mag); per cache the fraction of transformer calls computed in full (every cache context)
  *     and the PSNR of the 8-bit picture against the uncached one (mean over the pictures that
  *     differ, median and minimum over all).
- *   timing MODEL SIZE STEPS
- *     per-step wall time of one image at SIZE² with first-block:0 (every step in full) and
- *     first-block:1e9 (every step after the first skipped); the first step (and each run's
- *     compile/warm-up) is left out: median of the rest.
+ *   timing MODEL SIZE STEPS [CACHE;CACHE;...]
+ *     per-step wall time of one image at SIZE² with each cache (default: first-block:0, every
+ *     step in full; first-block:1e9, every step after the first skipped after the head block;
+ *     mag with a huge threshold and retention 0, every step after the first skipped with no
+ *     block); the first step (and each run's compile/warm-up) is left out: median of the rest.
  *
  * Build: bench/step_cache/run.sh. */
 #include <math.h>
@@ -149,14 +150,21 @@ static bool on_step(int step, int num_steps, double secs, void *user) {
     return true;
 }
 
-static int timing(const char *model, int size, int steps) {
+static int timing(const char *model, int size, int steps, const char *list) {
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
     lp.weight_dtype = CDF_BF16;
     cdf_pipeline *pipe = NULL;
     if (cdf_pipeline_load(model, &lp, &pipe) != CDF_OK) die("load");
-    const char *specs[2] = {"first-block:0", "first-block:1e9"};
-    double med[2];
-    for (int r = 0; r < 2; r++) {
+    char specs[4][128];
+    int ns = 0;
+    for (const char *p = list; *p && ns < 4; ns++) {
+        const char *semi = strchr(p, ';');
+        const size_t len = semi ? (size_t)(semi - p) : strlen(p);
+        snprintf(specs[ns], sizeof specs[ns], "%.*s", (int)len, p);
+        p = semi ? semi + 1 : p + len;
+    }
+    double med[4];
+    for (int r = 0; r < ns; r++) {
         cdf_generate_params gp = cdf_generate_default_params();
         gp.prompt = "a red fox in the snow";
         gp.height = gp.width = size;
@@ -179,7 +187,8 @@ static int timing(const char *model, int size, int steps) {
         for (int i = 1; i < l.n && i < 64; i++) printf(" %.3f", l.t[i]);
         printf("  (first step %.3f; %s)\n", l.t[0], cdf_pipeline_cache_report(pipe, 0));
     }
-    printf("median step: full %.3f s, skipped %.3f s (%.1f%% of a full one)\n", med[0], med[1], 100.0 * med[1] / med[0]);
+    for (int r = 1; r < ns; r++)
+        printf("median step: %s %.3f s, %s %.3f s (%.1f%%)\n", specs[0], med[0], specs[r], med[r], 100.0 * med[r] / med[0]);
     cdf_pipeline_free(pipe);
     return 0;
 }
@@ -188,8 +197,12 @@ int main(int argc, char **argv) {
     if (argc == 5 && strcmp(argv[1], "quality") == 0)
         return quality(argv[2], atoi(argv[3]), atoi(argv[4]), "first-block:0.05;first-block:0.1;first-block:0.2;mag");
     if (argc == 6 && strcmp(argv[1], "quality") == 0) return quality(argv[2], atoi(argv[3]), atoi(argv[4]), argv[5]);
-    if (argc == 5 && strcmp(argv[1], "timing") == 0) return timing(argv[2], atoi(argv[3]), atoi(argv[4]));
+    /* every step in full; FBC skipping every step after the first; MagCache skipping every one after the first */
+    if (argc == 5 && strcmp(argv[1], "timing") == 0)
+        return timing(argv[2], atoi(argv[3]), atoi(argv[4]),
+                      "first-block:0;first-block:1e9;mag:threshold=1e9,max_skip_steps=1000,retention_ratio=0");
+    if (argc == 6 && strcmp(argv[1], "timing") == 0) return timing(argv[2], atoi(argv[3]), atoi(argv[4]), argv[5]);
     fprintf(stderr, "usage: bench_step_cache quality MODEL N_PROMPTS STEPS [CACHE;CACHE;...]\n"
-                    "       bench_step_cache timing MODEL SIZE STEPS\n");
+                    "       bench_step_cache timing MODEL SIZE STEPS [CACHE;CACHE;...] (the first: the reference)\n");
     return 2;
 }
