@@ -576,24 +576,34 @@ static cdf_tensor *fwd_output(const flux_model *m, cdf_tensor *xi, cdf_tensor *t
 
 static cdf_status status_or_internal(void) { return cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL; }
 
-cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample) {
+cdf_status cdf_flux_transformer_forward_residual(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample, cdf_tensor **residual) {
     if (sample) *sample = NULL;
+    if (residual) *residual = NULL;
     if (!impl || !in || !sample) return cdf_error(CDF_ERR_INVALID_ARG, "%s: forward needs the model, inputs and an output", MODEL);
     const flux_model *m = impl;
     CDF_TRY(check_inputs(m, in));
-    cdf_scope_push(); /* the forward's scope: only the result leaves it */
+    cdf_scope_push(); /* the forward's scope: only the results leave it */
     flux_fwd f = {0};
-    cdf_tensor *h = NULL, *out = NULL; /* h owned: the joint sequence [ctx; x] of the single-stream blocks */
+    cdf_tensor *h = NULL, *out[2] = {NULL, NULL}; /* h owned: the joint sequence [ctx; x] of the single-stream blocks */
     cdf_status s = fwd_embed(m, in, &f);
+    cdf_tensor *x0 = s == CDF_OK && residual ? cdf_tensor_retain(f.x) : NULL; /* the embedded latents */
     if (s == CDF_OK) s = fwd_doubles(m, &f, 0, m->cfg.num_layers);
     if (s == CDF_OK) s = fwd_singles(m, &f, &h);
-    if (s == CDF_OK && !(out = fwd_output(m, image_part(h, &f), f.temb))) s = status_or_internal();
+    if (s == CDF_OK && !(out[0] = fwd_output(m, image_part(h, &f), f.temb))) s = status_or_internal();
+    if (s == CDF_OK && residual && !(out[1] = cdf_sub(image_part(h, &f), x0))) s = status_or_internal();
+    cdf_tensor_release(x0);
     cdf_tensor_release(h);
     fwd_release(&f);
-    cdf_scope_pop(out ? &out : NULL, out ? 1 : 0); /* out moves to the caller's scope */
+    const int n = s != CDF_OK ? 0 : residual ? 2 : 1;
+    cdf_scope_pop(out, n); /* the results move to the caller's scope */
     if (s != CDF_OK) return s;
-    *sample = out;
+    *sample = out[0];
+    if (residual) *residual = out[1];
     return CDF_OK;
+}
+
+cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample) {
+    return cdf_flux_transformer_forward_residual(impl, in, sample, NULL);
 }
 
 /* ---- First Block Cache parts (docs/step-caches.md): the forward split at the head block ---- */
@@ -613,15 +623,14 @@ cdf_status cdf_flux_fbc_head(void *impl, const cdf_flux_inputs *in, cdf_flux_fbc
     cdf_tensor *x0 = s == CDF_OK ? cdf_tensor_retain(f.x) : NULL, *res = NULL;
     if (s == CDF_OK) s = fwd_doubles(m, &f, 0, 1);
     if (s == CDF_OK && !(res = cdf_sub(f.x, x0))) s = status_or_internal(); /* head_out - head_in, image stream */
-    cdf_tensor *keep[6] = {f.x, f.ctx, f.temb, f.cos_t, f.sin_t, x0};
+    cdf_tensor_release(x0);
+    cdf_tensor *keep[5] = {f.x, f.ctx, f.temb, f.cos_t, f.sin_t};
     if (s == CDF_OK) {
         st->x = f.x, st->ctx = f.ctx, st->temb = f.temb, st->cos_t = f.cos_t, st->sin_t = f.sin_t, st->residual = res;
-        st->x_in = x0;
         cdf_scope_pop(&res, 1);
-        for (int i = 0; i < 6; i++) cdf_scope_record(keep[i]); /* the owned state moves to the caller's scope */
+        for (int i = 0; i < 5; i++) cdf_scope_record(keep[i]); /* the owned state moves to the caller's scope */
         return CDF_OK;
     }
-    cdf_tensor_release(x0);
     fwd_release(&f);
     cdf_scope_pop(NULL, 0);
     return s;
@@ -661,7 +670,7 @@ cdf_status cdf_flux_fbc_tail(void *impl, const cdf_flux_fbc_state *st, cdf_tenso
     if (s == CDF_OK) {
         cdf_tensor *xi = image_part(h, &f);
         out[0] = fwd_output(m, xi, f.temb);
-        out[1] = cdf_sub(xi, st->x_in ? st->x_in : st->x); /* tail_out - head_out (or x_in), image stream */
+        out[1] = cdf_sub(xi, st->x); /* tail_out - head_out, image stream */
         if (!out[0] || !out[1]) s = status_or_internal();
     }
     cdf_tensor_release(h);
@@ -687,19 +696,27 @@ cdf_status cdf_flux_fbc_skip(void *impl, cdf_tensor *x, cdf_tensor *tail_residua
 
 /* ---- component interface ---------------------------------------------------------------------- */
 /* The step caches' parts as methods (each its own graph under compile):
- *   fbc_head (forward's inputs) -> out.x, out.ctx, out.temb, out.cos, out.sin, out.residual, out.x_in
- *   fbc_tail (x, ctx, temb, cos, sin[, x_ref]) -> out.sample, out.tail_residual (against x_ref, else x)
+ *   fbc_head (forward's inputs) -> out.x, out.ctx, out.temb, out.cos, out.sin, out.residual
+ *   fbc_tail (x, ctx, temb, cos, sin) -> out.sample, out.tail_residual
  *   fbc_skip (x, tail_residual, temb) -> out.sample
+ *   cache_full (forward's inputs) -> out.sample, out.residual (last block's image stream - embedded
+ *     latents: MagCache's computed step)
  *   cache_embed (forward's inputs) -> out.x, out.temb (MagCache's skipped step: no block runs) */
 static cdf_status fbc_run(void *impl, const char *method, const cdf_flux_inputs *fi, const cdf_tensor_map *in,
                           cdf_tensor_map *out) {
     if (strcmp(method, "fbc_head") == 0) {
         cdf_flux_fbc_state st;
         CDF_TRY(cdf_flux_fbc_head(impl, fi, &st));
-        const char *names[7] = {"out.x", "out.ctx", "out.temb", "out.cos", "out.sin", "out.residual", "out.x_in"};
-        cdf_tensor *t[7] = {st.x, st.ctx, st.temb, st.cos_t, st.sin_t, st.residual, st.x_in};
-        for (int i = 0; i < 7; i++) CDF_TRY(cdf_tensor_map_set(out, names[i], t[i]));
+        const char *names[6] = {"out.x", "out.ctx", "out.temb", "out.cos", "out.sin", "out.residual"};
+        cdf_tensor *t[6] = {st.x, st.ctx, st.temb, st.cos_t, st.sin_t, st.residual};
+        for (int i = 0; i < 6; i++) CDF_TRY(cdf_tensor_map_set(out, names[i], t[i]));
         return CDF_OK;
+    }
+    if (strcmp(method, "cache_full") == 0) {
+        cdf_tensor *sample = NULL, *residual = NULL;
+        CDF_TRY(cdf_flux_transformer_forward_residual(impl, fi, &sample, &residual));
+        CDF_TRY(cdf_tensor_map_set(out, "out.sample", sample));
+        return cdf_tensor_map_set(out, "out.residual", residual);
     }
     if (strcmp(method, "cache_embed") == 0) {
         cdf_tensor *x = NULL, *temb = NULL;
@@ -710,7 +727,7 @@ static cdf_status fbc_run(void *impl, const char *method, const cdf_flux_inputs 
     if (strcmp(method, "fbc_tail") == 0) {
         cdf_flux_fbc_state st = {.x = cdf_input(in, "x", MODEL), .ctx = cdf_input(in, "ctx", MODEL),
                                  .temb = cdf_input(in, "temb", MODEL), .cos_t = cdf_input(in, "cos", MODEL),
-                                 .sin_t = cdf_input(in, "sin", MODEL), .x_in = cdf_input_opt(in, "x_ref")};
+                                 .sin_t = cdf_input(in, "sin", MODEL)};
         if (!st.x || !st.ctx || !st.temb || !st.cos_t || !st.sin_t) return cdf_last_status();
         cdf_tensor *sample = NULL, *tail = NULL;
         CDF_TRY(cdf_flux_fbc_tail(impl, &st, &sample, &tail));
@@ -725,10 +742,10 @@ static cdf_status fbc_run(void *impl, const char *method, const cdf_flux_inputs 
 
 static cdf_status flux_run(void *impl, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out) {
     const bool fbc = method && (strcmp(method, "fbc_head") == 0 || strcmp(method, "fbc_tail") == 0 || strcmp(method, "fbc_skip") == 0 ||
-                                strcmp(method, "cache_embed") == 0);
+                                strcmp(method, "cache_full") == 0 || strcmp(method, "cache_embed") == 0);
     if (method && strcmp(method, "forward") != 0 && !fbc)
         return cdf_error(CDF_ERR_UNSUPPORTED, "%s: method '%s' is not supported (only 'forward' and the step caches' "
-                         "'fbc_head', 'fbc_tail', 'fbc_skip', 'cache_embed')", MODEL, method);
+                         "'fbc_head', 'fbc_tail', 'fbc_skip', 'cache_full', 'cache_embed')", MODEL, method);
     cdf_flux_inputs fi = {
         .hidden_states = cdf_tensor_map_get(in, "hidden_states"),
         .encoder_hidden_states = cdf_tensor_map_get(in, "encoder_hidden_states"),

@@ -50,6 +50,9 @@ typedef struct cdf_flux_inputs {
  * CDF_ERR_SHAPE (an input disagrees with the config or with the others; the message names it),
  * plus those of the tensor ops. */
 cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample);
+/* The same, and (residual non-NULL) *residual = the last block's image stream - the embedded
+ * latents [B, Li, D] (MagCache's residual over every block). */
+cdf_status cdf_flux_transformer_forward_residual(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample, cdf_tensor **residual);
 const cdf_flux_config *cdf_flux_transformer_config(const void *impl);
 
 /* diffusers' First Block Cache (docs/step-caches.md) splits the forward at the first block:
@@ -61,12 +64,10 @@ typedef struct cdf_flux_fbc_state {
     cdf_tensor *temb;         /* [B, D] */
     cdf_tensor *cos_t, *sin_t; /* RoPE tables of the joint sequence */
     cdf_tensor *residual;     /* head block output - input, image stream [B, Li, D] */
-    cdf_tensor *x_in;         /* the head block's image input (the embedded latents) */
 } cdf_flux_fbc_state;
 /* Needs num_layers >= 1 and num_layers + num_single_layers >= 2 (else CDF_ERR_UNSUPPORTED). */
 cdf_status cdf_flux_fbc_head(void *impl, const cdf_flux_inputs *in, cdf_flux_fbc_state *st);
-/* st: x, ctx, temb, cos_t, sin_t of fbc_head. *tail_residual: tail output - head output (image),
- * or tail output - st->x_in when x_in is set (MagCache's residual over every block). */
+/* st: x, ctx, temb, cos_t, sin_t of fbc_head. *tail_residual: tail output - head output (image). */
 cdf_status cdf_flux_fbc_tail(void *impl, const cdf_flux_fbc_state *st, cdf_tensor **sample, cdf_tensor **tail_residual);
 cdf_status cdf_flux_fbc_skip(void *impl, cdf_tensor *x, cdf_tensor *tail_residual, cdf_tensor *temb, cdf_tensor **sample);
 /* The embeddings only: *x the embedded latents [B, Li, D], *temb [B, D] (MagCache skips every

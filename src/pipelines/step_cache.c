@@ -168,8 +168,8 @@ static void replace(cdf_tensor **slot, cdf_tensor *t) {
     *slot = t;
 }
 
-/* The fbc_head outputs the tail takes (x, ctx, temb, cos, sin), and x_ref when given. */
-static cdf_status tail_inputs(cdf_tensor_map *hout, cdf_tensor_map *tin, cdf_tensor *x_ref) {
+/* The fbc_head outputs the tail takes (x, ctx, temb, cos, sin). */
+static cdf_status tail_inputs(cdf_tensor_map *hout, cdf_tensor_map *tin) {
     static const char *const keys[5] = {"x", "ctx", "temb", "cos", "sin"};
     cdf_status s = CDF_OK;
     for (int i = 0; i < 5 && s == CDF_OK; i++) {
@@ -178,12 +178,12 @@ static cdf_status tail_inputs(cdf_tensor_map *hout, cdf_tensor_map *tin, cdf_ten
         cdf_tensor *t = cdf_tensor_map_get(hout, k);
         s = t ? cdf_tensor_map_set(tin, keys[i], t) : cdf_error(CDF_ERR_INTERNAL, "fbc_head produced no '%s'", k);
     }
-    if (s == CDF_OK && x_ref) s = cdf_tensor_map_set(tin, "x_ref", x_ref);
     return s;
 }
 
-/* MagCache (hooks/mag_cache.py): the decision from the ratios alone (no read); a skipped call
- * runs no block: output layers on embedded latents + the last residual over every block. */
+/* MagCache (hooks/mag_cache.py): the decision from the ratios alone (no read); a computed call
+ * is the forward that also returns its residual over every block (cache_full), a skipped one
+ * runs no block: output layers on embedded latents + that residual (cache_embed, fbc_skip). */
 static cdf_status mag_predict(cdf_step_cache *sc, cdf_component *transformer, int pass, const cdf_tensor_map *in,
                               cdf_tensor **sample) {
     struct cdf_step_cache_pass *ps = &sc->pass[pass];
@@ -219,10 +219,8 @@ static cdf_status mag_predict(cdf_step_cache *sc, cdf_component *transformer, in
     cdf_status s = CDF_OK;
     if (compute) {
         cdf_tensor *residual = NULL;
-        s = cdf_component_run(transformer, "fbc_head", in, &hout);
-        if (s == CDF_OK) s = tail_inputs(&hout, &tin, cdf_tensor_map_get(&hout, "out.x_in"));
-        if (s == CDF_OK) s = cdf_component_run(transformer, "fbc_tail", &tin, &tout);
-        if (s == CDF_OK && (!(*sample = cdf_pipe_take(&tout, "out.sample")) || !(residual = cdf_pipe_take(&tout, "out.tail_residual"))))
+        s = cdf_component_run(transformer, "cache_full", in, &tout);
+        if (s == CDF_OK && (!(*sample = cdf_pipe_take(&tout, "out.sample")) || !(residual = cdf_pipe_take(&tout, "out.residual"))))
             s = status_or_internal();
         if (s == CDF_OK) replace(&ps->prev_residual, residual);
     } else {
@@ -280,7 +278,7 @@ cdf_status cdf_step_cache_predict(cdf_step_cache *sc, cdf_component *transformer
                 (double)change, isnan(change) ? "(first call)" : compute ? ">" : "<=", sc->cfg.threshold,
                 compute ? "full" : "skip");
     if (s == CDF_OK && compute) {
-        s = tail_inputs(&hout, &tin, NULL);
+        s = tail_inputs(&hout, &tin);
         if (s == CDF_OK) s = cdf_component_run(transformer, "fbc_tail", &tin, &tout);
         cdf_tensor *tail = NULL;
         if (s == CDF_OK && (!(*sample = cdf_pipe_take(&tout, "out.sample")) || !(tail = cdf_pipe_take(&tout, "out.tail_residual"))))
