@@ -19,6 +19,7 @@
 
 #include "cdiffusers/cdiffusers.h"
 #include "nn/nn.h"
+#include "pipelines/flux2_pipeline.h"
 
 
 static double cmp_block(cdf_tensor *t, cdf_st_file *gf, const char *gkey, int64_t block) {
@@ -57,7 +58,8 @@ static void run_case(const char *name, cdf_offload_mode offload) {
     cJSON *js = tu_read_json(path);
     const cJSON *call = cJSON_GetObjectItem(js, "call");
     cdf_generate_params gp = cdf_generate_default_params();
-    gp.prompt = cJSON_GetObjectItem(call, "prompt")->valuestring;
+    const cJSON *prompt = cJSON_GetObjectItem(call, "prompt");
+    gp.prompt = cJSON_IsString(prompt) ? prompt->valuestring : NULL; /* FLUX.2: the golden prompt_embeds */
     const cJSON *neg = cJSON_GetObjectItem(call, "negative_prompt"), *tcfg = cJSON_GetObjectItem(call, "true_cfg_scale");
     if (neg) gp.negative_prompt = neg->valuestring;
     if (tcfg) gp.true_cfg_scale = (float)tcfg->valuedouble;
@@ -67,7 +69,8 @@ static void run_case(const char *name, cdf_offload_mode offload) {
     const cJSON *gs = cJSON_GetObjectItem(call, "guidance_scale"), *strength = cJSON_GetObjectItem(call, "strength");
     if (gs) gp.guidance_scale = (float)gs->valuedouble;
     if (strength) gp.strength = (float)strength->valuedouble;
-    gp.max_sequence_length = cJSON_GetObjectItem(call, "max_sequence_length")->valueint;
+    const cJSON *msl = cJSON_GetObjectItem(call, "max_sequence_length");
+    if (msl) gp.max_sequence_length = msl->valueint;
     gp.seed = (uint64_t)cJSON_GetObjectItem(js, "seeds")->valuedouble;
     /* the cache string, and the report's head the decisions must follow */
     const cJSON *mag = cJSON_GetObjectItem(js, "mag");
@@ -103,7 +106,22 @@ static void run_case(const char *name, cdf_offload_mode offload) {
     cdf_tensor_map_init(&cap);
     gp.capture = &cap;
     cdf_image out;
-    if (cdf_pipeline_generate(pipe, &gp, &out) != CDF_OK) fail_msg("generate %s: %s", name, cdf_last_error());
+    cdf_tensor_map f2;
+    cdf_tensor_map_init(&f2);
+    if (!prompt) { /* Flux2Pipeline with the flux2_dev_tiny 64x64 case's prompt_embeds; the image is a reference */
+        if (gp.image) gp.num_input_images = 1;
+        tu_load_map(&f2, "pipelines/flux2_dev_tiny/cases/64x64/expected.safetensors");
+        if (cdf_flux2_generate_from_embeds(pipe, &gp, cdf_tensor_map_get(&f2, "prompt_embeds"), &out) != CDF_OK)
+            fail_msg("generate %s: %s", name, cdf_last_error());
+        for (int st = 0; st < cJSON_GetObjectItem(js, "steps_run")->valueint; st++) { /* FLUX.2's step captures */
+            char from[64], to[64];
+            snprintf(from, sizeof from, "step%02d.latents", st);
+            snprintf(to, sizeof to, "latents_after_step.%d", st);
+            assert_int_equal(cdf_tensor_map_set(&cap, to, cdf_tensor_map_get(&cap, from)), CDF_OK);
+        }
+    } else if (cdf_pipeline_generate(pipe, &gp, &out) != CDF_OK) {
+        fail_msg("generate %s: %s", name, cdf_last_error());
+    }
 
     /* decisions, per context in call order */
     const cJSON *decisions = cJSON_GetObjectItem(js, "decisions");
@@ -167,6 +185,7 @@ static void run_case(const char *name, cdf_offload_mode offload) {
     cdf_st_close(gf);
     cdf_image_free(&out);
     cdf_tensor_map_clear(&cap);
+    cdf_tensor_map_clear(&f2);
     cdf_pipeline_free(pipe);
     cdf_png_image_free(&png);
     cJSON_Delete(js);
@@ -180,6 +199,8 @@ static void test_mag_dev(void **state) { (void)state, run_case("mag_dev_64x64", 
 static void test_mag_dev_truecfg_fields(void **state) { (void)state, run_case("mag_dev_truecfg_fields_64x64", CDF_OFFLOAD_NONE); }
 static void test_mag_schnell_28steps(void **state) { (void)state, run_case("mag_schnell_28steps_48x80", CDF_OFFLOAD_NONE); }
 static void test_mag_img2img(void **state) { (void)state, run_case("mag_img2img_s08_64x64", CDF_OFFLOAD_NONE); }
+static void test_mag_flux2(void **state) { (void)state, run_case("mag_flux2_64x64", CDF_OFFLOAD_NONE); }
+static void test_mag_flux2_reference(void **state) { (void)state, run_case("mag_flux2_ref1_64x64", CDF_OFFLOAD_NONE); }
 
 /* 4 steps at 32x32 of "a cat", seed 3 */
 static cdf_generate_params small_request(const char *cache) {
@@ -361,9 +382,12 @@ static void test_bad_cache_strings(void **state) {
     assert_non_null(strstr(cdf_last_error(), "first-block:x"));
     cdf_pipeline_free(pipe);
     pipe = load_tiny("sd35m_tiny");
+    gp.cache = "mag";
+    assert_int_equal(cdf_pipeline_generate(pipe, &gp, &out), CDF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(cdf_last_error(), "MagCache runs on FLUX.1 and FLUX.2 only"));
     gp.cache = "first-block";
     assert_int_equal(cdf_pipeline_generate(pipe, &gp, &out), CDF_ERR_UNSUPPORTED);
-    assert_non_null(strstr(cdf_last_error(), "FLUX.1 only"));
+    assert_non_null(strstr(cdf_last_error(), "first-block cache runs on FLUX.1 only"));
     cdf_pipeline_free(pipe);
 }
 
@@ -373,6 +397,7 @@ int main(void) {
         cmocka_unit_test(test_fbc_schnell),      cmocka_unit_test(test_fbc_img2img),
         cmocka_unit_test(test_mag_dev),          cmocka_unit_test(test_mag_dev_truecfg_fields),
         cmocka_unit_test(test_mag_schnell_28steps), cmocka_unit_test(test_mag_img2img),
+        cmocka_unit_test(test_mag_flux2),        cmocka_unit_test(test_mag_flux2_reference),
         cmocka_unit_test(test_split_forward_is_exact), cmocka_unit_test(test_offload),
         cmocka_unit_test(test_lora),             cmocka_unit_test(test_compiled_parts_never_recompile),
         cmocka_unit_test(test_batch_images_decide_alone), cmocka_unit_test(test_bad_cache_strings),

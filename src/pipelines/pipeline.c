@@ -290,8 +290,13 @@ static cdf_status validate(const cdf_pipeline *p, const cdf_generate_params *gp)
     CDF_TRY(cdf_pipe_vae_tiling_check(p, gp));
     cdf_step_cache_config cache;
     CDF_TRY(cdf_step_cache_parse(gp->cache, &cache));
-    if (cache.kind != CDF_STEP_CACHE_NONE && p->kind != CDF_PIPE_FLUX)
-        return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': the step caches run on FLUX.1 only (%s; docs/step-caches.md)",
+    /* diffusers: First Block Cache on FLUX.1 (on FLUX.2 it fails), MagCache on FLUX.1 and FLUX.2,
+     * neither on SD3 (no CacheMixin) */
+    if (cache.kind == CDF_STEP_CACHE_FIRST_BLOCK && p->kind != CDF_PIPE_FLUX)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': the first-block cache runs on FLUX.1 only (%s; docs/step-caches.md)",
+                         gp->cache, p->class_name);
+    if (cache.kind == CDF_STEP_CACHE_MAG && p->kind == CDF_PIPE_SD3)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': MagCache runs on FLUX.1 and FLUX.2 only (%s; docs/step-caches.md)",
                          gp->cache, p->class_name);
     if (gp->image && p->kind != CDF_PIPE_FLUX2 && cdf_pipe_t_start(gp->num_inference_steps, gp->strength) >= gp->num_inference_steps)
         return cdf_error(CDF_ERR_INVALID_ARG, "strength %g leaves no denoising step of %d", (double)gp->strength,
@@ -334,8 +339,7 @@ const char *cdf_pipeline_cache_report(const cdf_pipeline *p, int image) {
     return p && image >= 0 && image < p->n_cache_reports ? p->cache_reports[image] : NULL;
 }
 
-/* A fresh report slot per image of the request (generate_one's image p->image_index fills it). */
-static cdf_status reset_cache_reports(cdf_pipeline *p, int n) {
+cdf_status cdf_pipe_cache_reports_reset(cdf_pipeline *p, int n) {
     for (int i = 0; i < p->n_cache_reports; i++) free(p->cache_reports[i]);
     free(p->cache_reports);
     p->n_cache_reports = p->image_index = 0;
@@ -371,7 +375,7 @@ cdf_status cdf_pipeline_generate(cdf_pipeline *p, const cdf_generate_params *par
     cdf_generate_params gp;
     CDF_TRY(prepare(p, params, &gp));
     if (gp.num_seeds == 1) gp.seed = gp.seeds[0];
-    CDF_TRY(reset_cache_reports(p, 1));
+    CDF_TRY(cdf_pipe_cache_reports_reset(p, 1));
     return generate_one(p, &gp, 0, 1, out);
 }
 
@@ -395,7 +399,7 @@ cdf_status cdf_pipeline_generate_images(cdf_pipeline *p, const cdf_generate_para
     cdf_generate_params gp;
     CDF_TRY(prepare(p, params, &gp));
     cdf_tensor_map *user_cap = gp.capture, cap;
-    cdf_status s = reset_cache_reports(p, n);
+    cdf_status s = cdf_pipe_cache_reports_reset(p, n);
     /* Image by image (batch 1 each): with one generator, image k's noise is row k of the (n, ...)
      * tensor diffusers draws (the VAE sample of an input image is drawn once, before); with a
      * seed list each image has its own generator. */
