@@ -896,7 +896,7 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
     cdf_step_cache_config cache;
     CDF_TRY(cdf_step_cache_parse(gp.cache, &cache));
     out->cache_bytes = 0;
-    if (cache.kind != CDF_STEP_CACHE_NONE && pp.kind == PK_FLUX) {
+    if ((cache.kind != CDF_STEP_CACHE_NONE && pp.kind == PK_FLUX) || (cache.kind == CDF_STEP_CACHE_MAG && pp.kind == PK_FLUX2)) {
         /* MagCache: per pass one residual (tail output - embedded latents); during a computed
          * step also the embedded latents and the new residual */
         const double tokens = (double)(gp.height / (2 * vsf)) * (gp.width / (2 * vsf)), kept = cache.kind == CDF_STEP_CACHE_MAG ? 1 : 2;
