@@ -798,8 +798,8 @@ static void test_cache_option(void **state) {
     expect(rc, RC_USAGE, "--cache", "first-block:bogus", "finite number");
     rc = run_cli(&c, NULL, "%s --cache firstblock", gen);
     expect(rc, RC_USAGE, "unknown cache 'firstblock'", "first-block[:THRESHOLD]");
-    rc = run_cli(&c, NULL, "%s --cache taylorseer", gen);
-    expect(rc, RC_USAGE, "not implemented");
+    rc = run_cli(&c, NULL, "%s --cache taylorseer:use_lite_mode=True", gen);
+    expect(rc, RC_USAGE, "use_lite_mode is not supported");
     expect_no_output(&c);
     rc = run_cli(&c, NULL, "%s --cache first-block:0 --num-images 2", gen);
     expect(rc, RC_OK, "");
@@ -820,6 +820,14 @@ static void test_cache_option(void **state) {
     expect(rc, RC_OK, "");
     p = png_parameters(&c, "mag.png");
     assert_non_null(strstr(p, ", Cache: mag:threshold=0.06,max_skip_steps=3,retention_ratio=0.2,num_inference_steps=4, full steps 0,2,3 (3 of 4), "));
+    free(p);
+    /* TaylorSeer's defaults at 4 steps: steps 0-2 computed (before step 3), step 3 predicted
+     * ((3 - 3 - 1) % 5 = 4 in Python) */
+    rc = run_cli(&c, NULL, "%s --cache taylorseer --output ts.png", gen);
+    expect(rc, RC_OK, "");
+    p = png_parameters(&c, "ts.png");
+    assert_non_null(strstr(p, ", Cache: taylorseer:cache_interval=5,disable_cache_before_step=3,disable_cache_after_step=None,"
+                              "max_order=1,taylor_factors_dtype=bfloat16, full steps 0,1,2 (3 of 4), "));
     free(p);
     rc = run_cli(&c, NULL, "%s --cache mag:threshold=x", gen);
     expect(rc, RC_USAGE, "threshold must be a finite number");

@@ -288,6 +288,8 @@ static void test_planner_phases_within_10_percent(void **state) {
     g3.negative_prompt = "blurry";
     g3.true_cfg_scale = 2.0f;
     check_plan(g_flux, CDF_OFFLOAD_MODEL, &g3, true);
+    g3.cache = "taylorseer:disable_cache_before_step=1,cache_interval=2"; /* factors of every attention module */
+    check_plan(g_flux, CDF_OFFLOAD_MODEL, &g3, true);
     restore_exec(env);
 }
 

@@ -52,7 +52,7 @@ static cdf_pipeline *load_tiny_offload(const char *folder, cdf_offload_mode offl
 static cdf_pipeline *load_tiny(const char *folder) { return load_tiny_offload(folder, CDF_OFFLOAD_NONE); }
 
 static void run_case(const char *name, cdf_offload_mode offload) {
-    char dir[1024], path[1200], spec[256];
+    char dir[1024], path[1200], spec[320];
     snprintf(dir, sizeof dir, "%s/golden/step_cache/%s", tu_data(""), name);
     snprintf(path, sizeof path, "%s/expected.json", dir);
     cJSON *js = tu_read_json(path);
@@ -73,10 +73,21 @@ static void run_case(const char *name, cdf_offload_mode offload) {
     if (msl) gp.max_sequence_length = msl->valueint;
     gp.seed = (uint64_t)cJSON_GetObjectItem(js, "seeds")->valuedouble;
     /* the cache string, and the report's head the decisions must follow */
-    const cJSON *mag = cJSON_GetObjectItem(js, "mag");
+    const cJSON *mag = cJSON_GetObjectItem(js, "mag"), *ts = cJSON_GetObjectItem(js, "taylorseer");
     char want_report[1024];
     int wn;
-    if (cJSON_IsObject(mag)) {
+    if (cJSON_IsObject(ts)) {
+        /* TaylorSeerCacheConfig's defaults where the case sets none */
+        const cJSON *ci = cJSON_GetObjectItem(ts, "cache_interval"), *bf = cJSON_GetObjectItem(ts, "disable_cache_before_step"),
+                    *af = cJSON_GetObjectItem(ts, "disable_cache_after_step"), *mo = cJSON_GetObjectItem(ts, "max_order"),
+                    *dt = cJSON_GetObjectItem(ts, "taylor_factors_dtype");
+        char after[16] = "None";
+        if (af) snprintf(after, sizeof after, "%d", af->valueint);
+        snprintf(spec, sizeof spec, "taylorseer:cache_interval=%d,disable_cache_before_step=%d,disable_cache_after_step=%s,max_order=%d,"
+                 "taylor_factors_dtype=%s", ci ? ci->valueint : 5, bf ? bf->valueint : 3, after, mo ? mo->valueint : 1,
+                 dt ? dt->valuestring : "bfloat16");
+        wn = snprintf(want_report, sizeof want_report, "%s, full steps", spec);
+    } else if (cJSON_IsObject(mag)) {
         /* MagCacheConfig's defaults where the case sets none */
         const cJSON *t = cJSON_GetObjectItem(mag, "threshold"), *k = cJSON_GetObjectItem(mag, "max_skip_steps"),
                     *r = cJSON_GetObjectItem(mag, "retention_ratio"), *n = cJSON_GetObjectItem(mag, "num_inference_steps");
@@ -151,7 +162,7 @@ static void run_case(const char *name, cdf_offload_mode offload) {
                           cJSON_IsNumber(gc) ? gc->valuedouble : NAN, f[k] != 0 ? "full" : "skip", want ? "full" : "skip");
             if ((f[k] != 0) != want) fail_msg("%s %s call %d: %s, diffusers %s", name, ctxs[c], k, f[k] != 0 ? "full" : "skipped", want ? "full" : "skipped");
             if (cJSON_IsNumber(gc)) assert_true(fabs(ch[k] - gc->valuedouble) <= 1e-3);
-            else if (!cJSON_IsObject(mag)) assert_true(isnan(ch[k])); /* FBC's first call (MagCache records no change) */
+            else if (!cJSON_IsObject(mag) && !cJSON_IsObject(ts)) assert_true(isnan(ch[k])); /* FBC's first call */
             if (want) wn += snprintf(want_report + wn, sizeof want_report - wn, "%s%d", full++ ? "," : "", k);
             k++;
         }
@@ -199,6 +210,11 @@ static void test_mag_dev(void **state) { (void)state, run_case("mag_dev_64x64", 
 static void test_mag_dev_truecfg_fields(void **state) { (void)state, run_case("mag_dev_truecfg_fields_64x64", CDF_OFFLOAD_NONE); }
 static void test_mag_schnell_28steps(void **state) { (void)state, run_case("mag_schnell_28steps_48x80", CDF_OFFLOAD_NONE); }
 static void test_mag_img2img(void **state) { (void)state, run_case("mag_img2img_s08_64x64", CDF_OFFLOAD_NONE); }
+static void test_taylorseer_dev(void **state) { (void)state, run_case("ts_dev_64x64", CDF_OFFLOAD_NONE); }
+static void test_taylorseer_truecfg_f32_order2(void **state) {
+    (void)state, run_case("ts_dev_truecfg_f32_order2_64x64", CDF_OFFLOAD_NONE);
+}
+static void test_taylorseer_schnell_after(void **state) { (void)state, run_case("ts_schnell_after8_48x80", CDF_OFFLOAD_NONE); }
 static void test_mag_flux2(void **state) { (void)state, run_case("mag_flux2_64x64", CDF_OFFLOAD_NONE); }
 static void test_mag_flux2_reference(void **state) { (void)state, run_case("mag_flux2_ref1_64x64", CDF_OFFLOAD_NONE); }
 
@@ -238,6 +254,7 @@ static void test_offload(void **state) {
     run_case("fbc_dev_truecfg_64x64", CDF_OFFLOAD_MODEL);
     run_case("fbc_dev_truecfg_64x64", CDF_OFFLOAD_SEQUENTIAL);
     run_case("mag_dev_truecfg_fields_64x64", CDF_OFFLOAD_SEQUENTIAL);
+    run_case("ts_dev_truecfg_f32_order2_64x64", CDF_OFFLOAD_SEQUENTIAL);
 }
 
 /* LoRA (run-time and fused): threshold 0 through the split forward equals the uncached run with
@@ -372,7 +389,16 @@ static void test_bad_cache_strings(void **state) {
         assert_non_null(strstr(cdf_last_error(), bad_mag[i]));
     }
     assert_int_equal(cdf_cache_check("mag:calibrate=1"), CDF_ERR_UNSUPPORTED);
-    assert_int_equal(cdf_cache_check("taylorseer"), CDF_ERR_UNSUPPORTED);
+    assert_int_equal(cdf_cache_check("taylorseer"), CDF_OK);
+    assert_int_equal(cdf_cache_check("taylorseer:use_lite_mode=True"), CDF_ERR_UNSUPPORTED);
+    assert_int_equal(cdf_cache_check("taylorseer:cache_interval=2,disable_cache_after_step=None,taylor_factors_dtype=float16"), CDF_OK);
+    const char *bad_ts[] = {"taylorseer:", "taylorseer:cache_interval=0", "taylorseer:max_order=-1", "taylorseer:max_order=9",
+                            "taylorseer:taylor_factors_dtype=int8", "taylorseer:disable_cache_after_step=x", "taylorseer:x=1",
+                            "taylorseer:cache_interval", "taylorseers"};
+    for (size_t i = 0; i < sizeof bad_ts / sizeof *bad_ts; i++) {
+        assert_int_equal(cdf_cache_check(bad_ts[i]), CDF_ERR_INVALID_ARG);
+        assert_non_null(strstr(cdf_last_error(), bad_ts[i]));
+    }
     assert_int_equal(cdf_cache_check("mag:mag_ratios=1"), CDF_ERR_UNSUPPORTED);
     /* generate refuses them before any work, and a model without the cache */
     cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
@@ -398,6 +424,8 @@ int main(void) {
         cmocka_unit_test(test_mag_dev),          cmocka_unit_test(test_mag_dev_truecfg_fields),
         cmocka_unit_test(test_mag_schnell_28steps), cmocka_unit_test(test_mag_img2img),
         cmocka_unit_test(test_mag_flux2),        cmocka_unit_test(test_mag_flux2_reference),
+        cmocka_unit_test(test_taylorseer_dev),   cmocka_unit_test(test_taylorseer_truecfg_f32_order2),
+        cmocka_unit_test(test_taylorseer_schnell_after),
         cmocka_unit_test(test_split_forward_is_exact), cmocka_unit_test(test_offload),
         cmocka_unit_test(test_lora),             cmocka_unit_test(test_compiled_parts_never_recompile),
         cmocka_unit_test(test_batch_images_decide_alone), cmocka_unit_test(test_bad_cache_strings),

@@ -10,7 +10,8 @@
 
 /* the step caches' parts of a transformer (docs/step-caches.md) are graphs of their own */
 static const char *const k_methods[CDF_COMPONENT_METHODS] = {"forward", "encode", "decode", "fbc_head",
-                                                             "fbc_tail", "fbc_skip", "cache_full", "cache_embed"};
+                                                             "fbc_tail", "fbc_skip", "cache_full", "cache_embed",
+                                                             "taylor_update", "taylor_predict"};
 
 cdf_status cdf_component_compile(cdf_component *c, const cdf_compile_options *opt) {
     if (!c) return cdf_error(CDF_ERR_INVALID_ARG, "compile: component is NULL");

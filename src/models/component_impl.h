@@ -10,7 +10,7 @@
 #include "nn/nn.h"
 
 /* methods with a graph cache of their own under compile (component_compile.c) */
-#define CDF_COMPONENT_METHODS 8
+#define CDF_COMPONENT_METHODS 10
 
 struct cdf_component {
     const cdf_component_class *cls;
@@ -18,7 +18,7 @@ struct cdf_component {
     cJSON *cfg;
     char class_name[128];
     /* compile (cdf_component_compile): one graph cache per method ("forward", "encode",
-     * "decode", the step caches' "fbc_head", "fbc_tail", "fbc_skip", "cache_full", "cache_embed"), NULL when the component runs uncompiled */
+     * "decode", the step caches' "fbc_head", "fbc_tail", "fbc_skip", "cache_full", "cache_embed", "taylor_update", "taylor_predict"), NULL when the component runs uncompiled */
     bool compiled;
     cdf_compile_options compile_opt;
     struct cdf_graph_cache *graphs[CDF_COMPONENT_METHODS]; /* per method (component_compile.c) */

@@ -53,6 +53,14 @@ cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, c
 /* The same, and (residual non-NULL) *residual = the last block's image stream - the embedded
  * latents [B, Li, D] (MagCache's residual over every block). */
 cdf_status cdf_flux_transformer_forward_residual(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample, cdf_tensor **residual);
+/* TaylorSeer (docs/step-caches.md): the attention modules, in block order: double block i is
+ * attn[2i] (image, after to_out) and attn[2i + 1] (text, after to_add_out), single block j is
+ * attn[2 num_layers + j] (the attention over the joint sequence). predict false: the forward,
+ * and attn[k] = new references to every module's output; true: the forward with attn[k] in
+ * place of every attention module (not run). */
+int cdf_flux_attention_modules(const void *impl);
+cdf_status cdf_flux_transformer_forward_taylor(void *impl, const cdf_flux_inputs *in, bool predict, cdf_tensor **attn,
+                                               cdf_tensor **sample);
 const cdf_flux_config *cdf_flux_transformer_config(const void *impl);
 
 /* diffusers' First Block Cache (docs/step-caches.md) splits the forward at the first block:

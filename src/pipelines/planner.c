@@ -896,7 +896,15 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
     cdf_step_cache_config cache;
     CDF_TRY(cdf_step_cache_parse(gp.cache, &cache));
     out->cache_bytes = 0;
-    if ((cache.kind != CDF_STEP_CACHE_NONE && pp.kind == PK_FLUX) || (cache.kind == CDF_STEP_CACHE_MAG && pp.kind == PK_FLUX2)) {
+    if (cache.kind == CDF_STEP_CACHE_TAYLORSEER && pp.kind == PK_FLUX) {
+        /* TaylorSeer: per pass and attention module (max_order + 1) factors of its outputs (the
+         * joint sequence, tokens + text, x width) in taylor_factors_dtype; during a step the
+         * float32 outputs (computed or predicted) of every module are live too */
+        const double joint = (double)(gp.height / (2 * vsf)) * (gp.width / (2 * vsf)) + (double)L;
+        const double per_module = joint * (double)tr->info.width, modules = (double)(tr->info.layers + tr->info.single_layers);
+        out->cache_bytes = (uint64_t)(passes * modules * (cache.max_order + 1) * per_module * cdf_dtype_size(cache.taylor_factors_dtype));
+        held[CDF_PHASE_DENOISE] += (double)out->cache_bytes / 4.0 + modules * per_module;
+    } else if ((cache.kind != CDF_STEP_CACHE_NONE && pp.kind == PK_FLUX) || (cache.kind == CDF_STEP_CACHE_MAG && pp.kind == PK_FLUX2)) {
         /* MagCache: per pass one residual (tail output - embedded latents); during a computed
          * step also the embedded latents and the new residual */
         const double tokens = (double)(gp.height / (2 * vsf)) * (gp.width / (2 * vsf)), kept = cache.kind == CDF_STEP_CACHE_MAG ? 1 : 2;

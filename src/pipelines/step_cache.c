@@ -55,6 +55,48 @@ static cdf_status parse_mag_fields(const char *spec, const char *p, cdf_step_cac
     return CDF_OK;
 }
 
+/* "key=value,..." of TaylorSeerCacheConfig's fields into cfg. */
+static cdf_status parse_taylor_fields(const char *spec, const char *p, cdf_step_cache_config *cfg) {
+    static const char fields[] = "cache_interval, disable_cache_before_step, disable_cache_after_step, max_order, taylor_factors_dtype";
+    if (!*p) return cdf_error(CDF_ERR_INVALID_ARG, "cache '%s': nothing after 'taylorseer:' (key=value,...)", spec);
+    while (*p) {
+        const char *comma = strchr(p, ','), *end = comma ? comma : p + strlen(p), *eq = memchr(p, '=', (size_t)(end - p));
+        char key[40], val[64];
+        if (!eq || eq == p || (size_t)(eq - p) >= sizeof key || (size_t)(end - eq - 1) >= sizeof val || end == eq + 1)
+            return cdf_error(CDF_ERR_INVALID_ARG, "cache '%s': '%.*s' is not key=value (TaylorSeerCacheConfig fields: %s)", spec,
+                             (int)(end - p), p, fields);
+        snprintf(key, sizeof key, "%.*s", (int)(eq - p), p);
+        snprintf(val, sizeof val, "%.*s", (int)(end - eq - 1), eq + 1);
+        char *vend = NULL;
+        const double v = strtod(val, &vend);
+        const bool is_int = vend && !*vend && isfinite(v) && v == floor(v) && v >= 0 && v <= 1000000;
+        if (strcmp(key, "cache_interval") == 0 && is_int && v >= 1) cfg->cache_interval = (int)v;
+        else if (strcmp(key, "disable_cache_before_step") == 0 && is_int) cfg->disable_cache_before_step = (int)v;
+        else if (strcmp(key, "disable_cache_after_step") == 0 && (is_int || strcmp(val, "None") == 0))
+            cfg->disable_cache_after_step = is_int ? (int)v : -1;
+        else if (strcmp(key, "max_order") == 0 && is_int && v <= 8) cfg->max_order = (int)v;
+        else if (strcmp(key, "taylor_factors_dtype") == 0 && (strcmp(val, "bfloat16") == 0 || strcmp(val, "float16") == 0 ||
+                                                             strcmp(val, "float32") == 0))
+            cfg->taylor_factors_dtype = val[5] == '3' ? CDF_F32 : val[0] == 'b' ? CDF_BF16 : CDF_F16;
+        else if (strcmp(key, "use_lite_mode") == 0 || strcmp(key, "skip_predict_identifiers") == 0 ||
+                 strcmp(key, "cache_identifiers") == 0)
+            return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': TaylorSeerCacheConfig.%s is not supported (the attention modules "
+                             "of every block are cached, diffusers' default)", spec, key);
+        else if (strstr(fields, key) && strlen(key) > 8)
+            return cdf_error(CDF_ERR_INVALID_ARG, "cache '%s': %s cannot be '%s' (%s)", spec, key, val,
+                             strcmp(key, "taylor_factors_dtype") == 0 ? "bfloat16, float16 or float32"
+                             : strcmp(key, "cache_interval") == 0     ? "a whole number >= 1"
+                             : strcmp(key, "max_order") == 0          ? "a whole number 0-8"
+                             : strcmp(key, "disable_cache_after_step") == 0 ? "a whole number >= 0 or None"
+                                                                             : "a whole number >= 0");
+        else
+            return cdf_error(CDF_ERR_INVALID_ARG, "cache '%s': unknown TaylorSeerCacheConfig field '%s' (%s)", spec, key, fields);
+        p = comma ? comma + 1 : end;
+        if (comma && !*p) return cdf_error(CDF_ERR_INVALID_ARG, "cache '%s': trailing ','", spec);
+    }
+    return CDF_OK;
+}
+
 cdf_status cdf_step_cache_parse(const char *spec, cdf_step_cache_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     if (!spec || !*spec || strcmp(spec, "none") == 0) return CDF_OK;
@@ -84,10 +126,19 @@ cdf_status cdf_step_cache_parse(const char *spec, cdf_step_cache_config *cfg) {
         if (s != CDF_OK) memset(cfg, 0, sizeof *cfg);
         return s;
     }
-    if (strncmp(spec, "taylorseer", 10) == 0)
-        return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': TaylorSeer is not implemented yet (only first-block[:THRESHOLD] "
-                         "and mag[:key=value,...]; docs/step-caches.md)", spec);
-    return cdf_error(CDF_ERR_INVALID_ARG, "unknown cache '%s' (known: none, first-block[:THRESHOLD], mag[:key=value,...])", spec);
+    if (strncmp(spec, "taylorseer", 10) == 0 && (spec[10] == '\0' || spec[10] == ':')) {
+        cfg->kind = CDF_STEP_CACHE_TAYLORSEER; /* TaylorSeerCacheConfig's defaults */
+        cfg->cache_interval = 5;
+        cfg->disable_cache_before_step = 3;
+        cfg->disable_cache_after_step = -1;
+        cfg->max_order = 1;
+        cfg->taylor_factors_dtype = CDF_BF16;
+        cdf_status s = spec[10] ? parse_taylor_fields(spec, spec + 11, cfg) : CDF_OK;
+        if (s != CDF_OK) memset(cfg, 0, sizeof *cfg);
+        return s;
+    }
+    return cdf_error(CDF_ERR_INVALID_ARG, "unknown cache '%s' (known: none, first-block[:THRESHOLD], mag[:key=value,...], "
+                     "taylorseer[:key=value,...])", spec);
 }
 
 /* diffusers' hooks/mag_cache.py FLUX_MAG_RATIOS (torch.tensor: float32) */
@@ -99,7 +150,7 @@ static const float k_flux_mag_ratios[28] = {1.0f,     1.21094f, 1.11719f, 1.0781
 cdf_status cdf_step_cache_init(cdf_step_cache *sc, const cdf_step_cache_config *cfg, int num_steps) {
     memset(sc, 0, sizeof *sc);
     sc->cfg = *cfg;
-    for (int k = 0; k < CDF_STEP_CACHE_PASSES; k++) sc->pass[k].acc_ratio = 1.0f;
+    for (int k = 0; k < CDF_STEP_CACHE_PASSES; k++) sc->pass[k].acc_ratio = 1.0f, sc->pass[k].last_update_step = -1;
     if (cfg->kind != CDF_STEP_CACHE_MAG) return CDF_OK;
     if (sc->cfg.num_inference_steps <= 0) sc->cfg.num_inference_steps = num_steps;
     const int n = sc->cfg.num_inference_steps, src = 28;
@@ -251,11 +302,99 @@ static cdf_status mag_predict(cdf_step_cache *sc, cdf_component *transformer, in
     return s;
 }
 
+/* Python's a % b for b > 0 */
+static int py_mod(int a, int b) { return ((a % b) + b) % b; }
+
+/* TaylorSeer (hooks/taylorseer_cache.py) over every attention module: the schedule decides (no
+ * read); a computed call runs the forward and updates each module's Taylor factors from its
+ * outputs, a predicted one runs the forward with each module's output replaced by
+ * sum f(k) offset^k / k! (the attention not run). */
+static cdf_status taylor_predict(cdf_step_cache *sc, cdf_component *transformer, int pass, const cdf_tensor_map *in,
+                                 cdf_tensor **sample) {
+    struct cdf_step_cache_pass *ps = &sc->pass[pass];
+    const cdf_step_cache_config *c = &sc->cfg;
+    const int step = ps->step_index++, orders = c->max_order + 1; /* current_step, from 0 */
+    const bool compute = step < c->disable_cache_before_step ||
+                         py_mod(step - c->disable_cache_before_step - 1, c->cache_interval) == 0 ||
+                         (c->disable_cache_after_step >= 0 && step >= c->disable_cache_after_step) || ps->last_update_step < 0;
+    if (log_cache())
+        fprintf(stderr, "cache: taylorseer %s call %d: %s (last update at %d)\n", k_context[pass], step, compute ? "full" : "predict",
+                ps->last_update_step);
+    cdf_tensor_map pin, out;
+    cdf_tensor_map_init(&pin);
+    cdf_tensor_map_init(&out);
+    cdf_status s = CDF_OK;
+    char key[40];
+    if (compute) {
+        s = cdf_component_run(transformer, "taylor_update", in, &out);
+        if (s == CDF_OK && !(*sample = cdf_pipe_take(&out, "out.sample"))) s = status_or_internal();
+        int n = 0;
+        for (;; n++) { /* the modules: out.attn.0 .. */
+            snprintf(key, sizeof key, "out.attn.%d", n);
+            if (!cdf_tensor_map_get(&out, key)) break;
+        }
+        if (s == CDF_OK && !ps->factors) {
+            ps->n_modules = n;
+            ps->factors = calloc((size_t)n * orders + 1, sizeof *ps->factors);
+            ps->n_orders = calloc((size_t)n + 1, sizeof *ps->n_orders);
+            if (!ps->factors || !ps->n_orders) s = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (Taylor factors)");
+        }
+        if (s == CDF_OK && n != ps->n_modules) s = cdf_error(CDF_ERR_INTERNAL, "taylorseer: %d attention modules, then %d", ps->n_modules, n);
+        for (int k = 0; k < n && s == CDF_OK; k++) {
+            cdf_scope_push();
+            snprintf(key, sizeof key, "out.attn.%d", k);
+            cdf_tensor *nf[9] = {cdf_tensor_map_get(&out, key)}; /* new factors, float32 */
+            int no = 1;
+            if (ps->last_update_step >= 0) {
+                cdf_tensor *delta = cdf_pipe_scalar_tensor(cdf_tensor_device(nf[0]), (float)(step - ps->last_update_step), 1);
+                for (int j = 0; j < c->max_order && j < ps->n_orders[k]; j++, no++) /* (f_j - prev f_j) / delta */
+                    nf[j + 1] = cdf_div(cdf_sub(nf[j], cdf_cast(ps->factors[k * orders + j], cdf_tensor_dtype(nf[0]))), delta);
+            }
+            cdf_tensor *kept[9];
+            for (int j = 0; j < no; j++) kept[j] = cdf_cast(nf[j], c->taylor_factors_dtype);
+            for (int j = 0; j < no && s == CDF_OK; j++)
+                if (!kept[j]) s = status_or_internal();
+            if (s == CDF_OK) {
+                for (int j = 0; j < orders; j++) {
+                    cdf_tensor_release(ps->factors[k * orders + j]);
+                    ps->factors[k * orders + j] = j < no ? cdf_tensor_retain(kept[j]) : NULL;
+                }
+                ps->n_orders[k] = no;
+            }
+            cdf_scope_pop(NULL, 0);
+        }
+        if (s == CDF_OK) ps->last_update_step = step;
+    } else {
+        const int offset = step - ps->last_update_step;
+        for (int k = 0; k < ps->n_modules && s == CDF_OK; k++) {
+            /* zeros + sum_o f_o * (offset^o / o!) in float32, the coefficient a Python float */
+            cdf_tensor *acc = NULL;
+            double fact = 1.0, pw = 1.0;
+            for (int o = 0; o < ps->n_orders[k]; o++) {
+                if (o > 0) fact *= o, pw *= offset;
+                cdf_tensor *term = cdf_scale(cdf_cast(ps->factors[k * orders + o], CDF_F32), (float)(pw / fact));
+                acc = acc ? cdf_add(acc, term) : term;
+            }
+            snprintf(key, sizeof key, "attn.%d", k);
+            s = acc ? cdf_tensor_map_set(&pin, key, acc) : status_or_internal();
+        }
+        for (int i = 0; i < in->n && s == CDF_OK; i++) s = cdf_tensor_map_set(&pin, in->names[i], in->tensors[i]);
+        if (s == CDF_OK) s = cdf_component_run(transformer, "taylor_predict", &pin, &out);
+        if (s == CDF_OK && !(*sample = cdf_pipe_take(&out, "out.sample"))) s = status_or_internal();
+    }
+    if (s == CDF_OK) s = record(ps, NAN, compute);
+    cdf_tensor_map_clear(&pin);
+    cdf_tensor_map_clear(&out);
+    if (s != CDF_OK) *sample = NULL;
+    return s;
+}
+
 cdf_status cdf_step_cache_predict(cdf_step_cache *sc, cdf_component *transformer, int pass, const cdf_tensor_map *in,
                                   cdf_tensor **sample) {
     *sample = NULL;
     if (pass < 0 || pass >= CDF_STEP_CACHE_PASSES) return cdf_error(CDF_ERR_INTERNAL, "step cache: pass %d", pass);
     if (sc->cfg.kind == CDF_STEP_CACHE_MAG) return mag_predict(sc, transformer, pass, in, sample);
+    if (sc->cfg.kind == CDF_STEP_CACHE_TAYLORSEER) return taylor_predict(sc, transformer, pass, in, sample);
     struct cdf_step_cache_pass *ps = &sc->pass[pass];
     cdf_tensor_map hout, tin, tout;
     cdf_tensor_map_init(&hout);
@@ -307,11 +446,19 @@ void cdf_step_cache_finish(cdf_step_cache *sc, cdf_pipeline *p, const cdf_genera
     /* report: "first-block:T, full steps 0,5,8 (3 of 10)", with true CFG per context:
      * "first-block:T, full steps cond 0,3 (2 of 10), uncond 0,1,2 (3 of 10)" */
     const bool two = sc->pass[1].calls > 0;
-    size_t cap = 96;
+    size_t cap = 256;
     for (int k = 0; k < CDF_STEP_CACHE_PASSES; k++) cap += 32 + 12 * (size_t)sc->pass[k].calls;
     char *rep = malloc(cap);
     if (rep) {
-        int n = sc->cfg.kind == CDF_STEP_CACHE_MAG
+        char after[16];
+        snprintf(after, sizeof after, "%d", sc->cfg.disable_cache_after_step);
+        int n = sc->cfg.kind == CDF_STEP_CACHE_TAYLORSEER
+                    ? snprintf(rep, cap, "taylorseer:cache_interval=%d,disable_cache_before_step=%d,disable_cache_after_step=%s,"
+                               "max_order=%d,taylor_factors_dtype=%s, full steps", sc->cfg.cache_interval,
+                               sc->cfg.disable_cache_before_step, sc->cfg.disable_cache_after_step < 0 ? "None" : after,
+                               sc->cfg.max_order, sc->cfg.taylor_factors_dtype == CDF_F32 ? "float32"
+                                                  : sc->cfg.taylor_factors_dtype == CDF_F16 ? "float16" : "bfloat16")
+                : sc->cfg.kind == CDF_STEP_CACHE_MAG
                     ? snprintf(rep, cap, "mag:threshold=%g,max_skip_steps=%d,retention_ratio=%g,num_inference_steps=%d, full steps",
                                sc->cfg.threshold, sc->cfg.max_skip_steps, sc->cfg.retention_ratio, sc->cfg.num_inference_steps)
                     : snprintf(rep, cap, "first-block:%g, full steps", sc->cfg.threshold);
@@ -348,6 +495,9 @@ void cdf_step_cache_finish(cdf_step_cache *sc, cdf_pipeline *p, const cdf_genera
         }
         cdf_tensor_release(ps->prev_residual);
         cdf_tensor_release(ps->tail_residual);
+        for (int i = 0; ps->factors && i < ps->n_modules * (sc->cfg.max_order + 1); i++) cdf_tensor_release(ps->factors[i]);
+        free(ps->factors);
+        free(ps->n_orders);
         free(ps->change);
         free(ps->computed);
     }

@@ -10,7 +10,12 @@
 #include "cdiffusers/pipeline.h"
 #include "models/component.h"
 
-typedef enum cdf_step_cache_kind { CDF_STEP_CACHE_NONE = 0, CDF_STEP_CACHE_FIRST_BLOCK = 1, CDF_STEP_CACHE_MAG = 2 } cdf_step_cache_kind;
+typedef enum cdf_step_cache_kind {
+    CDF_STEP_CACHE_NONE = 0,
+    CDF_STEP_CACHE_FIRST_BLOCK = 1,
+    CDF_STEP_CACHE_MAG = 2,
+    CDF_STEP_CACHE_TAYLORSEER = 3,
+} cdf_step_cache_kind;
 
 typedef struct cdf_step_cache_config {
     cdf_step_cache_kind kind;
@@ -19,12 +24,20 @@ typedef struct cdf_step_cache_config {
     int max_skip_steps;
     double retention_ratio;
     int num_inference_steps; /* 0 = the request's step count */
+    /* TaylorSeerCacheConfig (the default attention-module patterns) */
+    int cache_interval, disable_cache_before_step;
+    int disable_cache_after_step; /* -1 = None */
+    int max_order;
+    cdf_dtype taylor_factors_dtype; /* CDF_BF16 (torch.bfloat16), CDF_F16 or CDF_F32 */
 } cdf_step_cache_config;
 
 /* The --cache / params.cache string: NULL, "" or "none" = off; "first-block" (threshold 0.05,
  * diffusers' default) or "first-block:T" (T a finite number >= 0); "mag" or
  * "mag:key=value,..." with MagCacheConfig's fields threshold (0.06), max_skip_steps (3),
- * retention_ratio (0.2), num_inference_steps (the request's). Anything else is
+ * retention_ratio (0.2), num_inference_steps (the request's); "taylorseer" or
+ * "taylorseer:key=value,..." with TaylorSeerCacheConfig's cache_interval (5),
+ * disable_cache_before_step (3), disable_cache_after_step (None), max_order (1),
+ * taylor_factors_dtype (bfloat16; float16, float32). Anything else is
  * CDF_ERR_INVALID_ARG (CDF_ERR_UNSUPPORTED for what is not implemented) naming the string and
  * what is accepted. */
 cdf_status cdf_step_cache_parse(const char *spec, cdf_step_cache_config *cfg);
@@ -41,6 +54,10 @@ typedef struct cdf_step_cache {
         cdf_tensor *tail_residual; /* FBC: image-stream tail residual of the last computed call (owned) */
         float acc_ratio, acc_err; /* MagCache's accumulators (float32 0-dim tensors in diffusers) */
         int acc_steps, step_index;
+        /* TaylorSeer: per attention module its factors [orders] (taylor_factors_dtype, owned),
+         * the last step that updated them (-1: none) */
+        int n_modules, *n_orders, last_update_step;
+        cdf_tensor **factors; /* [n_modules * (max_order + 1)] */
         int calls, cap;
         float *change;  /* per call: FBC the relative change, MagCache the accumulated error (NaN: none) */
         bool *computed; /* per call: the whole transformer ran */

@@ -30,6 +30,7 @@ from diffusers import Flux2Pipeline, FluxImg2ImgPipeline, FluxPipeline
 from diffusers.hooks import FirstBlockCacheConfig, HookRegistry
 from diffusers.hooks.first_block_cache import _FBC_LEADER_BLOCK_HOOK
 from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS, MagCacheConfig, MagCacheHeadHook
+from diffusers.hooks.taylorseer_cache import _TAYLORSEER_CACHE_HOOK, TaylorSeerCacheConfig
 from safetensors.torch import load_file, save_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -44,7 +45,7 @@ _spec.loader.exec_module(_img2img)
 make_image = _img2img.make_image
 
 
-def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=False, mag=None):
+def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=False, mag=None, taylor=None):
     """mag: None for FirstBlockCacheConfig(threshold), else MagCacheConfig's fields (the mag_ratios
     are FLUX_MAG_RATIOS; the decisions come from a wrapper around MagCacheHeadHook.new_forward)."""
     d = os.path.join(OUT, name)
@@ -67,7 +68,23 @@ def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=F
     else:
         pipe = cls.from_pretrained(os.path.join(PIPES, folder), dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
-    if mag is not None:
+    if taylor is not None:
+        kw_t = dict(taylor)
+        if "taylor_factors_dtype" in kw_t:
+            kw_t["taylor_factors_dtype"] = getattr(torch, kw_t["taylor_factors_dtype"])
+        config = TaylorSeerCacheConfig(**kw_t)
+        pipe.transformer.enable_cache(config)
+        # every attention module's hook decides alike: record the first one's decisions
+        hook = HookRegistry.check_if_exists_or_initialize(pipe.transformer.transformer_blocks[0].attn).get_hook(_TAYLORSEER_CACHE_HOOK)
+        orig_measure = hook._measure_should_compute
+
+        def measure():
+            res, state = orig_measure()
+            decisions.append({"context": hook.state_manager.context.name, "change": None, "computed": bool(res)})
+            return res, state
+
+        hook._measure_should_compute = measure
+    elif mag is not None:
         config = MagCacheConfig(mag_ratios=FLUX_MAG_RATIOS, **mag)
         pipe.transformer.enable_cache(config)
     else:
@@ -129,9 +146,10 @@ def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=F
     meta = {
         "pipeline": cls.__name__, "folder": "tests/data/pipelines/" + folder, "call": call, "seeds": seed,
         "prompt_embeds": "the flux2_dev_tiny 64x64 case's" if cls is Flux2Pipeline else None,
-        "cache": ("MagCacheConfig(mag_ratios=FLUX_MAG_RATIOS, %s)" % ", ".join("%s=%r" % kv for kv in mag.items()) if mag is not None
+        "cache": ("TaylorSeerCacheConfig(%s)" % ", ".join("%s=%s" % kv for kv in taylor.items()) if taylor is not None
+                  else "MagCacheConfig(mag_ratios=FLUX_MAG_RATIOS, %s)" % ", ".join("%s=%r" % kv for kv in mag.items()) if mag is not None
                   else "FirstBlockCacheConfig(threshold=%r)" % threshold),
-        "threshold": threshold, "mag": mag,
+        "threshold": threshold, "mag": mag, "taylorseer": taylor,
         "mag_ratios_used": config.mag_ratios.tolist() if mag is not None else None,
         "cache_context": "set around every transformer call by this script (the pipeline sets none)" if set_context
         else "the pipeline's own",
@@ -188,6 +206,15 @@ def CASES(fl):
     run_case("mag_flux2_ref1_64x64", Flux2Pipeline, "flux2_dev_tiny",
              dict(height=64, width=64, num_inference_steps=8, guidance_scale=4.0), None, 22, image=make_image(64, 64, 3),
              mag=dict(threshold=0.1, num_inference_steps=8))
+    # TaylorSeer: its schedule alone decides; the defaults keep bf16 Taylor factors
+    run_case("ts_dev_64x64", FluxPipeline, "flux1_dev_tiny", dict(fl, height=64, width=64, num_inference_steps=12), None, 7,
+             taylor=dict())
+    run_case("ts_dev_truecfg_f32_order2_64x64", FluxPipeline, "flux1_dev_tiny",
+             dict(fl, height=64, width=64, num_inference_steps=12, negative_prompt="blurry", true_cfg_scale=2.0), None, 8,
+             taylor=dict(cache_interval=3, disable_cache_before_step=2, max_order=2, taylor_factors_dtype="float32"))
+    run_case("ts_schnell_after8_48x80", FluxPipeline, "flux1_schnell_tiny",
+             dict(prompt="a red house by a lake", max_sequence_length=32, height=48, width=80, num_inference_steps=10), None, 9,
+             taylor=dict(cache_interval=2, disable_cache_after_step=8))
 
 
 if __name__ == "__main__":
