@@ -10,7 +10,8 @@
  *     per-step wall time of one image at SIZE² with each cache (default: first-block:0, every
  *     step in full; first-block:1e9, every step after the first skipped after the head block;
  *     mag with a huge threshold and retention 0, every step after the first skipped with no
- *     block); the first step (and each run's compile/warm-up) is left out: median of the rest.
+ *     block; taylorseer computing steps 0 and 2 only, the others predicted); the first step (and
+ *     each run's compile/warm-up) is left out: median of the rest.
  *
  * Build: bench/step_cache/run.sh. */
 #include <math.h>
@@ -155,15 +156,15 @@ static int timing(const char *model, int size, int steps, const char *list) {
     lp.weight_dtype = CDF_BF16;
     cdf_pipeline *pipe = NULL;
     if (cdf_pipeline_load(model, &lp, &pipe) != CDF_OK) die("load");
-    char specs[4][128];
+    char specs[6][128];
     int ns = 0;
-    for (const char *p = list; *p && ns < 4; ns++) {
+    for (const char *p = list; *p && ns < 6; ns++) {
         const char *semi = strchr(p, ';');
         const size_t len = semi ? (size_t)(semi - p) : strlen(p);
         snprintf(specs[ns], sizeof specs[ns], "%.*s", (int)len, p);
         p = semi ? semi + 1 : p + len;
     }
-    double med[4];
+    double med[6];
     for (int r = 0; r < ns; r++) {
         cdf_generate_params gp = cdf_generate_default_params();
         gp.prompt = "a red fox in the snow";
@@ -195,12 +196,13 @@ static int timing(const char *model, int size, int steps, const char *list) {
 
 int main(int argc, char **argv) {
     if (argc == 5 && strcmp(argv[1], "quality") == 0)
-        return quality(argv[2], atoi(argv[3]), atoi(argv[4]), "first-block:0.05;first-block:0.1;first-block:0.2;mag");
+        return quality(argv[2], atoi(argv[3]), atoi(argv[4]), "first-block:0.05;first-block:0.1;first-block:0.2;mag;taylorseer");
     if (argc == 6 && strcmp(argv[1], "quality") == 0) return quality(argv[2], atoi(argv[3]), atoi(argv[4]), argv[5]);
     /* every step in full; FBC skipping every step after the first; MagCache skipping every one after the first */
     if (argc == 5 && strcmp(argv[1], "timing") == 0)
         return timing(argv[2], atoi(argv[3]), atoi(argv[4]),
-                      "first-block:0;first-block:1e9;mag:threshold=1e9,max_skip_steps=1000,retention_ratio=0");
+                      "first-block:0;first-block:1e9;mag:threshold=1e9,max_skip_steps=1000,retention_ratio=0;"
+                      "taylorseer:disable_cache_before_step=1,cache_interval=1000");
     if (argc == 6 && strcmp(argv[1], "timing") == 0) return timing(argv[2], atoi(argv[3]), atoi(argv[4]), argv[5]);
     fprintf(stderr, "usage: bench_step_cache quality MODEL N_PROMPTS STEPS [CACHE;CACHE;...]\n"
                     "       bench_step_cache timing MODEL SIZE STEPS [CACHE;CACHE;...] (the first: the reference)\n");

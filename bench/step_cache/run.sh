@@ -16,7 +16,7 @@ cd "$root"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} # spinning OpenMP workers on a shared machine: see history/09-server.md
 for steps in 20 28; do
     "$build/bench_step_cache" quality models/shapes-flux-tiny "$n" "$steps" \
-        "first-block:0.05;first-block:0.1;first-block:0.2;mag;mag:threshold=0.1"
+        "first-block:0.05;first-block:0.1;first-block:0.2;mag;mag:threshold=0.1;taylorseer;taylorseer:cache_interval=3"
 done
 if [ ! -f "$work/flux1w/transformer/config.json" ]; then
     gcc -std=gnu17 -O2 -o "$build/make-random-pipeline" tools/make-random-pipeline/make_random_pipeline.c -lm
