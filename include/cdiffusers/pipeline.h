@@ -87,11 +87,11 @@ void cdf_pipeline_free(cdf_pipeline *p);
 /* "FluxPipeline", "StableDiffusion3Pipeline", "Flux2Pipeline". */
 const char *cdf_pipeline_class_name(const cdf_pipeline *p);
 /* The step cache of image `image` (0-based) of the last cdf_pipeline_generate /
- * cdf_pipeline_generate_images call: its name and threshold and which denoising steps ran the
+ * cdf_pipeline_generate_images call: its name and settings and which denoising steps ran the
  * whole transformer ("first-block:0.05, full steps 0,1,4,9 (4 of 10)"; with true CFG per pass,
- * "cond ..., uncond ..."). Each image of a batch decides on its own (docs/step-caches.md). NULL
- * when it ran without a cache (or no such image). Owned by the pipeline, valid until the next
- * generate. */
+ * "cond ..., uncond ..."; TaylorSeer: the steps whose attention was computed). Each image of a
+ * batch decides on its own (docs/step-caches.md). NULL when it ran without a cache (or no such
+ * image). Owned by the pipeline, valid until the next generate. */
 const char *cdf_pipeline_cache_report(const cdf_pipeline *p, int image);
 /* Checks a step-cache string (cdf_generate_params.cache) without a pipeline: CDF_OK, or the
  * error generate would give for it. */
@@ -154,8 +154,9 @@ typedef struct cdf_generate_params {
     int vae_tile_size; /* pixels, a multiple of 4 x the VAE's downscaling factor; 0 = default */
     /* Step cache (docs/step-caches.md): NULL, "" or "none" = off; "first-block" or
      * "first-block:THRESHOLD" = diffusers' First Block Cache (FirstBlockCacheConfig(threshold),
-     * default 0.05) on the FLUX.1 transformer. Another string, or a cache the model cannot
-     * take, is an error. */
+     * default 0.05; FLUX.1); "mag[:key=value,...]" = MagCacheConfig with FLUX_MAG_RATIOS (FLUX.1,
+     * FLUX.2); "taylorseer[:key=value,...]" = TaylorSeerCacheConfig (FLUX.1). Another string, or
+     * a cache the model cannot take, is an error. */
     const char *cache;
     cdf_step_callback callback;
     void *callback_user;
