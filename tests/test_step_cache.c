@@ -306,33 +306,45 @@ static void test_split_forward_is_exact(void **state) {
     cdf_pipeline_free(pipe);
 }
 
-/* Compile mode: the cache's parts are graphs compiled once per shape; more steps and other
- * decisions replay them (a recompile would be an error), and the cache adds one host read per
- * call after the first (the change), nothing else. */
+/* Compile mode: each cache's parts are graphs compiled once per shape; more steps and other
+ * decisions replay them (a recompile would be an error); First Block Cache adds one host read per
+ * call after the first (the change), MagCache and TaylorSeer none. */
 static void test_compiled_parts_never_recompile(void **state) {
     (void)state;
-    cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
-    cdf_compile_options o = cdf_compile_default_options();
-    assert_int_equal(cdf_pipeline_compile(pipe, &o), CDF_OK);
-    int64_t n;
-    free(final_latents(pipe, "first-block:0.9", false, &n)); /* compiles head, tail and skip */
-    const char *rep = cdf_pipeline_cache_report(pipe, 0);
-    print_message("  %s\n", rep);
-    assert_true(!strstr(rep, "(1 of 4)") && !strstr(rep, "(4 of 4)")); /* both tail and skip ran */
-    cdf_exec_stats a, b, c;
-    cdf_exec_get_stats(&a);
-    cdf_compile_set_forbid_recompile(true);
-    free(final_latents(pipe, NULL, false, &n));
-    cdf_exec_get_stats(&b);
-    free(final_latents(pipe, "first-block:0.9", false, &n));
-    cdf_exec_get_stats(&c);
-    cdf_compile_set_forbid_recompile(false);
-    print_message("  compiles %llu -> %llu -> %llu, host syncs uncached %llu, cached %llu\n", (unsigned long long)a.compiles,
-                  (unsigned long long)b.compiles, (unsigned long long)c.compiles, (unsigned long long)(b.host_syncs - a.host_syncs),
-                  (unsigned long long)(c.host_syncs - b.host_syncs));
-    assert_true(c.compiles == b.compiles); /* (the uncached run may compile forward, once) */
-    assert_true(c.host_syncs - b.host_syncs == (b.host_syncs - a.host_syncs) + 3); /* 4 calls: 3 changes read */
-    cdf_pipeline_free(pipe);
+    /* each cache with settings that both compute and skip within 4 steps, and the host reads it
+     * adds per generation: First Block Cache one per call after the first, the others none */
+    static const struct {
+        const char *cache;
+        uint64_t reads;
+    } cases[] = {
+        {"first-block:0.9", 3},
+        {"mag:retention_ratio=0", 0},
+        {"taylorseer:disable_cache_before_step=1,cache_interval=2", 0},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
+        cdf_compile_options o = cdf_compile_default_options();
+        assert_int_equal(cdf_pipeline_compile(pipe, &o), CDF_OK);
+        int64_t n;
+        free(final_latents(pipe, cases[ci].cache, false, &n)); /* compiles the parts */
+        const char *rep = cdf_pipeline_cache_report(pipe, 0);
+        print_message("  %s\n", rep);
+        assert_true(!strstr(rep, "(1 of 4)") && !strstr(rep, "(4 of 4)")); /* both kinds of step ran */
+        cdf_exec_stats a, b, c;
+        cdf_exec_get_stats(&a);
+        cdf_compile_set_forbid_recompile(true);
+        free(final_latents(pipe, NULL, false, &n));
+        cdf_exec_get_stats(&b);
+        free(final_latents(pipe, cases[ci].cache, false, &n));
+        cdf_exec_get_stats(&c);
+        cdf_compile_set_forbid_recompile(false);
+        print_message("  compiles %llu -> %llu -> %llu, host syncs uncached %llu, cached %llu\n", (unsigned long long)a.compiles,
+                      (unsigned long long)b.compiles, (unsigned long long)c.compiles,
+                      (unsigned long long)(b.host_syncs - a.host_syncs), (unsigned long long)(c.host_syncs - b.host_syncs));
+        assert_true(c.compiles == b.compiles); /* (the uncached run may compile forward, once) */
+        assert_true(c.host_syncs - b.host_syncs == (b.host_syncs - a.host_syncs) + cases[ci].reads);
+        cdf_pipeline_free(pipe);
+    }
 }
 
 /* Batches: each image of a seed list takes its own decisions (docs/step-caches.md) and equals its
