@@ -103,14 +103,21 @@ static void run_case(const char *name, cdf_offload_mode offload) {
         wn = snprintf(want_report, sizeof want_report, "first-block:%g, full steps", threshold);
     }
     gp.cache = spec;
-    cdf_png_image png = {0};
-    cdf_image img;
+    cdf_png_image png = {0}, png_mask = {0};
+    cdf_image img, mask_img;
     const cJSON *img_in = cJSON_GetObjectItem(js, "image_in");
     if (cJSON_IsString(img_in)) {
         snprintf(path, sizeof path, "%s/%s", dir, img_in->valuestring);
         if (cdf_png_read(path, &png) != CDF_OK) fail_msg("%s: %s", path, cdf_last_error());
         img = (cdf_image){.width = png.width, .height = png.height, .channels = png.channels, .pixels = png.pixels};
         gp.image = &img;
+    }
+    const cJSON *mask_in = cJSON_GetObjectItem(js, "mask_in");
+    if (cJSON_IsString(mask_in)) {
+        snprintf(path, sizeof path, "%s/%s", dir, mask_in->valuestring);
+        if (cdf_png_read(path, &png_mask) != CDF_OK) fail_msg("%s: %s", path, cdf_last_error());
+        mask_img = (cdf_image){.width = png_mask.width, .height = png_mask.height, .channels = png_mask.channels, .pixels = png_mask.pixels};
+        gp.mask_image = &mask_img;
     }
     cdf_pipeline *pipe = load_tiny_offload(strrchr(cJSON_GetObjectItem(js, "folder")->valuestring, '/') + 1, offload);
     cdf_tensor_map cap;
@@ -199,6 +206,7 @@ static void run_case(const char *name, cdf_offload_mode offload) {
     cdf_tensor_map_clear(&f2);
     cdf_pipeline_free(pipe);
     cdf_png_image_free(&png);
+    cdf_png_image_free(&png_mask);
     cJSON_Delete(js);
 }
 
@@ -215,6 +223,7 @@ static void test_taylorseer_truecfg_f32_order2(void **state) {
     (void)state, run_case("ts_dev_truecfg_f32_order2_64x64", CDF_OFFLOAD_NONE);
 }
 static void test_taylorseer_schnell_after(void **state) { (void)state, run_case("ts_schnell_after8_48x80", CDF_OFFLOAD_NONE); }
+static void test_mag_inpaint(void **state) { (void)state, run_case("mag_inpaint_s09_64x64", CDF_OFFLOAD_NONE); }
 static void test_mag_flux2(void **state) { (void)state, run_case("mag_flux2_64x64", CDF_OFFLOAD_NONE); }
 static void test_mag_flux2_reference(void **state) { (void)state, run_case("mag_flux2_ref1_64x64", CDF_OFFLOAD_NONE); }
 
@@ -436,7 +445,8 @@ int main(void) {
         cmocka_unit_test(test_fbc_schnell),      cmocka_unit_test(test_fbc_img2img),
         cmocka_unit_test(test_mag_dev),          cmocka_unit_test(test_mag_dev_truecfg_fields),
         cmocka_unit_test(test_mag_schnell_28steps), cmocka_unit_test(test_mag_img2img),
-        cmocka_unit_test(test_mag_flux2),        cmocka_unit_test(test_mag_flux2_reference),
+        cmocka_unit_test(test_mag_inpaint),      cmocka_unit_test(test_mag_flux2),
+        cmocka_unit_test(test_mag_flux2_reference),
         cmocka_unit_test(test_taylorseer_dev),   cmocka_unit_test(test_taylorseer_truecfg_f32_order2),
         cmocka_unit_test(test_taylorseer_schnell_after),
         cmocka_unit_test(test_split_forward_is_exact), cmocka_unit_test(test_offload),

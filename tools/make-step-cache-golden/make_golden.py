@@ -26,7 +26,7 @@ import numpy as np
 import PIL.Image
 import torch
 import diffusers
-from diffusers import Flux2Pipeline, FluxImg2ImgPipeline, FluxPipeline
+from diffusers import Flux2Pipeline, FluxImg2ImgPipeline, FluxInpaintPipeline, FluxPipeline
 from diffusers.hooks import FirstBlockCacheConfig, HookRegistry
 from diffusers.hooks.first_block_cache import _FBC_LEADER_BLOCK_HOOK
 from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS, MagCacheConfig, MagCacheHeadHook
@@ -43,9 +43,10 @@ _spec = importlib.util.spec_from_file_location("img2img_golden", os.path.join(RO
 _img2img = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_img2img)
 make_image = _img2img.make_image
+make_mask = _img2img.make_mask
 
 
-def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=False, mag=None, taylor=None):
+def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=False, mag=None, taylor=None, mask=None):
     """mag: None for FirstBlockCacheConfig(threshold), else MagCacheConfig's fields (the mag_ratios
     are FLUX_MAG_RATIOS; the decisions come from a wrapper around MagCacheHeadHook.new_forward)."""
     d = os.path.join(OUT, name)
@@ -122,6 +123,9 @@ def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=F
         kw["image"] = PIL.Image.open(os.path.join(d, "image_in.png"))
         if cls is Flux2Pipeline:
             kw["image"] = [kw["image"]]
+    if mask is not None:
+        mask.save(os.path.join(d, "mask_in.png"))
+        kw["mask_image"] = PIL.Image.open(os.path.join(d, "mask_in.png"))
     try:
         with torch.no_grad():
             out = pipe(**kw, generator=torch.Generator("cpu").manual_seed(seed), output_type="np", callback_on_step_end=callback,
@@ -154,6 +158,7 @@ def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=F
         "cache_context": "set around every transformer call by this script (the pipeline sets none)" if set_context
         else "the pipeline's own",
         "image_in": "image_in.png" if image is not None else None,
+        "mask_in": "mask_in.png" if mask is not None else None,
         "steps_run": len(steps),
         # one entry per transformer call, in call order (per step: "cond", then "uncond" with true CFG)
         "decisions": decisions,
@@ -199,6 +204,9 @@ def CASES(fl):
     run_case("mag_img2img_s08_64x64", FluxImg2ImgPipeline, "flux1_dev_tiny",
              dict(fl, height=64, width=64, num_inference_steps=12, strength=0.8), None, 10, image=make_image(64, 64, 1),
              mag=dict(num_inference_steps=12))
+    run_case("mag_inpaint_s09_64x64", FluxInpaintPipeline, "flux1_dev_tiny",
+             dict(fl, height=64, width=64, num_inference_steps=12, strength=0.9), None, 11, image=make_image(64, 64, 1),
+             mask=make_mask(64, 64), mag=dict(num_inference_steps=12))
     # FLUX.2 (Flux2Pipeline sets no context: MagCache's own "inference"; First Block Cache fails
     # there, see docs/step-caches.md): text to image, and with a reference image
     run_case("mag_flux2_64x64", Flux2Pipeline, "flux2_dev_tiny", dict(height=64, width=64, num_inference_steps=10, guidance_scale=4.0),
