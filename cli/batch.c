@@ -155,7 +155,7 @@ static cdf_status write_image(const cdf_cli_gen *g, cdf_pipeline *pipe, const cd
     cdf_cli_png_init_text(init, sizeof init, pipe, gp, (const char *const *)g->image_paths, g->n_images, g->mask_path);
     cdf_cli_png_text *text = malloc(sizeof *text);
     if (!text) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-    cdf_cli_png_text_make(text, pipe, gp, g->dtype, g->model, seed, batch, init);
+    cdf_cli_png_text_make(text, pipe, gp, g->dtype, g->model, seed, batch, init, k);
     cdf_status s = cdf_png_write(path, img->width, img->height, 3, img->pixels, text->keys, text->values, 2, g->force);
     free(text);
     CDF_TRY(s);

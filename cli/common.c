@@ -179,15 +179,17 @@ cdf_status cdf_cli_compile(cdf_pipeline *pipe, int mode, bool repeated_blocks) {
 }
 
 void cdf_cli_png_text_make(cdf_cli_png_text *t, const cdf_pipeline *pipe, const cdf_generate_params *gp, const char *dtype,
-                           const char *model, unsigned long long seed, const char *batch, const char *init) {
+                           const char *model, unsigned long long seed, const char *batch, const char *init, int image) {
     cdf_generate_params eff = *gp;
     cdf_pipeline_resolve_defaults(pipe, &eff);
+    const char *cache = cdf_pipeline_cache_report(pipe, image); /* "first-block:T, full steps ..." */
     snprintf(t->parameters, sizeof t->parameters,
              "%s\nNegative prompt: %s\nSteps: %d, Sampler: FlowMatchEulerDiscrete, CFG scale: %g, True CFG scale: %g, "
-             "Seed: %llu%s, Size: %dx%d%s, Max sequence length: %d, Dtype: %s, Model: %s, Pipeline: %s, Generator: cdiffusers %s",
+             "Seed: %llu%s, Size: %dx%d%s, Max sequence length: %d, Dtype: %s, Model: %s, Pipeline: %s, %s%s%sGenerator: cdiffusers %s",
              eff.prompt ? eff.prompt : "", eff.negative_prompt ? eff.negative_prompt : "", eff.num_inference_steps,
              eff.guidance_scale, eff.true_cfg_scale, seed, batch ? batch : "", eff.width, eff.height, init ? init : "",
-             eff.max_sequence_length, dtype, model, cdf_pipeline_class_name(pipe), CDIFFUSERS_VERSION);
+             eff.max_sequence_length, dtype, model, cdf_pipeline_class_name(pipe), cache ? "Cache: " : "", cache ? cache : "",
+             cache ? ", " : "", CDIFFUSERS_VERSION);
     snprintf(t->software, sizeof t->software, "cdiffusers %s", CDIFFUSERS_VERSION);
     t->keys[0] = "parameters";
     t->keys[1] = "Software";

@@ -86,10 +86,11 @@ typedef struct cdf_cli_png_text {
 } cdf_cli_png_text;
 /* gp: the request as generated (defaults resolved here); dtype "bf16"/"f32"; model as given;
  * seed: the one that reproduces the image; batch (", Batch index: ...") and init (the input
- * images, cdf_cli_png_init_text) are inserted as given, NULL = none. `generate` and `serve`
+ * images, cdf_cli_png_init_text) are inserted as given, NULL = none; image: the image's index
+ * in the request (its step-cache report, cdf_pipeline_cache_report). `generate` and `serve`
  * write the same text, so the same request gives the same PNG bytes. */
 void cdf_cli_png_text_make(cdf_cli_png_text *t, const cdf_pipeline *pipe, const cdf_generate_params *gp, const char *dtype,
-                           const char *model, unsigned long long seed, const char *batch, const char *init);
+                           const char *model, unsigned long long seed, const char *batch, const char *init, int image);
 /* The input images as the PNG text names them: img2img / inpainting ", Strength: S, Init
  * image: NAME[, Mask: MASK]", FLUX.2 ", Reference images: A; B"; "" without gp->image. */
 void cdf_cli_png_init_text(char *buf, size_t n, const cdf_pipeline *pipe, const cdf_generate_params *gp,

@@ -90,6 +90,14 @@ static void usage(FILE *f) {
             "                               weights exceed the budget; model: one model on the device at a time;\n"
             "                               sequential: model, and the transformer's blocks one (or two) at a time\n"
             "      --memory-stats           print the measured device peak of each phase to stderr\n"
+            "      --cache first-block[:T]  diffusers' First Block Cache (FLUX.1): skip all but the first block on\n"
+            "                               steps where its residual changed by at most T (relative; default\n"
+            "                               0.05, diffusers' FirstBlockCacheConfig); see docs/step-caches.md\n"
+            "      --cache mag[:key=value,...]  diffusers' MagCache (FLUX.1, FLUX_MAG_RATIOS): threshold (0.06),\n"
+            "                               max_skip_steps (3), retention_ratio (0.2), num_inference_steps (--steps)\n"
+            "      --cache taylorseer[:key=value,...]  diffusers' TaylorSeer (FLUX.1): cache_interval (5),\n"
+            "                               disable_cache_before_step (3), disable_cache_after_step (None),\n"
+            "                               max_order (1), taylor_factors_dtype (bfloat16)\n"
             "      --vae-tiling auto|on|off decode (and encode) the image in overlapping tiles, as diffusers'\n"
             "                               vae.enable_tiling(): the VAE's memory stops growing with the image\n"
             "                               (the picture differs slightly). auto (default): only when the planner\n"
@@ -125,7 +133,8 @@ static void usage(FILE *f) {
             "      names, outputs as out.<name>. With --repeat N prints forward_ms=<ms> per forward to stderr.\n"
             "  cdiffusers plan --model DIR [--height H --width W] [--offload none|model|sequential] [--dtype f32|bf16]\n"
             "                  [--max-sequence-length N] [--guidance G] [--negative-prompt TEXT] [--true-cfg-scale G]\n"
-            "                  [--mode eager|fuse|compile] [--compile-repeated-blocks] [--vae-tiling auto|on|off]\n"
+            "                  [--mode eager|fuse|compile] [--compile-repeated-blocks] [--cache first-block[:T]|mag[:k=v,...]|taylorseer[:k=v,...]]\n"
+            "                  [--vae-tiling auto|on|off]\n"
             "                  [--vae-tile-size PX] [--transformer FILE] [--vae FILE] [--weight-type q8_0|q4_k|f32|bf16]\n"
             "                  [--config DIR]  (--model FILE: an all-in-one file, as generate)\n"
             "      expected peak device memory per phase (weights + activations) without loading or running,\n"
@@ -321,7 +330,7 @@ static void log_io(const tp_run *tr, cdf_device *dev, uint64_t weight_bytes) {
 }
 
 /* ---- component files: cli/common.h (CDF_CLI_OPT_*, cdf_cli_add_component_file) ----------------- */
-enum { OPT_VAE_TILING = CDF_CLI_OPT_NEXT, OPT_VAE_TILE_SIZE };
+enum { OPT_VAE_TILING = CDF_CLI_OPT_NEXT, OPT_VAE_TILE_SIZE, OPT_CACHE };
 
 /* ---- generate ---------------------------------------------------------------------------- */
 static int cmd_generate(int argc, char **argv) {
@@ -348,6 +357,7 @@ static int cmd_generate(int argc, char **argv) {
         {"memory-stats", no_argument, 0, 'K'},
         CDF_CLI_COMPONENT_OPTIONS,
         {"vae-tiling", required_argument, 0, OPT_VAE_TILING}, {"vae-tile-size", required_argument, 0, OPT_VAE_TILE_SIZE},
+        {"cache", required_argument, 0, OPT_CACHE},
         {"device", required_argument, 0, 'D'},
         {"lora", required_argument, 0, 'A'},         {"lora-mode", required_argument, 0, 'Z'},
         {"lora-allow-unused", no_argument, 0, 'U'},
@@ -436,6 +446,10 @@ static int cmd_generate(int argc, char **argv) {
             else if (strcmp(optarg, "off") == 0) gp.vae_tiling = CDF_VAE_TILING_OFF;
             else return usage_error("--vae-tiling needs auto, on or off, got '%s'", optarg);
             user_vae_tiling = true;
+            break;
+        case OPT_CACHE:
+            if (cdf_cache_check(optarg) != CDF_OK) return usage_error("--cache: %s", cdf_last_error());
+            gp.cache = optarg;
             break;
         case OPT_VAE_TILE_SIZE:
             if (!parse_int(optarg, 1, 4096, &v)) return usage_error("--vae-tile-size needs a number of pixels, got '%s'", optarg);

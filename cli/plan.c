@@ -79,7 +79,8 @@ int cdf_cli_plan(int argc, char **argv) {
         {"compile-repeated-blocks", no_argument, 0, 'B'}, {"vae-tiling", required_argument, 0, 'V'},
         {"vae-tile-size", required_argument, 0, 'S'}, {"transformer", required_argument, 0, 'F'},
         {"vae", required_argument, 0, 'E'},     {"weight-type", required_argument, 0, 'Q'},
-        {"config", required_argument, 0, 'C'},  {0, 0, 0, 0},
+        {"config", required_argument, 0, 'C'},  {"cache", required_argument, 0, 'K'},
+        {0, 0, 0, 0},
     };
     /* --transformer / --vae FILE (a .gguf is planned from its own tensors), --weight-type as generate */
     cdf_component_file files[2];
@@ -137,6 +138,10 @@ int cdf_cli_plan(int argc, char **argv) {
         case 'E': files[n_files < 2 ? n_files++ : 1] = (cdf_component_file){c == 'F' ? "transformer" : "vae", optarg}; break;
         case 'Q': weight_type = optarg; break;
         case 'C': config = optarg; break;
+        case 'K':
+            if (cdf_cache_check(optarg) != CDF_OK) return usage_error("--cache: %s", cdf_last_error());
+            gp.cache = optarg;
+            break;
         default: return PLAN_USAGE;
         }
     }
@@ -181,6 +186,10 @@ int cdf_cli_plan(int argc, char **argv) {
         fmt(b2, sizeof b2, plan.largest_block_bytes);
         printf("transformer blocks: %d, %s in all, the largest %s%s\n", plan.n_blocks, b1, b2,
                plan.offload == CDF_OFFLOAD_SEQUENTIAL ? " (sequential: host-side, materialised one at a time)" : "");
+    }
+    if (plan.cache_bytes) {
+        fmt(b1, sizeof b1, plan.cache_bytes);
+        printf("step cache %s: %s kept across steps (in the denoising activations)\n", gp.cache, b1);
     }
     printf("\n%-16s %12s %14s %12s\n", "phase", "weights", "activations", "peak");
     for (int ph = 0; ph < CDF_PHASE_COUNT; ph++) {

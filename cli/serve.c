@@ -79,6 +79,7 @@ typedef struct server {
     long threads;
     int64_t device_memory;
     const char *device; /* --device NAME (NULL: the default device) */
+    const char *cache;  /* --cache: the step cache of requests that name none */
     size_t max_body;
     cdf_cli_model_defaults defaults;
     /* the worker's load result */
@@ -220,7 +221,7 @@ static cdf_status run_image(server *srv, job *j, int i) {
         char init[1200];
         const char *names[1] = {j->req.image_name};
         cdf_cli_png_init_text(init, sizeof init, srv->pipe, &gp, names, 1, j->req.mask_name);
-        cdf_cli_png_text_make(text, srv->pipe, &gp, srv->dtype, srv->model, gp.seed, NULL, init);
+        cdf_cli_png_text_make(text, srv->pipe, &gp, srv->dtype, srv->model, gp.seed, NULL, init, 0);
         s = cdf_png_encode(img.width, img.height, 3, img.pixels, text->keys, text->values, 2, &png, &len);
     }
     cdf_image_free(&img);
@@ -417,6 +418,7 @@ static job *job_new(server *srv, serve_request *req, bool async) {
     gp.num_inference_steps = j->req.steps;
     if (j->req.guidance >= 0) gp.guidance_scale = j->req.guidance;
     if (j->req.have_true_cfg) gp.true_cfg_scale = j->req.true_cfg_scale;
+    gp.cache = j->req.cache ? j->req.cache : srv->cache;
     cdf_cli_model_defaults_apply(&srv->defaults, &gp, j->req.have_true_cfg);
     if (j->req.img2img && job_inputs(j, &gp) != CDF_OK) {
         job_unref(j);
@@ -511,6 +513,7 @@ static cJSON *a1111_result(const job *j) {
     cJSON_AddNumberToObject(p, "height", gp->height);
     cJSON_AddNumberToObject(p, "batch_size", j->req.n);
     cJSON_AddStringToObject(p, "sampler_name", "FlowMatchEulerDiscrete");
+    if (gp->cache && *gp->cache) cJSON_AddStringToObject(p, "cache", gp->cache);
     if (gp->image) cJSON_AddNumberToObject(p, "denoising_strength", gp->strength);
     cJSON *info = cJSON_Duplicate(p, 1);
     cJSON *all = cJSON_AddArrayToObject(info, "all_seeds"), *texts = cJSON_AddArrayToObject(info, "infotexts");
@@ -788,6 +791,8 @@ void cdf_cli_serve_usage(FILE *f) {
             "                   [--transformer FILE] [--vae FILE] [--text-encoder N=FILE] [--allow-unused-keys]\n"
             "                   [--weight-type q8_0|q4_k|f32|bf16] [--config DIR]  (the model's files as generate takes them)\n"
             "                   [--device NAME] [--pjrt-cache DIR|off]  (the device to run on, as generate)\n"
+            "                   [--cache first-block[:T]|mag[:k=v,...]|taylorseer[:k=v,...]]  (the step cache of requests\n"
+            "                   without a \"cache\" field)\n"
             "      an HTTP server keeping the pipeline loaded: POST /v1/images/generations (OpenAI), POST /sdapi/v1/txt2img\n"
             "      (AUTOMATIC1111), POST /v1/images/edits (OpenAI, multipart image [+ mask]) and /sdapi/v1/img2img\n"
             "      (img2img / inpainting), POST /v1/jobs + GET/DELETE /v1/jobs/ID (asynchronous, cancel between steps),\n"
@@ -870,6 +875,7 @@ static int serve(int argc, char **argv) {
         {"port", required_argument, 0, 'p'},         {"api-key", required_argument, 0, 'k'},
         {"queue", required_argument, 0, 'q'},        {"max-body-mb", required_argument, 0, 'b'},
         {"max-connections", required_argument, 0, 'c'}, {"device", required_argument, 0, 'D'},
+        {"cache", required_argument, 0, CDF_CLI_OPT_NEXT},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -877,6 +883,10 @@ static int serve(int argc, char **argv) {
     optind = 1;
     while ((c = cdf_cli_next_option(argc, argv, opts, &ro)) != -1) {
         switch (c) {
+        case CDF_CLI_OPT_NEXT:
+            if (cdf_cache_check(optarg) != CDF_OK) return cdf_cli_usage_error("--cache: %s", cdf_last_error());
+            srv->cache = optarg;
+            break;
         case 'H': host = optarg; break;
         case 'p':
             if (!cdf_cli_parse_long(optarg, 0, 65535, &port)) return cdf_cli_usage_error("--port needs a port number 0..65535, got '%s'", optarg);

@@ -11,12 +11,14 @@
 #include <strings.h>
 
 #include "cdiffusers/io.h"
+#include "cdiffusers/pipeline.h"
 #include "core/error_internal.h"
 
 void serve_request_free(serve_request *r) {
     if (!r) return;
     free(r->prompt);
     free(r->negative_prompt);
+    free(r->cache);
     free(r->image);
     free(r->mask);
     memset(r, 0, sizeof *r);
@@ -215,6 +217,13 @@ bad:
                      SERVE_MAX_SIDE, s);
 }
 
+/* the request's step cache ("cache"): what generate --cache takes (cdf_cache_check) */
+static cdf_status cache_ok(const char *cache) {
+    cdf_status s = cache ? cdf_cache_check(cache) : CDF_OK;
+    if (s != CDF_OK) cdf_error_prefix("field 'cache': ");
+    return s;
+}
+
 cdf_status serve_parse_generation(const char *body, size_t len, serve_request *out) {
     request_init(out, SERVE_API_OPENAI, false);
     cJSON *root;
@@ -238,6 +247,8 @@ cdf_status serve_parse_generation(const char *body, size_t len, serve_request *o
     if (s == CDF_OK) s = json_double(root, "guidance", 0, 1e6, &out->guidance, NULL);
     if (s == CDF_OK) s = json_double(root, "true_cfg_scale", 0, 1e6, &out->true_cfg_scale, &given);
     out->have_true_cfg = given;
+    if (s == CDF_OK) s = json_text(root, "cache", false, &out->cache);
+    if (s == CDF_OK) s = cache_ok(out->cache);
     out->n = (int)n;
     out->seed = seed;
     out->steps = (int)steps;
@@ -358,6 +369,8 @@ cdf_status serve_parse_a1111(const char *body, size_t len, bool img2img, serve_r
     if (s == CDF_OK) s = json_int(root, "steps", 1, 1 << 20, &steps);
     if (s == CDF_OK) s = json_double(root, "cfg_scale", 0, 1e6, &out->guidance, NULL);
     if (s == CDF_OK) s = json_double(root, "true_cfg_scale", 0, 1e6, &out->true_cfg_scale, &out->have_true_cfg);
+    if (s == CDF_OK) s = json_text(root, "cache", false, &out->cache);
+    if (s == CDF_OK) s = cache_ok(out->cache);
     if (s == CDF_OK) s = json_int(root, "seed", -1, SEED_MAX, &seed);
     if (s == CDF_OK) s = json_int(root, "batch_size", 1, SERVE_MAX_IMAGES, &batch);
     if (s == CDF_OK) s = json_int(root, "n_iter", 1, SERVE_MAX_IMAGES, &iters);
@@ -531,7 +544,9 @@ cdf_status serve_parse_edit(const char *content_type, const uint8_t *body, size_
             if ((s = text_int("steps", txt, p->len, 1, 1 << 20, &v)) == CDF_OK) out->steps = (int)v;
         } else if (strcmp(p->name, "guidance") == 0) s = text_double("guidance", txt, p->len, 0, 1e6, &out->guidance);
         else if (strcmp(p->name, "strength") == 0) s = text_double("strength", txt, p->len, 0, 1, &out->strength);
-        else if (strcmp(p->name, "true_cfg_scale") == 0) {
+        else if (strcmp(p->name, "cache") == 0) {
+            if ((s = take_text("cache", txt, p->len, &out->cache)) == CDF_OK) s = cache_ok(out->cache);
+        } else if (strcmp(p->name, "true_cfg_scale") == 0) {
             s = text_double("true_cfg_scale", txt, p->len, 0, 1e6, &out->true_cfg_scale);
             out->have_true_cfg = s == CDF_OK;
         } else if (strcmp(p->name, "size") == 0 || strcmp(p->name, "response_format") == 0 ||

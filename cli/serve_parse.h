@@ -36,6 +36,7 @@ typedef struct serve_request {
     int64_t seed;             /* -1 = a random seed */
     int n;                    /* images, 1..SERVE_MAX_IMAGES */
     double strength;          /* img2img denoising strength in [0, 1]; < 0 = default */
+    char *cache;              /* step cache ("first-block:0.1", "none"), checked; NULL = the server's --cache */
     uint8_t *image, *mask;    /* img2img: the PNG bytes (malloc'ed), mask optional */
     size_t image_len, mask_len;
     int image_width, image_height; /* from the image's PNG header */
@@ -49,7 +50,7 @@ void serve_request_free(serve_request *r); /* NULL and a zeroed request are fine
 
 /* OpenAI POST /v1/images/generations (also the body of POST /v1/jobs): prompt, n, size "WxH",
  * response_format b64_json (url is refused: this server keeps no files), output_format png,
- * and the extras seed, steps, guidance, negative_prompt, true_cfg_scale. */
+ * and the extras seed, steps, guidance, negative_prompt, true_cfg_scale, cache. */
 cdf_status serve_parse_generation(const char *body, size_t len, serve_request *out);
 /* AUTOMATIC1111 POST /sdapi/v1/txt2img (img2img false) or /sdapi/v1/img2img (init_images[0]
  * base64 PNG, optional mask, denoising_strength). */

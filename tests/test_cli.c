@@ -805,6 +805,58 @@ static void test_img2img_strength_and_seed_list_text(void **state) {
     (void)state;
 }
 
+/* --cache: bad strings are usage errors before any work; the PNG text names the cache and the
+ * steps each image ran in full; CDIFFUSERS_LOG=cache prints every decision. */
+static void test_cache_option(void **state) {
+    (void)state;
+    case_dir c;
+    case_new(&c, "cache");
+    case_pipeline(&c, GOLDEN_SCHNELL, NULL);
+    const char *gen = "generate --model model --prompt fox --steps 4 --height 32 --width 32 --quiet";
+    int rc = run_cli(&c, NULL, "%s --cache first-block:bogus", gen);
+    expect(rc, RC_USAGE, "--cache", "first-block:bogus", "finite number");
+    rc = run_cli(&c, NULL, "%s --cache firstblock", gen);
+    expect(rc, RC_USAGE, "unknown cache 'firstblock'", "first-block[:THRESHOLD]");
+    rc = run_cli(&c, NULL, "%s --cache taylorseer:use_lite_mode=True", gen);
+    expect(rc, RC_USAGE, "use_lite_mode is not supported");
+    expect_no_output(&c);
+    rc = run_cli(&c, NULL, "%s --cache first-block:0 --num-images 2", gen);
+    expect(rc, RC_OK, "");
+    for (int k = 0; k < 2; k++) {
+        char *p = png_parameters(&c, k ? "out-001.png" : "out-000.png");
+        assert_non_null(strstr(p, ", Cache: first-block:0, full steps 0,1,2,3 (4 of 4), "));
+        free(p);
+    }
+    rc = run_cli(&c, "CDIFFUSERS_LOG=cache", "%s --cache first-block:1e9 --output big.png", gen);
+    expect(rc, RC_OK, "cache: first-block cond call 0: change nan (first call)", "cond call 3: change",
+           "<= threshold 1e+09 -> skip");
+    char *p = png_parameters(&c, "big.png");
+    assert_non_null(strstr(p, ", Cache: first-block:1e+09, full steps 0 (1 of 4), "));
+    free(p);
+    /* MagCache's defaults at 4 steps: FLUX_MAG_RATIOS at 0, 9, 18, 27 = 1, 1.03125, 1, 0.89062; from step
+     * int(0.2 * 4 + 0.5) = 1 the error accumulates 0.03125 (skip), 0.0625 (> 0.06: full), 0.109 (full) */
+    rc = run_cli(&c, NULL, "%s --cache mag --output mag.png", gen);
+    expect(rc, RC_OK, "");
+    p = png_parameters(&c, "mag.png");
+    assert_non_null(strstr(p, ", Cache: mag:threshold=0.06,max_skip_steps=3,retention_ratio=0.2,num_inference_steps=4, full steps 0,2,3 (3 of 4), "));
+    free(p);
+    /* TaylorSeer's defaults at 4 steps: steps 0-2 computed (before step 3), step 3 predicted
+     * ((3 - 3 - 1) % 5 = 4 in Python) */
+    rc = run_cli(&c, NULL, "%s --cache taylorseer --output ts.png", gen);
+    expect(rc, RC_OK, "");
+    p = png_parameters(&c, "ts.png");
+    assert_non_null(strstr(p, ", Cache: taylorseer:cache_interval=5,disable_cache_before_step=3,disable_cache_after_step=None,"
+                              "max_order=1,taylor_factors_dtype=bfloat16, full steps 0,1,2 (3 of 4), "));
+    free(p);
+    rc = run_cli(&c, NULL, "%s --cache mag:threshold=x", gen);
+    expect(rc, RC_USAGE, "threshold must be a finite number");
+    rc = run_cli(&c, NULL, "%s --output none.png", gen);
+    expect(rc, RC_OK, "");
+    p = png_parameters(&c, "none.png");
+    assert_null(strstr(p, "Cache:"));
+    free(p);
+}
+
 /* ---- output path ------------------------------------------------------------------------------ */
 
 static void test_output_missing_folder(void **state) {
@@ -1191,6 +1243,7 @@ static void test_not_a_model(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_cache_option),
         cmocka_unit_test(test_steps_zero_negative),
         cmocka_unit_test(test_not_a_model),
         cmocka_unit_test(test_st_truncated),

@@ -846,6 +846,72 @@ static void test_inpaint_tp2_equals_single_process(void **state) {
     cdf_png_image_free(&b);
 }
 
+/* Step caches over 2 ranks (tests/data/golden/step_cache: diffusers' hooks; true CFG, two cache
+ * contexts): First Block Cache, where every rank takes rank 0's decision, and TaylorSeer, whose
+ * factors of the single blocks' attention are each rank's shard of it. The steps computed in full
+ * are diffusers' (the PNG text names them), the latents within the TP tolerance of one process
+ * and the golden tolerance of diffusers', eager and compiled. */
+static void tp_cache_case(const char *name, const char *cache, const char *report_head) {
+    char dir[1100], args[3000], one_png[1100], one_lat[1100], tp_png[1100], tp_lat[1100], golden[1200], path[1200];
+    snprintf(dir, sizeof dir, "%s/%s", tu_data("golden/step_cache"), name);
+    snprintf(path, sizeof path, "%s/expected.json", dir);
+    cJSON *js = tu_read_json(path);
+    /* the report diffusers' decisions make */
+    char want[1024];
+    int n = snprintf(want, sizeof want, "Cache: %s, full steps", report_head);
+    const cJSON *cs = cJSON_GetObjectItem(js, "computed_steps");
+    const char *ctx[2] = {"cond", "uncond"};
+    for (int c = 0; c < 2; c++) {
+        const cJSON *l = cJSON_GetObjectItem(cs, ctx[c]), *e;
+        assert_non_null(l);
+        n += snprintf(want + n, sizeof want - n, "%s%s ", c ? ", " : " ", ctx[c]);
+        int k = 0;
+        cJSON_ArrayForEach(e, l) n += snprintf(want + n, sizeof want - n, "%s%d", k++ ? "," : "", e->valueint);
+        n += snprintf(want + n, sizeof want - n, " (%d of %d)", k, cJSON_GetObjectItem(js, "steps_run")->valueint);
+    }
+    const cJSON *call = cJSON_GetObjectItem(js, "call");
+    snprintf(args, sizeof args,
+             "--model '%s/flux1_dev_tiny' --prompt '%s' --negative-prompt '%s' --true-cfg-scale %g --height %d --width %d "
+             "--steps %d --guidance %g --max-sequence-length %d --seed %d --cache '%s' --threads 1 --quiet --dtype f32 --force",
+             tu_data("pipelines"), cJSON_GetObjectItem(call, "prompt")->valuestring,
+             cJSON_GetObjectItem(call, "negative_prompt")->valuestring, cJSON_GetObjectItem(call, "true_cfg_scale")->valuedouble,
+             cJSON_GetObjectItem(call, "height")->valueint, cJSON_GetObjectItem(call, "width")->valueint,
+             cJSON_GetObjectItem(call, "num_inference_steps")->valueint, cJSON_GetObjectItem(call, "guidance_scale")->valuedouble,
+             cJSON_GetObjectItem(call, "max_sequence_length")->valueint, cJSON_GetObjectItem(js, "seeds")->valueint, cache);
+    cJSON_Delete(js);
+    snprintf(one_png, sizeof one_png, "%s/%s_one.png", tu_tmpdir(), name);
+    snprintf(one_lat, sizeof one_lat, "%s/%s_one.safetensors", tu_tmpdir(), name);
+    snprintf(golden, sizeof golden, "%s/expected.safetensors", dir);
+    assert_int_equal(tu_system("'%s' generate %s --output '%s' --latents-out '%s'", CDF_CLI_PATH, args, one_png, one_lat), 0);
+    const char *modes[2] = {"", "--mode compile"};
+    for (int m = 0; m < 2; m++) {
+        snprintf(tp_png, sizeof tp_png, "%s/%s_tp%d.png", tu_tmpdir(), name, m);
+        snprintf(tp_lat, sizeof tp_lat, "%s/%s_tp%d.safetensors", tu_tmpdir(), name, m);
+        int rc = tu_system(MPIRUN " -np 2%s '%s' generate %s %s --output '%s' --latents-out '%s' --tp 2 --tp-replicate text_encoder_2",
+                           mpi_env(), CDF_CLI_PATH, args, modes[m], tp_png, tp_lat);
+        assert_int_equal(rc, 0);
+        expect_tp_latents(one_lat, tp_lat, golden);
+        const char *pngs[2] = {one_png, tp_png};
+        for (int i = 0; i < 2; i++) {
+            cdf_png_image a;
+            assert_int_equal(cdf_png_read(pngs[i], &a), CDF_OK);
+            const char *t = cdf_png_image_text(&a, "parameters");
+            if (!t || !strstr(t, want)) fail_msg("%s: parameters lack '%s':\n%s", pngs[i], want, t ? t : "(none)");
+            cdf_png_image_free(&a);
+        }
+    }
+}
+
+static void test_step_caches_tp2(void **state) {
+    (void)state;
+    if (!have_mpi()) skip();
+    tp_cache_case("fbc_dev_truecfg_64x64", "first-block:0.75", "first-block:0.75");
+    tp_cache_case("ts_dev_truecfg_f32_order2_64x64",
+                  "taylorseer:cache_interval=3,disable_cache_before_step=2,max_order=2,taylor_factors_dtype=float32",
+                  "taylorseer:cache_interval=3,disable_cache_before_step=2,disable_cache_after_step=None,max_order=2,"
+                  "taylor_factors_dtype=float32");
+}
+
 /* T5 sharded over 2 ranks (heads and FFN; two all-reduces per block). The tiny pipelines' T5s
  * have 3 heads and stay whole in the generate cases above, so this runs the golden 4-head
  * t5_tiny through `run-model --tp 2`: output equal to one process and to transformers' within
@@ -931,6 +997,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_flux_tp2_equals_single_process),
         cmocka_unit_test(test_sd3_tp2_equals_single_process),
         cmocka_unit_test(test_quantized_tp2_equals_single_process), cmocka_unit_test(test_inpaint_tp2_equals_single_process),
+        cmocka_unit_test(test_step_caches_tp2),
         cmocka_unit_test(test_t5_tp2_run_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

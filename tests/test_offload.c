@@ -280,6 +280,16 @@ static void test_planner_phases_within_10_percent(void **state) {
     cdf_generate_params g2 = request(64);
     g2.guidance_scale = 5.0f; /* CFG: batch 2 */
     check_plan(g_sd3, CDF_OFFLOAD_MODEL, &g2, true);
+    /* First Block Cache: its residuals are held across steps (threshold 0: every step runs the
+     * head, the tail and keeps the residuals; true CFG: two cache contexts) */
+    cdf_generate_params g3 = request(256);
+    g3.num_inference_steps = 3;
+    g3.cache = "first-block:0";
+    g3.negative_prompt = "blurry";
+    g3.true_cfg_scale = 2.0f;
+    check_plan(g_flux, CDF_OFFLOAD_MODEL, &g3, true);
+    g3.cache = "taylorseer:disable_cache_before_step=1,cache_interval=2"; /* factors of every attention module */
+    check_plan(g_flux, CDF_OFFLOAD_MODEL, &g3, true);
     restore_exec(env);
 }
 

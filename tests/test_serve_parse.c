@@ -153,6 +153,11 @@ static void test_generation_fields(void **state) {
     assert_int_equal(r.seed, 9);
     assert_int_equal(r.steps, 4);
     assert_true(r.guidance == 2.5 && r.have_true_cfg && r.true_cfg_scale == 1.5);
+    assert_null(r.cache); /* not given: the server's --cache */
+    serve_request_free(&r);
+    const char *cached = "{\"prompt\":\"x\",\"cache\":\"first-block:0.2\"}";
+    assert_int_equal(serve_parse_generation(cached, strlen(cached), &r), CDF_OK);
+    assert_string_equal(r.cache, "first-block:0.2");
     serve_request_free(&r);
     const char *def = "{\"prompt\":\"\"}";
     assert_int_equal(serve_parse_generation(def, strlen(def), &r), CDF_OK);
@@ -167,6 +172,9 @@ static void test_generation_fields(void **state) {
         {"{\"prompt\":\"x\",\"response_format\":\"png\"}", "must be 'b64_json'"},
         {"{\"prompt\":\"a\\u0000b\"}", "without NUL"},
         {"{\"prompt\":\"x\"} trailing", "not valid JSON"},
+        {"{\"prompt\":\"x\",\"cache\":\"first-block:-1\"}", "field 'cache': cache 'first-block:-1'"},
+        {"{\"prompt\":\"x\",\"cache\":\"fbc\"}", "unknown cache 'fbc'"},
+        {"{\"prompt\":\"x\",\"cache\":0.1}", "'cache' must be a string"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         memset(&r, 0x55, sizeof r);
@@ -184,6 +192,12 @@ static void test_a1111_and_edit(void **state) {
     assert_string_equal(r.prompt, ""); /* A1111's default */
     assert_true(r.n == 6 && r.width == 64 && r.height == 32 && r.guidance == 7 && r.seed == -1 && !r.img2img);
     serve_request_free(&r);
+    const char *a_cache = "{\"cache\":\"first-block\"}", *a_bad = "{\"cache\":\"taylorseer:use_lite_mode=True\"}";
+    assert_int_equal(serve_parse_a1111(a_cache, strlen(a_cache), false, &r), CDF_OK);
+    assert_string_equal(r.cache, "first-block");
+    serve_request_free(&r);
+    assert_int_equal(serve_parse_a1111(a_bad, strlen(a_bad), false, &r), CDF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(cdf_last_error(), "field 'cache'"));
     size_t pn;
     uint8_t *png = small_png(&pn);
     char *b64 = serve_base64_encode(png, pn, NULL);
@@ -204,10 +218,12 @@ static void test_a1111_and_edit(void **state) {
     k += pn;
     k += (size_t)sprintf(mp + k, "\r\n--Z\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nred\r\n"
                                  "--Z\r\nContent-Disposition: form-data; name=\"n\"\r\n\r\n2\r\n"
+                                 "--Z\r\nContent-Disposition: form-data; name=\"cache\"\r\n\r\nfirst-block:0.1\r\n"
                                  "--Z\r\nContent-Disposition: form-data; name=\"size\"\r\n\r\n64x64\r\n--Z--\r\n");
     assert_int_equal(serve_parse_edit("multipart/form-data; boundary=Z", (uint8_t *)mp, k, &r), CDF_OK);
     assert_true(r.img2img && r.n == 2 && r.width == 64 && r.image_len == pn);
     assert_string_equal(r.prompt, "red");
+    assert_string_equal(r.cache, "first-block:0.1");
     assert_string_equal(r.image_name, "i.png"); /* the file name's last component, as `generate` shows a path */
     assert_string_equal(r.mask_name, "mask.png");
     serve_request_free(&r);

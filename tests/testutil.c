@@ -1,5 +1,7 @@
 #include "testutil.h"
 
+#include <cjson/cJSON.h>
+
 #include "cdiffusers/pipeline.h"
 #include "kernels/dispatch.h"
 
@@ -37,6 +39,15 @@ char *tu_read_file(const char *path, size_t *len) {
     fclose(f);
     if (p) { p[n] = 0; if (len) *len = (size_t)n; }
     return p;
+}
+
+cJSON *tu_read_json(const char *path) {
+    char *txt = tu_read_file(path, NULL);
+    if (!txt) fail_msg("cannot read %s", path);
+    cJSON *js = cJSON_Parse(txt);
+    free(txt);
+    if (!js) fail_msg("%s: not valid JSON", path);
+    return js;
 }
 
 int tu_write_file(const char *path, const void *data, size_t len) {

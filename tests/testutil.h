@@ -12,6 +12,9 @@
 const char *tu_data(const char *rel);
 /* Whole file into a malloc'd NUL-terminated buffer (NULL on failure); *len if non-NULL. */
 char *tu_read_file(const char *path, size_t *len);
+/* The JSON document in file `path` (cJSON_Delete it); fails the test when it cannot be read or
+ * parsed. */
+struct cJSON *tu_read_json(const char *path);
 /* Write bytes to a file; 0 on success. */
 int tu_write_file(const char *path, const void *data, size_t len);
 /* A fresh empty temporary directory (removed at exit); returns its path. */

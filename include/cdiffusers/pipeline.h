@@ -86,6 +86,16 @@ cdf_status cdf_pipeline_single_file_model(const char *path, const char *config, 
 void cdf_pipeline_free(cdf_pipeline *p);
 /* "FluxPipeline", "StableDiffusion3Pipeline", "Flux2Pipeline". */
 const char *cdf_pipeline_class_name(const cdf_pipeline *p);
+/* The step cache of image `image` (0-based) of the last cdf_pipeline_generate /
+ * cdf_pipeline_generate_images call: its name and settings and which denoising steps ran the
+ * whole transformer ("first-block:0.05, full steps 0,1,4,9 (4 of 10)"; with true CFG per pass,
+ * "cond ..., uncond ..."; TaylorSeer: the steps whose attention was computed). Each image of a
+ * batch decides on its own (docs/step-caches.md). NULL when it ran without a cache (or no such
+ * image). Owned by the pipeline, valid until the next generate. */
+const char *cdf_pipeline_cache_report(const cdf_pipeline *p, int image);
+/* Checks a step-cache string (cdf_generate_params.cache) without a pipeline: CDF_OK, or the
+ * error generate would give for it. */
+cdf_status cdf_cache_check(const char *cache);
 
 /* Called after each denoising step; return false to cancel (generate then fails with
  * CDF_ERR_INTERRUPTED). */
@@ -150,6 +160,12 @@ typedef struct cdf_generate_params {
      * enable_tiling() does; an image no larger than one tile is not tiled). OFF: never. */
     int vae_tiling;    /* cdf_vae_tiling_mode */
     int vae_tile_size; /* pixels, a multiple of 4 x the VAE's downscaling factor; 0 = default */
+    /* Step cache (docs/step-caches.md): NULL, "" or "none" = off; "first-block" or
+     * "first-block:THRESHOLD" = diffusers' First Block Cache (FirstBlockCacheConfig(threshold),
+     * default 0.05; FLUX.1); "mag[:key=value,...]" = MagCacheConfig with FLUX_MAG_RATIOS (FLUX.1,
+     * FLUX.2); "taylorseer[:key=value,...]" = TaylorSeerCacheConfig (FLUX.1). Another string, or
+     * a cache the model cannot take, is an error. */
+    const char *cache;
     cdf_step_callback callback;
     void *callback_user;
     /* If non-NULL: receives intermediates under the golden keys (noise, latents_initial,
@@ -294,6 +310,7 @@ typedef struct cdf_memory_plan {
         uint64_t weights_bytes, activation_bytes, peak_bytes;
     } phase[CDF_PHASE_COUNT];
     uint64_t peak_bytes;          /* the largest phase */
+    uint64_t cache_bytes;         /* gp->cache's state kept across steps (in the denoising phase's activations) */
     uint64_t total_weights_bytes; /* every model */
     uint64_t largest_weights_bytes;
     /* the transformer's repeated blocks (with SEQUENTIAL only the block running is resident) */

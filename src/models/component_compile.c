@@ -8,7 +8,10 @@
 #include "models/component_impl.h"
 #include "nn/lora.h"
 
-static const char *const k_methods[3] = {"forward", "encode", "decode"};
+/* the step caches' parts of a transformer (docs/step-caches.md) are graphs of their own */
+static const char *const k_methods[CDF_COMPONENT_METHODS] = {"forward", "encode", "decode", "fbc_head",
+                                                             "fbc_tail", "fbc_skip", "cache_full", "cache_embed",
+                                                             "taylor_update", "taylor_predict"};
 
 cdf_status cdf_component_compile(cdf_component *c, const cdf_compile_options *opt) {
     if (!c) return cdf_error(CDF_ERR_INVALID_ARG, "compile: component is NULL");
@@ -28,7 +31,7 @@ cdf_status cdf_component_compile(cdf_component *c, const cdf_compile_options *op
 }
 
 void cdf_component_drop_graphs(cdf_component *c) {
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < CDF_COMPONENT_METHODS; i++) {
         cdf_graph_cache_free(c->graphs[i]);
         c->graphs[i] = NULL;
     }
@@ -48,7 +51,7 @@ cdf_status cdf_component_compile_repeated_blocks(cdf_component *c, const cdf_com
 
 int cdf_component_compiled_graphs(const cdf_component *c) {
     int n = 0;
-    for (int i = 0; c && i < 3; i++) n += cdf_graph_cache_size(c->graphs[i]);
+    for (int i = 0; c && i < CDF_COMPONENT_METHODS; i++) n += cdf_graph_cache_size(c->graphs[i]);
     return n + (c ? cdf_block_caches_graphs(c->blocks) : 0);
 }
 
@@ -64,8 +67,8 @@ static cdf_status run_adapter(void *ctx, const cdf_tensor_map *in, cdf_tensor_ma
 
 cdf_status cdf_component_run_compiled(cdf_component *c, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out) {
     int m = 0;
-    while (m < 3 && strcmp(k_methods[m], method) != 0) m++;
-    if (m == 3) return c->cls->run(c->impl, method, in, out); /* unknown method: the class reports it */
+    while (m < CDF_COMPONENT_METHODS && strcmp(k_methods[m], method) != 0) m++;
+    if (m == CDF_COMPONENT_METHODS) return c->cls->run(c->impl, method, in, out); /* unknown method: the class reports it */
     if (!c->graphs[m]) {
         char name[200];
         snprintf(name, sizeof name, "%s.%s", c->class_name, method);

@@ -9,16 +9,19 @@
 #include "models/component.h"
 #include "nn/nn.h"
 
+/* methods with a graph cache of their own under compile (component_compile.c) */
+#define CDF_COMPONENT_METHODS 10
+
 struct cdf_component {
     const cdf_component_class *cls;
     void *impl; /* NULL while offloaded (weights released) */
     cJSON *cfg;
     char class_name[128];
     /* compile (cdf_component_compile): one graph cache per method ("forward", "encode",
-     * "decode"), NULL when the component runs uncompiled */
+     * "decode", the step caches' "fbc_head", "fbc_tail", "fbc_skip", "cache_full", "cache_embed", "taylor_update", "taylor_predict"), NULL when the component runs uncompiled */
     bool compiled;
     cdf_compile_options compile_opt;
-    struct cdf_graph_cache *graphs[3];
+    struct cdf_graph_cache *graphs[CDF_COMPONENT_METHODS]; /* per method (component_compile.c) */
     /* compile_repeated_blocks: the block graphs, active on the thread while the model runs */
     struct cdf_block_caches *blocks;
     /* LoRA (nn/lora.h): the model's linear layers by module name (filled by every load), and the

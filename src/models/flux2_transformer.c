@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "core/error_internal.h"
+#include "tensor/tensor_impl.h"
 
 #define MODEL "Flux2Transformer2DModel"
 
@@ -509,8 +510,47 @@ static cdf_tensor *embed_time(const cdf_flux_mlp *mlp, cdf_tensor *t, int64_t ch
     return cdf_flux_mlp_fwd(mlp, cdf_timestep_embedding(t1000, (int)channels, true, 0.0f, 1.0f, 10000.0f));
 }
 
+/* The output layers: AdaLayerNormContinuous (scale first, then shift) and the projection of the
+ * image tokens xi (a result in the current scope). */
+static cdf_tensor *output_layers(const flux2_model *m, cdf_tensor *xi, cdf_tensor *temb) {
+    cdf_tensor *mod[2] = {0};
+    cdf_chunk(cdf_linear_fwd(&m->norm_out, cdf_silu(temb)), 2, 1, mod); /* scale, shift */
+    return cdf_linear_fwd(&m->proj_out, cdf_flux_modulate(cdf_layer_norm(xi, NULL, NULL, (float)m->cfg.eps), mod[1], mod[0]));
+}
+
+/* forward, or a step cache's part of it (docs/step-caches.md): embed_only: *sample = the
+ * embedded latents [B, Li, D] and *extra = temb (MagCache's skipped step); else *sample and, with
+ * extra, *extra = the last block's image tokens - the embedded latents (its residual). */
+static cdf_status forward_parts(void *impl, const cdf_flux2_inputs *in, bool embed_only, cdf_tensor **sample, cdf_tensor **extra);
+
 cdf_status cdf_flux2_transformer_forward(void *impl, const cdf_flux2_inputs *in, cdf_tensor **sample) {
+    return forward_parts(impl, in, false, sample, NULL);
+}
+
+cdf_status cdf_flux2_cache_full(void *impl, const cdf_flux2_inputs *in, cdf_tensor **sample, cdf_tensor **residual) {
+    if (!residual) return cdf_error(CDF_ERR_INVALID_ARG, "%s: cache_full needs a residual output", MODEL);
+    return forward_parts(impl, in, false, sample, residual);
+}
+
+cdf_status cdf_flux2_cache_embed(void *impl, const cdf_flux2_inputs *in, cdf_tensor **x, cdf_tensor **temb) {
+    if (!temb) return cdf_error(CDF_ERR_INVALID_ARG, "%s: cache_embed needs a temb output", MODEL);
+    return forward_parts(impl, in, true, x, temb);
+}
+
+cdf_status cdf_flux2_cache_skip(void *impl, cdf_tensor *x, cdf_tensor *residual, cdf_tensor *temb, cdf_tensor **sample) {
+    *sample = NULL;
+    if (!impl || !x || !residual || !temb) return cdf_error(CDF_ERR_NOT_FOUND, "%s: fbc_skip needs x, tail_residual and temb", MODEL);
+    cdf_scope_push();
+    cdf_tensor *out = output_layers(impl, cdf_add(x, residual), temb); /* MagCache: head input + residual */
+    cdf_scope_pop(out ? &out : NULL, out ? 1 : 0);
+    if (!out) return status_or_internal();
+    *sample = out;
+    return CDF_OK;
+}
+
+static cdf_status forward_parts(void *impl, const cdf_flux2_inputs *in, bool embed_only, cdf_tensor **sample, cdf_tensor **extra) {
     if (sample) *sample = NULL;
+    if (extra) *extra = NULL;
     if (!impl || !in || !sample) return cdf_error(CDF_ERR_INVALID_ARG, "%s: forward needs the model, inputs and an output", MODEL);
     const flux2_model *m = impl;
     const cdf_flux2_config *c = &m->cfg;
@@ -582,6 +622,16 @@ cdf_status cdf_flux2_transformer_forward(void *impl, const cdf_flux2_inputs *in,
         }
     }
     cdf_scope_pop(NULL, 0);
+    if (s == CDF_OK && embed_only) { /* x and temb move to the caller's scope */
+        cdf_tensor *owned[] = {ctx, cos_t, sin_t, mod_img, mod_txt, mod_single};
+        for (size_t i = 0; i < sizeof owned / sizeof *owned; i++) cdf_tensor_release(owned[i]);
+        cdf_scope_pop(NULL, 0);
+        cdf_scope_record(x);
+        cdf_scope_record(temb);
+        *sample = x, *extra = temb;
+        return CDF_OK;
+    }
+    cdf_tensor *x0 = s == CDF_OK && extra ? cdf_tensor_retain(x) : NULL; /* the embedded latents */
 
     /* ---- transformer blocks ---- */
     for (int64_t i = 0; s == CDF_OK && i < c->num_layers; i++) {
@@ -599,27 +649,39 @@ cdf_status cdf_flux2_transformer_forward(void *impl, const cdf_flux2_inputs *in,
         if (s != CDF_OK) cdf_error_prefix("%s single_transformer_blocks.%lld: ", MODEL, (long long)i);
     }
 
-    /* ---- output: AdaLayerNormContinuous (scale first, then shift) and the projection ---- */
-    cdf_tensor *out = NULL;
+    /* ---- output ---- */
+    cdf_tensor *out[2] = {NULL, NULL};
     if (s == CDF_OK) {
-        cdf_tensor *mod[2] = {0};
-        cdf_chunk(cdf_linear_fwd(&m->norm_out, cdf_silu(temb)), 2, 1, mod); /* scale, shift */
         cdf_tensor *xi = cdf_narrow(h, 1, Lt, Li);
-        out = cdf_linear_fwd(&m->proj_out, cdf_flux_modulate(cdf_layer_norm(xi, NULL, NULL, (float)c->eps), mod[1], mod[0]));
-        if (!out) s = status_or_internal();
+        out[0] = output_layers(m, xi, temb);
+        if (extra) out[1] = cdf_sub(xi, x0); /* MagCache's residual over every block */
+        if (!out[0] || (extra && !out[1])) s = status_or_internal();
     }
-    cdf_tensor *owned[] = {x, ctx, h, temb, cos_t, sin_t, mod_img, mod_txt, mod_single};
+    cdf_tensor *owned[] = {x, x0, ctx, h, temb, cos_t, sin_t, mod_img, mod_txt, mod_single};
     for (size_t i = 0; i < sizeof owned / sizeof *owned; i++) cdf_tensor_release(owned[i]);
-    cdf_scope_pop(out ? &out : NULL, out ? 1 : 0); /* out moves to the caller's scope */
+    cdf_scope_pop(out, s != CDF_OK ? 0 : extra ? 2 : 1); /* the results move to the caller's scope */
     if (s != CDF_OK) return s;
-    *sample = out;
+    *sample = out[0];
+    if (extra) *extra = out[1];
     return CDF_OK;
 }
 
 /* ---- component interface ---------------------------------------------------------------------- */
+/* forward, and MagCache's parts (docs/step-caches.md; each its own graph under compile):
+ *   cache_full (forward's inputs) -> out.sample, out.residual
+ *   cache_embed (forward's inputs) -> out.x, out.temb
+ *   fbc_skip (x, tail_residual, temb) -> out.sample (the output layers on x + tail_residual) */
 static cdf_status flux2_run(void *impl, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out) {
-    if (method && strcmp(method, "forward") != 0)
-        return cdf_error(CDF_ERR_UNSUPPORTED, "%s: method '%s' is not supported (only 'forward')", MODEL, method);
+    if (method && strcmp(method, "fbc_skip") == 0) {
+        cdf_tensor *sample = NULL;
+        CDF_TRY(cdf_flux2_cache_skip(impl, cdf_input(in, "x", MODEL), cdf_input(in, "tail_residual", MODEL),
+                                     cdf_input(in, "temb", MODEL), &sample));
+        return cdf_tensor_map_set(out, "out.sample", sample);
+    }
+    const bool full = method && strcmp(method, "cache_full") == 0, embed = method && strcmp(method, "cache_embed") == 0;
+    if (method && strcmp(method, "forward") != 0 && !full && !embed)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "%s: method '%s' is not supported (only 'forward' and MagCache's 'cache_full', "
+                         "'cache_embed', 'fbc_skip')", MODEL, method);
     cdf_flux2_inputs fi = {
         .hidden_states = cdf_tensor_map_get(in, "hidden_states"),
         .encoder_hidden_states = cdf_tensor_map_get(in, "encoder_hidden_states"),
@@ -628,9 +690,10 @@ static cdf_status flux2_run(void *impl, const char *method, const cdf_tensor_map
         .txt_ids = cdf_tensor_map_get(in, "txt_ids"),
         .guidance = cdf_tensor_map_get(in, "guidance"),
     };
-    cdf_tensor *sample = NULL;
-    CDF_TRY(cdf_flux2_transformer_forward(impl, &fi, &sample));
-    return cdf_tensor_map_set(out, "out.sample", sample);
+    cdf_tensor *sample = NULL, *extra = NULL;
+    CDF_TRY(forward_parts(impl, &fi, embed, &sample, full || embed ? &extra : NULL));
+    CDF_TRY(cdf_tensor_map_set(out, embed ? "out.x" : "out.sample", sample));
+    return extra ? cdf_tensor_map_set(out, embed ? "out.temb" : "out.residual", extra) : CDF_OK;
 }
 
 const cdf_component_class cdf_flux2_transformer_class = {

@@ -55,6 +55,12 @@ typedef struct cdf_flux2_inputs {
  * CDF_ERR_NOT_FOUND (a required input is NULL), CDF_ERR_SHAPE (an input disagrees with the
  * config or the others; the message names it), plus those of the tensor ops. */
 cdf_status cdf_flux2_transformer_forward(void *impl, const cdf_flux2_inputs *in, cdf_tensor **sample);
+/* MagCache's parts (docs/step-caches.md), results in the caller's scope: the forward with its
+ * residual over every block (the last block's image tokens - the embedded latents); the
+ * embeddings only (*x the embedded latents, *temb); the output layers on x + residual. */
+cdf_status cdf_flux2_cache_full(void *impl, const cdf_flux2_inputs *in, cdf_tensor **sample, cdf_tensor **residual);
+cdf_status cdf_flux2_cache_embed(void *impl, const cdf_flux2_inputs *in, cdf_tensor **x, cdf_tensor **temb);
+cdf_status cdf_flux2_cache_skip(void *impl, cdf_tensor *x, cdf_tensor *residual, cdf_tensor *temb, cdf_tensor **sample);
 const cdf_flux2_config *cdf_flux2_transformer_config(const void *impl);
 
 #endif

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "core/error_internal.h"
+#include "tensor/tensor_impl.h"
 
 #define MODEL "FluxTransformer2DModel"
 
@@ -266,8 +267,13 @@ static void project_qkv(const cdf_linear_layer *lq, const cdf_linear_layer *lk, 
 }
 
 /* FluxTransformerBlock: x [B, Li, D], ctx [B, Lt, D] updated in place (owned references). */
+/* TaylorSeer (docs/step-caches.md) per block: attn_in = the attention module's outputs to use
+ * instead of computing it (predicted), attn_out = slots that receive its computed outputs (new
+ * references); both NULL for the plain block. Double blocks: [image after to_out, text after
+ * to_add_out]; single blocks: [the attention over the joint sequence]. */
 static cdf_status double_block(const flux_model *m, const flux_double_block *b, cdf_tensor **x_io, cdf_tensor **ctx_io,
-                               cdf_tensor *temb, cdf_tensor *cos_t, cdf_tensor *sin_t) {
+                               cdf_tensor *temb, cdf_tensor *cos_t, cdf_tensor *sin_t, cdf_tensor *const *attn_in,
+                               cdf_tensor **attn_out) {
     const int64_t hd = m->cfg.attention_head_dim;
     cdf_tensor *x = *x_io, *ctx = *ctx_io;
     const int64_t Lt = cdf_tensor_dim(ctx, 1), Li = cdf_tensor_dim(x, 1);
@@ -278,20 +284,26 @@ static cdf_status double_block(const flux_model *m, const flux_double_block *b, 
     cdf_tensor *silu_temb = cdf_silu(temb);
     cdf_chunk(cdf_linear_fwd(&b->norm1, silu_temb), 6, 1, mod);
     cdf_chunk(cdf_linear_fwd(&b->norm1_context, silu_temb), 6, 1, cmod);
-    cdf_tensor *nx = cdf_flux_modulate(cdf_layer_norm(x, NULL, NULL, NORM_EPS), mod[0], mod[1]);
-    cdf_tensor *nctx = cdf_flux_modulate(cdf_layer_norm(ctx, NULL, NULL, NORM_EPS), cmod[0], cmod[1]);
+    cdf_tensor *x_attn, *ctx_attn;
+    if (attn_in) {
+        x_attn = attn_in[0], ctx_attn = attn_in[1];
+    } else {
+        cdf_tensor *nx = cdf_flux_modulate(cdf_layer_norm(x, NULL, NULL, NORM_EPS), mod[0], mod[1]);
+        cdf_tensor *nctx = cdf_flux_modulate(cdf_layer_norm(ctx, NULL, NULL, NORM_EPS), cmod[0], cmod[1]);
 
-    /* joint attention over [text; image], RoPE on the whole joint sequence */
-    cdf_tensor *q, *k, *v, *cq, *ck, *cv;
-    project_qkv(&b->to_q, &b->to_k, &b->to_v, &b->norm_q, &b->norm_k, hd, nx, &q, &k, &v);
-    project_qkv(&b->add_q_proj, &b->add_k_proj, &b->add_v_proj, &b->norm_added_q, &b->norm_added_k, hd, nctx, &cq, &ck, &cv);
-    cdf_tensor *attn = cdf_flux_rope_attention(cdf_cat((cdf_tensor *[]){cq, q}, 2, 1), cdf_cat((cdf_tensor *[]){ck, k}, 2, 1),
-                                               cdf_cat((cdf_tensor *[]){cv, v}, 2, 1), cos_t, sin_t,
-                                               cdf_linear_compute_dtype(&b->to_q),
-                                               cdf_linears_round_input(2, (const cdf_linear_layer *[]){&b->to_add_out, &b->to_out}));
-    /* attn: [B, Lt+Li, D] */
-    cdf_tensor *ctx_attn = cdf_linear_fwd(&b->to_add_out, cdf_narrow(attn, 1, 0, Lt));
-    cdf_tensor *x_attn = cdf_linear_fwd(&b->to_out, cdf_narrow(attn, 1, Lt, Li));
+        /* joint attention over [text; image], RoPE on the whole joint sequence */
+        cdf_tensor *q, *k, *v, *cq, *ck, *cv;
+        project_qkv(&b->to_q, &b->to_k, &b->to_v, &b->norm_q, &b->norm_k, hd, nx, &q, &k, &v);
+        project_qkv(&b->add_q_proj, &b->add_k_proj, &b->add_v_proj, &b->norm_added_q, &b->norm_added_k, hd, nctx, &cq, &ck, &cv);
+        cdf_tensor *attn = cdf_flux_rope_attention(cdf_cat((cdf_tensor *[]){cq, q}, 2, 1), cdf_cat((cdf_tensor *[]){ck, k}, 2, 1),
+                                                   cdf_cat((cdf_tensor *[]){cv, v}, 2, 1), cos_t, sin_t,
+                                                   cdf_linear_compute_dtype(&b->to_q),
+                                                   cdf_linears_round_input(2, (const cdf_linear_layer *[]){&b->to_add_out, &b->to_out}));
+        /* attn: [B, Lt+Li, D] */
+        ctx_attn = cdf_linear_fwd(&b->to_add_out, cdf_narrow(attn, 1, 0, Lt));
+        x_attn = cdf_linear_fwd(&b->to_out, cdf_narrow(attn, 1, Lt, Li));
+        if (attn_out) attn_out[0] = cdf_tensor_retain(x_attn), attn_out[1] = cdf_tensor_retain(ctx_attn);
+    }
 
     /* image stream: gated attention residual, then modulated LayerNorm -> GELU(tanh) MLP */
     x = cdf_flux_gated_add(x, mod[2], x_attn);
@@ -319,7 +331,7 @@ static cdf_status double_block(const flux_model *m, const flux_double_block *b, 
  * into (ctx, x) after every block and concatenates them again at the next one; keeping h whole
  * computes exactly the same values without the copies. */
 static cdf_status single_block(const flux_model *m, const flux_single_block *b, cdf_tensor **h_io, cdf_tensor *temb,
-                               cdf_tensor *cos_t, cdf_tensor *sin_t) {
+                               cdf_tensor *cos_t, cdf_tensor *sin_t, cdf_tensor *const *attn_in, cdf_tensor **attn_out) {
     const int64_t hd = m->cfg.attention_head_dim;
     cdf_tensor *h = *h_io;
     cdf_scope_push();
@@ -328,13 +340,18 @@ static cdf_status single_block(const flux_model *m, const flux_single_block *b, 
     cdf_tensor *mod[3] = {0};
     cdf_chunk(cdf_linear_fwd(&b->norm, cdf_silu(temb)), 3, 1, mod);
     cdf_tensor *nh = cdf_flux_modulate(cdf_layer_norm(h, NULL, NULL, NORM_EPS), mod[0], mod[1]);
-    nh = cdf_linear_shared_input(nh, 4, (const cdf_linear_layer *[]){&b->proj_mlp, &b->to_q, &b->to_k, &b->to_v});
+    nh = attn_in ? cdf_linear_shared_input(nh, 1, (const cdf_linear_layer *[]){&b->proj_mlp})
+                 : cdf_linear_shared_input(nh, 4, (const cdf_linear_layer *[]){&b->proj_mlp, &b->to_q, &b->to_k, &b->to_v});
 
     /* parallel MLP and attention branches, fused by one output projection */
     cdf_tensor *mlp = cdf_gelu(cdf_linear_fwd(&b->proj_mlp, nh), CDF_GELU_TANH); /* [B, L, M] */
-    cdf_tensor *q, *k, *v;
-    project_qkv(&b->to_q, &b->to_k, &b->to_v, &b->norm_q, &b->norm_k, hd, nh, &q, &k, &v);
-    cdf_tensor *attn = cdf_flux_rope_attention(q, k, v, cos_t, sin_t, cdf_linear_compute_dtype(&b->to_q), false); /* [B, L, D] */
+    cdf_tensor *attn = attn_in ? attn_in[0] : NULL;
+    if (!attn_in) {
+        cdf_tensor *q, *k, *v;
+        project_qkv(&b->to_q, &b->to_k, &b->to_v, &b->norm_q, &b->norm_k, hd, nh, &q, &k, &v);
+        attn = cdf_flux_rope_attention(q, k, v, cos_t, sin_t, cdf_linear_compute_dtype(&b->to_q), false); /* [B, L, D] */
+        if (attn_out) attn_out[0] = cdf_tensor_retain(attn);
+    }
     cdf_tensor *both = cdf_cat((cdf_tensor *[]){attn, mlp}, 2, 2);       /* [B, L, D + M] */
     h = cdf_flux_gated_add(h, mod[2], cdf_linear_fwd(&b->proj_out, both));
 
@@ -349,16 +366,34 @@ static cdf_status single_block(const flux_model *m, const flux_single_block *b, 
 typedef struct block_ctx {
     const flux_model *m;
     const void *block;
+    int taylor; /* 0 plain, 1 outputs the attention ("a0", "a1"), 2 takes it as inputs */
 } block_ctx;
 
-/* inputs x, ctx, temb, cos, sin -> outputs x, ctx */
+/* The attention outputs of a TaylorSeer block between the traced map and the block. */
+static const char *const k_attn_keys[2] = {"a0", "a1"};
+
+static cdf_status attn_to_map(cdf_tensor_map *out, cdf_tensor **attn, int n) {
+    cdf_status s = CDF_OK;
+    for (int i = 0; i < n; i++) {
+        if (s == CDF_OK) s = cdf_tensor_map_set(out, k_attn_keys[i], attn[i]);
+        cdf_tensor_release(attn[i]);
+    }
+    return s;
+}
+
+/* inputs x, ctx, temb, cos, sin [, a0, a1] -> outputs x, ctx [, a0, a1] */
 static cdf_status double_block_traced(void *vctx, const cdf_tensor_map *in, cdf_tensor_map *out) {
     const block_ctx *bc = vctx;
     cdf_tensor *x = cdf_tensor_retain(cdf_tensor_map_get(in, "x")), *ctx = cdf_tensor_retain(cdf_tensor_map_get(in, "ctx"));
+    cdf_tensor *a_in[2] = {cdf_tensor_map_get(in, "a0"), cdf_tensor_map_get(in, "a1")}, *a_out[2] = {NULL, NULL};
     cdf_status s = double_block(bc->m, bc->block, &x, &ctx, cdf_tensor_map_get(in, "temb"), cdf_tensor_map_get(in, "cos"),
-                                cdf_tensor_map_get(in, "sin"));
+                                cdf_tensor_map_get(in, "sin"), bc->taylor == 2 ? a_in : NULL, bc->taylor == 1 ? a_out : NULL);
     if (s == CDF_OK) s = cdf_tensor_map_set(out, "x", x);
     if (s == CDF_OK) s = cdf_tensor_map_set(out, "ctx", ctx);
+    if (bc->taylor == 1) {
+        cdf_status s2 = attn_to_map(out, a_out, 2);
+        if (s == CDF_OK) s = s2;
+    }
     cdf_tensor_release(x);
     cdf_tensor_release(ctx);
     return s;
@@ -367,20 +402,27 @@ static cdf_status double_block_traced(void *vctx, const cdf_tensor_map *in, cdf_
 static cdf_status single_block_traced(void *vctx, const cdf_tensor_map *in, cdf_tensor_map *out) {
     const block_ctx *bc = vctx;
     cdf_tensor *h = cdf_tensor_retain(cdf_tensor_map_get(in, "h"));
+    cdf_tensor *a_in[1] = {cdf_tensor_map_get(in, "a0")}, *a_out[1] = {NULL};
     cdf_status s = single_block(bc->m, bc->block, &h, cdf_tensor_map_get(in, "temb"), cdf_tensor_map_get(in, "cos"),
-                                cdf_tensor_map_get(in, "sin"));
+                                cdf_tensor_map_get(in, "sin"), bc->taylor == 2 ? a_in : NULL, bc->taylor == 1 ? a_out : NULL);
     if (s == CDF_OK) s = cdf_tensor_map_set(out, "h", h);
+    if (bc->taylor == 1) {
+        cdf_status s2 = attn_to_map(out, a_out, 1);
+        if (s == CDF_OK) s = s2;
+    }
     cdf_tensor_release(h);
     return s;
 }
 
 /* Runs block i (double or single) through the repeated-block compiler; *a (and *b) are the
- * stream states (owned references, replaced). */
+ * stream states (owned references, replaced). attn_in / attn_out: TaylorSeer's (double_block);
+ * each variant is a block class of its own (its own graphs). */
 static cdf_status run_block(const flux_model *m, bool dbl, int64_t i, cdf_tensor **a, cdf_tensor **b, cdf_tensor *temb,
-                            cdf_tensor *cos_t, cdf_tensor *sin_t) {
+                            cdf_tensor *cos_t, cdf_tensor *sin_t, cdf_tensor *const *attn_in, cdf_tensor **attn_out) {
     cdf_tensor *w[CDF_BLOCK_MAX_WEIGHTS];
     int nw = 0;
-    block_ctx bc = {m, NULL};
+    block_ctx bc = {m, NULL, attn_in ? 2 : attn_out ? 1 : 0};
+    const int n_attn = dbl ? 2 : 1;
     cdf_tensor_map in, out;
     cdf_tensor_map_init(&in);
     cdf_tensor_map_init(&out);
@@ -408,9 +450,12 @@ static cdf_status run_block(const flux_model *m, bool dbl, int64_t i, cdf_tensor
     if (s == CDF_OK) s = cdf_tensor_map_set(&in, "temb", temb);
     if (s == CDF_OK) s = cdf_tensor_map_set(&in, "cos", cos_t);
     if (s == CDF_OK) s = cdf_tensor_map_set(&in, "sin", sin_t);
+    for (int k = 0; attn_in && k < n_attn && s == CDF_OK; k++) s = cdf_tensor_map_set(&in, k_attn_keys[k], attn_in[k]);
+    static const char *const names[2][3] = {
+        {"FluxSingleTransformerBlock", "FluxSingleTransformerBlock.taylor_update", "FluxSingleTransformerBlock.taylor_predict"},
+        {"FluxTransformerBlock", "FluxTransformerBlock.taylor_update", "FluxTransformerBlock.taylor_predict"}};
     if (s == CDF_OK)
-        s = cdf_block_run(dbl ? "FluxTransformerBlock" : "FluxSingleTransformerBlock",
-                          dbl ? double_block_traced : single_block_traced, &bc, &in, &out, w, nw);
+        s = cdf_block_run(names[dbl][bc.taylor], dbl ? double_block_traced : single_block_traced, &bc, &in, &out, w, nw);
     if (s == CDF_OK) {
         cdf_tensor_release(*a);
         *a = cdf_tensor_retain(cdf_tensor_map_get(&out, dbl ? "x" : "h"));
@@ -418,6 +463,7 @@ static cdf_status run_block(const flux_model *m, bool dbl, int64_t i, cdf_tensor
             cdf_tensor_release(*b);
             *b = cdf_tensor_retain(cdf_tensor_map_get(&out, "ctx"));
         }
+        for (int k = 0; attn_out && k < n_attn; k++) attn_out[k] = cdf_tensor_retain(cdf_tensor_map_get(&out, k_attn_keys[k]));
     }
     cdf_tensor_map_clear(&in);
     cdf_tensor_map_clear(&out);
@@ -441,10 +487,8 @@ static cdf_status ids_rows(const char *name, cdf_tensor *ids, int64_t L, int n_a
     return *rows ? CDF_OK : cdf_last_status();
 }
 
-cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample) {
-    if (sample) *sample = NULL;
-    if (!impl || !in || !sample) return cdf_error(CDF_ERR_INVALID_ARG, "%s: forward needs the model, inputs and an output", MODEL);
-    const flux_model *m = impl;
+/* The forward's input checks (names and shapes against the config and each other). */
+static cdf_status check_inputs(const flux_model *m, const cdf_flux_inputs *in) {
     const cdf_flux_config *c = &m->cfg;
     const struct {
         const char *name;
@@ -468,7 +512,7 @@ cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, c
         snprintf(want, sizeof want, "[B, L_img, %lld] (in_channels)", (long long)c->in_channels);
         return cdf_flux_input_shape_error(MODEL, "hidden_states", hs, want);
     }
-    const int64_t B = cdf_tensor_dim(hs, 0), Li = cdf_tensor_dim(hs, 1);
+    const int64_t B = cdf_tensor_dim(hs, 0);
     /* L_txt >= 1: the pipeline always pads the prompt to max_sequence_length >= 1, and an empty
      * text sequence would only fail later, inside a reshape, without naming the input */
     if (cdf_tensor_ndim(ehs) != 3 || cdf_tensor_dim(ehs, 0) != B || cdf_tensor_dim(ehs, 1) < 1 ||
@@ -477,18 +521,35 @@ cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, c
                  (long long)c->joint_attention_dim);
         return cdf_flux_input_shape_error(MODEL, "encoder_hidden_states", ehs, want);
     }
-    const int64_t Lt = cdf_tensor_dim(ehs, 1);
     if (cdf_tensor_ndim(pp) != 2 || cdf_tensor_dim(pp, 0) != B || cdf_tensor_dim(pp, 1) != c->pooled_projection_dim) {
         snprintf(want, sizeof want, "[%lld, %lld] (batch, pooled_projection_dim)", (long long)B, (long long)c->pooled_projection_dim);
         return cdf_flux_input_shape_error(MODEL, "pooled_projections", pp, want);
     }
     CDF_TRY(cdf_flux_check_per_batch(MODEL, "timestep", in->timestep, B));
     if (in->guidance) CDF_TRY(cdf_flux_check_per_batch(MODEL, "guidance", in->guidance, B));
+    return CDF_OK;
+}
 
-    cdf_scope_push(); /* the forward's scope: only the result leaves it */
-    cdf_tensor *x = NULL, *ctx = NULL, *temb = NULL, *cos_t = NULL, *sin_t = NULL; /* owned references */
+/* The forward's state between its parts: owned references (outside every scope). */
+typedef struct flux_fwd {
+    cdf_tensor *x, *ctx, *temb, *cos_t, *sin_t;
+    /* TaylorSeer: 0 plain, 1 every attention module's outputs into attn, 2 taken from attn
+     * (double block i: attn[2i], attn[2i + 1]; single block j: attn[2 num_layers + j]) */
+    int taylor;
+    cdf_tensor **attn;
+} flux_fwd;
 
-    /* ---- embeddings ---- */
+static void fwd_release(flux_fwd *f) {
+    cdf_tensor *owned[] = {f->x, f->ctx, f->temb, f->cos_t, f->sin_t};
+    for (size_t i = 0; i < sizeof owned / sizeof *owned; i++) cdf_tensor_release(owned[i]);
+    f->x = f->ctx = f->temb = f->cos_t = f->sin_t = NULL;
+}
+
+/* Embeddings and RoPE tables of checked inputs into f. */
+static cdf_status fwd_embed(const flux_model *m, const cdf_flux_inputs *in, flux_fwd *f) {
+    const cdf_flux_config *c = &m->cfg;
+    const int64_t Li = cdf_tensor_dim(in->hidden_states, 1), Lt = cdf_tensor_dim(in->encoder_hidden_states, 1);
+    cdf_tensor *x = NULL, *ctx = NULL, *temb = NULL, *cos_t = NULL, *sin_t = NULL;
     cdf_scope_push();
     /* positions: rows = cat(txt_ids, img_ids), as float32 like ids.float() */
     cdf_tensor *txt_rows = NULL, *img_rows = NULL;
@@ -523,43 +584,268 @@ cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, c
     }
     cdf_scope_pop(NULL, 0);
 
-    /* ---- transformer blocks ---- */
-    for (int64_t i = 0; s == CDF_OK && i < c->num_layers; i++) {
-        s = run_block(m, true, i, &x, &ctx, temb, cos_t, sin_t);
+    f->x = x, f->ctx = ctx, f->temb = temb, f->cos_t = cos_t, f->sin_t = sin_t;
+    return s;
+}
+
+/* Double-stream blocks [from, to) on f's streams. */
+static cdf_status fwd_doubles(const flux_model *m, flux_fwd *f, int64_t from, int64_t to) {
+    cdf_status s = CDF_OK;
+    for (int64_t i = from; s == CDF_OK && i < to; i++) {
+        cdf_tensor **a = f->taylor ? f->attn + 2 * i : NULL;
+        s = run_block(m, true, i, &f->x, &f->ctx, f->temb, f->cos_t, f->sin_t, f->taylor == 2 ? a : NULL, f->taylor == 1 ? a : NULL);
         if (s != CDF_OK) cdf_error_prefix("%s transformer_blocks.%lld: ", MODEL, (long long)i);
     }
-    cdf_tensor *h = NULL; /* owned: the joint sequence [ctx; x] of the single-stream blocks */
-    if (s == CDF_OK) {
-        cdf_scope_push();
-        s = cdf_flux_replace_state(&h, cdf_cat((cdf_tensor *[]){ctx, x}, 2, 1));
-        cdf_scope_pop(NULL, 0);
-    }
-    for (int64_t i = 0; s == CDF_OK && i < c->num_single_layers; i++) {
-        s = run_block(m, false, i, &h, NULL, temb, cos_t, sin_t);
+    return s;
+}
+
+/* The single-stream blocks on [ctx; x]: *h gets the joint sequence after them (owned). */
+static cdf_status fwd_singles(const flux_model *m, flux_fwd *f, cdf_tensor **h) {
+    cdf_scope_push();
+    cdf_status s = cdf_flux_replace_state(h, cdf_cat((cdf_tensor *[]){f->ctx, f->x}, 2, 1));
+    cdf_scope_pop(NULL, 0);
+    for (int64_t i = 0; s == CDF_OK && i < m->cfg.num_single_layers; i++) {
+        cdf_tensor **a = f->taylor ? f->attn + 2 * m->cfg.num_layers + i : NULL;
+        s = run_block(m, false, i, h, NULL, f->temb, f->cos_t, f->sin_t, f->taylor == 2 ? a : NULL, f->taylor == 1 ? a : NULL);
         if (s != CDF_OK) cdf_error_prefix("%s single_transformer_blocks.%lld: ", MODEL, (long long)i);
     }
+    return s;
+}
 
-    /* ---- output: AdaLayerNormContinuous (scale first, then shift) and the projection ---- */
-    cdf_tensor *out = NULL;
-    if (s == CDF_OK) {
-        cdf_tensor *mod[2] = {0};
-        cdf_chunk(cdf_linear_fwd(&m->norm_out, cdf_silu(temb)), 2, 1, mod); /* scale, shift */
-        cdf_tensor *xi = cdf_narrow(h, 1, Lt, Li);
-        out = cdf_linear_fwd(&m->proj_out, cdf_flux_modulate(cdf_layer_norm(xi, NULL, NULL, NORM_EPS), mod[1], mod[0]));
-        if (!out) s = cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL;
-    }
-    cdf_tensor *owned[] = {x, ctx, h, temb, cos_t, sin_t};
-    for (size_t i = 0; i < sizeof owned / sizeof *owned; i++) cdf_tensor_release(owned[i]);
-    cdf_scope_pop(out ? &out : NULL, out ? 1 : 0); /* out moves to the caller's scope */
+/* The image part [B, Li, D] of the joint sequence (a view in the current scope). */
+static cdf_tensor *image_part(cdf_tensor *h, const flux_fwd *f) {
+    return cdf_narrow(h, 1, cdf_tensor_dim(f->ctx, 1), cdf_tensor_dim(f->x, 1));
+}
+
+/* Output: AdaLayerNormContinuous (scale first, then shift) and the projection of the image
+ * stream xi; the result is in the current scope (NULL on error, set). */
+static cdf_tensor *fwd_output(const flux_model *m, cdf_tensor *xi, cdf_tensor *temb) {
+    cdf_tensor *mod[2] = {0};
+    cdf_chunk(cdf_linear_fwd(&m->norm_out, cdf_silu(temb)), 2, 1, mod); /* scale, shift */
+    return cdf_linear_fwd(&m->proj_out, cdf_flux_modulate(cdf_layer_norm(xi, NULL, NULL, NORM_EPS), mod[1], mod[0]));
+}
+
+static cdf_status status_or_internal(void) { return cdf_last_status() ? cdf_last_status() : CDF_ERR_INTERNAL; }
+
+/* forward, with MagCache's residual (residual non-NULL) or TaylorSeer's attention outputs
+ * (taylor 1: new references into attn; 2: taken from attn). */
+static cdf_status forward_impl(void *impl, const cdf_flux_inputs *in, int taylor, cdf_tensor **attn, cdf_tensor **sample,
+                               cdf_tensor **residual) {
+    if (sample) *sample = NULL;
+    if (residual) *residual = NULL;
+    if (!impl || !in || !sample) return cdf_error(CDF_ERR_INVALID_ARG, "%s: forward needs the model, inputs and an output", MODEL);
+    const flux_model *m = impl;
+    CDF_TRY(check_inputs(m, in));
+    cdf_scope_push(); /* the forward's scope: only the results leave it */
+    flux_fwd f = {.taylor = taylor, .attn = attn};
+    cdf_tensor *h = NULL, *out[2] = {NULL, NULL}; /* h owned: the joint sequence [ctx; x] of the single-stream blocks */
+    cdf_status s = fwd_embed(m, in, &f);
+    cdf_tensor *x0 = s == CDF_OK && residual ? cdf_tensor_retain(f.x) : NULL; /* the embedded latents */
+    if (s == CDF_OK) s = fwd_doubles(m, &f, 0, m->cfg.num_layers);
+    if (s == CDF_OK) s = fwd_singles(m, &f, &h);
+    if (s == CDF_OK && !(out[0] = fwd_output(m, image_part(h, &f), f.temb))) s = status_or_internal();
+    if (s == CDF_OK && residual && !(out[1] = cdf_sub(image_part(h, &f), x0))) s = status_or_internal();
+    cdf_tensor_release(x0);
+    cdf_tensor_release(h);
+    fwd_release(&f);
+    const int n = s != CDF_OK ? 0 : residual ? 2 : 1;
+    cdf_scope_pop(out, n); /* the results move to the caller's scope */
     if (s != CDF_OK) return s;
+    *sample = out[0];
+    if (residual) *residual = out[1];
+    return CDF_OK;
+}
+
+cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample) {
+    return forward_impl(impl, in, 0, NULL, sample, NULL);
+}
+
+cdf_status cdf_flux_transformer_forward_residual(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample, cdf_tensor **residual) {
+    return forward_impl(impl, in, 0, NULL, sample, residual);
+}
+
+int cdf_flux_attention_modules(const void *impl) {
+    const flux_model *m = impl;
+    return m ? (int)(2 * m->cfg.num_layers + m->cfg.num_single_layers) : 0;
+}
+
+cdf_status cdf_flux_transformer_forward_taylor(void *impl, const cdf_flux_inputs *in, bool predict, cdf_tensor **attn,
+                                               cdf_tensor **sample) {
+    const int n = cdf_flux_attention_modules(impl);
+    if (!predict)
+        for (int i = 0; i < n; i++) attn[i] = NULL;
+    for (int i = 0; predict && i < n; i++)
+        if (!attn[i]) return cdf_error(CDF_ERR_NOT_FOUND, "%s: taylor_predict needs every attention output (%d missing)", MODEL, i);
+    cdf_status s = forward_impl(impl, in, predict ? 2 : 1, attn, sample, NULL);
+    if (s != CDF_OK && !predict)
+        for (int i = 0; i < n; i++) cdf_tensor_release(attn[i]), attn[i] = NULL;
+    return s;
+}
+
+/* ---- First Block Cache parts (docs/step-caches.md): the forward split at the head block ---- */
+
+cdf_status cdf_flux_fbc_head(void *impl, const cdf_flux_inputs *in, cdf_flux_fbc_state *st) {
+    memset(st, 0, sizeof *st);
+    if (!impl || !in) return cdf_error(CDF_ERR_INVALID_ARG, "%s: fbc_head needs the model and inputs", MODEL);
+    const flux_model *m = impl;
+    if (m->cfg.num_layers < 1 || m->cfg.num_layers + m->cfg.num_single_layers < 2)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "%s: the first-block cache needs a double-stream head block and at least one "
+                         "more block (num_layers %lld, num_single_layers %lld)", MODEL, (long long)m->cfg.num_layers,
+                         (long long)m->cfg.num_single_layers);
+    CDF_TRY(check_inputs(m, in));
+    cdf_scope_push();
+    flux_fwd f = {0};
+    cdf_status s = fwd_embed(m, in, &f);
+    cdf_tensor *x0 = s == CDF_OK ? cdf_tensor_retain(f.x) : NULL, *res = NULL;
+    if (s == CDF_OK) s = fwd_doubles(m, &f, 0, 1);
+    if (s == CDF_OK && !(res = cdf_sub(f.x, x0))) s = status_or_internal(); /* head_out - head_in, image stream */
+    cdf_tensor_release(x0);
+    cdf_tensor *keep[5] = {f.x, f.ctx, f.temb, f.cos_t, f.sin_t};
+    if (s == CDF_OK) {
+        st->x = f.x, st->ctx = f.ctx, st->temb = f.temb, st->cos_t = f.cos_t, st->sin_t = f.sin_t, st->residual = res;
+        cdf_scope_pop(&res, 1);
+        for (int i = 0; i < 5; i++) cdf_scope_record(keep[i]); /* the owned state moves to the caller's scope */
+        return CDF_OK;
+    }
+    fwd_release(&f);
+    cdf_scope_pop(NULL, 0);
+    return s;
+}
+
+cdf_status cdf_flux_cache_embed(void *impl, const cdf_flux_inputs *in, cdf_tensor **x, cdf_tensor **temb) {
+    *x = *temb = NULL;
+    if (!impl || !in) return cdf_error(CDF_ERR_INVALID_ARG, "%s: cache_embed needs the model and inputs", MODEL);
+    const flux_model *m = impl;
+    CDF_TRY(check_inputs(m, in));
+    cdf_scope_push();
+    flux_fwd f = {0};
+    cdf_status s = fwd_embed(m, in, &f);
+    cdf_tensor *keep[2] = {f.x, f.temb};
+    if (s == CDF_OK) {
+        f.x = f.temb = NULL;
+        fwd_release(&f);
+        cdf_scope_pop(NULL, 0);
+        for (int i = 0; i < 2; i++) cdf_scope_record(keep[i]);
+        *x = keep[0], *temb = keep[1];
+        return CDF_OK;
+    }
+    fwd_release(&f);
+    cdf_scope_pop(NULL, 0);
+    return s;
+}
+
+cdf_status cdf_flux_fbc_tail(void *impl, const cdf_flux_fbc_state *st, cdf_tensor **sample, cdf_tensor **tail_residual) {
+    *sample = *tail_residual = NULL;
+    const flux_model *m = impl;
+    cdf_scope_push();
+    flux_fwd f = {.x = cdf_tensor_retain(st->x), .ctx = cdf_tensor_retain(st->ctx), .temb = cdf_tensor_retain(st->temb),
+                  .cos_t = cdf_tensor_retain(st->cos_t), .sin_t = cdf_tensor_retain(st->sin_t)};
+    cdf_tensor *h = NULL, *out[2] = {NULL, NULL};
+    cdf_status s = fwd_doubles(m, &f, 1, m->cfg.num_layers);
+    if (s == CDF_OK) s = fwd_singles(m, &f, &h);
+    if (s == CDF_OK) {
+        cdf_tensor *xi = image_part(h, &f);
+        out[0] = fwd_output(m, xi, f.temb);
+        out[1] = cdf_sub(xi, st->x); /* tail_out - head_out, image stream */
+        if (!out[0] || !out[1]) s = status_or_internal();
+    }
+    cdf_tensor_release(h);
+    fwd_release(&f);
+    cdf_scope_pop(s == CDF_OK ? out : NULL, s == CDF_OK ? 2 : 0);
+    if (s != CDF_OK) return s;
+    *sample = out[0], *tail_residual = out[1];
+    return CDF_OK;
+}
+
+cdf_status cdf_flux_fbc_skip(void *impl, cdf_tensor *x, cdf_tensor *tail_residual, cdf_tensor *temb, cdf_tensor **sample) {
+    *sample = NULL;
+    const flux_model *m = impl;
+    if (!x || !tail_residual || !temb) return cdf_error(CDF_ERR_NOT_FOUND, "%s: fbc_skip needs x, tail_residual and temb", MODEL);
+    cdf_scope_push();
+    /* diffusers: hidden_states = tail_block_residuals[0] + head output */
+    cdf_tensor *out = fwd_output(m, cdf_add(tail_residual, x), temb);
+    cdf_scope_pop(out ? &out : NULL, out ? 1 : 0);
+    if (!out) return status_or_internal();
     *sample = out;
     return CDF_OK;
 }
 
 /* ---- component interface ---------------------------------------------------------------------- */
+/* The step caches' parts as methods (each its own graph under compile):
+ *   fbc_head (forward's inputs) -> out.x, out.ctx, out.temb, out.cos, out.sin, out.residual
+ *   fbc_tail (x, ctx, temb, cos, sin) -> out.sample, out.tail_residual
+ *   fbc_skip (x, tail_residual, temb) -> out.sample
+ *   cache_full (forward's inputs) -> out.sample, out.residual (last block's image stream - embedded
+ *     latents: MagCache's computed step)
+ *   cache_embed (forward's inputs) -> out.x, out.temb (MagCache's skipped step: no block runs)
+ *   taylor_update (forward's inputs) -> out.sample, out.attn.<k> (every attention module's outputs)
+ *   taylor_predict (forward's inputs, attn.<k>) -> out.sample (the attention modules not run) */
+static cdf_status fbc_run(void *impl, const char *method, const cdf_flux_inputs *fi, const cdf_tensor_map *in,
+                          cdf_tensor_map *out) {
+    if (strcmp(method, "fbc_head") == 0) {
+        cdf_flux_fbc_state st;
+        CDF_TRY(cdf_flux_fbc_head(impl, fi, &st));
+        const char *names[6] = {"out.x", "out.ctx", "out.temb", "out.cos", "out.sin", "out.residual"};
+        cdf_tensor *t[6] = {st.x, st.ctx, st.temb, st.cos_t, st.sin_t, st.residual};
+        for (int i = 0; i < 6; i++) CDF_TRY(cdf_tensor_map_set(out, names[i], t[i]));
+        return CDF_OK;
+    }
+    if (strcmp(method, "taylor_update") == 0 || strcmp(method, "taylor_predict") == 0) {
+        const bool predict = method[7] == 'p';
+        const int n = cdf_flux_attention_modules(impl);
+        cdf_tensor **attn = calloc((size_t)n + 1, sizeof *attn), *sample = NULL;
+        if (!attn) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        char key[32];
+        for (int i = 0; predict && i < n; i++) {
+            snprintf(key, sizeof key, "attn.%d", i);
+            attn[i] = cdf_tensor_map_get(in, key);
+        }
+        cdf_status s = cdf_flux_transformer_forward_taylor(impl, fi, predict, attn, &sample);
+        if (s == CDF_OK) s = cdf_tensor_map_set(out, "out.sample", sample);
+        for (int i = 0; !predict && i < n; i++) {
+            snprintf(key, sizeof key, "out.attn.%d", i);
+            if (s == CDF_OK) s = cdf_tensor_map_set(out, key, attn[i]);
+            cdf_tensor_release(attn[i]);
+        }
+        free(attn);
+        return s;
+    }
+    if (strcmp(method, "cache_full") == 0) {
+        cdf_tensor *sample = NULL, *residual = NULL;
+        CDF_TRY(cdf_flux_transformer_forward_residual(impl, fi, &sample, &residual));
+        CDF_TRY(cdf_tensor_map_set(out, "out.sample", sample));
+        return cdf_tensor_map_set(out, "out.residual", residual);
+    }
+    if (strcmp(method, "cache_embed") == 0) {
+        cdf_tensor *x = NULL, *temb = NULL;
+        CDF_TRY(cdf_flux_cache_embed(impl, fi, &x, &temb));
+        CDF_TRY(cdf_tensor_map_set(out, "out.x", x));
+        return cdf_tensor_map_set(out, "out.temb", temb);
+    }
+    if (strcmp(method, "fbc_tail") == 0) {
+        cdf_flux_fbc_state st = {.x = cdf_input(in, "x", MODEL), .ctx = cdf_input(in, "ctx", MODEL),
+                                 .temb = cdf_input(in, "temb", MODEL), .cos_t = cdf_input(in, "cos", MODEL),
+                                 .sin_t = cdf_input(in, "sin", MODEL)};
+        if (!st.x || !st.ctx || !st.temb || !st.cos_t || !st.sin_t) return cdf_last_status();
+        cdf_tensor *sample = NULL, *tail = NULL;
+        CDF_TRY(cdf_flux_fbc_tail(impl, &st, &sample, &tail));
+        CDF_TRY(cdf_tensor_map_set(out, "out.sample", sample));
+        return cdf_tensor_map_set(out, "out.tail_residual", tail);
+    }
+    cdf_tensor *sample = NULL;
+    CDF_TRY(cdf_flux_fbc_skip(impl, cdf_input(in, "x", MODEL), cdf_input(in, "tail_residual", MODEL), cdf_input(in, "temb", MODEL),
+                              &sample));
+    return cdf_tensor_map_set(out, "out.sample", sample);
+}
+
 static cdf_status flux_run(void *impl, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out) {
-    if (method && strcmp(method, "forward") != 0)
-        return cdf_error(CDF_ERR_UNSUPPORTED, "%s: method '%s' is not supported (only 'forward')", MODEL, method);
+    const bool fbc = method && (strcmp(method, "fbc_head") == 0 || strcmp(method, "fbc_tail") == 0 || strcmp(method, "fbc_skip") == 0 ||
+                                strcmp(method, "cache_full") == 0 || strcmp(method, "cache_embed") == 0 ||
+                                strcmp(method, "taylor_update") == 0 || strcmp(method, "taylor_predict") == 0);
+    if (method && strcmp(method, "forward") != 0 && !fbc)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "%s: method '%s' is not supported (only 'forward' and the step caches' "
+                         "'fbc_head', 'fbc_tail', 'fbc_skip', 'cache_full', 'cache_embed', 'taylor_update', 'taylor_predict')",
+                         MODEL, method);
     cdf_flux_inputs fi = {
         .hidden_states = cdf_tensor_map_get(in, "hidden_states"),
         .encoder_hidden_states = cdf_tensor_map_get(in, "encoder_hidden_states"),
@@ -569,6 +855,7 @@ static cdf_status flux_run(void *impl, const char *method, const cdf_tensor_map 
         .txt_ids = cdf_tensor_map_get(in, "txt_ids"),
         .guidance = cdf_tensor_map_get(in, "guidance"),
     };
+    if (fbc) return fbc_run(impl, method, &fi, in, out);
     cdf_tensor *sample = NULL;
     CDF_TRY(cdf_flux_transformer_forward(impl, &fi, &sample));
     return cdf_tensor_map_set(out, "out.sample", sample);

@@ -50,6 +50,36 @@ typedef struct cdf_flux_inputs {
  * CDF_ERR_SHAPE (an input disagrees with the config or with the others; the message names it),
  * plus those of the tensor ops. */
 cdf_status cdf_flux_transformer_forward(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample);
+/* The same, and (residual non-NULL) *residual = the last block's image stream - the embedded
+ * latents [B, Li, D] (MagCache's residual over every block). */
+cdf_status cdf_flux_transformer_forward_residual(void *impl, const cdf_flux_inputs *in, cdf_tensor **sample, cdf_tensor **residual);
+/* TaylorSeer (docs/step-caches.md): the attention modules, in block order: double block i is
+ * attn[2i] (image, after to_out) and attn[2i + 1] (text, after to_add_out), single block j is
+ * attn[2 num_layers + j] (the attention over the joint sequence). predict false: the forward,
+ * and attn[k] = new references to every module's output; true: the forward with attn[k] in
+ * place of every attention module (not run). */
+int cdf_flux_attention_modules(const void *impl);
+cdf_status cdf_flux_transformer_forward_taylor(void *impl, const cdf_flux_inputs *in, bool predict, cdf_tensor **attn,
+                                               cdf_tensor **sample);
 const cdf_flux_config *cdf_flux_transformer_config(const void *impl);
+
+/* diffusers' First Block Cache (docs/step-caches.md) splits the forward at the first block:
+ * head = embeddings + transformer_blocks.0, tail = the other blocks + output layers, skip = the
+ * output layers on head output + cached tail residual. All tensors are new references recorded
+ * in the caller's scope. */
+typedef struct cdf_flux_fbc_state {
+    cdf_tensor *x, *ctx;      /* image [B, Li, D] and text [B, Lt, D] streams after the head block */
+    cdf_tensor *temb;         /* [B, D] */
+    cdf_tensor *cos_t, *sin_t; /* RoPE tables of the joint sequence */
+    cdf_tensor *residual;     /* head block output - input, image stream [B, Li, D] */
+} cdf_flux_fbc_state;
+/* Needs num_layers >= 1 and num_layers + num_single_layers >= 2 (else CDF_ERR_UNSUPPORTED). */
+cdf_status cdf_flux_fbc_head(void *impl, const cdf_flux_inputs *in, cdf_flux_fbc_state *st);
+/* st: x, ctx, temb, cos_t, sin_t of fbc_head. *tail_residual: tail output - head output (image). */
+cdf_status cdf_flux_fbc_tail(void *impl, const cdf_flux_fbc_state *st, cdf_tensor **sample, cdf_tensor **tail_residual);
+cdf_status cdf_flux_fbc_skip(void *impl, cdf_tensor *x, cdf_tensor *tail_residual, cdf_tensor *temb, cdf_tensor **sample);
+/* The embeddings only: *x the embedded latents [B, Li, D], *temb [B, D] (MagCache skips every
+ * block: its skipped step is fbc_skip(x, residual, temb)). */
+cdf_status cdf_flux_cache_embed(void *impl, const cdf_flux_inputs *in, cdf_tensor **x, cdf_tensor **temb);
 
 #endif

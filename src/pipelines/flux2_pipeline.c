@@ -24,6 +24,7 @@
 #include "core/error_internal.h"
 #include "models/autoencoder_kl_flux2.h"
 #include "models/mistral3_text.h"
+#include "pipelines/step_cache.h"
 #include "tensor/tensor_impl.h"
 #include "tokenizers/flux2_prompt.h"
 
@@ -122,6 +123,7 @@ typedef struct flux2_step {
     cdf_tensor *embeds, *txt_ids, *img_ids, *guidance;
     cdf_tensor *ref_latents; /* reference image tokens appended to the latents, or NULL */
     int64_t seq;             /* the generated image's tokens (the part of the output the step uses) */
+    cdf_step_cache cache;    /* --cache mag (step_cache.c): one context, as Flux2Pipeline sets none */
 } flux2_step;
 
 static cdf_tensor *flux2_predict(void *ctx, cdf_tensor *latents, int i, float t) {
@@ -142,8 +144,9 @@ static cdf_tensor *flux2_predict(void *ctx, cdf_tensor *latents, int i, float t)
     if (s == CDF_OK) s = cdf_tensor_map_set(&in, "img_ids", fs->img_ids);
     if (s == CDF_OK) s = cdf_tensor_map_set(&in, "txt_ids", fs->txt_ids);
     if (s == CDF_OK && fs->guidance) s = cdf_tensor_map_set(&in, "guidance", fs->guidance);
-    if (s == CDF_OK) s = cdf_component_run(fs->p->transformer, "forward", &in, &outm);
-    if (s == CDF_OK) v = take(&outm, "out.sample");
+    if (s == CDF_OK && fs->cache.cfg.kind != CDF_STEP_CACHE_NONE) s = cdf_step_cache_predict(&fs->cache, fs->p->transformer, 0, &in, &v);
+    else if (s == CDF_OK) s = cdf_component_run(fs->p->transformer, "forward", &in, &outm);
+    if (s == CDF_OK && !v) v = take(&outm, "out.sample");
     if (v && fs->ref_latents) v = cdf_narrow(v, 1, 0, fs->seq); /* noise_pred[:, :latents.size(1)] */
     cdf_tensor_map_clear(&in);
     cdf_tensor_map_clear(&outm);
@@ -283,7 +286,14 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
     /* denoising loop */
     cdf_denoise_loop loop = {.timesteps = timesteps, .sigmas = sigmas, .num_steps = N, .latents = latents,
                              .predict = flux2_predict, .ctx = &fs, .step_key = "step%02d.latents"};
-    s = cdf_pipe_denoise(p, gp, &loop);
+    cdf_step_cache_config cache_cfg;
+    s = cdf_step_cache_parse(gp->cache, &cache_cfg);
+    if (s == CDF_OK && (cache_cfg.kind == CDF_STEP_CACHE_FIRST_BLOCK || cache_cfg.kind == CDF_STEP_CACHE_TAYLORSEER))
+        /* diffusers' FBC fails on FLUX.2; TaylorSeer is FLUX.1-only here: docs/step-caches.md */
+        s = cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': runs on FLUX.1 only (FLUX.2: --cache mag)", gp->cache);
+    if (s == CDF_OK) s = cdf_step_cache_init(&fs.cache, &cache_cfg, N);
+    if (s == CDF_OK) s = cdf_pipe_denoise(p, gp, &loop);
+    cdf_step_cache_finish(&fs.cache, p, gp);
     cdf_scheduler_free(sched);
     if (s != CDF_OK) return s;
     latents = loop.latents;
@@ -335,6 +345,7 @@ cdf_status cdf_flux2_generate_from_embeds(cdf_pipeline *p, const cdf_generate_pa
         return cdf_error(CDF_ERR_INVALID_ARG, "steps must be between 1 and 1000 (got %d)", gp.num_inference_steps);
     if (!isfinite((float)gp.guidance_scale)) return cdf_error(CDF_ERR_INVALID_ARG, "guidance scale must be a finite number");
     CDF_TRY(cdf_pipe_check_inputs(&gp, true));
+    CDF_TRY(cdf_pipe_cache_reports_reset(p, 1));
     cdf_scope_push();
     cdf_status s = generate_image(p, &gp, prompt_embeds, out);
     cdf_scope_pop(NULL, 0);

@@ -9,6 +9,7 @@
 
 #include "core/error_internal.h"
 #include "pipelines/pipeline_impl.h"
+#include "pipelines/step_cache.h"
 #include "tensor/tensor_impl.h"
 
 #define take cdf_pipe_take
@@ -61,6 +62,7 @@ typedef struct flux_step {
     const cdf_generate_params *gp;
     cdf_tensor *embeds, *pooled, *neg_embeds, *neg_pooled, *txt_ids, *img_ids, *guidance;
     bool true_cfg;
+    cdf_step_cache cache; /* --cache (step_cache.c): pass 0 is diffusers' "cond" context, 1 "uncond" */
 } flux_step;
 
 static cdf_tensor *flux_predict(void *ctx, cdf_tensor *latents, int i, float t) {
@@ -81,10 +83,11 @@ static cdf_tensor *flux_predict(void *ctx, cdf_tensor *latents, int i, float t) 
         if (s == CDF_OK) s = cdf_tensor_map_set(&in, "img_ids", fs->img_ids);
         if (s == CDF_OK) s = cdf_tensor_map_set(&in, "txt_ids", fs->txt_ids);
         if (s == CDF_OK && fs->guidance) s = cdf_tensor_map_set(&in, "guidance", fs->guidance);
-        if (s == CDF_OK) s = cdf_component_run(fs->p->transformer, "forward", &in, &outm);
+        cdf_tensor *r = NULL;
+        if (s == CDF_OK && fs->cache.cfg.kind != CDF_STEP_CACHE_NONE) s = cdf_step_cache_predict(&fs->cache, fs->p->transformer, pass, &in, &r);
+        else if (s == CDF_OK) s = cdf_component_run(fs->p->transformer, "forward", &in, &outm);
         if (s == CDF_OK) {
-            cdf_tensor *r = take(&outm, "out.sample");
-            if (!r) s = cdf_last_status();
+            if (!r && !(r = take(&outm, "out.sample"))) s = cdf_last_status();
             if (pass) v_neg = r;
             else v = r;
         }
@@ -161,7 +164,11 @@ cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf
     cdf_pipe_capture(gp, "latents_initial", loop.latents);
 
     /* 4. denoising loop */
+    cdf_step_cache_config cache_cfg;
+    if (s == CDF_OK) s = cdf_step_cache_parse(gp->cache, &cache_cfg); /* checked by validate() */
+    if (s == CDF_OK) s = cdf_step_cache_init(&fs.cache, &cache_cfg, N);
     if (s == CDF_OK) s = cdf_pipe_denoise(p, gp, &loop);
+    cdf_step_cache_finish(&fs.cache, p, gp);
     cdf_scheduler_free(sched);
     if (s != CDF_OK) return s;
     cdf_pipe_capture(gp, "latents_final", loop.latents);

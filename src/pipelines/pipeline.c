@@ -7,6 +7,7 @@
 
 #include "core/error_internal.h"
 #include "pipelines/pipeline_impl.h"
+#include "pipelines/step_cache.h"
 #include "tensor/tensor_impl.h"
 
 cdf_pipeline_load_params cdf_pipeline_load_default_params(void) {
@@ -99,6 +100,8 @@ void cdf_pipeline_free(cdf_pipeline *p) {
         free(p->file_path[i]);
     }
     free(p->report.unused);
+    for (int i = 0; i < p->n_cache_reports; i++) free(p->cache_reports[i]);
+    free(p->cache_reports);
     free(p->dir);
     free(p);
 }
@@ -286,6 +289,19 @@ static cdf_status validate(const cdf_pipeline *p, const cdf_generate_params *gp)
         return cdf_error(CDF_ERR_INVALID_ARG, "guidance scales must be finite numbers (within float32's range)");
     CDF_TRY(cdf_pipe_check_inputs(gp, p->kind == CDF_PIPE_FLUX2)); /* image_input.c */
     CDF_TRY(cdf_pipe_vae_tiling_check(p, gp));
+    cdf_step_cache_config cache;
+    CDF_TRY(cdf_step_cache_parse(gp->cache, &cache));
+    /* diffusers: First Block Cache on FLUX.1 (on FLUX.2 it fails), MagCache on FLUX.1 and FLUX.2,
+     * neither on SD3 (no CacheMixin) */
+    if (cache.kind == CDF_STEP_CACHE_FIRST_BLOCK && p->kind != CDF_PIPE_FLUX)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': the first-block cache runs on FLUX.1 only (%s; docs/step-caches.md)",
+                         gp->cache, p->class_name);
+    if (cache.kind == CDF_STEP_CACHE_TAYLORSEER && p->kind != CDF_PIPE_FLUX)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': TaylorSeer runs on FLUX.1 only in cdiffusers (%s; docs/step-caches.md)",
+                         gp->cache, p->class_name);
+    if (cache.kind == CDF_STEP_CACHE_MAG && p->kind == CDF_PIPE_SD3)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': MagCache runs on FLUX.1 and FLUX.2 only (%s; docs/step-caches.md)",
+                         gp->cache, p->class_name);
     /* get_timesteps leaves num_inference_steps - t_start steps; diffusers raises when none is left */
     if (gp->image && p->kind != CDF_PIPE_FLUX2 && cdf_pipe_t_start(gp->num_inference_steps, gp->strength) >= gp->num_inference_steps)
         return cdf_error(CDF_ERR_INVALID_ARG, "strength %g leaves no denoising step of %d", gp->strength,
@@ -333,6 +349,24 @@ static cdf_status generate_one(cdf_pipeline *p, const cdf_generate_params *gp, i
     return s;
 }
 
+const char *cdf_pipeline_cache_report(const cdf_pipeline *p, int image) {
+    return p && image >= 0 && image < p->n_cache_reports ? p->cache_reports[image] : NULL;
+}
+
+cdf_status cdf_pipe_cache_reports_reset(cdf_pipeline *p, int n) {
+    for (int i = 0; i < p->n_cache_reports; i++) free(p->cache_reports[i]);
+    free(p->cache_reports);
+    p->n_cache_reports = p->image_index = 0;
+    if (!(p->cache_reports = calloc((size_t)n, sizeof *p->cache_reports))) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    p->n_cache_reports = n;
+    return CDF_OK;
+}
+
+cdf_status cdf_cache_check(const char *cache) {
+    cdf_step_cache_config cfg;
+    return cdf_step_cache_parse(cache, &cfg);
+}
+
 static cdf_status prepare(cdf_pipeline *p, const cdf_generate_params *params, cdf_generate_params *gp) {
     *gp = *params;
     if (!gp->prompt) gp->prompt = "";
@@ -355,6 +389,7 @@ cdf_status cdf_pipeline_generate(cdf_pipeline *p, const cdf_generate_params *par
     cdf_generate_params gp;
     CDF_TRY(prepare(p, params, &gp));
     if (gp.num_seeds == 1) gp.seed = gp.seeds[0];
+    CDF_TRY(cdf_pipe_cache_reports_reset(p, 1));
     return generate_one(p, &gp, 0, 1, out);
 }
 
@@ -378,7 +413,7 @@ cdf_status cdf_pipeline_generate_images(cdf_pipeline *p, const cdf_generate_para
     cdf_generate_params gp;
     CDF_TRY(prepare(p, params, &gp));
     cdf_tensor_map *user_cap = gp.capture, cap;
-    cdf_status s = CDF_OK;
+    cdf_status s = cdf_pipe_cache_reports_reset(p, n);
     /* Image by image (batch 1 each): with one generator, image k's noise is row k of the (n, ...)
      * tensor diffusers draws (the VAE sample of an input image is drawn once, before); with a
      * seed list each image's noise comes from its own generator, but an img2img / inpainting
@@ -392,6 +427,7 @@ cdf_status cdf_pipeline_generate_images(cdf_pipeline *p, const cdf_generate_para
             p->encode_seed_set = true; /* reset by generate_one */
             p->encode_seed = gp.seeds[0];
         }
+        p->image_index = k;
         cdf_tensor_map_init(&cap);
         if (user_cap) gk.capture = &cap;
         s = gp.num_seeds > 0 ? generate_one(p, &gk, 0, 1, &out[k]) : generate_one(p, &gk, k, n, &out[k]);

@@ -62,6 +62,10 @@ struct cdf_pipeline {
     uint64_t encode_seed;
     /* the running request's VAE tile in pixels (0: untiled), set by cdf_pipe_vae_tiling_resolve */
     int64_t vae_tile;
+    /* the last generate's step-cache report per image (step_cache.c; NULL: no cache), and the
+     * index of the image being generated */
+    char **cache_reports;
+    int n_cache_reports, image_index;
 };
 
 /* The class of model_index.json's entry `key` (["library", "Class"]): *cls = NULL when the
@@ -117,6 +121,9 @@ cdf_status cdf_pipe_offload_adopt(cdf_pipeline *p, cdf_component *c, const char 
 cdf_load_options cdf_pipe_load_options(const cdf_pipeline *p, const char *key);
 void cdf_pipe_generate_begin(cdf_pipeline *p);
 cdf_status cdf_pipe_generate_end(cdf_pipeline *p, cdf_status s);
+/* pipeline.c: a fresh step-cache report slot for each of the request's n images
+ * (cdf_pipeline_cache_report; p->image_index names the image being generated). */
+cdf_status cdf_pipe_cache_reports_reset(cdf_pipeline *p, int n);
 /* planner.c: before loading, CDF_ERR_OUT_OF_MEMORY if the weights cannot fit the device budget
  * (all of them with NONE, the largest with MODEL); the message says needed vs allowed. */
 cdf_status cdf_pipe_check_budget(cdf_pipeline *p, const cJSON *model_index);

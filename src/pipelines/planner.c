@@ -36,6 +36,7 @@
 #include "nn/nn.h"
 #include "pipelines/pipeline_impl.h"
 #include "pipelines/planner.h"
+#include "pipelines/step_cache.h"
 
 void cdf_plan_format_bytes(char *buf, size_t n, uint64_t b) {
     if (b >= (1ull << 30)) snprintf(buf, n, "%.2f GiB", b / 1073741824.0);
@@ -889,6 +890,27 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
     held[CDF_PHASE_DENOISE] = ht.after_text + latent * (4 + 2 * B);
     /* + the final latents and the scaled decoder input */
     held[CDF_PHASE_DECODE] = ht.after_text + latent * 4;
+    /* Step caches (step_cache.c). First Block Cache: per pass the previous head residual and the tail residual
+     * ([1, tokens, width] f32 each) for the whole loop; during a computed step also the new head
+     * residual, the head output the tail residual is taken from and the new tail residual */
+    cdf_step_cache_config cache;
+    CDF_TRY(cdf_step_cache_parse(gp.cache, &cache));
+    out->cache_bytes = 0;
+    if (cache.kind == CDF_STEP_CACHE_TAYLORSEER && pp.kind == PK_FLUX) {
+        /* TaylorSeer: per pass and attention module (max_order + 1) factors of its outputs (the
+         * joint sequence, tokens + text, x width) in taylor_factors_dtype; during a step the
+         * float32 outputs (computed or predicted) of every module are live too */
+        const double joint = (double)(gp.height / (2 * vsf)) * (gp.width / (2 * vsf)) + (double)L;
+        const double per_module = joint * (double)tr->info.width, modules = (double)(tr->info.layers + tr->info.single_layers);
+        out->cache_bytes = (uint64_t)(passes * modules * (cache.max_order + 1) * per_module * cdf_dtype_size(cache.taylor_factors_dtype));
+        held[CDF_PHASE_DENOISE] += (double)out->cache_bytes / 4.0 + modules * per_module;
+    } else if ((cache.kind != CDF_STEP_CACHE_NONE && pp.kind == PK_FLUX) || (cache.kind == CDF_STEP_CACHE_MAG && pp.kind == PK_FLUX2)) {
+        /* MagCache: per pass one residual (tail output - embedded latents); during a computed
+         * step also the embedded latents and the new residual */
+        const double tokens = (double)(gp.height / (2 * vsf)) * (gp.width / (2 * vsf)), kept = cache.kind == CDF_STEP_CACHE_MAG ? 1 : 2;
+        out->cache_bytes = (uint64_t)(kept * passes * tokens * (double)tr->info.width * 4.0);
+        held[CDF_PHASE_DENOISE] += (kept * passes + (kept == 1 ? 2.0 : 3.0)) * tokens * (double)tr->info.width;
+    }
 
     for (int ph = 0; ph < CDF_PHASE_COUNT; ph++) {
         uint64_t best_w = 0, best_a = 0;
