@@ -1,7 +1,11 @@
 /* `cdiffusers devices`: the backends compiled in, the devices they found, and for a backend
  * with none, why. */
+#include <dirent.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cdiffusers/cdiffusers.h"
 #include "devices.h"
@@ -54,5 +58,51 @@ int cdf_cli_devices(int argc, char **argv) {
         printf("  (none)\n");
         return 1;
     }
+    return 0;
+}
+
+/* `cdiffusers cache list|clear`: the pjrt backend's compiled programs on disk. */
+int cdf_cli_cache(int argc, char **argv) {
+    const char *what = argc > 1 ? argv[1] : "";
+    if (!strcmp(what, "--help") || !strcmp(what, "-h") || (strcmp(what, "list") && strcmp(what, "clear")) || argc > 2) {
+        FILE *f = !strcmp(what, "--help") || !strcmp(what, "-h") ? stdout : stderr;
+        fprintf(f, "usage: cdiffusers cache list|clear\n"
+                   "  the pjrt backend's compiled programs on disk ($CDIFFUSERS_PJRT_CACHE, else\n"
+                   "  $XDG_CACHE_HOME/cdiffusers/pjrt, else ~/.cache/cdiffusers/pjrt): list them, or remove them all\n");
+        return f == stdout ? 0 : 2;
+    }
+    char dir[1024];
+    cdf_pjrt_cache_folder(dir, sizeof dir);
+    if (!dir[0]) {
+        printf("the pjrt program cache is off (CDIFFUSERS_PJRT_CACHE=off, or no pjrt backend in this build)\n");
+        return 0;
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        printf("%s: no cache yet\n", dir);
+        return 0;
+    }
+    int n = 0;
+    unsigned long long total = 0, removed = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t l = strlen(e->d_name);
+        if (l < 7 || strcmp(e->d_name + l - 6, ".pjrtx")) continue;
+        char p[1400];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (stat(p, &st)) continue;
+        n++;
+        total += (unsigned long long)st.st_size;
+        if (!strcmp(what, "clear")) {
+            if (!unlink(p)) removed += (unsigned long long)st.st_size;
+        } else {
+            char when[32];
+            strftime(when, sizeof when, "%Y-%m-%d %H:%M", localtime(&st.st_mtime));
+            printf("  %s  %9.1f KiB  last used %s\n", e->d_name, st.st_size / 1024.0, when);
+        }
+    }
+    closedir(d);
+    if (!strcmp(what, "clear")) printf("%s: removed %d programs, %.1f MiB\n", dir, n, removed / 1048576.0);
+    else printf("%s: %d programs, %.1f MiB\n", dir, n, total / 1048576.0);
     return 0;
 }

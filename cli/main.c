@@ -151,7 +151,10 @@ static void usage(FILE *f) {
             "      loads back; q8_0/q4_k quantize linear weights as --weight-type does, other tensors stay float;\n"
             "      --format diffusers --output DIR: a diffusers component folder (f32|bf16 safetensors)\n"
             "  cdiffusers devices\n"
-            "      the compiled-in backends, the devices found (the first is the default), and why a backend found none\n"
+            "      the compiled-in backends, the PJRT plugins found, the devices (the first is the default), and why a\n"
+            "      backend found none\n"
+            "  cdiffusers cache list|clear\n"
+            "      the pjrt backend's compiled programs on disk (docs/pjrt.md)\n"
             "  cdiffusers --help | --version\n"
             "\n"
             "environment: CDIFFUSERS_CPU_MEMORY_LIMIT=8G, CDIFFUSERS_NUM_THREADS=N,\n"
@@ -944,6 +947,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "plan") == 0) return cdf_cli_plan(argc - 1, argv + 1);
     if (strcmp(cmd, "convert") == 0) return cdf_cli_convert(argc - 1, argv + 1);
     if (strcmp(cmd, "devices") == 0) return cdf_cli_devices(argc - 1, argv + 1);
+    if (strcmp(cmd, "cache") == 0) return cdf_cli_cache(argc - 1, argv + 1);
     if (strcmp(cmd, "serve") == 0) return cdf_cli_serve(argc - 1, argv + 1);
     fprintf(stderr, "cdiffusers: unknown command '%s' (see cdiffusers --help)\n", cmd);
     return EXIT_USAGE;

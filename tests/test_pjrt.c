@@ -145,6 +145,13 @@ static void test_disk_cache_across_processes(void **state) {
     assert_int_equal(count_of(e3, "compiled"), 1);
     /* nothing half-written is left behind */
     assert_int_equal(tu_system("! ls '%s' | grep -q tmp", dir), 0);
+    /* cdiffusers cache list | clear */
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "CDIFFUSERS_PJRT_CACHE='%s' '%s' cache list | tail -1 | grep -q '%s: %ld programs'", dir, cli(), dir, c1);
+    assert_int_equal(tu_system("%s", cmd), 0);
+    snprintf(cmd, sizeof cmd, "CDIFFUSERS_PJRT_CACHE='%s' '%s' cache clear | grep -q 'removed %ld programs'", dir, cli(), c1);
+    assert_int_equal(tu_system("%s", cmd), 0);
+    assert_int_equal(tu_system("! ls '%s'/*.pjrtx > /dev/null 2>&1", dir), 0);
     free(e1);
     free(e2);
     free(e3);

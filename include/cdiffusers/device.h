@@ -14,6 +14,7 @@
 #define CDIFFUSERS_DEVICE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "cdiffusers/error.h"
@@ -73,6 +74,10 @@ typedef struct cdf_pjrt_plugin_info {
 } cdf_pjrt_plugin_info;
 /* Fills up to cap entries; returns how many plugins were found. */
 int cdf_pjrt_list_plugins(cdf_pjrt_plugin_info *out, int cap);
+/* The folder of the pjrt backend's compiled-program cache the settings name
+ * ($CDIFFUSERS_PJRT_CACHE, else $XDG_CACHE_HOME/cdiffusers/pjrt, else ~/.cache/cdiffusers/pjrt);
+ * "" when the disk cache is off (CDIFFUSERS_PJRT_CACHE=off). Its entries are files *.pjrtx. */
+void cdf_pjrt_cache_folder(char *out, size_t cap);
 
 /* Wait for every queued op; returns (and clears) the first error a queued kernel raised. */
 cdf_status cdf_device_synchronize(cdf_device *dev);

@@ -422,6 +422,9 @@ int cdf_pjrt_list_plugins(cdf_pjrt_plugin_info *out, int cap) {
     (void)cap;
     return 0;
 }
+void cdf_pjrt_cache_folder(char *out, size_t cap) {
+    if (cap) out[0] = 0;
+}
 #endif
 
 int cdf_backend_compiled_count(void) { return (int)(sizeof k_builtin / sizeof *k_builtin); }

@@ -12,6 +12,7 @@
 
 #include "backend/backend_impl.h"
 #include "backend/pjrt/pjrt_cache.h"
+#include "cdiffusers/device.h"
 #include "core/error_internal.h"
 
 #define N_BUCKETS 4096
@@ -79,6 +80,8 @@ void cdf_pjrt_cache_default_dir(char *out, size_t cap) {
     else if (home && *home) snprintf(out, cap, "%s/.cache/cdiffusers/pjrt", home);
     else snprintf(out, cap, "%s", "");
 }
+
+void cdf_pjrt_cache_folder(char *out, size_t cap) { cdf_pjrt_cache_default_dir(out, cap); }
 
 cdf_status cdf_pjrt_cache_open(cdf_pjrt_cache **out, cdf_pjrt *rt) {
     cdf_pjrt_cache *c = calloc(1, sizeof *c);
