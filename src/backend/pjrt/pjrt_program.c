@@ -906,8 +906,10 @@ static hv lower_matmul(builder *b, const cdf_node *n) {
         for (int i = 0; i < nb; i++) bd[i] = i;
         c = dot(b, a, w, nb, bd, bd, nd - 1, nd - 2);
     }
-    if (c.t.nd != nd) c = bcast_trail(b, c, &(hty){.dt = CDF_F32, .nd = nd, .d = {D->shape[0], D->shape[1], D->shape[2],
-                                                    D->shape[3], D->shape[4], D->shape[5], D->shape[6], D->shape[7]}});
+    if (c.t.nd != nd) { /* both operands shared: the one product broadcast over the batch */
+        const hty full = ty(CDF_F32, nd, D->shape);
+        c = bcast_trail(b, c, &full);
+    }
     if (n->p.matmul.alpha != 1.0f) c = op2(b, "multiply", c, param(b, n->p.matmul.alpha, &c.t));
     if (n->src[2]) c = op2(b, "add", c, bcast_trail(b, read_f32(b, n->src[2]), &c.t));
     return c;
@@ -1183,8 +1185,9 @@ static void lower_node(builder *b, const cdf_node *n) {
         hv sn = convert(b, op1(b, "sine", a64), CDF_F32), cs = convert(b, op1(b, "cosine", a64), CDF_F32);
         r = n->p.temb.flip ? concat(b, cs, sn, 1) : concat(b, sn, cs, 1);
         if (dim % 2) {
-            int64_t dz[2] = {N, 1};
-            r = concat(b, r, cst(b, 0.0, &(hty){.dt = CDF_F32, .nd = 2, .d = {dz[0], dz[1]}}), 1);
+            const int64_t dz[2] = {N, 1};
+            const hty zt = ty(CDF_F32, 2, dz);
+            r = concat(b, r, cst(b, 0.0, &zt), 1); /* an odd dim: a zero column, as diffusers pads */
         }
         break;
     }
