@@ -106,6 +106,15 @@ bool cdf_cli_parse_long(const char *s, long lo, long hi, long *out) {
     return true;
 }
 
+bool cdf_cli_parse_double(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) return false;
+    *out = v;
+    return true;
+}
+
 int cdf_cli_parse_mode(const char *s) {
     if (strcmp(s, "eager") == 0) return CDF_CLI_MODE_EAGER;
     if (strcmp(s, "fuse") == 0 || strcmp(s, "defer-and-fuse") == 0) return CDF_CLI_MODE_FUSE;

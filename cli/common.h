@@ -39,6 +39,8 @@ void cdf_cli_model_defaults_apply(const cdf_cli_model_defaults *d, cdf_generate_
 int cdf_cli_usage_error(const char *fmt, const char *arg);
 /* A whole decimal integer in [lo, hi]. */
 bool cdf_cli_parse_long(const char *s, long lo, long hi, long *out);
+/* strtod's correctly rounded double, finite: the Python float of the same text. */
+bool cdf_cli_parse_double(const char *s, double *out);
 
 /* --mode eager|fuse|compile (see cdiffusers/exec.h). */
 enum { CDF_CLI_MODE_DEFAULT = -1, CDF_CLI_MODE_EAGER = 0, CDF_CLI_MODE_FUSE = 1, CDF_CLI_MODE_COMPILE = 2 };

@@ -210,15 +210,6 @@ static bool parse_float(const char *s, float *out) {
     return true;
 }
 
-/* strtod's correctly rounded double: the Python float of the same text. */
-static bool parse_double(const char *s, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v)) return false;
-    *out = v;
-    return true;
-}
 
 /* ---- progress ---------------------------------------------------------------------------- */
 typedef struct progress {
@@ -405,11 +396,11 @@ static int cmd_generate(int argc, char **argv) {
              * (SD3: no CFG, as for any scale <= 1; Flux-dev/FLUX.2: an embedded guidance far
              * outside what the model was distilled on), but no supported model means anything
              * useful by it; 0 stays valid. */
-            if (!parse_double(optarg, &gp.guidance_scale) || !isfinite((float)gp.guidance_scale) || gp.guidance_scale < 0)
+            if (!cdf_cli_parse_double(optarg, &gp.guidance_scale) || !isfinite((float)gp.guidance_scale) || gp.guidance_scale < 0)
                 return usage_error("--guidance needs a number >= 0, got '%s'", optarg);
             break;
         case 'T':
-            if (!parse_double(optarg, &gp.true_cfg_scale) || !isfinite((float)gp.true_cfg_scale)) return usage_error("--true-cfg-scale needs a number, got '%s'", optarg);
+            if (!cdf_cli_parse_double(optarg, &gp.true_cfg_scale) || !isfinite((float)gp.true_cfg_scale)) return usage_error("--true-cfg-scale needs a number, got '%s'", optarg);
             user_true_cfg = true;
             break;
         case 'S': {
@@ -497,7 +488,7 @@ static int cmd_generate(int argc, char **argv) {
         case 'J': g.mask_path = optarg; break;
         case 'X':
             /* refused here, not passed on: (0, 1] is all diffusers accepts */
-            if (!parse_double(optarg, &gp.strength) || !(gp.strength > 0.0 && gp.strength <= 1.0))
+            if (!cdf_cli_parse_double(optarg, &gp.strength) || !(gp.strength > 0.0 && gp.strength <= 1.0))
                 return usage_error("--strength needs a number in (0, 1], got '%s'", optarg);
             user_strength = true;
             break;

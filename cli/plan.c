@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cdiffusers/cdiffusers.h"
+#include "common.h"
 #include "plan.h"
 
 enum { PLAN_OK = 0, PLAN_FAIL = 1, PLAN_USAGE = 2 };
@@ -58,15 +59,6 @@ static bool parse_long(const char *s, long lo, long hi, long *out) {
     return true;
 }
 
-static bool parse_double(const char *s, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v)) return false;
-    *out = v;
-    return true;
-}
-
 int cdf_cli_plan(int argc, char **argv) {
     const char *model = NULL, *dtype = "bf16", *offload = "none"; /* generate's defaults */
     cdf_generate_params gp = cdf_generate_default_params();
@@ -112,11 +104,11 @@ int cdf_cli_plan(int argc, char **argv) {
             gp.max_sequence_length = (int)v;
             break;
         case 'g':
-            if (!parse_double(optarg, &gp.guidance_scale)) return usage_error("--guidance needs a number, got '%s'", optarg);
+            if (!cdf_cli_parse_double(optarg, &gp.guidance_scale)) return usage_error("--guidance needs a number, got '%s'", optarg);
             break;
         case 'n': gp.negative_prompt = optarg; break;
         case 'T':
-            if (!parse_double(optarg, &gp.true_cfg_scale)) return usage_error("--true-cfg-scale needs a number, got '%s'", optarg);
+            if (!cdf_cli_parse_double(optarg, &gp.true_cfg_scale)) return usage_error("--true-cfg-scale needs a number, got '%s'", optarg);
             break;
         case 'M':
             if (strcmp(optarg, "compile") == 0) whole = true;

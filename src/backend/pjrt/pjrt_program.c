@@ -104,6 +104,13 @@ static void put_i64_list(sbuf *s, int n, const int64_t *v) {
     for (int i = 0; i < n; i++) sb_printf(s, "%s%lld", i ? ", " : "", (long long)v[i]);
 }
 
+/* "<sep>name = array<i64: v...>" */
+static void put_array_attr(sbuf *s, const char *sep, const char *name, int n, const int64_t *v) {
+    sb_printf(s, "%s%s = array<i64%s", sep, name, n ? ": " : "");
+    put_i64_list(s, n, v);
+    sb_printf(s, ">");
+}
+
 /* ---- the builder --------------------------------------------------------------------------------- */
 
 typedef struct storage_state {
@@ -263,15 +270,11 @@ static hv broadcast(builder *b, hv x, int nd, const int64_t *d, const int64_t *m
         for (int i = 0; i < x.t.nd; i++) ident &= map[i] == i;
         if (ident) return x;
     }
-    char attrs[256];
     sbuf a = {0};
-    sb_printf(&a, "broadcast_dimensions = array<i64");
-    if (x.t.nd) sb_printf(&a, ": ");
-    put_i64_list(&a, x.t.nd, map);
-    sb_printf(&a, ">");
-    snprintf(attrs, sizeof attrs, "%s", a.p ? a.p : "");
+    put_array_attr(&a, "", "broadcast_dimensions", x.t.nd, map);
+    hv r = op(b, "broadcast_in_dim", t, 1, &x, a.p);
     free(a.p);
-    return op(b, "broadcast_in_dim", t, 1, &x, attrs);
+    return r;
 }
 
 /* a scalar to shape t */
@@ -299,9 +302,7 @@ static hv transpose(builder *b, hv x, const int64_t *perm) {
     }
     if (ident) return x;
     sbuf a = {0};
-    sb_printf(&a, "permutation = array<i64: ");
-    put_i64_list(&a, x.t.nd, perm);
-    sb_printf(&a, ">");
+    put_array_attr(&a, "", "permutation", x.t.nd, perm);
     hv r = op(b, "transpose", t, 1, &x, a.p);
     free(a.p);
     return r;
@@ -318,13 +319,9 @@ static hv slice(builder *b, hv x, const int64_t *start, const int64_t *limit) {
     int64_t ones[HMAX];
     for (int i = 0; i < x.t.nd; i++) ones[i] = 1;
     sbuf a = {0};
-    sb_printf(&a, "start_indices = array<i64: ");
-    put_i64_list(&a, x.t.nd, start);
-    sb_printf(&a, ">, limit_indices = array<i64: ");
-    put_i64_list(&a, x.t.nd, limit);
-    sb_printf(&a, ">, strides = array<i64: ");
-    put_i64_list(&a, x.t.nd, ones);
-    sb_printf(&a, ">");
+    put_array_attr(&a, "", "start_indices", x.t.nd, start);
+    put_array_attr(&a, ", ", "limit_indices", x.t.nd, limit);
+    put_array_attr(&a, ", ", "strides", x.t.nd, ones);
     hv r = op(b, "slice", t, 1, &x, a.p);
     free(a.p);
     return r;
