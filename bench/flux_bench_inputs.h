@@ -1,4 +1,4 @@
-/* Shared by bench/modes and bench/lora: a monotonic clock, pseudo-random device tensors and the
+/* Shared by bench/modes, bench/lora and bench/pjrt: a monotonic clock, pseudo-random device tensors and the
  * inputs of one FLUX.1 transformer forward at a given resolution (512 text tokens, T5-XXL and
  * CLIP-L widths, guidance 3.5). Header-only: each bench is one translation unit built by run.sh. */
 #ifndef CDF_BENCH_FLUX_BENCH_INPUTS_H
@@ -8,6 +8,19 @@
 #include <time.h>
 
 #include "cdiffusers/cdiffusers.h"
+
+#ifdef MRP_NO_MAIN /* with tools/make-random-pipeline/make_random_pipeline.c included */
+/* Only the transformer runs in these benches: the text encoders and the VAE of the random
+ * pipeline stay tiny, keeping the pooled widths real (SD3: the 768 + 1280 projections; FLUX:
+ * CLIP-L's 768) and T5-XXL's 4096 (the transformer's context width). */
+static void bench_tiny_encoders(mrp_spec *s, bool sd3) {
+    s->clip_l = sd3 ? (mrp_clip){.hidden = 8, .layers = 1, .heads = 2, .intermediate = 16, .projection = 768}
+                    : (mrp_clip){.hidden = 768, .layers = 1, .heads = 2, .intermediate = 16, .projection = 0};
+    s->clip_g = (mrp_clip){.hidden = 8, .layers = 1, .heads = 2, .intermediate = 16, .projection = 1280};
+    s->t5 = (mrp_t5){.d_model = 4096, .layers = 1, .heads = 2, .d_kv = 8, .d_ff = 16};
+    s->vae = (mrp_vae){.n_blocks = 4, .channels = {8, 8, 8, 8}, .layers_per_block = 1, .groups = 4};
+}
+#endif
 
 static double now_s(void) {
     struct timespec ts;

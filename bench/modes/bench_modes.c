@@ -128,15 +128,7 @@ int main(int argc, char **argv) {
         if (mrp_preset(cases[k].kind == MRP_SD3 ? "sd35-medium" : "flux1", &s)) return 1;
         s.tokenizers = tok;
         s.dtype = MRP_F32;
-        /* only the transformer matters here: shrink the text encoders and the VAE */
-        /* (keeping the pooled widths real: SD3 768 + 1280 projections, FLUX CLIP-L hidden 768) */
-        if (cases[k].kind == MRP_SD3)
-            s.clip_l = (mrp_clip){.hidden = 8, .layers = 1, .heads = 2, .intermediate = 16, .projection = 768};
-        else
-            s.clip_l = (mrp_clip){.hidden = 768, .layers = 1, .heads = 2, .intermediate = 16, .projection = 0};
-        s.clip_g = (mrp_clip){.hidden = 8, .layers = 1, .heads = 2, .intermediate = 16, .projection = 1280};
-        s.t5 = (mrp_t5){.d_model = 4096, .layers = 1, .heads = 2, .d_kv = 8, .d_ff = 16};
-        s.vae = (mrp_vae){.n_blocks = 4, .channels = {8, 8, 8, 8}, .layers_per_block = 1, .groups = 4};
+        bench_tiny_encoders(&s, cases[k].kind == MRP_SD3); /* only the transformer matters here */
         if (cases[k].kind == MRP_SD3) {
             s.sd3.layers = 2;
             s.sd3.dual_layers = 1;

@@ -30,12 +30,7 @@ int main(int argc, char **argv) {
     if (mrp_preset(sd3 ? "sd35-medium" : "flux1", &s)) return 1;
     s.tokenizers = tok;
     s.dtype = MRP_F32;
-    /* only the transformer runs: the other components stay tiny */
-    s.clip_l = sd3 ? (mrp_clip){.hidden = 8, .layers = 1, .heads = 2, .intermediate = 16, .projection = 768}
-                   : (mrp_clip){.hidden = 768, .layers = 1, .heads = 2, .intermediate = 16, .projection = 0};
-    s.clip_g = (mrp_clip){.hidden = 8, .layers = 1, .heads = 2, .intermediate = 16, .projection = 1280};
-    s.t5 = (mrp_t5){.d_model = 4096, .layers = 1, .heads = 2, .d_kv = 8, .d_ff = 16};
-    s.vae = (mrp_vae){.n_blocks = 4, .channels = {8, 8, 8, 8}, .layers_per_block = 1, .groups = 4};
+    bench_tiny_encoders(&s, sd3);
     if (sd3) {
         s.sd3.layers = 6;
         s.sd3.dual_layers = 2;
