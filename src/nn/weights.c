@@ -103,6 +103,36 @@ static bool is_block_weight(const char *name) { return cdf_weights_block_prefix(
 /* Sequential offload: the weight as a host-side tensor — shape and dtype as if loaded, no device
  * memory; its storage points at the checkpoint mapping and keeps the checkpoint open, or owns
  * the host buffer the source made (dequantized, scaled or reordered values). */
+static cdf_tensor *host_side_weight(cdf_weights *w, const char *name, cdf_wsrc_tensor *t, const void *src, cdf_dtype dt);
+
+/* A host-side block weight (sequential offload) for a device without a quantized matmul: the
+ * blocks decoded now into host values of the layer's weight dtype, which the block's upload then
+ * moves like any value weight (the blocks themselves are dropped). */
+static bool host_side_decoded(cdf_weights *w, cdf_linear_layer *l, const char *name, cdf_wsrc_tensor *t, const void *blocks,
+                              uint32_t qt, cdf_tensor **wt) {
+    const int64_t rows = l->out, n = l->out * l->in;
+    const cdf_dtype wdt = w->opt.weight_dtype;
+    float *vals = malloc(sizeof(float) * (size_t)n + 1);
+    void *out = vals && wdt != CDF_F32 ? malloc(cdf_dtype_size(wdt) * (size_t)n + 1) : vals;
+    cdf_status s = !vals || !out ? cdf_error(CDF_ERR_OUT_OF_MEMORY, "decoding weight '%s': out of host memory", name)
+                                 : cdf_ggml_dequantize(qt, blocks, n, vals);
+    if (s == CDF_OK && out != vals) cdf_convert(out, wdt, vals, CDF_F32, (size_t)n);
+    if (out != vals) free(vals);
+    cdf_wsrc_tensor_release(t); /* the blocks */
+    if (s != CDF_OK) {
+        free(out);
+        *wt = NULL;
+        return false;
+    }
+    t->owned = out; /* the storage takes the values over */
+    t->ndim = 2;
+    t->shape[0] = rows;
+    t->shape[1] = l->in;
+    t->dtype = wdt;
+    *wt = host_side_weight(w, name, t, out, wdt);
+    return *wt != NULL; /* l->qtype stays 0: a value weight */
+}
+
 static cdf_tensor *host_side_weight(cdf_weights *w, const char *name, cdf_wsrc_tensor *t, const void *src, cdf_dtype dt) {
     if (!src) { /* the source said why */
         cdf_wsrc_tensor_release(t);
@@ -317,6 +347,8 @@ static bool get_blocks(cdf_weights *w, cdf_linear_layer *l, const char *prefix, 
                   (long long)(l->in / be * bb));
         return false;
     }
+    if (src && w->opt.blocks_on_host && is_block_weight(name) && !cdf_device_runs_quantized(w->opt.device))
+        return host_side_decoded(w, l, name, &t, src, qt, wt);
     t.ndim = 2;
     t.shape[1] = row_bytes;
     t.dtype = CDF_U8;
@@ -333,7 +365,8 @@ static bool get_blocks(cdf_weights *w, cdf_linear_layer *l, const char *prefix, 
     l->qwdt = wdt;
     /* a device without a quantized matmul (the values kind) gets the blocks' decoded values: the
      * numbers the cpu backend's quantized matmul multiplies by */
-    if (!w->opt.blocks_on_host && !cdf_device_runs_quantized(w->opt.device) && cdf_linear_decode(l) != CDF_OK) {
+    if (!(w->opt.blocks_on_host && is_block_weight(name)) && !cdf_device_runs_quantized(w->opt.device) &&
+        cdf_linear_decode(l) != CDF_OK) {
         cdf_error_prefix("decoding weight '%s' for %s: ", name, cdf_device_name(w->opt.device));
         return false;
     }
