@@ -57,10 +57,12 @@ if ./build/cdiffusers devices 2>/dev/null | grep -q '^backends compiled in:.* pj
   unset CDIFFUSERS_PJRT_CACHE
 fi
 if [ "${CDF_SKIP_SANITIZE:-0}" != 1 ]; then
+  # (-LE pjrt: the pjrt backend under ASan/UBSan + LSan was checked by hand, 6 December: test_pjrt,
+  # the op suite on pjrt and golden model tests in eager / blocks / fuse, clean; it adds 2 minutes.)
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCDF_SANITIZE=ON >/dev/null
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir build-asan --output-on-failure --repeat until-pass:2 -j"$jobs"
+    ctest --test-dir build-asan --output-on-failure --repeat until-pass:2 -j"$jobs" -LE pjrt
 fi
 if [ "${CDF_SKIP_FUZZ:-0}" != 1 ]; then
   # a short run of each target (about 2 minutes in all, build included): enough to catch a parser
