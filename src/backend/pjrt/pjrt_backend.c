@@ -38,7 +38,6 @@ typedef struct slot {
 
 static struct {
     pthread_mutex_t lock;
-    bool opened;
     cdf_pjrt rt;
     cdf_pjrt_found found;
     slot **slots; /* sorted by base */
@@ -50,11 +49,6 @@ static struct {
     uint64_t enqueued, completed, syncs;
     cdf_pjrt_cache *cache;
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-static bool log_on(void) {
-    const char *v = getenv("CDIFFUSERS_LOG");
-    return v && strstr(v, "pjrt");
-}
 
 /* ---- slots ------------------------------------------------------------------------------------------ */
 
@@ -660,13 +654,12 @@ static cdf_status pjrt_init(int *n_devices, const char **why) {
     if (s != CDF_OK) return s;
     s = cdf_pjrt_cache_open(&g.cache, &g.rt);
     if (s != CDF_OK) return s;
-    g.opened = true;
     for (int i = 0; i < g.rt.n_devices; i++) {
         if (!cdf_backend_add_device(&cdf_pjrt_backend_iface, i, NULL)) break;
         (*n_devices)++;
     }
-    if (log_on()) atexit(log_cache_at_exit);
-    if (log_on())
+    if (cdf_pjrt_log_on()) atexit(log_cache_at_exit);
+    if (cdf_pjrt_log_on())
         fprintf(stderr, "cdiffusers: pjrt: %s (%s %s, PJRT API %d.%d, StableHLO %s): %d device(s)\n", g.rt.path, g.rt.platform,
                 g.rt.platform_version, g.rt.api_major, g.rt.api_minor, g.rt.stablehlo_version, g.rt.n_devices);
     if (!*n_devices) *why = "the plugin has no addressable device";

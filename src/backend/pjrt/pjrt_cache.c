@@ -240,11 +240,6 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static bool log_compiles(void) {
-    const char *v = getenv("CDIFFUSERS_LOG");
-    return v && (strstr(v, "pjrt") || strstr(v, "compile"));
-}
-
 cdf_status cdf_pjrt_cache_get(cdf_pjrt_cache *c, cdf_pjrt *rt, const char *text, size_t len, const char *who,
                               cdf_pjrt_exe **out) {
     const uint64_t h = fnv(0xcbf29ce484222325ULL, text, len);
@@ -270,7 +265,8 @@ cdf_status cdf_pjrt_cache_get(cdf_pjrt_cache *c, cdf_pjrt *rt, const char *text,
         c->stats.disk_hits++;
         c->stats.load_seconds += now_seconds() - t0;
     } else {
-        if (log_compiles() || len > (1u << 16))
+        const char *log = getenv("CDIFFUSERS_LOG"); /* pjrt, or compile as on every backend */
+        if (cdf_pjrt_log_on() || (log && strstr(log, "compile")) || len > (1u << 16))
             fprintf(stderr, "cdiffusers: compiling %s (first run for this shape)\n", who);
         if (getenv("CDIFFUSERS_PJRT_TRACE")) fprintf(stderr, "---- %s\n%.*s", who, (int)len, text);
         if (cdf_pjrt_cache_test_hook) cdf_pjrt_cache_test_hook(copy, len);

@@ -171,13 +171,13 @@ cdf_status cdf_pjrt_check(const cdf_pjrt *p, PJRT_Error *e, cdf_status code, con
 /* The plugin's own logging (absl, to stderr: "cpu_device_count set via create_options", a
  * warning about absl::InitializeLog) is quiet unless CDIFFUSERS_LOG asks for pjrt: stderr goes to
  * /dev/null around the calls that log, and TF_CPP_MIN_LOG_LEVEL quiets the rest. */
-static bool plugin_log_on(void) {
+bool cdf_pjrt_log_on(void) {
     const char *log = getenv("CDIFFUSERS_LOG");
     return log && strstr(log, "pjrt");
 }
 
 static int quiet_begin(void) {
-    if (plugin_log_on()) return -1;
+    if (cdf_pjrt_log_on()) return -1;
     fflush(stderr);
     int saved = dup(2), null = open("/dev/null", O_WRONLY);
     if (saved < 0 || null < 0) {
@@ -224,7 +224,7 @@ cdf_status cdf_pjrt_open(const char *path, cdf_pjrt *p) {
     memset(p, 0, sizeof *p);
     snprintf(p->path, sizeof p->path, "%s", path);
     /* the plugin logs through absl to stderr: quiet unless CDIFFUSERS_LOG asks for pjrt */
-    if (!plugin_log_on()) setenv("TF_CPP_MIN_LOG_LEVEL", "2", 0);
+    if (!cdf_pjrt_log_on()) setenv("TF_CPP_MIN_LOG_LEVEL", "2", 0);
     if (access(path, R_OK) != 0)
         return cdf_error(CDF_ERR_NOT_FOUND, "PJRT plugin '%s' does not exist or is unreadable (CDIFFUSERS_PJRT_PLUGIN)",
                          path);

@@ -36,6 +36,9 @@ cdf_status cdf_pjrt_choose_plugin(cdf_pjrt_found *out);
 /* Whether an NVIDIA driver is present (/proc/driver/nvidia or libcuda.so.1 loadable). */
 bool cdf_pjrt_nvidia_driver_present(void);
 
+/* CDIFFUSERS_LOG names pjrt: the plugin's own logging, each compile, the cache's counts at exit. */
+bool cdf_pjrt_log_on(void);
+
 /* ---- a loaded plugin and its client ---- */
 
 typedef struct cdf_pjrt {
