@@ -12,6 +12,7 @@
 
 #define CDIFFUSERS_VERSION "0.1.0"
 
+#include "cdiffusers/capture.h"
 #include "cdiffusers/device.h"
 #include "cdiffusers/dist.h"
 #include "cdiffusers/dtype.h"
