@@ -404,6 +404,18 @@ static cdf_status keep_captures(cdf_tensor_map *dst, const cdf_tensor_map *src, 
     return CDF_OK;
 }
 
+/* The "0.<key>" names of a single image's intermediates, beside the plain ones (set may grow the
+ * arrays, so each entry is read before it). */
+static cdf_status alias_image0(cdf_tensor_map *m) {
+    const int n0 = m->n;
+    for (int i = 0; i < n0; i++) {
+        char key[256];
+        snprintf(key, sizeof key, "0.%s", m->names[i]);
+        CDF_TRY(cdf_tensor_map_set(m, key, m->tensors[i]));
+    }
+    return CDF_OK;
+}
+
 cdf_status cdf_pipeline_generate_images(cdf_pipeline *p, const cdf_generate_params *params, cdf_image *out, int n_out) {
     if (!p || !params || !out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_generate_images: NULL argument");
     const int n = cdf_generate_params_count(params);
@@ -429,9 +441,11 @@ cdf_status cdf_pipeline_generate_images(cdf_pipeline *p, const cdf_generate_para
         }
         p->image_index = k;
         cdf_tensor_map_init(&cap);
-        if (user_cap) gk.capture = &cap;
+        /* one image: straight into the caller's map, so that a step callback can read the step's
+         * latents while the run goes on (the "0.<key>" copies are added after) */
+        if (user_cap) gk.capture = n == 1 ? user_cap : &cap;
         s = gp.num_seeds > 0 ? generate_one(p, &gk, 0, 1, &out[k]) : generate_one(p, &gk, k, n, &out[k]);
-        if (s == CDF_OK && user_cap) s = keep_captures(user_cap, &cap, k);
+        if (s == CDF_OK && user_cap) s = n == 1 ? alias_image0(user_cap) : keep_captures(user_cap, &cap, k);
         cdf_tensor_map_clear(&cap);
     }
     if (s != CDF_OK)
