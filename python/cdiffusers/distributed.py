@@ -8,6 +8,7 @@ process group is the library's MPI group (cdf_dist_init, include/cdiffusers/dist
 launcher it is a group of one. A model given ``parallel_config=TensorParallelConfig(mesh=mesh)``
 (or ``distributed_config=`` + ``device_mesh=`` for a text encoder) is loaded sharded over the
 mesh: each rank reads only its slice of every sharded weight (cdf_tp_enable)."""
+import atexit
 import os
 
 from . import _cdiffusers as _C
@@ -35,6 +36,8 @@ def init_process_group(backend=None, init_method=None, world_size=-1, rank=-1, *
     if _under_launcher() and lib_backend == "local":
         raise RuntimeError("started by an MPI launcher but this cdiffusers was built without MPI")
     r, w = _C.dist_init(lib_backend)
+    # MPI wants every rank to finalise; the seed's script never calls destroy_process_group
+    atexit.register(_C.dist_finalize)
     if world_size not in (-1, None) and world_size != w:
         raise ValueError(f"init_process_group: world_size={world_size} but the launcher started {w} processes")
     if rank not in (-1, None) and rank != r:

@@ -618,6 +618,13 @@ static PyObject *m_dist_info(PyObject *m, PyObject *unused) {
     return Py_BuildValue("(iis)", cdf_dist_rank(g_pg), cdf_dist_world_size(g_pg), cdf_dist_backend_name(g_pg));
 }
 
+static PyObject *m_dist_collectives(PyObject *m, PyObject *unused) {
+    (void)m, (void)unused;
+    cdf_dist_stats st = {0};
+    if (g_pg) cdf_dist_get_stats(g_pg, &st);
+    return PyLong_FromUnsignedLongLong((unsigned long long)st.collectives);
+}
+
 static PyObject *m_dist_barrier(PyObject *m, PyObject *unused) {
     (void)m, (void)unused;
     if (!g_pg) return PyErr_Format(PyExc_RuntimeError, "no process group (call init_process_group first)");
@@ -677,11 +684,16 @@ static PyObject *m_inspect(PyObject *m, PyObject *args) {
     if (!PyArg_ParseTuple(args, "s|z", &path, &config)) return NULL;
     cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
     lp.config = config;
+    /* the plan itself is discarded; FLUX.2's text-encoder layers are named by the call (the
+     * default 10, 20, 30 does not exist in a small encoder), so layer 0 stands in here */
+    cdf_generate_params gp = cdf_generate_default_params();
+    static const int layer0[1] = {0};
+    gp.text_encoder_out_layers = layer0, gp.num_text_encoder_out_layers = 1;
     cdf_memory_plan *plan = malloc(sizeof *plan);
     if (!plan) return PyErr_NoMemory();
     cdf_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = cdf_pipeline_plan_memory(path, &lp, NULL, plan);
+    s = cdf_pipeline_plan_memory(path, &lp, &gp, plan);
     Py_END_ALLOW_THREADS
     PyObject *r = s == CDF_OK ? PyUnicode_FromString(plan->pipeline_class) : raise_status(s);
     free(plan);
@@ -697,6 +709,7 @@ static PyMethodDef module_methods[] = {
     {"set_forbid_recompile", m_set_forbid_recompile, METH_VARARGS, "cdf_compile_set_forbid_recompile (testing hook)"},
     {"dist_init", m_dist_init, METH_VARARGS, "cdf_dist_init(backend) -> (rank, world_size)"},
     {"dist_info", m_dist_info, METH_NOARGS, "(rank, world_size, backend) or None"},
+    {"dist_collectives", m_dist_collectives, METH_NOARGS, "collectives this rank ran (cdf_dist_get_stats)"},
     {"dist_barrier", m_dist_barrier, METH_NOARGS, "cdf_dist_barrier"},
     {"dist_finalize", m_dist_finalize, METH_NOARGS, "cdf_tp_disable + cdf_dist_finalize"},
     {"dist_backend_available", m_dist_backend_available, METH_VARARGS, "cdf_dist_backend_available"},
