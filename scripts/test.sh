@@ -23,14 +23,14 @@ ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs"
 # through the backend as it must on an accelerator. The modes run only in this stricter form
 # (the discrete mode changes where device memory lives, not what any kernel computes; eager
 # runs in both forms): that keeps CI near 15 minutes on 2 cores.
-# (-LE pjrt: the pjrt backend's own tests ran in the first pass; its passes are below.)
+# (-LE 'pjrt|python': the pjrt backend's own tests ran in the first pass; its passes are below.)
 for m in "" "CDIFFUSERS_DEFER_AND_FUSE=1" "CDIFFUSERS_COMPILE=1" "CDIFFUSERS_COMPILE=blocks"; do
-  env CDIFFUSERS_CPU_DISCRETE=1 $m ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE pjrt
+  env CDIFFUSERS_CPU_DISCRETE=1 $m ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE 'pjrt|python'
 done
 # the numeric tests again with the fast kernels' fallback ISAs forced (what a machine without
 # AVX-512-BF16, or without AVX2, runs): the same golden tolerances must hold on every path
 for isa in avx2 generic; do
-  CDIFFUSERS_ISA=$isa ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE pjrt \
+  CDIFFUSERS_ISA=$isa ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE 'pjrt|python' \
     -R 'test_kernels|test_backend_ops|test_model_|test_pipeline|test_run_model'
 done
 # The golden components and pipelines again on the pjrt backend (the XLA CPU plugin that
@@ -46,23 +46,23 @@ if ./build/cdiffusers devices 2>/dev/null | grep -q '^backends compiled in:.* pj
   rm -rf "$CDIFFUSERS_PJRT_CACHE"
   # eager also with tensor parallelism over 2 MPI ranks (test_dist: each rank its pjrt:0, the
   # sums on the host between programs)
-  env CDIFFUSERS_DEVICE=pjrt ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE pjrt \
+  env CDIFFUSERS_DEVICE=pjrt ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE 'pjrt|python' \
     -R 'test_model_|test_pipeline|test_run_model|test_dist$'
   env CDIFFUSERS_DEVICE=pjrt CDIFFUSERS_COMPILE=1 ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" \
-    -LE pjrt -R 'test_model_|test_pipeline|test_run_model'
+    -LE 'pjrt|python' -R 'test_model_|test_pipeline|test_run_model'
   for m in "CDIFFUSERS_DEFER_AND_FUSE=1" "CDIFFUSERS_COMPILE=blocks"; do
-    env CDIFFUSERS_DEVICE=pjrt $m ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE pjrt \
+    env CDIFFUSERS_DEVICE=pjrt $m ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE 'pjrt|python' \
       -R 'test_model_|test_run_model'
   done
   unset CDIFFUSERS_PJRT_CACHE
 fi
 if [ "${CDF_SKIP_SANITIZE:-0}" != 1 ]; then
-  # (-LE pjrt: the pjrt backend under ASan/UBSan + LSan was checked by hand, 6 December: test_pjrt,
+  # (-LE 'pjrt|python': the pjrt backend under ASan/UBSan + LSan was checked by hand, 6 December: test_pjrt,
   # the op suite on pjrt and golden model tests in eager / blocks / fuse, clean; it adds 2 minutes.)
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCDF_SANITIZE=ON >/dev/null
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir build-asan --output-on-failure --repeat until-pass:2 -j"$jobs" -LE pjrt
+    ctest --test-dir build-asan --output-on-failure --repeat until-pass:2 -j"$jobs" -LE 'pjrt|python'
 fi
 if [ "${CDF_SKIP_FUZZ:-0}" != 1 ]; then
   # a short run of each target (about 2 minutes in all, build included): enough to catch a parser
