@@ -18,6 +18,8 @@ PKGS=(
   libopenmpi-dev openmpi-bin  # tensor parallelism
   python3             # test helpers that generate data
   python3-pip         # installs the XLA CPU PJRT plugin below
+  python3-dev python3-venv  # the Python package (python/, docs/python.md): its extension, pip install . in a venv
+  python3-numpy python3-pil python3-pytest python3-tqdm  # ... its arrays, images, tests and progress bar
 )
 # The CUDA toolkit (optional: the CUDA backend, -DCDIFFUSERS_CUDA=AUTO) is not installed here: the
 # machines that have it carry it in /usr/local/cuda, and without it the build skips the backend.

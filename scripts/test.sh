@@ -17,6 +17,15 @@ jobs=$(nproc 2>/dev/null || echo 2)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs"
+# the Python package's wheel (from the module built above), installed into a fresh virtual
+# environment with the system's packages, and the seed examples run from there (docs/python.md)
+if [ -f build/python/cdiffusers/_cdiffusers.abi3.so ]; then
+  rm -rf build/wheel build/wheel-venv
+  CDIFFUSERS_PY_BUILD_DIR="$PWD/build" /usr/bin/python3 -m pip wheel -q --no-deps --no-index -w build/wheel .
+  /usr/bin/python3 -m venv --system-site-packages build/wheel-venv
+  build/wheel-venv/bin/pip install -q --no-index build/wheel/cdiffusers-*.whl
+  (cd python/tests && ../../build/wheel-venv/bin/python -m pytest -q -p no:cacheprovider test_seed_examples.py)
+fi
 # the whole suite again in every execution mode (results must not depend on the mode), with the
 # cpu backend's memory unreachable from above the backend (CDIFFUSERS_CPU_DISCRETE=1: a device
 # address dereferenced outside the backend faults), which is what proves that every byte moves
