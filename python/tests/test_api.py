@@ -192,3 +192,39 @@ def test_img2img_and_inpaint_run():
             generator=cdiffusers.Generator().manual_seed(0), output_type="np").images
     # black = keep: far from the mask the picture stays close to the input
     assert np.abs(b[0, :8, :8] * 255 - img[:8, :8]).mean() < np.abs(b[0, 24:40, 24:40] * 255 - img[24:40, 24:40]).mean()
+
+
+def test_lora_against_diffusers_peft():
+    """load_lora_weights / set_adapters / fuse_lora / unload_lora_weights against diffusers + PEFT
+    (tests/data/lora/pipe_flux_te.safetensors, reference.json "text_encoder_pipelines"; the
+    latents tolerance of tests/test_lora_pipeline.c, 5e-4; the adapter moves them by ~3)."""
+    import json
+    with open(os.path.join(golden.DATA, "lora", "reference.json")) as f:
+        ref = json.load(f)["text_encoder_pipelines"]["flux"]
+    ref_t = golden.read_safetensors(os.path.join(golden.DATA, "lora", "pipe_flux_te.safetensors"))
+    c = ref["call"]
+    kw = dict(prompt=c["prompt"], height=c["height"], width=c["width"], num_inference_steps=c["num_inference_steps"],
+              guidance_scale=c["guidance_scale"], max_sequence_length=c["max_sequence_length"], output_type="latent")
+    pipe = FluxPipeline.from_pretrained(os.path.join(golden.PIPELINES, "flux1_dev_tiny"), dtype="float32")
+    pipe.set_progress_bar_config(disable=True)
+
+    def check(key):
+        lat = pipe(**kw, generator=cdiffusers.Generator().manual_seed(c["seed"])).images
+        d = np.abs(lat - ref_t[key + ".latents_final"]).max()
+        assert d <= 5e-4, f"{key}: {d}"
+
+    pipe.load_lora_weights(os.path.join(golden.DATA, "lora", "pipe_flux_te_peft.safetensors"), adapter_name="te")
+    check("pipe_flux_te_peft.runtime_s1")
+    pipe.set_adapters(["te"], [0.7])
+    check("pipe_flux_te_peft.runtime_s07")
+    pipe.set_adapters(["te"], [1.0])
+    kw["joint_attention_kwargs"] = {"scale": 0.7}  # the call's scale, for that call only
+    check("pipe_flux_te_peft.runtime_s07")
+    del kw["joint_attention_kwargs"]
+    check("pipe_flux_te_peft.runtime_s1")
+    pipe.fuse_lora(lora_scale=0.7)
+    check("pipe_flux_te_peft.fused_s07")
+    pipe.unload_lora_weights()
+    check("pipe_flux_te_peft.unloaded")
+    with pytest.raises(ValueError, match="not in the list of present adapters"):
+        pipe.set_adapters(["nope"])
