@@ -817,8 +817,10 @@ static void test_cache_option(void **state) {
     expect(rc, RC_USAGE, "--cache", "first-block:bogus", "finite number");
     rc = run_cli(&c, NULL, "%s --cache firstblock", gen);
     expect(rc, RC_USAGE, "unknown cache 'firstblock'", "first-block[:THRESHOLD]");
-    rc = run_cli(&c, NULL, "%s --cache taylorseer:use_lite_mode=True", gen);
-    expect(rc, RC_USAGE, "use_lite_mode is not supported");
+    rc = run_cli(&c, NULL, "%s --cache taylorseer:use_lite_mode=maybe", gen);
+    expect(rc, RC_USAGE, "use_lite_mode cannot be 'maybe' (True or False)");
+    rc = run_cli(&c, NULL, "%s --cache 'mag:mag_ratios=[1.0, x]'", gen);
+    expect(rc, RC_USAGE, "mag_ratios: 'x' is not a finite number");
     expect_no_output(&c);
     rc = run_cli(&c, NULL, "%s --cache first-block:0 --num-images 2", gen);
     expect(rc, RC_OK, "");
@@ -848,6 +850,39 @@ static void test_cache_option(void **state) {
     assert_non_null(strstr(p, ", Cache: taylorseer:cache_interval=5,disable_cache_before_step=3,disable_cache_after_step=None,"
                               "max_order=1,taylor_factors_dtype=bfloat16, full steps 0,1,2 (3 of 4), "));
     free(p);
+    /* lite mode, the same schedule: the whole output predicted at step 3 */
+    rc = run_cli(&c, NULL, "%s --cache taylorseer:use_lite_mode=True --output lite.png", gen);
+    expect(rc, RC_OK, "");
+    p = png_parameters(&c, "lite.png");
+    assert_non_null(strstr(p, ", Cache: taylorseer:cache_interval=5,disable_cache_before_step=3,disable_cache_after_step=None,"
+                              "max_order=1,taylor_factors_dtype=bfloat16,use_lite_mode=True, full steps 0,1,2 (3 of 4), "));
+    free(p);
+    /* MagCache's calibration prints the ratios on stdout as diffusers does (their values against
+     * diffusers': test_step_cache); pasted back as mag_ratios they run */
+    rc = run_cli(&c, NULL, "%s --cache mag:calibrate=True --output cal.png", gen);
+    expect(rc, RC_OK, "");
+    char so[1100];
+    snprintf(so, sizeof so, "%s/stdout.txt", c.root);
+    char *printed = tu_read_file(so, NULL);
+    static const char head[] = "\n[MagCache] Calibration Complete. Copy these values to MagCacheConfig(mag_ratios=...):\n[1.0, ";
+    assert_non_null(printed);
+    assert_memory_equal(printed, head, sizeof head - 1);
+    char *list = printed + sizeof head - 7, *end = strchr(list, '\n');
+    assert_non_null(end);
+    assert_string_equal(end, "\n\n");
+    *end = '\0';
+    int commas = 0;
+    for (const char *q = list; *q; q++) commas += *q == ',';
+    assert_int_equal(commas, 3); /* 4 ratios */
+    p = png_parameters(&c, "cal.png");
+    assert_non_null(strstr(p, ",calibrate=True, full steps 0,1,2,3 (4 of 4), calibrated mag_ratios [1.0, "));
+    free(p);
+    rc = run_cli(&c, NULL, "%s --cache 'mag:mag_ratios=%s,threshold=0.5' --output back.png", gen, list);
+    expect(rc, RC_OK, "");
+    p = png_parameters(&c, "back.png");
+    assert_non_null(strstr(p, ",num_inference_steps=4,mag_ratios=[1, "));
+    free(p);
+    free(printed);
     rc = run_cli(&c, NULL, "%s --cache mag:threshold=x", gen);
     expect(rc, RC_USAGE, "threshold must be a finite number");
     rc = run_cli(&c, NULL, "%s --output none.png", gen);

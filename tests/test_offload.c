@@ -290,6 +290,8 @@ static void test_planner_phases_within_10_percent(void **state) {
     check_plan(g_flux, CDF_OFFLOAD_MODEL, &g3, true);
     g3.cache = "taylorseer:disable_cache_before_step=1,cache_interval=2"; /* factors of every attention module */
     check_plan(g_flux, CDF_OFFLOAD_MODEL, &g3, true);
+    g3.cache = "taylorseer:disable_cache_before_step=1,cache_interval=2,use_lite_mode=True"; /* factors of the output */
+    check_plan(g_flux, CDF_OFFLOAD_MODEL, &g3, true);
     restore_exec(env);
 }
 

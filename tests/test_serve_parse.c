@@ -192,9 +192,13 @@ static void test_a1111_and_edit(void **state) {
     assert_string_equal(r.prompt, ""); /* A1111's default */
     assert_true(r.n == 6 && r.width == 64 && r.height == 32 && r.guidance == 7 && r.seed == -1 && !r.img2img);
     serve_request_free(&r);
-    const char *a_cache = "{\"cache\":\"first-block\"}", *a_bad = "{\"cache\":\"taylorseer:use_lite_mode=True\"}";
+    const char *a_cache = "{\"cache\":\"first-block\"}", *a_bad = "{\"cache\":\"taylorseer:cache_identifiers=x\"}";
     assert_int_equal(serve_parse_a1111(a_cache, strlen(a_cache), false, &r), CDF_OK);
     assert_string_equal(r.cache, "first-block");
+    serve_request_free(&r);
+    const char *a_ratios = "{\"cache\":\"mag:mag_ratios=[1.0, 0.9],calibrate=True\"}"; /* a list in the field */
+    assert_int_equal(serve_parse_a1111(a_ratios, strlen(a_ratios), false, &r), CDF_OK);
+    assert_string_equal(r.cache, "mag:mag_ratios=[1.0, 0.9],calibrate=True");
     serve_request_free(&r);
     assert_int_equal(serve_parse_a1111(a_bad, strlen(a_bad), false, &r), CDF_ERR_UNSUPPORTED);
     assert_non_null(strstr(cdf_last_error(), "field 'cache'"));

@@ -89,7 +89,8 @@ const char *cdf_pipeline_class_name(const cdf_pipeline *p);
 /* The step cache of image `image` (0-based) of the last cdf_pipeline_generate /
  * cdf_pipeline_generate_images call: its name and settings and which denoising steps ran the
  * whole transformer ("first-block:0.05, full steps 0,1,4,9 (4 of 10)"; with true CFG per pass,
- * "cond ..., uncond ..."; TaylorSeer: the steps whose attention was computed). Each image of a
+ * "cond ..., uncond ..."; TaylorSeer: the steps whose attention was computed; MagCache's
+ * calibration: then ", calibrated mag_ratios [1.0, ...]" per pass). Each image of a
  * batch decides on its own (docs/step-caches.md). NULL when it ran without a cache (or no such
  * image). Owned by the pipeline, valid until the next generate. */
 const char *cdf_pipeline_cache_report(const cdf_pipeline *p, int image);
@@ -162,9 +163,10 @@ typedef struct cdf_generate_params {
     int vae_tile_size; /* pixels, a multiple of 4 x the VAE's downscaling factor; 0 = default */
     /* Step cache (docs/step-caches.md): NULL, "" or "none" = off; "first-block" or
      * "first-block:THRESHOLD" = diffusers' First Block Cache (FirstBlockCacheConfig(threshold),
-     * default 0.05; FLUX.1); "mag[:key=value,...]" = MagCacheConfig with FLUX_MAG_RATIOS (FLUX.1,
-     * FLUX.2); "taylorseer[:key=value,...]" = TaylorSeerCacheConfig (FLUX.1). Another string, or
-     * a cache the model cannot take, is an error. */
+     * default 0.05; FLUX.1); "mag[:key=value,...]" = MagCacheConfig (FLUX.1, FLUX.2; mag_ratios
+     * "[r0, r1, ...]", default FLUX_MAG_RATIOS; calibrate=True prints the measured ratios on stdout
+     * as diffusers does); "taylorseer[:key=value,...]" = TaylorSeerCacheConfig (FLUX.1; also
+     * use_lite_mode=True). Another string, or a cache the model cannot take, is an error. */
     const char *cache;
     cdf_step_callback callback;
     void *callback_user;

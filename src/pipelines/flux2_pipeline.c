@@ -288,8 +288,10 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
                              .predict = flux2_predict, .ctx = &fs, .step_key = "step%02d.latents"};
     cdf_step_cache_config cache_cfg;
     s = cdf_step_cache_parse(gp->cache, &cache_cfg);
-    if (s == CDF_OK && (cache_cfg.kind == CDF_STEP_CACHE_FIRST_BLOCK || cache_cfg.kind == CDF_STEP_CACHE_TAYLORSEER))
-        /* diffusers' FBC fails on FLUX.2; TaylorSeer is FLUX.1-only here: docs/step-caches.md */
+    /* diffusers' First Block Cache and TaylorSeer fail on Flux2Pipeline: docs/step-caches.md */
+    if (s == CDF_OK && cache_cfg.kind == CDF_STEP_CACHE_TAYLORSEER)
+        s = cdf_error(CDF_ERR_UNSUPPORTED, CDF_STEP_CACHE_TAYLORSEER_FLUX2_REFUSAL, gp->cache);
+    else if (s == CDF_OK && cache_cfg.kind == CDF_STEP_CACHE_FIRST_BLOCK)
         s = cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': runs on FLUX.1 only (FLUX.2: --cache mag)", gp->cache);
     if (s == CDF_OK) s = cdf_step_cache_init(&fs.cache, &cache_cfg, N);
     if (s == CDF_OK) s = cdf_pipe_denoise(p, gp, &loop);

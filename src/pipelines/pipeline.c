@@ -296,8 +296,10 @@ static cdf_status validate(const cdf_pipeline *p, const cdf_generate_params *gp)
     if (cache.kind == CDF_STEP_CACHE_FIRST_BLOCK && p->kind != CDF_PIPE_FLUX)
         return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': the first-block cache runs on FLUX.1 only (%s; docs/step-caches.md)",
                          gp->cache, p->class_name);
+    if (cache.kind == CDF_STEP_CACHE_TAYLORSEER && p->kind == CDF_PIPE_FLUX2)
+        return cdf_error(CDF_ERR_UNSUPPORTED, CDF_STEP_CACHE_TAYLORSEER_FLUX2_REFUSAL, gp->cache);
     if (cache.kind == CDF_STEP_CACHE_TAYLORSEER && p->kind != CDF_PIPE_FLUX)
-        return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': TaylorSeer runs on FLUX.1 only in cdiffusers (%s; docs/step-caches.md)",
+        return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': TaylorSeer runs on FLUX.1 only (%s; docs/step-caches.md)",
                          gp->cache, p->class_name);
     if (cache.kind == CDF_STEP_CACHE_MAG && p->kind == CDF_PIPE_SD3)
         return cdf_error(CDF_ERR_UNSUPPORTED, "cache '%s': MagCache runs on FLUX.1 and FLUX.2 only (%s; docs/step-caches.md)",

@@ -896,7 +896,13 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
     cdf_step_cache_config cache;
     CDF_TRY(cdf_step_cache_parse(gp.cache, &cache));
     out->cache_bytes = 0;
-    if (cache.kind == CDF_STEP_CACHE_TAYLORSEER && pp.kind == PK_FLUX) {
+    if (cache.kind == CDF_STEP_CACHE_TAYLORSEER && cache.use_lite_mode && pp.kind == PK_FLUX) {
+        /* TaylorSeer's lite mode: per pass (max_order + 1) factors of the transformer's output
+         * (tokens x in_channels) in taylor_factors_dtype; during a step the float32 prediction */
+        const double tokens = (double)(gp.height / (2 * vsf)) * (gp.width / (2 * vsf)), per = tokens * in_ch;
+        out->cache_bytes = (uint64_t)(passes * (cache.max_order + 1) * per * cdf_dtype_size(cache.taylor_factors_dtype));
+        held[CDF_PHASE_DENOISE] += (double)out->cache_bytes / 4.0 + per;
+    } else if (cache.kind == CDF_STEP_CACHE_TAYLORSEER && pp.kind == PK_FLUX) {
         /* TaylorSeer: per pass and attention module (max_order + 1) factors of its outputs (the
          * joint sequence, tokens + text, x width) in taylor_factors_dtype; during a step the
          * float32 outputs (computed or predicted) of every module are live too */

@@ -17,7 +17,10 @@ at least MARGIN away from its threshold (checked; a float rounding cannot flip a
 usage: /work/venv39/bin/python tools/make-step-cache-golden/make_golden.py [OUT_DIR]
        (default OUT_DIR: tests/data/golden/step_cache)
 """
+import ast
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import sys
@@ -48,7 +51,9 @@ make_mask = _img2img.make_mask
 
 def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=False, mag=None, taylor=None, mask=None):
     """mag: None for FirstBlockCacheConfig(threshold), else MagCacheConfig's fields (the mag_ratios
-    are FLUX_MAG_RATIOS; the decisions come from a wrapper around MagCacheHeadHook.new_forward)."""
+    are FLUX_MAG_RATIOS unless given; the decisions come from a wrapper around MagCacheHeadHook.new_forward)."""
+    if ONLY and name not in ONLY:
+        return
     d = os.path.join(OUT, name)
     os.makedirs(d, exist_ok=True)
     decisions = []
@@ -75,8 +80,10 @@ def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=F
             kw_t["taylor_factors_dtype"] = getattr(torch, kw_t["taylor_factors_dtype"])
         config = TaylorSeerCacheConfig(**kw_t)
         pipe.transformer.enable_cache(config)
-        # every attention module's hook decides alike: record the first one's decisions
-        hook = HookRegistry.check_if_exists_or_initialize(pipe.transformer.transformer_blocks[0].attn).get_hook(_TAYLORSEER_CACHE_HOOK)
+        # every hooked module decides alike: record the first attention module's decisions (lite
+        # mode hooks the blocks (inactive) and proj_out (active) instead: record proj_out's)
+        first = pipe.transformer.proj_out if kw_t.get("use_lite_mode") else pipe.transformer.transformer_blocks[0].attn
+        hook = HookRegistry.check_if_exists_or_initialize(first).get_hook(_TAYLORSEER_CACHE_HOOK)
         orig_measure = hook._measure_should_compute
 
         def measure():
@@ -86,7 +93,10 @@ def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=F
 
         hook._measure_should_compute = measure
     elif mag is not None:
-        config = MagCacheConfig(mag_ratios=FLUX_MAG_RATIOS, **mag)
+        kw_m = dict(mag)
+        if "mag_ratios" not in kw_m and not kw_m.get("calibrate"):
+            kw_m["mag_ratios"] = FLUX_MAG_RATIOS  # cdiffusers' default (diffusers has none)
+        config = MagCacheConfig(**kw_m)
         pipe.transformer.enable_cache(config)
     else:
         config = FirstBlockCacheConfig(threshold=threshold)
@@ -126,8 +136,9 @@ def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=F
     if mask is not None:
         mask.save(os.path.join(d, "mask_in.png"))
         kw["mask_image"] = PIL.Image.open(os.path.join(d, "mask_in.png"))
+    printed = io.StringIO()  # MagCache's calibration prints its ratios (print(), stdout)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), contextlib.redirect_stdout(printed):
             out = pipe(**kw, generator=torch.Generator("cpu").manual_seed(seed), output_type="np", callback_on_step_end=callback,
                        callback_on_step_end_tensor_inputs=["latents"])
     finally:
@@ -140,7 +151,15 @@ def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=F
     per_ctx = {c: [dd for dd in decisions if dd["context"] == c] for c in contexts}
     for c, ds in per_ctx.items():
         n_full = sum(dd["computed"] for dd in ds)
-        assert 1 < n_full < len(ds), (name, c, "want some steps skipped and some computed", ds)
+        if mag is not None and mag.get("calibrate"):
+            assert n_full == len(ds), (name, c, "calibration never skips", ds)
+        else:
+            assert 1 < n_full < len(ds), (name, c, "want some steps skipped and some computed", ds)
+    # calibration: the printed text, and each printed list (one per context, in the order printed)
+    calib_text = printed.getvalue()
+    calib = [ast.literal_eval(line) for line in calib_text.splitlines() if line.startswith("[") and not line.startswith("[MagCache]")]
+    if mag is not None and mag.get("calibrate"):
+        assert len(calib) == len(contexts), (name, calib_text)
     images = out.images
     t = {
         "latents_after_step": torch.stack(steps).contiguous(),
@@ -151,10 +170,14 @@ def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=F
         "pipeline": cls.__name__, "folder": "tests/data/pipelines/" + folder, "call": call, "seeds": seed,
         "prompt_embeds": "the flux2_dev_tiny 64x64 case's" if cls is Flux2Pipeline else None,
         "cache": ("TaylorSeerCacheConfig(%s)" % ", ".join("%s=%s" % kv for kv in taylor.items()) if taylor is not None
-                  else "MagCacheConfig(mag_ratios=FLUX_MAG_RATIOS, %s)" % ", ".join("%s=%r" % kv for kv in mag.items()) if mag is not None
+                  else "MagCacheConfig(%s%s)" % ("" if "mag_ratios" in mag or mag.get("calibrate") else "mag_ratios=FLUX_MAG_RATIOS, ",
+                                                  ", ".join("%s=%r" % kv for kv in mag.items())) if mag is not None
                   else "FirstBlockCacheConfig(threshold=%r)" % threshold),
         "threshold": threshold, "mag": mag, "taylorseer": taylor,
-        "mag_ratios_used": config.mag_ratios.tolist() if mag is not None else None,
+        "mag_ratios_used": config.mag_ratios.tolist() if mag is not None and not mag.get("calibrate") else None,
+        # calibrate=True: what diffusers printed (stdout), and its lists in the order printed
+        "calibration_stdout": calib_text if mag is not None and mag.get("calibrate") else None,
+        "calibration_ratios": calib if mag is not None and mag.get("calibrate") else None,
         "cache_context": "set around every transformer call by this script (the pipeline sets none)" if set_context
         else "the pipeline's own",
         "image_in": "image_in.png" if image is not None else None,
@@ -171,6 +194,9 @@ def run_case(name, cls, folder, call, threshold, seed, image=None, set_context=F
         json.dump(meta, f, indent=1)
     print(name, "computed", meta["computed_steps"],
           "changes", [None if dd["change"] is None else round(dd["change"], 4) for dd in decisions], flush=True)
+
+
+ONLY = set(filter(None, os.environ.get("ONLY", "").split(",")))  # ONLY=case1,case2: make just those
 
 
 def main():
@@ -223,6 +249,44 @@ def CASES(fl):
     run_case("ts_schnell_after8_48x80", FluxPipeline, "flux1_schnell_tiny",
              dict(prompt="a red house by a lake", max_sequence_length=32, height=48, width=80, num_inference_steps=10), None, 9,
              taylor=dict(cache_interval=2, disable_cache_after_step=8))
+
+
+    # TaylorSeer's lite mode (use_lite_mode=True: the blocks "inactive", returning zeros on a
+    # predicted step, proj_out "active": its output predicted from Taylor factors)
+    run_case("ts_dev_lite_64x64", FluxPipeline, "flux1_dev_tiny", dict(fl, height=64, width=64, num_inference_steps=12), None, 7,
+             taylor=dict(use_lite_mode=True))
+    run_case("ts_dev_lite_truecfg_f32_order2_64x64", FluxPipeline, "flux1_dev_tiny",
+             dict(fl, height=64, width=64, num_inference_steps=12, negative_prompt="blurry", true_cfg_scale=2.0), None, 8,
+             taylor=dict(use_lite_mode=True, cache_interval=3, disable_cache_before_step=2, max_order=2, taylor_factors_dtype="float32"))
+    # MagCache with its own mag_ratios (8 values, interpolated to 12 steps), and calibrate=True
+    # (no mag_ratios: diffusers prints the measured ratios at the last step, per context)
+    run_case("mag_dev_ratios_64x64", FluxPipeline, "flux1_dev_tiny", dict(fl, height=64, width=64, num_inference_steps=12), None, 7,
+             mag=dict(num_inference_steps=12, mag_ratios=[1.0, 1.25, 1.1, 1.03, 1.01, 0.99, 0.97, 0.9]))
+    run_case("mag_dev_calibrate_truecfg_64x64", FluxPipeline, "flux1_dev_tiny",
+             dict(fl, height=64, width=64, num_inference_steps=10, negative_prompt="blurry", true_cfg_scale=2.0), None, 8,
+             mag=dict(calibrate=True, num_inference_steps=10))
+    run_case("mag_flux2_calibrate_64x64", Flux2Pipeline, "flux2_dev_tiny", dict(height=64, width=64, num_inference_steps=6, guidance_scale=4.0),
+             None, 21, mag=dict(calibrate=True, num_inference_steps=6))
+    check_flux2_taylorseer_fails()
+
+
+def check_flux2_taylorseer_fails():
+    """TaylorSeer on Flux2Pipeline: the pipeline sets no cache context and TaylorSeer's hook sets
+    none of its own (MagCache's does), so diffusers raises at the first attention module."""
+    if ONLY and "flux2_taylorseer" not in ONLY:
+        return
+    pipe = Flux2Pipeline.from_pretrained(os.path.join(PIPES, "flux2_dev_tiny"), dtype=torch.float32, tokenizer=None, text_encoder=None)
+    pipe.set_progress_bar_config(disable=True)
+    pe = load_file(os.path.join(PIPES, "flux2_dev_tiny", "cases", "64x64", "expected.safetensors"))["prompt_embeds"]
+    for lite in (False, True):
+        pipe.transformer.enable_cache(TaylorSeerCacheConfig(use_lite_mode=lite))
+        try:
+            pipe(prompt_embeds=pe, height=64, width=64, num_inference_steps=4, guidance_scale=4.0, output_type="np")
+            raise AssertionError("Flux2Pipeline ran with TaylorSeer (use_lite_mode=%s): cdiffusers should run it too" % lite)
+        except ValueError as e:
+            assert "No cache context is set" in str(e), e
+            print("Flux2Pipeline + TaylorSeerCacheConfig(use_lite_mode=%s) raises ValueError: %s" % (lite, e), flush=True)
+        pipe.transformer.disable_cache()
 
 
 if __name__ == "__main__":
