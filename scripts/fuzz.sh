@@ -7,6 +7,7 @@
 # usage: scripts/fuzz.sh [-t SECONDS_PER_TARGET] [-n EXECUTIONS] [TARGET...]
 #   -t N      run each target at most N seconds (default 30)
 #   -n N      stop a target after N executions (default: no limit; -t still applies)
+#   (targets run side by side, CDF_FUZZ_PARALLEL at a time, default one per core)
 #   TARGET    fuzz_safetensors fuzz_gguf fuzz_single_file fuzz_checkpoint fuzz_json fuzz_tokenizer_files
 #             fuzz_prompt fuzz_cli fuzz_lora_keys fuzz_serve_json fuzz_serve_multipart
 #             (default: all)
@@ -25,7 +26,7 @@ while getopts "t:n:h" opt; do
   case $opt in
     t) secs=$OPTARG ;;
     n) runs=$OPTARG ;;
-    *) sed -n '2,17p' "$0"; exit 2 ;;
+    *) sed -n '2,18p' "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -60,39 +61,63 @@ max_len() {
   esac
 }
 
-mkdir -p "$work/logs"
-status=0
-summary=""
-for t in "${targets[@]}"; do
-  seeds="$work/seeds/$t" corpus="$work/corpus/$t" findings="$work/findings/$t"
-  rm -rf "$seeds"
-  mkdir -p "$work/seeds"
-  mkdir -p "$corpus" "$findings"
+mkdir -p "$work/logs" "$work/results"
+# one target: seeds, then libFuzzer for $secs; its summary line goes to $work/results/<target>
+# (failure lines start with "!!"), its messages to stdout
+fuzz_one() {
+  local t=$1
+  local seeds="$work/seeds/$t" corpus="$work/corpus/$t" findings="$work/findings/$t" result="$work/results/$t"
+  rm -rf "$seeds" "$result"
+  mkdir -p "$work/seeds" "$corpus" "$findings"
   CDF_FUZZ_WRITE_SEEDS="$seeds" "$build/$t" >/dev/null 2>&1
-  extra=()
+  local extra=()
   [ "$t" = fuzz_cli ] && extra=(-close_fd_mask=3) # the tool's own messages and usage text
   echo "== $t: ${secs}s, $(ls "$seeds" | wc -l) seeds, $(ls "$corpus" | wc -l) corpus entries"
-  set +e
+  local start rc
   start=$(date +%s)
+  set +e
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1} \
     "$build/$t" -max_total_time="$secs" -runs="$runs" -max_len="$(max_len "$t")" -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$findings/" "${extra[@]}" "$corpus" "$seeds" >"$work/logs/$t.log" 2>&1
   rc=$?
   set -e
-  wall=$(($(date +%s) - start))
+  local wall=$(($(date +%s) - start))
+  local execs eps cov
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/logs/$t.log" | tail -1 || true)
   eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work/logs/$t.log" | tail -1 || true)
   cov=$( (grep -o 'cov: [0-9]*' "$work/logs/$t.log" || true) | tail -1)
   if [ $rc -ne 0 ]; then
-    status=1
     echo "!! $t FAILED (exit $rc); log: $work/logs/$t.log; reproducer(s): $(ls "$findings" | tr '\n' ' ')"
     grep -m1 -E "ERROR: |fuzz invariant failed|SUMMARY" "$work/logs/$t.log" || true
-    summary+=$(printf '%-22s FAILED (exit %d)' "$t" $rc)$'\n'
+    printf '!! %-19s FAILED (exit %d)\n' "$t" $rc >"$result"
   else
-    summary+=$(printf '%-22s %10s execs %6ss %8s exec/s  %s' "$t" "${execs:-?}" "$wall" "${eps:-?}" "${cov:-}")$'\n'
+    printf '%-22s %10s execs %6ss %8s exec/s  %s\n' "$t" "${execs:-?}" "$wall" "${eps:-?}" "${cov:-}" >"$result"
   fi
+}
+
+# The targets run side by side, CDF_FUZZ_PARALLEL at a time (default: one per core): each is
+# single-threaded, so on 2 cores the whole run takes half the time at the same seconds per target.
+par=${CDF_FUZZ_PARALLEL:-$(nproc 2>/dev/null || echo 1)}
+running=0
+for t in "${targets[@]}"; do
+  if [ "$running" -ge "$par" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+  fuzz_one "$t" &
+  running=$((running + 1))
 done
+wait
+status=0
 echo
 echo "target                 executions   wall     exec/s  coverage"
-printf '%s' "$summary"
+for t in "${targets[@]}"; do
+  if [ -f "$work/results/$t" ]; then
+    cat "$work/results/$t"
+    grep -q '^!!' "$work/results/$t" && status=1
+  else
+    printf '!! %-19s FAILED (no result)\n' "$t"
+    status=1
+  fi
+done
 exit $status
