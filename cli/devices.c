@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cdiffusers/dist.h"
 #include "cdiffusers/cdiffusers.h"
 #include "devices.h"
 
@@ -57,6 +58,18 @@ int cdf_cli_devices(int argc, char **argv) {
     if (cdf_device_count() == 0) {
         printf("  (none)\n");
         return 1;
+    }
+    /* which path tensor parallelism takes on each kind of device */
+    printf("tensor parallelism (--tp N):\n");
+    for (int i = 0; i < cdf_backend_compiled_count(); i++) {
+        const char *b = cdf_backend_compiled_name(i);
+        if (cdf_backend_runs_replicas(b))
+            printf("  %-8s one process: --tp N --device %s runs every program as N replicas on %s:0..N-1, the all-reduce "
+                   "inside it (the XLA CPU plugin is opened with N devices); under mpirun -np N: one device per process, the "
+                   "all-reduce on the host between programs\n", b, b, b);
+        else
+            printf("  %-8s mpirun -np N cdiffusers ... --tp N: one process per device, the all-reduce over MPI%s\n", b,
+                   cdf_dist_backend_available("mpi") ? "" : " (this build has no MPI)");
     }
     return 0;
 }

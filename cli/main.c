@@ -108,7 +108,8 @@ static void usage(FILE *f) {
             "                               use 512 to tile a 1024x1024 image)\n"
             "      --tp N                   tensor parallelism over the N processes of an MPI job: each rank loads\n"
             "                               only its shard of the transformer and text encoders; rank 0 writes\n"
-            "                               (mpirun -np N cdiffusers generate ... --tp N)\n"
+            "                               (mpirun -np N cdiffusers generate ... --tp N); with --device pjrt and\n"
+            "                               no mpirun: one process over pjrt:0..N-1, the all-reduce in the programs\n"
             "      --tp-replicate A,B       components to keep whole on every rank (e.g. text_encoder_2)\n"
             "      --transformer FILE       the transformer's weights from one file in place of DIR/transformer's:\n"
             "                               .safetensors (diffusers, BFL FLUX or ComfyUI model.diffusion_model.*\n"
@@ -236,7 +237,7 @@ static bool on_step(int step, int n, double step_s, void *user) {
 
 /* ---- tensor parallelism (MPI) ---------------------------------------------------------------- */
 typedef struct tp_run {
-    cdf_process_group *pg; /* NULL for a single-process run */
+    cdf_process_group *pg; /* NULL for a run without tensor parallelism */
     cdf_device_mesh *mesh;
     int rank, world;
 } tp_run;
@@ -252,6 +253,18 @@ static long launcher_world_size(void) {
     return 0;
 }
 
+/* The device --tp runs on (--device, else CDIFFUSERS_DEVICE), or NULL for the default. */
+static const char *tp_device_name(void) {
+    const char *e = getenv("CDIFFUSERS_DEVICE");
+    return g_device_name ? g_device_name : e && *e ? e : NULL;
+}
+
+/* --tp N without an MPI launcher on a backend that runs one program over N devices (pjrt):
+ * one process, the all-reduce inside the programs. */
+static bool tp_in_one_process(long tp) {
+    return tp > 1 && launcher_world_size() == 0 && cdf_backend_runs_replicas(tp_device_name());
+}
+
 /* Before any MPI call: the --tp value and the way the process was started must agree. */
 static int check_launch(long tp) {
     const long world = launcher_world_size();
@@ -261,7 +274,7 @@ static int check_launch(long tp) {
                  "would compute and write the whole image); add --tp %ld", world, world);
         return usage_error("%s", msg);
     }
-    if (tp <= 1) return EXIT_OK;
+    if (tp <= 1 || tp_in_one_process(tp)) return EXIT_OK;
     if (!cdf_dist_backend_available("mpi")) {
         fprintf(stderr, "cdiffusers: --tp %ld needs MPI, and this build of cdiffusers has none (Open MPI was not found when it "
                 "was configured)\n", tp);
@@ -279,11 +292,25 @@ static int check_launch(long tp) {
     return EXIT_OK;
 }
 
-/* --tp N > 1: join the MPI job and shard every model with a tensor-parallel plan over it. */
+/* --tp N > 1: join the MPI job (or, in one process, open N devices of the backend) and shard
+ * every model with a tensor-parallel plan over it. */
 static int tp_start(tp_run *tr, long tp, const char *replicate) {
     memset(tr, 0, sizeof *tr);
     tr->world = 1;
     if (tp <= 1) return EXIT_OK;
+    if (tp_in_one_process(tp)) {
+        /* a TP degree the plugin has no devices for fails here, before any weight is read */
+        if (cdf_dist_init_devices(tp_device_name(), (int)tp, &tr->pg) != CDF_OK) return fail("--tp");
+        tr->world = (int)tp;
+        if (cdf_device_mesh_new(tr->pg, cdf_dist_replica_device(tr->pg), &tr->mesh) != CDF_OK ||
+            cdf_tp_enable(tr->mesh, replicate) != CDF_OK) {
+            int rc = fail("--tp");
+            cdf_device_mesh_free(tr->mesh);
+            cdf_dist_finalize(tr->pg);
+            return rc;
+        }
+        return EXIT_OK;
+    }
     if (cdf_dist_init("mpi", &tr->pg) != CDF_OK) return fail("--tp");
     tr->rank = cdf_dist_rank(tr->pg);
     tr->world = cdf_dist_world_size(tr->pg);

@@ -591,36 +591,6 @@ static void test_component_sharding_offline(void **state) {
 }
 
 /* ---- end to end: cdiffusers generate --tp 2 vs one process vs the golden output --------------- */
-/* The golden case's call as CLI arguments. */
-static void case_args(const char *pipe, const char *case_name, char *args, size_t n, int *steps) {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/cases/%s/expected.json", pipe, case_name);
-    char *txt = tu_read_file(path, NULL);
-    assert_non_null(txt);
-    cJSON *js = cJSON_Parse(txt);
-    free(txt);
-    const cJSON *call = cJSON_GetObjectItem(js, "call");
-    assert_non_null(call);
-    const char *prompt = cJSON_GetObjectItem(call, "prompt")->valuestring;
-    assert_null(strchr(prompt, '\''));
-    size_t o = snprintf(args, n, "--model '%s' --prompt '%s' --height %d --width %d --steps %d --guidance %g --seed %.0f", pipe,
-                        prompt, cJSON_GetObjectItem(call, "height")->valueint, cJSON_GetObjectItem(call, "width")->valueint,
-                        cJSON_GetObjectItem(call, "num_inference_steps")->valueint,
-                        cJSON_GetObjectItem(call, "guidance_scale")->valuedouble, cJSON_GetObjectItem(call, "seed")->valuedouble);
-    *steps = cJSON_GetObjectItem(call, "num_inference_steps")->valueint;
-    const cJSON *neg = cJSON_GetObjectItem(call, "negative_prompt");
-    if (cJSON_IsString(neg)) {
-        assert_null(strchr(neg->valuestring, '\''));
-        o += snprintf(args + o, n - o, " --negative-prompt '%s'", neg->valuestring);
-    }
-    const cJSON *msl = cJSON_GetObjectItem(call, "max_sequence_length");
-    if (cJSON_IsNumber(msl)) o += snprintf(args + o, n - o, " --max-sequence-length %d", msl->valueint);
-    const cJSON *tcfg = cJSON_GetObjectItem(call, "true_cfg_scale");
-    if (cJSON_IsNumber(tcfg)) o += snprintf(args + o, n - o, " --true-cfg-scale %g", tcfg->valuedouble);
-    snprintf(args + o, n - o, " --threads 1 --quiet --dtype f32"); /* golden: the exact path */
-    cJSON_Delete(js);
-}
-
 /* Latents: the same initial latents (noise, or the unsharded VAE encode); final within the TP
  * tolerance of one process and within the golden tolerance of diffusers. */
 static void expect_tp_latents(const char *one_lat, const char *tp_lat, const char *golden) {

@@ -79,6 +79,22 @@ int cdf_pjrt_list_plugins(cdf_pjrt_plugin_info *out, int cap);
  * "" when the disk cache is off (CDIFFUSERS_PJRT_CACHE=off). Its entries are files *.pjrtx. */
 void cdf_pjrt_cache_folder(char *out, size_t cap);
 
+/* One process driving n devices of one backend as the n replicas of every program (tensor
+ * parallelism without MPI: cdf_dist_init_devices). name: a backend ("pjrt") or its device 0.
+ * Returns device 0, which from then on stands for devices 0..n-1: each of its buffers holds a
+ * value per device (the same bytes on every one unless set per replica), every program runs on
+ * all n with an all_reduce over them inside it, and host reads see device 0's value. Call it
+ * before anything is allocated on the backend (the pjrt backend opens the XLA CPU plugin with n
+ * devices when it has not loaded yet). Errors: CDF_ERR_UNSUPPORTED (a backend without it: cpu,
+ * cuda), CDF_ERR_INVALID_ARG (fewer than n devices, buffers already exist), the backend's load
+ * error. */
+cdf_status cdf_device_open_replicas(const char *name, int n, cdf_device **out);
+/* Whether the backend of device `name` ("pjrt", "pjrt:0", "cpu") can run replicas (without
+ * loading it); false for an unknown name. */
+bool cdf_backend_runs_replicas(const char *name);
+/* n for a device opened so, else 1. */
+int cdf_device_replicas(const cdf_device *dev);
+
 /* Wait for every queued op; returns (and clears) the first error a queued kernel raised. */
 cdf_status cdf_device_synchronize(cdf_device *dev);
 

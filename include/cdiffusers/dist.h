@@ -60,6 +60,20 @@ bool cdf_dist_backend_available(const char *backend);
  * CDF_ERR_DIST (MPI failed to initialise, with MPI's message). */
 cdf_status cdf_dist_init(const char *backend, cdf_process_group **out);
 
+/* One process, no MPI: the n devices of one backend that runs every program as n replicas
+ * (cdf_device_open_replicas: "pjrt", devices pjrt:0..n-1). Each "rank" is a replica: models load
+ * every rank's slice (each to its device), and cdf_all_reduce_sum is an op inside the program
+ * (stablehlo.all_reduce over the replicas), not a host call. Host collectives: agreement returns
+ * the process's own status, barrier drains the queues, broadcast from rank 0 writes replica 0's
+ * value to every replica; the host all-reduce and all-gather are CDF_ERR_UNSUPPORTED.
+ * cdf_dist_rank is 0. Errors: those of cdf_device_open_replicas (a backend without replicas,
+ * fewer devices than n). Free it with cdf_dist_finalize. */
+cdf_status cdf_dist_init_devices(const char *device, int n, cdf_process_group **out);
+/* The replica count of a devices group (its world size); 0 for a group of processes. */
+int cdf_dist_replicas(const cdf_process_group *pg);
+/* The device standing for a devices group's replicas; NULL for a group of processes. */
+cdf_device *cdf_dist_replica_device(const cdf_process_group *pg);
+
 /* A group that only knows its rank and size and cannot communicate: for planning and loading
  * shards without a job (tools that inspect or pre-split checkpoints, tests). Its collectives
  * fail with CDF_ERR_UNSUPPORTED. Errors: CDF_ERR_INVALID_ARG (world < 1, rank outside 0..world-1). */
@@ -71,7 +85,7 @@ void cdf_dist_finalize(cdf_process_group *pg);
 
 int cdf_dist_rank(const cdf_process_group *pg);       /* 0 for NULL */
 int cdf_dist_world_size(const cdf_process_group *pg); /* 1 for NULL */
-const char *cdf_dist_backend_name(const cdf_process_group *pg); /* "mpi", "local", "offline" */
+const char *cdf_dist_backend_name(const cdf_process_group *pg); /* "mpi", "local", "offline", "devices" */
 
 /* Seconds a collective may wait for its peers (> 0). */
 void cdf_dist_set_timeout(cdf_process_group *pg, double seconds);

@@ -336,6 +336,61 @@ cdf_status cdf_device_buffer_set(cdf_device *dev, void *dst, const void *src, si
     return s == CDF_OK ? s : cdf_error_prefix("copy of %zu bytes to %s: ", nbytes, dev->name);
 }
 
+cdf_status cdf_device_buffer_set_replica(cdf_device *dev, int replica, void *dst, const void *src, size_t nbytes) {
+    if (!dev->iface->buffer_set_replica || replica < 0 || replica >= cdf_device_replicas(dev))
+        return cdf_error(CDF_ERR_UNSUPPORTED, "copy to replica %d of %s: the device runs %d replica(s)", replica, dev->name,
+                         cdf_device_replicas(dev));
+    if (!nbytes) return CDF_OK;
+    cdf_status s = dev->iface->buffer_set_replica(dev, replica, dst, src, nbytes);
+    return s == CDF_OK ? s : cdf_error_prefix("copy of %zu bytes to %s (replica %d): ", nbytes, dev->name, replica);
+}
+
+bool cdf_backend_runs_replicas(const char *name) {
+    if (!name) return false;
+    const char *colon = strchr(name, ':');
+    const size_t tl = colon ? (size_t)(colon - name) : strlen(name);
+    for (size_t i = 0; i < sizeof k_builtin / sizeof *k_builtin; i++)
+        if (strlen(k_builtin[i]->name) == tl && strncmp(k_builtin[i]->name, name, tl) == 0) return k_builtin[i]->set_replicas != NULL;
+    return false;
+}
+
+int cdf_device_replicas(const cdf_device *dev) { return dev && dev->iface->replicas ? dev->iface->replicas(dev) : 1; }
+
+cdf_status cdf_device_open_replicas(const char *name, int n, cdf_device **out) {
+    if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_device_open_replicas: out is NULL");
+    *out = NULL;
+    if (!name) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_device_open_replicas: name is NULL");
+    const char *colon = strchr(name, ':');
+    const size_t tl = colon ? (size_t)(colon - name) : strlen(name);
+    if (colon && strcmp(colon, ":0") != 0)
+        return cdf_error(CDF_ERR_INVALID_ARG, "tensor parallelism in one process runs on devices 0..N-1 of a backend: name "
+                         "the backend ('%.*s'), not device '%s'", (int)tl, name, name);
+    const cdf_backend_iface *iface = NULL;
+    for (size_t i = 0; i < sizeof k_builtin / sizeof *k_builtin; i++)
+        if (strlen(k_builtin[i]->name) == tl && strncmp(k_builtin[i]->name, name, tl) == 0) iface = k_builtin[i];
+    if (!iface) {
+        cdf_device *d = cdf_device_get(name); /* its error names what exists */
+        if (!d) return cdf_last_status();
+        iface = d->iface;
+    }
+    if (!iface->set_replicas)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "the %s backend cannot run one program over several devices in one process "
+                         "(tensor parallelism on it runs over MPI: mpirun -np %d cdiffusers ... --tp %d)", iface->name, n, n);
+    if (n < 1) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_device_open_replicas: %d devices", n);
+    bool loaded = false;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < g_n_backends; i++) loaded |= g_backends[i] == iface;
+    pthread_mutex_unlock(&g_lock);
+    if (!loaded) CDF_TRY(iface->set_replicas(NULL, n)); /* before it opens its devices */
+    char dev0[48];
+    snprintf(dev0, sizeof dev0, "%s:0", iface->name);
+    cdf_device *d = cdf_device_get(dev0);
+    if (!d) return cdf_last_status();
+    CDF_TRY(iface->set_replicas(d, n));
+    *out = d;
+    return CDF_OK;
+}
+
 cdf_status cdf_device_buffer_get(cdf_device *dev, void *dst, const void *src, size_t nbytes) {
     if (!nbytes) return CDF_OK;
     cdf_status s = dev->iface->buffer_get(dev, dst, src, nbytes);

@@ -58,6 +58,15 @@ typedef struct cdf_backend_iface {
     /* Device -> host bytes, ordered after every op enqueued so far (waits for them, without
      * collecting their error: the caller synchronises first when it wants it). */
     cdf_status (*buffer_get)(cdf_device *dev, void *dst, const void *src, size_t nbytes);
+    /* ---- one program over several devices (optional; NULL = the backend has none) ----
+     * set_replicas: from now on the device stands for its backend's devices 0..n-1 running
+     * every program as n replicas (tensor parallelism in one process); dev NULL: asked before
+     * the backend loads (it then opens enough devices where it can). replicas: that n (1 when
+     * never set). buffer_set_replica: as buffer_set, into replica r's value only (the other
+     * replicas keep theirs; buffer_set writes every replica, buffer_get reads replica 0). */
+    cdf_status (*set_replicas)(cdf_device *dev, int n);
+    int (*replicas)(const cdf_device *dev);
+    cdf_status (*buffer_set_replica)(cdf_device *dev, int replica, void *dst, const void *src, size_t nbytes);
     /* Host -> device bytes in the order of stream st (NULL: the compute stream, after every op
      * enqueued so far); src must stay valid until done(ctx) is called, on any thread, once the
      * bytes are on the device. done is called exactly once: also when the call fails (before it
@@ -181,6 +190,9 @@ cdf_status cdf_backend_synchronize_all(void);
  * memory; see the iface above for the ordering of each). */
 cdf_status cdf_device_buffer_set(cdf_device *dev, void *dst, const void *src, size_t nbytes);
 cdf_status cdf_device_buffer_get(cdf_device *dev, void *dst, const void *src, size_t nbytes);
+/* buffer_set_replica (CDF_ERR_UNSUPPORTED where the backend has none, or replica is outside
+ * the device's replicas) */
+cdf_status cdf_device_buffer_set_replica(cdf_device *dev, int replica, void *dst, const void *src, size_t nbytes);
 void *cdf_device_host_alloc(cdf_device *dev, size_t nbytes); /* NULL + error on failure */
 void cdf_device_host_free(cdf_device *dev, void *ptr, size_t nbytes);
 
@@ -209,6 +221,10 @@ cdf_status cdf_storage_materialize(cdf_storage *s);
  * in host staging buffers; the bytes cross through the backend. s must not be in use by a queued
  * op (a new buffer, or queues drained). */
 cdf_status cdf_storage_upload(cdf_storage *s, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n);
+/* The same into one replica's value of a device running its programs as replicas (the others
+ * keep theirs): CDF_ERR_UNSUPPORTED on a device without replicas. */
+cdf_status cdf_storage_upload_replica(cdf_storage *s, int replica, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt,
+                                      size_t n);
 /* The same, stream-ordered where the backend has buffer_set_async (else as cdf_storage_upload):
  * the bytes land in the order of stream st (NULL: the compute stream, after every op enqueued
  * on s's device so far and before every op enqueued after; another stream: after its earlier

@@ -53,12 +53,17 @@ static cdf_status check_upload(const cdf_storage *s, size_t at, size_t dsz, size
     return CDF_OK;
 }
 
-cdf_status cdf_storage_upload(cdf_storage *s, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n) {
+/* replica < 0: every replica (buffer_set) */
+static cdf_status set_bytes(cdf_storage *s, int replica, void *dst, const void *src, size_t nbytes) {
+    return replica < 0 ? cdf_device_buffer_set(s->dev, dst, src, nbytes) : cdf_device_buffer_set_replica(s->dev, replica, dst, src, nbytes);
+}
+
+static cdf_status upload(cdf_storage *s, int replica, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n) {
     const size_t dsz = cdf_dtype_size(dt), ssz = cdf_dtype_size(src_dt);
     if (!n) return CDF_OK;
     CDF_TRY(check_upload(s, at, dsz, n));
     char *dst = (char *)s->data + at * dsz;
-    if (dt == src_dt) return cdf_device_buffer_set(s->dev, dst, src, n * dsz);
+    if (dt == src_dt) return set_bytes(s, replica, dst, src, n * dsz);
     const size_t chunk = n < UPLOAD_CHUNK_ELEMS ? n : UPLOAD_CHUNK_ELEMS;
     void *stage = cdf_device_host_alloc(s->dev, chunk * dsz);
     if (!stage) return cdf_last_status();
@@ -66,10 +71,20 @@ cdf_status cdf_storage_upload(cdf_storage *s, size_t at, cdf_dtype dt, const voi
     for (size_t o = 0; o < n && st == CDF_OK; o += chunk) {
         const size_t c = n - o < chunk ? n - o : chunk;
         cdf_convert(stage, dt, (const char *)src + o * ssz, src_dt, c);
-        st = cdf_device_buffer_set(s->dev, dst + o * dsz, stage, c * dsz);
+        st = set_bytes(s, replica, dst + o * dsz, stage, c * dsz);
     }
     cdf_device_host_free(s->dev, stage, chunk * dsz);
     return st;
+}
+
+cdf_status cdf_storage_upload(cdf_storage *s, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt, size_t n) {
+    return upload(s, -1, at, dt, src, src_dt, n);
+}
+
+cdf_status cdf_storage_upload_replica(cdf_storage *s, int replica, size_t at, cdf_dtype dt, const void *src, cdf_dtype src_dt,
+                                      size_t n) {
+    if (replica < 0) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_storage_upload_replica: replica %d", replica);
+    return upload(s, replica, at, dt, src, src_dt, n);
 }
 
 

@@ -36,7 +36,10 @@
 #include <mpi.h>
 #endif
 
-typedef enum pg_kind { PG_LOCAL, PG_OFFLINE, PG_MPI } pg_kind;
+/* PG_DEVICES: one process, the `world` devices of one backend running every program as that
+ * many replicas (cdf_dist_init_devices): a "rank" is a replica, the all-reduce is an op inside
+ * the program, and the host has nobody to talk to. */
+typedef enum pg_kind { PG_LOCAL, PG_OFFLINE, PG_MPI, PG_DEVICES } pg_kind;
 
 #define DEFAULT_TIMEOUT_S 600.0
 
@@ -44,6 +47,7 @@ struct cdf_process_group {
     pg_kind kind;
     int rank, world;
     bool we_initialised_mpi;
+    cdf_device *dev; /* PG_DEVICES: the device standing for the replicas */
 #ifdef CDF_HAVE_MPI
     MPI_Comm comm;
 #endif
@@ -81,8 +85,10 @@ int cdf_dist_rank(const cdf_process_group *pg) { return pg ? pg->rank : 0; }
 int cdf_dist_world_size(const cdf_process_group *pg) { return pg ? pg->world : 1; }
 const char *cdf_dist_backend_name(const cdf_process_group *pg) {
     if (!pg) return "none";
-    return pg->kind == PG_MPI ? "mpi" : pg->kind == PG_OFFLINE ? "offline" : "local";
+    return pg->kind == PG_MPI ? "mpi" : pg->kind == PG_OFFLINE ? "offline" : pg->kind == PG_DEVICES ? "devices" : "local";
 }
+int cdf_dist_replicas(const cdf_process_group *pg) { return pg && pg->kind == PG_DEVICES ? pg->world : 0; }
+cdf_device *cdf_dist_replica_device(const cdf_process_group *pg) { return pg && pg->kind == PG_DEVICES ? pg->dev : NULL; }
 
 void cdf_dist_set_timeout(cdf_process_group *pg, double seconds) {
     if (!pg || !(seconds > 0)) return;
@@ -295,6 +301,20 @@ cdf_status cdf_dist_init(const char *backend, cdf_process_group **out) {
     return cdf_error(CDF_ERR_UNSUPPORTED, "process group backend '%s' is unknown (known: mpi, local)", backend);
 }
 
+cdf_status cdf_dist_init_devices(const char *device, int n, cdf_process_group **out) {
+    if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_dist_init_devices: out is NULL");
+    *out = NULL;
+    if (!device) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_dist_init_devices: device is NULL");
+    if (n < 1 || n > 4096) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_dist_init_devices: %d devices", n);
+    cdf_device *dev = NULL;
+    CDF_TRY(cdf_device_open_replicas(device, n, &dev));
+    cdf_process_group *pg = pg_alloc(PG_DEVICES, 0, n);
+    if (!pg) return cdf_last_status();
+    pg->dev = dev;
+    *out = pg;
+    return CDF_OK;
+}
+
 cdf_status cdf_dist_init_offline(int rank, int world_size, cdf_process_group **out) {
     if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_dist_init_offline: out is NULL");
     *out = NULL;
@@ -398,7 +418,7 @@ cdf_status cdf_dist_agree(cdf_process_group *pg, cdf_status local) {
     snprintf(mine, sizeof mine, "%s", local != CDF_OK ? cdf_last_error() : "");
     bool trivial;
     CDF_TRY(check_group(pg, "agreement", &trivial));
-    if (trivial) return local;
+    if (trivial || pg->kind == PG_DEVICES) return local; /* one process: its status is every replica's */
 #ifdef CDF_HAVE_MPI
     /* host_fence; an error the queues held (e.g. a queued collective that failed) becomes this
      * rank's status, so every rank hears of it; the agreement itself must still take place */
@@ -489,6 +509,9 @@ cdf_status cdf_dist_all_reduce_sum(cdf_process_group *pg, cdf_tensor *t) {
     bool trivial;
     CDF_TRY(check_group(pg, "all-reduce", &trivial));
     if (trivial) return CDF_OK;
+    if (pg->kind == PG_DEVICES)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "all-reduce on the host over the replicas of one process (use the op, "
+                                              "cdf_all_reduce_sum)");
 #ifdef CDF_HAVE_MPI
     MPI_Datatype type;
     if (!mpi_type(cdf_tensor_dtype(t), &type))
@@ -502,11 +525,51 @@ cdf_status cdf_dist_all_reduce_sum(cdf_process_group *pg, cdf_tensor *t) {
 #endif
 }
 
+/* The all-reduce over the replicas of a devices group: an op inside the program the device
+ * runs on every replica (no communicator; counted when it is recorded). */
+static cdf_tensor *replica_all_reduce(cdf_tensor *x, cdf_process_group *pg) {
+    char d[96];
+    if (x->dtype != CDF_F32 && x->dtype != CDF_F64 && x->dtype != CDF_I32 && x->dtype != CDF_I64) {
+        cdf_error(CDF_ERR_DTYPE, "all-reduce: %s: dtype %s is not supported (f32, f64, i32, i64)",
+                  cdf_tensor_describe(x, d, sizeof d), cdf_dtype_name(x->dtype));
+        return NULL;
+    }
+    if (x->storage->dev != pg->dev) {
+        cdf_error(CDF_ERR_DEVICE, "all-reduce: %s is on %s, not on the replicas' device %s", cdf_tensor_describe(x, d, sizeof d),
+                  cdf_device_name(x->storage->dev), cdf_device_name(pg->dev));
+        return NULL;
+    }
+    cdf_scope_suppress(1);
+    cdf_tensor *out = cdf_tensor_alloc(x->storage->dev, x->dtype, x->ndim, x->shape); /* contiguous */
+    cdf_node *n = out ? cdf_node_new(CDF_OP_ALL_REDUCE) : NULL;
+    cdf_status s = n ? CDF_OK : cdf_last_status();
+    if (n) {
+        n->p.all_reduce.comm = pg;
+        n->p.all_reduce.replicas = pg->world;
+        cdf_node_add_src(n, x);
+        n->dst = cdf_tensor_retain(out);
+        s = cdf_exec_submit(n); /* frees the node on failure */
+    }
+    if (s != CDF_OK) {
+        cdf_tensor_release(out);
+        out = NULL;
+    } else {
+        pthread_mutex_lock(&pg->mu);
+        pg->stats.collectives++;
+        pg->stats.bytes += (uint64_t)cdf_tensor_numel(out) * cdf_dtype_size(out->dtype);
+        pthread_mutex_unlock(&pg->mu);
+    }
+    cdf_scope_suppress(-1);
+    cdf_scope_record(out);
+    return out;
+}
+
 cdf_tensor *cdf_all_reduce_sum(cdf_tensor *x, cdf_process_group *pg) {
     if (!x) return NULL;
     bool trivial;
     if (check_group(pg, "all-reduce", &trivial) != CDF_OK) return NULL;
     if (trivial) return cdf_contiguous(x);
+    if (pg->kind == PG_DEVICES) return replica_all_reduce(x, pg);
 #ifdef CDF_HAVE_MPI
     MPI_Datatype type;
     if (!mpi_type(x->dtype, &type)) {
@@ -547,6 +610,19 @@ cdf_status cdf_dist_broadcast(cdf_process_group *pg, cdf_tensor *t, int root) {
     if (root < 0 || root >= pg->world)
         return cdf_error(CDF_ERR_INVALID_ARG, "broadcast: root rank %d is outside 0..%d", root, pg->world - 1);
     if (trivial) return CDF_OK;
+    if (pg->kind == PG_DEVICES) {
+        /* replica 0's value (what a host read sees) written back to every replica */
+        if (root != 0) return cdf_error(CDF_ERR_UNSUPPORTED, "broadcast from replica %d of one process (only from 0)", root);
+        if (!cdf_tensor_is_contiguous(t)) return cdf_error(CDF_ERR_INVALID_ARG, "broadcast: the tensor is not contiguous");
+        const size_t bytes = (size_t)cdf_tensor_numel(t) * cdf_dtype_size(t->dtype);
+        void *p = malloc(bytes ? bytes : 1);
+        if (!p) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "broadcast: out of host memory (%zu bytes)", bytes);
+        cdf_status s = cdf_tensor_read(t, t->dtype, p, bytes);
+        if (s == CDF_OK) s = cdf_exec_drain_all();
+        if (s == CDF_OK) s = cdf_storage_upload(t->storage, (size_t)t->offset, t->dtype, p, t->dtype, (size_t)cdf_tensor_numel(t));
+        free(p);
+        return s;
+    }
 #ifdef CDF_HAVE_MPI
     void *p = NULL;
     CDF_TRY(host_copy(t, "broadcast", &p));
@@ -568,6 +644,7 @@ cdf_status cdf_dist_barrier(cdf_process_group *pg) {
     bool trivial;
     CDF_TRY(check_group(pg, "barrier", &trivial));
     if (trivial) return CDF_OK;
+    if (pg->kind == PG_DEVICES) return cdf_exec_drain_all();
 #ifdef CDF_HAVE_MPI
     CDF_TRY(host_fence("barrier"));
     const double t0 = now_s();
@@ -592,6 +669,10 @@ cdf_tensor *cdf_dist_all_gather(cdf_process_group *pg, cdf_tensor *t, int dim) {
         return NULL;
     }
     if (trivial) return cdf_contiguous(t);
+    if (pg->kind == PG_DEVICES) {
+        cdf_error(CDF_ERR_UNSUPPORTED, "all-gather over the replicas of one process is not implemented");
+        return NULL;
+    }
 #ifdef CDF_HAVE_MPI
     const cdf_dtype dt = cdf_tensor_dtype(t);
     const uint64_t bytes = (uint64_t)cdf_tensor_numel(t) * cdf_dtype_size(dt);

@@ -94,7 +94,10 @@ typedef struct cdf_node {
         struct { bool flip; float shift, scale, max_period; int dim; } temb;
         struct { cdf_fused_program *prog; } fused; /* owned by the node */
         struct { int n_axes; int64_t axes_dim[CDF_MAX_DIMS]; double theta; } rope_table;
-        struct { void *comm; cdf_collective_reduce_fn reduce; } all_reduce; /* comm not owned */
+        /* comm not owned. replicas > 1: the sum over the `replicas` replicas of the one program
+         * a values-kind device runs on its devices (one process, no communicator: reduce is
+         * NULL); else reduce(comm, ...) sums over the processes */
+        struct { void *comm; cdf_collective_reduce_fn reduce; int replicas; } all_reduce;
         /* dst [M, N] (contiguous) = src0 [M, K] (contiguous) @ W^T (+ src2 [N]), where W [N, K] is
          * src1, a contiguous U8 [N, row bytes] holding GGUF blocks of ggml type qtype, decoded as
          * gguf-py does and rounded to wdt (the load policy's weight dtype), so that the layer

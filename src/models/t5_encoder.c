@@ -182,6 +182,18 @@ static cdf_status t5_load(const char *dir, const cJSON *cfg, const cdf_load_opti
     if (s == CDF_OK) s = cdf_tp_for_component(dir, "T5EncoderModel", T5_TP_PLAN, &m->tp);
     if (s == CDF_OK) s = cdf_tp_check_divisible(m->tp, "num_heads", m->num_heads);
     if (s == CDF_OK) s = cdf_tp_check_divisible(m->tp, "d_ff", m->d_ff);
+    /* one process over replicas runs one program text for every rank: the relative position
+     * bias's head window (head0) cannot differ per rank (before any weight is read) */
+    if (s == CDF_OK && cdf_tp_replicas(m->tp) > 1)
+    {
+        char name[256];
+        snprintf(name, sizeof name, "%s", dir);
+        size_t len = strlen(name);
+        while (len > 1 && name[len - 1] == '/') name[--len] = '\0';
+        const char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
+        s = cdf_error(CDF_ERR_UNSUPPORTED, "tensor parallelism over %d devices in one process cannot shard T5EncoderModel (%s) "
+                      "yet: keep it whole with --tp-replicate %s", cdf_tp_size(m->tp), dir, base);
+    }
     m->local_heads = m->num_heads / cdf_tp_size(m->tp);
     m->head0 = m->local_heads * cdf_tp_rank(m->tp);
     cdf_weights *w = NULL;

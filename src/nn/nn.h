@@ -332,6 +332,9 @@ cdf_status cdf_tp_new(struct cdf_process_group *pg, const char *component, const
 void cdf_tp_free(cdf_tp *tp); /* NULL is fine */
 int cdf_tp_rank(const cdf_tp *tp); /* 0 for NULL */
 int cdf_tp_size(const cdf_tp *tp); /* 1 for NULL */
+/* > 1: one process over that many replicas (cdf_dist_init_devices; rank 0 loads every rank's
+ * slice, each into its replica); 0 for a group of processes or NULL. */
+int cdf_tp_replicas(const cdf_tp *tp);
 struct cdf_process_group *cdf_tp_group(const cdf_tp *tp);
 /* The plan's style for a module name (CDF_TP_REPLICATE when no rule matches or tp is NULL). */
 cdf_tp_style cdf_tp_style_for(const cdf_tp *tp, const char *module);

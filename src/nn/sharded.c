@@ -27,6 +27,8 @@
 struct cdf_tp {
     cdf_process_group *pg;
     int rank, size;
+    int replicas; /* > 1: one process over `size` devices (cdf_dist_init_devices): rank is 0 and
+                   * every sharded weight holds each rank's slice on that rank's replica */
     char component[128];
     char model[96];
     const cdf_tp_rule *plan;
@@ -89,6 +91,7 @@ cdf_status cdf_tp_new(cdf_process_group *pg, const char *component, const char *
     tp->pg = pg;
     tp->rank = cdf_dist_rank(pg);
     tp->size = cdf_dist_world_size(pg);
+    tp->replicas = cdf_dist_replicas(pg);
     snprintf(tp->component, sizeof tp->component, "%s", component ? component : "?");
     snprintf(tp->model, sizeof tp->model, "%s", model ? model : "?");
     tp->plan = plan;
@@ -115,6 +118,7 @@ cdf_status cdf_tp_for_component(const char *dir, const char *model, const cdf_tp
 void cdf_tp_free(cdf_tp *tp) { free(tp); }
 int cdf_tp_rank(const cdf_tp *tp) { return tp ? tp->rank : 0; }
 int cdf_tp_size(const cdf_tp *tp) { return tp ? tp->size : 1; }
+int cdf_tp_replicas(const cdf_tp *tp) { return tp ? tp->replicas : 0; }
 cdf_process_group *cdf_tp_group(const cdf_tp *tp) { return tp ? tp->pg : NULL; }
 
 /* '*' matches exactly one non-empty dotted component; everything else literally. */
@@ -194,6 +198,8 @@ typedef struct shard_src {
     int64_t be, bb;
     uint32_t quantize_to;  /* != 0: float values are quantized at load (--weight-type), qbe values in qbb bytes */
     int64_t qbe, qbb;
+    cdf_tensor *into;      /* != NULL: the slice read goes into this tensor's replica `replica` */
+    int replica;
 } shard_src;
 
 static void src_close(shard_src *s) {
@@ -343,6 +349,19 @@ static cdf_tensor *to_device(const shard_src *s, bool blocks, int64_t rows, int6
     const cdf_load_options *o = cdf_weights_options(s->w);
     const int64_t shape[2] = {rows, blocks ? (int64_t)row_bytes(s, true, cols) : cols};
     const cdf_dtype dt = blocks ? CDF_U8 : s->ndim >= 2 ? o->weight_dtype : CDF_F32;
+    if (s->into) { /* another replica's slice, into the tensor replica 0's made */
+        if (s->into->ndim != s->ndim || s->into->shape[0] != shape[0] || (s->ndim > 1 && s->into->shape[1] != shape[1]) ||
+            s->into->dtype != dt) {
+            cdf_error(CDF_ERR_INTERNAL, "loading weight '%s': replica %d's slice differs in shape from replica 0's", s->name,
+                      s->replica);
+            return NULL;
+        }
+        if (cdf_tensor_upload_replica(s->into, s->replica, data, blocks ? CDF_U8 : s->dtype) != CDF_OK) {
+            cdf_error_prefix("loading weight '%s' (replica %d) from %s: ", s->name, s->replica, cdf_weights_path(s->w));
+            return NULL;
+        }
+        return s->into;
+    }
     cdf_scope_suppress(1); /* the weight belongs to the model, not to the loader's scope */
     cdf_tensor *r = cdf_tensor_from_host(o->device, dt, s->ndim, shape, data, blocks ? CDF_U8 : s->dtype);
     cdf_scope_suppress(-1);
@@ -507,6 +526,31 @@ static cdf_tensor *read_col_parts(shard_src *s, const cdf_tp *tp, int n_parts, c
     return r;
 }
 
+/* One process over replicas (tp->replicas > 1): rank 0's slice makes the tensor, then every
+ * other rank's slice is read (only its bytes, as that rank's process would) into its replica. */
+static cdf_tensor *each_replica(shard_src *s, const cdf_tp *tp, int n_parts, const int64_t *parts, hold h, bool rows) {
+    cdf_tensor *t = rows ? read_row_parts(s, tp, n_parts, parts, h) : read_col_parts(s, tp, n_parts, parts, h);
+    for (int r = 1; t && r < tp->replicas; r++) {
+        cdf_tp tr = *tp;
+        tr.rank = r;
+        s->into = t;
+        s->replica = r;
+        cdf_tensor *u = rows ? read_row_parts(s, &tr, n_parts, parts, h) : read_col_parts(s, &tr, n_parts, parts, h);
+        s->into = NULL;
+        if (!u) {
+            cdf_tensor_release(t);
+            t = NULL;
+        }
+    }
+    return t;
+}
+static cdf_tensor *rows_of_each(shard_src *s, const cdf_tp *tp, int n_parts, const int64_t *parts, hold h) {
+    return each_replica(s, tp, n_parts, parts, h, true);
+}
+static cdf_tensor *cols_of_each(shard_src *s, const cdf_tp *tp, int n_parts, const int64_t *parts, hold h) {
+    return each_replica(s, tp, n_parts, parts, h, false);
+}
+
 /* The bias of a layer whose outputs are split: this rank's rows of every part. */
 static cdf_status load_split_bias(cdf_weights *w, const cdf_tp *tp, cdf_linear_layer *l, int bias, int n_parts,
                                   const int64_t *parts, int64_t out, const char *prefix) {
@@ -515,7 +559,7 @@ static cdf_status load_split_bias(cdf_weights *w, const cdf_tp *tp, cdf_linear_l
     if (bias == 0 || (bias == -1 && !cdf_weights_has(w, "%s", name))) return CDF_OK;
     shard_src b;
     cdf_status st = src_open(w, name, 1, out, 1, &b);
-    if (st == CDF_OK && !(l->b = read_row_parts(&b, tp, n_parts, parts, HOLD_VALUES))) st = cdf_last_status();
+    if (st == CDF_OK && !(l->b = rows_of_each(&b, tp, n_parts, parts, HOLD_VALUES))) st = cdf_last_status();
     src_close(&b);
     return st;
 }
@@ -540,6 +584,17 @@ static cdf_status check_parts_divide(const cdf_tp *tp, const char *prefix, const
         if (parts[i] % tp->size)
             return cdf_error(CDF_ERR_UNSUPPORTED, "tensor parallelism over %d ranks: %s.%s has an %s part of %lld features, "
                              "not divisible by %d", tp->size, tp->component, prefix, dim, (long long)parts[i], tp->size);
+    return CDF_OK;
+}
+
+/* One process over replicas reads float values only: GGUF blocks and --weight-type are decoded
+ * per layer on the host from replica 0's view (cdf_linear_decode), which one slice per replica
+ * would not survive. */
+static cdf_status check_replica_source(const cdf_tp *tp, const shard_src *s) {
+    if (tp->replicas > 1 && (s->qtype || s->quantize_to))
+        return cdf_error(CDF_ERR_UNSUPPORTED, "tensor parallelism over %d devices in one process: %s is %s, which it does not "
+                         "shard yet (run it over MPI: mpirun -np %d ... --tp %d)", tp->size, s->name,
+                         s->qtype ? "held as GGUF blocks" : "quantized at load (--weight-type)", tp->size, tp->size);
     return CDF_OK;
 }
 
@@ -583,6 +638,7 @@ static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer
 
     shard_src src;
     cdf_status st = open_weight(w, prefix, out, in, &src);
+    if (st == CDF_OK) st = check_replica_source(tp, &src);
     l->in = in;
     l->out = out;
     if (st == CDF_OK && style == CDF_TP_COLWISE) {
@@ -590,7 +646,7 @@ static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer
         l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .n_parts = 1, .parts = {out}};
         const int64_t whole_out[1] = {out};
         const hold h = hold_for(&src, true, tp, 1, whole_out);
-        st = set_weight(l, &src, h, read_row_parts(&src, tp, 1, whole_out, h));
+        st = set_weight(l, &src, h, rows_of_each(&src, tp, 1, whole_out, h));
         if (st == CDF_OK) st = load_split_bias(w, tp, l, bias, 1, whole_out, out, prefix);
     } else if (st == CDF_OK) {
         /* rowwise / packed: this rank's input columns; the bias stays whole (added once, by rank 0) */
@@ -598,12 +654,20 @@ static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer
         l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .n_parts = n_parts};
         memcpy(l->shard.parts, parts, (size_t)n_parts * sizeof *parts);
         const hold h = hold_for(&src, false, tp, n_parts, parts);
-        st = set_weight(l, &src, h, read_col_parts(&src, tp, n_parts, parts, h));
+        st = set_weight(l, &src, h, cols_of_each(&src, tp, n_parts, parts, h));
         int64_t bs[1] = {out};
         if (st == CDF_OK && bias == 1) l->b = cdf_weights_get(w, 1, bs, "%s.bias", prefix);
         else if (st == CDF_OK && bias == -1) l->b = cdf_weights_get_opt(w, 1, bs, "%s.bias", prefix);
         if (st == CDF_OK && ((bias == 1 && !l->b) || (bias == -1 && !l->b && cdf_weights_has(w, "%s.bias", prefix))))
             st = cdf_last_status() != CDF_OK ? cdf_last_status() : CDF_ERR_INTERNAL;
+        /* replicas: the bias on replica 0, zeros on the others (the sum holds it once, as rank
+         * 0 alone adds it over MPI) */
+        if (st == CDF_OK && l->b && tp->replicas > 1) {
+            float *zeros = calloc((size_t)out, sizeof *zeros);
+            if (!zeros) st = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+            for (int r = 1; st == CDF_OK && r < tp->replicas; r++) st = cdf_tensor_upload_replica(l->b, r, zeros, CDF_F32);
+            free(zeros);
+        }
         l->tp = tp;
     }
     src_close(&src);
@@ -656,12 +720,13 @@ static cdf_status load_packed_out_impl(cdf_weights *w, const cdf_tp *tp, cdf_lin
     CDF_TRY(check_parts_divide(tp, prefix, "output", n_parts, parts));
     shard_src src;
     cdf_status st = open_weight(w, prefix, out, in, &src);
+    if (st == CDF_OK) st = check_replica_source(tp, &src);
     l->in = in;
     l->out = out / tp->size;
     l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .n_parts = n_parts};
     memcpy(l->shard.parts, parts, (size_t)n_parts * sizeof *parts);
     const hold h = hold_for(&src, true, tp, n_parts, parts);
-    if (st == CDF_OK) st = set_weight(l, &src, h, read_row_parts(&src, tp, n_parts, parts, h));
+    if (st == CDF_OK) st = set_weight(l, &src, h, rows_of_each(&src, tp, n_parts, parts, h));
     src_close(&src);
     if (st == CDF_OK) st = load_split_bias(w, tp, l, bias, n_parts, parts, out, prefix);
     return finish_load(w, l, st, prefix);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cdiffusers/dist.h"
 #include "core/error_internal.h"
 #include "models/lora_file.h"
 #include "nn/lora.h"
@@ -104,6 +105,9 @@ static cdf_status make_pair(cdf_device *dev, const match *m, int k, cdf_tensor *
     const cdf_lora_entry *e = m->e;
     const cdf_linear_layer *l = m->layer[k];
     const int64_t out = l->out, in = l->in;
+    if (l->shard.style != CDF_TP_REPLICATE && cdf_dist_replicas(cdf_device_mesh_group(cdf_tp_mesh())) > 1)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA on a layer sharded over the devices of one process is not implemented "
+                         "(run tensor parallelism over MPI, or --tp-replicate the component)");
     float *bk = malloc((size_t)(out * e->rank) * sizeof *bk);
     float *ak = malloc((size_t)(e->rank * in) * sizeof *ak);
     if (!bk || !ak) {

@@ -134,6 +134,15 @@ cdf_tensor *cdf_tensor_empty(cdf_device *dev, cdf_dtype dt, int ndim, const int6
     return cdf_tensor_alloc(dev, dt, ndim, shape);
 }
 
+cdf_status cdf_tensor_upload_replica(cdf_tensor *t, int replica, const void *data, cdf_dtype src_dt) {
+    if (!t || !data) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_tensor_upload_replica: NULL argument");
+    if (!cdf_tensor_is_contiguous(t)) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_tensor_upload_replica: a strided view");
+    if (cdf_measuring()) return CDF_OK;
+    CDF_TRY(cdf_storage_materialize(t->storage));
+    return cdf_storage_upload_replica(t->storage, replica, (size_t)t->offset, t->dtype, data, src_dt,
+                                      (size_t)cdf_shape_numel(t->ndim, t->shape));
+}
+
 cdf_tensor *cdf_tensor_from_host(cdf_device *dev, cdf_dtype dt, int ndim, const int64_t *shape, const void *data,
                                  cdf_dtype src_dt) {
     if (check_shape(ndim, shape, src_dt, "tensor_from_host") != CDF_OK) return NULL;

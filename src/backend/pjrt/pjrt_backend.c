@@ -25,13 +25,21 @@
 #include "backend/pjrt/pjrt_runtime.h"
 #include "core/error_internal.h"
 
+#define MAX_REPLICAS 16
+
+/* With replicas (one process driving R devices as the R replicas of every program: tensor
+ * parallelism, cdf_device_open_replicas) a storage has a value on each device: buf[r] on
+ * pjrt:r. Host bytes are the same on every replica (host) unless a replica's own bytes were set
+ * (buffer_set_replica: a weight's slice): then rhost[r] holds replica r's (r >= 1; host is
+ * replica 0's). Reads from above see replica 0. */
 typedef struct slot {
     char *base;
     size_t nbytes;
-    PJRT_Buffer *buf; /* the value, flat dt[n], or NULL */
+    PJRT_Buffer *buf[MAX_REPLICAS]; /* the value on each replica's device, flat dt[n], or NULL */
     cdf_dtype dt;
     int64_t n;
-    unsigned char *host; /* host bytes not yet uploaded (nbytes), or NULL */
+    unsigned char *host;   /* host bytes not yet uploaded (nbytes), or NULL */
+    unsigned char **rhost; /* replicas 1.. whose host bytes differ (MAX_REPLICAS entries), or NULL */
 } slot;
 
 #define MAX_PENDING 256 /* executions in flight before the host waits for the oldest half */
@@ -48,7 +56,31 @@ static struct {
     char err_msg[1024];
     uint64_t enqueued, completed, syncs;
     cdf_pjrt_cache *cache;
-} g = {.lock = PTHREAD_MUTEX_INITIALIZER};
+    int replicas;      /* R: every program runs as R replicas on pjrt:0..R-1 (1: on pjrt:0) */
+    int want_replicas; /* asked for before the backend loaded (the CPU client's device count) */
+} g = {.lock = PTHREAD_MUTEX_INITIALIZER, .replicas = 1};
+
+static int R(void) { return g.replicas; }
+
+/* ---- slots' values ------------------------------------------------------------------------------ */
+static void drop_bufs(slot *s) {
+    for (int r = 0; r < MAX_REPLICAS; r++) {
+        cdf_pjrt_buffer_free(&g.rt, s->buf[r]);
+        s->buf[r] = NULL;
+    }
+}
+
+static void drop_host(slot *s) {
+    free(s->host);
+    s->host = NULL;
+    if (s->rhost)
+        for (int r = 0; r < MAX_REPLICAS; r++) free(s->rhost[r]);
+    free(s->rhost);
+    s->rhost = NULL;
+}
+
+/* replica r's host bytes (host + rhost present) */
+static unsigned char *host_of(slot *s, int r) { return r > 0 && s->rhost && s->rhost[r] ? s->rhost[r] : s->host; }
 
 /* ---- slots ------------------------------------------------------------------------------------------ */
 
@@ -115,26 +147,39 @@ static void pjrt_free(cdf_device *dev, void *ptr, size_t nbytes) {
         memmove(&g.slots[i], &g.slots[i + 1], (size_t)(g.n_slots - i - 1) * sizeof *g.slots);
         g.n_slots--;
         /* PJRT keeps the buffer alive for the executions still using it */
-        cdf_pjrt_buffer_free(&g.rt, s->buf);
-        free(s->host);
+        drop_bufs(s);
+        drop_host(s);
         munmap(s->base, nbytes ? nbytes : 1);
         free(s);
     }
     pthread_mutex_unlock(&g.lock);
 }
 
-/* the slot's bytes on the host (downloading its value; under lock) */
+/* the slot's bytes on the host (downloading its value; with replicas each replica's, kept
+ * apart where they differ from replica 0's; under lock) */
 static cdf_status slot_to_host(slot *s) {
     if (s->host) return CDF_OK;
     s->host = calloc(1, s->nbytes ? s->nbytes : 1);
     if (!s->host) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (%zu bytes)", s->nbytes);
-    if (!s->buf) return CDF_OK;
+    if (!s->buf[0]) return CDF_OK;
     size_t vb = (size_t)s->n * cdf_dtype_size(s->dt);
-    cdf_status st = cdf_pjrt_download(&g.rt, s->buf, s->host, vb);
-    if (st != CDF_OK) {
-        free(s->host);
-        s->host = NULL;
+    cdf_status st = cdf_pjrt_download(&g.rt, s->buf[0], s->host, vb);
+    for (int r = 1; r < R() && st == CDF_OK; r++) {
+        if (!s->rhost && !(s->rhost = calloc(MAX_REPLICAS, sizeof *s->rhost))) {
+            st = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+            break;
+        }
+        if (!(s->rhost[r] = calloc(1, s->nbytes ? s->nbytes : 1))) {
+            st = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (%zu bytes)", s->nbytes);
+            break;
+        }
+        st = cdf_pjrt_download(&g.rt, s->buf[r], s->rhost[r], vb);
+        if (st == CDF_OK && !memcmp(s->rhost[r], s->host, s->nbytes)) { /* the same value: no copy kept */
+            free(s->rhost[r]);
+            s->rhost[r] = NULL;
+        }
     }
+    if (st != CDF_OK) drop_host(s);
     return st;
 }
 
@@ -154,10 +199,45 @@ static cdf_status pjrt_buffer_set(cdf_device *dev, void *dst, const void *src, s
     cdf_status st = s ? slot_to_host(s) : cdf_last_status();
     if (s) {
         if (st == CDF_OK) {
-            memcpy(s->host + off, src, nbytes);
-            cdf_pjrt_buffer_free(&g.rt, s->buf); /* the host bytes are the value now */
-            s->buf = NULL;
+            memcpy(s->host + off, src, nbytes); /* every replica's bytes */
+            if (s->rhost)
+                for (int r = 1; r < MAX_REPLICAS; r++)
+                    if (s->rhost[r]) memcpy(s->rhost[r] + off, src, nbytes);
+            drop_bufs(s); /* the host bytes are the value now */
         }
+    }
+    pthread_mutex_unlock(&g.lock);
+    return st;
+}
+
+/* replica r's bytes only (a weight's slice in one-process tensor parallelism) */
+static cdf_status pjrt_buffer_set_replica(cdf_device *dev, int replica, void *dst, const void *src, size_t nbytes) {
+    (void)dev;
+    pthread_mutex_lock(&g.lock);
+    cdf_status st = CDF_OK;
+    size_t off = 0;
+    slot *s = NULL;
+    if (replica < 0 || replica >= R()) st = cdf_error(CDF_ERR_INVALID_ARG, "pjrt: replica %d of %d", replica, R());
+    else if (!(s = slot_span(dst, nbytes, "upload", &off))) st = cdf_last_status();
+    if (st == CDF_OK) st = slot_to_host(s);
+    if (st == CDF_OK && replica > 0 && !s->rhost && !(s->rhost = calloc(MAX_REPLICAS, sizeof *s->rhost)))
+        st = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    if (st == CDF_OK && replica > 0 && !s->rhost[replica]) {
+        if (!(s->rhost[replica] = malloc(s->nbytes ? s->nbytes : 1))) st = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        else memcpy(s->rhost[replica], s->host, s->nbytes);
+    }
+    if (st == CDF_OK && replica == 0 && R() > 1) {
+        /* replica 0's bytes are `host`: the others keep what they had */
+        if (!s->rhost && !(s->rhost = calloc(MAX_REPLICAS, sizeof *s->rhost))) st = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        for (int r = 1; r < R() && st == CDF_OK; r++) {
+            if (s->rhost[r]) continue;
+            if (!(s->rhost[r] = malloc(s->nbytes ? s->nbytes : 1))) st = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+            else memcpy(s->rhost[r], s->host, s->nbytes);
+        }
+    }
+    if (st == CDF_OK) {
+        memcpy(host_of(s, replica) + off, src, nbytes);
+        drop_bufs(s);
     }
     pthread_mutex_unlock(&g.lock);
     return st;
@@ -173,16 +253,16 @@ static cdf_status pjrt_buffer_get(cdf_device *dev, void *dst, const void *src, s
         st = cdf_last_status();
     } else if (s->host) {
         memcpy(dst, s->host + off, nbytes);
-    } else if (!s->buf) {
+    } else if (!s->buf[0]) {
         memset(dst, 0, nbytes);
-    } else {
+    } else { /* replica 0's value */
         size_t vb = (size_t)s->n * cdf_dtype_size(s->dt);
         if (off == 0 && nbytes == vb) {
-            st = cdf_pjrt_download(&g.rt, s->buf, dst, nbytes);
+            st = cdf_pjrt_download(&g.rt, s->buf[0], dst, nbytes);
         } else {
             unsigned char *tmp = malloc(vb ? vb : 1);
             if (!tmp) st = cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (%zu bytes)", vb);
-            else st = cdf_pjrt_download(&g.rt, s->buf, tmp, vb);
+            else st = cdf_pjrt_download(&g.rt, s->buf[0], tmp, vb);
             if (st == CDF_OK) {
                 size_t avail = off < vb ? vb - off : 0;
                 memcpy(dst, tmp + off, nbytes < avail ? nbytes : avail);
@@ -218,48 +298,68 @@ static void drain(int n_keep) {
 
 /* the executable of a program text: memory, then disk, then a compile (under lock) */
 static cdf_status executable_for(const cdf_pjrt_program *p, const char *who, cdf_pjrt_exe **out) {
-    return cdf_pjrt_cache_get(g.cache, &g.rt, p->text, p->len, who, out);
+    return cdf_pjrt_cache_get(g.cache, &g.rt, p->text, p->len, R(), who, out);
 }
 
-/* A storage's value as the flat dt[n] a program takes (under lock). */
+/* Run an executable on every replica: args[r][0..n_args) -> outs[r][0..n_out); its completion
+ * events join the pending ones (under lock). */
+static cdf_status execute(cdf_pjrt_exe *x, PJRT_Buffer *const *const *args, size_t n_args, PJRT_Buffer **const *outs,
+                          size_t n_out) {
+    PJRT_Event *done[MAX_REPLICAS];
+    CDF_TRY(cdf_pjrt_execute(&g.rt, x->exe, R(), args, n_args, outs, n_out, done));
+    g.enqueued++;
+    for (int r = 0; r < R(); r++) {
+        if (!done[r]) continue;
+        if (g.n_pending == MAX_PENDING) drain(MAX_PENDING / 2);
+        g.pending[g.n_pending++] = done[r];
+    }
+    return CDF_OK;
+}
+
+/* A storage's value as the flat dt[n] a program takes, on each replica: out[r] (under lock). */
 static cdf_status slot_value(slot *s, cdf_dtype dt, int64_t n, PJRT_Buffer **out) {
-    if (s->buf && s->dt == dt && s->n == n) {
-        *out = s->buf;
+    if (s->buf[0] && s->dt == dt && s->n == n) {
+        for (int r = 0; r < R(); r++) out[r] = s->buf[r];
         return CDF_OK;
     }
-    if (s->buf && !s->host) {
+    if (s->buf[0] && !s->host) {
         /* another dtype: the same bytes retyped by a small program (kept as the new value) */
         cdf_pjrt_program bp;
         CDF_TRY(cdf_pjrt_program_bitcast(s->dt, s->n, dt, n, &bp));
         cdf_pjrt_exe *x;
         cdf_status st = executable_for(&bp, "bitcast", &x);
-        PJRT_Buffer *r = NULL;
-        if (st == CDF_OK) st = cdf_pjrt_execute(&g.rt, x->exe, 0, &s->buf, 1, &r, 1, NULL);
+        PJRT_Buffer *res[MAX_REPLICAS] = {0};
+        PJRT_Buffer *const *al[MAX_REPLICAS];
+        PJRT_Buffer **ol[MAX_REPLICAS];
+        for (int r = 0; r < R(); r++) al[r] = &s->buf[r], ol[r] = &res[r];
+        if (st == CDF_OK) st = execute(x, al, 1, ol, 1);
         cdf_pjrt_program_free(&bp);
         if (st != CDF_OK) return st;
-        cdf_pjrt_buffer_free(&g.rt, s->buf);
-        s->buf = r;
+        drop_bufs(s);
+        for (int r = 0; r < R(); r++) out[r] = s->buf[r] = res[r];
         s->dt = dt;
         s->n = n;
-        *out = r;
         return CDF_OK;
     }
-    /* host bytes (or nothing: zeros) go up as dt[n] */
+    /* host bytes (or nothing: zeros) go up as dt[n], each replica's to its device */
     if (!s->host) {
         s->host = calloc(1, s->nbytes ? s->nbytes : 1);
         if (!s->host) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (%zu bytes)", s->nbytes);
     }
     if ((size_t)n * cdf_dtype_size(dt) > s->nbytes)
         return cdf_error(CDF_ERR_INTERNAL, "pjrt: a %zu-byte buffer read as %lld x %s", s->nbytes, (long long)n, cdf_dtype_name(dt));
-    PJRT_Buffer *b;
-    CDF_TRY(cdf_pjrt_upload(&g.rt, 0, s->host, dt, 1, &n, &b));
-    cdf_pjrt_buffer_free(&g.rt, s->buf);
-    s->buf = b;
+    PJRT_Buffer *b[MAX_REPLICAS] = {0};
+    cdf_status st = CDF_OK;
+    for (int r = 0; r < R() && st == CDF_OK; r++) st = cdf_pjrt_upload(&g.rt, r, host_of(s, r), dt, 1, &n, &b[r]);
+    if (st != CDF_OK) {
+        for (int r = 0; r < R(); r++) cdf_pjrt_buffer_free(&g.rt, b[r]);
+        return st;
+    }
+    drop_bufs(s);
+    drop_host(s);
+    for (int r = 0; r < R(); r++) out[r] = s->buf[r] = b[r];
     s->dt = dt;
     s->n = n;
-    free(s->host);
-    s->host = NULL;
-    *out = b;
     return CDF_OK;
 }
 
@@ -282,7 +382,7 @@ static bool ids_in_range(const cdf_pjrt_program *p, const binding *bind) {
         const cdf_tensor *t = &p->checks[c].ids;
         cdf_storage *s = resolve(bind, t->storage);
         slot *sl = s->data ? slot_at(s->data, NULL) : NULL;
-        if (!sl || (!sl->host && !sl->buf)) continue; /* made inside this program: XLA clamps (not checked) */
+        if (!sl || (!sl->host && !sl->buf[0])) continue; /* made inside this program: XLA clamps (not checked) */
         /* ids on the device come down (a few hundred integers, once per text encoder forward) */
         if (!sl->host && slot_to_host(sl) != CDF_OK) {
             record_error(CDF_ERR_DEVICE);
@@ -317,52 +417,54 @@ static cdf_status run_program(const cdf_pjrt_program *p, const binding *bind, co
     CDF_TRY(executable_for(p, who, &x));
     if ((size_t)p->n_outs != x->n_outputs)
         return cdf_error(CDF_ERR_INTERNAL, "pjrt: %s: the program returns %zu values, %d expected", who, x->n_outputs, p->n_outs);
-    PJRT_Buffer *args[p->n_args ? p->n_args : 1], *outs[p->n_outs ? p->n_outs : 1];
-    bool scalar[p->n_args ? p->n_args : 1];
-    memset(args, 0, sizeof args);
+    const int nr = R(), na_ = p->n_args ? p->n_args : 1, no_ = p->n_outs ? p->n_outs : 1;
+    PJRT_Buffer **args = calloc((size_t)(nr * na_ + nr * no_), sizeof *args), **outs = args ? args + nr * na_ : NULL;
+    if (!args) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    PJRT_Buffer *const *al[MAX_REPLICAS];
+    PJRT_Buffer **ol[MAX_REPLICAS];
+    for (int r = 0; r < nr; r++) al[r] = args + r * na_, ol[r] = outs + r * no_;
+    bool scalar[na_];
+    PJRT_Buffer *col[MAX_REPLICAS];
     cdf_status st = CDF_OK;
     int na = 0;
     for (; na < p->n_args && st == CDF_OK; na++) {
         const cdf_pjrt_arg *a = &p->args[na];
         scalar[na] = a->kind == CDF_PJRT_ARG_F32;
+        memset(col, 0, sizeof col);
         if (scalar[na]) {
-            st = cdf_pjrt_upload(&g.rt, 0, &a->value, CDF_F32, 0, NULL, &args[na]);
-            continue;
+            for (int r = 0; r < nr && st == CDF_OK; r++) st = cdf_pjrt_upload(&g.rt, r, &a->value, CDF_F32, 0, NULL, &col[r]);
+        } else {
+            cdf_storage *s = resolve(bind, a->st);
+            slot *sl = s->data ? slot_at(s->data, NULL) : NULL;
+            if (!sl) st = cdf_error(CDF_ERR_INTERNAL, "pjrt: %s: argument %d is a buffer without memory", who, na);
+            else st = slot_value(sl, a->dt, a->n, col);
         }
-        cdf_storage *s = resolve(bind, a->st);
-        slot *sl = s->data ? slot_at(s->data, NULL) : NULL;
-        if (!sl) st = cdf_error(CDF_ERR_INTERNAL, "pjrt: %s: argument %d is a buffer without memory", who, na);
-        else st = slot_value(sl, a->dt, a->n, &args[na]);
+        for (int r = 0; r < nr; r++) args[r * na_ + na] = col[r];
     }
     if (st == CDF_OK) {
-        PJRT_Event *done = NULL;
-        st = cdf_pjrt_execute(&g.rt, x->exe, 0, args, (size_t)p->n_args, outs, (size_t)p->n_outs, &done);
+        st = execute(x, al, (size_t)p->n_args, ol, (size_t)p->n_outs);
         if (st != CDF_OK) {
             cdf_error_prefix("%s: ", who);
         } else {
-            g.enqueued++;
-            if (done) {
-                if (g.n_pending == MAX_PENDING) drain(MAX_PENDING / 2);
-                g.pending[g.n_pending++] = done;
-            }
             for (int i = 0; i < p->n_outs; i++) {
                 cdf_storage *s = resolve(bind, p->outs[i].st);
                 slot *sl = s->data ? slot_at(s->data, NULL) : NULL;
                 if (!sl) {
-                    cdf_pjrt_buffer_free(&g.rt, outs[i]);
+                    for (int r = 0; r < nr; r++) cdf_pjrt_buffer_free(&g.rt, outs[r * no_ + i]);
                     continue;
                 }
-                cdf_pjrt_buffer_free(&g.rt, sl->buf);
-                free(sl->host);
-                sl->host = NULL;
-                sl->buf = outs[i];
+                drop_bufs(sl);
+                drop_host(sl);
+                for (int r = 0; r < nr; r++) sl->buf[r] = outs[r * no_ + i];
                 sl->dt = p->outs[i].dt;
                 sl->n = p->outs[i].n;
             }
         }
     }
     for (int i = 0; i < na; i++)
-        if (scalar[i] && args[i]) cdf_pjrt_buffer_free(&g.rt, args[i]);
+        if (scalar[i])
+            for (int r = 0; r < nr; r++) cdf_pjrt_buffer_free(&g.rt, args[r * na_ + i]);
+    free(args);
     return st;
 }
 
@@ -391,11 +493,23 @@ static cdf_status run_all_reduce(cdf_node *n, const binding *bind) {
     slot *sl = ds->data ? slot_at(ds->data, NULL) : NULL;
     if (!sl) return cdf_error(CDF_ERR_INTERNAL, "pjrt: all_reduce into a buffer without memory");
     CDF_TRY(slot_to_host(sl));
-    cdf_pjrt_buffer_free(&g.rt, sl->buf);
-    sl->buf = NULL;
+    drop_bufs(sl);
     if (!n->p.all_reduce.reduce) return cdf_error(CDF_ERR_INTERNAL, "all_reduce: node has no reduce function");
     return n->p.all_reduce.reduce(n->p.all_reduce.comm, sl->host + d->offset * (int64_t)cdf_dtype_size(d->dtype),
                                   cdf_shape_numel(d->ndim, d->shape), d->dtype);
+}
+
+/* An all_reduce summed on the host between programs (over processes: MPI); one over this
+ * device's replicas is an op of the program like any other. */
+static bool host_reduce(const cdf_node *n) { return n->kind == CDF_OP_ALL_REDUCE && n->p.all_reduce.replicas < 2; }
+
+/* nodes[0..n) against this device's replicas: an all_reduce over another count is refused */
+static cdf_status check_replicas(cdf_node *const *nodes, int n) {
+    for (int i = 0; i < n; i++)
+        if (nodes[i]->kind == CDF_OP_ALL_REDUCE && nodes[i]->p.all_reduce.replicas > 1 && nodes[i]->p.all_reduce.replicas != R())
+            return cdf_error(CDF_ERR_INVALID_ARG, "pjrt: an all_reduce over %d replicas on a device running %d",
+                             nodes[i]->p.all_reduce.replicas, R());
+    return CDF_OK;
 }
 
 static cdf_status pjrt_enqueue(cdf_device *dev, cdf_node *node) {
@@ -404,7 +518,8 @@ static cdf_status pjrt_enqueue(cdf_device *dev, cdf_node *node) {
     cdf_status st;
     if (g.err != CDF_OK) {
         st = CDF_OK; /* skipped after an error, reported by the next sync */
-    } else if (node->kind == CDF_OP_ALL_REDUCE) {
+    } else if ((st = check_replicas(&node, 1)) != CDF_OK) {
+    } else if (host_reduce(node)) {
         st = run_all_reduce(node, NULL);
     } else {
         cdf_pjrt_program p;
@@ -439,13 +554,13 @@ static bool graph_internal(void *ctx, const cdf_storage *st) {
 static cdf_status pjrt_run_nodes(cdf_device *dev, cdf_node **nodes, int n) {
     (void)dev;
     pthread_mutex_lock(&g.lock);
-    cdf_status st = CDF_OK;
-    if (g.err == CDF_OK) {
-        /* all_reduce runs on the host: the nodes around it are programs of their own */
+    cdf_status st = check_replicas(nodes, n);
+    if (g.err == CDF_OK && st == CDF_OK) {
+        /* an all_reduce on the host: the nodes around it are programs of their own */
         int i = 0;
         while (i < n && st == CDF_OK) {
             int j = i;
-            while (j < n && nodes[j]->kind != CDF_OP_ALL_REDUCE) j++;
+            while (j < n && !host_reduce(nodes[j])) j++;
             if (j > i) {
                 graph_ctx c = {.nodes = nodes + i, .n = j - i};
                 cdf_pjrt_program p;
@@ -495,13 +610,13 @@ static cdf_status materialize_crossing(cdf_node *const *nodes, int n) {
             cdf_storage *st = k < 0 ? nodes[i]->dst->storage : nodes[i]->src[k] ? nodes[i]->src[k]->storage : NULL;
             if (!st || !st->is_virtual) continue;
             int seg_i = 0, seg_j = 0; /* segment of node i, and of each other user */
-            for (int j = 0; j < i; j++) seg_i += nodes[j]->kind == CDF_OP_ALL_REDUCE;
-            bool crosses = nodes[i]->kind == CDF_OP_ALL_REDUCE;
+            for (int j = 0; j < i; j++) seg_i += host_reduce(nodes[j]);
+            bool crosses = host_reduce(nodes[i]);
             for (int j = 0; j < n && !crosses; j++) {
-                if (j) seg_j += nodes[j - 1]->kind == CDF_OP_ALL_REDUCE;
+                if (j) seg_j += host_reduce(nodes[j - 1]);
                 bool uses = nodes[j]->dst->storage == st;
                 for (int m = 0; m < nodes[j]->n_src; m++) uses |= nodes[j]->src[m] && nodes[j]->src[m]->storage == st;
-                crosses = uses && (seg_j != seg_i || nodes[j]->kind == CDF_OP_ALL_REDUCE);
+                crosses = uses && (seg_j != seg_i || host_reduce(nodes[j]));
             }
             if (crosses) CDF_TRY(cdf_storage_materialize(st));
         }
@@ -512,8 +627,9 @@ static cdf_status materialize_crossing(cdf_node *const *nodes, int n) {
 static void *pjrt_graph_instantiate(cdf_device *dev, cdf_node *const *nodes, int n, cdf_tensor *const *params,
                                     int n_params, const char *who) {
     (void)dev;
+    if (check_replicas(nodes, n) != CDF_OK) return NULL;
     int n_ar = 0;
-    for (int i = 0; i < n; i++) n_ar += nodes[i]->kind == CDF_OP_ALL_REDUCE;
+    for (int i = 0; i < n; i++) n_ar += host_reduce(nodes[i]);
     pjrt_graph *gr = calloc(1, sizeof *gr);
     if (gr) gr->seg = calloc((size_t)(2 * n_ar + 1), sizeof *gr->seg);
     if (gr && gr->seg) gr->params = malloc(sizeof *gr->params * (size_t)(n_params ? n_params : 1));
@@ -528,7 +644,7 @@ static void *pjrt_graph_instantiate(cdf_device *dev, cdf_node *const *nodes, int
     cdf_status st = n_ar ? materialize_crossing(nodes, n) : CDF_OK;
     for (int i = 0; i < n && st == CDF_OK;) {
         int j = i;
-        while (j < n && nodes[j]->kind != CDF_OP_ALL_REDUCE) j++;
+        while (j < n && !host_reduce(nodes[j])) j++;
         if (j > i) {
             graph_ctx c = {.nodes = nodes + i, .n = j - i, .params = params, .n_params = n_params};
             st = cdf_pjrt_program_build(nodes + i, j - i, graph_internal, &c, &gr->seg[gr->n_seg++].prog);
@@ -650,7 +766,8 @@ static cdf_status pjrt_init(int *n_devices, const char **why) {
         return s;
     }
     s = cdf_pjrt_open(g.found.path, &g.rt);
-    if (s == CDF_OK) s = cdf_pjrt_client_create(&g.rt, 1);
+    /* the CPU client's device count: 1, or the replicas asked for (--tp N) */
+    if (s == CDF_OK) s = cdf_pjrt_client_create(&g.rt, g.want_replicas > 1 ? g.want_replicas : 1);
     if (s != CDF_OK) return s;
     s = cdf_pjrt_cache_open(&g.cache, &g.rt);
     if (s != CDF_OK) return s;
@@ -666,7 +783,45 @@ static cdf_status pjrt_init(int *n_devices, const char **why) {
     return CDF_OK;
 }
 
+/* One process, R devices: every program from now on runs as R replicas on pjrt:0..R-1 (dev
+ * NULL: asked before the backend loads; the CPU client is then created with R devices). */
+static cdf_status pjrt_set_replicas(cdf_device *dev, int n) {
+    if (n < 1 || n > MAX_REPLICAS)
+        return cdf_error(CDF_ERR_INVALID_ARG, "pjrt: %d replicas (one process drives 1 to %d devices)", n, MAX_REPLICAS);
+    if (!dev) {
+        g.want_replicas = n;
+        return CDF_OK;
+    }
+    pthread_mutex_lock(&g.lock);
+    cdf_status st = CDF_OK;
+    if (n == g.replicas) {
+    } else if (g.rt.n_devices < n) {
+        char hint[256] = "";
+        if (g.rt.is_cpu)
+            snprintf(hint, sizeof hint, " (the CPU plugin's client was created with %d: %s)", g.rt.n_devices,
+                     g.want_replicas == n ? "CDIFFUSERS_PJRT_OPTIONS sets cpu_device_count" : "the backend was opened before");
+        st = cdf_error(CDF_ERR_INVALID_ARG, "tensor parallelism over %d pjrt devices in one process: the plugin %s has %d device(s)%s",
+                       n, g.rt.path, g.rt.n_devices, hint);
+    } else if (g.n_slots) {
+        st = cdf_error(CDF_ERR_INVALID_ARG, "pjrt: %d replicas asked for while %d buffers exist on pjrt (ask before loading anything)",
+                       n, g.n_slots);
+    } else {
+        g.replicas = n;
+        if (cdf_pjrt_log_on())
+            fprintf(stderr, "cdiffusers: pjrt: one process over pjrt:0..%d: every program runs as %d replicas (num_replicas=%d), "
+                            "all_reduce inside the programs (stablehlo.all_reduce)\n", n - 1, n, n);
+    }
+    pthread_mutex_unlock(&g.lock);
+    return st;
+}
+
+static int pjrt_replicas(const cdf_device *dev) {
+    (void)dev;
+    return g.replicas;
+}
+
 const cdf_backend_iface cdf_pjrt_backend_iface = {
     .name = "pjrt", .values = true, .lazy = true, CDF_BACKEND_IFACE_CORE(pjrt), .run_nodes = pjrt_run_nodes,
     .device_info = pjrt_device_info, .graph_instantiate = pjrt_graph_instantiate, .graph_launch = pjrt_graph_launch,
-    .graph_free = pjrt_graph_free};
+    .graph_free = pjrt_graph_free, .set_replicas = pjrt_set_replicas, .replicas = pjrt_replicas,
+    .buffer_set_replica = pjrt_buffer_set_replica};

@@ -23,6 +23,7 @@ void (*cdf_pjrt_cache_test_hook)(char *text, size_t len);
 typedef struct entry {
     struct entry *next;
     uint64_t hash;
+    int replicas;
     char *text;
     size_t len;
     cdf_pjrt_exe exe;
@@ -240,12 +241,13 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-cdf_status cdf_pjrt_cache_get(cdf_pjrt_cache *c, cdf_pjrt *rt, const char *text, size_t len, const char *who,
+cdf_status cdf_pjrt_cache_get(cdf_pjrt_cache *c, cdf_pjrt *rt, const char *text, size_t len, int replicas, const char *who,
                               cdf_pjrt_exe **out) {
+    if (replicas < 1) replicas = 1;
     const uint64_t h = fnv(0xcbf29ce484222325ULL, text, len);
     entry **slot = &c->buckets[h % N_BUCKETS];
     for (entry *e = *slot; e; e = e->next)
-        if (e->hash == h && e->len == len && !memcmp(e->text, text, len)) {
+        if (e->hash == h && e->replicas == replicas && e->len == len && !memcmp(e->text, text, len)) {
             c->stats.memory_hits++;
             *out = &e->exe;
             return CDF_OK;
@@ -258,7 +260,8 @@ cdf_status cdf_pjrt_cache_get(cdf_pjrt_cache *c, cdf_pjrt *rt, const char *text,
     }
     memcpy(copy, text, len);
     copy[len] = 0;
-    const uint64_t key = fnv(c->env_hash, text, len);
+    /* the replica count is in the compile options: in the key (one replica keeps the keys it had) */
+    const uint64_t key = fnv(replicas > 1 ? fnv(c->env_hash, &replicas, sizeof replicas) : c->env_hash, text, len);
     double t0 = now_seconds();
     PJRT_LoadedExecutable *exe = c->dir[0] ? disk_load(c, rt, key, text, len) : NULL;
     if (exe) {
@@ -270,7 +273,7 @@ cdf_status cdf_pjrt_cache_get(cdf_pjrt_cache *c, cdf_pjrt *rt, const char *text,
             fprintf(stderr, "cdiffusers: compiling %s (first run for this shape)\n", who);
         if (getenv("CDIFFUSERS_PJRT_TRACE")) fprintf(stderr, "---- %s\n%.*s", who, (int)len, text);
         if (cdf_pjrt_cache_test_hook) cdf_pjrt_cache_test_hook(copy, len);
-        cdf_status s = cdf_pjrt_compile(rt, cdf_pjrt_cache_test_hook ? copy : text, len, c->xla_flags, &exe);
+        cdf_status s = cdf_pjrt_compile(rt, cdf_pjrt_cache_test_hook ? copy : text, len, c->xla_flags, replicas, &exe);
         if (s != CDF_OK) {
             free(copy);
             free(e);
@@ -288,6 +291,7 @@ cdf_status cdf_pjrt_cache_get(cdf_pjrt_cache *c, cdf_pjrt *rt, const char *text,
         if (c->dir[0]) disk_store(c, rt, key, text, len, exe);
     }
     cdf_status s = cdf_pjrt_num_outputs(rt, exe, &e->exe.n_outputs);
+    if (s == CDF_OK && replicas > 1) s = cdf_pjrt_check_assignment(rt, exe, replicas);
     if (s != CDF_OK) {
         cdf_pjrt_executable_free(rt, exe);
         free(copy);
@@ -296,6 +300,7 @@ cdf_status cdf_pjrt_cache_get(cdf_pjrt_cache *c, cdf_pjrt *rt, const char *text,
     }
     e->exe.exe = exe;
     e->hash = h;
+    e->replicas = replicas;
     e->text = copy;
     e->len = len;
     e->next = *slot;

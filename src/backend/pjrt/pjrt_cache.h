@@ -27,9 +27,10 @@ typedef struct cdf_pjrt_cache_stats {
 } cdf_pjrt_cache_stats;
 
 cdf_status cdf_pjrt_cache_open(cdf_pjrt_cache **out, cdf_pjrt *rt);
-/* The executable of a program text: from memory, else from disk, else compiled (and written to
- * disk). who names the program in errors and in the compile notice. The cache owns *out. */
-cdf_status cdf_pjrt_cache_get(cdf_pjrt_cache *c, cdf_pjrt *rt, const char *text, size_t len, const char *who,
+/* The executable of a program text compiled for `replicas` replicas (1: one device): from
+ * memory, else from disk, else compiled (and written to disk); text and replica count are the
+ * key. who names the program in errors and in the compile notice. The cache owns *out. */
+cdf_status cdf_pjrt_cache_get(cdf_pjrt_cache *c, cdf_pjrt *rt, const char *text, size_t len, int replicas, const char *who,
                               cdf_pjrt_exe **out);
 void cdf_pjrt_cache_get_stats(const cdf_pjrt_cache *c, cdf_pjrt_cache_stats *out);
 /* The cache folder in use ("" when the disk cache is off). */

@@ -411,6 +411,32 @@ static hv reduce(builder *b, hv x, int nr, const int64_t *dims, const char *fn, 
     return out;
 }
 
+/* The sum of x over replicas 0..n-1 of the program (one group; the replica count is in the
+ * compile options, not in the text) */
+static hv all_reduce(builder *b, hv x, int n) {
+    hv out = new_val(b, x.t);
+    hty s = {.dt = x.t.dt, .nd = 0};
+    int p0 = b->next_id++, p1 = b->next_id++, r = b->next_id++;
+    begin_op(b, out);
+    sb_printf(&b->body, "\"stablehlo.all_reduce\"(%%v%d) ({\n    ^bb0(%%v%d: ", x.id, p0);
+    put_type(&b->body, &s);
+    sb_printf(&b->body, ", %%v%d: ", p1);
+    put_type(&b->body, &s);
+    sb_printf(&b->body, "):\n      %%v%d = \"stablehlo.add\"(%%v%d, %%v%d) : (", r, p0, p1);
+    put_type(&b->body, &s);
+    sb_printf(&b->body, ", ");
+    put_type(&b->body, &s);
+    sb_printf(&b->body, ") -> ");
+    put_type(&b->body, &s);
+    sb_printf(&b->body, "\n      \"stablehlo.return\"(%%v%d) : (", r);
+    put_type(&b->body, &s);
+    sb_printf(&b->body, ") -> ()\n    }) {replica_groups = dense<[[");
+    for (int i = 0; i < n; i++) sb_printf(&b->body, "%s%d", i ? ", " : "", i);
+    sb_printf(&b->body, "]]> : tensor<1x%dxi64>}", n);
+    put_sig(b, 1, &x, &x.t);
+    return out;
+}
+
 /* dot_general: batch dims bl/br, contracting cl/cr; result f32 with the operands' precision */
 static hv dot(builder *b, hv l, hv r, int nb, const int64_t *bl, const int64_t *br, int64_t cl, int64_t cr) {
     hty t = {.dt = CDF_F32, .nd = 0};
@@ -1232,8 +1258,12 @@ static void lower_node(builder *b, const cdf_node *n) {
         break;
     }
     case CDF_OP_ALL_REDUCE:
-        fail(b, CDF_ERR_UNSUPPORTED, "pjrt: all_reduce inside a program (it runs on the host between programs)");
-        return;
+        if (n->p.all_reduce.replicas < 2) {
+            fail(b, CDF_ERR_UNSUPPORTED, "pjrt: all_reduce over processes inside a program (it runs on the host between programs)");
+            return;
+        }
+        r = all_reduce(b, convert(b, read_view(b, n->src[0]), D->dtype), n->p.all_reduce.replicas);
+        break;
     case CDF_OP_MATMUL_Q:
         fail(b, CDF_ERR_UNSUPPORTED, "pjrt: a GGUF-quantized matmul (weights are dequantized at load on this backend)");
         return;

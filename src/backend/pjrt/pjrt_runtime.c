@@ -533,9 +533,14 @@ size_t cdf_pjrt_compile_options(uint8_t *buf, size_t cap, int n_replicas, int n_
     return m;
 }
 
-cdf_status cdf_pjrt_compile(cdf_pjrt *p, const char *mlir, size_t len, const char *xla_flags, PJRT_LoadedExecutable **out) {
+cdf_status cdf_pjrt_compile(cdf_pjrt *p, const char *mlir, size_t len, const char *xla_flags, int n_replicas,
+                            PJRT_LoadedExecutable **out) {
+    /* more replicas than devices: refused here (the plugin's device assignment would fail) */
+    if (n_replicas < 1 || n_replicas > p->n_devices)
+        return cdf_error(CDF_ERR_INVALID_ARG, "pjrt: a program over %d replicas on a client of %d device(s)", n_replicas,
+                         p->n_devices);
     uint8_t opts[1024];
-    size_t no = cdf_pjrt_compile_options(opts, sizeof opts, 1, 1, xla_flags);
+    size_t no = cdf_pjrt_compile_options(opts, sizeof opts, n_replicas, 1, xla_flags);
     if (!no) return cdf_error(CDF_ERR_INVALID_ARG, "pjrt: compile options too long (%s)", xla_flags ? xla_flags : "");
     ARGS(PJRT_Program, prog);
     prog.code = (char *)mlir;
@@ -611,25 +616,41 @@ cdf_status cdf_pjrt_num_outputs(cdf_pjrt *p, PJRT_LoadedExecutable *e, size_t *n
     return s;
 }
 
-cdf_status cdf_pjrt_execute(cdf_pjrt *p, PJRT_LoadedExecutable *e, int device, PJRT_Buffer *const *args,
-                            size_t n_args, PJRT_Buffer **out, size_t n_out, PJRT_Event **done) {
-    for (size_t i = 0; i < n_args; i++)
-        if (!args[i]) return cdf_error(CDF_ERR_INTERNAL, "pjrt: argument %zu of a program has no buffer", i);
+cdf_status cdf_pjrt_execute(cdf_pjrt *p, PJRT_LoadedExecutable *e, int n_dev, PJRT_Buffer *const *const *args,
+                            size_t n_args, PJRT_Buffer **const *out, size_t n_out, PJRT_Event **done) {
+    if (n_dev < 1 || n_dev > p->n_devices)
+        return cdf_error(CDF_ERR_INTERNAL, "pjrt: a program run on %d devices of %d", n_dev, p->n_devices);
+    for (int d = 0; d < n_dev; d++)
+        for (size_t i = 0; i < n_args; i++)
+            if (!args[d][i]) return cdf_error(CDF_ERR_INTERNAL, "pjrt: argument %zu of a program has no buffer (replica %d)", i, d);
     ARGS(PJRT_ExecuteOptions, o);
     ARGS(PJRT_LoadedExecutable_Execute_Args, x);
-    PJRT_Buffer *const *arg_lists[1] = {args};
-    PJRT_Buffer **out_lists[1] = {out};
     x.executable = e;
     x.options = &o;
-    x.argument_lists = arg_lists;
-    x.num_devices = 1;
+    x.argument_lists = args;
+    x.num_devices = (size_t)n_dev;
     x.num_args = n_args;
-    x.output_lists = out_lists;
+    x.output_lists = out;
     x.device_complete_events = done;
-    /* a program compiled for one device runs where the default assignment put it (pjrt:0);
-     * another device needs a portable executable (issue #40: PJRT at scale) */
-    if (device != 0) return cdf_error(CDF_ERR_UNSUPPORTED, "pjrt: programs run on pjrt:0 only (device %d asked)", device);
-    for (size_t i = 0; i < n_out; i++) out[i] = NULL;
+    /* execute_device stays NULL: the executable's device assignment (replica d on pjrt:d,
+     * checked by cdf_pjrt_check_assignment) */
+    for (int d = 0; d < n_dev; d++)
+        for (size_t i = 0; i < n_out; i++) out[d][i] = NULL;
+    if (done)
+        for (int d = 0; d < n_dev; d++) done[d] = NULL;
     CHECK(p, p->api->PJRT_LoadedExecutable_Execute(&x), CDF_ERR_DEVICE, "pjrt: running a program");
+    return CDF_OK;
+}
+
+cdf_status cdf_pjrt_check_assignment(cdf_pjrt *p, PJRT_LoadedExecutable *e, int n_replicas) {
+    ARGS(PJRT_LoadedExecutable_AddressableDevices_Args, a);
+    a.executable = e;
+    CHECK(p, p->api->PJRT_LoadedExecutable_AddressableDevices(&a), CDF_ERR_DEVICE, "pjrt: the devices of a program");
+    if ((int)a.num_addressable_devices != n_replicas)
+        return cdf_error(CDF_ERR_DEVICE, "pjrt: a program compiled for %d replicas runs on %zu devices", n_replicas,
+                         a.num_addressable_devices);
+    for (int d = 0; d < n_replicas; d++)
+        if (a.addressable_devices[d] != p->devices[d])
+            return cdf_error(CDF_ERR_DEVICE, "pjrt: the plugin placed replica %d of a program on another device than pjrt:%d", d, d);
     return CDF_OK;
 }

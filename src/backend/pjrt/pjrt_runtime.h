@@ -88,20 +88,25 @@ cdf_status cdf_pjrt_buffer_await(cdf_pjrt *p, PJRT_Buffer *b);
  * aborts the CPU plugin), with XLA debug options "key=value,..." (NULL: none) as its
  * env_option_overrides. Returns its length (<= cap; 0 when it does not fit). */
 size_t cdf_pjrt_compile_options(uint8_t *buf, size_t cap, int n_replicas, int n_partitions, const char *xla_flags);
-/* Compile StableHLO MLIR text with those options. */
-cdf_status cdf_pjrt_compile(cdf_pjrt *p, const char *mlir, size_t len, const char *xla_flags, PJRT_LoadedExecutable **out);
+/* Compile StableHLO MLIR text with those options, for n_replicas replicas (1..the client's
+ * devices; replica d runs on device d). */
+cdf_status cdf_pjrt_compile(cdf_pjrt *p, const char *mlir, size_t len, const char *xla_flags, int n_replicas,
+                            PJRT_LoadedExecutable **out);
+/* Whether the executable runs its n_replicas replicas on devices 0..n_replicas-1 in order (what
+ * cdf_pjrt_execute's argument and output lists assume). */
+cdf_status cdf_pjrt_check_assignment(cdf_pjrt *p, PJRT_LoadedExecutable *e, int n_replicas);
 /* Serialize / load a compiled executable (the disk cache). *bytes is malloc'd. */
 cdf_status cdf_pjrt_serialize(cdf_pjrt *p, PJRT_LoadedExecutable *e, char **bytes, size_t *len);
 cdf_status cdf_pjrt_deserialize(cdf_pjrt *p, const char *bytes, size_t len, PJRT_LoadedExecutable **out);
 void cdf_pjrt_executable_free(cdf_pjrt *p, PJRT_LoadedExecutable *e);
 /* The number of outputs the executable returns (what execute's out array must hold). */
 cdf_status cdf_pjrt_num_outputs(cdf_pjrt *p, PJRT_LoadedExecutable *e, size_t *n);
-/* Run on one device, asynchronously: n_args arguments -> n_out outputs (out[] filled with new
- * buffers; n_out must be the executable's output count, cdf_pjrt_num_outputs). *done (when not
- * NULL) receives the event of the run's completion, for cdf_pjrt_event_await. */
-cdf_status cdf_pjrt_execute(cdf_pjrt *p, PJRT_LoadedExecutable *e, int device, PJRT_Buffer *const *args,
-                            size_t n_args, PJRT_Buffer **out, size_t n_out, PJRT_Event **done);
-/* Wait for an event and destroy it; the error of what it marks. */
+/* Run on n_dev devices (the executable's replicas, n_dev its replica count), asynchronously:
+ * args[d][0..n_args) -> out[d][0..n_out) on device d (out filled with new buffers; n_out must be
+ * the executable's output count, cdf_pjrt_num_outputs). done (when not NULL) receives n_dev
+ * events of the run's completion on each device, for cdf_pjrt_event_await. */
+cdf_status cdf_pjrt_execute(cdf_pjrt *p, PJRT_LoadedExecutable *e, int n_dev, PJRT_Buffer *const *const *args,
+                            size_t n_args, PJRT_Buffer **const *out, size_t n_out, PJRT_Event **done);/* Wait for an event and destroy it; the error of what it marks. */
 cdf_status cdf_pjrt_event_await(cdf_pjrt *p, PJRT_Event *ev, const char *what);
 
 #endif

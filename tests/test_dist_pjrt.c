@@ -1,0 +1,159 @@
+/* Tensor parallelism in one process over the devices of the pjrt backend (issue #40):
+ * `cdiffusers generate --tp 2 --device pjrt` without MPI opens the XLA CPU plugin with 2 devices,
+ * loads each rank's slice of every sharded weight onto its device (pjrt:0, pjrt:1) and runs every
+ * program as 2 replicas with the all-reduce inside it (stablehlo.all_reduce). The tiny FLUX.1
+ * golden case in each execution mode against diffusers' output (tests/data/pipelines), and the
+ * bad inputs: a TP degree the plugin has no devices for, a plan that does not divide, a device
+ * other than pjrt:0, a component it cannot shard — each a clear error, never a crash, and none
+ * after a weight was read. Skipped (77) in a build without the pjrt backend or without a plugin. */
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cdiffusers/cdiffusers.h"
+#include "cdiffusers/device.h"
+#include "dist_test_common.h"
+
+#define GOLDEN_LATENT_TOL 5e-4 /* test_dist's: |tp - diffusers| of the final latents */
+
+static char g_cache[1100]; /* one program cache for the runs of this test */
+
+static bool have_pjrt(void) {
+    if (!cdf_backend_runs_replicas("pjrt")) return false;
+    cdf_pjrt_plugin_info p[8];
+    const int n = cdf_pjrt_list_plugins(p, 8);
+    for (int i = 0; i < n && i < 8; i++)
+        if (p[i].chosen && p[i].api_major >= 0) return true;
+    return false;
+}
+
+/* Runs `cdiffusers generate <args> --device pjrt <extra>` (no MPI launcher) with `env` in front,
+ * stderr into *log (malloc'd); returns the exit status (-1 for a signal). */
+static int run_cli(const char *env, const char *args, const char *extra, const char *tag, char **log) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/%s.log", tu_tmpdir(), tag);
+    int rc = tu_system("env -u CDIFFUSERS_COMPILE -u CDIFFUSERS_DEFER_AND_FUSE -u CDIFFUSERS_DEVICE -u OMPI_COMM_WORLD_SIZE "
+                       "-u PMI_SIZE CDIFFUSERS_PJRT_CACHE='%s' %s '%s' generate %s --device pjrt %s 2> '%s'",
+                       g_cache, env, CDF_CLI_PATH, args, extra, path);
+    *log = tu_read_file(path, NULL);
+    if (!*log) *log = strdup("");
+    return rc;
+}
+
+typedef struct mode {
+    const char *name, *env, *args;
+    bool compiled; /* a graph break would be a host read in the forward */
+} mode;
+
+static void test_flux_tp2_one_process_every_mode(void **state) {
+    (void)state;
+    if (!have_pjrt()) skip();
+    char pipe[1024], args[4096];
+    snprintf(pipe, sizeof pipe, "%s/flux1_dev_tiny", tu_data("pipelines"));
+    int steps;
+    case_args(pipe, "64x64", args, sizeof args, &steps);
+    char golden[1200];
+    snprintf(golden, sizeof golden, "%s/cases/64x64/expected.safetensors", pipe);
+    int64_t ng;
+    float *fg = st_tensor(golden, "latents_final", &ng);
+    cdf_st_file *gf;
+    assert_int_equal(cdf_st_open(golden, &gf), CDF_OK);
+    const cdf_st_tensor *u8 = cdf_st_find(gf, "image_uint8");
+    assert_non_null(u8);
+
+    static const mode modes[] = {
+        {"eager", "", "", false},
+        {"defer-and-fuse", "CDIFFUSERS_DEFER_AND_FUSE=1", "", false},
+        {"compile", "", "--mode compile", true},
+        {"repeated blocks", "", "--compile-repeated-blocks", true},
+    };
+    for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
+        char png[1100], lat[1100], extra[2400], env[200], tag[64];
+        snprintf(png, sizeof png, "%s/tp1p_%zu.png", tu_tmpdir(), m);
+        snprintf(lat, sizeof lat, "%s/tp1p_%zu.safetensors", tu_tmpdir(), m);
+        snprintf(extra, sizeof extra, "--tp 2 --tp-replicate text_encoder_2 %s --force --output '%s' --latents-out '%s'",
+                 modes[m].args, png, lat);
+        snprintf(env, sizeof env, "CDIFFUSERS_LOG=io,pjrt,compile %s", modes[m].env);
+        snprintf(tag, sizeof tag, "tp1p_%zu", m);
+        const double t0 = now_s();
+        char *log;
+        const int rc = run_cli(env, args, extra, tag, &log);
+        if (rc != 0) fail_msg("--tp 2 --device pjrt (%s) failed (%d): %s", modes[m].name, rc, log);
+        /* the one-process path ran: 2 replicas, the all-reduce inside the programs */
+        assert_non_null(strstr(log, "every program runs as 2 replicas (num_replicas=2)"));
+        io_line io[1] = {{0}};
+        assert_int_equal(parse_io(log, io, 1), 1);
+        assert_int_equal(io[0].world, 2);
+        assert_true(io[0].collectives > (unsigned long long)steps); /* at least one all-reduce per block per step */
+        if (modes[m].compiled) assert_int_equal(count_substr(log, "graph break"), 0);
+
+        int64_t n;
+        float *f = st_tensor(lat, "latents_final", &n);
+        assert_int_equal(n, ng);
+        const double d = tu_max_abs_diff(f, fg, (size_t)n, NULL);
+        cdf_png_image img;
+        assert_int_equal(cdf_png_read(png, &img), CDF_OK);
+        const size_t npx = (size_t)img.width * img.height * img.channels;
+        assert_int_equal(cdf_st_numel(u8), (int64_t)npx);
+        const int lv = max_level_diff(cdf_st_data(gf, u8), img.pixels, npx);
+        print_message("  %s: %.1f s; %llu all-reduces; latents_final |tp - diffusers| = %.3g (tol %.0e); image within %d "
+                      "level(s) of diffusers'\n",
+                      modes[m].name, now_s() - t0, io[0].collectives, d, GOLDEN_LATENT_TOL, lv);
+        assert_true(d <= GOLDEN_LATENT_TOL);
+        assert_true(lv <= 1);
+        cdf_png_image_free(&img);
+        free(f);
+        free(log);
+    }
+    cdf_st_close(gf);
+    free(fg);
+}
+
+/* A bad --tp: a clear error (exit status 1 or 2, never a signal), naming the cause, with no
+ * weight read (no io line: CDIFFUSERS_LOG=io prints one after loading) and nothing written. */
+static void expect_refused(const char *env, const char *args, const char *extra, const char *tag, const char *needle) {
+    char *log;
+    const int rc = run_cli(env, args, extra, tag, &log);
+    print_message("  %s: exit %d: %s", tag, rc, log);
+    assert_true(rc == 1 || rc == 2);
+    if (!strstr(log, needle)) fail_msg("%s: expected '%s' in: %s", tag, needle, log);
+    assert_null(strstr(log, "cdiffusers: io: "));
+    assert_null(strstr(log, "Assertion"));
+    assert_null(strstr(log, "Check failed"));
+    free(log);
+}
+
+static void test_bad_inputs(void **state) {
+    (void)state;
+    if (!have_pjrt()) skip();
+    char pipe[1024], args[4096], out[1200];
+    snprintf(pipe, sizeof pipe, "%s/flux1_dev_tiny", tu_data("pipelines"));
+    int steps;
+    case_args(pipe, "64x64", args, sizeof args, &steps);
+    snprintf(out, sizeof out, "--force --output '%s/bad.png'", tu_tmpdir());
+    char extra[1400];
+    /* more devices than the plugin has: the CPU plugin told to make 1 */
+    snprintf(extra, sizeof extra, "--tp 2 --tp-replicate text_encoder_2 %s", out);
+    expect_refused("CDIFFUSERS_LOG=io CDIFFUSERS_PJRT_OPTIONS=cpu_device_count=1", args, extra, "too_few_devices",
+                   "has 1 device(s)");
+    /* a plan that does not divide: the tiny transformer's 2 heads over 3 devices */
+    snprintf(extra, sizeof extra, "--tp 3 --tp-replicate text_encoder_2 %s", out);
+    expect_refused("CDIFFUSERS_LOG=io", args, extra, "not_divisible", "not divisible by 3");
+    /* T5 (3 heads) sharded: not possible with one program text for every rank */
+    snprintf(extra, sizeof extra, "--tp 3 --tp-replicate text_encoder,transformer %s", out);
+    expect_refused("CDIFFUSERS_LOG=io", args, extra, "t5_sharded", "--tp-replicate text_encoder_2");
+    assert_int_not_equal(access(tu_tmp_path("bad.png"), F_OK), 0);
+}
+
+int main(void) {
+    snprintf(g_cache, sizeof g_cache, "%s/pjrt-cache", tu_tmpdir());
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_flux_tp2_one_process_every_mode),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
