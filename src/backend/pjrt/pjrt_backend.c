@@ -58,6 +58,9 @@ static struct {
     cdf_pjrt_cache *cache;
     int replicas;      /* R: every program runs as R replicas on pjrt:0..R-1 (1: on pjrt:0) */
     int want_replicas; /* asked for before the backend loaded (the CPU client's device count) */
+    cdf_device *dev0;  /* pjrt:0, whose accounting (cdf_device_memory_stats) the programs' temporaries join */
+    uint64_t max_temp; /* the largest compiled temporaries of a program run so far, and its name */
+    char max_temp_who[96];
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER, .replicas = 1};
 
 static int R(void) { return g.replicas; }
@@ -409,6 +412,42 @@ static bool ids_in_range(const cdf_pjrt_program *p, const binding *bind) {
     return true;
 }
 
+static void fmt_bytes(char *buf, size_t n, uint64_t b) {
+    if (b >= (1ull << 30)) snprintf(buf, n, "%.2f GiB", b / 1073741824.0);
+    else if (b >= (1ull << 20)) snprintf(buf, n, "%.2f MiB", b / 1048576.0);
+    else if (b >= 1024) snprintf(buf, n, "%.1f KiB", b / 1024.0);
+    else snprintf(buf, n, "%llu B", (unsigned long long)b);
+}
+
+/* The device peak on pjrt is its live buffers (counted at their allocation, as on every
+ * backend: a program's arguments and outputs among them) plus the compiled temporaries of the
+ * program running (PJRT_Executable_GetCompiledMemoryStats): a program about to run raises the
+ * peak to the bytes in use + its temporaries, and under a budget (--device-memory,
+ * CDIFFUSERS_PJRT_MEMORY_LIMIT) one whose temporaries do not fit beside them is refused with
+ * the budget's out-of-memory error before it runs. Under lock. */
+static cdf_status account_temporaries(const cdf_pjrt_exe *x, const char *who) {
+    cdf_device *d = g.dev0;
+    if (!d || !x->temp_bytes) return CDF_OK;
+    const unsigned long long limit = atomic_load(&d->limit_bytes), cur = atomic_load(&d->current_bytes);
+    if (limit && (x->temp_bytes > limit || cur > limit - x->temp_bytes)) {
+        char req[32], used[32], lim[32];
+        fmt_bytes(req, sizeof req, x->temp_bytes);
+        fmt_bytes(used, sizeof used, cur);
+        fmt_bytes(lim, sizeof lim, limit);
+        return cdf_error(CDF_ERR_OUT_OF_MEMORY,
+                         "out of memory on %s: %s needs %s (%llu bytes) of compiled temporaries; %s of the %s budget is in "
+                         "use (raise CDIFFUSERS_PJRT_MEMORY_LIMIT / --device-memory, or use --offload model)",
+                         d->name, who, req, (unsigned long long)x->temp_bytes, used, lim);
+    }
+    unsigned long long now = cur + x->temp_bytes, peak = atomic_load(&d->peak_bytes);
+    while (now > peak && !atomic_compare_exchange_weak(&d->peak_bytes, &peak, now)) {}
+    if (x->temp_bytes > g.max_temp) {
+        g.max_temp = x->temp_bytes;
+        snprintf(g.max_temp_who, sizeof g.max_temp_who, "%s", who);
+    }
+    return CDF_OK;
+}
+
 /* Run a built program: its arguments from the slots (and uploaded float parameters), its results
  * the slots' new values. Under lock. */
 static cdf_status run_program(const cdf_pjrt_program *p, const binding *bind, const char *who) {
@@ -441,6 +480,7 @@ static cdf_status run_program(const cdf_pjrt_program *p, const binding *bind, co
         }
         for (int r = 0; r < nr; r++) args[r * na_ + na] = col[r];
     }
+    if (st == CDF_OK) st = account_temporaries(x, who);
     if (st == CDF_OK) {
         st = execute(x, al, (size_t)p->n_args, ol, (size_t)p->n_outs);
         if (st != CDF_OK) {
@@ -754,6 +794,12 @@ static void log_cache_at_exit(void) {
             st.compile_seconds, st.load_seconds,
             (unsigned long long)st.disk_writes, cdf_pjrt_cache_dir(g.cache)[0] ? cdf_pjrt_cache_dir(g.cache) : "(no disk cache)",
             (unsigned long long)st.disk_errors);
+    if (g.max_temp) {
+        char b[32];
+        fmt_bytes(b, sizeof b, g.max_temp);
+        fprintf(stderr, "cdiffusers: pjrt: the largest compiled temporaries: %s (%s), counted in the device peak\n", b,
+                g.max_temp_who);
+    }
 }
 
 /* ---- init ---------------------------------------------------------------------------------------------------- */
@@ -772,7 +818,9 @@ static cdf_status pjrt_init(int *n_devices, const char **why) {
     s = cdf_pjrt_cache_open(&g.cache, &g.rt);
     if (s != CDF_OK) return s;
     for (int i = 0; i < g.rt.n_devices; i++) {
-        if (!cdf_backend_add_device(&cdf_pjrt_backend_iface, i, NULL)) break;
+        cdf_device *d = cdf_backend_add_device(&cdf_pjrt_backend_iface, i, NULL);
+        if (!d) break;
+        if (i == 0) g.dev0 = d;
         (*n_devices)++;
     }
     if (cdf_pjrt_log_on()) atexit(log_cache_at_exit);

@@ -292,6 +292,11 @@ cdf_status cdf_pjrt_cache_get(cdf_pjrt_cache *c, cdf_pjrt *rt, const char *text,
     }
     cdf_status s = cdf_pjrt_num_outputs(rt, exe, &e->exe.n_outputs);
     if (s == CDF_OK && replicas > 1) s = cdf_pjrt_check_assignment(rt, exe, replicas);
+    if (s == CDF_OK) {
+        cdf_pjrt_compiled_mem m;
+        if (cdf_pjrt_compiled_memory(rt, exe, &m) == CDF_OK) e->exe.temp_bytes = m.temp_bytes;
+        else cdf_clear_error();
+    }
     if (s != CDF_OK) {
         cdf_pjrt_executable_free(rt, exe);
         free(copy);

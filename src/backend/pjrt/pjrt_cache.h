@@ -17,6 +17,7 @@
 typedef struct cdf_pjrt_exe {
     PJRT_LoadedExecutable *exe;
     size_t n_outputs;
+    uint64_t temp_bytes; /* its compiled temporaries (cdf_pjrt_compiled_memory; 0 where not reported) */
 } cdf_pjrt_exe;
 
 typedef struct cdf_pjrt_cache cdf_pjrt_cache;

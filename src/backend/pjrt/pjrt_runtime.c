@@ -616,6 +616,30 @@ cdf_status cdf_pjrt_num_outputs(cdf_pjrt *p, PJRT_LoadedExecutable *e, size_t *n
     return s;
 }
 
+cdf_status cdf_pjrt_compiled_memory(cdf_pjrt *p, PJRT_LoadedExecutable *e, cdf_pjrt_compiled_mem *out) {
+    memset(out, 0, sizeof *out);
+    if (p->api->struct_size < offsetof(PJRT_Api, PJRT_Executable_GetCompiledMemoryStats) + sizeof(void *) ||
+        !p->api->PJRT_Executable_GetCompiledMemoryStats)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "pjrt: the plugin has no PJRT_Executable_GetCompiledMemoryStats");
+    PJRT_Executable *x;
+    CDF_TRY(get_executable(p, e, &x));
+    ARGS(PJRT_Executable_GetCompiledMemoryStats_Args, a);
+    a.executable = x;
+    cdf_status s = cdf_pjrt_check(p, p->api->PJRT_Executable_GetCompiledMemoryStats(&a), CDF_ERR_UNSUPPORTED,
+                                  "pjrt: the compiled program's memory stats");
+    if (s == CDF_OK) {
+        /* negative values (a plugin reporting "unknown") count as nothing */
+        out->temp_bytes = a.temp_size_in_bytes > 0 ? (uint64_t)a.temp_size_in_bytes : 0;
+        out->argument_bytes = a.argument_size_in_bytes > 0 ? (uint64_t)a.argument_size_in_bytes : 0;
+        out->output_bytes = a.output_size_in_bytes > 0 ? (uint64_t)a.output_size_in_bytes : 0;
+        out->alias_bytes = a.alias_size_in_bytes > 0 ? (uint64_t)a.alias_size_in_bytes : 0;
+        out->code_bytes = a.generated_code_size_in_bytes > 0 ? (uint64_t)a.generated_code_size_in_bytes : 0;
+        out->peak_bytes = a.peak_memory_in_bytes > 0 ? (uint64_t)a.peak_memory_in_bytes : 0;
+    }
+    executable_release(p, x);
+    return s;
+}
+
 cdf_status cdf_pjrt_execute(cdf_pjrt *p, PJRT_LoadedExecutable *e, int n_dev, PJRT_Buffer *const *const *args,
                             size_t n_args, PJRT_Buffer **const *out, size_t n_out, PJRT_Event **done) {
     if (n_dev < 1 || n_dev > p->n_devices)

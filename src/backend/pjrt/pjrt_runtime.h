@@ -101,6 +101,14 @@ cdf_status cdf_pjrt_deserialize(cdf_pjrt *p, const char *bytes, size_t len, PJRT
 void cdf_pjrt_executable_free(cdf_pjrt *p, PJRT_LoadedExecutable *e);
 /* The number of outputs the executable returns (what execute's out array must hold). */
 cdf_status cdf_pjrt_num_outputs(cdf_pjrt *p, PJRT_LoadedExecutable *e, size_t *n);
+/* What a compiled program needs of device memory beside its arguments and outputs
+ * (PJRT_Executable_GetCompiledMemoryStats; the CPU plugin reports it): temp_bytes, the
+ * temporaries live while it runs, is what the device's peak adds for a running program.
+ * CDF_ERR_UNSUPPORTED (all zeros) where the plugin does not report it. */
+typedef struct cdf_pjrt_compiled_mem {
+    uint64_t temp_bytes, argument_bytes, output_bytes, alias_bytes, code_bytes, peak_bytes;
+} cdf_pjrt_compiled_mem;
+cdf_status cdf_pjrt_compiled_memory(cdf_pjrt *p, PJRT_LoadedExecutable *e, cdf_pjrt_compiled_mem *out);
 /* Run on n_dev devices (the executable's replicas, n_dev its replica count), asynchronously:
  * args[d][0..n_args) -> out[d][0..n_out) on device d (out filled with new buffers; n_out must be
  * the executable's output count, cdf_pjrt_num_outputs). done (when not NULL) receives n_dev
