@@ -9,7 +9,8 @@ diffusers' outputs stored in the golden files. A GGUF transformer (Q8_0/Q4_0/Q5_
 decoded in the device's quantized matmul) must give the latents its gguf-py dequantization gives as a
 plain f32 file on the same device (test_formats_single_file.c checks this bit for bit on the CPU).
 Prints one line per run and a summary; exit code 1 if any run failed or exceeded its tolerance.
-Needs torch + safetensors (the GPU machine has both).
+Uses torch + safetensors where they are (the GPU machine has both), else a small reader of its
+own (F32 / BF16 / F16 tensors; scripts/device-check.sh --dry-run on a machine without torch).
 """
 import argparse
 import json
@@ -18,8 +19,11 @@ import subprocess
 import sys
 import time
 
-import torch
-from safetensors.torch import load_file
+try:
+    import torch
+    from safetensors.torch import load_file
+except ImportError:  # no torch here (a --dry-run): the tensors as flat lists of floats
+    torch = None
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
 
@@ -57,7 +61,36 @@ MODES = {
 }
 
 
+def _flat_floats(path, key):
+    """Tensor `key` of a safetensors file as a list of floats (F32, BF16, F16), without torch."""
+    import array
+    import struct
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        head = json.loads(f.read(n))
+        t = head[key]
+        s, e = t["data_offsets"]
+        f.seek(8 + n + s)
+        raw = f.read(e - s)
+    if t["dtype"] == "F32":
+        a = array.array("f")
+        a.frombytes(raw)
+        return list(a)
+    if t["dtype"] == "BF16":
+        h = array.array("H")
+        h.frombytes(raw)
+        return [struct.unpack("<f", struct.pack("<I", x << 16))[0] for x in h]
+    if t["dtype"] == "F16":
+        return [x[0] for x in struct.iter_unpack("<e", raw)]
+    raise ValueError(f"{path}: {key} is {t['dtype']}")
+
+
 def max_diff(ours_path, golden_path, key, gkey=None):
+    if torch is None:
+        a, b = _flat_floats(ours_path, key), _flat_floats(golden_path, gkey or key)
+        if len(a) != len(b):
+            return float("inf"), f"{len(a)} elements vs golden {len(b)}"
+        return max((abs(x - y) for x, y in zip(a, b)), default=0.0), ""
     a = load_file(ours_path)[key].float()
     b = load_file(golden_path)[gkey or key].float()
     if a.numel() != b.numel():
@@ -98,6 +131,7 @@ def main():
     ap.add_argument("--offloads", default="none,model,sequential")
     ap.add_argument("--budget", type=float, default=240, help="seconds; later runs are skipped past it")
     ap.add_argument("--sections", default="components,gguf,pipelines", help="which parts to run")
+    ap.add_argument("--skip", default="", help="pipeline runs already done, as mode:offload,... (e.g. eager:none)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -161,6 +195,8 @@ def main():
         golden = os.path.join(folder, "cases", case, "expected.safetensors")
         for offload in args.offloads.split(","):
             for mode in modes:
+                if f"{mode}:{offload}" in args.skip.split(","):
+                    continue
                 if over_budget():
                     print(f"SKIP  generate {pipe}/{case} {mode} offload={offload}: time budget spent")
                     continue

@@ -17,6 +17,11 @@
 # (CLI=path/to/cdiffusers, default build-gpu/cdiffusers), gcc, python3 with torch; diffusers
 # from DIFFUSERS_SRC (a folder holding the `diffusers` package, carried as files: the GPU
 # machine has no diffusers) or installed.
+# Settings (environment): BENCH_DEVICES (default "cuda"; "cuda pjrt" also runs cdiffusers on the
+# pjrt backend, the XLA GPU plugin there), BENCH_MODELS (default all three), BENCH_SIZE (1024),
+# BENCH_STEPS (each case's), BENCH_PRESET (make-random-pipeline's preset for FLUX.1 instead of
+# the real config: tiny-flux for scripts/device-check.sh --dry-run on a CPU), BENCH_DIFFUSERS=0
+# (no diffusers runs).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 quick=0
@@ -47,7 +52,15 @@ declare -A models=(
   [flux1-schnell]="--preset flux1 --set flux.guidance_embeds=0 ${flux_small[*]:-} ${small[*]:-}"
   [sd35-medium]="--preset sd35-medium ${sd3_small[*]:-} ${small[*]:-}"
 )
-for m in "${!models[@]}"; do
+if [ -n "${BENCH_PRESET:-}" ]; then
+  models[flux1-dev]="--preset $BENCH_PRESET"
+  models[flux1-schnell]="--preset $BENCH_PRESET --set flux.guidance_embeds=0"
+fi
+want_models=${BENCH_MODELS:-"flux1-dev flux1-schnell sd35-medium"}
+size=${BENCH_SIZE:-1024}
+devices=${BENCH_DEVICES:-cuda}
+log "models: $want_models; ${size}x${size}; devices: $devices"
+for m in $want_models; do
   [ -f "$work/$m/model_index.json" ] && continue
   t=$(date +%s)
   # shellcheck disable=SC2086
@@ -58,24 +71,40 @@ done
 # name steps guidance
 cases=("flux1-dev 28 3.5" "flux1-schnell 4 0" "sd35-medium 28 4.5")
 [ $quick = 1 ] && cases=("flux1-dev 4 3.5" "flux1-schnell 4 0" "sd35-medium 4 4.5")
+sel=()
 for c in "${cases[@]}"; do
   set -- $c
-  for mode in eager compile; do
-    t=$(date +%s.%N)
-    err=$("$CLI" generate --model "$work/$1" --prompt "a photo of a red fox in the snow" --height 1024 --width 1024 \
-      --steps "$2" --guidance "$3" --seed 1 --output "$work/$1-$mode.png" --force --quiet --device cuda --mode "$mode" \
-      --memory-stats 2>&1)
-    rc=$?
-    dt=$(awk -v a="$t" -v b="$(date +%s.%N)" 'BEGIN{printf "%.3f", b - a}')
-    peak=$(echo "$err" | grep -i peak | tr '\n' ' ' | cut -c1-200)
-    log "cdiffusers $1 1024x1024 $2 steps mode=$mode: rc=$rc ${dt} s/image ($(awk -v a="$dt" -v n="$2" 'BEGIN{printf "%.4f", a / n}') s/step incl. text+VAE) $peak"
-    [ $rc = 0 ] || echo "$err" | tail -5 | tee -a "$res"
+  case " $want_models " in *" $1 "*) sel+=("$1 ${BENCH_STEPS:-$2} $3") ;; esac
+done
+cases=("${sel[@]}")
+for c in "${cases[@]}"; do
+  set -- $c
+  for dev in $devices; do
+    for mode in eager compile; do
+      # pjrt: a first run fills the program cache (XLA's compile), the timed one loads it
+      runs=1
+      [ "$dev" = pjrt ] && runs=2
+      for r in $(seq $runs); do
+        t=$(date +%s.%N)
+        err=$("$CLI" generate --model "$work/$1" --prompt "a photo of a red fox in the snow" --height "$size" --width "$size" \
+          --steps "$2" --guidance "$3" --seed 1 --output "$work/$1-$dev-$mode.png" --force --quiet --device "$dev" \
+          --mode "$mode" --memory-stats 2>&1)
+        rc=$?
+        dt=$(awk -v a="$t" -v b="$(date +%s.%N)" 'BEGIN{printf "%.3f", b - a}')
+        first=""
+        [ $runs = 2 ] && [ $r = 1 ] && first=" (first run: XLA compiles)"
+        peak=$(echo "$err" | grep -i peak | tr '\n' ' ' | cut -c1-200)
+        log "cdiffusers $1 ${size}x${size} $2 steps --device $dev mode=$mode$first: rc=$rc ${dt} s/image ($(awk -v a="$dt" -v n="$2" 'BEGIN{printf "%.4f", a / n}') s/step incl. text+VAE) $peak"
+        [ $rc = 0 ] || { echo "$err" | tail -5 | tee -a "$res"; break; }
+      done
+    done
   done
 done
+[ "${BENCH_DIFFUSERS:-1}" = 0 ] && { log "diffusers: not run (BENCH_DIFFUSERS=0)"; exit 0; }
 
 if [ -n "${DIFFUSERS_SRC:-}" ]; then export PYTHONPATH="$DIFFUSERS_SRC:${PYTHONPATH:-}"; fi
 for c in "${cases[@]}"; do
   set -- $c
   PYTHONUNBUFFERED=1 python3 "$root/bench/cuda/diffusers_bench.py" --model "$work/$1" --steps "$2" --guidance "$3" \
-    --size 1024 2>&1 | tee -a "$res"
+    --size "$size" 2>&1 | tee -a "$res"
 done
