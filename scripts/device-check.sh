@@ -150,6 +150,16 @@ ldd "$CLI" | grep 'not found' | tee -a "$SUMMARY"
 # the plugin the pjrt stages open: DEVICE_CHECK_PJRT_PLUGIN, else what `--device pjrt` picks
 # (the GPU plugin jax_plugins/xla_cuda13 in the Python site-packages where the driver is)
 [ -n "${DEVICE_CHECK_PJRT_PLUGIN:-}" ] && export CDIFFUSERS_PJRT_PLUGIN="$DEVICE_CHECK_PJRT_PLUGIN"
+if [ $DRY = 0 ] && [ -z "${DEVICE_CHECK_PJRT_PLUGIN:-}" ] && ! "$CLI" devices 2>&1 | grep -q '^  pjrt:0 .*(xla_cuda13)'; then
+  # not where the backend searches (src/backend/pjrt/pjrt_runtime.c): ask this machine's Python
+  gp=$(python3 -c 'import importlib.util as u, os; s = u.find_spec("jax_plugins.xla_cuda13"); print(os.path.join(os.path.dirname(s.origin), "xla_cuda_plugin.so"))' 2>/dev/null)
+  if [ -n "$gp" ] && [ -f "$gp" ]; then
+    export CDIFFUSERS_PJRT_PLUGIN="$gp"
+    note "NOTE  pjrt: the GPU plugin is outside the backend's search path; found by python3 at $gp (CDIFFUSERS_PJRT_PLUGIN)"
+  else
+    note "NOTE  pjrt: no jax_plugins/xla_cuda13 on this machine (python3 finds none): pjrt runs on the plugin it finds"
+  fi
+fi
 export CDIFFUSERS_PJRT_CACHE="$ROOT/build-check/pjrt-cache"
 mkdir -p "$ROOT/build-check"
 export CLI ROOT DRY

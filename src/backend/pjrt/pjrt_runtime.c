@@ -302,6 +302,10 @@ static int parse_options(char *spec, PJRT_NamedValue *nv, int cap, char *why, si
             v->type = PJRT_NamedValue_kInt64;
             v->int64_value = iv;
             v->value_size = 1;
+        } else if (*val && (strtof(val, &end), !*end)) { /* e.g. the GPU plugin's memory_fraction=0.5 */
+            v->type = PJRT_NamedValue_kFloat;
+            v->float_value = strtof(val, NULL);
+            v->value_size = 1;
         } else if (!strcasecmp(val, "true") || !strcasecmp(val, "false")) {
             v->type = PJRT_NamedValue_kBool;
             v->bool_value = !strcasecmp(val, "true");

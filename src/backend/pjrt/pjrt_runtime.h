@@ -59,7 +59,7 @@ typedef struct cdf_pjrt {
  * caller decides by calling this at all). Errors name the path and CDIFFUSERS_PJRT_PLUGIN. */
 cdf_status cdf_pjrt_open(const char *path, cdf_pjrt *p);
 /* Create the client: create options from CDIFFUSERS_PJRT_OPTIONS (key=value,...; integers,
- * booleans, strings), cpu_device_count defaulting to `cpu_devices` on the CPU plugin. */
+ * floats, booleans, strings), cpu_device_count defaulting to `cpu_devices` on the CPU plugin. */
 cdf_status cdf_pjrt_client_create(cdf_pjrt *p, int cpu_devices);
 void cdf_pjrt_close(cdf_pjrt *p);
 
