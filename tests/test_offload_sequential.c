@@ -213,7 +213,8 @@ static void check_sequential_under_budget(const char *dir, compile_variant varia
         /* every block copy, graph arena and model released after generate */
         assert_int_equal(current_bytes(), base);
     }
-    if (variant != AS_LOADED) assert_true(cdf_component_compiled_graphs(p->transformer) == 0); /* released with it */
+    /* the block graphs outlive the transformer's release (they hold no device memory: checked above) */
+    if (variant == API_BLOCKS) assert_true(cdf_component_compiled_graphs(p->transformer) > 0);
     cdf_pipeline_free(p);
     assert_int_equal(cdf_device_set_memory_limit(dev(), 0), CDF_OK);
 }
@@ -307,7 +308,9 @@ static void test_enable_sequential_on_loaded_pipeline(void **state) {
     cdf_pipeline_free(p);
 }
 
-/* Repeated-block graphs bind their weights per call: model offload must leave nothing behind. */
+/* Repeated-block graphs bind their weights per call: model offload releases the weights and
+ * leaves no device memory behind, but keeps the graphs, so a second generate with the same shapes
+ * replays them and compiles nothing (diffusers' compile_repeated_blocks + enable_model_cpu_offload). */
 static void test_block_graphs_do_not_pin_weights(void **state) {
     (void)state;
     const cdf_generate_params gp = request(g_flux);
@@ -316,12 +319,26 @@ static void test_block_graphs_do_not_pin_weights(void **state) {
     cdf_pipeline *p = load(g_flux, CDF_OFFLOAD_MODEL);
     cdf_compile_options o = cdf_compile_default_options();
     assert_int_equal(cdf_pipeline_compile_repeated_blocks(p, &o), CDF_OK);
-    result r;
-    generate(p, &gp, &r);
-    assert_true(cdf_component_compiled_graphs(p->transformer) == 0); /* released with the transformer */
-    expect_identical(ref, &r);
-    result_free(&r);
-    assert_int_equal(current_bytes(), base); /* the transformer's weights and its block graphs' arenas */
+    /* whole-model compile (the suite's CDIFFUSERS_COMPILE=1 on the other models) recompiles after
+     * each release, as its graphs hold the weights: the count is checked without it */
+    const char *env = getenv("CDIFFUSERS_COMPILE");
+    const bool count = !env || !*env || strcmp(env, "0") == 0 || strcmp(env, "blocks") == 0;
+    for (int run = 0; run < 2; run++) {
+        cdf_exec_stats s0, s1;
+        cdf_exec_get_stats(&s0);
+        result r;
+        generate(p, &gp, &r);
+        cdf_exec_get_stats(&s1);
+        print_message("model offload + repeated blocks, run %d: %llu compiles, %d block graphs kept\n", run,
+                      (unsigned long long)(s1.compiles - s0.compiles), cdf_component_compiled_graphs(p->transformer));
+        assert_false(cdf_component_is_loaded(p->transformer)); /* released after the denoising phase */
+        assert_true(cdf_component_compiled_graphs(p->transformer) > 0); /* kept across the release */
+        if (count && run == 0) assert_true(s1.compiles > s0.compiles);
+        if (count && run == 1) assert_int_equal(s1.compiles - s0.compiles, 0);
+        expect_identical(ref, &r);
+        result_free(&r);
+        assert_int_equal(current_bytes(), base); /* the transformer's weights and its block graphs' arenas */
+    }
     cdf_pipeline_free(p);
 }
 

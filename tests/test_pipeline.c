@@ -19,14 +19,30 @@
 
 typedef struct golden_case {
     const char *pipeline, *name;
+    bool embeds; /* the case's captured prompt_embeds (and pooled, negative) in place of its prompts */
 } golden_case;
 
 static const golden_case k_cases[] = {
-    {"flux1_schnell_tiny", "64x64"},      {"flux1_schnell_tiny", "64x96_seq256"},
-    {"flux1_dev_tiny", "64x64"},          {"flux1_dev_tiny", "96x64_long_default_seq"},
-    {"flux1_dev_tiny", "64x64_true_cfg"}, {"sd35m_tiny", "64x64_neg"},
-    {"sd35m_tiny", "64x96_bang_default_seq"}, {"sd35m_tiny", "96x64_nocfg"},
+    {"flux1_schnell_tiny", "64x64", false},      {"flux1_schnell_tiny", "64x96_seq256", false},
+    {"flux1_dev_tiny", "64x64", false},          {"flux1_dev_tiny", "96x64_long_default_seq", false},
+    {"flux1_dev_tiny", "64x64_true_cfg", false}, {"sd35m_tiny", "64x64_neg", false},
+    {"sd35m_tiny", "64x96_bang_default_seq", false}, {"sd35m_tiny", "96x64_nocfg", false},
+    /* diffusers' prompt_embeds= (cdf_generate_params.prompt_embeds): no prompt, the same latents */
+    {"flux1_schnell_tiny", "64x64", true}, {"flux1_dev_tiny", "64x64_true_cfg", true}, {"sd35m_tiny", "64x64_neg", true},
 };
+
+/* A golden tensor as an f32 host tensor (NULL if the case has none). */
+static cdf_tensor *golden_tensor(cdf_st_file *gf, const char *key) {
+    const cdf_st_tensor *g = cdf_st_find(gf, key);
+    if (!g) return NULL;
+    float *v = malloc((size_t)cdf_st_numel(g) * sizeof *v);
+    assert_non_null(v);
+    cdf_convert(v, CDF_F32, cdf_st_data(gf, g), g->dtype, (size_t)cdf_st_numel(g));
+    cdf_tensor *t = cdf_tensor_from_host(cdf_device_get("cpu"), CDF_F32, g->ndim, g->shape, v, CDF_F32);
+    free(v);
+    assert_non_null(t);
+    return t;
+}
 
 /* max |a - b| over the tensor `key` of the capture vs the golden file's tensor of the same key
  * (or `gkey`), optionally a row `row` of a stacked golden tensor [N, ...]. */
@@ -87,12 +103,21 @@ static void run_case(const golden_case *gc) {
     cdf_tensor_map cap;
     cdf_tensor_map_init(&cap);
     gp.capture = &cap;
-    cdf_image img;
-    if (cdf_pipeline_generate(pipe, &gp, &img) != CDF_OK) fail_msg("generate %s/%s: %s", gc->pipeline, gc->name, cdf_last_error());
-
     snprintf(path, sizeof path, "%s/cases/%s/expected.safetensors", dir, gc->name);
     cdf_st_file *gf;
     assert_int_equal(cdf_st_open(path, &gf), CDF_OK);
+    cdf_tensor *emb[4] = {0};
+    if (gc->embeds) {
+        static const char *const keys[4] = {"prompt_embeds", "pooled_prompt_embeds", "negative_prompt_embeds",
+                                            "negative_pooled_prompt_embeds"};
+        for (int i = 0; i < 4; i++) emb[i] = golden_tensor(gf, keys[i]);
+        gp.prompt = NULL, gp.negative_prompt = NULL;
+        gp.prompt_embeds = emb[0], gp.pooled_prompt_embeds = emb[1];
+        gp.negative_prompt_embeds = emb[2], gp.negative_pooled_prompt_embeds = emb[3];
+    }
+    cdf_image img;
+    if (cdf_pipeline_generate(pipe, &gp, &img) != CDF_OK) fail_msg("generate %s/%s: %s", gc->pipeline, gc->name, cdf_last_error());
+    for (int i = 0; i < 4; i++) cdf_tensor_release(emb[i]);
     bool miss;
     struct { const char *key; double tol; } exact_or_close[] = {
         {"input_ids.tokenizer", 0}, {"input_ids.tokenizer_2", 0}, {"input_ids.tokenizer_3", 0},
@@ -105,6 +130,7 @@ static void run_case(const golden_case *gc) {
         const char *k = exact_or_close[i].key;
         bool golden_has = cdf_st_find(gf, k) != NULL;
         if (!golden_has) continue; /* e.g. no negative prompt in this case */
+        if (gc->embeds && strstr(k, "input_ids")) continue; /* nothing is tokenized */
         double d = cmp_tensor(&cap, k, gf, k, -1, &miss);
         print_message("  %s/%s %-30s max|diff| = %.3g (tol %.1g)\n", gc->pipeline, gc->name, k, d, exact_or_close[i].tol);
         assert_false(miss);
@@ -172,7 +198,7 @@ int main(void) {
     size_t n = 0;
     for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++) {
         static char names[16][96];
-        snprintf(names[i], sizeof names[i], "%s/%s", k_cases[i].pipeline, k_cases[i].name);
+        snprintf(names[i], sizeof names[i], "%s/%s%s", k_cases[i].pipeline, k_cases[i].name, k_cases[i].embeds ? " (prompt_embeds)" : "");
         tests[n++] = (struct CMUnitTest){names[i], test_case, NULL, NULL, (void *)&k_cases[i]};
     }
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_requests_refused_before_work);

@@ -168,6 +168,23 @@ typedef struct cdf_generate_params {
      * as diffusers does); "taylorseer[:key=value,...]" = TaylorSeerCacheConfig (FLUX.1; also
      * use_lite_mode=True). Another string, or a cache the model cannot take, is an error. */
     const char *cache;
+    /* Several prompts (diffusers' prompt=[...]): num_prompts strings used in place of prompt, and
+     * NULL or num_prompts negative prompts (else negative_prompt for all). A request then makes
+     * num_prompts x num_images images, prompt-major (image k has prompt k / num_images); with one
+     * generator the noise is one (num_prompts x num_images, ...) draw, as diffusers' batch; with
+     * seeds, num_seeds must be num_prompts x num_images (one generator per image). */
+    const char *const *prompts;
+    const char *const *negative_prompts;
+    int num_prompts;
+    /* Precomputed text embeddings (diffusers' prompt_embeds=, pooled_prompt_embeds=,
+     * negative_prompt_embeds=, negative_pooled_prompt_embeds=): float tensors on any device, of
+     * FluxPipeline's / StableDiffusion3Pipeline's encode_prompt shapes with a batch of 1 or of the
+     * number of prompts ([B, L, joint_attention_dim] and [B, pooled_projection_dim]; their
+     * batch sets the number of prompts when prompts is NULL). prompt_embeds replaces the prompt
+     * (pooled_prompt_embeds is then required); the negative ones replace the negative prompt (Flux:
+     * true CFG needs both). NULL (default): the prompts are encoded. */
+    const struct cdf_tensor *prompt_embeds, *pooled_prompt_embeds;
+    const struct cdf_tensor *negative_prompt_embeds, *negative_pooled_prompt_embeds;
     cdf_step_callback callback;
     void *callback_user;
     /* If non-NULL: receives intermediates under the golden keys (noise, latents_initial,
@@ -187,7 +204,8 @@ void cdf_image_free(cdf_image *img);
 /* Run the whole pipeline: prompt -> image. Validates the request (sizes, steps) before
  * allocating anything large. */
 cdf_status cdf_pipeline_generate(cdf_pipeline *p, const cdf_generate_params *params, cdf_image *out);
-/* The number of images a request makes (num_seeds if seeds, else max(num_images, 1)). */
+/* The number of images a request makes (num_seeds if seeds, else max(num_images, 1) x the number
+ * of prompts). */
 int cdf_generate_params_count(const cdf_generate_params *params);
 /* A batch: out[0 .. count-1] (count = cdf_generate_params_count, n_out must equal it). With
  * params->capture, image k's intermediates are also stored under "k.<key>". On failure no image

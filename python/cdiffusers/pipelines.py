@@ -51,16 +51,38 @@ def _check_float(name, v):
         raise TypeError(f"{name} must be a float, got {type(v).__name__}")
 
 
-def _one_prompt(name, p):
-    """diffusers takes a string or a list of them; the library makes one prompt per call."""
+def _prompt_list(name, p):
+    """diffusers takes a string or a list of them: None, a str, or a list of str."""
     if p is None or isinstance(p, str):
         return p
     if isinstance(p, (list, tuple)) and all(isinstance(x, str) for x in p):
-        if len(p) == 1:
-            return p[0]
-        raise NotImplementedError(f"{name}: a list of {len(p)} prompts is not supported; call once per prompt "
-                                  "(num_images_per_prompt / a list of generators make batches)")
+        if not p:
+            raise ValueError(f"{name} is an empty list")
+        return list(p)
     raise TypeError(f"{name} must be a str or a list of str, got {type(p).__name__}")
+
+
+def _embeds_arg(name, x, ndim, width=None, width_what=""):
+    """prompt_embeds and co.: a numpy array (or anything numpy reads: a CPU torch tensor) of
+    diffusers' encode_prompt shape -> (float32 bytes, shape) for the library."""
+    if x is None:
+        return None
+    np = _np()
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
+        x = x.detach().cpu().float().numpy()
+    try:
+        a = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be an array of floats, got {type(x).__name__}") from e
+    dims = "(batch_size, sequence_length, channels)" if ndim == 3 else "(batch_size, channels)"
+    if a.ndim != ndim or 0 in a.shape:
+        raise ValueError(f"`{name}` must have shape {dims}, got {tuple(a.shape)}")
+    if width is not None and a.shape[-1] != width:
+        raise ValueError(f"`{name}` has {a.shape[-1]} channels but the pipeline takes {width} ({width_what}); "
+                         f"shape {tuple(a.shape)}")
+    if not np.isfinite(a).all():
+        raise ValueError(f"`{name}` holds NaN or infinite values")
+    return a
 
 
 def _image_arg(name, img, mask=False):
@@ -269,7 +291,8 @@ _CALL_DEFAULTS = dict(prompt=None, negative_prompt=None, true_cfg_scale=None, he
                       output_type="pil", return_dict=True, joint_attention_kwargs=None,
                       callback_on_step_end=None, callback_on_step_end_tensor_inputs=("latents",),
                       max_sequence_length=None, image=None, mask_image=None, strength=None,
-                      text_encoder_out_layers=None, prompt_embeds=None)
+                      text_encoder_out_layers=None, prompt_embeds=None, pooled_prompt_embeds=None,
+                      negative_prompt_embeds=None, negative_pooled_prompt_embeds=None)
 
 
 class DiffusionPipeline:
@@ -559,23 +582,13 @@ class DiffusionPipeline:
             if k not in self._call_params:
                 raise TypeError(f"{type(self).__name__}.__call__() got an unexpected keyword argument '{k}'")
         kw = {}
-        prompt = _one_prompt("prompt", prompt)
-        negative_prompt = _one_prompt("negative_prompt", negative_prompt)
-        if prompt_embeds is not None:
-            raise NotImplementedError("prompt_embeds: cdiffusers encodes the prompt itself; pass prompt= "
-                                      "(precomputed embeddings are not supported)")
-        if prompt is None:
-            raise ValueError("Provide either `prompt` or `prompt_embeds`. Cannot leave both `prompt` and "
-                             "`prompt_embeds` undefined.")
-        kw["prompt"] = prompt
-        if negative_prompt is not None:
-            kw["negative_prompt"] = negative_prompt
+        _check_int("num_images_per_prompt", num_images_per_prompt, 1)
+        batch_size = self._prompt_args(kw, prompt, negative_prompt, prompt_embeds, class_kwargs)
         for name, v in (("height", height), ("width", width), ("num_inference_steps", num_inference_steps),
                         ("max_sequence_length", max_sequence_length)):
             _check_int(name, v, 1)
             if v is not None:
                 kw[name] = v
-        _check_int("num_images_per_prompt", num_images_per_prompt, 1)
         _check_float("guidance_scale", guidance_scale)
         if guidance_scale is not None:
             kw["guidance_scale"] = float(guidance_scale)
@@ -603,17 +616,18 @@ class DiffusionPipeline:
             kw["image"] = image
         if mask is not None:
             kw["mask_image"] = mask
-        # generators: one (its seed; num_images_per_prompt images from it) or one per image
+        # generators: one (its seed; the batch's noise drawn from it as one tensor) or one per image,
+        # images prompt-major (batch_size prompts x num_images_per_prompt), as diffusers
+        count = batch_size * num_images_per_prompt
         if isinstance(generator, (list, tuple)):
-            if len(generator) != num_images_per_prompt:
+            if len(generator) != count:
                 raise ValueError(f"You have passed a list of generators of length {len(generator)}, but requested an "
-                                 f"effective batch size of {num_images_per_prompt}. Make sure the batch size matches "
+                                 f"effective batch size of {count}. Make sure the batch size matches "
                                  "the length of the generators.")
             kw["seeds"] = [seed_of(g) for g in generator]
         else:
             kw["seed"] = seed_of(generator) if generator is not None else self._rng.getrandbits(63)
             kw["num_images"] = num_images_per_prompt
-        count = len(kw["seeds"]) if "seeds" in kw else num_images_per_prompt
         if output_type not in ("pil", "np", "latent"):
             raise ValueError(f"output_type must be 'pil', 'np' or 'latent', got {output_type!r} (no 'pt': no torch)")
         pil = _pil() if output_type == "pil" else None
@@ -652,6 +666,92 @@ class DiffusionPipeline:
                 self._apply_lora_scales(1.0)
         images = self._images(handle, out, output_type, pil, count)
         return self._output(images) if return_dict else (images,)
+
+    def _prompt_args(self, kw, prompt, negative_prompt, prompt_embeds, class_kwargs):
+        """prompt / negative_prompt (str or lists) and the embedding arguments, checked as diffusers'
+        check_inputs does, into the library's fields; returns the number of prompts (batch_size)."""
+        prompts = _prompt_list("prompt", prompt)
+        negs = _prompt_list("negative_prompt", negative_prompt)
+        pooled = class_kwargs.get("pooled_prompt_embeds")
+        neg_embeds = class_kwargs.get("negative_prompt_embeds")
+        neg_pooled = class_kwargs.get("negative_pooled_prompt_embeds")
+        if prompts is not None and prompt_embeds is not None:
+            raise ValueError(f"Cannot forward both `prompt`: {prompt} and `prompt_embeds`. Please make sure to only "
+                             "forward one of the two.")
+        if prompts is None and prompt_embeds is None:
+            raise ValueError("Provide either `prompt` or `prompt_embeds`. Cannot leave both `prompt` and "
+                             "`prompt_embeds` undefined.")
+        if prompt_embeds is not None and pooled is None:
+            raise ValueError("If `prompt_embeds` are provided, `pooled_prompt_embeds` also have to be passed. Make "
+                             "sure to generate `pooled_prompt_embeds` from the same text encoder that was used to "
+                             "generate `prompt_embeds`.")
+        if neg_embeds is not None and neg_pooled is None:
+            raise ValueError("If `negative_prompt_embeds` are provided, `negative_pooled_prompt_embeds` also have to "
+                             "be passed. Make sure to generate `negative_pooled_prompt_embeds` from the same text "
+                             "encoder that was used to generate `negative_prompt_embeds`.")
+        if negs is not None and neg_embeds is not None:
+            raise ValueError(f"Cannot forward both `negative_prompt`: {negative_prompt} and `negative_prompt_embeds`. "
+                             "Please make sure to only forward one of the two.")
+        if prompt_embeds is not None or neg_embeds is not None or pooled is not None:
+            joint, pooled_dim = self._embeds_widths()
+            e = _embeds_arg("prompt_embeds", prompt_embeds, 3, joint, "the transformer's joint_attention_dim")
+            pe = _embeds_arg("pooled_prompt_embeds", pooled, 2, pooled_dim, "the transformer's pooled_projection_dim")
+            ne = _embeds_arg("negative_prompt_embeds", neg_embeds, 3, joint, "the transformer's joint_attention_dim")
+            npe = _embeds_arg("negative_pooled_prompt_embeds", neg_pooled, 2, pooled_dim,
+                              "the transformer's pooled_projection_dim")
+            batch = e.shape[0] if e is not None else len(prompts) if isinstance(prompts, list) else 1
+            for name, a in (("pooled_prompt_embeds", pe), ("negative_prompt_embeds", ne),
+                            ("negative_pooled_prompt_embeds", npe)):
+                if a is not None and a.shape[0] not in (1, batch):
+                    raise ValueError(f"`{name}` has a batch of {a.shape[0]} but there are {batch} prompts")
+            if e is not None and ne is not None and e.shape != ne.shape:
+                raise ValueError("`prompt_embeds` and `negative_prompt_embeds` must have the same shape when passed "
+                                 f"directly, but got: `prompt_embeds` {tuple(e.shape)} != `negative_prompt_embeds` "
+                                 f"{tuple(ne.shape)}.")
+            for name, a in (("prompt_embeds", e), ("pooled_prompt_embeds", pe), ("negative_prompt_embeds", ne),
+                            ("negative_pooled_prompt_embeds", npe)):
+                if a is not None:
+                    kw[name] = (a.tobytes(), list(a.shape))
+        if isinstance(prompts, list):
+            batch = len(prompts)
+            kw["prompts"] = prompts
+        elif prompts is not None:
+            batch = 1
+            kw["prompt"] = prompts
+        else:
+            batch = kw["prompt_embeds"][1][0]
+        if isinstance(negs, list):
+            if isinstance(prompts, str):
+                raise TypeError("`negative_prompt` should be the same type to `prompt`, but got <class 'list'> != "
+                                "<class 'str'>.")
+            if len(negs) != batch:
+                raise ValueError(f"`negative_prompt`: {negative_prompt} has batch size {len(negs)}, but `prompt`: "
+                                 f"{prompt} has batch size {batch}. Please make sure that passed `negative_prompt` "
+                                 "matches the batch size of `prompt`.")
+            if batch == 1:
+                kw["negative_prompt"] = negs[0]
+            elif prompts is None:
+                raise NotImplementedError("a list of negative prompts with prompt_embeds is not supported (pass "
+                                          "negative_prompt_embeds)")
+            else:
+                kw["negative_prompts"] = negs
+        elif negs is not None:
+            kw["negative_prompt"] = negs
+        if "prompts" in kw and len(kw["prompts"]) == 1 and "negative_prompts" not in kw:
+            kw["prompt"] = kw.pop("prompts")[0]
+        return batch
+
+    def _embeds_widths(self):
+        """The transformer's joint_attention_dim and pooled_projection_dim (its config.json)."""
+        if self._family == "Flux2Pipeline":
+            raise NotImplementedError("prompt_embeds: Flux2Pipeline encodes the prompt itself in cdiffusers "
+                                      "(FluxPipeline and StableDiffusion3Pipeline take embeddings)")
+        try:
+            with open(os.path.join(self._path, "transformer", "config.json")) as f:
+                cfg = json.load(f)
+            return cfg.get("joint_attention_dim"), cfg.get("pooled_projection_dim")
+        except (OSError, ValueError, TypeError):
+            return None, None  # the library checks what it can
 
     def _images(self, handle, out, output_type, pil, count):
         if output_type == "pil" and pil is not None:
@@ -759,23 +859,25 @@ def _pipeline_class(name, family, output, call_params=(), needs_image=False, nee
 
 
 FluxPipeline = _pipeline_class(
-    "FluxPipeline", "FluxPipeline", FluxPipelineOutput, ("true_cfg_scale",),
+    "FluxPipeline", "FluxPipeline", FluxPipelineOutput, ("true_cfg_scale", "pooled_prompt_embeds", "negative_prompt_embeds", "negative_pooled_prompt_embeds"),
     doc="diffusers.FluxPipeline: FLUX.1 [schnell] / [dev] text-to-image, run by the library.")
 FluxImg2ImgPipeline = _pipeline_class(
-    "FluxImg2ImgPipeline", "FluxPipeline", FluxPipelineOutput, ("true_cfg_scale", "image", "strength"), True,
+    "FluxImg2ImgPipeline", "FluxPipeline", FluxPipelineOutput, ("true_cfg_scale", "image", "strength", "pooled_prompt_embeds", "negative_prompt_embeds", "negative_pooled_prompt_embeds"),
+    True,
     doc="diffusers.FluxImg2ImgPipeline: FLUX.1 image-to-image (image=, strength=), run by the library.")
 FluxInpaintPipeline = _pipeline_class(
-    "FluxInpaintPipeline", "FluxPipeline", FluxPipelineOutput, ("true_cfg_scale", "image", "mask_image", "strength"),
+    "FluxInpaintPipeline", "FluxPipeline", FluxPipelineOutput, ("true_cfg_scale", "image", "mask_image", "strength",
+                                              "pooled_prompt_embeds", "negative_prompt_embeds", "negative_pooled_prompt_embeds"),
     True, True, doc="diffusers.FluxInpaintPipeline: FLUX.1 inpainting (image=, mask_image=: white repaints).")
 StableDiffusion3Pipeline = _pipeline_class(
-    "StableDiffusion3Pipeline", "StableDiffusion3Pipeline", StableDiffusion3PipelineOutput,
+    "StableDiffusion3Pipeline", "StableDiffusion3Pipeline", StableDiffusion3PipelineOutput, ("pooled_prompt_embeds", "negative_prompt_embeds", "negative_pooled_prompt_embeds"),
     doc="diffusers.StableDiffusion3Pipeline: SD3 / SD3.5 text-to-image, run by the library.")
 StableDiffusion3Img2ImgPipeline = _pipeline_class(
     "StableDiffusion3Img2ImgPipeline", "StableDiffusion3Pipeline", StableDiffusion3PipelineOutput,
-    ("image", "strength"), True, doc="diffusers.StableDiffusion3Img2ImgPipeline: SD3 / SD3.5 image-to-image.")
+    ("image", "strength", "pooled_prompt_embeds", "negative_prompt_embeds", "negative_pooled_prompt_embeds"), True, doc="diffusers.StableDiffusion3Img2ImgPipeline: SD3 / SD3.5 image-to-image.")
 StableDiffusion3InpaintPipeline = _pipeline_class(
     "StableDiffusion3InpaintPipeline", "StableDiffusion3Pipeline", StableDiffusion3PipelineOutput,
-    ("image", "mask_image", "strength"), True, True,
+    ("image", "mask_image", "strength", "pooled_prompt_embeds", "negative_prompt_embeds", "negative_pooled_prompt_embeds"), True, True,
     doc="diffusers.StableDiffusion3InpaintPipeline: SD3 / SD3.5 inpainting.")
 Flux2Pipeline = _pipeline_class(
     "Flux2Pipeline", "Flux2Pipeline", Flux2PipelineOutput, ("image", "text_encoder_out_layers"),

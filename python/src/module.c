@@ -287,6 +287,62 @@ static int int_list(PyObject *o, const char *what, int64_t **out, int *n_out) {
     return 0;
 }
 
+/* A list of str -> a NULL-free array of borrowed UTF-8 pointers (valid while `o` lives). */
+static int str_list(PyObject *o, const char *what, const char ***out, int *n_out) {
+    *out = NULL, *n_out = 0;
+    if (o == Py_None) return 0;
+    Py_ssize_t n = PySequence_Size(o);
+    if (n < 0) return -1;
+    const char **v = calloc((size_t)(n ? n : 1), sizeof *v);
+    if (!v) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PySequence_GetItem(o, i); /* a list's item: the list keeps it */
+        v[i] = it && PyUnicode_Check(it) ? PyUnicode_AsUTF8AndSize(it, NULL) : NULL;
+        Py_XDECREF(it);
+        if (!v[i]) {
+            free(v);
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "%s must hold str", what);
+            return -1;
+        }
+    }
+    *out = v, *n_out = (int)n;
+    return 0;
+}
+
+/* (float32 bytes, shape) -> a host tensor (the library moves it to the pipeline's device). */
+static int embeds_arg(PyObject *o, const char *what, cdf_tensor **out) {
+    *out = NULL;
+    if (o == Py_None) return 0;
+    PyObject *data = NULL, *shape = NULL;
+    if (!PyTuple_Check(o) || !PyArg_ParseTuple(o, "SO", &data, &shape)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be (float32 bytes, shape)", what);
+        return -1;
+    }
+    int64_t *dims = NULL;
+    int nd = 0;
+    if (int_list(shape, what, &dims, &nd) < 0) return -1;
+    int64_t numel = 1;
+    for (int i = 0; i < nd; i++) numel *= dims[i] > 0 ? dims[i] : 0;
+    if (nd < 1 || nd > 3 || (Py_ssize_t)(numel * 4) != PyBytes_Size(data)) {
+        free(dims);
+        PyErr_Format(PyExc_ValueError, "%s: %d dimensions, %lld bytes for %lld values", what, nd, (long long)PyBytes_Size(data),
+                     (long long)numel);
+        return -1;
+    }
+    cdf_device *cpu = cdf_device_get("cpu");
+    *out = cpu ? cdf_tensor_from_host(cpu, CDF_F32, nd, dims, PyBytes_AsString(data), CDF_F32) : NULL;
+    free(dims);
+    if (!*out) {
+        raise_status(cdf_last_status());
+        return -1;
+    }
+    return 0;
+}
+
 /* generate(**kw) -> [(pixels bytes, width, height), ...]; with capture=True the intermediates
  * stay readable through captured(key) until the next call. */
 static PyObject *Pipeline_generate(PyObject *obj, PyObject *args, PyObject *kw) {
@@ -295,17 +351,20 @@ static PyObject *Pipeline_generate(PyObject *obj, PyObject *args, PyObject *kw) 
                           "guidance_scale", "true_cfg_scale", "max_sequence_length", "seed", "seeds",
                           "num_images", "image",           "mask_image", "strength",   "text_encoder_out_layers",
                           "vae_tiling", "vae_tile_size",   "cache",     "callback",    "capture",
-                          NULL};
+                          "prompts",    "negative_prompts", "prompt_embeds", "pooled_prompt_embeds",
+                          "negative_prompt_embeds", "negative_pooled_prompt_embeds", NULL};
     cdf_generate_params gp = cdf_generate_default_params();
     const char *prompt = NULL, *neg = NULL, *cache = NULL;
     unsigned long long seed = 0;
     PyObject *seeds_o = Py_None, *image_o = Py_None, *mask_o = Py_None, *layers_o = Py_None, *cb = Py_None;
+    PyObject *prompts_o = Py_None, *negs_o = Py_None, *emb_o[4] = {Py_None, Py_None, Py_None, Py_None};
     int capture = 0;
     if (pipe_ready(self) < 0) return NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zziiiddiKOiOOdOiizOp", kws, &prompt, &neg, &gp.height, &gp.width,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zziiiddiKOiOOdOiizOpOOOOOO", kws, &prompt, &neg, &gp.height, &gp.width,
                                      &gp.num_inference_steps, &gp.guidance_scale, &gp.true_cfg_scale,
                                      &gp.max_sequence_length, &seed, &seeds_o, &gp.num_images, &image_o, &mask_o,
-                                     &gp.strength, &layers_o, &gp.vae_tiling, &gp.vae_tile_size, &cache, &cb, &capture))
+                                     &gp.strength, &layers_o, &gp.vae_tiling, &gp.vae_tile_size, &cache, &cb, &capture,
+                                     &prompts_o, &negs_o, &emb_o[0], &emb_o[1], &emb_o[2], &emb_o[3]))
         return NULL;
     gp.prompt = prompt ? prompt : "";
     gp.negative_prompt = neg;
@@ -318,8 +377,24 @@ static PyObject *Pipeline_generate(PyObject *obj, PyObject *args, PyObject *kw) 
     cdf_image in_img, in_mask, *out = NULL;
     int count = 0;
     step_ctx ctx = {0};
+    const char **prompts = NULL, **negs = NULL;
+    int n_prompts = 0, n_negs = 0;
+    cdf_tensor *emb[4] = {0};
+    static const char *const emb_names[4] = {"prompt_embeds", "pooled_prompt_embeds", "negative_prompt_embeds",
+                                             "negative_pooled_prompt_embeds"};
     if (int_list(seeds_o, "seeds", &seeds64, &n_seeds) < 0 || int_list(layers_o, "text_encoder_out_layers", &layers64, &n_layers) < 0)
         goto done;
+    if (str_list(prompts_o, "prompts", &prompts, &n_prompts) < 0 || str_list(negs_o, "negative_prompts", &negs, &n_negs) < 0)
+        goto done;
+    if (negs && n_negs != n_prompts) {
+        PyErr_Format(PyExc_ValueError, "%d negative prompts for %d prompts", n_negs, n_prompts);
+        goto done;
+    }
+    gp.prompts = prompts, gp.negative_prompts = negs, gp.num_prompts = n_prompts;
+    for (int i = 0; i < 4; i++)
+        if (embeds_arg(emb_o[i], emb_names[i], &emb[i]) < 0) goto done;
+    gp.prompt_embeds = emb[0], gp.pooled_prompt_embeds = emb[1];
+    gp.negative_prompt_embeds = emb[2], gp.negative_pooled_prompt_embeds = emb[3];
     if (n_seeds) {
         seeds = malloc((size_t)n_seeds * sizeof *seeds);
         if (!seeds) {
@@ -410,6 +485,8 @@ done:
     Py_XDECREF(keep_img);
     Py_XDECREF(keep_mask);
     free(seeds64), free(layers64), free(seeds), free(layers);
+    free(prompts), free(negs);
+    for (int i = 0; i < 4; i++) cdf_tensor_release(emb[i]);
     return result;
 }
 

@@ -155,12 +155,13 @@ cdf_status cdf_component_offload(cdf_component *c) {
      * memory available to whatever is loaded next (and surfaces a queued error now) */
     cdf_device *dev = state_device(st);
     if (dev) CDF_TRY(cdf_device_synchronize(dev));
-    /* compiled graphs reference the weights: drop them, the next run recaptures. Repeated-block
-     * graphs bind their weights per call and hold no device memory (each replay allocates its
-     * arena); they go too, so that a released model leaves nothing behind (a recapture costs
-     * milliseconds), and repeated-block compile stays on. */
+    /* compiled whole-model graphs hold the weights as constants: drop them, the next run
+     * recaptures. Repeated-block graphs are kept: they bind their weights per call (a plan keeps
+     * no reference to a weight's buffer, compile.c's unpin_params) and hold no device memory
+     * (each replay allocates its arena), so the re-materialised model replays them and a second
+     * call with the same shapes compiles nothing (as diffusers' compile_repeated_blocks with
+     * enable_model_cpu_offload). */
     if (c->compiled) cdf_component_drop_graphs(c);
-    cdf_block_caches_clear(c->blocks);
     cdf_layer_index_clear(c->layers); /* the layers go with the model */
     st->inner->free(st->inner_impl);
     st->inner_impl = NULL;

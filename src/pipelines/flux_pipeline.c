@@ -112,9 +112,15 @@ cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf
     flux_step fs = {.p = p, .gp = gp};
 
     /* 1. text */
-    CDF_TRY(encode_prompt(p, gp->prompt, gp->max_sequence_length, &fs.embeds, &fs.pooled, gp, ""));
-    fs.true_cfg = gp->true_cfg_scale > 1.0 && gp->negative_prompt != NULL; /* do_true_cfg, on the Python float */
-    if (fs.true_cfg) CDF_TRY(encode_prompt(p, gp->negative_prompt, gp->max_sequence_length, &fs.neg_embeds, &fs.neg_pooled, gp, "negative_"));
+    /* precomputed embeddings (prompt_embeds=, ...: one row on the device, pipeline.c) replace the encoding */
+    if (gp->prompt_embeds) fs.embeds = (cdf_tensor *)gp->prompt_embeds, fs.pooled = (cdf_tensor *)gp->pooled_prompt_embeds;
+    else CDF_TRY(encode_prompt(p, gp->prompt, gp->max_sequence_length, &fs.embeds, &fs.pooled, gp, ""));
+    /* do_true_cfg, on the Python float: a negative prompt or negative embeddings */
+    fs.true_cfg = gp->true_cfg_scale > 1.0 && (gp->negative_prompt != NULL || gp->negative_prompt_embeds);
+    if (fs.true_cfg && gp->negative_prompt_embeds)
+        fs.neg_embeds = (cdf_tensor *)gp->negative_prompt_embeds, fs.neg_pooled = (cdf_tensor *)gp->negative_pooled_prompt_embeds;
+    else if (fs.true_cfg)
+        CDF_TRY(encode_prompt(p, gp->negative_prompt, gp->max_sequence_length, &fs.neg_embeds, &fs.neg_pooled, gp, "negative_"));
     cdf_pipe_capture(gp, "prompt_embeds", fs.embeds);
     cdf_pipe_capture(gp, "pooled_prompt_embeds", fs.pooled);
     cdf_pipe_capture(gp, "negative_prompt_embeds", fs.neg_embeds);

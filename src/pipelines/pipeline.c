@@ -268,6 +268,71 @@ void cdf_pipeline_resolve_defaults(const cdf_pipeline *p, cdf_generate_params *g
  * that would otherwise allocate tens of GB). */
 #define CDF_PIPE_MAX_SIDE 4096
 
+/* The number of prompts of a request: prompts, else prompt_embeds' batch, else 1. */
+static int prompt_count(const cdf_generate_params *gp) {
+    if (gp->num_prompts > 0) return gp->num_prompts;
+    if (gp->prompt_embeds && cdf_tensor_ndim(gp->prompt_embeds) == 3) return (int)cdf_tensor_dim(gp->prompt_embeds, 0);
+    return 1;
+}
+
+/* One of the user's embeddings: ndim dimensions, a batch of 1 or nb, last dimension `last` (0: any). */
+static cdf_status check_embeds(const cdf_tensor *t, const char *name, int ndim, int nb, int64_t last, const char *last_what) {
+    char d[160];
+    if (cdf_tensor_ndim(t) != ndim || (cdf_tensor_dim(t, 0) != 1 && cdf_tensor_dim(t, 0) != nb) || cdf_tensor_dim(t, 0) < 1 ||
+        (ndim == 3 && cdf_tensor_dim(t, 1) < 1) || (last > 0 && cdf_tensor_dim(t, ndim - 1) != last))
+        return cdf_error(CDF_ERR_INVALID_ARG, "%s is %s; it must be %s (batch 1 or %d, the number of prompts)%s%lld%s", name,
+                         cdf_tensor_describe(t, d, sizeof d), ndim == 3 ? "[batch, sequence, channels]" : "[batch, channels]", nb,
+                         last > 0 ? ", channels " : "", (long long)last, last > 0 ? last_what : "");
+    return CDF_OK;
+}
+
+/* Several prompts and precomputed embeddings (cdf_generate_params.prompts, .prompt_embeds, ...). */
+static cdf_status validate_batch(const cdf_pipeline *p, const cdf_generate_params *gp) {
+    if (gp->num_prompts < 0 || (gp->num_prompts > 0 && !gp->prompts))
+        return cdf_error(CDF_ERR_INVALID_ARG, "num_prompts %d%s", gp->num_prompts, gp->num_prompts > 0 ? " but no prompt list" : "");
+    for (int i = 0; i < gp->num_prompts; i++)
+        if (!gp->prompts[i] || (gp->negative_prompts && !gp->negative_prompts[i]))
+            return cdf_error(CDF_ERR_INVALID_ARG, "%s %d of %d is NULL", gp->prompts[i] ? "negative prompt" : "prompt", i, gp->num_prompts);
+    const bool any = gp->prompt_embeds || gp->pooled_prompt_embeds || gp->negative_prompt_embeds || gp->negative_pooled_prompt_embeds;
+    if (any && p->kind == CDF_PIPE_FLUX2)
+        return cdf_error(CDF_ERR_UNSUPPORTED, "%s: precomputed prompt embeddings are supported by FluxPipeline and "
+                                              "StableDiffusion3Pipeline only", p->class_name);
+    if (gp->prompt_embeds && gp->num_prompts > 0)
+        return cdf_error(CDF_ERR_INVALID_ARG, "prompts and prompt_embeds both given: pass one of them");
+    if (!gp->prompt_embeds != !gp->pooled_prompt_embeds)
+        return cdf_error(CDF_ERR_INVALID_ARG, gp->prompt_embeds ? "prompt_embeds given without pooled_prompt_embeds: pass both (the "
+                                                                  "pooled embedding comes from the same prompt)"
+                                                                : "pooled_prompt_embeds given without prompt_embeds");
+    if (!gp->negative_prompt_embeds != !gp->negative_pooled_prompt_embeds)
+        return cdf_error(CDF_ERR_INVALID_ARG, "negative_prompt_embeds and negative_pooled_prompt_embeds go together: pass both");
+    const int nb = prompt_count(gp);
+    if (gp->prompt_embeds) {
+        CDF_TRY(check_embeds(gp->prompt_embeds, "prompt_embeds", 3, nb, p->joint_attention_dim, " (the transformer's joint_attention_dim)"));
+        CDF_TRY(check_embeds(gp->pooled_prompt_embeds, "pooled_prompt_embeds", 2, nb, 0, ""));
+    }
+    if (gp->negative_prompt_embeds) {
+        CDF_TRY(check_embeds(gp->negative_prompt_embeds, "negative_prompt_embeds", 3, nb, p->joint_attention_dim,
+                             " (the transformer's joint_attention_dim)"));
+        CDF_TRY(check_embeds(gp->negative_pooled_prompt_embeds, "negative_pooled_prompt_embeds", 2, nb, 0, ""));
+        /* both go through the transformer with the same text ids (SD3: in one batch) */
+        const cdf_tensor *e = gp->prompt_embeds;
+        if (e && cdf_tensor_dim(e, 1) != cdf_tensor_dim(gp->negative_prompt_embeds, 1))
+            return cdf_error(CDF_ERR_INVALID_ARG, "prompt_embeds and negative_prompt_embeds must have the same sequence length (%lld, %lld)",
+                             (long long)cdf_tensor_dim(e, 1), (long long)cdf_tensor_dim(gp->negative_prompt_embeds, 1));
+    }
+    /* SD3's CFG batches [negative; positive]: an encoded negative prompt has 77 + max_sequence_length tokens */
+    if (p->kind == CDF_PIPE_SD3 && gp->guidance_scale > 1.0 && gp->prompt_embeds && !gp->negative_prompt_embeds &&
+        cdf_tensor_dim(gp->prompt_embeds, 1) != 77 + gp->max_sequence_length)
+        return cdf_error(CDF_ERR_INVALID_ARG, "prompt_embeds has %lld tokens but the negative prompt's embedding has 77 + "
+                         "max_sequence_length = %d: pass negative_prompt_embeds, or max_sequence_length %lld",
+                         (long long)cdf_tensor_dim(gp->prompt_embeds, 1), 77 + gp->max_sequence_length,
+                         (long long)cdf_tensor_dim(gp->prompt_embeds, 1) - 77);
+    if (gp->num_seeds > 0 && (gp->num_seeds % nb != 0 || (gp->num_images > 1 && gp->num_seeds != nb * gp->num_images)))
+        return cdf_error(CDF_ERR_INVALID_ARG, "%d seeds for %d prompts x %d images: one seed per image", gp->num_seeds, nb,
+                         gp->num_images > 1 ? gp->num_images : gp->num_seeds / nb > 0 ? gp->num_seeds / nb : 1);
+    return CDF_OK;
+}
+
 static cdf_status validate(const cdf_pipeline *p, const cdf_generate_params *gp) {
     int mult = p->vae_scale_factor * 2; /* Flux packs 2x2; SD3 patch_size 2 */
     if (gp->height <= 0 || gp->width <= 0 || gp->height % mult || gp->width % mult)
@@ -319,15 +384,15 @@ static cdf_status validate(const cdf_pipeline *p, const cdf_generate_params *gp)
                          "generators (it encodes an empty slice of the one image for each one past the first); use one "
                          "seed with num_images (--num-images), or one run per seed",
                          gp->num_seeds);
-    if (gp->num_seeds > 0 && gp->num_images > 1 && gp->num_images != gp->num_seeds)
+    if (gp->num_seeds > 0 && gp->num_images > 1 && gp->num_images != gp->num_seeds && prompt_count(gp) <= 1)
         return cdf_error(CDF_ERR_INVALID_ARG, "%d images requested with %d seeds: one image per seed", gp->num_images, gp->num_seeds);
-    return CDF_OK;
+    return validate_batch(p, gp);
 }
 
 int cdf_generate_params_count(const cdf_generate_params *gp) {
     if (!gp) return 0;
     if (gp->num_seeds > 0) return gp->num_seeds;
-    return gp->num_images > 1 ? gp->num_images : 1;
+    return (gp->num_images > 1 ? gp->num_images : 1) * prompt_count(gp);
 }
 
 /* One image of a request (validated): row `row` of a one-generator batch. */
@@ -382,6 +447,48 @@ cdf_status cdf_pipeline_validate(const cdf_pipeline *p, const cdf_generate_param
     return prepare((cdf_pipeline *)p, params, &gp); /* prepare only reads p */
 }
 
+/* Row r of a user's embedding (row 0 of a batch of 1) as a [1, ...] f32 tensor on the pipeline's
+ * device; NULL for none. */
+static cdf_status embeds_row(cdf_pipeline *p, const cdf_tensor *t, int64_t r, cdf_tensor **out) {
+    *out = NULL;
+    if (!t) return CDF_OK;
+    const int nd = cdf_tensor_ndim(t);
+    int64_t shape[3] = {1, 1, 1}, row = 1;
+    for (int i = 1; i < nd && i < 3; i++) row *= shape[i] = cdf_tensor_dim(t, i);
+    const int64_t total = cdf_tensor_numel(t);
+    float *all = malloc((size_t)total * sizeof *all);
+    if (!all) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    cdf_status s = cdf_tensor_read(t, CDF_F32, all, (size_t)total * sizeof *all);
+    if (s == CDF_OK) {
+        cdf_scope_suppress(1); /* owned here, released after the image */
+        *out = cdf_tensor_from_host(p->device, CDF_F32, nd, shape, all + (cdf_tensor_dim(t, 0) == 1 ? 0 : r) * row, CDF_F32);
+        cdf_scope_suppress(-1);
+        if (!*out) s = cdf_last_status();
+    }
+    free(all);
+    return s;
+}
+
+/* Image k of a request (validated), `per` images per prompt: its prompt (row k / per of the
+ * prompts or embeddings) and its generator (its own seed, or row k of the one generator's batch). */
+static cdf_status generate_image_k(cdf_pipeline *p, const cdf_generate_params *gp, int k, int n, cdf_image *out) {
+    const int per = n / prompt_count(gp), row = k / per;
+    cdf_generate_params gk = *gp;
+    gk.prompts = gk.negative_prompts = NULL;
+    gk.num_prompts = 0;
+    if (gp->num_prompts > 0) gk.prompt = gp->prompts[row];
+    if (gp->negative_prompts) gk.negative_prompt = gp->negative_prompts[row];
+    cdf_tensor *e[4] = {0};
+    cdf_status s = embeds_row(p, gp->prompt_embeds, row, &e[0]);
+    if (s == CDF_OK) s = embeds_row(p, gp->pooled_prompt_embeds, row, &e[1]);
+    if (s == CDF_OK) s = embeds_row(p, gp->negative_prompt_embeds, row, &e[2]);
+    if (s == CDF_OK) s = embeds_row(p, gp->negative_pooled_prompt_embeds, row, &e[3]);
+    gk.prompt_embeds = e[0], gk.pooled_prompt_embeds = e[1], gk.negative_prompt_embeds = e[2], gk.negative_pooled_prompt_embeds = e[3];
+    if (s == CDF_OK) s = gp->num_seeds > 0 ? generate_one(p, &gk, 0, 1, out) : generate_one(p, &gk, k, n, out);
+    for (int i = 0; i < 4; i++) cdf_tensor_release(e[i]);
+    return s;
+}
+
 cdf_status cdf_pipeline_generate(cdf_pipeline *p, const cdf_generate_params *params, cdf_image *out) {
     if (!p || !params || !out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_generate: NULL argument");
     memset(out, 0, sizeof *out);
@@ -392,7 +499,8 @@ cdf_status cdf_pipeline_generate(cdf_pipeline *p, const cdf_generate_params *par
     CDF_TRY(prepare(p, params, &gp));
     if (gp.num_seeds == 1) gp.seed = gp.seeds[0];
     CDF_TRY(cdf_pipe_cache_reports_reset(p, 1));
-    return generate_one(p, &gp, 0, 1, out);
+    gp.seeds = NULL, gp.num_seeds = 0;
+    return generate_image_k(p, &gp, 0, 1, out);
 }
 
 /* Copy image k's intermediates into the caller's map as "k.<key>" (and plain keys for image 0). */
@@ -446,7 +554,7 @@ cdf_status cdf_pipeline_generate_images(cdf_pipeline *p, const cdf_generate_para
         /* one image: straight into the caller's map, so that a step callback can read the step's
          * latents while the run goes on (the "0.<key>" copies are added after) */
         if (user_cap) gk.capture = n == 1 ? user_cap : &cap;
-        s = gp.num_seeds > 0 ? generate_one(p, &gk, 0, 1, &out[k]) : generate_one(p, &gk, k, n, &out[k]);
+        s = generate_image_k(p, &gk, k, n, &out[k]);
         if (s == CDF_OK && user_cap) s = n == 1 ? alias_image0(user_cap) : keep_captures(user_cap, &cap, k);
         cdf_tensor_map_clear(&cap);
     }

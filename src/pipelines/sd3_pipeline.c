@@ -119,12 +119,16 @@ cdf_status cdf_sd3_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_
 
     /* 1. text ([negative; positive] with CFG) */
     cdf_tensor *embeds, *pooled, *neg_embeds = NULL, *neg_pooled = NULL;
-    CDF_TRY(encode_prompt(p, gp->prompt, gp->max_sequence_length, &embeds, &pooled, gp, ""));
+    /* precomputed embeddings (prompt_embeds=, ...: one row on the device, pipeline.c) replace the encoding */
+    if (gp->prompt_embeds) embeds = (cdf_tensor *)gp->prompt_embeds, pooled = (cdf_tensor *)gp->pooled_prompt_embeds;
+    else CDF_TRY(encode_prompt(p, gp->prompt, gp->max_sequence_length, &embeds, &pooled, gp, ""));
     cdf_pipe_capture(gp, "prompt_embeds", embeds);
     cdf_pipe_capture(gp, "pooled_prompt_embeds", pooled);
     if (ss.cfg) {
         const char *neg = gp->negative_prompt ? gp->negative_prompt : "";
-        CDF_TRY(encode_prompt(p, neg, gp->max_sequence_length, &neg_embeds, &neg_pooled, gp, "negative_"));
+        if (gp->negative_prompt_embeds)
+            neg_embeds = (cdf_tensor *)gp->negative_prompt_embeds, neg_pooled = (cdf_tensor *)gp->negative_pooled_prompt_embeds;
+        else CDF_TRY(encode_prompt(p, neg, gp->max_sequence_length, &neg_embeds, &neg_pooled, gp, "negative_"));
         cdf_pipe_capture(gp, "negative_prompt_embeds", neg_embeds);
         cdf_pipe_capture(gp, "negative_pooled_prompt_embeds", neg_pooled);
         cdf_tensor *e2[2] = {neg_embeds, embeds}, *p2[2] = {neg_pooled, pooled};
