@@ -317,19 +317,16 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
     cdf_tensor_map_clear(&in);
     cdf_tensor_map_clear(&outm);
     if (s != CDF_OK) return s;
-    cdf_pipe_capture(gp, "vae_decode_input", dec_in);
-    cdf_pipe_capture(gp, "vae_decode_output", decoded);
-    cdf_tensor *image = NULL;
-    s = cdf_pipe_to_image(decoded, out, &image);
-    cdf_pipe_capture(gp, "image", image);
-    return s;
+    return cdf_pipe_image_out(gp, dec_in, decoded, out);
 }
 
-cdf_status cdf_flux2_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out) {
+static cdf_status generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out) {
     cdf_tensor *embeds = NULL;
     CDF_TRY(encode_prompt(p, gp, &embeds));
     return generate_image(p, gp, embeds, out);
 }
+
+const cdf_pipeline_class cdf_flux2_pipeline_class = {.name = "Flux2Pipeline", .kind = CDF_PIPE_FLUX2, .generate = generate};
 
 cdf_status cdf_flux2_generate_from_embeds(cdf_pipeline *p, const cdf_generate_params *params, cdf_tensor *prompt_embeds,
                                           cdf_image *out) {

@@ -32,7 +32,6 @@
 #include "core/error_internal.h"
 #include "models/component.h"
 #include "models/mistral3_text.h"
-#include "pipelines/flux2_pipeline.h"
 #include "nn/nn.h"
 #include "pipelines/pipeline_impl.h"
 #include "pipelines/planner.h"
