@@ -19,7 +19,7 @@
 #include "tensor/tensor_impl.h"
 
 
-cdf_compile_options cdf_compile_default_options(void) {
+cdf_compile_options cdf_compile_options_default(void) {
     return (cdf_compile_options){.backend = "cpu", .fullgraph = true, .dynamic = false};
 }
 
@@ -113,7 +113,7 @@ cdf_graph_cache *cdf_graph_cache_new(const char *name, const cdf_compile_options
         return NULL;
     }
     snprintf(c->name, sizeof c->name, "%s", name ? name : "module");
-    c->opt = opt ? *opt : cdf_compile_default_options();
+    c->opt = opt ? *opt : cdf_compile_options_default();
     return c;
 }
 
@@ -498,7 +498,7 @@ cdf_block_caches *cdf_block_caches_new(const cdf_compile_options *opt) {
         cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
         return NULL;
     }
-    bc->opt = opt ? *opt : cdf_compile_default_options();
+    bc->opt = opt ? *opt : cdf_compile_options_default();
     return bc;
 }
 

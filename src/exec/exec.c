@@ -55,13 +55,13 @@ static cdf_exec_mode mode_now(void) {
     return (cdf_exec_mode)m;
 }
 
-cdf_exec_mode cdf_get_exec_mode(void) { return mode_now(); }
+cdf_exec_mode cdf_exec_get_mode(void) { return mode_now(); }
 
 const char *cdf_exec_mode_name(cdf_exec_mode m) {
     return m == CDF_EXEC_DEFER_AND_FUSE ? "defer-and-fuse" : "eager";
 }
 
-cdf_status cdf_set_exec_mode(cdf_exec_mode m) {
+cdf_status cdf_exec_set_mode(cdf_exec_mode m) {
     if (m != CDF_EXEC_EAGER && m != CDF_EXEC_DEFER_AND_FUSE) return cdf_error(CDF_ERR_INVALID_ARG, "unknown execution mode %d", (int)m);
     CDF_TRY(cdf_exec_flush());
     atomic_store(&g_mode, (int)m);

@@ -19,6 +19,7 @@
 #include "core/error_internal.h"
 #include "models/component.h"
 #include "models/text_encoders.h"
+#include "io/json.h"
 
 typedef cdf_act clip_act;
 

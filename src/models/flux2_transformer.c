@@ -27,6 +27,7 @@
 
 #include "core/error_internal.h"
 #include "tensor/tensor_impl.h"
+#include "io/json.h"
 
 #define MODEL "Flux2Transformer2DModel"
 

@@ -20,6 +20,7 @@
 
 #include "core/error_internal.h"
 #include "tensor/tensor_impl.h"
+#include "io/json.h"
 
 #define MODEL "FluxTransformer2DModel"
 

@@ -22,6 +22,7 @@
 #include "core/error_internal.h"
 #include "compile/compile.h"
 #include "tensor/tensor_impl.h"
+#include "io/json.h"
 
 #define SD3_NAME "SD3Transformer2DModel"
 /* Sanity bound for config integers: far above any real SD3 size, low enough that products of

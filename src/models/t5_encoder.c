@@ -18,6 +18,7 @@
 #include "core/error_internal.h"
 #include "models/component.h"
 #include "models/text_encoders.h"
+#include "io/json.h"
 
 typedef cdf_act t5_act;
 

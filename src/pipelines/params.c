@@ -6,12 +6,12 @@
 #include "core/error_internal.h"
 #include "pipelines/pipeline_impl.h"
 
-cdf_pipeline_load_params cdf_pipeline_load_default_params(void) {
+cdf_pipeline_load_params cdf_pipeline_load_params_default(void) {
     /* bf16 compute by default (the speed issue): bf16 weights, matmul inputs rounded to bf16 */
     return (cdf_pipeline_load_params){.device = NULL, .weight_dtype = CDF_BF16};
 }
 
-cdf_generate_params cdf_generate_default_params(void) {
+cdf_generate_params cdf_generate_params_default(void) {
     return (cdf_generate_params){.prompt = "", .guidance_scale = -1.0, .true_cfg_scale = 1.0, .seed = 0, .strength = 0.6};
 }
 

@@ -11,6 +11,7 @@
 #include "pipelines/pipeline_impl.h"
 #include "pipelines/step_cache.h"
 #include "tensor/tensor_impl.h"
+#include "io/json.h"
 
 const char *cdf_pipeline_class_name(const cdf_pipeline *p) { return p ? p->class_name : NULL; }
 
@@ -133,7 +134,7 @@ static cdf_status load_folder(const char *dir, const cdf_pipeline_load_params *p
 cdf_status cdf_pipeline_load(const char *dir, const cdf_pipeline_load_params *params, cdf_pipeline **out) {
     if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_load: out is NULL");
     *out = NULL;
-    cdf_pipeline_load_params lp = params ? *params : cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = params ? *params : cdf_pipeline_load_params_default();
     if (!dir) return cdf_error(CDF_ERR_INVALID_ARG, "pipeline folder is NULL");
     struct stat st;
     if (stat(dir, &st) == 0 && S_ISREG(st.st_mode)) { /* one all-in-one file: single_file.c */
@@ -300,7 +301,7 @@ static cdf_status generate_one(cdf_pipeline *p, const cdf_generate_params *gp, i
     return s;
 }
 
-cdf_status cdf_cache_check(const char *cache) {
+cdf_status cdf_pipeline_cache_check(const char *cache) {
     cdf_step_cache_config cfg;
     return cdf_step_cache_parse(cache, &cfg);
 }
@@ -362,7 +363,7 @@ cdf_status cdf_pipeline_generate_images(cdf_pipeline *p, const cdf_generate_para
     memset(out, 0, sizeof *out * (size_t)n);
     cdf_generate_params gp;
     CDF_TRY(prepare(p, params, &gp));
-    cdf_tensor_map *user_cap = gp.capture, cap;
+    cdf_tensor_map *user_cap = (cdf_tensor_map *)gp.capture, cap; /* a cdf_capture is a map (capture.c) */
     cdf_status s = cdf_pipe_cache_reports_reset(p, n);
     /* Image by image (batch 1 each): with one generator, image k's noise is row k of the (n, ...)
      * tensor diffusers draws (the VAE sample of an input image is drawn once, before); with a
@@ -381,7 +382,7 @@ cdf_status cdf_pipeline_generate_images(cdf_pipeline *p, const cdf_generate_para
         cdf_tensor_map_init(&cap);
         /* one image: straight into the caller's map, so that a step callback can read the step's
          * latents while the run goes on (the "0.<key>" copies are added after) */
-        if (user_cap) gk.capture = n == 1 ? user_cap : &cap;
+        if (user_cap) gk.capture = (cdf_capture *)(n == 1 ? user_cap : &cap);
         s = gp.num_seeds > 0 ? generate_one(p, &gk, 0, 1, &out[k]) : generate_one(p, &gk, k, n, &out[k]);
         if (s == CDF_OK && user_cap) s = n == 1 ? alias_image0(user_cap) : keep_captures(user_cap, &cap, k);
         cdf_tensor_map_clear(&cap);
