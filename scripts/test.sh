@@ -16,6 +16,14 @@ jobs=$(nproc 2>/dev/null || echo 2)
 # occasionally fails to start (about 1 run in 8 here). A test that fails twice still fails CI.
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
+# the house rules a script can check (seconds; docs/ARCHITECTURE.md): the public headers (one
+# sub-prefix each, no third-party types, one default-params spelling), the layer order and the
+# document's layer list, and no loop between the files of the folders that have none
+python3 tools/check-headers.py
+python3 tools/layer-deps.py --check backend,graph,exec,tensor,nn,compile >/dev/null
+python3 tools/layer-deps.py --doc docs/ARCHITECTURE.md
+python3 tools/check-file-deps.py --check backend,core,dist,graph,io,nn,pipelines,schedulers,tensor >build/file-deps.txt ||
+  { cat build/file-deps.txt; exit 1; }
 ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs"
 # the Python package's wheel (from the module built above), installed into a fresh virtual
 # environment with the system's packages, and the seed examples run from there (docs/python.md)
