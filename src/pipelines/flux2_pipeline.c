@@ -264,9 +264,7 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
     s = cdf_pipe_schedule(p, gp, &sched, &si);
     if (s != CDF_OK) return s;
     const float *sigmas = cdf_scheduler_sigmas(sched), *timesteps = cdf_scheduler_timesteps(sched);
-    int64_t ns1[1] = {N + 1}, ns[1] = {N};
-    cdf_pipe_capture(gp, "sigmas", cdf_tensor_from_host(p->device, CDF_F32, 1, ns1, sigmas, CDF_F32));
-    cdf_pipe_capture(gp, "timesteps", cdf_tensor_from_host(p->device, CDF_F32, 1, ns, timesteps, CDF_F32));
+    cdf_pipe_capture_schedule(p, gp, sigmas, timesteps);
     /* torch.full([1], guidance_scale, float32), passed at every step (a model without a guidance
      * embedder ignores it) */
     flux2_step fs = {.p = p, .gp = gp, .embeds = embeds, .txt_ids = txt_ids, .img_ids = img_ids, .seq = seq,

@@ -130,6 +130,8 @@ cdf_tensor *cdf_pipe_euler_step(cdf_tensor *latents, cdf_tensor *v, float sigma,
 /* u + g * (c - u). */
 cdf_tensor *cdf_pipe_cfg(cdf_tensor *uncond, cdf_tensor *cond, float g);
 void cdf_pipe_capture(const cdf_generate_params *gp, const char *key, cdf_tensor *t);
+/* The schedule's sigmas (N + 1) and timesteps (N, the request's steps) as "sigmas", "timesteps". */
+void cdf_pipe_capture_schedule(cdf_pipeline *p, const cdf_generate_params *gp, const float *sigmas, const float *timesteps);
 cdf_tensor *cdf_pipe_scalar_tensor(cdf_device *dev, float v, int64_t n);
 
 /* offload.c: make a freshly loaded component offloadable (and release it with CDF_OFFLOAD_MODEL);

@@ -141,9 +141,7 @@ static cdf_status generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_i
     cdf_status s = cdf_pipe_schedule(p, gp, &sched, &si);
     if (s != CDF_OK) return s;
     const float *sigmas = cdf_scheduler_sigmas(sched), *timesteps = cdf_scheduler_timesteps(sched);
-    int64_t ns1[1] = {N + 1}, ns[1] = {N};
-    cdf_pipe_capture(gp, "sigmas", cdf_tensor_from_host(p->device, CDF_F32, 1, ns1, sigmas, CDF_F32));
-    cdf_pipe_capture(gp, "timesteps", cdf_tensor_from_host(p->device, CDF_F32, 1, ns, timesteps, CDF_F32));
+    cdf_pipe_capture_schedule(p, gp, sigmas, timesteps);
 
     /* 3. latents: [the image's VAE sample, then] one randn */
     cdf_pipe_start st;
