@@ -10,7 +10,6 @@
 
 #include "cdiffusers/cdiffusers.h"
 #include "common.h"
-#include "plan.h" /* cdf_cli_parse_offload */
 #include "core/error_internal.h"
 #include "io/json.h"
 
@@ -105,6 +104,14 @@ bool cdf_cli_parse_long(const char *s, long lo, long hi, long *out) {
     if (errno || end == s || *end || v < lo || v > hi) return false;
     *out = v;
     return true;
+}
+
+int cdf_cli_parse_offload(const char *s, cdf_offload_mode *out) {
+    if (strcmp(s, "none") == 0) *out = CDF_OFFLOAD_NONE;
+    else if (strcmp(s, "model") == 0) *out = CDF_OFFLOAD_MODEL;
+    else if (strcmp(s, "sequential") == 0) *out = CDF_OFFLOAD_SEQUENTIAL;
+    else return -1;
+    return 0;
 }
 
 bool cdf_cli_parse_double(const char *s, double *out) {

@@ -20,14 +20,6 @@ static void fmt(char *buf, size_t n, uint64_t b) {
     else snprintf(buf, n, "%llu B", (unsigned long long)b);
 }
 
-int cdf_cli_parse_offload(const char *s, cdf_offload_mode *out) {
-    if (strcmp(s, "none") == 0) *out = CDF_OFFLOAD_NONE;
-    else if (strcmp(s, "model") == 0) *out = CDF_OFFLOAD_MODEL;
-    else if (strcmp(s, "sequential") == 0) *out = CDF_OFFLOAD_SEQUENTIAL;
-    else return -1;
-    return 0;
-}
-
 void cdf_cli_print_memory_stats(const cdf_pipeline *p) {
     cdf_pipeline_memory_stats ms;
     cdf_pipeline_last_memory_stats(p, &ms);
