@@ -22,7 +22,7 @@ cmake --build build -j"$jobs"
 python3 tools/check-headers.py
 python3 tools/layer-deps.py --check backend,graph,exec,tensor,nn,compile >/dev/null
 python3 tools/layer-deps.py --doc docs/ARCHITECTURE.md
-python3 tools/check-file-deps.py --check backend,cli,compile,core,dist,exec,graph,io,models,nn,pipelines,schedulers,tensor >build/file-deps.txt ||
+python3 tools/check-file-deps.py --check backend,cli,compile,core,dist,exec,graph,io,models,nn,pipelines,schedulers,tensor,tokenizers >build/file-deps.txt ||
   { cat build/file-deps.txt; exit 1; }
 ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs"
 # the Python package's wheel (from the module built above), installed into a fresh virtual
