@@ -82,6 +82,7 @@ cdf_status cdf_pipe_schedule(const cdf_pipeline *p, const cdf_generate_params *g
         return st;
     }
     if (gp->image && p->kind != CDF_PIPE_FLUX2) info->t_start = cdf_pipe_t_start(N, gp->strength);
+    cdf_pipe_capture_schedule(p, gp, cdf_scheduler_sigmas(s), cdf_scheduler_timesteps(s));
     *sched = s;
     return CDF_OK;
 }

@@ -264,7 +264,6 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
     s = cdf_pipe_schedule(p, gp, &sched, &si);
     if (s != CDF_OK) return s;
     const float *sigmas = cdf_scheduler_sigmas(sched), *timesteps = cdf_scheduler_timesteps(sched);
-    cdf_pipe_capture_schedule(p, gp, sigmas, timesteps);
     /* torch.full([1], guidance_scale, float32), passed at every step (a model without a guidance
      * embedder ignores it) */
     flux2_step fs = {.p = p, .gp = gp, .embeds = embeds, .txt_ids = txt_ids, .img_ids = img_ids, .seq = seq,

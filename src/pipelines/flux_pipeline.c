@@ -143,7 +143,6 @@ static cdf_status generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_i
     cdf_status s = cdf_pipe_schedule(p, gp, &sched, &si);
     if (s != CDF_OK) return s;
     const float *sigmas = cdf_scheduler_sigmas(sched), *timesteps = cdf_scheduler_timesteps(sched);
-    cdf_pipe_capture_schedule(p, gp, sigmas, timesteps);
     fs.guidance = p->guidance_embeds ? cdf_pipe_scalar_tensor(p->device, (float)gp->guidance_scale, 1) : NULL;
     cdf_pipe_capture(gp, "guidance", fs.guidance);
 

@@ -131,7 +131,7 @@ cdf_tensor *cdf_pipe_euler_step(cdf_tensor *latents, cdf_tensor *v, float sigma,
 cdf_tensor *cdf_pipe_cfg(cdf_tensor *uncond, cdf_tensor *cond, float g);
 void cdf_pipe_capture(const cdf_generate_params *gp, const char *key, cdf_tensor *t);
 /* The schedule's sigmas (N + 1) and timesteps (N, the request's steps) as "sigmas", "timesteps". */
-void cdf_pipe_capture_schedule(cdf_pipeline *p, const cdf_generate_params *gp, const float *sigmas, const float *timesteps);
+void cdf_pipe_capture_schedule(const cdf_pipeline *p, const cdf_generate_params *gp, const float *sigmas, const float *timesteps);
 cdf_tensor *cdf_pipe_scalar_tensor(cdf_device *dev, float v, int64_t n);
 
 /* offload.c: make a freshly loaded component offloadable (and release it with CDF_OFFLOAD_MODEL);
@@ -169,7 +169,8 @@ int cdf_pipe_t_start(int num_steps, double strength);
  * only with use_dynamic_shifting; *has_mu false = None), set_timesteps with the Flux pipelines'
  * linspace(1, 1/N, N) sigmas or SD3's default, and the start index of img2img / inpainting
  * (0 without an image, and always 0 for FLUX.2's reference images). Every decision in doubles
- * as the Python makes it (docs/fidelity.md). *sched: free with cdf_scheduler_free. */
+ * as the Python makes it (docs/fidelity.md). The schedule is captured ("sigmas", "timesteps").
+ * *sched: free with cdf_scheduler_free. */
 typedef struct cdf_pipe_schedule_info {
     int t_start;
     bool has_mu;

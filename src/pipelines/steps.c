@@ -120,7 +120,7 @@ cdf_status cdf_pipe_vae_tiling_inputs(cdf_pipeline *p, cdf_tensor_map *in) {
     return cdf_tensor_map_set(in, "tile_sample_min_size", t);
 }
 
-void cdf_pipe_capture_schedule(cdf_pipeline *p, const cdf_generate_params *gp, const float *sigmas, const float *timesteps) {
+void cdf_pipe_capture_schedule(const cdf_pipeline *p, const cdf_generate_params *gp, const float *sigmas, const float *timesteps) {
     const int N = gp->num_inference_steps;
     int64_t ns1[1] = {N + 1}, ns[1] = {N};
     cdf_pipe_capture(gp, "sigmas", cdf_tensor_from_host(p->device, CDF_F32, 1, ns1, sigmas, CDF_F32));

@@ -10,14 +10,7 @@
  *    single rounding to float32.
  * Each float32 operation is written as its own statement/cast, and the file is compiled
  * without FMA contraction, so no compiler flag can change a result. */
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
-#if defined(__FAST_MATH__)
-#error "src/schedulers must not be compiled with -ffast-math: schedules are reproduced bit for bit"
-#endif
+#include "core/exact_fp.h" /* first: no FMA contraction, no -ffast-math */
 #include <float.h>
 #if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD != 0
 #error "src/schedulers needs float arithmetic evaluated in float (FLT_EVAL_METHOD == 0)"
