@@ -3,6 +3,7 @@
  * matches during encode. In a file of their own so that the models call down into it, not back
  * into tokenizer.c, which chooses and loads them. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,4 +68,33 @@ void tok_set_added_strip(cdf_tokenizer *tok, const char *content, size_t len, bo
             a->rstrip = rstrip;
         }
     }
+}
+
+static cdf_status add_token_json(cdf_tokenizer *tok, const cJSON *e, int i, const char *path) {
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id"), *content = cJSON_GetObjectItemCaseSensitive(e, "content");
+    double v = cJSON_IsNumber(id) ? id->valuedouble : -1;
+    if (!(v >= 0 && v < TOK_MAX_IDS) || v != floor(v) || !cJSON_IsString(content) || !content->valuestring[0])
+        return cdf_error(CDF_ERR_FORMAT, "%s: added_tokens[%d] needs an integer \"id\" and a non-empty \"content\"", path, i);
+    const char *c = content->valuestring;
+    CDF_TRY(tok_check_added_flags(e, c, path));
+    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(e, "normalized");
+    bool special = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "special"));
+    bool normalized = cJSON_IsBool(norm) ? cJSON_IsTrue(norm) : !special;
+    CDF_TRY(tok_add_token(tok, c, strlen(c), (int32_t)v, normalized, special));
+    const bool ls = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "lstrip")),
+               rs = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "rstrip"));
+    if (ls || rs) tok_set_added_strip(tok, c, strlen(c), ls, rs);
+    return CDF_OK;
+}
+
+cdf_status tok_add_tokens_json(cdf_tokenizer *tok, const cJSON *list, const char *path) {
+    if (!list || cJSON_IsNull(list)) return CDF_OK;
+    if (!cJSON_IsArray(list)) return cdf_error(CDF_ERR_FORMAT, "%s: \"added_tokens\" must be a list", path);
+    const cJSON *e;
+    int i = 0;
+    cJSON_ArrayForEach(e, list) {
+        CDF_TRY(add_token_json(tok, e, i, path));
+        i++;
+    }
+    return CDF_OK;
 }
