@@ -35,10 +35,9 @@ KNOWN = {
     # torch's sampling functions, named as torch names them
     "rng.h": {"cdf_randn_f32", "cdf_randn_bf16", "cdf_randn_f16", "cdf_randn", "cdf_rand_f32", "cdf_rand_f64",
               "cdf_randn_tensor", "cdf_randn_tensor_f32"},
-    # backends (defined in src/backend, the pjrt ones in src/backend/pjrt, being reworked for TP)
-    "device.h": {"cdf_backend_load", "cdf_backend_count", "cdf_backend_name", "cdf_backend_compiled_count",
-                 "cdf_backend_compiled_name", "cdf_backend_why_no_device", "cdf_pjrt_list_plugins",
-                 "cdf_pjrt_cache_folder", "cdf_parse_bytes"},
+    # a memory size ("8G") for the device budgets; its callers include src/backend/pjrt, being
+    # reworked for tensor parallelism: renamed (cdf_device_parse_bytes) with it
+    "device.h": {"cdf_parse_bytes"},
     # src/dist is being reworked for tensor parallelism: renamed with it
     "dist.h": {"cdf_all_reduce_sum", "cdf_tp_enable", "cdf_tp_disable", "cdf_tp_mesh"},
 }
