@@ -10,6 +10,7 @@
 #include "common.h"
 #include "core/error_internal.h"
 #include "models/component.h"
+#include "io/atomic_file.h"
 
 bool cdf_cli_file_exists(const char *p) {
     struct stat st;
@@ -169,7 +170,7 @@ cdf_status cdf_cli_gen_run(const cdf_cli_gen *g, cdf_pipeline *pipe, cdf_generat
     if (!imgs) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
     cdf_tensor_map cap;
     cdf_tensor_map_init(&cap);
-    if (g->latents_out && writer) gp->capture = &cap;
+    if (g->latents_out && writer) gp->capture = (cdf_capture *)&cap;
     cdf_status s = CDF_OK;
     for (int pi = 0; pi < n_prompts(g) && s == CDF_OK; pi++) {
         if (g->prompts_file) gp->prompt = g->prompts[pi];

@@ -10,8 +10,8 @@
 
 #include "cdiffusers/cdiffusers.h"
 #include "common.h"
-#include "plan.h" /* cdf_cli_parse_offload */
 #include "core/error_internal.h"
+#include "io/json.h"
 
 static bool file_exists(const char *p) {
     struct stat st;
@@ -106,6 +106,14 @@ bool cdf_cli_parse_long(const char *s, long lo, long hi, long *out) {
     return true;
 }
 
+int cdf_cli_parse_offload(const char *s, cdf_offload_mode *out) {
+    if (strcmp(s, "none") == 0) *out = CDF_OFFLOAD_NONE;
+    else if (strcmp(s, "model") == 0) *out = CDF_OFFLOAD_MODEL;
+    else if (strcmp(s, "sequential") == 0) *out = CDF_OFFLOAD_SEQUENTIAL;
+    else return -1;
+    return 0;
+}
+
 bool cdf_cli_parse_double(const char *s, double *out) {
     char *end;
     errno = 0;
@@ -175,14 +183,14 @@ bool cdf_cli_run_opts_load(const cdf_cli_run_opts *o, cdf_pipeline_load_params *
 }
 
 cdf_status cdf_cli_apply_mode(int mode) {
-    if (mode == CDF_CLI_MODE_FUSE) return cdf_set_exec_mode(CDF_EXEC_DEFER_AND_FUSE);
-    if (mode == CDF_CLI_MODE_EAGER || mode == CDF_CLI_MODE_COMPILE) return cdf_set_exec_mode(CDF_EXEC_EAGER);
+    if (mode == CDF_CLI_MODE_FUSE) return cdf_exec_set_mode(CDF_EXEC_DEFER_AND_FUSE);
+    if (mode == CDF_CLI_MODE_EAGER || mode == CDF_CLI_MODE_COMPILE) return cdf_exec_set_mode(CDF_EXEC_EAGER);
     return CDF_OK;
 }
 
 cdf_status cdf_cli_compile(cdf_pipeline *pipe, int mode, bool repeated_blocks) {
     if (mode != CDF_CLI_MODE_COMPILE && !repeated_blocks) return CDF_OK;
-    cdf_compile_options co = cdf_compile_default_options();
+    cdf_compile_options co = cdf_compile_options_default();
     co.fullgraph = !repeated_blocks; /* blocks: a block that cannot be captured runs eagerly */
     return repeated_blocks ? cdf_pipeline_compile_repeated_blocks(pipe, &co) : cdf_pipeline_compile(pipe, &co);
 }

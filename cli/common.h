@@ -41,6 +41,8 @@ int cdf_cli_usage_error(const char *fmt, const char *arg);
 bool cdf_cli_parse_long(const char *s, long lo, long hi, long *out);
 /* strtod's correctly rounded double, finite: the Python float of the same text. */
 bool cdf_cli_parse_double(const char *s, double *out);
+/* "none" / "model" / "sequential" -> mode; 0, or -1 for anything else. */
+int cdf_cli_parse_offload(const char *s, cdf_offload_mode *out);
 
 /* --mode eager|fuse|compile (see cdiffusers/exec.h). */
 enum { CDF_CLI_MODE_DEFAULT = -1, CDF_CLI_MODE_EAGER = 0, CDF_CLI_MODE_FUSE = 1, CDF_CLI_MODE_COMPILE = 2 };

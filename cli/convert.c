@@ -19,7 +19,7 @@ int cdf_cli_convert(int argc, char **argv) {
         {"type", required_argument, 0, O_TYPE},           {"force", no_argument, 0, O_FORCE},
         {"quiet", no_argument, 0, O_QUIET},               {"format", required_argument, 0, O_FORMAT},
         {0, 0, 0, 0}};
-    cdf_convert_params p = cdf_convert_default_params();
+    cdf_convert_params p = cdf_convert_params_default();
     const char *type = NULL, *file_for = NULL;
     bool quiet = false, diffusers = false;
     optind = 1;

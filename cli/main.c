@@ -22,6 +22,7 @@
 #include "nn/weights_source.h" /* info: a component file's format and tensor types */
 #include "pipelines/pipeline_impl.h" /* info: cdf_pipe_text_part */
 #include "plan.h"  /* cli/plan.c: the plan command, --memory-stats */
+#include "io/json.h"
 
 /* Exit codes */
 enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2, EXIT_INTERRUPTED = 130 };
@@ -363,7 +364,7 @@ static int cmd_generate(int argc, char **argv) {
     bool force = false, quiet = false, memory_stats = false;
     bool user_true_cfg = false, user_strength = false, user_vae_tiling = false;
     long tp = 0;
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = NULL;
     static const struct option opts[] = {
         CDF_CLI_RUN_OPTIONS,                         CDF_CLI_LOAD_OPTIONS,
@@ -398,7 +399,7 @@ static int cmd_generate(int argc, char **argv) {
     char lora_path[MAX_LORA][4096];
     float lora_scale[MAX_LORA];
     int n_lora = 0;
-    cdf_lora_params lora_p = cdf_lora_default_params();
+    cdf_lora_params lora_p = cdf_lora_params_default();
     static cdf_cli_gen g; /* static: the seed list is large */
     memset(&g, 0, sizeof g);
     optind = 1;
@@ -471,7 +472,7 @@ static int cmd_generate(int argc, char **argv) {
             user_vae_tiling = true;
             break;
         case OPT_CACHE:
-            if (cdf_cache_check(optarg) != CDF_OK) return usage_error("--cache: %s", cdf_last_error());
+            if (cdf_pipeline_cache_check(optarg) != CDF_OK) return usage_error("--cache: %s", cdf_last_error());
             gp.cache = optarg;
             break;
         case OPT_VAE_TILE_SIZE:
@@ -555,7 +556,7 @@ static int cmd_generate(int argc, char **argv) {
     if (g.mask_path && !g.n_images) return usage_error("%s", "--mask needs --image (the picture to inpaint)");
     if (g.n_seeds > 0 && gp.num_images > 1 && gp.num_images != g.n_seeds)
         return usage_error("%s", "--num-images and --batch-seeds disagree (--batch-seeds alone makes one image per seed)");
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.device = g_device_name;
     int64_t mem_bytes;
     if (!cdf_cli_run_opts_load(&ro, &lp, &mem_bytes)) return EXIT_USAGE;
@@ -741,7 +742,7 @@ static int cmd_run_model(int argc, char **argv) {
         stage = "loading the model";
     free(rep.unused);
     if (st == CDF_OK && (ro.mode == CDF_CLI_MODE_COMPILE || ro.blocks)) {
-        cdf_compile_options co = cdf_compile_default_options();
+        cdf_compile_options co = cdf_compile_options_default();
         co.fullgraph = !no_fullgraph;
         if ((ro.blocks ? cdf_component_compile_repeated_blocks(comp, &co) : cdf_component_compile(comp, &co)) != CDF_OK)
             st = cdf_last_status(), stage = "compiling";

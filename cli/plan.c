@@ -20,14 +20,6 @@ static void fmt(char *buf, size_t n, uint64_t b) {
     else snprintf(buf, n, "%llu B", (unsigned long long)b);
 }
 
-int cdf_cli_parse_offload(const char *s, cdf_offload_mode *out) {
-    if (strcmp(s, "none") == 0) *out = CDF_OFFLOAD_NONE;
-    else if (strcmp(s, "model") == 0) *out = CDF_OFFLOAD_MODEL;
-    else if (strcmp(s, "sequential") == 0) *out = CDF_OFFLOAD_SEQUENTIAL;
-    else return -1;
-    return 0;
-}
-
 void cdf_cli_print_memory_stats(const cdf_pipeline *p) {
     cdf_pipeline_memory_stats ms;
     cdf_pipeline_last_memory_stats(p, &ms);
@@ -61,7 +53,7 @@ static bool parse_long(const char *s, long lo, long hi, long *out) {
 
 int cdf_cli_plan(int argc, char **argv) {
     const char *model = NULL, *dtype = "bf16", *offload = "none"; /* generate's defaults */
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},  {"height", required_argument, 0, 'H'},
         {"width", required_argument, 0, 'W'},  {"offload", required_argument, 0, 'O'},
@@ -131,7 +123,7 @@ int cdf_cli_plan(int argc, char **argv) {
         case 'Q': weight_type = optarg; break;
         case 'C': config = optarg; break;
         case 'K':
-            if (cdf_cache_check(optarg) != CDF_OK) return usage_error("--cache: %s", cdf_last_error());
+            if (cdf_pipeline_cache_check(optarg) != CDF_OK) return usage_error("--cache: %s", cdf_last_error());
             gp.cache = optarg;
             break;
         default: return PLAN_USAGE;
@@ -139,7 +131,7 @@ int cdf_cli_plan(int argc, char **argv) {
     }
     if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
     if (!model) return usage_error("%s", "plan needs --model DIR (or --model FILE, an all-in-one file)");
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     if (strcmp(dtype, "f32") == 0) lp.weight_dtype = CDF_F32;
     else if (strcmp(dtype, "bf16") == 0) lp.weight_dtype = CDF_BF16;
     else return usage_error("--dtype must be f32 or bf16, got '%s'", dtype);

@@ -7,8 +7,6 @@
 
 /* `cdiffusers plan ...` (argv[0] is the program); returns the exit code. */
 int cdf_cli_plan(int argc, char **argv);
-/* "none" / "model" -> mode; 0, or -1 for anything else. */
-int cdf_cli_parse_offload(const char *s, cdf_offload_mode *out);
 /* The measured per-phase device peaks of the last generate, to stderr. */
 void cdf_cli_print_memory_stats(const cdf_pipeline *p);
 

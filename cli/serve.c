@@ -410,7 +410,7 @@ static job *job_new(server *srv, serve_request *req, bool async) {
     j->refs = 1;
     j->async = async;
     j->created = now_s();
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = j->req.prompt;
     gp.negative_prompt = j->req.negative_prompt;
     gp.width = j->req.width;
@@ -884,7 +884,7 @@ static int serve(int argc, char **argv) {
     while ((c = cdf_cli_next_option(argc, argv, opts, &ro)) != -1) {
         switch (c) {
         case CDF_CLI_OPT_NEXT:
-            if (cdf_cache_check(optarg) != CDF_OK) return cdf_cli_usage_error("--cache: %s", cdf_last_error());
+            if (cdf_pipeline_cache_check(optarg) != CDF_OK) return cdf_cli_usage_error("--cache: %s", cdf_last_error());
             srv->cache = optarg;
             break;
         case 'H': host = optarg; break;
@@ -927,7 +927,7 @@ static int serve(int argc, char **argv) {
     srv->mode = ro.mode;
     srv->blocks = ro.blocks;
     srv->threads = ro.threads;
-    srv->lp = cdf_pipeline_load_default_params();
+    srv->lp = cdf_pipeline_load_params_default();
     if (!cdf_cli_run_opts_load(&ro, &srv->lp, &srv->device_memory)) return EXIT_USAGE;
     srv->lp.device = srv->device;
     srv->lp.component_files = cf.files;

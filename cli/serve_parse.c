@@ -13,6 +13,7 @@
 #include "cdiffusers/io.h"
 #include "cdiffusers/pipeline.h"
 #include "core/error_internal.h"
+#include "io/json.h"
 
 void serve_request_free(serve_request *r) {
     if (!r) return;
@@ -217,9 +218,9 @@ bad:
                      SERVE_MAX_SIDE, s);
 }
 
-/* the request's step cache ("cache"): what generate --cache takes (cdf_cache_check) */
+/* the request's step cache ("cache"): what generate --cache takes (cdf_pipeline_cache_check) */
 static cdf_status cache_ok(const char *cache) {
-    cdf_status s = cache ? cdf_cache_check(cache) : CDF_OK;
+    cdf_status s = cache ? cdf_pipeline_cache_check(cache) : CDF_OK;
     if (s != CDF_OK) cdf_error_prefix("field 'cache': ");
     return s;
 }

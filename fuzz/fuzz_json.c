@@ -13,6 +13,7 @@
 
 #include "fuzz_common.h"
 #include "models/component.h"
+#include "io/json.h"
 
 static char g_sched[512], g_pipe[512], g_comp[512];
 
@@ -126,8 +127,8 @@ static void run_scheduler(const uint8_t *data, size_t size) {
     for (int k = 0; k < 3; k++) {
         int n = steps[k];
         float sig[28];
-        FZ_CHECK(cdf_flux_default_sigmas(n, sig) == CDF_OK);
-        double mu = cdf_calculate_shift(256, cfg.base_image_seq_len, cfg.max_image_seq_len, cfg.base_shift, cfg.max_shift);
+        FZ_CHECK(cdf_scheduler_flux_sigmas(n, sig) == CDF_OK);
+        double mu = cdf_scheduler_calculate_shift(256, cfg.base_image_seq_len, cfg.max_image_seq_len, cfg.base_shift, cfg.max_shift);
         for (int flux = 0; flux < 2; flux++) {
             cdf_status st = FZ_TRY(cdf_scheduler_set_timesteps(s, n, flux ? sig : NULL, flux ? n : 0, cfg.use_dynamic_shifting ? &mu : NULL));
             if (st != CDF_OK) {

@@ -22,6 +22,15 @@ jobs=$(nproc 2>/dev/null || echo 2)
 phase build
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
+phase "house checks"
+# the house rules a script can check (seconds; docs/ARCHITECTURE.md): the public headers (one
+# sub-prefix each, no third-party types, one default-params spelling), the layer order and the
+# document's layer list, and no loop between the files of the folders that have none
+python3 tools/check-headers.py
+python3 tools/layer-deps.py --check backend,graph,exec,tensor,nn,compile >/dev/null
+python3 tools/layer-deps.py --doc docs/ARCHITECTURE.md
+python3 tools/check-file-deps.py --check backend,cli,compile,core,dist,exec,graph,io,models,nn,pipelines,schedulers,tensor,tokenizers >build/file-deps.txt ||
+  { cat build/file-deps.txt; exit 1; }
 phase "ctest, eager"
 ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs"
 # the Python package's wheel (from the module built above), installed into a fresh virtual

@@ -1503,8 +1503,8 @@ static void test_fused(void **state) {
     } cases[] = {
         {{2, 17, 65}, CONTIG, CDF_F32}, {{1, 3, 129}, TRANS, CDF_F32}, {{3, 5, 17}, STRIDED, CDF_BF16}, {{1, 1, 1}, CONTIG, CDF_F32},
     };
-    cdf_exec_mode prev = cdf_get_exec_mode();
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
+    cdf_exec_mode prev = cdf_exec_get_mode();
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
     FOR_EACH_DEVICE {
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
             case_begin();
@@ -1547,7 +1547,7 @@ static void test_fused(void **state) {
             case_end();
         }
     }
-    assert_int_equal(cdf_set_exec_mode(prev), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(prev), CDF_OK);
     END_TEST();
 }
 

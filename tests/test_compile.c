@@ -26,7 +26,7 @@ static void test_sd3_compiled_matches_golden_and_reuses_graph(void **state) {
     cdf_component *c = tu_load_component(tu_data("golden/sd35m/transformer"), CDF_F32);
     cdf_tensor_map io;
     tu_load_map(&io, "golden/sd35m/io.safetensors");
-    cdf_compile_options o = cdf_compile_default_options(); /* fullgraph */
+    cdf_compile_options o = cdf_compile_options_default(); /* fullgraph */
     assert_int_equal(cdf_component_compile(c, &o), CDF_OK);
     cdf_exec_stats s0, s1, s2;
     cdf_exec_get_stats(&s0);
@@ -230,7 +230,7 @@ static void test_graph_break_and_static_inputs(void **state) {
     cdf_device_synchronize(tu_cpu());
     cdf_graph_cache_free(full);
 
-    cdf_compile_options o = cdf_compile_default_options();
+    cdf_compile_options o = cdf_compile_options_default();
     o.fullgraph = false;
     cdf_graph_cache *lax = cdf_graph_cache_new("Reader.forward", &o);
     cdf_exec_stats b0, b1;
@@ -394,7 +394,7 @@ static void test_every_component_compiles_fullgraph(void **state) {
 static void test_dynamic_refused(void **state) {
     (void)state;
     cdf_component *c = tu_load_component(tu_data("golden/vae_kl16/vae"), CDF_F32);
-    cdf_compile_options o = cdf_compile_default_options();
+    cdf_compile_options o = cdf_compile_options_default();
     o.dynamic = true;
     assert_int_equal(cdf_component_compile(c, &o), CDF_ERR_UNSUPPORTED);
     assert_non_null(strstr(cdf_last_error(), "dynamic"));

@@ -104,7 +104,7 @@ static void test_writer_reads_back(void **state) {
 
 /* latents_final of a 2-step f32 generation of the tiny FLUX.1 pipeline (malloc'd, *n floats). */
 static float *generate_model(const char *model, const char *transformer_file, uint32_t quantize, size_t *n) {
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.device = "cpu";
     lp.weight_dtype = CDF_F32;
     lp.quantize_weights = quantize;
@@ -122,7 +122,7 @@ static float *generate(const char *transformer_file, uint32_t quantize, size_t *
 }
 
 static const char *convert(const char *out, uint32_t type, const char *weights_file, cdf_convert_report *r) {
-    cdf_convert_params p = cdf_convert_default_params();
+    cdf_convert_params p = cdf_convert_params_default();
     p.model = tu_data(MODEL);
     p.output = tu_tmp_path(out);
     p.type = type;
@@ -206,7 +206,7 @@ static void test_round_trips(void **state) {
     assert_memory_not_equal(v, folder, n * 4);
     free(v);
     /* converting that file to Q8_0 again copies its blocks: the same file */
-    cdf_convert_params p = cdf_convert_default_params();
+    cdf_convert_params p = cdf_convert_params_default();
     p.model = tu_data(MODEL);
     p.weights_file = q8;
     p.output = tu_tmp_path("t_q8_again.gguf");
@@ -245,7 +245,7 @@ static void test_round_trips_sd3_flux2(void **state) {
     for (int m = 0; m < 2; m++) {
         size_t n0, n;
         float *folder = generate_model(models[m], NULL, 0, &n0), *q8_folder = generate_model(models[m], NULL, CDF_GGML_Q8_0, &n);
-        cdf_convert_params p = cdf_convert_default_params();
+        cdf_convert_params p = cdf_convert_params_default();
         p.model = tu_data(models[m]);
         for (int q = 0; q < 2; q++) {
             p.type = q ? CDF_GGML_Q8_0 : CDF_GGML_F32;
@@ -271,7 +271,7 @@ static void test_diffusers_folder(void **state) {
     (void)state;
     size_t n0, n;
     float *folder = generate(NULL, 0, &n0);
-    cdf_convert_params p = cdf_convert_default_params();
+    cdf_convert_params p = cdf_convert_params_default();
     p.model = tu_data(MODEL);
     p.weights_file = tu_data("formats/flux_single/flux_bfl.safetensors");
     p.output = tu_tmp_path("pipe/transformer");
@@ -289,7 +289,7 @@ static void test_diffusers_folder(void **state) {
     /* generate from the new pipeline folder */
     char pipe[1024];
     snprintf(pipe, sizeof pipe, "%s/pipe", tu_tmpdir());
-    cdf_pipeline_load_params l2 = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params l2 = cdf_pipeline_load_params_default();
     l2.device = "cpu";
     l2.weight_dtype = CDF_F32;
     cdf_pipeline *pl = NULL;
@@ -315,7 +315,7 @@ static void test_diffusers_folder(void **state) {
 
 static void test_failures(void **state) {
     (void)state;
-    cdf_convert_params p = cdf_convert_default_params();
+    cdf_convert_params p = cdf_convert_params_default();
     p.model = tu_data(MODEL);
     p.type = CDF_GGML_F32;
 

@@ -45,14 +45,14 @@ static cdf_tensor *op_var(cdf_tensor **in) { return cdf_var(in[0], 1, false); }
 static cdf_tensor *op_max(cdf_tensor **in) { return cdf_max(in[0], 0, false); }
 static cdf_tensor *op_argmax(cdf_tensor **in) { return cdf_argmax(in[0], 1, false); }
 static cdf_tensor *op_conv(cdf_tensor **in) {
-    cdf_conv2d_params p = cdf_conv2d_default_params();
+    cdf_conv2d_params p = cdf_conv2d_params_default();
     p.stride_h = p.stride_w = 2;
     p.pad_h = p.pad_w = 1;
     p.groups = 2;
     return cdf_conv2d(in[0], in[1], in[2], &p);
 }
 static cdf_tensor *op_conv_plain(cdf_tensor **in) {
-    cdf_conv2d_params p = cdf_conv2d_default_params();
+    cdf_conv2d_params p = cdf_conv2d_params_default();
     p.pad_h = p.pad_w = 1;
     return cdf_conv2d(in[0], in[1], NULL, &p);
 }

@@ -91,11 +91,11 @@ static const prompt_case k_cases[] = {
 
 static void test_library_generate(void **state) {
     (void)state;
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     cdf_pipeline *p = NULL;
     if (cdf_pipeline_load(MODEL_DIR, &lp, &p) != CDF_OK) fail_msg("loading %s: %s", MODEL_DIR, cdf_last_error());
     for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++) {
-        cdf_generate_params gp = cdf_generate_default_params();
+        cdf_generate_params gp = cdf_generate_params_default();
         gp.prompt = k_cases[i].prompt;
         gp.height = gp.width = 64; /* as the model's cdiffusers_defaults.json */
         gp.num_inference_steps = 20;

@@ -86,7 +86,7 @@ static cdf_status load_lora(cdf_component *c, const char *adapter, int id, float
     char rel[256];
     snprintf(rel, sizeof rel, "lora/%s.safetensors", adapter);
     cdf_lora_components cs = {.n = 1, .name = {"transformer"}, .c = {c}};
-    cdf_lora_params lp = cdf_lora_default_params();
+    cdf_lora_params lp = cdf_lora_params_default();
     lp.scale = scale;
     lp.mode = mode;
     cdf_status s = cdf_lora_load_into(&cs, data(rel), &lp, id, NULL);

@@ -41,9 +41,9 @@ static float *block_like(int64_t B, int64_t L, int64_t D, cdf_dtype in_dt) {
 }
 
 static void check_bitwise_equal_to_eager(int64_t B, int64_t L, int64_t D, cdf_dtype dt) {
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_EAGER), CDF_OK);
     float *eager = block_like(B, L, D, dt);
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
     cdf_exec_stats s0, s1;
     cdf_exec_get_stats(&s0);
     float *fused = block_like(B, L, D, dt);
@@ -54,7 +54,7 @@ static void check_bitwise_equal_to_eager(int64_t B, int64_t L, int64_t D, cdf_dt
     assert_true(s1.kernels_launched - s0.kernels_launched < s1.ops - s0.ops);
     free(eager);
     free(fused);
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_EAGER), CDF_OK);
 }
 
 static void test_fused_equals_eager_f32(void **s) { (void)s; check_bitwise_equal_to_eager(2, 37, 65, CDF_F32); }
@@ -64,7 +64,7 @@ static void test_fused_equals_eager_large(void **s) { (void)s; check_bitwise_equ
 static void test_defer_records_until_sync(void **state) {
     (void)state;
     cdf_device *d = tu_cpu();
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
     cdf_scope_push();
     int64_t s[1] = {1000};
     cdf_tensor *x = rnd(1, s, 9, CDF_F32);
@@ -88,13 +88,13 @@ static void test_defer_records_until_sync(void **state) {
     assert_float_equal(vy, expf(vx), 0);
     assert_float_equal(vz, 2.0f * expf(vx), 0);
     cdf_scope_pop(NULL, 0);
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_EAGER), CDF_OK);
 }
 
 static void test_errors_still_surface(void **state) {
     (void)state;
     cdf_device *d = tu_cpu();
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
     cdf_scope_push();
     int64_t ts[2] = {4, 3}, is[1] = {2};
     int64_t ids[2] = {1, 40};
@@ -104,7 +104,7 @@ static void test_errors_still_surface(void **state) {
     assert_non_null(strstr(cdf_last_error(), "40"));
     assert_int_equal(cdf_device_synchronize(d), CDF_OK);
     cdf_scope_pop(NULL, 0);
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_EAGER), CDF_OK);
 }
 
 /* whole golden pipeline: identical image bytes in both modes, with fused kernels */
@@ -114,21 +114,21 @@ static void test_pipeline_identical_in_both_modes(void **state) {
     snprintf(dir, sizeof dir, "%s/flux1_dev_tiny", tu_data("pipelines"));
     cdf_pipeline *p = NULL;
     assert_int_equal(cdf_pipeline_load(dir, NULL, &p), CDF_OK);
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = "a capybara";
     gp.height = gp.width = 64;
     gp.num_inference_steps = 3;
     gp.max_sequence_length = 32;
     gp.seed = 5;
     cdf_image a, b;
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_EAGER), CDF_OK);
     assert_int_equal(cdf_pipeline_generate(p, &gp, &a), CDF_OK);
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
     cdf_exec_stats s0, s1;
     cdf_exec_get_stats(&s0);
     assert_int_equal(cdf_pipeline_generate(p, &gp, &b), CDF_OK);
     cdf_exec_get_stats(&s1);
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_EAGER), CDF_OK);
     print_message("  defer-and-fuse: %llu ops -> %llu kernels (%llu fused kernels absorbing %llu ops), %llu flushes\n",
                   (unsigned long long)(s1.ops - s0.ops), (unsigned long long)(s1.kernels_launched - s0.kernels_launched),
                   (unsigned long long)(s1.fused_kernels - s0.fused_kernels), (unsigned long long)(s1.fused_ops - s0.fused_ops),
@@ -146,7 +146,7 @@ static void test_pipeline_identical_in_both_modes(void **state) {
 static void test_defer_under_budget(void **state) {
     (void)state;
     cdf_device *d = tu_cpu();
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
     assert_int_equal(cdf_device_synchronize(d), CDF_OK);
     cdf_memory_stats m0;
     cdf_device_memory_stats(d, &m0);
@@ -162,7 +162,7 @@ static void test_defer_under_budget(void **state) {
     assert_int_equal(cdf_device_synchronize(d), CDF_OK);
     assert_int_equal(cdf_device_set_memory_limit(d, 0), CDF_OK);
     cdf_tensor_release(x);
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_EAGER), CDF_OK);
 }
 
 /* A chain of 24 elementwise ops on 16 MiB tensors inside a scope (384 MiB of outputs, every one
@@ -192,9 +192,9 @@ static void test_flush_at_scope_close(void **state) {
     (void)state;
     const int64_t n = (int64_t)1 << 22;
     cdf_exec_stats in_eager, in_defer, closed, s0, s1;
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_EAGER), CDF_OK);
     float *want = long_chain(n, &in_eager, &closed);
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
     cdf_exec_get_stats(&s0);
     float *got = long_chain(n, &in_defer, &closed);
     cdf_exec_get_stats(&s1);
@@ -215,7 +215,7 @@ static void test_flush_at_scope_close(void **state) {
     assert_true(s1.flushes > s0.flushes);
     assert_int_equal(cdf_device_synchronize(tu_cpu()), CDF_OK);
     cdf_tensor_release(x);
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_EAGER), CDF_OK);
 }
 
 /* the environment switch selects the mode at startup */
@@ -228,7 +228,7 @@ static void test_env_switch(void **state) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--print-mode") == 0) {
-        puts(cdf_exec_mode_name(cdf_get_exec_mode()));
+        puts(cdf_exec_mode_name(cdf_exec_get_mode()));
         return 0;
     }
     const struct CMUnitTest tests[] = {

@@ -137,7 +137,7 @@ static const char *sd3_clip_l_identity(void) {
  * with *st set. */
 static float *run(const char *model, const char *config, const cdf_component_file *files, int nfiles, cdf_offload_mode offload,
                   size_t *n, cdf_status *st) {
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.weight_dtype = CDF_F32;
     lp.config = config;
     lp.component_files = files;
@@ -181,7 +181,7 @@ static void test_flux_same_latents(void **state) {
     cdf_component_file conv[2] = {{"text_encoder", NULL}, {"text_encoder_2", NULL}};
     char outs[2][1024];
     for (int k = 0; k < 2; k++) {
-        cdf_convert_params cp = cdf_convert_default_params();
+        cdf_convert_params cp = cdf_convert_params_default();
         cp.model = dir;
         cp.component = conv[k].component;
         cp.weights_file = aio;
@@ -447,7 +447,7 @@ static void test_bad_inputs(void **state) {
     expect_error(tu_data("formats/flux_single/flux_bfl.safetensors"), "/nonexistent/config", CDF_ERR_NOT_FOUND, "/nonexistent/config",
                  NULL);
     /* the same through cdf_pipeline_load: nothing loaded */
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.config = tu_data(FLUX_DIR);
     cdf_pipeline *p = (cdf_pipeline *)1;
     assert_int_equal(cdf_pipeline_load(flux_aio("flux_novae3.safetensors", 1), &lp, &p), CDF_ERR_NOT_FOUND);

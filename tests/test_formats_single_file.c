@@ -144,7 +144,7 @@ static cdf_lora_mode g_lora_mode;
 
 static float *run_pipe_key(const char *pipe, const char *key, const cdf_component_file *files, int nfiles, bool allow_unused,
                            size_t *n, cdf_status *st) {
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.offload = g_offload;
     lp.weight_dtype = g_wdt;
     lp.decode_quantized = g_decode;
@@ -156,7 +156,7 @@ static float *run_pipe_key(const char *pipe, const char *key, const cdf_componen
     *st = cdf_pipeline_load(tu_data(pipe), &lp, &p);
     if (*st != CDF_OK) return NULL;
     if (g_lora) {
-        cdf_lora_params lo = cdf_lora_default_params();
+        cdf_lora_params lo = cdf_lora_params_default();
         lo.mode = g_lora_mode;
         lo.scale = 0.8f;
         if ((*st = cdf_pipeline_load_lora(p, g_lora, &lo, NULL)) != CDF_OK) {

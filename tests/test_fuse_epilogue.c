@@ -190,11 +190,11 @@ static void check_pattern(pattern *p) {
     cdf_tensor_map in;
     make_inputs(&in);
     int64_t n = 0, n2 = 0;
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_EAGER), CDF_OK);
     float *want = run_direct(p, &in, &n);
 
     cdf_exec_stats s0, s1;
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
     cdf_exec_get_stats(&s0);
     float *got = run_direct(p, &in, &n2);
     cdf_exec_get_stats(&s1);
@@ -207,7 +207,7 @@ static void check_pattern(pattern *p) {
     assert_int_equal(s1.fused_norms - s0.fused_norms, p->norms);
     assert_memory_equal(want, got, (size_t)n * sizeof *want);
     free(got);
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_EAGER), CDF_OK);
 
     /* compiled: the capture's epilogues, then a replay with the same inputs */
     cdf_graph_cache *gc = cdf_graph_cache_new(p->name, NULL);
@@ -258,12 +258,12 @@ static uint64_t deferred_kernels(pattern *p) {
     cdf_tensor_map in;
     make_inputs(&in);
     cdf_exec_stats s0, s1;
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_DEFER_AND_FUSE), CDF_OK);
     cdf_exec_get_stats(&s0);
     int64_t n = 0;
     free(run_direct(p, &in, &n));
     cdf_exec_get_stats(&s1);
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_EAGER), CDF_OK);
     cdf_tensor_map_clear(&in);
     for (int k = 0; k < 6; k++) {
         cdf_tensor_release(p->w[k]);
@@ -293,7 +293,7 @@ static void test_norm_head_wide(void **state) {
     cdf_tensor *x = rnd(3, xs, 11, CDF_F32), *sc = rnd(3, ms, 12, CDF_F32), *sh = rnd(3, ms, 13, CDF_F32);
     uint16_t *out[2];
     for (int fused = 0; fused < 2; fused++) {
-        assert_int_equal(cdf_set_exec_mode(fused ? CDF_EXEC_DEFER_AND_FUSE : CDF_EXEC_EAGER), CDF_OK);
+        assert_int_equal(cdf_exec_set_mode(fused ? CDF_EXEC_DEFER_AND_FUSE : CDF_EXEC_EAGER), CDF_OK);
         cdf_exec_stats s0, s1;
         cdf_exec_get_stats(&s0);
         cdf_scope_push();
@@ -311,7 +311,7 @@ static void test_norm_head_wide(void **state) {
             assert_int_equal(s1.kernels_launched - s0.kernels_launched, 2);
         }
     }
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_EAGER), CDF_OK);
     assert_memory_equal(out[0], out[1], (size_t)n * sizeof **out);
     free(out[0]);
     free(out[1]);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cdiffusers/io.h"
+#include "io/json.h"
 
 static const char *write_json(const char *name, const char *text) {
     const char *p = tu_tmp_path(name);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cdiffusers/io.h"
+#include "io/json.h"
 
 /* ---------- helpers ---------- */
 

@@ -58,7 +58,7 @@ static cdf_component *load_transformer(const model_case *mc) {
 static cdf_status load_lora(cdf_component *c, const char *rel, int id, float scale, cdf_lora_mode mode, bool allow_unused,
                             cdf_lora_info *info) {
     cdf_lora_components cs = {.n = 1, .name = {"transformer"}, .c = {c}};
-    cdf_lora_params lp = cdf_lora_default_params();
+    cdf_lora_params lp = cdf_lora_params_default();
     lp.scale = scale;
     lp.mode = mode;
     lp.allow_unused = allow_unused;
@@ -207,7 +207,7 @@ static void test_flux_multi_xlabs(void **st) { (void)st, multi_case("flux_xlabs"
 /* Explicit compile modes (whatever the environment says): a new scale replays the graph. */
 static void compiled_case(bool blocks) {
     cdf_component *c = load_transformer(&FLUX);
-    cdf_compile_options o = cdf_compile_default_options();
+    cdf_compile_options o = cdf_compile_options_default();
     assert_int_equal(blocks ? cdf_component_compile_repeated_blocks(c, &o) : cdf_component_compile(c, &o), CDF_OK);
     assert_int_equal(load_lora(c, "lora/flux_peft.safetensors", 0, 1.0f, CDF_LORA_RUNTIME, false, NULL), CDF_OK);
     assert_true(forward_diff(c, &FLUX, "out.flux_peft.runtime_s1") < FLUX.atol);
@@ -251,7 +251,7 @@ static void write_adapter(const char *path, const char *key_a, int64_t ra, int64
 /* The load fails with `want` and a message containing `needle`, and the model is unchanged. */
 static void expect_refused(cdf_component *c, const char *path, float scale, cdf_status want, const char *needle) {
     cdf_lora_components cs = {.n = 1, .name = {"transformer"}, .c = {c}};
-    cdf_lora_params lp = cdf_lora_default_params();
+    cdf_lora_params lp = cdf_lora_params_default();
     lp.scale = scale;
     cdf_status s = cdf_lora_load_into(&cs, path, &lp, 0, NULL);
     if (s != want || !strstr(cdf_last_error(), needle))
@@ -291,7 +291,7 @@ static void test_bad_input(void **st) {
     cdf_lora_info info;
     assert_int_equal(load_lora(c, p, 0, 1.0f, CDF_LORA_RUNTIME, true, &info), CDF_ERR_NOT_FOUND); /* rel path: not found */
     cdf_lora_components cs = {.n = 1, .name = {"transformer"}, .c = {c}};
-    cdf_lora_params lp = cdf_lora_default_params();
+    cdf_lora_params lp = cdf_lora_params_default();
     lp.allow_unused = true;
     assert_int_equal(cdf_lora_load_into(&cs, p, &lp, 0, &info), CDF_OK);
     assert_int_equal(info.layers, 1);

@@ -64,7 +64,7 @@ static void ctx_open(ctx *c, const pcase *pc) {
     cdf_tensor_map_init(&c->ref);
     tu_load_map(&c->ref, rel);
     /* the references ran in f32: the exact path, not the bf16 default */
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.weight_dtype = CDF_F32;
     snprintf(path, sizeof path, "%s/../../%s", CDF_TEST_DATA, cJSON_GetObjectItem(p, "folder")->valuestring);
     if (cdf_pipeline_load(path, &lp, &c->pipe) != CDF_OK) fail_msg("load %s: %s", path, cdf_last_error());
@@ -78,7 +78,7 @@ static void ctx_close(ctx *c) {
 
 /* Generate with the reference call and compare every recorded tensor of `prefix`. */
 static void check(ctx *c, const char *prefix) {
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = cJSON_GetObjectItem(c->call, "prompt")->valuestring;
     const cJSON *neg = cJSON_GetObjectItem(c->call, "negative_prompt");
     gp.negative_prompt = cJSON_IsString(neg) ? neg->valuestring : NULL;
@@ -90,7 +90,7 @@ static void check(ctx *c, const char *prefix) {
     gp.seed = (uint64_t)cJSON_GetObjectItem(c->call, "seed")->valuedouble;
     cdf_tensor_map cap;
     cdf_tensor_map_init(&cap);
-    gp.capture = &cap;
+    gp.capture = (cdf_capture *)&cap;
     cdf_image img;
     if (cdf_pipeline_generate(c->pipe, &gp, &img) != CDF_OK) fail_msg("generate (%s): %s", prefix, cdf_last_error());
     int compared = 0;
@@ -121,7 +121,7 @@ static void check(ctx *c, const char *prefix) {
 static void load(ctx *c, const pcase *pc, cdf_lora_mode mode, float scale) {
     char path[1024];
     snprintf(path, sizeof path, "%s/lora/%s.safetensors", CDF_TEST_DATA, pc->adapter);
-    cdf_lora_params lp = cdf_lora_default_params();
+    cdf_lora_params lp = cdf_lora_params_default();
     lp.mode = mode;
     lp.scale = scale;
     cdf_lora_info info;
@@ -206,7 +206,7 @@ static void test_sequential_offload_fuse_refused(void **st) {
     ctx_open(&c, &FLUX_PEFT);
     char path[1024];
     snprintf(path, sizeof path, "%s/lora/%s.safetensors", CDF_TEST_DATA, FLUX_PEFT.adapter);
-    cdf_lora_params lp = cdf_lora_default_params();
+    cdf_lora_params lp = cdf_lora_params_default();
     lp.mode = CDF_LORA_FUSE;
     assert_int_equal(cdf_pipeline_set_offload(c.pipe, CDF_OFFLOAD_SEQUENTIAL), CDF_OK);
     assert_int_equal(cdf_pipeline_load_lora(c.pipe, path, &lp, NULL), CDF_ERR_UNSUPPORTED);

@@ -40,7 +40,7 @@ static int setup(void **state) {
 }
 
 static cdf_generate_params request(int size) {
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = "a red fox in the snow";
     gp.height = gp.width = size;
     gp.num_inference_steps = 1;
@@ -50,7 +50,7 @@ static cdf_generate_params request(int size) {
 }
 
 static cdf_pipeline_load_params load_params(cdf_offload_mode mode, cdf_dtype dt) {
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.offload = mode;
     lp.weight_dtype = dt;
     return lp;
@@ -71,17 +71,17 @@ typedef struct exec_env {
     cdf_exec_mode mode;
 } exec_env;
 static exec_env force_eager(void) {
-    exec_env e = {.mode = cdf_get_exec_mode()};
+    exec_env e = {.mode = cdf_exec_get_mode()};
     const char *c = getenv("CDIFFUSERS_COMPILE");
     e.compile = c ? strdup(c) : NULL;
     unsetenv("CDIFFUSERS_COMPILE");
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_EAGER), CDF_OK);
     return e;
 }
 static void restore_exec(exec_env e) {
     if (e.compile) setenv("CDIFFUSERS_COMPILE", e.compile, 1);
     free(e.compile);
-    assert_int_equal(cdf_set_exec_mode(e.mode), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(e.mode), CDF_OK);
 }
 
 /* ---- weights --------------------------------------------------------------------------------- */
@@ -189,7 +189,7 @@ static void expect_same_tensor(cdf_tensor_map *a, cdf_tensor_map *b, const char 
 static void run_capture(cdf_pipeline *p, const cdf_generate_params *gp0, cdf_tensor_map *cap, cdf_image *img) {
     cdf_generate_params gp = *gp0;
     cdf_tensor_map_init(cap);
-    gp.capture = cap;
+    gp.capture = (cdf_capture *)cap;
     cdf_status s = cdf_pipeline_generate(p, &gp, img);
     if (s != CDF_OK) print_message("generate: %s\n", cdf_last_error());
     assert_int_equal(s, CDF_OK);

@@ -64,7 +64,7 @@ static int setup(void **state) {
     const cJSON *call = cJSON_GetObjectItem(js, "call");
     if (!call) return -1;
     snprintf(g_prompt, sizeof g_prompt, "%s", cJSON_GetObjectItem(call, "prompt")->valuestring);
-    g_gp = cdf_generate_default_params();
+    g_gp = cdf_generate_params_default();
     g_gp.prompt = g_prompt;
     g_gp.height = cJSON_GetObjectItem(call, "height")->valueint;
     g_gp.width = cJSON_GetObjectItem(call, "width")->valueint;
@@ -73,11 +73,11 @@ static int setup(void **state) {
     g_gp.seed = (uint64_t)cJSON_GetObjectItem(call, "seed")->valuedouble;
     g_gp.max_sequence_length = cJSON_GetObjectItem(call, "max_sequence_length")->valueint;
     cJSON_Delete(js);
-    return cdf_set_exec_mode(CDF_EXEC_EAGER) == CDF_OK ? 0 : -1;
+    return cdf_exec_set_mode(CDF_EXEC_EAGER) == CDF_OK ? 0 : -1;
 }
 
 static cdf_pipeline_load_params load_params(cdf_offload_mode mode) {
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.offload = mode;
     lp.weight_dtype = CDF_F32; /* the golden data's dtype */
     lp.device = "pjrt";

@@ -46,7 +46,7 @@ static const char *flux2_dir(void) { return tu_data("pipelines/flux2_dev_tiny");
 static const int k_flux2_layers[3] = {1, 2, 3}; /* the tiny text encoder has 4 layers */
 
 static cdf_generate_params request(const char *dir) {
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     if (strstr(dir, "flux2_dev_tiny")) {
         gp.text_encoder_out_layers = k_flux2_layers;
         gp.num_text_encoder_out_layers = 3;
@@ -64,7 +64,7 @@ static cdf_generate_params request(const char *dir) {
 }
 
 static cdf_pipeline_load_params load_params(cdf_offload_mode mode) {
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.offload = mode;
     lp.weight_dtype = CDF_F32; /* the sizes above are f32 ones */
     return lp;
@@ -102,7 +102,7 @@ typedef struct result {
 static void generate(cdf_pipeline *p, const cdf_generate_params *gp0, result *r) {
     cdf_generate_params gp = *gp0;
     cdf_tensor_map_init(&r->cap);
-    gp.capture = &r->cap;
+    gp.capture = (cdf_capture *)&r->cap;
     cdf_status s = cdf_pipeline_generate(p, &gp, &r->img);
     if (s != CDF_OK) print_message("generate: %s\n", cdf_last_error());
     assert_int_equal(s, CDF_OK);
@@ -159,7 +159,7 @@ static const char *const k_variant[] = {"as loaded (environment's mode)", "cdf_p
                                         "cdf_pipeline_compile"};
 
 static void apply_variant(cdf_pipeline *p, compile_variant v) {
-    cdf_compile_options o = cdf_compile_default_options();
+    cdf_compile_options o = cdf_compile_options_default();
     if (v == API_BLOCKS) assert_int_equal(cdf_pipeline_compile_repeated_blocks(p, &o), CDF_OK);
     if (v == API_WHOLE) {
         o.fullgraph = false; /* the text encoders are not compiled by it; the VAE has no breaks */
@@ -317,7 +317,7 @@ static void test_block_graphs_do_not_pin_weights(void **state) {
     result *ref = reference(g_flux); /* it holds device tensors: before the baseline */
     const uint64_t base = current_bytes();
     cdf_pipeline *p = load(g_flux, CDF_OFFLOAD_MODEL);
-    cdf_compile_options o = cdf_compile_default_options();
+    cdf_compile_options o = cdf_compile_options_default();
     assert_int_equal(cdf_pipeline_compile_repeated_blocks(p, &o), CDF_OK);
     /* whole-model compile (the suite's CDIFFUSERS_COMPILE=1 on the other models) recompiles after
      * each release, as its graphs hold the weights: the count is checked without it */

@@ -81,7 +81,7 @@ static void run_case(const golden_case *gc) {
     free(txt);
     assert_non_null(js);
     const cJSON *call = cJSON_GetObjectItem(js, "call");
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = cJSON_GetObjectItem(call, "prompt")->valuestring;
     const cJSON *neg = cJSON_GetObjectItem(call, "negative_prompt");
     gp.negative_prompt = cJSON_IsString(neg) ? neg->valuestring : NULL;
@@ -97,12 +97,12 @@ static void run_case(const golden_case *gc) {
 
     cdf_pipeline *pipe = NULL;
     /* the golden pipelines ran in f32: the exact path, not the bf16 default */
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.weight_dtype = CDF_F32;
     if (cdf_pipeline_load(dir, &lp, &pipe) != CDF_OK) fail_msg("load %s: %s", dir, cdf_last_error());
     cdf_tensor_map cap;
     cdf_tensor_map_init(&cap);
-    gp.capture = &cap;
+    gp.capture = (cdf_capture *)&cap;
     snprintf(path, sizeof path, "%s/cases/%s/expected.safetensors", dir, gc->name);
     cdf_st_file *gf;
     assert_int_equal(cdf_st_open(path, &gf), CDF_OK);
@@ -174,7 +174,7 @@ static void test_bad_requests_refused_before_work(void **state) {
     snprintf(dir, sizeof dir, "%s/flux1_schnell_tiny", tu_data("pipelines"));
     cdf_pipeline *pipe = NULL;
     assert_int_equal(cdf_pipeline_load(dir, NULL, &pipe), CDF_OK);
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = "x";
     cdf_image img;
     gp.height = 72; gp.width = 64;

@@ -122,7 +122,7 @@ static void test_strength_sweep(void **state) {
         const section *sec = &secs[k], *t = sec->same ? sec->same : sec;
         cdf_pipeline *pipe = tu_load_tiny_pipeline(sec->folder);
         assert_string_equal(cdf_pipeline_class_name(pipe), strstr(sec->cls, "Flux") ? "FluxPipeline" : "StableDiffusion3Pipeline");
-        cdf_generate_params gp = cdf_generate_default_params();
+        cdf_generate_params gp = cdf_generate_params_default();
         gp.prompt = "x";
         gp.height = gp.width = S;
         gp.image = &img;
@@ -231,7 +231,7 @@ static void test_mu_sweep(void **state) {
     assert_int_equal(lo, 256);
     assert_int_equal(hi, 2048);
     cdf_pipeline *f1 = tu_load_tiny_pipeline("flux1_dev_tiny"), *f2 = tu_load_tiny_pipeline("flux2_dev_tiny");
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     cdf_pipe_schedule_info si;
     long cells = 0;
     for (int r = 0; r < nside; r++)
@@ -282,7 +282,7 @@ static void test_reference_sizes(void **state) {
     uint64_t want_hash = 0;
     char *p = txt, *l;
     static uint8_t px[1];
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     cdf_image img = {0, 0, 3, px};
     gp.image = &img;
     gp.num_input_images = 1;
@@ -333,7 +333,7 @@ static void test_reference_sizes(void **state) {
  * decide on the Python float: 1 + 1e-9 guides (as a float it would be 1.0f and not guide); 1 does
  * not. The negative prompt is encoded only when guiding. */
 static bool guides(cdf_pipeline *pipe, double g, bool flux) {
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = "a cat";
     gp.negative_prompt = "blurry";
     gp.height = gp.width = 32;
@@ -343,7 +343,7 @@ static bool guides(cdf_pipeline *pipe, double g, bool flux) {
     else gp.guidance_scale = g;
     cdf_tensor_map cap;
     cdf_tensor_map_init(&cap);
-    gp.capture = &cap;
+    gp.capture = (cdf_capture *)&cap;
     cdf_image out;
     if (cdf_pipeline_generate(pipe, &gp, &out) != CDF_OK) fail_msg("generate: %s", cdf_last_error());
     cdf_image_free(&out);

@@ -63,7 +63,7 @@ static void read_call(const char *cs, golden_call *c) {
 static const int k_layers[3] = {1, 2, 3};
 
 static cdf_generate_params params_of(const golden_call *c) {
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = c->prompt;
     gp.height = c->height;
     gp.width = c->width;
@@ -132,7 +132,7 @@ static cdf_pipeline *g_pipe;
 static int group_setup(void **st) {
     (void)st;
     /* the golden pipeline ran in f32: the exact path, not the bf16 default */
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.weight_dtype = CDF_F32;
     if (cdf_pipeline_load(pipe_dir(), &lp, &g_pipe) != CDF_OK) {
         print_error("load %s: %s\n", pipe_dir(), cdf_last_error());
@@ -170,7 +170,7 @@ static void run_from_embeds(const char *cs) {
     cdf_tensor_map_init(&cap);
     cdf_pipeline *p = load_pipeline();
     cdf_generate_params gp = params_of(&c);
-    gp.capture = &cap;
+    gp.capture = (cdf_capture *)&cap;
     cdf_image img;
     if (cdf_flux2_generate_from_embeds(p, &gp, cdf_tensor_map_get(&gold, "prompt_embeds"), &img) != CDF_OK)
         fail_msg("%s: %s", cs, cdf_last_error());
@@ -198,7 +198,7 @@ static void run_full(const char *cs) {
     cdf_tensor_map_init(&cap);
     cdf_pipeline *p = load_pipeline();
     cdf_generate_params gp = params_of(&c);
-    gp.capture = &cap;
+    gp.capture = (cdf_capture *)&cap;
     cdf_image img;
     if (cdf_pipeline_generate(p, &gp, &img) != CDF_OK) fail_msg("%s: %s", cs, cdf_last_error());
     cmp(cs, &cap, &gold, "input_ids", 0);
@@ -225,7 +225,7 @@ static void test_full_48x80(void **st) {
 static void test_defaults(void **st) {
     (void)st;
     cdf_pipeline *p = load_pipeline();
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     cdf_pipeline_resolve_defaults(p, &gp);
     assert_int_equal(gp.num_inference_steps, 50);
     assert_true(gp.guidance_scale == 4.0f);
@@ -275,7 +275,7 @@ static void test_errors(void **st) {
 static void test_compiled_fullgraph(void **st) {
     (void)st;
     cdf_pipeline *p = load_pipeline();
-    cdf_compile_options o = cdf_compile_default_options();
+    cdf_compile_options o = cdf_compile_options_default();
     assert_true(o.fullgraph);
     assert_int_equal(cdf_pipeline_compile(p, &o), CDF_OK);
     cdf_exec_stats s0, s1, s2;

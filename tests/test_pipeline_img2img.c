@@ -78,7 +78,7 @@ static void run_case(const char *name) {
     free(txt);
     assert_non_null(js);
     const cJSON *call = cJSON_GetObjectItem(js, "call"), *seeds = cJSON_GetObjectItem(js, "seeds");
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     const cJSON *prompt = cJSON_GetObjectItem(call, "prompt");
     gp.prompt = cJSON_IsString(prompt) ? prompt->valuestring : NULL;
     const cJSON *neg = cJSON_GetObjectItem(call, "negative_prompt");
@@ -120,12 +120,12 @@ static void run_case(const char *name) {
     const char *folder = strrchr(cJSON_GetObjectItem(js, "folder")->valuestring, '/') + 1;
     snprintf(pipe_dir, sizeof pipe_dir, "%s/%s", tu_data("pipelines"), folder);
     cdf_pipeline *pipe = NULL;
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.weight_dtype = CDF_F32; /* diffusers ran in float32 */
     if (cdf_pipeline_load(pipe_dir, &lp, &pipe) != CDF_OK) fail_msg("load %s: %s", pipe_dir, cdf_last_error());
     cdf_tensor_map cap;
     cdf_tensor_map_init(&cap);
-    gp.capture = &cap;
+    gp.capture = (cdf_capture *)&cap;
     const int n = cdf_generate_params_count(&gp);
     cdf_image out[4];
     cdf_tensor_map f2;
@@ -224,7 +224,7 @@ static void test_case(void **state) { run_case((const char *)*state); }
 static void test_seed_list_equals_single_seeds(void **state) {
     (void)state;
     cdf_pipeline *pipe = tu_load_tiny_pipeline("flux1_dev_tiny");
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = "a cat";
     gp.height = gp.width = 32;
     gp.num_inference_steps = 2;
@@ -257,7 +257,7 @@ static void test_seed_list_image_encoded_once(void **state) {
     snprintf(path, sizeof path, "%s/image_in.png", tu_data("golden/img2img/flux_img2img_s06_64x64"));
     assert_int_equal(cdf_png_read(path, &pi), CDF_OK);
     cdf_image im = {pi.width, pi.height, pi.channels, pi.pixels};
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = "a cat";
     gp.num_inference_steps = 2;
     gp.max_sequence_length = 16;
@@ -294,7 +294,7 @@ static void test_sd3_img2img_seed_list_refused(void **state) {
     cdf_pipeline *pipe = tu_load_tiny_pipeline("sd35m_tiny");
     uint8_t px[64 * 64 * 3] = {0};
     cdf_image im = {64, 64, 3, px}, mk = {64, 64, 1, px};
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = "a cat";
     gp.num_inference_steps = 2;
     gp.image = &im;
@@ -353,7 +353,7 @@ static void test_offload_same_image(void **state) {
     snprintf(path, sizeof path, "%s/mask_in.png", gold);
     assert_int_equal(cdf_png_read(path, &pm), CDF_OK);
     cdf_image im = {pi.width, pi.height, pi.channels, pi.pixels}, mk = {pm.width, pm.height, pm.channels, pm.pixels};
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = "a house";
     gp.num_inference_steps = 3;
     gp.max_sequence_length = 16;
@@ -362,7 +362,7 @@ static void test_offload_same_image(void **state) {
     gp.strength = 0.7;
     cdf_image ref = {0};
     for (int mode = CDF_OFFLOAD_NONE; mode <= CDF_OFFLOAD_SEQUENTIAL; mode++) {
-        cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+        cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
         lp.offload = (cdf_offload_mode)mode;
         cdf_pipeline *pipe = NULL;
         assert_int_equal(cdf_pipeline_load(dir, &lp, &pipe), CDF_OK);
@@ -386,7 +386,7 @@ static void test_bad_inputs(void **state) {
     cdf_pipeline *pipe = tu_load_tiny_pipeline("flux1_dev_tiny");
     uint8_t px[32 * 32 * 4] = {0};
     cdf_image rgb = {32, 32, 3, px}, rgba = {32, 32, 4, px}, gray = {32, 32, 1, px}, small = {16, 32, 1, px};
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = "x";
     gp.num_inference_steps = 2;
     cdf_image img;
@@ -415,7 +415,7 @@ static void test_bad_inputs(void **state) {
     cdf_image refs[CDF_FLUX2_MAX_REFERENCE_IMAGES + 1];
     for (int i = 0; i <= CDF_FLUX2_MAX_REFERENCE_IMAGES; i++) refs[i] = (cdf_image){64, 64, 3, big};
     cdf_image narrow = {200, 24, 3, big}, thin = {64, 48, 3, big};
-    cdf_generate_params g2 = cdf_generate_default_params();
+    cdf_generate_params g2 = cdf_generate_params_default();
     g2.prompt = "x";
     g2.num_inference_steps = 2;
     struct {

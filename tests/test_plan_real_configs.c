@@ -147,10 +147,10 @@ static void plan_model(const char *model, const char *const *comps, int height) 
         if (strcmp(comps[i], "transformer") == 0) tr_planned = p;
         file_bytes += p;
     }
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.weight_dtype = CDF_BF16;
     lp.offload = CDF_OFFLOAD_MODEL;
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.height = gp.width = height;
     cdf_memory_plan plan;
     const long f0 = minor_faults();

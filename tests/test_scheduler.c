@@ -110,13 +110,13 @@ static cdf_scheduler *prepare_case(const cJSON *c, const char *name) {
     }
     /* The pipeline's np.linspace(1, 1/N, N): the json holds its float64 values exactly. */
     double *lin = malloc((size_t)N * sizeof(double));
-    assert_int_equal(cdf_np_linspace(1.0, 1.0 / N, N, lin), CDF_OK);
+    assert_int_equal(cdf_scheduler_linspace(1.0, 1.0 / N, N, lin), CDF_OK);
     for (int i = 0; i < N; i++) {
         double want = cJSON_GetArrayItem(sig_in, i)->valuedouble;
         if (memcmp(&lin[i], &want, 8) != 0) fail_msg("%s linspace[%d]: got %.17g want %.17g", name, i, lin[i], want);
     }
     float *sig = malloc((size_t)N * 4);
-    assert_int_equal(cdf_flux_default_sigmas(N, sig), CDF_OK);
+    assert_int_equal(cdf_scheduler_flux_sigmas(N, sig), CDF_OK);
     for (int i = 0; i < N; i++) assert_true(sig[i] == (float)lin[i]);
 
     /* mu from the pipeline helper, compared with the Python float bit for bit */
@@ -126,9 +126,9 @@ static cdf_scheduler *prepare_case(const cJSON *c, const char *name) {
     const char *mu_fn = jget(c, "mu_fn")->valuestring;
     double mu;
     if (strncmp(mu_fn, "calculate_shift", 15) == 0)
-        mu = cdf_calculate_shift(seq, cfg.base_image_seq_len, cfg.max_image_seq_len, cfg.base_shift, cfg.max_shift);
+        mu = cdf_scheduler_calculate_shift(seq, cfg.base_image_seq_len, cfg.max_image_seq_len, cfg.base_shift, cfg.max_shift);
     else if (strncmp(mu_fn, "compute_empirical_mu", 20) == 0)
-        mu = cdf_compute_empirical_mu(seq, N);
+        mu = cdf_scheduler_empirical_mu(seq, N);
     else
         fail_msg("%s: unknown mu_fn %s", name, mu_fn);
     double want_mu = mu_j->valuedouble;
@@ -300,7 +300,7 @@ static void test_init_and_options(void **state) {
         cfg.shift_terminal = 0.1;
         s = cdf_scheduler_new(&cfg);
         float fs[20];
-        assert_int_equal(cdf_flux_default_sigmas(20, fs), CDF_OK);
+        assert_int_equal(cdf_scheduler_flux_sigmas(20, fs), CDF_OK);
         assert_int_equal(cdf_scheduler_set_timesteps(s, 20, with_sigmas ? fs : NULL, with_sigmas ? 20 : 0, NULL), CDF_OK);
         const float *o = cdf_scheduler_sigmas(s);
         assert_true(fabs(o[19] - 0.1) < 1e-6);
@@ -327,7 +327,7 @@ static void test_init_and_options(void **state) {
     s = cdf_scheduler_new(&cfg);
     double mu = 0.8;
     float fs[10];
-    assert_int_equal(cdf_flux_default_sigmas(10, fs), CDF_OK);
+    assert_int_equal(cdf_scheduler_flux_sigmas(10, fs), CDF_OK);
     assert_int_equal(cdf_scheduler_set_timesteps(s, 10, fs, 10, &mu), CDF_OK);
     for (int i = 0; i < 10; i++) {
         double want = 0.8 / (0.8 + (1.0 / fs[i] - 1.0));
@@ -339,30 +339,30 @@ static void test_init_and_options(void **state) {
 static void test_helpers(void **state) {
     (void)state;
     /* calculate_shift at the ends of its line is base_shift / max_shift */
-    assert_true(fabs(cdf_calculate_shift(256, 256, 4096, 0.5, 1.15) - 0.5) < 1e-15);
-    assert_true(fabs(cdf_calculate_shift(4096, 256, 4096, 0.5, 1.15) - 1.15) < 1e-15);
-    assert_true(isnan(cdf_calculate_shift(100, 256, 256, 0.5, 1.15)));
+    assert_true(fabs(cdf_scheduler_calculate_shift(256, 256, 4096, 0.5, 1.15) - 0.5) < 1e-15);
+    assert_true(fabs(cdf_scheduler_calculate_shift(4096, 256, 4096, 0.5, 1.15) - 1.15) < 1e-15);
+    assert_true(isnan(cdf_scheduler_calculate_shift(100, 256, 256, 0.5, 1.15)));
     /* compute_empirical_mu: above 4300 tokens it ignores the step count */
-    assert_true(cdf_compute_empirical_mu(9216, 4) == cdf_compute_empirical_mu(9216, 50));
-    assert_true(fabs(cdf_compute_empirical_mu(9216, 50) - (0.00016927 * 9216 + 0.45666666)) < 1e-12);
+    assert_true(cdf_scheduler_empirical_mu(9216, 4) == cdf_scheduler_empirical_mu(9216, 50));
+    assert_true(fabs(cdf_scheduler_empirical_mu(9216, 50) - (0.00016927 * 9216 + 0.45666666)) < 1e-12);
     /* below: exact at 200 and 10 steps by construction */
-    assert_true(fabs(cdf_compute_empirical_mu(4096, 200) - (0.00016927 * 4096 + 0.45666666)) < 1e-12);
-    assert_true(fabs(cdf_compute_empirical_mu(4096, 10) - (8.73809524e-05 * 4096 + 1.89833333)) < 1e-12);
+    assert_true(fabs(cdf_scheduler_empirical_mu(4096, 200) - (0.00016927 * 4096 + 0.45666666)) < 1e-12);
+    assert_true(fabs(cdf_scheduler_empirical_mu(4096, 10) - (8.73809524e-05 * 4096 + 1.89833333)) < 1e-12);
     /* numpy.linspace details: n = 1 gives start; the last element is exactly stop */
     double v[5];
-    assert_int_equal(cdf_np_linspace(2.5, 7.0, 1, v), CDF_OK);
+    assert_int_equal(cdf_scheduler_linspace(2.5, 7.0, 1, v), CDF_OK);
     assert_true(v[0] == 2.5);
-    assert_int_equal(cdf_np_linspace(0.1, 0.7, 5, v), CDF_OK);
+    assert_int_equal(cdf_scheduler_linspace(0.1, 0.7, 5, v), CDF_OK);
     assert_true(v[4] == 0.7 && v[0] == 0.1);
     assert_true(fabs(v[2] - 0.4) < 1e-16);
-    assert_int_equal(cdf_np_linspace(3.0, 3.0, 5, v), CDF_OK);
+    assert_int_equal(cdf_scheduler_linspace(3.0, 3.0, 5, v), CDF_OK);
     for (int i = 0; i < 5; i++) assert_true(v[i] == 3.0);
-    assert_int_equal(cdf_np_linspace(0, 1, -1, v), CDF_ERR_INVALID_ARG);
-    assert_int_equal(cdf_np_linspace(0, 1, 0, NULL), CDF_OK);
+    assert_int_equal(cdf_scheduler_linspace(0, 1, -1, v), CDF_ERR_INVALID_ARG);
+    assert_int_equal(cdf_scheduler_linspace(0, 1, 0, NULL), CDF_OK);
     float f1;
-    assert_int_equal(cdf_flux_default_sigmas(1, &f1), CDF_OK);
+    assert_int_equal(cdf_scheduler_flux_sigmas(1, &f1), CDF_OK);
     assert_true(f1 == 1.0f);
-    assert_int_equal(cdf_flux_default_sigmas(0, &f1), CDF_ERR_INVALID_ARG);
+    assert_int_equal(cdf_scheduler_flux_sigmas(0, &f1), CDF_ERR_INVALID_ARG);
 }
 
 static void write_cfg(const char *name, const char *text, char *path, size_t cap) {

@@ -121,7 +121,7 @@ static void check_calibration(const char *name, const cJSON *js, cdf_tensor_map 
 static cdf_pipeline *load_tiny_offload(const char *folder, cdf_offload_mode offload) {
     char dir[1200];
     snprintf(dir, sizeof dir, "%s/%s", tu_data("pipelines"), folder);
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.weight_dtype = CDF_F32; /* diffusers ran in float32 */
     lp.offload = offload;
     cdf_pipeline *pipe = NULL;
@@ -137,7 +137,7 @@ static void run_case(const char *name, cdf_offload_mode offload) {
     snprintf(path, sizeof path, "%s/expected.json", dir);
     cJSON *js = tu_read_json(path);
     const cJSON *call = cJSON_GetObjectItem(js, "call");
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     const cJSON *prompt = cJSON_GetObjectItem(call, "prompt");
     gp.prompt = cJSON_IsString(prompt) ? prompt->valuestring : NULL; /* FLUX.2: the golden prompt_embeds */
     const cJSON *neg = cJSON_GetObjectItem(call, "negative_prompt"), *tcfg = cJSON_GetObjectItem(call, "true_cfg_scale");
@@ -217,7 +217,7 @@ static void run_case(const char *name, cdf_offload_mode offload) {
     cdf_pipeline *pipe = load_tiny_offload(strrchr(cJSON_GetObjectItem(js, "folder")->valuestring, '/') + 1, offload);
     cdf_tensor_map cap;
     cdf_tensor_map_init(&cap);
-    gp.capture = &cap;
+    gp.capture = (cdf_capture *)&cap;
     cdf_image out;
     cdf_tensor_map f2;
     cdf_tensor_map_init(&f2);
@@ -358,7 +358,7 @@ static void test_taylorseer_lite_truecfg_f32_order2(void **state) {
 
 /* 4 steps at 32x32 of "a cat", seed 3 */
 static cdf_generate_params small_request(const char *cache) {
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = "a cat", gp.seed = 3, gp.cache = cache;
     gp.height = gp.width = 32, gp.num_inference_steps = 4, gp.max_sequence_length = 16;
     return gp;
@@ -373,7 +373,7 @@ static float *final_latents(cdf_pipeline *pipe, const char *cache, bool true_cfg
     }
     cdf_tensor_map cap;
     cdf_tensor_map_init(&cap);
-    gp.capture = &cap;
+    gp.capture = (cdf_capture *)&cap;
     cdf_image out;
     if (cdf_pipeline_generate(pipe, &gp, &out) != CDF_OK) fail_msg("generate: %s", cdf_last_error());
     cdf_tensor *t = cdf_tensor_map_get(&cap, "latents_final");
@@ -403,7 +403,7 @@ static void test_lora(void **state) {
     snprintf(path, sizeof path, "%s/lora/pipe_flux_te_peft.safetensors", CDF_TEST_DATA); /* transformer + text encoder */
     for (int mode = 0; mode < 2; mode++) {
         cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
-        cdf_lora_params lp = cdf_lora_default_params();
+        cdf_lora_params lp = cdf_lora_params_default();
         lp.mode = mode ? CDF_LORA_FUSE : CDF_LORA_RUNTIME;
         lp.scale = 0.7f;
         if (cdf_pipeline_load_lora(pipe, path, &lp, NULL) != CDF_OK) fail_msg("lora: %s", cdf_last_error());
@@ -464,7 +464,7 @@ static void test_compiled_parts_never_recompile(void **state) {
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
         cdf_pipeline *pipe = load_tiny("flux1_dev_tiny");
-        cdf_compile_options o = cdf_compile_default_options();
+        cdf_compile_options o = cdf_compile_options_default();
         assert_int_equal(cdf_pipeline_compile(pipe, &o), CDF_OK);
         int64_t n;
         free(final_latents(pipe, cases[ci].cache, false, &n)); /* compiles the parts */
@@ -524,51 +524,51 @@ static void test_batch_images_decide_alone(void **state) {
 
 static void test_bad_cache_strings(void **state) {
     (void)state;
-    assert_int_equal(cdf_cache_check(NULL), CDF_OK);
-    assert_int_equal(cdf_cache_check(""), CDF_OK);
-    assert_int_equal(cdf_cache_check("none"), CDF_OK);
-    assert_int_equal(cdf_cache_check("first-block"), CDF_OK);
-    assert_int_equal(cdf_cache_check("first-block:0.2"), CDF_OK);
+    assert_int_equal(cdf_pipeline_cache_check(NULL), CDF_OK);
+    assert_int_equal(cdf_pipeline_cache_check(""), CDF_OK);
+    assert_int_equal(cdf_pipeline_cache_check("none"), CDF_OK);
+    assert_int_equal(cdf_pipeline_cache_check("first-block"), CDF_OK);
+    assert_int_equal(cdf_pipeline_cache_check("first-block:0.2"), CDF_OK);
     const char *bad[] = {"first-blok", "first-block:", "first-block:abc", "first-block:0.2x", "first-block:-0.1",
                          "first-block:nan", "first-block:inf", "first-block0.2", "fbc", "First-Block"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        assert_int_equal(cdf_cache_check(bad[i]), CDF_ERR_INVALID_ARG);
+        assert_int_equal(cdf_pipeline_cache_check(bad[i]), CDF_ERR_INVALID_ARG);
         assert_non_null(strstr(cdf_last_error(), bad[i]));
     }
-    assert_int_equal(cdf_cache_check("mag"), CDF_OK);
-    assert_int_equal(cdf_cache_check("mag:threshold=0.1,max_skip_steps=2,retention_ratio=0,num_inference_steps=28"), CDF_OK);
+    assert_int_equal(cdf_pipeline_cache_check("mag"), CDF_OK);
+    assert_int_equal(cdf_pipeline_cache_check("mag:threshold=0.1,max_skip_steps=2,retention_ratio=0,num_inference_steps=28"), CDF_OK);
     const char *bad_mag[] = {"mag:", "mag:threshold", "mag:threshold=", "mag:threshold=x", "mag:threshold=-1", "mag:foo=1",
                              "mag:max_skip_steps=1.5", "mag:num_inference_steps=0", "mag:threshold=0.1,", "magic"};
     for (size_t i = 0; i < sizeof bad_mag / sizeof *bad_mag; i++) {
-        assert_int_equal(cdf_cache_check(bad_mag[i]), CDF_ERR_INVALID_ARG);
+        assert_int_equal(cdf_pipeline_cache_check(bad_mag[i]), CDF_ERR_INVALID_ARG);
         assert_non_null(strstr(cdf_last_error(), bad_mag[i]));
     }
-    assert_int_equal(cdf_cache_check("mag:calibrate=True"), CDF_OK);
-    assert_int_equal(cdf_cache_check("mag:mag_ratios=[1.0, 1.2109400033950806,0.9],threshold=0.1"), CDF_OK);
-    assert_int_equal(cdf_cache_check("mag:threshold=0.1,mag_ratios=[ 1 ],calibrate=False"), CDF_OK);
+    assert_int_equal(cdf_pipeline_cache_check("mag:calibrate=True"), CDF_OK);
+    assert_int_equal(cdf_pipeline_cache_check("mag:mag_ratios=[1.0, 1.2109400033950806,0.9],threshold=0.1"), CDF_OK);
+    assert_int_equal(cdf_pipeline_cache_check("mag:threshold=0.1,mag_ratios=[ 1 ],calibrate=False"), CDF_OK);
     const char *bad_mag2[] = {"mag:calibrate=yes", "mag:mag_ratios=1", "mag:mag_ratios=[]", "mag:mag_ratios=[1,]", "mag:mag_ratios=[1,x]",
                               "mag:mag_ratios=[1,nan]", "mag:mag_ratios=[1,inf]", "mag:mag_ratios=[1,2", "mag:mag_ratios=[1]x",
                               "mag:mag_ratios=[1],", "mag:mag_ratios=(1,2)"};
     for (size_t i = 0; i < sizeof bad_mag2 / sizeof *bad_mag2; i++) {
-        assert_int_equal(cdf_cache_check(bad_mag2[i]), CDF_ERR_INVALID_ARG);
+        assert_int_equal(cdf_pipeline_cache_check(bad_mag2[i]), CDF_ERR_INVALID_ARG);
         assert_non_null(strstr(cdf_last_error(), bad_mag2[i]));
     }
     char many[16384] = "mag:mag_ratios=[1";
     for (int i = 0; i < 1000; i++) strcat(many, ",1");
     strcat(many, "]");
-    assert_int_equal(cdf_cache_check(many), CDF_ERR_INVALID_ARG);
+    assert_int_equal(cdf_pipeline_cache_check(many), CDF_ERR_INVALID_ARG);
     assert_non_null(strstr(cdf_last_error(), "more than 1000 mag_ratios"));
-    assert_int_equal(cdf_cache_check("taylorseer"), CDF_OK);
-    assert_int_equal(cdf_cache_check("taylorseer:use_lite_mode=True"), CDF_OK);
-    assert_int_equal(cdf_cache_check("taylorseer:use_lite_mode=False,max_order=2"), CDF_OK);
-    assert_int_equal(cdf_cache_check("taylorseer:use_lite_mode=maybe"), CDF_ERR_INVALID_ARG);
-    assert_int_equal(cdf_cache_check("taylorseer:cache_identifiers=x"), CDF_ERR_UNSUPPORTED);
-    assert_int_equal(cdf_cache_check("taylorseer:cache_interval=2,disable_cache_after_step=None,taylor_factors_dtype=float16"), CDF_OK);
+    assert_int_equal(cdf_pipeline_cache_check("taylorseer"), CDF_OK);
+    assert_int_equal(cdf_pipeline_cache_check("taylorseer:use_lite_mode=True"), CDF_OK);
+    assert_int_equal(cdf_pipeline_cache_check("taylorseer:use_lite_mode=False,max_order=2"), CDF_OK);
+    assert_int_equal(cdf_pipeline_cache_check("taylorseer:use_lite_mode=maybe"), CDF_ERR_INVALID_ARG);
+    assert_int_equal(cdf_pipeline_cache_check("taylorseer:cache_identifiers=x"), CDF_ERR_UNSUPPORTED);
+    assert_int_equal(cdf_pipeline_cache_check("taylorseer:cache_interval=2,disable_cache_after_step=None,taylor_factors_dtype=float16"), CDF_OK);
     const char *bad_ts[] = {"taylorseer:", "taylorseer:cache_interval=0", "taylorseer:max_order=-1", "taylorseer:max_order=9",
                             "taylorseer:taylor_factors_dtype=int8", "taylorseer:disable_cache_after_step=x", "taylorseer:x=1",
                             "taylorseer:cache_interval", "taylorseers"};
     for (size_t i = 0; i < sizeof bad_ts / sizeof *bad_ts; i++) {
-        assert_int_equal(cdf_cache_check(bad_ts[i]), CDF_ERR_INVALID_ARG);
+        assert_int_equal(cdf_pipeline_cache_check(bad_ts[i]), CDF_ERR_INVALID_ARG);
         assert_non_null(strstr(cdf_last_error(), bad_ts[i]));
     }
     /* generate refuses them before any work, and a model without the cache */

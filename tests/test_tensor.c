@@ -251,8 +251,8 @@ static double now_s(void) {
 static void test_queue_is_async_and_in_order(void **state) {
     (void)state;
     /* eager semantics: each op goes to the queue at the call (defer-and-fuse records instead) */
-    cdf_exec_mode saved = cdf_get_exec_mode();
-    assert_int_equal(cdf_set_exec_mode(CDF_EXEC_EAGER), CDF_OK);
+    cdf_exec_mode saved = cdf_exec_get_mode();
+    assert_int_equal(cdf_exec_set_mode(CDF_EXEC_EAGER), CDF_OK);
     cdf_device *d = cpu();
     cdf_scope_push();
     /* a chain of large matmuls: submitting must return long before the work is done */
@@ -280,7 +280,7 @@ static void test_queue_is_async_and_in_order(void **state) {
     double expect = pow(0.001, 13) * pow(384.0, 12);
     assert_true(fabs(out - expect) / expect < 1e-3);
     cdf_scope_pop(NULL, 0);
-    assert_int_equal(cdf_set_exec_mode(saved), CDF_OK);
+    assert_int_equal(cdf_exec_set_mode(saved), CDF_OK);
 }
 
 static void test_kernel_error_surfaces_at_sync(void **state) {

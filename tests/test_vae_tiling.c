@@ -235,7 +235,7 @@ static void pipeline_request(const char *pipeline, const char *c, cdf_generate_p
     free(txt);
     assert_non_null(*js);
     const cJSON *call = cJSON_GetObjectItem(*js, "call");
-    *gp = cdf_generate_default_params();
+    *gp = cdf_generate_params_default();
     gp->prompt = cJSON_GetObjectItem(call, "prompt")->valuestring;
     const cJSON *neg = cJSON_GetObjectItem(call, "negative_prompt");
     gp->negative_prompt = cJSON_IsString(neg) ? neg->valuestring : NULL;
@@ -252,7 +252,7 @@ static void pipeline_request(const char *pipeline, const char *c, cdf_generate_p
 static void generate_and_check(cdf_pipeline *pipe, const char *pipeline, const char *c, cdf_generate_params *gp, bool tiled) {
     cdf_tensor_map io, gold, cap;
     cdf_tensor_map_init(&cap);
-    gp->capture = &cap;
+    gp->capture = (cdf_capture *)&cap;
     cdf_image img;
     /* the references are loaded after: on the device they would count against a budget */
     if (cdf_pipeline_generate(pipe, gp, &img) != CDF_OK) fail_msg("generate %s/%s: %s", pipeline, c, cdf_last_error());
@@ -278,7 +278,7 @@ static void generate_and_check(cdf_pipeline *pipe, const char *pipeline, const c
 static cdf_pipeline *load_pipeline(const char *pipeline) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", tu_data("pipelines"), pipeline);
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.weight_dtype = CDF_F32; /* the golden pipelines ran in f32 */
     cdf_pipeline *pipe = NULL;
     if (cdf_pipeline_load(dir, &lp, &pipe) != CDF_OK) fail_msg("load %s: %s", dir, cdf_last_error());
@@ -319,7 +319,7 @@ static void test_pipeline_auto_tiling(void **state) {
     pipeline_request(pipeline, c, &gp, &js);
     generate_and_check(pipe, pipeline, c, &gp, false); /* AUTO, no budget */
 
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.weight_dtype = CDF_F32;
     cdf_memory_plan untiled, tiled;
     cdf_generate_params g = gp;
@@ -340,7 +340,7 @@ static void test_pipeline_auto_tiling(void **state) {
     gp.vae_tiling = CDF_VAE_TILING_OFF;
     cdf_tensor_map cap;
     cdf_tensor_map_init(&cap);
-    gp.capture = &cap;
+    gp.capture = (cdf_capture *)&cap;
     cdf_image img;
     cdf_status s = cdf_pipeline_generate(pipe, &gp, &img);
     assert_true(s == CDF_OK || s == CDF_ERR_OUT_OF_MEMORY);

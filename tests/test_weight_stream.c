@@ -148,7 +148,7 @@ static void test_uploads_are_queued_before_their_use(void **state) {
     cdf_queue_stats before, after;
     cdf_device_queue_stats(dev, &before);
     cdf_tensor *weights[2] = {b.w1, b.w2};
-    assert_int_equal(cdf_weight_stream_run(NULL, run_block, &b, NULL, NULL, weights, 2), CDF_OK);
+    assert_int_equal(cdf_weight_stream_run(NULL, NULL, run_block, &b, NULL, NULL, weights, 2), CDF_OK);
     /* the host did not wait for the device: at least the two uploads are queued (with a copy
      * stream, the compute stream's wait for them is queued only if they had not run yet: the
      * cpu backend elides a wait for a point already passed, so it is not counted on) */
@@ -198,7 +198,7 @@ static void test_block_waits_for_slow_uploads(void **state) {
     block b = make_block(dev);
     cdf_tensor *weights[2] = {b.w1, b.w2};
     cdf_cpu_copy_test_hook = slow_copy;
-    assert_int_equal(cdf_weight_stream_run(NULL, run_block, &b, NULL, NULL, weights, 2), CDF_OK);
+    assert_int_equal(cdf_weight_stream_run(NULL, NULL, run_block, &b, NULL, NULL, weights, 2), CDF_OK);
     cdf_tensor_release(b.w1);
     cdf_tensor_release(b.w2);
     check_block_output(&b);

@@ -172,7 +172,7 @@ uint64_t tu_device_bytes(void) {
 }
 
 float *tu_generate_capture(struct cdf_pipeline *p, const char *key, size_t *n) {
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = "a red square";
     gp.height = gp.width = 64;
     gp.num_inference_steps = 2;
@@ -181,7 +181,7 @@ float *tu_generate_capture(struct cdf_pipeline *p, const char *key, size_t *n) {
     if (strcmp(cdf_pipeline_class_name(p), "Flux2Pipeline") == 0) gp.text_encoder_out_layers = out_layers, gp.num_text_encoder_out_layers = 3;
     cdf_tensor_map cap;
     cdf_tensor_map_init(&cap);
-    gp.capture = &cap;
+    gp.capture = (cdf_capture *)&cap;
     cdf_image img;
     if (cdf_pipeline_generate(p, &gp, &img) != CDF_OK) fail_msg("generate: %s", cdf_last_error());
     cdf_image_free(&img);

@@ -22,7 +22,7 @@ static double now_ms(void) {
 
 /* best ms per call in the given mode, or a negative value on an error (printed) */
 static double run(cdf_exec_mode mode, cdf_tensor *x, cdf_tensor *scale, cdf_tensor *shift, uint16_t *host) {
-    if (cdf_set_exec_mode(mode) != CDF_OK) return -1;
+    if (cdf_exec_set_mode(mode) != CDF_OK) return -1;
     double best = 1e30;
     for (int r = 0; r < REPS; r++) {
         const double t0 = now_ms();

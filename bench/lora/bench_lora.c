@@ -74,7 +74,7 @@ static void run(const char *dir, const char *adapter, cdf_lora_mode mode, const 
     r->load = 0;
     if (adapter) {
         cdf_lora_components cs = {.n = 1, .name = {"transformer"}, .c = {c}};
-        cdf_lora_params lp = cdf_lora_default_params();
+        cdf_lora_params lp = cdf_lora_params_default();
         lp.mode = mode;
         lp.scale = 0.8f;
         const double t0 = now_s();

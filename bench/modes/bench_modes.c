@@ -49,7 +49,7 @@ static double median(double *v, int n) {
 
 static int run_mode(const char *dir, mode m, const cdf_tensor_map *in, int calls, result *r) {
     cdf_device *dev = cdf_device_get("cpu");
-    cdf_set_exec_mode(m == M_FUSE ? CDF_EXEC_DEFER_AND_FUSE : CDF_EXEC_EAGER);
+    cdf_exec_set_mode(m == M_FUSE ? CDF_EXEC_DEFER_AND_FUSE : CDF_EXEC_EAGER);
     cdf_load_options o = cdf_load_options_default();
     o.device = dev;
     cdf_component *c = NULL;
@@ -94,7 +94,7 @@ static int run_mode(const char *dir, mode m, const cdf_tensor_map *in, int calls
                                                    : (double)(s1.matmul_epilogues - s0.matmul_epilogues) / calls;
     cdf_tensor_map_clear(&out);
     cdf_component_free(c);
-    cdf_set_exec_mode(CDF_EXEC_EAGER);
+    cdf_exec_set_mode(CDF_EXEC_EAGER);
     return 0;
 }
 

@@ -132,10 +132,10 @@ static const char *mode_name(cdf_offload_mode m) {
 }
 
 static void measure_pipeline(const char *dir, cdf_dtype wdt, cdf_offload_mode mode, int size, int seq, float guidance) {
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.weight_dtype = wdt;
     lp.offload = mode;
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     gp.prompt = "a photo of a cat";
     gp.height = gp.width = size;
     gp.num_inference_steps = 2;

@@ -45,7 +45,7 @@ int main(int argc, char **argv) {
 
     cdf_device *dev = cdf_device_get(devname);
     if (!dev) return fprintf(stderr, "%s\n", cdf_last_error()), 1;
-    cdf_set_exec_mode(!strcmp(mode, "fuse") ? CDF_EXEC_DEFER_AND_FUSE : CDF_EXEC_EAGER);
+    cdf_exec_set_mode(!strcmp(mode, "fuse") ? CDF_EXEC_DEFER_AND_FUSE : CDF_EXEC_EAGER);
     cdf_load_options o = cdf_load_options_default();
     o.device = dev;
     o.weight_dtype = CDF_BF16;

@@ -85,7 +85,7 @@ static int quality(const char *model, int n_prompts, int steps, const char *cach
     cdf_pipeline *pipe = NULL;
     if (cdf_pipeline_load(model, NULL, &pipe) != CDF_OK) die("load");
     /* the folder's own request defaults (true CFG 3 with "" for the default model) */
-    cdf_generate_params base = cdf_generate_default_params();
+    cdf_generate_params base = cdf_generate_params_default();
     base.num_inference_steps = steps;
     base.negative_prompt = "";
     base.true_cfg_scale = 3.0f;
@@ -152,7 +152,7 @@ static bool on_step(int step, int num_steps, double secs, void *user) {
 }
 
 static int timing(const char *model, int size, int steps, const char *list) {
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.weight_dtype = CDF_BF16;
     cdf_pipeline *pipe = NULL;
     if (cdf_pipeline_load(model, &lp, &pipe) != CDF_OK) die("load");
@@ -166,7 +166,7 @@ static int timing(const char *model, int size, int steps, const char *list) {
     }
     double med[6];
     for (int r = 0; r < ns; r++) {
-        cdf_generate_params gp = cdf_generate_default_params();
+        cdf_generate_params gp = cdf_generate_params_default();
         gp.prompt = "a red fox in the snow";
         gp.height = gp.width = size;
         gp.num_inference_steps = steps;

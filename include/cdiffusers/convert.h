@@ -43,7 +43,7 @@ typedef struct cdf_convert_params {
                                  never replaced) */
     uint64_t max_shard_bytes; /* cdf_convert_to_diffusers: the largest safetensors shard; 0 = 4 GiB */
 } cdf_convert_params;
-cdf_convert_params cdf_convert_default_params(void);
+cdf_convert_params cdf_convert_params_default(void);
 
 typedef struct cdf_convert_report {
     int tensors;        /* written */

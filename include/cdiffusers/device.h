@@ -1,7 +1,8 @@
 /* cdiffusers — backends and devices.
  *
  * Backends register device types when the library loads (autoload). Set
- * CDIFFUSERS_BACKEND_AUTOLOAD=0 to turn that off and load one explicitly with cdf_backend_load().
+ * CDIFFUSERS_BACKEND_AUTOLOAD=0 to turn that off and load one explicitly with cdf_backend_load()
+ * (cdiffusers/backend.h).
  * A device executes ops on an in-order asynchronous queue: an op call returns at once with a
  * tensor whose data is pending; reading it on the host (or cdf_device_synchronize) waits, and an
  * error raised by a queued kernel surfaces at that sync with its message.
@@ -17,20 +18,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cdiffusers/backend.h" /* the backends that provide the devices */
 #include "cdiffusers/error.h"
+#include "cdiffusers/pjrt.h"    /* the pjrt backend's plugins and cache */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct cdf_device cdf_device;
-
-/* Load (register) a built-in backend by name ("cpu"). Loading an already loaded backend is a
- * no-op returning CDF_OK; an unknown name gives CDF_ERR_NOT_FOUND listing the known ones. */
-cdf_status cdf_backend_load(const char *name);
-/* Number of registered backends and their names. */
-int cdf_backend_count(void);
-const char *cdf_backend_name(int i);
 
 /* The device "type" or "type:index" (e.g. "cpu", "cpu:0"); NULL if its backend is not loaded.
  * Devices live for the whole process. */
@@ -55,30 +51,6 @@ typedef struct cdf_device_info {
 } cdf_device_info;
 cdf_status cdf_device_get_info(const cdf_device *dev, cdf_device_info *out);
 
-/* The backends compiled into this library, whether or not they found a device, and for one
- * that has none, why (e.g. "no driver"); NULL when it has devices. */
-int cdf_backend_compiled_count(void);
-const char *cdf_backend_compiled_name(int i);
-const char *cdf_backend_why_no_device(int i);
-
-/* PJRT plugins the pjrt backend can load (none in a build without it): CDIFFUSERS_PJRT_PLUGIN,
- * then the Python packages xla_cpu_pjrt, xla_cuda13 and libtpu. Listing reads each library's
- * PJRT API version (dlopen + GetPjrtApi) without initialising it: libtpu's initialisation blocks
- * for minutes off Google Cloud, so a plugin is initialised only when it is the one asked for. */
-typedef struct cdf_pjrt_plugin_info {
-    char path[1024];
-    char package[32];      /* "xla_cpu_pjrt", "xla_cuda13", "libtpu" or "env" (CDIFFUSERS_PJRT_PLUGIN) */
-    int api_major, api_minor; /* -1 when the library could not be read (note says why) */
-    bool chosen;           /* the plugin `--device pjrt` opens */
-    char note[256];
-} cdf_pjrt_plugin_info;
-/* Fills up to cap entries; returns how many plugins were found. */
-int cdf_pjrt_list_plugins(cdf_pjrt_plugin_info *out, int cap);
-/* The folder of the pjrt backend's compiled-program cache the settings name
- * ($CDIFFUSERS_PJRT_CACHE, else $XDG_CACHE_HOME/cdiffusers/pjrt, else ~/.cache/cdiffusers/pjrt);
- * "" when the disk cache is off (CDIFFUSERS_PJRT_CACHE=off). Its entries are files *.pjrtx. */
-void cdf_pjrt_cache_folder(char *out, size_t cap);
-
 /* One process driving n devices of one backend as the n replicas of every program (tensor
  * parallelism without MPI: cdf_dist_init_devices). name: a backend ("pjrt") or its device 0.
  * Returns device 0, which from then on stands for devices 0..n-1: each of its buffers holds a
@@ -87,11 +59,8 @@ void cdf_pjrt_cache_folder(char *out, size_t cap);
  * before anything is allocated on the backend (the pjrt backend opens the XLA CPU plugin with n
  * devices when it has not loaded yet). Errors: CDF_ERR_UNSUPPORTED (a backend without it: cpu,
  * cuda), CDF_ERR_INVALID_ARG (fewer than n devices, buffers already exist), the backend's load
- * error. */
+ * error. (Whether a backend can: cdf_backend_runs_replicas, cdiffusers/backend.h.) */
 cdf_status cdf_device_open_replicas(const char *name, int n, cdf_device **out);
-/* Whether the backend of device `name` ("pjrt", "pjrt:0", "cpu") can run replicas (without
- * loading it); false for an unknown name. */
-bool cdf_backend_runs_replicas(const char *name);
 /* n for a device opened so, else 1. */
 int cdf_device_replicas(const cdf_device *dev);
 

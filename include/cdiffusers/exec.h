@@ -2,7 +2,7 @@
  *
  *  eager (default; CDIFFUSERS_EAGER_MODE=defer_never): every op is handed to its device's
  *      in-order queue at the call and runs asynchronously; the host waits only when it reads.
- *  defer-and-fuse (CDIFFUSERS_DEFER_AND_FUSE=1, or cdf_set_exec_mode): ops are recorded
+ *  defer-and-fuse (CDIFFUSERS_DEFER_AND_FUSE=1, or cdf_exec_set_mode): ops are recorded
  *      instead; at a sync point (a host read, cdf_device_synchronize, cdf_exec_flush, the end
  *      of a model forward, or when the pending graph reaches its size limit) the pending graph
  *      is optimised — chains of elementwise ops whose intermediates nobody else can see become
@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cdiffusers/compile.h" /* compile: the execution mode of a whole forward */
 #include "cdiffusers/error.h"
 
 #ifdef __cplusplus
@@ -24,27 +25,11 @@ extern "C" {
 typedef enum cdf_exec_mode { CDF_EXEC_EAGER = 0, CDF_EXEC_DEFER_AND_FUSE = 1 } cdf_exec_mode;
 
 /* Switching flushes this thread's pending ops first. */
-cdf_status cdf_set_exec_mode(cdf_exec_mode mode);
-cdf_exec_mode cdf_get_exec_mode(void);
+cdf_status cdf_exec_set_mode(cdf_exec_mode mode);
+cdf_exec_mode cdf_exec_get_mode(void);
 const char *cdf_exec_mode_name(cdf_exec_mode mode);
 /* Run this thread's pending ops (defer-and-fuse); no-op in eager mode. Does not wait. */
 cdf_status cdf_exec_flush(void);
-
-/* compile: a model forward is captured once per input signature (names, dtypes, shapes) into a
- * static graph, optimised (elementwise fusion) and replayed for later calls with the same
- * signature; intermediate buffers are allocated once per graph. Timesteps, sigmas and guidance
- * are inputs, so changing the step count never recompiles; a new height/width compiles once.
- * fullgraph: a host read inside the forward (a graph break) is an error naming it instead of a
- * silent fallback to eager. dynamic shapes are not supported (dynamic must be false). */
-typedef struct cdf_compile_options {
-    const char *backend; /* "cpu" */
-    bool fullgraph;
-    bool dynamic;
-} cdf_compile_options;
-cdf_compile_options cdf_compile_default_options(void); /* cpu, fullgraph, static shapes */
-/* Testing hook: make any compile after the first one of a module an error (CDF_ERR_GRAPH_BREAK
- * is not used; CDF_ERR_UNSUPPORTED "unexpected recompile"), to assert that a call reused a graph. */
-void cdf_compile_set_forbid_recompile(bool forbid);
 
 typedef struct cdf_exec_stats {
     uint64_t ops;              /* op nodes created by the tensor API */

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cdiffusers/capture.h"
 #include "cdiffusers/dtype.h"
 #include "cdiffusers/error.h"
 
@@ -67,7 +68,7 @@ typedef struct cdf_pipeline_load_params {
                                (models/configs/<name>, found through $CDIFFUSERS_CONFIGS or the
                                source tree). Must be NULL with a folder. */
 } cdf_pipeline_load_params;
-cdf_pipeline_load_params cdf_pipeline_load_default_params(void);
+cdf_pipeline_load_params cdf_pipeline_load_params_default(void);
 
 /* Load a pipeline folder, or one all-in-one file holding every component (ComfyUI's
  * "model.diffusion_model." / "vae." / "text_encoders.<clip_l|clip_g|t5xxl>.transformer." or
@@ -96,7 +97,7 @@ const char *cdf_pipeline_class_name(const cdf_pipeline *p);
 const char *cdf_pipeline_cache_report(const cdf_pipeline *p, int image);
 /* Checks a step-cache string (cdf_generate_params.cache) without a pipeline: CDF_OK, or the
  * error generate would give for it. */
-cdf_status cdf_cache_check(const char *cache);
+cdf_status cdf_pipeline_cache_check(const char *cache);
 
 /* Called after each denoising step; return false to cancel (generate then fails with
  * CDF_ERR_INTERRUPTED). */
@@ -189,10 +190,10 @@ typedef struct cdf_generate_params {
     void *callback_user;
     /* If non-NULL: receives intermediates under the golden keys (noise, latents_initial,
      * latents_final, prompt_embeds, pooled_prompt_embeds, timesteps, sigmas, vae_decode_output,
-     * image, ...). Opaque to users of the C API: a `cdf_tensor_map *` (src/nn/nn.h). */
-    void *capture;
+     * image, ...): a cdf_capture (cdiffusers/capture.h). */
+    cdf_capture *capture;
 } cdf_generate_params;
-cdf_generate_params cdf_generate_default_params(void);
+cdf_generate_params cdf_generate_params_default(void);
 typedef enum cdf_vae_tiling_mode { CDF_VAE_TILING_AUTO = 0, CDF_VAE_TILING_ON = 1, CDF_VAE_TILING_OFF = 2 } cdf_vae_tiling_mode;
 
 struct cdf_image {
@@ -246,7 +247,7 @@ typedef struct cdf_lora_params {
     bool allow_unused;  /* false: keys that match no layer of the pipeline fail the load (the
                            message lists them); true: they are ignored with a warning on stderr */
 } cdf_lora_params;
-cdf_lora_params cdf_lora_default_params(void);
+cdf_lora_params cdf_lora_params_default(void);
 typedef struct cdf_lora_info {
     int adapter;       /* the id for cdf_pipeline_set_lora_scale */
     int layers;        /* linear layers the adapter changed (all components) */

@@ -10,8 +10,8 @@
  *   cdf_scheduler_config cfg;
  *   cdf_scheduler_config_from_json("scheduler/scheduler_config.json", &cfg);
  *   cdf_scheduler *s = cdf_scheduler_new(&cfg);
- *   float sig[N];  cdf_flux_default_sigmas(N, sig);
- *   double mu = cdf_calculate_shift(seq_len, cfg.base_image_seq_len, cfg.max_image_seq_len,
+ *   float sig[N];  cdf_scheduler_flux_sigmas(N, sig);
+ *   double mu = cdf_scheduler_calculate_shift(seq_len, cfg.base_image_seq_len, cfg.max_image_seq_len,
  *                                   cfg.base_shift, cfg.max_shift);
  *   cdf_scheduler_set_timesteps(s, N, sig, N, &mu);
  *   cdf_scheduler_set_begin_index(s, 0);
@@ -122,16 +122,16 @@ cdf_status cdf_scheduler_step_timestep(cdf_scheduler *s, float timestep, const f
 
 /* FluxPipeline's calculate_shift (float64, as the Python): the dynamic-shifting mu for an image
  * of image_seq_len latent tokens. NaN if max_seq == base_seq (Python would raise). */
-double cdf_calculate_shift(int64_t image_seq_len, int64_t base_seq, int64_t max_seq, double base_shift,
+double cdf_scheduler_calculate_shift(int64_t image_seq_len, int64_t base_seq, int64_t max_seq, double base_shift,
                            double max_shift);
 /* Flux2Pipeline's compute_empirical_mu(image_seq_len, num_steps). */
-double cdf_compute_empirical_mu(int64_t image_seq_len, int num_steps);
+double cdf_scheduler_empirical_mu(int64_t image_seq_len, int num_steps);
 /* numpy.linspace(start, stop, n) in float64, reproducing numpy's rounding exactly
  * (i * step + start, last element = stop). CDF_ERR_INVALID_ARG for n < 0 or NULL out. */
-cdf_status cdf_np_linspace(double start, double stop, int64_t n, double *out);
+cdf_status cdf_scheduler_linspace(double start, double stop, int64_t n, double *out);
 /* The Flux/Flux2 pipelines' default sigmas: np.linspace(1.0, 1/n, n) in float64, rounded to
  * float32 as set_timesteps does. CDF_ERR_INVALID_ARG for n <= 0 or NULL out. */
-cdf_status cdf_flux_default_sigmas(int n, float *out);
+cdf_status cdf_scheduler_flux_sigmas(int n, float *out);
 
 #ifdef __cplusplus
 }

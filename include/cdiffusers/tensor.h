@@ -155,7 +155,7 @@ cdf_tensor *cdf_argmax(cdf_tensor *x, int dim, bool keepdim);
 typedef struct cdf_conv2d_params {
     int stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups;
 } cdf_conv2d_params;
-cdf_conv2d_params cdf_conv2d_default_params(void); /* stride 1, pad 0, dilation 1, groups 1 */
+cdf_conv2d_params cdf_conv2d_params_default(void); /* stride 1, pad 0, dilation 1, groups 1 */
 /* x [N, Cin, H, W], w [Cout, Cin/groups, KH, KW], b [Cout] or NULL. */
 cdf_tensor *cdf_conv2d(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b, const cdf_conv2d_params *p);
 /* Nearest-neighbour upsample of the last two dims by integer factors. */

@@ -16,6 +16,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -144,7 +145,7 @@ static int Pipeline_init(PyObject *obj, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_RuntimeError, "Pipeline.__init__ called twice");
         return -1;
     }
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.device = device;
     if (dtype && cdf_dtype_parse(dtype, &lp.weight_dtype) != 0) {
         if (!strcmp(dtype, "bfloat16")) lp.weight_dtype = CDF_BF16;
@@ -353,7 +354,7 @@ static PyObject *Pipeline_generate(PyObject *obj, PyObject *args, PyObject *kw) 
                           "vae_tiling", "vae_tile_size",   "cache",     "callback",    "capture",
                           "prompts",    "negative_prompts", "prompt_embeds", "pooled_prompt_embeds",
                           "negative_prompt_embeds", "negative_pooled_prompt_embeds", NULL};
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     const char *prompt = NULL, *neg = NULL, *cache = NULL;
     unsigned long long seed = 0;
     PyObject *seeds_o = Py_None, *image_o = Py_None, *mask_o = Py_None, *layers_o = Py_None, *cb = Py_None;
@@ -520,7 +521,7 @@ static PyObject *Pipeline_captured(PyObject *obj, PyObject *args) {
 static PyObject *do_compile(PyObject *obj, PyObject *args, PyObject *kw, bool blocks) {
     PipelineObject *self = (PipelineObject *)obj;
     static char *kws[] = {"backend", "fullgraph", "dynamic", NULL};
-    cdf_compile_options co = cdf_compile_default_options();
+    cdf_compile_options co = cdf_compile_options_default();
     const char *backend = NULL;
     int fullgraph = co.fullgraph, dynamic = 0;
     if (pipe_ready(self) < 0) return NULL;
@@ -561,7 +562,7 @@ static PyObject *Pipeline_load_lora(PyObject *obj, PyObject *args, PyObject *kw)
     int fuse = 0, allow = 0;
     if (pipe_ready(self) < 0 || !PyArg_ParseTupleAndKeywords(args, kw, "s|dpp", kws, &path, &scale, &fuse, &allow))
         return NULL;
-    cdf_lora_params lp = cdf_lora_default_params();
+    cdf_lora_params lp = cdf_lora_params_default();
     lp.scale = (float)scale, lp.mode = fuse ? CDF_LORA_FUSE : CDF_LORA_RUNTIME, lp.allow_unused = allow;
     cdf_lora_info info;
     cdf_status s;
@@ -631,14 +632,14 @@ static PyObject *m_set_exec_mode(PyObject *m, PyObject *args) {
     if (!strcmp(name, "eager")) mode = CDF_EXEC_EAGER;
     else if (!strcmp(name, "defer_and_fuse")) mode = CDF_EXEC_DEFER_AND_FUSE;
     else return PyErr_Format(PyExc_ValueError, "execution mode must be 'eager' or 'defer_and_fuse', got '%s'", name);
-    cdf_status s = cdf_set_exec_mode(mode);
+    cdf_status s = cdf_exec_set_mode(mode);
     if (s != CDF_OK) return raise_status(s);
     Py_RETURN_NONE;
 }
 
 static PyObject *m_get_exec_mode(PyObject *m, PyObject *unused) {
     (void)m, (void)unused;
-    return PyUnicode_FromString(cdf_get_exec_mode() == CDF_EXEC_DEFER_AND_FUSE ? "defer_and_fuse" : "eager");
+    return PyUnicode_FromString(cdf_exec_get_mode() == CDF_EXEC_DEFER_AND_FUSE ? "defer_and_fuse" : "eager");
 }
 
 static PyObject *m_exec_stats(PyObject *m, PyObject *unused) {
@@ -759,11 +760,11 @@ static PyObject *m_inspect(PyObject *m, PyObject *args) {
     (void)m;
     const char *path, *config = NULL;
     if (!PyArg_ParseTuple(args, "s|z", &path, &config)) return NULL;
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.config = config;
     /* the plan itself is discarded; FLUX.2's text-encoder layers are named by the call (the
      * default 10, 20, 30 does not exist in a small encoder), so layer 0 stands in here */
-    cdf_generate_params gp = cdf_generate_default_params();
+    cdf_generate_params gp = cdf_generate_params_default();
     static const int layer0[1] = {0};
     gp.text_encoder_out_layers = layer0, gp.num_text_encoder_out_layers = 1;
     cdf_memory_plan *plan = malloc(sizeof *plan);
@@ -779,8 +780,8 @@ static PyObject *m_inspect(PyObject *m, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"inspect", m_inspect, METH_VARARGS, "the pipeline class of a folder or file, read from its configs (cdf_pipeline_plan_memory)"},
-    {"set_exec_mode", m_set_exec_mode, METH_VARARGS, "cdf_set_exec_mode: 'eager' or 'defer_and_fuse'"},
-    {"get_exec_mode", m_get_exec_mode, METH_NOARGS, "cdf_get_exec_mode"},
+    {"set_exec_mode", m_set_exec_mode, METH_VARARGS, "cdf_exec_set_mode: 'eager' or 'defer_and_fuse'"},
+    {"get_exec_mode", m_get_exec_mode, METH_NOARGS, "cdf_exec_get_mode"},
     {"exec_stats", m_exec_stats, METH_NOARGS, "cdf_exec_get_stats as a dict"},
     {"devices", m_devices, METH_NOARGS, "the registered devices, the default first"},
     {"set_forbid_recompile", m_set_forbid_recompile, METH_VARARGS, "cdf_compile_set_forbid_recompile (testing hook)"},

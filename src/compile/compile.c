@@ -19,7 +19,7 @@
 #include "tensor/tensor_impl.h"
 
 
-cdf_compile_options cdf_compile_default_options(void) {
+cdf_compile_options cdf_compile_options_default(void) {
     return (cdf_compile_options){.backend = "cpu", .fullgraph = true, .dynamic = false};
 }
 
@@ -27,7 +27,7 @@ static bool g_forbid_recompile;
 void cdf_compile_set_forbid_recompile(bool forbid) { g_forbid_recompile = forbid; }
 
 /* this thread's capture (exec/capture.c) */
-#define tl_cap (*cdf_capture_state())
+#define tl_cap (*cdf_exec_capture_state())
 
 /* ---- plans --------------------------------------------------------------------------------- */
 typedef struct plan {
@@ -73,7 +73,7 @@ static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
 
 /* Append the static inputs' values to the key (read on the host here, before any capture):
  * short ones verbatim, longer ones as a 128-bit digest. The capture may then read them. */
-static cdf_status key_static_values(cdf_graph_cache *c, const cdf_tensor_map *cin, char **key, cdf_capture *cap) {
+static cdf_status key_static_values(cdf_graph_cache *c, const cdf_tensor_map *cin, char **key, cdf_exec_capture *cap) {
     for (int i = 0; i < c->n_static; i++) {
         cdf_tensor *t = NULL;
         for (int j = 0; j < cin->n; j++)
@@ -113,7 +113,7 @@ cdf_graph_cache *cdf_graph_cache_new(const char *name, const cdf_compile_options
         return NULL;
     }
     snprintf(c->name, sizeof c->name, "%s", name ? name : "module");
-    c->opt = opt ? *opt : cdf_compile_default_options();
+    c->opt = opt ? *opt : cdf_compile_options_default();
     return c;
 }
 
@@ -371,7 +371,7 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
             }
         }
     }
-    cdf_capture statics = {0};
+    cdf_exec_capture statics = {0};
     if (s == CDF_OK && key) s = key_static_values(c, &cin, &key, &statics);
     plan *p = NULL;
     for (int i = 0; key && i < c->n_plans; i++)
@@ -391,15 +391,15 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
         s = cdf_exec_flush();
         plan np_ = {0};
         if (s == CDF_OK) {
-            tl_cap = (cdf_capture){.active = true, .fullgraph = c->opt.fullgraph, .who = c->name, .n_static = statics.n_static};
+            tl_cap = (cdf_exec_capture){.active = true, .fullgraph = c->opt.fullgraph, .who = c->name, .n_static = statics.n_static};
             memcpy(tl_cap.static_st, statics.static_st, sizeof statics.static_st);
             cdf_tensor_map traced_out;
             cdf_tensor_map_init(&traced_out);
             cdf_scope_push();
             s = fn(ctx, &cin, &traced_out);
             cdf_scope_pop(NULL, 0);
-            cdf_capture cap = tl_cap;
-            tl_cap = (cdf_capture){0};
+            cdf_exec_capture cap = tl_cap;
+            tl_cap = (cdf_exec_capture){0};
             if (cap.broken) {
                 /* buffers created after the break were real; those before were materialised */
                 if (s == CDF_OK) s = cdf_exec_flush();
@@ -416,7 +416,7 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
                         s = cdf_storage_materialize(cap.virt[v]);
                 /* only the graph (and the outputs) hold the captured buffers from here on, which
                  * is what the fusion pass checks before removing an intermediate */
-                cdf_capture_release_virtuals(&cap);
+                cdf_exec_capture_release_virtuals(&cap);
                 cdf_fuse_stats fs = {0};
                 size_t arena = 0;
                 cdf_tensor *arena_param = NULL;
@@ -458,7 +458,7 @@ cdf_status cdf_graph_cache_run(cdf_graph_cache *c, cdf_traced_fn fn, void *ctx, 
                 if (s == CDF_OK) s = run_plan(&np_, now, out, c->name);
             }
             free(cap.nodes);
-            cdf_capture_release_virtuals(&cap);
+            cdf_exec_capture_release_virtuals(&cap);
             cdf_tensor_map_clear(&traced_out);
         }
         if (s == CDF_OK || np_.uncompilable) {
@@ -498,7 +498,7 @@ cdf_block_caches *cdf_block_caches_new(const cdf_compile_options *opt) {
         cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
         return NULL;
     }
-    bc->opt = opt ? *opt : cdf_compile_default_options();
+    bc->opt = opt ? *opt : cdf_compile_options_default();
     return bc;
 }
 
@@ -536,7 +536,7 @@ cdf_status cdf_block_run(const char *block_class, cdf_traced_fn fn, void *ctx, c
          * but they exist only during their block's call: a graph break (the block and the rest
          * of the forward run without the capture; repeated-block compile is the way to compile
          * a sequentially offloaded transformer, and the pipeline switches to it) */
-        if (cdf_compile_tracing()) CDF_TRY(cdf_capture_graph_break("a block with host-side weights (sequential offload)"));
+        if (cdf_exec_capture_tracing()) CDF_TRY(cdf_exec_capture_graph_break("a block with host-side weights (sequential offload)"));
         int i = -1;
         if (bc) {
             i = 0;
@@ -551,7 +551,7 @@ cdf_status cdf_block_run(const char *block_class, cdf_traced_fn fn, void *ctx, c
                 }
             }
         }
-        return cdf_weight_stream_run(i >= 0 ? bc->caches[i] : NULL, fn, ctx, in, out, weights, n_weights);
+        return cdf_weight_stream_run(cdf_graph_cache_run, i >= 0 ? bc->caches[i] : NULL, fn, ctx, in, out, weights, n_weights);
     }
     if (cdf_measuring()) {
         /* the planner's measured forward: tag the block's allocations by block family, as the

@@ -12,15 +12,8 @@
 
 #include "cdiffusers/exec.h"
 #include "exec/capture.h"
+#include "compile/traced.h" /* cdf_graph_cache, cdf_traced_fn, CDF_COMPILE_MAX_PARAMS */
 #include "graph/node.h"
-
-typedef struct cdf_graph_cache cdf_graph_cache;
-
-#define CDF_COMPILE_MAX_PARAMS 512 /* named inputs + block weights bound per call */
-
-/* One forward: fn(ctx, inputs, outputs) with named inputs/outputs (tensor maps). */
-struct cdf_tensor_map;
-typedef cdf_status (*cdf_traced_fn)(void *ctx, const struct cdf_tensor_map *in, struct cdf_tensor_map *out);
 
 cdf_graph_cache *cdf_graph_cache_new(const char *name, const cdf_compile_options *opt);
 void cdf_graph_cache_free(cdf_graph_cache *c);

@@ -7,7 +7,6 @@
 
 #include "backend/backend_impl.h"
 #include "core/error_internal.h"
-#include "compile/compile.h"
 #include "exec/exec.h"
 #include "nn/nn.h"
 #include "tensor/tensor_impl.h"
@@ -159,8 +158,8 @@ static cdf_storage *materialise_weight(const cdf_storage *h, weight_group *g, cd
     return s;
 }
 
-cdf_status cdf_weight_stream_run(cdf_graph_cache *cache, cdf_traced_fn fn, void *ctx, const cdf_tensor_map *in,
-                                 cdf_tensor_map *out, cdf_tensor *const *weights, int n_weights) {
+cdf_status cdf_weight_stream_run(cdf_graph_cache_run_fn run, cdf_graph_cache *cache, cdf_traced_fn fn, void *ctx,
+                                 const cdf_tensor_map *in, cdf_tensor_map *out, cdf_tensor *const *weights, int n_weights) {
     cdf_device *dev = NULL;
     for (int i = 0; i < n_weights && !dev; i++)
         if (weights[i] && weights[i]->storage->host_src) dev = weights[i]->storage->dev;
@@ -253,7 +252,7 @@ cdf_status cdf_weight_stream_run(cdf_graph_cache *cache, cdf_traced_fn fn, void 
     if (s == CDF_OK) {
         host_binding b = {host, copy, nb}, *prev = tl_binding;
         tl_binding = &b;
-        if (cache) s = cdf_graph_cache_run(cache, fn, ctx, in, out, bound, n_weights);
+        if (cache) s = run(cache, fn, ctx, in, out, bound, n_weights);
         else s = fn(ctx, in, out);
         tl_binding = prev;
     }

@@ -10,11 +10,13 @@
 #ifndef CDF_EXEC_WEIGHT_STREAM_H
 #define CDF_EXEC_WEIGHT_STREAM_H
 
-#include "compile/compile.h"
+#include "compile/traced.h"
 
-/* Run fn (a block) with its host-side weights materialised; through `cache` (repeated-block
- * compile: the copies are bound as the graph's parameters) or directly when cache is NULL. */
-cdf_status cdf_weight_stream_run(cdf_graph_cache *cache, cdf_traced_fn fn, void *ctx, const struct cdf_tensor_map *in,
-                                 struct cdf_tensor_map *out, cdf_tensor *const *weights, int n_weights);
+/* Run fn (a block) with its host-side weights materialised; through run(cache, ...) (repeated-block
+ * compile: compile.c passes cdf_graph_cache_run, and the copies are bound as the graph's
+ * parameters) or directly when cache is NULL. */
+cdf_status cdf_weight_stream_run(cdf_graph_cache_run_fn run, cdf_graph_cache *cache, cdf_traced_fn fn, void *ctx,
+                                 const struct cdf_tensor_map *in, struct cdf_tensor_map *out, cdf_tensor *const *weights,
+                                 int n_weights);
 
 #endif

@@ -7,12 +7,12 @@
 
 #include "backend/backend_impl.h"
 #include "core/error_internal.h"
-#include "exec/exec.h"
+#include "exec/stats.h"
 
 /* ---- the capture in progress on this thread ------------------------------------------------ */
-static _Thread_local cdf_capture tl_cap;
+static _Thread_local cdf_exec_capture tl_cap;
 
-cdf_capture *cdf_capture_state(void) { return &tl_cap; }
+cdf_exec_capture *cdf_exec_capture_state(void) { return &tl_cap; }
 
 
 /* ---- measure mode -------------------------------------------------------------------------- */
@@ -49,7 +49,7 @@ static _Atomic uint64_t g_sessions;
 
 cdf_status cdf_measure_begin(void) {
     if (tl_cap.active) return cdf_error(CDF_ERR_INVALID_ARG, "cannot measure a forward inside a capture or another measurement");
-    tl_cap = (cdf_capture){.active = true, .fullgraph = true, .measure = true, .who = "a measured forward",
+    tl_cap = (cdf_exec_capture){.active = true, .fullgraph = true, .measure = true, .who = "a measured forward",
                            .session = ++g_sessions};
     return CDF_OK;
 }
@@ -74,12 +74,12 @@ cdf_status cdf_measure_end(cdf_mem_event **log, size_t *n) {
         free(tl_cap.log);
     }
     free(tl_cap.nodes);
-    tl_cap = (cdf_capture){0};
+    tl_cap = (cdf_exec_capture){0};
     return st;
 }
 
-void cdf_compile_note_virtual(cdf_storage *s) {
-    if (!cdf_compile_tracing()) return;
+void cdf_exec_capture_note_virtual(cdf_storage *s) {
+    if (!cdf_exec_capture_tracing()) return;
     if (tl_cap.measure) {
         measure_tag *t = malloc(sizeof *t);
         if (!t) {
@@ -108,22 +108,22 @@ void cdf_compile_note_virtual(cdf_storage *s) {
     tl_cap.virt[tl_cap.n_virt++] = s;
 }
 
-void cdf_capture_release_virtuals(cdf_capture *c) {
+void cdf_exec_capture_release_virtuals(cdf_exec_capture *c) {
     for (int i = 0; i < c->n_virt; i++) cdf_storage_release(c->virt[i]);
     free(c->virt);
     c->virt = NULL;
     c->n_virt = c->cap_virt = 0;
 }
 
-cdf_status cdf_capture_materialize_all(cdf_capture *c) {
+cdf_status cdf_exec_capture_materialize_all(cdf_exec_capture *c) {
     for (int i = 0; i < c->n_virt; i++) CDF_TRY(cdf_storage_materialize(c->virt[i]));
     return CDF_OK;
 }
 
-bool cdf_compile_tracing(void) { return tl_cap.active && !tl_cap.broken; }
+bool cdf_exec_capture_tracing(void) { return tl_cap.active && !tl_cap.broken; }
 
-bool cdf_compile_record(cdf_node *n) {
-    if (!cdf_compile_tracing()) return false;
+bool cdf_exec_capture_record(cdf_node *n) {
+    if (!cdf_exec_capture_tracing()) return false;
     if (tl_cap.measure) { /* nothing runs: the node's operands are released now */
         cdf_node_free(n);
         return true;
@@ -140,7 +140,7 @@ bool cdf_compile_record(cdf_node *n) {
 }
 
 /* Launch recorded nodes (ownership passes to the queues). */
-cdf_status cdf_capture_launch_all(cdf_node **nodes, int n) {
+cdf_status cdf_exec_capture_launch_all(cdf_node **nodes, int n) {
     cdf_status s = CDF_OK;
     int i = 0;
     for (; i < n && s == CDF_OK; i++) s = cdf_device_enqueue(nodes[i]->dst->storage->dev, nodes[i]);
@@ -149,8 +149,8 @@ cdf_status cdf_capture_launch_all(cdf_node **nodes, int n) {
 }
 
 
-cdf_status cdf_compile_on_host_read(const cdf_tensor *t) {
-    if (!cdf_compile_tracing()) return CDF_OK;
+cdf_status cdf_exec_capture_host_read(const cdf_tensor *t) {
+    if (!cdf_exec_capture_tracing()) return CDF_OK;
     if (tl_cap.measure) {
         if (!t->storage->is_virtual) return CDF_OK; /* an input made before the measurement: it has values */
         char d[96];
@@ -165,10 +165,10 @@ cdf_status cdf_compile_on_host_read(const cdf_tensor *t) {
     char d[96], what[256];
     cdf_tensor_describe(t, d, sizeof d);
     snprintf(what, sizeof what, "the forward reads a %s tensor on the host (a value-dependent computation)", d);
-    return cdf_capture_graph_break(what);
+    return cdf_exec_capture_graph_break(what);
 }
 
-cdf_status cdf_capture_graph_break(const char *what) {
+cdf_status cdf_exec_capture_graph_break(const char *what) {
     cdf_exec_count_graph_break();
     if (tl_cap.fullgraph) {
         /* the capture stays active: whatever the forward still does is recorded and thrown
@@ -182,8 +182,8 @@ cdf_status cdf_capture_graph_break(const char *what) {
     tl_cap.broken = true;
     /* abandon the capture: what was recorded gets real buffers and runs now, the rest of the
      * forward runs eagerly */
-    cdf_status s = cdf_capture_materialize_all(&tl_cap);
-    if (s == CDF_OK) s = cdf_capture_launch_all(tl_cap.nodes, tl_cap.n);
+    cdf_status s = cdf_exec_capture_materialize_all(&tl_cap);
+    if (s == CDF_OK) s = cdf_exec_capture_launch_all(tl_cap.nodes, tl_cap.n);
     else
         for (int i = 0; i < tl_cap.n; i++) cdf_node_free(tl_cap.nodes[i]);
     tl_cap.n = 0;

@@ -27,7 +27,7 @@ typedef struct cdf_mem_event {
 } cdf_mem_event;
 #define CDF_MEM_TAGS 4
 
-typedef struct cdf_capture {
+typedef struct cdf_exec_capture {
     bool active, broken, fullgraph;
     bool measure;     /* measure mode (below): nodes are dropped, allocations logged */
     uint64_t session; /* the measure session the log belongs to */
@@ -44,27 +44,27 @@ typedef struct cdf_capture {
      * key, so the forward may read them on the host without a graph break */
     const cdf_storage *static_st[CDF_MAX_STATIC_INPUTS];
     int n_static;
-} cdf_capture;
+} cdf_exec_capture;
 /* This thread's capture (inactive unless a graph cache is capturing). */
-cdf_capture *cdf_capture_state(void);
+cdf_exec_capture *cdf_exec_capture_state(void);
 
 /* Hooks for exec.c / tensor.c */
 /* A virtual buffer was created during the active capture (tensor.c). */
-void cdf_compile_note_virtual(cdf_storage *s);
-bool cdf_compile_tracing(void);
+void cdf_exec_capture_note_virtual(cdf_storage *s);
+bool cdf_exec_capture_tracing(void);
 /* Record a node into the active capture; false if no capture is active. */
-bool cdf_compile_record(cdf_node *n);
+bool cdf_exec_capture_record(cdf_node *n);
 /* A host read during capture: returns CDF_OK (capture abandoned, eager from here; or a static
  * input) or the fullgraph error. */
-cdf_status cdf_compile_on_host_read(const cdf_tensor *t);
+cdf_status cdf_exec_capture_host_read(const cdf_tensor *t);
 
 /* For the graph caches (compile/compile.c): a graph break of the active capture for `what`; give
  * every virtual buffer memory; launch recorded nodes (ownership passes to the queues); drop the
  * capture's references to its virtual buffers. */
-cdf_status cdf_capture_graph_break(const char *what);
-cdf_status cdf_capture_materialize_all(cdf_capture *c);
-cdf_status cdf_capture_launch_all(cdf_node **nodes, int n);
-void cdf_capture_release_virtuals(cdf_capture *c);
+cdf_status cdf_exec_capture_graph_break(const char *what);
+cdf_status cdf_exec_capture_materialize_all(cdf_exec_capture *c);
+cdf_status cdf_exec_capture_launch_all(cdf_node **nodes, int n);
+void cdf_exec_capture_release_virtuals(cdf_exec_capture *c);
 
 /* ---- measure mode (the memory planner, pipelines/planner.c) ------------------------------------
  * Between cdf_measure_begin and cdf_measure_end this thread runs forwards without running them:

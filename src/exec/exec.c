@@ -26,8 +26,6 @@
 #define PENDING_CHECK_BYTES ((size_t)64 << 20)
 #define PENDING_SCOPE_HELD ((size_t)64 << 20)
 
-static atomic_ullong g_ops, g_kernels, g_syncs, g_flushes, g_fused_kernels, g_fused_ops, g_compiles, g_hits, g_breaks,
-    g_epilogues, g_norm_heads;
 static atomic_int g_mode = -1;
 
 typedef struct pending_graph {
@@ -55,13 +53,13 @@ static cdf_exec_mode mode_now(void) {
     return (cdf_exec_mode)m;
 }
 
-cdf_exec_mode cdf_get_exec_mode(void) { return mode_now(); }
+cdf_exec_mode cdf_exec_get_mode(void) { return mode_now(); }
 
 const char *cdf_exec_mode_name(cdf_exec_mode m) {
     return m == CDF_EXEC_DEFER_AND_FUSE ? "defer-and-fuse" : "eager";
 }
 
-cdf_status cdf_set_exec_mode(cdf_exec_mode m) {
+cdf_status cdf_exec_set_mode(cdf_exec_mode m) {
     if (m != CDF_EXEC_EAGER && m != CDF_EXEC_DEFER_AND_FUSE) return cdf_error(CDF_ERR_INVALID_ARG, "unknown execution mode %d", (int)m);
     CDF_TRY(cdf_exec_flush());
     atomic_store(&g_mode, (int)m);
@@ -69,7 +67,7 @@ cdf_status cdf_set_exec_mode(cdf_exec_mode m) {
 }
 
 static cdf_status launch(cdf_node *node) {
-    atomic_fetch_add(&g_kernels, 1);
+    atomic_fetch_add(&cdf_exec_counters.kernels, 1);
     return cdf_device_enqueue(node->dst->storage->dev, node);
 }
 
@@ -84,7 +82,7 @@ cdf_status cdf_exec_flush(void) {
         return cdf_error(f, "%s", pg->why);
     }
     if (pg->n == 0) return CDF_OK;
-    atomic_fetch_add(&g_flushes, 1);
+    atomic_fetch_add(&cdf_exec_counters.flushes, 1);
     cdf_device *dev = pg->nodes[0]->dst->storage->dev;
     if (dev->iface->run_nodes) {
         /* the values kind (pjrt): the whole deferred graph, unfused, is one program (the
@@ -92,7 +90,7 @@ cdf_status cdf_exec_flush(void) {
         bool one_device = true;
         for (int i = 0; i < pg->n; i++) one_device &= pg->nodes[i]->dst->storage->dev == dev;
         if (one_device) {
-            atomic_fetch_add(&g_kernels, (unsigned long long)pg->n);
+            atomic_fetch_add(&cdf_exec_counters.kernels, (unsigned long long)pg->n);
             const int n = pg->n;
             pg->n = 0;
             pg->bytes = 0;
@@ -103,10 +101,10 @@ cdf_status cdf_exec_flush(void) {
     cdf_fuse_stats fs = {0};
     cdf_fuse_matmul_epilogues(pg->nodes, &pg->n, cdf_device_supports_node, &fs);
     cdf_fuse_elementwise(pg->nodes, &pg->n, cdf_device_supports_node, &fs);
-    atomic_fetch_add(&g_fused_kernels, (unsigned long long)fs.chains);
-    atomic_fetch_add(&g_fused_ops, (unsigned long long)fs.nodes_fused);
-    atomic_fetch_add(&g_epilogues, (unsigned long long)fs.epilogues);
-    atomic_fetch_add(&g_norm_heads, (unsigned long long)fs.norm_heads);
+    atomic_fetch_add(&cdf_exec_counters.fused_kernels, (unsigned long long)fs.chains);
+    atomic_fetch_add(&cdf_exec_counters.fused_ops, (unsigned long long)fs.nodes_fused);
+    atomic_fetch_add(&cdf_exec_counters.epilogues, (unsigned long long)fs.epilogues);
+    atomic_fetch_add(&cdf_exec_counters.norm_heads, (unsigned long long)fs.norm_heads);
     cdf_status s = CDF_OK;
     int i = 0;
     for (; i < pg->n && s == CDF_OK; i++) s = launch(pg->nodes[i]);
@@ -157,12 +155,12 @@ cdf_status cdf_exec_submit(cdf_node *node) {
         cdf_node_free(node);
         return bs;
     }
-    atomic_fetch_add(&g_ops, 1);
+    atomic_fetch_add(&cdf_exec_counters.ops, 1);
     if (tl_pending.failed != CDF_OK) { /* an earlier deferred op failed: this one fails with it */
         cdf_node_free(node);
         return cdf_exec_flush();
     }
-    if (cdf_compile_record(node)) return CDF_OK; /* captured into a graph being compiled */
+    if (cdf_exec_capture_record(node)) return CDF_OK; /* captured into a graph being compiled */
     if (mode_now() == CDF_EXEC_EAGER) return launch(node);
     pending_graph *pg = &tl_pending;
     if (pg->n == pg->cap) {
@@ -192,8 +190,8 @@ cdf_status cdf_exec_submit(cdf_node *node) {
 cdf_status cdf_exec_sync_for_read(const cdf_tensor *t) {
     if (t->storage->host_src) /* sequential offload: no device copy outside its block */
         return cdf_error(CDF_ERR_INVALID_ARG, "read: the tensor is a host-side block weight (sequential offload)");
-    atomic_fetch_add(&g_syncs, 1);
-    CDF_TRY(cdf_compile_on_host_read(t));
+    atomic_fetch_add(&cdf_exec_counters.syncs, 1);
+    CDF_TRY(cdf_exec_capture_host_read(t));
     CDF_TRY(cdf_exec_flush());
     return cdf_backend_device_synchronize(t->storage->dev);
 }
@@ -216,32 +214,3 @@ cdf_status cdf_exec_drain_all(void) {
 cdf_status (*cdf_exec_bind_hook)(cdf_node *n);
 
 __attribute__((constructor)) static void exec_register_hooks(void) { cdf_backend_pre_oom_hook = cdf_exec_flush; }
-
-void cdf_exec_count_compile(void) { atomic_fetch_add(&g_compiles, 1); }
-void cdf_exec_count_cache_hit(void) { atomic_fetch_add(&g_hits, 1); }
-void cdf_exec_count_graph_break(void) { atomic_fetch_add(&g_breaks, 1); }
-void cdf_exec_count_kernels(uint64_t n) { atomic_fetch_add(&g_kernels, n); }
-void cdf_exec_count_fusions(uint64_t epilogues, uint64_t norm_heads) {
-    atomic_fetch_add(&g_epilogues, epilogues);
-    atomic_fetch_add(&g_norm_heads, norm_heads);
-}
-
-void cdf_exec_get_stats(cdf_exec_stats *o) {
-    o->ops = atomic_load(&g_ops);
-    o->kernels_launched = atomic_load(&g_kernels);
-    o->host_syncs = atomic_load(&g_syncs);
-    o->flushes = atomic_load(&g_flushes);
-    o->fused_kernels = atomic_load(&g_fused_kernels);
-    o->fused_ops = atomic_load(&g_fused_ops);
-    o->compiles = atomic_load(&g_compiles);
-    o->cache_hits = atomic_load(&g_hits);
-    o->graph_breaks = atomic_load(&g_breaks);
-    o->matmul_epilogues = atomic_load(&g_epilogues);
-    o->fused_norms = atomic_load(&g_norm_heads);
-}
-
-void cdf_exec_reset_stats(void) {
-    atomic_ullong *all[] = {&g_ops, &g_kernels, &g_syncs, &g_flushes, &g_fused_kernels, &g_fused_ops, &g_compiles, &g_hits, &g_breaks,
-                           &g_epilogues, &g_norm_heads};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++) atomic_store(all[i], 0);
-}

@@ -5,6 +5,7 @@
 #define CDF_EXEC_H
 
 #include "cdiffusers/exec.h"
+#include "exec/stats.h" /* the counters */
 #include "graph/node.h"
 
 /* Take ownership of a fully built node (dst allocated, sources retained) and run or record
@@ -24,12 +25,5 @@ cdf_status cdf_exec_drain_all(void);
  * every submitted node to rebind host-side block weights to their device copies (a hook, like the
  * backend's pre-OOM hook, so that exec/ does not depend on the layers above it). */
 extern cdf_status (*cdf_exec_bind_hook)(cdf_node *n);
-
-/* Internal counters bumped by other exec files (compile). */
-void cdf_exec_count_compile(void);
-void cdf_exec_count_cache_hit(void);
-void cdf_exec_count_graph_break(void);
-void cdf_exec_count_kernels(uint64_t n); /* kernels a compiled graph launched */
-void cdf_exec_count_fusions(uint64_t epilogues, uint64_t norm_heads); /* what a compile capture's fusion made */
 
 #endif

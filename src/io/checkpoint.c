@@ -3,6 +3,7 @@
  * open time so that a broken checkpoint fails early with a message naming the file. */
 #include "cdiffusers/io.h"
 #include "core/error_internal.h"
+#include "io/json.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>

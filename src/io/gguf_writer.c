@@ -6,6 +6,7 @@
 #include "cdiffusers/io.h"
 #include "core/error_internal.h"
 #include "io/io_internal.h"
+#include "io/atomic_file.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -7,6 +7,7 @@
 #include "cdiffusers/io.h"
 #include "core/error_internal.h"
 #include "io/io_internal.h"
+#include "io/json.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -4,6 +4,7 @@
  * spaces to a multiple of 8 bytes so every tensor's data stays aligned. */
 #include "cdiffusers/io.h"
 #include "core/error_internal.h"
+#include "io/atomic_file.h"
 
 #include <errno.h>
 #include <stdlib.h>

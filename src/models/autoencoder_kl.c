@@ -19,6 +19,7 @@
 #include "core/error_internal.h"
 #include "models/component.h"
 #include "models/vae.h"
+#include "io/json.h"
 
 /* GroupNorm eps everywhere in the VAE (Encoder/Decoder pass resnet_eps=1e-6 and eps=1e-6). */
 #define VAE_NORM_EPS 1e-6f

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "core/error_internal.h"
+#include "io/json.h"
 
 #define MODEL "AutoencoderKLFlux2"
 

@@ -19,6 +19,7 @@
 #include "core/error_internal.h"
 #include "models/component.h"
 #include "models/text_encoders.h"
+#include "io/json.h"
 
 typedef cdf_act clip_act;
 
@@ -124,7 +125,8 @@ static void clip_free(void *impl) {
     free(m);
 }
 
-static cdf_status load_weights(cdf_weights *w, cdf_clip_text *m) {
+static cdf_status load_weights(cdf_weights *w, void *model) {
+    cdf_clip_text *m = model;
     const int64_t H = m->hidden_size, I = m->intermediate_size;
     const float eps = m->layer_norm_eps;
     m->token_embedding = cdf_weights_get(w, 2, (int64_t[]){m->vocab_size, H}, "text_model.embeddings.token_embedding.weight");
@@ -170,11 +172,7 @@ static cdf_status clip_load(const char *dir, const cJSON *cfg, const cdf_load_op
     if (s == CDF_OK) s = cdf_tp_check_divisible(m->tp, "num_attention_heads", m->num_heads);
     if (s == CDF_OK) s = cdf_tp_check_divisible(m->tp, "intermediate_size", m->intermediate_size);
     m->local_heads = m->num_heads / cdf_tp_size(m->tp);
-    cdf_weights *w = NULL;
-    if (s == CDF_OK) s = cdf_weights_open(dir, opt, &w);
-    if (s == CDF_OK) s = load_weights(w, m);
-    cdf_weights_free(w); /* the tensors hold their own copies */
-    if (s == CDF_OK) s = cdf_tp_check_plan_used(m->tp);
+    if (s == CDF_OK) s = cdf_model_load_weights(dir, opt, load_weights, m, NULL, m->tp);
     if (s != CDF_OK) {
         clip_free(m);
         return s;

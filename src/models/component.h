@@ -5,7 +5,8 @@
  * ...), so `cdiffusers run-model`, the tests and the pipelines all drive models the same way.
  *
  * A model file defines one `const cdf_component_class` and nothing else public; registry.c
- * lists them (weak references, so a model can be left out of a build). */
+ * lists them (weak references, so a model can be left out of a build). The helpers the model
+ * files call are in model_load.c, below registry.c. */
 #ifndef CDF_COMPONENT_H
 #define CDF_COMPONENT_H
 
@@ -40,6 +41,11 @@ void cdf_component_free(cdf_component *c);
 cdf_status cdf_component_load_impl(cdf_status (*load)(const char *dir, const struct cJSON *cfg, const cdf_load_options *opt,
                                                       void **impl),
                                    const char *fn, const char *what, const char *dir, const cdf_load_options *opt, void **impl);
+/* A model's weights from dir (model_load.c): opened, given to load(w, model), closed again (the
+ * loaded tensors are device copies); *dev (when not NULL) set to the weights' device before load
+ * runs; with tp, its plan then checked to have been used (cdf_tp_check_plan_used). */
+cdf_status cdf_model_load_weights(const char *dir, const cdf_load_options *opt, cdf_status (*load)(cdf_weights *w, void *model),
+                                  void *model, cdf_device **dev, const cdf_tp *tp);
 const char *cdf_component_class_name(const cdf_component *c);
 /* The config's parsed JSON (owned by the component). */
 const struct cJSON *cdf_component_config(const cdf_component *c);

@@ -15,7 +15,7 @@ static const char *const k_methods[CDF_COMPONENT_METHODS] = {"forward", "encode"
 
 cdf_status cdf_component_compile(cdf_component *c, const cdf_compile_options *opt) {
     if (!c) return cdf_error(CDF_ERR_INVALID_ARG, "compile: component is NULL");
-    cdf_compile_options o = opt ? *opt : cdf_compile_default_options();
+    cdf_compile_options o = opt ? *opt : cdf_compile_options_default();
     if (o.dynamic) return cdf_error(CDF_ERR_UNSUPPORTED, "compile: dynamic=true is not supported (graphs are static per input shape)");
     /* compile follows the component's device: the backend option may only name a backend of
      * this build (the device the weights are on decides where the graphs run) */
@@ -41,7 +41,7 @@ void cdf_component_drop_graphs(cdf_component *c) {
 
 cdf_status cdf_component_compile_repeated_blocks(cdf_component *c, const cdf_compile_options *opt) {
     if (!c) return cdf_error(CDF_ERR_INVALID_ARG, "compile: component is NULL");
-    cdf_compile_options o = opt ? *opt : cdf_compile_default_options();
+    cdf_compile_options o = opt ? *opt : cdf_compile_options_default();
     if (o.dynamic) return cdf_error(CDF_ERR_UNSUPPORTED, "compile: dynamic=true is not supported (graphs are static per input shape)");
     cdf_component_drop_graphs(c);
     c->compiled = false;
@@ -94,7 +94,7 @@ cdf_status cdf_component_run_compiled(cdf_component *c, const char *method, cons
 cdf_status cdf_component_apply_env_compile(cdf_component *c) {
     const char *v = getenv("CDIFFUSERS_COMPILE");
     if (!v || !*v || strcmp(v, "0") == 0) return CDF_OK;
-    cdf_compile_options o = cdf_compile_default_options();
+    cdf_compile_options o = cdf_compile_options_default();
     o.fullgraph = strcmp(v, "fullgraph") == 0;
     if (strcmp(v, "blocks") == 0) return cdf_component_compile_repeated_blocks(c, &o);
     return cdf_component_compile(c, &o);

@@ -36,6 +36,10 @@ struct cdf_component {
      * a fused adapter reads a layer's original weight again (cdf_component_lora_unfuse) */
     char *dir, *weights_file;
     cdf_load_options load_opt;
+    /* after offload re-materialises the model: its adapters applied again. Set by
+     * cdf_component_load to cdf_component_lora_replay (registry.c), so that component_offload.c,
+     * below the registry, calls up through this hook and not by name. */
+    cdf_status (*reapply)(cdf_component *c);
 };
 
 /* component_compile.c */

@@ -67,7 +67,7 @@ static cdf_status materialise(offload_state *st) {
     st->inner_impl = impl;
     st->loads++;
     /* the adapters the released model had (pipelines/lora.c logs them) */
-    s = cdf_component_lora_replay(st->owner);
+    s = st->owner->reapply ? st->owner->reapply(st->owner) : CDF_OK;
     if (s != CDF_OK) {
         cdf_layer_index_clear(st->owner->layers);
         st->inner->free(impl);

@@ -21,6 +21,7 @@
 #include "core/error_internal.h"
 #include "models/component.h"
 #include "models/mistral3_text.h"
+#include "io/json.h"
 
 #define MAX_SEQ 16384  /* the [B, 1, S, S] mask is materialised */
 #define MAX_OUT_LAYERS 64

@@ -75,6 +75,7 @@ cdf_status cdf_component_load(const char *dir, const cdf_load_options *opt, cdf_
     }
     snprintf(c->class_name, sizeof c->class_name, "%s", name);
     c->cls = cls;
+    c->reapply = cdf_component_lora_replay;
     c->cfg = cfg;
     c->layers = cdf_layer_index_new();
     cdf_load_options o = opt ? *opt : cdf_load_options_default();
@@ -103,19 +104,6 @@ cdf_status cdf_component_load(const char *dir, const cdf_load_options *opt, cdf_
     }
     *out = c;
     return CDF_OK;
-}
-
-cdf_status cdf_component_load_impl(cdf_status (*load)(const char *dir, const struct cJSON *cfg, const cdf_load_options *opt,
-                                                      void **impl),
-                                   const char *fn, const char *what, const char *dir, const cdf_load_options *opt, void **impl) {
-    *impl = NULL;
-    if (!dir) return cdf_error(CDF_ERR_INVALID_ARG, "%s: dir is NULL", fn);
-    cJSON *cfg = NULL;
-    CDF_TRY(cdf_config_load(dir, &cfg));
-    cdf_status s = load(dir, cfg, opt, impl);
-    cJSON_Delete(cfg);
-    if (s != CDF_OK) cdf_error_prefix("loading %s from %s: ", what, dir);
-    return s;
 }
 
 cdf_status cdf_component_run(cdf_component *c, const char *method, const cdf_tensor_map *in, cdf_tensor_map *out) {
@@ -219,9 +207,3 @@ cdf_status cdf_component_lora_replay(cdf_component *c) {
 
 const char *cdf_component_class_name(const cdf_component *c) { return c ? c->class_name : NULL; }
 const struct cJSON *cdf_component_config(const cdf_component *c) { return c ? c->cfg : NULL; }
-
-cdf_tensor *cdf_input(const cdf_tensor_map *in, const char *name, const char *model) {
-    cdf_tensor *t = cdf_tensor_map_get(in, name);
-    if (!t) cdf_error(CDF_ERR_NOT_FOUND, "%s: required input '%s' is missing", model, name);
-    return t;
-}

@@ -22,6 +22,7 @@
 #include "core/error_internal.h"
 #include "compile/compile.h"
 #include "tensor/tensor_impl.h"
+#include "io/json.h"
 
 #define SD3_NAME "SD3Transformer2DModel"
 /* Sanity bound for config integers: far above any real SD3 size, low enough that products of
@@ -246,7 +247,8 @@ static void sd3_free(void *impl) {
     free(m);
 }
 
-static cdf_status load_all(cdf_weights *w, sd3_model *m) {
+static cdf_status load_all(cdf_weights *w, void *model) {
+    sd3_model *m = model;
     const sd3_config *c = &m->cfg;
     const int64_t d = c->inner_dim, pp = c->patch_size;
     CDF_TRY(cdf_conv_load(w, &m->patch_proj, c->in_channels, d, (int)pp, (int)pp, 0, 1, "pos_embed.proj"));
@@ -278,10 +280,7 @@ static cdf_status sd3_load(const char *dir, const cJSON *cfg, const cdf_load_opt
     /* sharded when tensor parallelism is on: heads (and so the 4D feed-forward) must divide */
     s = cdf_tp_for_component(dir, SD3_NAME, SD3_TP_PLAN, &m->tp);
     if (s == CDF_OK) s = cdf_tp_check_divisible(m->tp, "num_attention_heads", m->cfg.num_heads);
-    cdf_weights *w = NULL;
-    if (s == CDF_OK) s = cdf_weights_open(dir, opt, &w);
-    if (s == CDF_OK) s = load_all(w, m);
-    cdf_weights_free(w);
+    if (s == CDF_OK) s = cdf_model_load_weights(dir, opt, load_all, m, NULL, NULL);
     if (s != CDF_OK) {
         sd3_free(m);
         return s;

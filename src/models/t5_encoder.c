@@ -18,6 +18,7 @@
 #include "core/error_internal.h"
 #include "models/component.h"
 #include "models/text_encoders.h"
+#include "io/json.h"
 
 typedef cdf_act t5_act;
 
@@ -133,7 +134,8 @@ static void t5_free(void *impl) {
     free(m);
 }
 
-static cdf_status load_weights(cdf_weights *w, cdf_t5_encoder *m) {
+static cdf_status load_weights(cdf_weights *w, void *model) {
+    cdf_t5_encoder *m = model;
     const int64_t D = m->d_model, inner = m->num_heads * m->d_kv, F = m->d_ff;
     const int64_t emb_shape[2] = {m->vocab_size, D};
     /* the token table is tied: checkpoints hold shared.weight, some only encoder.embed_tokens.weight */
@@ -196,10 +198,7 @@ static cdf_status t5_load(const char *dir, const cJSON *cfg, const cdf_load_opti
     }
     m->local_heads = m->num_heads / cdf_tp_size(m->tp);
     m->head0 = m->local_heads * cdf_tp_rank(m->tp);
-    cdf_weights *w = NULL;
-    if (s == CDF_OK) s = cdf_weights_open(dir, opt, &w);
-    if (s == CDF_OK) s = load_weights(w, m);
-    cdf_weights_free(w); /* the tensors hold their own copies */
+    if (s == CDF_OK) s = cdf_model_load_weights(dir, opt, load_weights, m, NULL, NULL);
     if (s != CDF_OK) {
         t5_free(m);
         return s;

@@ -8,6 +8,7 @@
 #include "nn/nn.h"
 #include "nn/weights_source.h"
 #include "tensor/tensor_impl.h"
+#include "io/json.h"
 
 /* The open checkpoint, shared by the loader and by every host-side weight (sequential offload)
  * whose bytes are its mapping: closed when the last of them is released. */
@@ -473,7 +474,7 @@ cdf_status cdf_conv_load(cdf_weights *w, cdf_conv_layer *c, int64_t cin, int64_t
     char prefix[480];
     CDF_NN_FORMAT_NAME(prefix, fmt);
     memset(c, 0, sizeof *c);
-    c->p = cdf_conv2d_default_params();
+    c->p = cdf_conv2d_params_default();
     c->p.stride_h = c->p.stride_w = stride;
     c->p.pad_h = c->p.pad_w = pad;
     int64_t ws[4] = {cout, cin, k, k}, bs[1] = {cout};

@@ -29,7 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-cdf_convert_params cdf_convert_default_params(void) {
+cdf_convert_params cdf_convert_params_default(void) {
     return (cdf_convert_params){.component = "transformer", .type = CDF_GGML_F32};
 }
 

@@ -46,19 +46,19 @@ void cdf_pipe_schedule_mu(const cdf_pipeline *p, const cdf_generate_params *gp, 
         /* FluxPipeline: latents (2 * (H // (vs * 2)), ...) packed 2x2: image_seq_len = latents.shape[1];
          * mu = calculate_shift(...) always (set_timesteps ignores it without dynamic shifting) */
         info->image_seq_len = (H / (vs * 2)) * (W / (vs * 2));
-        info->mu = cdf_calculate_shift(info->image_seq_len, c->base_image_seq_len, c->max_image_seq_len, c->base_shift,
+        info->mu = cdf_scheduler_calculate_shift(info->image_seq_len, c->base_image_seq_len, c->max_image_seq_len, c->base_shift,
                                        c->max_shift);
         info->has_mu = true;
     } else if (p->kind == CDF_PIPE_FLUX2) {
         /* Flux2Pipeline: image_seq_len = latents.shape[1] (H // (vs * 2) * W // (vs * 2) tokens) */
         info->image_seq_len = (H / (vs * 2)) * (W / (vs * 2));
-        info->mu = cdf_compute_empirical_mu(info->image_seq_len, N);
+        info->mu = cdf_scheduler_empirical_mu(info->image_seq_len, N);
         info->has_mu = true;
     } else if (c->use_dynamic_shifting) {
         /* StableDiffusion3Pipeline: (int(height) // vae_scale_factor // patch_size) * (... width ...) */
         const int64_t patch = 2;
         info->image_seq_len = (H / vs / patch) * (W / vs / patch);
-        info->mu = cdf_calculate_shift(info->image_seq_len, c->base_image_seq_len, c->max_image_seq_len, c->base_shift,
+        info->mu = cdf_scheduler_calculate_shift(info->image_seq_len, c->base_image_seq_len, c->max_image_seq_len, c->base_shift,
                                        c->max_shift);
         info->has_mu = true;
     }
@@ -74,7 +74,7 @@ cdf_status cdf_pipe_schedule(const cdf_pipeline *p, const cdf_generate_params *g
     if (!s) return status_or_internal();
     float *sig_in = flux_sigmas ? malloc((size_t)N * sizeof *sig_in) : NULL;
     cdf_status st = CDF_OK;
-    if (flux_sigmas) st = sig_in ? cdf_flux_default_sigmas(N, sig_in) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    if (flux_sigmas) st = sig_in ? cdf_scheduler_flux_sigmas(N, sig_in) : cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
     if (st == CDF_OK) st = cdf_scheduler_set_timesteps(s, N, sig_in, flux_sigmas ? N : 0, info->has_mu ? &info->mu : NULL);
     free(sig_in);
     if (st != CDF_OK) {
@@ -82,6 +82,7 @@ cdf_status cdf_pipe_schedule(const cdf_pipeline *p, const cdf_generate_params *g
         return st;
     }
     if (gp->image && p->kind != CDF_PIPE_FLUX2) info->t_start = cdf_pipe_t_start(N, gp->strength);
+    cdf_pipe_capture_schedule(p, gp, cdf_scheduler_sigmas(s), cdf_scheduler_timesteps(s));
     *sched = s;
     return CDF_OK;
 }

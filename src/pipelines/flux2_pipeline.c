@@ -264,9 +264,6 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
     s = cdf_pipe_schedule(p, gp, &sched, &si);
     if (s != CDF_OK) return s;
     const float *sigmas = cdf_scheduler_sigmas(sched), *timesteps = cdf_scheduler_timesteps(sched);
-    int64_t ns1[1] = {N + 1}, ns[1] = {N};
-    cdf_pipe_capture(gp, "sigmas", cdf_tensor_from_host(p->device, CDF_F32, 1, ns1, sigmas, CDF_F32));
-    cdf_pipe_capture(gp, "timesteps", cdf_tensor_from_host(p->device, CDF_F32, 1, ns, timesteps, CDF_F32));
     /* torch.full([1], guidance_scale, float32), passed at every step (a model without a guidance
      * embedder ignores it) */
     flux2_step fs = {.p = p, .gp = gp, .embeds = embeds, .txt_ids = txt_ids, .img_ids = img_ids, .seq = seq,
@@ -317,19 +314,16 @@ static cdf_status generate_image(cdf_pipeline *p, const cdf_generate_params *gp,
     cdf_tensor_map_clear(&in);
     cdf_tensor_map_clear(&outm);
     if (s != CDF_OK) return s;
-    cdf_pipe_capture(gp, "vae_decode_input", dec_in);
-    cdf_pipe_capture(gp, "vae_decode_output", decoded);
-    cdf_tensor *image = NULL;
-    s = cdf_pipe_to_image(decoded, out, &image);
-    cdf_pipe_capture(gp, "image", image);
-    return s;
+    return cdf_pipe_image_out(gp, dec_in, decoded, out);
 }
 
-cdf_status cdf_flux2_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out) {
+static cdf_status generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out) {
     cdf_tensor *embeds = NULL;
     CDF_TRY(encode_prompt(p, gp, &embeds));
     return generate_image(p, gp, embeds, out);
 }
+
+const cdf_pipeline_class cdf_flux2_pipeline_class = {.name = "Flux2Pipeline", .kind = CDF_PIPE_FLUX2, .generate = generate};
 
 cdf_status cdf_flux2_generate_from_embeds(cdf_pipeline *p, const cdf_generate_params *params, cdf_tensor *prompt_embeds,
                                           cdf_image *out) {

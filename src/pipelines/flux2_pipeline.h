@@ -4,10 +4,6 @@
 
 #include "pipelines/pipeline_impl.h"
 
-/* Most text_encoder_out_layers a request may list (the default, (10, 20, 30), is
- * CDF_FLUX2_TEXT_LAYERS_DEFAULT in models/mistral3_text.h). */
-#define CDF_FLUX2_MAX_OUT_LAYERS 16
-
 /* The whole pipeline from precomputed prompt embeddings, like diffusers'
  * pipe(prompt_embeds=...): the tokenizer and text encoder are not used; text ids follow the
  * embeddings' length. prompt_embeds: [1, L, joint_attention_dim]. params are resolved and

@@ -103,7 +103,7 @@ static cdf_tensor *flux_predict(void *ctx, cdf_tensor *latents, int i, float t) 
     return fs->true_cfg ? cdf_pipe_cfg(v_neg, v, (float)fs->gp->true_cfg_scale) : v; /* torch: float32 scalar */
 }
 
-cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out) {
+static cdf_status generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out) {
     const int N = gp->num_inference_steps;
     const int64_t C = p->latent_channels;
     /* latent size: 2 * (H // (vae_scale * 2)) */
@@ -149,9 +149,6 @@ cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf
     cdf_status s = cdf_pipe_schedule(p, gp, &sched, &si);
     if (s != CDF_OK) return s;
     const float *sigmas = cdf_scheduler_sigmas(sched), *timesteps = cdf_scheduler_timesteps(sched);
-    int64_t ns1[1] = {N + 1}, ns[1] = {N};
-    cdf_pipe_capture(gp, "sigmas", cdf_tensor_from_host(p->device, CDF_F32, 1, ns1, sigmas, CDF_F32));
-    cdf_pipe_capture(gp, "timesteps", cdf_tensor_from_host(p->device, CDF_F32, 1, ns, timesteps, CDF_F32));
     fs.guidance = p->guidance_embeds ? cdf_pipe_scalar_tensor(p->device, (float)gp->guidance_scale, 1) : NULL;
     cdf_pipe_capture(gp, "guidance", fs.guidance);
 
@@ -183,11 +180,7 @@ cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf
     cdf_tensor *unpacked = unpack_latents(loop.latents, C, h, w);
     cdf_tensor *dec_in = NULL;
     cdf_tensor *decoded = cdf_pipe_vae_decode(p, unpacked, true, &dec_in);
-    if (!decoded) return cdf_last_status();
-    cdf_pipe_capture(gp, "vae_decode_input", dec_in);
-    cdf_pipe_capture(gp, "vae_decode_output", decoded);
-    cdf_tensor *image = NULL;
-    s = cdf_pipe_to_image(decoded, out, &image);
-    cdf_pipe_capture(gp, "image", image);
-    return s;
+    return cdf_pipe_image_out(gp, dec_in, decoded, out);
 }
+
+const cdf_pipeline_class cdf_flux_pipeline_class = {.name = "FluxPipeline", .kind = CDF_PIPE_FLUX, .generate = generate};

@@ -14,7 +14,7 @@
 
 #define MAX_LISTED 12 /* unused keys named in a message; the rest are counted */
 
-cdf_lora_params cdf_lora_default_params(void) {
+cdf_lora_params cdf_lora_params_default(void) {
     return (cdf_lora_params){.scale = 1.0f, .mode = CDF_LORA_RUNTIME, .allow_unused = false};
 }
 
@@ -164,7 +164,7 @@ static cdf_status apply(const match *ms, int nm, const cdf_lora_params *lp, int 
 
 cdf_status cdf_lora_load_into(const cdf_lora_components *cs, const char *path, const cdf_lora_params *params, int id,
                               cdf_lora_info *info) {
-    const cdf_lora_params lp = params ? *params : cdf_lora_default_params();
+    const cdf_lora_params lp = params ? *params : cdf_lora_params_default();
     if (!isfinite(lp.scale)) return cdf_error(CDF_ERR_INVALID_ARG, "LoRA %s: scale %g is not a finite number", path, (double)lp.scale);
     if (lp.mode != CDF_LORA_RUNTIME && lp.mode != CDF_LORA_FUSE)
         return cdf_error(CDF_ERR_INVALID_ARG, "LoRA %s: unknown mode %d (runtime = 0, fuse = 1)", path, (int)lp.mode);

@@ -1,4 +1,6 @@
-/* Pipeline loading (model_index.json) and the steps FluxPipeline and SD3 share. */
+/* Pipeline loading (model_index.json: the class table below picks the per-model pipeline) and
+ * generate's frame: the request checked, then image by image the per-model pipeline's generate,
+ * called down through its class. The shared steps are in steps.c, the defaults in params.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,45 +11,13 @@
 #include "pipelines/pipeline_impl.h"
 #include "pipelines/step_cache.h"
 #include "tensor/tensor_impl.h"
-
-cdf_pipeline_load_params cdf_pipeline_load_default_params(void) {
-    /* bf16 compute by default (the speed issue): bf16 weights, matmul inputs rounded to bf16 */
-    return (cdf_pipeline_load_params){.device = NULL, .weight_dtype = CDF_BF16};
-}
-
-cdf_generate_params cdf_generate_default_params(void) {
-    return (cdf_generate_params){.prompt = "", .guidance_scale = -1.0, .true_cfg_scale = 1.0, .seed = 0, .strength = 0.6};
-}
-
-void cdf_image_free(cdf_image *img) {
-    if (!img) return;
-    free(img->pixels);
-    img->pixels = NULL;
-}
+#include "io/json.h"
 
 const char *cdf_pipeline_class_name(const cdf_pipeline *p) { return p ? p->class_name : NULL; }
 
 static bool is_dir(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-/* model_index.json entry: ["library", "Class"]. The component is absent (*cls = NULL) when the
- * key is missing, null, or its class is null (diffusers writes [null, null] for a left-out
- * optional component); any other shape (a number, an object, a one-element array, a class that
- * is not a string) is malformed, and saying "absent" there would send the user looking for a
- * folder instead of at the file. */
-cdf_status cdf_model_index_class(const char *dir, const cJSON *idx, const char *key, const char **cls) {
-    *cls = NULL;
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(idx, key);
-    if (!e || cJSON_IsNull(e)) return CDF_OK;
-    const cJSON *lib = cJSON_GetArrayItem(e, 0), *c = cJSON_GetArrayItem(e, 1);
-    if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 || !(cJSON_IsString(lib) || cJSON_IsNull(lib)) ||
-        !(cJSON_IsString(c) || cJSON_IsNull(c)))
-        return cdf_error(CDF_ERR_FORMAT, "%s/model_index.json: entry '%s' is malformed (expected [\"library\", \"ClassName\"] or [null, null])",
-                         dir, key);
-    if (cJSON_IsString(c)) *cls = c->valuestring;
-    return CDF_OK;
 }
 
 static cdf_status load_component(cdf_pipeline *p, const cJSON *idx, const char *key, bool required, cdf_component **out) {
@@ -164,7 +134,7 @@ static cdf_status load_folder(const char *dir, const cdf_pipeline_load_params *p
 cdf_status cdf_pipeline_load(const char *dir, const cdf_pipeline_load_params *params, cdf_pipeline **out) {
     if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_load: out is NULL");
     *out = NULL;
-    cdf_pipeline_load_params lp = params ? *params : cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = params ? *params : cdf_pipeline_load_params_default();
     if (!dir) return cdf_error(CDF_ERR_INVALID_ARG, "pipeline folder is NULL");
     struct stat st;
     if (stat(dir, &st) == 0 && S_ISREG(st.st_mode)) { /* one all-in-one file: single_file.c */
@@ -179,6 +149,19 @@ cdf_status cdf_pipeline_load(const char *dir, const cdf_pipeline_load_params *pa
     if (lp.config)
         return cdf_error(CDF_ERR_INVALID_ARG, "a config folder ('%s') goes with a single-file model; '%s' is a folder", lp.config, dir);
     return load_folder(dir, &lp, out);
+}
+
+/* The pipeline classes model_index.json's _class_name may name (each defined by its own file). */
+static const cdf_pipeline_class *const classes[] = {&cdf_flux_pipeline_class, &cdf_sd3_pipeline_class, &cdf_flux2_pipeline_class};
+#define N_CLASSES (int)(sizeof classes / sizeof *classes)
+
+static cdf_status find_class(const char *path, const char *name, const cdf_pipeline_class **out) {
+    for (int i = 0; i < N_CLASSES; i++)
+        if (strcmp(name, classes[i]->name) == 0) return *out = classes[i], CDF_OK;
+    char list[256] = "";
+    for (int i = 0; i < N_CLASSES; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", classes[i]->name);
+    return cdf_error(CDF_ERR_UNSUPPORTED, "%s: pipeline class '%s' is not supported (supported: %s)", path, name, list);
 }
 
 static cdf_status load_folder(const char *dir, const cdf_pipeline_load_params *params, cdf_pipeline **out) {
@@ -200,10 +183,8 @@ static cdf_status load_folder(const char *dir, const cdf_pipeline_load_params *p
     if (s == CDF_OK && !cls) s = cdf_error(CDF_ERR_FORMAT, "%s: no _class_name", path);
     if (s == CDF_OK) {
         snprintf(p->class_name, sizeof p->class_name, "%s", cls);
-        if (strcmp(cls, "FluxPipeline") == 0) p->kind = CDF_PIPE_FLUX;
-        else if (strcmp(cls, "StableDiffusion3Pipeline") == 0) p->kind = CDF_PIPE_SD3;
-        else if (strcmp(cls, "Flux2Pipeline") == 0) p->kind = CDF_PIPE_FLUX2;
-        else s = cdf_error(CDF_ERR_UNSUPPORTED, "%s: pipeline class '%s' is not supported (supported: FluxPipeline, StableDiffusion3Pipeline, Flux2Pipeline)", path, cls);
+        s = find_class(path, cls, &p->cls);
+        if (s == CDF_OK) p->kind = p->cls->kind;
     }
     if (s == CDF_OK) {
         p->device = lp.device ? cdf_device_get(lp.device) : cdf_device_default();
@@ -239,29 +220,6 @@ static cdf_status load_folder(const char *dir, const cdf_pipeline_load_params *p
     }
     *out = p;
     return CDF_OK;
-}
-
-void cdf_pipeline_resolve_defaults(const cdf_pipeline *p, cdf_generate_params *gp) {
-    int64_t def = p->default_sample_size * p->vae_scale_factor;
-    const int mult = p->vae_scale_factor * 2;
-    if (gp->image && p->kind == CDF_PIPE_FLUX2 && gp->image->pixels) {
-        /* Flux2Pipeline: the first reference image's (cropped) size */
-        int w, h;
-        cdf_pipe_reference_size(gp->image, &w, &h);
-        if (gp->height <= 0) gp->height = h;
-        if (gp->width <= 0) gp->width = w;
-    } else if (gp->image && gp->image->width >= mult && gp->image->height >= mult) {
-        /* img2img: the image's size, rounded down to what the model can take (diffusers would use
-         * the model's default size and stretch the image) */
-        if (gp->height <= 0) gp->height = gp->image->height / mult * mult;
-        if (gp->width <= 0) gp->width = gp->image->width / mult * mult;
-    }
-    if (gp->height <= 0) gp->height = (int)def;
-    if (gp->width <= 0) gp->width = (int)def;
-    if (gp->num_inference_steps <= 0) gp->num_inference_steps = p->kind == CDF_PIPE_FLUX2 ? 50 : 28;
-    if (gp->guidance_scale < 0) gp->guidance_scale = p->kind == CDF_PIPE_FLUX ? 3.5 : p->kind == CDF_PIPE_FLUX2 ? 4.0 : 7.0;
-    if (gp->max_sequence_length <= 0) gp->max_sequence_length = p->kind == CDF_PIPE_SD3 ? 256 : 512;
-    if (gp->true_cfg_scale <= 0) gp->true_cfg_scale = 1.0;
 }
 
 /* Largest size we accept: 4096² (FLUX.1 supports up to ~2 MP; anything far beyond is a typo
@@ -402,9 +360,7 @@ static cdf_status generate_one(cdf_pipeline *p, const cdf_generate_params *gp, i
     cdf_pipe_generate_begin(p); /* offload.c: per-phase peaks */
     cdf_pipe_vae_tiling_resolve(p, gp);
     cdf_scope_push();
-    cdf_status s = p->kind == CDF_PIPE_FLUX    ? cdf_flux_generate(p, gp, out)
-                   : p->kind == CDF_PIPE_FLUX2 ? cdf_flux2_generate(p, gp, out)
-                                               : cdf_sd3_generate(p, gp, out);
+    cdf_status s = p->cls->generate(p, gp, out);
     cdf_scope_pop(NULL, 0);
     if (s == CDF_OK) s = cdf_device_synchronize(p->device);
     else (void)cdf_device_synchronize(p->device); /* drain the queue; keep the first error */
@@ -416,20 +372,7 @@ static cdf_status generate_one(cdf_pipeline *p, const cdf_generate_params *gp, i
     return s;
 }
 
-const char *cdf_pipeline_cache_report(const cdf_pipeline *p, int image) {
-    return p && image >= 0 && image < p->n_cache_reports ? p->cache_reports[image] : NULL;
-}
-
-cdf_status cdf_pipe_cache_reports_reset(cdf_pipeline *p, int n) {
-    for (int i = 0; i < p->n_cache_reports; i++) free(p->cache_reports[i]);
-    free(p->cache_reports);
-    p->n_cache_reports = p->image_index = 0;
-    if (!(p->cache_reports = calloc((size_t)n, sizeof *p->cache_reports))) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-    p->n_cache_reports = n;
-    return CDF_OK;
-}
-
-cdf_status cdf_cache_check(const char *cache) {
+cdf_status cdf_pipeline_cache_check(const char *cache) {
     cdf_step_cache_config cfg;
     return cdf_step_cache_parse(cache, &cfg);
 }
@@ -534,7 +477,7 @@ cdf_status cdf_pipeline_generate_images(cdf_pipeline *p, const cdf_generate_para
     memset(out, 0, sizeof *out * (size_t)n);
     cdf_generate_params gp;
     CDF_TRY(prepare(p, params, &gp));
-    cdf_tensor_map *user_cap = gp.capture, cap;
+    cdf_tensor_map *user_cap = (cdf_tensor_map *)gp.capture, cap; /* a cdf_capture is a map (capture.c) */
     cdf_status s = cdf_pipe_cache_reports_reset(p, n);
     /* Image by image (batch 1 each): with one generator, image k's noise is row k of the (n, ...)
      * tensor diffusers draws (the VAE sample of an input image is drawn once, before); with a
@@ -553,7 +496,7 @@ cdf_status cdf_pipeline_generate_images(cdf_pipeline *p, const cdf_generate_para
         cdf_tensor_map_init(&cap);
         /* one image: straight into the caller's map, so that a step callback can read the step's
          * latents while the run goes on (the "0.<key>" copies are added after) */
-        if (user_cap) gk.capture = n == 1 ? user_cap : &cap;
+        if (user_cap) gk.capture = (cdf_capture *)(n == 1 ? user_cap : &cap);
         s = generate_image_k(p, &gk, k, n, &out[k]);
         if (s == CDF_OK && user_cap) s = n == 1 ? alias_image0(user_cap) : keep_captures(user_cap, &cap, k);
         cdf_tensor_map_clear(&cap);
@@ -563,88 +506,3 @@ cdf_status cdf_pipeline_generate_images(cdf_pipeline *p, const cdf_generate_para
     return s;
 }
 
-/* ---- shared steps ------------------------------------------------------------------------ */
-
-cdf_status cdf_pipe_tokenize(cdf_pipeline *p, int which, const char *text, int max_length, cdf_tensor **ids) {
-    *ids = NULL;
-    int64_t *buf = calloc((size_t)max_length, sizeof *buf);
-    if (!buf) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-    int n = 0, nu = 0;
-    cdf_status s = cdf_tokenizer_encode(p->tokenizer[which], text, strlen(text), max_length, true, buf, NULL, &n, &nu);
-    if (s == CDF_OK) {
-        int64_t shape[2] = {1, n};
-        *ids = cdf_tensor_from_host(p->device, CDF_I64, 2, shape, buf, CDF_I64);
-        if (!*ids) s = cdf_last_status();
-    }
-    free(buf);
-    return s;
-}
-
-cdf_tensor *cdf_pipe_scalar_tensor(cdf_device *dev, float v, int64_t n) {
-    int64_t s[1] = {n};
-    return cdf_tensor_full(dev, CDF_F32, 1, s, v);
-}
-
-cdf_tensor *cdf_pipe_vae_decode(cdf_pipeline *p, cdf_tensor *latents, bool with_shift, cdf_tensor **decode_input) {
-    /* torch: latents / scaling_factor + shift_factor, each a float32 op with the scalar as float */
-    cdf_tensor *sf = cdf_pipe_scalar_tensor(p->device, (float)p->vae_scaling_factor, 1);
-    cdf_tensor *z = cdf_div(latents, sf);
-    if (with_shift) z = cdf_add_scalar(z, (float)p->vae_shift_factor);
-    if (!z) return NULL;
-    if (decode_input) *decode_input = z;
-    cdf_tensor_map in, out;
-    cdf_tensor_map_init(&in);
-    cdf_tensor_map_init(&out);
-    cdf_tensor *r = NULL;
-    if (cdf_tensor_map_set(&in, "z", z) == CDF_OK && cdf_pipe_vae_tiling_inputs(p, &in) == CDF_OK &&
-        cdf_component_run(p->vae, "decode", &in, &out) == CDF_OK) {
-        r = cdf_tensor_map_get(&out, "out.decode_sample");
-        if (r) {
-            r = cdf_tensor_retain(r);
-            cdf_scope_record(r);
-        } else {
-            cdf_error(CDF_ERR_INTERNAL, "VAE decode produced no out.decode_sample");
-        }
-    }
-    cdf_tensor_map_clear(&in);
-    cdf_tensor_map_clear(&out);
-    return r;
-}
-
-cdf_status cdf_pipe_to_image(cdf_tensor *decoded, cdf_image *out, cdf_tensor **image_f32) {
-    if (!decoded) return cdf_last_status();
-    if (cdf_tensor_ndim(decoded) != 4 || cdf_tensor_dim(decoded, 1) != 3)
-        return cdf_error(CDF_ERR_SHAPE, "VAE output must be [B, 3, H, W]");
-    cdf_tensor *img = cdf_clamp(cdf_add_scalar(cdf_scale(decoded, 0.5f), 0.5f), 0.0f, 1.0f);
-    int perm[4] = {0, 2, 3, 1};
-    cdf_tensor *hwc = cdf_contiguous(cdf_narrow(cdf_permute(img, perm), 0, 0, 1));
-    if (!hwc) return cdf_last_status();
-    if (image_f32) *image_f32 = hwc;
-    int h = (int)cdf_tensor_dim(hwc, 1), w = (int)cdf_tensor_dim(hwc, 2);
-    float *px = cdf_tensor_read_f32(hwc);
-    if (!px) return cdf_last_status();
-    out->pixels = malloc((size_t)h * w * 3);
-    if (!out->pixels) {
-        free(px);
-        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-    }
-    for (size_t i = 0; i < (size_t)h * w * 3; i++) out->pixels[i] = (uint8_t)rintf(px[i] * 255.0f); /* half-even */
-    free(px);
-    out->width = w;
-    out->height = h;
-    out->channels = 3;
-    return CDF_OK;
-}
-
-cdf_tensor *cdf_pipe_euler_step(cdf_tensor *latents, cdf_tensor *v, float sigma, float sigma_next) {
-    float dt = sigma_next - sigma; /* float32, as the scheduler's tensors */
-    return cdf_add(latents, cdf_scale(v, dt));
-}
-
-cdf_tensor *cdf_pipe_cfg(cdf_tensor *uncond, cdf_tensor *cond, float g) {
-    return cdf_add(uncond, cdf_scale(cdf_sub(cond, uncond), g));
-}
-
-void cdf_pipe_capture(const cdf_generate_params *gp, const char *key, cdf_tensor *t) {
-    if (gp->capture && t) (void)cdf_tensor_map_set((cdf_tensor_map *)gp->capture, key, t);
-}

@@ -14,8 +14,24 @@ typedef enum cdf_pipeline_kind { CDF_PIPE_FLUX = 1, CDF_PIPE_SD3 = 2, CDF_PIPE_F
 
 #define CDF_PIPE_MAX_TEXT 3
 
-struct cdf_pipeline {
+/* Most text_encoder_out_layers a FLUX.2 request may list (the default, (10, 20, 30), is
+ * CDF_FLUX2_TEXT_LAYERS_DEFAULT in models/mistral3_text.h). */
+#define CDF_FLUX2_MAX_OUT_LAYERS 16
+
+/* A pipeline class: what model_index.json's _class_name selects. Each per-model pipeline file
+ * defines one (flux_pipeline.c, sd3_pipeline.c, flux2_pipeline.c); pipeline.c lists them and
+ * calls down through `generate`, so no per-model file calls back into pipeline.c. */
+typedef struct cdf_pipeline_class {
+    const char *name; /* model_index.json _class_name */
     cdf_pipeline_kind kind;
+    /* one image of a resolved, validated request, inside the caller's tensor scope */
+    cdf_status (*generate)(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out);
+} cdf_pipeline_class;
+extern const cdf_pipeline_class cdf_flux_pipeline_class, cdf_sd3_pipeline_class, cdf_flux2_pipeline_class;
+
+struct cdf_pipeline {
+    const cdf_pipeline_class *cls;
+    cdf_pipeline_kind kind; /* cls->kind */
     char class_name[64];
     char *dir;
     cdf_device *device;
@@ -90,20 +106,22 @@ cdf_status cdf_pipe_single_file_resolve(const char *path, const char *config, co
 cdf_status cdf_pipe_single_file_params(const char *path, const cdf_pipeline_load_params *lp, cdf_pipe_single_file *sf,
                                        cdf_pipeline_load_params *out);
 
+/* params.c: model_index.json's class entries; the request's defaults (cdf_pipeline_resolve_defaults
+ * is public). */
 cdf_status cdf_model_index_class(const char *dir, const cJSON *idx, const char *key, const char **cls);
 
-/* Shared steps */
+/* steps.c: the shared steps */
 cdf_status cdf_pipe_tokenize(cdf_pipeline *p, int which, const char *text, int max_length, cdf_tensor **ids);
-/* Initial noise exactly as torch.randn(shape, generator=Generator('cpu').manual_seed(seed)). */
-cdf_tensor *cdf_pipe_noise(cdf_pipeline *p, uint64_t seed, int ndim, const int64_t *shape);
-/* (x / 2 + 0.5).clamp(0, 1) -> uint8 HWC with numpy's round-half-even, batch element 0. */
-cdf_status cdf_pipe_to_image(cdf_tensor *decoded, cdf_image *out, cdf_tensor **image_f32);
+/* Image out: the VAE's output (x / 2 + 0.5).clamp(0, 1) -> uint8 HWC with numpy's
+ * round-half-even, batch element 0; decode_input, decoded and the float image captured
+ * ("vae_decode_input", "vae_decode_output", "image"). decoded NULL: the last error. */
+cdf_status cdf_pipe_image_out(const cdf_generate_params *gp, cdf_tensor *decode_input, cdf_tensor *decoded, cdf_image *out);
 /* x / scaling_factor + shift_factor (as float32 ops, like torch) then vae.decode; without the
  * shift when !with_shift (what StableDiffusion3InpaintPipeline does). */
 cdf_tensor *cdf_pipe_vae_decode(cdf_pipeline *p, cdf_tensor *latents, bool with_shift, cdf_tensor **decode_input);
 /* vae_tiling.c: the request's vae_tiling / vae_tile_size checked (validate); resolved into
  * p->vae_tile before a generate (AUTO asks the planner against the device budget and says on
- * stderr when it tiles); the VAE component inputs for it, added to a decode / encode call. */
+ * stderr when it tiles). steps.c: the VAE component inputs for it, added to a decode / encode call. */
 cdf_status cdf_pipe_vae_tiling_check(const cdf_pipeline *p, const cdf_generate_params *gp);
 void cdf_pipe_vae_tiling_resolve(cdf_pipeline *p, const cdf_generate_params *gp);
 cdf_status cdf_pipe_vae_tiling_inputs(cdf_pipeline *p, cdf_tensor_map *in);
@@ -112,6 +130,8 @@ cdf_tensor *cdf_pipe_euler_step(cdf_tensor *latents, cdf_tensor *v, float sigma,
 /* u + g * (c - u). */
 cdf_tensor *cdf_pipe_cfg(cdf_tensor *uncond, cdf_tensor *cond, float g);
 void cdf_pipe_capture(const cdf_generate_params *gp, const char *key, cdf_tensor *t);
+/* The schedule's sigmas (N + 1) and timesteps (N, the request's steps) as "sigmas", "timesteps". */
+void cdf_pipe_capture_schedule(const cdf_pipeline *p, const cdf_generate_params *gp, const float *sigmas, const float *timesteps);
 cdf_tensor *cdf_pipe_scalar_tensor(cdf_device *dev, float v, int64_t n);
 
 /* offload.c: make a freshly loaded component offloadable (and release it with CDF_OFFLOAD_MODEL);
@@ -121,7 +141,7 @@ cdf_status cdf_pipe_offload_adopt(cdf_pipeline *p, cdf_component *c, const char 
 cdf_load_options cdf_pipe_load_options(const cdf_pipeline *p, const char *key);
 void cdf_pipe_generate_begin(cdf_pipeline *p);
 cdf_status cdf_pipe_generate_end(cdf_pipeline *p, cdf_status s);
-/* pipeline.c: a fresh step-cache report slot for each of the request's n images
+/* step_cache.c: a fresh step-cache report slot for each of the request's n images
  * (cdf_pipeline_cache_report; p->image_index names the image being generated). */
 cdf_status cdf_pipe_cache_reports_reset(cdf_pipeline *p, int n);
 /* planner.c: before loading, CDF_ERR_OUT_OF_MEMORY if the weights cannot fit the device budget
@@ -149,7 +169,8 @@ int cdf_pipe_t_start(int num_steps, double strength);
  * only with use_dynamic_shifting; *has_mu false = None), set_timesteps with the Flux pipelines'
  * linspace(1, 1/N, N) sigmas or SD3's default, and the start index of img2img / inpainting
  * (0 without an image, and always 0 for FLUX.2's reference images). Every decision in doubles
- * as the Python makes it (docs/fidelity.md). *sched: free with cdf_scheduler_free. */
+ * as the Python makes it (docs/fidelity.md). The schedule is captured ("sigmas", "timesteps").
+ * *sched: free with cdf_scheduler_free. */
 typedef struct cdf_pipe_schedule_info {
     int t_start;
     bool has_mu;
@@ -203,8 +224,5 @@ cdf_status cdf_pipe_preprocess_reference(const cdf_image *img, float **chw, int 
 cdf_status cdf_pipe_preprocess_image(const cdf_image *img, int W, int H, float **chw);
 cdf_status cdf_pipe_preprocess_mask(const cdf_image *m, int W, int H, float **hw);
 
-cdf_status cdf_flux_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out);
-cdf_status cdf_sd3_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out);
-cdf_status cdf_flux2_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out); /* flux2_pipeline.c */
 
 #endif

@@ -32,11 +32,11 @@
 #include "core/error_internal.h"
 #include "models/component.h"
 #include "models/mistral3_text.h"
-#include "pipelines/flux2_pipeline.h"
 #include "nn/nn.h"
 #include "pipelines/pipeline_impl.h"
 #include "pipelines/planner.h"
 #include "pipelines/step_cache.h"
+#include "io/json.h"
 
 void cdf_plan_format_bytes(char *buf, size_t n, uint64_t b) {
     if (b >= (1ull << 30)) snprintf(buf, n, "%.2f GiB", b / 1073741824.0);
@@ -656,7 +656,7 @@ cdf_status cdf_plan_measure_activation_bytes(const char *dir, cdf_dtype weight_d
         cdf_plan_activation_bytes_by_family(&c.info, s, out);
         return CDF_OK;
     }
-    const cdf_generate_params gp = cdf_generate_default_params();
+    const cdf_generate_params gp = cdf_generate_params_default();
     return measure_activations(dir, &c, NULL, false, weight_dtype, s, &gp, out);
 }
 
@@ -767,7 +767,7 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
     if (exec != CDF_PLAN_EAGER && exec != CDF_PLAN_REPEATED_BLOCKS)
         return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_plan_memory: unknown execution %d", (int)exec);
     if (!dir) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_plan_memory: folder is NULL");
-    cdf_pipeline_load_params lp = lp_in ? *lp_in : cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = lp_in ? *lp_in : cdf_pipeline_load_params_default();
     struct stat fst;
     if (stat(dir, &fst) == 0 && S_ISREG(fst.st_mode)) { /* one all-in-one file: its configs' folder, the file as every component */
         cdf_pipe_single_file *sf = calloc(1, sizeof *sf);
@@ -778,7 +778,7 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
         free(sf);
         return s;
     }
-    cdf_generate_params gp = gp_in ? *gp_in : cdf_generate_default_params();
+    cdf_generate_params gp = gp_in ? *gp_in : cdf_generate_params_default();
     char path[4096];
     snprintf(path, sizeof path, "%s/model_index.json", dir);
     cJSON *idx = NULL;

@@ -111,7 +111,7 @@ static cdf_tensor *sd3_predict(void *ctx, cdf_tensor *latents, int i, float t) {
     return vel;
 }
 
-cdf_status cdf_sd3_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out) {
+static cdf_status generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_image *out) {
     const int N = gp->num_inference_steps;
     const int64_t C = p->latent_channels;
     const int64_t h = gp->height / p->vae_scale_factor, w = gp->width / p->vae_scale_factor;
@@ -145,9 +145,6 @@ cdf_status cdf_sd3_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_
     cdf_status s = cdf_pipe_schedule(p, gp, &sched, &si);
     if (s != CDF_OK) return s;
     const float *sigmas = cdf_scheduler_sigmas(sched), *timesteps = cdf_scheduler_timesteps(sched);
-    int64_t ns1[1] = {N + 1}, ns[1] = {N};
-    cdf_pipe_capture(gp, "sigmas", cdf_tensor_from_host(p->device, CDF_F32, 1, ns1, sigmas, CDF_F32));
-    cdf_pipe_capture(gp, "timesteps", cdf_tensor_from_host(p->device, CDF_F32, 1, ns, timesteps, CDF_F32));
 
     /* 3. latents: [the image's VAE sample, then] one randn */
     cdf_pipe_start st;
@@ -172,11 +169,7 @@ cdf_status cdf_sd3_generate(cdf_pipeline *p, const cdf_generate_params *gp, cdf_
      * the picture equals diffusers'. */
     cdf_tensor *dec_in = NULL;
     cdf_tensor *decoded = cdf_pipe_vae_decode(p, loop.latents, gp->mask_image == NULL, &dec_in);
-    if (!decoded) return cdf_last_status();
-    cdf_pipe_capture(gp, "vae_decode_input", dec_in);
-    cdf_pipe_capture(gp, "vae_decode_output", decoded);
-    cdf_tensor *image = NULL;
-    s = cdf_pipe_to_image(decoded, out, &image);
-    cdf_pipe_capture(gp, "image", image);
-    return s;
+    return cdf_pipe_image_out(gp, dec_in, decoded, out);
 }
+
+const cdf_pipeline_class cdf_sd3_pipeline_class = {.name = "StableDiffusion3Pipeline", .kind = CDF_PIPE_SD3, .generate = generate};

@@ -12,6 +12,7 @@
 
 #include "core/error_internal.h"
 #include "pipelines/pipeline_impl.h"
+#include "io/json.h"
 
 #ifndef CDF_SHIPPED_CONFIGS
 #define CDF_SHIPPED_CONFIGS ""

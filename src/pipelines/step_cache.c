@@ -695,3 +695,17 @@ void cdf_step_cache_finish(cdf_step_cache *sc, cdf_pipeline *p, const cdf_genera
     free(sc->mag_ratios);
     memset(sc, 0, sizeof *sc);
 }
+
+/* The last generate's reports, one slot per image (pipeline.c resets them per request). */
+const char *cdf_pipeline_cache_report(const cdf_pipeline *p, int image) {
+    return p && image >= 0 && image < p->n_cache_reports ? p->cache_reports[image] : NULL;
+}
+
+cdf_status cdf_pipe_cache_reports_reset(cdf_pipeline *p, int n) {
+    for (int i = 0; i < p->n_cache_reports; i++) free(p->cache_reports[i]);
+    free(p->cache_reports);
+    p->n_cache_reports = p->image_index = 0;
+    if (!(p->cache_reports = calloc((size_t)n, sizeof *p->cache_reports))) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    p->n_cache_reports = n;
+    return CDF_OK;
+}

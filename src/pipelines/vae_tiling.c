@@ -1,5 +1,6 @@
 /* VAE tiling for the pipelines (cdf_generate_params.vae_tiling): which tile size a request's VAE
- * calls use, and the component inputs that switch it on (models/vae.h, CDF_VAE_TILING_INPUTS).
+ * calls use (the component inputs that switch it on, models/vae.h's CDF_VAE_TILING_INPUTS, are
+ * added by steps.c's cdf_pipe_vae_tiling_inputs).
  *
  * AUTO asks the memory planner (planner.c) whether the decode phase fits the device budget; if
  * not, it tries tiles from the VAE's sample_size down, halving, until the planned tiled decode
@@ -36,7 +37,7 @@ cdf_status cdf_pipe_vae_tiling_check(const cdf_pipeline *p, const cdf_generate_p
 
 /* The decode phase's planned peak with tiles of `tile` pixels (0: untiled). */
 static cdf_status planned_decode(const cdf_pipeline *p, const cdf_generate_params *gp, int tile, uint64_t *peak) {
-    cdf_pipeline_load_params lp = cdf_pipeline_load_default_params();
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.weight_dtype = p->opt.weight_dtype;
     lp.offload = p->offload;
     cdf_generate_params g = *gp;
@@ -98,12 +99,4 @@ void cdf_pipe_vae_tiling_resolve(cdf_pipeline *p, const cdf_generate_params *gp)
             "--vae-tiling off refuses)\n",
             gp->width, gp->height, b1, b2, (long long)fits, b3);
     p->vae_tile = fits;
-}
-
-cdf_status cdf_pipe_vae_tiling_inputs(cdf_pipeline *p, cdf_tensor_map *in) {
-    if (p->vae_tile <= 0) return CDF_OK;
-    const int64_t one = 1;
-    cdf_tensor *t = cdf_tensor_from_host(p->device, CDF_I64, 1, &one, &p->vae_tile, CDF_I64);
-    if (!t) return cdf_last_status() ? cdf_last_status() : cdf_error(CDF_ERR_INTERNAL, "VAE tiling input");
-    return cdf_tensor_map_set(in, "tile_sample_min_size", t);
 }

@@ -3,14 +3,7 @@
  *
  * Floating-point evaluation order matters here (results must match torch bit for bit), so
  * this file is compiled without FMA contraction whatever the global flags are. */
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
-#if defined(__FAST_MATH__)
-#error "src/rng must not be compiled with -ffast-math: torch's random numbers are reproduced bit for bit"
-#endif
+#include "core/exact_fp.h" /* first: no FMA contraction, no -ffast-math */
 
 #include <math.h>
 #include <stdlib.h>

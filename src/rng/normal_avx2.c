@@ -9,14 +9,7 @@
  * independent of -O levels and -march (fmaf is exact in hardware and in glibc's fallback).
  * Evaluated this way the result matches torch bit for bit (golden rng/ data, 669k values);
  * a "cleaner" evaluation (no fusion, or double precision) differs in 1-30% of the values. */
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
-#if defined(__FAST_MATH__)
-#error "src/rng must not be compiled with -ffast-math: torch's random numbers are reproduced bit for bit"
-#endif
+#include "core/exact_fp.h" /* first: no FMA contraction, no -ffast-math */
 #include <float.h>
 #if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD != 0
 #error "src/rng needs float arithmetic evaluated in float (FLT_EVAL_METHOD == 0, e.g. SSE on x86)"

@@ -10,14 +10,7 @@
  *    single rounding to float32.
  * Each float32 operation is written as its own statement/cast, and the file is compiled
  * without FMA contraction, so no compiler flag can change a result. */
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
-#if defined(__FAST_MATH__)
-#error "src/schedulers must not be compiled with -ffast-math: schedules are reproduced bit for bit"
-#endif
+#include "core/exact_fp.h" /* first: no FMA contraction, no -ffast-math */
 #include <float.h>
 #if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD != 0
 #error "src/schedulers needs float arithmetic evaluated in float (FLT_EVAL_METHOD == 0)"
@@ -225,9 +218,9 @@ cdf_status cdf_scheduler_config_from_json(const char *path, cdf_scheduler_config
 
 /* ---- numpy helpers ----------------------------------------------------------------------- */
 
-cdf_status cdf_np_linspace(double start, double stop, int64_t n, double *out) {
-    if (n < 0) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_np_linspace: negative count %lld", (long long)n);
-    if (n > 0 && !out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_np_linspace: output is NULL");
+cdf_status cdf_scheduler_linspace(double start, double stop, int64_t n, double *out) {
+    if (n < 0) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_scheduler_linspace: negative count %lld", (long long)n);
+    if (n > 0 && !out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_scheduler_linspace: output is NULL");
     if (n == 0) return CDF_OK;
     const double delta = stop - start;
     if (n == 1) {
@@ -250,19 +243,19 @@ cdf_status cdf_np_linspace(double start, double stop, int64_t n, double *out) {
     return CDF_OK;
 }
 
-cdf_status cdf_flux_default_sigmas(int n, float *out) {
-    if (n <= 0) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_flux_default_sigmas: number of steps must be >= 1, got %d", n);
-    if (n > MAX_INFERENCE_STEPS) return cdf_error(CDF_ERR_LIMIT, "cdf_flux_default_sigmas: %d steps exceed the limit %d", n, MAX_INFERENCE_STEPS);
-    if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_flux_default_sigmas: output is NULL");
+cdf_status cdf_scheduler_flux_sigmas(int n, float *out) {
+    if (n <= 0) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_scheduler_flux_sigmas: number of steps must be >= 1, got %d", n);
+    if (n > MAX_INFERENCE_STEPS) return cdf_error(CDF_ERR_LIMIT, "cdf_scheduler_flux_sigmas: %d steps exceed the limit %d", n, MAX_INFERENCE_STEPS);
+    if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_scheduler_flux_sigmas: output is NULL");
     double *tmp = malloc((size_t)n * sizeof(double));
-    if (!tmp) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "cdf_flux_default_sigmas: cannot allocate %d doubles", n);
-    cdf_np_linspace(1.0, 1.0 / (double)n, n, tmp);
+    if (!tmp) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "cdf_scheduler_flux_sigmas: cannot allocate %d doubles", n);
+    cdf_scheduler_linspace(1.0, 1.0 / (double)n, n, tmp);
     for (int i = 0; i < n; i++) out[i] = (float)tmp[i];
     free(tmp);
     return CDF_OK;
 }
 
-double cdf_calculate_shift(int64_t image_seq_len, int64_t base_seq, int64_t max_seq, double base_shift, double max_shift) {
+double cdf_scheduler_calculate_shift(int64_t image_seq_len, int64_t base_seq, int64_t max_seq, double base_shift, double max_shift) {
     if (max_seq == base_seq) return NAN;
     const double m = (max_shift - base_shift) / (double)(max_seq - base_seq);
     const double mb = m * (double)base_seq;
@@ -271,7 +264,7 @@ double cdf_calculate_shift(int64_t image_seq_len, int64_t base_seq, int64_t max_
     return ms + b;
 }
 
-double cdf_compute_empirical_mu(int64_t image_seq_len, int num_steps) {
+double cdf_scheduler_empirical_mu(int64_t image_seq_len, int num_steps) {
     const double a1 = 8.73809524e-05, b1 = 1.89833333;
     const double a2 = 0.00016927, b2 = 0.45666666;
     const double seq = (double)image_seq_len;
@@ -400,7 +393,7 @@ cdf_status cdf_scheduler_set_timesteps(cdf_scheduler *s, int num_steps, const fl
     if (!sigmas) {
         /* float64 numpy: timesteps = linspace(sigma_max*T, sigma_min*T, N); sigmas = timesteps / T */
         const double T = (double)c->num_train_timesteps;
-        cdf_np_linspace(s->sigma_max * T, s->sigma_min * T, N, work);
+        cdf_scheduler_linspace(s->sigma_max * T, s->sigma_min * T, N, work);
         for (int64_t i = 0; i < N; i++) {
             double v = work[i] / T;
             v = c->use_dynamic_shifting ? time_shift_f64(c, *mu, v) : shift_f64(s->shift, v);

@@ -740,14 +740,14 @@ cdf_tensor *cdf_argmax(cdf_tensor *x, int dim, bool keepdim) { return reduce(x, 
 
 /* ---- convolution / resampling ---------------------------------------------------------- */
 
-cdf_conv2d_params cdf_conv2d_default_params(void) {
+cdf_conv2d_params cdf_conv2d_params_default(void) {
     return (cdf_conv2d_params){.stride_h = 1, .stride_w = 1, .pad_h = 0, .pad_w = 0, .dil_h = 1, .dil_w = 1, .groups = 1};
 }
 
 cdf_tensor *cdf_conv2d(cdf_tensor *x, cdf_tensor *w, cdf_tensor *b, const cdf_conv2d_params *pp) {
     if (!x || !w) return NULL;
     BEGIN();
-    cdf_conv2d_params p = pp ? *pp : cdf_conv2d_default_params();
+    cdf_conv2d_params p = pp ? *pp : cdf_conv2d_params_default();
     if (x->ndim != 4 || w->ndim != 4) FAIL(CDF_ERR_SHAPE, "conv2d: input %s and weight %s must be 4-D", desc(x), desc(w));
     if (p.groups <= 0 || p.stride_h <= 0 || p.stride_w <= 0 || p.dil_h <= 0 || p.dil_w <= 0 || p.pad_h < 0 || p.pad_w < 0)
         FAIL(CDF_ERR_INVALID_ARG, "conv2d: invalid stride/padding/dilation/groups");

@@ -119,10 +119,10 @@ cdf_tensor *cdf_tensor_alloc(cdf_device *dev, cdf_dtype dt, int ndim, const int6
         return NULL;
     }
     size_t nbytes = (size_t)cdf_shape_numel(ndim, shape) * cdf_dtype_size(dt);
-    bool virt = cdf_compile_tracing();
+    bool virt = cdf_exec_capture_tracing();
     cdf_storage *st = virt ? cdf_storage_new_virtual(dev, nbytes) : cdf_storage_new(dev, nbytes);
     if (!st) return NULL;
-    if (virt) cdf_compile_note_virtual(st);
+    if (virt) cdf_exec_capture_note_virtual(st);
     int64_t strides[CDF_MAX_DIMS];
     cdf_contiguous_strides(ndim, shape, strides);
     cdf_tensor *t = cdf_tensor_view_of(st, 0, dt, ndim, shape, strides);

@@ -172,6 +172,9 @@ void tok_set_added_strip(cdf_tokenizer *tok, const char *content, size_t len, bo
  * tokenizer_3 sets them on the <extra_id_*> tokens). */
 struct cJSON;
 cdf_status tok_check_added_flags(const struct cJSON *obj, const char *content, const char *path);
+/* tokenizer.json's "added_tokens" (absent or null: none): each entry's integer "id" and non-empty
+ * "content" checked, its flags applied (special; normalized, default !special; lstrip / rstrip). */
+cdf_status tok_add_tokens_json(cdf_tokenizer *tok, const struct cJSON *list, const char *path);
 /* Id of a token string: added tokens first, then the vocabulary; -1 if absent. */
 int32_t tok_token_id(const cdf_tokenizer *tok, const char *s);
 

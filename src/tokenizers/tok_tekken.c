@@ -459,30 +459,11 @@ static cdf_status parse_merges(tok_tekken *b, const tok_vocab *v, const cJSON *m
     return st;
 }
 
+/* (there is no normaliser, so an added token's "normalized" changes nothing but the matching order) */
 static cdf_status parse_added_tokens(cdf_tokenizer *tok, const cJSON *list, const char *path) {
-    if (!list || cJSON_IsNull(list)) return CDF_OK;
-    if (!cJSON_IsArray(list)) return cdf_error(CDF_ERR_FORMAT, "%s: \"added_tokens\" must be a list", path);
-    if (cJSON_GetArraySize(list) > TOK_MAX_ADDED)
+    if (cJSON_IsArray(list) && cJSON_GetArraySize(list) > TOK_MAX_ADDED)
         return cdf_error(CDF_ERR_LIMIT, "%s: %d added tokens exceed the limit %d", path, cJSON_GetArraySize(list), TOK_MAX_ADDED);
-    const cJSON *e;
-    int i = 0;
-    cJSON_ArrayForEach(e, list) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id"), *content = cJSON_GetObjectItemCaseSensitive(e, "content");
-        double v = cJSON_IsNumber(id) ? id->valuedouble : -1;
-        if (!(v >= 0 && v < TOK_MAX_IDS) || v != floor(v) || !cJSON_IsString(content) || !content->valuestring[0])
-            return cdf_error(CDF_ERR_FORMAT, "%s: added_tokens[%d] needs an integer \"id\" and a non-empty \"content\"", path, i);
-        const char *c = content->valuestring;
-        CDF_TRY(tok_check_added_flags(e, c, path));
-        const cJSON *norm = cJSON_GetObjectItemCaseSensitive(e, "normalized");
-        bool special = json_true(e, "special");
-        /* there is no normaliser, so "normalized" changes nothing but the matching order */
-        bool normalized = cJSON_IsBool(norm) ? cJSON_IsTrue(norm) : !special;
-        CDF_TRY(tok_add_token(tok, c, strlen(c), (int32_t)v, normalized, special));
-        if (json_true(e, "lstrip") || json_true(e, "rstrip"))
-            tok_set_added_strip(tok, c, strlen(c), json_true(e, "lstrip"), json_true(e, "rstrip"));
-        i++;
-    }
-    return CDF_OK;
+    return tok_add_tokens_json(tok, list, path);
 }
 
 /* GPT-2's reversible byte -> code point table: printable Latin-1 bytes map to themselves, the

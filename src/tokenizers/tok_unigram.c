@@ -461,29 +461,6 @@ static cdf_status parse_post_processor(cdf_tokenizer *tok, const cJSON *p, const
     return CDF_OK;
 }
 
-static cdf_status parse_added_tokens(cdf_tokenizer *tok, const cJSON *list, const char *path) {
-    if (!list || cJSON_IsNull(list)) return CDF_OK;
-    if (!cJSON_IsArray(list)) return cdf_error(CDF_ERR_FORMAT, "%s: \"added_tokens\" must be a list", path);
-    const cJSON *e;
-    int i = 0;
-    cJSON_ArrayForEach(e, list) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id"), *content = cJSON_GetObjectItemCaseSensitive(e, "content");
-        double v = cJSON_IsNumber(id) ? id->valuedouble : -1;
-        if (!(v >= 0 && v < TOK_MAX_IDS) || v != floor(v) || !cJSON_IsString(content) || !content->valuestring[0])
-            return cdf_error(CDF_ERR_FORMAT, "%s: added_tokens[%d] needs an integer \"id\" and a non-empty \"content\"", path, i);
-        CDF_TRY(tok_check_added_flags(e, content->valuestring, path));
-        const cJSON *special = cJSON_GetObjectItemCaseSensitive(e, "special"), *norm = cJSON_GetObjectItemCaseSensitive(e, "normalized");
-        bool is_special = cJSON_IsTrue(special);
-        bool normalized = cJSON_IsBool(norm) ? cJSON_IsTrue(norm) : !is_special;
-        CDF_TRY(tok_add_token(tok, content->valuestring, strlen(content->valuestring), (int32_t)v, normalized, is_special));
-        const cJSON *ls = cJSON_GetObjectItemCaseSensitive(e, "lstrip"), *rs = cJSON_GetObjectItemCaseSensitive(e, "rstrip");
-        if (cJSON_IsTrue(ls) || cJSON_IsTrue(rs))
-            tok_set_added_strip(tok, content->valuestring, strlen(content->valuestring), cJSON_IsTrue(ls), cJSON_IsTrue(rs));
-        i++;
-    }
-    return CDF_OK;
-}
-
 cdf_status tok_t5_load_json(cdf_tokenizer *tok, const char *path, const tok_config *cfg) {
     (void)cfg;
     char *data;
@@ -558,7 +535,7 @@ cdf_status tok_t5_load_json(cdf_tokenizer *tok, const char *path, const tok_conf
     if ((st = parse_normalizer(u, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), path)) != CDF_OK) goto done;
     if ((st = parse_pre_tokenizer(u, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), path)) != CDF_OK) goto done;
     if ((st = parse_post_processor(tok, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), path)) != CDF_OK) goto done;
-    st = parse_added_tokens(tok, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), path);
+    st = tok_add_tokens_json(tok, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), path);
 done:
     cJSON_Delete(root);
     return st;

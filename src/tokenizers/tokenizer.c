@@ -76,15 +76,6 @@ static bool json_flag(const cJSON *obj, const char *key, bool dflt) {
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
 }
 
-cdf_status tok_check_added_flags(const cJSON *obj, const char *content, const char *path) {
-    static const char *unsupported[1] = {"single_word"};
-    for (int k = 0; k < 1; k++)
-        if (json_flag(obj, unsupported[k], false))
-            return cdf_error(CDF_ERR_UNSUPPORTED, "%s: added token \"%.64s\" sets %s, which is not supported",
-                             path, content, unsupported[k]);
-    return CDF_OK;
-}
-
 static cdf_status read_added_decoder(tok_config *c, const cJSON *dec, const char *path) {
     if (!cJSON_IsObject(dec)) return cdf_error(CDF_ERR_FORMAT, "%s: \"added_tokens_decoder\" must be an object", path);
     int n = cJSON_GetArraySize(dec);
@@ -168,47 +159,6 @@ done:
 
 /* ------------------------------------------------------------------ added tokens */
 
-cdf_status tok_add_token(cdf_tokenizer *tok, const char *content, size_t len, int32_t id, bool normalized,
-                         bool special) {
-    if (id < 0 || id >= TOK_MAX_IDS) return cdf_error(CDF_ERR_FORMAT, "added token id %d out of range", (int)id);
-    tok_buf norm = {0};
-    if (normalized) {
-        /* matched against normalised text, so its content is normalised too (as tokenizers does) */
-        cdf_status st = tok->ops->normalize(tok, content, len, &norm);
-        if (st != CDF_OK) { tok_buf_free(&norm); return st; }
-        content = norm.p ? norm.p : "";
-        len = norm.n;
-    }
-    if (len == 0) { tok_buf_free(&norm); return CDF_OK; } /* can never match */
-    if (tok->n_added >= TOK_MAX_ADDED) {
-        tok_buf_free(&norm);
-        return cdf_error(CDF_ERR_LIMIT, "more than %d added tokens", TOK_MAX_ADDED);
-    }
-    for (int i = 0; i < tok->n_added; i++) {
-        tok_added *a = &tok->added[i];
-        if (a->len == len && memcmp(a->content, content, len) == 0) { /* later definition wins */
-            a->id = id;
-            a->normalized = normalized;
-            a->special = special;
-            tok_buf_free(&norm);
-            return CDF_OK;
-        }
-    }
-    tok_added *grown = realloc(tok->added, ((size_t)tok->n_added + 1) * sizeof *grown);
-    char *copy = malloc(len + 1);
-    if (grown) tok->added = grown;
-    if (!grown || !copy) {
-        free(copy);
-        tok_buf_free(&norm);
-        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of memory adding token %d", (int)id);
-    }
-    memcpy(copy, content, len);
-    copy[len] = 0;
-    tok->added[tok->n_added++] = (tok_added){copy, (uint32_t)len, id, normalized, special, false, false};
-    tok_buf_free(&norm);
-    return CDF_OK;
-}
-
 static bool find_added_content(const cdf_tokenizer *tok, const char *s) {
     size_t n = strlen(s);
     for (int i = 0; i < tok->n_added; i++)
@@ -280,16 +230,6 @@ static void strip_around(const tok_added *a, const char *s, size_t seg_start, si
         while (*seg_end > seg_start && is_ws((unsigned char)s[*seg_end - 1])) (*seg_end)--;
     if (a->rstrip)
         while (*next < n && is_ws((unsigned char)s[*next])) (*next)++;
-}
-
-void tok_set_added_strip(cdf_tokenizer *tok, const char *content, size_t len, bool lstrip, bool rstrip) {
-    for (int i = 0; i < tok->n_added; i++) {
-        tok_added *a = &tok->added[i];
-        if (a->len == len && memcmp(a->content, content, len) == 0) {
-            a->lstrip = lstrip;
-            a->rstrip = rstrip;
-        }
-    }
 }
 
 /* Normalise one raw segment, split out normalised added tokens, run the model on the rest. */
