@@ -2,10 +2,12 @@
  * `cdiffusers generate --tp 2 --device pjrt` without MPI opens the XLA CPU plugin with 2 devices,
  * loads each rank's slice of every sharded weight onto its device (pjrt:0, pjrt:1) and runs every
  * program as 2 replicas with the all-reduce inside it (stablehlo.all_reduce). The tiny FLUX.1
- * golden case in each execution mode against diffusers' output (tests/data/pipelines), and the
- * bad inputs: a TP degree the plugin has no devices for, a plan that does not divide, a device
- * other than pjrt:0, a component it cannot shard — each a clear error, never a crash, and none
- * after a weight was read. Skipped (77) in a build without the pjrt backend or without a plugin. */
+ * golden case in each execution mode against diffusers' output (tests/data/pipelines): the
+ * transformer and CLIP sharded over 2 devices, and the T5 encoder (3 heads) sharded over 3 — its
+ * relative position bias table split by heads like q/k/v, so one program serves every replica.
+ * The bad inputs: a TP degree the plugin has no devices for, a plan that does not divide —
+ * each a clear error, never a crash, and none after a weight was read. Skipped (77) in a build
+ * without the pjrt backend or without a plugin. */
 #include "testutil.h"
 
 #include <stdio.h>
@@ -49,9 +51,10 @@ typedef struct mode {
     bool compiled; /* a graph break would be a host read in the forward */
 } mode;
 
-static void test_flux_tp2_one_process_every_mode(void **state) {
-    (void)state;
-    if (!have_pjrt()) skip();
+/* The tiny FLUX.1 golden case with `--tp tp --tp-replicate replicate` in every mode against
+ * diffusers' latents and image. collectives > 0: exactly that many all-reduces recorded (a check
+ * of what was sharded); 0: at least one per denoising step. */
+static void golden_every_mode(int tp, const char *replicate, unsigned long long collectives) {
     char pipe[1024], args[4096];
     snprintf(pipe, sizeof pipe, "%s/flux1_dev_tiny", tu_data("pipelines"));
     int steps;
@@ -73,22 +76,25 @@ static void test_flux_tp2_one_process_every_mode(void **state) {
     };
     for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
         char png[1100], lat[1100], extra[2400], env[200], tag[64];
-        snprintf(png, sizeof png, "%s/tp1p_%zu.png", tu_tmpdir(), m);
-        snprintf(lat, sizeof lat, "%s/tp1p_%zu.safetensors", tu_tmpdir(), m);
-        snprintf(extra, sizeof extra, "--tp 2 --tp-replicate text_encoder_2 %s --force --output '%s' --latents-out '%s'",
+        snprintf(png, sizeof png, "%s/tp%dp_%zu.png", tu_tmpdir(), tp, m);
+        snprintf(lat, sizeof lat, "%s/tp%dp_%zu.safetensors", tu_tmpdir(), tp, m);
+        snprintf(extra, sizeof extra, "--tp %d --tp-replicate %s %s --force --output '%s' --latents-out '%s'", tp, replicate,
                  modes[m].args, png, lat);
         snprintf(env, sizeof env, "CDIFFUSERS_LOG=io,pjrt,compile %s", modes[m].env);
-        snprintf(tag, sizeof tag, "tp1p_%zu", m);
+        snprintf(tag, sizeof tag, "tp%dp_%zu", tp, m);
         const double t0 = now_s();
         char *log;
         const int rc = run_cli(env, args, extra, tag, &log);
-        if (rc != 0) fail_msg("--tp 2 --device pjrt (%s) failed (%d): %s", modes[m].name, rc, log);
-        /* the one-process path ran: 2 replicas, the all-reduce inside the programs */
-        assert_non_null(strstr(log, "every program runs as 2 replicas (num_replicas=2)"));
+        if (rc != 0) fail_msg("--tp %d --device pjrt (%s) failed (%d): %s", tp, modes[m].name, rc, log);
+        /* the one-process path ran: tp replicas, the all-reduce inside the programs */
+        char replicas[96];
+        snprintf(replicas, sizeof replicas, "every program runs as %d replicas (num_replicas=%d)", tp, tp);
+        assert_non_null(strstr(log, replicas));
         io_line io[1] = {{0}};
         assert_int_equal(parse_io(log, io, 1), 1);
-        assert_int_equal(io[0].world, 2);
-        assert_true(io[0].collectives > (unsigned long long)steps); /* at least one all-reduce per block per step */
+        assert_int_equal(io[0].world, tp);
+        if (collectives) assert_int_equal(io[0].collectives, collectives);
+        else assert_true(io[0].collectives > (unsigned long long)steps); /* at least one all-reduce per block per step */
         if (modes[m].compiled) assert_int_equal(count_substr(log, "graph break"), 0);
 
         int64_t n;
@@ -100,9 +106,9 @@ static void test_flux_tp2_one_process_every_mode(void **state) {
         const size_t npx = (size_t)img.width * img.height * img.channels;
         assert_int_equal(cdf_st_numel(u8), (int64_t)npx);
         const int lv = max_level_diff(cdf_st_data(gf, u8), img.pixels, npx);
-        print_message("  %s: %.1f s; %llu all-reduces; latents_final |tp - diffusers| = %.3g (tol %.0e); image within %d "
+        print_message("  --tp %d, %s: %.1f s; %llu all-reduces; latents_final |tp - diffusers| = %.3g (tol %.0e); image within %d "
                       "level(s) of diffusers'\n",
-                      modes[m].name, now_s() - t0, io[0].collectives, d, GOLDEN_LATENT_TOL, lv);
+                      tp, modes[m].name, now_s() - t0, io[0].collectives, d, GOLDEN_LATENT_TOL, lv);
         assert_true(d <= GOLDEN_LATENT_TOL);
         assert_true(lv <= 1);
         cdf_png_image_free(&img);
@@ -111,6 +117,21 @@ static void test_flux_tp2_one_process_every_mode(void **state) {
     }
     cdf_st_close(gf);
     free(fg);
+}
+
+/* The transformer and CLIP over 2 devices (the tiny T5's 3 heads do not divide by 2: whole). */
+static void test_flux_tp2_one_process_every_mode(void **state) {
+    (void)state;
+    if (!have_pjrt()) skip();
+    golden_every_mode(2, "text_encoder_2", 0);
+}
+
+/* The T5 encoder over 3 devices (1 head each; the transformer's 2 heads and CLIP stay whole):
+ * its 2 blocks' attention-out and FFN-out sums are the run's only all-reduces. */
+static void test_flux_t5_tp3_one_process_every_mode(void **state) {
+    (void)state;
+    if (!have_pjrt()) skip();
+    golden_every_mode(3, "text_encoder,transformer", 4);
 }
 
 /* A bad --tp: a clear error (exit status 1 or 2, never a signal), naming the cause, with no
@@ -143,9 +164,9 @@ static void test_bad_inputs(void **state) {
     /* a plan that does not divide: the tiny transformer's 2 heads over 3 devices */
     snprintf(extra, sizeof extra, "--tp 3 --tp-replicate text_encoder_2 %s", out);
     expect_refused("CDIFFUSERS_LOG=io", args, extra, "not_divisible", "not divisible by 3");
-    /* T5 (3 heads) sharded: not possible with one program text for every rank */
-    snprintf(extra, sizeof extra, "--tp 3 --tp-replicate text_encoder,transformer %s", out);
-    expect_refused("CDIFFUSERS_LOG=io", args, extra, "t5_sharded", "--tp-replicate text_encoder_2");
+    /* T5 (3 heads) sharded over 2: the MPI path's error, naming the config key */
+    snprintf(extra, sizeof extra, "--tp 2 --tp-replicate text_encoder,transformer %s", out);
+    expect_refused("CDIFFUSERS_LOG=io", args, extra, "t5_not_divisible", "num_heads = 3, which is not divisible by 2");
     assert_int_not_equal(access(tu_tmp_path("bad.png"), F_OK), 0);
 }
 
@@ -154,6 +175,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_flux_tp2_one_process_every_mode),
+        cmocka_unit_test(test_flux_t5_tp3_one_process_every_mode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

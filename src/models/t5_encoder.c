@@ -38,18 +38,20 @@ struct cdf_t5_encoder {
     t5_act act;
     /* weights */
     cdf_tensor *shared;     /* [vocab, d_model] */
-    cdf_tensor *relative_bias; /* f32 [num_buckets, num_heads]: block 0's relative_attention_bias */
+    cdf_tensor *relative_bias; /* f32 [num_buckets, local_heads]: block 0's relative_attention_bias, this rank's heads */
     t5_block *blocks;       /* [num_layers] */
     cdf_norm_layer final_layer_norm;
-    /* tensor parallelism: NULL when whole; else this rank holds heads [head0, head0 + local_heads) */
+    /* tensor parallelism: NULL when whole; else this rank holds local_heads of the heads (the
+     * rank's slice of q/k/v and of the relative bias table, so the forward never needs the rank) */
     cdf_tp *tp;
-    int64_t local_heads, head0;
+    int64_t local_heads;
 };
 
 /* Tensor-parallel plan (Megatron split, as transformers' T5 plans): q/k/v column-wise (heads
- * split over the ranks; each rank adds the relative position bias of its own heads), o
- * row-wise; wi / wi_0 / wi_1 column-wise, wo row-wise. The token table, norms and the relative
- * bias table are replicated. Two all-reduces per block. */
+ * split over the ranks), o row-wise; wi / wi_0 / wi_1 column-wise, wo row-wise. The relative
+ * bias table [buckets, heads] is split by heads like q/k/v (each rank reads the columns of its
+ * own heads: cdf_tp_head_table_f32), so the forward is the same for every rank and one program
+ * over replicas runs it. The token table and norms are replicated. Two all-reduces per block. */
 static const cdf_tp_rule T5_TP_PLAN[] = {
     {"encoder.block.*.layer.0.SelfAttention.q", CDF_TP_COLWISE},
     {"encoder.block.*.layer.0.SelfAttention.k", CDF_TP_COLWISE},
@@ -145,10 +147,10 @@ static cdf_status load_weights(cdf_weights *w, void *model) {
         m->shared = cdf_weights_get(w, 2, emb_shape, "shared.weight");
     if (!m->shared) return cdf_last_status();
 
-    /* the bias table, gathered on the device by bucket (make_position_bias); f32 like torch's
-     * addition of the bias to the f32 scores */
-    cdf_tensor *rb = cdf_weights_get_f32(w, 2, (int64_t[]){m->num_buckets, m->num_heads},
-                                         "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight");
+    /* the bias table (this rank's heads), gathered on the device by bucket (make_position_bias);
+     * f32 like torch's addition of the bias to the f32 scores */
+    cdf_tensor *rb = cdf_tp_head_table_f32(w, m->tp, m->num_buckets, m->num_heads,
+                                           "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight");
     if (!rb) return cdf_last_status();
     m->relative_bias = rb;
 
@@ -184,20 +186,7 @@ static cdf_status t5_load(const char *dir, const cJSON *cfg, const cdf_load_opti
     if (s == CDF_OK) s = cdf_tp_for_component(dir, "T5EncoderModel", T5_TP_PLAN, &m->tp);
     if (s == CDF_OK) s = cdf_tp_check_divisible(m->tp, "num_heads", m->num_heads);
     if (s == CDF_OK) s = cdf_tp_check_divisible(m->tp, "d_ff", m->d_ff);
-    /* one process over replicas runs one program text for every rank: the relative position
-     * bias's head window (head0) cannot differ per rank (before any weight is read) */
-    if (s == CDF_OK && cdf_tp_replicas(m->tp) > 1)
-    {
-        char name[256];
-        snprintf(name, sizeof name, "%s", dir);
-        size_t len = strlen(name);
-        while (len > 1 && name[len - 1] == '/') name[--len] = '\0';
-        const char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
-        s = cdf_error(CDF_ERR_UNSUPPORTED, "tensor parallelism over %d devices in one process cannot shard T5EncoderModel (%s) "
-                      "yet: keep it whole with --tp-replicate %s", cdf_tp_size(m->tp), dir, base);
-    }
     m->local_heads = m->num_heads / cdf_tp_size(m->tp);
-    m->head0 = m->local_heads * cdf_tp_rank(m->tp);
     if (s == CDF_OK) s = cdf_model_load_weights(dir, opt, load_weights, m, NULL, NULL);
     if (s != CDF_OK) {
         t5_free(m);
@@ -242,8 +231,8 @@ int64_t cdf_t5_relative_position_bucket(int64_t relative_position, bool bidirect
 }
 
 /* [1, heads, L, L] additive score bias: bias[h][i][j] = table[bucket(j - i)][h], for this rank's
- * heads. The buckets depend on L only (computed here, uploaded); the values are gathered from
- * the table on the device. */
+ * heads (the table holds only those). The buckets depend on L only (computed here, uploaded);
+ * the values are gathered from the table on the device. */
 static cdf_tensor *make_position_bias(const cdf_t5_encoder *m, cdf_device *dev, int64_t L) {
     const int64_t Hn = m->local_heads;
     int64_t *buckets = malloc((size_t)(L * L) * sizeof *buckets), *bucket_of = malloc((size_t)(2 * L - 1) * sizeof *bucket_of);
@@ -260,8 +249,7 @@ static cdf_tensor *make_position_bias(const cdf_t5_encoder *m, cdf_device *dev, 
     cdf_tensor *ids = cdf_tensor_from_host(dev, CDF_I64, 1, (int64_t[]){L * L}, buckets, CDF_I64);
     free(buckets);
     free(bucket_of);
-    cdf_tensor *all = cdf_embedding(m->relative_bias, ids);                                    /* [L * L, heads] */
-    cdf_tensor *rows = cdf_reshape(cdf_narrow(all, 1, m->head0, Hn), 3, (int64_t[]){L, L, Hn}); /* [i, j, h] */
+    cdf_tensor *rows = cdf_reshape(cdf_embedding(m->relative_bias, ids), 3, (int64_t[]){L, L, Hn}); /* [i, j, h] */
     return cdf_contiguous(cdf_unsqueeze(cdf_permute(rows, (int[]){2, 0, 1}), 0));
 }
 

@@ -360,6 +360,14 @@ cdf_status cdf_tp_linear_load_packed(cdf_weights *w, const cdf_tp *tp, cdf_linea
 cdf_status cdf_tp_linear_load_packed_out(cdf_weights *w, const cdf_tp *tp, cdf_linear_layer *l, int64_t in, int n_parts,
                                          const int64_t *out_parts, int bias, const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));
+/* A per-head table [rows, cols] whose columns are the heads (T5's relative position bias
+ * [buckets, heads]), split over the ranks as a column-wise q/k/v splits the heads: this rank's
+ * columns [rank*cols/N, (rank+1)*cols/N) as f32 (in one process over replicas, each replica's
+ * columns on its device, so one program reads every rank's own heads); the whole table when tp
+ * is NULL or has one rank (cdf_weights_get_f32). NULL with the error set when cols does not
+ * divide or the read fails. */
+cdf_tensor *cdf_tp_head_table_f32(cdf_weights *w, const cdf_tp *tp, int64_t rows, int64_t cols, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 /* The whole layer's widths (l->in / l->out for a layer that is not a shard). */
 int64_t cdf_linear_full_in(const cdf_linear_layer *l);
 int64_t cdf_linear_full_out(const cdf_linear_layer *l);

@@ -200,6 +200,7 @@ typedef struct shard_src {
     int64_t qbe, qbb;
     cdf_tensor *into;      /* != NULL: the slice read goes into this tensor's replica `replica` */
     int replica;
+    bool f32;              /* a 2-D table held in f32 whatever the load's weight dtype (cdf_tp_head_table_f32) */
 } shard_src;
 
 static void src_close(shard_src *s) {
@@ -348,7 +349,7 @@ static cdf_status src_read_cols(shard_src *s, bool blocks, int64_t col0, int64_t
 static cdf_tensor *to_device(const shard_src *s, bool blocks, int64_t rows, int64_t cols, const void *data) {
     const cdf_load_options *o = cdf_weights_options(s->w);
     const int64_t shape[2] = {rows, blocks ? (int64_t)row_bytes(s, true, cols) : cols};
-    const cdf_dtype dt = blocks ? CDF_U8 : s->ndim >= 2 ? o->weight_dtype : CDF_F32;
+    const cdf_dtype dt = blocks ? CDF_U8 : s->ndim >= 2 && !s->f32 ? o->weight_dtype : CDF_F32;
     if (s->into) { /* another replica's slice, into the tensor replica 0's made */
         if (s->into->ndim != s->ndim || s->into->shape[0] != shape[0] || (s->ndim > 1 && s->into->shape[1] != shape[1]) ||
             s->into->dtype != dt) {
@@ -705,6 +706,27 @@ cdf_status cdf_tp_linear_load_packed(cdf_weights *w, const cdf_tp *tp, cdf_linea
     CDF_NN_FORMAT_NAME(prefix, fmt);
     CDF_TRY(check_parts(prefix, "input", n_parts, parts));
     return with_context(tp, prefix, load_impl(w, tp, l, n_parts, parts, out, bias, prefix));
+}
+
+cdf_tensor *cdf_tp_head_table_f32(cdf_weights *w, const cdf_tp *tp, int64_t rows, int64_t cols, const char *fmt, ...) {
+    char name[480];
+    CDF_NN_FORMAT_NAME(name, fmt);
+    if (!tp || tp->size == 1) return cdf_weights_get_f32(w, 2, (int64_t[]){rows, cols}, "%s", name);
+    if (cols % tp->size) {
+        cdf_error(CDF_ERR_UNSUPPORTED, "tensor parallelism over %d ranks: %s.%s has %lld heads, not divisible by %d", tp->size,
+                  tp->component, name, (long long)cols, tp->size);
+        return NULL;
+    }
+    shard_src src;
+    cdf_tensor *t = NULL;
+    if (src_open(w, name, 2, rows, cols, &src) == CDF_OK) {
+        src.qtype = 0, src.quantize_to = 0, src.f32 = true; /* values, as cdf_weights_get_f32 holds them */
+        const int64_t whole_cols[1] = {cols};
+        t = cols_of_each(&src, tp, 1, whole_cols, HOLD_VALUES);
+    }
+    src_close(&src);
+    if (!t) cdf_error_prefix("column shard of '%s' (rank %d of %d): ", name, tp->rank, tp->size);
+    return t;
 }
 
 /* ---- packed outputs (PackedColwiseParallel) ------------------------------------------------------- */
