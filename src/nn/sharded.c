@@ -201,6 +201,8 @@ typedef struct shard_src {
     cdf_tensor *into;      /* != NULL: the slice read goes into this tensor's replica `replica` */
     int replica;
     bool f32;              /* a 2-D table held in f32 whatever the load's weight dtype (cdf_tp_head_table_f32) */
+    bool decode;           /* blocks are decoded on the host before they go up (one process over
+                            * replicas: each replica's slice decoded by itself, set_replica_decode) */
 } shard_src;
 
 static void src_close(shard_src *s) {
@@ -347,6 +349,21 @@ static cdf_status src_read_cols(shard_src *s, bool blocks, int64_t col0, int64_t
 /* Host bytes -> a device tensor: values in the load policy's dtype (2-D: weight_dtype; 1-D:
  * f32), or blocks as U8 [rows, row bytes]. */
 static cdf_tensor *to_device(const shard_src *s, bool blocks, int64_t rows, int64_t cols, const void *data) {
+    if (blocks && s->decode) { /* the blocks' values (cdf_linear_decode's numbers: f32, then the weight dtype) */
+        float *vals = malloc(sizeof(float) * (size_t)(rows * cols) + 1);
+        cdf_tensor *r = NULL;
+        if (!vals) {
+            cdf_error(CDF_ERR_OUT_OF_MEMORY, "weight '%s': out of host memory to decode its shard", s->name);
+        } else if (cdf_ggml_dequantize(s->qtype, data, rows * cols, vals) == CDF_OK) {
+            shard_src d = *s;
+            d.decode = false, d.dtype = CDF_F32;
+            r = to_device(&d, false, rows, cols, vals);
+        } else {
+            cdf_error_prefix("weight '%s' in %s: ", s->name, cdf_weights_path(s->w));
+        }
+        free(vals);
+        return r;
+    }
     const cdf_load_options *o = cdf_weights_options(s->w);
     const int64_t shape[2] = {rows, blocks ? (int64_t)row_bytes(s, true, cols) : cols};
     const cdf_dtype dt = blocks ? CDF_U8 : s->ndim >= 2 && !s->f32 ? o->weight_dtype : CDF_F32;
@@ -382,7 +399,7 @@ static cdf_tensor *quantized_to_device(const shard_src *s, int64_t rows, int64_t
         if (f32) cdf_convert(f32, CDF_F32, vals, s->dtype, n);
         if (cdf_ggml_quantize(s->quantize_to, f32 ? f32 : vals, (int64_t)n, blocks) == CDF_OK) {
             shard_src q = *s; /* the blocks of the quantized type */
-            q.be = s->qbe, q.bb = s->qbb;
+            q.qtype = s->quantize_to, q.be = s->qbe, q.bb = s->qbb;
             r = to_device(&q, true, rows, cols, blocks);
         } else {
             cdf_error_prefix("weight '%s' in %s: ", s->name, cdf_weights_path(s->w));
@@ -400,7 +417,7 @@ typedef enum { HOLD_VALUES, HOLD_BLOCKS, HOLD_QUANTIZED } hold;
 static cdf_status set_weight(cdf_linear_layer *l, const shard_src *s, hold h, cdf_tensor *t) {
     if (!t) return cdf_last_status();
     l->w = t;
-    if (h != HOLD_VALUES) {
+    if (h != HOLD_VALUES && !s->decode) {
         l->qtype = h == HOLD_BLOCKS ? s->qtype : s->quantize_to;
         l->qwdt = cdf_weights_options(s->w)->weight_dtype;
         /* a device without a quantized matmul (the values kind): the blocks' decoded values */
@@ -588,14 +605,13 @@ static cdf_status check_parts_divide(const cdf_tp *tp, const char *prefix, const
     return CDF_OK;
 }
 
-/* One process over replicas reads float values only: GGUF blocks and --weight-type are decoded
- * per layer on the host from replica 0's view (cdf_linear_decode), which one slice per replica
- * would not survive. */
-static cdf_status check_replica_source(const cdf_tp *tp, const shard_src *s) {
-    if (tp->replicas > 1 && (s->qtype || s->quantize_to))
-        return cdf_error(CDF_ERR_UNSUPPORTED, "tensor parallelism over %d devices in one process: %s is %s, which it does not "
-                         "shard yet (run it over MPI: mpirun -np %d ... --tp %d)", tp->size, s->name,
-                         s->qtype ? "held as GGUF blocks" : "quantized at load (--weight-type)", tp->size, tp->size);
+/* One process over replicas: GGUF blocks and --weight-type blocks are decoded on the host as
+ * each replica's slice is read (a values-kind device decodes a whole layer's blocks at load
+ * too, cdf_linear_decode, but from one view: replica 0's, which one slice per replica would not
+ * survive). The slices cut are those of the MPI path: a rank's rows' blocks, or its columns'
+ * where the cuts fall on block boundaries, else the decoded values of the whole layer's blocks. */
+static cdf_status set_replica_decode(const cdf_tp *tp, shard_src *s) {
+    if (tp->replicas > 1 && (s->qtype || s->quantize_to)) s->decode = true;
     return CDF_OK;
 }
 
@@ -639,7 +655,7 @@ static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer
 
     shard_src src;
     cdf_status st = open_weight(w, prefix, out, in, &src);
-    if (st == CDF_OK) st = check_replica_source(tp, &src);
+    if (st == CDF_OK) st = set_replica_decode(tp, &src);
     l->in = in;
     l->out = out;
     if (st == CDF_OK && style == CDF_TP_COLWISE) {
@@ -742,7 +758,7 @@ static cdf_status load_packed_out_impl(cdf_weights *w, const cdf_tp *tp, cdf_lin
     CDF_TRY(check_parts_divide(tp, prefix, "output", n_parts, parts));
     shard_src src;
     cdf_status st = open_weight(w, prefix, out, in, &src);
-    if (st == CDF_OK) st = check_replica_source(tp, &src);
+    if (st == CDF_OK) st = set_replica_decode(tp, &src);
     l->in = in;
     l->out = out / tp->size;
     l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .n_parts = n_parts};
