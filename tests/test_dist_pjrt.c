@@ -4,8 +4,9 @@
  * program as 2 replicas with the all-reduce inside it (stablehlo.all_reduce). The tiny FLUX.1
  * golden case in each execution mode against diffusers' output (tests/data/pipelines): the
  * transformer and CLIP sharded over 2 devices, and the T5 encoder (3 heads) sharded over 3 — its
- * relative position bias table split by heads like q/k/v, so one program serves every replica.
- * The bad inputs: a TP degree the plugin has no devices for, a plan that does not divide —
+ * relative position bias table split by heads like q/k/v, so one program serves every replica;
+ * a GGUF transformer and --weight-type q8_0 over 2 devices (each replica's slice decoded on the
+ * host). The bad inputs: a TP degree the plugin has no devices for, a plan that does not divide —
  * each a clear error, never a crash, and none after a weight was read. Skipped (77) in a build
  * without the pjrt backend or without a plugin. */
 #include "testutil.h"
