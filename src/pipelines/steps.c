@@ -121,6 +121,9 @@ cdf_status cdf_pipe_vae_tiling_inputs(cdf_pipeline *p, cdf_tensor_map *in) {
 }
 
 void cdf_pipe_capture_schedule(const cdf_pipeline *p, const cdf_generate_params *gp, const float *sigmas, const float *timesteps) {
+    /* made only when asked for: cdf_pipe_schedule also runs outside any scope (the fidelity
+     * sweeps), where an uncaptured tensor would have no owner */
+    if (!gp->capture) return;
     const int N = gp->num_inference_steps;
     int64_t ns1[1] = {N + 1}, ns[1] = {N};
     cdf_pipe_capture(gp, "sigmas", cdf_tensor_from_host(p->device, CDF_F32, 1, ns1, sigmas, CDF_F32));
