@@ -293,6 +293,17 @@ static int check_launch(long tp) {
     return EXIT_OK;
 }
 
+/* The mesh over the group on `dev` and tensor parallelism on; on failure both are undone. */
+static int tp_mesh(tp_run *tr, cdf_device *dev, const char *replicate) {
+    if (cdf_device_mesh_new(tr->pg, dev, &tr->mesh) != CDF_OK || cdf_tp_enable(tr->mesh, replicate) != CDF_OK) {
+        int rc = fail("--tp");
+        cdf_device_mesh_free(tr->mesh);
+        cdf_dist_finalize(tr->pg);
+        return rc;
+    }
+    return EXIT_OK;
+}
+
 /* --tp N > 1: join the MPI job (or, in one process, open N devices of the backend) and shard
  * every model with a tensor-parallel plan over it. */
 static int tp_start(tp_run *tr, long tp, const char *replicate) {
@@ -303,14 +314,7 @@ static int tp_start(tp_run *tr, long tp, const char *replicate) {
         /* a TP degree the plugin has no devices for fails here, before any weight is read */
         if (cdf_dist_init_devices(tp_device_name(), (int)tp, &tr->pg) != CDF_OK) return fail("--tp");
         tr->world = (int)tp;
-        if (cdf_device_mesh_new(tr->pg, cdf_dist_replica_device(tr->pg), &tr->mesh) != CDF_OK ||
-            cdf_tp_enable(tr->mesh, replicate) != CDF_OK) {
-            int rc = fail("--tp");
-            cdf_device_mesh_free(tr->mesh);
-            cdf_dist_finalize(tr->pg);
-            return rc;
-        }
-        return EXIT_OK;
+        return tp_mesh(tr, cdf_dist_replica_device(tr->pg), replicate);
     }
     if (cdf_dist_init("mpi", &tr->pg) != CDF_OK) return fail("--tp");
     tr->rank = cdf_dist_rank(tr->pg);
@@ -320,14 +324,7 @@ static int tp_start(tp_run *tr, long tp, const char *replicate) {
         cdf_dist_finalize(tr->pg);
         return EXIT_USAGE;
     }
-    if (cdf_device_mesh_new(tr->pg, cli_device(), &tr->mesh) != CDF_OK ||
-        cdf_tp_enable(tr->mesh, replicate) != CDF_OK) {
-        int rc = fail("--tp");
-        cdf_device_mesh_free(tr->mesh);
-        cdf_dist_finalize(tr->pg);
-        return rc;
-    }
-    return EXIT_OK;
+    return tp_mesh(tr, cli_device(), replicate);
 }
 
 static void tp_end(tp_run *tr) {

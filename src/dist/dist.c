@@ -525,6 +525,31 @@ cdf_status cdf_dist_all_reduce_sum(cdf_process_group *pg, cdf_tensor *t) {
 #endif
 }
 
+/* The all-reduce op recorded like every op (tensor/ops.c): its result, contiguous, is the only
+ * tensor recorded in the caller's scope. reduce: the queued host collective (MPI), or NULL with
+ * replicas > 1 for the sum inside the program over a device's replicas. */
+static cdf_tensor *record_all_reduce(cdf_tensor *x, cdf_process_group *pg, cdf_collective_reduce_fn reduce, int replicas) {
+    cdf_scope_suppress(1);
+    cdf_tensor *out = cdf_tensor_alloc(x->storage->dev, x->dtype, x->ndim, x->shape);
+    cdf_node *n = out ? cdf_node_new(CDF_OP_ALL_REDUCE) : NULL;
+    cdf_status s = n ? CDF_OK : cdf_last_status();
+    if (n) {
+        n->p.all_reduce.comm = pg;
+        n->p.all_reduce.reduce = reduce;
+        n->p.all_reduce.replicas = replicas;
+        cdf_node_add_src(n, x);
+        n->dst = cdf_tensor_retain(out);
+        s = cdf_exec_submit(n); /* frees the node on failure */
+    }
+    if (s != CDF_OK) {
+        cdf_tensor_release(out);
+        out = NULL;
+    }
+    cdf_scope_suppress(-1);
+    cdf_scope_record(out);
+    return out;
+}
+
 /* The all-reduce over the replicas of a devices group: an op inside the program the device
  * runs on every replica (no communicator; counted when it is recorded). */
 static cdf_tensor *replica_all_reduce(cdf_tensor *x, cdf_process_group *pg) {
@@ -539,28 +564,13 @@ static cdf_tensor *replica_all_reduce(cdf_tensor *x, cdf_process_group *pg) {
                   cdf_device_name(x->storage->dev), cdf_device_name(pg->dev));
         return NULL;
     }
-    cdf_scope_suppress(1);
-    cdf_tensor *out = cdf_tensor_alloc(x->storage->dev, x->dtype, x->ndim, x->shape); /* contiguous */
-    cdf_node *n = out ? cdf_node_new(CDF_OP_ALL_REDUCE) : NULL;
-    cdf_status s = n ? CDF_OK : cdf_last_status();
-    if (n) {
-        n->p.all_reduce.comm = pg;
-        n->p.all_reduce.replicas = pg->world;
-        cdf_node_add_src(n, x);
-        n->dst = cdf_tensor_retain(out);
-        s = cdf_exec_submit(n); /* frees the node on failure */
-    }
-    if (s != CDF_OK) {
-        cdf_tensor_release(out);
-        out = NULL;
-    } else {
+    cdf_tensor *out = record_all_reduce(x, pg, NULL, pg->world);
+    if (out) {
         pthread_mutex_lock(&pg->mu);
         pg->stats.collectives++;
         pg->stats.bytes += (uint64_t)cdf_tensor_numel(out) * cdf_dtype_size(out->dtype);
         pthread_mutex_unlock(&pg->mu);
     }
-    cdf_scope_suppress(-1);
-    cdf_scope_record(out);
     return out;
 }
 
@@ -578,25 +588,7 @@ cdf_tensor *cdf_all_reduce_sum(cdf_tensor *x, cdf_process_group *pg) {
                   cdf_tensor_describe(x, d, sizeof d), cdf_dtype_name(x->dtype));
         return NULL;
     }
-    /* like every op (tensor/ops.c): only the result is recorded in the caller's scope */
-    cdf_scope_suppress(1);
-    cdf_tensor *out = cdf_tensor_alloc(x->storage->dev, x->dtype, x->ndim, x->shape); /* contiguous */
-    cdf_node *n = out ? cdf_node_new(CDF_OP_ALL_REDUCE) : NULL;
-    cdf_status s = n ? CDF_OK : cdf_last_status();
-    if (n) {
-        n->p.all_reduce.comm = pg;
-        n->p.all_reduce.reduce = queued_all_reduce;
-        cdf_node_add_src(n, x);
-        n->dst = cdf_tensor_retain(out);
-        s = cdf_exec_submit(n); /* frees the node on failure */
-    }
-    if (s != CDF_OK) {
-        cdf_tensor_release(out);
-        out = NULL;
-    }
-    cdf_scope_suppress(-1);
-    cdf_scope_record(out);
-    return out;
+    return record_all_reduce(x, pg, queued_all_reduce, 0);
 #else
     cdf_error(CDF_ERR_INTERNAL, "all-reduce: MPI group in a build without MPI");
     return NULL;

@@ -379,20 +379,12 @@ static hv iota(builder *b, hty t, int dim) {
     return op(b, "iota", t, 0, NULL, attrs);
 }
 
-/* reduce x over dims[0..nr) with "add" / "maximum" / "minimum" from init */
-static hv reduce(builder *b, hv x, int nr, const int64_t *dims, const char *fn, double init) {
-    hv z = constant(b, x.t.dt, init);
-    hty t = {.dt = x.t.dt, .nd = 0};
-    for (int i = 0; i < x.t.nd; i++) {
-        bool red = false;
-        for (int j = 0; j < nr; j++) red |= dims[j] == i;
-        if (!red) t.d[t.nd++] = x.t.d[i];
-    }
-    hv out = new_val(b, t);
-    hty s = {.dt = x.t.dt, .nd = 0};
-    int p0 = b->next_id++, p1 = b->next_id++, r = b->next_id++;
-    begin_op(b, out);
-    sb_printf(&b->body, "\"stablehlo.reduce\"(%%v%d, %%v%d) ({\n    ^bb0(%%v%d: ", x.id, z.id, p0);
+/* The region of a reduction: ({ ^bb0(a, b): r = "stablehlo.<fn>"(a, b); return r }) over scalars
+ * of dtype dt (reduce's combiner, all_reduce's sum) */
+static void put_scalar_region(builder *b, cdf_dtype dt, const char *fn) {
+    const hty s = {.dt = dt, .nd = 0};
+    const int p0 = b->next_id++, p1 = b->next_id++, r = b->next_id++;
+    sb_printf(&b->body, "({\n    ^bb0(%%v%d: ", p0);
     put_type(&b->body, &s);
     sb_printf(&b->body, ", %%v%d: ", p1);
     put_type(&b->body, &s);
@@ -404,7 +396,23 @@ static hv reduce(builder *b, hv x, int nr, const int64_t *dims, const char *fn, 
     put_type(&b->body, &s);
     sb_printf(&b->body, "\n      \"stablehlo.return\"(%%v%d) : (", r);
     put_type(&b->body, &s);
-    sb_printf(&b->body, ") -> ()\n    }) {dimensions = array<i64: ");
+    sb_printf(&b->body, ") -> ()\n    })");
+}
+
+/* reduce x over dims[0..nr) with "add" / "maximum" / "minimum" from init */
+static hv reduce(builder *b, hv x, int nr, const int64_t *dims, const char *fn, double init) {
+    hv z = constant(b, x.t.dt, init);
+    hty t = {.dt = x.t.dt, .nd = 0};
+    for (int i = 0; i < x.t.nd; i++) {
+        bool red = false;
+        for (int j = 0; j < nr; j++) red |= dims[j] == i;
+        if (!red) t.d[t.nd++] = x.t.d[i];
+    }
+    hv out = new_val(b, t);
+    begin_op(b, out);
+    sb_printf(&b->body, "\"stablehlo.reduce\"(%%v%d, %%v%d) ", x.id, z.id);
+    put_scalar_region(b, x.t.dt, fn);
+    sb_printf(&b->body, " {dimensions = array<i64: ");
     put_i64_list(&b->body, nr, dims);
     sb_printf(&b->body, ">}");
     put_sig(b, 2, (hv[2]){x, z}, &t);
@@ -415,22 +423,10 @@ static hv reduce(builder *b, hv x, int nr, const int64_t *dims, const char *fn, 
  * compile options, not in the text) */
 static hv all_reduce(builder *b, hv x, int n) {
     hv out = new_val(b, x.t);
-    hty s = {.dt = x.t.dt, .nd = 0};
-    int p0 = b->next_id++, p1 = b->next_id++, r = b->next_id++;
     begin_op(b, out);
-    sb_printf(&b->body, "\"stablehlo.all_reduce\"(%%v%d) ({\n    ^bb0(%%v%d: ", x.id, p0);
-    put_type(&b->body, &s);
-    sb_printf(&b->body, ", %%v%d: ", p1);
-    put_type(&b->body, &s);
-    sb_printf(&b->body, "):\n      %%v%d = \"stablehlo.add\"(%%v%d, %%v%d) : (", r, p0, p1);
-    put_type(&b->body, &s);
-    sb_printf(&b->body, ", ");
-    put_type(&b->body, &s);
-    sb_printf(&b->body, ") -> ");
-    put_type(&b->body, &s);
-    sb_printf(&b->body, "\n      \"stablehlo.return\"(%%v%d) : (", r);
-    put_type(&b->body, &s);
-    sb_printf(&b->body, ") -> ()\n    }) {replica_groups = dense<[[");
+    sb_printf(&b->body, "\"stablehlo.all_reduce\"(%%v%d) ", x.id);
+    put_scalar_region(b, x.t.dt, "add");
+    sb_printf(&b->body, " {replica_groups = dense<[[");
     for (int i = 0; i < n; i++) sb_printf(&b->body, "%s%d", i ? ", " : "", i);
     sb_printf(&b->body, "]]> : tensor<1x%dxi64>}", n);
     put_sig(b, 1, &x, &x.t);
