@@ -158,11 +158,32 @@ static void reap_transfers(bool wait) {
     g.n_xfers = k;
 }
 
+/* CDIFFUSERS_PJRT_ASYNC_UPLOADS=0: every upload waits for its copy and happens when a program
+ * first reads the storage (the path before asynchronous uploads: a comparison for benchmarks, a
+ * way around a plugin whose asynchronous copies misbehave). */
+static bool async_uploads(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("CDIFFUSERS_PJRT_ASYNC_UPLOADS");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
 /* Replica r's buffers b[0..R) from host bytes host_of-like (bytes[r]) as dt[n], asynchronously:
  * the transfer owns host and rhost from here (freed when it completes, also on failure). Under
  * lock. */
 static cdf_status upload_owned(unsigned char *host, unsigned char **rhost, cdf_dtype dt, int64_t n, PJRT_Buffer **b) {
     const size_t nbytes = (size_t)n * cdf_dtype_size(dt);
+    if (!async_uploads()) {
+        cdf_status st = CDF_OK;
+        for (int r = 0; r < R() && st == CDF_OK; r++)
+            st = cdf_pjrt_upload(&g.rt, r, r > 0 && rhost && rhost[r] ? rhost[r] : host, dt, 1, &n, &b[r]);
+        if (st != CDF_OK)
+            for (int r = 0; r < R(); r++) cdf_pjrt_buffer_free(&g.rt, b[r]), b[r] = NULL;
+        free_host_set(host, rhost);
+        return st;
+    }
     if (g.n_xfers == g.cap_xfers) {
         int cap = g.cap_xfers ? 2 * g.cap_xfers : 64;
         transfer *x = realloc(g.xfers, (size_t)cap * sizeof *x);
@@ -864,8 +885,8 @@ static cdf_status pjrt_buffer_set_value(cdf_device *dev, void *dst, void *src, s
     slot *s = slot_span(dst, nbytes, "upload", &off);
     cdf_status st = s ? CDF_OK : cdf_last_status();
     const size_t dsz = cdf_dtype_size(dt);
-    if (st == CDF_OK && (off || nbytes != s->nbytes || nbytes % dsz || !nbytes)) {
-        /* not a whole storage: as buffer_set (into its host bytes) */
+    if (st == CDF_OK && (off || nbytes != s->nbytes || nbytes % dsz || !nbytes || !async_uploads())) {
+        /* not a whole storage (or uploads at first read): as buffer_set (into its host bytes) */
         pthread_mutex_unlock(&g.lock);
         st = pjrt_buffer_set(dev, dst, src, nbytes);
         free(src);
