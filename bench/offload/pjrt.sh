@@ -52,10 +52,11 @@ for mode in none model sequential; do
             else gen "$mode" CDIFFUSERS_HOST_STAGING=1; fi
             t=$(sed -n 's/^TIME \([0-9.]*\) .*/\1/p' "$work/err.txt")
             rss=$(sed -n 's/^TIME [0-9.]* \([0-9]*\)$/\1/p' "$work/err.txt")
-            peak=$(grep -o 'peak [0-9.]* [KMG]iB' "$work/err.txt" | tail -1)
+            peak=$(grep -o 'peak [0-9.]* [KMG]\{0,1\}i\{0,1\}B' "$work/err.txt" | tail -1)
+            dn=$(grep -o 'denoising [0-9.]* [KMG]\{0,1\}i\{0,1\}B' "$work/err.txt" | tail -1)
             pin=$(sed -n 's/.*pjrt: uploads: \(.*\)/\1/p' "$work/err.txt")
-            printf 'load %s: --offload %-10s %-6s %6.1f s, device %s, RSS %d MiB; %s\n' "$(cut -d' ' -f1 /proc/loadavg)" "$mode" \
-                "$v" "$t" "$peak" $((rss / 1024)) "$pin"
+            printf 'load %s: --offload %-10s %-6s %6.1f s, device %s (%s), RSS %d MiB; %s\n' "$(cut -d' ' -f1 /proc/loadavg)" \
+                "$mode" "$v" "$t" "$peak" "$dn" $((rss / 1024)) "$pin"
         done
     done
 done

@@ -486,6 +486,8 @@ static cdf_status slot_value(slot *s, cdf_dtype dt, int64_t n, PJRT_Buffer **out
     }
     if ((size_t)n * cdf_dtype_size(dt) > s->nbytes)
         return cdf_error(CDF_ERR_INTERNAL, "pjrt: a %zu-byte buffer read as %lld x %s", s->nbytes, (long long)n, cdf_dtype_name(dt));
+    if (cdf_pjrt_type(dt) == PJRT_Buffer_Type_INVALID) /* refused while the slot still has its bytes */
+        return cdf_error(CDF_ERR_UNSUPPORTED, "pjrt: no PJRT element type for dtype %s", cdf_dtype_name(dt));
     PJRT_Buffer *b[MAX_REPLICAS] = {0};
     /* the host bytes go with the upload, which frees them once the plugin has copied them */
     unsigned char *host = s->host, **rhost = s->rhost;
@@ -885,7 +887,8 @@ static cdf_status pjrt_buffer_set_value(cdf_device *dev, void *dst, void *src, s
     slot *s = slot_span(dst, nbytes, "upload", &off);
     cdf_status st = s ? CDF_OK : cdf_last_status();
     const size_t dsz = cdf_dtype_size(dt);
-    if (st == CDF_OK && (off || nbytes != s->nbytes || nbytes % dsz || !nbytes || !async_uploads())) {
+    if (st == CDF_OK && (off || nbytes != s->nbytes || nbytes % dsz || !nbytes || !async_uploads() ||
+                         cdf_pjrt_type(dt) == PJRT_Buffer_Type_INVALID)) {
         /* not a whole storage (or uploads at first read): as buffer_set (into its host bytes) */
         pthread_mutex_unlock(&g.lock);
         st = pjrt_buffer_set(dev, dst, src, nbytes);
