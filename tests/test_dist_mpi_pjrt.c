@@ -6,10 +6,10 @@
  * break on either rank (the all-reduces are nodes of the compiled plans, each plan's programs run
  * between them) and every graph compiled once per rank; the same collectives and bytes on both
  * ranks and in every mode. A GGUF transformer over the 2 ranks (each rank's blocks decoded on its
- * device), bit for bit the run from gguf-py's values. Then a dead rank on pjrt: killed (SIGKILL) inside a compiled forward's
- * replay, and hanging between the programs of an eager run — each a clear error on the other rank
- * or from the launcher within the watchdog (CDIFFUSERS_DIST_TIMEOUT=2), never a hang, and no
- * output written.
+ * device), bit for bit the run from gguf-py's values. Then a dead rank on pjrt: killed (SIGKILL)
+ * inside a compiled forward's replay, and hanging between the programs of an eager run — each a
+ * clear error on the other rank or from the launcher within the watchdog
+ * (CDIFFUSERS_DIST_TIMEOUT=2), never a hang, and no output written.
  *
  * Cost (scripts/test.sh runs it once, label pjrt): one program cache for the whole test in its
  * tmp dir, and XLA's LLVM optimisation off (xla_backend_optimization_level=0, scripts/test.sh's
@@ -29,6 +29,7 @@
 #define GOLDEN_LATENT_TOL 5e-4 /* test_dist's: |tp - diffusers| of the final latents */
 
 static char g_env[2400]; /* every rank's environment: the cache, the XLA flags, the leak rules */
+static unsigned long long g_collectives; /* a rank's collectives in the golden case's run (eager) */
 
 static bool have_pjrt(void) {
     if (!cdf_backend_runs_replicas("pjrt")) return false;
@@ -99,7 +100,7 @@ static void test_flux_tp2_mpi_every_mode(void **state) {
             assert_true(io[r].collectives > (unsigned long long)steps); /* at least one all-reduce per block per step */
             assert_int_equal(io[r].collectives, io[0].collectives);
             assert_int_equal(io[r].comm_bytes, io[0].comm_bytes);
-            if (m == 0) first[r] = io[r];
+            if (m == 0) first[r] = io[r], g_collectives = io[r].collectives;
             assert_int_equal(io[r].collectives, first[r].collectives);
             assert_int_equal(io[r].comm_bytes, first[r].comm_bytes);
         }
@@ -121,7 +122,7 @@ static void test_flux_tp2_mpi_every_mode(void **state) {
         const size_t npx = (size_t)img.width * img.height * img.channels;
         assert_int_equal(cdf_st_numel(u8), (int64_t)npx);
         const int lv = max_level_diff(cdf_st_data(gf, u8), img.pixels, npx);
-        print_message("  2 ranks, %s: %.1f s; %llu all-reduces per rank; latents_final |tp - diffusers| = %.3g (tol %.0e); image "
+        print_message("  2 ranks, %s: %.1f s; %llu collectives per rank; latents_final |tp - diffusers| = %.3g (tol %.0e); image "
                       "within %d level(s) of diffusers'\n",
                       modes[m].name, now_s() - t0, io[0].collectives, d, GOLDEN_LATENT_TOL, lv);
         assert_true(d <= GOLDEN_LATENT_TOL);
@@ -185,11 +186,12 @@ static void test_gguf_tp2_mpi(void **state) {
 }
 
 /* A dead rank on pjrt, two jobs side by side (they mostly wait: for the launcher, for the
- * watchdog), with the golden case's call, whose programs the test above cached. Its all-reduces
- * per rank: 1 agreement after loading, 6 in CLIP (3 layers), then 10 per transformer forward (2
- * double-stream blocks x 4, 2 single-stream x 1): collective #20 is the third of the second
- * forward — in compile mode, the first replay of the compiled plan (the first forward captured
- * it). */
+ * watchdog), with the golden case's call, whose programs the test above cached. A rank's
+ * collectives there (68 now: the mesh's all-gather, the agreement after loading, 6 in CLIP's 3
+ * layers, then 10 per transformer forward — 2 double-stream blocks x 4, 2 single-stream x 1 — in
+ * each of 6 steps): the fault hits the 15th from the end, the fifth all-reduce of the fifth
+ * forward — in compile mode a replay of the compiled plan (the first forward captured it),
+ * whatever is added before the denoising loop. */
 static void test_dead_rank(void **state) {
     (void)state;
     if (!have_mpi() || !have_pjrt()) skip();
@@ -198,18 +200,21 @@ static void test_dead_rank(void **state) {
     int steps;
     case_args(pipe, "64x64", args, sizeof args, &steps);
     snprintf(base, sizeof base, "'%s' generate %s --device pjrt --tp 2 --tp-replicate text_encoder_2", CDF_CLI_PATH, args);
+    assert_int_equal(steps, 6);
+    assert_true(g_collectives > 60); /* counted by the test above */
+    const unsigned long long at = g_collectives - 15;
     enum { NJOBS = 2 };
     static const char *const names[NJOBS] = {"rank 1 killed, compiled", "rank 1 hangs, eager"};
     char cmd[NJOBS][16384];
     /* killed inside the compiled transformer's replay: its all-reduces run between the plan's
      * programs, so the other rank is running one of them or waiting in the sum; the launcher
      * must end it and name the dead rank */
-    snprintf(cmd[0], sizeof cmd[0], UNSET_MODES MPIRUN " -np 2%s%s -x CDIFFUSERS_DIST_FAULT=1:kill:20 %s --mode compile "
-             "--output '%s'", rank_env(), mpi_env_no_leak_check(), base, tu_tmp_path("dead0.png"));
+    snprintf(cmd[0], sizeof cmd[0], UNSET_MODES MPIRUN " -np 2%s%s -x CDIFFUSERS_DIST_FAULT=1:kill:%llu %s --mode compile "
+             "--output '%s'", rank_env(), mpi_env_no_leak_check(), at, base, tu_tmp_path("dead0.png"));
     /* stops between two eager programs: rank 0's watchdog ends it (naming itself, the
      * collective and the timeout), then the launcher ends the job */
-    snprintf(cmd[1], sizeof cmd[1], UNSET_MODES MPIRUN " -np 2%s%s -x CDIFFUSERS_DIST_FAULT=1:hang:20 -x CDIFFUSERS_DIST_TIMEOUT=2 %s "
-             "--output '%s'", rank_env(), mpi_env_no_leak_check(), base, tu_tmp_path("dead1.png"));
+    snprintf(cmd[1], sizeof cmd[1], UNSET_MODES MPIRUN " -np 2%s%s -x CDIFFUSERS_DIST_FAULT=1:hang:%llu -x CDIFFUSERS_DIST_TIMEOUT=2 %s "
+             "--output '%s'", rank_env(), mpi_env_no_leak_check(), at, base, tu_tmp_path("dead1.png"));
     char script[40000];
     size_t o = 0;
     for (int i = 0; i < NJOBS; i++)
@@ -231,8 +236,10 @@ static void test_dead_rank(void **state) {
         char *log = tu_read_file(p, NULL);
         assert_non_null(log);
         print_message("  %-24s exit %d after %.1f s\n", names[i], rc, s1 - s0);
+        char reached[96];
+        snprintf(reached, sizeof reached, "CDIFFUSERS_DIST_FAULT: %s at collective #%llu", i ? "hang" : "kill", at);
         bool ok = rc != 0 && s1 - s0 < 60 /* bounded: no hang */ &&
-                  strstr(log, "CDIFFUSERS_DIST_FAULT") != NULL; /* the fault was reached: the run got that far */
+                  strstr(log, reached) != NULL; /* the fault was reached: the run got that far */
         if (i == 0) ok = ok && strstr(log, "rank 1") && strstr(log, "signal 9");
         else ok = ok && strstr(log, "did not complete within 2 s: another rank is stuck or has died") &&
                   (rc == CDF_DIST_EXIT_TIMEOUT || rc > 128);
