@@ -7,8 +7,8 @@
  * between them) and every graph compiled once per rank; the same collectives and bytes on both
  * ranks and in every mode. A GGUF transformer over the 2 ranks (each rank's blocks decoded on its
  * device), bit for bit the run from gguf-py's values. Then a dead rank on pjrt: killed (SIGKILL)
- * inside a compiled forward's replay, and hanging between the programs of an eager run — each a
- * clear error on the other rank or from the launcher within the watchdog
+ * inside a compiled forward's replay, and hanging there or between the programs of an eager run
+ * — each a clear error on the other rank or from the launcher within the watchdog
  * (CDIFFUSERS_DIST_TIMEOUT=2), never a hang, and no output written.
  *
  * Cost (scripts/test.sh runs it once, label pjrt): one program cache for the whole test in its
@@ -185,7 +185,7 @@ static void test_gguf_tp2_mpi(void **state) {
     free(lat[0]), free(lat[1]), free(src[0]), free(src[1]);
 }
 
-/* A dead rank on pjrt, two jobs side by side (they mostly wait: for the launcher, for the
+/* A dead rank on pjrt, three jobs side by side (they mostly wait: for the launcher, for the
  * watchdog), with the golden case's call, whose programs the test above cached. A rank's
  * collectives there (68 now: the mesh's all-gather, the agreement after loading, 6 in CLIP's 3
  * layers, then 10 per transformer forward — 2 double-stream blocks x 4, 2 single-stream x 1 — in
@@ -203,8 +203,8 @@ static void test_dead_rank(void **state) {
     assert_int_equal(steps, 6);
     assert_true(g_collectives > 60); /* counted by the test above */
     const unsigned long long at = g_collectives - 15;
-    enum { NJOBS = 2 };
-    static const char *const names[NJOBS] = {"rank 1 killed, compiled", "rank 1 hangs, eager"};
+    enum { NJOBS = 3 };
+    static const char *const names[NJOBS] = {"rank 1 killed, compiled", "rank 1 hangs, eager", "rank 1 hangs, compiled"};
     char cmd[NJOBS][16384];
     /* killed inside the compiled transformer's replay: its all-reduces run between the plan's
      * programs, so the other rank is running one of them or waiting in the sum; the launcher
@@ -215,6 +215,10 @@ static void test_dead_rank(void **state) {
      * collective and the timeout), then the launcher ends the job */
     snprintf(cmd[1], sizeof cmd[1], UNSET_MODES MPIRUN " -np 2%s%s -x CDIFFUSERS_DIST_FAULT=1:hang:%llu -x CDIFFUSERS_DIST_TIMEOUT=2 %s "
              "--output '%s'", rank_env(), mpi_env_no_leak_check(), at, base, tu_tmp_path("dead1.png"));
+    /* stops in the compiled forward's replay: rank 0 finishes the program before the sum and
+     * waits in it; its watchdog ends it the same way */
+    snprintf(cmd[2], sizeof cmd[2], UNSET_MODES MPIRUN " -np 2%s%s -x CDIFFUSERS_DIST_FAULT=1:hang:%llu -x CDIFFUSERS_DIST_TIMEOUT=2 %s "
+             "--mode compile --output '%s'", rank_env(), mpi_env_no_leak_check(), at, base, tu_tmp_path("dead2.png"));
     char script[40000];
     size_t o = 0;
     for (int i = 0; i < NJOBS; i++)
@@ -246,8 +250,11 @@ static void test_dead_rank(void **state) {
         if (!ok) fail_msg("the '%s' job (exit %d after %.1f s) did not end as expected; its output:\n%s", names[i], rc, s1 - s0, log);
         free(log);
     }
-    assert_int_not_equal(access(tu_tmp_path("dead0.png"), F_OK), 0); /* nothing written */
-    assert_int_not_equal(access(tu_tmp_path("dead1.png"), F_OK), 0);
+    for (int i = 0; i < NJOBS; i++) {
+        char f[16];
+        snprintf(f, sizeof f, "dead%d.png", i);
+        assert_int_not_equal(access(tu_tmp_path(f), F_OK), 0); /* nothing written */
+    }
 }
 
 int main(void) {
