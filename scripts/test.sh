@@ -78,11 +78,14 @@ done
 if ./build/cdiffusers devices 2>/dev/null | grep -q '^backends compiled in:.* pjrt'; then
   export CDIFFUSERS_PJRT_CACHE="$PWD/build/pjrt-cache" CDIFFUSERS_PJRT_XLA_FLAGS=xla_backend_optimization_level=0
   rm -rf "$CDIFFUSERS_PJRT_CACHE"
-  # eager also with tensor parallelism over 2 MPI ranks (test_dist: each rank its pjrt:0, the
-  # sums on the host between programs)
+  # (Tensor parallelism on pjrt ran in the first pass, label pjrt: over 2 MPI ranks, each its
+  # pjrt:0 with the sums on the host between programs, in all four modes, GGUF shards and a dead
+  # rank — test_dist_mpi_pjrt; in one process over 2-3 devices — test_dist_pjrt. test_dist's other
+  # MPI cases — SD3, inpainting, step caches, T5, quantized — shard the same way on any device:
+  # they run on cpu, and their models run on pjrt in these passes.)
   phase "ctest, pjrt eager"
   env CDIFFUSERS_DEVICE=pjrt ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE 'pjrt|python' \
-    -R 'test_model_|test_pipeline|test_run_model|test_dist$'
+    -R 'test_model_|test_pipeline|test_run_model'
   for m in "CDIFFUSERS_DEFER_AND_FUSE=1" "CDIFFUSERS_COMPILE=1" "CDIFFUSERS_COMPILE=blocks"; do
     phase "ctest, pjrt $m"
     env CDIFFUSERS_DEVICE=pjrt $m ctest --test-dir build --output-on-failure --repeat until-pass:2 -j"$jobs" -LE 'pjrt|python' \

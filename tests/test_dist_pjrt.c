@@ -6,7 +6,8 @@
  * transformer and CLIP sharded over 2 devices, and the T5 encoder (3 heads) sharded over 3 — its
  * relative position bias table split by heads like q/k/v, so one program serves every replica;
  * a GGUF transformer and --weight-type q8_0 over 2 devices (each replica's slice decoded on the
- * host). The bad inputs: a TP degree the plugin has no devices for, a plan that does not divide —
+ * host); LoRA on the sharded layers (each replica its slices of the adapter), run time and fused,
+ * against diffusers + PEFT. The bad inputs: a TP degree the plugin has no devices for, a plan that does not divide —
  * each a clear error, never a crash, and none after a weight was read. Skipped (77) in a build
  * without the pjrt backend or without a plugin. */
 #include "testutil.h"
@@ -19,6 +20,7 @@
 
 #include "cdiffusers/cdiffusers.h"
 #include "cdiffusers/device.h"
+#include "cdiffusers/dist.h"
 #include "dist_test_common.h"
 
 #define GOLDEN_LATENT_TOL 5e-4 /* test_dist's: |tp - diffusers| of the final latents */
@@ -205,6 +207,111 @@ static void test_gguf_tp2_one_process(void **state) {
     free(f), free(fg), free(log);
 }
 
+/* LoRA on sharded layers over the replicas (each replica its rank's slices of A and B, as the
+ * MPI path cuts them per rank, test_dist_lora.c): the tiny FLUX.1 pipeline with a PEFT adapter on
+ * CLIP-L (sharded over the 2 devices: q/k/v and fc1 column-wise, out_proj and fc2 row-wise) and
+ * on the transformer's to_q (column-wise), at 0.7, run time and fused, eager and compiled:
+ * diffusers + PEFT's latents of the same call (tests/data/lora/pipe_flux_te.safetensors, made by
+ * tools/make-lora-golden) within test_dist_lora's golden tolerance. A wrong slice on a replica
+ * moves them by O(1) (the adapter moves them by several units). */
+static void test_lora_tp2_one_process(void **state) {
+    (void)state;
+    if (!have_pjrt()) skip();
+    const char *args = "--model '" CDF_TEST_DATA "/pipelines/flux1_dev_tiny' --prompt 'A capybara wearing a tiny astronaut "
+                       "helmet, studio photo' --height 64 --width 64 --steps 3 --guidance 3.5 --max-sequence-length 64 --seed 1234 "
+                       "--threads 1 --quiet --dtype f32";
+    static const char *const exec[] = {"", "--mode compile"}, *const lmode[] = {"runtime", "fuse"};
+    for (int e = 0; e < 2; e++)
+        for (int m = 0; m < 2; m++) {
+            char out[1100], extra[3000], tag[32], key[128];
+            snprintf(out, sizeof out, "%s/lora_%d_%d.safetensors", tu_tmpdir(), e, m);
+            snprintf(extra, sizeof extra, "--tp 2 --tp-replicate text_encoder_2 --lora '%s/lora/pipe_flux_te_peft.safetensors:0.7' "
+                     "--lora-mode %s %s --force --output '%s/lora.png' --latents-out '%s'", CDF_TEST_DATA, lmode[m], exec[e],
+                     tu_tmpdir(), out);
+            snprintf(tag, sizeof tag, "lora_%d_%d", e, m);
+            const double t0 = now_s();
+            char *log;
+            const int rc = run_cli("CDIFFUSERS_LOG=io,pjrt", args, extra, tag, &log);
+            if (rc != 0) fail_msg("--tp 2 --device pjrt --lora (%s, %s) failed (%d): %s", lmode[m], e ? "compile" : "eager", rc, log);
+            assert_non_null(strstr(log, "every program runs as 2 replicas (num_replicas=2)"));
+            free(log);
+            snprintf(key, sizeof key, "pipe_flux_te_peft.%s_s07.latents_final", m ? "fused" : "runtime");
+            int64_t n, ng;
+            float *f = st_tensor(out, "latents_final", &n), *g = st_tensor(CDF_TEST_DATA "/lora/pipe_flux_te.safetensors", key, &ng);
+            assert_int_equal(n, ng);
+            const double d = tu_max_abs_diff(f, g, (size_t)n, NULL);
+            print_message("  LoRA %s, %s: %.1f s; latents_final |tp - diffusers| = %.3g (tol %.0e)\n", lmode[m],
+                          e ? "compile" : "eager", now_s() - t0, d, GOLDEN_LATENT_TOL);
+            assert_true(d <= GOLDEN_LATENT_TOL);
+            free(f), free(g);
+        }
+}
+
+/* The fused adapter taken out again over the replicas (cdf_pipeline_unload_lora, in this
+ * process): each fused shard's weight is read again from its file — every replica its own rank's
+ * slice (nn/sharded.c cdf_linear_reload_weight), not replica 0's everywhere — and the run after
+ * the unload is diffusers' after unfuse_lora + unload_lora_weights and its base run
+ * (pipe_flux_te.safetensors "…unloaded", "base"; test_lora_pipeline's tolerance). */
+static double latents_vs(cdf_pipeline *pipe, const char *key) {
+    cdf_generate_params gp = cdf_generate_params_default();
+    gp.prompt = "A capybara wearing a tiny astronaut helmet, studio photo";
+    gp.height = gp.width = 64;
+    gp.num_inference_steps = 3;
+    gp.guidance_scale = 3.5f;
+    gp.max_sequence_length = 64;
+    gp.seed = 1234;
+    cdf_tensor_map cap;
+    cdf_tensor_map_init(&cap);
+    gp.capture = (cdf_capture *)&cap;
+    cdf_image img;
+    if (cdf_pipeline_generate(pipe, &gp, &img) != CDF_OK) fail_msg("generate: %s", cdf_last_error());
+    cdf_tensor *got = cdf_tensor_map_get(&cap, "latents_final");
+    assert_non_null(got);
+    float *g = cdf_tensor_read_f32(got);
+    assert_non_null(g);
+    int64_t n;
+    float *w = st_tensor(CDF_TEST_DATA "/lora/pipe_flux_te.safetensors", key, &n);
+    assert_int_equal(cdf_tensor_numel(got), n);
+    const double d = tu_max_abs_diff(g, w, (size_t)n, NULL);
+    free(g), free(w);
+    cdf_image_free(&img);
+    cdf_tensor_map_clear(&cap);
+    return d;
+}
+
+static void test_lora_fused_unload_one_process(void **state) {
+    (void)state;
+    if (!have_pjrt()) skip();
+    setenv("CDIFFUSERS_PJRT_CACHE", g_cache, 1);
+    cdf_process_group *pg = NULL;
+    cdf_device_mesh *mesh = NULL;
+    assert_int_equal(cdf_dist_init_devices("pjrt", 2, &pg), CDF_OK);
+    assert_int_equal(cdf_device_mesh_new(pg, cdf_dist_replica_device(pg), &mesh), CDF_OK);
+    assert_int_equal(cdf_tp_enable(mesh, "text_encoder_2"), CDF_OK);
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
+    lp.weight_dtype = CDF_F32;
+    lp.device = "pjrt";
+    cdf_pipeline *pipe = NULL;
+    if (cdf_pipeline_load(CDF_TEST_DATA "/pipelines/flux1_dev_tiny", &lp, &pipe) != CDF_OK) fail_msg("load: %s", cdf_last_error());
+    cdf_lora_params lo = cdf_lora_params_default();
+    lo.mode = CDF_LORA_FUSE;
+    lo.scale = 0.7f;
+    assert_int_equal(cdf_pipeline_load_lora(pipe, CDF_TEST_DATA "/lora/pipe_flux_te_peft.safetensors", &lo, NULL), CDF_OK);
+    const double fused = latents_vs(pipe, "pipe_flux_te_peft.fused_s07.latents_final");
+    assert_int_equal(cdf_pipeline_unload_lora(pipe), CDF_OK);
+    const double unloaded = latents_vs(pipe, "pipe_flux_te_peft.unloaded.latents_final"),
+                 base = latents_vs(pipe, "base.latents_final");
+    print_message("  fused then unloaded, 2 devices: latents_final |fused - diffusers| = %.3g, |unloaded - diffusers| = %.3g, "
+                  "|unloaded - base| = %.3g (tol %.0e)\n", fused, unloaded, base, GOLDEN_LATENT_TOL);
+    assert_true(fused <= GOLDEN_LATENT_TOL);
+    assert_true(unloaded <= GOLDEN_LATENT_TOL);
+    assert_true(base <= GOLDEN_LATENT_TOL);
+    cdf_pipeline_free(pipe);
+    cdf_tp_disable();
+    cdf_device_mesh_free(mesh);
+    cdf_dist_finalize(pg);
+}
+
 /* A bad --tp: a clear error (exit status 1 or 2, never a signal), naming the cause, with no
  * weight read (no io line: CDIFFUSERS_LOG=io prints one after loading) and nothing written. */
 static void expect_refused(const char *env, const char *args, const char *extra, const char *tag, const char *needle) {
@@ -248,6 +355,8 @@ int main(void) {
         cmocka_unit_test(test_flux_tp2_one_process_every_mode),
         cmocka_unit_test(test_flux_t5_tp3_one_process_every_mode),
         cmocka_unit_test(test_gguf_tp2_one_process),
+        cmocka_unit_test(test_lora_tp2_one_process),
+        cmocka_unit_test(test_lora_fused_unload_one_process),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

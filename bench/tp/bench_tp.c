@@ -3,14 +3,20 @@
  * of an MPI job.
  *
  *   bench_tp make DIR flux|sd3        write config.json + random bf16 weights into DIR
- *   bench_tp run DIR [--img N] [--txt N] [--steps N] [--threads N] [--dtype bf16|f32]
+ *   bench_tp run DIR [--img N] [--txt N] [--steps N] [--threads N] [--dtype bf16|f32] [--device D] [--tp N]
  *       alone: the whole model in one process; under `mpirun -np R`: sharded over R ranks
- *       (cdf_tp_enable: the same path as `cdiffusers generate --tp R`).
+ *       (cdf_tp_enable: the same path as `cdiffusers generate --tp R`), each on its device D
+ *       (default cpu; pjrt: each rank its pjrt:0). --tp N without a launcher: one process over
+ *       N devices of a backend that runs programs as replicas (pjrt: cdf_dist_init_devices, the
+ *       all-reduce inside the programs, as `cdiffusers generate --tp N --device pjrt`).
+ *       CDIFFUSERS_COMPILE=1 in the environment compiles the transformer at load.
  *   mpirun -np R bench_tp allreduce   cdf_dist_all_reduce_sum alone, 8 B .. 64 MiB (best of reps)
  *
  * Prints one line per rank: load time, weight bytes read, per-step time (median and minimum of
  * --steps forwards after one warm-up forward, each started after a barrier), all-reduces and
- * bytes all-reduced per step, peak device memory. Built and driven by bench/tp/run.sh. */
+ * bytes all-reduced per step, peak device memory. Over replicas (--tp in one process) the process
+ * reads every rank's slice, and the all-reduces counted are the ops recorded (0 per step once a
+ * compiled forward replays: its sums run inside the program, not through the host). Built and driven by bench/tp/run.sh. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -232,7 +238,8 @@ static int cmp_double(const void *a, const void *b) {
 
 static int cmd_run(int argc, char **argv) {
     const char *dir = argv[2];
-    long img = 256, txt = 128, steps = 5, threads = 0;
+    long img = 256, txt = 128, steps = 5, threads = 0, tp = 1;
+    const char *device = "cpu";
     cdf_dtype wdt = CDF_BF16;
     for (int i = 3; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--img") == 0) img = atol(argv[i + 1]);
@@ -240,6 +247,8 @@ static int cmd_run(int argc, char **argv) {
         else if (strcmp(argv[i], "--steps") == 0) steps = atol(argv[i + 1]);
         else if (strcmp(argv[i], "--threads") == 0) threads = atol(argv[i + 1]);
         else if (strcmp(argv[i], "--dtype") == 0) wdt = strcmp(argv[i + 1], "f32") == 0 ? CDF_F32 : CDF_BF16;
+        else if (strcmp(argv[i], "--device") == 0) device = argv[i + 1];
+        else if (strcmp(argv[i], "--tp") == 0) tp = atol(argv[i + 1]);
         else {
             fprintf(stderr, "bench_tp: unknown option %s\n", argv[i]);
             return 2;
@@ -250,13 +259,25 @@ static int cmd_run(int argc, char **argv) {
         fprintf(stderr, "bench_tp: --img must be a square number of tokens, --steps 1..1000\n");
         return 2;
     }
-    if (cdf_backend_count() == 0) cdf_backend_load("cpu");
-    cdf_device *dev = cdf_device_get("cpu");
-    if (threads > 0) cdf_device_set_threads(dev, (int)threads);
+    char backend[32];
+    snprintf(backend, sizeof backend, "%.*s", (int)strcspn(device, ":"), device);
     const char *ws = getenv("OMPI_COMM_WORLD_SIZE");
     cdf_process_group *pg = NULL;
     cdf_device_mesh *mesh = NULL;
-    if (ws && atoi(ws) > 1) {
+    cdf_device *dev = NULL;
+    if (tp > 1 && !(ws && atoi(ws) > 1)) { /* one process over tp devices (replicas) */
+        if (cdf_dist_init_devices(device, (int)tp, &pg) != CDF_OK || !(dev = cdf_dist_replica_device(pg)) ||
+            cdf_device_mesh_new(pg, dev, &mesh) != CDF_OK || cdf_tp_enable(mesh, NULL) != CDF_OK) {
+            fprintf(stderr, "bench_tp: --tp %ld on %s: %s\n", tp, device, cdf_last_error());
+            return 1;
+        }
+    } else if (cdf_backend_load(backend) != CDF_OK /* a no-op when loaded; pjrt loads on demand */ ||
+               !(dev = cdf_device_get(device))) {
+        fprintf(stderr, "bench_tp: device %s: %s\n", device, cdf_last_error());
+        return 1;
+    }
+    if (threads > 0) cdf_device_set_threads(dev, (int)threads);
+    if (!pg && ws && atoi(ws) > 1) {
         if (cdf_dist_init("mpi", &pg) != CDF_OK || cdf_device_mesh_new(pg, dev, &mesh) != CDF_OK ||
             cdf_tp_enable(mesh, NULL) != CDF_OK) {
             fprintf(stderr, "bench_tp: %s\n", cdf_last_error());
@@ -324,16 +345,18 @@ static int cmd_run(int argc, char **argv) {
         cdf_tensor_map_clear(&out);
     }
     cdf_dist_get_stats(pg, &st);
-    if (pg) st.collectives -= (uint64_t)steps; /* the barriers */
+    /* the barriers: MPI ones are collectives; over replicas a barrier drains the queues, and the
+     * count is of all-reduce ops recorded (a compiled forward's once, at capture: not per step) */
+    if (pg && cdf_dist_replicas(pg) == 0) st.collectives -= (uint64_t)steps;
     cdf_memory_stats ms;
     cdf_device_memory_stats(dev, &ms);
     if (rc == 0) {
         const double min = times[0];
         qsort(times, (size_t)steps, sizeof *times, cmp_double);
-        printf("bench_tp: model=%s rank=%d world=%d threads=%ld img=%ld txt=%ld dtype=%s load_s=%.2f weight_bytes=%llu "
-               "step_ms_median=%.1f step_ms_min=%.1f allreduces_per_step=%.1f comm_bytes_per_step=%.0f "
+        printf("bench_tp: model=%s device=%s replicas=%d rank=%d world=%d threads=%ld img=%ld txt=%ld dtype=%s load_s=%.2f "
+               "weight_bytes=%llu step_ms_median=%.1f step_ms_min=%.1f allreduces_per_step=%.1f comm_bytes_per_step=%.0f "
                "comm_ms_per_step=%.1f peak_bytes=%llu\n",
-               flux ? "flux" : "sd3", rank, world, threads, img, txt, cdf_dtype_name(wdt), load_s,
+               flux ? "flux" : "sd3", device, cdf_dist_replicas(pg), rank, world, threads, img, txt, cdf_dtype_name(wdt), load_s,
                (unsigned long long)weight_bytes, 1e3 * times[steps / 2], 1e3 * fmin(min, times[0]),
                (double)st.collectives / steps, (double)st.bytes / steps, 1e3 * st.seconds / steps,
                (unsigned long long)ms.peak_bytes);
@@ -384,6 +407,7 @@ int main(int argc, char **argv) {
     if (argc >= 4 && strcmp(argv[1], "make") == 0) return cmd_make(argv[2], argv[3]);
     if (argc >= 3 && strcmp(argv[1], "run") == 0) return cmd_run(argc, argv);
     fprintf(stderr, "usage: bench_tp make DIR flux|sd3\n"
-                    "       [mpirun -np R] bench_tp run DIR [--img N] [--txt N] [--steps N] [--threads N] [--dtype bf16|f32]\n");
+                    "       [mpirun -np R] bench_tp run DIR [--img N] [--txt N] [--steps N] [--threads N] [--dtype bf16|f32]\n"
+                    "                               [--device D] [--tp N (one process over N devices)]\n");
     return 2;
 }

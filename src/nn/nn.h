@@ -145,6 +145,7 @@ struct cdf_tp;
 typedef struct cdf_linear_shard {
     int style; /* cdf_tp_style */
     int rank, size;
+    int replicas; /* > 1: one process over `size` devices (rank 0): w holds rank r's slice on replica r */
     int n_parts;
     int64_t parts[CDF_LINEAR_MAX_PARTS];
 } cdf_linear_shard;
@@ -378,6 +379,12 @@ int64_t cdf_linear_full_out(const cdf_linear_layer *l);
  * along that dimension. */
 void cdf_linear_shard_out_rows(const cdf_linear_layer *l, const float *src, int64_t width, float *dst);
 void cdf_linear_shard_in_cols(const cdf_linear_layer *l, const float *src, int64_t rows, float *dst);
+/* The shard's slice of a host f32 matrix given for the whole layer, times mult, as an f32 tensor on
+ * dev: its rows (out_rows: src is [full_out, n]) or its columns (src is [n, full_in]). Over the
+ * replicas of one process (shard.replicas > 1) each replica gets its own rank's slice, as the
+ * sharded weight does; otherwise this rank's. */
+cdf_tensor *cdf_linear_shard_tensor(const cdf_linear_layer *l, cdf_device *dev, bool out_rows, const float *src, int64_t n,
+                                    float mult);
 /* Read l's weight again from w as it was loaded (the same slice for a tensor-parallel shard,
  * the same dtype, blocks for a layer that keeps GGUF blocks) and put it in place of l->w (bias
  * and run-time adapters untouched): what undoing a fused LoRA exactly needs. w must be opened

@@ -660,7 +660,7 @@ static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer
     l->out = out;
     if (st == CDF_OK && style == CDF_TP_COLWISE) {
         l->out = out / tp->size;
-        l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .n_parts = 1, .parts = {out}};
+        l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .replicas = tp->replicas, .n_parts = 1, .parts = {out}};
         const int64_t whole_out[1] = {out};
         const hold h = hold_for(&src, true, tp, 1, whole_out);
         st = set_weight(l, &src, h, rows_of_each(&src, tp, 1, whole_out, h));
@@ -668,7 +668,7 @@ static cdf_status load_impl(cdf_weights *w, const cdf_tp *tp_c, cdf_linear_layer
     } else if (st == CDF_OK) {
         /* rowwise / packed: this rank's input columns; the bias stays whole (added once, by rank 0) */
         l->in = in / tp->size;
-        l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .n_parts = n_parts};
+        l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .replicas = tp->replicas, .n_parts = n_parts};
         memcpy(l->shard.parts, parts, (size_t)n_parts * sizeof *parts);
         const hold h = hold_for(&src, false, tp, n_parts, parts);
         st = set_weight(l, &src, h, cols_of_each(&src, tp, n_parts, parts, h));
@@ -761,7 +761,7 @@ static cdf_status load_packed_out_impl(cdf_weights *w, const cdf_tp *tp, cdf_lin
     if (st == CDF_OK) st = set_replica_decode(tp, &src);
     l->in = in;
     l->out = out / tp->size;
-    l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .n_parts = n_parts};
+    l->shard = (cdf_linear_shard){.style = style, .rank = tp->rank, .size = tp->size, .replicas = tp->replicas, .n_parts = n_parts};
     memcpy(l->shard.parts, parts, (size_t)n_parts * sizeof *parts);
     const hold h = hold_for(&src, true, tp, n_parts, parts);
     if (st == CDF_OK) st = set_weight(l, &src, h, rows_of_each(&src, tp, n_parts, parts, h));
@@ -827,6 +827,35 @@ void cdf_linear_shard_in_cols(const cdf_linear_layer *l, const float *src, int64
     }
 }
 
+cdf_tensor *cdf_linear_shard_tensor(const cdf_linear_layer *l, cdf_device *dev, bool out_rows, const float *src, int64_t n,
+                                    float mult) {
+    const int64_t rows = out_rows ? l->out : n, cols = out_rows ? n : l->in;
+    float *buf = malloc((size_t)(rows * cols) * sizeof *buf);
+    if (!buf) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        return NULL;
+    }
+    cdf_tensor *t = NULL;
+    const int reps = l->shard.style != CDF_TP_REPLICATE && l->shard.replicas > 1 ? l->shard.replicas : 1;
+    for (int r = 0; r < reps; r++) {
+        cdf_linear_layer lr = *l; /* only its slice description is read */
+        if (reps > 1) lr.shard.rank = r;
+        if (out_rows) cdf_linear_shard_out_rows(&lr, src, n, buf);
+        else cdf_linear_shard_in_cols(&lr, src, n, buf);
+        if (mult != 1.0f)
+            for (int64_t i = 0; i < rows * cols; i++) buf[i] *= mult;
+        /* replica 0's values make the tensor (on every replica), each other replica gets its own */
+        if (r == 0) t = cdf_tensor_from_host(dev, CDF_F32, 2, (int64_t[]){rows, cols}, buf, CDF_F32);
+        else if (cdf_tensor_upload_replica(t, r, buf, CDF_F32) != CDF_OK) {
+            cdf_tensor_release(t);
+            t = NULL;
+        }
+        if (!t) break;
+    }
+    free(buf);
+    return t;
+}
+
 cdf_status cdf_linear_reload_weight(cdf_weights *w, cdf_linear_layer *l, const char *prefix) {
     if (!w || !l || !prefix) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_linear_reload_weight: bad arguments");
     if (cdf_weights_options(w)->layers)
@@ -841,13 +870,15 @@ cdf_status cdf_linear_reload_weight(cdf_weights *w, cdf_linear_layer *l, const c
         snprintf(name, sizeof name, "%s.weight", prefix);
         shard_src src;
         cdf_status st = src_open(w, name, 2, cdf_linear_full_out(l), cdf_linear_full_in(l), &src);
-        /* the readers need only the rank and the size; blocks come back as the load kept them */
-        const cdf_tp tp = {.rank = s->rank, .size = s->size};
+        /* the readers need only the rank, the size and the replicas; blocks come back as the load
+         * kept them (over replicas: each replica's slice, decoded as at load) */
+        const cdf_tp tp = {.rank = s->rank, .size = s->size, .replicas = s->replicas};
+        if (st == CDF_OK) st = set_replica_decode(&tp, &src);
         const hold h = hold_for(&src, splits_out(s), &tp, s->n_parts, s->parts);
         if (st == CDF_OK)
             st = set_weight(&t, &src, h,
-                            splits_out(s) ? read_row_parts(&src, &tp, s->n_parts, s->parts, h)
-                                          : read_col_parts(&src, &tp, s->n_parts, s->parts, h));
+                            splits_out(s) ? rows_of_each(&src, &tp, s->n_parts, s->parts, h)
+                                          : cols_of_each(&src, &tp, s->n_parts, s->parts, h));
         src_close(&src);
         if (st != CDF_OK) return st;
     }

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cdiffusers/dist.h"
 #include "core/error_internal.h"
 #include "models/lora_file.h"
 #include "nn/lora.h"
@@ -100,29 +99,14 @@ static cdf_status unused_error(const char *path, const cdf_lora_file *lf, const 
 
 /* Device tensors of entry m->e for target k: A [r, in], B rows of target k times alpha/r — of a
  * tensor-parallel shard, only its slices (columns of A for a rowwise shard, rows of B for a
- * colwise one): the device never holds more of the adapter than the shard uses. */
+ * colwise one): the device never holds more of the adapter than the shard uses. Over the
+ * replicas of one process each replica gets its own rank's slices, as the shard's weight does
+ * (cdf_linear_shard_tensor), so the run-time term and the fused delta are each replica's part. */
 static cdf_status make_pair(cdf_device *dev, const match *m, int k, cdf_tensor **a, cdf_tensor **b) {
     const cdf_lora_entry *e = m->e;
     const cdf_linear_layer *l = m->layer[k];
-    const int64_t out = l->out, in = l->in;
-    if (l->shard.style != CDF_TP_REPLICATE && cdf_dist_replicas(cdf_device_mesh_group(cdf_tp_mesh())) > 1)
-        return cdf_error(CDF_ERR_UNSUPPORTED, "LoRA on a layer sharded over the devices of one process is not implemented "
-                         "(run tensor parallelism over MPI, or --tp-replicate the component)");
-    float *bk = malloc((size_t)(out * e->rank) * sizeof *bk);
-    float *ak = malloc((size_t)(e->rank * in) * sizeof *ak);
-    if (!bk || !ak) {
-        free(bk);
-        free(ak);
-        return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
-    }
-    cdf_linear_shard_out_rows(l, e->b + m->row0[k] * e->rank, e->rank, bk);
-    for (int64_t i = 0; i < out * e->rank; i++) bk[i] *= e->mult;
-    cdf_linear_shard_in_cols(l, e->a, e->rank, ak);
-    const int64_t as[2] = {e->rank, in}, bs[2] = {out, e->rank};
-    *a = cdf_tensor_from_host(dev, CDF_F32, 2, as, ak, CDF_F32);
-    *b = *a ? cdf_tensor_from_host(dev, CDF_F32, 2, bs, bk, CDF_F32) : NULL;
-    free(bk);
-    free(ak);
+    *a = cdf_linear_shard_tensor(l, dev, false, e->a, e->rank, 1.0f);
+    *b = *a ? cdf_linear_shard_tensor(l, dev, true, e->b + m->row0[k] * e->rank, e->rank, e->mult) : NULL;
     if (!*b) {
         cdf_tensor_release(*a);
         *a = NULL;
