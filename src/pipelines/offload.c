@@ -12,17 +12,33 @@
  * Between generations nothing runs, so with CDF_OFFLOAD_MODEL every model is released at the end
  * of cdf_pipeline_generate (diffusers' maybe_free_model_hooks).
  *
+ * Prefetch: at a phase change (the last text encoder -> the transformer, the transformer's last
+ * step -> the VAE) the host reaches the next model's hook as soon as the previous model's last
+ * forward is queued, while the device still computes it. Materialising the next model there,
+ * before waiting for the device and releasing the previous one, overlaps its conversion and
+ * upload with that compute; its weights then meet the previous model's at its last forward's
+ * peak. So it is done only when the planner's peak for that (cdf_memory_plan.phase[]
+ * .prefetch_peak_bytes, computed per request by cdf_pipe_prefetch_resolve) fits the budget left:
+ * the device's limit (its memory without one; unknown memory: never) less the bytes in use when
+ * generate began. Otherwise the order and the peak are diffusers' enable_model_cpu_offload's, as
+ * without prefetch. The same bytes are converted the same way either way, so outputs are
+ * bit-identical; CDIFFUSERS_OFFLOAD_PREFETCH=0 turns it off. Switches inside the text phase
+ * (CLIP -> T5) are not prefetched: the planner's phase peak has no place for two text encoders.
+ *
  * CDF_OFFLOAD_SEQUENTIAL is MODEL for every component, and the transformer is loaded with its
  * repeated blocks' weights host-side (cdf_load_options.blocks_on_host): materialising it puts
  * only its other weights (embedders, final norm and projection) on the device, and each block
  * call materialises its own weights (compile/compile.c, cdf_block_run). A transformer compiled
  * whole switches to repeated-block compile meanwhile (a whole-forward graph would hold every
  * block's weights). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error_internal.h"
+#include "models/component_impl.h"
 #include "nn/lora.h"
 #include "pipelines/pipeline_impl.h"
+#include "pipelines/planner.h"
 
 static cdf_component **components(cdf_pipeline *p, int *n) {
     static _Thread_local cdf_component *list[CDF_PIPE_MAX_TEXT + 2];
@@ -71,6 +87,30 @@ static cdf_status release_others(cdf_pipeline *p, const cdf_component *keep) {
     return CDF_OK;
 }
 
+/* The budget left to this generate now: the limit in force (a phase's own in the tests), else
+ * the device's memory; less what was in use when generate began. 0: unknown (no prefetch). */
+static uint64_t budget_left(const cdf_pipeline *p) {
+    cdf_memory_stats st;
+    cdf_device_memory_stats(p->device, &st);
+    uint64_t lim = st.limit_bytes;
+    if (!lim) {
+        cdf_device_info info;
+        if (cdf_device_get_info(p->device, &info) != CDF_OK) {
+            cdf_clear_error();
+            return 0;
+        }
+        lim = info.memory_bytes;
+    }
+    return lim > p->base_bytes ? lim - p->base_bytes : 0;
+}
+
+/* Whether the phase ending now may materialise the next model before its work has finished. */
+static bool prefetch_fits(const cdf_pipeline *p) {
+    if (p->phase < 0 || p->phase >= CDF_PHASE_COUNT) return false;
+    const uint64_t need = p->prefetch_peak[p->phase];
+    return need && need <= budget_left(p);
+}
+
 static cdf_status before_run(cdf_component *c, void *user) {
     cdf_pipeline *p = user;
     const bool model = p->offload != CDF_OFFLOAD_NONE;
@@ -82,6 +122,12 @@ static cdf_status before_run(cdf_component *c, void *user) {
     if (!model && !switching_phase) {
         p->active = c;
         return CDF_OK;
+    }
+    /* prefetch: materialise c while the previous model's queued work still runs (see the top) */
+    if (model && switching_phase && !cdf_component_is_loaded(c) && prefetch_fits(p)) {
+        CDF_TRY(cdf_component_ensure_loaded(c));
+        p->mem.prefetches++;
+        if (p->phase >= 0 && p->phase < CDF_PHASE_COUNT) p->mem.prefetched[p->phase] = true;
     }
     /* the previous model's queued work must finish before its memory (or the phase's peak)
      * can be accounted; a queued kernel's error surfaces here, as at any sync */
@@ -127,11 +173,37 @@ void cdf_pipe_generate_begin(cdf_pipeline *p) {
     p->active = NULL;
     p->phase = CDF_PHASE_TEXT;
     p->loads_at_start = total_loads(p);
+    memset(p->prefetch_peak, 0, sizeof p->prefetch_peak);
     cdf_memory_stats st;
     cdf_device_memory_stats(p->device, &st);
     p->saved_limit = st.limit_bytes;
+    p->base_bytes = st.current_bytes;
     apply_phase_limit(p);
     cdf_device_reset_peak(p->device);
+}
+
+void cdf_pipe_prefetch_resolve(cdf_pipeline *p, const cdf_generate_params *gp) {
+    memset(p->prefetch_peak, 0, sizeof p->prefetch_peak);
+    if (p->offload == CDF_OFFLOAD_NONE || !cdf_plan_prefetch_enabled()) return;
+    cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
+    lp.weight_dtype = p->opt.weight_dtype;
+    lp.offload = p->offload;
+    lp.quantize_weights = p->opt.quantize_to;
+    lp.decode_quantized = p->opt.decode_quantized;
+    cdf_component_file files[8];
+    for (int i = 0; i < p->n_files && i < 8; i++) files[i] = (cdf_component_file){p->file_key[i], p->file_path[i]};
+    lp.component_files = files;
+    lp.num_component_files = p->n_files < 8 ? p->n_files : 8;
+    /* the transformer's blocks compiled (or switched to blocks by sequential offload): their
+     * arenas, not the eager forward's live set */
+    const cdf_plan_execution exec = p->transformer && p->transformer->blocks ? CDF_PLAN_REPEATED_BLOCKS : CDF_PLAN_EAGER;
+    cdf_memory_plan *plan = calloc(1, sizeof *plan);
+    if (!plan) return; /* no prefetch: the run itself is unaffected */
+    if (cdf_pipeline_plan_memory_exec(p->dir, &lp, gp, exec, plan) == CDF_OK)
+        for (int ph = 0; ph < CDF_PHASE_COUNT; ph++) p->prefetch_peak[ph] = plan->phase[ph].prefetch_peak_bytes;
+    else
+        cdf_clear_error(); /* a folder the planner cannot read: offload as without prefetch */
+    free(plan);
 }
 
 cdf_status cdf_pipe_generate_end(cdf_pipeline *p, cdf_status s) {

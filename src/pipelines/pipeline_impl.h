@@ -61,6 +61,11 @@ struct cdf_pipeline {
     int phase;                     /* cdf_pipeline_phase of the running part of generate */
     int loads_at_start;
     cdf_pipeline_memory_stats mem; /* of the last generate */
+    /* prefetch (offload.c): the planned peak of each phase when the next phase's model is
+     * materialised during it (cdf_memory_plan.phase[].prefetch_peak_bytes; 0: never), and the
+     * bytes in use when generate began (the budget left is the limit less these) */
+    uint64_t prefetch_peak[CDF_PHASE_COUNT];
+    uint64_t base_bytes;
     /* tests / calibration: device budget per phase during generate (0 = the device's own) */
     bool phase_limit_active;
     uint64_t phase_limit[CDF_PHASE_COUNT];
@@ -140,6 +145,9 @@ cdf_status cdf_pipe_offload_adopt(cdf_pipeline *p, cdf_component *c, const char 
 /* The load options of component `key` (model_index name) under the pipeline's offload mode. */
 cdf_load_options cdf_pipe_load_options(const cdf_pipeline *p, const char *key);
 void cdf_pipe_generate_begin(cdf_pipeline *p);
+/* With offload (and CDIFFUSERS_OFFLOAD_PREFETCH not 0), after generate_begin: the request's plan
+ * (planner.c), which phase changes may materialise the next model early and at what peak. */
+void cdf_pipe_prefetch_resolve(cdf_pipeline *p, const cdf_generate_params *gp);
 cdf_status cdf_pipe_generate_end(cdf_pipeline *p, cdf_status s);
 /* step_cache.c: a fresh step-cache report slot for each of the request's n images
  * (cdf_pipeline_cache_report; p->image_index names the image being generated). */

@@ -760,8 +760,18 @@ cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_par
     return cdf_pipeline_plan_memory_exec(dir, lp, gp, CDF_PLAN_EAGER, out);
 }
 
-cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_load_params *lp_in, const cdf_generate_params *gp_in,
+cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_load_params *lp, const cdf_generate_params *gp,
                                          cdf_plan_execution exec, cdf_memory_plan *out) {
+    return cdf_pipeline_plan_memory_budget(dir, lp, gp, exec, 0, out);
+}
+
+bool cdf_plan_prefetch_enabled(void) {
+    const char *e = getenv("CDIFFUSERS_OFFLOAD_PREFETCH");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+cdf_status cdf_pipeline_plan_memory_budget(const char *dir, const cdf_pipeline_load_params *lp_in, const cdf_generate_params *gp_in,
+                                           cdf_plan_execution exec, uint64_t budget, cdf_memory_plan *out) {
     if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_plan_memory: out is NULL");
     memset(out, 0, sizeof *out);
     if (exec != CDF_PLAN_EAGER && exec != CDF_PLAN_REPEATED_BLOCKS)
@@ -774,7 +784,7 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
         if (!sf) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
         cdf_pipeline_load_params fl;
         cdf_status s = cdf_pipe_single_file_params(dir, &lp, sf, &fl);
-        if (s == CDF_OK) s = cdf_pipeline_plan_memory_exec(sf->config_dir, &fl, gp_in, exec, out);
+        if (s == CDF_OK) s = cdf_pipeline_plan_memory_budget(sf->config_dir, &fl, gp_in, exec, budget, out);
         free(sf);
         return s;
     }
@@ -934,7 +944,50 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
         out->phase[ph].weights_bytes = best_w;
         out->phase[ph].activation_bytes = best_a;
         out->phase[ph].peak_bytes = best_w + best_a;
-        if (out->phase[ph].peak_bytes > out->peak_bytes) out->peak_bytes = out->phase[ph].peak_bytes;
+        if (out->phase[ph].peak_bytes > out->need_bytes) out->need_bytes = out->phase[ph].peak_bytes;
     }
+
+    /* Offload's prefetch (offload.c): at a phase change the next phase's model is materialised
+     * before the previous model's queued work has finished, so its weights (those it puts on the
+     * device: with SEQUENTIAL the transformer's non-block ones) can meet the last forward of the
+     * ending phase at that forward's peak: the ending phase's last model (the last text encoder
+     * that runs, T5 or FLUX.2's Mistral; the transformer) plus its activations and the held
+     * tensors, plus the next model. Only the last model of the phase counts: an earlier text
+     * encoder has finished (and been released) before the last one runs. Counted at the peak
+     * rather than at what the queue still holds when the host gets there (timing): generate
+     * prefetches only when this fits, so the prefetch never stalls on the allocator nor fails. */
+    out->budget_bytes = budget;
+    const bool prefetch_on = lp.offload != CDF_OFFLOAD_NONE && cdf_plan_prefetch_enabled();
+    for (int ph = 0; ph + 1 < CDF_PHASE_COUNT && lp.offload != CDF_OFFLOAD_NONE; ph++) {
+        const plan_component *last = NULL, *next = NULL;
+        int li = -1;
+        for (int i = 0; i < pp.n; i++) {
+            const plan_component *c = &pp.c[i];
+            const int cph = c == tr ? CDF_PHASE_DENOISE : c == vae ? CDF_PHASE_DECODE : CDF_PHASE_TEXT;
+            if (cph == ph) last = c, li = i; /* pp.c is in the order the pipelines run them */
+            if (cph == ph + 1 && !next) next = c;
+        }
+        if (!last || !next) continue;
+        uint64_t w = 0, a = 0;
+        for (int f = 0; f < 2; f++) {
+            if (f == 1 && !fam_act[li][1]) continue;
+            const uint64_t fw = running_weights(last, lp.offload, f), fa = fam_act[li][f] + (uint64_t)(held[ph] * 4.0);
+            if (fw + fa > w + a) w = fw, a = fa;
+        }
+        /* what materialising `next` puts on the device (sequential: the transformer's blocks stay host-side) */
+        const uint64_t wn = lp.offload == CDF_OFFLOAD_SEQUENTIAL && next == tr && next->blocks.n_blocks > 0
+                                ? next->weights - next->blocks.blocks_bytes
+                                : next->weights;
+        const uint64_t over = w + a + wn;
+        out->phase[ph].prefetch_peak_bytes = over > out->phase[ph].peak_bytes ? over : out->phase[ph].peak_bytes;
+        out->phase[ph].prefetch = prefetch_on && budget && out->phase[ph].prefetch_peak_bytes <= budget;
+        if (out->phase[ph].prefetch && over > out->phase[ph].peak_bytes) {
+            out->phase[ph].weights_bytes = w + wn;
+            out->phase[ph].activation_bytes = a;
+            out->phase[ph].peak_bytes = over;
+        }
+    }
+    for (int ph = 0; ph < CDF_PHASE_COUNT; ph++)
+        if (out->phase[ph].peak_bytes > out->peak_bytes) out->peak_bytes = out->phase[ph].peak_bytes;
     return CDF_OK;
 }
