@@ -36,7 +36,10 @@ void cdf_cli_print_memory_stats(const cdf_pipeline *p) {
     if (mode != CDF_OFFLOAD_NONE) {
         fprintf(stderr, ", prefetched: %d", ms.prefetches);
         for (int i = 0; i < CDF_PHASE_COUNT; i++)
-            if (ms.prefetched[i]) fprintf(stderr, " (during %s)", cdf_pipeline_phase_name((cdf_pipeline_phase)i));
+            if (ms.prefetch_peak_bytes[i]) {
+                fmt(b, sizeof b, ms.prefetch_peak_bytes[i]);
+                fprintf(stderr, " (during %s, peak %s)", cdf_pipeline_phase_name((cdf_pipeline_phase)i), b);
+            }
     }
     fputc('\n', stderr);
 }

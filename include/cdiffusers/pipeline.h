@@ -296,7 +296,9 @@ typedef struct cdf_pipeline_memory_stats {
     /* phase changes at which offload materialised the next phase's model while the previous
      * model's queued work still ran (prefetch: cdf_memory_plan.phase[].prefetch says when) */
     int prefetches;
-    bool prefetched[CDF_PHASE_COUNT]; /* during which phase the next model was materialised */
+    /* the device peak while the next model was materialised during each phase (0: it was not):
+     * at most the plan's phase[].prefetch_peak_bytes (offload.c holds the prefetch to it) */
+    uint64_t prefetch_peak_bytes[CDF_PHASE_COUNT];
 } cdf_pipeline_memory_stats;
 void cdf_pipeline_last_memory_stats(const cdf_pipeline *p, cdf_pipeline_memory_stats *out);
 

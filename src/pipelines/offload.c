@@ -111,6 +111,37 @@ static bool prefetch_fits(const cdf_pipeline *p) {
     return need && need <= budget_left(p);
 }
 
+/* Materialise c before the previous model's queued work is waited for. The device limit is
+ * lowered to the planned prefetch peak meanwhile (when that is below it, or there is none): the
+ * host may be ahead of the device, so more of the last forward's outputs can be allocated than
+ * its peak needs; the allocator then lets the queue run until c's weights fit, and the phase's
+ * peak stays the plan's whatever the budget (and, without one, within the device's memory).
+ * What the plan leaves out (a loader's compiled temporaries on pjrt, which are refused rather
+ * than waited for) can still run out of memory there: then c is materialised as without
+ * prefetch, after the wait. */
+static cdf_status prefetch(cdf_pipeline *p, cdf_component *c) {
+    /* the phase's peak so far is kept; the counter then measures the prefetch's own window */
+    record_phase_peak(p);
+    cdf_device_reset_peak(p->device);
+    cdf_memory_stats st;
+    cdf_device_memory_stats(p->device, &st);
+    const uint64_t cap = p->base_bytes + p->prefetch_peak[p->phase];
+    const bool capped = !st.limit_bytes || cap < st.limit_bytes;
+    if (capped) (void)cdf_device_set_memory_limit(p->device, cap);
+    const cdf_status s = cdf_component_ensure_loaded(c);
+    if (capped) (void)cdf_device_set_memory_limit(p->device, st.limit_bytes);
+    if (s == CDF_ERR_OUT_OF_MEMORY) {
+        cdf_clear_error();
+        return CDF_OK;
+    }
+    CDF_TRY(s);
+    cdf_memory_stats after;
+    cdf_device_memory_stats(p->device, &after);
+    p->mem.prefetches++;
+    p->mem.prefetch_peak_bytes[p->phase] = after.peak_bytes;
+    return CDF_OK;
+}
+
 static cdf_status before_run(cdf_component *c, void *user) {
     cdf_pipeline *p = user;
     const bool model = p->offload != CDF_OFFLOAD_NONE;
@@ -124,11 +155,7 @@ static cdf_status before_run(cdf_component *c, void *user) {
         return CDF_OK;
     }
     /* prefetch: materialise c while the previous model's queued work still runs (see the top) */
-    if (model && switching_phase && !cdf_component_is_loaded(c) && prefetch_fits(p)) {
-        CDF_TRY(cdf_component_ensure_loaded(c));
-        p->mem.prefetches++;
-        if (p->phase >= 0 && p->phase < CDF_PHASE_COUNT) p->mem.prefetched[p->phase] = true;
-    }
+    if (model && switching_phase && !cdf_component_is_loaded(c) && prefetch_fits(p)) CDF_TRY(prefetch(p, c));
     /* the previous model's queued work must finish before its memory (or the phase's peak)
      * can be accounted; a queued kernel's error surfaces here, as at any sync */
     CDF_TRY(cdf_device_synchronize(p->device));

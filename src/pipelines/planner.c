@@ -978,12 +978,17 @@ cdf_status cdf_pipeline_plan_memory_budget(const char *dir, const cdf_pipeline_l
         const uint64_t wn = lp.offload == CDF_OFFLOAD_SEQUENTIAL && next == tr && next->blocks.n_blocks > 0
                                 ? next->weights - next->blocks.blocks_bytes
                                 : next->weights;
-        const uint64_t over = w + a + wn;
+        /* by the time the host reaches the next model's hook the pipeline has also made what
+         * the next phase starts with (the prompt embeddings joined, the latents and the first
+         * step's input: held[ph + 1] bounds it) while the last forward's own activations may be
+         * gone: the last model's weights carry either */
+        const uint64_t at_switch = (uint64_t)(held[ph + 1] * 4.0);
+        const uint64_t over = w + (a > at_switch ? a : at_switch) + wn;
         out->phase[ph].prefetch_peak_bytes = over > out->phase[ph].peak_bytes ? over : out->phase[ph].peak_bytes;
         out->phase[ph].prefetch = prefetch_on && budget && out->phase[ph].prefetch_peak_bytes <= budget;
         if (out->phase[ph].prefetch && over > out->phase[ph].peak_bytes) {
             out->phase[ph].weights_bytes = w + wn;
-            out->phase[ph].activation_bytes = a;
+            out->phase[ph].activation_bytes = over - w - wn;
             out->phase[ph].peak_bytes = over;
         }
     }
