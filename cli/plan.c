@@ -79,7 +79,7 @@ int cdf_cli_plan(int argc, char **argv) {
         {"vae-tile-size", required_argument, 0, 'S'}, {"transformer", required_argument, 0, 'F'},
         {"vae", required_argument, 0, 'E'},     {"weight-type", required_argument, 0, 'Q'},
         {"config", required_argument, 0, 'C'},  {"cache", required_argument, 0, 'K'},
-        {"device-memory", required_argument, 0, 'D'},
+        {"device-memory", required_argument, 0, 'D'}, {"device", required_argument, 0, 'v'},
         {0, 0, 0, 0},
     };
     /* --transformer / --vae FILE (a .gguf is planned from its own tensors), --weight-type as generate */
@@ -87,6 +87,7 @@ int cdf_cli_plan(int argc, char **argv) {
     int n_files = 0;
     const char *weight_type = NULL, *config = NULL; /* --config DIR: with --model FILE */
     uint64_t budget = 0; /* --device-memory: the budget the prefetch decisions are planned for */
+    const char *device = NULL; /* --device: pjrt plans its buffers' release and (XLA CPU) its programs' temporaries */
     /* as generate runs: CDIFFUSERS_COMPILE=blocks compiles the blocks, =1 / fullgraph the whole
      * model (which sequential offload turns into repeated-block compile) */
     const char *env = getenv("CDIFFUSERS_COMPILE");
@@ -139,6 +140,7 @@ int cdf_cli_plan(int argc, char **argv) {
         case 'E': files[n_files < 2 ? n_files++ : 1] = (cdf_component_file){c == 'F' ? "transformer" : "vae", optarg}; break;
         case 'Q': weight_type = optarg; break;
         case 'C': config = optarg; break;
+        case 'v': device = optarg; break;
         case 'D': {
             const int64_t b = cdf_parse_bytes(optarg);
             if (b <= 0) return usage_error("--device-memory needs a size like 8G or 512M, got '%s'", optarg);
@@ -161,6 +163,7 @@ int cdf_cli_plan(int argc, char **argv) {
     if (cdf_cli_parse_offload(offload, &lp.offload) != 0) return usage_error("--offload must be none, model or sequential, got '%s'", offload);
     lp.component_files = files;
     lp.num_component_files = n_files;
+    lp.device = device;
     lp.config = config;
     if (weight_type && (strcmp(weight_type, "q8_0") == 0 || strcmp(weight_type, "q4_k") == 0))
         lp.quantize_weights = weight_type[1] == '8' ? CDF_GGML_Q8_0 : CDF_GGML_Q4_K;

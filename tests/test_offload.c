@@ -389,7 +389,7 @@ static void check_prefetch(const char *dir, cdf_offload_mode mode, const cdf_gen
                       plan.pipeline_class, mname, cdf_pipeline_phase_name((cdf_pipeline_phase)ph), (unsigned long long)pk,
                       (unsigned long long)need, (unsigned long long)measured, 100.0 * ((double)measured / (double)pk - 1),
                       (unsigned long long)fit);
-        /* the prefetch's own peak: held to the plan's (offload.c); at least both models' weights
+        /* the prefetch's own peak: held to the plan's + 10% (offload.c); at least both models' weights
          * (the next one materialised before the previous one was released). How much of the
          * last forward's activations it meets is timing (a device already done: none), so it
          * is printed, not held to 10% from below */
@@ -397,7 +397,7 @@ static void check_prefetch(const char *dir, cdf_offload_mode mode, const cdf_gen
         print_message("    the prefetch's own peak %llu (%+.1f%%; both models' weights %llu)\n", (unsigned long long)window,
                       100.0 * ((double)window / (double)pk - 1), (unsigned long long)pf.phase[ph].weights_bytes);
         assert_true(ms.prefetch_peak_bytes[ph]);
-        assert_true(window <= pk);
+        assert_true(window <= pk + pk / 10);
         assert_true(window >= pf.phase[ph].weights_bytes);
         /* the phase's: at most the budget (+11%), as in test_budget_below_sum_none_fails_model_runs:
          * the host ahead of the device can fill a budget above the need, prefetch or not */

@@ -112,7 +112,7 @@ static bool prefetch_fits(const cdf_pipeline *p) {
 }
 
 /* Materialise c before the previous model's queued work is waited for. The device limit is
- * lowered to the planned prefetch peak meanwhile (when that is below it, or there is none): the
+ * lowered to the planned prefetch peak (+10%) meanwhile (when that is below it, or there is none): the
  * host may be ahead of the device, so more of the last forward's outputs can be allocated than
  * its peak needs; the allocator then lets the queue run until c's weights fit, and the phase's
  * peak stays the plan's whatever the budget (and, without one, within the device's memory).
@@ -125,7 +125,9 @@ static cdf_status prefetch(cdf_pipeline *p, cdf_component *c) {
     cdf_device_reset_peak(p->device);
     cdf_memory_stats st;
     cdf_device_memory_stats(p->device, &st);
-    const uint64_t cap = p->base_bytes + p->prefetch_peak[p->phase];
+    /* the plan's tolerance (10%) above its peak: what the pipeline holds by the switch is planned
+     * from formulas (planner.c plan_held), and a prefetch must not be refused for their error */
+    const uint64_t pk = p->prefetch_peak[p->phase], cap = p->base_bytes + pk + pk / 10;
     const bool capped = !st.limit_bytes || cap < st.limit_bytes;
     if (capped) (void)cdf_device_set_memory_limit(p->device, cap);
     const cdf_status s = cdf_component_ensure_loaded(c);
@@ -213,6 +215,7 @@ void cdf_pipe_prefetch_resolve(cdf_pipeline *p, const cdf_generate_params *gp) {
     memset(p->prefetch_peak, 0, sizeof p->prefetch_peak);
     if (p->offload == CDF_OFFLOAD_NONE || !cdf_plan_prefetch_enabled()) return;
     cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
+    lp.device = cdf_device_name(p->device); /* pjrt: buffers freed at release, compiled temporaries */
     lp.weight_dtype = p->opt.weight_dtype;
     lp.offload = p->offload;
     lp.quantize_weights = p->opt.quantize_to;
