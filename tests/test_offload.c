@@ -11,7 +11,8 @@
  *    peak (largest model + activations);
  *  - outputs are bit-identical with and without offload;
  *  - the planner's per-phase peaks are within 10% of the measured need: the phase runs under a
- *    budget of planned/0.9 and fails under planned/1.1 (a budget applied to that phase only).
+ *    budget of planned/0.9 and fails under planned/1.1 (a budget applied to that phase only);
+ *  - offload's prefetch of the next phase's model (offload.c): see test_prefetch_bit_identical_and_within_plan.
  * The planner models eager execution: the planner checks force eager mode and no compile. */
 #include "testutil.h"
 
