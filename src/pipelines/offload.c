@@ -31,8 +31,10 @@
  * call materialises its own weights (compile/compile.c, cdf_block_run). A transformer compiled
  * whole switches to repeated-block compile meanwhile (a whole-forward graph would hold every
  * block's weights). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/error_internal.h"
 #include "models/component_impl.h"
@@ -85,6 +87,18 @@ static cdf_status release_others(cdf_pipeline *p, const cdf_component *keep) {
     for (int i = 0; i < n; i++)
         if (list[i] != keep && cdf_component_is_loaded(list[i])) CDF_TRY(cdf_component_offload(list[i]));
     return CDF_OK;
+}
+
+/* CDIFFUSERS_LOG=offload: each phase change's materialisation and wait, timed (stderr) */
+static bool offload_log(void) {
+    const char *v = getenv("CDIFFUSERS_LOG");
+    return v && strstr(v, "offload");
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 /* The budget left to this generate now: the limit in force (a phase's own in the tests), else
@@ -156,17 +170,33 @@ static cdf_status before_run(cdf_component *c, void *user) {
         p->active = c;
         return CDF_OK;
     }
+    const bool log = model && switching_phase && offload_log();
+    const double t0 = log ? now_s() : 0;
     /* prefetch: materialise c while the previous model's queued work still runs (see the top) */
-    if (model && switching_phase && !cdf_component_is_loaded(c) && prefetch_fits(p)) CDF_TRY(prefetch(p, c));
+    const bool early = model && switching_phase && !cdf_component_is_loaded(c) && prefetch_fits(p);
+    if (early) CDF_TRY(prefetch(p, c));
+    const double t1 = log ? now_s() : 0;
     /* the previous model's queued work must finish before its memory (or the phase's peak)
      * can be accounted; a queued kernel's error surfaces here, as at any sync */
     CDF_TRY(cdf_device_synchronize(p->device));
+    const double t2 = log ? now_s() : 0;
     record_phase_peak(p);
     if (model) CDF_TRY(release_others(p, c));
+    const int from = p->phase;
     p->active = c;
     p->phase = ph;
     apply_phase_limit(p);
     cdf_device_reset_peak(p->device);
+    if (!log) return CDF_OK;
+    /* what the run does next anyway (the wrapper materialises c after this hook), here to time it */
+    const bool late = !cdf_component_is_loaded(c);
+    CDF_TRY(cdf_component_ensure_loaded(c));
+    const double t3 = now_s();
+    fprintf(stderr, "cdiffusers: offload: %s -> %s: %s materialised in %.3f s %s; waited %.3f s for the device; %.3f s in all\n",
+            cdf_pipeline_phase_name((cdf_pipeline_phase)from), cdf_pipeline_phase_name((cdf_pipeline_phase)ph), cdf_component_class_name(c),
+            late ? t3 - t2 : t1 - t0,
+            late ? (early ? "after the wait (the prefetch ran out of memory)" : "after the wait") : "before the wait (prefetch)",
+            t2 - t1, t3 - t0);
     return CDF_OK;
 }
 
