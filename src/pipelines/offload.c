@@ -244,6 +244,16 @@ void cdf_pipe_generate_begin(cdf_pipeline *p) {
 void cdf_pipe_prefetch_resolve(cdf_pipeline *p, const cdf_generate_params *gp) {
     memset(p->prefetch_peak, 0, sizeof p->prefetch_peak);
     if (p->offload == CDF_OFFLOAD_NONE || !cdf_plan_prefetch_enabled()) return;
+    /* planning reads every component's headers and measures its forward (~0.1 s for SD3.5-sized
+     * folders): once per request shape, not per image. The fields the plan depends on: */
+    char key[sizeof p->prefetch_key];
+    snprintf(key, sizeof key, "%d %d %dx%d %d %.17g %.17g %d %d %d %d %s", (int)p->offload, p->transformer && p->transformer->blocks,
+             gp->width, gp->height, gp->max_sequence_length, gp->guidance_scale, gp->true_cfg_scale, gp->negative_prompt != NULL,
+             gp->vae_tiling, gp->vae_tile_size, (int)p->opt.weight_dtype, gp->cache ? gp->cache : "");
+    if (strcmp(key, p->prefetch_key) == 0) {
+        memcpy(p->prefetch_peak, p->prefetch_key_peak, sizeof p->prefetch_peak);
+        return;
+    }
     cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
     lp.device = cdf_device_name(p->device); /* pjrt: buffers freed at release, compiled temporaries */
     lp.weight_dtype = p->opt.weight_dtype;
@@ -259,10 +269,13 @@ void cdf_pipe_prefetch_resolve(cdf_pipeline *p, const cdf_generate_params *gp) {
     const cdf_plan_execution exec = p->transformer && p->transformer->blocks ? CDF_PLAN_REPEATED_BLOCKS : CDF_PLAN_EAGER;
     cdf_memory_plan *plan = calloc(1, sizeof *plan);
     if (!plan) return; /* no prefetch: the run itself is unaffected */
-    if (cdf_pipeline_plan_memory_exec(p->dir, &lp, gp, exec, plan) == CDF_OK)
+    if (cdf_pipeline_plan_memory_exec(p->dir, &lp, gp, exec, plan) == CDF_OK) {
         for (int ph = 0; ph < CDF_PHASE_COUNT; ph++) p->prefetch_peak[ph] = plan->phase[ph].prefetch_peak_bytes;
-    else
+        memcpy(p->prefetch_key, key, sizeof key);
+        memcpy(p->prefetch_key_peak, p->prefetch_peak, sizeof p->prefetch_peak);
+    } else {
         cdf_clear_error(); /* a folder the planner cannot read: offload as without prefetch */
+    }
     free(plan);
 }
 

@@ -66,6 +66,9 @@ struct cdf_pipeline {
      * bytes in use when generate began (the budget left is the limit less these) */
     uint64_t prefetch_peak[CDF_PHASE_COUNT];
     uint64_t base_bytes;
+    /* the request fields the plan above was made for: later images of the same shape reuse it */
+    char prefetch_key[320];
+    uint64_t prefetch_key_peak[CDF_PHASE_COUNT];
     /* tests / calibration: device budget per phase during generate (0 = the device's own) */
     bool phase_limit_active;
     uint64_t phase_limit[CDF_PHASE_COUNT];
