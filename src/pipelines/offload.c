@@ -14,7 +14,9 @@
  *
  * Prefetch: at a phase change (the last text encoder -> the transformer, the transformer's last
  * step -> the VAE) the host reaches the next model's hook as soon as the previous model's last
- * forward is queued, while the device still computes it. Materialising the next model there,
+ * forward is queued, while the device still computes it (for the VAE earlier still: the
+ * denoising loop calls cdf_pipe_prefetch_decoder once the last step's forward is queued, before
+ * a progress callback waits for the step). Materialising the next model there,
  * before waiting for the device and releasing the previous one, overlaps its conversion and
  * upload with that compute; its weights then meet the previous model's at its last forward's
  * peak. So it is done only when the planner's peak for that (cdf_memory_plan.phase[]
@@ -158,6 +160,22 @@ static cdf_status prefetch(cdf_pipeline *p, cdf_component *c) {
     return CDF_OK;
 }
 
+static double g_prefetch_s; /* CDIFFUSERS_LOG=offload: the last prefetch's materialisation time */
+
+static cdf_status prefetch_timed(cdf_pipeline *p, cdf_component *c) {
+    const double t0 = now_s();
+    const cdf_status s = prefetch(p, c);
+    g_prefetch_s = now_s() - t0;
+    return s;
+}
+
+cdf_status cdf_pipe_prefetch_decoder(cdf_pipeline *p) {
+    if (!p->tracking || p->offload == CDF_OFFLOAD_NONE || p->phase != CDF_PHASE_DENOISE || !p->vae ||
+        cdf_component_is_loaded(p->vae) || !prefetch_fits(p))
+        return CDF_OK;
+    return prefetch_timed(p, p->vae);
+}
+
 static cdf_status before_run(cdf_component *c, void *user) {
     cdf_pipeline *p = user;
     const bool model = p->offload != CDF_OFFLOAD_NONE;
@@ -173,8 +191,9 @@ static cdf_status before_run(cdf_component *c, void *user) {
     const bool log = model && switching_phase && offload_log();
     const double t0 = log ? now_s() : 0;
     /* prefetch: materialise c while the previous model's queued work still runs (see the top) */
-    const bool early = model && switching_phase && !cdf_component_is_loaded(c) && prefetch_fits(p);
-    if (early) CDF_TRY(prefetch(p, c));
+    const bool was_loaded = cdf_component_is_loaded(c); /* prefetched already (cdf_pipe_prefetch_decoder) */
+    const bool early = model && switching_phase && !was_loaded && prefetch_fits(p);
+    if (early) CDF_TRY(prefetch_timed(p, c));
     const double t1 = log ? now_s() : 0;
     /* the previous model's queued work must finish before its memory (or the phase's peak)
      * can be accounted; a queued kernel's error surfaces here, as at any sync */
@@ -194,8 +213,9 @@ static cdf_status before_run(cdf_component *c, void *user) {
     const double t3 = now_s();
     fprintf(stderr, "cdiffusers: offload: %s -> %s: %s materialised in %.3f s %s; waited %.3f s for the device; %.3f s in all\n",
             cdf_pipeline_phase_name((cdf_pipeline_phase)from), cdf_pipeline_phase_name((cdf_pipeline_phase)ph), cdf_component_class_name(c),
-            late ? t3 - t2 : t1 - t0,
-            late ? (early ? "after the wait (the prefetch ran out of memory)" : "after the wait") : "before the wait (prefetch)",
+            late ? t3 - t2 : g_prefetch_s,
+            late ? (early ? "after the wait (the prefetch ran out of memory)" : "after the wait")
+                 : was_loaded ? "during the last step (prefetch)" : "before the wait (prefetch)",
             t2 - t1, t3 - t0);
     return CDF_OK;
 }

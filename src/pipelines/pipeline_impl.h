@@ -151,6 +151,10 @@ void cdf_pipe_generate_begin(cdf_pipeline *p);
 /* With offload (and CDIFFUSERS_OFFLOAD_PREFETCH not 0), after generate_begin: the request's plan
  * (planner.c), which phase changes may materialise the next model early and at what peak. */
 void cdf_pipe_prefetch_resolve(cdf_pipeline *p, const cdf_generate_params *gp);
+/* The denoising loop's last step has queued its transformer forward: prefetch the VAE now (when
+ * it fits, as at the phase change), so its load overlaps that step's compute even when the loop
+ * then waits for the step (a progress callback). */
+cdf_status cdf_pipe_prefetch_decoder(cdf_pipeline *p);
 cdf_status cdf_pipe_generate_end(cdf_pipeline *p, cdf_status s);
 /* step_cache.c: a fresh step-cache report slot for each of the request's n images
  * (cdf_pipeline_cache_report; p->image_index names the image being generated). */

@@ -1056,9 +1056,11 @@ cdf_status cdf_pipeline_plan_memory_budget(const char *dir, const cdf_pipeline_l
                                 : next->weights;
         /* by the time the host reaches the next model's hook the pipeline has also made what
          * the next phase starts with (the prompt embeddings joined, the latents and the first
-         * step's input: held[ph + 1] bounds it) while the last forward's own activations may be
-         * gone: the last model's weights carry either */
-        const uint64_t at_switch = (uint64_t)(held[ph + 1] * 4.0);
+         * step's input: held[ph + 1] bounds it; the VAE's prefetch starts within the last step,
+         * held[ph]) while the last forward's own activations may be gone: the last model's
+         * weights carry either */
+        const double hs = held[ph] > held[ph + 1] ? held[ph] : held[ph + 1];
+        const uint64_t at_switch = (uint64_t)(hs * 4.0);
         /* a values-kind device (pjrt) frees a buffer when the host releases it, not when the
          * program reading it has run: by the hook the last forward's activations are gone */
         const uint64_t over = w + (a > at_switch && !pl.values ? a : at_switch) + wn;
