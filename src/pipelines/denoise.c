@@ -203,7 +203,7 @@ cdf_status cdf_pipe_denoise(cdf_pipeline *p, const cdf_generate_params *gp, cdf_
         cdf_scope_push();
         cdf_tensor *v = L->predict(L->ctx, latents, i, L->timesteps[i]);
         /* the transformer's last forward is queued: offload may start the VAE's load beside it */
-        if (v && i == N - 1) s = cdf_pipe_prefetch_decoder(p);
+        if (v && i == N - 1 && p->last_forward_queued) s = p->last_forward_queued(p);
         cdf_tensor *next = v ? cdf_pipe_euler_step(latents, v, L->sigmas[i], L->sigmas[i + 1]) : NULL;
         if (next && L->mask) {
             /* inpainting: keep the known region at the noise level of the next step */

@@ -15,7 +15,7 @@
  * Prefetch: at a phase change (the last text encoder -> the transformer, the transformer's last
  * step -> the VAE) the host reaches the next model's hook as soon as the previous model's last
  * forward is queued, while the device still computes it (for the VAE earlier still: the
- * denoising loop calls cdf_pipe_prefetch_decoder once the last step's forward is queued, before
+ * denoising loop calls p->last_forward_queued once the last step's forward is queued, before
  * a progress callback waits for the step). Materialising the next model there,
  * before waiting for the device and releasing the previous one, overlaps its conversion and
  * upload with that compute; its weights then meet the previous model's at its last forward's
@@ -169,7 +169,8 @@ static cdf_status prefetch_timed(cdf_pipeline *p, cdf_component *c) {
     return s;
 }
 
-cdf_status cdf_pipe_prefetch_decoder(cdf_pipeline *p) {
+/* pipeline_impl.h's last_forward_queued: the VAE's prefetch within the last denoising step */
+static cdf_status prefetch_decoder(cdf_pipeline *p) {
     if (!p->tracking || p->offload == CDF_OFFLOAD_NONE || p->phase != CDF_PHASE_DENOISE || !p->vae ||
         cdf_component_is_loaded(p->vae) || !prefetch_fits(p))
         return CDF_OK;
@@ -191,7 +192,7 @@ static cdf_status before_run(cdf_component *c, void *user) {
     const bool log = model && switching_phase && offload_log();
     const double t0 = log ? now_s() : 0;
     /* prefetch: materialise c while the previous model's queued work still runs (see the top) */
-    const bool was_loaded = cdf_component_is_loaded(c); /* prefetched already (cdf_pipe_prefetch_decoder) */
+    const bool was_loaded = cdf_component_is_loaded(c); /* prefetched already (prefetch_decoder) */
     const bool early = model && switching_phase && !was_loaded && prefetch_fits(p);
     if (early) CDF_TRY(prefetch_timed(p, c));
     const double t1 = log ? now_s() : 0;
@@ -253,6 +254,7 @@ void cdf_pipe_generate_begin(cdf_pipeline *p) {
     p->phase = CDF_PHASE_TEXT;
     p->loads_at_start = total_loads(p);
     memset(p->prefetch_peak, 0, sizeof p->prefetch_peak);
+    p->last_forward_queued = prefetch_decoder;
     cdf_memory_stats st;
     cdf_device_memory_stats(p->device, &st);
     p->saved_limit = st.limit_bytes;

@@ -69,6 +69,12 @@ struct cdf_pipeline {
     /* the request fields the plan above was made for: later images of the same shape reuse it */
     char prefetch_key[320];
     uint64_t prefetch_key_peak[CDF_PHASE_COUNT];
+    /* called by the denoising loop (denoise.c) once the last step's transformer forward is
+     * queued; offload.c sets it (a pointer, not a call: offload.c depends on the planner, which
+     * depends on the loop's files): it prefetches the VAE then, when that fits, so the load
+     * overlaps the step's compute even when the loop then waits for the step (a progress
+     * callback). NULL: nothing to do. */
+    cdf_status (*last_forward_queued)(cdf_pipeline *p);
     /* tests / calibration: device budget per phase during generate (0 = the device's own) */
     bool phase_limit_active;
     uint64_t phase_limit[CDF_PHASE_COUNT];
@@ -151,10 +157,7 @@ void cdf_pipe_generate_begin(cdf_pipeline *p);
 /* With offload (and CDIFFUSERS_OFFLOAD_PREFETCH not 0), after generate_begin: the request's plan
  * (planner.c), which phase changes may materialise the next model early and at what peak. */
 void cdf_pipe_prefetch_resolve(cdf_pipeline *p, const cdf_generate_params *gp);
-/* The denoising loop's last step has queued its transformer forward: prefetch the VAE now (when
- * it fits, as at the phase change), so its load overlaps that step's compute even when the loop
- * then waits for the step (a progress callback). */
-cdf_status cdf_pipe_prefetch_decoder(cdf_pipeline *p);
+
 cdf_status cdf_pipe_generate_end(cdf_pipeline *p, cdf_status s);
 /* step_cache.c: a fresh step-cache report slot for each of the request's n images
  * (cdf_pipeline_cache_report; p->image_index names the image being generated). */
