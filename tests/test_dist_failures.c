@@ -15,7 +15,8 @@
  *     graph): the error surfaces at the rank's next sync, naming the op and the MPI error, and the
  *     job ends (no crash, no hang);
  *   - no output file in any of these cases;
- *   - launch mistakes: --tp 2 without mpirun, mpirun without --tp, --tp 3 with 2 processes.
+ *   - launch mistakes: --tp 2 without mpirun, mpirun without --tp, --tp 3 with 2 processes, ranks on
+ *     different backends (one on cpu, one on pjrt; when the pjrt backend has a plugin).
  * The five failing jobs mostly wait (for a watchdog, for the launcher), so they run side by side. */
 #include "testutil.h"
 
@@ -167,9 +168,29 @@ static void test_launch_mistakes(void **state) {
     assert_int_not_equal(rc, 0);
     assert_non_null(strstr(txt, "--tp 3 but the MPI launcher started 2 processes"));
     free(txt);
+    /* ranks on different backends (rank 0 cpu, rank 1 pjrt: two app contexts): every rank says
+     * so before any weight is read (CDIFFUSERS_LOG=io would print the bytes each rank read; no
+     * rank gets that far) */
+    cdf_pjrt_plugin_info pi[8];
+    const int n_plugins = cdf_pjrt_list_plugins(pi, 8);
+    bool have_pjrt = false;
+    for (int i = 0; i < n_plugins && i < 8; i++) have_pjrt |= pi[i].chosen && pi[i].api_major >= 0;
+    if (have_pjrt) {
+        char one[4096];
+        snprintf(one, sizeof one, "%s%s -x CDIFFUSERS_LOG=io '%s' generate --model '%s' --prompt x --tp 2 --output %s", mpi_env(),
+                 mpi_env_no_leak_check(), CDF_CLI_PATH, pipe, tu_tmp_path("l3.png"));
+        rc = tu_system(MPIRUN " -np 1 %s --device cpu : -np 1 %s --device pjrt 2> '%s'", one, one, log);
+        txt = tu_read_file(log, NULL);
+        print_message("  %s", txt ? txt : "");
+        assert_int_not_equal(rc, 0);
+        assert_int_equal(count_lines_with(txt, "rank 0 of 2 runs on cpu but rank 1 on pjrt", "same backend and plugin"), 2);
+        assert_null(strstr(txt, "weight_bytes_read"));
+        free(txt);
+    }
     assert_int_not_equal(access(tu_tmp_path("l0.png"), F_OK), 0);
     assert_int_not_equal(access(tu_tmp_path("l1.png"), F_OK), 0);
     assert_int_not_equal(access(tu_tmp_path("l2.png"), F_OK), 0);
+    assert_int_not_equal(access(tu_tmp_path("l3.png"), F_OK), 0);
 }
 
 int main(void) {

@@ -18,6 +18,14 @@
  * for that budget (cdf_pipeline_plan_memory_budget: with the prefetches it decides, or none),
  * and the prefetches made are the ones planned; a budget between the text phase's need and its
  * prefetch peak prefetches the VAE but not the transformer.
+ * And the backend's transfers (docs/pjrt.md, "Offload and device memory on pjrt"):
+ *  - a whole storage set from the host starts its asynchronous upload at once (not at the first
+ *    program reading it), and the host bytes the uploads held are freed by the next sync;
+ *  - sequential offload keeps each streamed block weight in the plugin's pinned_host memory
+ *    (made once) and copies it to device memory per block: the copies are counted, and the
+ *    picture is diffusers' with and without that staging (CDIFFUSERS_HOST_STAGING=0);
+ *  - a failed asynchronous upload (CDIFFUSERS_PJRT_FAULT=upload:N: the CPU plugin's copies do not
+ *    fail) is the generate call's clear error, not a crash, and the next call draws the picture.
  * Skipped (77) in a build without the pjrt backend or without a plugin. */
 #include "testutil.h"
 
@@ -30,6 +38,7 @@
 #include "cdiffusers/cdiffusers.h"
 #include "cdiffusers/device.h"
 #include "cdiffusers/io.h"
+#include "backend/backend_impl.h"
 #include "pipelines/pipeline_impl.h"
 #include "pipelines/planner.h"
 
@@ -266,10 +275,127 @@ static void test_budget_below_one_block_refused_before_loading(void **state) {
     assert_int_equal(cdf_device_set_memory_limit(g_dev, 0), CDF_OK);
 }
 
+static cdf_transfer_stats transfers(void) {
+    cdf_transfer_stats t;
+    cdf_device_transfer_stats(g_dev, &t);
+    return t;
+}
+
+/* a whole tensor set from the host is on its way to the device before any program reads it */
+static void test_whole_upload_starts_at_once(void **state) {
+    (void)state;
+    if (!g_dev) skip();
+    enum { N = 1 << 18 }; /* 1 MiB of f32: above the CPU plugin's 100 KB synchronous-copy bound */
+    float *h = malloc(N * sizeof *h);
+    assert_non_null(h);
+    for (int i = 0; i < N; i++) h[i] = (float)i * 0.5f;
+    const cdf_transfer_stats t0 = transfers();
+    const int64_t shape[1] = {N};
+    cdf_tensor *t = cdf_tensor_from_host(g_dev, CDF_F32, 1, shape, h, CDF_F32);
+    assert_non_null(t);
+    const cdf_transfer_stats t1 = transfers();
+    assert_int_equal(t1.async_uploads, t0.async_uploads + 1);
+    assert_int_equal(t1.async_upload_bytes - t0.async_upload_bytes, (uint64_t)N * sizeof(float));
+    /* the same bytes come back (the upload owns a copy: h may change at once) */
+    memset(h, 0, N * sizeof *h);
+    float *back = malloc(N * sizeof *back);
+    assert_non_null(back);
+    assert_int_equal(cdf_tensor_read(t, CDF_F32, back, N * sizeof *back), CDF_OK);
+    for (int i = 0; i < N; i++)
+        if (back[i] != (float)i * 0.5f) fail_msg("element %d: %g", i, back[i]);
+    cdf_tensor_release(t);
+    assert_int_equal(cdf_device_synchronize(g_dev), CDF_OK);
+    assert_int_equal(transfers().pending_host_bytes, 0);
+    free(back);
+    free(h);
+}
+
+/* sequential offload: pinned_host staging used (counted), diffusers' picture with and without it;
+ * model offload: its uploads asynchronous; every upload's host bytes freed by the sync */
+static void test_pinned_staging_and_async_uploads(void **state) {
+    (void)state;
+    if (!g_dev) skip();
+    for (int staging = 1; staging >= 0; staging--) {
+        if (!staging) setenv("CDIFFUSERS_HOST_STAGING", "0", 1);
+        cdf_pipeline_load_params lp = load_params(CDF_OFFLOAD_SEQUENTIAL);
+        cdf_pipeline *p = NULL;
+        if (cdf_pipeline_load(g_pipe, &lp, &p) != CDF_OK) fail_msg("load: %s", cdf_last_error());
+        const cdf_transfer_stats t0 = transfers();
+        cdf_image img;
+        if (cdf_pipeline_generate(p, &g_gp, &img) != CDF_OK) fail_msg("generate: %s", cdf_last_error());
+        const cdf_transfer_stats t1 = transfers();
+        print_message("  sequential, staging %s: %llu weights staged in pinned_host (%llu live, %llu bytes), %llu copies to "
+                      "the device (%llu bytes), %llu asynchronous uploads\n", staging ? "on" : "off",
+                      (unsigned long long)(t1.staged_made - t0.staged_made), (unsigned long long)t1.staged,
+                      (unsigned long long)t1.staged_bytes,
+                      (unsigned long long)(t1.staged_copies - t0.staged_copies),
+                      (unsigned long long)(t1.staged_copy_bytes - t0.staged_copy_bytes),
+                      (unsigned long long)(t1.async_uploads - t0.async_uploads));
+        check_image(&img);
+        cdf_image_free(&img);
+        if (staging) {
+            const uint64_t made = t1.staged_made - t0.staged_made, copies = t1.staged_copies - t0.staged_copies;
+            assert_true(made > 0);
+            /* staged once, copied at every block call (2 denoising steps: twice as many) */
+            assert_true(copies >= 2 * made);
+        } else {
+            assert_int_equal(t1.staged_copies, t0.staged_copies);
+        }
+        assert_int_equal(cdf_device_synchronize(g_dev), CDF_OK);
+        assert_int_equal(transfers().pending_host_bytes, 0);
+        cdf_pipeline_free(p);
+        assert_int_equal(transfers().staged, 0); /* released with the weights */
+        unsetenv("CDIFFUSERS_HOST_STAGING");
+    }
+    cdf_pipeline_load_params lp = load_params(CDF_OFFLOAD_MODEL);
+    cdf_pipeline *p = NULL;
+    assert_int_equal(cdf_pipeline_load(g_pipe, &lp, &p), CDF_OK);
+    const cdf_transfer_stats t0 = transfers();
+    cdf_image img;
+    if (cdf_pipeline_generate(p, &g_gp, &img) != CDF_OK) fail_msg("generate: %s", cdf_last_error());
+    const cdf_transfer_stats t1 = transfers();
+    print_message("  model offload: %llu asynchronous uploads (%llu bytes)\n", (unsigned long long)(t1.async_uploads - t0.async_uploads),
+                  (unsigned long long)(t1.async_upload_bytes - t0.async_upload_bytes));
+    check_image(&img);
+    cdf_image_free(&img);
+    assert_true(t1.async_uploads > t0.async_uploads);
+    assert_int_equal(cdf_device_synchronize(g_dev), CDF_OK);
+    assert_int_equal(transfers().pending_host_bytes, 0);
+    cdf_pipeline_free(p);
+}
+
+/* an asynchronous upload that fails: generate's error names it; the device stays usable */
+static void test_failed_upload_is_an_error(void **state) {
+    (void)state;
+    if (!g_dev) skip();
+    cdf_pipeline_load_params lp = load_params(CDF_OFFLOAD_MODEL);
+    cdf_pipeline *p = NULL;
+    assert_int_equal(cdf_pipeline_load(g_pipe, &lp, &p), CDF_OK);
+    char f[64];
+    snprintf(f, sizeof f, "upload:%llu", (unsigned long long)(transfers().async_uploads + 3));
+    setenv("CDIFFUSERS_PJRT_FAULT", f, 1);
+    cdf_image img;
+    cdf_status s = cdf_pipeline_generate(p, &g_gp, &img);
+    unsetenv("CDIFFUSERS_PJRT_FAULT");
+    print_message("  %s: %s\n", f, s == CDF_OK ? "(no error)" : cdf_last_error());
+    if (s == CDF_OK) cdf_image_free(&img);
+    assert_int_equal(s, CDF_ERR_DEVICE);
+    assert_non_null(strstr(cdf_last_error(), "asynchronous host-to-device upload"));
+    assert_int_equal(cdf_device_synchronize(g_dev), CDF_OK); /* reported once */
+    assert_int_equal(transfers().pending_host_bytes, 0);
+    if (cdf_pipeline_generate(p, &g_gp, &img) != CDF_OK) fail_msg("generate after the failure: %s", cdf_last_error());
+    check_image(&img);
+    cdf_image_free(&img);
+    cdf_pipeline_free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offload_on_pjrt_within_plan),
         cmocka_unit_test(test_budget_below_one_block_refused_before_loading),
+        cmocka_unit_test(test_whole_upload_starts_at_once),
+        cmocka_unit_test(test_pinned_staging_and_async_uploads),
+        cmocka_unit_test(test_failed_upload_is_an_error),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

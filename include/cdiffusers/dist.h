@@ -139,7 +139,9 @@ void cdf_dist_reset_stats(cdf_process_group *pg);
  * along this one dimension. The mesh borrows the group (free the mesh first). */
 typedef struct cdf_device_mesh cdf_device_mesh;
 
-/* local: this rank's device (NULL = the default device). */
+/* local: this rank's device (NULL = the default device). Over an MPI group it is a collective
+ * (every rank calls it): ranks on different backends, or different pjrt plugins / device kinds,
+ * get CDF_ERR_DIST on every rank, naming both. */
 cdf_status cdf_device_mesh_new(cdf_process_group *pg, cdf_device *local, cdf_device_mesh **out);
 void cdf_device_mesh_free(cdf_device_mesh *mesh); /* NULL is fine */
 int cdf_device_mesh_size(const cdf_device_mesh *mesh);

@@ -336,6 +336,30 @@ cdf_status cdf_device_buffer_set(cdf_device *dev, void *dst, const void *src, si
     return s == CDF_OK ? s : cdf_error_prefix("copy of %zu bytes to %s: ", nbytes, dev->name);
 }
 
+void *cdf_device_staged_new(cdf_device *dev, const void *src, cdf_dtype src_dt, cdf_dtype dt, size_t n) {
+    const char *e = getenv("CDIFFUSERS_HOST_STAGING");
+    if (!dev->iface->staged_new || (e && !strcmp(e, "0"))) {
+        cdf_error(CDF_ERR_UNSUPPORTED, "%s has no host-staged memory%s", dev->name, dev->iface->staged_new ? " (CDIFFUSERS_HOST_STAGING=0)" : "");
+        return NULL;
+    }
+    return dev->iface->staged_new(dev, src, src_dt, dt, n);
+}
+
+cdf_status cdf_device_staged_to_device(cdf_device *dev, void *staged, void *dst, size_t nbytes) {
+    if (!dev->iface->staged_to_device) return cdf_error(CDF_ERR_UNSUPPORTED, "%s has no host-staged memory", dev->name);
+    cdf_status s = dev->iface->staged_to_device(dev, staged, dst, nbytes);
+    return s == CDF_OK ? s : cdf_error_prefix("copy of %zu staged bytes to %s: ", nbytes, dev->name);
+}
+
+void cdf_device_staged_free(cdf_device *dev, void *staged) {
+    if (staged && dev->iface->staged_free) dev->iface->staged_free(dev, staged);
+}
+
+void cdf_device_transfer_stats(const cdf_device *dev, cdf_transfer_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (dev && dev->iface->transfer_stats) dev->iface->transfer_stats(dev, out);
+}
+
 cdf_status cdf_device_buffer_set_replica(cdf_device *dev, int replica, void *dst, const void *src, size_t nbytes) {
     if (!dev->iface->buffer_set_replica || replica < 0 || replica >= cdf_device_replicas(dev))
         return cdf_error(CDF_ERR_UNSUPPORTED, "copy to replica %d of %s: the device runs %d replica(s)", replica, dev->name,

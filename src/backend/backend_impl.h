@@ -24,6 +24,15 @@
 typedef struct cdf_stream cdf_stream;
 typedef struct cdf_event cdf_event;
 
+/* What a device's transfers did (cdf_device_transfer_stats): zeros on a backend without them. */
+typedef struct cdf_transfer_stats {
+    uint64_t async_uploads, async_upload_bytes; /* host -> device uploads started without waiting */
+    uint64_t pending_host_bytes;                /* host bytes held now by uploads still in flight */
+    uint64_t staged, staged_bytes;              /* host-staged values alive now (pinned_host on pjrt) */
+    uint64_t staged_made;                       /* host-staged values made so far */
+    uint64_t staged_copies, staged_copy_bytes;  /* staged -> device copies queued */
+} cdf_transfer_stats;
+
 typedef struct cdf_backend_iface {
     const char *name; /* device type, e.g. "cpu" */
     /* The kind of backend. false: addressable memory (cpu, cuda): buffers are bytes at device
@@ -74,6 +83,24 @@ typedef struct cdf_backend_iface {
      * reports the copy). */
     cdf_status (*buffer_set_async)(cdf_device *dev, cdf_stream *st, void *dst, const void *src, size_t nbytes,
                                    void (*done)(void *), void *ctx);
+    /* ---- whole values and host-staged weights (optional; NULL = the backend has none) ----
+     * buffer_set_value: dst's whole storage (dst its start, nbytes its size) becomes src's nbytes,
+     * dtype dt's elements, on every replica. src is a malloc'd buffer the backend takes (it frees
+     * it with free, also when the call fails). Ordered as buffer_set. A values backend starts the
+     * transfer now, as dt, beside the programs still running, instead of when a program first
+     * reads the storage (a read as another dtype is then a retype of the value). */
+    cdf_status (*buffer_set_value)(cdf_device *dev, void *dst, void *src, size_t nbytes, cdf_dtype dt);
+    /* staged_new: a copy of src (n elements of src_dt, converted to dt) in the host memory the device copies
+     * from best (PJRT's pinned_host), made once and copied to the device many times (sequential
+     * offload's block weights); NULL + CDF_ERR_UNSUPPORTED where the device has no such memory
+     * (the caller keeps its own path). It is host memory: never in the device's accounting.
+     * staged_to_device: dst's whole storage (nbytes) takes the staged value, the copy queued,
+     * ordered as buffer_set. staged_free: frees it (copies in flight keep what they need). */
+    void *(*staged_new)(cdf_device *dev, const void *src, cdf_dtype src_dt, cdf_dtype dt, size_t n);
+    cdf_status (*staged_to_device)(cdf_device *dev, void *staged, void *dst, size_t nbytes);
+    void (*staged_free)(cdf_device *dev, void *staged);
+    /* The counters above (NULL: zeros). */
+    void (*transfer_stats)(const cdf_device *dev, cdf_transfer_stats *out);
     /* Markers of the compute stream: a marker after every op enqueued so far; event_synchronize
      * waits until the device has passed it (ops after it may still be running). */
     uint64_t (*event_record)(cdf_device *dev);
@@ -194,6 +221,13 @@ cdf_status cdf_device_buffer_get(cdf_device *dev, void *dst, const void *src, si
  * the device's replicas) */
 cdf_status cdf_device_buffer_set_replica(cdf_device *dev, int replica, void *dst, const void *src, size_t nbytes);
 void *cdf_device_host_alloc(cdf_device *dev, size_t nbytes); /* NULL + error on failure */
+/* The host-staged values of the iface (staged_new NULL + CDF_ERR_UNSUPPORTED where the backend
+ * has none, or CDIFFUSERS_HOST_STAGING=0) and the transfer counters (zeros where none). */
+void *cdf_device_staged_new(cdf_device *dev, const void *src, cdf_dtype src_dt, cdf_dtype dt, size_t n);
+cdf_status cdf_device_staged_to_device(cdf_device *dev, void *staged, void *dst, size_t nbytes);
+void cdf_device_staged_free(cdf_device *dev, void *staged);
+void cdf_device_transfer_stats(const cdf_device *dev, cdf_transfer_stats *out);
+
 void cdf_device_host_free(cdf_device *dev, void *ptr, size_t nbytes);
 
 /* Streams and events through the device's backend (see the iface; st NULL = the compute

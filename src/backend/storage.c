@@ -1,6 +1,7 @@
 /* Storages backed by a device: accounted device memory, virtual buffers of a capture, and host
  * uploads through the backend (declared in backend/backend_impl.h). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/backend_impl.h"
 #include "core/error_internal.h"
@@ -63,6 +64,16 @@ static cdf_status upload(cdf_storage *s, int replica, size_t at, cdf_dtype dt, c
     if (!n) return CDF_OK;
     CDF_TRY(check_upload(s, at, dsz, n));
     char *dst = (char *)s->data + at * dsz;
+    if (replica < 0 && at == 0 && n * dsz == s->nbytes && s->dev->iface->buffer_set_value) {
+        /* the whole storage as a value of dt: the backend may start its transfer now, beside the
+         * programs still running (pjrt), rather than when a program first reads it */
+        void *v = malloc(n * dsz);
+        if (!v) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (%zu bytes)", n * dsz);
+        if (dt == src_dt) memcpy(v, src, n * dsz);
+        else cdf_convert(v, dt, src, src_dt, n);
+        cdf_status st = s->dev->iface->buffer_set_value(s->dev, dst, v, n * dsz, dt);
+        return st == CDF_OK ? st : cdf_error_prefix("copy of %zu bytes to %s: ", n * dsz, s->dev->name);
+    }
     if (dt == src_dt) return set_bytes(s, replica, dst, src, n * dsz);
     const size_t chunk = n < UPLOAD_CHUNK_ELEMS ? n : UPLOAD_CHUNK_ELEMS;
     void *stage = cdf_device_host_alloc(s->dev, chunk * dsz);

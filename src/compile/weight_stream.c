@@ -132,6 +132,51 @@ cdf_status cdf_exec_bind_host_weights(cdf_node *n) {
     return CDF_OK;
 }
 
+/* ---- host-staged weights ------------------------------------------------------------------
+ * Where the device's backend keeps host-staged values (staged_new: pinned_host memory on pjrt,
+ * which has no copy stream), a host-side weight is converted to its load dtype once, at its
+ * block's first call, into that memory and kept with the weight's storage (released with it).
+ * Every call then only queues a copy to device memory (PJRT_Buffer_CopyToMemory), which runs
+ * beside the programs still queued for the blocks before (within the window, as the copy
+ * stream's uploads do), instead of converting and uploading host bytes again. Elsewhere (and
+ * where making one fails) the weight is uploaded from its host bytes, as before. */
+typedef struct staged_weight {
+    cdf_device *dev;
+    void *handle;
+    cdf_dtype dt;
+} staged_weight;
+
+static void staged_weight_release(void *p) {
+    staged_weight *w = p;
+    cdf_device_staged_free(w->dev, w->handle);
+    free(w);
+}
+
+/* h's staged copy as dt (made now on first use), or NULL: upload from host bytes */
+static staged_weight *staged_for(cdf_storage *h, cdf_dtype dt) {
+    if (!h->dev->iface->staged_new) return NULL;
+    pthread_mutex_lock(&g_group_lock);
+    staged_weight *w = h->staged_release == staged_weight_release ? h->staged : NULL;
+    const bool taken = h->staged_release != NULL;
+    pthread_mutex_unlock(&g_group_lock);
+    if (taken) return w && w->dt == dt ? w : NULL;
+    void *handle = cdf_device_staged_new(h->dev, h->host_src, h->host_dtype, dt, h->nbytes / cdf_dtype_size(dt));
+    if (!handle) return NULL; /* none on this device (its error is not the block's) */
+    w = malloc(sizeof *w);
+    if (!w) {
+        cdf_device_staged_free(h->dev, handle);
+        return NULL;
+    }
+    *w = (staged_weight){h->dev, handle, dt};
+    pthread_mutex_lock(&g_group_lock);
+    staged_weight *won = w;
+    if (h->staged_release) won = h->staged_release == staged_weight_release ? h->staged : NULL; /* another thread's */
+    else h->staged = w, h->staged_release = staged_weight_release;
+    pthread_mutex_unlock(&g_group_lock);
+    if (won != w) staged_weight_release(w);
+    return won && won->dt == dt ? won : NULL;
+}
+
 /* A device buffer for h's bytes, usable in the order of stream st (the copy stream or NULL). */
 static cdf_storage *materialise_weight(const cdf_storage *h, weight_group *g, cdf_stream *st) {
     cdf_storage *s = cdf_storage_create(h->dev, h->nbytes);
@@ -226,8 +271,11 @@ cdf_status cdf_weight_stream_run(cdf_graph_cache_run_fn run, cdf_graph_cache *ca
              * the same values as a resident load, bit for bit. Queued on the copy stream, so the
              * host goes on converting and queueing while the device still runs the blocks before;
              * h (the checkpoint's owner) and d stay referenced until the copy has run. */
-            s = cdf_storage_upload_async(d, copies, 0, w->dtype, h->host_src, h->host_dtype,
-                                         h->nbytes / cdf_dtype_size(w->dtype), h);
+            const staged_weight *sw = staged_for(h, w->dtype);
+            if (sw) s = cdf_device_staged_to_device(dev, sw->handle, d->data, d->nbytes);
+            else
+                s = cdf_storage_upload_async(d, copies, 0, w->dtype, h->host_src, h->host_dtype,
+                                             h->nbytes / cdf_dtype_size(w->dtype), h);
             /* released at 4., behind the join below even when the upload failed: its memory
              * may belong to the copy stream's order (a stream-ordered allocator) */
             host[nb] = h;

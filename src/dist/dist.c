@@ -731,12 +731,64 @@ struct cdf_device_mesh {
     cdf_device *local;
 };
 
+/* What a rank computes on, for comparing ranks: the backend, and for a values backend (pjrt) the
+ * plugin, platform and device kind too (its description), since programs and their numerics are
+ * the plugin's. A cpu or cuda device's description (the CPU or GPU model) may differ between
+ * hosts of one job without changing what is computed, so only the backend is compared there. */
+static void device_identity(cdf_device *dev, char *out, size_t n) {
+    cdf_device_info info;
+    if (cdf_device_get_info(dev, &info) != CDF_OK) {
+        snprintf(out, n, "(unknown device)");
+        return;
+    }
+    if (info.values) snprintf(out, n, "%s (%s)", info.type, info.description);
+    else snprintf(out, n, "%s", info.type);
+}
+
+/* Every rank of an MPI job must run on the same backend and plugin: the shard plan, the
+ * programs and the host-side sums assume one kind of device, and a mixed job (one rank given
+ * --device pjrt, another cpu; ranks on hosts whose plugins differ) would otherwise fail late or
+ * draw a picture neither backend alone would. An all-gather of each rank's identity, before any
+ * weight is read; a difference is the same clear error on every rank. */
+static cdf_status check_same_backend(cdf_process_group *pg, cdf_device *local) {
+#ifdef CDF_HAVE_MPI
+    if (pg->kind != PG_MPI || pg->world < 2) return CDF_OK; /* one process: one backend */
+    char mine[256] = {0};
+    device_identity(local, mine, sizeof mine);
+    char *all = calloc((size_t)pg->world, sizeof mine);
+    if (!all) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "device mesh: out of host memory");
+    const double t0 = now_s();
+    int rc = collective_begin(pg, "device mesh (all-gather of every rank's backend)", sizeof mine);
+    if (rc == MPI_SUCCESS) rc = MPI_Allgather(mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, pg->comm);
+    collective_end(pg, sizeof mine, t0);
+    if (rc != MPI_SUCCESS) {
+        free(all);
+        return mpi_error(rc, "device mesh (MPI_Allgather)");
+    }
+    cdf_status s = CDF_OK;
+    for (int r = 1; r < pg->world && s == CDF_OK; r++) {
+        const char *first = all, *other = all + (size_t)r * sizeof mine;
+        if (strncmp(first, other, sizeof mine) != 0)
+            s = cdf_error(CDF_ERR_DIST,
+                          "tensor parallelism: rank 0 of %d runs on %.*s but rank %d on %.*s: every rank must use the "
+                          "same backend and plugin (--device, CDIFFUSERS_DEVICE, CDIFFUSERS_PJRT_PLUGIN)",
+                          pg->world, (int)sizeof mine, first, r, (int)sizeof mine, other);
+    }
+    free(all);
+    return s;
+#else
+    (void)pg, (void)local;
+    return CDF_OK;
+#endif
+}
+
 cdf_status cdf_device_mesh_new(cdf_process_group *pg, cdf_device *local, cdf_device_mesh **out) {
     if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_device_mesh_new: out is NULL");
     *out = NULL;
     if (!pg) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_device_mesh_new: process group is NULL");
     if (!local) local = cdf_device_default();
     if (!local) return cdf_last_status() != CDF_OK ? cdf_last_status() : cdf_error(CDF_ERR_NOT_FOUND, "device mesh: no device");
+    CDF_TRY(check_same_backend(pg, local));
     cdf_device_mesh *m = calloc(1, sizeof *m);
     if (!m) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (device mesh)");
     m->pg = pg;

@@ -44,6 +44,7 @@ void cdf_storage_retain(cdf_storage *s) { atomic_fetch_add(&s->refcount, 1); }
 
 void cdf_storage_release(cdf_storage *s) {
     if (!s || atomic_fetch_sub(&s->refcount, 1) != 1) return;
+    if (s->staged_release) s->staged_release(s->staged);
     if (s->owner_release) s->owner_release(s->owner);
     free(s);
 }

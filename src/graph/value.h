@@ -29,6 +29,11 @@ typedef struct cdf_storage {
      * cdf_block_run, which binds a device copy made just before the block runs (compile/weight_stream.c). */
     const void *host_src;
     cdf_dtype host_dtype;
+    /* A copy of host_src's bytes the device's backend keeps in its host-staged memory (pinned_host
+     * on pjrt: compile/weight_stream.c makes it at the block's first call), released with the
+     * storage by staged_release(staged); NULL when none. */
+    void *staged;
+    void (*staged_release)(void *staged);
 } cdf_storage;
 
 struct cdf_tensor {

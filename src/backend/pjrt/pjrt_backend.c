@@ -44,6 +44,17 @@ typedef struct slot {
 
 #define MAX_PENDING 256 /* executions in flight before the host waits for the oldest half */
 
+/* An asynchronous upload (kImmutableUntilTransferCompletes) in flight: the host bytes it reads,
+ * owned here until every replica's done_with_host_buffer has fired, and then freed. They are
+ * polled before each program (without waiting) and awaited at every sync; an upload's error is
+ * the device's queued error, reported by the next sync like a failed program's. */
+typedef struct transfer {
+    PJRT_Event *done[MAX_REPLICAS];
+    unsigned char *host, **rhost; /* freed when done (rhost: MAX_REPLICAS entries, or NULL) */
+    size_t nbytes;                /* per replica */
+    uint64_t seq;                 /* the process's upload number (1, 2, ...) */
+} transfer;
+
 static struct {
     pthread_mutex_t lock;
     cdf_pjrt rt;
@@ -61,6 +72,12 @@ static struct {
     cdf_device *dev0;  /* pjrt:0, whose accounting (cdf_device_memory_stats) the programs' temporaries join */
     uint64_t max_temp; /* the largest compiled temporaries of a program run so far, and its name */
     char max_temp_who[96];
+    struct transfer *xfers; /* asynchronous uploads in flight (their host bytes), oldest first */
+    int n_xfers, cap_xfers;
+    uint64_t xfer_seq; /* asynchronous uploads started so far (CDIFFUSERS_PJRT_FAULT counts them) */
+    cdf_transfer_stats ts;
+    PJRT_Memory *pinned[MAX_REPLICAS], *devmem[MAX_REPLICAS]; /* each replica's device's memories, or NULL */
+    bool staging_checked, staging;                            /* pinned_host + CopyToMemory usable */
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER, .replicas = 1};
 
 static int R(void) { return g.replicas; }
@@ -84,6 +101,123 @@ static void drop_host(slot *s) {
 
 /* replica r's host bytes (host + rhost present) */
 static unsigned char *host_of(slot *s, int r) { return r > 0 && s->rhost && s->rhost[r] ? s->rhost[r] : s->host; }
+
+static cdf_status record_error(cdf_status s);
+
+static void free_host_set(unsigned char *host, unsigned char **rhost) {
+    free(host);
+    if (rhost)
+        for (int r = 0; r < MAX_REPLICAS; r++) free(rhost[r]);
+    free(rhost);
+}
+
+/* CDIFFUSERS_PJRT_FAULT=upload:N: the N-th asynchronous upload of the process reports a failure
+ * when it completes, as a transfer the plugin failed would (a test of the error's path: the
+ * CPU plugin's copies do not fail). */
+static bool fault_upload(uint64_t seq) {
+    const char *f = getenv("CDIFFUSERS_PJRT_FAULT");
+    return f && !strncmp(f, "upload:", 7) && strtoull(f + 7, NULL, 10) == seq;
+}
+
+/* Finish transfer t (its events fired, or wait: awaited now): its error recorded, its host bytes
+ * freed. Under lock. */
+static void transfer_finish(transfer *t) {
+    cdf_status st = CDF_OK;
+    for (int r = 0; r < MAX_REPLICAS; r++) {
+        if (!t->done[r]) continue;
+        cdf_status e = cdf_pjrt_event_await(&g.rt, t->done[r], "pjrt: an asynchronous host-to-device upload failed");
+        if (e != CDF_OK && st == CDF_OK) {
+            st = e;
+            record_error(CDF_ERR_DEVICE);
+        }
+        t->done[r] = NULL;
+    }
+    if (st == CDF_OK && fault_upload(t->seq)) {
+        cdf_error(CDF_ERR_DEVICE, "pjrt: asynchronous host-to-device upload #%llu (%zu bytes) failed: injected by "
+                                  "CDIFFUSERS_PJRT_FAULT", (unsigned long long)t->seq, t->nbytes);
+        record_error(CDF_ERR_DEVICE);
+    }
+    free_host_set(t->host, t->rhost);
+    g.ts.pending_host_bytes -= t->nbytes;
+}
+
+/* The uploads whose host bytes the plugin is done with are finished (wait: all of them, awaiting
+ * each). Under lock. */
+static void reap_transfers(bool wait) {
+    int k = 0;
+    for (int i = 0; i < g.n_xfers; i++) {
+        transfer *t = &g.xfers[i];
+        bool ready = wait;
+        if (!ready) {
+            ready = true;
+            for (int r = 0; r < MAX_REPLICAS && ready; r++) ready = cdf_pjrt_event_ready(&g.rt, t->done[r]);
+        }
+        if (ready) transfer_finish(t);
+        else g.xfers[k++] = *t;
+    }
+    g.n_xfers = k;
+}
+
+/* CDIFFUSERS_PJRT_ASYNC_UPLOADS=0: every upload waits for its copy and happens when a program
+ * first reads the storage (the path before asynchronous uploads: a comparison for benchmarks, a
+ * way around a plugin whose asynchronous copies misbehave). */
+static bool async_uploads(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("CDIFFUSERS_PJRT_ASYNC_UPLOADS");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
+/* Replica r's buffers b[0..R) from host bytes host_of-like (bytes[r]) as dt[n], asynchronously:
+ * the transfer owns host and rhost from here (freed when it completes, also on failure). Under
+ * lock. */
+static cdf_status upload_owned(unsigned char *host, unsigned char **rhost, cdf_dtype dt, int64_t n, PJRT_Buffer **b) {
+    const size_t nbytes = (size_t)n * cdf_dtype_size(dt);
+    if (!async_uploads()) {
+        cdf_status st = CDF_OK;
+        for (int r = 0; r < R() && st == CDF_OK; r++)
+            st = cdf_pjrt_upload(&g.rt, r, r > 0 && rhost && rhost[r] ? rhost[r] : host, dt, 1, &n, &b[r]);
+        if (st != CDF_OK)
+            for (int r = 0; r < R(); r++) cdf_pjrt_buffer_free(&g.rt, b[r]), b[r] = NULL;
+        free_host_set(host, rhost);
+        return st;
+    }
+    if (g.n_xfers == g.cap_xfers) {
+        int cap = g.cap_xfers ? 2 * g.cap_xfers : 64;
+        transfer *x = realloc(g.xfers, (size_t)cap * sizeof *x);
+        if (!x) {
+            free_host_set(host, rhost);
+            return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+        }
+        g.xfers = x;
+        g.cap_xfers = cap;
+    }
+    transfer *t = &g.xfers[g.n_xfers++];
+    *t = (transfer){.host = host, .rhost = rhost, .nbytes = nbytes * (size_t)R(), .seq = ++g.xfer_seq};
+    g.ts.pending_host_bytes += t->nbytes;
+    cdf_status st = CDF_OK;
+    for (int r = 0; r < R() && st == CDF_OK; r++) {
+        const unsigned char *src = r > 0 && rhost && rhost[r] ? rhost[r] : host;
+        st = cdf_pjrt_upload_async(&g.rt, r, NULL, src, dt, 1, &n, &b[r], &t->done[r]);
+    }
+    g.ts.async_uploads++;
+    g.ts.async_upload_bytes += t->nbytes;
+    if (st != CDF_OK) {
+        /* the events of the replicas that did start must fire before their bytes go */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cdf_last_error());
+        for (int r = 0; r < R(); r++) {
+            cdf_pjrt_buffer_free(&g.rt, b[r]);
+            b[r] = NULL;
+        }
+        transfer_finish(t);
+        g.n_xfers--;
+        return cdf_error(st, "%s", msg);
+    }
+    return CDF_OK;
+}
 
 /* ---- slots ------------------------------------------------------------------------------------------ */
 
@@ -290,6 +424,7 @@ static cdf_status record_error(cdf_status s) {
 
 /* wait for the oldest executions (all when n_keep is 0), recording their first error */
 static void drain(int n_keep) {
+    if (!n_keep) reap_transfers(true);
     int n_wait = g.n_pending - n_keep;
     for (int i = 0; i < n_wait; i++) {
         if (cdf_pjrt_event_await(&g.rt, g.pending[i], "pjrt: a queued program failed") != CDF_OK) record_error(CDF_ERR_DEVICE);
@@ -351,15 +486,15 @@ static cdf_status slot_value(slot *s, cdf_dtype dt, int64_t n, PJRT_Buffer **out
     }
     if ((size_t)n * cdf_dtype_size(dt) > s->nbytes)
         return cdf_error(CDF_ERR_INTERNAL, "pjrt: a %zu-byte buffer read as %lld x %s", s->nbytes, (long long)n, cdf_dtype_name(dt));
+    if (cdf_pjrt_type(dt) == PJRT_Buffer_Type_INVALID) /* refused while the slot still has its bytes */
+        return cdf_error(CDF_ERR_UNSUPPORTED, "pjrt: no PJRT element type for dtype %s", cdf_dtype_name(dt));
     PJRT_Buffer *b[MAX_REPLICAS] = {0};
-    cdf_status st = CDF_OK;
-    for (int r = 0; r < R() && st == CDF_OK; r++) st = cdf_pjrt_upload(&g.rt, r, host_of(s, r), dt, 1, &n, &b[r]);
-    if (st != CDF_OK) {
-        for (int r = 0; r < R(); r++) cdf_pjrt_buffer_free(&g.rt, b[r]);
-        return st;
-    }
+    /* the host bytes go with the upload, which frees them once the plugin has copied them */
+    unsigned char *host = s->host, **rhost = s->rhost;
+    s->host = NULL;
+    s->rhost = NULL;
+    CDF_TRY(upload_owned(host, rhost, dt, n, b));
     drop_bufs(s);
-    drop_host(s);
     for (int r = 0; r < R(); r++) out[r] = s->buf[r] = b[r];
     s->dt = dt;
     s->n = n;
@@ -451,6 +586,7 @@ static cdf_status account_temporaries(const cdf_pjrt_exe *x, const char *who) {
 /* Run a built program: its arguments from the slots (and uploaded float parameters), its results
  * the slots' new values. Under lock. */
 static cdf_status run_program(const cdf_pjrt_program *p, const binding *bind, const char *who) {
+    if (g.n_xfers) reap_transfers(false); /* the uploads done since: their host bytes go */
     if (!ids_in_range(p, bind)) return CDF_OK; /* reported by the next sync */
     cdf_pjrt_exe *x;
     CDF_TRY(executable_for(p, who, &x));
@@ -741,6 +877,172 @@ static void pjrt_wait_idle(cdf_device *dev) {
     pthread_mutex_unlock(&g.lock);
 }
 
+/* ---- whole values, host-staged weights --------------------------------------------------------------- */
+
+/* The whole storage as dt's elements, its upload started now (every replica). */
+static cdf_status pjrt_buffer_set_value(cdf_device *dev, void *dst, void *src, size_t nbytes, cdf_dtype dt) {
+    (void)dev;
+    pthread_mutex_lock(&g.lock);
+    size_t off = 0;
+    slot *s = slot_span(dst, nbytes, "upload", &off);
+    cdf_status st = s ? CDF_OK : cdf_last_status();
+    const size_t dsz = cdf_dtype_size(dt);
+    if (st == CDF_OK && (off || nbytes != s->nbytes || nbytes % dsz || !nbytes || !async_uploads() ||
+                         cdf_pjrt_type(dt) == PJRT_Buffer_Type_INVALID)) {
+        /* not a whole storage (or uploads at first read): as buffer_set (into its host bytes) */
+        pthread_mutex_unlock(&g.lock);
+        st = pjrt_buffer_set(dev, dst, src, nbytes);
+        free(src);
+        return st;
+    }
+    if (st == CDF_OK) {
+        if (g.n_xfers) reap_transfers(false);
+        PJRT_Buffer *b[MAX_REPLICAS] = {0};
+        const int64_t n = (int64_t)(nbytes / dsz);
+        st = upload_owned(src, NULL, dt, n, b);
+        src = NULL;
+        if (st == CDF_OK) {
+            drop_bufs(s);
+            drop_host(s);
+            for (int r = 0; r < R(); r++) s->buf[r] = b[r];
+            s->dt = dt;
+            s->n = n;
+        }
+    }
+    free(src);
+    pthread_mutex_unlock(&g.lock);
+    return st;
+}
+
+/* A value kept in each replica's device's pinned_host memory (PJRT_Client_BufferFromHostBuffer
+ * into that memory, once), copied to device memory on demand (PJRT_Buffer_CopyToMemory). */
+typedef struct staged {
+    PJRT_Buffer *buf[MAX_REPLICAS];
+    cdf_dtype dt;
+    int64_t n;
+    size_t nbytes;
+    int replicas;
+} staged;
+
+/* Whether every replica's device has pinned_host and the plugin has CopyToMemory (under lock;
+ * asked once). */
+static bool staging_usable(void) {
+    if (g.staging_checked) return g.staging;
+    g.staging_checked = true;
+    g.staging = cdf_pjrt_has_copy_to_memory(&g.rt);
+    for (int r = 0; r < R() && g.staging; r++) {
+        g.pinned[r] = cdf_pjrt_memory_of_kind(&g.rt, r, "pinned_host");
+        g.devmem[r] = cdf_pjrt_memory_of_kind(&g.rt, r, "device");
+        g.staging = g.pinned[r] && g.devmem[r];
+    }
+    if (cdf_pjrt_log_on())
+        fprintf(stderr, "cdiffusers: pjrt: host-staged weights: %s\n",
+                g.staging ? "in pinned_host memory, copied to device memory per use (PJRT_Buffer_CopyToMemory)"
+                          : "none (the plugin lacks pinned_host memory or PJRT_Buffer_CopyToMemory): uploads from host bytes");
+    return g.staging;
+}
+
+static void *pjrt_staged_new(cdf_device *dev, const void *src, cdf_dtype src_dt, cdf_dtype dt, size_t n_elems) {
+    (void)dev;
+    const size_t dsz = cdf_dtype_size(dt), nbytes = n_elems * dsz;
+    if (!n_elems) {
+        cdf_error(CDF_ERR_UNSUPPORTED, "pjrt: an empty value staged");
+        return NULL;
+    }
+    pthread_mutex_lock(&g.lock);
+    const bool usable = staging_usable();
+    pthread_mutex_unlock(&g.lock);
+    if (!usable) {
+        cdf_error(CDF_ERR_UNSUPPORTED, "pjrt: the plugin has no pinned_host memory to stage weights in");
+        return NULL;
+    }
+    /* converted outside the lock (the programs queued go on meanwhile) */
+    void *conv = NULL;
+    if (src_dt != dt) {
+        if (!(conv = malloc(nbytes))) {
+            cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory (%zu bytes)", nbytes);
+            return NULL;
+        }
+        cdf_convert(conv, dt, src, src_dt, n_elems);
+        src = conv;
+    }
+    pthread_mutex_lock(&g.lock);
+    staged *h = calloc(1, sizeof *h);
+    if (!h) {
+        cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
+    } else {
+        *h = (staged){.dt = dt, .n = (int64_t)(nbytes / dsz), .nbytes = nbytes, .replicas = R()};
+        cdf_status st = CDF_OK;
+        for (int r = 0; r < R() && st == CDF_OK; r++) {
+            PJRT_Event *done = NULL;
+            st = cdf_pjrt_upload_async(&g.rt, r, g.pinned[r], src, dt, 1, &h->n, &h->buf[r], &done);
+            /* src is the caller's until this returns: the copy into pinned_host waits here (once
+             * per weight, at the block's first call) */
+            cdf_status e = cdf_pjrt_event_await(&g.rt, done, "pjrt: a copy into pinned_host memory");
+            if (st == CDF_OK) st = e;
+        }
+        if (st != CDF_OK) {
+            for (int r = 0; r < MAX_REPLICAS; r++) cdf_pjrt_buffer_free(&g.rt, h->buf[r]);
+            free(h);
+            h = NULL;
+        } else {
+            g.ts.staged++;
+            g.ts.staged_made++;
+            g.ts.staged_bytes += nbytes * (size_t)R();
+        }
+    }
+    pthread_mutex_unlock(&g.lock);
+    free(conv);
+    return h;
+}
+
+static cdf_status pjrt_staged_to_device(cdf_device *dev, void *handle, void *dst, size_t nbytes) {
+    (void)dev;
+    staged *h = handle;
+    pthread_mutex_lock(&g.lock);
+    size_t off = 0;
+    slot *s = slot_span(dst, nbytes, "staged copy", &off);
+    cdf_status st = s ? CDF_OK : cdf_last_status();
+    if (st == CDF_OK && (off || nbytes != s->nbytes || nbytes != h->nbytes || h->replicas != R()))
+        st = cdf_error(CDF_ERR_INTERNAL, "pjrt: a %zu-byte staged value into %zu bytes at %zu of a %zu-byte buffer (%d / %d replicas)",
+                       h->nbytes, nbytes, off, s->nbytes, h->replicas, R());
+    PJRT_Buffer *b[MAX_REPLICAS] = {0};
+    for (int r = 0; r < R() && st == CDF_OK; r++) st = cdf_pjrt_copy_to_memory(&g.rt, h->buf[r], g.devmem[r], &b[r]);
+    if (st == CDF_OK) {
+        drop_bufs(s);
+        drop_host(s);
+        for (int r = 0; r < R(); r++) s->buf[r] = b[r];
+        s->dt = h->dt;
+        s->n = h->n;
+        g.ts.staged_copies++;
+        g.ts.staged_copy_bytes += nbytes * (size_t)R();
+    } else {
+        for (int r = 0; r < R(); r++) cdf_pjrt_buffer_free(&g.rt, b[r]);
+    }
+    pthread_mutex_unlock(&g.lock);
+    return st;
+}
+
+static void pjrt_staged_free(cdf_device *dev, void *handle) {
+    (void)dev;
+    staged *h = handle;
+    if (!h) return;
+    pthread_mutex_lock(&g.lock);
+    /* PJRT keeps the buffer alive for the copies still reading it */
+    for (int r = 0; r < MAX_REPLICAS; r++) cdf_pjrt_buffer_free(&g.rt, h->buf[r]);
+    g.ts.staged--;
+    g.ts.staged_bytes -= h->nbytes * (size_t)h->replicas;
+    pthread_mutex_unlock(&g.lock);
+    free(h);
+}
+
+static void pjrt_transfer_stats(const cdf_device *dev, cdf_transfer_stats *out) {
+    (void)dev;
+    pthread_mutex_lock(&g.lock);
+    *out = g.ts;
+    pthread_mutex_unlock(&g.lock);
+}
+
 static uint64_t pjrt_event_record(cdf_device *dev) {
     (void)dev;
     return 0;
@@ -794,6 +1096,15 @@ static void log_cache_at_exit(void) {
             st.compile_seconds, st.load_seconds,
             (unsigned long long)st.disk_writes, cdf_pjrt_cache_dir(g.cache)[0] ? cdf_pjrt_cache_dir(g.cache) : "(no disk cache)",
             (unsigned long long)st.disk_errors);
+    {
+        char a[32], p[32], c[32];
+        fmt_bytes(a, sizeof a, g.ts.async_upload_bytes);
+        fmt_bytes(p, sizeof p, g.ts.staged_bytes);
+        fmt_bytes(c, sizeof c, g.ts.staged_copy_bytes);
+        fprintf(stderr, "cdiffusers: pjrt: uploads: %llu asynchronous (%s); pinned_host: %llu copies to the device (%s), %llu "
+                        "weights staged at exit (%s of host memory)\n", (unsigned long long)g.ts.async_uploads, a,
+                (unsigned long long)g.ts.staged_copies, c, (unsigned long long)g.ts.staged, p);
+    }
     if (g.max_temp) {
         char b[32];
         fmt_bytes(b, sizeof b, g.max_temp);
@@ -872,4 +1183,6 @@ const cdf_backend_iface cdf_pjrt_backend_iface = {
     .name = "pjrt", .values = true, .lazy = true, CDF_BACKEND_IFACE_CORE(pjrt), .run_nodes = pjrt_run_nodes,
     .device_info = pjrt_device_info, .graph_instantiate = pjrt_graph_instantiate, .graph_launch = pjrt_graph_launch,
     .graph_free = pjrt_graph_free, .set_replicas = pjrt_set_replicas, .replicas = pjrt_replicas,
-    .buffer_set_replica = pjrt_buffer_set_replica};
+    .buffer_set_replica = pjrt_buffer_set_replica, .buffer_set_value = pjrt_buffer_set_value,
+    .staged_new = pjrt_staged_new, .staged_to_device = pjrt_staged_to_device, .staged_free = pjrt_staged_free,
+    .transfer_stats = pjrt_transfer_stats};

@@ -76,6 +76,22 @@ PJRT_Buffer_Type cdf_pjrt_type(cdf_dtype dt); /* PJRT_Buffer_Type_INVALID when i
  * data may be reused). */
 cdf_status cdf_pjrt_upload(cdf_pjrt *p, int device, const void *data, cdf_dtype dt, int ndim, const int64_t *dims,
                            PJRT_Buffer **out);
+/* Host -> device asynchronously (kImmutableUntilTransferCompletes): data must stay unchanged and
+ * allocated until *done has fired (cdf_pjrt_event_ready / cdf_pjrt_event_await; it carries the
+ * transfer's error). memory: a memory of the device (its pinned_host, ...) or NULL: device's
+ * default. */
+cdf_status cdf_pjrt_upload_async(cdf_pjrt *p, int device, PJRT_Memory *memory, const void *data, cdf_dtype dt, int ndim,
+                                 const int64_t *dims, PJRT_Buffer **out, PJRT_Event **done);
+/* Whether the event has fired (without waiting; an event that cannot be polled counts as fired:
+ * awaiting it then reports). */
+bool cdf_pjrt_event_ready(cdf_pjrt *p, PJRT_Event *ev);
+/* Device d's memory of that kind ("device", "pinned_host", "unpinned_host"), NULL when it has
+ * none (or the plugin cannot list memories). */
+PJRT_Memory *cdf_pjrt_memory_of_kind(cdf_pjrt *p, int device, const char *kind);
+/* PJRT_Buffer_CopyToMemory: a new buffer in memory holding b's value, made asynchronously (its
+ * ready event, and the programs reading it, carry the copy's error). */
+bool cdf_pjrt_has_copy_to_memory(const cdf_pjrt *p);
+cdf_status cdf_pjrt_copy_to_memory(cdf_pjrt *p, PJRT_Buffer *b, PJRT_Memory *memory, PJRT_Buffer **out);
 /* Device -> host: the whole buffer (nbytes must be its size), waiting for it. */
 cdf_status cdf_pjrt_download(cdf_pjrt *p, PJRT_Buffer *b, void *dst, size_t nbytes);
 void cdf_pjrt_buffer_free(cdf_pjrt *p, PJRT_Buffer *b);
