@@ -140,9 +140,10 @@ static void usage(FILE *f) {
             "                  [--mode eager|fuse|compile] [--compile-repeated-blocks] [--cache first-block[:T]|mag[:k=v,...]|taylorseer[:k=v,...]]\n"
             "                  [--vae-tiling auto|on|off]\n"
             "                  [--vae-tile-size PX] [--transformer FILE] [--vae FILE] [--weight-type q8_0|q4_k|f32|bf16]\n"
-            "                  [--config DIR]  (--model FILE: an all-in-one file, as generate)\n"
+            "                  [--config DIR] [--device-memory SIZE] [--device NAME]  (--model FILE: an all-in-one file, as generate)\n"
             "      expected peak device memory per phase (weights + activations) without loading or running,\n"
-            "      for the execution generate would use with the same options (and CDIFFUSERS_COMPILE)\n",
+            "      for the execution generate would use with the same options (and CDIFFUSERS_COMPILE); with\n"
+            "      offload, whether the next model is prefetched under --device-memory (the budget left to the run)\n",
             CDIFFUSERS_VERSION);
     cdf_cli_serve_usage(f);
     fprintf(f,

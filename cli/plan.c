@@ -32,7 +32,16 @@ void cdf_cli_print_memory_stats(const cdf_pipeline *p) {
         fprintf(stderr, "%s %s %s", i ? "," : "", cdf_pipeline_phase_name((cdf_pipeline_phase)i), b);
     }
     fmt(b, sizeof b, ms.peak_bytes);
-    fprintf(stderr, "; peak %s (%llu bytes); models materialised: %d\n", b, (unsigned long long)ms.peak_bytes, ms.materialisations);
+    fprintf(stderr, "; peak %s (%llu bytes); models materialised: %d", b, (unsigned long long)ms.peak_bytes, ms.materialisations);
+    if (mode != CDF_OFFLOAD_NONE) {
+        fprintf(stderr, ", prefetched: %d", ms.prefetches);
+        for (int i = 0; i < CDF_PHASE_COUNT; i++)
+            if (ms.prefetch_peak_bytes[i]) {
+                fmt(b, sizeof b, ms.prefetch_peak_bytes[i]);
+                fprintf(stderr, " (during %s, peak %s)", cdf_pipeline_phase_name((cdf_pipeline_phase)i), b);
+            }
+    }
+    fputc('\n', stderr);
 }
 
 static int usage_error(const char *fmt_, const char *arg) {
@@ -51,6 +60,12 @@ static bool parse_long(const char *s, long lo, long hi, long *out) {
     return true;
 }
 
+/* CDIFFUSERS_OFFLOAD_PREFETCH=0 (the library's planner reads the same) */
+static bool prefetch_env_on(void) {
+    const char *e = getenv("CDIFFUSERS_OFFLOAD_PREFETCH");
+    return !(e && strcmp(e, "0") == 0);
+}
+
 int cdf_cli_plan(int argc, char **argv) {
     const char *model = NULL, *dtype = "bf16", *offload = "none"; /* generate's defaults */
     cdf_generate_params gp = cdf_generate_params_default();
@@ -64,12 +79,15 @@ int cdf_cli_plan(int argc, char **argv) {
         {"vae-tile-size", required_argument, 0, 'S'}, {"transformer", required_argument, 0, 'F'},
         {"vae", required_argument, 0, 'E'},     {"weight-type", required_argument, 0, 'Q'},
         {"config", required_argument, 0, 'C'},  {"cache", required_argument, 0, 'K'},
+        {"device-memory", required_argument, 0, 'D'}, {"device", required_argument, 0, 'v'},
         {0, 0, 0, 0},
     };
     /* --transformer / --vae FILE (a .gguf is planned from its own tensors), --weight-type as generate */
     cdf_component_file files[2];
     int n_files = 0;
     const char *weight_type = NULL, *config = NULL; /* --config DIR: with --model FILE */
+    uint64_t budget = 0; /* --device-memory: the budget the prefetch decisions are planned for */
+    const char *device = NULL; /* --device: pjrt plans its buffers' release and (XLA CPU) its programs' temporaries */
     /* as generate runs: CDIFFUSERS_COMPILE=blocks compiles the blocks, =1 / fullgraph the whole
      * model (which sequential offload turns into repeated-block compile) */
     const char *env = getenv("CDIFFUSERS_COMPILE");
@@ -122,6 +140,13 @@ int cdf_cli_plan(int argc, char **argv) {
         case 'E': files[n_files < 2 ? n_files++ : 1] = (cdf_component_file){c == 'F' ? "transformer" : "vae", optarg}; break;
         case 'Q': weight_type = optarg; break;
         case 'C': config = optarg; break;
+        case 'v': device = optarg; break;
+        case 'D': {
+            const int64_t b = cdf_parse_bytes(optarg);
+            if (b <= 0) return usage_error("--device-memory needs a size like 8G or 512M, got '%s'", optarg);
+            budget = (uint64_t)b;
+            break;
+        }
         case 'K':
             if (cdf_pipeline_cache_check(optarg) != CDF_OK) return usage_error("--cache: %s", cdf_last_error());
             gp.cache = optarg;
@@ -138,6 +163,7 @@ int cdf_cli_plan(int argc, char **argv) {
     if (cdf_cli_parse_offload(offload, &lp.offload) != 0) return usage_error("--offload must be none, model or sequential, got '%s'", offload);
     lp.component_files = files;
     lp.num_component_files = n_files;
+    lp.device = device;
     lp.config = config;
     if (weight_type && (strcmp(weight_type, "q8_0") == 0 || strcmp(weight_type, "q4_k") == 0))
         lp.quantize_weights = weight_type[1] == '8' ? CDF_GGML_Q8_0 : CDF_GGML_Q4_K;
@@ -148,7 +174,7 @@ int cdf_cli_plan(int argc, char **argv) {
     if (whole && lp.offload == CDF_OFFLOAD_SEQUENTIAL) blocks = true;
     const cdf_plan_execution exec = blocks ? CDF_PLAN_REPEATED_BLOCKS : CDF_PLAN_EAGER;
     cdf_memory_plan plan;
-    if (cdf_pipeline_plan_memory_exec(model, &lp, &gp, exec, &plan) != CDF_OK) {
+    if (cdf_pipeline_plan_memory_budget(model, &lp, &gp, exec, budget, &plan) != CDF_OK) {
         fprintf(stderr, "cdiffusers: plan: %s\n", cdf_last_error());
         return PLAN_FAIL;
     }
@@ -182,14 +208,37 @@ int cdf_cli_plan(int argc, char **argv) {
         fmt(b3, sizeof b3, plan.phase[ph].peak_bytes);
         printf("%-16s %12s %14s %12s\n", cdf_pipeline_phase_name((cdf_pipeline_phase)ph), b1, b2, b3);
     }
+    /* offload's prefetch: where the next model is materialised before the phase's work ends */
+    static const char *const next_model[CDF_PHASE_COUNT] = {"the transformer", "the VAE", ""};
+    for (int ph = 0; ph < CDF_PHASE_COUNT; ph++) {
+        if (!plan.phase[ph].prefetch_peak_bytes) continue;
+        fmt(b1, sizeof b1, plan.phase[ph].prefetch_peak_bytes);
+        if (!prefetch_env_on())
+            printf("prefetch of %s during %s: off (CDIFFUSERS_OFFLOAD_PREFETCH=0)\n", next_model[ph],
+                   cdf_pipeline_phase_name((cdf_pipeline_phase)ph));
+        else if (!budget)
+            printf("prefetch of %s during %s: when the budget left holds %s (that phase's peak then)\n", next_model[ph],
+                   cdf_pipeline_phase_name((cdf_pipeline_phase)ph), b1);
+        else
+            printf("prefetch of %s during %s: %s (%s needed, --device-memory %llu)\n", next_model[ph],
+                   cdf_pipeline_phase_name((cdf_pipeline_phase)ph), plan.phase[ph].prefetch ? "yes" : "no, it does not fit",
+                   b1, (unsigned long long)budget);
+    }
     fmt(b1, sizeof b1, plan.peak_bytes);
     fmt(b2, sizeof b2, plan.total_weights_bytes);
     fmt(b3, sizeof b3, plan.largest_weights_bytes);
     printf("\nexpected peak: %s (%llu bytes); all weights %s, largest model %s\n", b1, (unsigned long long)plan.peak_bytes, b2, b3);
-    printf("(the smallest --device-memory / CDIFFUSERS_CPU_MEMORY_LIMIT under which generate should run, %s)\n",
-           blocks  ? "with repeated-block compile"
-           : whole ? "eager execution: whole-model compile needs at most this"
-                   : "eager or defer-and-fuse execution");
+    if (plan.need_bytes != plan.peak_bytes) {
+        fmt(b1, sizeof b1, plan.need_bytes);
+        printf("(with the prefetches above; without them %s (%llu bytes): the smallest --device-memory under which "
+               "generate should run, %s)\n", b1, (unsigned long long)plan.need_bytes,
+               blocks ? "with repeated-block compile" : whole ? "eager execution: whole-model compile needs at most this"
+                                                             : "eager or defer-and-fuse execution");
+    } else
+        printf("(the smallest --device-memory / CDIFFUSERS_CPU_MEMORY_LIMIT under which generate should run, %s)\n",
+               blocks  ? "with repeated-block compile"
+               : whole ? "eager execution: whole-model compile needs at most this"
+                       : "eager or defer-and-fuse execution");
     if (unknown) printf("note: no activation formula for some classes: their activations are not counted\n");
     return PLAN_OK;
 }

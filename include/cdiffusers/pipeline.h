@@ -293,6 +293,12 @@ typedef struct cdf_pipeline_memory_stats {
     uint64_t phase_peak_bytes[CDF_PHASE_COUNT]; /* device peak during each phase */
     uint64_t peak_bytes;                        /* the largest of them */
     int materialisations;                       /* models (re)loaded by offload during the run */
+    /* phase changes at which offload materialised the next phase's model while the previous
+     * model's queued work still ran (prefetch: cdf_memory_plan.phase[].prefetch says when) */
+    int prefetches;
+    /* the device peak while the next model was materialised during each phase (0: it was not):
+     * at most the plan's phase[].prefetch_peak_bytes (offload.c holds the prefetch to it) */
+    uint64_t prefetch_peak_bytes[CDF_PHASE_COUNT];
 } cdf_pipeline_memory_stats;
 void cdf_pipeline_last_memory_stats(const cdf_pipeline *p, cdf_pipeline_memory_stats *out);
 
@@ -329,8 +335,21 @@ typedef struct cdf_memory_plan {
     } component[CDF_PLAN_MAX_COMPONENTS];
     struct {
         uint64_t weights_bytes, activation_bytes, peak_bytes;
+        /* Offload prefetch (MODEL / SEQUENTIAL): the next phase's model (text encoding: the
+         * transformer, denoising: the VAE) is materialised at the phase change before this
+         * phase's last queued work has finished, so its weights join this phase's last forward
+         * at its peak. prefetch_peak_bytes is this phase's peak then (0: no next model, offload
+         * NONE); generate prefetches when it fits the budget left (the device limit, else its
+         * memory, less what is in use when generate starts) and CDIFFUSERS_OFFLOAD_PREFETCH is
+         * not 0. prefetch: the plan's budget holds it, and peak_bytes (weights_bytes: both
+         * models) is it. */
+        uint64_t prefetch_peak_bytes;
+        bool prefetch;
     } phase[CDF_PHASE_COUNT];
-    uint64_t peak_bytes;          /* the largest phase */
+    uint64_t peak_bytes;          /* the largest phase (with the prefetches the budget holds) */
+    uint64_t need_bytes;          /* the largest phase without prefetch: the smallest budget under
+                                     which generate runs (prefetch happens only where it fits) */
+    uint64_t budget_bytes;        /* the budget the prefetches were decided with (0: none planned) */
     uint64_t cache_bytes;         /* gp->cache's state kept across steps (in the denoising phase's activations) */
     uint64_t total_weights_bytes; /* every model */
     uint64_t largest_weights_bytes;
@@ -344,6 +363,11 @@ cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_par
 /* The same for a given execution (cdf_pipeline_plan_memory plans CDF_PLAN_EAGER). */
 cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_load_params *lp, const cdf_generate_params *gp,
                                          cdf_plan_execution exec, cdf_memory_plan *out);
+/* The same with offload's prefetch decided for a device budget of budget_bytes available to the
+ * run (UINT64_MAX: unlimited; 0: no prefetch planned, what cdf_pipeline_plan_memory_exec does).
+ * cdf_pipeline_generate decides the same way with the device's limit (or memory) at that time. */
+cdf_status cdf_pipeline_plan_memory_budget(const char *dir, const cdf_pipeline_load_params *lp, const cdf_generate_params *gp,
+                                           cdf_plan_execution exec, uint64_t budget_bytes, cdf_memory_plan *out);
 
 #ifdef __cplusplus
 }

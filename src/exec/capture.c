@@ -62,6 +62,12 @@ int cdf_measure_set_tag(int tag) {
     return prev;
 }
 
+void cdf_measure_set_scratch(uint64_t (*fn)(const struct cdf_node *n, void *user), void *user) {
+    if (!cdf_measuring()) return;
+    tl_cap.scratch = fn;
+    tl_cap.scratch_user = user;
+}
+
 cdf_status cdf_measure_end(cdf_mem_event **log, size_t *n) {
     *log = NULL;
     *n = 0;
@@ -125,6 +131,12 @@ bool cdf_exec_capture_tracing(void) { return tl_cap.active && !tl_cap.broken; }
 bool cdf_exec_capture_record(cdf_node *n) {
     if (!cdf_exec_capture_tracing()) return false;
     if (tl_cap.measure) { /* nothing runs: the node's operands are released now */
+        const uint64_t scratch = tl_cap.scratch ? tl_cap.scratch(n, tl_cap.scratch_user) : 0;
+        if (scratch) { /* beside the live operands and output, gone with the op; an id no buffer has (odd) */
+            const uint64_t id = ((uint64_t)tl_cap.n_log << 1) | 1u;
+            measure_log(CDF_MEM_ALLOC, id, scratch);
+            measure_log(CDF_MEM_RELEASE, id, 0);
+        }
         cdf_node_free(n);
         return true;
     }

@@ -34,6 +34,9 @@ typedef struct cdf_exec_capture {
     cdf_mem_event *log;
     size_t n_log, cap_log;
     int tag; /* given to the ALLOCs logged now */
+    /* measure mode: the scratch an op needs while it runs (cdf_measure_set_scratch) */
+    uint64_t (*scratch)(const struct cdf_node *n, void *user);
+    void *scratch_user;
     const char *who;
     cdf_node **nodes;
     int n, cap;
@@ -80,6 +83,11 @@ bool cdf_measuring(void);
 /* Tag the allocations logged from now on (0..CDF_MEM_TAGS-1; the session starts at 0); returns the
  * previous tag. cdf_block_run tags a repeated block's allocations by its family (compile/compile.c). */
 int cdf_measure_set_tag(int tag);
+/* Scratch the target device needs while an op runs, beside its operands and output (a pjrt
+ * program's compiled temporaries, which its device peak counts): fn(node, user) bytes are logged
+ * for each op as an allocation released right after it, so the log's peak counts them on top of
+ * what is live while the op runs. For the session in progress (it starts without). */
+void cdf_measure_set_scratch(uint64_t (*fn)(const struct cdf_node *n, void *user), void *user);
 /* End the session: *log receives its events (malloc'd, the caller frees; NULL when none) and *n
  * their count. Returns the first failure of the session (a host read, an untracked buffer). */
 cdf_status cdf_measure_end(cdf_mem_event **log, size_t *n);

@@ -63,7 +63,12 @@ static cdf_status materialise(offload_state *st) {
     void *impl = NULL;
     cdf_status s = st->inner->load(st->dir, st->owner->cfg, &st->opt, &impl);
     cdf_scope_suppress(-1);
-    if (s != CDF_OK) return cdf_error_prefix("re-materialising %s from %s: ", st->owner->class_name, st->dir);
+    if (s != CDF_OK) {
+        /* layers a failed load registered went with it; the pipeline's prefetch (offload.c) may
+         * retry after the previous model is released */
+        cdf_layer_index_clear(st->owner->layers);
+        return cdf_error_prefix("re-materialising %s from %s: ", st->owner->class_name, st->dir);
+    }
     st->inner_impl = impl;
     st->loads++;
     /* the adapters the released model had (pipelines/lora.c logs them) */

@@ -202,13 +202,15 @@ cdf_status cdf_pipe_denoise(cdf_pipeline *p, const cdf_generate_params *gp, cdf_
         double t0 = now_s();
         cdf_scope_push();
         cdf_tensor *v = L->predict(L->ctx, latents, i, L->timesteps[i]);
+        /* the transformer's last forward is queued: offload may start the VAE's load beside it */
+        if (v && i == N - 1 && p->last_forward_queued) s = p->last_forward_queued(p);
         cdf_tensor *next = v ? cdf_pipe_euler_step(latents, v, L->sigmas[i], L->sigmas[i + 1]) : NULL;
         if (next && L->mask) {
             /* inpainting: keep the known region at the noise level of the next step */
             cdf_tensor *x0 = i < N - 1 ? cdf_pipe_scale_noise(L->image_latents, L->noise, L->sigmas[i + 1]) : L->image_latents;
             next = cdf_add(cdf_mul(L->inv_mask, x0), cdf_mul(L->mask, next));
         }
-        if (!next) s = status_or_internal();
+        if (!next && s == CDF_OK) s = status_or_internal();
         if (s == CDF_OK && gp->capture && L->step_key) {
             char key[64];
             snprintf(key, sizeof key, L->step_key, k);

@@ -358,6 +358,7 @@ static cdf_status generate_one(cdf_pipeline *p, const cdf_generate_params *gp, i
     p->batch_row = row;
     p->batch_rows = rows;
     cdf_pipe_generate_begin(p); /* offload.c: per-phase peaks */
+    cdf_pipe_prefetch_resolve(p, gp);
     cdf_pipe_vae_tiling_resolve(p, gp);
     cdf_scope_push();
     cdf_status s = p->cls->generate(p, gp, out);

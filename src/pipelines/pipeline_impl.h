@@ -61,6 +61,20 @@ struct cdf_pipeline {
     int phase;                     /* cdf_pipeline_phase of the running part of generate */
     int loads_at_start;
     cdf_pipeline_memory_stats mem; /* of the last generate */
+    /* prefetch (offload.c): the planned peak of each phase when the next phase's model is
+     * materialised during it (cdf_memory_plan.phase[].prefetch_peak_bytes; 0: never), and the
+     * bytes in use when generate began (the budget left is the limit less these) */
+    uint64_t prefetch_peak[CDF_PHASE_COUNT];
+    uint64_t base_bytes;
+    /* the request fields the plan above was made for: later images of the same shape reuse it */
+    char prefetch_key[320];
+    uint64_t prefetch_key_peak[CDF_PHASE_COUNT];
+    /* called by the denoising loop (denoise.c) once the last step's transformer forward is
+     * queued; offload.c sets it (a pointer, not a call: offload.c depends on the planner, which
+     * depends on the loop's files): it prefetches the VAE then, when that fits, so the load
+     * overlaps the step's compute even when the loop then waits for the step (a progress
+     * callback). NULL: nothing to do. */
+    cdf_status (*last_forward_queued)(cdf_pipeline *p);
     /* tests / calibration: device budget per phase during generate (0 = the device's own) */
     bool phase_limit_active;
     uint64_t phase_limit[CDF_PHASE_COUNT];
@@ -140,6 +154,10 @@ cdf_status cdf_pipe_offload_adopt(cdf_pipeline *p, cdf_component *c, const char 
 /* The load options of component `key` (model_index name) under the pipeline's offload mode. */
 cdf_load_options cdf_pipe_load_options(const cdf_pipeline *p, const char *key);
 void cdf_pipe_generate_begin(cdf_pipeline *p);
+/* With offload (and CDIFFUSERS_OFFLOAD_PREFETCH not 0), after generate_begin: the request's plan
+ * (planner.c), which phase changes may materialise the next model early and at what peak. */
+void cdf_pipe_prefetch_resolve(cdf_pipeline *p, const cdf_generate_params *gp);
+
 cdf_status cdf_pipe_generate_end(cdf_pipeline *p, cdf_status s);
 /* step_cache.c: a fresh step-cache report slot for each of the request's n images
  * (cdf_pipeline_cache_report; p->image_index names the image being generated). */

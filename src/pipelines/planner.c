@@ -30,6 +30,7 @@
 #include "cdiffusers/io.h"
 #include "compile/memory_peak.h"
 #include "core/error_internal.h"
+#include "graph/node.h"
 #include "models/component.h"
 #include "models/mistral3_text.h"
 #include "nn/nn.h"
@@ -422,7 +423,80 @@ typedef struct plan_load {
     int n_files;
     uint32_t quantize_to;
     bool decode_quantized;
+    /* the device the plan is for (cdf_pipeline_load_params.device): a values-kind one (pjrt)
+     * frees a buffer when the host releases it, and with the XLA CPU plugin each op's compiled
+     * temporaries are planned (xla_cpu_scratch) */
+    bool values, xla_cpu;
 } plan_load;
+
+/* ---- compiled temporaries (pjrt with the XLA CPU plugin) -------------------------------------
+ * On pjrt every eager op is an XLA program, and the device peak counts the temporaries its
+ * compiled form needs while it runs (PJRT_Executable_GetCompiledMemoryStats; pjrt_backend.c
+ * account_temporaries). Read off the XLA CPU plugin (xla_cpu_pjrt, PJRT API 0.81, StableHLO
+ * 1.13.3) op by op, over 22 convolution shapes (1x1 and 3x3, 3 to 512 channels, 8x8 to 128x128,
+ * H != W) and the ops of the FLUX.1 / VAE forwards, exact on all of them:
+ *   - conv2d (NCHW): XLA CPU convolves in NHWC, so the output is computed into a transposed copy
+ *     (its size); with more input than output channels the input is transposed too, and the
+ *     transposed kernel stays beside them only when it is larger than the output (below, its
+ *     buffer is shared); otherwise only the kernel is transposed: in + out (+ w if w > out), or
+ *     out + w;
+ *   - attention (one program: scores and probabilities materialised): 2 x B H Lq Lk plus the
+ *     row statistics B H Lq, in f32 (exact for the VAE's one-head attention; the text encoders'
+ *     and transformer's small-head ones measured up to 25% more, a few KiB at these sizes);
+ *   - matmul with a bias: the product before the bias, M N (M > 1), or the weight transposed,
+ *     K N (one row); without a bias none;
+ *   - group_norm: 1/32 of its input (partial sums), plus 16 bytes.
+ * Other ops (elementwise, layer/RMS norms' few bytes) are left out. The VAE decode's peak is at
+ * its largest convolution (the last up block's), where these temporaries are the size of an
+ * activation or more: without them the plan was 25% under the measured decode peak. */
+static uint64_t tensor_bytes(const cdf_tensor *t) {
+    if (!t) return 0;
+    uint64_t n = cdf_dtype_size(cdf_tensor_dtype(t));
+    for (int i = 0; i < cdf_tensor_ndim(t); i++) n *= (uint64_t)cdf_tensor_dim(t, i);
+    return n;
+}
+
+static uint64_t xla_cpu_scratch(const cdf_node *n, void *user) {
+    (void)user;
+    const cdf_tensor *a = n->src[0], *b = n->n_src > 1 ? n->src[1] : NULL;
+    switch (n->kind) {
+    case CDF_OP_CONV2D: {
+        if (!a || !b || cdf_tensor_ndim(a) != 4 || cdf_tensor_ndim(b) != 4) return 0;
+        const uint64_t in = tensor_bytes(a), w = tensor_bytes(b), out = tensor_bytes(n->dst);
+        if (cdf_tensor_dim(a, 1) > cdf_tensor_dim(b, 0)) return in + out + (w > out ? w : 0);
+        return out + w;
+    }
+    case CDF_OP_ATTENTION: {
+        const cdf_tensor *k = b;
+        if (!a || !k || cdf_tensor_ndim(a) < 2 || cdf_tensor_ndim(k) < 2) return 0;
+        const int nd = cdf_tensor_ndim(a);
+        uint64_t bh = 1;
+        for (int i = 0; i + 2 < nd; i++) bh *= (uint64_t)cdf_tensor_dim(a, i);
+        const uint64_t lq = (uint64_t)cdf_tensor_dim(a, nd - 2), lk = (uint64_t)cdf_tensor_dim(k, cdf_tensor_ndim(k) - 2);
+        return 4 * (2 * bh * lq * lk + bh * lq);
+    }
+    case CDF_OP_MATMUL: {
+        if (!a || !b || n->n_src < 3 || !n->src[2] || cdf_tensor_ndim(a) < 2) return 0;
+        const int64_t m = cdf_tensor_dim(a, cdf_tensor_ndim(a) - 2);
+        return m > 1 ? tensor_bytes(n->dst) : tensor_bytes(b);
+    }
+    case CDF_OP_GROUP_NORM: return a ? tensor_bytes(a) / 32 + 16 : 0;
+    default: return 0;
+    }
+}
+
+/* What the plan's device is (see plan_load): the named one, else the default; a device that
+ * cannot be opened is planned as the cpu backend would run it. */
+static void plan_target(const char *name, plan_load *pl) {
+    cdf_device *d = name ? cdf_device_get(name) : cdf_device_default();
+    cdf_device_info info;
+    if (!d || cdf_device_get_info(d, &info) != CDF_OK) {
+        cdf_clear_error();
+        return;
+    }
+    pl->values = info.values;
+    pl->xla_cpu = info.values && strstr(info.description, "platform cpu") != NULL;
+}
 
 static cdf_status plan_collect(const char *dir, const cJSON *idx, cdf_dtype wdt, const plan_load *pl, plan_pipeline *pp) {
     memset(pp, 0, sizeof *pp);
@@ -619,6 +693,7 @@ static cdf_status measure_activations(const char *sub, const plan_component *c, 
     cdf_scope_push();
     s = measured_inputs(c, cdf_component_config(comp), sh, opt.device, gp, &in, &method);
     if (s == CDF_OK && (s = cdf_measure_begin()) == CDF_OK) {
+        if (pl && pl->xla_cpu) cdf_measure_set_scratch(xla_cpu_scratch, NULL);
         cdf_scope_push();
         s = cdf_component_run(comp, method, &in, &out);
         cdf_tensor_map_clear(&out);
@@ -760,8 +835,18 @@ cdf_status cdf_pipeline_plan_memory(const char *dir, const cdf_pipeline_load_par
     return cdf_pipeline_plan_memory_exec(dir, lp, gp, CDF_PLAN_EAGER, out);
 }
 
-cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_load_params *lp_in, const cdf_generate_params *gp_in,
+cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_load_params *lp, const cdf_generate_params *gp,
                                          cdf_plan_execution exec, cdf_memory_plan *out) {
+    return cdf_pipeline_plan_memory_budget(dir, lp, gp, exec, 0, out);
+}
+
+bool cdf_plan_prefetch_enabled(void) {
+    const char *e = getenv("CDIFFUSERS_OFFLOAD_PREFETCH");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+cdf_status cdf_pipeline_plan_memory_budget(const char *dir, const cdf_pipeline_load_params *lp_in, const cdf_generate_params *gp_in,
+                                           cdf_plan_execution exec, uint64_t budget, cdf_memory_plan *out) {
     if (!out) return cdf_error(CDF_ERR_INVALID_ARG, "cdf_pipeline_plan_memory: out is NULL");
     memset(out, 0, sizeof *out);
     if (exec != CDF_PLAN_EAGER && exec != CDF_PLAN_REPEATED_BLOCKS)
@@ -774,7 +859,7 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
         if (!sf) return cdf_error(CDF_ERR_OUT_OF_MEMORY, "out of host memory");
         cdf_pipeline_load_params fl;
         cdf_status s = cdf_pipe_single_file_params(dir, &lp, sf, &fl);
-        if (s == CDF_OK) s = cdf_pipeline_plan_memory_exec(sf->config_dir, &fl, gp_in, exec, out);
+        if (s == CDF_OK) s = cdf_pipeline_plan_memory_budget(sf->config_dir, &fl, gp_in, exec, budget, out);
         free(sf);
         return s;
     }
@@ -787,6 +872,7 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
     plan_load pl = {.quantize_to = lp.quantize_weights, .decode_quantized = lp.decode_quantized};
     for (int i = 0; i < lp.num_component_files && i < 8 && lp.component_files; i++)
         pl.file_key[pl.n_files] = lp.component_files[i].component, pl.file_path[pl.n_files++] = lp.component_files[i].path;
+    plan_target(lp.device, &pl);
     cdf_status s = plan_collect(dir, idx, lp.weight_dtype, &pl, &pp);
     cJSON_Delete(idx);
     CDF_TRY(s);
@@ -934,7 +1020,59 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
         out->phase[ph].weights_bytes = best_w;
         out->phase[ph].activation_bytes = best_a;
         out->phase[ph].peak_bytes = best_w + best_a;
-        if (out->phase[ph].peak_bytes > out->peak_bytes) out->peak_bytes = out->phase[ph].peak_bytes;
+        if (out->phase[ph].peak_bytes > out->need_bytes) out->need_bytes = out->phase[ph].peak_bytes;
     }
+
+    /* Offload's prefetch (offload.c): at a phase change the next phase's model is materialised
+     * before the previous model's queued work has finished, so its weights (those it puts on the
+     * device: with SEQUENTIAL the transformer's non-block ones) can meet the last forward of the
+     * ending phase at that forward's peak: the ending phase's last model (the last text encoder
+     * that runs, T5 or FLUX.2's Mistral; the transformer) plus its activations and the held
+     * tensors, plus the next model. Only the last model of the phase counts: an earlier text
+     * encoder has finished (and been released) before the last one runs. Counted at the peak
+     * rather than at what the queue still holds when the host gets there (timing): generate
+     * prefetches only when this fits, so the prefetch never stalls on the allocator nor fails. */
+    out->budget_bytes = budget;
+    const bool prefetch_on = lp.offload != CDF_OFFLOAD_NONE && cdf_plan_prefetch_enabled();
+    for (int ph = 0; ph + 1 < CDF_PHASE_COUNT && lp.offload != CDF_OFFLOAD_NONE; ph++) {
+        const plan_component *last = NULL, *next = NULL;
+        int li = -1;
+        for (int i = 0; i < pp.n; i++) {
+            const plan_component *c = &pp.c[i];
+            const int cph = c == tr ? CDF_PHASE_DENOISE : c == vae ? CDF_PHASE_DECODE : CDF_PHASE_TEXT;
+            if (cph == ph) last = c, li = i; /* pp.c is in the order the pipelines run them */
+            if (cph == ph + 1 && !next) next = c;
+        }
+        if (!last || !next) continue;
+        uint64_t w = 0, a = 0;
+        for (int f = 0; f < 2; f++) {
+            if (f == 1 && !fam_act[li][1]) continue;
+            const uint64_t fw = running_weights(last, lp.offload, f), fa = fam_act[li][f] + (uint64_t)(held[ph] * 4.0);
+            if (fw + fa > w + a) w = fw, a = fa;
+        }
+        /* what materialising `next` puts on the device (sequential: the transformer's blocks stay host-side) */
+        const uint64_t wn = lp.offload == CDF_OFFLOAD_SEQUENTIAL && next == tr && next->blocks.n_blocks > 0
+                                ? next->weights - next->blocks.blocks_bytes
+                                : next->weights;
+        /* by the time the host reaches the next model's hook the pipeline has also made what
+         * the next phase starts with (the prompt embeddings joined, the latents and the first
+         * step's input: held[ph + 1] bounds it; the VAE's prefetch starts within the last step,
+         * held[ph]) while the last forward's own activations may be gone: the last model's
+         * weights carry either */
+        const double hs = held[ph] > held[ph + 1] ? held[ph] : held[ph + 1];
+        const uint64_t at_switch = (uint64_t)(hs * 4.0);
+        /* a values-kind device (pjrt) frees a buffer when the host releases it, not when the
+         * program reading it has run: by the hook the last forward's activations are gone */
+        const uint64_t over = w + (a > at_switch && !pl.values ? a : at_switch) + wn;
+        out->phase[ph].prefetch_peak_bytes = over > out->phase[ph].peak_bytes ? over : out->phase[ph].peak_bytes;
+        out->phase[ph].prefetch = prefetch_on && budget && out->phase[ph].prefetch_peak_bytes <= budget;
+        if (out->phase[ph].prefetch && over > out->phase[ph].peak_bytes) {
+            out->phase[ph].weights_bytes = w + wn;
+            out->phase[ph].activation_bytes = over - w - wn;
+            out->phase[ph].peak_bytes = over;
+        }
+    }
+    for (int ph = 0; ph < CDF_PHASE_COUNT; ph++)
+        if (out->phase[ph].peak_bytes > out->peak_bytes) out->peak_bytes = out->phase[ph].peak_bytes;
     return CDF_OK;
 }

@@ -111,6 +111,10 @@ cdf_status cdf_plan_block_bytes_opts(const char *dir, cdf_dtype weight_dtype, co
  * tests/test_memory_plan.c checks it against what the loaders actually read. */
 bool cdf_plan_is_linear_weight(const char *class_name, const char *name, int ndim);
 
+/* Offload's prefetch of the next phase's model (offload.c, cdf_memory_plan.phase[].prefetch):
+ * false when CDIFFUSERS_OFFLOAD_PREFETCH=0 (for comparison; read at each call). */
+bool cdf_plan_prefetch_enabled(void);
+
 /* "12.3 MiB" */
 void cdf_plan_format_bytes(char *buf, size_t n, uint64_t bytes);
 

@@ -38,6 +38,7 @@ cdf_status cdf_pipe_vae_tiling_check(const cdf_pipeline *p, const cdf_generate_p
 /* The decode phase's planned peak with tiles of `tile` pixels (0: untiled). */
 static cdf_status planned_decode(const cdf_pipeline *p, const cdf_generate_params *gp, int tile, uint64_t *peak) {
     cdf_pipeline_load_params lp = cdf_pipeline_load_params_default();
+    lp.device = cdf_device_name(p->device); /* pjrt with the XLA CPU plugin: its convolutions' temporaries */
     lp.weight_dtype = p->opt.weight_dtype;
     lp.offload = p->offload;
     cdf_generate_params g = *gp;
