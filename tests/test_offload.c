@@ -455,6 +455,21 @@ static void test_prefetch_bit_identical_and_within_plan(void **state) {
     (void)state;
     exec_env env = force_eager();
     const cdf_generate_params gp = request(64);
+    /* the default: prefetch only where the device's memory is not the host's (the cpu backend's
+     * discrete mode, in CI's mode passes, stands for cuda / pjrt); on the plain cpu backend a
+     * budget that holds both models still plans none, since the peak would rise for nothing */
+    {
+        unsetenv("CDIFFUSERS_OFFLOAD_PREFETCH");
+        const cdf_memory_plan need = plan_of(g_flux, CDF_OFFLOAD_MODEL, &gp);
+        const cdf_memory_plan roomy = plan_budget(g_flux, CDF_OFFLOAD_MODEL, &gp, 4 * need.total_weights_bytes);
+        cdf_device_info info;
+        assert_int_equal(cdf_device_get_info(dev(), &info), CDF_OK);
+        int planned = 0;
+        for (int ph = 0; ph < CDF_PHASE_COUNT; ph++) planned += roomy.phase[ph].prefetch;
+        print_message("default on %s memory: %d prefetch(es) planned under a budget of 4x the weights\n",
+                      info.host_visible ? "host" : "separate", planned);
+        assert_int_equal(planned, info.host_visible ? 0 : 2);
+    }
     check_prefetch(g_flux, CDF_OFFLOAD_MODEL, &gp);
     check_prefetch(g_flux, CDF_OFFLOAD_SEQUENTIAL, &gp);
     cdf_generate_params g2 = request(64);

@@ -265,7 +265,9 @@ void cdf_pipe_generate_begin(cdf_pipeline *p) {
 
 void cdf_pipe_prefetch_resolve(cdf_pipeline *p, const cdf_generate_params *gp) {
     memset(p->prefetch_peak, 0, sizeof p->prefetch_peak);
-    if (p->offload == CDF_OFFLOAD_NONE || !cdf_plan_prefetch_enabled()) return;
+    cdf_device_info info;
+    const bool host_memory = cdf_device_get_info(p->device, &info) == CDF_OK && info.host_visible;
+    if (p->offload == CDF_OFFLOAD_NONE || !cdf_plan_prefetch_enabled(host_memory)) return;
     /* planning reads every component's headers and measures its forward (~0.1 s for SD3.5-sized
      * folders): once per request shape, not per image. The fields the plan depends on: */
     char key[sizeof p->prefetch_key];

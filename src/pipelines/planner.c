@@ -427,6 +427,7 @@ typedef struct plan_load {
      * frees a buffer when the host releases it, and with the XLA CPU plugin each op's compiled
      * temporaries are planned (xla_cpu_scratch) */
     bool values, xla_cpu;
+    bool host_memory; /* the device's memory is the host's (the cpu backend): no prefetch by default */
 } plan_load;
 
 /* ---- compiled temporaries (pjrt with the XLA CPU plugin) -------------------------------------
@@ -495,6 +496,7 @@ static void plan_target(const char *name, plan_load *pl) {
         return;
     }
     pl->values = info.values;
+    pl->host_memory = info.host_visible;
     pl->xla_cpu = info.values && strstr(info.description, "platform cpu") != NULL;
 }
 
@@ -840,9 +842,11 @@ cdf_status cdf_pipeline_plan_memory_exec(const char *dir, const cdf_pipeline_loa
     return cdf_pipeline_plan_memory_budget(dir, lp, gp, exec, 0, out);
 }
 
-bool cdf_plan_prefetch_enabled(void) {
+bool cdf_plan_prefetch_enabled(bool host_memory) {
     const char *e = getenv("CDIFFUSERS_OFFLOAD_PREFETCH");
-    return !(e && strcmp(e, "0") == 0);
+    if (e && strcmp(e, "0") == 0) return false;
+    if (e && strcmp(e, "1") == 0) return true;
+    return !host_memory;
 }
 
 cdf_status cdf_pipeline_plan_memory_budget(const char *dir, const cdf_pipeline_load_params *lp_in, const cdf_generate_params *gp_in,
@@ -1033,7 +1037,7 @@ cdf_status cdf_pipeline_plan_memory_budget(const char *dir, const cdf_pipeline_l
      * rather than at what the queue still holds when the host gets there (timing): generate
      * prefetches only when this fits, so the prefetch never stalls on the allocator nor fails. */
     out->budget_bytes = budget;
-    const bool prefetch_on = lp.offload != CDF_OFFLOAD_NONE && cdf_plan_prefetch_enabled();
+    const bool prefetch_on = lp.offload != CDF_OFFLOAD_NONE && cdf_plan_prefetch_enabled(pl.host_memory);
     for (int ph = 0; ph + 1 < CDF_PHASE_COUNT && lp.offload != CDF_OFFLOAD_NONE; ph++) {
         const plan_component *last = NULL, *next = NULL;
         int li = -1;

@@ -111,9 +111,14 @@ cdf_status cdf_plan_block_bytes_opts(const char *dir, cdf_dtype weight_dtype, co
  * tests/test_memory_plan.c checks it against what the loaders actually read. */
 bool cdf_plan_is_linear_weight(const char *class_name, const char *name, int ndim);
 
-/* Offload's prefetch of the next phase's model (offload.c, cdf_memory_plan.phase[].prefetch):
- * false when CDIFFUSERS_OFFLOAD_PREFETCH=0 (for comparison; read at each call). */
-bool cdf_plan_prefetch_enabled(void);
+/* Offload's prefetch of the next phase's model (offload.c, cdf_memory_plan.phase[].prefetch) for
+ * a device whose memory is (host_memory) or is not the host's. By default only where the device
+ * has its own memory (cuda, pjrt, the cpu backend's discrete test mode): on the cpu backend a
+ * model's "upload" is the conversion from the memory-mapped file, which a prefetch cannot
+ * overlap with anything (measured slower: bench/history/06-offload.md) while it raises the peak
+ * by the previous model's weights, the memory offload is asked to save.
+ * CDIFFUSERS_OFFLOAD_PREFETCH=0 turns it off, =1 on everywhere (read at each call). */
+bool cdf_plan_prefetch_enabled(bool host_memory);
 
 /* "12.3 MiB" */
 void cdf_plan_format_bytes(char *buf, size_t n, uint64_t bytes);
