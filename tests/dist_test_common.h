@@ -14,6 +14,7 @@
 
 #include "cdiffusers/dist.h"
 #include "cdiffusers/io.h"
+#include "cdiffusers/png.h"
 #include "testutil.h"
 
 #define MPIRUN "mpirun --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none"
@@ -47,6 +48,13 @@ static inline const char *mpi_env(void) {
 
 static inline bool have_mpi(void) {
     return cdf_dist_backend_available("mpi") && tu_system("command -v mpirun >/dev/null 2>&1") == 0;
+}
+
+/* The last n characters of a log (a failure's cause is at its end; cmocka cuts long messages). */
+static inline const char *log_tail(const char *log, size_t n) {
+    if (!log) return "";
+    const size_t len = strlen(log);
+    return len > n ? log + len - n : log;
 }
 
 static inline int count_substr(const char *hay, const char *needle) {
@@ -214,6 +222,50 @@ static inline int max_level_diff(const uint8_t *a, const uint8_t *b, size_t n) {
         if (d > m) m = d;
     }
     return m;
+}
+
+/* The tiny FLUX.1-dev golden case (flux1_dev_tiny, 64x64, made by diffusers) that the pjrt
+ * tensor-parallel tests run: its call as CLI arguments, diffusers' final latents and image. */
+typedef struct flux_golden {
+    char pipe[1024], args[4096];
+    int steps;
+    float *latents; /* latents_final, n of them */
+    int64_t n;
+    cdf_st_file *file;
+    const cdf_st_tensor *image; /* image_uint8 */
+} flux_golden;
+
+static inline void flux_golden_open(flux_golden *g) {
+    snprintf(g->pipe, sizeof g->pipe, "%s/flux1_dev_tiny", tu_data("pipelines"));
+    case_args(g->pipe, "64x64", g->args, sizeof g->args, &g->steps);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/cases/64x64/expected.safetensors", g->pipe);
+    g->latents = st_tensor(path, "latents_final", &g->n);
+    assert_int_equal(cdf_st_open(path, &g->file), CDF_OK);
+    g->image = cdf_st_find(g->file, "image_uint8");
+    assert_non_null(g->image);
+}
+
+static inline void flux_golden_close(flux_golden *g) {
+    cdf_st_close(g->file);
+    free(g->latents);
+}
+
+/* A run's final latents (safetensors file lat) and picture (png) against diffusers':
+ * *d = max |run - diffusers| of the latents, *levels = the picture's largest difference. The
+ * caller asserts its tolerances (after printing them). */
+static inline void flux_golden_compare(const flux_golden *g, const char *lat, const char *png, double *d, int *levels) {
+    int64_t n;
+    float *f = st_tensor(lat, "latents_final", &n);
+    assert_int_equal(n, g->n);
+    *d = tu_max_abs_diff(f, g->latents, (size_t)n, NULL);
+    cdf_png_image img;
+    assert_int_equal(cdf_png_read(png, &img), CDF_OK);
+    const size_t npx = (size_t)img.width * img.height * img.channels;
+    assert_int_equal(cdf_st_numel(g->image), (int64_t)npx);
+    *levels = max_level_diff(cdf_st_data(g->file, g->image), img.pixels, npx);
+    cdf_png_image_free(&img);
+    free(f);
 }
 
 #endif

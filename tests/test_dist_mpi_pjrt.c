@@ -59,18 +59,10 @@ typedef struct mode {
 static void test_flux_tp2_mpi_every_mode(void **state) {
     (void)state;
     if (!have_mpi() || !have_pjrt()) skip();
-    char pipe[1024], args[4096];
-    snprintf(pipe, sizeof pipe, "%s/flux1_dev_tiny", tu_data("pipelines"));
-    int steps;
-    case_args(pipe, "64x64", args, sizeof args, &steps);
-    char golden[1200];
-    snprintf(golden, sizeof golden, "%s/cases/64x64/expected.safetensors", pipe);
-    int64_t ng;
-    float *fg = st_tensor(golden, "latents_final", &ng);
-    cdf_st_file *gf;
-    assert_int_equal(cdf_st_open(golden, &gf), CDF_OK);
-    const cdf_st_tensor *u8 = cdf_st_find(gf, "image_uint8");
-    assert_non_null(u8);
+    flux_golden g;
+    flux_golden_open(&g);
+    const char *args = g.args;
+    const int steps = g.steps;
 
     static const mode modes[] = {
         {"eager", "", "", {NULL}},
@@ -113,26 +105,17 @@ static void test_flux_tp2_mpi_every_mode(void **state) {
         }
         if (modes[m].compiled[0]) assert_int_equal(breaks, 0);
 
-        int64_t n;
-        float *f = st_tensor(lat, "latents_final", &n);
-        assert_int_equal(n, ng);
-        const double d = tu_max_abs_diff(f, fg, (size_t)n, NULL);
-        cdf_png_image img;
-        assert_int_equal(cdf_png_read(png, &img), CDF_OK);
-        const size_t npx = (size_t)img.width * img.height * img.channels;
-        assert_int_equal(cdf_st_numel(u8), (int64_t)npx);
-        const int lv = max_level_diff(cdf_st_data(gf, u8), img.pixels, npx);
+        double d;
+        int lv;
+        flux_golden_compare(&g, lat, png, &d, &lv);
         print_message("  2 ranks, %s: %.1f s; %llu collectives per rank; latents_final |tp - diffusers| = %.3g (tol %.0e); image "
                       "within %d level(s) of diffusers'\n",
                       modes[m].name, now_s() - t0, io[0].collectives, d, GOLDEN_LATENT_TOL, lv);
         assert_true(d <= GOLDEN_LATENT_TOL);
         assert_true(lv <= 1);
-        cdf_png_image_free(&img);
-        free(f);
         free(log);
     }
-    cdf_st_close(gf);
-    free(fg);
+    flux_golden_close(&g);
 }
 
 /* A GGUF transformer over 2 ranks on pjrt (eager): over MPI each rank keeps its slice's blocks

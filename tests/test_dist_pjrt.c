@@ -58,18 +58,10 @@ typedef struct mode {
  * diffusers' latents and image. collectives > 0: exactly that many all-reduces recorded (a check
  * of what was sharded); 0: at least one per denoising step. */
 static void golden_every_mode(int tp, const char *replicate, unsigned long long collectives) {
-    char pipe[1024], args[4096];
-    snprintf(pipe, sizeof pipe, "%s/flux1_dev_tiny", tu_data("pipelines"));
-    int steps;
-    case_args(pipe, "64x64", args, sizeof args, &steps);
-    char golden[1200];
-    snprintf(golden, sizeof golden, "%s/cases/64x64/expected.safetensors", pipe);
-    int64_t ng;
-    float *fg = st_tensor(golden, "latents_final", &ng);
-    cdf_st_file *gf;
-    assert_int_equal(cdf_st_open(golden, &gf), CDF_OK);
-    const cdf_st_tensor *u8 = cdf_st_find(gf, "image_uint8");
-    assert_non_null(u8);
+    flux_golden g;
+    flux_golden_open(&g);
+    const char *args = g.args;
+    const int steps = g.steps;
 
     static const mode modes[] = {
         {"eager", "", "", false},
@@ -88,7 +80,7 @@ static void golden_every_mode(int tp, const char *replicate, unsigned long long 
         const double t0 = now_s();
         char *log;
         const int rc = run_cli(env, args, extra, tag, &log);
-        if (rc != 0) fail_msg("--tp %d --device pjrt (%s) failed (%d): %s", tp, modes[m].name, rc, log);
+        if (rc != 0) fail_msg("--tp %d --device pjrt (%s) failed (%d): ...%s", tp, modes[m].name, rc, log_tail(log, 1500));
         /* the one-process path ran: tp replicas, the all-reduce inside the programs */
         char replicas[96];
         snprintf(replicas, sizeof replicas, "every program runs as %d replicas (num_replicas=%d)", tp, tp);
@@ -100,26 +92,17 @@ static void golden_every_mode(int tp, const char *replicate, unsigned long long 
         else assert_true(io[0].collectives > (unsigned long long)steps); /* at least one all-reduce per block per step */
         if (modes[m].compiled) assert_int_equal(count_substr(log, "graph break"), 0);
 
-        int64_t n;
-        float *f = st_tensor(lat, "latents_final", &n);
-        assert_int_equal(n, ng);
-        const double d = tu_max_abs_diff(f, fg, (size_t)n, NULL);
-        cdf_png_image img;
-        assert_int_equal(cdf_png_read(png, &img), CDF_OK);
-        const size_t npx = (size_t)img.width * img.height * img.channels;
-        assert_int_equal(cdf_st_numel(u8), (int64_t)npx);
-        const int lv = max_level_diff(cdf_st_data(gf, u8), img.pixels, npx);
+        double d;
+        int lv;
+        flux_golden_compare(&g, lat, png, &d, &lv);
         print_message("  --tp %d, %s: %.1f s; %llu all-reduces; latents_final |tp - diffusers| = %.3g (tol %.0e); image within %d "
                       "level(s) of diffusers'\n",
                       tp, modes[m].name, now_s() - t0, io[0].collectives, d, GOLDEN_LATENT_TOL, lv);
         assert_true(d <= GOLDEN_LATENT_TOL);
         assert_true(lv <= 1);
-        cdf_png_image_free(&img);
-        free(f);
         free(log);
     }
-    cdf_st_close(gf);
-    free(fg);
+    flux_golden_close(&g);
 }
 
 /* The transformer and CLIP over 2 devices (the tiny T5's 3 heads do not divide by 2: whole). */
@@ -168,7 +151,9 @@ static void test_gguf_tp2_one_process(void **state) {
             const double t0 = now_s();
             char *log;
             const int rc = run_cli("CDIFFUSERS_LOG=io,pjrt", args, extra, tag, &log);
-            if (rc != 0) fail_msg("--tp 2 --device pjrt --transformer %s %s failed (%d): %s", k == 0 ? gguf : deq, modes[m], rc, log);
+            if (rc != 0)
+                fail_msg("--tp 2 --device pjrt --transformer %s %s failed (%d): ...%s", k == 0 ? gguf : deq, modes[m], rc,
+                         log_tail(log, 1500));
             assert_non_null(strstr(log, "every program runs as 2 replicas (num_replicas=2)"));
             io_line io[1] = {{0}};
             assert_int_equal(parse_io(log, io, 1), 1);
@@ -196,7 +181,7 @@ static void test_gguf_tp2_one_process(void **state) {
              "--latents-out '%s'", tu_tmpdir(), out);
     char *log;
     const int rc = run_cli("CDIFFUSERS_LOG=io,pjrt", args, extra, "wtype", &log);
-    if (rc != 0) fail_msg("--tp 2 --device pjrt --weight-type q8_0 failed (%d): %s", rc, log);
+    if (rc != 0) fail_msg("--tp 2 --device pjrt --weight-type q8_0 failed (%d): ...%s", rc, log_tail(log, 1500));
     assert_non_null(strstr(log, "every program runs as 2 replicas (num_replicas=2)"));
     int64_t ng, n;
     float *fg = st_tensor(golden, "latents_final", &ng), *f = st_tensor(out, "latents_final", &n);
@@ -232,7 +217,9 @@ static void test_lora_tp2_one_process(void **state) {
             const double t0 = now_s();
             char *log;
             const int rc = run_cli("CDIFFUSERS_LOG=io,pjrt", args, extra, tag, &log);
-            if (rc != 0) fail_msg("--tp 2 --device pjrt --lora (%s, %s) failed (%d): %s", lmode[m], e ? "compile" : "eager", rc, log);
+            if (rc != 0)
+                fail_msg("--tp 2 --device pjrt --lora (%s, %s) failed (%d): ...%s", lmode[m], e ? "compile" : "eager", rc,
+                         log_tail(log, 1500));
             assert_non_null(strstr(log, "every program runs as 2 replicas (num_replicas=2)"));
             free(log);
             snprintf(key, sizeof key, "pipe_flux_te_peft.%s_s07.latents_final", m ? "fused" : "runtime");

@@ -422,31 +422,11 @@ cdf_status cdf_pjrt_event_await(cdf_pjrt *p, PJRT_Event *ev, const char *what) {
     return s;
 }
 
-cdf_status cdf_pjrt_upload(cdf_pjrt *p, int device, const void *data, cdf_dtype dt, int ndim, const int64_t *dims,
-                           PJRT_Buffer **out) {
-    PJRT_Buffer_Type t = cdf_pjrt_type(dt);
-    if (t == PJRT_Buffer_Type_INVALID)
-        return cdf_error(CDF_ERR_UNSUPPORTED, "pjrt: no PJRT element type for dtype %s", cdf_dtype_name(dt));
-    ARGS(PJRT_Client_BufferFromHostBuffer_Args, a);
-    a.client = p->client;
-    a.data = data;
-    a.type = t;
-    a.dims = dims;
-    a.num_dims = (size_t)ndim;
-    a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
-    a.device = p->devices[device];
-    CHECK(p, p->api->PJRT_Client_BufferFromHostBuffer(&a), CDF_ERR_DEVICE, "pjrt: host-to-device copy");
-    *out = a.buffer;
-    /* kImmutableOnlyDuringCall: the host copy is done when the call returns; the event only
-     * says so */
-    return cdf_pjrt_event_await(p, a.done_with_host_buffer, "pjrt: host-to-device copy");
-}
-
-/* whether the plugin's table reaches member fn (an older plugin's table is shorter) */
-#define HAS_CALL(p, fn) ((p)->api->struct_size >= offsetof(PJRT_Api, fn) + sizeof(void *) && (p)->api->fn)
-
-cdf_status cdf_pjrt_upload_async(cdf_pjrt *p, int device, PJRT_Memory *memory, const void *data, cdf_dtype dt, int ndim,
-                                 const int64_t *dims, PJRT_Buffer **out, PJRT_Event **done) {
+/* PJRT_Client_BufferFromHostBuffer onto a device (or a memory of it, e.g. pinned_host) with the
+ * given host-buffer semantics; *done: the event that says the host bytes may be reused. */
+static cdf_status buffer_from_host(cdf_pjrt *p, int device, PJRT_Memory *memory, const void *data, cdf_dtype dt, int ndim,
+                                   const int64_t *dims, PJRT_HostBufferSemantics semantics, PJRT_Buffer **out,
+                                   PJRT_Event **done) {
     *out = NULL;
     *done = NULL;
     PJRT_Buffer_Type t = cdf_pjrt_type(dt);
@@ -458,18 +438,37 @@ cdf_status cdf_pjrt_upload_async(cdf_pjrt *p, int device, PJRT_Memory *memory, c
     a.type = t;
     a.dims = dims;
     a.num_dims = (size_t)ndim;
-    /* not kImmutableZeroCopy: the CPU plugin aliases 64-byte-aligned host memory then, and its
-     * done event fires only when the buffer is destroyed (awaiting it earlier deadlocks). Until
-     * the transfer completes, the CPU plugin copies on its own threads (measured: the call
-     * returns in 12 ms for 256 MiB, the event fires 0.35 s later); below 100 KB it copies
-     * during the call. */
-    a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
+    a.host_buffer_semantics = semantics;
     if (memory) a.memory = memory;
     else a.device = p->devices[device];
     CHECK(p, p->api->PJRT_Client_BufferFromHostBuffer(&a), CDF_ERR_DEVICE, "pjrt: host-to-device copy");
     *out = a.buffer;
     *done = a.done_with_host_buffer;
     return CDF_OK;
+}
+
+cdf_status cdf_pjrt_upload(cdf_pjrt *p, int device, const void *data, cdf_dtype dt, int ndim, const int64_t *dims,
+                           PJRT_Buffer **out) {
+    PJRT_Event *done;
+    CDF_TRY(buffer_from_host(p, device, NULL, data, dt, ndim, dims, PJRT_HostBufferSemantics_kImmutableOnlyDuringCall, out,
+                             &done));
+    /* kImmutableOnlyDuringCall: the host copy is done when the call returns; the event only
+     * says so */
+    return cdf_pjrt_event_await(p, done, "pjrt: host-to-device copy");
+}
+
+/* whether the plugin's table reaches member fn (an older plugin's table is shorter) */
+#define HAS_CALL(p, fn) ((p)->api->struct_size >= offsetof(PJRT_Api, fn) + sizeof(void *) && (p)->api->fn)
+
+cdf_status cdf_pjrt_upload_async(cdf_pjrt *p, int device, PJRT_Memory *memory, const void *data, cdf_dtype dt, int ndim,
+                                 const int64_t *dims, PJRT_Buffer **out, PJRT_Event **done) {
+    /* not kImmutableZeroCopy: the CPU plugin aliases 64-byte-aligned host memory then, and its
+     * done event fires only when the buffer is destroyed (awaiting it earlier deadlocks). Until
+     * the transfer completes, the CPU plugin copies on its own threads (measured: the call
+     * returns in 12 ms for 256 MiB, the event fires 0.35 s later); below 100 KB it copies
+     * during the call. */
+    return buffer_from_host(p, device, memory, data, dt, ndim, dims, PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes,
+                            out, done);
 }
 
 bool cdf_pjrt_event_ready(cdf_pjrt *p, PJRT_Event *ev) {
