@@ -50,6 +50,7 @@ typedef struct slot {
  * the device's queued error, reported by the next sync like a failed program's. */
 typedef struct transfer {
     PJRT_Event *done[MAX_REPLICAS];
+    const PJRT_Buffer *buf0; /* the value it defines (replica 0's), for finish_upload_of */
     unsigned char *host, **rhost; /* freed when done (rhost: MAX_REPLICAS entries, or NULL) */
     size_t nbytes;                /* per replica */
     uint64_t seq;                 /* the process's upload number (1, 2, ...) */
@@ -83,7 +84,12 @@ static struct {
 static int R(void) { return g.replicas; }
 
 /* ---- slots' values ------------------------------------------------------------------------------ */
+static void finish_upload_of(const PJRT_Buffer *b);
+
 static void drop_bufs(slot *s) {
+    /* a value whose asynchronous upload is still in flight is not destroyed under the plugin's
+     * copy: the upload is finished (awaited) first */
+    if (s->buf[0]) finish_upload_of(s->buf[0]);
     for (int r = 0; r < MAX_REPLICAS; r++) {
         cdf_pjrt_buffer_free(&g.rt, s->buf[r]);
         s->buf[r] = NULL;
@@ -158,6 +164,18 @@ static void reap_transfers(bool wait) {
     g.n_xfers = k;
 }
 
+/* The upload that defines buffer b, if still in flight, finished now (its copy awaited) and
+ * removed: b may then be destroyed. Under lock. */
+static void finish_upload_of(const PJRT_Buffer *b) {
+    for (int i = 0; i < g.n_xfers; i++)
+        if (g.xfers[i].buf0 == b) {
+            transfer_finish(&g.xfers[i]);
+            memmove(&g.xfers[i], &g.xfers[i + 1], (size_t)(g.n_xfers - i - 1) * sizeof *g.xfers);
+            g.n_xfers--;
+            return;
+        }
+}
+
 /* CDIFFUSERS_PJRT_ASYNC_UPLOADS=0: every upload waits for its copy and happens when a program
  * first reads the storage (the path before asynchronous uploads: a comparison for benchmarks, a
  * way around a plugin whose asynchronous copies misbehave). */
@@ -202,18 +220,19 @@ static cdf_status upload_owned(unsigned char *host, unsigned char **rhost, cdf_d
         const unsigned char *src = r > 0 && rhost && rhost[r] ? rhost[r] : host;
         st = cdf_pjrt_upload_async(&g.rt, r, NULL, src, dt, 1, &n, &b[r], &t->done[r]);
     }
+    t->buf0 = b[0];
     g.ts.async_uploads++;
     g.ts.async_upload_bytes += t->nbytes;
     if (st != CDF_OK) {
         /* the events of the replicas that did start must fire before their bytes go */
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", cdf_last_error());
+        transfer_finish(t); /* before the buffers go: not under the plugin's copy */
+        g.n_xfers--;
         for (int r = 0; r < R(); r++) {
             cdf_pjrt_buffer_free(&g.rt, b[r]);
             b[r] = NULL;
         }
-        transfer_finish(t);
-        g.n_xfers--;
         return cdf_error(st, "%s", msg);
     }
     return CDF_OK;
